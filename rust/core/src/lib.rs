@@ -1,0 +1,11 @@
+//! protoprompt-core: the Responses item graph, token counting and budget packing
+//! behind the `protoprompt` Python package. This crate has no Python types; the
+//! `protoprompt-python` crate is a thin PyO3 layer over it.
+
+pub mod graph;
+pub mod items;
+pub mod pack;
+pub mod tokens;
+
+pub use graph::{build_graph, Graph, InvalidReason, Problem, Unit};
+pub use items::{classify, ItemError, ItemKind, ItemMeta, RawCaller, RawItem};
