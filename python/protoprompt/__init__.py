@@ -1,0 +1,57 @@
+"""protoprompt: every OpenAI Agents SDK request fits the model's token budget, with a valid
+item graph and scoped long-term memory recalled into it.
+
+The heavy lifting (item graph, token counting, packing) happens in the Rust core
+``protoprompt._core``; this package is its typed Python API. Importing it never needs
+``openai-agents``; the SDK integration lives in :mod:`protoprompt.integrations`.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    InvalidItemError,
+    InvalidNewInputError,
+    ProtoPromptError,
+    TokenBudgetExceededError,
+    UnknownEncodingError,
+    UnknownModelError,
+)
+from .packing import (
+    GraphReport,
+    ItemCost,
+    PackResult,
+    Problem,
+    Unit,
+    UnitDecision,
+    analyze,
+    available_encodings,
+    count_tokens,
+    count_tokens_batch,
+    encoding_for_model,
+    item_tokens,
+    pack,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GraphReport",
+    "InvalidItemError",
+    "InvalidNewInputError",
+    "ItemCost",
+    "PackResult",
+    "Problem",
+    "ProtoPromptError",
+    "TokenBudgetExceededError",
+    "Unit",
+    "UnitDecision",
+    "UnknownEncodingError",
+    "UnknownModelError",
+    "analyze",
+    "available_encodings",
+    "count_tokens",
+    "count_tokens_batch",
+    "encoding_for_model",
+    "item_tokens",
+    "pack",
+]

@@ -1,0 +1,112 @@
+"""Exception classes of protoprompt.
+
+Every error is a :class:`ProtoPromptError` and also subclasses the builtin exception a
+caller would naturally catch (``ValueError`` for bad input and budget overflows), so
+``except ValueError`` keeps working.  This module imports nothing from the native core:
+the core raises these classes by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ProtoPromptError",
+    "TokenBudgetExceededError",
+    "InvalidItemError",
+    "InvalidNewInputError",
+    "UnknownModelError",
+    "UnknownEncodingError",
+]
+
+
+class ProtoPromptError(Exception):
+    """Base class of every protoprompt error."""
+
+
+class TokenBudgetExceededError(ProtoPromptError, ValueError):
+    """The mandatory part of a request does not fit the token budget.
+
+    Nothing is sent when this is raised: the request would have been oversized.
+
+    Attributes:
+        used: tokens the mandatory part needs (new input, tail dependency, output
+            reserve and fixed context together).
+        budget: the token budget.
+        section: the section at which the running total passed the budget, one of
+            ``"new_input"``, ``"dependency"``, ``"output_reserve"``, ``"context"``
+            (and ``"system_prompt"`` when raised by the context builder).
+    """
+
+    def __init__(self, used: int, budget: int, section: str) -> None:
+        self.used = int(used)
+        self.budget = int(budget)
+        self.section = str(section)
+        super().__init__(used, budget, section)
+
+    def __str__(self) -> str:
+        return (
+            f"mandatory input needs {self.used} tokens but the budget is {self.budget} "
+            f"(overflowed at section {self.section!r}); nothing was sent"
+        )
+
+    def __reduce__(self):  # keep the attributes through pickling
+        return (type(self), (self.used, self.budget, self.section))
+
+
+class InvalidItemError(ProtoPromptError, ValueError, TypeError):
+    """An item is malformed: not a mapping, a non-string id, a non-JSON value, NaN, or
+    nesting that is too deep.
+
+    Attributes:
+        location: which item, e.g. ``"history[3]"`` or ``"new_input[0]"``.
+        field: the field path inside the item, e.g. ``"call_id"`` or ``"content[0].text"``.
+    """
+
+    def __init__(self, message: str, location: str = "", field: str = "") -> None:
+        self.location = location
+        self.field = field
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.location, self.field))
+
+
+class InvalidNewInputError(ProtoPromptError, ValueError):
+    """``new_input`` cannot be sent as given: e.g. a leading tool output whose call is not in
+    the history, a misplaced ``compaction_trigger``, or a dependency that is itself invalid.
+
+    Attributes:
+        location: the offending new-input item, e.g. ``"new_input[0]"``.
+        reasons: the rule violations, as sentences.
+    """
+
+    def __init__(self, message: str, location: str = "", reasons: Sequence[str] = ()) -> None:
+        self.location = location
+        self.reasons = list(reasons)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.location, self.reasons))
+
+
+class UnknownModelError(ProtoPromptError, ValueError):
+    """No tokenizer is known for a model name; pass ``encoding=`` explicitly."""
+
+    def __init__(self, message: str, model: str = "") -> None:
+        self.model = model
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.model))
+
+
+class UnknownEncodingError(ProtoPromptError, ValueError):
+    """The encoding name is not one that protoprompt ships."""
+
+    def __init__(self, message: str, encoding: str = "") -> None:
+        self.encoding = encoding
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.encoding))

@@ -1,0 +1,288 @@
+"""Token counting and budget packing: the typed Python face of the Rust core."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import _core
+
+__all__ = [
+    "Policy",
+    "Problem",
+    "Unit",
+    "GraphReport",
+    "UnitDecision",
+    "PackResult",
+    "ItemCost",
+    "count_tokens",
+    "count_tokens_batch",
+    "encoding_for_model",
+    "available_encodings",
+    "item_tokens",
+    "analyze",
+    "pack",
+]
+
+Policy = Literal["contiguous", "greedy"]
+Item = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One rule violation of a unit."""
+
+    code: str
+    """Stable snake_case code, e.g. ``"call_without_output"``."""
+    message: str
+    """The rule as a sentence, e.g. ``"call without output"``."""
+    location: str
+    """The offending item, e.g. ``"history[4]"``."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """An atomic unit of items: kept whole or dropped whole."""
+
+    members: list[str]
+    positions: list[int]
+    """Global positions (history then new_input)."""
+    kinds: list[str]
+    valid: bool
+    input_only: bool
+    contains_new: bool
+    problems: list[Problem]
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    """The item graph of ``history ++ new_input``, as returned by :func:`analyze`."""
+
+    units: list[Unit]
+    n_history: int
+    mandatory_history: list[int]
+    """History positions that ``new_input`` depends on (the tail dependency)."""
+
+    @property
+    def invalid_units(self) -> list[Unit]:
+        return [u for u in self.units if not u.valid]
+
+
+@dataclass(frozen=True)
+class UnitDecision:
+    """What :func:`pack` did with one history unit."""
+
+    unit: int
+    positions: list[int]
+    """History positions of the unit, sorted."""
+    kinds: list[str]
+    decision: str
+    """``"mandatory"``, ``"kept"``, ``"over_budget"``, ``"turn_incomplete"``,
+    ``"invalid_unit"`` or ``"input_only"``."""
+    tokens: int | None
+    """Tokens of the unit; ``None`` when it was dropped without being counted."""
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def kept(self) -> bool:
+        return self.decision in ("mandatory", "kept")
+
+
+@dataclass(frozen=True)
+class ItemCost:
+    """Cost of one item under the documented cost model."""
+
+    text: int
+    media: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.text + self.media + self.overhead
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """The outcome of :func:`pack`."""
+
+    items: list[Any]
+    """What to send: the kept history objects (original order, same objects) then every
+    ``new_input`` object, unchanged."""
+    kept_history: list[int]
+    dependency: list[int]
+    new_input_tokens: int
+    dependency_tokens: int
+    history_tokens: int
+    context_tokens: int
+    output_reserve: int
+    budget: int
+    used: int
+    remaining: int
+    encoding: str
+    policy: str
+    decisions: list[UnitDecision]
+
+    @property
+    def dropped(self) -> list[UnitDecision]:
+        """Decisions of the history units that are not sent."""
+        return [d for d in self.decisions if not d.kept]
+
+    @property
+    def request_tokens(self) -> int:
+        """Tokens of the request itself (without the output reserve)."""
+        return self.used - self.output_reserve
+
+    def explain(self) -> str:
+        """A readable account of the packing: totals, then every unit that was dropped."""
+        lines = [
+            f"budget {self.budget} tokens ({self.encoding}, policy {self.policy}): "
+            f"used {self.used}, remaining {self.remaining}",
+            f"  new input      {self.new_input_tokens:>8}",
+            f"  dependency     {self.dependency_tokens:>8}  ({len(self.dependency)} items)",
+            f"  output reserve {self.output_reserve:>8}",
+            f"  context        {self.context_tokens:>8}",
+            f"  history        {self.history_tokens:>8}  "
+            f"({len(self.kept_history) - len(self.dependency)} items kept)",
+        ]
+        dropped = self.dropped
+        if dropped:
+            counts: dict[str, int] = {}
+            for d in dropped:
+                counts[d.decision] = counts.get(d.decision, 0) + len(d.positions)
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            lines.append(f"dropped items: {summary}")
+            for d in dropped:
+                where = _span(d.positions)
+                tokens = "uncounted" if d.tokens is None else f"{d.tokens} tokens"
+                why = d.decision
+                if d.problems:
+                    why += ": " + "; ".join(sorted({p.message for p in d.problems}))
+                lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
+        return "\n".join(lines)
+
+
+def _span(positions: Sequence[int]) -> str:
+    if len(positions) == 1:
+        return f"[{positions[0]}]"
+    return f"[{positions[0]}..{positions[-1]}]"
+
+
+def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int:
+    """Number of tokens of ``text`` (special-token text counted as ordinary text).
+
+    ``encoding`` (e.g. ``"o200k_base"``) wins over ``model`` (e.g. ``"gpt-5"``); the default
+    is ``o200k_base``. Raises :class:`~protoprompt.errors.UnknownModelError` for a model
+    with no known encoding.
+    """
+    return _core.count_tokens(text, model=model, encoding=encoding)
+
+
+def count_tokens_batch(
+    texts: Iterable[str], *, model: str | None = None, encoding: str | None = None
+) -> list[int]:
+    """Token counts of many texts with one release of the GIL."""
+    return _core.count_tokens_batch(list(texts), model=model, encoding=encoding)
+
+
+def encoding_for_model(model: str) -> str:
+    """The tiktoken encoding name of an OpenAI model (``gpt-5`` -> ``o200k_base``)."""
+    return _core.encoding_for_model(model)
+
+
+def available_encodings() -> list[str]:
+    """Names of the encodings bundled with protoprompt (no download needed)."""
+    return _core.available_encodings()
+
+
+def item_tokens(item: Item, *, model: str | None = None, encoding: str | None = None) -> ItemCost:
+    """The cost of one Responses input item (see the README's cost model)."""
+    text, media, overhead = _core.item_tokens(item, model=model, encoding=encoding)
+    return ItemCost(text, media, overhead)
+
+
+def _problems(raw: Iterable[tuple[str, str, str]]) -> list[Problem]:
+    return [Problem(code, message, location) for code, message, location in raw]
+
+
+def analyze(history: Iterable[Item], new_input: Iterable[Item]) -> GraphReport:
+    """Split ``history ++ new_input`` into atomic units and report their validity."""
+    raw = _core.analyze(list(history), list(new_input))
+    units = [
+        Unit(
+            members=u["members"],
+            positions=u["positions"],
+            kinds=u["kinds"],
+            valid=u["valid"],
+            input_only=u["input_only"],
+            contains_new=u["contains_new"],
+            problems=_problems(u["problems"]),
+        )
+        for u in raw["units"]
+    ]
+    return GraphReport(units, raw["n_history"], raw["mandatory_history"])
+
+
+def pack(
+    history: Iterable[Item],
+    new_input: Iterable[Item],
+    budget: int,
+    *,
+    output_reserve: int = 0,
+    context_tokens: int = 0,
+    model: str | None = None,
+    encoding: str | None = None,
+    policy: Policy = "contiguous",
+) -> PackResult:
+    """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
+
+    Reserved first, all or nothing: ``new_input``, the history graph it completes (the tail
+    dependency, when it starts with a tool output), ``output_reserve`` and
+    ``context_tokens``. Then the newest history units are added while they fit. A unit
+    (a call with its outputs, reasoning with its follower, a program with its children…) is
+    kept whole or dropped whole; invalid units and input-only controls are never sent.
+
+    Raises:
+        TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
+        InvalidNewInputError: ``new_input`` depends on history that is missing or invalid.
+        InvalidItemError: an item is malformed (the message names the item and field).
+    """
+    for name, value in (("budget", budget), ("output_reserve", output_reserve),
+                        ("context_tokens", context_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    history_list = history if isinstance(history, list) else list(history)
+    new_list = new_input if isinstance(new_input, list) else list(new_input)
+    raw = _core.pack(
+        history_list,
+        new_list,
+        budget,
+        output_reserve=output_reserve,
+        context_tokens=context_tokens,
+        model=model,
+        encoding=encoding,
+        policy=policy,
+    )
+    kept = raw["kept_history"]
+    decisions = [
+        UnitDecision(unit, positions, kinds, decision, tokens, _problems(problems))
+        for unit, positions, kinds, decision, tokens, problems in raw["decisions"]
+    ]
+    return PackResult(
+        items=[history_list[i] for i in kept] + list(new_list),
+        kept_history=kept,
+        dependency=raw["dependency"],
+        new_input_tokens=raw["new_input_tokens"],
+        dependency_tokens=raw["dependency_tokens"],
+        history_tokens=raw["history_tokens"],
+        context_tokens=raw["context_tokens"],
+        output_reserve=raw["output_reserve"],
+        budget=raw["budget"],
+        used=raw["used"],
+        remaining=raw["remaining"],
+        encoding=raw["encoding"],
+        policy=raw["policy"],
+        decisions=decisions,
+    )

@@ -1,0 +1,576 @@
+//! Budget reservation and newest-first fill over the atomic units of [`crate::graph`].
+//!
+//! # Design note
+//!
+//! * **What is mandatory.** `new_input` is reserved whole, then the history members of every
+//!   unit that contains a `new_input` item (the *tail dependency*: e.g. the pending call and its
+//!   reasoning that a leading tool output completes — nothing more of the last turn), then
+//!   `output_reserve`, then the fixed context cost (system prompt and recalled memory). If the
+//!   running total passes the budget, [`PackError::BudgetExceeded`] names the section that
+//!   overflowed; nothing is returned, so an oversized request is never built.
+//! * **What is counted.** Costs come from a [`CostSource`], asked per unit and only when the
+//!   decision depends on them. The contiguous policy stops counting at the first unit that
+//!   does not fit: every older unit is dropped without being tokenised. The greedy policy asks
+//!   for a cheap, provably safe lower bound first ([`CostSource::lower_bound`]) and tokenises a
+//!   unit only when that bound still fits, so a full budget rejects old items for free. Both
+//!   give exactly the result of counting everything (tested).
+//! * **What is coherent.** Units are visited newest first (by their newest member). A user
+//!   message opens a turn; the kept history never contains a user message whose later turn
+//!   items were dropped while older items are kept. Contiguous: kept units form an unbroken
+//!   suffix of the valid units (invalid and input-only units are skipped, they never break the
+//!   suffix). Greedy: when a unit does not fit, the rest of its turn is dropped and older turns
+//!   are then taken whole or not at all.
+//! * **What is reported.** One [`UnitDecision`] per history unit with its reason and, when it
+//!   was counted, its tokens; totals per section.
+
+use std::fmt;
+
+use crate::graph::{Graph, InvalidReason};
+use crate::items::ItemMeta;
+
+/// How history is chosen once the mandatory part is reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Newest units first; stop at the first unit that does not fit.
+    #[default]
+    Contiguous,
+    /// Newest units first; when a unit does not fit, drop the rest of its turn and continue
+    /// with older whole turns that fit.
+    Greedy,
+}
+
+impl Policy {
+    pub fn from_name(name: &str) -> Option<Policy> {
+        match name {
+            "contiguous" => Some(Policy::Contiguous),
+            "greedy" => Some(Policy::Greedy),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Contiguous => "contiguous",
+            Policy::Greedy => "greedy",
+        }
+    }
+}
+
+/// Budget and reservations of one packing call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PackOptions {
+    /// The model's context window (tokens) for this request.
+    pub budget: u64,
+    /// Tokens kept free for the model's answer.
+    pub output_reserve: u64,
+    /// Fixed cost of context placed before the history (system prompt, recalled memory).
+    pub context_tokens: u64,
+    pub policy: Policy,
+}
+
+/// The mandatory section that did not fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    NewInput,
+    Dependency,
+    OutputReserve,
+    Context,
+}
+
+impl Section {
+    pub fn name(self) -> &'static str {
+        match self {
+            Section::NewInput => "new_input",
+            Section::Dependency => "dependency",
+            Section::OutputReserve => "output_reserve",
+            Section::Context => "context",
+        }
+    }
+}
+
+/// What happened to one history unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Part of the tail dependency of `new_input`: always kept.
+    Mandatory,
+    /// Optional history that fit.
+    Kept,
+    /// Did not fit in what was left of the budget.
+    OverBudget,
+    /// Greedy policy: a newer unit of the same turn did not fit.
+    TurnIncomplete,
+    /// Violates an item rule (see `problems`); never sent.
+    InvalidUnit,
+    /// Input-only control (`compaction_trigger`, `item_reference`) found in history.
+    InputOnly,
+}
+
+impl Decision {
+    pub fn code(self) -> &'static str {
+        match self {
+            Decision::Mandatory => "mandatory",
+            Decision::Kept => "kept",
+            Decision::OverBudget => "over_budget",
+            Decision::TurnIncomplete => "turn_incomplete",
+            Decision::InvalidUnit => "invalid_unit",
+            Decision::InputOnly => "input_only",
+        }
+    }
+
+    pub fn is_kept(self) -> bool {
+        matches!(self, Decision::Mandatory | Decision::Kept)
+    }
+}
+
+/// The decision for one unit that has history members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitDecision {
+    /// Index into `Graph::units`.
+    pub unit: usize,
+    /// History positions of the unit (sorted).
+    pub positions: Vec<usize>,
+    pub decision: Decision,
+    /// Tokens of the unit's history members, when they were counted.
+    pub tokens: Option<u64>,
+    /// Rule violations (for `InvalidUnit`/`InputOnly`).
+    pub problems: Vec<(InvalidReason, usize)>,
+}
+
+/// Result of [`pack`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PackResult {
+    /// Kept history positions, in original order (mandatory ones included).
+    pub kept_history: Vec<usize>,
+    /// History positions of the tail dependency.
+    pub dependency: Vec<usize>,
+    pub new_input_tokens: u64,
+    pub dependency_tokens: u64,
+    /// Optional history that was kept.
+    pub history_tokens: u64,
+    pub context_tokens: u64,
+    pub output_reserve: u64,
+    pub budget: u64,
+    /// One entry per unit with history members, oldest first.
+    pub decisions: Vec<UnitDecision>,
+}
+
+impl PackResult {
+    /// Tokens of the request plus the output reserve.
+    pub fn used(&self) -> u64 {
+        self.new_input_tokens
+            + self.dependency_tokens
+            + self.history_tokens
+            + self.context_tokens
+            + self.output_reserve
+    }
+
+    /// Budget left unused.
+    pub fn remaining(&self) -> u64 {
+        self.budget.saturating_sub(self.used())
+    }
+}
+
+/// Why packing failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PackError {
+    /// The mandatory part alone does not fit.
+    BudgetExceeded {
+        used: u64,
+        budget: u64,
+        section: Section,
+    },
+    /// A unit containing `new_input` items is invalid (e.g. an output whose call is missing).
+    InvalidNewInput {
+        position: usize,
+        label: String,
+        reasons: Vec<&'static str>,
+    },
+    /// An item could not be read or costed.
+    Item {
+        position: usize,
+        label: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl fmt::Display for PackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PackError::BudgetExceeded {
+                used,
+                budget,
+                section,
+            } => write!(
+                f,
+                "mandatory input needs {used} tokens, over the budget of {budget} \
+                 (overflowed at section {})",
+                section.name()
+            ),
+            PackError::InvalidNewInput { label, reasons, .. } => write!(
+                f,
+                "{label} cannot be sent: {}; it depends on history that is missing or invalid",
+                reasons.join("; ")
+            ),
+            PackError::Item {
+                label,
+                field,
+                message,
+                ..
+            } => write!(f, "{label}: field {field}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for PackError {}
+
+/// A failure to cost one item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostFailure {
+    /// Global position (history ++ new_input).
+    pub position: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// Supplies item costs on demand. Positions are global (history ++ new_input).
+pub trait CostSource {
+    /// Exact costs of the items at `positions`, in the same order.
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure>;
+
+    /// A cheap lower bound of the cost of the item at `position`; must never exceed the exact
+    /// cost. The default is the per-item overhead.
+    fn lower_bound(&mut self, _position: usize) -> u64 {
+        crate::tokens::ITEM_OVERHEAD
+    }
+}
+
+struct Packer<'a> {
+    graph: &'a Graph,
+    costs: &'a mut dyn CostSource,
+}
+
+impl Packer<'_> {
+    fn item_error(&self, f: CostFailure) -> PackError {
+        PackError::Item {
+            label: self.graph.position_label(f.position),
+            position: f.position,
+            field: f.field,
+            message: f.message,
+        }
+    }
+
+    fn sum(&mut self, positions: &[usize]) -> Result<u64, PackError> {
+        if positions.is_empty() {
+            return Ok(0);
+        }
+        let costs = self.costs.costs(positions).map_err(|f| self.item_error(f))?;
+        Ok(costs.iter().sum())
+    }
+
+    fn lower_bound(&mut self, positions: &[usize]) -> u64 {
+        positions.iter().map(|&p| self.costs.lower_bound(p)).sum()
+    }
+}
+
+/// Pack the history of `graph` into `opts.budget`.
+///
+/// `metas` are the classified items, history then new_input (the same sequence the graph was
+/// built from).
+pub fn pack(
+    graph: &Graph,
+    metas: &[ItemMeta],
+    costs: &mut dyn CostSource,
+    opts: &PackOptions,
+) -> Result<PackResult, PackError> {
+    let n_history = graph.n_history;
+
+    // 1. new_input must be sendable as given.
+    if let Some(unit) = graph.new_input_errors().first() {
+        let position = unit
+            .members
+            .iter()
+            .copied()
+            .find(|&p| p >= n_history)
+            .unwrap_or(n_history);
+        let mut reasons: Vec<&'static str> = Vec::new();
+        for p in &unit.problems {
+            let m = p.reason.message();
+            if !reasons.contains(&m) {
+                reasons.push(m);
+            }
+        }
+        return Err(PackError::InvalidNewInput {
+            label: graph.position_label(position),
+            position,
+            reasons,
+        });
+    }
+
+    let mut packer = Packer { graph, costs };
+
+    // 2. Classify history units; collect the optional candidates.
+    let mut decisions: Vec<UnitDecision> = Vec::new();
+    let mut candidates: Vec<usize> = Vec::new(); // indices into `decisions`
+    for (ui, unit) in graph.units.iter().enumerate() {
+        let positions: Vec<usize> = unit
+            .members
+            .iter()
+            .copied()
+            .filter(|&p| p < n_history)
+            .collect();
+        if positions.is_empty() {
+            continue;
+        }
+        let problems = unit.problems.iter().map(|p| (p.reason, p.position)).collect();
+        let decision = if unit.contains_new {
+            Decision::Mandatory
+        } else if unit.is_input_only() {
+            Decision::InputOnly
+        } else if !unit.is_valid() {
+            Decision::InvalidUnit
+        } else {
+            candidates.push(decisions.len());
+            Decision::OverBudget // provisional
+        };
+        decisions.push(UnitDecision {
+            unit: ui,
+            positions,
+            decision,
+            tokens: None,
+            problems,
+        });
+    }
+
+    // 3. Mandatory reservation, checked in allocation order.
+    let new_positions: Vec<usize> = (n_history..graph.unit_of.len()).collect();
+    let new_input_tokens = packer.sum(&new_positions)?;
+    let mut dependency_tokens = 0u64;
+    for d in decisions.iter_mut() {
+        if d.decision == Decision::Mandatory {
+            let cost = packer.sum(&d.positions)?;
+            d.tokens = Some(cost);
+            dependency_tokens += cost;
+        }
+    }
+    let dependency = graph.mandatory_history();
+    let mut used = 0u64;
+    for (section, tokens) in [
+        (Section::NewInput, new_input_tokens),
+        (Section::Dependency, dependency_tokens),
+        (Section::OutputReserve, opts.output_reserve),
+        (Section::Context, opts.context_tokens),
+    ] {
+        used = used.saturating_add(tokens);
+        if used > opts.budget {
+            let total = new_input_tokens
+                .saturating_add(dependency_tokens)
+                .saturating_add(opts.output_reserve)
+                .saturating_add(opts.context_tokens);
+            return Err(PackError::BudgetExceeded {
+                used: total,
+                budget: opts.budget,
+                section,
+            });
+        }
+    }
+    let mut remaining = opts.budget - used;
+
+    // Newest first: by newest member, then by unit order.
+    candidates.sort_by_key(|&d| {
+        std::cmp::Reverse((*decisions[d].positions.last().unwrap_or(&0), d))
+    });
+
+    // Turn of each history position: a user message opens a new turn.
+    let mut turn_of = Vec::with_capacity(n_history);
+    let mut turn = 0usize;
+    for meta in metas.iter().take(n_history) {
+        if meta.is_user_message() {
+            turn += 1;
+        }
+        turn_of.push(turn);
+    }
+    let unit_turn = |d: &UnitDecision| turn_of[*d.positions.last().unwrap_or(&0)];
+
+    let mut history_tokens = 0u64;
+    match opts.policy {
+        Policy::Contiguous => {
+            let mut stopped = false;
+            for &d in &candidates {
+                if stopped {
+                    continue; // stays OverBudget, not counted
+                }
+                let positions = decisions[d].positions.clone();
+                let cost = packer.sum(&positions)?;
+                decisions[d].tokens = Some(cost);
+                if cost <= remaining {
+                    remaining -= cost;
+                    history_tokens += cost;
+                    decisions[d].decision = Decision::Kept;
+                } else {
+                    stopped = true;
+                }
+            }
+        }
+        Policy::Greedy => {
+            let mut i = 0;
+            // Newest turn: unit by unit until one does not fit.
+            let mut broken_turn = None;
+            while i < candidates.len() {
+                let d = candidates[i];
+                let positions = decisions[d].positions.clone();
+                i += 1;
+                let cost = packer.sum(&positions)?;
+                decisions[d].tokens = Some(cost);
+                if cost <= remaining {
+                    remaining -= cost;
+                    history_tokens += cost;
+                    decisions[d].decision = Decision::Kept;
+                } else {
+                    broken_turn = Some(unit_turn(&decisions[d]));
+                    break;
+                }
+            }
+            // Rest of the broken turn.
+            if let Some(bt) = broken_turn {
+                while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == bt {
+                    decisions[candidates[i]].decision = Decision::TurnIncomplete;
+                    i += 1;
+                }
+            }
+            // Older turns, whole or not at all.
+            while i < candidates.len() {
+                let t = unit_turn(&decisions[candidates[i]]);
+                let start = i;
+                while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == t {
+                    i += 1;
+                }
+                let group = &candidates[start..i];
+                let all_positions: Vec<usize> = group
+                    .iter()
+                    .flat_map(|&d| decisions[d].positions.iter().copied())
+                    .collect();
+                if packer.lower_bound(&all_positions) > remaining {
+                    continue; // cannot fit: dropped uncounted
+                }
+                let mut turn_cost = 0u64;
+                for &d in group {
+                    let positions = decisions[d].positions.clone();
+                    let cost = packer.sum(&positions)?;
+                    decisions[d].tokens = Some(cost);
+                    turn_cost += cost;
+                }
+                if turn_cost <= remaining {
+                    remaining -= turn_cost;
+                    history_tokens += turn_cost;
+                    for &d in group {
+                        decisions[d].decision = Decision::Kept;
+                    }
+                }
+            }
+        }
+    }
+
+    let mut kept_history: Vec<usize> = decisions
+        .iter()
+        .filter(|d| d.decision.is_kept())
+        .flat_map(|d| d.positions.iter().copied())
+        .collect();
+    kept_history.sort_unstable();
+    kept_history.dedup();
+
+    Ok(PackResult {
+        kept_history,
+        dependency,
+        new_input_tokens,
+        dependency_tokens,
+        history_tokens,
+        context_tokens: opts.context_tokens,
+        output_reserve: opts.output_reserve,
+        budget: opts.budget,
+        decisions,
+    })
+}
+
+/// A [`CostSource`] over JSON values (pure-Rust callers and tests).
+pub struct JsonCostSource<'a> {
+    items: Vec<&'a serde_json::Value>,
+    encoding: crate::tokens::Encoding,
+    cache: Vec<Option<u64>>,
+}
+
+impl<'a> JsonCostSource<'a> {
+    pub fn new(items: Vec<&'a serde_json::Value>, encoding: crate::tokens::Encoding) -> Self {
+        let cache = vec![None; items.len()];
+        JsonCostSource {
+            items,
+            encoding,
+            cache,
+        }
+    }
+}
+
+impl CostSource for JsonCostSource<'_> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        positions
+            .iter()
+            .map(|&p| {
+                if let Some(c) = self.cache[p] {
+                    return Ok(c);
+                }
+                let cost = crate::tokens::item_cost(self.items[p], self.encoding)
+                    .map_err(|e| token_failure(p, e))?
+                    .total();
+                self.cache[p] = Some(cost);
+                Ok(cost)
+            })
+            .collect()
+    }
+}
+
+fn token_failure(position: usize, e: crate::tokens::TokenError) -> CostFailure {
+    match e {
+        crate::tokens::TokenError::BadItem { field, message } => CostFailure {
+            position,
+            field,
+            message,
+        },
+        other => CostFailure {
+            position,
+            field: "(item)".to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Classify, build the graph and pack JSON items in one call.
+pub fn pack_values(
+    history: &[serde_json::Value],
+    new_input: &[serde_json::Value],
+    encoding: crate::tokens::Encoding,
+    opts: &PackOptions,
+) -> Result<(crate::graph::Graph, PackResult), PackError> {
+    let n_history = history.len();
+    let label = |p: usize| {
+        if p < n_history {
+            format!("history[{p}]")
+        } else {
+            format!("new_input[{}]", p - n_history)
+        }
+    };
+    let all: Vec<&serde_json::Value> = history.iter().chain(new_input.iter()).collect();
+    let mut metas = Vec::with_capacity(all.len());
+    for (p, v) in all.iter().enumerate() {
+        let raw = crate::items::RawItem::from_json(v).map_err(|e| PackError::Item {
+            position: p,
+            label: label(p),
+            field: e.field.clone(),
+            message: e.message.clone(),
+        })?;
+        metas.push(crate::items::classify(&raw));
+    }
+    let graph = crate::graph::build_graph(&metas[..n_history], &metas[n_history..]);
+    let mut source = JsonCostSource::new(all, encoding);
+    let result = pack(&graph, &metas, &mut source, opts)?;
+    Ok((graph, result))
+}

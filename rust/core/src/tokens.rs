@@ -1,0 +1,646 @@
+//! Token counting: encodings (tiktoken-rs), model -> encoding, and the item cost model.
+//!
+//! # Cost model
+//!
+//! The cost of one item is
+//!
+//! ```text
+//! ITEM_OVERHEAD + tokens(canonical_text(item)) + media tokens
+//! ```
+//!
+//! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
+//!   item (role / type markers and separators).
+//! * `canonical_text` renders every provider-bound field of the item as plain text: an object
+//!   becomes one `key: value` line per field (in the item's own key order), an array one line
+//!   per element, a string is written raw (not JSON-escaped), numbers, booleans and null as
+//!   JSON literals. Fields the Agents SDK strips before sending (`provider_data`,
+//!   `created_by`, `_agents_*`, an `id` equal to `"__fake_id__"`) are not counted. The text is
+//!   counted with the model's real encoding, so it counts structured content, tool-call
+//!   arguments, ids and outputs — a conservative upper estimate of what the provider bills.
+//! * Media parts are never counted as text: `input_image` (and `computer_screenshot`,
+//!   Chat-style `image_url`) parts cost by OpenAI's published image rule for the tile-based
+//!   models (GPT-4o, GPT-4.1, GPT-5, o-series): `detail: "low"` = 85 tokens; otherwise the
+//!   image is scaled to fit 2048x2048, then its shortest side to 768, and costs
+//!   `85 + 170 * tiles(512px)`. Dimensions are read from the header of a base64 data URL
+//!   (PNG, JPEG, GIF, WebP, …); an image given by URL or file id costs the largest possible
+//!   value (1445) because its size is unknown. `input_file` parts: a text-like file given
+//!   inline is decoded and counted as text; a PDF costs, per page, a page image (765, a
+//!   letter page at high detail) plus `PDF_TEXT_TOKENS_PER_PAGE`; a file by id/URL costs
+//!   `UNKNOWN_FILE_TOKENS`. `input_audio` costs 10 tokens per second (duration from the WAV
+//!   header, else from the size at 128 kbit/s).
+
+use std::fmt;
+
+use base64::Engine;
+use serde_json::{Map, Value};
+use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
+use tiktoken_rs::CoreBPE;
+
+/// Tokens added to every item for the provider's framing.
+pub const ITEM_OVERHEAD: u64 = 4;
+/// `detail: "low"` image cost, and the base cost of every high-detail image.
+pub const IMAGE_BASE_TOKENS: u64 = 85;
+/// Cost of one 512x512 tile of a high-detail image.
+pub const IMAGE_TILE_TOKENS: u64 = 170;
+/// Largest possible high-detail image cost (768x2048 after scaling: 8 tiles).
+pub const IMAGE_MAX_TOKENS: u64 = IMAGE_BASE_TOKENS + 8 * IMAGE_TILE_TOKENS;
+/// Page image of a PDF page (a letter page rendered at high detail: 4 tiles).
+pub const PDF_PAGE_IMAGE_TOKENS: u64 = IMAGE_BASE_TOKENS + 4 * IMAGE_TILE_TOKENS;
+/// Extracted text of one PDF page (a dense page of prose).
+pub const PDF_TEXT_TOKENS_PER_PAGE: u64 = 1000;
+/// A file whose bytes are not in the request (by `file_id` or `file_url`).
+pub const UNKNOWN_FILE_TOKENS: u64 = 4096;
+/// Audio tokens per second of input audio.
+pub const AUDIO_TOKENS_PER_SECOND: f64 = 10.0;
+/// Deepest nesting accepted inside one item.
+pub const MAX_DEPTH: usize = 64;
+
+/// A tiktoken encoding shipped with tiktoken-rs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Encoding {
+    O200kBase,
+    O200kHarmony,
+    Cl100kBase,
+    P50kBase,
+    P50kEdit,
+    R50kBase,
+}
+
+/// Errors of the counting layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenError {
+    /// The model name maps to no known encoding.
+    UnknownModel(String),
+    /// The encoding name is not one tiktoken-rs ships.
+    UnknownEncoding(String),
+    /// An item cannot be costed: `field` is a path inside the item.
+    BadItem { field: String, message: String },
+    /// The tokenizer failed on this text (it never panics through this API).
+    Tokenizer(String),
+}
+
+impl fmt::Display for TokenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenError::UnknownModel(m) => write!(
+                f,
+                "unknown model {m:?}: no known tiktoken encoding; pass encoding= explicitly \
+                 (one of {})",
+                Encoding::ALL.map(|e| e.name()).join(", ")
+            ),
+            TokenError::UnknownEncoding(e) => write!(
+                f,
+                "unknown encoding {e:?}; expected one of {}",
+                Encoding::ALL.map(|e| e.name()).join(", ")
+            ),
+            TokenError::BadItem { field, message } => write!(f, "field {field}: {message}"),
+            TokenError::Tokenizer(m) => write!(f, "tokenizer failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+impl Encoding {
+    /// Every encoding, default first.
+    pub const ALL: [Encoding; 6] = [
+        Encoding::O200kBase,
+        Encoding::O200kHarmony,
+        Encoding::Cl100kBase,
+        Encoding::P50kBase,
+        Encoding::P50kEdit,
+        Encoding::R50kBase,
+    ];
+
+    /// The tiktoken name of the encoding.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::O200kBase => "o200k_base",
+            Encoding::O200kHarmony => "o200k_harmony",
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::P50kBase => "p50k_base",
+            Encoding::P50kEdit => "p50k_edit",
+            Encoding::R50kBase => "r50k_base",
+        }
+    }
+
+    /// Look an encoding up by its tiktoken name (`gpt2` is an alias of `r50k_base`).
+    pub fn from_name(name: &str) -> Result<Encoding, TokenError> {
+        let name = name.trim();
+        Encoding::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .or((name == "gpt2").then_some(Encoding::R50kBase))
+            .ok_or_else(|| TokenError::UnknownEncoding(name.to_string()))
+    }
+
+    /// The encoding of an OpenAI model name: gpt-5, gpt-4.1, gpt-4o and o-series use
+    /// `o200k_base`; gpt-4 and gpt-3.5 use `cl100k_base`. A provider prefix such as
+    /// `openai/` and fine-tune names (`ft:gpt-4o:…`) are understood.
+    pub fn for_model(model: &str) -> Result<Encoding, TokenError> {
+        let trimmed = model.trim();
+        let bare = trimmed.strip_prefix("openai/").unwrap_or(trimmed);
+        let tokenizer = get_tokenizer(bare).or_else(|| {
+            // Bare o-series names with a suffix tiktoken-rs does not list (o1-pro, o3-deep-…).
+            let lower = bare.to_ascii_lowercase();
+            ["o1", "o3", "o4"]
+                .iter()
+                .any(|p| lower == *p || lower.starts_with(&format!("{p}-")))
+                .then_some(Tokenizer::O200kBase)
+        });
+        match tokenizer {
+            Some(Tokenizer::O200kBase) => Ok(Encoding::O200kBase),
+            Some(Tokenizer::O200kHarmony) => Ok(Encoding::O200kHarmony),
+            Some(Tokenizer::Cl100kBase) => Ok(Encoding::Cl100kBase),
+            Some(Tokenizer::P50kBase) => Ok(Encoding::P50kBase),
+            Some(Tokenizer::P50kEdit) => Ok(Encoding::P50kEdit),
+            Some(Tokenizer::R50kBase) | Some(Tokenizer::Gpt2) => Ok(Encoding::R50kBase),
+            None => Err(TokenError::UnknownModel(model.to_string())),
+        }
+    }
+
+    /// The process-wide tokenizer, built lazily on first use (thread-safe, once).
+    fn bpe(self) -> &'static CoreBPE {
+        // tiktoken-rs singletons are `LazyLock`s: built once per process, on first use.
+        match self {
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Encoding::O200kHarmony => tiktoken_rs::o200k_harmony_singleton(),
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+            Encoding::P50kBase => tiktoken_rs::p50k_base_singleton(),
+            Encoding::P50kEdit => tiktoken_rs::p50k_edit_singleton(),
+            Encoding::R50kBase => tiktoken_rs::r50k_base_singleton(),
+        }
+    }
+
+    /// Number of tokens of `text`, special-token text counted as ordinary text
+    /// (equal to `len(tiktoken.get_encoding(name).encode_ordinary(text))`).
+    pub fn count(self, text: &str) -> Result<u64, TokenError> {
+        if text.is_empty() {
+            return Ok(0);
+        }
+        let bpe = self.bpe();
+        // tiktoken-rs unwraps regex results internally; never let that unwind to a caller.
+        std::panic::catch_unwind(|| bpe.encode_ordinary(text).len() as u64).map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "internal error".to_string());
+            TokenError::Tokenizer(msg)
+        })
+    }
+
+    /// Token ids of `text` (ordinary encoding), for callers that need them.
+    pub fn encode(self, text: &str) -> Result<Vec<u32>, TokenError> {
+        let bpe = self.bpe();
+        std::panic::catch_unwind(|| bpe.encode_ordinary(text))
+            .map_err(|_| TokenError::Tokenizer("encode failed".to_string()))
+    }
+}
+
+/// The cost of one item, split by source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItemCost {
+    /// Tokens of the canonical text.
+    pub text: u64,
+    /// Tokens of images, files and audio.
+    pub media: u64,
+    /// The fixed per-item overhead.
+    pub overhead: u64,
+}
+
+impl ItemCost {
+    pub fn total(&self) -> u64 {
+        self.text + self.media + self.overhead
+    }
+}
+
+/// Text and media of an item in the canonical form described in the module docs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Canonical {
+    pub text: String,
+    pub media_tokens: u64,
+}
+
+/// Render an item into its canonical text (plus media tokens, costed by the published rules).
+pub fn canonical(item: &Value, enc: Encoding) -> Result<Canonical, TokenError> {
+    let Value::Object(map) = item else {
+        return Err(TokenError::BadItem {
+            field: "(item)".to_string(),
+            message: "an item must be a JSON object".to_string(),
+        });
+    };
+    let mut out = Canonical::default();
+    let mut path = String::new();
+    render_object(map, true, enc, &mut out, &mut path, 0)?;
+    Ok(out)
+}
+
+/// The full cost of one item with the given encoding.
+pub fn item_cost(item: &Value, enc: Encoding) -> Result<ItemCost, TokenError> {
+    let c = canonical(item, enc)?;
+    Ok(ItemCost {
+        text: enc.count(&c.text)?,
+        media: c.media_tokens,
+        overhead: ITEM_OVERHEAD,
+    })
+}
+
+fn is_stripped_top_level(key: &str, value: &Value) -> bool {
+    key == "provider_data"
+        || key == "created_by"
+        || key.starts_with("_agents_")
+        || (key == "id" && value.as_str() == Some("__fake_id__"))
+}
+
+fn push_path(path: &mut String, key: &str) -> usize {
+    let len = path.len();
+    if !path.is_empty() {
+        path.push('.');
+    }
+    path.push_str(key);
+    len
+}
+
+fn render_object(
+    map: &Map<String, Value>,
+    top: bool,
+    enc: Encoding,
+    out: &mut Canonical,
+    path: &mut String,
+    depth: usize,
+) -> Result<(), TokenError> {
+    if depth > MAX_DEPTH {
+        return Err(TokenError::BadItem {
+            field: if path.is_empty() { "(item)".into() } else { path.clone() },
+            message: format!("nesting deeper than {MAX_DEPTH} levels"),
+        });
+    }
+    if let Some(media) = media_cost(map, enc, path)? {
+        out.media_tokens = out.media_tokens.saturating_add(media);
+        return Ok(());
+    }
+    for (key, value) in map {
+        if top && is_stripped_top_level(key, value) {
+            continue;
+        }
+        let saved = push_path(path, key);
+        out.text.push_str(key);
+        out.text.push_str(": ");
+        render_value(value, enc, out, path, depth + 1)?;
+        out.text.push('\n');
+        path.truncate(saved);
+    }
+    Ok(())
+}
+
+fn render_value(
+    value: &Value,
+    enc: Encoding,
+    out: &mut Canonical,
+    path: &mut String,
+    depth: usize,
+) -> Result<(), TokenError> {
+    match value {
+        Value::String(s) => out.text.push_str(s),
+        Value::Null => out.text.push_str("null"),
+        Value::Bool(b) => out.text.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.text.push_str(&n.to_string()),
+        Value::Array(items) => {
+            if depth > MAX_DEPTH {
+                return Err(TokenError::BadItem {
+                    field: path.clone(),
+                    message: format!("nesting deeper than {MAX_DEPTH} levels"),
+                });
+            }
+            for (i, v) in items.iter().enumerate() {
+                let saved = path.len();
+                path.push_str(&format!("[{i}]"));
+                if i > 0 {
+                    out.text.push('\n');
+                }
+                render_value(v, enc, out, path, depth + 1)?;
+                path.truncate(saved);
+            }
+        }
+        Value::Object(map) => render_object(map, false, enc, out, path, depth)?,
+    }
+    Ok(())
+}
+
+/// Media parts: `Some(tokens)` when `map` is an image, file or audio part.
+fn media_cost(
+    map: &Map<String, Value>,
+    enc: Encoding,
+    path: &str,
+) -> Result<Option<u64>, TokenError> {
+    let ty = map.get("type").and_then(Value::as_str).unwrap_or("");
+    match ty {
+        "input_image" | "computer_screenshot" => {
+            let detail = map.get("detail").and_then(Value::as_str);
+            let url = map.get("image_url").and_then(Value::as_str);
+            Ok(Some(image_tokens(detail, url)))
+        }
+        "image_url" => {
+            // Chat Completions shape: {"type":"image_url","image_url":{"url":…,"detail":…}}
+            let inner = map.get("image_url");
+            let url = inner
+                .and_then(|v| v.get("url").and_then(Value::as_str))
+                .or_else(|| inner.and_then(Value::as_str));
+            let detail = inner.and_then(|v| v.get("detail").and_then(Value::as_str));
+            Ok(Some(image_tokens(detail, url)))
+        }
+        "input_file" => {
+            let filename = map.get("filename").and_then(Value::as_str);
+            let data = map.get("file_data").and_then(Value::as_str);
+            Ok(Some(file_tokens(filename, data, enc, path)?))
+        }
+        "input_audio" => {
+            let data = map
+                .get("input_audio")
+                .and_then(|v| v.get("data"))
+                .or_else(|| map.get("data"))
+                .and_then(Value::as_str);
+            Ok(Some(audio_tokens(data)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Split a `data:<mime>;base64,<payload>` URL.
+fn split_data_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("data:")?;
+    let (meta, payload) = rest.split_once(',')?;
+    let mime = meta.strip_suffix(";base64")?;
+    Some((mime, payload))
+}
+
+/// Decode at most `max_chars` base64 characters from the start of `payload`.
+fn decode_prefix(payload: &str, max_chars: usize) -> Option<Vec<u8>> {
+    let cleaned: String = payload
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .take(max_chars)
+        .collect();
+    let usable = cleaned.len() - cleaned.len() % 4;
+    let engine = base64::engine::general_purpose::STANDARD;
+    engine
+        .decode(&cleaned[..usable])
+        .ok()
+        .or_else(|| engine.decode(cleaned[..usable].trim_end_matches('=')).ok())
+}
+
+/// High-detail cost of an image of `width` x `height` pixels (tile-based models).
+pub fn image_tokens_for_size(width: u64, height: u64) -> u64 {
+    if width == 0 || height == 0 {
+        return IMAGE_BASE_TOKENS;
+    }
+    let (mut w, mut h) = (width as f64, height as f64);
+    let longest = w.max(h);
+    if longest > 2048.0 {
+        let s = 2048.0 / longest;
+        w *= s;
+        h *= s;
+    }
+    let shortest = w.min(h);
+    if shortest > 768.0 {
+        let s = 768.0 / shortest;
+        w *= s;
+        h *= s;
+    }
+    let tiles = (w / 512.0).ceil().max(1.0) * (h / 512.0).ceil().max(1.0);
+    IMAGE_BASE_TOKENS + IMAGE_TILE_TOKENS * tiles as u64
+}
+
+/// Cost of an image part by its detail level and (when inline) its real size.
+pub fn image_tokens(detail: Option<&str>, url: Option<&str>) -> u64 {
+    if detail == Some("low") {
+        return IMAGE_BASE_TOKENS;
+    }
+    let size = url
+        .and_then(split_data_url)
+        // JPEG headers can sit behind large EXIF blocks; 256 KiB of base64 covers them.
+        .and_then(|(_, payload)| decode_prefix(payload, 256 * 1024))
+        .and_then(|bytes| imagesize::blob_size(&bytes).ok());
+    match size {
+        Some(s) => image_tokens_for_size(s.width as u64, s.height as u64),
+        None => IMAGE_MAX_TOKENS,
+    }
+}
+
+fn is_text_mime(mime: &str) -> bool {
+    mime.starts_with("text/")
+        || matches!(
+            mime,
+            "application/json"
+                | "application/xml"
+                | "application/x-yaml"
+                | "application/yaml"
+                | "application/javascript"
+                | "application/x-python"
+                | "application/sql"
+        )
+}
+
+fn file_tokens(
+    filename: Option<&str>,
+    data: Option<&str>,
+    enc: Encoding,
+    path: &str,
+) -> Result<u64, TokenError> {
+    let Some(data) = data else {
+        return Ok(UNKNOWN_FILE_TOKENS);
+    };
+    let (mime, payload) = split_data_url(data).unwrap_or(("", data));
+    let bytes = match decode_prefix(payload, usize::MAX) {
+        Some(b) => b,
+        None => {
+            return Err(TokenError::BadItem {
+                field: format!("{path}.file_data"),
+                message: "file_data is not valid base64".to_string(),
+            })
+        }
+    };
+    let name = filename.unwrap_or("").to_ascii_lowercase();
+    if mime == "application/pdf" || name.ends_with(".pdf") || bytes.starts_with(b"%PDF") {
+        let pages = count_pdf_pages(&bytes).max(1);
+        return Ok(pages * (PDF_PAGE_IMAGE_TOKENS + PDF_TEXT_TOKENS_PER_PAGE));
+    }
+    if is_text_mime(mime) || std::str::from_utf8(&bytes).is_ok() {
+        let text = String::from_utf8_lossy(&bytes);
+        return enc.count(&text);
+    }
+    Ok(UNKNOWN_FILE_TOKENS)
+}
+
+/// Count `/Type /Page` objects (not `/Pages`) in a PDF.
+fn count_pdf_pages(bytes: &[u8]) -> u64 {
+    let needle = b"/Type";
+    let mut pages = 0;
+    let mut i = 0;
+    while i + needle.len() <= bytes.len() {
+        if &bytes[i..i + needle.len()] == needle {
+            let mut j = i + needle.len();
+            while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            if bytes[j..].starts_with(b"/Page") && !bytes[j..].starts_with(b"/Pages") {
+                pages += 1;
+            }
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    pages
+}
+
+fn audio_tokens(data: Option<&str>) -> u64 {
+    let Some(data) = data else {
+        return (60.0 * AUDIO_TOKENS_PER_SECOND) as u64;
+    };
+    let payload = split_data_url(data).map(|(_, p)| p).unwrap_or(data);
+    let approx_bytes = (payload.len() as f64 * 3.0 / 4.0).max(1.0);
+    let byte_rate = decode_prefix(payload, 64)
+        .filter(|h| h.len() >= 32 && &h[0..4] == b"RIFF" && &h[8..12] == b"WAVE")
+        .map(|h| u32::from_le_bytes([h[28], h[29], h[30], h[31]]) as f64)
+        .filter(|r| *r > 0.0)
+        .unwrap_or(16_000.0);
+    (approx_bytes / byte_rate * AUDIO_TOKENS_PER_SECOND).ceil() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn model_names_map_to_encodings() {
+        for m in [
+            "gpt-5",
+            "gpt-5-mini",
+            "gpt-5.1",
+            "gpt-4.1",
+            "gpt-4.1-nano",
+            "gpt-4o",
+            "gpt-4o-2024-08-06",
+            "o1",
+            "o3",
+            "o3-mini",
+            "o4-mini",
+            "o1-pro",
+            "openai/gpt-4o",
+            "ft:gpt-4o-mini-2024-07-18:org::abc",
+        ] {
+            assert_eq!(Encoding::for_model(m), Ok(Encoding::O200kBase), "{m}");
+        }
+        for m in ["gpt-4", "gpt-4-0613", "gpt-3.5-turbo", "gpt-3.5-turbo-0125"] {
+            assert_eq!(Encoding::for_model(m), Ok(Encoding::Cl100kBase), "{m}");
+        }
+        let err = Encoding::for_model("llama-3").unwrap_err();
+        assert!(err.to_string().contains("llama-3"));
+        assert!(err.to_string().contains("encoding="));
+    }
+
+    #[test]
+    fn encoding_names() {
+        for e in Encoding::ALL {
+            assert_eq!(Encoding::from_name(e.name()), Ok(e));
+        }
+        assert_eq!(Encoding::from_name("gpt2"), Ok(Encoding::R50kBase));
+        assert!(Encoding::from_name("o300k").is_err());
+    }
+
+    #[test]
+    fn known_counts() {
+        // Reference counts from openai/tiktoken (encode_ordinary).
+        let o = Encoding::O200kBase;
+        let c = Encoding::Cl100kBase;
+        assert_eq!(o.count("").unwrap(), 0);
+        assert_eq!(o.count("hello world").unwrap(), 2);
+        assert_eq!(c.count("hello world").unwrap(), 2);
+        assert_eq!(c.count("tiktoken is great!").unwrap(), 6);
+        assert_eq!(o.count("tiktoken is great!").unwrap(), 5);
+        // Special-token text is ordinary text.
+        assert!(o.count("<|endoftext|>").unwrap() > 1);
+    }
+
+    #[test]
+    fn canonical_text_and_stripped_fields() {
+        let item = json!({
+            "type": "function_call", "call_id": "c1", "name": "f",
+            "arguments": "{\"a\":1}", "provider_data": {"x": "y"}, "id": "__fake_id__",
+            "_agents_tool_title": "t", "created_by": "me"
+        });
+        let c = canonical(&item, Encoding::O200kBase).unwrap();
+        assert_eq!(
+            c.text,
+            "type: function_call\ncall_id: c1\nname: f\narguments: {\"a\":1}\n"
+        );
+        let msg = json!({"role": "user", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_text", "text": "there"}]});
+        let c = canonical(&msg, Encoding::O200kBase).unwrap();
+        assert_eq!(
+            c.text,
+            "role: user\ncontent: type: input_text\ntext: hi\n\ntype: input_text\ntext: there\n\n"
+        );
+        let cost = item_cost(&msg, Encoding::O200kBase).unwrap();
+        assert_eq!(cost.overhead, ITEM_OVERHEAD);
+        assert_eq!(
+            cost.text,
+            Encoding::O200kBase.count(&c.text).unwrap(),
+            "text cost is the count of the canonical text"
+        );
+    }
+
+    #[test]
+    fn image_rules() {
+        assert_eq!(image_tokens(Some("low"), None), 85);
+        assert_eq!(image_tokens(Some("high"), Some("https://x/y.png")), 1445);
+        // Published examples: 1024x1024 high -> 765; 2048x4096 -> 1105.
+        assert_eq!(image_tokens_for_size(1024, 1024), 765);
+        assert_eq!(image_tokens_for_size(2048, 4096), 1105);
+        assert_eq!(image_tokens_for_size(512, 512), 255);
+        // A real 1x1 PNG inline: one tile.
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+        let url = format!("data:image/png;base64,{png}");
+        assert_eq!(image_tokens(Some("auto"), Some(&url)), 255);
+        let part = json!({"role":"user","content":[{"type":"input_image","image_url": url, "detail":"high"}]});
+        let c = canonical(&part, Encoding::O200kBase).unwrap();
+        assert_eq!(c.media_tokens, 255);
+        assert!(!c.text.contains("iVBOR"), "base64 is never counted as text");
+    }
+
+    #[test]
+    fn file_rules() {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text = b64.encode("hello world");
+        let item = json!({"type":"input_file","filename":"a.txt","file_data": format!("data:text/plain;base64,{text}")});
+        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        assert_eq!(c.media_tokens, 2);
+        let pdf = b64.encode(b"%PDF-1.4 1 0 obj << /Type /Pages /Count 2 >> 2 0 obj << /Type /Page >> 3 0 obj << /Type/Page >>");
+        let item = json!({"type":"input_file","filename":"a.pdf","file_data": format!("data:application/pdf;base64,{pdf}")});
+        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        assert_eq!(
+            c.media_tokens,
+            2 * (PDF_PAGE_IMAGE_TOKENS + PDF_TEXT_TOKENS_PER_PAGE)
+        );
+        let item = json!({"type":"input_file","file_id":"file_1"});
+        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        assert_eq!(c.media_tokens, UNKNOWN_FILE_TOKENS);
+        let bad = json!({"type":"input_file","file_data":"data:application/pdf;base64,@@@@"});
+        let err = canonical(&json!({"role":"user","content":[bad]}), Encoding::O200kBase)
+            .unwrap_err();
+        assert!(err.to_string().contains("content[0].file_data"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error() {
+        let mut v = json!("leaf");
+        for _ in 0..(MAX_DEPTH + 5) {
+            v = json!({ "k": v });
+        }
+        let err = canonical(&json!({"type":"x","output": v}), Encoding::O200kBase).unwrap_err();
+        assert!(matches!(err, TokenError::BadItem { .. }));
+    }
+}

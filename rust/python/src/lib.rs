@@ -1,0 +1,612 @@
+//! `protoprompt._core`: PyO3 bindings over `protoprompt-core`.
+//!
+//! Thin by design: extract Python input into owned Rust values, release the GIL, run the core,
+//! convert the result back and map errors to the exception classes of `protoprompt.errors`.
+//! Item contents are read lazily — only items whose cost the packer needs are converted.
+
+use protoprompt_core::graph::{build_graph, Graph};
+use protoprompt_core::items::{classify, ItemMeta, RawCaller, RawItem};
+use protoprompt_core::pack::{
+    pack as core_pack, CostFailure, CostSource, PackError, PackOptions, Policy,
+};
+use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
+use pyo3::{intern, IntoPyObjectExt};
+use serde_json::{Map, Number, Value};
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let module = MODULE.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("protoprompt.errors")?.unbind())
+    })?;
+    module.bind(py).getattr(name)
+}
+
+fn raise<'py>(py: Python<'py>, class: &str, args: impl IntoPyObject<'py>) -> PyErr {
+    let args = match args.into_bound_py_any(py) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let built = error_class(py, class).and_then(|cls| {
+        let tuple = args.cast_into::<PyTuple>().map_err(PyErr::from)?;
+        cls.call1(tuple)
+    });
+    match built {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
+    }
+}
+
+fn item_error(py: Python<'_>, label: &str, field: &str, message: &str) -> PyErr {
+    raise(
+        py,
+        "InvalidItemError",
+        (
+            format!("{label}: field {field}: {message}"),
+            label.to_string(),
+            field.to_string(),
+        ),
+    )
+}
+
+fn token_error(py: Python<'_>, e: TokenError) -> PyErr {
+    match &e {
+        TokenError::UnknownModel(m) => raise(py, "UnknownModelError", (e.to_string(), m.clone())),
+        TokenError::UnknownEncoding(n) => {
+            raise(py, "UnknownEncodingError", (e.to_string(), n.clone()))
+        }
+        TokenError::BadItem { field, message } => item_error(py, "item", field, message),
+        TokenError::Tokenizer(_) => PyValueError::new_err(e.to_string()),
+    }
+}
+
+fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
+    match e {
+        PackError::BudgetExceeded {
+            used,
+            budget,
+            section,
+        } => raise(
+            py,
+            "TokenBudgetExceededError",
+            (used, budget, section.name()),
+        ),
+        PackError::InvalidNewInput {
+            ref label,
+            ref reasons,
+            ..
+        } => raise(
+            py,
+            "InvalidNewInputError",
+            (
+                e.to_string(),
+                label.clone(),
+                reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            ),
+        ),
+        PackError::Item {
+            label,
+            field,
+            message,
+            ..
+        } => item_error(py, &label, &field, &message),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python -> Rust
+
+/// A readable name of a Python value's type for error messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".to_string())
+}
+
+/// Borrow `obj` as a dict: a dict as is, any other Mapping copied into one.
+fn as_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Some(d.clone());
+    }
+    let mapping = obj.cast::<PyMapping>().ok()?;
+    let dict = PyDict::new(obj.py());
+    let items = mapping.items().ok()?;
+    for pair in items.iter() {
+        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract().ok()?;
+        dict.set_item(k, v).ok()?;
+    }
+    Some(dict)
+}
+
+type FieldError = (String, String);
+
+fn opt_str(dict: &Bound<'_, PyDict>, key: &Bound<'_, PyString>) -> Result<Option<String>, FieldError> {
+    match dict.get_item(key) {
+        Ok(Some(v)) if v.is_none() => Ok(None),
+        Ok(Some(v)) => match v.cast::<PyString>() {
+            Ok(s) => s
+                .to_str()
+                .map(|s| Some(s.to_string()))
+                .map_err(|_| (key.to_string(), "is not valid UTF-8 text".to_string())),
+            Err(_) => Err((
+                key.to_string(),
+                format!("must be a string, got {}", type_name(&v)),
+            )),
+        },
+        Ok(None) => Ok(None),
+        Err(e) => Err((key.to_string(), e.to_string())),
+    }
+}
+
+/// Read the graph-relevant fields of one item.
+fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
+    let py = obj.py();
+    let dict = as_dict(obj).ok_or_else(|| {
+        (
+            "(item)".to_string(),
+            format!("an item must be a mapping (dict), got {}", type_name(obj)),
+        )
+    })?;
+    let mut raw = RawItem {
+        item_type: opt_str(&dict, intern!(py, "type"))?,
+        role: opt_str(&dict, intern!(py, "role"))?,
+        id: opt_str(&dict, intern!(py, "id"))?,
+        call_id: opt_str(&dict, intern!(py, "call_id"))?,
+        status: opt_str(&dict, intern!(py, "status"))?,
+        execution: opt_str(&dict, intern!(py, "execution"))?,
+        approval_request_id: opt_str(&dict, intern!(py, "approval_request_id"))?,
+        ..RawItem::default()
+    };
+    if let Ok(Some(c)) = dict.get_item(intern!(py, "caller")) {
+        if !c.is_none() {
+            let cd = c.cast::<PyDict>().map_err(|_| {
+                (
+                    "caller".to_string(),
+                    format!("must be a mapping, got {}", type_name(&c)),
+                )
+            })?;
+            let prefix = |(f, m): FieldError| (format!("caller.{f}"), m);
+            raw.caller = Some(RawCaller {
+                caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
+                caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
+            });
+        }
+    }
+    if let Ok(Some(v)) = dict.get_item(intern!(py, "encrypted_content")) {
+        raw.has_encrypted_content = v
+            .cast::<PyString>()
+            .map(|s| s.to_str().map(|t| !t.is_empty()).unwrap_or(false))
+            .unwrap_or(false);
+    }
+    if let Ok(Some(v)) = dict.get_item(intern!(py, "provider_data")) {
+        if !v.is_none() {
+            raw.has_provider_data = true;
+            if let Ok(pd) = v.cast::<PyDict>() {
+                raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
+            }
+        }
+    }
+    raw.has_tool_calls = matches!(dict.get_item(intern!(py, "tool_calls")), Ok(Some(v)) if !v.is_none());
+    raw.has_tool_call_id = matches!(dict.get_item(intern!(py, "tool_call_id")), Ok(Some(_)));
+    Ok(raw)
+}
+
+/// Convert a JSON-like Python value to serde_json, naming the field path on failure.
+fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, FieldError> {
+    let here = |path: &String| {
+        if path.is_empty() {
+            "(item)".to_string()
+        } else {
+            path.clone()
+        }
+    };
+    if depth > MAX_DEPTH {
+        return Err((here(path), format!("nesting deeper than {MAX_DEPTH} levels")));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return s
+            .to_str()
+            .map(|s| Value::String(s.to_string()))
+            .map_err(|_| (here(path), "is not valid UTF-8 text (lone surrogate?)".to_string()));
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(Value::Number(i.into()));
+        }
+        if let Ok(u) = obj.extract::<u64>() {
+            return Ok(Value::Number(u.into()));
+        }
+        // Arbitrary-size integer: keep its exact decimal text (it is counted as text).
+        return obj
+            .str()
+            .map(|s| Value::String(s.to_string()))
+            .map_err(|e| (here(path), e.to_string()));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        let v = f.value();
+        return Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| (here(path), format!("{v} is not a JSON number (NaN or infinity)")));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut map = Map::new();
+        for (k, v) in d.iter() {
+            let key = match k.cast::<PyString>() {
+                Ok(s) => s
+                    .to_str()
+                    .map_err(|_| (here(path), "has a key that is not valid UTF-8".to_string()))?
+                    .to_string(),
+                Err(_) => {
+                    return Err((
+                        here(path),
+                        format!("has a non-string key of type {}", type_name(&k)),
+                    ))
+                }
+            };
+            let saved = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(&key);
+            let value = to_value(&v, path, depth + 1)?;
+            path.truncate(saved);
+            map.insert(key, value);
+        }
+        return Ok(Value::Object(map));
+    }
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let mut out = Vec::new();
+        for (i, v) in obj.try_iter().map_err(|e| (here(path), e.to_string()))?.enumerate() {
+            let v = v.map_err(|e| (here(path), e.to_string()))?;
+            let saved = path.len();
+            path.push_str(&format!("[{i}]"));
+            out.push(to_value(&v, path, depth + 1)?);
+            path.truncate(saved);
+        }
+        return Ok(Value::Array(out));
+    }
+    if obj.cast::<PyMapping>().is_ok() {
+        if let Some(d) = as_dict(obj) {
+            return to_value(d.as_any(), path, depth);
+        }
+    }
+    Err((
+        here(path),
+        format!("{} is not a JSON value", type_name(obj)),
+    ))
+}
+
+fn resolve_encoding(model: Option<&str>, encoding: Option<&str>) -> Result<Encoding, TokenError> {
+    match (encoding, model) {
+        (Some(e), _) => Encoding::from_name(e),
+        (None, Some(m)) => Encoding::for_model(m),
+        (None, None) => Ok(Encoding::O200kBase),
+    }
+}
+
+fn label(n_history: usize, p: usize) -> String {
+    if p < n_history {
+        format!("history[{p}]")
+    } else {
+        format!("new_input[{}]", p - n_history)
+    }
+}
+
+/// Extract and classify every item of `history ++ new_input` (GIL held).
+fn classify_all(
+    py: Python<'_>,
+    history: &Bound<'_, PyAny>,
+    new_input: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<Py<PyAny>>, Vec<ItemMeta>, usize)> {
+    let seq = |obj: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<Py<PyAny>>> {
+        if obj.cast::<PyString>().is_ok() || obj.cast::<PyDict>().is_ok() {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must be a list of items, got {}",
+                type_name(obj)
+            )));
+        }
+        let iter = obj.try_iter().map_err(|_| {
+            PyTypeError::new_err(format!("{name} must be a list of items, got {}", type_name(obj)))
+        })?;
+        iter.map(|r| r.map(|b| b.unbind())).collect()
+    };
+    let mut items = seq(history, "history")?;
+    let n_history = items.len();
+    items.extend(seq(new_input, "new_input")?);
+    let mut metas = Vec::with_capacity(items.len());
+    for (p, item) in items.iter().enumerate() {
+        let raw = extract_raw(item.bind(py))
+            .map_err(|(field, msg)| item_error(py, &label(n_history, p), &field, &msg))?;
+        metas.push(classify(&raw));
+    }
+    Ok((items, metas, n_history))
+}
+
+/// Costs items on demand: converts them under the GIL, counts with the GIL released.
+struct PyCostSource {
+    items: Vec<Py<PyAny>>,
+    encoding: Encoding,
+    cache: Vec<Option<u64>>,
+}
+
+impl CostSource for PyCostSource {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let missing: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|&p| self.cache[p].is_none())
+            .collect();
+        if !missing.is_empty() {
+            let values: Vec<(usize, Value)> = Python::attach(|py| {
+                missing
+                    .iter()
+                    .map(|&p| {
+                        let mut path = String::new();
+                        to_value(self.items[p].bind(py), &mut path, 0)
+                            .map(|v| (p, v))
+                            .map_err(|(field, message)| CostFailure {
+                                position: p,
+                                field,
+                                message,
+                            })
+                    })
+                    .collect::<Result<_, _>>()
+            })?;
+            for (p, v) in values {
+                let cost = tokens::item_cost(&v, self.encoding).map_err(|e| match e {
+                    TokenError::BadItem { field, message } => CostFailure {
+                        position: p,
+                        field,
+                        message,
+                    },
+                    other => CostFailure {
+                        position: p,
+                        field: "(item)".to_string(),
+                        message: other.to_string(),
+                    },
+                })?;
+                self.cache[p] = Some(cost.total());
+            }
+        }
+        Ok(positions
+            .iter()
+            .map(|&p| self.cache[p].unwrap_or_default())
+            .collect())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Functions
+
+/// Count the tokens of `text` with an encoding (by name or model; default o200k_base).
+#[pyfunction]
+#[pyo3(signature = (text, *, model=None, encoding=None))]
+fn count_tokens(
+    py: Python<'_>,
+    text: &str,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<u64> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    if text.len() < 4096 {
+        return enc.count(text).map_err(|e| token_error(py, e));
+    }
+    let owned = text.to_string();
+    py.detach(move || enc.count(&owned))
+        .map_err(|e| token_error(py, e))
+}
+
+/// Count many texts at once (one GIL release).
+#[pyfunction]
+#[pyo3(signature = (texts, *, model=None, encoding=None))]
+fn count_tokens_batch(
+    py: Python<'_>,
+    texts: Vec<String>,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<Vec<u64>> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    py.detach(move || texts.iter().map(|t| enc.count(t)).collect::<Result<Vec<_>, _>>())
+        .map_err(|e| token_error(py, e))
+}
+
+/// The encoding name used for `model`.
+#[pyfunction]
+fn encoding_for_model(py: Python<'_>, model: &str) -> PyResult<&'static str> {
+    Encoding::for_model(model)
+        .map(Encoding::name)
+        .map_err(|e| token_error(py, e))
+}
+
+/// Names of the encodings this build ships.
+#[pyfunction]
+fn available_encodings() -> Vec<&'static str> {
+    Encoding::ALL.iter().map(|e| e.name()).collect()
+}
+
+/// Token cost of one item under the documented cost model.
+#[pyfunction]
+#[pyo3(signature = (item, *, model=None, encoding=None))]
+fn item_tokens(
+    py: Python<'_>,
+    item: &Bound<'_, PyAny>,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<(u64, u64, u64)> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    if as_dict(item).is_none() {
+        return Err(item_error(
+            py,
+            "item",
+            "(item)",
+            &format!("an item must be a mapping (dict), got {}", type_name(item)),
+        ));
+    }
+    let mut path = String::new();
+    let value =
+        to_value(item, &mut path, 0).map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    let cost = py
+        .detach(move || tokens::item_cost(&value, enc))
+        .map_err(|e| token_error(py, e))?;
+    Ok((cost.text, cost.media, cost.overhead))
+}
+
+/// The canonical text of an item (what its text cost is counted on).
+#[pyfunction]
+fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
+    let mut path = String::new();
+    let value =
+        to_value(item, &mut path, 0).map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    tokens::canonical(&value, Encoding::O200kBase)
+        .map(|c| c.text)
+        .map_err(|e| token_error(py, e))
+}
+
+fn graph_dict<'py>(py: Python<'py>, graph: &Graph, metas: &[ItemMeta]) -> PyResult<Bound<'py, PyDict>> {
+    let n = graph.n_history;
+    let units = PyList::empty(py);
+    for unit in &graph.units {
+        let d = PyDict::new(py);
+        let members: Vec<String> = unit.members.iter().map(|&p| label(n, p)).collect();
+        d.set_item("members", members)?;
+        d.set_item("positions", unit.members.clone())?;
+        d.set_item(
+            "kinds",
+            unit.members
+                .iter()
+                .map(|&p| metas[p].kind_name())
+                .collect::<Vec<_>>(),
+        )?;
+        d.set_item("valid", unit.is_valid())?;
+        d.set_item("input_only", unit.is_input_only())?;
+        d.set_item("contains_new", unit.contains_new)?;
+        let problems: Vec<(&str, &str, String)> = unit
+            .problems
+            .iter()
+            .map(|p| (p.reason.code(), p.reason.message(), label(n, p.position)))
+            .collect();
+        d.set_item("problems", problems)?;
+        units.append(d)?;
+    }
+    let out = PyDict::new(py);
+    out.set_item("units", units)?;
+    out.set_item("n_history", n)?;
+    out.set_item("mandatory_history", graph.mandatory_history())?;
+    Ok(out)
+}
+
+/// Split `history ++ new_input` into atomic units (no counting).
+#[pyfunction]
+fn analyze<'py>(
+    py: Python<'py>,
+    history: &Bound<'py, PyAny>,
+    new_input: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (_items, metas, n_history) = classify_all(py, history, new_input)?;
+    let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
+    graph_dict(py, &graph, &metas)
+}
+
+/// Pack `history` into `budget` after reserving `new_input`, its tail dependency,
+/// `output_reserve` and `context_tokens`. Returns a plain dict (wrapped by `protoprompt.pack`).
+#[pyfunction]
+#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous"))]
+#[allow(clippy::too_many_arguments)]
+fn pack<'py>(
+    py: Python<'py>,
+    history: &Bound<'py, PyAny>,
+    new_input: &Bound<'py, PyAny>,
+    budget: u64,
+    output_reserve: u64,
+    context_tokens: u64,
+    model: Option<&str>,
+    encoding: Option<&str>,
+    policy: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let policy = Policy::from_name(policy).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
+        ))
+    })?;
+    let (items, metas, n_history) = classify_all(py, history, new_input)?;
+    let opts = PackOptions {
+        budget,
+        output_reserve,
+        context_tokens,
+        policy,
+    };
+    let n_items = items.len();
+    let mut source = PyCostSource {
+        items,
+        encoding: enc,
+        cache: vec![None; n_items],
+    };
+    let result = py
+        .detach(|| {
+            let graph = build_graph(&metas[..n_history], &metas[n_history..]);
+            core_pack(&graph, &metas, &mut source, &opts)
+        })
+        .map_err(|e| pack_error(py, e))?;
+
+    let out = PyDict::new(py);
+    out.set_item("kept_history", &result.kept_history)?;
+    out.set_item("dependency", &result.dependency)?;
+    out.set_item("new_input_tokens", result.new_input_tokens)?;
+    out.set_item("dependency_tokens", result.dependency_tokens)?;
+    out.set_item("history_tokens", result.history_tokens)?;
+    out.set_item("context_tokens", result.context_tokens)?;
+    out.set_item("output_reserve", result.output_reserve)?;
+    out.set_item("budget", result.budget)?;
+    out.set_item("used", result.used())?;
+    out.set_item("remaining", result.remaining())?;
+    out.set_item("encoding", enc.name())?;
+    out.set_item("policy", policy.name())?;
+    let decisions = PyList::empty(py);
+    for d in &result.decisions {
+        let problems: Vec<(&str, &str, String)> = d
+            .problems
+            .iter()
+            .map(|(r, p)| (r.code(), r.message(), label(n_history, *p)))
+            .collect();
+        let kinds: Vec<&str> = d.positions.iter().map(|&p| metas[p].kind_name()).collect();
+        decisions.append((
+            d.unit,
+            d.positions.clone(),
+            kinds,
+            d.decision.code(),
+            d.tokens,
+            problems,
+        ))?;
+    }
+    out.set_item("decisions", decisions)?;
+    Ok(out)
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(count_tokens_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(encoding_for_model, m)?)?;
+    m.add_function(wrap_pyfunction!(available_encodings, m)?)?;
+    m.add_function(wrap_pyfunction!(item_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical_text, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze, m)?)?;
+    m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
+    m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
+    Ok(())
+}
