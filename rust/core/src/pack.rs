@@ -185,6 +185,8 @@ pub enum PackError {
         label: String,
         reasons: Vec<&'static str>,
     },
+    /// The context hook failed (its message is kept; bindings keep the original error).
+    Context(String),
     /// An item could not be read or costed.
     Item {
         position: usize,
@@ -218,6 +220,7 @@ impl fmt::Display for PackError {
                 message,
                 ..
             } => write!(f, "{label}: field {field}: {message}"),
+            PackError::Context(m) => write!(f, "context builder failed: {m}"),
         }
     }
 }
@@ -264,7 +267,10 @@ impl Packer<'_> {
         if positions.is_empty() {
             return Ok(0);
         }
-        let costs = self.costs.costs(positions).map_err(|f| self.item_error(f))?;
+        let costs = self
+            .costs
+            .costs(positions)
+            .map_err(|f| self.item_error(f))?;
         Ok(costs.iter().sum())
     }
 
@@ -273,15 +279,21 @@ impl Packer<'_> {
     }
 }
 
+/// Called once the mandatory part is reserved, with the tokens still free; returns the tokens
+/// the context (system prompt, recalled memory) takes. It runs before any history is chosen.
+pub type ContextHook<'a> = &'a mut dyn FnMut(u64) -> Result<u64, PackError>;
+
 /// Pack the history of `graph` into `opts.budget`.
 ///
 /// `metas` are the classified items, history then new_input (the same sequence the graph was
-/// built from).
+/// built from). `context`, when given, is asked for its size after the mandatory reservation
+/// (see [`ContextHook`]); its tokens are added to `context_tokens`.
 pub fn pack(
     graph: &Graph,
     metas: &[ItemMeta],
     costs: &mut dyn CostSource,
     opts: &PackOptions,
+    context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
     let n_history = graph.n_history;
 
@@ -322,7 +334,11 @@ pub fn pack(
         if positions.is_empty() {
             continue;
         }
-        let problems = unit.problems.iter().map(|p| (p.reason, p.position)).collect();
+        let problems = unit
+            .problems
+            .iter()
+            .map(|p| (p.reason, p.position))
+            .collect();
         let decision = if unit.contains_new {
             Decision::Mandatory
         } else if unit.is_input_only() {
@@ -375,11 +391,23 @@ pub fn pack(
         }
     }
     let mut remaining = opts.budget - used;
+    let mut context_tokens = opts.context_tokens;
+    if let Some(hook) = context {
+        let extra = hook(remaining)?;
+        if extra > remaining {
+            return Err(PackError::BudgetExceeded {
+                used: used.saturating_add(extra),
+                budget: opts.budget,
+                section: Section::Context,
+            });
+        }
+        remaining -= extra;
+        context_tokens += extra;
+    }
 
     // Newest first: by newest member, then by unit order.
-    candidates.sort_by_key(|&d| {
-        std::cmp::Reverse((*decisions[d].positions.last().unwrap_or(&0), d))
-    });
+    candidates
+        .sort_by_key(|&d| std::cmp::Reverse((*decisions[d].positions.last().unwrap_or(&0), d)));
 
     // Turn of each history position: a user message opens a new turn.
     let mut turn_of = Vec::with_capacity(n_history);
@@ -485,7 +513,7 @@ pub fn pack(
         new_input_tokens,
         dependency_tokens,
         history_tokens,
-        context_tokens: opts.context_tokens,
+        context_tokens,
         output_reserve: opts.output_reserve,
         budget: opts.budget,
         decisions,
@@ -571,6 +599,6 @@ pub fn pack_values(
     }
     let graph = crate::graph::build_graph(&metas[..n_history], &metas[n_history..]);
     let mut source = JsonCostSource::new(all, encoding);
-    let result = pack(&graph, &metas, &mut source, opts)?;
+    let result = pack(&graph, &metas, &mut source, opts, None)?;
     Ok((graph, result))
 }

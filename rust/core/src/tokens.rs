@@ -272,7 +272,11 @@ fn render_object(
 ) -> Result<(), TokenError> {
     if depth > MAX_DEPTH {
         return Err(TokenError::BadItem {
-            field: if path.is_empty() { "(item)".into() } else { path.clone() },
+            field: if path.is_empty() {
+                "(item)".into()
+            } else {
+                path.clone()
+            },
             message: format!("nesting deeper than {MAX_DEPTH} levels"),
         });
     }
@@ -616,21 +620,33 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD;
         let text = b64.encode("hello world");
         let item = json!({"type":"input_file","filename":"a.txt","file_data": format!("data:text/plain;base64,{text}")});
-        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        let c = canonical(
+            &json!({"role":"user","content":[item]}),
+            Encoding::O200kBase,
+        )
+        .unwrap();
         assert_eq!(c.media_tokens, 2);
         let pdf = b64.encode(b"%PDF-1.4 1 0 obj << /Type /Pages /Count 2 >> 2 0 obj << /Type /Page >> 3 0 obj << /Type/Page >>");
         let item = json!({"type":"input_file","filename":"a.pdf","file_data": format!("data:application/pdf;base64,{pdf}")});
-        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        let c = canonical(
+            &json!({"role":"user","content":[item]}),
+            Encoding::O200kBase,
+        )
+        .unwrap();
         assert_eq!(
             c.media_tokens,
             2 * (PDF_PAGE_IMAGE_TOKENS + PDF_TEXT_TOKENS_PER_PAGE)
         );
         let item = json!({"type":"input_file","file_id":"file_1"});
-        let c = canonical(&json!({"role":"user","content":[item]}), Encoding::O200kBase).unwrap();
+        let c = canonical(
+            &json!({"role":"user","content":[item]}),
+            Encoding::O200kBase,
+        )
+        .unwrap();
         assert_eq!(c.media_tokens, UNKNOWN_FILE_TOKENS);
         let bad = json!({"type":"input_file","file_data":"data:application/pdf;base64,@@@@"});
-        let err = canonical(&json!({"role":"user","content":[bad]}), Encoding::O200kBase)
-            .unwrap_err();
+        let err =
+            canonical(&json!({"role":"user","content":[bad]}), Encoding::O200kBase).unwrap_err();
         assert!(err.to_string().contains("content[0].file_data"), "{err}");
     }
 

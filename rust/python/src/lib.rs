@@ -96,6 +96,7 @@ fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
             message,
             ..
         } => item_error(py, &label, &field, &message),
+        PackError::Context(m) => PyValueError::new_err(m),
     }
 }
 
@@ -127,7 +128,10 @@ fn as_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
 
 type FieldError = (String, String);
 
-fn opt_str(dict: &Bound<'_, PyDict>, key: &Bound<'_, PyString>) -> Result<Option<String>, FieldError> {
+fn opt_str(
+    dict: &Bound<'_, PyDict>,
+    key: &Bound<'_, PyString>,
+) -> Result<Option<String>, FieldError> {
     match dict.get_item(key) {
         Ok(Some(v)) if v.is_none() => Ok(None),
         Ok(Some(v)) => match v.cast::<PyString>() {
@@ -193,7 +197,8 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
             }
         }
     }
-    raw.has_tool_calls = matches!(dict.get_item(intern!(py, "tool_calls")), Ok(Some(v)) if !v.is_none());
+    raw.has_tool_calls =
+        matches!(dict.get_item(intern!(py, "tool_calls")), Ok(Some(v)) if !v.is_none());
     raw.has_tool_call_id = matches!(dict.get_item(intern!(py, "tool_call_id")), Ok(Some(_)));
     Ok(raw)
 }
@@ -208,7 +213,10 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
         }
     };
     if depth > MAX_DEPTH {
-        return Err((here(path), format!("nesting deeper than {MAX_DEPTH} levels")));
+        return Err((
+            here(path),
+            format!("nesting deeper than {MAX_DEPTH} levels"),
+        ));
     }
     if obj.is_none() {
         return Ok(Value::Null);
@@ -217,7 +225,12 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
         return s
             .to_str()
             .map(|s| Value::String(s.to_string()))
-            .map_err(|_| (here(path), "is not valid UTF-8 text (lone surrogate?)".to_string()));
+            .map_err(|_| {
+                (
+                    here(path),
+                    "is not valid UTF-8 text (lone surrogate?)".to_string(),
+                )
+            });
     }
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Value::Bool(b.is_true()));
@@ -237,9 +250,12 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         let v = f.value();
-        return Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| (here(path), format!("{v} is not a JSON number (NaN or infinity)")));
+        return Number::from_f64(v).map(Value::Number).ok_or_else(|| {
+            (
+                here(path),
+                format!("{v} is not a JSON number (NaN or infinity)"),
+            )
+        });
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut map = Map::new();
@@ -269,7 +285,11 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
     }
     if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
         let mut out = Vec::new();
-        for (i, v) in obj.try_iter().map_err(|e| (here(path), e.to_string()))?.enumerate() {
+        for (i, v) in obj
+            .try_iter()
+            .map_err(|e| (here(path), e.to_string()))?
+            .enumerate()
+        {
             let v = v.map_err(|e| (here(path), e.to_string()))?;
             let saved = path.len();
             path.push_str(&format!("[{i}]"));
@@ -319,7 +339,10 @@ fn classify_all(
             )));
         }
         let iter = obj.try_iter().map_err(|_| {
-            PyTypeError::new_err(format!("{name} must be a list of items, got {}", type_name(obj)))
+            PyTypeError::new_err(format!(
+                "{name} must be a list of items, got {}",
+                type_name(obj)
+            ))
         })?;
         iter.map(|r| r.map(|b| b.unbind())).collect()
     };
@@ -419,8 +442,13 @@ fn count_tokens_batch(
     encoding: Option<&str>,
 ) -> PyResult<Vec<u64>> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    py.detach(move || texts.iter().map(|t| enc.count(t)).collect::<Result<Vec<_>, _>>())
-        .map_err(|e| token_error(py, e))
+    py.detach(move || {
+        texts
+            .iter()
+            .map(|t| enc.count(t))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(|e| token_error(py, e))
 }
 
 /// The encoding name used for `model`.
@@ -456,8 +484,8 @@ fn item_tokens(
         ));
     }
     let mut path = String::new();
-    let value =
-        to_value(item, &mut path, 0).map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    let value = to_value(item, &mut path, 0)
+        .map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
     let cost = py
         .detach(move || tokens::item_cost(&value, enc))
         .map_err(|e| token_error(py, e))?;
@@ -468,14 +496,18 @@ fn item_tokens(
 #[pyfunction]
 fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut path = String::new();
-    let value =
-        to_value(item, &mut path, 0).map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    let value = to_value(item, &mut path, 0)
+        .map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
     tokens::canonical(&value, Encoding::O200kBase)
         .map(|c| c.text)
         .map_err(|e| token_error(py, e))
 }
 
-fn graph_dict<'py>(py: Python<'py>, graph: &Graph, metas: &[ItemMeta]) -> PyResult<Bound<'py, PyDict>> {
+fn graph_dict<'py>(
+    py: Python<'py>,
+    graph: &Graph,
+    metas: &[ItemMeta],
+) -> PyResult<Bound<'py, PyDict>> {
     let n = graph.n_history;
     let units = PyList::empty(py);
     for unit in &graph.units {
@@ -523,7 +555,7 @@ fn analyze<'py>(
 /// Pack `history` into `budget` after reserving `new_input`, its tail dependency,
 /// `output_reserve` and `context_tokens`. Returns a plain dict (wrapped by `protoprompt.pack`).
 #[pyfunction]
-#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous"))]
+#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
 #[allow(clippy::too_many_arguments)]
 fn pack<'py>(
     py: Python<'py>,
@@ -535,6 +567,7 @@ fn pack<'py>(
     model: Option<&str>,
     encoding: Option<&str>,
     policy: &str,
+    context: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
     let policy = Policy::from_name(policy).ok_or_else(|| {
@@ -555,12 +588,32 @@ fn pack<'py>(
         encoding: enc,
         cache: vec![None; n_items],
     };
-    let result = py
-        .detach(|| {
-            let graph = build_graph(&metas[..n_history], &metas[n_history..]);
-            core_pack(&graph, &metas, &mut source, &opts)
-        })
-        .map_err(|e| pack_error(py, e))?;
+    let context: Option<Py<PyAny>> = context.map(Bound::unbind);
+    let mut hook_error: Option<PyErr> = None;
+    let result = py.detach(|| {
+        let graph = build_graph(&metas[..n_history], &metas[n_history..]);
+        let mut hook = |remaining: u64| -> Result<u64, PackError> {
+            let Some(callable) = context.as_ref() else {
+                return Ok(0);
+            };
+            Python::attach(|py| {
+                callable
+                    .bind(py)
+                    .call1((remaining,))
+                    .and_then(|r| r.extract::<u64>())
+            })
+            .map_err(|e| {
+                let message = e.to_string();
+                hook_error = Some(e);
+                PackError::Context(message)
+            })
+        };
+        core_pack(&graph, &metas, &mut source, &opts, Some(&mut hook))
+    });
+    if let Some(e) = hook_error {
+        return Err(e);
+    }
+    let result = result.map_err(|e| pack_error(py, e))?;
 
     let out = PyDict::new(py);
     out.set_item("kept_history", &result.kept_history)?;
