@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -233,12 +233,15 @@ def pack(
     model: str | None = None,
     encoding: str | None = None,
     policy: Policy = "contiguous",
+    context: Callable[[int], int] | None = None,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
     Reserved first, all or nothing: ``new_input``, the history graph it completes (the tail
     dependency, when it starts with a tool output), ``output_reserve`` and
-    ``context_tokens``. Then the newest history units are added while they fit. A unit
+    ``context_tokens``. ``context``, when given, is then called once with the tokens still
+    free and returns how many of them the caller's own context (system prompt, recalled
+    memory) takes; history gets the rest. Then the newest history units are added while they fit. A unit
     (a call with its outputs, reasoning with its follower, a program with its children…) is
     kept whole or dropped whole; invalid units and input-only controls are never sent.
 
@@ -264,6 +267,7 @@ def pack(
         model=model,
         encoding=encoding,
         policy=policy,
+        context=context,
     )
     kept = raw["kept_history"]
     decisions = [
