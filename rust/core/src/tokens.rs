@@ -11,7 +11,8 @@
 //! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
 //!   item (role / type markers and separators).
 //! * `canonical_text` renders every provider-bound field of the item as plain text: an object
-//!   becomes one `key: value` line per field (in the item's own key order), an array one line
+//!   becomes one `key: value` line per field (keys sorted, so equal content always renders
+//!   the same text whatever the key order of the caller's dict), an array one line
 //!   per element, a string is written raw (not JSON-escaped), numbers, booleans and null as
 //!   JSON literals. Fields the Agents SDK strips before sending (`provider_data`,
 //!   `created_by`, `_agents_*`, an `id` equal to `"__fake_id__"`) are not counted. The text is
@@ -174,28 +175,85 @@ impl Encoding {
 
     /// Number of tokens of `text`, special-token text counted as ordinary text
     /// (equal to `len(tiktoken.get_encoding(name).encode_ordinary(text))`).
+    ///
+    /// Long texts are counted in segments of about [`SEGMENT_BYTES`] split only where the
+    /// encoding's pre-tokenizer splits too (after a newline that is followed by an ASCII letter
+    /// or digit), so the sum is exact; this bounds the work of the regex engine per call. A
+    /// segment the tokenizer cannot handle (e.g. a megabyte of unbroken whitespace, which
+    /// overflows the regex engine's stack in tiktoken itself) is halved at a character boundary
+    /// until it can be counted; only then can the count differ from the reference, by at most
+    /// a token per split.
     pub fn count(self, text: &str) -> Result<u64, TokenError> {
+        self.count_with_segments(text, SEGMENT_BYTES)
+    }
+
+    fn count_with_segments(self, text: &str, segment: usize) -> Result<u64, TokenError> {
+        let mut total = 0u64;
+        for part in safe_segments(text, segment) {
+            total += self.count_segment(part)?;
+        }
+        Ok(total)
+    }
+
+    fn count_segment(self, text: &str) -> Result<u64, TokenError> {
         if text.is_empty() {
             return Ok(0);
         }
         let bpe = self.bpe();
         // tiktoken-rs unwraps regex results internally; never let that unwind to a caller.
-        std::panic::catch_unwind(|| bpe.encode_ordinary(text).len() as u64).map_err(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "internal error".to_string());
-            TokenError::Tokenizer(msg)
-        })
+        match std::panic::catch_unwind(|| bpe.encode_ordinary(text).len() as u64) {
+            Ok(n) => Ok(n),
+            Err(payload) if text.len() >= 2 * MIN_FALLBACK_SPLIT => {
+                drop(payload);
+                let mut mid = text.len() / 2;
+                while !text.is_char_boundary(mid) {
+                    mid += 1;
+                }
+                Ok(self.count_segment(&text[..mid])? + self.count_segment(&text[mid..])?)
+            }
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "internal error".to_string());
+                Err(TokenError::Tokenizer(msg))
+            }
+        }
     }
+}
 
-    /// Token ids of `text` (ordinary encoding), for callers that need them.
-    pub fn encode(self, text: &str) -> Result<Vec<u32>, TokenError> {
-        let bpe = self.bpe();
-        std::panic::catch_unwind(|| bpe.encode_ordinary(text))
-            .map_err(|_| TokenError::Tokenizer("encode failed".to_string()))
-    }
+/// Target size of the segments a long text is counted in.
+pub const SEGMENT_BYTES: usize = 64 * 1024;
+/// Smallest piece the fallback split produces.
+const MIN_FALLBACK_SPLIT: usize = 1024;
+
+/// Split `text` into pieces of roughly `target` bytes at positions where every tiktoken
+/// pre-tokenizer pattern splits too: right after `\n` when the next byte is an ASCII letter or
+/// digit. No pattern matches across such a point (a piece holding the newline ends there, and
+/// no piece starting at a letter or digit looks behind), so counts add up exactly.
+fn safe_segments(text: &str, target: usize) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let mut start = 0usize;
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        let begin = start;
+        let mut end = bytes.len();
+        if bytes.len() - begin > target {
+            let mut i = begin + target;
+            while i < bytes.len() {
+                if bytes[i - 1] == b'\n' && bytes[i].is_ascii_alphanumeric() {
+                    end = i;
+                    break;
+                }
+                i += 1;
+            }
+        }
+        start = end;
+        Some(&text[begin..end])
+    })
 }
 
 /// The cost of one item, split by source.
@@ -394,6 +452,18 @@ fn decode_prefix(payload: &str, max_chars: usize) -> Option<Vec<u8>> {
         .or_else(|| engine.decode(cleaned[..usable].trim_end_matches('=')).ok())
 }
 
+/// Decode a whole base64 payload (standard or URL-safe alphabet, padding optional).
+fn decode_all(payload: &str) -> Option<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let cleaned: String = payload
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|engine| engine.decode(&cleaned).ok())
+}
+
 /// High-detail cost of an image of `width` x `height` pixels (tile-based models).
 pub fn image_tokens_for_size(width: u64, height: u64) -> u64 {
     if width == 0 || height == 0 {
@@ -456,7 +526,7 @@ fn file_tokens(
         return Ok(UNKNOWN_FILE_TOKENS);
     };
     let (mime, payload) = split_data_url(data).unwrap_or(("", data));
-    let bytes = match decode_prefix(payload, usize::MAX) {
+    let bytes = match decode_all(payload) {
         Some(b) => b,
         None => {
             return Err(TokenError::BadItem {
@@ -557,16 +627,82 @@ mod tests {
 
     #[test]
     fn known_counts() {
-        // Reference counts from openai/tiktoken (encode_ordinary).
-        let o = Encoding::O200kBase;
-        let c = Encoding::Cl100kBase;
-        assert_eq!(o.count("").unwrap(), 0);
-        assert_eq!(o.count("hello world").unwrap(), 2);
-        assert_eq!(c.count("hello world").unwrap(), 2);
-        assert_eq!(c.count("tiktoken is great!").unwrap(), 6);
-        assert_eq!(o.count("tiktoken is great!").unwrap(), 5);
-        // Special-token text is ordinary text.
-        assert!(o.count("<|endoftext|>").unwrap() > 1);
+        // Reference counts from openai/tiktoken 0.12 (`len(enc.encode_ordinary(text))`).
+        let cases: [(&str, u64, u64); 7] = [
+            ("hello world", 2, 2),
+            ("tiktoken is great!", 6, 6),
+            ("Привет, мир! Как дела?", 8, 12),
+            ("def f(x):\n    return x**2\n", 10, 10),
+            ("<|endoftext|>", 7, 7),
+            ("🙂👍🏽 emoji", 5, 9),
+            ("   \n\n\t  spaces", 3, 3),
+        ];
+        for (text, o200k, cl100k) in cases {
+            assert_eq!(Encoding::O200kBase.count(text).unwrap(), o200k, "{text:?}");
+            assert_eq!(
+                Encoding::Cl100kBase.count(text).unwrap(),
+                cl100k,
+                "{text:?}"
+            );
+        }
+        assert_eq!(Encoding::O200kBase.count("").unwrap(), 0);
+    }
+
+    #[test]
+    fn segmented_counting_is_exact() {
+        let words = [
+            "alpha",
+            " beta",
+            "\n",
+            "\n\n",
+            "  ",
+            "/path",
+            "x/y",
+            "42",
+            "1234",
+            ".\n",
+            "Привет",
+            "\t",
+            "'s",
+            "don't",
+            "\r\n",
+            "a\nb",
+            "\n/",
+            "?!",
+            "🙂",
+            "    indent",
+        ];
+        let mut seed = 7u64;
+        for round in 0..200 {
+            let mut text = String::new();
+            for _ in 0..(20 + round) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                text.push_str(words[(seed >> 33) as usize % words.len()]);
+            }
+            for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+                let whole = enc.count_segment(&text).unwrap();
+                for target in [1, 3, 8, 17] {
+                    assert_eq!(
+                        enc.count_with_segments(&text, target).unwrap(),
+                        whole,
+                        "{text:?} target {target}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pathological_texts_do_not_fail() {
+        // A megabyte of spaces overflows the regex engine's stack in tiktoken itself.
+        let spaces = " ".repeat(1 << 20);
+        let n = Encoding::O200kBase.count(&spaces).unwrap();
+        assert!(n > 0 && n < 20_000, "{n}");
+        let lines = "word and more words\n".repeat(50_000);
+        let whole = Encoding::O200kBase.count_segment(&lines).unwrap();
+        assert_eq!(Encoding::O200kBase.count(&lines).unwrap(), whole);
     }
 
     #[test]
@@ -579,14 +715,14 @@ mod tests {
         let c = canonical(&item, Encoding::O200kBase).unwrap();
         assert_eq!(
             c.text,
-            "type: function_call\ncall_id: c1\nname: f\narguments: {\"a\":1}\n"
+            "arguments: {\"a\":1}\ncall_id: c1\nname: f\ntype: function_call\n"
         );
         let msg = json!({"role": "user", "content": [
             {"type": "input_text", "text": "hi"}, {"type": "input_text", "text": "there"}]});
         let c = canonical(&msg, Encoding::O200kBase).unwrap();
         assert_eq!(
             c.text,
-            "role: user\ncontent: type: input_text\ntext: hi\n\ntype: input_text\ntext: there\n\n"
+            "content: text: hi\ntype: input_text\n\ntext: there\ntype: input_text\n\nrole: user\n"
         );
         let cost = item_cost(&msg, Encoding::O200kBase).unwrap();
         assert_eq!(cost.overhead, ITEM_OVERHEAD);

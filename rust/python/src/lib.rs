@@ -5,7 +5,7 @@
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
 use protoprompt_core::graph::{build_graph, Graph};
-use protoprompt_core::items::{classify, ItemMeta, RawCaller, RawItem};
+use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
 use protoprompt_core::pack::{
     pack as core_pack, CostFailure, CostSource, PackError, PackOptions, Policy,
 };
@@ -353,7 +353,7 @@ fn classify_all(
     for (p, item) in items.iter().enumerate() {
         let raw = extract_raw(item.bind(py))
             .map_err(|(field, msg)| item_error(py, &label(n_history, p), &field, &msg))?;
-        metas.push(classify(&raw));
+        metas.push(ItemMeta::new(raw));
     }
     Ok((items, metas, n_history))
 }
