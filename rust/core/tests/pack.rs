@@ -302,7 +302,7 @@ fn lazy_counting_equals_counting_everything() {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         let turns = 3 + (seed >> 60) as usize;
         let h = history(turns, |t| ((seed >> (t % 32)) % 400) as usize + 1);
-        let n = vec![user("next")];
+        let n = [user("next")];
         let all: Vec<Value> = h.iter().chain(n.iter()).cloned().collect();
         let metas: Vec<ItemMeta> = all
             .iter()
@@ -342,7 +342,7 @@ fn lazy_counting_equals_counting_everything() {
 #[test]
 fn context_hook_sees_the_room_left_after_the_mandatory_part() {
     let h = history(2, |_| 5);
-    let n = vec![user("next")];
+    let n = [user("next")];
     let all: Vec<Value> = h.iter().chain(n.iter()).cloned().collect();
     let metas: Vec<ItemMeta> = all
         .iter()
