@@ -168,6 +168,14 @@ def _span(positions: Sequence[int]) -> str:
     return f"[{positions[0]}..{positions[-1]}]"
 
 
+def _as_list(items: Iterable[Item], name: str) -> list[Any]:
+    if isinstance(items, list):
+        return items
+    if isinstance(items, (str, bytes, Mapping)):
+        raise TypeError(f"{name} must be a list of items, got {type(items).__name__}")
+    return list(items)
+
+
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int:
     """Number of tokens of ``text`` (special-token text counted as ordinary text).
 
@@ -207,7 +215,7 @@ def _problems(raw: Iterable[tuple[str, str, str]]) -> list[Problem]:
 
 def analyze(history: Iterable[Item], new_input: Iterable[Item]) -> GraphReport:
     """Split ``history ++ new_input`` into atomic units and report their validity."""
-    raw = _core.analyze(list(history), list(new_input))
+    raw = _core.analyze(_as_list(history, "history"), _as_list(new_input, "new_input"))
     units = [
         Unit(
             members=u["members"],
@@ -256,8 +264,8 @@ def pack(
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    history_list = history if isinstance(history, list) else list(history)
-    new_list = new_input if isinstance(new_input, list) else list(new_input)
+    history_list = _as_list(history, "history")
+    new_list = _as_list(new_input, "new_input")
     raw = _core.pack(
         history_list,
         new_list,

@@ -1,0 +1,67 @@
+"""Type stubs for the native module ``protoprompt._core`` (Rust, PyO3).
+
+Use the typed wrappers in :mod:`protoprompt` instead of calling this module directly.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypedDict
+
+DEFAULT_ENCODING: str
+ITEM_OVERHEAD: int
+
+_Problem = tuple[str, str, str]
+
+class _UnitDict(TypedDict):
+    members: list[str]
+    positions: list[int]
+    kinds: list[str]
+    valid: bool
+    input_only: bool
+    contains_new: bool
+    problems: list[_Problem]
+
+class _GraphDict(TypedDict):
+    units: list[_UnitDict]
+    n_history: int
+    mandatory_history: list[int]
+
+class _PackDict(TypedDict):
+    kept_history: list[int]
+    dependency: list[int]
+    new_input_tokens: int
+    dependency_tokens: int
+    history_tokens: int
+    context_tokens: int
+    output_reserve: int
+    budget: int
+    used: int
+    remaining: int
+    encoding: str
+    policy: str
+    decisions: list[tuple[int, list[int], list[str], str, int | None, list[_Problem]]]
+
+def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
+def count_tokens_batch(
+    texts: list[str], *, model: str | None = None, encoding: str | None = None
+) -> list[int]: ...
+def encoding_for_model(model: str) -> str: ...
+def available_encodings() -> list[str]: ...
+def item_tokens(
+    item: Mapping[str, Any], *, model: str | None = None, encoding: str | None = None
+) -> tuple[int, int, int]: ...
+def canonical_text(item: Mapping[str, Any]) -> str: ...
+def analyze(
+    history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]]
+) -> _GraphDict: ...
+def pack(
+    history: Iterable[Mapping[str, Any]],
+    new_input: Iterable[Mapping[str, Any]],
+    budget: int,
+    *,
+    output_reserve: int = 0,
+    context_tokens: int = 0,
+    model: str | None = None,
+    encoding: str | None = None,
+    policy: str = "contiguous",
+    context: Callable[[int], int] | None = None,
+) -> _PackDict: ...

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+@pytest.fixture(scope="session")
+def vectors() -> list[dict]:
+    """The 40 item-graph test vectors of the spec (a copy lives in the Rust test data)."""
+    path = HERE.parent / "rust" / "core" / "tests" / "data" / "item-graph-vectors.json"
+    return json.loads(path.read_text())["vectors"]

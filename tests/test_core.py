@@ -1,0 +1,293 @@
+"""The native core through its Python API: item graph vectors, counting, packing, errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import threading
+
+import pytest
+
+import protoprompt as pp
+from protoprompt import (
+    InvalidItemError,
+    InvalidNewInputError,
+    ProtoPromptError,
+    TokenBudgetExceededError,
+    UnknownEncodingError,
+    UnknownModelError,
+)
+from reference_tokenizer import reference_encoding
+
+
+def _short(label: str) -> str:
+    """``history[3]`` -> ``h3``, ``new_input[0]`` -> ``n0`` (the vectors' notation)."""
+    return label[0] + label[label.index("[") + 1 : -1]
+
+
+def _labels(report: pp.GraphReport) -> set[frozenset[str]]:
+    return {frozenset(map(_short, u.members)) for u in report.units}
+
+
+# --------------------------------------------------------------------------- item graph
+
+
+def test_every_spec_vector_gives_the_expected_units(vectors: list[dict]) -> None:
+    assert len(vectors) == 40
+    for v in vectors:
+        report = pp.analyze(v["history"], v["new_input"])
+        exp = v["expected"]
+        assert _labels(report) == {frozenset(u) for u in exp["units"]}, v["id"]
+        invalid = {
+            frozenset(map(_short, u.members)): {p.message for p in u.problems}
+            for u in report.invalid_units
+        }
+        expected_invalid = {frozenset(u["unit"]): set(u["reasons"]) for u in exp["invalid_units"]}
+        assert invalid == expected_invalid, v["id"]
+        assert [f"h{i}" for i in report.mandatory_history] == exp["mandatory_history"], v["id"]
+
+
+def test_vectors_with_a_broken_new_input_raise_naming_the_item(vectors: list[dict]) -> None:
+    for v in vectors:
+        if v["expected"]["error"]:
+            with pytest.raises(InvalidNewInputError) as info:
+                pp.pack(v["history"], v["new_input"], 100_000)
+            assert info.value.location.startswith("new_input["), v["id"]
+            assert info.value.reasons, v["id"]
+            assert isinstance(info.value, ValueError)
+        else:
+            result = pp.pack(v["history"], v["new_input"], 100_000)
+            invalid_positions = {
+                p for u in pp.analyze(v["history"], v["new_input"]).invalid_units for p in u.positions
+            }
+            assert not invalid_positions & set(result.kept_history), v["id"]
+
+
+def test_tail_dependency_is_reserved_even_when_nothing_else_fits(vectors: list[dict]) -> None:
+    tv04 = next(v for v in vectors if v["id"] == "TV04")
+    full = pp.pack(tv04["history"], tv04["new_input"], 100_000)
+    need = full.new_input_tokens + full.dependency_tokens
+    tight = pp.pack(tv04["history"], tv04["new_input"], need)
+    assert tight.kept_history == [1, 2]
+    assert tight.dependency == [1, 2]
+    assert tight.remaining == 0
+    with pytest.raises(TokenBudgetExceededError) as info:
+        pp.pack(tv04["history"], tv04["new_input"], need - 1)
+    assert info.value.section == "dependency"
+    assert info.value.used == need
+
+
+# --------------------------------------------------------------------------- counting
+
+CORPUS = [
+    "",
+    "hello world",
+    "Привет, мир! Как у тебя дела сегодня?",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "emoji 🙂👍🏽🇺🇦 and CJK 你好世界",
+    "   \n\n\t  mixed    whitespace  \r\n",
+    "<|endoftext|> special-token text is ordinary text <|im_start|>",
+    '{"json": [1, 2.5, null, true], "nested": {"k": "v"}}',
+    "x" * 5000,
+    ("lorem ipsum dolor sit amet, " * 4000) + "\n" + ("строка текста\n" * 3000),
+]
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_counts_equal_the_reference_tokenizer(encoding: str) -> None:
+    ref = reference_encoding(encoding)
+    for text in CORPUS:
+        assert pp.count_tokens(text, encoding=encoding) == len(ref.encode_ordinary(text)), text[:40]
+    assert pp.count_tokens_batch(CORPUS, encoding=encoding) == [
+        len(ref.encode_ordinary(t)) for t in CORPUS
+    ]
+
+
+def test_model_names_resolve_to_encodings() -> None:
+    assert pp.encoding_for_model("gpt-5") == "o200k_base"
+    assert pp.encoding_for_model("gpt-4.1-mini") == "o200k_base"
+    assert pp.encoding_for_model("gpt-4o") == "o200k_base"
+    assert pp.encoding_for_model("o3") == "o200k_base"
+    assert pp.encoding_for_model("gpt-4") == "cl100k_base"
+    assert pp.encoding_for_model("gpt-3.5-turbo") == "cl100k_base"
+    assert "o200k_base" in pp.available_encodings()
+    with pytest.raises(UnknownModelError) as info:
+        pp.count_tokens("x", model="my-local-llama")
+    assert "my-local-llama" in str(info.value) and "encoding=" in str(info.value)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(UnknownEncodingError):
+        pp.count_tokens("x", encoding="o999k")
+    # An explicit encoding wins over an unknown model name.
+    assert pp.count_tokens("hello world", model="my-local-llama", encoding="cl100k_base") == 2
+
+
+def test_item_cost_counts_every_provider_bound_field() -> None:
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'}
+    longer = dict(call, arguments='{"a": 1, "b": "a much longer argument string"}')
+    assert pp.item_tokens(longer).total > pp.item_tokens(call).total
+    assert pp.item_tokens(call).overhead == pp._core.ITEM_OVERHEAD
+    # Fields the SDK strips before sending are not counted.
+    assert pp.item_tokens(dict(call, provider_data={"x": "y" * 500})) == pp.item_tokens(call)
+    # Key order does not change the cost.
+    assert pp.item_tokens(dict(reversed(list(call.items())))) == pp.item_tokens(call)
+
+
+def test_images_are_costed_by_the_published_rules_not_by_base64_length() -> None:
+    png_1x1 = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    )
+    def msg(detail: str, url: str) -> dict:
+        return {"role": "user", "content": [{"type": "input_image", "detail": detail, "image_url": url}]}
+    assert pp.item_tokens(msg("low", "https://example.com/a.png")).media == 85
+    assert pp.item_tokens(msg("high", "https://example.com/a.png")).media == 1445
+    assert pp.item_tokens(msg("high", f"data:image/png;base64,{png_1x1}")).media == 255
+    padded = f"data:image/png;base64,{png_1x1}"
+    assert pp.item_tokens(msg("auto", padded)).text == pp.item_tokens(msg("auto", "u")).text
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def _turns(n: int, out_size: int = 20) -> list[dict]:
+    h: list[dict] = []
+    for t in range(n):
+        h += [
+            {"role": "user", "content": f"question {t}"},
+            {"type": "reasoning", "id": f"rs_{t}", "summary": [], "encrypted_content": "gAAA"},
+            {"type": "function_call", "call_id": f"c{t}", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{t}", "output": "x " * out_size},
+            {"type": "message", "role": "assistant", "id": f"msg_{t}", "status": "completed",
+             "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}]},
+        ]
+    return h
+
+
+def test_pack_returns_the_callers_objects_with_new_input_last_and_unchanged() -> None:
+    history = _turns(30)
+    new_input = [{"role": "user", "content": [{"type": "input_text", "text": "next?"}]}]
+    snapshot = copy.deepcopy((history, new_input))
+    result = pp.pack(history, new_input, 600, output_reserve=100)
+    assert result.used <= 600
+    assert 0 < len(result.kept_history) < len(history)
+    assert result.kept_history == sorted(result.kept_history)
+    assert all(a is history[i] for a, i in zip(result.items, result.kept_history))
+    assert result.items[-1] is new_input[0]
+    assert (history, new_input) == snapshot
+    # The kept history is the newest, unbroken suffix of whole turns' units.
+    assert result.kept_history == list(range(result.kept_history[0], len(history)))
+    assert "over_budget" in result.explain()
+
+
+def test_greedy_policy_keeps_older_turns_past_one_huge_output() -> None:
+    history = _turns(6)
+    history[3 * 5 + 3]["output"] = "y " * 5000  # turn 3 has a huge tool output
+    new_input = [{"role": "user", "content": "next"}]
+    contiguous = pp.pack(history, new_input, 900)
+    greedy = pp.pack(history, new_input, 900, policy="greedy")
+    assert min(greedy.kept_history) < min(contiguous.kept_history)
+    assert set(contiguous.kept_history) <= set(greedy.kept_history)
+    assert greedy.used <= 900
+    # Never the question of the broken turn without the rest of it.
+    assert 15 not in greedy.kept_history
+    decisions = {d.positions[0]: d.decision for d in greedy.decisions}
+    assert decisions[15] == "turn_incomplete"
+
+
+def test_budget_overflow_raises_with_attributes_and_pickles() -> None:
+    with pytest.raises(TokenBudgetExceededError) as info:
+        pp.pack(_turns(2), [{"role": "user", "content": "hi " * 100}], 50)
+    err = info.value
+    assert (err.budget, err.section) == (50, "new_input") and err.used > 50
+    assert isinstance(err, ProtoPromptError) and isinstance(err, ValueError)
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.used, again.budget, again.section) == (err.used, err.budget, err.section)
+    with pytest.raises(TokenBudgetExceededError) as info:
+        pp.pack([], [{"role": "user", "content": "hi"}], 100, output_reserve=100)
+    assert info.value.section == "output_reserve"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _deep(levels: int) -> dict:
+    v: object = "leaf"
+    for _ in range(levels):
+        v = {"k": v}
+    return {"role": "user", "content": v}
+
+
+class _Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("item", "field", "words"),
+    [
+        (7, "(item)", "mapping"),
+        ("a string", "(item)", "mapping"),
+        ({"type": "function_call", "call_id": 12, "name": "f"}, "call_id", "string"),
+        ({"type": 3}, "type", "string"),
+        ({"role": "user", "content": "x", "id": ["a"]}, "id", "string"),
+        ({"type": "function_call", "call_id": "c", "caller": "p1"}, "caller", "mapping"),
+        ({"role": "user", "content": [{"type": "input_text", "text": math.nan}]}, "content[0].text", "NaN"),
+        ({"role": "user", "content": [{"type": "input_text", "text": math.inf}]}, "content[0].text", "infinity"),
+        ({"role": "user", "content": {1: "x"}}, "content", "non-string key"),
+        ({"role": "user", "content": [b"bytes"]}, "content[0]", "not a JSON value"),
+        ({"role": "user", "content": [{"x": _Opaque()}]}, "content[0].x", "not a JSON value"),
+        ({"role": "user", "content": "\ud800 lone surrogate"}, "content", "UTF-8"),
+        (_deep(500), "content", "nesting"),
+    ],
+)
+def test_bad_items_raise_a_clear_error_naming_item_and_field(item, field, words) -> None:
+    history = [{"role": "user", "content": "ok"}, {"role": "user", "content": "fine"}]
+    bad_history = history + [item]
+    snapshot = copy.deepcopy(history)
+    with pytest.raises(InvalidItemError) as info:
+        # Bad new_input is always read whole; bad history is read when it is costed.
+        pp.pack([], [item], 10_000)
+    assert info.value.location == "new_input[0]"
+    assert info.value.field.startswith(field), (info.value.field, field)
+    assert words.lower() in str(info.value).lower()
+    assert isinstance(info.value, ValueError)
+    if field in ("(item)", "call_id", "type", "id", "caller"):
+        with pytest.raises(InvalidItemError) as info:
+            pp.pack(bad_history, [{"role": "user", "content": "q"}], 10_000)
+        assert info.value.location == "history[2]"
+    assert history == snapshot
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError):
+        pp.pack("not a list", [], 10)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pp.pack([], {"role": "user"}, 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        pp.pack([], [], -1)
+    with pytest.raises(ValueError, match="policy"):
+        pp.pack([], [], 10, policy="fastest")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pp.pack([], [], 10.5)  # type: ignore[arg-type]
+
+
+def test_packing_from_several_threads_gives_the_same_result() -> None:
+    history = _turns(200)
+    new_input = [{"role": "user", "content": "next"}]
+    expected = pp.pack(history, new_input, 4000).kept_history
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                results.append(pp.pack(history, new_input, 4000).kept_history)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == [expected] * 20
