@@ -1,0 +1,201 @@
+"""Property test: random valid and broken item graphs, checked against the SDK's own sanitizer.
+
+Whatever the history, the packed request must be a fixed point of the SDK's
+``drop_orphan_function_calls`` (so the SDK never removes items after budgeting), never exceed
+the budget, keep the history's order, and end with the caller's new input unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import protoprompt as pp
+
+items_mod = pytest.importorskip("agents.run_internal.items")
+drop_orphan_function_calls = items_mod.drop_orphan_function_calls
+
+FRAGMENTS = [
+    "user", "answer", "easy_assistant", "reasoning_answer", "call_pair", "parallel_calls",
+    "shell_stream", "shell_bad_stream", "anon_search", "anon_two_calls_one_output",
+    "mcp_chain", "mcp_unanswered", "program", "program_without_output", "web_search",
+    "apply_patch", "call_without_output", "orphan_output", "output_before_call",
+    "dangling_reasoning", "controls", "chat_shape", "hosted_wrapper", "custom_pair",
+    "mismatched_output", "local_shell_id_only", "compaction",
+]
+
+
+def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
+    i = next(ids)
+    rs = {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "gAAA"}
+    msg = {"type": "message", "role": "assistant", "id": f"msg_{i}", "status": "completed",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    fc = {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": '{"q": 1}'}
+    fo = {"type": "function_call_output", "call_id": f"c{i}", "output": text}
+    if kind == "user":
+        return [{"role": "user", "content": text}]
+    if kind == "answer":
+        return [msg]
+    if kind == "easy_assistant":
+        return [{"role": "assistant", "content": text}]
+    if kind == "reasoning_answer":
+        return [rs, msg]
+    if kind == "call_pair":
+        return [rs, fc, fo]
+    if kind == "parallel_calls":
+        fc2 = dict(fc, call_id=f"c{i}b")
+        fo2 = dict(fo, call_id=f"c{i}b")
+        return [rs, fc, fc2, fo, fo2]
+    if kind in ("shell_stream", "shell_bad_stream"):
+        sc = {"type": "shell_call", "call_id": f"s{i}", "action": {"commands": ["ls"]},
+              "status": "completed"}
+        chunk = {"type": "shell_call_output", "call_id": f"s{i}",
+                 "output": [{"stdout": text, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}
+        if kind == "shell_stream":
+            return [sc, dict(chunk), dict(chunk)]
+        return [sc, dict(chunk, status="completed"), dict(chunk, status="in_progress")]
+    if kind == "anon_search":
+        return [rs, {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {"query": text},
+                     "status": "completed"},
+                {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}]
+    if kind == "anon_two_calls_one_output":
+        return [{"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"},
+                {"type": "tool_search_call", "id": f"ts_{i}b", "arguments": {}, "status": "completed"},
+                {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}]
+    if kind in ("mcp_chain", "mcp_unanswered"):
+        req = {"type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t", "server_label": "crm",
+               "arguments": "{}"}
+        if kind == "mcp_unanswered":
+            return [rs, req]
+        return [rs, req, {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}",
+                          "approve": True},
+                {"type": "mcp_call", "id": f"mcp_{i}", "name": "t", "server_label": "crm",
+                 "arguments": "{}", "status": "completed", "approval_request_id": f"mcpr_{i}"}]
+    if kind in ("program", "program_without_output"):
+        caller = {"type": "program", "caller_id": f"p{i}"}
+        out = [rs, {"type": "program", "id": f"pg_{i}", "call_id": f"p{i}", "code": "js",
+                    "fingerprint": "fp"},
+               dict(fc, caller=caller), dict(fo, caller=caller)]
+        if kind == "program":
+            out.append({"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}",
+                        "result": "done", "status": "completed"})
+        return out
+    if kind == "web_search":
+        return [rs, {"type": "web_search_call", "id": f"ws_{i}", "status": "completed",
+                     "action": {"type": "search", "query": text}}]
+    if kind == "apply_patch":
+        return [{"type": "apply_patch_call", "call_id": f"ap{i}", "status": "completed",
+                 "operation": {"type": "delete_file", "path": "x"}},
+                {"type": "apply_patch_call_output", "call_id": f"ap{i}", "status": "completed",
+                 "output": "done"}]
+    if kind == "call_without_output":
+        return [rs, fc]
+    if kind == "orphan_output":
+        return [fo]
+    if kind == "output_before_call":
+        return [fo, fc]
+    if kind == "dangling_reasoning":
+        return [rs]
+    if kind == "controls":
+        return [{"type": "compaction_trigger"}, {"type": "item_reference", "id": f"msg_{i}"}]
+    if kind == "chat_shape":
+        return [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"cc{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": f"cc{i}", "content": text}]
+    if kind == "hosted_wrapper":
+        return [{"type": "hosted_tool_call", "name": "t", "provider_data": {
+            "type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t", "server_label": "crm",
+            "arguments": "{}"}}]
+    if kind == "custom_pair":
+        return [{"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
+                {"type": "custom_tool_call_output", "call_id": f"cu{i}", "output": text}]
+    if kind == "mismatched_output":
+        return [{"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
+                {"type": "function_call_output", "call_id": f"cu{i}", "output": text}]
+    if kind == "local_shell_id_only":
+        return [{"type": "local_shell_call", "id": f"lsh_{i}", "call_id": f"l{i}",
+                 "action": {"type": "exec", "command": ["ls"], "env": {}}, "status": "completed"},
+                {"type": "local_shell_call_output", "id": f"l{i}", "output": "{}"}]
+    if kind == "compaction":
+        return [{"type": "compaction", "id": f"cmp_{i}", "encrypted_content": "gAAA"}]
+    raise AssertionError(kind)
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:
+    ids = itertools.count()
+    words = st.text(alphabet="abc xyzабв\n{}\"", min_size=0, max_size=60)
+    history: list[dict] = []
+    for kind in draw(st.lists(st.sampled_from(FRAGMENTS), max_size=30)):
+        history += _fragment(kind, ids, draw(words))
+    # Occasionally swap neighbours to create out-of-order graphs.
+    for _ in range(draw(st.integers(0, 2))):
+        if len(history) > 1:
+            j = draw(st.integers(0, len(history) - 2))
+            history[j], history[j + 1] = history[j + 1], history[j]
+    ending = draw(st.sampled_from(["user", "resume_call", "resume_approval", "resume_search"]))
+    i = next(ids)
+    if ending == "resume_call":
+        history += [{"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "e"},
+                    {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}]
+        new_input = [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+    elif ending == "resume_approval":
+        history.append({"type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t",
+                        "server_label": "s", "arguments": "{}"})
+        new_input = [{"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}",
+                      "approve": False}]
+    elif ending == "resume_search":
+        history.append({"type": "tool_search_call", "id": f"ts_{i}", "arguments": {},
+                        "status": "completed"})
+        new_input = [{"type": "tool_search_output", "id": f"tso_{i}", "tools": [],
+                      "status": "completed"}]
+    else:
+        new_input = [{"role": "user", "content": draw(words) or "next"}]
+    return history, new_input
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.integers(0, 3000), st.integers(0, 200),
+       st.sampled_from(["contiguous", "greedy"]))
+def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, policy) -> None:
+    history, new_input = session
+    before = copy.deepcopy((history, new_input))
+    try:
+        result = pp.pack(history, new_input, budget, output_reserve=reserve, policy=policy)
+    except pp.TokenBudgetExceededError as err:
+        assert err.used > budget and err.budget == budget
+        assert (history, new_input) == before
+        return
+    except pp.InvalidNewInputError:
+        # Only possible when a neighbour swap broke the graph new_input depends on.
+        assert (history, new_input) == before
+        return
+    sent = result.items
+    n_kept = len(result.kept_history)
+    assert result.used <= budget
+    assert result.kept_history == sorted(set(result.kept_history))
+    assert all(sent[k] is history[i] for k, i in enumerate(result.kept_history))
+    assert len(sent) == n_kept + len(new_input)
+    assert all(a is b for a, b in zip(sent[n_kept:], new_input))
+    assert (history, new_input) == before
+    # The SDK's sanitizer removes nothing, in callback mode and in resume mode.
+    assert drop_orphan_function_calls(list(sent), pruning_indexes=set(range(n_kept))) == sent
+    assert drop_orphan_function_calls(list(sent)) == sent
+    # Nothing invalid or input-only is ever sent.
+    report = pp.analyze(history, new_input)
+    bad = {p for u in report.invalid_units for p in u.positions}
+    assert not bad & set(result.kept_history)
+    # Coherence: a kept user message has its whole (valid) turn after it kept.
+    kept = set(result.kept_history)
+    valid = {p for u in report.units if u.valid and not u.contains_new for p in u.positions
+             if p < len(history)}
+    for pos in kept:
+        if history[pos].get("role") == "user" and "type" not in history[pos]:
+            nxt = next((j for j in range(pos + 1, len(history))
+                        if history[j].get("role") == "user" and "type" not in history[j]),
+                       len(history))
+            assert all(j in kept for j in range(pos + 1, nxt) if j in valid), (pos, nxt)
