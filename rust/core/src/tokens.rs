@@ -187,6 +187,21 @@ impl Encoding {
         self.count_with_segments(text, SEGMENT_BYTES)
     }
 
+    /// [`Encoding::count`] through the process-wide [`CountCache`]: a text seen before (by
+    /// content, under this encoding) is not tokenised again.
+    pub fn count_cached(self, text: &str) -> Result<u64, TokenError> {
+        if text.len() < CACHE_MIN_BYTES {
+            return self.count(text);
+        }
+        let key = CacheKey::new(self, text);
+        if let Some(n) = COUNT_CACHE.get(&key) {
+            return Ok(n);
+        }
+        let n = self.count(text)?;
+        COUNT_CACHE.insert(key, n);
+        Ok(n)
+    }
+
     fn count_with_segments(self, text: &str, segment: usize) -> Result<u64, TokenError> {
         let mut total = 0u64;
         for part in safe_segments(text, segment) {
@@ -222,6 +237,116 @@ impl Encoding {
         }
     }
 }
+
+/// Texts shorter than this are counted directly (hashing would cost about as much).
+pub const CACHE_MIN_BYTES: usize = 256;
+/// Entries per generation of the count cache (two generations are kept).
+pub const CACHE_GENERATION_ENTRIES: usize = 1 << 18;
+
+/// Content address of a text under one encoding: the encoding, the text's length and two
+/// independent 64-bit hashes of it (a false hit needs a 128-bit collision at equal length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    encoding: Encoding,
+    len: usize,
+    h1: u64,
+    h2: u64,
+}
+
+impl CacheKey {
+    pub fn new(encoding: Encoding, text: &str) -> CacheKey {
+        use std::hash::{BuildHasher, Hasher};
+        static SEEDS: std::sync::OnceLock<(std::hash::RandomState, std::hash::RandomState)> =
+            std::sync::OnceLock::new();
+        let (a, b) = SEEDS.get_or_init(|| (Default::default(), Default::default()));
+        let mut h1 = a.build_hasher();
+        h1.write(text.as_bytes());
+        let mut h2 = b.build_hasher();
+        h2.write(text.as_bytes());
+        CacheKey {
+            encoding,
+            len: text.len(),
+            h1: h1.finish(),
+            h2: h2.finish(),
+        }
+    }
+}
+
+/// A bounded, thread-safe, content-addressed cache of token counts.
+///
+/// Two generations: lookups check both, inserts go to the current one; when it is full it
+/// becomes the previous generation and the oldest is discarded. Memory is bounded by
+/// `2 * capacity` entries, and recently used counts survive a rotation (a hit in the old
+/// generation is promoted).
+pub struct CountCache {
+    capacity: usize,
+    inner: std::sync::Mutex<(
+        std::collections::HashMap<CacheKey, u64>,
+        std::collections::HashMap<CacheKey, u64>,
+    )>,
+}
+
+impl CountCache {
+    pub fn new(capacity: usize) -> CountCache {
+        CountCache {
+            capacity: capacity.max(1),
+            inner: std::sync::Mutex::new(Default::default()),
+        }
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        (
+            std::collections::HashMap<CacheKey, u64>,
+            std::collections::HashMap<CacheKey, u64>,
+        ),
+    > {
+        // A poisoned lock only means another thread panicked mid-insert; the maps are valid.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &CacheKey) -> Option<u64> {
+        let mut g = self.lock();
+        if let Some(&n) = g.0.get(key) {
+            return Some(n);
+        }
+        let n = *g.1.get(key)?;
+        drop(g);
+        self.insert(*key, n);
+        Some(n)
+    }
+
+    pub fn insert(&self, key: CacheKey, count: u64) {
+        let mut g = self.lock();
+        if g.0.len() >= self.capacity {
+            let current = std::mem::take(&mut g.0);
+            g.1 = current;
+        }
+        g.0.insert(key, count);
+    }
+
+    /// Entries held (both generations).
+    pub fn len(&self) -> usize {
+        let g = self.lock();
+        g.0.len() + g.1.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        g.0.clear();
+        g.1.clear();
+    }
+}
+
+/// The process-wide count cache used by [`Encoding::count_cached`].
+pub static COUNT_CACHE: std::sync::LazyLock<CountCache> =
+    std::sync::LazyLock::new(|| CountCache::new(CACHE_GENERATION_ENTRIES));
 
 /// Target size of the segments a long text is counted in.
 pub const SEGMENT_BYTES: usize = 64 * 1024;
@@ -298,7 +423,7 @@ pub fn canonical(item: &Value, enc: Encoding) -> Result<Canonical, TokenError> {
 pub fn item_cost(item: &Value, enc: Encoding) -> Result<ItemCost, TokenError> {
     let c = canonical(item, enc)?;
     Ok(ItemCost {
-        text: enc.count(&c.text)?,
+        text: enc.count_cached(&c.text)?,
         media: c.media_tokens,
         overhead: ITEM_OVERHEAD,
     })
@@ -692,6 +817,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn count_cache_is_content_addressed_per_encoding_and_bounded() {
+        let a = "some long tool output ".repeat(40);
+        let b = "some long tool output!".repeat(40);
+        let o = Encoding::O200kBase;
+        let c = Encoding::Cl100kBase;
+        assert_eq!(o.count_cached(&a).unwrap(), o.count(&a).unwrap());
+        assert_eq!(o.count_cached(&a).unwrap(), o.count(&a).unwrap());
+        assert_eq!(o.count_cached(&b).unwrap(), o.count(&b).unwrap());
+        assert_ne!(o.count_cached(&a).unwrap(), o.count_cached(&b).unwrap());
+        assert_ne!(CacheKey::new(o, &a), CacheKey::new(c, &a));
+        assert_eq!(c.count_cached(&a).unwrap(), c.count(&a).unwrap());
+        let cache = CountCache::new(10);
+        for i in 0..1000u64 {
+            cache.insert(CacheKey::new(o, &format!("{i}{a}")), i);
+            assert!(cache.len() <= 20);
+        }
+        // Recent entries are still there, old ones are gone.
+        assert_eq!(cache.get(&CacheKey::new(o, &format!("999{a}"))), Some(999));
+        assert_eq!(cache.get(&CacheKey::new(o, &format!("0{a}"))), None);
     }
 
     #[test]
