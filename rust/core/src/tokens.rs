@@ -308,7 +308,7 @@ impl CountCache {
     }
 
     pub fn get(&self, key: &CacheKey) -> Option<u64> {
-        let mut g = self.lock();
+        let g = self.lock();
         if let Some(&n) = g.0.get(key) {
             return Some(n);
         }
