@@ -133,8 +133,9 @@ class PackResult:
         """Tokens of the request itself (without the output reserve)."""
         return self.used - self.output_reserve
 
-    def explain(self) -> str:
-        """A readable account of the packing: totals, then every unit that was dropped."""
+    def explain(self, max_units: int | None = 20) -> str:
+        """A readable account of the packing: totals, then the dropped units (newest first,
+        at most ``max_units`` of them; ``None`` lists all)."""
         lines = [
             f"budget {self.budget} tokens ({self.encoding}, policy {self.policy}): "
             f"used {self.used}, remaining {self.remaining}",
@@ -152,13 +153,17 @@ class PackResult:
                 counts[d.decision] = counts.get(d.decision, 0) + len(d.positions)
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
             lines.append(f"dropped items: {summary}")
-            for d in dropped:
+            newest_first = dropped[::-1]
+            shown = newest_first if max_units is None else newest_first[:max_units]
+            for d in shown:
                 where = _span(d.positions)
                 tokens = "uncounted" if d.tokens is None else f"{d.tokens} tokens"
                 why = d.decision
                 if d.problems:
                     why += ": " + "; ".join(sorted({p.message for p in d.problems}))
                 lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
+            if len(shown) < len(dropped):
+                lines.append(f"  ... and {len(dropped) - len(shown)} older dropped units")
         return "\n".join(lines)
 
 
