@@ -8,6 +8,7 @@ The heavy lifting (item graph, token counting, packing) happens in the Rust core
 
 from __future__ import annotations
 
+from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
 from .errors import (
     InvalidItemError,
     InvalidNewInputError,
@@ -31,18 +32,25 @@ from .packing import (
     item_tokens,
     pack,
 )
+from .memory import MemoryHit, MemoryScope, MemoryStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContextBlock",
+    "ContextPlan",
     "GraphReport",
     "InvalidItemError",
     "InvalidNewInputError",
     "ItemCost",
+    "MemoryHit",
+    "MemoryScope",
+    "MemoryStore",
     "PackResult",
     "Problem",
     "ProtoPromptError",
     "TokenBudgetExceededError",
+    "TokenBudgetedContextBuilder",
     "Unit",
     "UnitDecision",
     "UnknownEncodingError",

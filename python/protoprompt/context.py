@@ -1,0 +1,612 @@
+"""A token-budgeted system context built from scoped long-term memory.
+
+:class:`TokenBudgetedContextBuilder` turns one turn ``(history, new_input)`` into the
+model-facing request::
+
+    [one system (or developer) context message] + kept history + new_input
+
+The order of allocation is fixed (see ``DESIGN.md``):
+
+1. ``new_input`` whole, the history graph it depends on (the tail dependency) and the
+   output reserve — reserved by the Rust core, all or nothing;
+2. the context message, assembled here from layers within what is left:
+
+   * ``system`` — the system prompt, mandatory: if it alone does not fit,
+     :class:`~protoprompt.errors.TokenBudgetExceededError` with ``section="system_prompt"``;
+   * ``profile`` — the user profile of the scope, kept whole or dropped whole;
+   * ``session`` — session facts (``MemoryStore.remember``), relevant ones first;
+   * ``rag`` — document chunks ranked against the query;
+
+   profile, facts and chunks are pooled by layer priority, then by relevance, and accepted
+   while they fit; the last accepted fact or chunk may be cut at a word boundary;
+3. the newest history units, by the Rust core, in the room that is still left.
+
+Every decision is recorded in a :class:`ContextPlan` (``builder.last_plan``), whose
+:meth:`ContextPlan.explain` renders it for a person.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import TokenBudgetExceededError
+from .memory import MemoryHit, MemoryScope
+from .packing import (
+    PackResult,
+    Policy,
+    count_tokens,
+    count_tokens_batch,
+    encoding_for_model,
+    item_tokens,
+    pack,
+)
+
+__all__ = [
+    "LAYERS",
+    "ContextBlock",
+    "ContextPlan",
+    "TokenBudgetedContextBuilder",
+    "latest_user_text",
+]
+
+Layer = Literal["system", "profile", "session", "rag"]
+LAYERS: tuple[str, ...] = ("system", "profile", "session", "rag")
+"""The context layers, in their default priority order."""
+
+Embedder = Callable[[list[str]], list[list[float]]]
+
+TRUNCATION_MARK = " …"
+"""Appended to a block that was cut at a word boundary, so the model can tell."""
+
+_SECTION_TAGS = {"profile": "user_profile", "session": "session_facts", "rag": "recalled_documents"}
+_WORD = re.compile(r"\S+")
+_RRF_K = 60
+
+
+@dataclass(frozen=True)
+class ContextBlock:
+    """What the builder did with one block of one layer."""
+
+    layer: str
+    """``"system"``, ``"profile"``, ``"session"`` or ``"rag"``."""
+    source: str
+    """Where the block comes from: ``"system_prompt"``, ``"profile"``,
+    ``"fact:<fact_id>"`` or ``"<doc_id>#<chunk_index>"``."""
+    status: str
+    """``"kept"``, ``"truncated"`` (kept, cut at a word boundary) or ``"dropped"``."""
+    reason: str
+    """Why, as a sentence fragment for a person."""
+    tokens: int | None
+    """Kept or truncated: the exact tokens the block adds to the context message (the
+    system block also carries the message's fixed cost). Dropped: the tokens it would have
+    added when it was tried, else the count of its rendered text; ``None`` if unknown."""
+    text: str
+    """The text as sent (the cut text when truncated; the full text when dropped)."""
+    score: float | None = None
+    """The relevance score from the memory store (higher is better), if any."""
+
+    @property
+    def kept(self) -> bool:
+        """Whether the block is in the context message (whole or truncated)."""
+        return self.status != "dropped"
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """The outcome of :meth:`TokenBudgetedContextBuilder.build`."""
+
+    items: list[Any]
+    """What to send: the context message (if any), then the pack result's items — the
+    original history objects that were kept and every ``new_input`` object."""
+    context_message: dict[str, Any] | None
+    """The one system/developer context message, or ``None`` when there is nothing to say
+    (no system prompt and nothing recalled)."""
+    blocks: list[ContextBlock]
+    """Every context block that was considered, in the order it was considered."""
+    pack: PackResult
+    """The Rust core's packing of history and new input around the context."""
+    query: str
+    """The recall query (text of the latest user input)."""
+    scope: MemoryScope | None
+    """The memory scope that was read, or ``None`` (no recall)."""
+    context_limit: int
+    """Tokens the context message was allowed to take: what was left after the reserved
+    part, capped by ``max_context_tokens``."""
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of the context message (equal to ``item_tokens(context_message).total``)."""
+        return self.pack.context_tokens
+
+    @property
+    def budget(self) -> int:
+        return self.pack.budget
+
+    @property
+    def used(self) -> int:
+        """Tokens used by the request plus the output reserve."""
+        return self.pack.used
+
+    @property
+    def remaining(self) -> int:
+        return self.pack.remaining
+
+    @property
+    def request_tokens(self) -> int:
+        """Tokens of the request itself (context, history, new input)."""
+        return self.pack.request_tokens
+
+    @property
+    def recalled(self) -> list[ContextBlock]:
+        """Memory blocks (profile, facts, chunks) that made it into the context message."""
+        return [b for b in self.blocks if b.kept and b.layer != "system"]
+
+    @property
+    def dropped_blocks(self) -> list[ContextBlock]:
+        return [b for b in self.blocks if not b.kept]
+
+    def explain(self) -> str:
+        """A readable account: the context blocks, then :meth:`PackResult.explain`."""
+        kept = sum(1 for b in self.blocks if b.kept)
+        role = self.context_message["role"] if self.context_message else "none"
+        lines = [
+            f"context: {self.context_tokens} tokens in one {role} message "
+            f"(room {self.context_limit}); {kept} blocks kept, "
+            f"{len(self.blocks) - kept} dropped",
+        ]
+        if self.scope is not None:
+            lines.append(f"  scope {'/'.join(p for p in self.scope.key() if p)}"
+                         f", query {_shorten(self.query, 60)!r}")
+        for b in self.blocks:
+            tokens = "uncounted" if b.tokens is None else f"{b.tokens} tokens"
+            lines.append(f"  {b.layer:<8}{b.status:<10}{tokens:>11}  "
+                         f"{_shorten(b.source, 24)}: {b.reason}")
+            if b.layer != "system":
+                lines.append(f"{'':<12}{_shorten(b.text, 66)!r}")
+        lines.append(self.pack.explain())
+        return "\n".join(lines)
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------- query
+
+
+def _field(item: Any, name: str) -> Any:
+    if isinstance(item, Mapping):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def _message_text(item: Any) -> str | None:
+    """Text of a user message item (plain or structured content), else ``None``."""
+    if _field(item, "role") != "user" or _field(item, "type") not in (None, "message"):
+        return None
+    content = _field(item, "content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = []
+        for part in content:
+            if _field(part, "type") in ("input_text", "text") and isinstance(
+                _field(part, "text"), str
+            ):
+                parts.append(_field(part, "text"))
+        return "\n".join(parts)
+    return None
+
+
+def latest_user_text(new_input: Sequence[Any], history: Sequence[Any] = ()) -> str:
+    """The text of the latest user message of ``new_input``, else of ``history``.
+
+    Structured content counts: the ``input_text`` parts of a message are joined with
+    newlines (images and files carry no query text). Returns ``""`` when neither list holds
+    a user message.
+    """
+    for items in (new_input, history):
+        for item in reversed(items):
+            text = _message_text(item)
+            if text is not None:
+                return text
+    return ""
+
+
+# --------------------------------------------------------------------------- builder
+
+
+@dataclass
+class _Candidate:
+    layer: str
+    source: str
+    text: str
+    score: float | None
+    truncatable: bool
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+class TokenBudgetedContextBuilder:
+    """Builds budgeted requests: system context from scoped memory, then packed history.
+
+    Args:
+        store: a :class:`~protoprompt.memory.MemoryStore` (or an object with the same
+            ``search`` / ``facts`` / ``get_profile`` methods), or ``None`` for no recall.
+        max_tokens: the model's token budget for the whole request plus ``output_reserve``.
+        model: model name that selects the tokenizer (``"gpt-5"`` -> ``o200k_base``);
+            an unknown name raises :class:`~protoprompt.errors.UnknownModelError`.
+        encoding: tokenizer name; wins over ``model``. Default ``o200k_base``.
+        scope: the memory scope read for recall; ``None`` recalls nothing.
+        output_reserve: tokens kept free for the model's answer.
+        priorities: layer order; must start with ``"system"`` (mandatory); a layer that is
+            not listed is not recalled.
+        embedder: optional ``list[str] -> list[list[float]]``; when given, the candidates of
+            each layer are re-ranked by reciprocal-rank fusion of the store's ranking and
+            their cosine similarity to the query.
+        rag_limit: most document chunks to recall (0 disables the layer).
+        fact_limit: most session facts to recall (0 disables the layer).
+        max_context_tokens: cap on the whole context message (system prompt included).
+        policy: the Rust core's history policy, ``"contiguous"`` or ``"greedy"``.
+        context_role: role of the context message, ``"system"`` or ``"developer"``.
+        include_parents: also recall from the scope's ancestors (see
+            :meth:`MemoryScope.ancestors`); never from siblings or other tenants.
+
+    Example::
+
+        builder = TokenBudgetedContextBuilder(store, max_tokens=128_000, model="gpt-5",
+                                              scope=scope, output_reserve=8_000)
+        plan = builder.build(history, new_input, system_prompt="Answer from the contract.")
+        send(plan.items)
+        print(plan.explain())
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        max_tokens: int,
+        model: str | None = None,
+        encoding: str | None = None,
+        scope: MemoryScope | None = None,
+        output_reserve: int = 0,
+        priorities: Iterable[str] = LAYERS,
+        embedder: Embedder | None = None,
+        rag_limit: int = 8,
+        fact_limit: int = 8,
+        max_context_tokens: int | None = None,
+        policy: Policy = "contiguous",
+        context_role: Literal["system", "developer"] = "system",
+        include_parents: bool = False,
+    ) -> None:
+        if store is not None:
+            missing = [m for m in ("search", "facts", "get_profile") if not callable(getattr(store, m, None))]
+            if missing:
+                raise TypeError(
+                    f"store must be a MemoryStore (or have {', '.join(missing)}), "
+                    f"got {type(store).__name__}"
+                )
+        self.store = store
+        self.max_tokens = _check_int("max_tokens", max_tokens, minimum=1)
+        self.output_reserve = _check_int("output_reserve", output_reserve, minimum=0)
+        if self.output_reserve >= self.max_tokens:
+            raise ValueError(
+                f"output_reserve ({output_reserve}) must be smaller than max_tokens ({max_tokens})"
+            )
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model must be a str or None, got {type(model).__name__}")
+        if encoding is not None and not isinstance(encoding, str):
+            raise TypeError(f"encoding must be a str or None, got {type(encoding).__name__}")
+        if encoding is not None:
+            count_tokens("", encoding=encoding)  # raises UnknownEncodingError
+            self.encoding: str = encoding
+        elif model is not None:
+            self.encoding = encoding_for_model(model)  # raises UnknownModelError
+        else:
+            self.encoding = "o200k_base"
+        self.model = model
+        if scope is not None and not isinstance(scope, MemoryScope):
+            raise TypeError(f"scope must be a MemoryScope or None, got {type(scope).__name__}")
+        self.scope = scope
+        self.priorities = self._check_priorities(priorities)
+        if embedder is not None and not callable(embedder):
+            raise TypeError("embedder must be callable or None")
+        self.embedder = embedder
+        self.rag_limit = _check_int("rag_limit", rag_limit, minimum=0)
+        self.fact_limit = _check_int("fact_limit", fact_limit, minimum=0)
+        if max_context_tokens is not None:
+            _check_int("max_context_tokens", max_context_tokens, minimum=1)
+        self.max_context_tokens = max_context_tokens
+        if policy not in ("contiguous", "greedy"):
+            raise ValueError(f"policy must be 'contiguous' or 'greedy', got {policy!r}")
+        self.policy: Policy = policy
+        if context_role not in ("system", "developer"):
+            raise ValueError(f"context_role must be 'system' or 'developer', got {context_role!r}")
+        self.context_role = context_role
+        if not isinstance(include_parents, bool):
+            raise TypeError("include_parents must be a bool")
+        self.include_parents = include_parents
+        self.last_plan: ContextPlan | None = None
+        """The plan of the latest successful :meth:`build`."""
+
+    @staticmethod
+    def _check_priorities(priorities: Iterable[str]) -> tuple[str, ...]:
+        if isinstance(priorities, str) or not isinstance(priorities, Iterable):
+            raise TypeError("priorities must be a sequence of layer names, not a single str")
+        result = tuple(priorities)
+        unknown = [p for p in result if p not in LAYERS]
+        if unknown:
+            raise ValueError(f"unknown layer(s) {unknown!r} in priorities; known: {LAYERS!r}")
+        if len(set(result)) != len(result):
+            raise ValueError(f"priorities must not repeat a layer, got {result!r}")
+        if not result or result[0] != "system":
+            raise ValueError(
+                "priorities must start with 'system': the system prompt is mandatory, "
+                f"got {result!r}"
+            )
+        return result
+
+    # ------------------------------------------------------------------ message
+
+    def context_message(self, text: str) -> dict[str, Any]:
+        """The context message for ``text``, in the shape :meth:`build` returns it."""
+        return {"role": self.context_role, "content": text}
+
+    def _cost(self, text: str) -> int:
+        if not text:
+            return 0
+        return item_tokens(self.context_message(text), model=self.model, encoding=self.encoding).total
+
+    def _render(self, system_prompt: str, accepted: Sequence[tuple[_Candidate, str]]) -> str:
+        """The context text: the system prompt, then one tagged section per layer."""
+        parts = [system_prompt] if system_prompt else []
+        for layer in self.priorities[1:]:
+            rendered = [_render_block(layer, cand.source, text)
+                        for cand, text in accepted if cand.layer == layer]
+            if not rendered:
+                continue
+            tag = _SECTION_TAGS[layer]
+            body = "\n".join(rendered)
+            parts.append(f"<{tag}>\n{body}\n</{tag}>")
+        return "\n\n".join(parts)
+
+    # ------------------------------------------------------------------ recall
+
+    def _candidates(self, query: str, scope: MemoryScope | None) -> list[_Candidate]:
+        """Recall candidates from the store, in pool order (priority, then relevance)."""
+        if self.store is None or scope is None:
+            return []
+        by_layer: dict[str, list[_Candidate]] = {}
+        has_terms = any(ch.isalnum() for ch in query)
+        if "profile" in self.priorities:
+            profile = self.store.get_profile(scope=scope, include_parents=self.include_parents)
+            if profile and profile.strip():
+                by_layer["profile"] = [_Candidate("profile", "profile", profile, None, False)]
+        if "session" in self.priorities and self.fact_limit:
+            hits: list[MemoryHit] = []
+            if has_terms:
+                hits = self.store.search(query, scope=scope, limit=self.fact_limit,
+                                         kinds=("fact",), include_parents=self.include_parents)
+            seen = {h.fact_id for h in hits}
+            for h in self.store.facts(scope=scope, limit=self.fact_limit,
+                                      include_parents=self.include_parents):
+                if len(hits) >= self.fact_limit:
+                    break
+                if h.fact_id not in seen:
+                    hits.append(h)
+                    seen.add(h.fact_id)
+            facts = [_Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
+            by_layer["session"] = self._rerank(query, facts)
+        if "rag" in self.priorities and self.rag_limit and has_terms:
+            hits = self.store.search(query, scope=scope, limit=self.rag_limit,
+                                     kinds=("document",), include_parents=self.include_parents)
+            chunks = [_Candidate("rag", f"{h.doc_id}#{h.chunk_index}", h.text, h.score, True)
+                      for h in hits]
+            by_layer["rag"] = self._rerank(query, chunks)
+        return [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
+
+    def _rerank(self, query: str, candidates: list[_Candidate]) -> list[_Candidate]:
+        """Fuse the store's order with cosine similarity to the query (when an embedder is set)."""
+        if self.embedder is None or len(candidates) < 2 or not query.strip():
+            return candidates
+        vectors = self.embedder([query] + [c.text for c in candidates])
+        if not isinstance(vectors, Sequence) or len(vectors) != len(candidates) + 1:
+            raise ValueError("embedder must return exactly one vector per input text")
+        q = [float(x) for x in vectors[0]]
+        sims = [_cosine(q, [float(x) for x in v]) for v in vectors[1:]]
+        by_sim = sorted(range(len(candidates)), key=lambda i: (-sims[i], i))
+        fused = [1.0 / (_RRF_K + i + 1) for i in range(len(candidates))]
+        for rank, i in enumerate(by_sim):
+            fused[i] += 1.0 / (_RRF_K + rank + 1)
+        order = sorted(range(len(candidates)), key=lambda i: (-fused[i], i))
+        return [candidates[i] for i in order]
+
+    # ------------------------------------------------------------------ build
+
+    def build(
+        self,
+        history: Sequence[Any],
+        new_input: Sequence[Any],
+        *,
+        system_prompt: str = "",
+        query: str | None = None,
+        scope: MemoryScope | None = None,
+        output_reserve: int | None = None,
+    ) -> ContextPlan:
+        """Build the request for one turn and record it in :attr:`last_plan`.
+
+        Args:
+            history: the session history (the SDK's objects; never copied or changed).
+            new_input: this turn's input, sent whole.
+            system_prompt: mandatory text placed first in the context message.
+            query: recall query; default: the text of the latest user input
+                (see :func:`latest_user_text`).
+            scope: overrides the builder's scope for this call.
+            output_reserve: overrides the builder's output reserve for this call.
+
+        Raises:
+            TokenBudgetExceededError: new input, its tail dependency and the output reserve
+                do not fit (``section`` says where), or the system prompt does not fit in
+                what is left (``section="system_prompt"``). Nothing is returned to send.
+            InvalidNewInputError, InvalidItemError: see :func:`protoprompt.pack`.
+        """
+        if not isinstance(system_prompt, str):
+            raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+        if query is not None and not isinstance(query, str):
+            raise TypeError(f"query must be a str or None, got {type(query).__name__}")
+        if scope is not None and not isinstance(scope, MemoryScope):
+            raise TypeError(f"scope must be a MemoryScope or None, got {type(scope).__name__}")
+        reserve = self.output_reserve if output_reserve is None else _check_int(
+            "output_reserve", output_reserve, minimum=0)
+        history_list = history if isinstance(history, list) else list(history)
+        new_list = new_input if isinstance(new_input, list) else list(new_input)
+        scope = scope if scope is not None else self.scope
+        if query is None:
+            query = latest_user_text(new_list, history_list)
+        pool = self._candidates(query, scope)
+        outcome: dict[str, Any] = {}
+
+        def hook(remaining: int) -> int:
+            outcome.update(self._assemble(system_prompt, pool, remaining, reserved=self.max_tokens - remaining))
+            return outcome["cost"]
+
+        result = pack(
+            history_list,
+            new_list,
+            self.max_tokens,
+            output_reserve=reserve,
+            model=self.model,
+            encoding=self.encoding,
+            policy=self.policy,
+            context=hook,
+        )
+        if not outcome:  # pragma: no cover - the core calls the hook on every success
+            raise RuntimeError("protoprompt core did not call the context hook")
+        message = outcome["message"]
+        plan = ContextPlan(
+            items=([message] if message is not None else []) + result.items,
+            context_message=message,
+            blocks=outcome["blocks"],
+            pack=result,
+            query=query,
+            scope=scope,
+            context_limit=outcome["limit"],
+        )
+        self.last_plan = plan
+        return plan
+
+    def _assemble(
+        self, system_prompt: str, pool: list[_Candidate], remaining: int, *, reserved: int
+    ) -> dict[str, Any]:
+        """Fill the context message within ``remaining`` (and the cap); see the module doc."""
+        limit = remaining if self.max_context_tokens is None else min(remaining, self.max_context_tokens)
+        blocks: list[ContextBlock] = []
+        accepted: list[tuple[_Candidate, str]] = []
+        cost = self._cost(system_prompt)
+        if system_prompt:
+            if cost > limit:
+                if cost > remaining:
+                    raise TokenBudgetExceededError(reserved + cost, self.max_tokens, "system_prompt")
+                raise TokenBudgetExceededError(cost, limit, "system_prompt")
+            blocks.append(ContextBlock("system", "system_prompt", "kept", "mandatory",
+                                       cost, system_prompt))
+        exhausted: str | None = None
+        untried: list[tuple[int, _Candidate]] = []
+        slots: list[ContextBlock | None] = []
+        for cand in pool:
+            if exhausted is not None:
+                untried.append((len(slots), cand))
+                slots.append(None)
+                continue
+            trial = self._cost(self._render(system_prompt, [*accepted, (cand, cand.text)]))
+            need = trial - cost
+            if trial <= limit:
+                accepted.append((cand, cand.text))
+                slots.append(ContextBlock(cand.layer, cand.source, "kept", "fits", need,
+                                          cand.text, cand.score))
+                cost = trial
+                continue
+            left = limit - cost
+            if not cand.truncatable:
+                slots.append(ContextBlock(cand.layer, cand.source, "dropped",
+                                          f"does not fit whole: needs {need}, {left} left",
+                                          need, cand.text, cand.score))
+                continue
+            cut = self._truncate(system_prompt, accepted, cand, limit)
+            if cut is None:
+                slots.append(ContextBlock(cand.layer, cand.source, "dropped",
+                                          f"not even one word fits: {left} tokens left",
+                                          need, cand.text, cand.score))
+                exhausted = "no room left after higher-ranked blocks"
+                continue
+            text, words, total_words, new_cost = cut
+            accepted.append((cand, text))
+            slots.append(ContextBlock(
+                cand.layer, cand.source, "truncated",
+                f"cut at a word boundary: {words} of {total_words} words fit in {left} tokens",
+                new_cost - cost, text, cand.score))
+            cost = new_cost
+            exhausted = "no room left after the truncated block"
+        if untried:
+            rendered = [_render_block(c.layer, c.source, c.text) for _, c in untried]
+            counts = count_tokens_batch(rendered, model=self.model, encoding=self.encoding)
+            for (slot, cand), tokens in zip(untried, counts):
+                slots[slot] = ContextBlock(cand.layer, cand.source, "dropped", exhausted or "",
+                                           tokens, cand.text, cand.score)
+        blocks.extend(b for b in slots if b is not None)
+        text = self._render(system_prompt, accepted)
+        message = self.context_message(text) if text else None
+        final = self._cost(text)
+        assert final == cost and final <= limit, (final, cost, limit)
+        return {"cost": final, "message": message, "blocks": blocks, "limit": limit}
+
+    def _truncate(
+        self,
+        system_prompt: str,
+        accepted: list[tuple[_Candidate, str]],
+        cand: _Candidate,
+        limit: int,
+    ) -> tuple[str, int, int, int] | None:
+        """Longest word-boundary prefix of ``cand`` that fits: (text, words, of, cost)."""
+        spans = [m.span() for m in _WORD.finditer(cand.text)]
+        best: tuple[str, int, int, int] | None = None
+        lo, hi = 1, len(spans) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            text = cand.text[: spans[mid - 1][1]] + TRUNCATION_MARK
+            trial = self._cost(self._render(system_prompt, [*accepted, (cand, text)]))
+            if trial <= limit:
+                best = (text, mid, len(spans), trial)
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def _render_block(layer: str, source: str, text: str) -> str:
+    if layer == "session":
+        return f"- {text}"
+    if layer == "rag":
+        return f'<chunk source="{source}">\n{text}\n</chunk>'
+    return text
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    if len(a) != len(b):
+        return 0.0
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(x * x for x in b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return sum(x * y for x, y in zip(a, b)) / (na * nb)
