@@ -1,0 +1,333 @@
+"""OpenAI Agents SDK integration: :class:`ProtoPromptSession` and its budgeted input callback.
+
+The session stores history exactly like the SDK's own sessions (it delegates to
+``SQLiteSession`` or to any session you pass). Its :meth:`ProtoPromptSession.input_callback`
+makes every request fit the token budget and puts recalled memory in front of it::
+
+    session = ProtoPromptSession("legal-chat", "agents.db")
+    callback = session.input_callback(builder, system_prompt="Use recalled contract facts.")
+    await Runner.run(agent, "When does it renew?", session=session,
+                     run_config=RunConfig(session_input_callback=callback))
+
+Why the session and the callback are a pair: the SDK persists every item the callback
+returns that it cannot match to the history or the new input (spec §9.3), so the recalled
+context message would be written to the session on every turn. The session remembers each
+context message its callback produced and keeps it out of storage in :meth:`add_items`
+(matched by identity, else by role and text, each produced message consumed once), while
+the model still receives it. Everything else is stored unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+try:
+    from agents.memory import Session, SessionSettings
+    from agents.memory.sqlite_session import SQLiteSession
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "protoprompt.integrations.agents needs the OpenAI Agents SDK: "
+        "pip install 'protoprompt[agents]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from ..context import ContextPlan, TokenBudgetedContextBuilder
+    from ..memory import MemoryScope
+
+__all__ = ["ProtoPromptSession", "SessionInputCallback"]
+
+Item = Any
+"""An input item as the SDK hands it over (a dict in practice)."""
+SessionInputCallback = Callable[[list[Item], list[Item]], Awaitable[list[Item]]]
+
+_MAX_PENDING_CONTEXTS = 64
+"""Context messages remembered until the SDK writes them; older ones are forgotten."""
+_CONTEXT_ROLES = ("system", "developer")
+
+
+def _plain(item: Any) -> Any:
+    """A dict view of an item (pydantic models are dumped), else the item itself."""
+    if isinstance(item, Mapping):
+        return item
+    dump = getattr(item, "model_dump", None)
+    if callable(dump):
+        try:
+            return dump(exclude_unset=True)
+        except Exception:  # noqa: BLE001 - not a model we understand; it is not ours
+            return None
+    return None
+
+
+def _context_key(item: Any) -> tuple[str, str] | None:
+    """``(role, text)`` when ``item`` has the shape of a context message, else ``None``.
+
+    Accepts the forms the SDK may turn ``{"role": r, "content": text}`` into before
+    ``add_items``: an added ``type: "message"``, content as a list of ``input_text`` parts.
+    Any other field makes the item not a context message.
+    """
+    data = _plain(item)
+    if not isinstance(data, Mapping):
+        return None
+    role = data.get("role")
+    if role not in _CONTEXT_ROLES or data.get("type") not in (None, "message"):
+        return None
+    if set(data) - {"role", "content", "type"}:
+        return None
+    content = data.get("content")
+    if isinstance(content, str):
+        return (role, content)
+    if isinstance(content, Sequence) and content:
+        texts = []
+        for part in content:
+            part = _plain(part)
+            if not isinstance(part, Mapping) or set(part) - {"type", "text"}:
+                return None
+            if part.get("type") != "input_text" or not isinstance(part.get("text"), str):
+                return None
+            texts.append(part["text"])
+        return (role, "".join(texts))
+    return None
+
+
+def _accepts_wrapper(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.name == "wrapper"
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        for p in params
+    )
+
+
+async def _call(method: Any, *args: Any, wrapper: Any = None, **kwargs: Any) -> Any:
+    """Call an inner-session method (sync or async), passing ``wrapper`` only if it takes one."""
+    if wrapper is not None and _accepts_wrapper(method):
+        kwargs["wrapper"] = wrapper
+    result = method(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _coerce_settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSettings | None:
+    if value is None or isinstance(value, SessionSettings):
+        return value
+    if isinstance(value, Mapping):
+        return SessionSettings(**dict(value))
+    raise TypeError(
+        f"session_settings must be a SessionSettings, a dict or None, got {type(value).__name__}"
+    )
+
+
+class ProtoPromptSession:
+    """An Agents SDK ``Session`` whose input callback fits every request into a token budget.
+
+    It implements the SDK's ``Session`` protocol (``isinstance(s, agents.memory.Session)``)
+    and stores history in the SDK's own ``SQLiteSession`` — or in ``inner_session``, any
+    SDK session (SQLAlchemy, Redis, your own) — with the upstream meaning of every method:
+    ``get_items(limit)`` returns the latest ``limit`` items in order, ``pop_item`` removes
+    the newest one (the correction workflow — pop twice, run again — works unchanged) and
+    ``clear_session`` empties this session's history. Long-term memory lives in a
+    :class:`~protoprompt.memory.MemoryStore` and is never touched by the session.
+
+    Args:
+        session_id: non-empty id of the conversation.
+        db_path: SQLite file for the default ``SQLiteSession`` (``":memory:"`` by default).
+        inner_session: store history in this session instead (then ``db_path`` must be
+            left at its default and its ``session_id`` must equal ``session_id``).
+        session_settings: default read settings (``SessionSettings`` or a dict such as
+            ``{"limit": 50}``).
+
+    Raises:
+        TypeError: ``session_id`` is not a str, or ``inner_session`` is not a ``Session``.
+        ValueError: ``session_id`` is empty, or ``inner_session`` conflicts with the
+            other arguments.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        db_path: str = ":memory:",
+        *,
+        inner_session: Session | None = None,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+        if not session_id.strip():
+            raise ValueError("session_id must be a non-empty string")
+        settings = _coerce_settings(session_settings)
+        self.session_id = session_id
+        if inner_session is None:
+            self._inner: Any = SQLiteSession(session_id, db_path, session_settings=settings)
+            self._owns_inner = True
+            self._settings: SessionSettings | None = None
+        else:
+            if not isinstance(inner_session, Session):
+                raise TypeError(
+                    "inner_session must implement agents.memory.Session, "
+                    f"got {type(inner_session).__name__}"
+                )
+            if str(db_path) != ":memory:":
+                raise ValueError("pass either db_path or inner_session, not both")
+            inner_id = getattr(inner_session, "session_id", None)
+            if inner_id != session_id:
+                raise ValueError(
+                    f"inner_session.session_id is {inner_id!r} but session_id is {session_id!r}"
+                )
+            self._inner = inner_session
+            self._owns_inner = False
+            self._settings = settings
+        self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
+        self._pending_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ Session protocol
+
+    @property
+    def inner_session(self) -> Any:
+        """The session that stores the history."""
+        return self._inner
+
+    @property
+    def session_settings(self) -> SessionSettings | None:
+        """Default read settings: our own if set, else the inner session's."""
+        if self._settings is not None:
+            return self._settings
+        return getattr(self._inner, "session_settings", None)
+
+    @session_settings.setter
+    def session_settings(self, value: SessionSettings | Mapping[str, Any] | None) -> None:
+        self._settings = _coerce_settings(value)
+
+    async def get_items(self, limit: int | None = None, wrapper: Any = None) -> list[Item]:
+        """The history, or its latest ``limit`` items in chronological order."""
+        if limit is None and self._settings is not None:
+            limit = self._settings.limit
+        if limit is None:
+            return await _call(self._inner.get_items, wrapper=wrapper)
+        return await _call(self._inner.get_items, limit, wrapper=wrapper)
+
+    async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
+        """Append ``items``, except the context messages this session's callback produced."""
+        kept = self._without_own_context(items)
+        if items and not kept:
+            return
+        await _call(self._inner.add_items, kept, wrapper=wrapper)
+
+    async def pop_item(self, wrapper: Any = None) -> Item | None:
+        """Remove and return the newest item (``None`` when the session is empty)."""
+        return await _call(self._inner.pop_item, wrapper=wrapper)
+
+    async def clear_session(self, wrapper: Any = None) -> None:
+        """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
+        with self._pending_lock:
+            self._pending.clear()
+        await _call(self._inner.clear_session, wrapper=wrapper)
+
+    def close(self) -> None:
+        """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner)."""
+        if self._owns_inner:
+            self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"ProtoPromptSession({self.session_id!r}, inner={type(self._inner).__name__})"
+
+    # ------------------------------------------------------------------ context bookkeeping
+
+    def _expect_context(self, message: Mapping[str, Any]) -> None:
+        """Remember a context message the SDK is about to ask us to store."""
+        key = _context_key(message)
+        if key is None:  # pragma: no cover - the builder always produces this shape
+            raise ValueError("not a context message")
+        with self._pending_lock:
+            self._pending.append((message, key))
+
+    def _without_own_context(self, items: Sequence[Item]) -> list[Item]:
+        """``items`` minus the produced context messages (each one consumed once)."""
+        with self._pending_lock:
+            if not self._pending:
+                return list(items)
+            kept: list[Item] = []
+            for item in items:
+                index = next((i for i, (obj, _) in enumerate(self._pending) if obj is item), None)
+                if index is None:
+                    key = _context_key(item)
+                    if key is not None:
+                        index = next(
+                            (i for i, (_, k) in enumerate(self._pending) if k == key), None
+                        )
+                if index is None:
+                    kept.append(item)
+                else:
+                    del self._pending[index]
+            return kept
+
+    @property
+    def pending_context_count(self) -> int:
+        """Context messages produced by the callback and not yet seen in ``add_items``."""
+        with self._pending_lock:
+            return len(self._pending)
+
+    # ------------------------------------------------------------------ the callback
+
+    def input_callback(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        system_prompt: str = "",
+        output_reserve: int | None = None,
+        scope: MemoryScope | None = None,
+        on_plan: Callable[[ContextPlan], None] | None = None,
+    ) -> SessionInputCallback:
+        """A ``session_input_callback`` for ``RunConfig`` that budgets every request.
+
+        The callback builds the turn with ``builder`` (see
+        :meth:`TokenBudgetedContextBuilder.build`) and returns ``plan.items``: the context
+        message, the kept history objects and every new-input object — the SDK's own
+        objects, never copies. The context message is registered with this session so
+        :meth:`add_items` keeps it out of the history. Use it only with this session.
+
+        Args:
+            builder: the budget, tokenizer and memory to use.
+            system_prompt: mandatory text at the top of the context message.
+            output_reserve: overrides ``builder.output_reserve``.
+            scope: overrides ``builder.scope`` (e.g. one scope per user).
+            on_plan: called with each plan (besides ``builder.last_plan``).
+
+        Raises (from the callback, before the model is called):
+            TokenBudgetExceededError: the mandatory part of the request does not fit.
+        """
+        if not callable(getattr(builder, "build", None)):
+            raise TypeError(
+                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+            )
+        if not isinstance(system_prompt, str):
+            raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+        if on_plan is not None and not callable(on_plan):
+            raise TypeError("on_plan must be callable or None")
+
+        async def protoprompt_session_input(
+            history: list[Item], new_input: list[Item]
+        ) -> list[Item]:
+            plan = await asyncio.to_thread(
+                builder.build,
+                history,
+                new_input,
+                system_prompt=system_prompt,
+                scope=scope,
+                output_reserve=output_reserve,
+            )
+            if plan.context_message is not None:
+                self._expect_context(plan.context_message)
+            if on_plan is not None:
+                on_plan(plan)
+            return list(plan.items)
+
+        return protoprompt_session_input
