@@ -424,3 +424,21 @@ async def test_session_limit_bounds_the_history_the_callback_sees(store: MemoryS
     await run_turn(Agent(name="a", model=model), "renewal?", session, callback)
     assert [i["content"] for i in model.calls[0].input[1:]] == ["u3", "u4", "renewal?"]
     assert seen == [2]
+
+
+def test_example_runs_offline() -> None:
+    """The README's main-job example runs without a network or an API key."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "python"), "OPENAI_API_KEY": ""}
+    proc = subprocess.run([sys.executable, str(root / "examples" / "openai_agents_session.py")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert len(out.splitlines()) < 80
+    assert "dropped (over_budget)" in out and "sent (new input)" in out
+    assert "RECALLED into the context message" in out and "contract#" in out
