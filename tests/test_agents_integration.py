@@ -279,6 +279,53 @@ async def test_resume_with_an_output_keeps_the_tail_dependency(store: MemoryStor
     assert stored[-1]["role"] == "assistant" and stored[-1]["content"][0]["text"] == "Done."
 
 
+@function_tool(needs_approval=True)
+def cancel_contract(reason: str) -> str:
+    """Cancel the contract (a human must approve)."""
+    return f"cancelled: {reason}"
+
+
+async def test_approval_resume_from_run_state_keeps_context_out_of_the_session(
+    store: MemoryStore,
+) -> None:
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
+    session = ProtoPromptSession("chat")
+    config = RunConfig(session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
+                       tracing_disabled=True)
+    model = ScriptedModel([[function_call("cancel_contract", {"reason": "renewal"}, call_id="c1")],
+                           [assistant_message("Cancelled.", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[cancel_contract])
+    first = await Runner.run(agent, "Cancel the contract before renewal.", session=session,
+                             run_config=config)
+    assert len(first.interruptions) == 1
+    state = first.to_state()
+    state.approve(first.interruptions[0])
+    resumed = await Runner.run(agent, state, session=session, run_config=config)
+    assert resumed.final_output == "Cancelled."
+    stored = await session.get_items()
+    assert [i.get("type", "message") for i in stored] == [
+        "message", "function_call", "function_call_output", "message"]
+    assert not any(i.get("role") == "system" for i in stored)
+    assert FACT in context_text(model.calls[-1].input), "the resumed request keeps its context"
+    assert session.pending_context_count == 0
+
+
+async def test_streamed_runs_store_only_the_original_items(store: MemoryStore) -> None:
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
+    session = ProtoPromptSession("chat")
+    config = RunConfig(session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
+                       tracing_disabled=True)
+    model = ScriptedModel(script()[:4])
+    agent = Agent(name="a", model=model, tools=[lookup_clause])
+    for question in QUESTIONS[:2]:
+        result = Runner.run_streamed(agent, question, session=session, run_config=config)
+        async for _ in result.stream_events():
+            pass
+    stored = await session.get_items()
+    assert len(stored) == 4 + 5 and not any(i.get("role") == "system" for i in stored)
+    assert all(FACT in context_text(call.input) for call in model.calls)
+
+
 async def test_session_refuses_server_managed_conversations(store: MemoryStore) -> None:
     session = ProtoPromptSession("chat")
     callback = session.input_callback(

@@ -289,3 +289,20 @@ def test_embedder_reranks_within_a_layer() -> None:
         order_ranked = [blk.text for blk in block(ranked.build([], [user("renewal")]), "rag")]
         assert "lease" in order_ranked[0] and "pumps" not in order_ranked[0]
         assert sorted(order_ranked) == sorted(order_plain)
+
+
+def test_system_prompt_over_the_context_cap_raises(store: MemoryStore) -> None:
+    b = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE, max_context_tokens=20)
+    with pytest.raises(TokenBudgetExceededError) as err:
+        b.build([], QUESTION, system_prompt="Answer carefully and cite clauses. " * 5)
+    assert err.value.section == "system_prompt" and err.value.budget == 20
+
+
+def test_build_never_changes_the_callers_items(store: MemoryStore) -> None:
+    import copy
+
+    history, new = copy.deepcopy(HISTORY), copy.deepcopy(QUESTION)
+    b = TokenBudgetedContextBuilder(store, max_tokens=200, scope=SCOPE)
+    plan = b.build(history, new, system_prompt="Answer.")
+    assert history == HISTORY and new == QUESTION
+    assert plan.items[-1] is new[0]

@@ -221,6 +221,16 @@ def latest_user_text(new_input: Sequence[Any], history: Sequence[Any] = ()) -> s
 # --------------------------------------------------------------------------- builder
 
 
+@dataclass(frozen=True)
+class _Assembly:
+    """The context message chosen by the hook, with its exact cost and block decisions."""
+
+    cost: int
+    message: dict[str, Any] | None
+    blocks: list[ContextBlock]
+    limit: int
+
+
 @dataclass
 class _Candidate:
     layer: str
@@ -291,7 +301,8 @@ class TokenBudgetedContextBuilder:
         include_parents: bool = False,
     ) -> None:
         if store is not None:
-            missing = [m for m in ("search", "facts", "get_profile") if not callable(getattr(store, m, None))]
+            missing = [m for m in ("search", "facts", "get_profile")
+                       if not callable(getattr(store, m, None))]
             if missing:
                 raise TypeError(
                     f"store must be a MemoryStore (or have {', '.join(missing)}), "
@@ -366,7 +377,8 @@ class TokenBudgetedContextBuilder:
     def _cost(self, text: str) -> int:
         if not text:
             return 0
-        return item_tokens(self.context_message(text), model=self.model, encoding=self.encoding).total
+        message = self.context_message(text)
+        return item_tokens(message, model=self.model, encoding=self.encoding).total
 
     def _render(self, system_prompt: str, accepted: Sequence[tuple[_Candidate, str]]) -> str:
         """The context text: the system prompt, then one tagged section per layer."""
@@ -406,7 +418,8 @@ class TokenBudgetedContextBuilder:
                 if h.fact_id not in seen:
                     hits.append(h)
                     seen.add(h.fact_id)
-            facts = [_Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
+            facts = [_Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True)
+                     for h in hits]
             by_layer["session"] = self._rerank(query, facts)
         if "rag" in self.priorities and self.rag_limit and has_terms:
             hits = self.store.search(query, scope=scope, limit=self.rag_limit,
@@ -475,11 +488,13 @@ class TokenBudgetedContextBuilder:
         if query is None:
             query = latest_user_text(new_list, history_list)
         pool = self._candidates(query, scope)
-        outcome: dict[str, Any] = {}
+        outcome: list[_Assembly] = []
 
         def hook(remaining: int) -> int:
-            outcome.update(self._assemble(system_prompt, pool, remaining, reserved=self.max_tokens - remaining))
-            return outcome["cost"]
+            assembly = self._assemble(system_prompt, pool, remaining,
+                                      reserved=self.max_tokens - remaining)
+            outcome.append(assembly)
+            return assembly.cost
 
         result = pack(
             history_list,
@@ -491,33 +506,36 @@ class TokenBudgetedContextBuilder:
             policy=self.policy,
             context=hook,
         )
-        if not outcome:  # pragma: no cover - the core calls the hook on every success
-            raise RuntimeError("protoprompt core did not call the context hook")
-        message = outcome["message"]
+        if len(outcome) != 1:  # pragma: no cover - the core calls the hook exactly once
+            raise RuntimeError("protoprompt core did not call the context hook exactly once")
+        assembly = outcome[0]
+        message = assembly.message
         plan = ContextPlan(
             items=([message] if message is not None else []) + result.items,
             context_message=message,
-            blocks=outcome["blocks"],
+            blocks=assembly.blocks,
             pack=result,
             query=query,
             scope=scope,
-            context_limit=outcome["limit"],
+            context_limit=assembly.limit,
         )
         self.last_plan = plan
         return plan
 
     def _assemble(
         self, system_prompt: str, pool: list[_Candidate], remaining: int, *, reserved: int
-    ) -> dict[str, Any]:
+    ) -> _Assembly:
         """Fill the context message within ``remaining`` (and the cap); see the module doc."""
-        limit = remaining if self.max_context_tokens is None else min(remaining, self.max_context_tokens)
+        cap = self.max_context_tokens
+        limit = remaining if cap is None else min(remaining, cap)
         blocks: list[ContextBlock] = []
         accepted: list[tuple[_Candidate, str]] = []
         cost = self._cost(system_prompt)
         if system_prompt:
             if cost > limit:
                 if cost > remaining:
-                    raise TokenBudgetExceededError(reserved + cost, self.max_tokens, "system_prompt")
+                    raise TokenBudgetExceededError(
+                        reserved + cost, self.max_tokens, "system_prompt")
                 raise TokenBudgetExceededError(cost, limit, "system_prompt")
             blocks.append(ContextBlock("system", "system_prompt", "kept", "mandatory",
                                        cost, system_prompt))
@@ -568,8 +586,9 @@ class TokenBudgetedContextBuilder:
         text = self._render(system_prompt, accepted)
         message = self.context_message(text) if text else None
         final = self._cost(text)
-        assert final == cost and final <= limit, (final, cost, limit)
-        return {"cost": final, "message": message, "blocks": blocks, "limit": limit}
+        if final != cost or final > limit:  # pragma: no cover - counting is deterministic
+            raise RuntimeError(f"context cost drifted: {final} vs {cost} (limit {limit})")
+        return _Assembly(final, message, blocks, limit)
 
     def _truncate(
         self,

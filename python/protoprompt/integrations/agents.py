@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 try:
     from agents.memory import Session, SessionSettings
@@ -154,7 +155,7 @@ class ProtoPromptSession:
     def __init__(
         self,
         session_id: str,
-        db_path: str = ":memory:",
+        db_path: str | os.PathLike[str] = ":memory:",
         *,
         inner_session: Session | None = None,
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
@@ -166,7 +167,8 @@ class ProtoPromptSession:
         settings = _coerce_settings(session_settings)
         self.session_id = session_id
         if inner_session is None:
-            self._inner: Any = SQLiteSession(session_id, db_path, session_settings=settings)
+            self._inner: Any = SQLiteSession(
+                session_id, os.fspath(db_path), session_settings=settings)
             self._owns_inner = True
             self._settings: SessionSettings | None = None
         else:
@@ -175,7 +177,7 @@ class ProtoPromptSession:
                     "inner_session must implement agents.memory.Session, "
                     f"got {type(inner_session).__name__}"
                 )
-            if str(db_path) != ":memory:":
+            if os.fspath(db_path) != ":memory:":
                 raise ValueError("pass either db_path or inner_session, not both")
             inner_id = getattr(inner_session, "session_id", None)
             if inner_id != session_id:
@@ -211,8 +213,10 @@ class ProtoPromptSession:
         if limit is None and self._settings is not None:
             limit = self._settings.limit
         if limit is None:
-            return await _call(self._inner.get_items, wrapper=wrapper)
-        return await _call(self._inner.get_items, limit, wrapper=wrapper)
+            items = await _call(self._inner.get_items, wrapper=wrapper)
+        else:
+            items = await _call(self._inner.get_items, limit, wrapper=wrapper)
+        return cast("list[Item]", items)
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
