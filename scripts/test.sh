@@ -11,6 +11,7 @@ PYTHON=${PYTHON:-python3}
 SDK_VERSIONS=${SDK_VERSIONS:-"0.24.0 0.22.3"}
 WORK=${PROTOPROMPT_CI_DIR:-target/ci}
 mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
 
 step() { printf '\n==> %s\n' "$*"; }
 

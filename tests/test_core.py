@@ -291,3 +291,25 @@ def test_packing_from_several_threads_gives_the_same_result() -> None:
         t.join()
     assert not errors
     assert results == [expected] * 20
+
+
+def test_context_callable_must_return_a_token_count() -> None:
+    seen: list[int] = []
+
+    def context(remaining: int) -> int:
+        seen.append(remaining)
+        return 20
+
+    new_input = [{"role": "user", "content": "q"}]
+    result = pp.pack([{"role": "user", "content": "old"}], new_input, 100, output_reserve=10,
+                     context=context)
+    assert seen == [100 - 10 - result.new_input_tokens]
+    assert result.context_tokens == 20 and result.used <= 100
+    for bad in (-1, "x", 2.5, None):
+        with pytest.raises(ValueError, match="non-negative int"):
+            pp.pack([], new_input, 100, context=lambda remaining, bad=bad: bad)
+    with pytest.raises(ZeroDivisionError):
+        pp.pack([], new_input, 100, context=lambda remaining: 1 // 0)
+    with pytest.raises(TokenBudgetExceededError) as info:
+        pp.pack([], new_input, 100, context=lambda remaining: remaining + 1)
+    assert info.value.section == "context"

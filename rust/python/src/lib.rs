@@ -597,10 +597,15 @@ fn pack<'py>(
                 return Ok(0);
             };
             Python::attach(|py| {
-                callable
-                    .bind(py)
-                    .call1((remaining,))
-                    .and_then(|r| r.extract::<u64>())
+                let returned = callable.bind(py).call1((remaining,))?;
+                match returned.extract::<i64>() {
+                    Ok(n) if n >= 0 => Ok(n as u64),
+                    _ => Err(PyValueError::new_err(format!(
+                        "the context callable must return a non-negative int (tokens used), \
+                         got {}",
+                        returned.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))),
+                }
             })
             .map_err(|e| {
                 let message = e.to_string();
