@@ -481,7 +481,10 @@ def test_example_runs_offline() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "python"), "OPENAI_API_KEY": ""}
+    import protoprompt
+
+    package_parent = Path(protoprompt.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(package_parent), "OPENAI_API_KEY": ""}
     proc = subprocess.run([sys.executable, str(root / "examples" / "openai_agents_session.py")],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr

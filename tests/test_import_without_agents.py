@@ -8,7 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
+import protoprompt
+
+# The directory the protoprompt under test was imported from (the source tree in development,
+# site-packages when the installed wheel is tested).
+PYTHON_DIR = Path(protoprompt.__file__).resolve().parents[1]
 
 BLOCKER = """
 import importlib.abc, sys
