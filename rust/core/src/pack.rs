@@ -14,6 +14,16 @@
 //!   for a cheap, provably safe lower bound first ([`CostSource::lower_bound`]) and tokenises a
 //!   unit only when that bound still fits, so a full budget rejects old items for free. Both
 //!   give exactly the result of counting everything (tested).
+//! * **What is cached.** Item costs are counted on the item's canonical text through the
+//!   process-wide, content-addressed [`crate::tokens::COUNT_CACHE`] (keyed by encoding, length
+//!   and two 64-bit hashes of the text; two bounded generations), so the next turn — the same
+//!   history plus a few new items, handed over as fresh copies by the SDK — re-tokenises
+//!   nothing it has seen. Two encodings never share an entry. Within one call each position is
+//!   costed at most once (the binding's cost source memoises by position).
+//! * **What is linear.** Classifying every item (a few dictionary lookups) and building the
+//!   graph (hash maps and union-find) are O(n); contents are converted from Python only for
+//!   the units whose cost is needed, which keeps the extra memory of a call small next to the
+//!   history itself.
 //! * **What is coherent.** Units are visited newest first (by their newest member). A user
 //!   message opens a turn; the kept history never contains a user message whose later turn
 //!   items were dropped while older items are kept. Contiguous: kept units form an unbroken
