@@ -1,0 +1,95 @@
+"""pytest configuration for the benchmark harness (``pytest benches -q``).
+
+* ``benches/`` and, when protoprompt is not installed, ``python/`` go on ``sys.path``.
+* ``--bench-100k`` (or ``PROTOPROMPT_BENCH_100K=1``) adds the 100k-item scenarios.
+* Ratios collected by the benchmarks are printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402  (also puts python/ on sys.path when needed)
+import pytest  # noqa: E402
+
+# Filled by the benchmarks: (section, key) -> row dict; printed at the end of the session.
+RESULTS: dict[tuple[str, tuple], dict] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--bench-100k", action="store_true", default=False,
+                     help="also run the 100k-item benchmark scenarios (slow, ~2 GB RAM)")
+
+
+def bench_100k(config: pytest.Config) -> bool:
+    return bool(config.getoption("--bench-100k")) or os.environ.get(
+        "PROTOPROMPT_BENCH_100K", "") not in ("", "0")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "size" in metafunc.fixturenames:
+        sizes = list(harness.DEFAULT_SIZES)
+        if bench_100k(metafunc.config):
+            sizes.append(100_000)
+        metafunc.parametrize("size", sizes, ids=[f"n{s}" for s in sizes])
+
+
+class CaseStore:
+    """Histories are generated once per session and kept as JSON text only (keeping
+    millions of live dicts around would slow every later measurement via the GC)."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self._cases: dict[tuple[int, str], harness.Case] = {}
+
+    def get(self, size: int, mix: str) -> harness.Case:
+        key = (size, mix)
+        if key not in self._cases:
+            self._cases[key] = harness.make_case(size, mix, seed=0)
+        return self._cases[key]
+
+
+@pytest.fixture(scope="session")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> CaseStore:
+    return CaseStore(str(tmp_path_factory.mktemp("bench-cases")))
+
+
+@pytest.fixture(scope="session")
+def results() -> dict:
+    return RESULTS
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    if not RESULTS:
+        return
+    tr = terminalreporter
+    tr.section("protoprompt benchmark ratios")
+    sdk = {k[1]: v for k, v in RESULTS.items() if k[0] == "sdk"}
+    rows = sorted((k[1], v) for k, v in RESULTS.items() if k[0] == "pack")
+    if rows:
+        tr.write_line(f"{'case':<16}{'budget':>8}{'SDK ms':>10}{'pp cold':>10}{'pp warm':>10}"
+                      f"{'warm/SDK':>10}{'ref cold':>10}{'ref warm':>10}{'ref/pp warm':>12}"
+                      f"{'ref/pp cold':>12}")
+    for (size, mix, budget), v in rows:
+        s = sdk.get((size, mix), {}).get("median")
+        pw, pc = v.get("pp_warm"), v.get("pp_cold")
+        rw, rc = v.get("ref_warm"), v.get("ref_cold")
+
+        def ratio(a, b, pct=False):
+            if a is None or b is None or b == 0:
+                return "-"
+            return f"{100 * a / b:.1f}%" if pct else f"{a / b:.2f}x"
+
+        tr.write_line(f"{mix + '-' + str(size):<16}{budget:>8}{harness.ms(s):>10}"
+                      f"{harness.ms(pc):>10}{harness.ms(pw):>10}{ratio(pw, s, True):>10}"
+                      f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
+                      f"{ratio(rc, pc):>12}")
+    for k, v in sorted(RESULTS.items()):
+        if k[0] == "count":
+            engine, threads = k[1]
+            tr.write_line(f"count {engine:<12} {threads} thread(s): {v['mb_s']:8.2f} MB/s "
+                          f"{v['tok_s'] / 1e6:8.2f} Mtok/s")

@@ -1,0 +1,550 @@
+"""Shared measurement code for ``benches/test_bench_packing.py`` and ``benches/report.py``.
+
+What is measured, and how (kept honest on purpose, so the numbers stay comparable while the
+Rust packer changes):
+
+* **history objects are always fresh**: every timed call gets a list decoded from JSON just
+  before it (untimed), like ``SQLiteSession.get_items()`` returns new dicts each turn; a
+  cache keyed on object identity would not survive a real turn, so it must not help here.
+* **cold** = the first ``pack`` in a fresh interpreter (a child process): tokenizer
+  initialisation and every lazy cache included; interpreter start, imports and JSON decoding
+  are excluded (import time is reported separately).
+* **warm** = in one process, pack the previous turn's history first (untimed), then time the
+  pack of that history plus the 3 items one more turn adds (user message, reasoning,
+  answer) -- each round repeats the untimed previous-turn pack on fresh objects.
+* **SDK overhead** = ``agents.run_internal.session_persistence.prepare_input_with_session``
+  with a pass-through callback ``lambda h, n: h + n`` on a file ``SQLiteSession`` preloaded
+  with the same history: what the Agents SDK itself spends per turn before the model call.
+* **reference** = ``benches/reference_packer.py`` (pure Python + real tiktoken), cold (child
+  process, vocabulary load included) and warm (memo of token counts per canonical text).
+* **memory** = peak RSS growth of one ``pack`` call (Rust allocations included), measured in
+  the child by resetting the kernel's peak-RSS counter (``/proc/self/clear_refs``) right
+  before the call; falls back to ``ru_maxrss`` growth when that is not permitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+
+
+def ensure_paths() -> None:
+    """Make ``benches/`` and (if protoprompt is not installed) ``python/`` importable."""
+    if sys.path[:1] != [str(BENCH_DIR)]:
+        if str(BENCH_DIR) in sys.path:
+            sys.path.remove(str(BENCH_DIR))
+        sys.path.insert(0, str(BENCH_DIR))
+    # tests/ has its own ``reference_tokenizer`` module; when both directories are collected
+    # in one pytest run, make sure the benches get theirs (tests keep the function they
+    # already imported; ours also provides ``reference_encoding`` for the reverse order).
+    for name in ("reference_tokenizer", "reference_packer", "history_gen"):
+        mod = sys.modules.get(name)
+        origin = getattr(mod, "__file__", None)
+        if mod is not None and origin and Path(origin).resolve().parent != BENCH_DIR:
+            del sys.modules[name]
+    import importlib.util
+
+    if importlib.util.find_spec("protoprompt") is None:
+        sys.path.insert(0, str(REPO / "python"))
+
+
+ensure_paths()
+
+# protoprompt is imported inside the functions: a child process must be able to time its
+# own first import.
+from history_gen import generate, new_user_message, next_turn  # noqa: E402
+
+ENCODING = "o200k_base"
+DEFAULT_SIZES = (1000, 10000)
+DEFAULT_BUDGETS = (8000, 128000, 400000)
+
+
+def output_reserve_for(budget: int) -> int:
+    """8k output reserve, capped at 1/8 of the budget (an 8k window cannot reserve 8k)."""
+    return min(8000, budget // 8)
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+
+@dataclass
+class Case:
+    """One benchmark history: the previous turn's view and the current one, as JSON."""
+
+    label: str
+    prev_json: str          # history before the new turn (n items)
+    prev_new_input: list[dict[str, Any]]
+    json: str               # history now (n + 3 items)
+    new_input: list[dict[str, Any]]
+    n_items: int = 0
+    json_bytes: int = 0
+
+    def history(self) -> list[dict[str, Any]]:
+        return json.loads(self.json)
+
+    def prev_history(self) -> list[dict[str, Any]]:
+        return json.loads(self.prev_json)
+
+
+def make_case(size: int, mix: str, seed: int = 0) -> Case:
+    """``generate(size)`` as the previous turn's history, plus the 3 items of one more turn."""
+    prev = generate(size, mix, seed)
+    turn = next_turn(seed, mix)
+    cur = prev + turn
+    s = json.dumps(cur, ensure_ascii=False)
+    return Case(
+        label=f"{mix}-{size}",
+        prev_json=json.dumps(prev, ensure_ascii=False),
+        prev_new_input=[turn[0]],
+        json=s,
+        new_input=[new_user_message(seed)],
+        n_items=len(cur),
+        json_bytes=len(s.encode("utf-8")),
+    )
+
+
+def case_from_items(items: list[dict[str, Any]], label: str) -> Case:
+    """A case from a real history: the previous turn is everything before the last user
+    message (when there is one), the new input a fresh user message."""
+    last_user = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
+    if last_user is None or last_user == 0:
+        last_user = max(0, len(items) - 3)
+    prev = items[:last_user]
+    prev_new = items[last_user:last_user + 1] or [new_user_message(1)]
+    s = json.dumps(items, ensure_ascii=False)
+    return Case(label=label, prev_json=json.dumps(prev, ensure_ascii=False),
+                prev_new_input=prev_new, json=s, new_input=[new_user_message(0)],
+                n_items=len(items), json_bytes=len(s.encode("utf-8")))
+
+
+def copy_db(db_path: str, directory: str) -> str:
+    """Copy a SQLite database (with its WAL files) into ``directory``; return the copy."""
+    import shutil
+
+    if not os.path.isfile(db_path):
+        raise FileNotFoundError(f"no such database: {db_path}")
+    copy = os.path.join(directory, "user-session.db")
+    shutil.copyfile(db_path, copy)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(db_path + suffix):
+            shutil.copyfile(db_path + suffix, copy + suffix)
+    return copy
+
+
+def load_sqlite_session(db_path: str, session_id: str,
+                        directory: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Items of a user's ``SQLiteSession``, read from a copy (the file itself is untouched).
+
+    Returns the items and the path of the copy."""
+    from agents.memory import SQLiteSession
+
+    copy = copy_db(db_path, directory or tempfile.mkdtemp(prefix="protoprompt-bench-db-"))
+    session = SQLiteSession(session_id, copy)
+    try:
+        return asyncio.run(session.get_items()), copy
+    finally:
+        session.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Small statistics helpers
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"min": min(times), "median": statistics.median(times), "max": max(times),
+            "rounds": len(times)}
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+# --------------------------------------------------------------------------------------------
+# protoprompt and reference, in process
+
+def pack_pp(history, new_input, budget: int):
+    import protoprompt
+
+    return protoprompt.pack(history, new_input, budget, output_reserve=output_reserve_for(budget),
+                            encoding=ENCODING)
+
+
+def warm_setup_pp(case: Case, budget: int) -> list[dict[str, Any]]:
+    """Untimed part of a warm round: pack the previous turn, then decode the current history."""
+    pack_pp(case.prev_history(), case.prev_new_input, budget)
+    return case.history()
+
+
+def time_warm_pp(case: Case, budget: int, rounds: int = 3) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        hist = warm_setup_pp(case, budget)
+        t0 = time.perf_counter()
+        pack_pp(hist, case.new_input, budget)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class RefRunner:
+    """A reference packer kept across turns (its memo is its warm state)."""
+
+    def __init__(self) -> None:
+        from reference_packer import ReferencePacker
+
+        self.packer = ReferencePacker(ENCODING, warm=True)
+
+    def pack(self, history, new_input, budget: int):
+        return self.packer.pack(history, new_input, budget,
+                                output_reserve=output_reserve_for(budget))
+
+    def warm_setup(self, case: Case, budget: int) -> list[dict[str, Any]]:
+        self.pack(case.prev_history(), case.prev_new_input, budget)
+        return case.history()
+
+
+def time_warm_ref(case: Case, budget: int, rounds: int = 3) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        runner = RefRunner()  # memo filled by the previous turn only
+        hist = runner.warm_setup(case, budget)
+        t0 = time.perf_counter()
+        runner.pack(hist, case.new_input, budget)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def same_result(pp, ref) -> tuple[bool, str]:
+    """Compare a protoprompt PackResult with a ReferenceResult; explain the first difference."""
+    if pp.kept_history != ref.kept_history:
+        a, b = set(pp.kept_history), set(ref.kept_history)
+        return False, (f"kept items differ: protoprompt only {sorted(a - b)[:10]}, "
+                       f"reference only {sorted(b - a)[:10]}")
+    for name in ("new_input_tokens", "dependency_tokens", "history_tokens", "used", "remaining"):
+        if getattr(pp, name) != getattr(ref, name):
+            a, b = getattr(pp, name), getattr(ref, name)
+            return False, f"{name}: protoprompt {a} != reference {b}"
+    return True, ""
+
+
+# --------------------------------------------------------------------------------------------
+# SDK overhead
+
+class SdkOverhead:
+    """``prepare_input_with_session`` on a file ``SQLiteSession`` holding the history."""
+
+    def __init__(self, history: list[dict[str, Any]], workdir: str | None = None, *,
+                 db_path: str | None = None, session_id: str = "bench") -> None:
+        """Preload a new database with ``history``, or (``db_path``) use an existing copy
+        of a user's database that already holds ``history`` under ``session_id``."""
+        from agents.memory import SQLiteSession
+        from agents.run_internal.session_persistence import prepare_input_with_session
+
+        self._prepare = prepare_input_with_session
+        self._dir = workdir or tempfile.mkdtemp(prefix="protoprompt-bench-sdk-")
+        self._owns_db = db_path is None
+        self.db_path = db_path or os.path.join(self._dir, f"sdk-{os.getpid()}-{id(self)}.db")
+        self.session = SQLiteSession(session_id, self.db_path)
+        self.loop = asyncio.new_event_loop()  # persistent, like an application's loop
+        if self._owns_db:
+            self.loop.run_until_complete(self.session.add_items(history))
+        self.n_items = len(history)
+        from reference_packer import dedup_key
+
+        keys = [dedup_key(it) for it in history]
+        self.n_duplicates = sum(1 for k in keys if k is not None) - len({k for k in keys if k})
+
+    def run(self, new_input: list[dict[str, Any]]) -> int:
+        prepared, _ = self.loop.run_until_complete(
+            self._prepare(list(new_input), self.session, lambda h, n: h + n))
+        return len(prepared)
+
+    def time(self, new_input, rounds: int = 3, warmup: int = 1) -> list[float]:
+        for _ in range(warmup):
+            self.run(new_input)
+        out = []
+        for _ in range(rounds):
+            gc.collect()
+            t0 = time.perf_counter()
+            n = self.run(new_input)
+            out.append(time.perf_counter() - t0)
+            assert n == self.expected_len(new_input)
+        return out
+
+    def expected_len(self, new_input) -> int:
+        """Items the SDK sends: everything, minus what its de-duplication collapses
+        (streamed outputs sharing a key; nothing is pruned in these histories)."""
+        return self.n_items - self.n_duplicates + len(new_input)
+
+    def close(self) -> None:
+        self.session.close()
+        self.loop.close()
+        if not self._owns_db:
+            return
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.remove(self.db_path + suffix)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Child process: cold packs and memory
+
+def _child_env() -> dict[str, str]:
+    import protoprompt
+
+    env = dict(os.environ)
+    paths = [str(BENCH_DIR), str(Path(protoprompt.__file__).resolve().parent.parent)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    try:  # resolve the tiktoken asset once, not in every child
+        from reference_tokenizer import find_asset
+
+        env.setdefault("PROTOPROMPT_TIKTOKEN_ASSETS", str(find_asset(ENCODING).parent))
+    except Exception:
+        pass
+    return env
+
+
+def write_case(case: Case, directory: str) -> tuple[str, str]:
+    """Write a case's two histories to JSON files (for child processes)."""
+    cur = os.path.join(directory, f"{case.label}.json")
+    prev = os.path.join(directory, f"{case.label}.prev.json")
+    for path, text in ((cur, case.json), (prev, case.prev_json)):
+        if not os.path.exists(path):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    return cur, prev
+
+
+def run_child(case: Case, budget: int, directory: str, *, reference: bool = True,
+              warm_rounds: int = 0, memory: bool = False, timeout: float = 900) -> dict[str, Any]:
+    """Cold (and optionally warm/memory) measurements in a fresh interpreter."""
+    cur, prev = write_case(case, directory)
+    spec = {"history": cur, "prev_history": prev, "new_input": case.new_input,
+            "prev_new_input": case.prev_new_input, "budget": budget,
+            "output_reserve": output_reserve_for(budget), "encoding": ENCODING,
+            "reference": reference, "warm_rounds": warm_rounds, "memory": memory}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
+                          input=json.dumps(spec), capture_output=True, text=True,
+                          env=_child_env(), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _status_kb(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_growth(fn: Callable[[], Any]) -> tuple[Any, int | None, str]:
+    """Run ``fn``; return its result and the growth of peak RSS above the RSS before it."""
+    import resource
+
+    gc.collect()
+    if _reset_peak() and _status_kb("VmHWM") is not None:
+        before = _status_kb("VmRSS")
+        result = fn()
+        peak = _status_kb("VmHWM")
+        return result, (peak - before) if peak is not None and before is not None else None, "hwm"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result = fn()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result, after - before, "ru_maxrss (lower bound)"
+
+
+def _child_main() -> None:
+    spec = json.loads(sys.stdin.read())
+    out: dict[str, Any] = {}
+    with open(spec["history"], encoding="utf-8") as f:
+        history_text = f.read()
+    with open(spec["prev_history"], encoding="utf-8") as f:
+        prev_text = f.read()
+    budget, reserve, enc = spec["budget"], spec["output_reserve"], spec["encoding"]
+    new_input, prev_new = spec["new_input"], spec["prev_new_input"]
+
+    t0 = time.perf_counter()
+    import protoprompt as pp
+
+    out["pp_import_s"] = time.perf_counter() - t0
+
+    def pp_pack(hist, new):
+        return pp.pack(hist, new, budget, output_reserve=reserve, encoding=enc)
+
+    history = json.loads(history_text)
+    gc.collect()
+
+    def cold():
+        t = time.perf_counter()
+        r = pp_pack(history, new_input)
+        return r, time.perf_counter() - t
+
+    if spec["memory"]:
+        (res, dt), peak, method = _peak_growth(cold)
+        out["pp_cold_peak_bytes"], out["memory_method"] = peak, method
+    else:
+        res, dt = cold()
+    out["pp_cold_s"] = dt
+    out["pp_kept"] = res.kept_history
+    out["pp_totals"] = [res.new_input_tokens, res.dependency_tokens, res.history_tokens,
+                        res.used, res.remaining]
+
+    warm = []
+    for i in range(spec["warm_rounds"]):
+        pp_pack(json.loads(prev_text), prev_new)
+        hist = json.loads(history_text)
+        gc.collect()
+
+        def warm_call(hist=hist):
+            t = time.perf_counter()
+            pp_pack(hist, new_input)
+            return time.perf_counter() - t
+
+        if spec["memory"] and i == 0:
+            dt, peak, _ = _peak_growth(warm_call)
+            out["pp_warm_peak_bytes"] = peak
+        else:
+            dt = warm_call()
+        warm.append(dt)
+    out["pp_warm_s"] = warm
+
+    if spec["reference"]:
+        from reference_packer import ReferencePacker
+        from reference_tokenizer import find_asset
+
+        find_asset(enc)  # locating the file is harness work, not packing
+        hist = json.loads(history_text)
+        t = time.perf_counter()
+        packer = ReferencePacker(enc, warm=True)
+        out["ref_vocab_s"] = time.perf_counter() - t
+        r = packer.pack(hist, new_input, budget, output_reserve=reserve)
+        out["ref_cold_s"] = time.perf_counter() - t
+        out["ref_kept"] = r.kept_history
+        out["ref_totals"] = [r.new_input_tokens, r.dependency_tokens, r.history_tokens,
+                             r.used, r.remaining]
+        ref_warm = []
+        for _ in range(spec["warm_rounds"]):
+            packer = ReferencePacker(enc, warm=True)
+            packer.pack(json.loads(prev_text), prev_new, budget, output_reserve=reserve)
+            hist = json.loads(history_text)
+            t = time.perf_counter()
+            packer.pack(hist, new_input, budget, output_reserve=reserve)
+            ref_warm.append(time.perf_counter() - t)
+        out["ref_warm_s"] = ref_warm
+    print(json.dumps(out))
+
+
+# --------------------------------------------------------------------------------------------
+# Token counting throughput
+
+@dataclass
+class Throughput:
+    engine: str
+    threads: int
+    seconds: float
+    n_bytes: int
+    n_tokens: int
+    per_thread_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.n_bytes / self.seconds / 1e6
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.seconds
+
+
+def counter(engine: str) -> Callable[[list[str]], int]:
+    """``texts -> total tokens`` for ``protoprompt`` (count_tokens_batch) or ``tiktoken``."""
+    if engine == "protoprompt":
+        import protoprompt
+
+        def count(texts: list[str]) -> int:
+            return sum(protoprompt.count_tokens_batch(texts, encoding=ENCODING))
+    elif engine == "tiktoken":
+        from reference_tokenizer import get_encoding
+
+        enc = get_encoding(ENCODING)
+
+        def count(texts: list[str]) -> int:
+            return sum(len(enc.encode_ordinary(t)) for t in texts)
+    else:
+        raise ValueError(engine)
+    return count
+
+
+def count_in_threads(count: Callable[[list[str]], int], texts: list[str],
+                     threads: int) -> list[int]:
+    """Deal ``texts`` round-robin into ``threads`` parts; count each part in its own thread."""
+    if threads == 1:
+        return [count(texts)]
+    parts = [texts[i::threads] for i in range(threads)]
+    results = [0] * threads
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = count(parts[i])
+        except BaseException as e:  # pragma: no cover - surfaced below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def measure_throughput(texts: list[str], engine: str, threads: int, rounds: int = 3) -> Throughput:
+    count = counter(engine)
+    count(texts[:4])  # load the vocabulary outside the timing
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    best = None
+    tokens: list[int] = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        tokens = count_in_threads(count, texts, threads)
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return Throughput(engine, threads, best or 0.0, n_bytes, sum(tokens), tokens)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child_main()
+    else:
+        print(__doc__)

@@ -1,0 +1,270 @@
+"""Readable benchmark report: protoprompt vs the Agents SDK's own per-turn work.
+
+    python benches/report.py [--sizes 1000,10000] [--budgets 8000,128000,400000]
+                             [--mix agentic] [--db path/to/sdk_session.db --session-id ID]
+
+Per history size and budget it prints: the SDK's per-turn overhead
+(``prepare_input_with_session`` with a pass-through callback on a file ``SQLiteSession``),
+protoprompt's cold pack (first call in a fresh process) and warm pack (previous turn packed
+in the same process) in ms and as % of the SDK overhead, the pure-Python reference packer
+(real tiktoken) cold/warm and protoprompt's speed-up over it, the peak RSS growth of one pack
+call relative to the history's JSON size, and whether protoprompt kept exactly the items the
+reference kept. Then token-counting throughput for 1 and 2 threads. With ``--db`` the same
+measurements run on a copy of your own ``SQLiteSession`` database (the file is not modified).
+
+Use a release build of the extension for meaningful numbers::
+
+    cargo build -p protoprompt-python --release --features pyo3/extension-module
+    cp target/release/lib_core.so python/protoprompt/_core.abi3.so
+    PYTHONPATH=python python benches/report.py --sizes 1000,10000
+
+What each column measures is documented in ``benches/harness.py``. Exit status 1 when
+protoprompt and the reference packer disagree on a case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+
+
+class Progress:
+    """One status line on stderr (rewritten in place on a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what: str) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.t0
+        line = f"[{self.done + 1}/{self.total}] {elapsed:6.1f}s  {what}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        self.done += 1
+
+    def finish(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{100 * a / b:.1f}%"
+
+
+def _x(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.1f}x"
+
+
+def _mb(n: float | None, digits: int = 1) -> str:
+    return "-" if n is None else f"{n / 1e6:.{digits}f}"
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def measure_case(case: harness.Case, budgets: list[int], args, progress: Progress,
+                 workdir: str, db_copy: str | None = None) -> list[dict]:
+    progress.step(f"{case.label}: SDK overhead ({args.rounds} rounds)")
+    if db_copy:
+        sdk = harness.SdkOverhead(case.history(), workdir, db_path=db_copy,
+                                  session_id=args.session_id)
+    else:
+        sdk = harness.SdkOverhead(case.history(), workdir)
+    try:
+        sdk_s = _median(sdk.time(case.new_input, rounds=args.rounds))
+    finally:
+        sdk.close()
+    rows = []
+    for budget in budgets:
+        progress.step(f"{case.label} budget={budget}: fresh process (cold, warm, memory)")
+        first = harness.run_child(case, budget, workdir, reference=not args.no_reference,
+                                  warm_rounds=args.rounds, memory=True)
+        children = [first]
+        for i in range(args.cold_rounds - 1):
+            progress.step(f"{case.label} budget={budget}: cold run {i + 2}/{args.cold_rounds}")
+            children.append(harness.run_child(case, budget, workdir,
+                                              reference=not args.no_reference))
+        row = {
+            "case": case.label, "items": case.n_items, "json": case.json_bytes, "budget": budget,
+            "reserve": harness.output_reserve_for(budget), "kept": len(first["pp_kept"]),
+            "sdk": sdk_s,
+            "pp_cold": min(c["pp_cold_s"] for c in children),
+            "pp_warm": _median(first["pp_warm_s"]),
+            "pp_import": first["pp_import_s"],
+            "mem_cold": first.get("pp_cold_peak_bytes"),
+            "mem_warm": first.get("pp_warm_peak_bytes"),
+            "mem_method": first.get("memory_method"),
+        }
+        if not args.no_reference:
+            row.update(
+                ref_cold=min(c["ref_cold_s"] for c in children),
+                ref_warm=_median(first["ref_warm_s"]),
+                ref_vocab=first["ref_vocab_s"],
+                same=all(c["pp_kept"] == c["ref_kept"] and c["pp_totals"] == c["ref_totals"]
+                         for c in children),
+            )
+            if not row["same"]:
+                a, b = set(first["pp_kept"]), set(first["ref_kept"])
+                row["diff"] = (f"protoprompt-only {sorted(a - b)[:8]}, reference-only "
+                               f"{sorted(b - a)[:8]}, totals pp {first['pp_totals']} "
+                               f"ref {first['ref_totals']}")
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict], out=sys.stdout) -> None:
+    cols = [
+        ("history", lambda r: r["case"]), ("items", lambda r: f"{r['items']:,}"),
+        ("JSON MB", lambda r: _mb(r["json"])), ("budget", lambda r: f"{r['budget']:,}"),
+        ("kept", lambda r: f"{r['kept']:,}"),
+        ("SDK ms", lambda r: harness.ms(r["sdk"])),
+        ("pp cold ms", lambda r: harness.ms(r["pp_cold"])),
+        ("pp warm ms", lambda r: harness.ms(r["pp_warm"])),
+        ("cold/SDK", lambda r: _pct(r["pp_cold"], r["sdk"])),
+        ("warm/SDK", lambda r: _pct(r["pp_warm"], r["sdk"])),
+        ("ref cold ms", lambda r: harness.ms(r.get("ref_cold"))),
+        ("ref warm ms", lambda r: harness.ms(r.get("ref_warm"))),
+        ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
+        ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
+        ("peak cold MB", lambda r: _mb(r["mem_cold"])),
+        ("peak warm MB", lambda r: _mb(r["mem_warm"], 2)),
+        ("warm/JSON", lambda r: _pct(r["mem_warm"], r["json"])),
+        ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
+    ]
+    cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    for j, row in enumerate(cells):
+        line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths)))
+        print(line, file=out)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        if r.get("diff"):
+            print(f"  ! {r['case']} budget={r['budget']}: {r['diff']}", file=out)
+
+
+def measure_counting(args, progress: Progress) -> list[harness.Throughput]:
+    from history_gen import corpus_texts
+
+    texts = corpus_texts(int(args.corpus_mb * 1e6), seed=0)
+    out = []
+    for engine in ("protoprompt", "tiktoken"):
+        for threads in (1, 2):
+            progress.step(f"token counting: {engine}, {threads} thread(s)")
+            out.append(harness.measure_throughput(texts, engine, threads, rounds=3))
+    return out
+
+
+def print_counting(results: list[harness.Throughput], out=sys.stdout) -> None:
+    single = {r.engine: r for r in results if r.threads == 1}
+    pp1 = single.get("protoprompt")
+    print(f"{'engine':<12} {'threads':>7} {'MB/s':>8} {'Mtok/s':>8} {'2-thread scaling':>17} "
+          f"{'vs tiktoken':>12}", file=out)
+    for r in results:
+        scale = f"{r.mb_per_s / single[r.engine].mb_per_s:.2f}x" if r.threads > 1 else ""
+        tk = next((t for t in results if t.engine == "tiktoken" and t.threads == r.threads), None)
+        vs = f"{r.mb_per_s / tk.mb_per_s:.2f}x" if tk and r.engine == "protoprompt" else ""
+        print(f"{r.engine:<12} {r.threads:>7} {r.mb_per_s:>8.2f} {r.tokens_per_s / 1e6:>8.2f} "
+              f"{scale:>17} {vs:>12}", file=out)
+    tokens = {r.n_tokens for r in results}
+    print(f"corpus: {results[0].n_bytes / 1e6:.1f} MB, {results[0].n_tokens:,} tokens "
+          f"({'all engines agree' if len(tokens) == 1 else 'COUNTS DIFFER: ' + str(tokens)})"
+          + ("" if pp1 else ""), file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="protoprompt-bench-report", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=_ints, default=list(harness.DEFAULT_SIZES),
+                   help="history sizes in items (comma separated; default 1000,10000)")
+    p.add_argument("--budgets", type=_ints, default=list(harness.DEFAULT_BUDGETS),
+                   help="token budgets (default 8000,128000,400000)")
+    p.add_argument("--mix", default="agentic", choices=["chat", "tools", "agentic"],
+                   help="generated history mix (default agentic)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--db", help="a SQLiteSession database to measure instead of generated data")
+    p.add_argument("--session-id", help="session id inside --db")
+    p.add_argument("--rounds", type=int, default=3, help="warm / SDK rounds (median reported)")
+    p.add_argument("--cold-rounds", type=int, default=1,
+                   help="fresh processes per cold measurement (minimum reported)")
+    p.add_argument("--corpus-mb", type=float, default=4.0, help="token-counting corpus size")
+    p.add_argument("--no-reference", action="store_true", help="skip the pure-Python reference")
+    p.add_argument("--no-counting", action="store_true", help="skip the throughput table")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = p.parse_args(argv)
+    if args.db and not args.session_id:
+        p.error("--db needs --session-id")
+
+    import protoprompt
+
+    n_cases = 1 if args.db else len(args.sizes)
+    total = n_cases * (1 + len(args.budgets) * args.cold_rounds) + n_cases \
+        + (0 if args.no_counting else 4)
+    progress = Progress(total, enabled=not args.quiet)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="protoprompt-report-") as workdir:
+        if args.db:
+            progress.step(f"loading session {args.session_id!r} from {args.db}")
+            try:
+                items, db_copy = harness.load_sqlite_session(args.db, args.session_id, workdir)
+            except FileNotFoundError as e:
+                p.error(str(e))
+            if not items:
+                p.error(f"session {args.session_id!r} in {args.db} has no items")
+            cases = [harness.case_from_items(items, f"db:{args.session_id}")]
+        else:
+            db_copy = None
+            cases = []
+            for size in args.sizes:
+                progress.step(f"generating {args.mix} history of {size:,} items")
+                cases.append(harness.make_case(size, args.mix, args.seed))
+        for case in cases:
+            rows += measure_case(case, args.budgets, args, progress, workdir, db_copy)
+        counting = [] if args.no_counting else measure_counting(args, progress)
+    progress.finish()
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"protoprompt {protoprompt.__version__} ({Path(protoprompt.__file__).parent}), "
+          f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+          + (f", load average {load[0]:.2f}" if load else ""))
+    print("output reserve: min(8000, budget/8); warm = pack after the previous turn was packed "
+          "in the same process (generated: +3 items; --db: +the last turn); "
+          "SDK = prepare_input_with_session, pass-through callback, file SQLiteSession")
+    print()
+    print_table(rows)
+    if rows:
+        print(f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
+              f"cold includes building the tokenizer. import protoprompt: "
+              f"{harness.ms(rows[0]['pp_import'])} ms"
+              + (f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
+                 "(included in ref cold)" if rows[0].get("ref_vocab") is not None else ""))
+    if counting:
+        print()
+        print_counting(counting)
+    return 0 if all(r.get("same", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

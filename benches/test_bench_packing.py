@@ -1,0 +1,222 @@
+"""pytest-benchmark scenarios for packing large Agents SDK histories.
+
+Run: ``PYTHONPATH=python python -m pytest benches -q`` (add ``--bench-100k`` for 100k items).
+No wall-clock target is asserted; the tests assert correctness only (protoprompt keeps
+exactly what the reference packer keeps, with the same totals). Timings, ratios to the SDK's
+own per-turn overhead and to the reference go to ``benchmark.extra_info`` and to the
+terminal summary. See ``benches/harness.py`` for what each scenario measures.
+"""
+
+from __future__ import annotations
+
+import harness  # noqa: I001  (first: puts the benches' helper modules first)
+
+harness.ensure_paths()
+
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from harness import output_reserve_for, pack_pp, same_result
+
+BUDGETS = list(harness.DEFAULT_BUDGETS)
+MIXES = ["chat", "tools", "agentic"]
+
+
+def _rounds(size: int) -> int:
+    return 3 if size <= 10_000 else 1
+
+
+def _record(results, key, **values):
+    row = results.setdefault(("pack", key), {})
+    row.update(values)
+    return row
+
+
+def _stat(benchmark, name: str = "median") -> float | None:
+    """A timing statistic, or ``None`` under ``--benchmark-disable`` (correctness only)."""
+    stats = getattr(benchmark, "stats", None)
+    return getattr(stats.stats, name) if stats is not None else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _sdk_ratio(results, size, mix, seconds):
+    sdk = results.get(("sdk", (size, mix)))
+    if sdk and seconds is not None:
+        return seconds / sdk["median"]
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The SDK's own per-turn overhead (the yardstick)
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_sdk_overhead(benchmark, cases, results, size, mix):
+    case = cases.get(size, mix)
+    sdk = harness.SdkOverhead(case.history(), cases.workdir)
+    try:
+        sdk.run(case.new_input)  # warm-up: connections, first decode
+        rounds = _rounds(size) if size <= 1000 else 2
+        n = benchmark.pedantic(sdk.run, args=(case.new_input,), rounds=rounds, iterations=1)
+        assert n == sdk.expected_len(case.new_input)
+        median = _stat(benchmark)
+        benchmark.extra_info.update(n_items=case.n_items, json_mb=case.json_bytes / 1e6,
+                                    sdk_overhead_ms=_ms(median))
+        if median is not None:
+            results[("sdk", (size, mix))] = {"median": median, "min": _stat(benchmark, "min")}
+            print(f"\nSDK overhead {mix}-{size}: {median * 1e3:.1f} ms")
+    finally:
+        sdk.close()
+
+
+# --------------------------------------------------------------------------------------------
+# protoprompt warm: the previous turn was packed in this process
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mix", MIXES)
+def test_pack_warm(benchmark, cases, results, size, mix, budget):
+    case = cases.get(size, mix)
+
+    def setup():
+        return (harness.warm_setup_pp(case, budget),), {}
+
+    def target(history):
+        return pack_pp(history, case.new_input, budget)
+
+    res = benchmark.pedantic(target, setup=setup, rounds=_rounds(size), iterations=1)
+
+    # Correctness: the same kept items and totals as the pure-Python reference.
+    ref = harness.RefRunner().pack(case.history(), case.new_input, budget)
+    ok, why = same_result(res, ref)
+    assert ok, f"{case.label} budget={budget}: {why}"
+    assert res.used <= budget
+
+    median = _stat(benchmark)
+    ratio = _sdk_ratio(results, size, mix, median)
+    benchmark.extra_info.update(
+        n_items=case.n_items, json_mb=case.json_bytes / 1e6, budget=budget,
+        output_reserve=output_reserve_for(budget), kept_items=len(res.kept_history),
+        history_tokens=res.history_tokens, pp_warm_ms=_ms(median),
+        pp_warm_vs_sdk=ratio)
+    if median is not None:
+        _record(results, (size, mix, budget), pp_warm=median)
+        print(f"\nprotoprompt warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
+              + (f" = {100 * ratio:.1f}% of SDK overhead" if ratio is not None else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Cold: the first pack in a fresh process (protoprompt, then the reference, same child)
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mix", MIXES)
+def test_pack_cold(benchmark, cases, results, size, mix, budget):
+    case = cases.get(size, mix)
+    children: list[dict] = []
+
+    def run():
+        out = harness.run_child(case, budget, cases.workdir, reference=True)
+        children.append(out)
+        return out
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    pp_cold = min(c["pp_cold_s"] for c in children)
+    ref_cold = min(c["ref_cold_s"] for c in children)
+    for c in children:
+        assert c["pp_kept"] == c["ref_kept"], f"{case.label} budget={budget}: kept items differ"
+        assert c["pp_totals"] == c["ref_totals"], f"{case.label} budget={budget}: totals differ"
+    ratio = _sdk_ratio(results, size, mix, pp_cold)
+    benchmark.extra_info.update(
+        n_items=case.n_items, budget=budget, pp_import_ms=children[0]["pp_import_s"] * 1e3,
+        pp_cold_ms=pp_cold * 1e3, ref_cold_ms=ref_cold * 1e3,
+        ref_vocab_ms=children[0]["ref_vocab_s"] * 1e3, ref_over_pp_cold=ref_cold / pp_cold,
+        pp_cold_vs_sdk=ratio, note="benchmark time includes interpreter start and imports")
+    _record(results, (size, mix, budget), pp_cold=pp_cold, ref_cold=ref_cold)
+    print(f"\ncold {case.label} budget={budget}: protoprompt {pp_cold * 1e3:.1f} ms, "
+          f"reference {ref_cold * 1e3:.1f} ms ({ref_cold / pp_cold:.2f}x)")
+
+
+# --------------------------------------------------------------------------------------------
+# The pure-Python reference, warm (its memo holds the previous turn's counts)
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mix", MIXES)
+def test_reference_warm(benchmark, cases, results, size, mix, budget):
+    case = cases.get(size, mix)
+    state: dict = {}
+
+    def setup():
+        state["runner"] = harness.RefRunner()
+        return (state["runner"].warm_setup(case, budget),), {}
+
+    def target(history):
+        return state["runner"].pack(history, case.new_input, budget)
+
+    ref = benchmark.pedantic(target, setup=setup, rounds=_rounds(size), iterations=1)
+    assert ref.used <= budget
+    median = _stat(benchmark)
+    if median is None:
+        return
+    row = _record(results, (size, mix, budget), ref_warm=median)
+    pp = row.get("pp_warm")
+    benchmark.extra_info.update(n_items=case.n_items, budget=budget, ref_warm_ms=median * 1e3,
+                                ref_over_pp_warm=(median / pp) if pp else None)
+    print(f"\nreference warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
+          + (f" ({median / pp:.2f}x protoprompt)" if pp else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Token counting throughput: protoprompt vs tiktoken, 1 and 2 threads
+
+_CORPUS: dict[str, list[str]] = {}
+
+
+def _corpus() -> list[str]:
+    if "texts" not in _CORPUS:
+        from history_gen import corpus_texts
+
+        _CORPUS["texts"] = corpus_texts(2_000_000, seed=0)
+    return _CORPUS["texts"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("engine", ["protoprompt", "tiktoken"])
+def test_count_throughput(benchmark, results, engine, threads):
+    texts = _corpus()
+    count = harness.counter(engine)
+    count(texts[:4])  # vocabulary loaded outside the timing
+    parts: list[list[int]] = []
+
+    def run():
+        r = harness.count_in_threads(count, texts, threads)
+        parts.append(r)
+        return sum(r)
+
+    total = benchmark.pedantic(run, rounds=3, iterations=1)
+    # Correctness: both engines agree on the corpus, however it is split.
+    expected = results.setdefault(("count-total", ()), {"tokens": total})["tokens"]
+    assert total == expected
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    best = _stat(benchmark, "min")
+    if best is None:
+        return
+    mb_s, tok_s = n_bytes / best / 1e6, total / best
+    results[("count", (engine, threads))] = {"mb_s": mb_s, "tok_s": tok_s}
+    single = results.get(("count", (engine, 1)))
+    benchmark.extra_info.update(corpus_mb=n_bytes / 1e6, tokens=total, mb_per_s=mb_s,
+                                tokens_per_s=tok_s,
+                                scaling_vs_1_thread=(mb_s / single["mb_s"]) if single else None)
+    print(f"\ncount {engine} x{threads}: {mb_s:.2f} MB/s, {tok_s / 1e6:.2f} Mtok/s")
+
+
+def test_harness_measures_fresh_objects(cases):
+    """The warm setup hands over newly decoded objects (no identity cache can help)."""
+    case = cases.get(1000, "chat")
+    a = harness.warm_setup_pp(case, 128000)
+    b = case.history()
+    assert a == b and all(x is not y for x, y in zip(a, b))
+    t0 = time.perf_counter()
+    pack_pp(a, case.new_input, 128000)
+    assert time.perf_counter() - t0 >= 0
