@@ -238,8 +238,9 @@ impl Encoding {
     }
 }
 
-/// Texts shorter than this are counted directly (hashing would cost about as much).
-pub const CACHE_MIN_BYTES: usize = 256;
+/// Texts shorter than this are counted directly. Everything longer goes through the cache:
+/// hashing a short text costs far less than a tokenizer call.
+pub const CACHE_MIN_BYTES: usize = 16;
 /// Entries per generation of the count cache (two generations are kept).
 pub const CACHE_GENERATION_ENTRIES: usize = 1 << 18;
 
