@@ -48,14 +48,6 @@ def ensure_paths() -> None:
         if str(BENCH_DIR) in sys.path:
             sys.path.remove(str(BENCH_DIR))
         sys.path.insert(0, str(BENCH_DIR))
-    # tests/ has its own ``reference_tokenizer`` module; when both directories are collected
-    # in one pytest run, make sure the benches get theirs (tests keep the function they
-    # already imported; ours also provides ``reference_encoding`` for the reverse order).
-    for name in ("reference_tokenizer", "reference_packer", "history_gen"):
-        mod = sys.modules.get(name)
-        origin = getattr(mod, "__file__", None)
-        if mod is not None and origin and Path(origin).resolve().parent != BENCH_DIR:
-            del sys.modules[name]
     import importlib.util
 
     if importlib.util.find_spec("protoprompt") is None:

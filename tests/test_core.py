@@ -18,7 +18,7 @@ from protoprompt import (
     UnknownEncodingError,
     UnknownModelError,
 )
-from reference_tokenizer import reference_encoding
+from reference_tokenizer import get_encoding as reference_encoding
 
 
 def _short(label: str) -> str:

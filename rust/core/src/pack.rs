@@ -430,80 +430,58 @@ pub fn pack(
     }
     let unit_turn = |d: &UnitDecision| turn_of[*d.positions.last().unwrap_or(&0)];
 
+    // Both policies: newest first, unit by unit, while each unit fits.
     let mut history_tokens = 0u64;
-    match opts.policy {
-        Policy::Contiguous => {
-            let mut stopped = false;
-            for &d in &candidates {
-                if stopped {
-                    continue; // stays OverBudget, not counted
-                }
-                let positions = decisions[d].positions.clone();
-                let cost = packer.sum(&positions)?;
-                decisions[d].tokens = Some(cost);
-                if cost <= remaining {
-                    remaining -= cost;
-                    history_tokens += cost;
-                    decisions[d].decision = Decision::Kept;
-                } else {
-                    stopped = true;
-                }
+    let mut visited = 0;
+    let mut miss = None;
+    for &d in &candidates {
+        visited += 1;
+        let cost = packer.sum(&decisions[d].positions)?;
+        decisions[d].tokens = Some(cost);
+        if cost > remaining {
+            miss = Some(d);
+            break;
+        }
+        remaining -= cost;
+        history_tokens += cost;
+        decisions[d].decision = Decision::Kept;
+    }
+    // Contiguous: everything older than the first miss stays OverBudget, uncounted.
+    if opts.policy == Policy::Greedy {
+        let mut i = visited;
+        // Rest of the turn that did not fit.
+        if let Some(bt) = miss.map(|d| unit_turn(&decisions[d])) {
+            while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == bt {
+                decisions[candidates[i]].decision = Decision::TurnIncomplete;
+                i += 1;
             }
         }
-        Policy::Greedy => {
-            let mut i = 0;
-            // Newest turn: unit by unit until one does not fit.
-            let mut broken_turn = None;
-            while i < candidates.len() {
-                let d = candidates[i];
-                let positions = decisions[d].positions.clone();
+        // Older turns, whole or not at all.
+        while i < candidates.len() {
+            let t = unit_turn(&decisions[candidates[i]]);
+            let start = i;
+            while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == t {
                 i += 1;
-                let cost = packer.sum(&positions)?;
+            }
+            let group = &candidates[start..i];
+            let bound: u64 = group
+                .iter()
+                .map(|&d| packer.lower_bound(&decisions[d].positions))
+                .sum();
+            if bound > remaining {
+                continue; // cannot fit: dropped uncounted
+            }
+            let mut turn_cost = 0u64;
+            for &d in group {
+                let cost = packer.sum(&decisions[d].positions)?;
                 decisions[d].tokens = Some(cost);
-                if cost <= remaining {
-                    remaining -= cost;
-                    history_tokens += cost;
-                    decisions[d].decision = Decision::Kept;
-                } else {
-                    broken_turn = Some(unit_turn(&decisions[d]));
-                    break;
-                }
+                turn_cost += cost;
             }
-            // Rest of the broken turn.
-            if let Some(bt) = broken_turn {
-                while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == bt {
-                    decisions[candidates[i]].decision = Decision::TurnIncomplete;
-                    i += 1;
-                }
-            }
-            // Older turns, whole or not at all.
-            while i < candidates.len() {
-                let t = unit_turn(&decisions[candidates[i]]);
-                let start = i;
-                while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == t {
-                    i += 1;
-                }
-                let group = &candidates[start..i];
-                let all_positions: Vec<usize> = group
-                    .iter()
-                    .flat_map(|&d| decisions[d].positions.iter().copied())
-                    .collect();
-                if packer.lower_bound(&all_positions) > remaining {
-                    continue; // cannot fit: dropped uncounted
-                }
-                let mut turn_cost = 0u64;
+            if turn_cost <= remaining {
+                remaining -= turn_cost;
+                history_tokens += turn_cost;
                 for &d in group {
-                    let positions = decisions[d].positions.clone();
-                    let cost = packer.sum(&positions)?;
-                    decisions[d].tokens = Some(cost);
-                    turn_cost += cost;
-                }
-                if turn_cost <= remaining {
-                    remaining -= turn_cost;
-                    history_tokens += turn_cost;
-                    for &d in group {
-                        decisions[d].decision = Decision::Kept;
-                    }
+                    decisions[d].decision = Decision::Kept;
                 }
             }
         }
