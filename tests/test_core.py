@@ -313,3 +313,29 @@ def test_context_callable_must_return_a_token_count() -> None:
     with pytest.raises(TokenBudgetExceededError) as info:
         pp.pack([], new_input, 100, context=lambda remaining: remaining + 1)
     assert info.value.section == "context"
+
+
+def test_decisions_are_a_lazy_sequence_matching_the_explanation() -> None:
+    history = _turns(40)
+    history.insert(3, {"type": "compaction_trigger"})  # an input-only control in history
+    result = pp.pack(history, [{"role": "user", "content": "next"}], 700)
+    decisions = result.decisions
+    assert isinstance(decisions, pp.Decisions)
+    every = list(decisions)
+    assert len(every) == len(decisions) > 40
+    assert list(reversed(decisions)) == every[::-1]
+    assert decisions[-1] == every[-1] and decisions[2:5] == every[2:5]
+    with pytest.raises(IndexError):
+        decisions[len(decisions)]
+    # Every history item is accounted for exactly once.
+    positions = sorted(p for d in every for p in d.positions)
+    assert positions == list(range(len(history)))
+    counts: dict[str, int] = {}
+    for d in every:
+        counts[d.decision] = counts.get(d.decision, 0) + len(d.positions)
+    assert result.decision_counts() == counts
+    assert counts["input_only"] == 1
+    control = next(d for d in every if d.decision == "input_only")
+    assert control.positions == [3] and control.problems[0].location == "history[3]"
+    assert [p for d in every if d.kept for p in d.positions] == result.kept_history
+    assert f"{counts['over_budget']} over_budget" in result.explain()

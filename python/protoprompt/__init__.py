@@ -18,6 +18,7 @@ from .errors import (
     UnknownModelError,
 )
 from .packing import (
+    Decisions,
     GraphReport,
     ItemCost,
     PackResult,
@@ -37,6 +38,7 @@ from .memory import MemoryHit, MemoryScope, MemoryStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "Decisions",
     "ContextBlock",
     "ContextPlan",
     "GraphReport",

@@ -25,6 +25,15 @@ class _GraphDict(TypedDict):
     n_history: int
     mandatory_history: list[int]
 
+class _DecisionColumns(TypedDict):
+    units: list[int]
+    offsets: list[int]
+    positions: list[int]
+    kinds: list[str]
+    codes: list[str]
+    tokens: list[int | None]
+    problems: dict[int, list[_Problem]]
+
 class _PackDict(TypedDict):
     kept_history: list[int]
     dependency: list[int]
@@ -38,7 +47,7 @@ class _PackDict(TypedDict):
     remaining: int
     encoding: str
     policy: str
-    decisions: list[tuple[int, list[int], list[str], str, int | None, list[_Problem]]]
+    decisions: _DecisionColumns
 
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
 def count_tokens_batch(

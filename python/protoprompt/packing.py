@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from . import _core
 
@@ -14,6 +14,7 @@ __all__ = [
     "Unit",
     "GraphReport",
     "UnitDecision",
+    "Decisions",
     "PackResult",
     "ItemCost",
     "count_tokens",
@@ -86,7 +87,70 @@ class UnitDecision:
 
     @property
     def kept(self) -> bool:
-        return self.decision in ("mandatory", "kept")
+        return self.decision in _KEPT
+
+
+_KEPT = ("mandatory", "kept")
+
+
+class Decisions(Sequence[UnitDecision]):
+    """The per-unit decisions of a pack, stored as the core returned them (flat columns).
+
+    A long history has tens of thousands of units; a :class:`UnitDecision` is built only when
+    it is accessed, so packing costs no Python object per unit.
+    """
+
+    __slots__ = ("_units", "_offsets", "_positions", "_kinds", "_codes", "_tokens", "_problems")
+
+    def __init__(self, columns: Mapping[str, Any]) -> None:
+        self._units: list[int] = columns["units"]
+        self._offsets: list[int] = columns["offsets"]
+        self._positions: list[int] = columns["positions"]
+        self._kinds: list[str] = columns["kinds"]
+        self._codes: list[str] = columns["codes"]
+        self._tokens: list[int | None] = columns["tokens"]
+        self._problems: Mapping[int, list[tuple[str, str, str]]] = columns["problems"]
+
+    def __len__(self) -> int:
+        return len(self._units)
+
+    def _build(self, i: int) -> UnitDecision:
+        a, b = self._offsets[i], self._offsets[i + 1]
+        return UnitDecision(
+            self._units[i], self._positions[a:b], self._kinds[a:b], self._codes[i],
+            self._tokens[i], _problems(self._problems.get(i, ())),
+        )
+
+    @overload
+    def __getitem__(self, index: int) -> UnitDecision: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[UnitDecision]: ...
+    def __getitem__(self, index: int | slice) -> UnitDecision | list[UnitDecision]:
+        if isinstance(index, slice):
+            return [self._build(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("decision index out of range")
+        return self._build(index)
+
+    def __iter__(self) -> Iterator[UnitDecision]:
+        return (self._build(i) for i in range(len(self)))
+
+    def __reversed__(self) -> Iterator[UnitDecision]:
+        return (self._build(i) for i in range(len(self) - 1, -1, -1))
+
+    def __repr__(self) -> str:
+        return f"<Decisions: {len(self)} units>"
+
+    def item_counts(self) -> dict[str, int]:
+        """Number of history items per decision code."""
+        counts: dict[str, int] = {}
+        offsets = self._offsets
+        for i, code in enumerate(self._codes):
+            counts[code] = counts.get(code, 0) + offsets[i + 1] - offsets[i]
+        return counts
 
 
 @dataclass(frozen=True)
@@ -121,12 +185,23 @@ class PackResult:
     remaining: int
     encoding: str
     policy: str
-    decisions: list[UnitDecision]
+    decisions: Sequence[UnitDecision]
+    """One decision per history unit, oldest first (built lazily on access)."""
 
     @property
     def dropped(self) -> list[UnitDecision]:
         """Decisions of the history units that are not sent."""
         return [d for d in self.decisions if not d.kept]
+
+    def decision_counts(self) -> dict[str, int]:
+        """Number of history *items* per decision code, without building decision objects."""
+        decisions = self.decisions
+        if isinstance(decisions, Decisions):
+            return decisions.item_counts()
+        counts: dict[str, int] = {}
+        for d in decisions:
+            counts[d.decision] = counts.get(d.decision, 0) + len(d.positions)
+        return counts
 
     @property
     def request_tokens(self) -> int:
@@ -146,15 +221,18 @@ class PackResult:
             f"  history        {self.history_tokens:>8}  "
             f"({len(self.kept_history) - len(self.dependency)} items kept)",
         ]
-        dropped = self.dropped
-        if dropped:
-            counts: dict[str, int] = {}
-            for d in dropped:
-                counts[d.decision] = counts.get(d.decision, 0) + len(d.positions)
+        counts = {k: n for k, n in self.decision_counts().items() if k not in _KEPT}
+        if counts:
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
             lines.append(f"dropped items: {summary}")
-            newest_first = dropped[::-1]
-            shown = newest_first if max_units is None else newest_first[:max_units]
+            n_dropped = 0
+            shown: list[UnitDecision] = []
+            for d in reversed(self.decisions):
+                if d.kept:
+                    continue
+                n_dropped += 1
+                if max_units is None or len(shown) < max_units:
+                    shown.append(d)
             for d in shown:
                 where = _span(d.positions)
                 tokens = "uncounted" if d.tokens is None else f"{d.tokens} tokens"
@@ -162,8 +240,8 @@ class PackResult:
                 if d.problems:
                     why += ": " + "; ".join(sorted({p.message for p in d.problems}))
                 lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
-            if len(shown) < len(dropped):
-                lines.append(f"  ... and {len(dropped) - len(shown)} older dropped units")
+            if len(shown) < n_dropped:
+                lines.append(f"  ... and {n_dropped - len(shown)} older dropped units")
         return "\n".join(lines)
 
 
@@ -283,10 +361,7 @@ def pack(
         context=context,
     )
     kept = raw["kept_history"]
-    decisions = [
-        UnitDecision(unit, positions, kinds, decision, tokens, _problems(problems))
-        for unit, positions, kinds, decision, tokens, problems in raw["decisions"]
-    ]
+    decisions = Decisions(raw["decisions"])
     return PackResult(
         items=[history_list[i] for i in kept] + list(new_list),
         kept_history=kept,

@@ -6,7 +6,7 @@
 //! Validity: V1–V10 plus duplicate reasoning ids. Everything is O(n) apart from hashing and
 //! one sort over the anonymous tool-search pairs.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, ItemMeta};
 
@@ -418,7 +418,7 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
     }
 
     // E1 (calls): duplicate calls join; V2 for calls.
-    let mut calls: HashMap<(CallType, &str), CallEntry> = HashMap::new();
+    let mut calls: HashMap<(CallType, &str), CallEntry> = HashMap::default();
     for (p, it) in items.iter().enumerate() {
         let ItemKind::Call(ct) = it.kind else {
             continue;
@@ -578,7 +578,7 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
     }
 
     // E2 + V7: program ownership.
-    let mut named_by_new: HashSet<&str> = HashSet::new();
+    let mut named_by_new: HashSet<&str> = HashSet::default();
     for (p, it) in items.iter().enumerate() {
         if it.is_foreign() || !it.is_program_owned() {
             continue;
@@ -666,7 +666,7 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
         }
         p = end + 1;
     }
-    let mut reasoning_ids: HashSet<&str> = HashSet::new();
+    let mut reasoning_ids: HashSet<&str> = HashSet::default();
     for (p, it) in items.iter().enumerate() {
         if !it.is_reasoning() {
             continue;
@@ -683,7 +683,7 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
     }
 
     // E6: items sharing an SDK de-duplication key.
-    let mut keys: HashMap<(Option<&str>, &str), usize> = HashMap::new();
+    let mut keys: HashMap<(Option<&str>, &str), usize> = HashMap::default();
     for (p, it) in items.iter().enumerate() {
         if let Some(k) = it.dedup_key() {
             let first = *keys.entry(k).or_insert(p);

@@ -633,23 +633,52 @@ fn pack<'py>(
     out.set_item("remaining", result.remaining())?;
     out.set_item("encoding", enc.name())?;
     out.set_item("policy", policy.name())?;
-    let decisions = PyList::empty(py);
-    for d in &result.decisions {
-        let problems: Vec<(&str, &str, String)> = d
-            .problems
-            .iter()
-            .map(|(r, p)| (r.code(), r.message(), label(n_history, *p)))
-            .collect();
-        let kinds: Vec<&str> = d.positions.iter().map(|&p| metas[p].kind_name()).collect();
-        decisions.append((
-            d.unit,
-            d.positions.clone(),
-            kinds,
-            d.decision.code(),
-            d.tokens,
-            problems,
-        ))?;
+    // Decisions as flat columns (one Python object per column, not per unit): a 100k-item
+    // history has tens of thousands of units, and the Python side builds a UnitDecision only
+    // when one is looked at.
+    let mut strings: std::collections::HashMap<&'static str, Bound<'py, PyString>> =
+        std::collections::HashMap::new();
+    let mut interned = |s: &'static str| -> Bound<'py, PyString> {
+        strings
+            .entry(s)
+            .or_insert_with(|| PyString::intern(py, s))
+            .clone()
+    };
+    let count = result.decisions.len();
+    let mut units = Vec::with_capacity(count);
+    let mut offsets = Vec::with_capacity(count + 1);
+    let mut positions = Vec::new();
+    let mut codes = Vec::with_capacity(count);
+    let mut unit_tokens = Vec::with_capacity(count);
+    let problems = PyDict::new(py);
+    offsets.push(0usize);
+    for (i, d) in result.decisions.iter().enumerate() {
+        units.push(d.unit);
+        positions.extend_from_slice(&d.positions);
+        offsets.push(positions.len());
+        codes.push(interned(d.decision.code()));
+        unit_tokens.push(d.tokens);
+        if !d.problems.is_empty() {
+            let list: Vec<(&str, &str, String)> = d
+                .problems
+                .iter()
+                .map(|(r, p)| (r.code(), r.message(), label(n_history, *p)))
+                .collect();
+            problems.set_item(i, list)?;
+        }
     }
+    let kinds: Vec<Bound<'py, PyString>> = positions
+        .iter()
+        .map(|&p| interned(metas[p].kind_name()))
+        .collect();
+    let decisions = PyDict::new(py);
+    decisions.set_item("units", units)?;
+    decisions.set_item("offsets", offsets)?;
+    decisions.set_item("positions", positions)?;
+    decisions.set_item("kinds", kinds)?;
+    decisions.set_item("codes", codes)?;
+    decisions.set_item("tokens", unit_tokens)?;
+    decisions.set_item("problems", problems)?;
     out.set_item("decisions", decisions)?;
     Ok(out)
 }
