@@ -636,13 +636,15 @@ fn pack<'py>(
     // Decisions as flat columns (one Python object per column, not per unit): a 100k-item
     // history has tens of thousands of units, and the Python side builds a UnitDecision only
     // when one is looked at.
-    let mut strings: std::collections::HashMap<&'static str, Bound<'py, PyString>> =
-        std::collections::HashMap::new();
+    // Few distinct codes and kind names: a short list searched by address beats hashing.
+    let mut strings: Vec<(&'static str, Bound<'py, PyString>)> = Vec::new();
     let mut interned = |s: &'static str| -> Bound<'py, PyString> {
-        strings
-            .entry(s)
-            .or_insert_with(|| PyString::intern(py, s))
-            .clone()
+        if let Some((_, py_str)) = strings.iter().find(|(k, _)| std::ptr::eq(*k, s)) {
+            return py_str.clone();
+        }
+        let py_str = PyString::intern(py, s);
+        strings.push((s, py_str.clone()));
+        py_str
     };
     let count = result.decisions.len();
     let mut units = Vec::with_capacity(count);
