@@ -89,6 +89,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                       f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
                       f"{ratio(rc, pc):>12}")
     for k, v in sorted(RESULTS.items()):
+        if k[0] == "threads":
+            tr.write_line(f"pack two 10k sessions: sequential {v['sequential'] * 1e3:.1f} ms, "
+                          f"two threads {v['threaded'] * 1e3:.1f} ms, "
+                          f"scaling {v['sequential'] / v['threaded']:.2f}x")
         if k[0] == "count":
             engine, threads = k[1]
             tr.write_line(f"count {engine:<12} {threads} thread(s): {v['mb_s']:8.2f} MB/s "

@@ -220,3 +220,40 @@ def test_harness_measures_fresh_objects(cases):
     t0 = time.perf_counter()
     pack_pp(a, case.new_input, 128000)
     assert time.perf_counter() - t0 >= 0
+
+
+def test_pack_two_sessions_in_threads(cases, results):
+    """Two Python threads packing two different sessions at once, against the same two packs
+    run one after the other (steady state: both histories were packed once before)."""
+    import threading
+
+    budget = 128_000
+    a, b = cases.get(10_000, "agentic"), cases.get(10_000, "tools")
+    expected = [pack_pp(c.history(), c.new_input, budget).kept_history for c in (a, b)]
+
+    def timed(threaded: bool) -> tuple[float, list[list[int]]]:
+        inputs = [(c.history(), c.new_input) for c in (a, b)]
+        kept: list[list[int]] = [[], []]
+
+        def work(i: int) -> None:
+            kept[i] = pack_pp(inputs[i][0], inputs[i][1], budget).kept_history
+
+        t0 = time.perf_counter()
+        if threaded:
+            ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        else:
+            work(0)
+            work(1)
+        return time.perf_counter() - t0, kept
+
+    seq = min(timed(False)[0] for _ in range(3))
+    runs = [timed(True) for _ in range(3)]
+    par = min(r[0] for r in runs)
+    assert all(r[1] == expected for r in runs)
+    results[("threads", ())] = {"sequential": seq, "threaded": par}
+    print(f"\npack two 10k sessions: sequential {seq * 1e3:.1f} ms, two threads "
+          f"{par * 1e3:.1f} ms, scaling {seq / par:.2f}x")
