@@ -41,8 +41,8 @@ for sdk in $SDK_VERSIONS; do
   rm -rf "$venv"
   "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,test]" "openai-agents==$sdk"
-  "$venv/bin/python" -c "import agents, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
+  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk"
+  "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
   # Run from a directory without the source tree so the installed wheel is what is tested.
   (cd "$WORK" && "$venv/bin/python" -m pytest "$OLDPWD/tests" -q -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml")
   if [ "$first" = 1 ]; then
