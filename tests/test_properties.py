@@ -199,3 +199,53 @@ def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, pol
                         if history[j].get("role") == "user" and "type" not in history[j]),
                        len(history))
             assert all(j in kept for j in range(pos + 1, nxt) if j in valid), (pos, nxt)
+
+
+def _same(a: pp.PackResult, b: pp.PackResult) -> None:
+    for name in ("kept_history", "dependency", "new_input_tokens", "dependency_tokens",
+                 "history_tokens", "context_tokens", "used", "remaining"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert all(x is y for x, y in zip(a.items, b.items)) and len(a.items) == len(b.items)
+    assert list(a.decisions) == list(b.decisions)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       st.integers(0, 3000), st.sampled_from(["contiguous", "greedy"]), st.integers(0, 3))
+def test_history_index_packs_exactly_like_pack(session, cuts, budget, policy, pops) -> None:
+    """The incremental path (an index fed turn by turn, fresh copies each turn, with pops)
+    keeps exactly the items, totals and decisions of a plain pack of the same history."""
+    history, new_input = session
+    index = pp.HistoryIndex()
+    turns = sorted({min(c, len(history)) for c in cuts}) + [len(history)]
+    for end in turns:
+        seen = copy.deepcopy(history[:end])  # the SDK hands over fresh copies every turn
+        for _ in range(pops if end == turns[-1] else 0):
+            if len(index):
+                index.truncate(len(index) - 1)
+        try:
+            expected = pp.pack(seen, new_input, budget, output_reserve=16, policy=policy)
+        except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
+            with pytest.raises(type(err)):
+                index.pack(seen, new_input, budget, output_reserve=16, policy=policy)
+            continue
+        got = index.pack(seen, new_input, budget, output_reserve=16, policy=policy)
+        _same(got, expected)
+        assert len(index) == end
+
+
+def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -> None:
+    history = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    index = pp.HistoryIndex()
+    index.pack(history, [{"role": "user", "content": "c"}], 1000)
+    assert len(index) == 2
+    with pytest.raises(ValueError, match="history has 1 items but the index already holds 2"):
+        index.pack(history[:1], [{"role": "user", "content": "c"}], 1000)
+    index.truncate(1)
+    got = index.pack(history[:1], [{"role": "user", "content": "c"}], 1000)
+    assert got.kept_history == [0]
+    index.clear()
+    assert len(index) == 0
+    with pytest.raises(pp.InvalidItemError, match=r"history\[1\]"):
+        index.pack([history[0], {"role": 5}], [{"role": "user", "content": "c"}], 1000)
+    assert len(index) == 0  # nothing was indexed by the failed call

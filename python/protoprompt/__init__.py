@@ -19,6 +19,7 @@ from .errors import (
 )
 from .packing import (
     Decisions,
+    HistoryIndex,
     GraphReport,
     ItemCost,
     PackResult,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Decisions",
+    "HistoryIndex",
     "ContextBlock",
     "ContextPlan",
     "GraphReport",

@@ -25,14 +25,14 @@ class _GraphDict(TypedDict):
     n_history: int
     mandatory_history: list[int]
 
-class _DecisionColumns(TypedDict):
-    units: list[int]
-    offsets: list[int]
-    positions: list[int]
-    kinds: list[str]
-    codes: list[str]
-    tokens: list[int | None]
-    problems: dict[int, list[_Problem]]
+class DecisionTable:
+    """Per-unit decisions of one pack, kept in Rust."""
+
+    def __len__(self) -> int: ...
+    def row(
+        self, i: int
+    ) -> tuple[int, list[int], list[str], str, int | None, list[_Problem]]: ...
+    def item_counts(self) -> dict[str, int]: ...
 
 class _PackDict(TypedDict):
     kept_history: list[int]
@@ -47,7 +47,7 @@ class _PackDict(TypedDict):
     remaining: int
     encoding: str
     policy: str
-    decisions: _DecisionColumns
+    decisions: DecisionTable
 
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
 def count_tokens_batch(
@@ -74,3 +74,25 @@ def pack(
     policy: str = "contiguous",
     context: Callable[[int], int] | None = None,
 ) -> _PackDict: ...
+
+class HistoryIndex:
+    """Classified history of one conversation, extended between turns."""
+
+    def __init__(self) -> None: ...
+    def __len__(self) -> int: ...
+    def extend(self, items: Iterable[Mapping[str, Any]]) -> None: ...
+    def truncate(self, length: int) -> None: ...
+    def clear(self) -> None: ...
+    def pack(
+        self,
+        history: list[Any],
+        new_input: Iterable[Mapping[str, Any]],
+        budget: int,
+        *,
+        output_reserve: int = 0,
+        context_tokens: int = 0,
+        model: str | None = None,
+        encoding: str | None = None,
+        policy: str = "contiguous",
+        context: Callable[[int], int] | None = None,
+    ) -> _PackDict: ...

@@ -250,7 +250,7 @@ impl Unit {
 }
 
 /// The units of H ++ N.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Graph {
     /// Positions `0..n_history` are history, the rest new input.
     pub n_history: usize,
@@ -313,6 +313,116 @@ impl Graph {
             format!("history[{pos}]")
         } else {
             format!("new_input[{}]", pos - self.n_history)
+        }
+    }
+}
+
+/// A read-only view of the units of `H ++ N` for [`crate::pack`]: either one [`Graph`], or
+/// the units of a cached history graph that lie wholly before a cut position followed by the
+/// units of a small graph built over the rest (see [`crate::incremental`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GraphView<'a> {
+    prefix: &'a Graph,
+    /// Units of `prefix` that belong to the view (those before the cut).
+    prefix_units: usize,
+    /// First global position served by `suffix`.
+    cut: usize,
+    /// Units over positions `cut..`, with members and problem positions already global.
+    suffix: Option<&'a Graph>,
+    n_history: usize,
+    len: usize,
+}
+
+impl<'a> GraphView<'a> {
+    /// The view of a whole graph.
+    pub fn whole(graph: &'a Graph) -> GraphView<'a> {
+        GraphView {
+            prefix: graph,
+            prefix_units: graph.units.len(),
+            cut: graph.len(),
+            suffix: None,
+            n_history: graph.n_history,
+            len: graph.len(),
+        }
+    }
+
+    /// Units of `prefix` wholly before `cut` (no unit of `prefix` may straddle `cut`), then
+    /// the units of `suffix`, whose members are global positions `cut..`. `suffix.n_history`
+    /// and `suffix.unit_of` count from `cut`.
+    pub fn split(prefix: &'a Graph, cut: usize, suffix: &'a Graph) -> GraphView<'a> {
+        let prefix_units = if cut < prefix.len() {
+            prefix.unit_of[cut]
+        } else {
+            prefix.units.len()
+        };
+        GraphView {
+            prefix,
+            prefix_units,
+            cut,
+            suffix: Some(suffix),
+            n_history: cut + suffix.n_history,
+            len: cut + suffix.len(),
+        }
+    }
+
+    /// Number of history positions (`0..n_history`).
+    pub fn n_history(&self) -> usize {
+        self.n_history
+    }
+
+    /// Number of positions (H ++ N).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn unit_count(&self) -> usize {
+        self.prefix_units + self.suffix.map_or(0, |s| s.units.len())
+    }
+
+    /// Unit index of a global position.
+    pub fn unit_of(&self, pos: usize) -> usize {
+        match self.suffix {
+            Some(s) if pos >= self.cut => self.prefix_units + s.unit_of[pos - self.cut],
+            _ => self.prefix.unit_of[pos],
+        }
+    }
+
+    /// A unit by index (members are global positions).
+    pub fn unit(&self, u: usize) -> &'a Unit {
+        if u < self.prefix_units {
+            &self.prefix.units[u]
+        } else {
+            &self.suffix.expect("unit index past the prefix").units[u - self.prefix_units]
+        }
+    }
+
+    /// `"history[3]"` / `"new_input[0]"`.
+    pub fn position_label(&self, pos: usize) -> String {
+        if pos < self.n_history {
+            format!("history[{pos}]")
+        } else {
+            format!("new_input[{}]", pos - self.n_history)
+        }
+    }
+}
+
+impl Graph {
+    /// Add `offset` to every member and problem position (for a graph built over a suffix).
+    pub fn shift_positions(&mut self, offset: usize) {
+        if offset == 0 {
+            return;
+        }
+        for u in &mut self.units {
+            for m in &mut u.members {
+                *m += offset;
+            }
+            for p in &mut u.problems {
+                p.position += offset;
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `protoprompt-python` crate is a thin PyO3 layer over it.
 
 pub mod graph;
+pub mod incremental;
 pub mod items;
 pub mod pack;
 pub mod tokens;

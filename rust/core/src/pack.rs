@@ -35,7 +35,9 @@
 
 use std::fmt;
 
-use crate::graph::{Graph, InvalidReason};
+use rustc_hash::FxHashMap;
+
+use crate::graph::{Graph, GraphView, Unit};
 use crate::items::ItemMeta;
 
 /// How history is chosen once the mandatory part is reserved.
@@ -132,18 +134,16 @@ impl Decision {
     }
 }
 
-/// The decision for one unit that has history members.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The decision for one unit that has history members. Its history positions and rule
+/// violations are those of the unit in the graph the pack ran on (for a unit without
+/// new_input items: all its members).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitDecision {
-    /// Index into `Graph::units`.
+    /// Index of the unit in the graph (or [`GraphView`]) the pack ran on.
     pub unit: usize,
-    /// History positions of the unit (sorted).
-    pub positions: Vec<usize>,
     pub decision: Decision,
     /// Tokens of the unit's history members, when they were counted.
     pub tokens: Option<u64>,
-    /// Rule violations (for `InvalidUnit`/`InputOnly`).
-    pub problems: Vec<(InvalidReason, usize)>,
 }
 
 /// Result of [`pack`].
@@ -259,7 +259,7 @@ pub trait CostSource {
 }
 
 struct Packer<'a> {
-    graph: &'a Graph,
+    graph: GraphView<'a>,
     costs: &'a mut dyn CostSource,
 }
 
@@ -305,10 +305,43 @@ pub fn pack(
     opts: &PackOptions,
     context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
-    let n_history = graph.n_history;
+    let is_user = |p: usize| metas[p].is_user_message();
+    pack_view(GraphView::whole(graph), &is_user, costs, opts, context)
+}
+
+/// Per-unit state of the fill.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    Untouched,
+    Kept,
+    TurnIncomplete,
+}
+
+/// [`pack`] over a [`GraphView`]; `is_user(p)` tells whether history position `p` is a user
+/// message (a turn boundary).
+///
+/// Work is proportional to the units visited: the candidates are found newest first by a
+/// backwards scan over positions (a unit is met at its newest member), so the contiguous
+/// policy never looks past the first unit that does not fit. Only the final per-unit
+/// decision list is linear in the number of units, with no allocation per unit.
+pub fn pack_view(
+    graph: GraphView<'_>,
+    is_user: &dyn Fn(usize) -> bool,
+    costs: &mut dyn CostSource,
+    opts: &PackOptions,
+    context: Option<ContextHook<'_>>,
+) -> Result<PackResult, PackError> {
+    let n_history = graph.n_history();
+    let n_total = graph.len();
+
+    // Units holding new_input items, in unit order.
+    let mut new_units: Vec<usize> = (n_history..n_total).map(|p| graph.unit_of(p)).collect();
+    new_units.sort_unstable();
+    new_units.dedup();
 
     // 1. new_input must be sendable as given.
-    if let Some(unit) = graph.new_input_errors().first() {
+    if let Some(&u) = new_units.iter().find(|&&u| !graph.unit(u).is_valid()) {
+        let unit = graph.unit(u);
         let position = unit
             .members
             .iter()
@@ -330,12 +363,16 @@ pub fn pack(
     }
 
     let mut packer = Packer { graph, costs };
+    let mut unit_tokens: FxHashMap<usize, u64> = FxHashMap::default();
 
-    // 2. Classify history units; collect the optional candidates.
-    let mut decisions: Vec<UnitDecision> = Vec::new();
-    let mut candidates: Vec<usize> = Vec::new(); // indices into `decisions`
-    for (ui, unit) in graph.units.iter().enumerate() {
-        let positions: Vec<usize> = unit
+    // 2. Mandatory reservation, checked in allocation order.
+    let new_positions: Vec<usize> = (n_history..n_total).collect();
+    let new_input_tokens = packer.sum(&new_positions)?;
+    let mut dependency_tokens = 0u64;
+    let mut dependency: Vec<usize> = Vec::new();
+    for &u in &new_units {
+        let positions: Vec<usize> = graph
+            .unit(u)
             .members
             .iter()
             .copied()
@@ -344,42 +381,12 @@ pub fn pack(
         if positions.is_empty() {
             continue;
         }
-        let problems = unit
-            .problems
-            .iter()
-            .map(|p| (p.reason, p.position))
-            .collect();
-        let decision = if unit.contains_new {
-            Decision::Mandatory
-        } else if unit.is_input_only() {
-            Decision::InputOnly
-        } else if !unit.is_valid() {
-            Decision::InvalidUnit
-        } else {
-            candidates.push(decisions.len());
-            Decision::OverBudget // provisional
-        };
-        decisions.push(UnitDecision {
-            unit: ui,
-            positions,
-            decision,
-            tokens: None,
-            problems,
-        });
+        let cost = packer.sum(&positions)?;
+        unit_tokens.insert(u, cost);
+        dependency_tokens += cost;
+        dependency.extend(positions);
     }
-
-    // 3. Mandatory reservation, checked in allocation order.
-    let new_positions: Vec<usize> = (n_history..graph.unit_of.len()).collect();
-    let new_input_tokens = packer.sum(&new_positions)?;
-    let mut dependency_tokens = 0u64;
-    for d in decisions.iter_mut() {
-        if d.decision == Decision::Mandatory {
-            let cost = packer.sum(&d.positions)?;
-            d.tokens = Some(cost);
-            dependency_tokens += cost;
-        }
-    }
-    let dependency = graph.mandatory_history();
+    dependency.sort_unstable();
     let mut used = 0u64;
     for (section, tokens) in [
         (Section::NewInput, new_input_tokens),
@@ -415,83 +422,118 @@ pub fn pack(
         context_tokens += extra;
     }
 
-    // Newest first: by newest member, then by unit order.
-    candidates
-        .sort_by_key(|&d| std::cmp::Reverse((*decisions[d].positions.last().unwrap_or(&0), d)));
-
-    // Turn of each history position: a user message opens a new turn.
-    let mut turn_of = Vec::with_capacity(n_history);
-    let mut turn = 0usize;
-    for meta in metas.iter().take(n_history) {
-        if meta.is_user_message() {
-            turn += 1;
-        }
-        turn_of.push(turn);
-    }
-    let unit_turn = |d: &UnitDecision| turn_of[*d.positions.last().unwrap_or(&0)];
-
-    // Both policies: newest first, unit by unit, while each unit fits.
+    // 3. Candidates newest first (by newest member): walk positions backwards and take a
+    // unit at its last member. The turn label of a position is the number of user messages
+    // after it (equal labels = same turn).
+    let is_candidate = |u: &Unit| !u.contains_new && !u.is_input_only() && u.is_valid();
+    let mut fill: FxHashMap<usize, Fill> = FxHashMap::default();
     let mut history_tokens = 0u64;
-    let mut visited = 0;
-    let mut miss = None;
-    for &d in &candidates {
-        visited += 1;
-        let cost = packer.sum(&decisions[d].positions)?;
-        decisions[d].tokens = Some(cost);
+    let mut p = n_history;
+    let mut users_after = 0usize;
+    // Next candidate at or before `p` (exclusive upper bound), with its turn label.
+    let next_candidate = |p: &mut usize, users_after: &mut usize| -> Option<(usize, usize)> {
+        while *p > 0 {
+            *p -= 1;
+            let pos = *p;
+            let label = *users_after;
+            if is_user(pos) {
+                *users_after += 1;
+            }
+            let u = graph.unit_of(pos);
+            let unit = graph.unit(u);
+            if unit.members.last() == Some(&pos) && is_candidate(unit) {
+                return Some((u, label));
+            }
+        }
+        None
+    };
+    let mut miss: Option<(usize, usize)> = None;
+    while let Some((u, label)) = next_candidate(&mut p, &mut users_after) {
+        let cost = packer.sum(&graph.unit(u).members)?;
+        unit_tokens.insert(u, cost);
         if cost > remaining {
-            miss = Some(d);
+            miss = Some((u, label));
             break;
         }
         remaining -= cost;
         history_tokens += cost;
-        decisions[d].decision = Decision::Kept;
+        fill.insert(u, Fill::Kept);
     }
-    // Contiguous: everything older than the first miss stays OverBudget, uncounted.
+    // Contiguous: everything older than the first miss stays over budget, uncounted.
     if opts.policy == Policy::Greedy {
-        let mut i = visited;
-        // Rest of the turn that did not fit.
-        if let Some(bt) = miss.map(|d| unit_turn(&decisions[d])) {
-            while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == bt {
-                decisions[candidates[i]].decision = Decision::TurnIncomplete;
+        if let Some((_, miss_turn)) = miss {
+            let mut rest: Vec<(usize, usize)> = Vec::new();
+            while let Some(c) = next_candidate(&mut p, &mut users_after) {
+                rest.push(c);
+            }
+            let mut i = 0;
+            // Rest of the turn that did not fit.
+            while i < rest.len() && rest[i].1 == miss_turn {
+                fill.insert(rest[i].0, Fill::TurnIncomplete);
                 i += 1;
             }
-        }
-        // Older turns, whole or not at all.
-        while i < candidates.len() {
-            let t = unit_turn(&decisions[candidates[i]]);
-            let start = i;
-            while i < candidates.len() && unit_turn(&decisions[candidates[i]]) == t {
-                i += 1;
-            }
-            let group = &candidates[start..i];
-            let bound: u64 = group
-                .iter()
-                .map(|&d| packer.lower_bound(&decisions[d].positions))
-                .sum();
-            if bound > remaining {
-                continue; // cannot fit: dropped uncounted
-            }
-            let mut turn_cost = 0u64;
-            for &d in group {
-                let cost = packer.sum(&decisions[d].positions)?;
-                decisions[d].tokens = Some(cost);
-                turn_cost += cost;
-            }
-            if turn_cost <= remaining {
-                remaining -= turn_cost;
-                history_tokens += turn_cost;
-                for &d in group {
-                    decisions[d].decision = Decision::Kept;
+            // Older turns, whole or not at all.
+            while i < rest.len() {
+                let t = rest[i].1;
+                let start = i;
+                while i < rest.len() && rest[i].1 == t {
+                    i += 1;
+                }
+                let group = &rest[start..i];
+                let bound: u64 = group
+                    .iter()
+                    .map(|&(u, _)| packer.lower_bound(&graph.unit(u).members))
+                    .sum();
+                if bound > remaining {
+                    continue; // cannot fit: dropped uncounted
+                }
+                let mut turn_cost = 0u64;
+                for &(u, _) in group {
+                    let cost = packer.sum(&graph.unit(u).members)?;
+                    unit_tokens.insert(u, cost);
+                    turn_cost += cost;
+                }
+                if turn_cost <= remaining {
+                    remaining -= turn_cost;
+                    history_tokens += turn_cost;
+                    for &(u, _) in group {
+                        fill.insert(u, Fill::Kept);
+                    }
                 }
             }
         }
     }
 
-    let mut kept_history: Vec<usize> = decisions
-        .iter()
-        .filter(|d| d.decision.is_kept())
-        .flat_map(|d| d.positions.iter().copied())
-        .collect();
+    // 4. One decision per unit with history members, in unit order.
+    let mut decisions: Vec<UnitDecision> = Vec::with_capacity(graph.unit_count());
+    let mut kept_history: Vec<usize> = dependency.clone();
+    for u in 0..graph.unit_count() {
+        let unit = graph.unit(u);
+        if unit.members.first().is_none_or(|&p| p >= n_history) {
+            continue;
+        }
+        let decision = if unit.contains_new {
+            Decision::Mandatory
+        } else if unit.is_input_only() {
+            Decision::InputOnly
+        } else if !unit.is_valid() {
+            Decision::InvalidUnit
+        } else {
+            match fill.get(&u).copied().unwrap_or(Fill::Untouched) {
+                Fill::Kept => {
+                    kept_history.extend_from_slice(&unit.members);
+                    Decision::Kept
+                }
+                Fill::TurnIncomplete => Decision::TurnIncomplete,
+                Fill::Untouched => Decision::OverBudget,
+            }
+        };
+        decisions.push(UnitDecision {
+            unit: u,
+            decision,
+            tokens: unit_tokens.get(&u).copied(),
+        });
+    }
     kept_history.sort_unstable();
     kept_history.dedup();
 

@@ -106,7 +106,7 @@ fn vectors_pack_with_a_large_budget() {
         assert_eq!(result.dependency, mandatory, "{}", v["id"]);
         for d in &result.decisions {
             if d.decision == Decision::InvalidUnit || d.decision == Decision::InputOnly {
-                assert!(!d.problems.is_empty());
+                assert!(!graph.units[d.unit].problems.is_empty());
             }
         }
     }
@@ -191,7 +191,7 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
     let n = vec![user("next")];
     let small_turn: u64 = h[10..15].iter().map(cost).sum();
     let budget = cost(&n[0]) + 2 * small_turn + 50;
-    let (_, r) = pack_values(&h, &n, ENC, &opts(budget)).unwrap();
+    let (g, r) = pack_values(&h, &n, ENC, &opts(budget)).unwrap();
     // Turns 3 and 2, then the answer of turn 1 (newer than its huge output, and it fits);
     // the call/output unit does not fit and nothing older is kept.
     assert_eq!(r.kept_history, (9..20).collect::<Vec<_>>());
@@ -201,12 +201,12 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
         .rev()
         .find(|d| d.decision == Decision::OverBudget)
         .unwrap();
-    assert!(first_drop.positions.contains(&8));
+    assert!(g.units[first_drop.unit].members.contains(&8));
     // Units older than the stop point are not even counted.
     assert!(r
         .decisions
         .iter()
-        .filter(|d| d.positions[0] < 5)
+        .filter(|d| g.units[d.unit].members[0] < 5)
         .all(|d| d.tokens.is_none()));
 }
 
@@ -221,7 +221,7 @@ fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
         policy: Policy::Greedy,
         ..PackOptions::default()
     };
-    let (_, r) = pack_values(&h, &n, ENC, &o).unwrap();
+    let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
     // Turn 3 whole, the answer of turn 2 (newer than its huge output), then turns 1 and 0 whole.
     let mut expected: Vec<usize> = (0..10).collect();
     expected.push(14);
@@ -230,7 +230,7 @@ fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
     let by_pos = |p: usize| {
         r.decisions
             .iter()
-            .find(|d| d.positions.contains(&p))
+            .find(|d| g.units[d.unit].members.contains(&p))
             .unwrap()
     };
     assert_eq!(by_pos(11).decision, Decision::OverBudget);
@@ -257,12 +257,12 @@ fn greedy_older_turns_are_whole_or_nothing() {
         policy: Policy::Greedy,
         ..PackOptions::default()
     };
-    let (_, r) = pack_values(&h, &n, ENC, &o).unwrap();
+    let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
     assert_eq!(r.kept_history, (9..15).collect::<Vec<_>>());
     let by_pos = |p: usize| {
         r.decisions
             .iter()
-            .find(|d| d.positions.contains(&p))
+            .find(|d| g.units[d.unit].members.contains(&p))
             .unwrap()
     };
     assert_eq!(by_pos(4).decision, Decision::OverBudget);

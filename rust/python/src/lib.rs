@@ -4,10 +4,12 @@
 //! convert the result back and map errors to the exception classes of `protoprompt.errors`.
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
-use protoprompt_core::graph::{build_graph, Graph};
+use protoprompt_core::graph::{build_graph, Graph, GraphView};
+use protoprompt_core::incremental::HistoryIndex as CoreIndex;
 use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
 use protoprompt_core::pack::{
-    pack as core_pack, CostFailure, CostSource, PackError, PackOptions, Policy,
+    pack as core_pack, pack_view, ContextHook, CostFailure, CostSource, PackError, PackOptions,
+    PackResult, Policy,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -15,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
+use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
 
 // ---------------------------------------------------------------------------------------------
@@ -325,12 +328,8 @@ fn label(n_history: usize, p: usize) -> String {
     }
 }
 
-/// Extract and classify every item of `history ++ new_input` (GIL held).
-fn classify_all(
-    py: Python<'_>,
-    history: &Bound<'_, PyAny>,
-    new_input: &Bound<'_, PyAny>,
-) -> PyResult<(Vec<Py<PyAny>>, Vec<ItemMeta>, usize)> {
+/// The items of a list-like argument (a str or a mapping is refused).
+fn item_seq(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Py<PyAny>>> {
     let seq = |obj: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<Py<PyAny>>> {
         if obj.cast::<PyString>().is_ok() || obj.cast::<PyDict>().is_ok() {
             return Err(PyTypeError::new_err(format!(
@@ -346,23 +345,70 @@ fn classify_all(
         })?;
         iter.map(|r| r.map(|b| b.unbind())).collect()
     };
+    seq(obj, name)
+}
+
+/// Classify the items of `items`, labelled from global position `offset`.
+fn classify_items(
+    py: Python<'_>,
+    items: &[Py<PyAny>],
+    offset: usize,
+    n_history: usize,
+) -> PyResult<Vec<ItemMeta>> {
+    let mut metas = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let raw = extract_raw(item.bind(py))
+            .map_err(|(field, msg)| item_error(py, &label(n_history, offset + i), &field, &msg))?;
+        metas.push(ItemMeta::new(raw));
+    }
+    Ok(metas)
+}
+
+/// Extract and classify every item of `history ++ new_input` (GIL held).
+fn classify_all(
+    py: Python<'_>,
+    history: &Bound<'_, PyAny>,
+    new_input: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<Py<PyAny>>, Vec<ItemMeta>, usize)> {
+    let seq = item_seq;
     let mut items = seq(history, "history")?;
     let n_history = items.len();
     items.extend(seq(new_input, "new_input")?);
-    let mut metas = Vec::with_capacity(items.len());
-    for (p, item) in items.iter().enumerate() {
-        let raw = extract_raw(item.bind(py))
-            .map_err(|(field, msg)| item_error(py, &label(n_history, p), &field, &msg))?;
-        metas.push(ItemMeta::new(raw));
-    }
+    let metas = classify_items(py, &items, 0, n_history)?;
     Ok((items, metas, n_history))
 }
 
 /// Costs items on demand: converts them under the GIL, counts with the GIL released.
+///
+/// Items are fetched by position from the caller's lists only when their cost is needed, and
+/// each position is costed at most once per call.
 struct PyCostSource {
-    items: Vec<Py<PyAny>>,
+    history: Py<PyList>,
+    new_input: Vec<Py<PyAny>>,
+    n_history: usize,
     encoding: Encoding,
-    cache: Vec<Option<u64>>,
+    cache: FxHashMap<usize, u64>,
+}
+
+impl PyCostSource {
+    fn new(history: Py<PyList>, new_input: Vec<Py<PyAny>>, encoding: Encoding) -> Self {
+        let n_history = Python::attach(|py| history.bind(py).len());
+        PyCostSource {
+            history,
+            new_input,
+            n_history,
+            encoding,
+            cache: FxHashMap::default(),
+        }
+    }
+
+    fn item<'py>(&self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
+        if p < self.n_history {
+            self.history.bind(py).get_item(p)
+        } else {
+            Ok(self.new_input[p - self.n_history].bind(py).clone())
+        }
+    }
 }
 
 impl CostSource for PyCostSource {
@@ -370,15 +416,20 @@ impl CostSource for PyCostSource {
         let missing: Vec<usize> = positions
             .iter()
             .copied()
-            .filter(|&p| self.cache[p].is_none())
+            .filter(|p| !self.cache.contains_key(p))
             .collect();
         if !missing.is_empty() {
             let values: Vec<(usize, Value)> = Python::attach(|py| {
                 missing
                     .iter()
                     .map(|&p| {
+                        let item = self.item(py, p).map_err(|e| CostFailure {
+                            position: p,
+                            field: "item".to_string(),
+                            message: format!("cannot be read from the list: {e}"),
+                        })?;
                         let mut path = String::new();
-                        to_value(self.items[p].bind(py), &mut path, 0)
+                        to_value(&item, &mut path, 0)
                             .map(|v| (p, v))
                             .map_err(|(field, message)| CostFailure {
                                 position: p,
@@ -401,12 +452,12 @@ impl CostSource for PyCostSource {
                         message: other.to_string(),
                     },
                 })?;
-                self.cache[p] = Some(cost.total());
+                self.cache.insert(p, cost.total());
             }
         }
         Ok(positions
             .iter()
-            .map(|&p| self.cache[p].unwrap_or_default())
+            .map(|&p| self.cache.get(&p).copied().unwrap_or_default())
             .collect())
     }
 }
@@ -552,46 +603,35 @@ fn analyze<'py>(
     graph_dict(py, &graph, &metas)
 }
 
-/// Pack `history` into `budget` after reserving `new_input`, its tail dependency,
-/// `output_reserve` and `context_tokens`. Returns a plain dict (wrapped by `protoprompt.pack`).
-#[pyfunction]
-#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
-#[allow(clippy::too_many_arguments)]
-fn pack<'py>(
-    py: Python<'py>,
-    history: &Bound<'py, PyAny>,
-    new_input: &Bound<'py, PyAny>,
+/// The options shared by `pack` and `HistoryIndex.pack`.
+fn pack_options(
     budget: u64,
     output_reserve: u64,
     context_tokens: u64,
-    model: Option<&str>,
-    encoding: Option<&str>,
     policy: &str,
-    context: Option<Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+) -> PyResult<PackOptions> {
     let policy = Policy::from_name(policy).ok_or_else(|| {
         PyValueError::new_err(format!(
             "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
         ))
     })?;
-    let (items, metas, n_history) = classify_all(py, history, new_input)?;
-    let opts = PackOptions {
+    Ok(PackOptions {
         budget,
         output_reserve,
         context_tokens,
         policy,
-    };
-    let n_items = items.len();
-    let mut source = PyCostSource {
-        items,
-        encoding: enc,
-        cache: vec![None; n_items],
-    };
+    })
+}
+
+/// Run `f` (the core pack) with the GIL released and a context hook calling `context`.
+fn run_pack<'py>(
+    py: Python<'py>,
+    context: Option<Bound<'py, PyAny>>,
+    f: impl FnOnce(Option<ContextHook<'_>>) -> Result<PackResult, PackError> + Send,
+) -> PyResult<PackResult> {
     let context: Option<Py<PyAny>> = context.map(Bound::unbind);
     let mut hook_error: Option<PyErr> = None;
     let result = py.detach(|| {
-        let graph = build_graph(&metas[..n_history], &metas[n_history..]);
         let mut hook = |remaining: u64| -> Result<u64, PackError> {
             let Some(callable) = context.as_ref() else {
                 return Ok(0);
@@ -613,13 +653,126 @@ fn pack<'py>(
                 PackError::Context(message)
             })
         };
-        core_pack(&graph, &metas, &mut source, &opts, Some(&mut hook))
+        f(Some(&mut hook))
     });
     if let Some(e) = hook_error {
         return Err(e);
     }
-    let result = result.map_err(|e| pack_error(py, e))?;
+    result.map_err(|e| pack_error(py, e))
+}
 
+/// The per-unit decisions of one pack, kept in Rust: Python builds a `UnitDecision` only for
+/// the rows it reads.
+#[pyclass(frozen, module = "protoprompt._core")]
+struct DecisionTable {
+    units: Vec<usize>,
+    codes: Vec<&'static str>,
+    tokens: Vec<Option<u64>>,
+    offsets: Vec<usize>,
+    positions: Vec<usize>,
+    kinds: Vec<&'static str>,
+    /// (row, code, message, location)
+    problems: FxHashMap<usize, Vec<(&'static str, &'static str, String)>>,
+}
+
+impl DecisionTable {
+    fn build(
+        view: GraphView<'_>,
+        result: &PackResult,
+        kind: &dyn Fn(usize) -> &'static str,
+    ) -> Self {
+        let n_history = view.n_history();
+        let count = result.decisions.len();
+        let mut t = DecisionTable {
+            units: Vec::with_capacity(count),
+            codes: Vec::with_capacity(count),
+            tokens: Vec::with_capacity(count),
+            offsets: Vec::with_capacity(count + 1),
+            positions: Vec::with_capacity(n_history),
+            kinds: Vec::with_capacity(n_history),
+            problems: FxHashMap::default(),
+        };
+        t.offsets.push(0);
+        for (row, d) in result.decisions.iter().enumerate() {
+            let unit = view.unit(d.unit);
+            t.units.push(d.unit);
+            t.codes.push(d.decision.code());
+            t.tokens.push(d.tokens);
+            for &p in unit.members.iter().take_while(|&&p| p < n_history) {
+                t.positions.push(p);
+                t.kinds.push(kind(p));
+            }
+            t.offsets.push(t.positions.len());
+            if !unit.problems.is_empty() {
+                t.problems.insert(
+                    row,
+                    unit.problems
+                        .iter()
+                        .map(|p| {
+                            (
+                                p.reason.code(),
+                                p.reason.message(),
+                                label(n_history, p.position),
+                            )
+                        })
+                        .collect(),
+                );
+            }
+        }
+        t
+    }
+}
+
+type DecisionRow<'py> = (
+    usize,
+    Vec<usize>,
+    Vec<&'static str>,
+    &'static str,
+    Option<u64>,
+    Vec<(&'static str, &'static str, String)>,
+);
+
+#[pymethods]
+impl DecisionTable {
+    fn __len__(&self) -> usize {
+        self.units.len()
+    }
+
+    /// `(unit, positions, kinds, code, tokens, problems)` of one row.
+    fn row(&self, i: usize) -> PyResult<DecisionRow<'_>> {
+        if i >= self.units.len() {
+            return Err(pyo3::exceptions::PyIndexError::new_err(
+                "decision index out of range",
+            ));
+        }
+        let (a, b) = (self.offsets[i], self.offsets[i + 1]);
+        Ok((
+            self.units[i],
+            self.positions[a..b].to_vec(),
+            self.kinds[a..b].to_vec(),
+            self.codes[i],
+            self.tokens[i],
+            self.problems.get(&i).cloned().unwrap_or_default(),
+        ))
+    }
+
+    /// Number of history items per decision code.
+    fn item_counts(&self) -> FxHashMap<&'static str, usize> {
+        let mut counts = FxHashMap::default();
+        for (i, code) in self.codes.iter().enumerate() {
+            *counts.entry(*code).or_insert(0) += self.offsets[i + 1] - self.offsets[i];
+        }
+        counts
+    }
+}
+
+fn result_dict<'py>(
+    py: Python<'py>,
+    result: &PackResult,
+    enc: Encoding,
+    policy: Policy,
+    table: DecisionTable,
+) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("kept_history", &result.kept_history)?;
     out.set_item("dependency", &result.dependency)?;
@@ -633,56 +786,144 @@ fn pack<'py>(
     out.set_item("remaining", result.remaining())?;
     out.set_item("encoding", enc.name())?;
     out.set_item("policy", policy.name())?;
-    // Decisions as flat columns (one Python object per column, not per unit): a 100k-item
-    // history has tens of thousands of units, and the Python side builds a UnitDecision only
-    // when one is looked at.
-    // Few distinct codes and kind names: a short list searched by address beats hashing.
-    let mut strings: Vec<(&'static str, Bound<'py, PyString>)> = Vec::new();
-    let mut interned = |s: &'static str| -> Bound<'py, PyString> {
-        if let Some((_, py_str)) = strings.iter().find(|(k, _)| std::ptr::eq(*k, s)) {
-            return py_str.clone();
-        }
-        let py_str = PyString::intern(py, s);
-        strings.push((s, py_str.clone()));
-        py_str
-    };
-    let count = result.decisions.len();
-    let mut units = Vec::with_capacity(count);
-    let mut offsets = Vec::with_capacity(count + 1);
-    let mut positions = Vec::new();
-    let mut codes = Vec::with_capacity(count);
-    let mut unit_tokens = Vec::with_capacity(count);
-    let problems = PyDict::new(py);
-    offsets.push(0usize);
-    for (i, d) in result.decisions.iter().enumerate() {
-        units.push(d.unit);
-        positions.extend_from_slice(&d.positions);
-        offsets.push(positions.len());
-        codes.push(interned(d.decision.code()));
-        unit_tokens.push(d.tokens);
-        if !d.problems.is_empty() {
-            let list: Vec<(&str, &str, String)> = d
-                .problems
-                .iter()
-                .map(|(r, p)| (r.code(), r.message(), label(n_history, *p)))
-                .collect();
-            problems.set_item(i, list)?;
+    out.set_item("decisions", Bound::new(py, table)?)?;
+    Ok(out)
+}
+
+/// `history` as a list: the list itself, or a new list of the iterable's items.
+fn as_list<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyList>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(list.clone());
+    }
+    let items = item_seq(obj, name)?;
+    PyList::new(obj.py(), items)
+}
+
+/// Pack `history` into `budget` after reserving `new_input`, its tail dependency,
+/// `output_reserve` and `context_tokens`. Returns a plain dict (wrapped by `protoprompt.pack`).
+#[pyfunction]
+#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
+#[allow(clippy::too_many_arguments)]
+fn pack<'py>(
+    py: Python<'py>,
+    history: &Bound<'py, PyAny>,
+    new_input: &Bound<'py, PyAny>,
+    budget: u64,
+    output_reserve: u64,
+    context_tokens: u64,
+    model: Option<&str>,
+    encoding: Option<&str>,
+    policy: &str,
+    context: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+    let history = as_list(history, "history")?;
+    let new_items = item_seq(new_input, "new_input")?;
+    let n_history = history.len();
+    let hist_items: Vec<Py<PyAny>> = history.iter().map(Bound::unbind).collect();
+    let mut metas = classify_items(py, &hist_items, 0, n_history)?;
+    drop(hist_items);
+    metas.extend(classify_items(py, &new_items, n_history, n_history)?);
+    let mut source = PyCostSource::new(history.unbind(), new_items, enc);
+    let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
+    let result = run_pack(py, context, |hook| {
+        core_pack(&graph, &metas, &mut source, &opts, hook)
+    })?;
+    let table = py.detach(|| {
+        DecisionTable::build(GraphView::whole(&graph), &result, &|p| metas[p].kind_name())
+    });
+    result_dict(py, &result, enc, opts.policy, table)
+}
+
+/// The classified history of one session, extended as it grows, so that packing the next
+/// turn costs what is new and what is kept rather than the whole history.
+#[pyclass(module = "protoprompt._core")]
+struct HistoryIndex {
+    index: CoreIndex,
+}
+
+#[pymethods]
+impl HistoryIndex {
+    #[new]
+    fn new() -> Self {
+        HistoryIndex {
+            index: CoreIndex::new(),
         }
     }
-    let kinds: Vec<Bound<'py, PyString>> = positions
-        .iter()
-        .map(|&p| interned(metas[p].kind_name()))
-        .collect();
-    let decisions = PyDict::new(py);
-    decisions.set_item("units", units)?;
-    decisions.set_item("offsets", offsets)?;
-    decisions.set_item("positions", positions)?;
-    decisions.set_item("kinds", kinds)?;
-    decisions.set_item("codes", codes)?;
-    decisions.set_item("tokens", unit_tokens)?;
-    decisions.set_item("problems", problems)?;
-    out.set_item("decisions", decisions)?;
-    Ok(out)
+
+    fn __len__(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Classify and append history items (positions continue from `len(self)`).
+    fn extend(&mut self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+        let items = item_seq(items, "items")?;
+        let n = self.index.len();
+        let metas = classify_items(py, &items, n, usize::MAX)?;
+        let index = &mut self.index;
+        py.detach(|| index.extend(metas));
+        Ok(())
+    }
+
+    /// Keep only the first `length` items.
+    fn truncate(&mut self, py: Python<'_>, length: usize) {
+        let index = &mut self.index;
+        py.detach(|| index.truncate(length));
+    }
+
+    /// Forget every item.
+    fn clear(&mut self) {
+        self.index.clear();
+    }
+
+    /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
+    /// (unchanged); the rest is classified and appended first.
+    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn pack<'py>(
+        &mut self,
+        py: Python<'py>,
+        history: &Bound<'py, PyList>,
+        new_input: &Bound<'py, PyAny>,
+        budget: u64,
+        output_reserve: u64,
+        context_tokens: u64,
+        model: Option<&str>,
+        encoding: Option<&str>,
+        policy: &str,
+        context: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+        let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+        let n_history = history.len();
+        let indexed = self.index.len();
+        if n_history < indexed {
+            return Err(PyValueError::new_err(format!(
+                "history has {n_history} items but the index already holds {indexed}; \
+                 truncate or clear the index when items are removed"
+            )));
+        }
+        let new_items = item_seq(new_input, "new_input")?;
+        let appended: Vec<Py<PyAny>> = (indexed..n_history)
+            .map(|p| history.get_item(p).map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        let appended = classify_items(py, &appended, indexed, n_history)?;
+        let new_metas = classify_items(py, &new_items, n_history, n_history)?;
+        let index = &mut self.index;
+        py.detach(|| index.extend(appended));
+        let index = &self.index;
+        let mut source = PyCostSource::new(history.clone().unbind(), new_items, enc);
+        let tail = py.detach(|| index.tail(&new_metas));
+        let view = index.view(&tail);
+        let metas = index.metas();
+        let is_user = |p: usize| metas[p].is_user_message();
+        let result = run_pack(py, context, |hook| {
+            pack_view(view, &is_user, &mut source, &opts, hook)
+        })?;
+        let table = py.detach(|| DecisionTable::build(view, &result, &|p| metas[p].kind_name()));
+        result_dict(py, &result, enc, opts.policy, table)
+    }
 }
 
 #[pymodule]
@@ -695,6 +936,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(canonical_text, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add_class::<HistoryIndex>()?;
+    m.add_class::<DecisionTable>()?;
     m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
     m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
     Ok(())

@@ -1,0 +1,162 @@
+//! The incremental history index gives exactly the units and packs of the full graph, for
+//! random histories (with relations across any boundary) appended in random blocks.
+
+use protoprompt_core::graph::{build_graph, Graph, GraphView};
+use protoprompt_core::incremental::HistoryIndex;
+use protoprompt_core::items::ItemMeta;
+use protoprompt_core::pack::{pack, pack_view, CostFailure, CostSource, PackOptions, Policy};
+use serde_json::{json, Value};
+
+/// xorshift64*: a small deterministic generator (the seeds below are the test cases).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[self.below(xs.len())]
+    }
+}
+
+const IDS: [&str; 5] = ["a", "b", "c", "d", ""];
+const STATUSES: [&str; 4] = ["in_progress", "completed", "incomplete", "weird"];
+
+fn random_item(r: &mut Rng) -> Value {
+    let id = r.pick(&IDS);
+    let status = r.pick(&STATUSES);
+    let caller = if r.below(5) == 0 {
+        json!({"type":"program","caller_id": r.pick(&IDS)})
+    } else {
+        json!({"type":"direct"})
+    };
+    match r.below(20) {
+        0..=3 => json!({"role":"user","content":"hi"}),
+        4 => json!({"type":"message","role":"assistant","id":format!("m{}", r.below(4)),
+                    "status":"completed","content":[]}),
+        5 => json!({"type":"reasoning","id":format!("rs{}", r.below(3)),"summary":[]}),
+        6 => json!({"type":"reasoning","encrypted_content":"e","summary":[]}),
+        7 => json!({"type":"function_call","call_id":id,"name":"f","arguments":"{}",
+                    "caller":caller}),
+        8 => json!({"type":"function_call_output","call_id":id,"output":"x","caller":caller}),
+        9 => json!({"type":"shell_call","call_id":id,"status":status,"action":{}}),
+        10 => json!({"type":"shell_call_output","call_id":id,"status":status,"output":[]}),
+        11 => json!({"type":"tool_search_call","status":"completed","arguments":{}}),
+        12 => json!({"type":"tool_search_output","status":status,"tools":[]}),
+        13 => json!({"type":"program","call_id":id,"code":"x"}),
+        14 => json!({"type":"program_output","call_id":id,"status":status,"output":"o"}),
+        15 => json!({"type":"mcp_approval_request","id":id,"name":"t","arguments":"{}",
+                     "server_label":"s"}),
+        16 => json!({"type":"mcp_approval_response","approval_request_id":id,"approve":true}),
+        17 => json!({"type":"mcp_call","id":format!("mc{}", r.below(3)),
+                     "approval_request_id":id,"name":"t","arguments":"{}","server_label":"s"}),
+        18 => json!({"type":"web_search_call","id":format!("ws{}", r.below(3)),
+                     "status":"completed","action":{}}),
+        _ => match r.below(3) {
+            0 => json!({"type":"item_reference","id":id}),
+            1 => json!({"role":"tool","tool_call_id":id,"content":"x"}),
+            _ => json!({"type":"compaction_trigger"}),
+        },
+    }
+}
+
+fn metas(items: &[Value]) -> Vec<ItemMeta> {
+    items
+        .iter()
+        .map(|v| ItemMeta::from_json(v).unwrap())
+        .collect()
+}
+
+type UnitSummary = (Vec<usize>, Vec<&'static str>, bool, bool);
+
+fn summary(view: GraphView<'_>) -> Vec<UnitSummary> {
+    (0..view.unit_count())
+        .map(|u| {
+            let unit = view.unit(u);
+            let positions: Vec<usize> = unit.problems.iter().map(|p| p.position).collect();
+            assert!(positions.iter().all(|p| unit.members.contains(p)));
+            (
+                unit.members.clone(),
+                unit.reasons().map(|r| r.code()).collect(),
+                unit.contains_new,
+                unit.input_only,
+            )
+        })
+        .collect()
+}
+
+/// Cost = 1 + position mod 7 (deterministic, position-based).
+struct Costs;
+
+impl CostSource for Costs {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        Ok(positions.iter().map(|&p| 1 + (p % 7) as u64).collect())
+    }
+}
+
+#[test]
+fn index_equals_full_graph_and_pack() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for case in 0..3000 {
+        let n_hist = rng.below(30);
+        let hist: Vec<Value> = (0..n_hist).map(|_| random_item(&mut rng)).collect();
+        let n_new = 1 + rng.below(3);
+        let new: Vec<Value> = (0..n_new).map(|_| random_item(&mut rng)).collect();
+        let (hm, nm) = (metas(&hist), metas(&new));
+
+        // Append in random blocks.
+        let mut idx = HistoryIndex::new();
+        let mut at = 0;
+        while at < n_hist {
+            let k = 1 + rng.below(n_hist - at);
+            idx.extend(hm[at..at + k].to_vec());
+            at += k;
+            assert_eq!(
+                idx.graph(),
+                &build_graph(&hm[..at], &[]),
+                "case {case} at {at}"
+            );
+        }
+        if rng.below(4) == 0 && n_hist > 0 {
+            let keep = rng.below(n_hist);
+            idx.truncate(keep);
+            assert_eq!(idx.graph(), &build_graph(&hm[..keep], &[]), "case {case}");
+            idx.extend(hm[keep..].to_vec());
+        }
+
+        let full: Graph = build_graph(&hm, &nm);
+        let tail = idx.tail(&nm);
+        let view = idx.view(&tail);
+        assert_eq!(
+            summary(view),
+            summary(GraphView::whole(&full)),
+            "case {case}"
+        );
+        for u in 0..view.unit_count() {
+            for &m in &view.unit(u).members {
+                assert_eq!(view.unit_of(m), u, "case {case}");
+            }
+        }
+
+        let mut all = hm.clone();
+        all.extend(nm.iter().cloned());
+        for policy in [Policy::Contiguous, Policy::Greedy] {
+            let o = PackOptions {
+                budget: rng.below(150) as u64,
+                output_reserve: rng.below(5) as u64,
+                context_tokens: 0,
+                policy,
+            };
+            let a = pack(&full, &all, &mut Costs, &o, None);
+            let is_user = |p: usize| hm[p].is_user_message();
+            let b = pack_view(view, &is_user, &mut Costs, &o, None);
+            assert_eq!(a, b, "case {case} {policy:?}");
+        }
+    }
+}
