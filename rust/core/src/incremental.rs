@@ -59,6 +59,13 @@ fn continues(m: &ItemMeta) -> bool {
     m.is_reasoning() || m.is_model_emitted() || m.is_server_output()
 }
 
+/// Make room for `needed` more elements; when growing, leave `headroom` free.
+pub fn reserve_ahead<T>(v: &mut Vec<T>, needed: usize, headroom: usize) {
+    if v.capacity() - v.len() < needed {
+        v.reserve_exact(headroom.max(needed));
+    }
+}
+
 /// The graph over the positions after a cut, built for one pack (see [`HistoryIndex::tail`]).
 #[derive(Debug, Clone)]
 pub struct TailGraph {
@@ -174,11 +181,20 @@ impl HistoryIndex {
         }
         let n = self.metas.len();
         let c = self.cut(&items);
+        let keys = 4 * items.len();
+        if self.first.capacity() - self.first.len() < keys {
+            self.first.reserve(keys + self.first.len() / 2 + 64);
+        }
         for (i, m) in items.iter().enumerate() {
             for k in relation_keys(m) {
                 self.first.entry(k).or_insert(n + i);
             }
         }
+        // Headroom, so that the appends of the next turns do not move the whole index.
+        let headroom = items.len() + self.metas.len() / 4 + 64;
+        reserve_ahead(&mut self.metas, items.len(), headroom);
+        reserve_ahead(&mut self.graph.unit_of, items.len(), headroom);
+        reserve_ahead(&mut self.graph.units, items.len(), headroom);
         self.metas.extend(items);
         let mut tail = build_graph(&self.metas[c..], &[]);
         tail.shift_positions(c);

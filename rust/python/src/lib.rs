@@ -5,10 +5,10 @@
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
-use protoprompt_core::incremental::HistoryIndex as CoreIndex;
+use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex};
 use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
 use protoprompt_core::pack::{
-    pack as core_pack, pack_view, ContextHook, CostFailure, CostSource, PackError, PackOptions,
+    pack as core_pack, pack_view, ContextHook, Decision, CostFailure, CostSource, PackError, PackOptions,
     PackResult, Policy,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
@@ -382,15 +382,20 @@ fn classify_all(
 ///
 /// Items are fetched by position from the caller's lists only when their cost is needed, and
 /// each position is costed at most once per call.
-struct PyCostSource {
+struct PyCostSource<'m> {
     history: Py<PyList>,
     new_input: Vec<Py<PyAny>>,
     n_history: usize,
     encoding: Encoding,
     cache: FxHashMap<usize, u64>,
+    /// Costs of history positions kept between calls by a `HistoryIndex` (`UNCOUNTED` = not
+    /// yet counted), for `encoding`.
+    memo: Option<&'m mut Vec<u64>>,
 }
 
-impl PyCostSource {
+const UNCOUNTED: u64 = u64::MAX;
+
+impl<'m> PyCostSource<'m> {
     fn new(history: Py<PyList>, new_input: Vec<Py<PyAny>>, encoding: Encoding) -> Self {
         let n_history = Python::attach(|py| history.bind(py).len());
         PyCostSource {
@@ -399,7 +404,28 @@ impl PyCostSource {
             n_history,
             encoding,
             cache: FxHashMap::default(),
+            memo: None,
         }
+    }
+
+    fn with_memo(mut self, memo: &'m mut Vec<u64>) -> Self {
+        memo.resize(self.n_history, UNCOUNTED);
+        for (&p, &c) in &self.cache {
+            if p < self.n_history {
+                memo[p] = c;
+            }
+        }
+        self.memo = Some(memo);
+        self
+    }
+
+    fn known(&self, p: usize) -> Option<u64> {
+        if let Some(memo) = self.memo.as_deref() {
+            if let Some(&c) = memo.get(p).filter(|&&c| c != UNCOUNTED) {
+                return Some(c);
+            }
+        }
+        self.cache.get(&p).copied()
     }
 
     fn item<'py>(&self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
@@ -411,12 +437,12 @@ impl PyCostSource {
     }
 }
 
-impl CostSource for PyCostSource {
+impl CostSource for PyCostSource<'_> {
     fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
         let missing: Vec<usize> = positions
             .iter()
             .copied()
-            .filter(|p| !self.cache.contains_key(p))
+            .filter(|&p| self.known(p).is_none())
             .collect();
         if !missing.is_empty() {
             let values: Vec<(usize, Value)> = Python::attach(|py| {
@@ -452,12 +478,17 @@ impl CostSource for PyCostSource {
                         message: other.to_string(),
                     },
                 })?;
-                self.cache.insert(p, cost.total());
+                match self.memo.as_deref_mut() {
+                    Some(memo) if p < memo.len() => memo[p] = cost.total(),
+                    _ => {
+                        self.cache.insert(p, cost.total());
+                    }
+                }
             }
         }
         Ok(positions
             .iter()
-            .map(|&p| self.cache.get(&p).copied().unwrap_or_default())
+            .map(|&p| self.known(p).unwrap_or_default())
             .collect())
     }
 }
@@ -661,16 +692,33 @@ fn run_pack<'py>(
     result.map_err(|e| pack_error(py, e))
 }
 
-/// The per-unit decisions of one pack, kept in Rust: Python builds a `UnitDecision` only for
-/// the rows it reads.
+/// Small table of the kind names met so far: positions store a one-byte code.
+#[derive(Default, Clone)]
+struct KindNames(Vec<&'static str>);
+
+impl KindNames {
+    fn code(&mut self, name: &'static str) -> u8 {
+        if let Some(i) = self.0.iter().position(|n| std::ptr::eq(*n, name) || *n == name) {
+            return i as u8;
+        }
+        self.0.push(name);
+        (self.0.len() - 1) as u8
+    }
+}
+
+const NO_TOKENS: u64 = u64::MAX;
+
+/// The per-unit decisions of one pack, kept in Rust in compact columns: Python builds a
+/// `UnitDecision` only for the rows it reads.
 #[pyclass(frozen, module = "protoprompt._core")]
 struct DecisionTable {
-    units: Vec<usize>,
-    codes: Vec<&'static str>,
-    tokens: Vec<Option<u64>>,
-    offsets: Vec<usize>,
-    positions: Vec<usize>,
-    kinds: Vec<&'static str>,
+    units: Vec<u32>,
+    decisions: Vec<Decision>,
+    tokens: Vec<u64>,
+    offsets: Vec<u32>,
+    positions: Vec<u32>,
+    kinds: Vec<u8>,
+    kind_names: Vec<&'static str>,
     /// (row, code, message, location)
     problems: FxHashMap<usize, Vec<(&'static str, &'static str, String)>>,
 }
@@ -679,42 +727,38 @@ impl DecisionTable {
     fn build(
         view: GraphView<'_>,
         result: &PackResult,
-        kind: &dyn Fn(usize) -> &'static str,
+        kind: &dyn Fn(usize) -> u8,
+        kind_names: &KindNames,
     ) -> Self {
         let n_history = view.n_history();
         let count = result.decisions.len();
         let mut t = DecisionTable {
             units: Vec::with_capacity(count),
-            codes: Vec::with_capacity(count),
+            decisions: Vec::with_capacity(count),
             tokens: Vec::with_capacity(count),
             offsets: Vec::with_capacity(count + 1),
             positions: Vec::with_capacity(n_history),
             kinds: Vec::with_capacity(n_history),
+            kind_names: kind_names.0.clone(),
             problems: FxHashMap::default(),
         };
         t.offsets.push(0);
         for (row, d) in result.decisions.iter().enumerate() {
             let unit = view.unit(d.unit);
-            t.units.push(d.unit);
-            t.codes.push(d.decision.code());
-            t.tokens.push(d.tokens);
+            t.units.push(d.unit as u32);
+            t.decisions.push(d.decision);
+            t.tokens.push(d.tokens.unwrap_or(NO_TOKENS));
             for &p in unit.members.iter().take_while(|&&p| p < n_history) {
-                t.positions.push(p);
+                t.positions.push(p as u32);
                 t.kinds.push(kind(p));
             }
-            t.offsets.push(t.positions.len());
+            t.offsets.push(t.positions.len() as u32);
             if !unit.problems.is_empty() {
                 t.problems.insert(
                     row,
                     unit.problems
                         .iter()
-                        .map(|p| {
-                            (
-                                p.reason.code(),
-                                p.reason.message(),
-                                label(n_history, p.position),
-                            )
-                        })
+                        .map(|p| (p.reason.code(), p.reason.message(), label(n_history, p.position)))
                         .collect(),
                 );
             }
@@ -723,9 +767,9 @@ impl DecisionTable {
     }
 }
 
-type DecisionRow<'py> = (
+type DecisionRow = (
     usize,
-    Vec<usize>,
+    Vec<u32>,
     Vec<&'static str>,
     &'static str,
     Option<u64>,
@@ -739,19 +783,22 @@ impl DecisionTable {
     }
 
     /// `(unit, positions, kinds, code, tokens, problems)` of one row.
-    fn row(&self, i: usize) -> PyResult<DecisionRow<'_>> {
+    fn row(&self, i: usize) -> PyResult<DecisionRow> {
         if i >= self.units.len() {
             return Err(pyo3::exceptions::PyIndexError::new_err(
                 "decision index out of range",
             ));
         }
-        let (a, b) = (self.offsets[i], self.offsets[i + 1]);
+        let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
         Ok((
-            self.units[i],
+            self.units[i] as usize,
             self.positions[a..b].to_vec(),
-            self.kinds[a..b].to_vec(),
-            self.codes[i],
-            self.tokens[i],
+            self.kinds[a..b]
+                .iter()
+                .map(|&k| self.kind_names[k as usize])
+                .collect(),
+            self.decisions[i].code(),
+            Some(self.tokens[i]).filter(|&t| t != NO_TOKENS),
             self.problems.get(&i).cloned().unwrap_or_default(),
         ))
     }
@@ -759,8 +806,9 @@ impl DecisionTable {
     /// Number of history items per decision code.
     fn item_counts(&self) -> FxHashMap<&'static str, usize> {
         let mut counts = FxHashMap::default();
-        for (i, code) in self.codes.iter().enumerate() {
-            *counts.entry(*code).or_insert(0) += self.offsets[i + 1] - self.offsets[i];
+        for (i, d) in self.decisions.iter().enumerate() {
+            *counts.entry(d.code()).or_insert(0) +=
+                (self.offsets[i + 1] - self.offsets[i]) as usize;
         }
         counts
     }
@@ -831,7 +879,12 @@ fn pack<'py>(
         core_pack(&graph, &metas, &mut source, &opts, hook)
     })?;
     let table = py.detach(|| {
-        DecisionTable::build(GraphView::whole(&graph), &result, &|p| metas[p].kind_name())
+        let mut names = KindNames::default();
+        let kinds: Vec<u8> = metas[..n_history]
+            .iter()
+            .map(|m| names.code(m.kind_name()))
+            .collect();
+        DecisionTable::build(GraphView::whole(&graph), &result, &|p| kinds[p], &names)
     });
     result_dict(py, &result, enc, opts.policy, table)
 }
@@ -841,6 +894,26 @@ fn pack<'py>(
 #[pyclass(module = "protoprompt._core")]
 struct HistoryIndex {
     index: CoreIndex,
+    /// Kind of every indexed position (a code into `kind_names`, for decision tables).
+    kinds: Vec<u8>,
+    kind_names: KindNames,
+    /// Cost of every indexed position under `cost_encoding` (`UNCOUNTED` until needed).
+    costs: Vec<u64>,
+    cost_encoding: Option<Encoding>,
+}
+
+impl HistoryIndex {
+    fn append(&mut self, py: Python<'_>, metas: Vec<ItemMeta>) {
+        let headroom = metas.len() + self.kinds.len() / 4 + 64;
+        reserve_ahead(&mut self.kinds, metas.len(), headroom);
+        reserve_ahead(&mut self.costs, metas.len(), headroom);
+        let names = &mut self.kind_names;
+        self.kinds
+            .extend(metas.iter().map(|m| names.code(m.kind_name())));
+        self.costs.resize(self.kinds.len(), UNCOUNTED);
+        let index = &mut self.index;
+        py.detach(|| index.extend(metas));
+    }
 }
 
 #[pymethods]
@@ -849,6 +922,10 @@ impl HistoryIndex {
     fn new() -> Self {
         HistoryIndex {
             index: CoreIndex::new(),
+            kinds: Vec::new(),
+            kind_names: KindNames::default(),
+            costs: Vec::new(),
+            cost_encoding: None,
         }
     }
 
@@ -861,13 +938,14 @@ impl HistoryIndex {
         let items = item_seq(items, "items")?;
         let n = self.index.len();
         let metas = classify_items(py, &items, n, usize::MAX)?;
-        let index = &mut self.index;
-        py.detach(|| index.extend(metas));
+        self.append(py, metas);
         Ok(())
     }
 
     /// Keep only the first `length` items.
     fn truncate(&mut self, py: Python<'_>, length: usize) {
+        self.kinds.truncate(length);
+        self.costs.truncate(length);
         let index = &mut self.index;
         py.detach(|| index.truncate(length));
     }
@@ -875,6 +953,8 @@ impl HistoryIndex {
     /// Forget every item.
     fn clear(&mut self) {
         self.index.clear();
+        self.kinds.clear();
+        self.costs.clear();
     }
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
@@ -910,10 +990,16 @@ impl HistoryIndex {
             .collect::<PyResult<_>>()?;
         let appended = classify_items(py, &appended, indexed, n_history)?;
         let new_metas = classify_items(py, &new_items, n_history, n_history)?;
-        let index = &mut self.index;
-        py.detach(|| index.extend(appended));
+        self.append(py, appended);
+        if self.cost_encoding != Some(enc) {
+            self.costs.fill(UNCOUNTED);
+            self.cost_encoding = Some(enc);
+        }
         let index = &self.index;
-        let mut source = PyCostSource::new(history.clone().unbind(), new_items, enc);
+        let kinds = &self.kinds;
+        let kind_names = &self.kind_names;
+        let mut source =
+            PyCostSource::new(history.clone().unbind(), new_items, enc).with_memo(&mut self.costs);
         let tail = py.detach(|| index.tail(&new_metas));
         let view = index.view(&tail);
         let metas = index.metas();
@@ -921,7 +1007,8 @@ impl HistoryIndex {
         let result = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, &opts, hook)
         })?;
-        let table = py.detach(|| DecisionTable::build(view, &result, &|p| metas[p].kind_name()));
+        let table =
+            py.detach(|| DecisionTable::build(view, &result, &|p| kinds[p], kind_names));
         result_dict(py, &result, enc, opts.policy, table)
     }
 }
