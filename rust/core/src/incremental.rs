@@ -27,6 +27,7 @@
 //!   [`HistoryIndex::truncate`] / [`HistoryIndex::clear`] cover those).
 
 use std::hash::Hasher;
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHasher};
 
@@ -80,7 +81,8 @@ pub struct TailGraph {
 pub struct HistoryIndex {
     metas: Vec<ItemMeta>,
     first: FxHashMap<u64, usize>,
-    graph: Graph,
+    /// Shared with the reports of earlier packs; copied on write only while one is alive.
+    graph: Arc<Graph>,
 }
 
 impl HistoryIndex {
@@ -105,6 +107,11 @@ impl HistoryIndex {
     /// The graph of the indexed history alone.
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The same graph, shared (for reports that outlive this borrow).
+    pub fn shared_graph(&self) -> Arc<Graph> {
+        Arc::clone(&self.graph)
     }
 
     /// Forget everything.
@@ -193,12 +200,13 @@ impl HistoryIndex {
         // Headroom, so that the appends of the next turns do not move the whole index.
         let headroom = items.len() + self.metas.len() / 4 + 64;
         reserve_ahead(&mut self.metas, items.len(), headroom);
-        reserve_ahead(&mut self.graph.unit_of, items.len(), headroom);
-        reserve_ahead(&mut self.graph.units, items.len(), headroom);
+        let g = Arc::make_mut(&mut self.graph);
+        reserve_ahead(&mut g.unit_of, items.len(), headroom);
+        reserve_ahead(&mut g.units, items.len(), headroom);
         self.metas.extend(items);
         let mut tail = build_graph(&self.metas[c..], &[]);
         tail.shift_positions(c);
-        let g = &mut self.graph;
+        let g = Arc::make_mut(&mut self.graph);
         let k = if c < n { g.unit_of[c] } else { g.units.len() };
         g.units.truncate(k);
         g.unit_of.truncate(c);

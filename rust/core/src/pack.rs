@@ -160,8 +160,11 @@ pub struct PackResult {
     pub context_tokens: u64,
     pub output_reserve: u64,
     pub budget: u64,
-    /// One entry per unit with history members, oldest first.
-    pub decisions: Vec<UnitDecision>,
+    /// The decisions the fill made or the counts it took, by unit index: mandatory, kept and
+    /// turn-incomplete units, and every counted unit. Any other unit's decision follows from
+    /// the unit itself (see [`PackResult::decision_of`]), so the result stays small however
+    /// long the history is.
+    pub touched: FxHashMap<usize, UnitDecision>,
 }
 
 impl PackResult {
@@ -177,6 +180,44 @@ impl PackResult {
     /// Budget left unused.
     pub fn remaining(&self) -> u64 {
         self.budget.saturating_sub(self.used())
+    }
+
+    /// The decision for unit `u` of the graph the pack ran on; `None` for a unit without
+    /// history members.
+    pub fn decision_of(&self, graph: GraphView<'_>, u: usize) -> Option<UnitDecision> {
+        let unit = graph.unit(u);
+        if unit.members.first().is_none_or(|&p| p >= graph.n_history()) {
+            return None;
+        }
+        if let Some(d) = self.touched.get(&u) {
+            return Some(*d);
+        }
+        Some(UnitDecision {
+            unit: u,
+            decision: untouched_decision(unit),
+            tokens: None,
+        })
+    }
+
+    /// One decision per unit with history members, in unit order (oldest first).
+    pub fn decisions(&self, graph: GraphView<'_>) -> Vec<UnitDecision> {
+        (0..graph.unit_count())
+            .filter_map(|u| self.decision_of(graph, u))
+            .collect()
+    }
+}
+
+/// The decision for a unit the fill did not touch: mandatory, input-only, invalid, or (a valid
+/// candidate never reached) over budget.
+pub fn untouched_decision(unit: &Unit) -> Decision {
+    if unit.contains_new {
+        Decision::Mandatory
+    } else if unit.is_input_only() {
+        Decision::InputOnly
+    } else if !unit.is_valid() {
+        Decision::InvalidUnit
+    } else {
+        Decision::OverBudget
     }
 }
 
@@ -312,7 +353,6 @@ pub fn pack(
 /// Per-unit state of the fill.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fill {
-    Untouched,
     Kept,
     TurnIncomplete,
 }
@@ -504,35 +544,39 @@ pub fn pack_view(
         }
     }
 
-    // 4. One decision per unit with history members, in unit order.
-    let mut decisions: Vec<UnitDecision> = Vec::with_capacity(graph.unit_count());
+    // 4. What the fill decided; everything else follows from the units themselves.
+    let mut touched: FxHashMap<usize, UnitDecision> = FxHashMap::default();
     let mut kept_history: Vec<usize> = dependency.clone();
-    for u in 0..graph.unit_count() {
-        let unit = graph.unit(u);
-        if unit.members.first().is_none_or(|&p| p >= n_history) {
-            continue;
-        }
-        let decision = if unit.contains_new {
+    for (&u, &tokens) in &unit_tokens {
+        let decision = if new_units.binary_search(&u).is_ok() {
             Decision::Mandatory
-        } else if unit.is_input_only() {
-            Decision::InputOnly
-        } else if !unit.is_valid() {
-            Decision::InvalidUnit
         } else {
-            match fill.get(&u).copied().unwrap_or(Fill::Untouched) {
-                Fill::Kept => {
-                    kept_history.extend_from_slice(&unit.members);
+            match fill.get(&u) {
+                Some(Fill::Kept) => {
+                    kept_history.extend_from_slice(&graph.unit(u).members);
                     Decision::Kept
                 }
-                Fill::TurnIncomplete => Decision::TurnIncomplete,
-                Fill::Untouched => Decision::OverBudget,
+                Some(Fill::TurnIncomplete) => Decision::TurnIncomplete,
+                _ => Decision::OverBudget,
             }
         };
-        decisions.push(UnitDecision {
-            unit: u,
-            decision,
-            tokens: unit_tokens.get(&u).copied(),
-        });
+        touched.insert(
+            u,
+            UnitDecision {
+                unit: u,
+                decision,
+                tokens: Some(tokens),
+            },
+        );
+    }
+    for (&u, &f) in &fill {
+        if f == Fill::TurnIncomplete {
+            touched.entry(u).or_insert(UnitDecision {
+                unit: u,
+                decision: Decision::TurnIncomplete,
+                tokens: None,
+            });
+        }
     }
     kept_history.sort_unstable();
     kept_history.dedup();
@@ -546,7 +590,7 @@ pub fn pack_view(
         context_tokens,
         output_reserve: opts.output_reserve,
         budget: opts.budget,
-        decisions,
+        touched,
     })
 }
 

@@ -156,6 +156,13 @@ fn index_equals_full_graph_and_pack() {
             let a = pack(&full, &all, &mut Costs, &o, None);
             let is_user = |p: usize| hm[p].is_user_message();
             let b = pack_view(view, &is_user, &mut Costs, &o, None);
+            if let (Ok(a), Ok(b)) = (&a, &b) {
+                assert_eq!(
+                    a.decisions(GraphView::whole(&full)),
+                    b.decisions(view),
+                    "case {case} {policy:?}"
+                );
+            }
             assert_eq!(a, b, "case {case} {policy:?}");
         }
     }

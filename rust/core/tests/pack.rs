@@ -1,6 +1,6 @@
 //! Packing: reservation order, fill policies, coherence, and lazy-vs-eager equivalence.
 
-use protoprompt_core::graph::build_graph;
+use protoprompt_core::graph::{build_graph, GraphView};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{
     pack, pack_values, CostFailure, CostSource, Decision, PackError, PackOptions, Policy, Section,
@@ -104,7 +104,7 @@ fn vectors_pack_with_a_large_budget() {
             .map(|s| s.as_str().unwrap()[1..].parse().unwrap())
             .collect();
         assert_eq!(result.dependency, mandatory, "{}", v["id"]);
-        for d in &result.decisions {
+        for d in &result.decisions(GraphView::whole(&graph)) {
             if d.decision == Decision::InvalidUnit || d.decision == Decision::InputOnly {
                 assert!(!graph.units[d.unit].problems.is_empty());
             }
@@ -195,16 +195,15 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
     // Turns 3 and 2, then the answer of turn 1 (newer than its huge output, and it fits);
     // the call/output unit does not fit and nothing older is kept.
     assert_eq!(r.kept_history, (9..20).collect::<Vec<_>>());
-    let first_drop = r
-        .decisions
+    let decisions = r.decisions(GraphView::whole(&g));
+    let first_drop = decisions
         .iter()
         .rev()
         .find(|d| d.decision == Decision::OverBudget)
         .unwrap();
     assert!(g.units[first_drop.unit].members.contains(&8));
     // Units older than the stop point are not even counted.
-    assert!(r
-        .decisions
+    assert!(decisions
         .iter()
         .filter(|d| g.units[d.unit].members[0] < 5)
         .all(|d| d.tokens.is_none()));
@@ -227,8 +226,9 @@ fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
     expected.push(14);
     expected.extend(15..20);
     assert_eq!(r.kept_history, expected);
+    let decisions = r.decisions(GraphView::whole(&g));
     let by_pos = |p: usize| {
-        r.decisions
+        decisions
             .iter()
             .find(|d| g.units[d.unit].members.contains(&p))
             .unwrap()
@@ -259,8 +259,9 @@ fn greedy_older_turns_are_whole_or_nothing() {
     };
     let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
     assert_eq!(r.kept_history, (9..15).collect::<Vec<_>>());
+    let decisions = r.decisions(GraphView::whole(&g));
     let by_pos = |p: usize| {
-        r.decisions
+        decisions
             .iter()
             .find(|d| g.units[d.unit].members.contains(&p))
             .unwrap()
@@ -328,8 +329,9 @@ fn lazy_counting_equals_counting_everything() {
                     assert_eq!(a.kept_history, b.kept_history);
                     assert_eq!(a.used(), b.used());
                     assert_eq!(a.history_tokens, b.history_tokens);
-                    let dec_a: Vec<_> = a.decisions.iter().map(|d| d.decision).collect();
-                    let dec_b: Vec<_> = b.decisions.iter().map(|d| d.decision).collect();
+                    let view = GraphView::whole(&graph);
+                    let dec_a: Vec<_> = a.decisions(view).iter().map(|d| d.decision).collect();
+                    let dec_b: Vec<_> = b.decisions(view).iter().map(|d| d.decision).collect();
                     assert_eq!(dec_a, dec_b);
                 }
                 (Err(a), Err(b)) => assert_eq!(a, b),

@@ -5,11 +5,11 @@
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
-use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex};
+use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, TailGraph};
 use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
 use protoprompt_core::pack::{
-    pack as core_pack, pack_view, ContextHook, Decision, CostFailure, CostSource, PackError, PackOptions,
-    PackResult, Policy,
+    pack as core_pack, pack_view, untouched_decision, ContextHook, CostFailure, CostSource,
+    PackError, PackOptions, PackResult, Policy, UnitDecision,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -19,6 +19,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, P
 use pyo3::{intern, IntoPyObjectExt};
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
+use std::sync::Arc;
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -698,7 +699,11 @@ struct KindNames(Vec<&'static str>);
 
 impl KindNames {
     fn code(&mut self, name: &'static str) -> u8 {
-        if let Some(i) = self.0.iter().position(|n| std::ptr::eq(*n, name) || *n == name) {
+        if let Some(i) = self
+            .0
+            .iter()
+            .position(|n| std::ptr::eq(*n, name) || *n == name)
+        {
             return i as u8;
         }
         self.0.push(name);
@@ -706,70 +711,73 @@ impl KindNames {
     }
 }
 
-const NO_TOKENS: u64 = u64::MAX;
-
-/// The per-unit decisions of one pack, kept in Rust in compact columns: Python builds a
-/// `UnitDecision` only for the rows it reads.
+/// The per-unit decisions of one pack. Only what the fill touched is stored; a row is
+/// derived from the (shared) graph when Python reads it, so a pack over a long history
+/// allocates nothing per unit.
 #[pyclass(frozen, module = "protoprompt._core")]
 struct DecisionTable {
-    units: Vec<u32>,
-    decisions: Vec<Decision>,
-    tokens: Vec<u64>,
-    offsets: Vec<u32>,
-    positions: Vec<u32>,
-    kinds: Vec<u8>,
+    prefix: Arc<Graph>,
+    /// The units after the cut, for a pack through a `HistoryIndex`.
+    tail: Option<TailGraph>,
+    touched: FxHashMap<usize, UnitDecision>,
+    /// Units `0..rows` have history members (units are ordered by their first member).
+    rows: usize,
+    /// Kind code of every history position.
+    kinds: Arc<Vec<u8>>,
     kind_names: Vec<&'static str>,
-    /// (row, code, message, location)
-    problems: FxHashMap<usize, Vec<(&'static str, &'static str, String)>>,
 }
 
 impl DecisionTable {
-    fn build(
-        view: GraphView<'_>,
-        result: &PackResult,
-        kind: &dyn Fn(usize) -> u8,
+    fn new(
+        prefix: Arc<Graph>,
+        tail: Option<TailGraph>,
+        result: &mut PackResult,
+        kinds: Arc<Vec<u8>>,
         kind_names: &KindNames,
     ) -> Self {
-        let n_history = view.n_history();
-        let count = result.decisions.len();
         let mut t = DecisionTable {
-            units: Vec::with_capacity(count),
-            decisions: Vec::with_capacity(count),
-            tokens: Vec::with_capacity(count),
-            offsets: Vec::with_capacity(count + 1),
-            positions: Vec::with_capacity(n_history),
-            kinds: Vec::with_capacity(n_history),
+            prefix,
+            tail,
+            touched: std::mem::take(&mut result.touched),
+            rows: 0,
+            kinds,
             kind_names: kind_names.0.clone(),
-            problems: FxHashMap::default(),
         };
-        t.offsets.push(0);
-        for (row, d) in result.decisions.iter().enumerate() {
-            let unit = view.unit(d.unit);
-            t.units.push(d.unit as u32);
-            t.decisions.push(d.decision);
-            t.tokens.push(d.tokens.unwrap_or(NO_TOKENS));
-            for &p in unit.members.iter().take_while(|&&p| p < n_history) {
-                t.positions.push(p as u32);
-                t.kinds.push(kind(p));
-            }
-            t.offsets.push(t.positions.len() as u32);
-            if !unit.problems.is_empty() {
-                t.problems.insert(
-                    row,
-                    unit.problems
-                        .iter()
-                        .map(|p| (p.reason.code(), p.reason.message(), label(n_history, p.position)))
-                        .collect(),
-                );
+        let view = t.view();
+        let n_history = view.n_history();
+        // First unit whose first member is new input (binary search: units are sorted).
+        let (mut lo, mut hi) = (0, view.unit_count());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if view.unit(mid).members[0] < n_history {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
         }
+        t.rows = lo;
         t
+    }
+
+    fn view(&self) -> GraphView<'_> {
+        match &self.tail {
+            Some(tail) => GraphView::split(&self.prefix, tail.cut, &tail.graph),
+            None => GraphView::whole(&self.prefix),
+        }
+    }
+
+    fn decision(&self, view: GraphView<'_>, u: usize) -> UnitDecision {
+        self.touched.get(&u).copied().unwrap_or(UnitDecision {
+            unit: u,
+            decision: untouched_decision(view.unit(u)),
+            tokens: None,
+        })
     }
 }
 
 type DecisionRow = (
     usize,
-    Vec<u32>,
+    Vec<usize>,
     Vec<&'static str>,
     &'static str,
     Option<u64>,
@@ -779,36 +787,55 @@ type DecisionRow = (
 #[pymethods]
 impl DecisionTable {
     fn __len__(&self) -> usize {
-        self.units.len()
+        self.rows
     }
 
     /// `(unit, positions, kinds, code, tokens, problems)` of one row.
     fn row(&self, i: usize) -> PyResult<DecisionRow> {
-        if i >= self.units.len() {
+        if i >= self.rows {
             return Err(pyo3::exceptions::PyIndexError::new_err(
                 "decision index out of range",
             ));
         }
-        let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
-        Ok((
-            self.units[i] as usize,
-            self.positions[a..b].to_vec(),
-            self.kinds[a..b]
-                .iter()
-                .map(|&k| self.kind_names[k as usize])
-                .collect(),
-            self.decisions[i].code(),
-            Some(self.tokens[i]).filter(|&t| t != NO_TOKENS),
-            self.problems.get(&i).cloned().unwrap_or_default(),
-        ))
+        let view = self.view();
+        let n_history = view.n_history();
+        let unit = view.unit(i);
+        let d = self.decision(view, i);
+        let positions: Vec<usize> = unit
+            .members
+            .iter()
+            .copied()
+            .take_while(|&p| p < n_history)
+            .collect();
+        let kinds = positions
+            .iter()
+            .map(|&p| self.kind_names[self.kinds[p] as usize])
+            .collect();
+        let problems = unit
+            .problems
+            .iter()
+            .map(|p| {
+                (
+                    p.reason.code(),
+                    p.reason.message(),
+                    label(n_history, p.position),
+                )
+            })
+            .collect();
+        Ok((i, positions, kinds, d.decision.code(), d.tokens, problems))
     }
 
     /// Number of history items per decision code.
     fn item_counts(&self) -> FxHashMap<&'static str, usize> {
+        let view = self.view();
+        let n_history = view.n_history();
         let mut counts = FxHashMap::default();
-        for (i, d) in self.decisions.iter().enumerate() {
-            *counts.entry(d.code()).or_insert(0) +=
-                (self.offsets[i + 1] - self.offsets[i]) as usize;
+        for u in 0..self.rows {
+            let members = &view.unit(u).members;
+            let n = members.partition_point(|&p| p < n_history);
+            *counts
+                .entry(self.decision(view, u).decision.code())
+                .or_insert(0) += n;
         }
         counts
     }
@@ -819,7 +846,6 @@ fn result_dict<'py>(
     result: &PackResult,
     enc: Encoding,
     policy: Policy,
-    table: DecisionTable,
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("kept_history", &result.kept_history)?;
@@ -834,7 +860,6 @@ fn result_dict<'py>(
     out.set_item("remaining", result.remaining())?;
     out.set_item("encoding", enc.name())?;
     out.set_item("policy", policy.name())?;
-    out.set_item("decisions", Bound::new(py, table)?)?;
     Ok(out)
 }
 
@@ -875,18 +900,18 @@ fn pack<'py>(
     metas.extend(classify_items(py, &new_items, n_history, n_history)?);
     let mut source = PyCostSource::new(history.unbind(), new_items, enc);
     let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
-    let result = run_pack(py, context, |hook| {
+    let mut result = run_pack(py, context, |hook| {
         core_pack(&graph, &metas, &mut source, &opts, hook)
     })?;
-    let table = py.detach(|| {
-        let mut names = KindNames::default();
-        let kinds: Vec<u8> = metas[..n_history]
-            .iter()
-            .map(|m| names.code(m.kind_name()))
-            .collect();
-        DecisionTable::build(GraphView::whole(&graph), &result, &|p| kinds[p], &names)
-    });
-    result_dict(py, &result, enc, opts.policy, table)
+    let mut names = KindNames::default();
+    let kinds: Vec<u8> = metas[..n_history]
+        .iter()
+        .map(|m| names.code(m.kind_name()))
+        .collect();
+    let dict = result_dict(py, &result, enc, opts.policy)?;
+    let table = DecisionTable::new(Arc::new(graph), None, &mut result, Arc::new(kinds), &names);
+    dict.set_item("decisions", Bound::new(py, table)?)?;
+    Ok(dict)
 }
 
 /// The classified history of one session, extended as it grows, so that packing the next
@@ -895,7 +920,7 @@ fn pack<'py>(
 struct HistoryIndex {
     index: CoreIndex,
     /// Kind of every indexed position (a code into `kind_names`, for decision tables).
-    kinds: Vec<u8>,
+    kinds: Arc<Vec<u8>>,
     kind_names: KindNames,
     /// Cost of every indexed position under `cost_encoding` (`UNCOUNTED` until needed).
     costs: Vec<u64>,
@@ -905,11 +930,11 @@ struct HistoryIndex {
 impl HistoryIndex {
     fn append(&mut self, py: Python<'_>, metas: Vec<ItemMeta>) {
         let headroom = metas.len() + self.kinds.len() / 4 + 64;
-        reserve_ahead(&mut self.kinds, metas.len(), headroom);
+        let kinds = Arc::make_mut(&mut self.kinds);
+        reserve_ahead(kinds, metas.len(), headroom);
         reserve_ahead(&mut self.costs, metas.len(), headroom);
         let names = &mut self.kind_names;
-        self.kinds
-            .extend(metas.iter().map(|m| names.code(m.kind_name())));
+        kinds.extend(metas.iter().map(|m| names.code(m.kind_name())));
         self.costs.resize(self.kinds.len(), UNCOUNTED);
         let index = &mut self.index;
         py.detach(|| index.extend(metas));
@@ -922,7 +947,7 @@ impl HistoryIndex {
     fn new() -> Self {
         HistoryIndex {
             index: CoreIndex::new(),
-            kinds: Vec::new(),
+            kinds: Arc::default(),
             kind_names: KindNames::default(),
             costs: Vec::new(),
             cost_encoding: None,
@@ -944,7 +969,7 @@ impl HistoryIndex {
 
     /// Keep only the first `length` items.
     fn truncate(&mut self, py: Python<'_>, length: usize) {
-        self.kinds.truncate(length);
+        Arc::make_mut(&mut self.kinds).truncate(length);
         self.costs.truncate(length);
         let index = &mut self.index;
         py.detach(|| index.truncate(length));
@@ -953,7 +978,7 @@ impl HistoryIndex {
     /// Forget every item.
     fn clear(&mut self) {
         self.index.clear();
-        self.kinds.clear();
+        Arc::make_mut(&mut self.kinds).clear();
         self.costs.clear();
     }
 
@@ -1004,12 +1029,19 @@ impl HistoryIndex {
         let view = index.view(&tail);
         let metas = index.metas();
         let is_user = |p: usize| metas[p].is_user_message();
-        let result = run_pack(py, context, |hook| {
+        let mut result = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, &opts, hook)
         })?;
-        let table =
-            py.detach(|| DecisionTable::build(view, &result, &|p| kinds[p], kind_names));
-        result_dict(py, &result, enc, opts.policy, table)
+        let dict = result_dict(py, &result, enc, opts.policy)?;
+        let table = DecisionTable::new(
+            index.shared_graph(),
+            Some(tail),
+            &mut result,
+            Arc::clone(kinds),
+            kind_names,
+        );
+        dict.set_item("decisions", Bound::new(py, table)?)?;
+        Ok(dict)
     }
 }
 
