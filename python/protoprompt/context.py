@@ -36,6 +36,7 @@ from typing import Any, Literal
 from .errors import TokenBudgetExceededError
 from .memory import MemoryHit, MemoryScope
 from .packing import (
+    HistoryIndex,
     PackResult,
     Policy,
     count_tokens,
@@ -456,6 +457,7 @@ class TokenBudgetedContextBuilder:
         query: str | None = None,
         scope: MemoryScope | None = None,
         output_reserve: int | None = None,
+        index: HistoryIndex | None = None,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -467,6 +469,9 @@ class TokenBudgetedContextBuilder:
                 (see :func:`latest_user_text`).
             scope: overrides the builder's scope for this call.
             output_reserve: overrides the builder's output reserve for this call.
+            index: a :class:`~protoprompt.HistoryIndex` that has seen the start of
+                ``history`` (see its contract): the pack then costs what is new and what is
+                kept instead of the whole history. Same result as without it.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -496,7 +501,7 @@ class TokenBudgetedContextBuilder:
             outcome.append(assembly)
             return assembly.cost
 
-        result = pack(
+        result = (index.pack if index is not None else pack)(
             history_list,
             new_list,
             self.max_tokens,

@@ -20,8 +20,10 @@ the model still receives it. Everything else is stored unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import os
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "protoprompt.integrations.agents needs the OpenAI Agents SDK: "
         "pip install 'protoprompt[agents]'"
     ) from exc
+
+from ..packing import HistoryIndex
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -95,6 +99,80 @@ def _context_key(item: Any) -> tuple[str, str] | None:
     return None
 
 
+class _Read:
+    """What one ``get_items`` call returned, for the callback that follows it in the task."""
+
+    __slots__ = ("session", "generation", "count", "windowed", "rows")
+
+    def __init__(self, session: ProtoPromptSession, generation: int, count: int,
+                 windowed: bool, rows: tuple[int, int, int, int] | None) -> None:
+        self.session = session
+        self.generation = generation
+        self.count = count
+        self.windowed = windowed
+        self.rows = rows
+
+
+_LAST_READ: contextvars.ContextVar[_Read | None] = contextvars.ContextVar(
+    "protoprompt_last_read", default=None)
+"""Set by ``ProtoPromptSession.get_items``; the SDK calls the input callback next, in the
+same task, with (copies of) exactly those items."""
+
+
+class _RowProbe:
+    """Cheap check that the stored rows an index has seen are still there, unchanged.
+
+    ``SQLiteSession`` rows are immutable and their ids are never reused (AUTOINCREMENT):
+    rows are only appended, the newest popped, or all cleared. So if the number of this
+    session's rows with ``id <= M`` is what it was when the index last synced at max id
+    ``M``, the items the index holds are still the first items of the history, whoever
+    wrote to the database meanwhile (another process, another session object).
+    """
+
+    def __init__(self, db_path: str, table: str, session_id: str) -> None:
+        self._db_path = db_path
+        self._sql = (f'SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id <= ?), 0) '
+                     f'FROM "{table}" WHERE session_id = ?')
+        self._session_id = session_id
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def read(self, known_max: int) -> tuple[int, int, int, int] | None:
+        """``(max id, row count, rows with id <= known_max, known_max)``, or ``None`` if
+        the database cannot be read."""
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
+                                                 timeout=5.0)
+                count, max_id, known = self._conn.execute(
+                    self._sql, (known_max, self._session_id)).fetchone()
+            except sqlite3.Error:
+                return None
+            return int(max_id), int(count), int(known), known_max
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class _IndexState:
+    """The session's HistoryIndex and what it was synced against."""
+
+    def __init__(self) -> None:
+        self.index = HistoryIndex()
+        self.generation = -1
+        self.rows: tuple[int, int] | None = None  # (max id, row count) at the last sync
+        self.lock = threading.Lock()
+
+    def reset(self, generation: int) -> None:
+        self.index.clear()
+        self.generation = generation
+        self.rows = None
+
+
 def _accepts_wrapper(method: Any) -> bool:
     try:
         params = inspect.signature(method).parameters.values()
@@ -145,6 +223,12 @@ class ProtoPromptSession:
             left at its default and its ``session_id`` must equal ``session_id``).
         session_settings: default read settings (``SessionSettings`` or a dict such as
             ``{"limit": 50}``).
+        incremental: keep a :class:`~protoprompt.HistoryIndex` of the stored history so a
+            turn costs what is new and what is kept, not the whole history (same requests
+            either way). ``None`` (default): on when the history lives in an
+            ``SQLiteSession``, whose rows are checked before every turn so writes by other
+            processes or session objects are noticed. ``True`` for another inner session
+            asserts that only this object changes that session's history.
 
     Raises:
         TypeError: ``session_id`` is not a str, or ``inner_session`` is not a ``Session``.
@@ -159,6 +243,7 @@ class ProtoPromptSession:
         *,
         inner_session: Session | None = None,
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
+        incremental: bool | None = None,
     ) -> None:
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
@@ -187,6 +272,18 @@ class ProtoPromptSession:
             self._inner = inner_session
             self._owns_inner = False
             self._settings = settings
+        if incremental is not None and not isinstance(incremental, bool):
+            raise TypeError(f"incremental must be a bool or None, got {type(incremental).__name__}")
+        sqlite_inner = (isinstance(self._inner, SQLiteSession)
+                        and type(self._inner).get_items is SQLiteSession.get_items)
+        self._incremental = sqlite_inner if incremental is None else incremental
+        self._probe: _RowProbe | None = None
+        if self._incremental and sqlite_inner:
+            db = os.fspath(self._inner.db_path)
+            if db != ":memory:":  # a memory database has no other writer
+                self._probe = _RowProbe(db, self._inner.messages_table, session_id)
+        self._generation = 0
+        self._index_state = _IndexState()
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._pending_lock = threading.Lock()
 
@@ -212,10 +309,19 @@ class ProtoPromptSession:
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
+        generation = self._generation
         if limit is None:
             items = await _call(self._inner.get_items, wrapper=wrapper)
         else:
             items = await _call(self._inner.get_items, limit, wrapper=wrapper)
+        if self._incremental:
+            settings = self.session_settings
+            windowed = limit is not None or getattr(settings, "limit", None) is not None
+            rows = None
+            if self._probe is not None and not windowed:
+                known = self._index_state.rows
+                rows = await asyncio.to_thread(self._probe.read, known[0] if known else 0)
+            _LAST_READ.set(_Read(self, generation, len(items), windowed, rows))
         return cast("list[Item]", items)
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
@@ -227,16 +333,26 @@ class ProtoPromptSession:
 
     async def pop_item(self, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (``None`` when the session is empty)."""
-        return await _call(self._inner.pop_item, wrapper=wrapper)
+        self._generation += 1
+        try:
+            return await _call(self._inner.pop_item, wrapper=wrapper)
+        finally:
+            self._generation += 1
 
     async def clear_session(self, wrapper: Any = None) -> None:
         """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
         with self._pending_lock:
             self._pending.clear()
-        await _call(self._inner.clear_session, wrapper=wrapper)
+        self._generation += 1
+        try:
+            await _call(self._inner.clear_session, wrapper=wrapper)
+        finally:
+            self._generation += 1
 
     def close(self) -> None:
         """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner)."""
+        if self._probe is not None:
+            self._probe.close()
         if self._owns_inner:
             self._inner.close()
 
@@ -317,17 +433,39 @@ class ProtoPromptSession:
         if on_plan is not None and not callable(on_plan):
             raise TypeError("on_plan must be callable or None")
 
+        def build(history: list[Item], new_input: list[Item], read: _Read | None) -> ContextPlan:
+            kwargs: dict[str, Any] = dict(
+                system_prompt=system_prompt, scope=scope, output_reserve=output_reserve)
+            state = self._index_state
+            if (read is None or read.session is not self or read.windowed
+                    or read.count != len(history)):
+                # Not the history our last read returned (a limit, or a direct call).
+                return builder.build(history, new_input, **kwargs)
+            with state.lock:
+                stale = (read.generation != state.generation
+                         or read.generation != self._generation
+                         or len(state.index) > len(history))
+                if self._probe is not None:
+                    if read.rows is None:
+                        state.reset(read.generation)  # rows could not be checked
+                        return builder.build(history, new_input, **kwargs)
+                    max_id, count, known, known_max = read.rows
+                    synced = state.rows
+                    if synced is not None and (synced[0] != known_max or synced[1] != known):
+                        stale = True  # rows changed behind our back (or a newer sync ran)
+                if stale:
+                    state.reset(read.generation)
+                try:
+                    return builder.build(history, new_input, index=state.index, **kwargs)
+                finally:
+                    if read.rows is not None:
+                        state.rows = (read.rows[0], read.rows[1])
+
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
-            plan = await asyncio.to_thread(
-                builder.build,
-                history,
-                new_input,
-                system_prompt=system_prompt,
-                scope=scope,
-                output_reserve=output_reserve,
-            )
+            read = _LAST_READ.get() if self._incremental else None
+            plan = await asyncio.to_thread(build, history, new_input, read)
             if plan.context_message is not None:
                 self._expect_context(plan.context_message)
             if on_plan is not None:

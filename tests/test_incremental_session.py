@@ -1,0 +1,175 @@
+"""ProtoPromptSession keeps a HistoryIndex between turns: the requests must be exactly those
+of a session without it, whatever happens to the stored history (pops, clears, other
+writers on the same database).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.memory import SQLiteSession  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt.integrations import ProtoPromptSession  # noqa: E402
+
+SCOPE = MemoryScope("acme", user="alice")
+
+
+@function_tool
+def lookup(name: str) -> str:
+    """Look something up."""
+    return f"{name}: " + "details " * 40
+
+
+def turn_script(i: int) -> list[Any]:
+    if i % 2:
+        return [[function_call("lookup", {"name": f"q{i}"}, call_id=f"call_{i}")],
+                [assistant_message(f"answer {i} " + "words " * 30, item_id=f"msg_{i}")]]
+    return [[assistant_message(f"answer {i} " + "text " * 30, item_id=f"msg_{i}")]]
+
+
+class Side:
+    """One session + callback + scripted model; every plan the callback built is recorded."""
+
+    def __init__(self, db: str, incremental: bool | None) -> None:
+        self.store = MemoryStore()
+        self.session = ProtoPromptSession("chat", db, incremental=incremental)
+        self.plans: list[list[str]] = []
+        builder = TokenBudgetedContextBuilder(self.store, max_tokens=900, scope=SCOPE,
+                                              output_reserve=100)
+        self.callback = self.session.input_callback(
+            builder, system_prompt="Be brief.",
+            on_plan=lambda plan: self.plans.append(
+                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]))
+
+    async def turn(self, i: int) -> None:
+        model = ScriptedModel(turn_script(i))
+        agent = Agent(name="a", model=model, tools=[lookup])
+        config = RunConfig(session_input_callback=self.callback, tracing_disabled=True)
+        await Runner.run(agent, f"question {i} " + "please " * 20, session=self.session,
+                         run_config=config)
+
+    def close(self) -> None:
+        self.session.close()
+        self.store.close()
+
+
+async def test_requests_equal_a_session_without_index_through_pops_clears_and_other_writers(
+        tmp_path) -> None:
+    fast = Side(str(tmp_path / "fast.db"), incremental=None)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    assert fast.session._probe is not None and plain.session._probe is None
+
+    async def both(action: Any) -> None:
+        for side, db in ((fast, "fast.db"), (plain, "plain.db")):
+            await action(side, str(tmp_path / db))
+
+    async def turn(i: int) -> None:
+        await both(lambda side, _db: side.turn(i))
+
+    async def pop(side: Side, _db: str) -> None:
+        await side.session.pop_item()
+
+    async def other_writer_replaces_last(side: Side, db: str) -> None:
+        # Another object (another process, say) pops the newest item and writes a new one:
+        # the row count is unchanged, only the row ids tell.
+        other = SQLiteSession("chat", db)
+        await other.pop_item()
+        await other.add_items([{"role": "user", "content": "written elsewhere " * 10}])
+        other.close()
+
+    async def other_writer_appends(side: Side, db: str) -> None:
+        other = SQLiteSession("chat", db)
+        await other.add_items([{"role": "user", "content": "appended elsewhere"},
+                               {"role": "assistant", "content": "noted"}])
+        other.close()
+
+    async def clear(side: Side, _db: str) -> None:
+        await side.session.clear_session()
+
+    for i in range(5):
+        await turn(i)
+    before = len(await fast.session.get_items())
+    await turn(5)
+    # The turn went through the index, which held the whole stored history at that time.
+    assert len(fast.session._index_state.index) == before > 0
+    await both(pop)
+    await both(pop)
+    await turn(6)
+    await both(other_writer_replaces_last)
+    await turn(7)
+    await both(other_writer_appends)
+    await turn(8)
+    await both(clear)
+    await turn(9)
+    await turn(10)
+
+    assert fast.plans == plain.plans
+    assert len(fast.plans) >= 11
+    # The budget was tight: old history was dropped on the later turns.
+    stored = len(await fast.session.get_items())
+    assert stored > 0
+    assert any(len(p) < 12 for p in fast.plans[4:])
+    assert await fast.session.get_items() == await plain.session.get_items()
+    fast.close()
+    plain.close()
+
+
+async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows(
+        tmp_path) -> None:
+    """Same row count, different rows: without the row check the index would still describe
+    the removed tool output and let its unanswered call through."""
+    db = str(tmp_path / "s.db")
+    side = Side(db, incremental=None)
+    await side.turn(1)  # question, function_call call_1, its output, answer
+    await side.turn(3)  # the index now holds turn 1's four items
+    assert len(side.session._index_state.index) == 4
+    other = SQLiteSession("chat", db)
+    for _ in range(6):  # turn 3, then turn 1's answer and tool output
+        await other.pop_item()
+    await other.add_items([{"role": "user", "content": f"note {k}"} for k in range(6)])
+    other.close()
+    assert len(await side.session.get_items()) == 8
+    await side.turn(5)
+    sent = [json.loads(i) for i in side.plans[-1]]
+    assert not any(i.get("type") == "function_call" and i.get("call_id") == "call_1"
+                   for i in sent), "the unanswered call is invalid and never sent"
+    assert any(i.get("content") == "note 0" for i in sent)
+    side.close()
+
+
+async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
+    side = Side(":memory:", incremental=None)
+    assert side.session._incremental and side.session._probe is None
+    await side.turn(0)
+    await side.turn(2)
+    assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
+    side.session.session_settings = {"limit": 2}
+    before = len(side.session._index_state.index)
+    await side.turn(4)  # a window of the history: packed without the index
+    assert len(side.session._index_state.index) == before
+    side.close()
+
+
+async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path) -> None:
+    inner = SQLiteSession("chat", str(tmp_path / "w.db"), session_settings={"limit": 3})
+    session = ProtoPromptSession("chat", inner_session=inner, incremental=True)
+    with MemoryStore() as store:
+        builder = TokenBudgetedContextBuilder(store, max_tokens=2000, scope=SCOPE)
+        callback = session.input_callback(builder)
+        for i in range(4):
+            model = ScriptedModel([[assistant_message(f"a{i}", item_id=f"m{i}")]])
+            await Runner.run(Agent(name="a", model=model), f"q{i}", session=session,
+                             run_config=RunConfig(session_input_callback=callback,
+                                                  tracing_disabled=True))
+            sent = [i for i in model.calls[-1].input if i.get("role") != "system"]
+            assert len(sent) <= 4  # the window of 3 plus the question
+        assert len(session._index_state.index) == 0
+    inner.close()
