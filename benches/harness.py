@@ -190,6 +190,22 @@ def time_warm_pp(case: Case, budget: int, rounds: int = 3) -> list[float]:
     return out
 
 
+def pack_index(index, history, new_input, budget: int):
+    return index.pack(history, new_input, budget, output_reserve=output_reserve_for(budget),
+                      encoding=ENCODING)
+
+
+def warm_setup_index(case: Case, budget: int):
+    """Untimed part of a warm round for a session's HistoryIndex: a new index packs the
+    previous turn (the index now holds that history), then the current history is decoded
+    afresh (the SDK hands over new objects every turn)."""
+    import protoprompt
+
+    index = protoprompt.HistoryIndex()
+    pack_index(index, case.prev_history(), case.prev_new_input, budget)
+    return index, case.history()
+
+
 class RefRunner:
     """A reference packer kept across turns (its memo is its warm state)."""
 
@@ -288,6 +304,72 @@ class SdkOverhead:
         for suffix in ("", "-wal", "-shm"):
             try:
                 os.remove(self.db_path + suffix)
+            except OSError:
+                pass
+
+
+class SessionTurn:
+    """One warm turn through the SDK with ``ProtoPromptSession`` and its callback, against the
+    same turn with a pass-through callback on a plain ``SQLiteSession`` (same database
+    content): ``prepare_input_with_session`` end to end, so protoprompt's whole cost is in
+    the difference — the row check in ``get_items`` and the callback with its index.
+
+    Setup (untimed): a database holding the previous turn's history; the session runs that
+    turn (its index syncs), then stores the turn's items like the SDK does.
+    """
+
+    def __init__(self, case: Case, budget: int, workdir: str) -> None:
+        import shutil
+
+        from agents.memory import SQLiteSession
+
+        from protoprompt import MemoryStore, TokenBudgetedContextBuilder
+        from protoprompt.integrations import ProtoPromptSession
+
+        self.case, self.budget = case, budget
+        self.loop = asyncio.new_event_loop()
+        base = os.path.join(workdir, f"turn-{case.label}.db")
+        if not os.path.exists(base):
+            seed = SQLiteSession("bench", base)
+            self.loop.run_until_complete(seed.add_items(case.prev_history()))
+            seed.close()
+        self.db = os.path.join(workdir, f"turn-{case.label}-{os.getpid()}-{id(self)}.db")
+        shutil.copyfile(base, self.db)
+        self.store = MemoryStore()
+        self.session = ProtoPromptSession("bench", self.db)
+        builder = TokenBudgetedContextBuilder(self.store, max_tokens=budget,
+                                              output_reserve=output_reserve_for(budget),
+                                              encoding=ENCODING)
+        self.callback = self.session.input_callback(builder, system_prompt="Be brief.")
+        self.builder = builder
+        from agents.run_internal.session_persistence import prepare_input_with_session
+
+        self._prepare = prepare_input_with_session
+        self.loop.run_until_complete(self._prepare(
+            list(case.prev_new_input), self.session, self.callback))
+        n_prev = len(case.prev_history())
+        turn_items = case.history()[n_prev:]
+        self.loop.run_until_complete(self.session.add_items(turn_items))
+        self.plain = SQLiteSession("bench", self.db)
+
+    def run_pp(self) -> Any:
+        prepared, _ = self.loop.run_until_complete(
+            self._prepare(list(self.case.new_input), self.session, self.callback))
+        return prepared
+
+    def run_sdk(self) -> int:
+        prepared, _ = self.loop.run_until_complete(
+            self._prepare(list(self.case.new_input), self.plain, lambda h, n: h + n))
+        return len(prepared)
+
+    def close(self) -> None:
+        self.session.close()
+        self.plain.close()
+        self.store.close()
+        self.loop.close()
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.remove(self.db + suffix)
             except OSError:
                 pass
 
@@ -429,6 +511,29 @@ def _child_main() -> None:
             dt = warm_call()
         warm.append(dt)
     out["pp_warm_s"] = warm
+
+    index_warm = []
+    for i in range(spec["warm_rounds"]):
+        index = pp.HistoryIndex()
+        index.pack(json.loads(prev_text), prev_new, budget, output_reserve=reserve, encoding=enc)
+        hist = json.loads(history_text)
+        gc.collect()
+
+        def index_call(hist=hist, index=index):
+            t = time.perf_counter()
+            r = index.pack(hist, new_input, budget, output_reserve=reserve, encoding=enc)
+            dt = time.perf_counter() - t
+            assert r.kept_history == out["pp_kept"]
+            return dt
+
+        if spec["memory"] and i == 0:
+            dt, peak, _ = _peak_growth(index_call)
+            out["pp_index_warm_peak_bytes"] = peak
+        else:
+            dt = index_call()
+        index_warm.append(dt)
+        del index
+    out["pp_index_warm_s"] = index_warm
 
     if spec["reference"]:
         from reference_packer import ReferencePacker

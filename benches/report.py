@@ -5,8 +5,10 @@
 
 Per history size and budget it prints: the SDK's per-turn overhead
 (``prepare_input_with_session`` with a pass-through callback on a file ``SQLiteSession``),
-protoprompt's cold pack (first call in a fresh process) and warm pack (previous turn packed
-in the same process) in ms and as % of the SDK overhead, the pure-Python reference packer
+protoprompt's cold pack (first call in a fresh process), warm pack (previous turn packed
+in the same process by ``protoprompt.pack``) and index warm pack (the same turn through a
+``HistoryIndex`` that holds the previous turn's history — what ``ProtoPromptSession`` does)
+in ms and as % of the SDK overhead, the pure-Python reference packer
 (real tiktoken) cold/warm and protoprompt's speed-up over it, the peak RSS growth of one pack
 call relative to the history's JSON size, and whether protoprompt kept exactly the items the
 reference kept. Then token-counting throughput for 1 and 2 threads. With ``--db`` the same
@@ -68,12 +70,16 @@ def _ints(text: str) -> list[int]:
     return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
 
 
-def _pct(a: float | None, b: float | None) -> str:
-    return "-" if a is None or not b else f"{100 * a / b:.1f}%"
+def _pct(a: float | None, b: float | None, digits: int = 1) -> str:
+    return "-" if a is None or not b else f"{100 * a / b:.{digits}f}%"
+
+
+def _ms3(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.3f}"
 
 
 def _x(a: float | None, b: float | None) -> str:
-    return "-" if a is None or not b else f"{a / b:.1f}x"
+    return "-" if a is None or not b else f"{a / b:,.1f}x"
 
 
 def _mb(n: float | None, digits: int = 1) -> str:
@@ -112,9 +118,11 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "sdk": sdk_s,
             "pp_cold": min(c["pp_cold_s"] for c in children),
             "pp_warm": _median(first["pp_warm_s"]),
+            "pp_index": _median(first["pp_index_warm_s"]),
             "pp_import": first["pp_import_s"],
             "mem_cold": first.get("pp_cold_peak_bytes"),
             "mem_warm": first.get("pp_warm_peak_bytes"),
+            "mem_index": first.get("pp_index_warm_peak_bytes"),
             "mem_method": first.get("memory_method"),
         }
         if not args.no_reference:
@@ -142,15 +150,20 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("SDK ms", lambda r: harness.ms(r["sdk"])),
         ("pp cold ms", lambda r: harness.ms(r["pp_cold"])),
         ("pp warm ms", lambda r: harness.ms(r["pp_warm"])),
+        ("index warm ms", lambda r: _ms3(r.get("pp_index"))),
         ("cold/SDK", lambda r: _pct(r["pp_cold"], r["sdk"])),
         ("warm/SDK", lambda r: _pct(r["pp_warm"], r["sdk"])),
+        ("index/SDK", lambda r: _pct(r.get("pp_index"), r["sdk"], 3)),
         ("ref cold ms", lambda r: harness.ms(r.get("ref_cold"))),
         ("ref warm ms", lambda r: harness.ms(r.get("ref_warm"))),
         ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
         ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
+        ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
         ("peak cold MB", lambda r: _mb(r["mem_cold"])),
         ("peak warm MB", lambda r: _mb(r["mem_warm"], 2)),
         ("warm/JSON", lambda r: _pct(r["mem_warm"], r["json"])),
+        ("index MB", lambda r: _mb(r.get("mem_index"), 2)),
+        ("cold/JSON", lambda r: _pct(r["mem_cold"], r["json"])),
         ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
     ]
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]

@@ -108,6 +108,82 @@ def test_pack_warm(benchmark, cases, results, size, mix, budget):
 
 
 # --------------------------------------------------------------------------------------------
+# protoprompt warm through a HistoryIndex (what ProtoPromptSession does every turn)
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mix", MIXES)
+def test_pack_warm_index(benchmark, cases, results, size, mix, budget):
+    case = cases.get(size, mix)
+
+    def setup():
+        return harness.warm_setup_index(case, budget), {}
+
+    def target(index, history):
+        return harness.pack_index(index, history, case.new_input, budget)
+
+    res = benchmark.pedantic(target, setup=setup, rounds=_rounds(size), iterations=1)
+    ref = harness.RefRunner().pack(case.history(), case.new_input, budget)
+    ok, why = same_result(res, ref)
+    assert ok, f"{case.label} budget={budget}: {why}"
+    plain = pack_pp(case.history(), case.new_input, budget)
+    assert list(res.decisions) == list(plain.decisions)
+
+    median = _stat(benchmark)
+    ratio = _sdk_ratio(results, size, mix, median)
+    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
+                                pp_index_warm_ms=_ms(median), pp_index_warm_vs_sdk=ratio)
+    if median is not None:
+        _record(results, (size, mix, budget), pp_index_warm=median)
+        print(f"\nprotoprompt warm (index) {case.label} budget={budget}: {median * 1e3:.3f} ms"
+              + (f" = {100 * ratio:.2f}% of SDK overhead" if ratio is not None else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# A whole warm turn through the SDK: ProtoPromptSession + callback vs a pass-through callback
+
+@pytest.mark.parametrize("mix", ["agentic"])
+def test_session_turn(benchmark, cases, results, size, mix):
+    budget = 128_000
+    case = cases.get(size, mix)
+    turns: list = []
+
+    def setup():
+        turn = harness.SessionTurn(case, budget, cases.workdir)
+        turns.append(turn)
+        return (turn,), {}
+
+    def target(turn):
+        return turn.run_pp()
+
+    try:
+        prepared = benchmark.pedantic(target, setup=setup, rounds=_rounds(size), iterations=1)
+        turn = turns[-1]
+        plan = turn.builder.last_plan
+        assert plan is not None and prepared[0] == plan.context_message
+        assert len(prepared) <= 1 + len(plan.pack.items)  # the SDK collapses duplicate keys
+        sdk_times = []
+        for _ in range(_rounds(size)):
+            t0 = time.perf_counter()
+            turn.run_sdk()
+            sdk_times.append(time.perf_counter() - t0)
+    finally:
+        for t in turns:
+            t.close()
+    median = _stat(benchmark)
+    if median is None:
+        return
+    sdk = sorted(sdk_times)[len(sdk_times) // 2]
+    extra = median - sdk
+    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
+                                turn_with_protoprompt_ms=median * 1e3,
+                                turn_pass_through_ms=sdk * 1e3,
+                                protoprompt_share=extra / sdk)
+    results[("turn", (size, mix))] = {"pp": median, "sdk": sdk}
+    print(f"\nSDK turn {case.label}: with ProtoPromptSession {median * 1e3:.1f} ms, "
+          f"pass-through {sdk * 1e3:.1f} ms (protoprompt adds {100 * extra / sdk:+.1f}%)")
+
+
+# --------------------------------------------------------------------------------------------
 # Cold: the first pack in a fresh process (protoprompt, then the reference, same child)
 
 @pytest.mark.parametrize("budget", BUDGETS)
