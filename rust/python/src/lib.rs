@@ -21,6 +21,12 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
 use std::sync::Arc;
 
+/// mimalloc: the packer allocates and frees many small strings per item; glibc's malloc
+/// showed pauses of hundreds of microseconds (fastbin consolidation) on the first allocation
+/// after a large history was freed.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
