@@ -4,7 +4,7 @@ Use the typed wrappers in :mod:`protoprompt` instead of calling this module dire
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypedDict
+from typing import Any, TypedDict, final
 
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
@@ -25,6 +25,7 @@ class _GraphDict(TypedDict):
     n_history: int
     mandatory_history: list[int]
 
+@final
 class DecisionTable:
     """Per-unit decisions of one pack, kept in Rust."""
 
@@ -75,6 +76,7 @@ def pack(
     context: Callable[[int], int] | None = None,
 ) -> _PackDict: ...
 
+@final
 class HistoryIndex:
     """Classified history of one conversation, extended between turns."""
 
