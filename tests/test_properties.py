@@ -249,3 +249,20 @@ def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -
     with pytest.raises(pp.InvalidItemError, match=r"history\[1\]"):
         index.pack([history[0], {"role": 5}], [{"role": "user", "content": "c"}], 1000)
     assert len(index) == 0  # nothing was indexed by the failed call
+
+
+def test_history_index_reports_its_memory_and_stays_small() -> None:
+    """The index keeps items compactly: well under a quarter of the history's JSON."""
+    import json
+
+    from history_gen import generate
+
+    history = generate(3000, "agentic", 5)
+    index = pp.HistoryIndex()
+    empty = index.nbytes
+    index.extend(history)
+    assert len(index) == 3000
+    assert empty < index.nbytes < 0.25 * len(json.dumps(history).encode())
+    got = index.pack(history, [{"role": "user", "content": "next"}], 50_000)
+    assert got.kept_history == pp.pack(history, [{"role": "user", "content": "next"}],
+                                       50_000).kept_history

@@ -404,6 +404,11 @@ ProtoPromptSession` keeps its index in step with the session store for you.
     def __repr__(self) -> str:
         return f"<HistoryIndex: {len(self)} items>"
 
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held by the index, in bytes (about 0.3 KB per item)."""
+        return self._index.nbytes
+
     def extend(self, items: Iterable[Item]) -> None:
         """Append history items (classified now; their tokens are counted when needed)."""
         self._index.extend(_as_list(items, "items"))

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::graph::{build_graph, Graph, GraphView};
-use crate::items::{ItemKind, ItemMeta};
+use crate::items::{ItemKind, ItemMeta, RawCaller, RawItem};
 
 fn relation_hash(s: &str) -> u64 {
     let mut h = FxHasher::default();
@@ -76,10 +76,48 @@ pub struct TailGraph {
     pub graph: Graph,
 }
 
+/// A string field kept in the index's arena: `arena[offset..offset + len]`; `len ==
+/// u32::MAX` = absent; `offset == u32::MAX` = `overflow[len]` (an arena is at most 4 GiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    offset: u32,
+    len: u32,
+}
+
+const ABSENT: Span = Span {
+    offset: 0,
+    len: u32::MAX,
+};
+
+/// The string fields of [`crate::items::RawItem`], in this order.
+const FIELDS: usize = 10;
+
+/// One indexed item, compact: its kind, flags and string fields as arena spans (an
+/// [`ItemMeta`] with its own heap strings is about four times larger).
+#[derive(Debug, Clone, Copy)]
+struct Stored {
+    kind: ItemKind,
+    flags: u8,
+    spans: [Span; FIELDS],
+}
+
+const HAS_CALLER: u8 = 1;
+const ENCRYPTED: u8 = 2;
+const PROVIDER_DATA: u8 = 4;
+const TOOL_CALLS: u8 = 8;
+const TOOL_CALL_ID: u8 = 16;
+const CONTINUES: u8 = 32;
+
 /// The classified history of one session and its graph, extended item by item.
 #[derive(Debug, Clone, Default)]
 pub struct HistoryIndex {
-    metas: Vec<ItemMeta>,
+    items: Vec<Stored>,
+    /// The string fields of every item, back to back.
+    arena: String,
+    /// Fields that no longer fit in the arena's 32-bit offsets.
+    overflow: Vec<String>,
+    /// Low-cardinality values (types, roles, statuses) stored once.
+    common: FxHashMap<String, Span>,
     first: FxHashMap<u64, usize>,
     /// Shared with the reports of earlier packs; copied on write only while one is alive.
     graph: Arc<Graph>,
@@ -92,16 +130,144 @@ impl HistoryIndex {
 
     /// Number of indexed history items.
     pub fn len(&self) -> usize {
-        self.metas.len()
+        self.items.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.metas.is_empty()
+        self.items.is_empty()
     }
 
-    /// The indexed items.
-    pub fn metas(&self) -> &[ItemMeta] {
-        &self.metas
+    /// Whether the item at `pos` is a user message (a turn boundary).
+    pub fn is_user_message(&self, pos: usize) -> bool {
+        self.items[pos].kind == ItemKind::UserMessage
+    }
+
+    /// The classified item at `pos`, rebuilt from the compact store.
+    pub fn meta(&self, pos: usize) -> ItemMeta {
+        let st = &self.items[pos];
+        let f = |i: usize| self.text(st.spans[i]).map(str::to_string);
+        let raw = RawItem {
+            item_type: f(0),
+            role: f(1),
+            id: f(2),
+            call_id: f(3),
+            status: f(4),
+            execution: f(5),
+            approval_request_id: f(6),
+            caller: (st.flags & HAS_CALLER != 0).then(|| RawCaller {
+                caller_type: f(7),
+                caller_id: f(8),
+            }),
+            has_encrypted_content: st.flags & ENCRYPTED != 0,
+            has_provider_data: st.flags & PROVIDER_DATA != 0,
+            has_tool_calls: st.flags & TOOL_CALLS != 0,
+            has_tool_call_id: st.flags & TOOL_CALL_ID != 0,
+            provider_data_type: f(9),
+        };
+        ItemMeta { kind: st.kind, raw }
+    }
+
+    /// Approximate heap bytes held by the index.
+    pub fn heap_bytes(&self) -> usize {
+        self.items.capacity() * std::mem::size_of::<Stored>()
+            + self.arena.capacity()
+            + self.first.capacity() * 24
+            + self.graph.unit_of.capacity() * std::mem::size_of::<usize>()
+            + self
+                .graph
+                .units
+                .iter()
+                .map(|u| {
+                    std::mem::size_of_val(u)
+                        + u.members.capacity() * std::mem::size_of::<usize>()
+                        + u.problems.capacity() * std::mem::size_of::<crate::graph::Problem>()
+                })
+                .sum::<usize>()
+    }
+
+    fn text(&self, span: Span) -> Option<&str> {
+        if span == ABSENT {
+            return None;
+        }
+        if span.offset == u32::MAX {
+            return self.overflow.get(span.len as usize).map(String::as_str);
+        }
+        let start = span.offset as usize;
+        self.arena.get(start..start + span.len as usize)
+    }
+
+    fn store_text(&mut self, value: Option<&str>, common: bool) -> Span {
+        let Some(v) = value else {
+            return ABSENT;
+        };
+        if common && v.len() <= 32 {
+            if let Some(&span) = self.common.get(v) {
+                return span;
+            }
+        }
+        let end = self.arena.len() + v.len();
+        let span = if end < u32::MAX as usize {
+            let span = Span {
+                offset: self.arena.len() as u32,
+                len: v.len() as u32,
+            };
+            self.arena.push_str(v);
+            span
+        } else {
+            self.overflow.push(v.to_string());
+            Span {
+                offset: u32::MAX,
+                len: (self.overflow.len() - 1) as u32,
+            }
+        };
+        if common && v.len() <= 32 {
+            self.common.insert(v.to_string(), span);
+        }
+        span
+    }
+
+    fn store(&mut self, m: &ItemMeta) {
+        let r = &m.raw;
+        let caller = r.caller.as_ref();
+        let mut flags = 0u8;
+        for (on, bit) in [
+            (caller.is_some(), HAS_CALLER),
+            (r.has_encrypted_content, ENCRYPTED),
+            (r.has_provider_data, PROVIDER_DATA),
+            (r.has_tool_calls, TOOL_CALLS),
+            (r.has_tool_call_id, TOOL_CALL_ID),
+            (continues(m), CONTINUES),
+        ] {
+            if on {
+                flags |= bit;
+            }
+        }
+        let spans = [
+            self.store_text(r.item_type.as_deref(), true),
+            self.store_text(r.role.as_deref(), true),
+            self.store_text(r.id.as_deref(), false),
+            self.store_text(r.call_id.as_deref(), false),
+            self.store_text(r.status.as_deref(), true),
+            self.store_text(r.execution.as_deref(), true),
+            self.store_text(r.approval_request_id.as_deref(), false),
+            self.store_text(caller.and_then(|c| c.caller_type.as_deref()), true),
+            self.store_text(caller.and_then(|c| c.caller_id.as_deref()), false),
+            self.store_text(r.provider_data_type.as_deref(), true),
+        ];
+        self.items.push(Stored {
+            kind: m.kind,
+            flags,
+            spans,
+        });
+    }
+
+    /// Relation keys of the indexed item at `pos` (same as [`relation_keys`] of its meta).
+    fn stored_keys(&self, pos: usize) -> impl Iterator<Item = u64> + '_ {
+        let st = &self.items[pos];
+        [st.spans[3], st.spans[2], st.spans[6], st.spans[8]]
+            .into_iter()
+            .filter_map(|s| self.text(s))
+            .map(relation_hash)
     }
 
     /// The graph of the indexed history alone.
@@ -121,41 +287,52 @@ impl HistoryIndex {
 
     /// Keep only the first `len` items (rebuilds the index).
     pub fn truncate(&mut self, len: usize) {
-        if len >= self.metas.len() {
+        if len >= self.items.len() {
             return;
         }
-        let mut metas = std::mem::take(&mut self.metas);
-        metas.truncate(len);
+        let metas: Vec<ItemMeta> = (0..len).map(|p| self.meta(p)).collect();
         self.clear();
         self.extend(metas);
     }
 
     /// The smallest cut for a block `tail` placed after the history (see the module note).
     pub fn cut(&self, tail: &[ItemMeta]) -> usize {
-        let n = self.metas.len();
+        let n = self.items.len();
         let total = n + tail.len();
-        let item = |q: usize| -> &ItemMeta {
+        let cont = |q: usize| -> bool {
             if q < n {
-                &self.metas[q]
+                self.items[q].flags & CONTINUES != 0
             } else {
-                &tail[q - n]
+                continues(&tail[q - n])
+            }
+        };
+        let kind = |q: usize| -> ItemKind {
+            if q < n {
+                self.items[q].kind
+            } else {
+                tail[q - n].kind
             }
         };
         let mut c = n;
         let mut folded = total; // relation keys of `folded..` are accounted for
         loop {
             let mut next = c;
+            let mut fold = |k: u64| {
+                if let Some(&f) = self.first.get(&k) {
+                    next = next.min(f);
+                }
+            };
             for q in c..folded {
-                for k in relation_keys(item(q)) {
-                    if let Some(&f) = self.first.get(&k) {
-                        next = next.min(f);
-                    }
+                if q < n {
+                    self.stored_keys(q).for_each(&mut fold);
+                } else {
+                    relation_keys(&tail[q - n]).for_each(&mut fold);
                 }
             }
             folded = c;
-            if next > 0 && next < total && continues(item(next - 1)) && continues(item(next)) {
+            if next > 0 && next < total && cont(next - 1) && cont(next) {
                 next -= 1;
-                while next > 0 && continues(item(next - 1)) {
+                while next > 0 && cont(next - 1) {
                     next -= 1;
                 }
             }
@@ -168,7 +345,7 @@ impl HistoryIndex {
         // would pair with (or depend on) a call before the cut: fall back to everything.
         let mut open_outputs = 0usize;
         for q in (c..total).rev() {
-            match item(q).kind {
+            match kind(q) {
                 ItemKind::AnonToolSearchOutput => open_outputs += 1,
                 ItemKind::AnonToolSearchCall => open_outputs = open_outputs.saturating_sub(1),
                 _ => {}
@@ -186,7 +363,7 @@ impl HistoryIndex {
         if items.is_empty() {
             return;
         }
-        let n = self.metas.len();
+        let n = self.items.len();
         let c = self.cut(&items);
         let keys = 4 * items.len();
         if self.first.capacity() - self.first.len() < keys {
@@ -198,27 +375,33 @@ impl HistoryIndex {
             }
         }
         // Headroom, so that the appends of the next turns do not move the whole index.
-        let headroom = items.len() + self.metas.len() / 4 + 64;
-        reserve_ahead(&mut self.metas, items.len(), headroom);
-        let g = Arc::make_mut(&mut self.graph);
-        reserve_ahead(&mut g.unit_of, items.len(), headroom);
-        reserve_ahead(&mut g.units, items.len(), headroom);
-        self.metas.extend(items);
-        let mut tail = build_graph(&self.metas[c..], &[]);
+        let headroom = items.len() + n / 4 + 64;
+        reserve_ahead(&mut self.items, items.len(), headroom);
+        for m in &items {
+            self.store(m);
+        }
+        // The units after the cut: rebuilt from the stored items before it plus the new ones.
+        let mut region: Vec<ItemMeta> = (c..n).map(|p| self.meta(p)).collect();
+        region.extend(items);
+        let mut tail = build_graph(&region, &[]);
+        drop(region);
         tail.shift_positions(c);
         let g = Arc::make_mut(&mut self.graph);
+        reserve_ahead(&mut g.unit_of, tail.unit_of.len(), headroom);
+        reserve_ahead(&mut g.units, tail.units.len(), headroom / 2);
         let k = if c < n { g.unit_of[c] } else { g.units.len() };
         g.units.truncate(k);
         g.unit_of.truncate(c);
         g.unit_of.extend(tail.unit_of.iter().map(|u| u + k));
         g.units.extend(tail.units);
-        g.n_history = self.metas.len();
+        g.n_history = self.items.len();
     }
 
     /// The graph of the positions after the cut for `new_input` placed after the history.
     pub fn tail(&self, new_input: &[ItemMeta]) -> TailGraph {
         let cut = self.cut(new_input);
-        let mut graph = build_graph(&self.metas[cut..], new_input);
+        let region: Vec<ItemMeta> = (cut..self.items.len()).map(|p| self.meta(p)).collect();
+        let mut graph = build_graph(&region, new_input);
         graph.shift_positions(cut);
         TailGraph { cut, graph }
     }

@@ -130,6 +130,9 @@ fn index_equals_full_graph_and_pack() {
             idx.extend(hm[keep..].to_vec());
         }
 
+        for (p, m) in hm.iter().enumerate() {
+            assert_eq!(&idx.meta(p), m, "case {case}: stored item {p} round-trips");
+        }
         let full: Graph = build_graph(&hm, &nm);
         let tail = idx.tail(&nm);
         let view = idx.view(&tail);

@@ -964,6 +964,12 @@ impl HistoryIndex {
         self.index.len()
     }
 
+    /// Approximate bytes of memory the index holds.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.index.heap_bytes() + self.kinds.capacity() + self.costs.capacity() * 8
+    }
+
     /// Classify and append history items (positions continue from `len(self)`).
     fn extend(&mut self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
         let items = item_seq(items, "items")?;
@@ -1033,8 +1039,7 @@ impl HistoryIndex {
             PyCostSource::new(history.clone().unbind(), new_items, enc).with_memo(&mut self.costs);
         let tail = py.detach(|| index.tail(&new_metas));
         let view = index.view(&tail);
-        let metas = index.metas();
-        let is_user = |p: usize| metas[p].is_user_message();
+        let is_user = |p: usize| index.is_user_message(p);
         let mut result = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, &opts, hook)
         })?;
