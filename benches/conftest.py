@@ -72,27 +72,33 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
     rows = sorted((k[1], v) for k, v in RESULTS.items() if k[0] == "pack")
     if rows:
         tr.write_line(f"{'case':<16}{'budget':>8}{'SDK ms':>10}{'pp cold':>10}{'pp warm':>10}"
-                      f"{'warm/SDK':>10}{'ref cold':>10}{'ref warm':>10}{'ref/pp warm':>12}"
-                      f"{'ref/pp cold':>12}")
+                      f"{'index':>9}{'warm/SDK':>10}{'index/SDK':>10}{'ref cold':>10}"
+                      f"{'ref warm':>10}{'ref/pp warm':>12}{'ref/index':>11}{'ref/pp cold':>12}")
     for (size, mix, budget), v in rows:
         s = sdk.get((size, mix), {}).get("median")
-        pw, pc = v.get("pp_warm"), v.get("pp_cold")
+        pw, pc, pi = v.get("pp_warm"), v.get("pp_cold"), v.get("pp_index_warm")
         rw, rc = v.get("ref_warm"), v.get("ref_cold")
 
         def ratio(a, b, pct=False):
             if a is None or b is None or b == 0:
                 return "-"
-            return f"{100 * a / b:.1f}%" if pct else f"{a / b:.2f}x"
+            return f"{100 * a / b:.3f}%" if pct else f"{a / b:,.1f}x"
 
+        index_ms = "-" if pi is None else f"{pi * 1e3:.3f}"
         tr.write_line(f"{mix + '-' + str(size):<16}{budget:>8}{harness.ms(s):>10}"
-                      f"{harness.ms(pc):>10}{harness.ms(pw):>10}{ratio(pw, s, True):>10}"
+                      f"{harness.ms(pc):>10}{harness.ms(pw):>10}{index_ms:>9}"
+                      f"{ratio(pw, s, True):>10}{ratio(pi, s, True):>10}"
                       f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
-                      f"{ratio(rc, pc):>12}")
+                      f"{ratio(rw, pi):>11}{ratio(rc, pc):>12}")
     for k, v in sorted(RESULTS.items()):
         if k[0] == "threads":
             tr.write_line(f"pack two 10k sessions: sequential {v['sequential'] * 1e3:.1f} ms, "
                           f"two threads {v['threaded'] * 1e3:.1f} ms, "
                           f"scaling {v['sequential'] / v['threaded']:.2f}x")
+        if k[0] == "turn":
+            size, mix = k[1]
+            tr.write_line(f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
+                          f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms")
         if k[0] == "count":
             engine, threads = k[1]
             tr.write_line(f"count {engine:<12} {threads} thread(s): {v['mb_s']:8.2f} MB/s "
