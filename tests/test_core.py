@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -339,3 +344,31 @@ def test_decisions_are_a_lazy_sequence_matching_the_explanation() -> None:
     assert control.positions == [3] and control.problems[0].location == "history[3]"
     assert [p for d in every if d.kept for p in d.positions] == result.kept_history
     assert f"{counts['over_budget']} over_budget" in result.explain()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> None:
+    """The first pack of a process builds its encoding on a helper thread while the items
+    are read; the helper is joined before the call returns, also when the call fails."""
+    code = textwrap.dedent("""
+        import os, protoprompt as pp
+        tasks = lambda: len(os.listdir("/proc/self/task"))
+        before = tasks()
+        try:
+            pp.pack([{"role": 5}], [{"role": "user", "content": "x"}], 100, encoding="cl100k_base")
+        except pp.InvalidItemError:
+            pass
+        assert tasks() == before, (before, tasks())
+        r = pp.pack([{"role": "user", "content": "hello there"}],
+                    [{"role": "user", "content": "x"}], 1000, encoding="r50k_base")
+        assert tasks() == before
+        item = {"role": "user", "content": "hello there"}
+        assert r.history_tokens == pp.item_tokens(item, encoding="r50k_base").total
+        print("ok")
+    """)
+    env = dict(os.environ)
+    package_dir = str(Path(pp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

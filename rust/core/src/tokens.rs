@@ -56,6 +56,16 @@ pub const AUDIO_TOKENS_PER_SECOND: f64 = 10.0;
 /// Deepest nesting accepted inside one item.
 pub const MAX_DEPTH: usize = 64;
 
+/// Which encodings have been built (see [`Encoding::is_loaded`]).
+static LOADED: [std::sync::atomic::AtomicBool; 6] = [
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+];
+
 /// A tiktoken encoding shipped with tiktoken-rs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Encoding {
@@ -160,8 +170,24 @@ impl Encoding {
         }
     }
 
+    /// Whether this encoding's tokenizer has been built in this process.
+    pub fn is_loaded(self) -> bool {
+        LOADED[self as usize].load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Build this encoding's tokenizer now (once per process; later calls return at once).
+    pub fn load(self) {
+        self.bpe();
+    }
+
     /// The process-wide tokenizer, built lazily on first use (thread-safe, once).
     fn bpe(self) -> &'static CoreBPE {
+        let bpe = self.singleton();
+        LOADED[self as usize].store(true, std::sync::atomic::Ordering::Release);
+        bpe
+    }
+
+    fn singleton(self) -> &'static CoreBPE {
         // tiktoken-rs singletons are `LazyLock`s: built once per process, on first use.
         match self {
             Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),

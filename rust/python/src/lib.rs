@@ -159,7 +159,41 @@ fn opt_str(
     }
 }
 
-/// Read the graph-relevant fields of one item.
+/// A field value that must be a string (or absent / None).
+fn str_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> Result<Option<String>, FieldError> {
+    let Some(v) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    match v.cast::<PyString>() {
+        Ok(s) => s
+            .to_str()
+            .map(|s| Some(s.to_string()))
+            .map_err(|_| (name.to_string(), "is not valid UTF-8 text".to_string())),
+        Err(_) => Err((
+            name.to_string(),
+            format!("must be a string, got {}", type_name(v)),
+        )),
+    }
+}
+
+/// The top-level fields the graph reads, in the order they are checked.
+const GRAPH_FIELDS: [&str; 12] = [
+    "type",
+    "role",
+    "id",
+    "call_id",
+    "status",
+    "execution",
+    "approval_request_id",
+    "caller",
+    "encrypted_content",
+    "provider_data",
+    "tool_calls",
+    "tool_call_id",
+];
+
+/// Read the graph-relevant fields of one item: one pass over its entries (an item has a
+/// handful of keys; twelve keyed lookups cost more), then the checks in a fixed order.
 fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
     let dict = as_dict(obj).ok_or_else(|| {
@@ -168,48 +202,56 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
     })?;
-    let mut raw = RawItem {
-        item_type: opt_str(&dict, intern!(py, "type"))?,
-        role: opt_str(&dict, intern!(py, "role"))?,
-        id: opt_str(&dict, intern!(py, "id"))?,
-        call_id: opt_str(&dict, intern!(py, "call_id"))?,
-        status: opt_str(&dict, intern!(py, "status"))?,
-        execution: opt_str(&dict, intern!(py, "execution"))?,
-        approval_request_id: opt_str(&dict, intern!(py, "approval_request_id"))?,
-        ..RawItem::default()
-    };
-    if let Ok(Some(c)) = dict.get_item(intern!(py, "caller")) {
-        if !c.is_none() {
-            let cd = c.cast::<PyDict>().map_err(|_| {
-                (
-                    "caller".to_string(),
-                    format!("must be a mapping, got {}", type_name(&c)),
-                )
-            })?;
-            let prefix = |(f, m): FieldError| (format!("caller.{f}"), m);
-            raw.caller = Some(RawCaller {
-                caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
-                caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
-            });
+    let mut slots: [Option<Bound<'_, PyAny>>; 12] = Default::default();
+    for (k, v) in dict.iter() {
+        let Ok(key) = k.cast::<PyString>() else {
+            continue;
+        };
+        let Ok(name) = key.to_str() else {
+            continue;
+        };
+        if let Some(i) = GRAPH_FIELDS.iter().position(|f| *f == name) {
+            slots[i] = Some(v);
         }
     }
-    if let Ok(Some(v)) = dict.get_item(intern!(py, "encrypted_content")) {
+    let field = |i: usize| str_field(GRAPH_FIELDS[i], slots[i].as_ref());
+    let mut raw = RawItem {
+        item_type: field(0)?,
+        role: field(1)?,
+        id: field(2)?,
+        call_id: field(3)?,
+        status: field(4)?,
+        execution: field(5)?,
+        approval_request_id: field(6)?,
+        ..RawItem::default()
+    };
+    if let Some(c) = slots[7].as_ref().filter(|c| !c.is_none()) {
+        let cd = c.cast::<PyDict>().map_err(|_| {
+            (
+                "caller".to_string(),
+                format!("must be a mapping, got {}", type_name(c)),
+            )
+        })?;
+        let prefix = |(f, m): FieldError| (format!("caller.{f}"), m);
+        raw.caller = Some(RawCaller {
+            caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
+            caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
+        });
+    }
+    if let Some(v) = &slots[8] {
         raw.has_encrypted_content = v
             .cast::<PyString>()
             .map(|s| s.to_str().map(|t| !t.is_empty()).unwrap_or(false))
             .unwrap_or(false);
     }
-    if let Ok(Some(v)) = dict.get_item(intern!(py, "provider_data")) {
-        if !v.is_none() {
-            raw.has_provider_data = true;
-            if let Ok(pd) = v.cast::<PyDict>() {
-                raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
-            }
+    if let Some(v) = slots[9].as_ref().filter(|v| !v.is_none()) {
+        raw.has_provider_data = true;
+        if let Ok(pd) = v.cast::<PyDict>() {
+            raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
         }
     }
-    raw.has_tool_calls =
-        matches!(dict.get_item(intern!(py, "tool_calls")), Ok(Some(v)) if !v.is_none());
-    raw.has_tool_call_id = matches!(dict.get_item(intern!(py, "tool_call_id")), Ok(Some(_)));
+    raw.has_tool_calls = slots[10].as_ref().is_some_and(|v| !v.is_none());
+    raw.has_tool_call_id = slots[11].is_some();
     Ok(raw)
 }
 
@@ -641,6 +683,41 @@ fn analyze<'py>(
     graph_dict(py, &graph, &metas)
 }
 
+/// Builds an encoding's tokenizer on a helper thread while the calling thread reads the
+/// items (which needs the GIL): the first call in a process does both at once. The helper
+/// is joined before the call returns, whatever happens, so no thread outlives the call.
+struct Preload(Option<std::thread::JoinHandle<()>>);
+
+impl Preload {
+    fn start(enc: Encoding) -> Preload {
+        if enc.is_loaded() {
+            return Preload(None);
+        }
+        let handle = std::thread::Builder::new()
+            .name("protoprompt-tokenizer".to_string())
+            .spawn(move || enc.load())
+            .ok();
+        Preload(handle)
+    }
+
+    /// Wait for the helper with the GIL released.
+    fn finish(mut self, py: Python<'_>) {
+        if let Some(h) = self.0.take() {
+            py.detach(|| {
+                let _ = h.join();
+            });
+        }
+    }
+}
+
+impl Drop for Preload {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// The options shared by `pack` and `HistoryIndex.pack`.
 fn pack_options(
     budget: u64,
@@ -897,6 +974,7 @@ fn pack<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
     let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+    let preload = Preload::start(enc);
     let history = as_list(history, "history")?;
     let new_items = item_seq(new_input, "new_input")?;
     let n_history = history.len();
@@ -906,6 +984,7 @@ fn pack<'py>(
     metas.extend(classify_items(py, &new_items, n_history, n_history)?);
     let mut source = PyCostSource::new(history.unbind(), new_items, enc);
     let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
+    preload.finish(py);
     let mut result = run_pack(py, context, |hook| {
         core_pack(&graph, &metas, &mut source, &opts, hook)
     })?;
@@ -1021,6 +1100,7 @@ impl HistoryIndex {
                  truncate or clear the index when items are removed"
             )));
         }
+        let preload = Preload::start(enc);
         let new_items = item_seq(new_input, "new_input")?;
         let appended: Vec<Py<PyAny>> = (indexed..n_history)
             .map(|p| history.get_item(p).map(Bound::unbind))
@@ -1038,6 +1118,7 @@ impl HistoryIndex {
         let mut source =
             PyCostSource::new(history.clone().unbind(), new_items, enc).with_memo(&mut self.costs);
         let tail = py.detach(|| index.tail(&new_metas));
+        preload.finish(py);
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
         let mut result = run_pack(py, context, |hook| {
