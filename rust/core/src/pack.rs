@@ -19,19 +19,25 @@
 //!   and two 64-bit hashes of the text; two bounded generations), so the next turn — the same
 //!   history plus a few new items, handed over as fresh copies by the SDK — re-tokenises
 //!   nothing it has seen. Two encodings never share an entry. Within one call each position is
-//!   costed at most once (the binding's cost source memoises by position).
-//! * **What is linear.** Classifying every item (a few dictionary lookups) and building the
-//!   graph (hash maps and union-find) are O(n); contents are converted from Python only for
-//!   the units whose cost is needed, which keeps the extra memory of a call small next to the
-//!   history itself.
+//!   costed at most once (the binding's cost source memoises by position); a
+//!   [`crate::incremental::HistoryIndex`] user also keeps each history position's cost
+//!   between calls, and the classified items and their graph (see that module's note).
+//! * **What is linear.** [`pack_view`] is not linear in the history: candidates are found
+//!   newest first by a backwards scan over positions (a unit is met at its newest member),
+//!   the contiguous policy stops at the first unit that does not fit, and the result records
+//!   only the units the fill touched ([`PackResult::touched`]); every other unit's decision
+//!   follows from the unit ([`PackResult::decision_of`]). The greedy policy scans every unit
+//!   (cheaply: lower bounds first). Classifying items and building a whole graph ([`pack`], [`pack_values`]) are
+//!   O(n); through a `HistoryIndex` only the items after its cut are classified or regrouped.
 //! * **What is coherent.** Units are visited newest first (by their newest member). A user
 //!   message opens a turn; the kept history never contains a user message whose later turn
 //!   items were dropped while older items are kept. Contiguous: kept units form an unbroken
 //!   suffix of the valid units (invalid and input-only units are skipped, they never break the
 //!   suffix). Greedy: when a unit does not fit, the rest of its turn is dropped and older turns
 //!   are then taken whole or not at all.
-//! * **What is reported.** One [`UnitDecision`] per history unit with its reason and, when it
-//!   was counted, its tokens; totals per section.
+//! * **What is reported.** Totals per section, and one [`UnitDecision`] per history unit with
+//!   its reason and, when it was counted, its tokens ([`PackResult::decisions`], derived on
+//!   demand from the touched units and the graph).
 
 use std::fmt;
 
