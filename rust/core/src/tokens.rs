@@ -183,7 +183,10 @@ impl Encoding {
     /// The process-wide tokenizer, built lazily on first use (thread-safe, once).
     fn bpe(self) -> &'static CoreBPE {
         let bpe = self.singleton();
-        LOADED[self as usize].store(true, std::sync::atomic::Ordering::Release);
+        let loaded = &LOADED[self as usize];
+        if !loaded.load(std::sync::atomic::Ordering::Relaxed) {
+            loaded.store(true, std::sync::atomic::Ordering::Release);
+        }
         bpe
     }
 
