@@ -329,21 +329,8 @@ def pack(
         InvalidNewInputError: ``new_input`` depends on history that is missing or invalid.
         InvalidItemError: an item is malformed (the message names the item and field).
     """
-    _check_sizes(budget, output_reserve, context_tokens)
-    history_list = _as_list(history, "history")
-    new_list = _as_list(new_input, "new_input")
-    raw = _core.pack(
-        history_list,
-        new_list,
-        budget,
-        output_reserve=output_reserve,
-        context_tokens=context_tokens,
-        model=model,
-        encoding=encoding,
-        policy=policy,
-        context=context,
-    )
-    return _result(raw, history_list, new_list)
+    return _run(_core.pack, history, new_input, budget, output_reserve, context_tokens,
+                model, encoding, policy, context)
 
 
 def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
@@ -355,7 +342,25 @@ def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
             raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def _result(raw: Mapping[str, Any], history_list: list[Any], new_list: list[Any]) -> PackResult:
+def _run(
+    core_pack: Callable[..., Mapping[str, Any]],
+    history: Iterable[Item],
+    new_input: Iterable[Item],
+    budget: int,
+    output_reserve: int,
+    context_tokens: int,
+    model: str | None,
+    encoding: str | None,
+    policy: Policy,
+    context: Callable[[int], int] | None,
+) -> PackResult:
+    """Check the sizes, call the core (`_core.pack` or `HistoryIndex.pack`), wrap its dict."""
+    _check_sizes(budget, output_reserve, context_tokens)
+    history_list = _as_list(history, "history")
+    new_list = _as_list(new_input, "new_input")
+    raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
+                    context_tokens=context_tokens, model=model, encoding=encoding,
+                    policy=policy, context=context)
     kept = raw["kept_history"]
     return PackResult(
         items=[history_list[i] for i in kept] + list(new_list),
@@ -444,18 +449,5 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :func:`pack`. A failed call leaves the index consistent: the only change it can
         make is indexing the items appended to ``history``, which belong to it either way.
         """
-        _check_sizes(budget, output_reserve, context_tokens)
-        history_list = _as_list(history, "history")
-        new_list = _as_list(new_input, "new_input")
-        raw = self._index.pack(
-            history_list,
-            new_list,
-            budget,
-            output_reserve=output_reserve,
-            context_tokens=context_tokens,
-            model=model,
-            encoding=encoding,
-            policy=policy,
-            context=context,
-        )
-        return _result(raw, history_list, new_list)
+        return _run(self._index.pack, history, new_input, budget, output_reserve,
+                    context_tokens, model, encoding, policy, context)

@@ -1,9 +1,10 @@
 //! Packing: reservation order, fill policies, coherence, and lazy-vs-eager equivalence.
 
-use protoprompt_core::graph::{build_graph, GraphView};
+use protoprompt_core::graph::{build_graph, Graph, GraphView};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{
-    pack, pack_values, CostFailure, CostSource, Decision, PackError, PackOptions, Policy, Section,
+    pack, pack_values, CostFailure, CostSource, Decision, PackError, PackOptions, PackResult,
+    Policy, Section, UnitDecision,
 };
 use protoprompt_core::tokens::{item_cost, Encoding};
 use serde_json::{json, Value};
@@ -209,6 +210,12 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
         .all(|d| d.tokens.is_none()));
 }
 
+/// The decision of the unit holding history position `p`.
+fn decision_at(g: &Graph, r: &PackResult, p: usize) -> UnitDecision {
+    let view = GraphView::whole(g);
+    r.decision_of(view, view.unit_of(p)).unwrap()
+}
+
 #[test]
 fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
     let h = history(4, |t| if t == 2 { 3000 } else { 10 });
@@ -226,13 +233,7 @@ fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
     expected.push(14);
     expected.extend(15..20);
     assert_eq!(r.kept_history, expected);
-    let decisions = r.decisions(GraphView::whole(&g));
-    let by_pos = |p: usize| {
-        decisions
-            .iter()
-            .find(|d| g.units[d.unit].members.contains(&p))
-            .unwrap()
-    };
+    let by_pos = |p: usize| decision_at(&g, &r, p);
     assert_eq!(by_pos(11).decision, Decision::OverBudget);
     assert_eq!(by_pos(10).decision, Decision::TurnIncomplete);
     // The user message of the broken turn is never kept without the rest of its turn.
@@ -259,13 +260,7 @@ fn greedy_older_turns_are_whole_or_nothing() {
     };
     let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
     assert_eq!(r.kept_history, (9..15).collect::<Vec<_>>());
-    let decisions = r.decisions(GraphView::whole(&g));
-    let by_pos = |p: usize| {
-        decisions
-            .iter()
-            .find(|d| g.units[d.unit].members.contains(&p))
-            .unwrap()
-    };
+    let by_pos = |p: usize| decision_at(&g, &r, p);
     assert_eq!(by_pos(4).decision, Decision::OverBudget);
     assert_eq!(by_pos(5).decision, Decision::TurnIncomplete);
 }

@@ -398,19 +398,30 @@ fn item_seq(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Py<PyAny>>> {
 }
 
 /// Classify the items of `items`, labelled from global position `offset`.
-fn classify_items(
-    py: Python<'_>,
-    items: &[Py<PyAny>],
+fn classify_items<'py>(
+    py: Python<'py>,
+    items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
     offset: usize,
     n_history: usize,
 ) -> PyResult<Vec<ItemMeta>> {
     let mut metas = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let raw = extract_raw(item.bind(py))
+    for (i, item) in items.enumerate() {
+        let raw = extract_raw(&item)
             .map_err(|(field, msg)| item_error(py, &label(n_history, offset + i), &field, &msg))?;
         metas.push(ItemMeta::new(raw));
     }
     Ok(metas)
+}
+
+/// The bound items of a list of owned references.
+fn bound<'a, 'py>(
+    py: Python<'py>,
+    items: &'a [Py<PyAny>],
+) -> impl ExactSizeIterator<Item = Bound<'py, PyAny>> + 'a
+where
+    'py: 'a,
+{
+    items.iter().map(move |i| i.bind(py).clone())
 }
 
 /// Extract and classify every item of `history ++ new_input` (GIL held).
@@ -423,7 +434,7 @@ fn classify_all(
     let mut items = seq(history, "history")?;
     let n_history = items.len();
     items.extend(seq(new_input, "new_input")?);
-    let metas = classify_items(py, &items, 0, n_history)?;
+    let metas = classify_items(py, bound(py, &items), 0, n_history)?;
     Ok((items, metas, n_history))
 }
 
@@ -445,8 +456,12 @@ struct PyCostSource<'m> {
 const UNCOUNTED: u64 = u64::MAX;
 
 impl<'m> PyCostSource<'m> {
-    fn new(history: Py<PyList>, new_input: Vec<Py<PyAny>>, encoding: Encoding) -> Self {
-        let n_history = Python::attach(|py| history.bind(py).len());
+    fn new(
+        history: Py<PyList>,
+        n_history: usize,
+        new_input: Vec<Py<PyAny>>,
+        encoding: Encoding,
+    ) -> Self {
         PyCostSource {
             history,
             new_input,
@@ -457,13 +472,9 @@ impl<'m> PyCostSource<'m> {
         }
     }
 
+    /// Keep history costs in `memo` (one entry per history position) across calls.
     fn with_memo(mut self, memo: &'m mut Vec<u64>) -> Self {
         memo.resize(self.n_history, UNCOUNTED);
-        for (&p, &c) in &self.cache {
-            if p < self.n_history {
-                memo[p] = c;
-            }
-        }
         self.memo = Some(memo);
         self
     }
@@ -929,6 +940,7 @@ fn result_dict<'py>(
     result: &PackResult,
     enc: Encoding,
     policy: Policy,
+    decisions: DecisionTable,
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("kept_history", &result.kept_history)?;
@@ -943,6 +955,7 @@ fn result_dict<'py>(
     out.set_item("remaining", result.remaining())?;
     out.set_item("encoding", enc.name())?;
     out.set_item("policy", policy.name())?;
+    out.set_item("decisions", Bound::new(py, decisions)?)?;
     Ok(out)
 }
 
@@ -978,11 +991,14 @@ fn pack<'py>(
     let history = as_list(history, "history")?;
     let new_items = item_seq(new_input, "new_input")?;
     let n_history = history.len();
-    let hist_items: Vec<Py<PyAny>> = history.iter().map(Bound::unbind).collect();
-    let mut metas = classify_items(py, &hist_items, 0, n_history)?;
-    drop(hist_items);
-    metas.extend(classify_items(py, &new_items, n_history, n_history)?);
-    let mut source = PyCostSource::new(history.unbind(), new_items, enc);
+    let mut metas = classify_items(py, history.iter(), 0, n_history)?;
+    metas.extend(classify_items(
+        py,
+        bound(py, &new_items),
+        n_history,
+        n_history,
+    )?);
+    let mut source = PyCostSource::new(history.unbind(), n_history, new_items, enc);
     let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
     preload.finish(py);
     let mut result = run_pack(py, context, |hook| {
@@ -993,10 +1009,8 @@ fn pack<'py>(
         .iter()
         .map(|m| names.code(m.kind_name()))
         .collect();
-    let dict = result_dict(py, &result, enc, opts.policy)?;
     let table = DecisionTable::new(Arc::new(graph), None, &mut result, Arc::new(kinds), &names);
-    dict.set_item("decisions", Bound::new(py, table)?)?;
-    Ok(dict)
+    result_dict(py, &result, enc, opts.policy, table)
 }
 
 /// The classified history of one session, extended as it grows, so that packing the next
@@ -1053,7 +1067,7 @@ impl HistoryIndex {
     fn extend(&mut self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
         let items = item_seq(items, "items")?;
         let n = self.index.len();
-        let metas = classify_items(py, &items, n, usize::MAX)?;
+        let metas = classify_items(py, bound(py, &items), n, usize::MAX)?;
         self.append(py, metas);
         Ok(())
     }
@@ -1102,11 +1116,8 @@ impl HistoryIndex {
         }
         let preload = Preload::start(enc);
         let new_items = item_seq(new_input, "new_input")?;
-        let appended: Vec<Py<PyAny>> = (indexed..n_history)
-            .map(|p| history.get_item(p).map(Bound::unbind))
-            .collect::<PyResult<_>>()?;
-        let appended = classify_items(py, &appended, indexed, n_history)?;
-        let new_metas = classify_items(py, &new_items, n_history, n_history)?;
+        let appended = classify_items(py, history.iter().skip(indexed), indexed, n_history)?;
+        let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         self.append(py, appended);
         if self.cost_encoding != Some(enc) {
             self.costs.fill(UNCOUNTED);
@@ -1115,8 +1126,8 @@ impl HistoryIndex {
         let index = &self.index;
         let kinds = &self.kinds;
         let kind_names = &self.kind_names;
-        let mut source =
-            PyCostSource::new(history.clone().unbind(), new_items, enc).with_memo(&mut self.costs);
+        let mut source = PyCostSource::new(history.clone().unbind(), n_history, new_items, enc)
+            .with_memo(&mut self.costs);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
         let view = index.view(&tail);
@@ -1124,7 +1135,6 @@ impl HistoryIndex {
         let mut result = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, &opts, hook)
         })?;
-        let dict = result_dict(py, &result, enc, opts.policy)?;
         let table = DecisionTable::new(
             index.shared_graph(),
             Some(tail),
@@ -1132,8 +1142,7 @@ impl HistoryIndex {
             Arc::clone(kinds),
             kind_names,
         );
-        dict.set_item("decisions", Bound::new(py, table)?)?;
-        Ok(dict)
+        result_dict(py, &result, enc, opts.policy, table)
     }
 }
 
