@@ -25,7 +25,7 @@ FRAGMENTS = [
     "mcp_chain", "mcp_unanswered", "program", "program_without_output", "web_search",
     "apply_patch", "call_without_output", "orphan_output", "output_before_call",
     "dangling_reasoning", "controls", "chat_shape", "hosted_wrapper", "custom_pair",
-    "mismatched_output", "local_shell_id_only", "compaction",
+    "mismatched_output", "local_shell_id_only", "compaction", "chat_completions_turn",
 ]
 
 
@@ -120,6 +120,10 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
         return [{"type": "local_shell_call", "id": f"lsh_{i}", "call_id": f"l{i}",
                  "action": {"type": "exec", "command": ["ls"], "env": {}}, "status": "completed"},
                 {"type": "local_shell_call_output", "id": f"l{i}", "output": "{}"}]
+    if kind == "chat_completions_turn":
+        # Chat Completions models give every item the SDK's placeholder id.
+        fake = "__fake_id__"
+        return [dict(rs, id=fake), dict(fc, id=fake), fo, dict(msg, id=fake)]
     if kind == "compaction":
         return [{"type": "compaction", "id": f"cmp_{i}", "encrypted_content": "gAAA"}]
     raise AssertionError(kind)

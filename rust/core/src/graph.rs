@@ -8,7 +8,7 @@
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, ItemMeta};
+use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, ItemMeta, FAKE_ID};
 
 /// Why a unit is invalid. [`InvalidReason::message`] gives the exact wording used by the
 /// spec's test vectors, [`InvalidReason::code`] a stable snake_case code.
@@ -785,7 +785,9 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
         if id.is_none() && !it.raw.has_encrypted_content {
             flag(InvalidReason::ReasoningWithoutIdOrEncryptedContent, p);
         }
-        if let Some(id) = id {
+        // The SDK's de-duplication ignores the `__fake_id__` placeholder (Chat Completions
+        // models give it to every item), so such reasoning items never collapse.
+        if let Some(id) = id.filter(|id| *id != FAKE_ID) {
             if !reasoning_ids.insert(id) {
                 flag(InvalidReason::DuplicateReasoningId, p);
             }
@@ -959,6 +961,24 @@ mod tests {
             vec![
                 (vec![0, 1, 2, 4, 5, 6], vec!["duplicate_reasoning_id"]),
                 (vec![3], vec![])
+            ]
+        );
+    }
+
+    #[test]
+    fn placeholder_reasoning_ids_are_not_duplicates() {
+        // Chat Completions models give every item `__fake_id__`; the SDK never collapses them.
+        let r = json!({"type":"reasoning","id":"__fake_id__","summary":[]});
+        let call = |c: &str| json!({"type":"function_call","id":"__fake_id__","call_id":c});
+        let out = |c: &str| json!({"type":"function_call_output","call_id":c});
+        let h = json!([r, call("a"), out("a"), user(), r, call("b"), out("b")]);
+        let g = graph_of(h, json!([]));
+        assert_eq!(
+            summary(&g),
+            vec![
+                (vec![0, 1, 2], vec![]),
+                (vec![3], vec![]),
+                (vec![4, 5, 6], vec![])
             ]
         );
     }

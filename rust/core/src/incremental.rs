@@ -32,7 +32,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::graph::{build_graph, Graph, GraphView};
-use crate::items::{ItemKind, ItemMeta, RawCaller, RawItem};
+use crate::items::{CallType, ItemKind, ItemMeta, RawCaller, RawItem, FAKE_ID};
 
 fn relation_hash(s: &str) -> u64 {
     let mut h = FxHasher::default();
@@ -41,12 +41,27 @@ fn relation_hash(s: &str) -> u64 {
     h.finish()
 }
 
+/// Whether an item's `id` can relate it to another item: never a message's `id` (messages are
+/// not de-duplicated, paired or checked for duplicates) nor the `__fake_id__` placeholder that
+/// Chat Completions models give every item (the SDK ignores it), except where the `id` is the
+/// item's call key. Counting those would let one early placeholder pull every cut back to it.
+fn id_relates(kind: ItemKind, item_type: Option<&str>, has_role: bool, id: &str) -> bool {
+    let call_key = matches!(
+        kind,
+        ItemKind::Call(CallType::McpApprovalRequest) | ItemKind::Output(CallType::LocalShellCall)
+    );
+    call_key || (!has_role && item_type != Some("message") && id != FAKE_ID)
+}
+
 /// Hashes of the relation strings of one item.
 fn relation_keys(m: &ItemMeta) -> impl Iterator<Item = u64> + '_ {
     let r = &m.raw;
+    let id =
+        r.id.as_deref()
+            .filter(|id| id_relates(m.kind, r.item_type.as_deref(), r.role.is_some(), id));
     [
         r.call_id.as_deref(),
-        r.id.as_deref(),
+        id,
         r.approval_request_id.as_deref(),
         r.caller.as_ref().and_then(|c| c.caller_id.as_deref()),
     ]
@@ -245,7 +260,7 @@ impl HistoryIndex {
         let spans = [
             self.store_text(r.item_type.as_deref(), true),
             self.store_text(r.role.as_deref(), true),
-            self.store_text(r.id.as_deref(), false),
+            self.store_text(r.id.as_deref(), r.id.as_deref() == Some(FAKE_ID)),
             self.store_text(r.call_id.as_deref(), false),
             self.store_text(r.status.as_deref(), true),
             self.store_text(r.execution.as_deref(), true),
@@ -264,10 +279,18 @@ impl HistoryIndex {
     /// Relation keys of the indexed item at `pos` (same as [`relation_keys`] of its meta).
     fn stored_keys(&self, pos: usize) -> impl Iterator<Item = u64> + '_ {
         let st = &self.items[pos];
-        [st.spans[3], st.spans[2], st.spans[6], st.spans[8]]
-            .into_iter()
-            .filter_map(|s| self.text(s))
-            .map(relation_hash)
+        let id = self
+            .text(st.spans[2])
+            .filter(|id| id_relates(st.kind, self.text(st.spans[0]), st.spans[1] != ABSENT, id));
+        [
+            self.text(st.spans[3]),
+            id,
+            self.text(st.spans[6]),
+            self.text(st.spans[8]),
+        ]
+        .into_iter()
+        .flatten()
+        .map(relation_hash)
     }
 
     /// The graph of the indexed history alone.
@@ -461,6 +484,29 @@ mod tests {
             let full = build_graph(&h, &n);
             assert_eq!(units_of(idx.view(&tail)), units_of(GraphView::whole(&full)));
         }
+    }
+
+    #[test]
+    fn placeholder_ids_do_not_pull_the_cut_back() {
+        // A Chat Completions session: every message and call carries `__fake_id__`.
+        let turn = |i: usize| {
+            json!([
+                {"role":"user","content":"q"},
+                {"type":"function_call","id":"__fake_id__","call_id":format!("c{i}"),
+                 "name":"f","arguments":"{}"},
+                {"type":"function_call_output","call_id":format!("c{i}"),"output":"x"},
+                {"type":"message","role":"assistant","id":"__fake_id__","status":"completed",
+                 "content":[]}
+            ])
+        };
+        let mut idx = HistoryIndex::new();
+        for i in 0..50 {
+            idx.extend(metas(turn(i)));
+        }
+        assert_eq!(idx.cut(&metas(turn(50))), 200);
+        // A call's output in the next turn only reaches back to its call.
+        let out = json!([{"type":"function_call_output","call_id":"c49","output":"y"}]);
+        assert_eq!(idx.cut(&metas(out)), 197);
     }
 
     #[test]

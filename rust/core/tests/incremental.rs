@@ -25,7 +25,8 @@ impl Rng {
     }
 }
 
-const IDS: [&str; 5] = ["a", "b", "c", "d", ""];
+// "__fake_id__" is the placeholder Chat Completions models give every item.
+const IDS: [&str; 6] = ["a", "b", "c", "d", "", "__fake_id__"];
 const STATUSES: [&str; 4] = ["in_progress", "completed", "incomplete", "weird"];
 
 fn random_item(r: &mut Rng) -> Value {
@@ -38,12 +39,26 @@ fn random_item(r: &mut Rng) -> Value {
     };
     match r.below(20) {
         0..=3 => json!({"role":"user","content":"hi"}),
-        4 => json!({"type":"message","role":"assistant","id":format!("m{}", r.below(4)),
-                    "status":"completed","content":[]}),
-        5 => json!({"type":"reasoning","id":format!("rs{}", r.below(3)),"summary":[]}),
+        4 => {
+            // A message id never relates items, even when it equals another item's id.
+            let mid = if r.below(2) == 0 {
+                format!("m{}", r.below(4))
+            } else {
+                id.to_string()
+            };
+            json!({"type":"message","role":"assistant","id":mid,"status":"completed","content":[]})
+        }
+        5 => {
+            let rid = if r.below(3) == 0 {
+                "__fake_id__".to_string()
+            } else {
+                format!("rs{}", r.below(3))
+            };
+            json!({"type":"reasoning","id":rid,"summary":[]})
+        }
         6 => json!({"type":"reasoning","encrypted_content":"e","summary":[]}),
-        7 => json!({"type":"function_call","call_id":id,"name":"f","arguments":"{}",
-                    "caller":caller}),
+        7 => json!({"type":"function_call","id":r.pick(&IDS),"call_id":id,"name":"f",
+                    "arguments":"{}","caller":caller}),
         8 => json!({"type":"function_call_output","call_id":id,"output":"x","caller":caller}),
         9 => json!({"type":"shell_call","call_id":id,"status":status,"action":{}}),
         10 => json!({"type":"shell_call_output","call_id":id,"status":status,"output":[]}),
