@@ -372,3 +372,11 @@ def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_allocator_commits_memory_as_it_is_used() -> None:
+    """The extension's allocator is switched to lazy commit at import (fails if a mimalloc
+    upgrade renumbers its options, which would leave the tuning silently off)."""
+    from protoprompt import _core
+
+    assert _core._lazy_commit_allocator() is True

@@ -255,6 +255,30 @@ def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -
     assert len(index) == 0  # nothing was indexed by the failed call
 
 
+def test_a_bad_item_deep_in_a_long_history_leaves_the_index_as_it_was() -> None:
+    """Long histories are classified into the index in chunks; a bad item after several
+    chunks names itself, and the index (already holding earlier turns) is unchanged."""
+    def turn(i: int) -> list[dict]:
+        return [{"role": "user", "content": f"q{i}"},
+                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+
+    history = [it for i in range(5000) for it in turn(i)]
+    new_input = [{"role": "user", "content": "next"}]
+    index = pp.HistoryIndex()
+    index.pack(history[:30], new_input, 100_000)
+    before = index.nbytes
+    bad = history[:12_001] + [{"type": "function_call", "call_id": 7}] + history[12_001:]
+    with pytest.raises(pp.InvalidItemError, match=r"history\[12001\].*call_id"):
+        index.pack(bad, new_input, 100_000)
+    assert len(index) == 30 and index.nbytes <= before + 1024
+    with pytest.raises(pp.InvalidItemError, match=r"history\[12001\]"):
+        index.extend(bad[30:])  # positions continue from len(index)
+    assert len(index) == 30
+    _same(index.pack(history, new_input, 100_000), pp.pack(history, new_input, 100_000))
+    assert len(index) == len(history)
+
+
 def test_history_index_reports_its_memory_and_stays_small() -> None:
     """The index keeps items compactly: well under a quarter of the history's JSON."""
     import json

@@ -381,6 +381,33 @@ impl HistoryIndex {
         }
     }
 
+    /// Make room for about `items` more items, estimating their strings, relation keys and
+    /// units from the items stored so far (nothing without a sample), plus headroom for later
+    /// turns. Appending a long history in chunks then never regrows a store: each regrowth
+    /// briefly holds the old and the new copy, which set the peak memory of a cold start.
+    pub fn reserve(&mut self, items: usize) {
+        let n = self.items.len();
+        if n == 0 || items == 0 {
+            return;
+        }
+        let per_item = |x: usize| (x as f64 / n as f64 * items as f64 * 1.1) as usize + 64;
+        let total = n + items;
+        let headroom = |needed: usize| needed + total / 8;
+        let arena = per_item(self.arena.len());
+        if self.arena.capacity() - self.arena.len() < arena {
+            self.arena.reserve_exact(headroom(arena));
+        }
+        reserve_ahead(&mut self.items, items, headroom(items));
+        let keys = per_item(self.first.len());
+        if self.first.capacity() - self.first.len() < keys {
+            self.first.reserve(keys);
+        }
+        let units = per_item(self.graph.units.len());
+        let g = Arc::make_mut(&mut self.graph);
+        reserve_ahead(&mut g.unit_of, items, headroom(items));
+        reserve_ahead(&mut g.units, units, headroom(units));
+    }
+
     /// Append history items.
     pub fn extend(&mut self, items: Vec<ItemMeta>) {
         if items.is_empty() {
@@ -388,7 +415,7 @@ impl HistoryIndex {
         }
         let n = self.items.len();
         let c = self.cut(&items);
-        let keys = 4 * items.len();
+        let keys: usize = items.iter().map(|m| relation_keys(m).count()).sum();
         if self.first.capacity() - self.first.len() < keys {
             self.first.reserve(keys + self.first.len() / 2 + 64);
         }

@@ -130,6 +130,9 @@ fn index_equals_full_graph_and_pack() {
         let mut at = 0;
         while at < n_hist {
             let k = 1 + rng.below(n_hist - at);
+            if rng.below(3) == 0 {
+                idx.reserve(rng.below(40));
+            }
             idx.extend(hm[at..at + k].to_vec());
             at += k;
             assert_eq!(
