@@ -90,7 +90,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                       f"{ratio(pw, s, True):>10}{ratio(pi, s, True):>10}"
                       f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
                       f"{ratio(rw, pi):>11}{ratio(rc, pc):>12}")
-    for k, v in sorted(RESULTS.items()):
+    for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
         if k[0] == "threads":
             tr.write_line(f"pack two 10k sessions: sequential {v['sequential'] * 1e3:.1f} ms, "
                           f"two threads {v['threaded'] * 1e3:.1f} ms, "
@@ -101,5 +101,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                           f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms")
         if k[0] == "count":
             engine, threads = k[1]
-            tr.write_line(f"count {engine:<12} {threads} thread(s): {v['mb_s']:8.2f} MB/s "
+            workers = threads if isinstance(threads, str) else f"{threads} thread(s)"
+            tr.write_line(f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
                           f"{v['tok_s'] / 1e6:8.2f} Mtok/s")

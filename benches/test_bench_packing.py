@@ -287,6 +287,19 @@ def test_count_throughput(benchmark, results, engine, threads):
     print(f"\ncount {engine} x{threads}: {mb_s:.2f} MB/s, {tok_s / 1e6:.2f} Mtok/s")
 
 
+@pytest.mark.parametrize("engine", ["protoprompt", "tiktoken"])
+def test_count_throughput_two_processes(results, engine):
+    """The same corpus counted by two forked processes: the machine's ceiling for two
+    threads (processes share no interpreter, allocator or tokenizer, only the hardware)."""
+    r = harness.measure_throughput(_corpus(), engine, 2, rounds=3, processes=True)
+    if r is None:
+        pytest.skip("fork is not available")
+    expected = results.setdefault(("count-total", ()), {"tokens": r.n_tokens})["tokens"]
+    assert r.n_tokens == expected
+    results[("count", (engine, "2 procs"))] = {"mb_s": r.mb_per_s, "tok_s": r.tokens_per_s}
+    print(f"\ncount {engine} 2 processes: {r.mb_per_s:.2f} MB/s")
+
+
 def test_harness_measures_fresh_objects(cases):
     """The warm setup hands over newly decoded objects (no identity cache can help)."""
     case = cases.get(1000, "chat")
