@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     n_cases = 1 if args.db else len(args.sizes)
     total = n_cases * (1 + len(args.budgets) * args.cold_rounds) + n_cases \
-        + (0 if args.no_counting else 4)
+        + (0 if args.no_counting else 6)  # 2 engines x (1, 2 threads, 2 processes)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="protoprompt-report-") as workdir:
