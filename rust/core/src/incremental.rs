@@ -22,6 +22,10 @@
 //!   O(k + items after the cut + units visited by the fill), plus a linear but allocation
 //!   free pass over the unit list when the per-unit decisions are reported. Removing items
 //!   ([`HistoryIndex::truncate`]) rebuilds the index.
+//! * **Memory.** Items are stored compactly (see [`HistoryIndex`]); a long history is best
+//!   appended in chunks, with [`HistoryIndex::reserve`] after the first, so that full-size
+//!   [`ItemMeta`]s exist for one chunk at a time and no store regrows (the binding does this,
+//!   also for a one-off pack).
 //! * **What the caller promises.** The positions the index has seen are not changed behind
 //!   its back (the SDK's `SQLiteSession` only appends, pops the last item or clears, and
 //!   [`HistoryIndex::truncate`] / [`HistoryIndex::clear`] cover those).
