@@ -380,3 +380,47 @@ def test_the_allocator_commits_memory_as_it_is_used() -> None:
     from protoprompt import _core
 
     assert _core._lazy_commit_allocator() is True
+
+
+def test_preload_names_the_encoding_and_rejects_unknown_models() -> None:
+    assert pp.preload(model="gpt-4") == "cl100k_base"
+    assert pp.preload() == "o200k_base"
+    with pytest.raises(pp.UnknownModelError):
+        pp.preload(model="no-such-model")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_during_a_background_tokenizer_build_gives_a_working_child() -> None:
+    """A fork while a tokenizer is being built on another thread (multiprocessing's default
+    on Linux) must not hand the child a half-built tokenizer: its first count would wait
+    forever. The fork waits for the build instead."""
+    code = textwrap.dedent("""
+        import os, sys, time
+        import protoprompt as pp
+        from protoprompt import _core
+        assert not _core.is_preloaded(encoding="cl100k_base")
+        assert pp.preload(encoding="cl100k_base", wait=False) == "cl100k_base"
+        time.sleep(0.02)  # the build (~0.1 s) is under way on the background thread
+        pid = os.fork()
+        if pid == 0:
+            ok = pp.count_tokens("hello world", encoding="cl100k_base") == 2
+            os._exit(0 if ok else 3)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, 9)
+            sys.exit("the child hung")
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert _core.is_preloaded(encoding="cl100k_base")
+        print("ok")
+    """)
+    env = dict(os.environ)
+    package_dir = str(Path(pp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -33,6 +33,7 @@ from .packing import (
     encoding_for_model,
     item_tokens,
     pack,
+    preload,
 )
 from .memory import MemoryHit, MemoryScope, MemoryStore
 
@@ -66,4 +67,5 @@ __all__ = [
     "encoding_for_model",
     "item_tokens",
     "pack",
+    "preload",
 ]

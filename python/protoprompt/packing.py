@@ -257,6 +257,18 @@ def count_tokens(text: str, *, model: str | None = None, encoding: str | None = 
     return _core.count_tokens(text, model=model, encoding=encoding)
 
 
+def preload(*, model: str | None = None, encoding: str | None = None, wait: bool = True) -> str:
+    """Build the tokenizer of ``model`` / ``encoding`` now; returns the encoding name.
+
+    A tokenizer is built once per process, on first use, and takes about 0.1 s (o200k_base:
+    ~40 MB). Call this at start-up so the first request does not pay for it; with
+    ``wait=False`` it is built on a background thread (the GIL is not held, and a ``fork``
+    meanwhile waits for the build to finish, so a child never inherits a half-built one).
+    ``ProtoPromptSession.input_callback`` starts this in the background for its builder.
+    """
+    return _core.preload(model=model, encoding=encoding, wait=wait)
+
+
 def count_tokens_batch(
     texts: Iterable[str], *, model: str | None = None, encoding: str | None = None
 ) -> list[int]:

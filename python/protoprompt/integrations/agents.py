@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "pip install 'protoprompt[agents]'"
     ) from exc
 
-from ..packing import HistoryIndex
+from ..packing import HistoryIndex, preload
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -413,6 +413,8 @@ class ProtoPromptSession:
         message, the kept history objects and every new-input object — the SDK's own
         objects, never copies. The context message is registered with this session so
         :meth:`add_items` keeps it out of the history. Use it only with this session.
+        The builder's tokenizer starts building in the background now (see
+        :func:`protoprompt.preload`), so the first request does not wait for it.
 
         Args:
             builder: the budget, tokenizer and memory to use.
@@ -432,6 +434,10 @@ class ProtoPromptSession:
             raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if on_plan is not None and not callable(on_plan):
             raise TypeError("on_plan must be callable or None")
+        encoding = getattr(builder, "encoding", None)
+        if isinstance(encoding, str):
+            # Build the tokenizer while the SDK reads the history, not in the first callback.
+            preload(encoding=encoding, wait=False)
 
         def build(history: list[Item], new_input: list[Item], read: _Read | None) -> ContextPlan:
             kwargs: dict[str, Any] = dict(

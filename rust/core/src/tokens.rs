@@ -66,6 +66,18 @@ static LOADED: [std::sync::atomic::AtomicBool; 6] = [
     std::sync::atomic::AtomicBool::new(false),
 ];
 
+/// Runs every tokenizer build of the process (see [`set_build_guard`]).
+static BUILD_GUARD: std::sync::OnceLock<fn(&dyn Fn())> = std::sync::OnceLock::new();
+
+/// Run every later tokenizer build inside `guard`, which must call the closure it is given
+/// exactly once. An embedding uses it to keep `fork` from copying a half-built tokenizer
+/// into a child (whose first count would then wait forever): the Python binding holds a
+/// lock around builds and takes the same lock before a fork. Returns false (and changes
+/// nothing) if a guard was already set.
+pub fn set_build_guard(guard: fn(&dyn Fn())) -> bool {
+    BUILD_GUARD.set(guard).is_ok()
+}
+
 /// A tiktoken encoding shipped with tiktoken-rs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Encoding {
@@ -180,14 +192,21 @@ impl Encoding {
         self.bpe();
     }
 
-    /// The process-wide tokenizer, built lazily on first use (thread-safe, once).
+    /// The process-wide tokenizer, built lazily on first use (thread-safe, once), inside the
+    /// guard given to [`set_build_guard`] if any.
     fn bpe(self) -> &'static CoreBPE {
-        let bpe = self.singleton();
         let loaded = &LOADED[self as usize];
-        if !loaded.load(std::sync::atomic::Ordering::Relaxed) {
+        if !loaded.load(std::sync::atomic::Ordering::Acquire) {
+            let build = || {
+                self.singleton();
+            };
+            match BUILD_GUARD.get() {
+                Some(guard) => guard(&build),
+                None => build(),
+            }
             loaded.store(true, std::sync::atomic::Ordering::Release);
         }
-        bpe
+        self.singleton()
     }
 
     fn singleton(self) -> &'static CoreBPE {

@@ -567,6 +567,9 @@ fn count_tokens(
 ) -> PyResult<u64> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
     if text.len() < 4096 {
+        if !enc.is_loaded() {
+            py.detach(|| enc.load()); // the first build takes ~0.1 s: not under the GIL
+        }
         return enc.count(text).map_err(|e| token_error(py, e));
     }
     let owned = text.to_string();
@@ -605,6 +608,41 @@ fn encoding_for_model(py: Python<'_>, model: &str) -> PyResult<&'static str> {
 #[pyfunction]
 fn available_encodings() -> Vec<&'static str> {
     Encoding::ALL.iter().map(|e| e.name()).collect()
+}
+
+/// Build an encoding's tokenizer now (once per process), so that the first count or pack
+/// does not pay for it. With `wait=False` the build runs on a background thread (a `fork`
+/// meanwhile waits for it to finish, see `fork_guard`). Returns the encoding name.
+#[pyfunction]
+#[pyo3(signature = (*, model=None, encoding=None, wait=true))]
+fn preload(
+    py: Python<'_>,
+    model: Option<&str>,
+    encoding: Option<&str>,
+    wait: bool,
+) -> PyResult<&'static str> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    if !enc.is_loaded() {
+        if wait {
+            py.detach(|| enc.load());
+        } else {
+            std::thread::Builder::new()
+                .name("protoprompt-preload".to_string())
+                .spawn(move || enc.load())
+                .map_err(|e| {
+                    PyValueError::new_err(format!("cannot start the preload thread: {e}"))
+                })?;
+        }
+    }
+    Ok(enc.name())
+}
+
+/// Whether an encoding's tokenizer has been built in this process.
+#[pyfunction]
+#[pyo3(signature = (*, model=None, encoding=None))]
+fn is_preloaded(py: Python<'_>, model: Option<&str>, encoding: Option<&str>) -> PyResult<bool> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    Ok(enc.is_loaded())
 }
 
 /// Token cost of one item under the documented cost model.
@@ -1174,6 +1212,53 @@ impl HistoryIndex {
     }
 }
 
+/// Keeps `fork` from copying a half-built tokenizer into a child process.
+///
+/// Tokenizers are built lazily, sometimes on a helper thread while the GIL is released (the
+/// first pack, `preload(wait=False)`). A `fork` in that window (multiprocessing's default on
+/// Linux) would copy the lazy cell mid-build, and the child's first count would wait
+/// forever for a builder thread that does not exist there. Every build holds `BUILDS`; a
+/// `pthread_atfork` prepare handler takes it too (waiting for a running build, ~0.1 s) and
+/// the parent and child handlers release it.
+#[cfg(unix)]
+mod fork_guard {
+    use std::cell::RefCell;
+    use std::sync::{Mutex, MutexGuard, Once};
+
+    static BUILDS: Mutex<()> = Mutex::new(());
+
+    thread_local! {
+        /// Held by the forking thread from prepare to the parent / child handler.
+        static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
+    }
+
+    fn around_build(build: &dyn Fn()) {
+        let _held = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+        build();
+    }
+
+    extern "C" fn prepare() {
+        let guard = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+        HELD.with(|h| *h.borrow_mut() = Some(guard));
+    }
+
+    extern "C" fn release() {
+        HELD.with(|h| drop(h.borrow_mut().take()));
+    }
+
+    pub fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            protoprompt_core::tokens::set_build_guard(around_build);
+            // SAFETY: registers three handlers that only lock/unlock `BUILDS` on the
+            // forking thread; they never call into Python.
+            unsafe {
+                libc::pthread_atfork(Some(prepare), Some(release), Some(release));
+            }
+        });
+    }
+}
+
 /// Option ids of mimalloc v3's `mi_option_e` (the version libmimalloc-sys builds by default).
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -1208,7 +1293,11 @@ fn _lazy_commit_allocator() -> bool {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     configure_allocator();
+    #[cfg(unix)]
+    fork_guard::install();
     m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
+    m.add_function(wrap_pyfunction!(preload, m)?)?;
+    m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens_batch, m)?)?;
     m.add_function(wrap_pyfunction!(encoding_for_model, m)?)?;
