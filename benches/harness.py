@@ -421,6 +421,56 @@ def run_child(case: Case, budget: int, directory: str, *, reference: bool = True
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, Any]],
+                      budget: int, timeout: float = 900) -> dict[str, Any]:
+    """The first SDK turn of a fresh process through ``ProtoPromptSession`` on an existing
+    database: ``prepare_input_with_session`` end to end, and the callback's own share."""
+    spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
+            "budget": budget, "output_reserve": output_reserve_for(budget),
+            "encoding": ENCODING}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
+                          input=json.dumps(spec), capture_output=True, text=True,
+                          env=_child_env(), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _session_child(spec: dict[str, Any]) -> None:
+    from agents.run_internal.session_persistence import prepare_input_with_session
+
+    from protoprompt import MemoryStore, TokenBudgetedContextBuilder
+    from protoprompt.integrations import ProtoPromptSession
+
+    loop = asyncio.new_event_loop()
+    store = MemoryStore()
+    session = ProtoPromptSession(spec["session_id"], spec["session_db"])
+    builder = TokenBudgetedContextBuilder(store, max_tokens=spec["budget"],
+                                          output_reserve=spec["output_reserve"],
+                                          encoding=spec["encoding"])
+    t_start = time.perf_counter()
+    callback = session.input_callback(builder, system_prompt="Be brief.")
+    spent: list[float] = []
+
+    async def timed(history: list[Any], new_input: list[Any]) -> list[Any]:
+        t = time.perf_counter()
+        try:
+            return await callback(history, new_input)
+        finally:
+            spent.append(time.perf_counter() - t)
+
+    prepared, _ = loop.run_until_complete(
+        prepare_input_with_session(list(spec["new_input"]), session, timed))
+    total = time.perf_counter() - t_start
+    plan = builder.last_plan
+    print(json.dumps({"session_cold_callback_s": spent[0], "session_cold_turn_s": total,
+                      "session_cold_items": len(prepared),
+                      "session_cold_history_tokens": plan.pack.history_tokens if plan else None}))
+    session.close()
+    store.close()
+    loop.close()
+
+
 def _status_kb(field_name: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -459,6 +509,9 @@ def _peak_growth(fn: Callable[[], Any]) -> tuple[Any, int | None, str]:
 
 def _child_main() -> None:
     spec = json.loads(sys.stdin.read())
+    if "session_db" in spec:
+        _session_child(spec)
+        return
     out: dict[str, Any] = {}
     with open(spec["history"], encoding="utf-8") as f:
         history_text = f.read()

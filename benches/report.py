@@ -100,6 +100,12 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
         sdk = harness.SdkOverhead(case.history(), workdir)
     try:
         sdk_s = _median(sdk.time(case.new_input, rounds=args.rounds))
+        session_cold = {}
+        for budget in budgets:
+            progress.step(f"{case.label} budget={budget}: first turn of a fresh process "
+                          "through ProtoPromptSession")
+            session_cold[budget] = harness.run_session_child(
+                sdk.db_path, args.session_id if db_copy else "bench", case.new_input, budget)
     finally:
         sdk.close()
     rows = []
@@ -124,6 +130,7 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "mem_warm": first.get("pp_warm_peak_bytes"),
             "mem_index": first.get("pp_index_warm_peak_bytes"),
             "mem_method": first.get("memory_method"),
+            "session_cold": session_cold[budget]["session_cold_callback_s"],
         }
         if not args.no_reference:
             row.update(
@@ -157,6 +164,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("ref cold ms", lambda r: harness.ms(r.get("ref_cold"))),
         ("ref warm ms", lambda r: harness.ms(r.get("ref_warm"))),
         ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
+        ("session cold ms", lambda r: harness.ms(r.get("session_cold"))),
+        ("x session cold", lambda r: _x(r.get("ref_cold"), r.get("session_cold"))),
         ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
         ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
         ("peak cold MB", lambda r: _mb(r["mem_cold"])),
@@ -241,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     import protoprompt
 
     n_cases = 1 if args.db else len(args.sizes)
-    total = n_cases * (1 + len(args.budgets) * args.cold_rounds) + n_cases \
+    total = n_cases * (1 + len(args.budgets) * (args.cold_rounds + 1)) + n_cases \
         + (0 if args.no_counting else 6)  # 2 engines x (1, 2 threads, 2 processes)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
