@@ -424,3 +424,33 @@ def test_a_fork_during_a_background_tokenizer_build_gives_a_working_child() -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_items_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
+    """Dict subclasses and other Mappings (read through their own methods) classify and cost
+    exactly like plain dicts, mixed in one history."""
+    import collections
+    import types
+
+    def turn(i: int) -> list[dict]:
+        return [{"role": "user", "content": f"question {i}"},
+                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}"}]
+
+    plain = [it for i in range(40) for it in turn(i)]
+    wrappers = [dict, collections.OrderedDict, types.MappingProxyType, collections.UserDict]
+    mixed = [wrappers[j % len(wrappers)](dict(it)) for j, it in enumerate(plain)]
+    new_input = [{"role": "user", "content": "next"}]
+    for budget in (60, 400, 5000):
+        a = pp.pack(plain, new_input, budget)
+        b = pp.pack(mixed, new_input, budget)
+        assert (a.kept_history, a.history_tokens, a.used) == (b.kept_history, b.history_tokens,
+                                                             b.used)
+        index = pp.HistoryIndex()
+        c = index.pack(mixed, new_input, budget)
+        assert (c.kept_history, c.used) == (a.kept_history, a.used)
+    # A broken call inside a non-dict Mapping is still named by position and field.
+    bad = list(mixed)
+    bad[5] = types.MappingProxyType({"type": "function_call", "call_id": 3})
+    with pytest.raises(pp.InvalidItemError, match=r"history\[5\].*call_id"):
+        pp.pack(bad, new_input, 5000)

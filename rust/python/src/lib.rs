@@ -192,29 +192,63 @@ const GRAPH_FIELDS: [&str; 12] = [
     "tool_call_id",
 ];
 
+/// Slot of a dict key among [`GRAPH_FIELDS`], if it is one of them.
+fn graph_field(key: &Bound<'_, PyAny>) -> Option<u8> {
+    let name = key.cast::<PyString>().ok()?.to_str().ok()?;
+    GRAPH_FIELDS
+        .iter()
+        .position(|f| *f == name)
+        .map(|i| i as u8)
+}
+
+/// [`graph_field`] of the exact-`str` key objects met so far, by address. JSON decoders and
+/// the SDK reuse one key object per name, so a long history has a handful of them. Valid
+/// while those objects live: one call over items the caller's list keeps alive, during
+/// which no Python code runs — except a non-dict Mapping's own methods, so the cache is
+/// emptied whenever one is read.
+#[derive(Default)]
+struct KeyCache(FxHashMap<usize, Option<u8>>);
+
 /// Read the graph-relevant fields of one item: one pass over its entries (an item has a
 /// handful of keys; twelve keyed lookups cost more), then the checks in a fixed order.
-fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
+/// A dict is read in place, through borrowed references: its values are not touched
+/// unless they are graph fields.
+fn extract_raw(obj: &Bound<'_, PyAny>, keys: &mut KeyCache) -> Result<RawItem, FieldError> {
     let py = obj.py();
+    let exact = obj.is_exact_instance_of::<PyDict>();
+    if !exact {
+        keys.0.clear();
+    }
     let dict = as_dict(obj).ok_or_else(|| {
         (
             "(item)".to_string(),
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
     })?;
-    let mut slots: [Option<Bound<'_, PyAny>>; 12] = Default::default();
-    for (k, v) in dict.iter() {
-        let Ok(key) = k.cast::<PyString>() else {
-            continue;
+    let mut slots: [Option<Borrowed<'_, '_, PyAny>>; 12] = Default::default();
+    let mut pos: pyo3::ffi::Py_ssize_t = 0;
+    let mut key_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    let mut value_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: `dict` is a live dict and the GIL is held; PyDict_Next hands out borrowed
+    // references that stay valid while the dict is not mutated, and nothing below runs
+    // Python code before the slots are read.
+    while unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut key_ptr, &mut value_ptr) }
+        != 0
+    {
+        let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
+        let slot = if exact && key.is_exact_instance_of::<PyString>() {
+            *keys
+                .0
+                .entry(key_ptr as usize)
+                .or_insert_with(|| graph_field(&key))
+        } else {
+            graph_field(&key)
         };
-        let Ok(name) = key.to_str() else {
-            continue;
-        };
-        if let Some(i) = GRAPH_FIELDS.iter().position(|f| *f == name) {
-            slots[i] = Some(v);
+        if let Some(i) = slot {
+            slots[i as usize] = Some(unsafe { Borrowed::from_ptr(py, value_ptr) });
         }
     }
-    let field = |i: usize| str_field(GRAPH_FIELDS[i], slots[i].as_ref());
+    let field = |i: usize| str_field(GRAPH_FIELDS[i], slots[i].as_deref());
     let mut raw = RawItem {
         item_type: field(0)?,
         role: field(1)?,
@@ -225,7 +259,7 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
         approval_request_id: field(6)?,
         ..RawItem::default()
     };
-    if let Some(c) = slots[7].as_ref().filter(|c| !c.is_none()) {
+    if let Some(c) = slots[7].as_deref().filter(|c| !c.is_none()) {
         let cd = c.cast::<PyDict>().map_err(|_| {
             (
                 "caller".to_string(),
@@ -244,13 +278,13 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
             .map(|s| s.to_str().map(|t| !t.is_empty()).unwrap_or(false))
             .unwrap_or(false);
     }
-    if let Some(v) = slots[9].as_ref().filter(|v| !v.is_none()) {
+    if let Some(v) = slots[9].as_deref().filter(|v| !v.is_none()) {
         raw.has_provider_data = true;
         if let Ok(pd) = v.cast::<PyDict>() {
             raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
         }
     }
-    raw.has_tool_calls = slots[10].as_ref().is_some_and(|v| !v.is_none());
+    raw.has_tool_calls = slots[10].as_deref().is_some_and(|v| !v.is_none());
     raw.has_tool_call_id = slots[11].is_some();
     Ok(raw)
 }
@@ -405,8 +439,9 @@ fn classify_items<'py>(
     n_history: usize,
 ) -> PyResult<Vec<ItemMeta>> {
     let mut metas = Vec::with_capacity(items.len());
+    let mut keys = KeyCache::default();
     for (i, item) in items.enumerate() {
-        let raw = extract_raw(&item)
+        let raw = extract_raw(&item, &mut keys)
             .map_err(|(field, msg)| item_error(py, &label(n_history, offset + i), &field, &msg))?;
         metas.push(ItemMeta::new(raw));
     }
