@@ -503,8 +503,13 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 
 /// Build the units of H ++ N (spec §12). Never panics on any classified input.
 pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
-    let nh = history.len();
     let items: Vec<&ItemMeta> = history.iter().chain(new_input).collect();
+    build_graph_refs(&items, history.len())
+}
+
+/// [`build_graph`] over items given by reference (`items[..nh]` are the history), so that
+/// items held in different places need not be moved together first.
+pub fn build_graph_refs(items: &[&ItemMeta], nh: usize) -> Graph {
     let n = items.len();
     let mut dsu = Dsu::new(n);
     // Problems in rule-check order; grouped per unit at the end.

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::graph::{build_graph, Graph, GraphView};
+use crate::graph::{build_graph, build_graph_refs, Graph, GraphView};
 use crate::items::{CallType, ItemKind, ItemMeta, RawCaller, RawItem, FAKE_ID};
 
 fn relation_hash(s: &str) -> u64 {
@@ -435,10 +435,12 @@ impl HistoryIndex {
             self.store(m);
         }
         // The units after the cut: rebuilt from the stored items before it plus the new ones.
-        let mut region: Vec<ItemMeta> = (c..n).map(|p| self.meta(p)).collect();
-        region.extend(items);
-        let mut tail = build_graph(&region, &[]);
+        let region: Vec<ItemMeta> = (c..n).map(|p| self.meta(p)).collect();
+        let refs: Vec<&ItemMeta> = region.iter().chain(&items).collect();
+        let mut tail = build_graph_refs(&refs, refs.len());
+        drop(refs);
         drop(region);
+        drop(items);
         tail.shift_positions(c);
         let g = Arc::make_mut(&mut self.graph);
         reserve_ahead(&mut g.unit_of, tail.unit_of.len(), headroom);
