@@ -195,30 +195,30 @@ const GRAPH_FIELDS: [&str; 12] = [
 /// Slot of a dict key among [`GRAPH_FIELDS`], if it is one of them.
 fn graph_field(key: &Bound<'_, PyAny>) -> Option<u8> {
     let name = key.cast::<PyString>().ok()?.to_str().ok()?;
-    GRAPH_FIELDS
-        .iter()
-        .position(|f| *f == name)
-        .map(|i| i as u8)
+    // A `match` compiles to a length switch and one comparison; the order is GRAPH_FIELDS'.
+    Some(match name {
+        "type" => 0,
+        "role" => 1,
+        "id" => 2,
+        "call_id" => 3,
+        "status" => 4,
+        "execution" => 5,
+        "approval_request_id" => 6,
+        "caller" => 7,
+        "encrypted_content" => 8,
+        "provider_data" => 9,
+        "tool_calls" => 10,
+        "tool_call_id" => 11,
+        _ => return None,
+    })
 }
-
-/// [`graph_field`] of the exact-`str` key objects met so far, by address. JSON decoders and
-/// the SDK reuse one key object per name, so a long history has a handful of them. Valid
-/// while those objects live: one call over items the caller's list keeps alive, during
-/// which no Python code runs — except a non-dict Mapping's own methods, so the cache is
-/// emptied whenever one is read.
-#[derive(Default)]
-struct KeyCache(FxHashMap<usize, Option<u8>>);
 
 /// Read the graph-relevant fields of one item: one pass over its entries (an item has a
 /// handful of keys; twelve keyed lookups cost more), then the checks in a fixed order.
 /// A dict is read in place, through borrowed references: its values are not touched
 /// unless they are graph fields.
-fn extract_raw(obj: &Bound<'_, PyAny>, keys: &mut KeyCache) -> Result<RawItem, FieldError> {
+fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
-    let exact = obj.is_exact_instance_of::<PyDict>();
-    if !exact {
-        keys.0.clear();
-    }
     let dict = as_dict(obj).ok_or_else(|| {
         (
             "(item)".to_string(),
@@ -236,15 +236,7 @@ fn extract_raw(obj: &Bound<'_, PyAny>, keys: &mut KeyCache) -> Result<RawItem, F
         != 0
     {
         let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
-        let slot = if exact && key.is_exact_instance_of::<PyString>() {
-            *keys
-                .0
-                .entry(key_ptr as usize)
-                .or_insert_with(|| graph_field(&key))
-        } else {
-            graph_field(&key)
-        };
-        if let Some(i) = slot {
+        if let Some(i) = graph_field(&key) {
             slots[i as usize] = Some(unsafe { Borrowed::from_ptr(py, value_ptr) });
         }
     }
@@ -439,9 +431,8 @@ fn classify_items<'py>(
     n_history: usize,
 ) -> PyResult<Vec<ItemMeta>> {
     let mut metas = Vec::with_capacity(items.len());
-    let mut keys = KeyCache::default();
     for (i, item) in items.enumerate() {
-        let raw = extract_raw(&item, &mut keys)
+        let raw = extract_raw(&item)
             .map_err(|(field, msg)| item_error(py, &label(n_history, offset + i), &field, &msg))?;
         metas.push(ItemMeta::new(raw));
     }
