@@ -405,6 +405,16 @@ def write_case(case: Case, directory: str) -> tuple[str, str]:
     return cur, prev
 
 
+def _spawn_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run this file's ``--child`` mode on ``spec`` in a fresh interpreter; its JSON result."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
+                          input=json.dumps(spec), capture_output=True, text=True,
+                          env=_child_env(), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_child(case: Case, budget: int, directory: str, *, reference: bool = True,
               warm_rounds: int = 0, memory: bool = False, timeout: float = 900) -> dict[str, Any]:
     """Cold (and optionally warm/memory) measurements in a fresh interpreter."""
@@ -413,12 +423,7 @@ def run_child(case: Case, budget: int, directory: str, *, reference: bool = True
             "prev_new_input": case.prev_new_input, "budget": budget,
             "output_reserve": output_reserve_for(budget), "encoding": ENCODING,
             "reference": reference, "warm_rounds": warm_rounds, "memory": memory}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
-                          input=json.dumps(spec), capture_output=True, text=True,
-                          env=_child_env(), timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _spawn_child(spec, timeout)
 
 
 def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, Any]],
@@ -428,12 +433,7 @@ def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, A
     spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
             "budget": budget, "output_reserve": output_reserve_for(budget),
             "encoding": ENCODING}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
-                          input=json.dumps(spec), capture_output=True, text=True,
-                          env=_child_env(), timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _spawn_child(spec, timeout)
 
 
 def _session_child(spec: dict[str, Any]) -> None:

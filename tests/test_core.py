@@ -346,6 +346,16 @@ def test_decisions_are_a_lazy_sequence_matching_the_explanation() -> None:
     assert f"{counts['over_budget']} over_budget" in result.explain()
 
 
+def _run_python_ok(code: str) -> None:
+    """Run ``code`` in a fresh interpreter importing this protoprompt; it must print "ok"."""
+    env = dict(os.environ)
+    package_dir = str(Path(pp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> None:
     """The first pack of a process builds its encoding on a helper thread while the items
@@ -366,12 +376,7 @@ def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> Non
         assert r.history_tokens == pp.item_tokens(item, encoding="r50k_base").total
         print("ok")
     """)
-    env = dict(os.environ)
-    package_dir = str(Path(pp.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    _run_python_ok(code)
 
 
 def test_the_allocator_commits_memory_as_it_is_used() -> None:
@@ -418,12 +423,7 @@ def test_a_fork_during_a_background_tokenizer_build_gives_a_working_child() -> N
         assert _core.is_preloaded(encoding="cl100k_base")
         print("ok")
     """)
-    env = dict(os.environ)
-    package_dir = str(Path(pp.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    _run_python_ok(code)
 
 
 def test_items_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
