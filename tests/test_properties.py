@@ -275,6 +275,9 @@ def test_a_bad_item_deep_in_a_long_history_leaves_the_index_as_it_was() -> None:
     with pytest.raises(pp.InvalidItemError, match=r"history\[12001\]"):
         index.extend(bad[30:])  # positions continue from len(index)
     assert len(index) == 30
+    with pytest.raises(pp.InvalidItemError, match=r"new_input\[0\].*call_id"):
+        index.pack(history, [{"type": "function_call_output", "call_id": 9}], 100_000)
+    assert len(index) == 30  # a bad new item is found before any history is indexed
     _same(index.pack(history, new_input, 100_000), pp.pack(history, new_input, 100_000))
     assert len(index) == len(history)
 
