@@ -344,6 +344,18 @@ def test_decisions_are_a_lazy_sequence_matching_the_explanation() -> None:
     assert control.positions == [3] and control.problems[0].location == "history[3]"
     assert [p for d in every if d.kept for p in d.positions] == result.kept_history
     assert f"{counts['over_budget']} over_budget" in result.explain()
+    units: dict[str, int] = {}
+    for d in every:
+        units[d.decision] = units.get(d.decision, 0) + 1
+    assert decisions.unit_counts() == units
+    # explain() lists the newest dropped units and counts the rest without building them.
+    dropped = [d for d in reversed(every) if not d.kept]
+    text = result.explain(max_units=3)
+    listed = [line for line in text.splitlines() if line.startswith("  history[")]
+    assert len(listed) == 3 and listed[0].startswith(f"  history[{dropped[0].positions[0]}")
+    assert f"... and {len(dropped) - 3} older dropped units" in text
+    assert len([ln for ln in result.explain(max_units=None).splitlines()
+                if ln.startswith("  history[")]) == len(dropped)
 
 
 def _run_python_ok(code: str) -> None:

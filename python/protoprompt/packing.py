@@ -140,6 +140,10 @@ class Decisions(Sequence[UnitDecision]):
         """Number of history items per decision code."""
         return dict(self._table.item_counts())
 
+    def unit_counts(self) -> dict[str, int]:
+        """Number of units (with history items) per decision code."""
+        return dict(self._table.unit_counts())
+
 
 @dataclass(frozen=True)
 class ItemCost:
@@ -213,14 +217,20 @@ class PackResult:
         if counts:
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
             lines.append(f"dropped items: {summary}")
-            n_dropped = 0
+            decisions = self.decisions
             shown: list[UnitDecision] = []
-            for d in reversed(self.decisions):
-                if d.kept:
-                    continue
-                n_dropped += 1
-                if max_units is None or len(shown) < max_units:
-                    shown.append(d)
+            if isinstance(decisions, Decisions):
+                # Counted in the core; only the shown units become objects (newest first).
+                n_dropped = sum(n for k, n in decisions.unit_counts().items() if k not in _KEPT)
+                for d in reversed(decisions):
+                    if max_units is not None and len(shown) >= max_units:
+                        break
+                    if not d.kept:
+                        shown.append(d)
+            else:
+                dropped = [d for d in reversed(decisions) if not d.kept]
+                n_dropped = len(dropped)
+                shown = dropped if max_units is None else dropped[:max_units]
             for d in shown:
                 where = _span(d.positions)
                 tokens = "uncounted" if d.tokens is None else f"{d.tokens} tokens"

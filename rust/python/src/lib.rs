@@ -985,6 +985,18 @@ impl DecisionTable {
 
     /// Number of history items per decision code.
     fn item_counts(&self) -> FxHashMap<&'static str, usize> {
+        self.tally(|n| n)
+    }
+
+    /// Number of units (with history items) per decision code.
+    fn unit_counts(&self) -> FxHashMap<&'static str, usize> {
+        self.tally(|n| usize::from(n > 0))
+    }
+}
+
+impl DecisionTable {
+    /// Sum of `weight(history items of the unit)` per decision code.
+    fn tally(&self, weight: impl Fn(usize) -> usize) -> FxHashMap<&'static str, usize> {
         let view = self.view();
         let n_history = view.n_history();
         let mut counts = FxHashMap::default();
@@ -993,7 +1005,7 @@ impl DecisionTable {
             let n = members.partition_point(|&p| p < n_history);
             *counts
                 .entry(self.decision(view, u).decision.code())
-                .or_insert(0) += n;
+                .or_insert(0) += weight(n);
         }
         counts
     }
