@@ -47,7 +47,8 @@ class Side:
         self.callback = self.session.input_callback(
             builder, system_prompt="Be brief.",
             on_plan=lambda plan: self.plans.append(
-                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]))
+                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
+                + [f"tokens used: {plan.pack.used}"]))
 
     async def turn(self, i: int) -> None:
         model = ScriptedModel(turn_script(i))
@@ -116,7 +117,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     # The budget was tight: old history was dropped on the later turns.
     stored = len(await fast.session.get_items())
     assert stored > 0
-    assert any(len(p) < 12 for p in fast.plans[4:])
+    assert any(len(p) < 13 for p in fast.plans[4:])
     assert await fast.session.get_items() == await plain.session.get_items()
     fast.close()
     plain.close()
@@ -138,7 +139,7 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
     other.close()
     assert len(await side.session.get_items()) == 8
     await side.turn(5)
-    sent = [json.loads(i) for i in side.plans[-1]]
+    sent = [json.loads(i) for i in side.plans[-1][:-1]]
     assert not any(i.get("type") == "function_call" and i.get("call_id") == "call_1"
                    for i in sent), "the unanswered call is invalid and never sent"
     assert any(i.get("content") == "note 0" for i in sent)
@@ -173,3 +174,79 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
             assert len(sent) <= 4  # the window of 3 plus the question
         assert len(session._index_state.index) == 0
     inner.close()
+
+
+async def test_session_objects_created_per_request_share_the_index(tmp_path, monkeypatch) -> None:
+    """A server that builds a ProtoPromptSession per request: objects for the same stored
+    session share one index (warm turns), pops through one are seen by the next, and every
+    request equals that of a session without an index."""
+    from protoprompt.integrations import agents as integration
+
+    fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
+    plain = Side(plain_db, incremental=False)
+    shared = None
+    plans: list[list[str]] = []
+    for i in range(6):
+        side = Side(fast_db, incremental=None)  # a new object for every request
+        if shared is None:
+            shared = side.session._index_state
+        assert side.session._index_state is shared
+        warm = len(shared.index)
+        if i in (3, 5):
+            await side.session.pop_item()
+            await plain.session.pop_item()
+        await side.turn(i)
+        await plain.turn(i)
+        if i == 2:
+            assert warm > 0  # this request started from the index the earlier ones built
+        plans += side.plans
+        side.close()
+    assert plans == plain.plans
+
+    # The pool keeps the most recent indexes within SHARED_INDEX_BYTES.
+    monkeypatch.setattr(integration, "SHARED_INDEX_BYTES", 1)
+    other = ProtoPromptSession("someone-else", fast_db)
+    with MemoryStore() as store:
+        builder = TokenBudgetedContextBuilder(store, max_tokens=900, scope=SCOPE)
+        model = ScriptedModel([[assistant_message("hi", item_id="m_other")]])
+        await Runner.run(Agent(name="a", model=model), "hello", session=other,
+                         run_config=RunConfig(session_input_callback=other.input_callback(
+                             builder), tracing_disabled=True))
+    keys = list(integration._SHARED)
+    assert keys[-1][2] == "someone-else" and not any(k[2] == "chat" for k in keys)
+    fresh = ProtoPromptSession("chat", fast_db)
+    assert fresh._index_state is not shared and len(fresh._index_state.index) == 0
+    other.close()
+    fresh.close()
+    plain.close()
+
+
+async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_index(
+        tmp_path) -> None:
+    """Same path, same session id, same row ids and count — but a new database file: the
+    shared index of the old one must not be used."""
+    import os
+
+    fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
+    first = Side(fast_db, incremental=None)
+    await first.turn(1)
+    await first.turn(3)
+    old_state = first.session._index_state
+    assert len(old_state.index) == 4
+    first.close()
+    os.remove(fast_db)
+    plain = Side(plain_db, incremental=False)
+    rows = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"new {k} " * 3}
+            for k in range(8)]  # row ids 1..8 again, other items and costs
+    for db in (fast_db, plain_db):
+        writer = SQLiteSession("chat", db)
+        await writer.add_items(rows)
+        writer.close()
+    again = Side(fast_db, incremental=None)
+    assert again.session._index_state is not old_state
+    for i in (5, 7):  # different items at the same positions and row ids
+        await again.turn(i)
+        await plain.turn(i)
+    assert again.plans == plain.plans
+    again.close()
+    plain.close()

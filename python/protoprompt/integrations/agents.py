@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import itertools
 import os
 import sqlite3
 import threading
-from collections import deque
+import uuid
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -159,18 +161,79 @@ class _RowProbe:
 
 
 class _IndexState:
-    """The session's HistoryIndex and what it was synced against."""
+    """A stored session's HistoryIndex, what it was synced against, and the session's epoch
+    (bumped around every pop and clear made through any object sharing this state)."""
 
     def __init__(self) -> None:
         self.index = HistoryIndex()
-        self.generation = -1
+        self.generation = -1  # the epoch the index was synced at
         self.rows: tuple[int, int] | None = None  # (max id, row count) at the last sync
+        self.nbytes = 0  # index.nbytes after the last build (read without the index)
         self.lock = threading.Lock()
+        self._epoch = itertools.count(1)
+        self.epoch = 0
+
+    def bump(self) -> None:
+        self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
 
     def reset(self, generation: int) -> None:
         self.index.clear()
         self.generation = generation
         self.rows = None
+
+
+SHARED_INDEX_BYTES = 256 * 2**20
+"""Bytes of session indexes this process keeps for session objects created later.
+
+A server that builds a ``ProtoPromptSession`` per request still gets warm turns: objects for
+the same stored session (same database file, table and session id) share one index, and the
+most recently used ones are kept up to this many bytes (about 0.23 KB per history item).
+An index dropped from the pool stays with the objects that hold it and is rebuilt by new
+ones. Set the module attribute to change it."""
+
+_SHARED: OrderedDict[tuple[str, str, str], _IndexState] = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+
+
+def _database_id(db_path: str) -> str | None:
+    """A random id stored once in the database (table ``protoprompt_meta``), or ``None`` if
+    it cannot be read or written (then the session keeps an index of its own)."""
+    try:
+        conn = sqlite3.connect(db_path, timeout=5.0)
+        try:
+            with conn:
+                conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
+                             "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                conn.execute("INSERT OR IGNORE INTO protoprompt_meta VALUES ('database_id', ?)",
+                             (uuid.uuid4().hex,))
+            row = conn.execute(
+                "SELECT value FROM protoprompt_meta WHERE key = 'database_id'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def _shared_state(key: tuple[str, str, str]) -> _IndexState:
+    with _SHARED_LOCK:
+        state = _SHARED.get(key)
+        if state is None:
+            state = _SHARED[key] = _IndexState()
+        _SHARED.move_to_end(key)
+        return state
+
+
+def _account(key: tuple[str, str, str], state: _IndexState) -> None:
+    """Record ``state``'s size after a build and trim the pool to ``SHARED_INDEX_BYTES``."""
+    with _SHARED_LOCK:
+        if _SHARED.get(key) is not state:
+            return  # dropped from the pool earlier: it belongs to its objects only
+        _SHARED.move_to_end(key)
+        total = sum(s.nbytes for s in _SHARED.values())
+        while total > SHARED_INDEX_BYTES and len(_SHARED) > 1:
+            _, old = _SHARED.popitem(last=False)
+            total -= old.nbytes
 
 
 def _accepts_wrapper(method: Any) -> bool:
@@ -278,12 +341,20 @@ class ProtoPromptSession:
                         and type(self._inner).get_items is SQLiteSession.get_items)
         self._incremental = sqlite_inner if incremental is None else incremental
         self._probe: _RowProbe | None = None
+        self._shared_key: tuple[str, str, str] | None = None
         if self._incremental and sqlite_inner:
             db = os.fspath(self._inner.db_path)
             if db != ":memory:":  # a memory database has no other writer
-                self._probe = _RowProbe(db, self._inner.messages_table, session_id)
-        self._generation = 0
-        self._index_state = _IndexState()
+                table = self._inner.messages_table
+                self._probe = _RowProbe(db, table, session_id)
+                # The rows are checked before every use, so objects may share the index,
+                # keyed by the database's own identity (a file deleted and created again at
+                # the same path is another database whose row ids start over).
+                db_id = _database_id(db)
+                if db_id is not None:
+                    self._shared_key = (db_id, table, session_id)
+        self._index_state = (_shared_state(self._shared_key) if self._shared_key
+                             else _IndexState())
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._pending_lock = threading.Lock()
 
@@ -309,7 +380,7 @@ class ProtoPromptSession:
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
-        generation = self._generation
+        generation = self._index_state.epoch
         if limit is None:
             items = await _call(self._inner.get_items, wrapper=wrapper)
         else:
@@ -333,21 +404,21 @@ class ProtoPromptSession:
 
     async def pop_item(self, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (``None`` when the session is empty)."""
-        self._generation += 1
+        self._index_state.bump()
         try:
             return await _call(self._inner.pop_item, wrapper=wrapper)
         finally:
-            self._generation += 1
+            self._index_state.bump()
 
     async def clear_session(self, wrapper: Any = None) -> None:
         """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
         with self._pending_lock:
             self._pending.clear()
-        self._generation += 1
+        self._index_state.bump()
         try:
             await _call(self._inner.clear_session, wrapper=wrapper)
         finally:
-            self._generation += 1
+            self._index_state.bump()
 
     def close(self) -> None:
         """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner)."""
@@ -449,7 +520,7 @@ class ProtoPromptSession:
                 return builder.build(history, new_input, **kwargs)
             with state.lock:
                 stale = (read.generation != state.generation
-                         or read.generation != self._generation
+                         or read.generation != state.epoch
                          or len(state.index) > len(history))
                 if self._probe is not None:
                     if read.rows is None:
@@ -462,10 +533,14 @@ class ProtoPromptSession:
                 if stale:
                     state.reset(read.generation)
                 try:
-                    return builder.build(history, new_input, index=state.index, **kwargs)
+                    plan = builder.build(history, new_input, index=state.index, **kwargs)
                 finally:
                     if read.rows is not None:
                         state.rows = (read.rows[0], read.rows[1])
+                    state.nbytes = state.index.nbytes
+            if self._shared_key is not None:
+                _account(self._shared_key, state)
+            return plan
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
