@@ -198,16 +198,21 @@ _SHARED_LOCK = threading.Lock()
 def _database_id(db_path: str) -> str | None:
     """A random id stored once in the database (table ``protoprompt_meta``), or ``None`` if
     it cannot be read or written (then the session keeps an index of its own)."""
+    select = "SELECT value FROM protoprompt_meta WHERE key = 'database_id'"
     try:
         conn = sqlite3.connect(db_path, timeout=5.0)
         try:
-            with conn:
-                conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
-                             "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                conn.execute("INSERT OR IGNORE INTO protoprompt_meta VALUES ('database_id', ?)",
-                             (uuid.uuid4().hex,))
-            row = conn.execute(
-                "SELECT value FROM protoprompt_meta WHERE key = 'database_id'").fetchone()
+            try:
+                row = conn.execute(select).fetchone()  # read first: no write lock per object
+            except sqlite3.OperationalError:
+                row = None  # no table yet
+            if row is None:
+                with conn:
+                    conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
+                                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                    conn.execute("INSERT OR IGNORE INTO protoprompt_meta "
+                                 "VALUES ('database_id', ?)", (uuid.uuid4().hex,))
+                row = conn.execute(select).fetchone()
         finally:
             conn.close()
     except sqlite3.Error:
