@@ -546,47 +546,40 @@ def _child_main() -> None:
     out["pp_totals"] = [res.new_input_tokens, res.dependency_tokens, res.history_tokens,
                         res.used, res.remaining]
 
-    warm = []
-    for i in range(spec["warm_rounds"]):
-        pp_pack(json.loads(prev_text), prev_new)
-        hist = json.loads(history_text)
-        gc.collect()
+    def warm_rounds(packer: Callable[[], Any], key: str) -> None:
+        """Time the next turn ``warm_rounds`` times: each round a packer from ``packer()`` packs
+        the previous turn (untimed), then the current one from fresh copies; the first round's
+        peak memory growth goes to ``key + '_peak_bytes'``."""
+        times = []
+        for i in range(spec["warm_rounds"]):
+            pack_fn = packer()
+            pack_fn(json.loads(prev_text), prev_new)
+            hist = json.loads(history_text)
+            gc.collect()
 
-        def warm_call(hist=hist):
-            t = time.perf_counter()
-            pp_pack(hist, new_input)
-            return time.perf_counter() - t
+            def call(hist=hist, pack_fn=pack_fn):
+                t = time.perf_counter()
+                r = pack_fn(hist, new_input)
+                dt = time.perf_counter() - t
+                assert r.kept_history == out["pp_kept"]
+                return dt
 
-        if spec["memory"] and i == 0:
-            dt, peak, _ = _peak_growth(warm_call)
-            out["pp_warm_peak_bytes"] = peak
-        else:
-            dt = warm_call()
-        warm.append(dt)
-    out["pp_warm_s"] = warm
+            if spec["memory"] and i == 0:
+                dt, peak, _ = _peak_growth(call)
+                out[key + "_peak_bytes"] = peak
+            else:
+                dt = call()
+            times.append(dt)
+        out[key + "_s"] = times
 
-    index_warm = []
-    for i in range(spec["warm_rounds"]):
+    warm_rounds(lambda: pp_pack, "pp_warm")
+
+    def index_packer() -> Callable[[Any, Any], Any]:
         index = pp.HistoryIndex()
-        index.pack(json.loads(prev_text), prev_new, budget, output_reserve=reserve, encoding=enc)
-        hist = json.loads(history_text)
-        gc.collect()
+        return lambda hist, new: index.pack(hist, new, budget, output_reserve=reserve,
+                                            encoding=enc)
 
-        def index_call(hist=hist, index=index):
-            t = time.perf_counter()
-            r = index.pack(hist, new_input, budget, output_reserve=reserve, encoding=enc)
-            dt = time.perf_counter() - t
-            assert r.kept_history == out["pp_kept"]
-            return dt
-
-        if spec["memory"] and i == 0:
-            dt, peak, _ = _peak_growth(index_call)
-            out["pp_index_warm_peak_bytes"] = peak
-        else:
-            dt = index_call()
-        index_warm.append(dt)
-        del index
-    out["pp_index_warm_s"] = index_warm
+    warm_rounds(index_packer, "pp_index_warm")
 
     if spec["reference"]:
         from reference_packer import ReferencePacker

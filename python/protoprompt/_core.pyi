@@ -67,18 +67,6 @@ def canonical_text(item: Mapping[str, Any]) -> str: ...
 def analyze(
     history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]]
 ) -> _GraphDict: ...
-def pack(
-    history: Iterable[Mapping[str, Any]],
-    new_input: Iterable[Mapping[str, Any]],
-    budget: int,
-    *,
-    output_reserve: int = 0,
-    context_tokens: int = 0,
-    model: str | None = None,
-    encoding: str | None = None,
-    policy: str = "contiguous",
-    context: Callable[[int], int] | None = None,
-) -> _PackDict: ...
 
 @final
 class HistoryIndex:

@@ -351,8 +351,9 @@ def pack(
         InvalidNewInputError: ``new_input`` depends on history that is missing or invalid.
         InvalidItemError: an item is malformed (the message names the item and field).
     """
-    return _run(_core.pack, history, new_input, budget, output_reserve, context_tokens,
-                model, encoding, policy, context)
+    # A throw-away index: the core classifies a long history chunk by chunk into it.
+    return _run(_core.HistoryIndex().pack, history, new_input, budget, output_reserve,
+                context_tokens, model, encoding, policy, context)
 
 
 def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
@@ -376,7 +377,7 @@ def _run(
     policy: Policy,
     context: Callable[[int], int] | None,
 ) -> PackResult:
-    """Check the sizes, call the core (`_core.pack` or `HistoryIndex.pack`), wrap its dict."""
+    """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
     _check_sizes(budget, output_reserve, context_tokens)
     history_list = _as_list(history, "history")
     new_list = _as_list(new_input, "new_input")

@@ -1035,49 +1035,6 @@ fn result_dict<'py>(
     Ok(out)
 }
 
-/// `history` as a list: the list itself, or a new list of the iterable's items.
-fn as_list<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyList>> {
-    if let Ok(list) = obj.cast::<PyList>() {
-        return Ok(list.clone());
-    }
-    let items = item_seq(obj, name)?;
-    PyList::new(obj.py(), items)
-}
-
-/// Pack `history` into `budget` after reserving `new_input`, its tail dependency,
-/// `output_reserve` and `context_tokens`. Returns a plain dict (wrapped by `protoprompt.pack`).
-#[pyfunction]
-#[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
-#[allow(clippy::too_many_arguments)]
-fn pack<'py>(
-    py: Python<'py>,
-    history: &Bound<'py, PyAny>,
-    new_input: &Bound<'py, PyAny>,
-    budget: u64,
-    output_reserve: u64,
-    context_tokens: u64,
-    model: Option<&str>,
-    encoding: Option<&str>,
-    policy: &str,
-    context: Option<Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    // A throw-away index: items are classified chunk by chunk into its compact store, so a
-    // long history never exists as full-size classified items all at once.
-    let history = as_list(history, "history")?;
-    HistoryIndex::new().pack(
-        py,
-        &history,
-        new_input,
-        budget,
-        output_reserve,
-        context_tokens,
-        model,
-        encoding,
-        policy,
-        context,
-    )
-}
-
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
 #[pyclass(module = "protoprompt._core")]
@@ -1343,7 +1300,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(item_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_text, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
-    m.add_function(wrap_pyfunction!(pack, m)?)?;
     m.add_class::<HistoryIndex>()?;
     m.add_class::<DecisionTable>()?;
     m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
