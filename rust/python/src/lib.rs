@@ -138,25 +138,15 @@ fn as_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
 
 type FieldError = (String, String);
 
+/// The string field `key` of `dict` (absent or None -> None), as [`str_field`].
 fn opt_str(
     dict: &Bound<'_, PyDict>,
     key: &Bound<'_, PyString>,
 ) -> Result<Option<String>, FieldError> {
-    match dict.get_item(key) {
-        Ok(Some(v)) if v.is_none() => Ok(None),
-        Ok(Some(v)) => match v.cast::<PyString>() {
-            Ok(s) => s
-                .to_str()
-                .map(|s| Some(s.to_string()))
-                .map_err(|_| (key.to_string(), "is not valid UTF-8 text".to_string())),
-            Err(_) => Err((
-                key.to_string(),
-                format!("must be a string, got {}", type_name(&v)),
-            )),
-        },
-        Ok(None) => Ok(None),
-        Err(e) => Err((key.to_string(), e.to_string())),
-    }
+    let value = dict
+        .get_item(key)
+        .map_err(|e| (key.to_string(), e.to_string()))?;
+    str_field(&key.to_string(), value.as_ref())
 }
 
 /// A field value that must be a string (or absent / None).
