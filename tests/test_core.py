@@ -235,6 +235,8 @@ class _Opaque:
         ({"type": 3}, "type", "string"),
         ({"role": "user", "content": "x", "id": ["a"]}, "id", "string"),
         ({"type": "function_call", "call_id": "c", "caller": "p1"}, "caller", "mapping"),
+        ({"type": "function_call", "call_id": "c", "caller": {"type": "program", "caller_id": 4}},
+         "caller.caller_id", "string"),
         ({"role": "user", "content": [{"type": "input_text", "text": math.nan}]}, "content[0].text", "NaN"),
         ({"role": "user", "content": [{"type": "input_text", "text": math.inf}]}, "content[0].text", "infinity"),
         ({"role": "user", "content": {1: "x"}}, "content", "non-string key"),
@@ -255,7 +257,7 @@ def test_bad_items_raise_a_clear_error_naming_item_and_field(item, field, words)
     assert info.value.field.startswith(field), (info.value.field, field)
     assert words.lower() in str(info.value).lower()
     assert isinstance(info.value, ValueError)
-    if field in ("(item)", "call_id", "type", "id", "caller"):
+    if field in ("(item)", "call_id", "type", "id", "caller", "caller.caller_id"):
         with pytest.raises(InvalidItemError) as info:
             pp.pack(bad_history, [{"role": "user", "content": "q"}], 10_000)
         assert info.value.location == "history[2]"
