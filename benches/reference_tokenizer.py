@@ -101,32 +101,28 @@ def find_asset(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_dir() -> str:
-    return tempfile.mkdtemp(prefix="protoprompt-tiktoken-")
-
-
-@functools.lru_cache(maxsize=None)
 def get_encoding(name: str = "o200k_base"):
-    """A real ``tiktoken.Encoding`` built from the offline vocabulary (cached per process)."""
+    """A real ``tiktoken.Encoding`` built from the offline vocabulary (cached per process).
+
+    tiktoken reads the vocabulary through its download cache; the cache is a temporary
+    directory that is removed as soon as the encoding is built (nothing is left in /tmp)."""
     import tiktoken
     import tiktoken_ext.openai_public as public
 
     asset = find_asset(name)
     url = _URL.format(name=name)
-    cache = _cache_dir()
-    target = os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())
-    if not os.path.exists(target):
-        shutil.copyfile(asset, target)
     saved = {k: os.environ.get(k) for k in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")}
-    os.environ["TIKTOKEN_CACHE_DIR"] = cache
-    try:
-        spec = getattr(public, name)()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with tempfile.TemporaryDirectory(prefix="protoprompt-tiktoken-") as cache:
+        shutil.copyfile(asset, os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
+        os.environ["TIKTOKEN_CACHE_DIR"] = cache
+        try:
+            spec = getattr(public, name)()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return tiktoken.Encoding(**spec)
 
 

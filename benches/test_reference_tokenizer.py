@@ -71,3 +71,16 @@ def test_missing_asset_gives_a_clear_error(monkeypatch, tmp_path):
             find_asset("o200k_base")
     finally:
         find_asset.cache_clear()
+
+
+def test_loading_the_encoding_leaves_nothing_in_tmp(monkeypatch, tmp_path):
+    import tempfile
+
+    get_encoding.cache_clear()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        enc = get_encoding("cl100k_base")
+        assert len(enc.encode_ordinary("hello world")) == 2
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        get_encoding.cache_clear()
