@@ -6,6 +6,7 @@ writers on the same database).
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -249,4 +250,44 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
         await plain.turn(i)
     assert again.plans == plain.plans
     again.close()
+    plain.close()
+
+
+async def test_a_restarted_process_reads_token_counts_from_the_session_database(
+        tmp_path, monkeypatch) -> None:
+    """Counts of long items are kept in the session's database: after a restart (new pool,
+    empty count cache) the first turn reads them instead of tokenising, and its request is
+    exactly that of a session without index or store."""
+    from protoprompt import SQLiteCountStore, _core
+    from protoprompt.integrations import agents as integration
+
+    fast_db = str(tmp_path / "fast.db")
+    fast = Side(fast_db, incremental=None)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    for i in range(4):
+        await fast.turn(i)
+        await plain.turn(i)
+    fast.close()  # writes queued counts
+    with sqlite3.connect(fast_db) as conn:
+        stored = conn.execute("SELECT COUNT(*) FROM protoprompt_token_counts").fetchone()[0]
+    assert stored > 0
+
+    # "Restart": no shared index, no counts in memory.
+    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    _core._clear_count_cache()
+    answers: list[int | None] = []
+    real_get_many = SQLiteCountStore.get_many
+
+    def spy(self: SQLiteCountStore, keys: Any) -> list[int | None]:
+        out = real_get_many(self, keys)
+        answers.extend(out)
+        return out
+
+    monkeypatch.setattr(SQLiteCountStore, "get_many", spy)
+    restarted = Side(fast_db, incremental=None)
+    await restarted.turn(4)
+    await plain.turn(4)
+    assert restarted.plans == plain.plans[-1:]
+    assert sum(a is not None for a in answers) > 0  # history counts came from the database
+    restarted.close()
     plain.close()

@@ -8,6 +8,7 @@ The heavy lifting (item graph, token counting, packing) happens in the Rust core
 
 from __future__ import annotations
 
+from .count_store import CountStore, SQLiteCountStore
 from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
 from .errors import (
     InvalidItemError,
@@ -44,6 +45,7 @@ __all__ = [
     "HistoryIndex",
     "ContextBlock",
     "ContextPlan",
+    "CountStore",
     "GraphReport",
     "InvalidItemError",
     "InvalidNewInputError",
@@ -54,6 +56,7 @@ __all__ = [
     "PackResult",
     "Problem",
     "ProtoPromptError",
+    "SQLiteCountStore",
     "TokenBudgetExceededError",
     "TokenBudgetedContextBuilder",
     "Unit",

@@ -6,6 +6,8 @@ Use the typed wrappers in :mod:`protoprompt` instead of calling this module dire
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, final
 
+from typing_extensions import NotRequired
+
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
 
@@ -50,12 +52,15 @@ class _PackDict(TypedDict):
     encoding: str
     policy: str
     decisions: DecisionTable
+    new_counts: NotRequired[list[tuple[bytes, int]]]  # only with count_store
+    store_hits: NotRequired[int]  # only with count_store
 
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
 def count_tokens_batch(
     texts: list[str], *, model: str | None = None, encoding: str | None = None
 ) -> list[int]: ...
 def _lazy_commit_allocator() -> bool: ...
+def _clear_count_cache() -> None: ...
 def preload(*, model: str | None = None, encoding: str | None = None, wait: bool = True) -> str: ...
 def is_preloaded(*, model: str | None = None, encoding: str | None = None) -> bool: ...
 def encoding_for_model(model: str) -> str: ...
@@ -91,4 +96,5 @@ class HistoryIndex:
         encoding: str | None = None,
         policy: str = "contiguous",
         context: Callable[[int], int] | None = None,
+        count_store: Any = None,
     ) -> _PackDict: ...

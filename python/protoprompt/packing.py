@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from . import _core
+from .count_store import CountStore
 
 __all__ = [
     "Policy",
@@ -376,6 +377,7 @@ def _run(
     encoding: str | None,
     policy: Policy,
     context: Callable[[int], int] | None,
+    count_store: CountStore | None = None,
 ) -> PackResult:
     """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
     _check_sizes(budget, output_reserve, context_tokens)
@@ -383,7 +385,9 @@ def _run(
     new_list = _as_list(new_input, "new_input")
     raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
                     context_tokens=context_tokens, model=model, encoding=encoding,
-                    policy=policy, context=context)
+                    policy=policy, context=context, count_store=count_store)
+    if count_store is not None and raw["new_counts"]:
+        count_store.put_many(raw["new_counts"])
     kept = raw["kept_history"]
     return PackResult(
         items=[history_list[i] for i in kept] + list(new_list),
@@ -419,12 +423,26 @@ class HistoryIndex:
 ProtoPromptSession` keeps its index in step with the session store for you.
 
     One index serves one conversation and is not meant to be used from two threads at once.
+
+    Args:
+        count_store: where token counts outlive the process (e.g. a
+            :class:`~protoprompt.SQLiteCountStore`): counts of long texts the process has not
+            seen are read from it before tokenising, and new ones are written to it, so a
+            restarted process does not tokenise its history again. Results are identical
+            with and without a store (tested).
+
+    Raises:
+        TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
     """
 
-    __slots__ = ("_index",)
+    __slots__ = ("_index", "count_store")
 
-    def __init__(self) -> None:
+    def __init__(self, *, count_store: CountStore | None = None) -> None:
+        if count_store is not None and not isinstance(count_store, CountStore):
+            raise TypeError("count_store must have secret, get_many and put_many, got "
+                            f"{type(count_store).__name__}")
         self._index = _core.HistoryIndex()
+        self.count_store = count_store
 
     def __len__(self) -> int:
         return len(self._index)
@@ -473,4 +491,4 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         make is indexing the items appended to ``history``, which belong to it either way.
         """
         return _run(self._index.pack, history, new_input, budget, output_reserve,
-                    context_tokens, model, encoding, policy, context)
+                    context_tokens, model, encoding, policy, context, self.count_store)

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "pip install 'protoprompt[agents]'"
     ) from exc
 
+from ..count_store import SQLiteCountStore
 from ..packing import HistoryIndex, preload
 
 if TYPE_CHECKING:
@@ -298,6 +299,12 @@ class ProtoPromptSession:
             processes or session objects are noticed. ``True`` for another inner session
             asserts that only this object changes that session's history.
 
+    With a database file, token counts of long items are also kept in it (table
+    ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
+    turn after a restart does not tokenise the kept history again. The table holds keyed
+    hashes and counts only, never text; ``clear_session`` leaves it (it is a cache shared
+    by the database's sessions, bounded in size).
+
     Raises:
         TypeError: ``session_id`` is not a str, or ``inner_session`` is not a ``Session``.
         ValueError: ``session_id`` is empty, or ``inner_session`` conflicts with the
@@ -360,6 +367,12 @@ class ProtoPromptSession:
                     self._shared_key = (db_id, table, session_id)
         self._index_state = (_shared_state(self._shared_key) if self._shared_key
                              else _IndexState())
+        if self._probe is not None and self._index_state.index.count_store is None:
+            # Token counts outlive the process in the same database (see SQLiteCountStore).
+            try:
+                self._index_state.index.count_store = SQLiteCountStore(db)
+            except (sqlite3.Error, OSError):
+                pass  # read-only or odd database: counts stay in memory
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._pending_lock = threading.Lock()
 
@@ -426,7 +439,12 @@ class ProtoPromptSession:
             self._index_state.bump()
 
     def close(self) -> None:
-        """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner)."""
+        """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner).
+
+        Token counts still queued for the database are written first (up to 5 s)."""
+        store = self._index_state.index.count_store
+        if isinstance(store, SQLiteCountStore):
+            store.flush(timeout=5.0)
         if self._probe is not None:
             self._probe.close()
         if self._owns_inner:

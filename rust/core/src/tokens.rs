@@ -250,6 +250,21 @@ impl Encoding {
         Ok(n)
     }
 
+    /// The count of `text` if the process-wide [`CountCache`] holds it (texts shorter than
+    /// [`CACHE_MIN_BYTES`] are never cached).
+    pub fn cached_count(self, text: &str) -> Option<u64> {
+        (text.len() >= CACHE_MIN_BYTES)
+            .then(|| COUNT_CACHE.get(&CacheKey::new(self, text)))
+            .flatten()
+    }
+
+    /// Put a count obtained elsewhere (a [`store_key`] store) into the process-wide cache.
+    pub fn remember_count(self, text: &str, count: u64) {
+        if text.len() >= CACHE_MIN_BYTES {
+            COUNT_CACHE.insert(CacheKey::new(self, text), count);
+        }
+    }
+
     fn count_with_segments(self, text: &str, segment: usize) -> Result<u64, TokenError> {
         let mut total = 0u64;
         for part in safe_segments(text, segment) {
@@ -319,6 +334,31 @@ impl CacheKey {
             h2: h2.finish(),
         }
     }
+}
+
+/// Texts at least this long have their counts kept in a persistent count store when the
+/// caller provides one; a shorter text is cheaper to count again than to look up.
+pub const STORE_MIN_BYTES: usize = 256;
+
+/// Version of what a [`store_key`] addresses. Raise it if a text's count under an encoding
+/// could ever change (a tokenizer fix), so that stored counts are never read back wrongly.
+pub const STORE_KEY_VERSION: u8 = 1;
+
+/// The key of a text's count in a persistent, content-addressed count store (e.g. a table in
+/// the session's database, read back by another process): SipHash-1-3 with 128-bit output,
+/// keyed with the store's own random `secret`, over [`STORE_KEY_VERSION`], the encoding's
+/// name and the text. Stable across processes, platforms and releases. The secret keeps
+/// anyone who can choose the texts (a user of a shared store) from crafting two texts with
+/// one key, which would let them set the count of someone else's text.
+pub fn store_key(secret: &[u8; 16], encoding: Encoding, text: &str) -> [u8; 16] {
+    use siphasher::sip128::{Hasher128, SipHasher13};
+    use std::hash::Hasher;
+    let mut h = SipHasher13::new_with_key(secret);
+    h.write_u8(STORE_KEY_VERSION);
+    h.write(encoding.name().as_bytes());
+    h.write_u8(0xff); // never inside UTF-8: the name ends here
+    h.write(text.as_bytes());
+    h.finish128().as_bytes()
 }
 
 /// A bounded, thread-safe, content-addressed cache of token counts.
@@ -471,11 +511,18 @@ pub fn canonical(item: &Value, enc: Encoding) -> Result<Canonical, TokenError> {
 /// The full cost of one item with the given encoding.
 pub fn item_cost(item: &Value, enc: Encoding) -> Result<ItemCost, TokenError> {
     let c = canonical(item, enc)?;
-    Ok(ItemCost {
-        text: enc.count_cached(&c.text)?,
-        media: c.media_tokens,
-        overhead: ITEM_OVERHEAD,
-    })
+    Ok(c.cost(enc.count_cached(&c.text)?))
+}
+
+impl Canonical {
+    /// The item's cost given the token count of [`Canonical::text`].
+    pub fn cost(&self, text_tokens: u64) -> ItemCost {
+        ItemCost {
+            text: text_tokens,
+            media: self.media_tokens,
+            overhead: ITEM_OVERHEAD,
+        }
+    }
 }
 
 fn is_stripped_top_level(key: &str, value: &Value) -> bool {
@@ -866,6 +913,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn store_keys_follow_text_encoding_and_secret() {
+        let (o, c) = (Encoding::O200kBase, Encoding::Cl100kBase);
+        let s1 = [7u8; 16];
+        let mut s2 = s1;
+        s2[15] ^= 1;
+        let a = "x".repeat(300);
+        let b = format!("{}y", "x".repeat(299));
+        let k = store_key(&s1, o, &a);
+        assert_eq!(k, store_key(&s1, o, &a), "stable");
+        assert_ne!(k, store_key(&s1, o, &b), "content");
+        assert_ne!(k, store_key(&s1, c, &a), "encoding");
+        assert_ne!(k, store_key(&s2, o, &a), "secret");
+        // Counts handed back from a store reach the process cache, per encoding.
+        let t = format!("{a} {}", std::process::id());
+        assert_eq!(o.cached_count(&t), None);
+        o.remember_count(&t, 12345);
+        assert_eq!(o.cached_count(&t), Some(12345));
+        assert_eq!(c.cached_count(&t), None);
+        assert_eq!(o.count_cached(&t).unwrap(), 12345);
     }
 
     #[test]

@@ -467,6 +467,85 @@ struct PyCostSource<'m> {
     /// Costs of history positions kept between calls by a `HistoryIndex` (`UNCOUNTED` = not
     /// yet counted), for `encoding`.
     memo: Option<&'m mut Vec<u64>>,
+    store: Option<StoreLink>,
+}
+
+/// A persistent count store handed to `HistoryIndex.pack` (`count_store=`): an object with
+/// `secret` (16 bytes) and `get_many(keys: list[bytes]) -> list[int | None]`. Texts of at
+/// least `STORE_MIN_BYTES` not in the process cache are looked up in it, per batch of
+/// positions, before they are tokenised; the counts it lacked and those the process cache
+/// supplied (it may have been filled before the store was attached) are reported back
+/// (`new_counts` of the result) for the caller to store.
+struct StoreLink {
+    store: Py<PyAny>,
+    secret: [u8; 16],
+    /// Counts found in the store.
+    hits: usize,
+    /// Counts to write to the store: `(key, tokens)`.
+    new_counts: Vec<([u8; 16], u64)>,
+    /// What `get_many` raised (or why its answer was refused); the pack fails with it.
+    error: Option<PyErr>,
+}
+
+impl StoreLink {
+    fn from_py(store: &Bound<'_, PyAny>) -> PyResult<StoreLink> {
+        let secret = store.getattr(intern!(store.py(), "secret"))?;
+        let secret: [u8; 16] = secret
+            .extract::<Vec<u8>>()
+            .ok()
+            .filter(|_| secret.is_instance_of::<pyo3::types::PyBytes>())
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| PyTypeError::new_err("count_store.secret must be 16 bytes"))?;
+        if !store
+            .getattr(intern!(store.py(), "get_many"))?
+            .is_callable()
+        {
+            return Err(PyTypeError::new_err(
+                "count_store.get_many must be callable",
+            ));
+        }
+        Ok(StoreLink {
+            store: store.clone().unbind(),
+            secret,
+            hits: 0,
+            new_counts: Vec::new(),
+            error: None,
+        })
+    }
+
+    /// The stored counts of `keys` (`None` where the store has none), under the GIL.
+    fn get_many(&mut self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
+        Python::attach(|py| {
+            let list = PyList::new(py, keys.iter().map(|k| pyo3::types::PyBytes::new(py, k)))?;
+            let answer = self
+                .store
+                .bind(py)
+                .call_method1(intern!(py, "get_many"), (list,))?;
+            let refuse = || {
+                PyValueError::new_err(format!(
+                    "count_store.get_many must return a list of {} ints >= 0 or None, got {}",
+                    keys.len(),
+                    answer.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            };
+            let answer = answer.cast::<PyList>().map_err(|_| refuse())?;
+            if answer.len() != keys.len() {
+                return Err(refuse());
+            }
+            answer
+                .iter()
+                .map(|v| {
+                    if v.is_none() {
+                        Ok(None)
+                    } else if v.is_instance_of::<PyBool>() {
+                        Err(refuse())
+                    } else {
+                        v.extract::<u64>().map(Some).map_err(|_| refuse())
+                    }
+                })
+                .collect()
+        })
+    }
 }
 
 const UNCOUNTED: u64 = u64::MAX;
@@ -485,7 +564,80 @@ impl<'m> PyCostSource<'m> {
             encoding,
             cache: FxHashMap::default(),
             memo: None,
+            store: None,
         }
+    }
+
+    /// Look texts up in (and report new counts for) a persistent count store.
+    fn with_store(mut self, store: Option<StoreLink>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Text token counts of `texts`: from the process cache, else the store, else counted.
+    /// Without a store, or for short texts, this is [`Encoding::count_cached`].
+    fn text_counts(
+        &mut self,
+        texts: &[(usize, tokens::Canonical)],
+    ) -> Result<Vec<u64>, CostFailure> {
+        let enc = self.encoding;
+        let fail = |p: usize, e: TokenError| CostFailure {
+            position: p,
+            field: "(item)".to_string(),
+            message: e.to_string(),
+        };
+        let mut counts = vec![0u64; texts.len()];
+        let mut ask: Vec<usize> = Vec::new();
+        for (i, (p, c)) in texts.iter().enumerate() {
+            let link = self
+                .store
+                .as_mut()
+                .filter(|_| c.text.len() >= tokens::STORE_MIN_BYTES);
+            match (enc.cached_count(&c.text), link) {
+                (Some(n), Some(link)) => {
+                    // Counted earlier in this process, maybe before this store was attached:
+                    // (re)write it so that the store has what a restart will need.
+                    counts[i] = n;
+                    let key = tokens::store_key(&link.secret, enc, &c.text);
+                    link.new_counts.push((key, n));
+                }
+                (Some(n), None) => counts[i] = n,
+                (None, Some(_)) => ask.push(i),
+                (None, None) => counts[i] = enc.count_cached(&c.text).map_err(|e| fail(*p, e))?,
+            }
+        }
+        let Some(link) = self.store.as_mut().filter(|_| !ask.is_empty()) else {
+            return Ok(counts);
+        };
+        let keys: Vec<[u8; 16]> = ask
+            .iter()
+            .map(|&i| tokens::store_key(&link.secret, enc, &texts[i].1.text))
+            .collect();
+        let found = link.get_many(&keys).map_err(|e| {
+            let failure = CostFailure {
+                position: texts[ask[0]].0,
+                field: "(count_store)".to_string(),
+                message: e.to_string(),
+            };
+            link.error = Some(e);
+            failure
+        })?;
+        for ((&i, key), hit) in ask.iter().zip(keys).zip(found) {
+            let (p, c) = &texts[i];
+            counts[i] = match hit {
+                Some(n) => {
+                    link.hits += 1;
+                    enc.remember_count(&c.text, n);
+                    n
+                }
+                None => {
+                    let n = enc.count_cached(&c.text).map_err(|e| fail(*p, e))?;
+                    link.new_counts.push((key, n));
+                    n
+                }
+            };
+        }
+        Ok(counts)
     }
 
     /// Keep history costs in `memo` (one entry per history position) across calls.
@@ -541,23 +693,32 @@ impl CostSource for PyCostSource<'_> {
                     })
                     .collect::<Result<_, _>>()
             })?;
-            for (p, v) in values {
-                let cost = tokens::item_cost(&v, self.encoding).map_err(|e| match e {
-                    TokenError::BadItem { field, message } => CostFailure {
-                        position: p,
-                        field,
-                        message,
-                    },
-                    other => CostFailure {
-                        position: p,
-                        field: "(item)".to_string(),
-                        message: other.to_string(),
-                    },
-                })?;
+            let texts: Vec<(usize, tokens::Canonical)> = values
+                .into_iter()
+                .map(|(p, v)| {
+                    tokens::canonical(&v, self.encoding)
+                        .map(|c| (p, c))
+                        .map_err(|e| match e {
+                            TokenError::BadItem { field, message } => CostFailure {
+                                position: p,
+                                field,
+                                message,
+                            },
+                            other => CostFailure {
+                                position: p,
+                                field: "(item)".to_string(),
+                                message: other.to_string(),
+                            },
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let counts = self.text_counts(&texts)?;
+            for ((p, c), n) in texts.iter().zip(counts) {
+                let cost = c.cost(n).total();
                 match self.memo.as_deref_mut() {
-                    Some(memo) if p < memo.len() => memo[p] = cost.total(),
+                    Some(memo) if *p < memo.len() => memo[*p] = cost,
                     _ => {
-                        self.cache.insert(p, cost.total());
+                        self.cache.insert(*p, cost);
                     }
                 }
             }
@@ -1140,7 +1301,11 @@ impl HistoryIndex {
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
     /// (unchanged); the rest is classified and appended first.
-    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None))]
+    ///
+    /// With `count_store` (see `StoreLink`), long texts' counts are looked up in it before
+    /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
+    /// to it) and `store_hits`.
+    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &mut self,
@@ -1154,9 +1319,14 @@ impl HistoryIndex {
         encoding: Option<&str>,
         policy: &str,
         context: Option<Bound<'py, PyAny>>,
+        count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+        let store = count_store
+            .filter(|s| !s.is_none())
+            .map(|s| StoreLink::from_py(&s))
+            .transpose()?;
         let n_history = history.len();
         let indexed = self.index.len();
         if n_history < indexed {
@@ -1178,14 +1348,20 @@ impl HistoryIndex {
         let kinds = &self.kinds;
         let kind_names = &self.kind_names;
         let mut source = PyCostSource::new(history.clone().unbind(), n_history, new_items, enc)
-            .with_memo(&mut self.costs);
+            .with_memo(&mut self.costs)
+            .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
-        let mut result = run_pack(py, context, |hook| {
+        let packed = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, &opts, hook)
-        })?;
+        });
+        let link = source.store.take();
+        if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
+            return Err(e.clone_ref(py));
+        }
+        let mut result = packed?;
         let table = DecisionTable::new(
             index.shared_graph(),
             Some(tail),
@@ -1193,7 +1369,16 @@ impl HistoryIndex {
             Arc::clone(kinds),
             kind_names,
         );
-        result_dict(py, &result, enc, opts.policy, table)
+        let out = result_dict(py, &result, enc, opts.policy, table)?;
+        if let Some(link) = link {
+            let pairs = link
+                .new_counts
+                .iter()
+                .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
+            out.set_item("new_counts", PyList::new(py, pairs)?)?;
+            out.set_item("store_hits", link.hits)?;
+        }
+        Ok(out)
     }
 }
 
@@ -1275,12 +1460,20 @@ fn _lazy_commit_allocator() -> bool {
     configure_allocator()
 }
 
+/// Forget every count in the process-wide count cache (for tests and benchmarks that need
+/// a process's first count of a text without a new process).
+#[pyfunction]
+fn _clear_count_cache() {
+    tokens::COUNT_CACHE.clear();
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     configure_allocator();
     #[cfg(unix)]
     fork_guard::install();
     m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
+    m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
     m.add_function(wrap_pyfunction!(preload, m)?)?;
     m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;

@@ -1,0 +1,232 @@
+"""Token counts kept on disk, so that a restarted process does not tokenise its history again.
+
+A :class:`HistoryIndex` keeps every position's cost while the process lives. After a restart
+(a deploy, a worker recycled, another worker serving the session) the first turn would count
+every kept item again: at a 400k-token budget that is ~0.1 s of tokenising. A
+:class:`SQLiteCountStore` keeps the counts of long texts (at least 256 bytes of an item's
+canonical text) in a table of a SQLite database, content-addressed, so any process that
+packs the same text under the same encoding reads the count back instead.
+
+* **Key.** SipHash-1-3 (128 bits) of the encoding name and the text, keyed with a random
+  secret stored once in the database (table ``protoprompt_meta``): texts never leave the
+  core, and nobody who only chooses texts can craft two with one key.
+* **Bounded.** At most ``max_entries`` counts (oldest written first out); a count dropped
+  and needed again is counted and written again.
+* **Off the request path.** Reads are one indexed query per batch of items; new counts are
+  written by a short-lived background thread with its own connection. Write errors (a
+  locked or read-only database) only lose cache entries, never a request; read errors count
+  as misses.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeGuard, runtime_checkable
+
+__all__ = ["CountStore", "SQLiteCountStore"]
+
+_log = logging.getLogger("protoprompt")
+
+_TABLE = "protoprompt_token_counts"
+_SECRET_ROW = "count_secret"
+_MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return type(value) is int and 0 <= value < 2**63
+
+
+@runtime_checkable
+class CountStore(Protocol):
+    """What :class:`~protoprompt.HistoryIndex` needs from a persistent count store.
+
+    Keys are 16 bytes computed by the core from ``secret``, the encoding and an item's
+    canonical text; values are that text's token count.
+    """
+
+    @property
+    def secret(self) -> bytes:
+        """16 random bytes, fixed for the store's lifetime."""
+        ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
+        """The stored count of each key, ``None`` where there is none."""
+        ...
+
+    def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
+        """Store ``(key, tokens)`` pairs (may return before they are written)."""
+        ...
+
+
+class SQLiteCountStore:
+    """Content-addressed token counts in a SQLite database file, shared across processes.
+
+    Pass it to :class:`~protoprompt.HistoryIndex` (``count_store=``);
+    :class:`~protoprompt.integrations.agents.ProtoPromptSession` uses one in the session's
+    own database automatically.
+
+    Args:
+        path: the database file (created if missing). Not ``":memory:"``: a memory
+            database lives and dies with one connection, which defeats the purpose.
+        max_entries: most counts kept (about 60 bytes each on disk).
+
+    Raises:
+        ValueError: ``path`` is ``":memory:"`` or ``max_entries`` is not a positive int.
+        sqlite3.Error: the database cannot be opened or its tables created.
+    """
+
+    DEFAULT_MAX_ENTRIES = 200_000
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        path = os.fspath(path)
+        if path == ":memory:" or path.startswith("file::memory:"):
+            raise ValueError("SQLiteCountStore needs a database file, not ':memory:'")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        self.path = path
+        self.max_entries = max_entries
+        self._lock = threading.Lock()  # the reader connection
+        self._reader: sqlite3.Connection | None = None
+        self._pending: list[tuple[bytes, int]] = []
+        self._writing = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._secret = self._open()
+        # Daemon writers die with the interpreter: write what is queued first (bounded).
+        ref = weakref.ref(self)
+        atexit.register(lambda: (store := ref()) is not None and store.flush(timeout=2.0))
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA synchronous=NORMAL")  # a cache: no fsync per write
+        return conn
+
+    def _open(self) -> bytes:
+        select = f"SELECT value FROM protoprompt_meta WHERE key = '{_SECRET_ROW}'"
+        conn = self._connect()
+        try:
+            try:
+                row = conn.execute(select).fetchone()  # read first: no write lock when set
+                conn.execute(f"SELECT 1 FROM {_TABLE} LIMIT 0")
+            except sqlite3.OperationalError:
+                row = None  # tables missing
+            if row is None:
+                with conn:
+                    conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
+                                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                    conn.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} "
+                                 "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")
+                    conn.execute("INSERT OR IGNORE INTO protoprompt_meta VALUES (?, ?)",
+                                 (_SECRET_ROW, secrets.token_hex(16)))
+                row = conn.execute(select).fetchone()
+        finally:
+            conn.close()
+        try:
+            secret = bytes.fromhex(str(row[0])) if row else b""
+        except ValueError:
+            secret = b""
+        if len(secret) != 16:
+            raise sqlite3.DatabaseError(
+                f"protoprompt_meta.{_SECRET_ROW} in {self.path} is not 16 hex-encoded bytes")
+        return secret
+
+    @property
+    def secret(self) -> bytes:
+        """The database's 16-byte hashing key (read by the core; keep it private)."""
+        return self._secret
+
+    def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
+        found: dict[bytes, object] = {}
+        with self._lock:
+            try:
+                if self._reader is None:
+                    self._reader = self._connect()
+                for start in range(0, len(keys), _MAX_PARAMS):
+                    chunk = list(keys[start:start + _MAX_PARAMS])
+                    marks = ",".join("?" * len(chunk))
+                    found.update(self._reader.execute(
+                        f"SELECT key, tokens FROM {_TABLE} WHERE key IN ({marks})", chunk))
+            except sqlite3.Error as e:
+                _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
+                return [None] * len(keys)
+        out: list[int | None] = []
+        for k in keys:
+            v = found.get(k)
+            out.append(v if _is_count(v) else None)
+        return out
+
+    def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
+        """Queue ``(key, tokens)`` pairs; a background thread writes them soon."""
+        batch = [(bytes(k), int(n)) for k, n in pairs]
+        for k, n in batch:
+            if len(k) != 16 or not _is_count(n):
+                raise ValueError(f"count store entries are (16-byte key, int >= 0), got "
+                                 f"({k!r}, {n!r})")
+        if not batch:
+            return
+        with self._writing:
+            self._pending.extend(batch)
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._drain, name="protoprompt-count-store", daemon=True)
+                self._writer.start()
+
+    def _drain(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                with self._writing:
+                    batch, self._pending = self._pending, []
+                    if not batch:
+                        self._writer = None
+                        self._writing.notify_all()
+                        return
+                try:
+                    if conn is None:
+                        conn = self._connect()
+                    with conn:
+                        conn.executemany(
+                            f"INSERT OR REPLACE INTO {_TABLE} (key, tokens) VALUES (?, ?)", batch)
+                        conn.execute(f"DELETE FROM {_TABLE} WHERE rowid <= "
+                                     f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
+                                     (self.max_entries,))
+                except sqlite3.Error as e:
+                    _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
+        finally:
+            if conn is not None:
+                conn.close()
+            with self._writing:
+                if self._writer is threading.current_thread():
+                    self._writer = None
+                    self._writing.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued counts are written; ``False`` if ``timeout`` passed first."""
+        with self._writing:
+            return self._writing.wait_for(lambda: self._writer is None, timeout)
+
+    def entry_count(self) -> int:
+        """Number of stored counts (after :meth:`flush`, including this process's)."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = self._connect()
+            return int(self._reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+
+    def close(self) -> None:
+        """Write what is queued (up to 5 s) and close the connection."""
+        self.flush(timeout=5.0)
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    def __repr__(self) -> str:
+        return f"<SQLiteCountStore {self.path!r} max_entries={self.max_entries}>"

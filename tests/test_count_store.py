@@ -1,0 +1,258 @@
+"""Persistent token counts (SQLiteCountStore, HistoryIndex(count_store=...)): a pack that
+reads counts from a store is exactly a pack that counts everything; keys follow content and
+encoding; the store is bounded; a bad store is refused by name, a broken database is a miss.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import protoprompt as pp
+from protoprompt import _core
+
+
+def _long_history(seed: int, turns: int = 12) -> tuple[list[dict], list[dict]]:
+    """A history whose items are long enough (>= 256 bytes of text) to be stored, with text
+    unique to this call (never in the process cache of an earlier test)."""
+    r = random.Random(seed)
+    tag = uuid.uuid4().hex
+    words = "alpha beta gamma delta договор сторона {json} fn() 42 \n".split(" ")
+
+    def text(n: int) -> str:
+        return f"{tag} " + " ".join(r.choice(words) for _ in range(n))
+
+    h: list[dict] = []
+    for i in range(turns):
+        h.append({"role": "user", "content": text(r.randint(5, 80))})
+        if r.random() < 0.6:
+            h.append({"type": "function_call", "call_id": f"c{i}", "name": "lookup",
+                      "arguments": '{"q": "%s"}' % text(3)})
+            h.append({"type": "function_call_output", "call_id": f"c{i}",
+                      "output": text(r.randint(50, 400))})
+        h.append({"type": "message", "role": "assistant", "id": f"msg_{i}",
+                  "status": "completed",
+                  "content": [{"type": "output_text", "text": text(r.randint(10, 300)),
+                               "annotations": []}]})
+    return h, [{"role": "user", "content": text(60)}]
+
+
+def _fields(r: pp.PackResult) -> tuple[Any, ...]:
+    return (r.kept_history, r.dependency, r.new_input_tokens, r.dependency_tokens,
+            r.history_tokens, r.used, r.remaining, list(r.decisions))
+
+
+class RecordingStore:
+    """A dict-backed CountStore that records what the core asked for."""
+
+    def __init__(self) -> None:
+        self.secret = os.urandom(16)
+        self.data: dict[bytes, int] = {}
+        self.asked: list[bytes] = []
+
+    def get_many(self, keys):
+        self.asked += keys
+        return [self.data.get(k) for k in keys]
+
+    def put_many(self, pairs):
+        self.data.update(pairs)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packs_with_a_store_equal_packs_that_count_everything(tmp_path, seed) -> None:
+    history, new_input = _long_history(seed)
+    store = pp.SQLiteCountStore(tmp_path / "counts.db")
+    r = random.Random(seed)
+    for budget in [r.randint(600, 9000) for _ in range(3)] + [10**6]:
+        policy = r.choice(["contiguous", "greedy"])
+        _core._clear_count_cache()
+        expected = pp.pack(history, new_input, budget, output_reserve=50, policy=policy)
+        for _ in range(2):  # a store without the counts, then one with them
+            _core._clear_count_cache()  # as in a new process
+            index = pp.HistoryIndex(count_store=store)
+            got = index.pack(copy.deepcopy(history), new_input, budget, output_reserve=50,
+                             policy=policy)
+            assert _fields(got) == _fields(expected)
+            assert store.flush(timeout=10)
+    assert store.entry_count() > 0
+    store.close()
+
+
+def test_counts_come_from_the_store_and_follow_content_and_encoding() -> None:
+    history, new_input = _long_history(99, turns=4)
+    history.append({"type": "message", "role": "assistant", "id": "msg_long",
+                    "status": "completed", "content": [
+                        {"type": "output_text", "text": uuid.uuid4().hex + " long" * 200,
+                         "annotations": []}]})
+    store = RecordingStore()
+    index = pp.HistoryIndex(count_store=store)
+    _core._clear_count_cache()
+    plain = index.pack(history, new_input, 10**6)
+    first_keys = set(store.asked)
+    assert first_keys and set(store.data) == first_keys  # every miss was stored
+    # A store that lies is believed (it is the store being read, not the tokenizer) ...
+    _core._clear_count_cache()
+    store.data = {k: v + 1000 for k, v in store.data.items()}
+    lied = pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6)
+    assert lied.used == plain.used + 1000 * len(first_keys)
+    # ... so a changed item must get a new key, and another encoding never shares one.
+    j = len(history) - 1  # the long assistant message appended above
+    changed = copy.deepcopy(history)
+    changed[j]["content"][0]["text"] += "!"
+    _core._clear_count_cache()
+    store.asked.clear()
+    edited = pp.HistoryIndex(count_store=store).pack(changed, new_input, 10**6)
+    assert len(set(store.asked) - first_keys) == 1
+    _core._clear_count_cache()
+    assert edited.used == lied.used - 1000 + (
+        pp.item_tokens(changed[j]).total - pp.item_tokens(history[j]).total)
+    _core._clear_count_cache()
+    store.asked.clear()
+    cl = pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6,
+                                                 encoding="cl100k_base")
+    assert store.asked and not set(store.asked) & first_keys
+    _core._clear_count_cache()
+    assert cl.used == pp.pack(history, new_input, 10**6, encoding="cl100k_base").used
+
+
+def test_the_store_is_bounded_and_keeps_the_newest(tmp_path) -> None:
+    store = pp.SQLiteCountStore(tmp_path / "c.db", max_entries=10)
+    for start in range(0, 50, 7):
+        store.put_many([(i.to_bytes(16, "big"), i) for i in range(start, min(start + 7, 50))])
+        assert store.flush(timeout=10)
+        assert store.entry_count() <= 10
+    keys = [i.to_bytes(16, "big") for i in range(50)]
+    assert store.get_many(keys) == [None] * 40 + list(range(40, 50))
+    # Re-writing an evicted count makes it the newest again.
+    store.put_many([(keys[0], 0)])
+    store.flush(timeout=10)
+    assert store.get_many(keys[:1]) == [0] and store.entry_count() <= 10
+    store.close()
+
+
+def test_a_second_process_reads_the_counts_and_queued_counts_survive_exit(tmp_path) -> None:
+    """Process 1 packs (its counts are written at exit without an explicit flush); process
+    2 finds every long text in the store and packs exactly what process 1 packed."""
+    db = tmp_path / "counts.db"
+    code = textwrap.dedent("""
+        import json, pickle, sys, protoprompt as pp
+        history, new_input = pickle.load(open(sys.argv[1], "rb"))
+        store = pp.SQLiteCountStore(sys.argv[2])
+        seen = []
+        get_many = store.get_many
+        store.get_many = lambda keys: (seen.append(len(keys)), get_many(keys))[1]
+        r = pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6)
+        print(json.dumps([r.kept_history, r.used, sum(seen)]))
+    """)
+    import pickle
+    data = tmp_path / "h.pkl"
+    history, new_input = _long_history(7)
+    data.write_bytes(pickle.dumps((history, new_input)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(pp.__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+
+    def run() -> list[Any]:
+        out = subprocess.run([sys.executable, "-c", code, str(data), str(db)],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        import json
+        return json.loads(out.stdout)
+
+    kept1, used1, asked1 = run()
+    n = pp.SQLiteCountStore(db).entry_count()
+    assert asked1 == n > 0  # every long text was looked up and stored at exit
+    kept2, used2, _ = run()
+    assert (kept2, used2) == (kept1, used1)
+    _core._clear_count_cache()
+    assert used1 == pp.pack(history, new_input, 10**6).used
+    # Process 2 found them all: it stored nothing new.
+    assert pp.SQLiteCountStore(db).entry_count() == n
+
+
+def test_bad_stores_are_refused_by_name() -> None:
+    history, new_input = _long_history(3, turns=3)
+
+    class NoSecret:
+        def get_many(self, keys): return [None] * len(keys)
+        def put_many(self, pairs): pass
+
+    with pytest.raises(TypeError, match="count_store"):
+        pp.HistoryIndex(count_store=NoSecret())  # type: ignore[arg-type]
+    short = RecordingStore()
+    short.secret = b"short"
+    with pytest.raises(TypeError, match="count_store.secret must be 16 bytes"):
+        pp.HistoryIndex(count_store=short).pack(history, new_input, 10**6)
+    for answer in ([], [-1], ["12"], [True], None, (None,)):
+        bad = RecordingStore()
+        bad.get_many = lambda keys, a=answer: (  # type: ignore[method-assign]
+            a if not isinstance(a, list) or len(a) != 1 else a * len(keys))
+        index = pp.HistoryIndex(count_store=bad)
+        _core._clear_count_cache()
+        with pytest.raises(ValueError, match="count_store.get_many must return"):
+            index.pack(history, new_input, 10**6)
+        # The failed call changed nothing: the same index packs correctly afterwards.
+        index.count_store = None
+        assert index.pack(history, new_input, 10**6).used == pp.pack(
+            history, new_input, 10**6).used
+
+    class Boom(RuntimeError):
+        pass
+
+    raising = RecordingStore()
+
+    def fail(keys):
+        raise Boom("store down")
+
+    raising.get_many = fail  # type: ignore[method-assign]
+    _core._clear_count_cache()
+    with pytest.raises(Boom, match="store down"):
+        pp.HistoryIndex(count_store=raising).pack(history, new_input, 10**6)
+
+
+def test_a_damaged_database_is_a_miss_not_a_wrong_count(tmp_path) -> None:
+    db = tmp_path / "c.db"
+    store = pp.SQLiteCountStore(db)
+    key = bytes(range(16))
+    store.put_many([(key, 7)])
+    store.flush(timeout=10)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE protoprompt_token_counts SET tokens = 'seven'")
+    assert store.get_many([key]) == [None]
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE protoprompt_token_counts")
+    assert store.get_many([key]) == [None]  # read error: a miss
+    history, new_input = _long_history(5, turns=3)
+    _core._clear_count_cache()
+    expected = pp.pack(history, new_input, 10**6).used
+    _core._clear_count_cache()
+    assert pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6).used == expected
+    assert store.flush(timeout=10)  # the failed write is dropped, not raised
+    store.close()
+
+
+def test_store_arguments_are_checked(tmp_path) -> None:
+    with pytest.raises(ValueError, match="memory"):
+        pp.SQLiteCountStore(":memory:")
+    with pytest.raises(ValueError, match="max_entries"):
+        pp.SQLiteCountStore(tmp_path / "c.db", max_entries=0)
+    store = pp.SQLiteCountStore(tmp_path / "c.db")
+    assert len(store.secret) == 16
+    assert pp.SQLiteCountStore(tmp_path / "c.db").secret == store.secret  # one per database
+    assert pp.SQLiteCountStore(tmp_path / "d.db").secret != store.secret
+    with pytest.raises(ValueError, match="16-byte key"):
+        store.put_many([(b"short", 1)])
+    with pytest.raises(ValueError, match="16-byte key"):
+        store.put_many([(bytes(16), -1)])
+    assert isinstance(store, pp.CountStore)
+    store.close()
