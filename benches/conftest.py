@@ -90,6 +90,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                       f"{ratio(pw, s, True):>10}{ratio(pi, s, True):>10}"
                       f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
                       f"{ratio(rw, pi):>11}{ratio(rc, pc):>12}")
+    for (size, mix, budget), v in rows:
+        if v.get("session_cold") is not None:
+            rc = v.get("ref_cold")
+            vs = "" if rc is None else (f" = {rc / v['session_cold']:.1f}x / "
+                                        f"{rc / v['session_restart']:.1f}x the reference cold")
+            tr.write_line(f"session {mix}-{size} budget={budget}: cold "
+                          f"{v['session_cold'] * 1e3:.1f} ms, restart "
+                          f"{v['session_restart'] * 1e3:.1f} ms{vs}")
     for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
         if k[0] == "threads":
             tr.write_line(f"pack two 10k sessions: sequential {v['sequential'] * 1e3:.1f} ms, "

@@ -17,6 +17,10 @@ Rust packer changes):
   with the same history: what the Agents SDK itself spends per turn before the model call.
 * **reference** = ``benches/reference_packer.py`` (pure Python + real tiktoken), cold (child
   process, vocabulary load included) and warm (memo of token counts per canonical text).
+* **session cold / restart** = the callback's time in the first SDK turn of a fresh process
+  through ``ProtoPromptSession`` on the database: *cold* = the first turn protoprompt ever
+  serves on it (the token counts it keeps there are deleted first), *restart* = the same turn
+  in another fresh process afterwards, which reads the counts the first one kept.
 * **memory** = peak RSS growth of one ``pack`` call (Rust allocations included), measured in
   the child by resetting the kernel's peak-RSS counter (``/proc/self/clear_refs``) right
   before the call; falls back to ``ru_maxrss`` growth when that is not permitted.
@@ -25,9 +29,11 @@ Rust packer changes):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -426,10 +432,30 @@ def run_child(case: Case, budget: int, directory: str, *, reference: bool = True
     return _spawn_child(spec, timeout)
 
 
+COUNTS_TABLE = "protoprompt_token_counts"
+
+
+def stored_counts(db_path: str) -> int:
+    """Token counts ``ProtoPromptSession`` has kept in a database (0 if none)."""
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        try:
+            return int(conn.execute(f"SELECT COUNT(*) FROM {COUNTS_TABLE}").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0
+
+
 def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, Any]],
-                      budget: int, timeout: float = 900) -> dict[str, Any]:
+                      budget: int, timeout: float = 900, *,
+                      restart: bool = False) -> dict[str, Any]:
     """The first SDK turn of a fresh process through ``ProtoPromptSession`` on an existing
-    database: ``prepare_input_with_session`` end to end, and the callback's own share."""
+    database: ``prepare_input_with_session`` end to end, and the callback's own share.
+
+    ``restart=False``: the first turn ever served by protoprompt (the token counts it keeps
+    in the database are deleted first). ``restart=True``: a process restarted after serving
+    the session, which finds the counts its predecessor kept there."""
+    if not restart:
+        with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+            conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
     spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
             "budget": budget, "output_reserve": output_reserve_for(budget),
             "encoding": ENCODING}

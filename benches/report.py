@@ -100,12 +100,17 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
         sdk = harness.SdkOverhead(case.history(), workdir)
     try:
         sdk_s = _median(sdk.time(case.new_input, rounds=args.rounds))
-        session_cold = {}
+        session_cold, session_restart = {}, {}
+        sid = args.session_id if db_copy else "bench"
         for budget in budgets:
             progress.step(f"{case.label} budget={budget}: first turn of a fresh process "
                           "through ProtoPromptSession")
             session_cold[budget] = harness.run_session_child(
-                sdk.db_path, args.session_id if db_copy else "bench", case.new_input, budget)
+                sdk.db_path, sid, case.new_input, budget)
+            progress.step(f"{case.label} budget={budget}: the same after a restart "
+                          f"({harness.stored_counts(sdk.db_path)} token counts kept)")
+            session_restart[budget] = harness.run_session_child(
+                sdk.db_path, sid, case.new_input, budget, restart=True)
     finally:
         sdk.close()
     rows = []
@@ -131,6 +136,7 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "mem_index": first.get("pp_index_warm_peak_bytes"),
             "mem_method": first.get("memory_method"),
             "session_cold": session_cold[budget]["session_cold_callback_s"],
+            "session_restart": session_restart[budget]["session_cold_callback_s"],
         }
         if not args.no_reference:
             row.update(
@@ -166,6 +172,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
         ("session cold ms", lambda r: harness.ms(r.get("session_cold"))),
         ("x session cold", lambda r: _x(r.get("ref_cold"), r.get("session_cold"))),
+        ("restart ms", lambda r: harness.ms(r.get("session_restart"))),
+        ("x restart", lambda r: _x(r.get("ref_cold"), r.get("session_restart"))),
         ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
         ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
         ("peak cold MB", lambda r: _mb(r["mem_cold"])),
@@ -250,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     import protoprompt
 
     n_cases = 1 if args.db else len(args.sizes)
-    total = n_cases * (1 + len(args.budgets) * (args.cold_rounds + 1)) + n_cases \
+    total = n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2)) + n_cases \
         + (0 if args.no_counting else 6)  # 2 engines x (1, 2 threads, 2 processes)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
@@ -286,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if rows:
         print(f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
-              f"cold includes building the tokenizer. import protoprompt: "
+              f"cold includes building the tokenizer. session cold = first turn of a fresh "
+              f"process through ProtoPromptSession (callback only); restart = the same in a "
+              f"new process that finds the token counts the first kept in the database. "
+              f"import protoprompt: "
               f"{harness.ms(rows[0]['pp_import'])} ms"
               + (f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
                  "(included in ref cold)" if rows[0].get("ref_vocab") is not None else ""))

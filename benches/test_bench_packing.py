@@ -215,6 +215,40 @@ def test_pack_cold(benchmark, cases, results, size, mix, budget):
 
 
 # --------------------------------------------------------------------------------------------
+# Session cold and restart: the first SDK turn of a fresh process through ProtoPromptSession,
+# on a database protoprompt never served (cold), then again in another fresh process that
+# finds the token counts the first one kept in the database (restart)
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_session_cold_and_restart(benchmark, cases, results, size, budget):
+    case = cases.get(size, "agentic")
+    sdk = harness.SdkOverhead(case.history(), cases.workdir)
+    try:
+        runs: dict[str, dict] = {}
+
+        def run():
+            runs["cold"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
+                                                     budget)
+            runs["restart"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
+                                                        budget, restart=True)
+
+        benchmark.pedantic(run, rounds=1, iterations=1)
+        stored = harness.stored_counts(sdk.db_path)
+    finally:
+        sdk.close()
+    cold, restart = (runs[k]["session_cold_callback_s"] for k in ("cold", "restart"))
+    for k in ("session_cold_items", "session_cold_history_tokens"):
+        assert runs["cold"][k] == runs["restart"][k], k  # the same request
+    assert stored > 0 or budget < 1000
+    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
+                                session_cold_ms=cold * 1e3, session_restart_ms=restart * 1e3,
+                                stored_counts=stored)
+    _record(results, (size, "agentic", budget), session_cold=cold, session_restart=restart)
+    print(f"\nsession agentic-{size} budget={budget}: first turn of a fresh process "
+          f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept)")
+
+
+# --------------------------------------------------------------------------------------------
 # The pure-Python reference, warm (its memo holds the previous turn's counts)
 
 @pytest.mark.parametrize("budget", BUDGETS)
