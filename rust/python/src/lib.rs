@@ -1203,10 +1203,14 @@ struct HistoryIndex {
 const CLASSIFY_CHUNK: usize = 4096;
 
 impl HistoryIndex {
-    /// Classify `items` and append them, one chunk at a time, so that only one chunk of
-    /// full-size classified items exists at once. Positions continue from `len(self)`; labels
+    /// Classify `items` and append them, one chunk at a time, so that only a few chunks of
+    /// full-size classified items exist at once. Positions continue from `len(self)`; labels
     /// treat positions from `n_history` on as `new_input`. On a bad item the index is put back
     /// as it was and the error names the item and field.
+    ///
+    /// A long history is pipelined: this thread reads the Python items (it needs the GIL)
+    /// while a scoped helper thread appends the previous chunk to the core index (no GIL), so
+    /// a cold start costs about the larger of the two instead of their sum.
     fn classify_into<'py>(
         &mut self,
         py: Python<'py>,
@@ -1215,44 +1219,102 @@ impl HistoryIndex {
     ) -> PyResult<()> {
         let start = self.index.len();
         let (kinds_capacity, costs_capacity) = (self.kinds.capacity(), self.costs.capacity());
-        let mut items = items;
-        let mut first = true;
-        while items.len() > 0 {
-            let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(CLASSIFY_CHUNK).collect();
-            match classify_items(py, chunk.into_iter(), self.index.len(), n_history) {
-                Ok(metas) => {
-                    self.append(py, metas);
-                    if std::mem::take(&mut first) && items.len() > 0 {
-                        // Sized from the first chunk: the rest is stored without regrowth.
-                        let rest = items.len();
-                        self.index.reserve(rest);
-                        let headroom = rest + (self.kinds.len() + rest) / 8;
-                        reserve_ahead(Arc::make_mut(&mut self.kinds), rest, headroom);
-                        reserve_ahead(&mut self.costs, rest, headroom);
-                    }
-                }
-                Err(e) => {
-                    self.truncate(py, start);
-                    Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
-                    self.costs.shrink_to(costs_capacity);
-                    return Err(e);
-                }
-            }
+        let outcome = if items.len() <= CLASSIFY_CHUNK {
+            classify_items(py, items, start, n_history).map(|metas| {
+                self.note_kinds(&metas, 0);
+                let index = &mut self.index;
+                py.detach(|| index.extend(metas));
+            })
+        } else {
+            self.classify_pipelined(py, items, n_history)
+        };
+        if outcome.is_err() {
+            self.truncate(py, start);
+            Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
+            self.costs.shrink_to(costs_capacity);
         }
-        Ok(())
+        outcome
     }
 
-    fn append(&mut self, py: Python<'_>, metas: Vec<ItemMeta>) {
-        let headroom = metas.len() + self.kinds.len() / 4 + 64;
-        let kinds = Arc::make_mut(&mut self.kinds);
-        reserve_ahead(kinds, metas.len(), headroom);
-        reserve_ahead(&mut self.costs, metas.len(), headroom);
-        let names = &mut self.kind_names;
-        kinds.extend(metas.iter().map(|m| names.code(m.kind_name())));
-        self.costs.resize(self.kinds.len(), UNCOUNTED);
-        let index = &mut self.index;
-        py.detach(|| index.extend(metas));
+    fn classify_pipelined<'py>(
+        &mut self,
+        py: Python<'py>,
+        mut items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+        n_history: usize,
+    ) -> PyResult<()> {
+        let mut position = self.index.len();
+        let HistoryIndex {
+            index,
+            kinds,
+            kind_names,
+            costs,
+            ..
+        } = self;
+        std::thread::scope(|scope| {
+            // Chunk and the number of items still to come after it.
+            let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<ItemMeta>, usize)>(1);
+            let helper = scope.spawn(move || {
+                let mut first = true;
+                for (metas, rest) in receive {
+                    index.extend(metas);
+                    if std::mem::take(&mut first) && rest > 0 {
+                        // Sized from the first chunk: the rest is stored without regrowth.
+                        index.reserve(rest);
+                    }
+                }
+            });
+            let mut outcome = Ok(());
+            while items.len() > 0 {
+                let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(CLASSIFY_CHUNK).collect();
+                match classify_items(py, chunk.into_iter(), position, n_history) {
+                    Ok(metas) => {
+                        position += metas.len();
+                        let rest = items.len();
+                        note_kinds(kinds, kind_names, costs, &metas, rest);
+                        if send.send((metas, rest)).is_err() {
+                            break; // the helper panicked: reported by the join below
+                        }
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+            drop(send);
+            if let Err(panic) = py.detach(|| helper.join()) {
+                std::panic::resume_unwind(panic);
+            }
+            outcome
+        })
     }
+
+    fn note_kinds(&mut self, metas: &[ItemMeta], rest: usize) {
+        note_kinds(
+            &mut self.kinds,
+            &mut self.kind_names,
+            &mut self.costs,
+            metas,
+            rest,
+        );
+    }
+}
+
+/// Record the kinds of appended items (and room for their costs); `rest` more are coming.
+fn note_kinds(
+    kinds: &mut Arc<Vec<u8>>,
+    names: &mut KindNames,
+    costs: &mut Vec<u64>,
+    metas: &[ItemMeta],
+    rest: usize,
+) {
+    let kinds = Arc::make_mut(kinds);
+    let needed = metas.len() + rest;
+    let headroom = needed + (kinds.len() + needed) / 8 + 64;
+    reserve_ahead(kinds, needed, headroom);
+    reserve_ahead(costs, needed, headroom);
+    kinds.extend(metas.iter().map(|m| names.code(m.kind_name())));
+    costs.resize(kinds.len(), UNCOUNTED);
 }
 
 #[pymethods]
