@@ -297,3 +297,23 @@ def test_history_index_reports_its_memory_and_stays_small() -> None:
     got = index.pack(history, [{"role": "user", "content": "next"}], 50_000)
     assert got.kept_history == pp.pack(history, [{"role": "user", "content": "next"}],
                                        50_000).kept_history
+
+
+def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() -> None:
+    """Histories longer than one classification chunk (4096 items) are read on this thread
+    while a helper thread indexes the previous chunk: the units must be those of the whole
+    graph built at once (analyze), and so must the decisions through a warm index."""
+    from history_gen import generate, new_user_message, next_turn
+
+    history = generate(11_000, "agentic", seed=4)
+    new_input = [new_user_message(4)]
+    units = sorted(u.positions for u in pp.analyze(history, new_input).units
+                   if not u.contains_new)
+    index = pp.HistoryIndex()
+    packed = index.pack(history, new_input, 10**9)
+    assert sorted(d.positions for d in packed.decisions) == units
+    assert packed.kept_history == sorted(p for u in units for p in u)
+    longer = history + next_turn(4, "agentic")
+    again = index.pack(copy.deepcopy(longer), new_input, 10**9)
+    assert sorted(d.positions for d in again.decisions) == sorted(
+        u.positions for u in pp.analyze(longer, new_input).units if not u.contains_new)
