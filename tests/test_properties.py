@@ -300,7 +300,7 @@ def test_history_index_reports_its_memory_and_stays_small() -> None:
 
 
 def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() -> None:
-    """Histories longer than one classification chunk (4096 items) are read on this thread
+    """Histories longer than one classification chunk (2048 items) are read on this thread
     while a helper thread indexes the previous chunk: the units must be those of the whole
     graph built at once (analyze), and so must the decisions through a warm index."""
     from history_gen import generate, new_user_message, next_turn
