@@ -256,3 +256,21 @@ def test_store_arguments_are_checked(tmp_path) -> None:
         store.put_many([(bytes(16), -1)])
     assert isinstance(store, pp.CountStore)
     store.close()
+
+
+def test_pack_takes_a_store_too(tmp_path) -> None:
+    history, new_input = _long_history(11, turns=5)
+    store = pp.SQLiteCountStore(tmp_path / "c.db")
+    _core._clear_count_cache()
+    expected = pp.pack(history, new_input, 3000, output_reserve=100)
+    for _ in range(2):
+        _core._clear_count_cache()
+        got = pp.pack(history, new_input, 3000, output_reserve=100, count_store=store)
+        assert _fields(got) == _fields(expected)
+        store.flush(timeout=10)
+    assert store.entry_count() > 0
+    with pytest.raises(TypeError, match="count_store"):
+        pp.pack(history, new_input, 3000, count_store=object())  # type: ignore[arg-type]
+    store.clear()
+    assert store.entry_count() == 0
+    store.close()

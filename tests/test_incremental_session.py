@@ -289,5 +289,10 @@ async def test_a_restarted_process_reads_token_counts_from_the_session_database(
     await plain.turn(4)
     assert restarted.plans == plain.plans[-1:]
     assert sum(a is not None for a in answers) > 0  # history counts came from the database
+    # One store (one connection) per database, whatever the number of sessions in it.
+    other = ProtoPromptSession("someone-else", fast_db)
+    store = restarted.session._index_state.index.count_store
+    assert store is not None and other._index_state.index.count_store is store
+    other.close()
     restarted.close()
     plain.close()

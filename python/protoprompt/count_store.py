@@ -39,6 +39,17 @@ _SECRET_ROW = "count_secret"
 _MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 
 
+_LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Writer threads are daemons and die with the interpreter: write what is queued first
+    (at most 2 s per store)."""
+    for store in list(_LIVE):
+        store.flush(timeout=2.0)
+
+
 def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and 0 <= value < 2**63
 
@@ -99,9 +110,7 @@ class SQLiteCountStore:
         self._writing = threading.Condition()
         self._writer: threading.Thread | None = None
         self._secret = self._open()
-        # Daemon writers die with the interpreter: write what is queued first (bounded).
-        ref = weakref.ref(self)
-        atexit.register(lambda: (store := ref()) is not None and store.flush(timeout=2.0))
+        _LIVE.add(self)  # queued counts are written at interpreter exit
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
@@ -212,6 +221,17 @@ class SQLiteCountStore:
         """Wait until queued counts are written; ``False`` if ``timeout`` passed first."""
         with self._writing:
             return self._writing.wait_for(lambda: self._writer is None, timeout)
+
+    def clear(self) -> None:
+        """Delete every stored count of this database (e.g. after deleting sessions whose
+        texts must leave no trace: a key lets whoever holds the database confirm a guessed
+        text). Queued counts are written first, then deleted too."""
+        self.flush(timeout=5.0)
+        with self._lock:
+            if self._reader is None:
+                self._reader = self._connect()
+            with self._reader:
+                self._reader.execute(f"DELETE FROM {_TABLE}")
 
     def entry_count(self) -> int:
         """Number of stored counts (after :meth:`flush`, including this process's)."""

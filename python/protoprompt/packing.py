@@ -336,6 +336,7 @@ def pack(
     encoding: str | None = None,
     policy: Policy = "contiguous",
     context: Callable[[int], int] | None = None,
+    count_store: CountStore | None = None,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -343,18 +344,28 @@ def pack(
     dependency, when it starts with a tool output), ``output_reserve`` and
     ``context_tokens``. ``context``, when given, is then called once with the tokens still
     free and returns how many of them the caller's own context (system prompt, recalled
-    memory) takes; history gets the rest. Then the newest history units are added while they fit. A unit
-    (a call with its outputs, reasoning with its follower, a program with its children…) is
-    kept whole or dropped whole; invalid units and input-only controls are never sent.
+    memory) takes; history gets the rest. Then the newest history units are added while they
+    fit. A unit (a call with its outputs, reasoning with its follower, a program with its
+    children…) is kept whole or dropped whole; invalid units and input-only controls are
+    never sent. ``count_store`` (e.g. a :class:`~protoprompt.SQLiteCountStore`) keeps token
+    counts across processes; the result is the same with or without it.
 
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
         InvalidNewInputError: ``new_input`` depends on history that is missing or invalid.
         InvalidItemError: an item is malformed (the message names the item and field).
+        TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
     """
     # A throw-away index: the core classifies a long history chunk by chunk into it.
     return _run(_core.HistoryIndex().pack, history, new_input, budget, output_reserve,
-                context_tokens, model, encoding, policy, context)
+                context_tokens, model, encoding, policy, context, _checked(count_store))
+
+
+def _checked(count_store: CountStore | None) -> CountStore | None:
+    if count_store is not None and not isinstance(count_store, CountStore):
+        raise TypeError("count_store must have secret, get_many and put_many, got "
+                        f"{type(count_store).__name__}")
+    return count_store
 
 
 def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
@@ -438,11 +449,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
     __slots__ = ("_index", "count_store")
 
     def __init__(self, *, count_store: CountStore | None = None) -> None:
-        if count_store is not None and not isinstance(count_store, CountStore):
-            raise TypeError("count_store must have secret, get_many and put_many, got "
-                            f"{type(count_store).__name__}")
         self._index = _core.HistoryIndex()
-        self.count_store = count_store
+        self.count_store = _checked(count_store)
 
     def __len__(self) -> int:
         return len(self._index)

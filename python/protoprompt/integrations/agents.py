@@ -27,6 +27,7 @@ import os
 import sqlite3
 import threading
 import uuid
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -221,6 +222,22 @@ def _database_id(db_path: str) -> str | None:
     return str(row[0]) if row else None
 
 
+_STORES: weakref.WeakValueDictionary[str, SQLiteCountStore] = weakref.WeakValueDictionary()
+
+
+def _count_store(database_id: str, db_path: str) -> SQLiteCountStore | None:
+    """The count store of a database, one per database for all its sessions (one connection
+    however many sessions are pooled), or ``None`` if it cannot be opened."""
+    with _SHARED_LOCK:
+        store = _STORES.get(database_id)
+        if store is None:
+            try:
+                store = _STORES[database_id] = SQLiteCountStore(db_path)
+            except (sqlite3.Error, OSError):
+                return None  # read-only or odd database: counts stay in memory
+        return store
+
+
 def _shared_state(key: tuple[str, str, str]) -> _IndexState:
     with _SHARED_LOCK:
         state = _SHARED.get(key)
@@ -367,12 +384,9 @@ class ProtoPromptSession:
                     self._shared_key = (db_id, table, session_id)
         self._index_state = (_shared_state(self._shared_key) if self._shared_key
                              else _IndexState())
-        if self._probe is not None and self._index_state.index.count_store is None:
-            # Token counts outlive the process in the same database (see SQLiteCountStore).
-            try:
-                self._index_state.index.count_store = SQLiteCountStore(db)
-            except (sqlite3.Error, OSError):
-                pass  # read-only or odd database: counts stay in memory
+        if self._shared_key is not None and self._index_state.index.count_store is None:
+            # Token counts outlive the process in the same database (SQLiteCountStore).
+            self._index_state.index.count_store = _count_store(self._shared_key[0], db)
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._pending_lock = threading.Lock()
 
