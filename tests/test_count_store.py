@@ -274,3 +274,18 @@ def test_pack_takes_a_store_too(tmp_path) -> None:
     store.clear()
     assert store.entry_count() == 0
     store.close()
+
+
+def test_counts_written_lately_are_not_written_again(tmp_path) -> None:
+    """The core reports counts it had in memory (last turn's new input, now history) so a
+    store attached late still gets them; a store skips the ones it has just written, so a
+    warm turn starts no write."""
+    store = pp.SQLiteCountStore(tmp_path / "c.db")
+    pairs = [(i.to_bytes(16, "big"), i) for i in range(5)]
+    store.put_many(pairs)
+    assert store.flush(timeout=10)
+    store.put_many(pairs)
+    assert store._writer is None  # nothing queued, no thread
+    store.put_many([(pairs[0][0], 99)])  # a changed count is written
+    assert store.flush(timeout=10) and store.get_many([pairs[0][0]]) == [99]
+    store.close()

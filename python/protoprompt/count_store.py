@@ -36,7 +36,8 @@ _log = logging.getLogger("protoprompt")
 
 _TABLE = "protoprompt_token_counts"
 _SECRET_ROW = "count_secret"
-_MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
+_MAX_PARAMS = 500
+_REMEMBER_WRITTEN = 16_384  # per IN (...) query; below every SQLite build's variable limit
 
 
 _LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()
@@ -107,6 +108,9 @@ class SQLiteCountStore:
         self._lock = threading.Lock()  # the reader connection
         self._reader: sqlite3.Connection | None = None
         self._pending: list[tuple[bytes, int]] = []
+        # The last counts written, insertion-ordered; at most half the table, so a count
+        # remembered here is still stored unless others wrote max_entries / 2 since.
+        self._written: dict[bytes, int] = {}
         self._writing = threading.Condition()
         self._writer: threading.Thread | None = None
         self._secret = self._open()
@@ -179,9 +183,16 @@ class SQLiteCountStore:
             if len(k) != 16 or not _is_count(n):
                 raise ValueError(f"count store entries are (16-byte key, int >= 0), got "
                                  f"({k!r}, {n!r})")
-        if not batch:
-            return
         with self._writing:
+            # Counts this object wrote lately are not written again (the core reports counts
+            # it had in memory, e.g. last turn's new input, which is usually one of them).
+            batch = [(k, n) for k, n in batch if self._written.get(k) != n]
+            if not batch:
+                return
+            for k, n in batch:
+                self._written[k] = n
+            while len(self._written) > min(_REMEMBER_WRITTEN, self.max_entries // 2):
+                del self._written[next(iter(self._written))]
             self._pending.extend(batch)
             if self._writer is None:
                 self._writer = threading.Thread(
@@ -232,6 +243,8 @@ class SQLiteCountStore:
                 self._reader = self._connect()
             with self._reader:
                 self._reader.execute(f"DELETE FROM {_TABLE}")
+        with self._writing:
+            self._written.clear()
 
     def entry_count(self) -> int:
         """Number of stored counts (after :meth:`flush`, including this process's)."""
