@@ -64,7 +64,7 @@ class Side:
 
 
 async def test_requests_equal_a_session_without_index_through_pops_clears_and_other_writers(
-        tmp_path) -> None:
+        tmp_path, monkeypatch) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
     plain = Side(str(tmp_path / "plain.db"), incremental=False)
     assert fast.session._probe is not None and plain.session._probe is None
@@ -102,9 +102,24 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     await turn(5)
     # The turn went through the index, which held the whole stored history at that time.
     assert len(fast.session._index_state.index) == before > 0
+    # Pops keep the index: it drops the popped items instead of reading everything again.
+    from protoprompt import HistoryIndex
+    from protoprompt.integrations import agents as integration
+
+    calls: list[str] = []
+    for cls, name in ((HistoryIndex, "truncate"), (integration._IndexState, "reset")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
+            calls.append(_n), _r(self, *a))[1])
     await both(pop)
     await both(pop)
     await turn(6)
+    assert calls == []  # the popped rows were last turn's own, never indexed
+    for _ in range(6):  # deeper than one turn: into the indexed history
+        await both(pop)
+    await turn(6)
+    assert calls == ["truncate"]
+    monkeypatch.undo()
     await both(other_writer_replaces_last)
     await turn(7)
     await both(other_writer_appends)

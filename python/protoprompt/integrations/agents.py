@@ -127,10 +127,11 @@ class _RowProbe:
     """Cheap check that the stored rows an index has seen are still there, unchanged.
 
     ``SQLiteSession`` rows are immutable and their ids are never reused (AUTOINCREMENT):
-    rows are only appended, the newest popped, or all cleared. So if the number of this
-    session's rows with ``id <= M`` is what it was when the index last synced at max id
-    ``M``, the items the index holds are still the first items of the history, whoever
-    wrote to the database meanwhile (another process, another session object).
+    rows are only appended, the newest popped, or all cleared. So if ``k`` of this session's
+    rows have ``id <= M``, where ``M`` was the max id when the index last synced, the first
+    ``k`` items the index holds are still the first items of the history, whoever wrote to
+    the database meanwhile (another process, another session object): the index keeps those
+    and drops the rest (a pop), then reads what was appended.
     """
 
     def __init__(self, db_path: str, table: str, session_id: str) -> None:
@@ -556,18 +557,24 @@ class ProtoPromptSession:
                 # Not the history our last read returned (a limit, or a direct call).
                 return builder.build(history, new_input, **kwargs)
             with state.lock:
-                stale = (read.generation != state.generation
-                         or read.generation != state.epoch
-                         or len(state.index) > len(history))
                 if self._probe is not None:
                     if read.rows is None:
                         state.reset(read.generation)  # rows could not be checked
                         return builder.build(history, new_input, **kwargs)
-                    max_id, count, known, known_max = read.rows
+                    _max_id, _count, known, known_max = read.rows
                     synced = state.rows
-                    if synced is not None and (synced[0] != known_max or synced[1] != known):
-                        stale = True  # rows changed behind our back (or a newer sync ran)
-                if stale:
+                    if (read.generation != state.epoch
+                            or (synced is not None and synced[0] != known_max)):
+                        # A pop or clear ran while this history was read, or a newer sync.
+                        state.reset(read.generation)
+                    elif known < len(state.index):
+                        # Rows the index holds are gone. Rows are only appended, popped
+                        # newest first or all cleared, so the first `known` are the ones
+                        # left: keep them (a pop costs what it removed, not a re-read).
+                        state.index.truncate(known)
+                elif (read.generation != state.generation or read.generation != state.epoch):
+                    state.reset(read.generation)  # no rows to check: start again after a pop
+                if len(state.index) > len(history):
                     state.reset(read.generation)
                 try:
                     plan = builder.build(history, new_input, index=state.index, **kwargs)

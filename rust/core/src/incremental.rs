@@ -20,8 +20,9 @@
 //!   collision can only move the cut earlier (more work, same result).
 //! * **What is linear.** Nothing per turn: appending `k` items and packing cost
 //!   O(k + items after the cut + units visited by the fill), plus a linear but allocation
-//!   free pass over the unit list when the per-unit decisions are reported. Removing items
-//!   ([`HistoryIndex::truncate`]) rebuilds the index.
+//!   free pass over the unit list when the per-unit decisions are reported. Removing the
+//!   newest items ([`HistoryIndex::truncate`], a `pop_item`) regroups only what the removed
+//!   items were related to, the mirror image of an append.
 //! * **Memory.** Items are stored compactly (see [`HistoryIndex`]); a long history is best
 //!   appended in chunks, with [`HistoryIndex::reserve`] after the first, so that full-size
 //!   [`ItemMeta`]s exist for one chunk at a time and no store regrows (the binding does this,
@@ -312,14 +313,52 @@ impl HistoryIndex {
         *self = HistoryIndex::default();
     }
 
-    /// Keep only the first `len` items (rebuilds the index).
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.items.len() {
-            return;
-        }
-        let metas: Vec<ItemMeta> = (0..len).map(|p| self.meta(p)).collect();
+    /// Keep only the first `len` items, rebuilt compactly from scratch (capacity and arena
+    /// sized for them alone: what undoing a failed append needs). See [`HistoryIndex::truncate`].
+    pub fn rebuild(&mut self, len: usize) {
+        let metas: Vec<ItemMeta> = (0..len.min(self.items.len()))
+            .map(|p| self.meta(p))
+            .collect();
         self.clear();
         self.extend(metas);
+    }
+
+    /// Keep only the first `len` items (what a `pop_item` does to the session).
+    ///
+    /// The mirror image of [`HistoryIndex::extend`]: the removed items are the block after
+    /// the kept ones, so with the cut `c` of that block the units wholly before `c` are the
+    /// same with or without it, and only `c..len` is regrouped. Relation keys first seen in
+    /// the removed items are forgotten; their strings stay in the arena (a few bytes per
+    /// popped item, reclaimed by [`HistoryIndex::clear`]).
+    pub fn truncate(&mut self, len: usize) {
+        let n = self.items.len();
+        if len >= n {
+            return;
+        }
+        if len == 0 {
+            self.clear();
+            return;
+        }
+        let removed: Vec<ItemMeta> = (len..n).map(|p| self.meta(p)).collect();
+        for m in &removed {
+            for k in relation_keys(m) {
+                if self.first.get(&k).is_some_and(|&f| f >= len) {
+                    self.first.remove(&k);
+                }
+            }
+        }
+        self.items.truncate(len);
+        let c = self.cut(&removed);
+        let region: Vec<ItemMeta> = (c..len).map(|p| self.meta(p)).collect();
+        let mut tail = build_graph(&region, &[]);
+        tail.shift_positions(c);
+        let g = Arc::make_mut(&mut self.graph);
+        let k = g.unit_of[c];
+        g.units.truncate(k);
+        g.unit_of.truncate(c);
+        g.unit_of.extend(tail.unit_of.iter().map(|u| u + k));
+        g.units.extend(tail.units);
+        g.n_history = len;
     }
 
     /// The smallest cut for a block `tail` placed after the history (see the module note).

@@ -141,11 +141,45 @@ fn index_equals_full_graph_and_pack() {
                 "case {case} at {at}"
             );
         }
-        if rng.below(4) == 0 && n_hist > 0 {
-            let keep = rng.below(n_hist);
-            idx.truncate(keep);
-            assert_eq!(idx.graph(), &build_graph(&hm[..keep], &[]), "case {case}");
-            idx.extend(hm[keep..].to_vec());
+        // Pops (truncations) and re-appends, several times: each must equal a fresh graph.
+        for _ in 0..rng.below(4) {
+            if n_hist == 0 {
+                break;
+            }
+            let keep = n_hist - 1 - rng.below(n_hist.min(6));
+            let keep = if rng.below(5) == 0 {
+                rng.below(n_hist)
+            } else {
+                keep
+            };
+            if rng.below(4) == 0 {
+                idx.rebuild(keep);
+            } else {
+                idx.truncate(keep);
+            }
+            assert_eq!(idx.len(), keep);
+            assert_eq!(
+                idx.graph(),
+                &build_graph(&hm[..keep], &[]),
+                "case {case} truncate {keep}"
+            );
+            let tail = idx.tail(&nm);
+            assert_eq!(
+                summary(idx.view(&tail)),
+                summary(GraphView::whole(&build_graph(&hm[..keep], &nm))),
+                "case {case}: new input after truncate {keep}"
+            );
+            let mut at = keep;
+            while at < n_hist {
+                let k = 1 + rng.below(n_hist - at);
+                idx.extend(hm[at..at + k].to_vec());
+                at += k;
+            }
+            assert_eq!(
+                idx.graph(),
+                &build_graph(&hm, &[]),
+                "case {case} re-extended"
+            );
         }
 
         for (p, m) in hm.iter().enumerate() {

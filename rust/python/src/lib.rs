@@ -1231,7 +1231,11 @@ impl HistoryIndex {
             self.classify_pipelined(py, items, n_history)
         };
         if outcome.is_err() {
-            self.truncate(py, start);
+            // Back to exactly what it was, memory included (not a pop: rebuilt compactly).
+            Arc::make_mut(&mut self.kinds).truncate(start);
+            self.costs.truncate(start);
+            let index = &mut self.index;
+            py.detach(|| index.rebuild(start));
             Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
             self.costs.shrink_to(costs_capacity);
         }
