@@ -289,3 +289,51 @@ def test_counts_written_lately_are_not_written_again(tmp_path) -> None:
     store.put_many([(pairs[0][0], 99)])  # a changed count is written
     assert store.flush(timeout=10) and store.get_many([pairs[0][0]]) == [99]
     store.close()
+
+
+def _in_forked_child(fn: Any) -> Any:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=lambda: q.put(fn()))
+    proc.start()
+    out = q.get(timeout=60)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_connection_and_writer(tmp_path) -> None:
+    """multiprocessing's default start method on Linux forks: the child opens its own
+    connection and writer thread, and never waits for the parent's writer, which does not
+    exist in the child (it may have been busy at the fork)."""
+    db = tmp_path / "c.db"
+    store = pp.SQLiteCountStore(db)
+    key, other = bytes(range(16)), (7).to_bytes(16, "big")
+    store.put_many([(key, 3)])
+    assert store.flush(timeout=10) and store.get_many([key]) == [3]  # reader opened
+
+    def child() -> Any:
+        store.put_many([(other, 7)])
+        return store.flush(timeout=20), store.get_many([key, other])
+
+    assert _in_forked_child(child) == (True, [3, 7])
+
+    # A write in flight at the fork: the child's flush must still return (its own writer
+    # tries, and SQLite may refuse a child the lock its parent's thread held: a miss).
+    blocker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN EXCLUSIVE")
+    store.put_many([(bytes(16), 1)])
+    assert store._writer is not None
+
+    def child_busy() -> Any:
+        store.put_many([((8).to_bytes(16, "big"), 8)])
+        return store.flush(timeout=20)
+
+    import threading
+    threading.Timer(0.5, lambda: (blocker.execute("COMMIT"), blocker.close())).start()
+    assert _in_forked_child(child_busy) is True
+    assert store.flush(timeout=20)  # the parent's writer finished too (written or dropped)
+    store.close()

@@ -43,6 +43,20 @@ _REMEMBER_WRITTEN = 16_384  # per IN (...) query; below every SQLite build's var
 _LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()
 
 
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits connections and lock states but no threads: give every store
+    fresh locks, no writer and no connection (SQLite connections must not cross a fork)."""
+    for store in list(_LIVE):
+        store._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @atexit.register
 def _flush_at_exit() -> None:
     """Writer threads are daemons and die with the interpreter: write what is queued first
@@ -115,6 +129,17 @@ class SQLiteCountStore:
         self._writer: threading.Thread | None = None
         self._secret = self._open()
         _LIVE.add(self)  # queued counts are written at interpreter exit
+
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self._reader is not None:
+            # The parent's connection: neither used nor closed here (closing it would reset
+            # SQLite's per-process lock bookkeeping the child's own connection relies on).
+            _INHERITED.append(self._reader)
+        self._reader = None
+        self._pending = []  # the parent writes what it queued
+        self._writing = threading.Condition()
+        self._writer = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
