@@ -22,6 +22,14 @@
 //!   costed at most once (the binding's cost source memoises by position); a
 //!   [`crate::incremental::HistoryIndex`] user also keeps each history position's cost
 //!   between calls, and the classified items and their graph (see that module's note).
+//!   Across processes, a caller may add a persistent store keyed by
+//!   [`crate::tokens::store_key`] (SipHash-1-3-128 of the encoding and the text under a
+//!   per-store secret; texts of at least [`crate::tokens::STORE_MIN_BYTES`]): the binding
+//!   looks the process cache's misses up there before tokenising, so a restarted process
+//!   reads the kept history's counts back instead of counting them again.
+//! * **What is bounded.** The process cache: two generations of
+//!   [`crate::tokens::CACHE_GENERATION_ENTRIES`] entries. A persistent store bounds itself
+//!   (the Python `SQLiteCountStore`: `max_entries`, oldest written first out).
 //! * **What is linear.** [`pack_view`] is not linear in the history: candidates are found
 //!   newest first by a backwards scan over positions (a unit is met at its newest member),
 //!   the contiguous policy stops at the first unit that does not fit, and the result records
