@@ -478,18 +478,26 @@ def _session_child(spec: dict[str, Any]) -> None:
     callback = session.input_callback(builder, system_prompt="Be brief.")
     spent: list[float] = []
 
+    peaks: list[int | None] = []
+
     async def timed(history: list[Any], new_input: list[Any]) -> list[Any]:
+        # Peak RSS growth of the callback alone (the tokenizer was started by input_callback
+        # and is normally built while the SDK read the history, as in production).
+        before = _status_kb("VmRSS") if _reset_peak() else None
         t = time.perf_counter()
         try:
             return await callback(history, new_input)
         finally:
             spent.append(time.perf_counter() - t)
+            peak = _status_kb("VmHWM") if before is not None else None
+            peaks.append(peak - before if peak is not None and before is not None else None)
 
     prepared, _ = loop.run_until_complete(
         prepare_input_with_session(list(spec["new_input"]), session, timed))
     total = time.perf_counter() - t_start
     plan = builder.last_plan
     print(json.dumps({"session_cold_callback_s": spent[0], "session_cold_turn_s": total,
+                      "session_cold_peak_bytes": peaks[0],
                       "session_cold_items": len(prepared),
                       "session_cold_history_tokens": plan.pack.history_tokens if plan else None}))
     session.close()

@@ -137,6 +137,7 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "mem_method": first.get("memory_method"),
             "session_cold": session_cold[budget]["session_cold_callback_s"],
             "session_restart": session_restart[budget]["session_cold_callback_s"],
+            "mem_session": session_cold[budget].get("session_cold_peak_bytes"),
         }
         if not args.no_reference:
             row.update(
@@ -181,6 +182,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("warm/JSON", lambda r: _pct(r["mem_warm"], r["json"])),
         ("index MB", lambda r: _mb(r.get("mem_index"), 2)),
         ("cold/JSON", lambda r: _pct(r["mem_cold"], r["json"])),
+        ("session peak MB", lambda r: _mb(r.get("mem_session"))),
+        ("session/JSON", lambda r: _pct(r.get("mem_session"), r["json"])),
         ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
     ]
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
@@ -295,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         print(f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
               f"cold includes building the tokenizer. session cold = first turn of a fresh "
-              f"process through ProtoPromptSession (callback only); restart = the same in a "
+              f"process through ProtoPromptSession (callback only; its peak = session peak, "
+              f"the tokenizer having been built while the SDK read the history); restart = "
+              f"the same in a "
               f"new process that finds the token counts the first kept in the database. "
               f"import protoprompt: "
               f"{harness.ms(rows[0]['pp_import'])} ms"
