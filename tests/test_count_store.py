@@ -337,3 +337,23 @@ def test_a_forked_child_gets_its_own_connection_and_writer(tmp_path) -> None:
     assert _in_forked_child(child_busy) is True
     assert store.flush(timeout=20)  # the parent's writer finished too (written or dropped)
     store.close()
+
+
+def test_many_databases_keep_few_connections_open(tmp_path, monkeypatch) -> None:
+    """A server with a database per tenant: at most MAX_OPEN_READERS stores keep their
+    connection (a file descriptor) open; the others reopen when asked, with the same
+    answers."""
+    from protoprompt import count_store as module
+
+    monkeypatch.setattr(module, "MAX_OPEN_READERS", 4)
+    stores = [pp.SQLiteCountStore(tmp_path / f"t{i}.db") for i in range(10)]
+    for i, store in enumerate(stores):
+        store.put_many([(i.to_bytes(16, "big"), i)])
+        assert store.flush(timeout=10)
+        assert store.get_many([i.to_bytes(16, "big")]) == [i]
+    assert sum(s._reader is not None for s in stores) <= 4
+    assert stores[-1]._reader is not None  # the most recent stay open
+    assert [s.get_many([i.to_bytes(16, "big")]) for i, s in enumerate(stores)] == [
+        [i] for i in range(10)]
+    for store in stores:
+        store.close()

@@ -27,6 +27,7 @@ import secrets
 import sqlite3
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -45,10 +46,18 @@ _LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()
 
 _INHERITED: list[sqlite3.Connection] = []
 
+MAX_OPEN_READERS = 32
+"""Stores that keep their reader connection open at once (one file descriptor each)."""
+
+_OPEN: OrderedDict[int, weakref.ref[SQLiteCountStore]] = OrderedDict()
+_OPEN_LOCK = threading.Lock()
+
 
 def _after_fork_in_child() -> None:
     """A forked child inherits connections and lock states but no threads: give every store
     fresh locks, no writer and no connection (SQLite connections must not cross a fork)."""
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
     for store in list(_LIVE):
         store._reset_after_fork()
 
@@ -141,6 +150,34 @@ class SQLiteCountStore:
         self._writing = threading.Condition()
         self._writer = None
 
+    def _open_reader(self) -> sqlite3.Connection:
+        """The reader connection (caller holds ``self._lock``), opened if needed; at most
+        ``MAX_OPEN_READERS`` stores keep one open (least recently used closed first), so a
+        server with many databases never runs out of file descriptors."""
+        if self._reader is None:
+            self._reader = self._connect()
+        victims: list[SQLiteCountStore] = []
+        with _OPEN_LOCK:
+            _OPEN[id(self)] = weakref.ref(self)
+            _OPEN.move_to_end(id(self))
+            while len(_OPEN) > MAX_OPEN_READERS:
+                _, ref = _OPEN.popitem(last=False)
+                store = ref()
+                if store is not None and store is not self:
+                    victims.append(store)
+        for store in victims:
+            store._close_reader_if_idle()
+        return self._reader
+
+    def _close_reader_if_idle(self) -> None:
+        if self._lock.acquire(blocking=False):  # never wait: the owner may be reading
+            try:
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
+            finally:
+                self._lock.release()
+
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
         conn.execute("PRAGMA synchronous=NORMAL")  # a cache: no fsync per write
@@ -185,12 +222,11 @@ class SQLiteCountStore:
         found: dict[bytes, object] = {}
         with self._lock:
             try:
-                if self._reader is None:
-                    self._reader = self._connect()
+                reader = self._open_reader()
                 for start in range(0, len(keys), _MAX_PARAMS):
                     chunk = list(keys[start:start + _MAX_PARAMS])
                     marks = ",".join("?" * len(chunk))
-                    found.update(self._reader.execute(
+                    found.update(reader.execute(
                         f"SELECT key, tokens FROM {_TABLE} WHERE key IN ({marks})", chunk))
             except sqlite3.Error as e:
                 _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
@@ -264,19 +300,17 @@ class SQLiteCountStore:
         text). Queued counts are written first, then deleted too."""
         self.flush(timeout=5.0)
         with self._lock:
-            if self._reader is None:
-                self._reader = self._connect()
-            with self._reader:
-                self._reader.execute(f"DELETE FROM {_TABLE}")
+            reader = self._open_reader()
+            with reader:
+                reader.execute(f"DELETE FROM {_TABLE}")
         with self._writing:
             self._written.clear()
 
     def entry_count(self) -> int:
         """Number of stored counts (after :meth:`flush`, including this process's)."""
         with self._lock:
-            if self._reader is None:
-                self._reader = self._connect()
-            return int(self._reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+            reader = self._open_reader()
+            return int(reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
 
     def close(self) -> None:
         """Write what is queued (up to 5 s) and close the connection."""
