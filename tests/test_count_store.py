@@ -232,6 +232,15 @@ def test_a_damaged_database_is_a_miss_not_a_wrong_count(tmp_path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE protoprompt_token_counts")
     assert store.get_many([key]) == [None]  # read error: a miss
+    store.put_many([(key, 5)])  # a write error drops the entry ...
+    assert store.flush(timeout=10)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE protoprompt_token_counts "
+                     "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")
+    store.put_many([(key, 5)])  # ... and the next report of it is written
+    assert store.flush(timeout=10) and store.get_many([key]) == [5]
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE protoprompt_token_counts")
     history, new_input = _long_history(5, turns=3)
     _core._clear_count_cache()
     expected = pp.pack(history, new_input, 10**6).used

@@ -37,20 +37,16 @@ _log = logging.getLogger("protoprompt")
 
 _TABLE = "protoprompt_token_counts"
 _SECRET_ROW = "count_secret"
-_MAX_PARAMS = 500
-_REMEMBER_WRITTEN = 16_384  # per IN (...) query; below every SQLite build's variable limit
-
-
-_LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()
-
-
-_INHERITED: list[sqlite3.Connection] = []
+_MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
+_REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
 
 MAX_OPEN_READERS = 32
 """Stores that keep their reader connection open at once (one file descriptor each)."""
 
-_OPEN: OrderedDict[int, weakref.ref[SQLiteCountStore]] = OrderedDict()
+_LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()  # flushed at exit, reset on fork
+_OPEN: OrderedDict[int, weakref.ref[SQLiteCountStore]] = OrderedDict()  # open readers, LRU
 _OPEN_LOCK = threading.Lock()
+_INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never closed here
 
 
 def _after_fork_in_child() -> None:
@@ -281,6 +277,10 @@ class SQLiteCountStore:
                                      (self.max_entries,))
                 except sqlite3.Error as e:
                     _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
+                    with self._writing:  # not written: let a later turn queue them again
+                        for k, n in batch:
+                            if self._written.get(k) == n:
+                                del self._written[k]
         finally:
             if conn is not None:
                 conn.close()
