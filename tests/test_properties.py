@@ -317,3 +317,62 @@ def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() ->
     again = index.pack(copy.deepcopy(longer), new_input, 10**9)
     assert sorted(d.positions for d in again.decisions) == sorted(
         u.positions for u in pp.analyze(longer, new_input).units if not u.contains_new)
+
+
+class _DictStore:
+    def __init__(self) -> None:
+        import os
+
+        self.secret = os.urandom(16)
+        self.data: dict[bytes, int] = {}
+
+    def get_many(self, keys):
+        return [self.data.get(k) for k in keys]
+
+    def put_many(self, pairs):
+        self.data.update(pairs)
+
+
+def _lengthen(items: list[dict], factor: int) -> list[dict]:
+    """The same graph with every string value that is not a graph field made long enough
+    for the count store (>= 256 bytes of canonical text)."""
+    keep = {"type", "role", "id", "call_id", "status", "approval_request_id", "caller_id",
+            "tool_call_id", "name", "server_label"}
+
+    def grow(v: object, key: str | None = None) -> object:
+        if isinstance(v, str) and key not in keep and v:
+            return (v + " ") * factor
+        if isinstance(v, dict):
+            return {k: grow(x, k) for k, x in v.items()}
+        if isinstance(v, list):
+            return [grow(x) for x in v]
+        return v
+
+    return [grow(item) for item in items]  # type: ignore[misc]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.integers(1, 40), st.integers(0, 60_000),
+       st.sampled_from(["contiguous", "greedy"]))
+def test_packs_through_a_count_store_equal_plain_packs(session, factor, budget, policy) -> None:
+    """Every item shape, with long texts: a pack that reads counts from a store (empty, then
+    filled by the first pack, each in a 'new process': the count cache emptied) is exactly a
+    pack that counts everything."""
+    from protoprompt import _core
+
+    history, new_input = _lengthen(session[0], factor), session[1]
+    store = _DictStore()
+    _core._clear_count_cache()
+    try:
+        expected = pp.pack(history, new_input, budget, output_reserve=16, policy=policy)
+    except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
+        _core._clear_count_cache()
+        with pytest.raises(type(err)):
+            pp.HistoryIndex(count_store=store).pack(history, new_input, budget,
+                                                    output_reserve=16, policy=policy)
+        return
+    for _ in range(2):
+        _core._clear_count_cache()
+        got = pp.HistoryIndex(count_store=store).pack(
+            history, new_input, budget, output_reserve=16, policy=policy)
+        _same(got, expected)
