@@ -238,31 +238,29 @@ impl Encoding {
     /// [`Encoding::count`] through the process-wide [`CountCache`]: a text seen before (by
     /// content, under this encoding) is not tokenised again.
     pub fn count_cached(self, text: &str) -> Result<u64, TokenError> {
+        match self.cache_lookup(text) {
+            (_, Some(n)) => Ok(n),
+            (key, None) => self.count_and_remember(text, key),
+        }
+    }
+
+    /// The process cache's key for `text` (`None` for texts shorter than
+    /// [`CACHE_MIN_BYTES`], which are never cached) and its count if cached. The key is
+    /// handed back to [`Encoding::count_and_remember`] / [`remember_count`], so a text is
+    /// hashed once however its count is found.
+    pub fn cache_lookup(self, text: &str) -> (Option<CacheKey>, Option<u64>) {
         if text.len() < CACHE_MIN_BYTES {
-            return self.count(text);
+            return (None, None);
         }
         let key = CacheKey::new(self, text);
-        if let Some(n) = COUNT_CACHE.get(&key) {
-            return Ok(n);
-        }
+        (Some(key), COUNT_CACHE.get(&key))
+    }
+
+    /// Count `text` and keep the count under `key` (from [`Encoding::cache_lookup`]).
+    pub fn count_and_remember(self, text: &str, key: Option<CacheKey>) -> Result<u64, TokenError> {
         let n = self.count(text)?;
-        COUNT_CACHE.insert(key, n);
+        remember_count(key, n);
         Ok(n)
-    }
-
-    /// The count of `text` if the process-wide [`CountCache`] holds it (texts shorter than
-    /// [`CACHE_MIN_BYTES`] are never cached).
-    pub fn cached_count(self, text: &str) -> Option<u64> {
-        (text.len() >= CACHE_MIN_BYTES)
-            .then(|| COUNT_CACHE.get(&CacheKey::new(self, text)))
-            .flatten()
-    }
-
-    /// Put a count obtained elsewhere (a [`store_key`] store) into the process-wide cache.
-    pub fn remember_count(self, text: &str, count: u64) {
-        if text.len() >= CACHE_MIN_BYTES {
-            COUNT_CACHE.insert(CacheKey::new(self, text), count);
-        }
     }
 
     fn count_with_segments(self, text: &str, segment: usize) -> Result<u64, TokenError> {
@@ -333,6 +331,14 @@ impl CacheKey {
             h1: h1.finish(),
             h2: h2.finish(),
         }
+    }
+}
+
+/// Keep a count obtained elsewhere (e.g. a [`store_key`] store) in the process cache under
+/// `key` (from [`Encoding::cache_lookup`]; `None`: a short text, not cached).
+pub fn remember_count(key: Option<CacheKey>, count: u64) {
+    if let Some(key) = key {
+        COUNT_CACHE.insert(key, count);
     }
 }
 
@@ -930,11 +936,13 @@ mod tests {
         assert_ne!(k, store_key(&s2, o, &a), "secret");
         // Counts handed back from a store reach the process cache, per encoding.
         let t = format!("{a} {}", std::process::id());
-        assert_eq!(o.cached_count(&t), None);
-        o.remember_count(&t, 12345);
-        assert_eq!(o.cached_count(&t), Some(12345));
-        assert_eq!(c.cached_count(&t), None);
+        let (key, hit) = o.cache_lookup(&t);
+        assert!(key.is_some() && hit.is_none());
+        remember_count(key, 12345);
+        assert_eq!(o.cache_lookup(&t).1, Some(12345));
+        assert_eq!(c.cache_lookup(&t).1, None);
         assert_eq!(o.count_cached(&t).unwrap(), 12345);
+        assert_eq!(o.cache_lookup("short"), (None, None));
     }
 
     #[test]

@@ -587,23 +587,28 @@ impl<'m> PyCostSource<'m> {
             message: e.to_string(),
         };
         let mut counts = vec![0u64; texts.len()];
-        let mut ask: Vec<usize> = Vec::new();
+        // Texts to look up in the store: index into `texts`, process-cache key.
+        let mut ask: Vec<(usize, Option<tokens::CacheKey>)> = Vec::new();
         for (i, (p, c)) in texts.iter().enumerate() {
             let link = self
                 .store
                 .as_mut()
                 .filter(|_| c.text.len() >= tokens::STORE_MIN_BYTES);
-            match (enc.cached_count(&c.text), link) {
-                (Some(n), Some(link)) => {
+            match (enc.cache_lookup(&c.text), link) {
+                ((_, Some(n)), Some(link)) => {
                     // Counted earlier in this process, maybe before this store was attached:
                     // (re)write it so that the store has what a restart will need.
                     counts[i] = n;
                     let key = tokens::store_key(&link.secret, enc, &c.text);
                     link.new_counts.push((key, n));
                 }
-                (Some(n), None) => counts[i] = n,
-                (None, Some(_)) => ask.push(i),
-                (None, None) => counts[i] = enc.count_cached(&c.text).map_err(|e| fail(*p, e))?,
+                ((_, Some(n)), None) => counts[i] = n,
+                ((key, None), Some(_)) => ask.push((i, key)),
+                ((key, None), None) => {
+                    counts[i] = enc
+                        .count_and_remember(&c.text, key)
+                        .map_err(|e| fail(*p, e))?
+                }
             }
         }
         let Some(link) = self.store.as_mut().filter(|_| !ask.is_empty()) else {
@@ -611,27 +616,29 @@ impl<'m> PyCostSource<'m> {
         };
         let keys: Vec<[u8; 16]> = ask
             .iter()
-            .map(|&i| tokens::store_key(&link.secret, enc, &texts[i].1.text))
+            .map(|&(i, _)| tokens::store_key(&link.secret, enc, &texts[i].1.text))
             .collect();
         let found = link.get_many(&keys).map_err(|e| {
             let failure = CostFailure {
-                position: texts[ask[0]].0,
+                position: texts[ask[0].0].0,
                 field: "(count_store)".to_string(),
                 message: e.to_string(),
             };
             link.error = Some(e);
             failure
         })?;
-        for ((&i, key), hit) in ask.iter().zip(keys).zip(found) {
+        for ((&(i, cache_key), key), hit) in ask.iter().zip(keys).zip(found) {
             let (p, c) = &texts[i];
             counts[i] = match hit {
                 Some(n) => {
                     link.hits += 1;
-                    enc.remember_count(&c.text, n);
+                    tokens::remember_count(cache_key, n);
                     n
                 }
                 None => {
-                    let n = enc.count_cached(&c.text).map_err(|e| fail(*p, e))?;
+                    let n = enc
+                        .count_and_remember(&c.text, cache_key)
+                        .map_err(|e| fail(*p, e))?;
                     link.new_counts.push((key, n));
                     n
                 }
