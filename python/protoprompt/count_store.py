@@ -31,6 +31,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeGuard, runtime_checkable
 
+from ._meta import meta_value
+
 __all__ = ["CountStore", "SQLiteCountStore"]
 
 _log = logging.getLogger("protoprompt")
@@ -180,27 +182,15 @@ class SQLiteCountStore:
         return conn
 
     def _open(self) -> bytes:
-        select = f"SELECT value FROM protoprompt_meta WHERE key = '{_SECRET_ROW}'"
         conn = self._connect()
         try:
-            try:
-                row = conn.execute(select).fetchone()  # read first: no write lock when set
-                conn.execute(f"SELECT 1 FROM {_TABLE} LIMIT 0")
-            except sqlite3.OperationalError:
-                row = None  # tables missing
-            if row is None:
-                with conn:
-                    conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
-                                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                    conn.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-                                 "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")
-                    conn.execute("INSERT OR IGNORE INTO protoprompt_meta VALUES (?, ?)",
-                                 (_SECRET_ROW, secrets.token_hex(16)))
-                row = conn.execute(select).fetchone()
+            value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16), [(
+                _TABLE, f"CREATE TABLE IF NOT EXISTS {_TABLE} "
+                        "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")])
         finally:
             conn.close()
         try:
-            secret = bytes.fromhex(str(row[0])) if row else b""
+            secret = bytes.fromhex(value or "")
         except ValueError:
             secret = b""
         if len(secret) != 16:

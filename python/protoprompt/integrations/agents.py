@@ -41,6 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "pip install 'protoprompt[agents]'"
     ) from exc
 
+from .._meta import meta_value
 from ..count_store import SQLiteCountStore
 from ..packing import HistoryIndex, preload
 
@@ -201,26 +202,14 @@ _SHARED_LOCK = threading.Lock()
 def _database_id(db_path: str) -> str | None:
     """A random id stored once in the database (table ``protoprompt_meta``), or ``None`` if
     it cannot be read or written (then the session keeps an index of its own)."""
-    select = "SELECT value FROM protoprompt_meta WHERE key = 'database_id'"
     try:
         conn = sqlite3.connect(db_path, timeout=5.0)
         try:
-            try:
-                row = conn.execute(select).fetchone()  # read first: no write lock per object
-            except sqlite3.OperationalError:
-                row = None  # no table yet
-            if row is None:
-                with conn:
-                    conn.execute("CREATE TABLE IF NOT EXISTS protoprompt_meta "
-                                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                    conn.execute("INSERT OR IGNORE INTO protoprompt_meta "
-                                 "VALUES ('database_id', ?)", (uuid.uuid4().hex,))
-                row = conn.execute(select).fetchone()
+            return meta_value(conn, "database_id", lambda: uuid.uuid4().hex)
         finally:
             conn.close()
     except sqlite3.Error:
         return None
-    return str(row[0]) if row else None
 
 
 _STORES: weakref.WeakValueDictionary[str, SQLiteCountStore] = weakref.WeakValueDictionary()
