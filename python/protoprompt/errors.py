@@ -17,6 +17,7 @@ __all__ = [
     "InvalidNewInputError",
     "UnknownModelError",
     "UnknownEncodingError",
+    "SnapshotError",
 ]
 
 
@@ -110,3 +111,9 @@ class UnknownEncodingError(ProtoPromptError, ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.encoding))
+
+
+class SnapshotError(ProtoPromptError, ValueError):
+    """An index snapshot cannot be loaded: damaged, not a snapshot, or written by another
+    version of protoprompt (whose item rules may differ). Nothing was loaded; rebuild the
+    index from the history instead."""

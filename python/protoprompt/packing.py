@@ -477,6 +477,37 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """Forget every item."""
         self._index.clear()
 
+    def snapshot(self) -> bytes:
+        """The index as bytes, for :meth:`from_snapshot` in this or a later process.
+
+        It holds the items' graph fields (ids, call ids, types, statuses — no message text,
+        arguments or outputs), the item graph and the token costs counted so far, behind a
+        checksum. Loading it costs a fraction of reading the history again (100k items:
+        a ~10 MB snapshot).
+        """
+        return self._index.snapshot()
+
+    @classmethod
+    def from_snapshot(
+        cls, data: bytes, *, count_store: CountStore | None = None
+    ) -> HistoryIndex:
+        """An index loaded from :meth:`snapshot`'s bytes.
+
+        The same contract holds as for the index that wrote it: the history passed to
+        :meth:`pack` must start with the items it had seen, unchanged (:meth:`truncate` it
+        first if the history has lost items since).
+
+        Raises:
+            TypeError: ``data`` is not bytes.
+            SnapshotError: ``data`` is damaged, not a snapshot, or written by another
+                version of protoprompt; build the index from the history instead.
+        """
+        if not isinstance(data, bytes):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        index = cls(count_store=count_store)
+        index._index = _core.HistoryIndex.from_snapshot(data)
+        return index
+
     def pack(
         self,
         history: Iterable[Item],

@@ -12,7 +12,9 @@ use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, Ite
 
 /// Why a unit is invalid. [`InvalidReason::message`] gives the exact wording used by the
 /// spec's test vectors, [`InvalidReason::code`] a stable snake_case code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum InvalidReason {
     /// V5: a call (other than the exempt ones) has no output of its matching type.
     CallWithoutOutput,
@@ -214,14 +216,14 @@ impl std::fmt::Display for InvalidReason {
 }
 
 /// One rule violation: the reason and the global position (H ++ N) of the offending item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Problem {
     pub reason: InvalidReason,
     pub position: usize,
 }
 
 /// A set of items that must be kept or dropped together.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Unit {
     /// Sorted global positions (H ++ N).
     pub members: Vec<usize>,
@@ -250,7 +252,7 @@ impl Unit {
 }
 
 /// The units of H ++ N.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Graph {
     /// Positions `0..n_history` are history, the rest new input.
     pub n_history: usize,

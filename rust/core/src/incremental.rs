@@ -35,8 +35,10 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHasher};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use siphasher::sip128::{Hasher128, SipHasher13};
 
-use crate::graph::{build_graph, build_graph_refs, Graph, GraphView};
+use crate::graph::{build_graph, build_graph_refs, Graph, GraphView, InvalidReason, Problem, Unit};
 use crate::items::{CallType, ItemKind, ItemMeta, RawCaller, RawItem, FAKE_ID};
 
 fn relation_hash(s: &str) -> u64 {
@@ -98,7 +100,7 @@ pub struct TailGraph {
 
 /// A string field kept in the index's arena: `arena[offset..offset + len]`; `len ==
 /// u32::MAX` = absent; `offset == u32::MAX` = `overflow[len]` (an arena is at most 4 GiB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Span {
     offset: u32,
     len: u32,
@@ -110,15 +112,15 @@ const ABSENT: Span = Span {
 };
 
 /// The string fields of [`crate::items::RawItem`], in this order.
-const FIELDS: usize = 10;
+const STRING_FIELDS: usize = 10;
 
 /// One indexed item, compact: its kind, flags and string fields as arena spans (an
 /// [`ItemMeta`] with its own heap strings is about four times larger).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Stored {
     kind: ItemKind,
     flags: u8,
-    spans: [Span; FIELDS],
+    spans: [Span; STRING_FIELDS],
 }
 
 const HAS_CALLER: u8 = 1;
@@ -127,6 +129,8 @@ const PROVIDER_DATA: u8 = 4;
 const TOOL_CALLS: u8 = 8;
 const TOOL_CALL_ID: u8 = 16;
 const CONTINUES: u8 = 32;
+const ALL_FLAGS: u8 =
+    HAS_CALLER | ENCRYPTED | PROVIDER_DATA | TOOL_CALLS | TOOL_CALL_ID | CONTINUES;
 
 /// The classified history of one session and its graph, extended item by item.
 #[derive(Debug, Clone, Default)]
@@ -155,6 +159,11 @@ impl HistoryIndex {
 
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// The kind of the indexed item at `pos`.
+    pub fn kind(&self, pos: usize) -> ItemKind {
+        self.items[pos].kind
     }
 
     /// Whether the item at `pos` is a user message (a turn boundary).
@@ -507,6 +516,264 @@ impl HistoryIndex {
     }
 }
 
+/// Why [`HistoryIndex::from_snapshot`] refused a snapshot. Either way nothing was loaded and
+/// the caller rebuilds the index from the items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// Not an index snapshot, or one written by another version of this crate (whose graph
+    /// rules may differ).
+    Foreign(String),
+    /// The checksum or the contents do not hold together.
+    Damaged(String),
+}
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotError::Foreign(m) => write!(f, "not a snapshot this version can load: {m}"),
+            SnapshotError::Damaged(m) => write!(f, "damaged index snapshot: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for SnapshotError {}
+
+const SNAPSHOT_MAGIC: &[u8; 8] = b"PPINDEX\0";
+/// Layout of a snapshot; bump it whenever [`Stored`], the graph types or the graph rules
+/// change (the crate version is checked too, so releases never share snapshots).
+const SNAPSHOT_FORMAT: u32 = 1;
+const SNAPSHOT_HEADER: usize = SNAPSHOT_MAGIC.len() + 4 + 16;
+
+/// Bytes per item in a snapshot's span table: ten `(offset, len)` pairs, little endian.
+const SPAN_BYTES: usize = STRING_FIELDS * 8;
+
+/// The payload, written from borrowed parts. Bulk tables are raw bytes (one copy each way,
+/// no per-element decoding): at 100k items a load takes a few ms.
+#[derive(Serialize)]
+struct SnapshotOut<'a, T> {
+    version: &'a str,
+    kinds: Vec<ItemKind>,
+    #[serde(with = "serde_bytes")]
+    flags: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    spans: Vec<u8>,
+    arena: &'a str,
+    overflow: &'a [String],
+    /// The graph as each position's unit (units are numbered by their first member, so
+    /// their members follow) plus the problems as `(unit, reason, position)`.
+    unit_of: &'a [usize],
+    problems: Vec<(usize, InvalidReason, usize)>,
+    attached: &'a T,
+}
+
+#[derive(Deserialize)]
+struct SnapshotIn<T> {
+    version: String,
+    kinds: Vec<ItemKind>,
+    #[serde(with = "serde_bytes")]
+    flags: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    spans: Vec<u8>,
+    arena: String,
+    overflow: Vec<String>,
+    unit_of: Vec<usize>,
+    problems: Vec<(usize, InvalidReason, usize)>,
+    attached: T,
+}
+
+fn checksum(payload: &[u8]) -> [u8; 16] {
+    let mut h = SipHasher13::new();
+    h.write(payload);
+    h.finish128().as_bytes()
+}
+
+impl HistoryIndex {
+    /// The index as bytes, with `attached` (the caller's per-position data), for
+    /// [`HistoryIndex::from_snapshot`]: a restarted process loads it instead of reading and
+    /// classifying the whole history again.
+    ///
+    /// Layout: a magic tag, [`SNAPSHOT_FORMAT`], a SipHash-1-3 128-bit checksum of the
+    /// payload, then the payload (postcard, see [`SnapshotOut`]): this crate's version, the
+    /// compact items, their arena and the history's graph. The relation-key map is not
+    /// stored (rebuilt from the items on load).
+    pub fn to_snapshot<T: Serialize>(&self, attached: &T) -> Vec<u8> {
+        let mut spans = Vec::with_capacity(self.items.len() * SPAN_BYTES);
+        for st in &self.items {
+            for sp in &st.spans {
+                spans.extend_from_slice(&sp.offset.to_le_bytes());
+                spans.extend_from_slice(&sp.len.to_le_bytes());
+            }
+        }
+        let problems = self
+            .graph
+            .units
+            .iter()
+            .enumerate()
+            .flat_map(|(u, unit)| unit.problems.iter().map(move |p| (u, p.reason, p.position)))
+            .collect();
+        let out = SnapshotOut {
+            version: env!("CARGO_PKG_VERSION"),
+            kinds: self.items.iter().map(|st| st.kind).collect(),
+            flags: self.items.iter().map(|st| st.flags).collect(),
+            spans,
+            arena: &self.arena,
+            overflow: &self.overflow,
+            unit_of: &self.graph.unit_of,
+            problems,
+            attached,
+        };
+        let size = SNAPSHOT_HEADER + self.items.len() * (SPAN_BYTES + 8) + self.arena.len();
+        let mut bytes = Vec::with_capacity(size + size / 8);
+        bytes.extend_from_slice(SNAPSHOT_MAGIC);
+        bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+        bytes.extend_from_slice(&[0; 16]);
+        // Serialising vectors, strings and derived types into a Vec cannot fail (if it ever
+        // did, the empty result would be refused by `from_snapshot`, never misread).
+        let mut bytes = postcard::to_extend(&out, bytes).unwrap_or_default();
+        if bytes.len() >= SNAPSHOT_HEADER {
+            let sum = checksum(&bytes[SNAPSHOT_HEADER..]);
+            bytes[SNAPSHOT_HEADER - 16..SNAPSHOT_HEADER].copy_from_slice(&sum);
+        }
+        bytes
+    }
+
+    /// Load what [`HistoryIndex::to_snapshot`] wrote: the index and the attached data.
+    ///
+    /// Never panics: anything but an intact snapshot of this crate version is an error, and
+    /// the contents are checked so that every later operation stays in bounds (tables of
+    /// one length, each field inside the arena, units numbered in order of their first
+    /// member, problems inside their unit). The checksum guards the rest.
+    pub fn from_snapshot<T: DeserializeOwned>(
+        bytes: &[u8],
+    ) -> Result<(HistoryIndex, T), SnapshotError> {
+        let foreign = |m: &str| Err(SnapshotError::Foreign(m.to_string()));
+        let damaged = |m: String| SnapshotError::Damaged(m);
+        if bytes.len() < SNAPSHOT_HEADER || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+            return foreign("no index snapshot header");
+        }
+        let mut format = [0u8; 4];
+        format.copy_from_slice(&bytes[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4]);
+        let format = u32::from_le_bytes(format);
+        if format != SNAPSHOT_FORMAT {
+            return foreign(&format!(
+                "layout {format}, this version reads layout {SNAPSHOT_FORMAT}"
+            ));
+        }
+        let payload = &bytes[SNAPSHOT_HEADER..];
+        if checksum(payload) != bytes[SNAPSHOT_HEADER - 16..SNAPSHOT_HEADER] {
+            return Err(damaged("checksum mismatch".to_string()));
+        }
+        let snap: SnapshotIn<T> = postcard::from_bytes(payload)
+            .map_err(|e| damaged(format!("cannot be decoded: {e}")))?;
+        if snap.version != env!("CARGO_PKG_VERSION") {
+            return foreign(&format!(
+                "written by protoprompt-core {}, this is {}",
+                snap.version,
+                env!("CARGO_PKG_VERSION")
+            ));
+        }
+        let n = snap.kinds.len();
+        if snap.flags.len() != n || snap.spans.len() != n * SPAN_BYTES || snap.unit_of.len() != n {
+            return Err(damaged(format!("tables of {n} items disagree")));
+        }
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let items = snap
+            .spans
+            .chunks_exact(SPAN_BYTES)
+            .zip(snap.kinds.iter().zip(&snap.flags))
+            .map(|(raw, (&kind, &flags))| {
+                let mut spans = [ABSENT; STRING_FIELDS];
+                for (sp, b) in spans.iter_mut().zip(raw.chunks_exact(8)) {
+                    *sp = Span {
+                        offset: word(&b[..4]),
+                        len: word(&b[4..]),
+                    };
+                }
+                Stored { kind, flags, spans }
+            })
+            .collect();
+        let mut index = HistoryIndex {
+            items,
+            arena: snap.arena,
+            overflow: snap.overflow,
+            common: FxHashMap::default(),
+            first: FxHashMap::default(),
+            graph: Arc::default(),
+        };
+        index.check_items().map_err(damaged)?;
+        let graph = index
+            .graph_from(snap.unit_of, &snap.problems)
+            .map_err(damaged)?;
+        index.graph = Arc::new(graph);
+        let mut first = FxHashMap::default();
+        first.reserve(n + n / 2);
+        for pos in 0..n {
+            for k in index.stored_keys(pos) {
+                first.entry(k).or_insert(pos);
+            }
+        }
+        index.first = first;
+        Ok((index, snap.attached))
+    }
+
+    /// Every item's flags are known and its fields lie inside the stored text.
+    fn check_items(&self) -> Result<(), String> {
+        for (i, st) in self.items.iter().enumerate() {
+            if st.flags & !ALL_FLAGS != 0 {
+                return Err(format!("item {i}: unknown flags {:#x}", st.flags));
+            }
+            if let Some(f) = st
+                .spans
+                .iter()
+                .position(|&s| s != ABSENT && self.text(s).is_none())
+            {
+                return Err(format!("item {i}: field {f} lies outside the stored text"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The history graph from each position's unit and the problems (see [`SnapshotOut`]).
+    /// Units must be numbered in order of their first member, so that scanning the
+    /// positions in order lists every unit's members sorted, and the units come out ordered
+    /// like [`crate::graph::build_graph`]'s.
+    fn graph_from(
+        &self,
+        unit_of: Vec<usize>,
+        problems: &[(usize, InvalidReason, usize)],
+    ) -> Result<Graph, String> {
+        let mut units: Vec<Unit> = Vec::new();
+        for (p, &u) in unit_of.iter().enumerate() {
+            if u == units.len() {
+                units.push(Unit {
+                    members: Vec::new(),
+                    problems: Vec::new(),
+                    contains_new: false,
+                    input_only: true,
+                });
+            } else if u > units.len() {
+                return Err(format!(
+                    "position {p} is in unit {u} before its predecessors"
+                ));
+            }
+            let unit = &mut units[u];
+            unit.members.push(p);
+            unit.input_only &= matches!(self.items[p].kind, ItemKind::Control(_));
+        }
+        for &(u, reason, position) in problems {
+            if unit_of.get(position) != Some(&u) {
+                return Err(format!("a problem at {position} lies outside its unit {u}"));
+            }
+            units[u].problems.push(Problem { reason, position });
+        }
+        Ok(Graph {
+            n_history: unit_of.len(),
+            units,
+            unit_of,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,6 +846,26 @@ mod tests {
         // A call's output in the next turn only reaches back to its call.
         let out = json!([{"type":"function_call_output","call_id":"c49","output":"y"}]);
         assert_eq!(idx.cut(&metas(out)), 197);
+    }
+
+    #[test]
+    fn snapshots_with_fields_outside_the_text_or_unknown_flags_are_refused() {
+        let h = metas(json!([
+            {"type":"function_call","id":"fc_1","call_id":"c1","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c1","output":"x"}
+        ]));
+        let mut idx = HistoryIndex::new();
+        idx.extend(h);
+        let load = |idx: &HistoryIndex| HistoryIndex::from_snapshot::<()>(&idx.to_snapshot(&()));
+        assert!(load(&idx).is_ok());
+        let mut bad = idx.clone();
+        bad.items[1].spans[3].len += 1_000; // the call_id runs past the arena
+        let err = load(&bad).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("item 1: field 3"), "{err}");
+        let mut bad = idx.clone();
+        bad.items[0].flags |= 0x80;
+        let err = load(&bad).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("item 0: unknown flags"), "{err}");
     }
 
     #[test]

@@ -140,7 +140,9 @@ impl RawItem {
 
 /// A call type that has a matching output type: the SDK's eight pairs plus the hosted MCP
 /// approval request/response pair (spec §1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum CallType {
     FunctionCall,
     CustomToolCall,
@@ -218,7 +220,7 @@ impl CallType {
 }
 
 /// Hosted (server-executed) call types of spec §1.4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum HostedKind {
     WebSearchCall,
     FileSearchCall,
@@ -254,7 +256,7 @@ impl HostedKind {
 }
 
 /// Standalone items that are neither model-emitted nor controls (spec §1.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum StandaloneKind {
     Compaction,
     AdditionalTools,
@@ -262,7 +264,7 @@ pub enum StandaloneKind {
 }
 
 /// Input-only controls (spec §1.6, §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ControlKind {
     CompactionTrigger,
     /// `{"type":"item_reference","id":…}` or an object with `id` but neither `type` nor `role`.
@@ -270,7 +272,7 @@ pub enum ControlKind {
 }
 
 /// Why an item is foreign (never valid Responses input, spec §1.7, §8, §12.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ForeignKind {
     /// The SDK-internal `hosted_tool_call` wrapper.
     HostedToolCall,
@@ -291,7 +293,7 @@ pub enum ForeignKind {
 }
 
 /// Classification of one item (spec §12.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ItemKind {
     /// `role:"user"` message (easy or typed input message).
     UserMessage,
@@ -575,9 +577,16 @@ impl ItemMeta {
         r.approval_request_id.as_deref().map(|a| (t, a))
     }
 
-    /// Short snake_case name for reports.
+    /// Short snake_case name for reports (that of its [`ItemKind`]).
     pub fn kind_name(&self) -> &'static str {
-        match self.kind {
+        self.kind.name()
+    }
+}
+
+impl ItemKind {
+    /// Short snake_case name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
             ItemKind::UserMessage => "user_message",
             ItemKind::SystemMessage => "system_message",
             ItemKind::DeveloperMessage => "developer_message",
