@@ -17,10 +17,13 @@ Rust packer changes):
   with the same history: what the Agents SDK itself spends per turn before the model call.
 * **reference** = ``benches/reference_packer.py`` (pure Python + real tiktoken), cold (child
   process, vocabulary load included) and warm (memo of token counts per canonical text).
-* **session cold / restart** = the callback's time in the first SDK turn of a fresh process
-  through ``ProtoPromptSession`` on the database: *cold* = the first turn protoprompt ever
-  serves on it (the token counts it keeps there are deleted first), *restart* = the same turn
-  in another fresh process afterwards, which reads the counts the first one kept.
+* **session cold / restart** = what protoprompt adds to the first SDK turn of a fresh process
+  through ``ProtoPromptSession`` on the database: the callback's time plus the time its
+  ``get_items`` takes beyond the SDK session's own read (the row check, and waiting for the
+  index snapshot if loading it outlasts the read it overlaps). *cold* = the first turn
+  protoprompt ever serves on it (the token counts and index snapshot it keeps there are
+  deleted first), *restart* = the same turn in another fresh process afterwards, which finds
+  what the first one kept.
 * **memory** = peak RSS growth of one ``pack`` call (Rust allocations included), measured in
   the child by resetting the kernel's peak-RSS counter (``/proc/self/clear_refs``) right
   before the call; falls back to ``ru_maxrss`` growth when that is not permitted.
@@ -433,6 +436,7 @@ def run_child(case: Case, budget: int, directory: str, *, reference: bool = True
 
 
 COUNTS_TABLE = "protoprompt_token_counts"
+SNAPSHOTS_TABLE = "protoprompt_index_snapshots"
 
 
 def stored_counts(db_path: str) -> int:
@@ -450,12 +454,13 @@ def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, A
     """The first SDK turn of a fresh process through ``ProtoPromptSession`` on an existing
     database: ``prepare_input_with_session`` end to end, and the callback's own share.
 
-    ``restart=False``: the first turn ever served by protoprompt (the token counts it keeps
-    in the database are deleted first). ``restart=True``: a process restarted after serving
-    the session, which finds the counts its predecessor kept there."""
+    ``restart=False``: the first turn ever served by protoprompt (the token counts and index
+    snapshots it keeps in the database are deleted first). ``restart=True``: a process
+    restarted after serving the session, which finds what its predecessor kept there."""
     if not restart:
         with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
             conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
+            conn.execute(f"DROP TABLE IF EXISTS {SNAPSHOTS_TABLE}")
     spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
             "budget": budget, "output_reserve": output_reserve_for(budget),
             "encoding": ENCODING}
@@ -477,6 +482,28 @@ def _session_child(spec: dict[str, Any]) -> None:
     t_start = time.perf_counter()
     callback = session.input_callback(builder, system_prompt="Be brief.")
     spent: list[float] = []
+    # What protoprompt's get_items adds to the SDK session's own read.
+    inner_read = session.inner_session.get_items
+    outer_read = session.get_items
+    reads: list[tuple[float, float]] = []  # (outer, inner)
+    inner_spent: list[float] = []
+
+    async def timed_inner(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await inner_read(*args, **kwargs)
+        finally:
+            inner_spent.append(time.perf_counter() - t)
+
+    async def timed_outer(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await outer_read(*args, **kwargs)
+        finally:
+            reads.append((time.perf_counter() - t, inner_spent[-1] if inner_spent else 0.0))
+
+    session.inner_session.get_items = timed_inner  # type: ignore[method-assign]
+    session.get_items = timed_outer  # type: ignore[method-assign]
 
     peaks: list[int | None] = []
 
@@ -496,8 +523,22 @@ def _session_child(spec: dict[str, Any]) -> None:
         prepare_input_with_session(list(spec["new_input"]), session, timed))
     total = time.perf_counter() - t_start
     plan = builder.last_plan
-    print(json.dumps({"session_cold_callback_s": spent[0], "session_cold_turn_s": total,
+    read_extra = max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0
+    # Loading the index snapshot overlaps the SDK's read (its memory is not in `peaks`):
+    # measured again on its own, on a fresh state (the snapshot bytes and the index).
+    state = session._index_state
+    restore_peak = None
+    if state.snapshot_at is not None and state.saved_len:
+        from protoprompt.integrations.agents import _IndexState
+
+        fresh = _IndexState(state.snapshot_at)
+        _, restore_peak, _ = _peak_growth(fresh.restore)
+        restore_peak = restore_peak if len(fresh.index) else None
+    print(json.dumps({"session_cold_callback_s": spent[0] + read_extra,
+                      "session_cold_read_extra_s": read_extra,
+                      "session_cold_turn_s": total,
                       "session_cold_peak_bytes": peaks[0],
+                      "session_restore_peak_bytes": restore_peak,
                       "session_cold_items": len(prepared),
                       "session_cold_history_tokens": plan.pack.history_tokens if plan else None}))
     session.close()

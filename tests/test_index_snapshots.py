@@ -1,0 +1,294 @@
+"""Index snapshots: a HistoryIndex saved to bytes and loaded back packs exactly like the index
+that wrote it, and ProtoPromptSession keeps one in its database so that a restarted process
+starts from it (checked against the rows like a live index, through pops, other writers and
+clears), never from a damaged or foreign one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sqlite3
+from typing import Any
+
+import pytest
+
+import protoprompt as pp
+from protoprompt import _core
+
+from test_count_store import RecordingStore, _in_forked_child
+
+agents = pytest.importorskip("agents")
+
+from agents.memory import SQLiteSession  # noqa: E402
+
+from protoprompt.integrations import agents as integration  # noqa: E402
+from test_incremental_session import Side  # noqa: E402
+
+TABLE = "protoprompt_index_snapshots"
+
+
+def _history(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        kind = rng.randrange(4)
+        if kind == 0:
+            items.append({"role": "user", "content": f"question {i} " + "words " * rng.randrange(80)})
+        elif kind == 1:
+            items.append({"type": "reasoning", "id": f"rs_{i}", "summary": [],
+                          "encrypted_content": "x" * rng.randrange(300)})
+            items.append({"type": "message", "role": "assistant", "id": f"msg_{i}",
+                          "status": "completed",
+                          "content": [{"type": "output_text", "text": "answer " * 40}]})
+        else:
+            items.append({"type": "function_call", "call_id": f"c{i}", "name": "f",
+                          "arguments": json.dumps({"q": i})})
+            items.append({"type": "function_call_output", "call_id": f"c{i}",
+                          "output": "result " * rng.randrange(200)})
+    return items
+
+
+def _fresh(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return json.loads(json.dumps(items))
+
+
+def _same(a: pp.PackResult, b: pp.PackResult) -> None:
+    assert (a.kept_history, a.dependency, a.used, a.history_tokens) == (
+        b.kept_history, b.dependency, b.used, b.history_tokens)
+    assert list(a.decisions) == list(b.decisions)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_loaded_index_packs_like_the_one_that_wrote_it(seed: int) -> None:
+    hist = _history(400, seed)
+    new = [{"role": "user", "content": "next"}]
+    index = pp.HistoryIndex()
+    for budget in (3000, 20000):
+        index.pack(_fresh(hist), new, budget, encoding="o200k_base")
+    data = index.snapshot()
+    loaded = pp.HistoryIndex.from_snapshot(data)
+    assert len(loaded) == len(index) and loaded.snapshot() == data
+    _core._clear_count_cache()
+    more = hist + _history(30, seed + 100)
+    for budget, items in ((3000, hist), (20000, more), (9000, more[:-7])):
+        if len(loaded) > len(items):
+            loaded.truncate(len(items))
+        _same(loaded.pack(_fresh(items), new, budget, encoding="o200k_base"),
+              pp.pack(_fresh(items), new, budget, encoding="o200k_base"))
+
+
+def test_a_loaded_index_keeps_its_token_costs_per_encoding() -> None:
+    """The costs counted before the snapshot come with it: with the process count cache
+    emptied, packing again looks up no count (a fresh index looks up every long text)."""
+    hist = _history(200, 9)
+    new = [{"role": "user", "content": "next"}]
+    index = pp.HistoryIndex()
+    first = index.pack(_fresh(hist), new, 50_000, encoding="o200k_base")
+    data = index.snapshot()
+    for loaded, looked_up in ((pp.HistoryIndex.from_snapshot(data), False),
+                              (pp.HistoryIndex(), True)):
+        _core._clear_count_cache()
+        store = RecordingStore()
+        loaded.count_store = store
+        _same(loaded.pack(_fresh(hist), new, 50_000, encoding="o200k_base"), first)
+        assert bool(store.asked) is looked_up
+    # Another encoding's costs are not taken for these.
+    loaded = pp.HistoryIndex.from_snapshot(data)
+    other = loaded.pack(_fresh(hist), new, 50_000, encoding="cl100k_base")
+    _same(other, pp.pack(_fresh(hist), new, 50_000, encoding="cl100k_base"))
+
+
+def test_damaged_foreign_and_wrong_snapshots_raise_snapshot_error() -> None:
+    index = pp.HistoryIndex()
+    index.extend(_history(50, 1))
+    data = index.snapshot()
+    for bad in (b"", b"not a snapshot", data[:-1], data[:40] + bytes([data[40] ^ 1]) + data[41:]):
+        with pytest.raises(pp.SnapshotError):
+            pp.HistoryIndex.from_snapshot(bad)
+    with pytest.raises(pp.SnapshotError, match="layout"):
+        pp.HistoryIndex.from_snapshot(data[:8] + b"\x09" + data[9:])
+    with pytest.raises(TypeError, match="data must be bytes"):
+        pp.HistoryIndex.from_snapshot(bytearray(data))  # type: ignore[arg-type]
+    assert issubclass(pp.SnapshotError, ValueError)
+
+
+# ---------------------------------------------------------------------------------- sessions
+
+
+def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new process has: no shared index, no counts in memory."""
+    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    _core._clear_count_cache()
+
+
+def _snapshot_rows(db: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        try:
+            return conn.execute(f"SELECT session_id, max_id, row_count, items FROM {TABLE}"
+                                ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    for cls, name in ((pp.HistoryIndex, "truncate"), (integration._IndexState, "reset"),
+                      (pp.HistoryIndex, "extend")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
+            calls.append(_n), _r(self, *a))[1])
+
+
+async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_requests(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 4)
+    fast_db = str(tmp_path / "fast.db")
+    fast = Side(fast_db, incremental=None)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    for i in range(6):
+        await fast.turn(i)
+        await plain.turn(i)
+    fast.session._index_state.wait_for_save()
+    # Written in the background once the index held enough items, before any close.
+    assert _snapshot_rows(fast_db), "no snapshot written during the turns"
+    fast.close()
+    stored = len(await plain.session.get_items())
+    [(sid, max_id, row_count, items)] = _snapshot_rows(fast_db)
+    # Saved at close with the index of the last turn's history (its own items come after).
+    assert sid == "chat" and items <= row_count <= stored and max_id >= row_count
+
+    _restart(monkeypatch)
+    calls: list[str] = []
+    _spy(monkeypatch, calls)
+    asked: list[Any] = []
+    real_get_many = pp.SQLiteCountStore.get_many
+    monkeypatch.setattr(pp.SQLiteCountStore, "get_many",
+                        lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1])
+    restarted = Side(fast_db, incremental=None)
+    history = await restarted.session.get_items()
+    state = restarted.session._index_state
+    assert len(state.index) == items and state.saved_len == items  # loaded, nothing read
+    await restarted.turn(6)
+    await plain.turn(6)
+    assert restarted.plans == plain.plans[-1:]
+    assert len(history) == stored
+    # Nothing reset, only the rows stored after the snapshot were classified, and the kept
+    # history's costs came with the snapshot (no count was looked up or tokenised again).
+    assert "reset" not in calls and "truncate" not in calls
+    assert stored - items <= 6  # the last turn's items (the snapshot was of the turn before)
+    assert len(asked) <= stored - items
+    restarted.close()
+
+    # Another writer pops into the snapshot's rows and appends: the restarted process keeps
+    # the prefix that still holds and sends what a session without index sends.
+    for db in (fast_db, str(tmp_path / "plain.db")):
+        other = SQLiteSession("chat", db)
+        for _ in range(5):
+            await other.pop_item()
+        await other.add_items([{"role": "user", "content": "written elsewhere " * 8}])
+        other.close()
+    _restart(monkeypatch)
+    calls.clear()
+    again = Side(fast_db, incremental=None)
+    await again.turn(7)
+    await plain.turn(7)
+    assert again.plans == plain.plans[-1:]
+    assert "truncate" in calls and "reset" not in calls
+    again.close()
+    plain.close()
+
+
+async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 2)
+    db = str(tmp_path / "s.db")
+    side = Side(db, incremental=None)
+    for i in range(3):
+        await side.turn(i)
+    side.session._index_state.wait_for_save()
+    assert _snapshot_rows(db)
+    await side.session.clear_session()
+    assert _snapshot_rows(db) == []  # no ids of the cleared history stay behind
+    side.close()  # an empty index writes nothing
+    assert _snapshot_rows(db) == []
+
+
+@pytest.mark.parametrize("damage", ["flip", "foreign", "not bytes"])
+async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, caplog,
+                                                        damage: str) -> None:
+    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 2)
+    fast_db = str(tmp_path / "fast.db")
+    fast = Side(fast_db, incremental=None)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    for i in range(3):
+        await fast.turn(i)
+        await plain.turn(i)
+    fast.close()
+    with sqlite3.connect(fast_db) as conn:
+        (data,) = conn.execute(f"SELECT data FROM {TABLE}").fetchone()
+        if damage == "flip":
+            data = data[:-3] + bytes([data[-3] ^ 0x10]) + data[-2:]
+        elif damage == "foreign":
+            data = data[:8] + b"\x7f" + data[9:]
+        else:
+            data = "text"
+        conn.execute(f"UPDATE {TABLE} SET data = ?", (data,))
+    _restart(monkeypatch)
+    caplog.set_level(logging.DEBUG, logger="protoprompt")
+    restarted = Side(fast_db, incremental=None)
+    await restarted.turn(3)
+    await plain.turn(3)
+    assert restarted.plans == plain.plans[-1:]
+    assert restarted.session._index_state.restore_tried
+    if damage != "not bytes":
+        assert any("snapshot" in r.getMessage() and "not used" in r.getMessage()
+                   for r in caplog.records)
+    restarted.close()
+    plain.close()
+
+
+async def test_row_probe_answers_like_counting_every_row(tmp_path) -> None:
+    """The probe's shortcut (row max_id still there: count only newer rows) gives what the
+    full count gives, through random appends, pops and clears by another connection."""
+    db = str(tmp_path / "p.db")
+    writer = SQLiteSession("chat", db)
+    await writer.add_items([{"role": "user", "content": "a"}])
+    probe = integration._RowProbe(db, writer.messages_table, "chat")
+    rng = random.Random(5)
+    synced: tuple[int, int] | None = None
+    for _ in range(200):
+        op = rng.randrange(10)
+        if op < 5:
+            await writer.add_items([{"role": "user", "content": "x"}] * rng.randrange(1, 4))
+        elif op < 9:
+            for _ in range(rng.randrange(1, 4)):
+                await writer.pop_item()
+        else:
+            await writer.clear_session()
+        got = probe.read(synced)
+        with sqlite3.connect(db) as conn:
+            ids = [r[0] for r in conn.execute(
+                f"SELECT id FROM {writer.messages_table} WHERE session_id = 'chat'")]
+        known_max = synced[0] if synced else 0
+        assert got == (max(ids, default=0), len(ids), sum(i <= known_max for i in ids),
+                       known_max)
+        if rng.randrange(3):
+            synced = (got[0], got[1])
+    probe.close()
+    writer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_an_index_is_busy_gives_the_child_a_fresh_one() -> None:
+    """A thread of the parent held the index's lock at the fork (mid-append, say): that
+    thread does not exist in the child, so the child must neither wait for the lock forever
+    nor trust the index it guarded."""
+    state = integration._IndexState()
+    state.index.extend(_history(20, 3))
+    idle = integration._IndexState()
+    idle.index.extend(_history(5, 4))
+    with state.lock:
+        child = _in_forked_child(lambda: (state.lock.acquire(timeout=5), len(state.index),
+                                          idle.lock.acquire(timeout=5), len(idle.index)))
+    assert child == (True, 0, True, len(idle.index))
