@@ -506,10 +506,12 @@ def _session_child(spec: dict[str, Any]) -> None:
     session.get_items = timed_outer  # type: ignore[method-assign]
 
     peaks: list[int | None] = []
+    restored: list[int] = []  # items the index held when the callback began
 
     async def timed(history: list[Any], new_input: list[Any]) -> list[Any]:
         # Peak RSS growth of the callback alone (the tokenizer was started by input_callback
         # and is normally built while the SDK read the history, as in production).
+        restored.append(len(session._index_state.index))
         before = _status_kb("VmRSS") if _reset_peak() else None
         t = time.perf_counter()
         try:
@@ -539,6 +541,7 @@ def _session_child(spec: dict[str, Any]) -> None:
                       "session_cold_turn_s": total,
                       "session_cold_peak_bytes": peaks[0],
                       "session_restore_peak_bytes": restore_peak,
+                      "session_restored_items": restored[0] if restored else None,
                       "session_cold_items": len(prepared),
                       "session_cold_history_tokens": plan.pack.history_tokens if plan else None}))
     session.close()

@@ -138,6 +138,9 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "session_cold": session_cold[budget]["session_cold_callback_s"],
             "session_restart": session_restart[budget]["session_cold_callback_s"],
             "mem_session": session_cold[budget].get("session_cold_peak_bytes"),
+            "mem_restart": _sum_known(
+                session_restart[budget].get("session_cold_peak_bytes"),
+                session_restart[budget].get("session_restore_peak_bytes")),
         }
         if not args.no_reference:
             row.update(
@@ -154,6 +157,11 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
                                f"ref {first['ref_totals']}")
         rows.append(row)
     return rows
+
+
+def _sum_known(*values: int | None) -> int | None:
+    known = [max(v, 0) for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def print_table(rows: list[dict], out=sys.stdout) -> None:
@@ -184,6 +192,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("cold/JSON", lambda r: _pct(r["mem_cold"], r["json"])),
         ("session peak MB", lambda r: _mb(r.get("mem_session"))),
         ("session/JSON", lambda r: _pct(r.get("mem_session"), r["json"])),
+        ("restart peak MB", lambda r: _mb(r.get("mem_restart"))),
+        ("restart/JSON", lambda r: _pct(r.get("mem_restart"), r["json"])),
         ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
     ]
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]

@@ -240,15 +240,24 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
     for k in ("session_cold_items", "session_cold_history_tokens"):
         assert runs["cold"][k] == runs["restart"][k], k  # the same request
     assert stored > 0 or budget < 1000
+    from protoprompt.integrations.agents import SNAPSHOT_MIN_ITEMS
+
+    # The restarted process started from the index snapshot the first one saved.
+    assert runs["cold"]["session_restored_items"] == 0
+    assert runs["restart"]["session_restored_items"] == (
+        case.n_items if case.n_items >= SNAPSHOT_MIN_ITEMS else 0)
     peak = runs["cold"].get("session_cold_peak_bytes")
+    restore_peak = runs["restart"].get("session_restore_peak_bytes")
     benchmark.extra_info.update(n_items=case.n_items, budget=budget,
                                 session_cold_ms=cold * 1e3, session_restart_ms=restart * 1e3,
                                 stored_counts=stored, session_cold_peak_bytes=peak,
+                                session_restore_peak_bytes=restore_peak,
                                 session_cold_peak_vs_json=(peak / case.json_bytes
                                                            if peak is not None else None))
     _record(results, (size, "agentic", budget), session_cold=cold, session_restart=restart)
     print(f"\nsession agentic-{size} budget={budget}: first turn of a fresh process "
-          f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept)"
+          f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept, "
+          f"{runs['restart']['session_restored_items']} items from the index snapshot)"
           + (f", callback peak RSS growth {peak / 1e6:.1f} MB = "
              f"{100 * peak / case.json_bytes:.0f}% of the history's JSON" if peak else ""))
 

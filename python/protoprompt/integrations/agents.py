@@ -189,7 +189,7 @@ class _RowProbe:
 
 _log = logging.getLogger("protoprompt")
 
-SNAPSHOT_MIN_ITEMS = 2048
+SNAPSHOT_MIN_ITEMS = 512
 """Histories shorter than this are not snapshotted (reading them again takes a few ms).
 
 A stored session's index is saved to its database (see ``_snapshots``) once it holds this
