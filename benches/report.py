@@ -307,11 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if rows:
         print(f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
-              f"cold includes building the tokenizer. session cold = first turn of a fresh "
-              f"process through ProtoPromptSession (callback only; its peak = session peak, "
-              f"the tokenizer having been built while the SDK read the history); restart = "
-              f"the same in a "
-              f"new process that finds the token counts the first kept in the database. "
+              f"cold includes building the tokenizer. session cold = what protoprompt adds to "
+              f"the first turn it ever serves on the database, in a fresh process through "
+              f"ProtoPromptSession (callback + get_items beyond the SDK's read; its peak = "
+              f"session peak, the tokenizer having been built while the SDK read the "
+              f"history); restart = the same in a new process that finds the index snapshot "
+              f"and token counts the first kept in the database (restart peak = callback + "
+              f"loading the snapshot). "
               f"import protoprompt: "
               f"{harness.ms(rows[0]['pp_import'])} ms"
               + (f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
