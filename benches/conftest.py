@@ -100,7 +100,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                           f"{v['session_restart'] * 1e3:.1f} ms{vs}")
     for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
         if k[0] == "threads":
-            tr.write_line(f"pack two 10k sessions: sequential {v['sequential'] * 1e3:.1f} ms, "
+            tr.write_line(f"pack two 10k sessions ({k[1][0]}): sequential "
+                          f"{v['sequential'] * 1e3:.1f} ms, "
                           f"two threads {v['threaded'] * 1e3:.1f} ms, "
                           f"scaling {v['sequential'] / v['threaded']:.2f}x")
         if k[0] == "turn":

@@ -1292,7 +1292,15 @@ impl HistoryIndex {
                         position += metas.len();
                         let rest = items.len();
                         note_kinds(kinds, kind_names, costs, &metas, rest);
-                        if send.send((metas, rest)).is_err() {
+                        // Wait for the helper (when it is behind) without the GIL, so that
+                        // other Python threads run meanwhile.
+                        let sent = match send.try_send((metas, rest)) {
+                            Err(std::sync::mpsc::TrySendError::Full(chunk)) => {
+                                py.detach(|| send.send(chunk).is_ok())
+                            }
+                            other => other.is_ok(),
+                        };
+                        if !sent {
                             break; // the helper panicked: reported by the join below
                         }
                     }
