@@ -63,6 +63,27 @@ class Side:
         self.store.close()
 
 
+async def fast_and_plain(tmp_path: Any, turns: int) -> tuple[str, Side, Side]:
+    """A session with an index (``fast.db``, returned first) and one without (``plain.db``)
+    after the same ``turns`` turns."""
+    fast_db = str(tmp_path / "fast.db")
+    fast = Side(fast_db, incremental=None)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    for i in range(turns):
+        await fast.turn(i)
+        await plain.turn(i)
+    return fast_db, fast, plain
+
+
+def restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new process has: no shared index, no counts in memory."""
+    from protoprompt import _core
+    from protoprompt.integrations import agents as integration
+
+    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    _core._clear_count_cache()
+
+
 async def test_requests_equal_a_session_without_index_through_pops_clears_and_other_writers(
         tmp_path, monkeypatch) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
@@ -273,23 +294,15 @@ async def test_a_restarted_process_reads_token_counts_from_the_session_database(
     """Counts of long items are kept in the session's database: after a restart (new pool,
     empty count cache) the first turn reads them instead of tokenising, and its request is
     exactly that of a session without index or store."""
-    from protoprompt import SQLiteCountStore, _core
-    from protoprompt.integrations import agents as integration
+    from protoprompt import SQLiteCountStore
 
-    fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    for i in range(4):
-        await fast.turn(i)
-        await plain.turn(i)
+    fast_db, fast, plain = await fast_and_plain(tmp_path, 4)
     fast.close()  # writes queued counts
     with sqlite3.connect(fast_db) as conn:
         stored = conn.execute("SELECT COUNT(*) FROM protoprompt_token_counts").fetchone()[0]
     assert stored > 0
 
-    # "Restart": no shared index, no counts in memory.
-    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
-    _core._clear_count_cache()
+    restart(monkeypatch)
     answers: list[int | None] = []
     real_get_many = SQLiteCountStore.get_many
 

@@ -25,6 +25,7 @@ agents = pytest.importorskip("agents")
 from agents.memory import SQLiteSession  # noqa: E402
 
 from protoprompt.integrations import agents as integration  # noqa: E402
+from test_incremental_session import fast_and_plain, restart  # noqa: E402
 from test_incremental_session import Side  # noqa: E402
 
 TABLE = "protoprompt_index_snapshots"
@@ -118,12 +119,6 @@ def test_damaged_foreign_and_wrong_snapshots_raise_snapshot_error() -> None:
 # ---------------------------------------------------------------------------------- sessions
 
 
-def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a new process has: no shared index, no counts in memory."""
-    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
-    _core._clear_count_cache()
-
-
 def _snapshot_rows(db: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(db) as conn:
         try:
@@ -144,12 +139,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
 async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_requests(
         tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 4)
-    fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    for i in range(6):
-        await fast.turn(i)
-        await plain.turn(i)
+    fast_db, fast, plain = await fast_and_plain(tmp_path, 6)
     fast.session._index_state.wait_for_save()
     # Written in the background once the index held enough items, before any close.
     assert _snapshot_rows(fast_db), "no snapshot written during the turns"
@@ -159,7 +149,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     # Saved at close with the index of the last turn's history (its own items come after).
     assert sid == "chat" and items <= row_count <= stored and max_id >= row_count
 
-    _restart(monkeypatch)
+    restart(monkeypatch)
     calls: list[str] = []
     _spy(monkeypatch, calls)
     asked: list[Any] = []
@@ -189,7 +179,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
             await other.pop_item()
         await other.add_items([{"role": "user", "content": "written elsewhere " * 8}])
         other.close()
-    _restart(monkeypatch)
+    restart(monkeypatch)
     calls.clear()
     again = Side(fast_db, incremental=None)
     await again.turn(7)
@@ -218,12 +208,7 @@ async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None
 async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, caplog,
                                                         damage: str) -> None:
     monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 2)
-    fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    for i in range(3):
-        await fast.turn(i)
-        await plain.turn(i)
+    fast_db, fast, plain = await fast_and_plain(tmp_path, 3)
     fast.close()
     with sqlite3.connect(fast_db) as conn:
         (data,) = conn.execute(f"SELECT data FROM {TABLE}").fetchone()
@@ -234,7 +219,7 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, c
         else:
             data = "text"
         conn.execute(f"UPDATE {TABLE} SET data = ?", (data,))
-    _restart(monkeypatch)
+    restart(monkeypatch)
     caplog.set_level(logging.DEBUG, logger="protoprompt")
     restarted = Side(fast_db, incremental=None)
     await restarted.turn(3)
