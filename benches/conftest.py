@@ -97,7 +97,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                                         f"{rc / v['session_restart']:.1f}x the reference cold")
             tr.write_line(f"session {mix}-{size} budget={budget}: cold "
                           f"{v['session_cold'] * 1e3:.1f} ms, restart "
-                          f"{v['session_restart'] * 1e3:.1f} ms{vs}")
+                          f"{v['session_restart'] * 1e3:.1f} ms{vs}, next turn "
+                          f"{v['session_warm'] * 1e3:.2f} ms")
     for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
         if k[0] == "threads":
             tr.write_line(f"pack two 10k sessions ({k[1][0]}): sequential "

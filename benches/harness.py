@@ -450,20 +450,22 @@ def stored_counts(db_path: str) -> int:
 
 def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, Any]],
                       budget: int, timeout: float = 900, *,
-                      restart: bool = False) -> dict[str, Any]:
+                      restart: bool = False, warm_turn: bool = False) -> dict[str, Any]:
     """The first SDK turn of a fresh process through ``ProtoPromptSession`` on an existing
     database: ``prepare_input_with_session`` end to end, and the callback's own share.
 
     ``restart=False``: the first turn ever served by protoprompt (the token counts and index
     snapshots it keeps in the database are deleted first). ``restart=True``: a process
-    restarted after serving the session, which finds what its predecessor kept there."""
+    restarted after serving the session, which finds what its predecessor kept there.
+    ``warm_turn``: then time the next turn in the same process too (``session_warm_s``; its
+    items are popped afterwards)."""
     if not restart:
         with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
             conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
             conn.execute(f"DROP TABLE IF EXISTS {SNAPSHOTS_TABLE}")
     spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
             "budget": budget, "output_reserve": output_reserve_for(budget),
-            "encoding": ENCODING}
+            "encoding": ENCODING, "warm_turn": warm_turn}
     return _spawn_child(spec, timeout)
 
 
@@ -526,6 +528,7 @@ def _session_child(spec: dict[str, Any]) -> None:
     total = time.perf_counter() - t_start
     plan = builder.last_plan
     read_extra = max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0
+    first_callback = spent[0]
     # Loading the index snapshot overlaps the SDK's read (its memory is not in `peaks`):
     # measured again on its own, on a fresh state (the snapshot bytes and the index).
     state = session._index_state
@@ -536,7 +539,24 @@ def _session_child(spec: dict[str, Any]) -> None:
         fresh = _IndexState(state.snapshot_at)
         _, restore_peak, _ = _peak_growth(fresh.restore)
         restore_peak = restore_peak if len(fresh.index) else None
-    print(json.dumps({"session_cold_callback_s": spent[0] + read_extra,
+    warm = None
+    if spec.get("warm_turn"):
+        # The next turn in the same process: the model's answer was stored, the user asks
+        # again. Its items are popped afterwards, so the database is left as it was.
+        answer = {"type": "message", "role": "assistant", "id": "msg_bench_warm",
+                  "status": "completed",
+                  "content": [{"type": "output_text", "text": "Noted.", "annotations": []}]}
+        added = [*spec["new_input"], answer]
+        loop.run_until_complete(session.add_items(added))
+        spent.clear()
+        reads.clear()
+        loop.run_until_complete(prepare_input_with_session(
+            [{"role": "user", "content": "And then?"}], session, timed))
+        warm = spent[0] + (max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0)
+        for _ in added:
+            loop.run_until_complete(session.pop_item())
+    print(json.dumps({"session_cold_callback_s": first_callback + read_extra,
+                      "session_warm_s": warm,
                       "session_cold_read_extra_s": read_extra,
                       "session_cold_turn_s": total,
                       "session_cold_peak_bytes": peaks[0],

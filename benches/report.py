@@ -110,7 +110,7 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             progress.step(f"{case.label} budget={budget}: the same after a restart "
                           f"({harness.stored_counts(sdk.db_path)} token counts kept)")
             session_restart[budget] = harness.run_session_child(
-                sdk.db_path, sid, case.new_input, budget, restart=True)
+                sdk.db_path, sid, case.new_input, budget, restart=True, warm_turn=True)
     finally:
         sdk.close()
     rows = []
@@ -137,6 +137,7 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "mem_method": first.get("memory_method"),
             "session_cold": session_cold[budget]["session_cold_callback_s"],
             "session_restart": session_restart[budget]["session_cold_callback_s"],
+            "session_warm": session_restart[budget]["session_warm_s"],
             "mem_session": session_cold[budget].get("session_cold_peak_bytes"),
             "mem_restart": _sum_known(
                 session_restart[budget].get("session_cold_peak_bytes"),
@@ -183,6 +184,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("x session cold", lambda r: _x(r.get("ref_cold"), r.get("session_cold"))),
         ("restart ms", lambda r: harness.ms(r.get("session_restart"))),
         ("x restart", lambda r: _x(r.get("ref_cold"), r.get("session_restart"))),
+        ("session warm ms", lambda r: _ms3(r.get("session_warm"))),
+        ("session warm/SDK", lambda r: _pct(r.get("session_warm"), r["sdk"], 3)),
         ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
         ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
         ("peak cold MB", lambda r: _mb(r["mem_cold"])),

@@ -13,6 +13,7 @@ import harness  # noqa: I001  (first: puts the benches' helper modules first)
 
 harness.ensure_paths()
 
+import sqlite3  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
@@ -230,13 +231,18 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
             runs["cold"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
                                                      budget)
             runs["restart"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
-                                                        budget, restart=True)
+                                                        budget, restart=True, warm_turn=True)
 
         benchmark.pedantic(run, rounds=1, iterations=1)
         stored = harness.stored_counts(sdk.db_path)
+        # The warm turn's items were popped again: the history is as it was.
+        with sqlite3.connect(sdk.db_path) as conn:
+            rows = conn.execute("SELECT COUNT(*) FROM agent_messages").fetchone()[0]
+        assert rows == case.n_items
     finally:
         sdk.close()
     cold, restart = (runs[k]["session_cold_callback_s"] for k in ("cold", "restart"))
+    warm = runs["restart"]["session_warm_s"]
     for k in ("session_cold_items", "session_cold_history_tokens"):
         assert runs["cold"][k] == runs["restart"][k], k  # the same request
     assert stored > 0 or budget < 1000
@@ -254,10 +260,12 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
                                 session_restore_peak_bytes=restore_peak,
                                 session_cold_peak_vs_json=(peak / case.json_bytes
                                                            if peak is not None else None))
-    _record(results, (size, "agentic", budget), session_cold=cold, session_restart=restart)
+    _record(results, (size, "agentic", budget), session_cold=cold, session_restart=restart,
+            session_warm=warm)
     print(f"\nsession agentic-{size} budget={budget}: first turn of a fresh process "
           f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept, "
-          f"{runs['restart']['session_restored_items']} items from the index snapshot)"
+          f"{runs['restart']['session_restored_items']} items from the index snapshot), "
+          f"next turn {warm * 1e3:.2f} ms"
           + (f", callback peak RSS growth {peak / 1e6:.1f} MB = "
              f"{100 * peak / case.json_bytes:.0f}% of the history's JSON" if peak else ""))
 
