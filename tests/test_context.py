@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -164,6 +165,37 @@ def test_system_prompt_that_does_not_fit_raises(store: MemoryStore) -> None:
     assert err.value.section == "system_prompt" and err.value.budget == 120
     assert err.value.used > 120
     assert b.last_plan is None
+
+
+def test_the_previous_plan_is_released_when_a_build_starts(store: MemoryStore) -> None:
+    """A plan the builder kept alive would keep the index's graph shared with its decision
+    table, so the next pack would copy the whole graph (O(history) per turn)."""
+    import gc
+    import weakref
+
+    from protoprompt import HistoryIndex
+
+    seen_during_build: list[bool] = []
+
+    class SpyIndex(HistoryIndex):
+        __slots__ = ()
+
+        def pack(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            gc.collect()
+            seen_during_build.append(any(ref() is not None for ref in first))
+            return super().pack(*args, **kwargs)
+
+    b = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
+    index = SpyIndex()
+    first: list[weakref.ref[Any]] = []  # the first plan, once built
+    first.append(weakref.ref(b.build(HISTORY, QUESTION, index=index)))
+    assert b.last_plan is first[0]() and seen_during_build == [False]
+    seen_during_build.clear()
+    b.build(HISTORY + QUESTION, [{"role": "user", "content": "and then?"}], index=index)
+    assert seen_during_build == [False]
+    with pytest.raises(TokenBudgetExceededError):
+        b.build(HISTORY, QUESTION, system_prompt="Be precise. " * 2000)
+    assert b.last_plan is None  # not the plan of an earlier, different request
 
 
 def test_mandatory_new_input_is_reserved_before_the_system_prompt(store: MemoryStore) -> None:
