@@ -434,6 +434,9 @@ class HistoryIndex:
 ProtoPromptSession` keeps its index in step with the session store for you.
 
     One index serves one conversation and is not meant to be used from two threads at once.
+    A result's ``decisions`` share the index's item graph: while you keep a result, the next
+    append copies that graph (~5-8 ms at 100k items), so keep what you need from a result
+    (``items``, totals) rather than the result itself.
 
     Args:
         count_store: where token counts outlive the process (e.g. a
