@@ -100,4 +100,5 @@ class HistoryIndex:
         policy: str = "contiguous",
         context: Callable[[int], int] | None = None,
         count_store: Any = None,
+        pinned: list[int] | None = None,
     ) -> _PackDict: ...

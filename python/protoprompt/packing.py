@@ -337,6 +337,7 @@ def pack(
     policy: Policy = "contiguous",
     context: Callable[[int], int] | None = None,
     count_store: CountStore | None = None,
+    pinned: Iterable[int] = (),
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -347,8 +348,14 @@ def pack(
     memory) takes; history gets the rest. Then the newest history units are added while they
     fit. A unit (a call with its outputs, reasoning with its follower, a program with its
     children…) is kept whole or dropped whole; invalid units and input-only controls are
-    never sent. ``count_store`` (e.g. a :class:`~protoprompt.SQLiteCountStore`) keeps token
-    counts across processes; the result is the same with or without it.
+    never sent. The kept history starts at a user message: when the fill stops inside a turn,
+    the newer units of that turn are dropped too (``turn_incomplete``), unless the turn's
+    user message is mandatory. ``count_store`` (e.g. a :class:`~protoprompt.SQLiteCountStore`)
+    keeps token counts across processes; the result is the same with or without it.
+    ``pinned`` lists history positions that are mandatory like ``new_input`` (their units
+    are reserved whole and reported as ``mandatory``): a per-call model filter pins the
+    context message and the run's own input, and fills the items between them and the
+    newest step as optional history.
 
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
@@ -358,7 +365,8 @@ def pack(
     """
     # A throw-away index: the core classifies a long history chunk by chunk into it.
     return _run(_core.HistoryIndex().pack, history, new_input, budget, output_reserve,
-                context_tokens, model, encoding, policy, context, _checked(count_store))
+                context_tokens, model, encoding, policy, context, _checked(count_store),
+                pinned)
 
 
 def _checked(count_store: CountStore | None) -> CountStore | None:
@@ -377,6 +385,19 @@ def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
             raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+def _check_pinned(pinned: Iterable[int]) -> list[int]:
+    if isinstance(pinned, (str, bytes)) or not isinstance(pinned, Iterable):
+        raise TypeError(f"pinned must be an iterable of history positions, "
+                        f"got {type(pinned).__name__}")
+    pins = list(pinned)
+    for i, p in enumerate(pins):
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise TypeError(f"pinned[{i}] must be an int, got {type(p).__name__}")
+        if p < 0:
+            raise ValueError(f"pinned[{i}] is {p}, not a history position")
+    return pins
+
+
 def _run(
     core_pack: Callable[..., Mapping[str, Any]],
     history: Iterable[Item],
@@ -389,14 +410,17 @@ def _run(
     policy: Policy,
     context: Callable[[int], int] | None,
     count_store: CountStore | None = None,
+    pinned: Iterable[int] = (),
 ) -> PackResult:
     """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
     _check_sizes(budget, output_reserve, context_tokens)
     history_list = _as_list(history, "history")
     new_list = _as_list(new_input, "new_input")
+    pins = _check_pinned(pinned)
     raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
                     context_tokens=context_tokens, model=model, encoding=encoding,
-                    policy=policy, context=context, count_store=count_store)
+                    policy=policy, context=context, count_store=count_store,
+                    pinned=pins or None)
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
     kept = raw["kept_history"]
@@ -523,6 +547,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         encoding: str | None = None,
         policy: Policy = "contiguous",
         context: Callable[[int], int] | None = None,
+        pinned: Iterable[int] = (),
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -533,4 +558,5 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         make is indexing the items appended to ``history``, which belong to it either way.
         """
         return _run(self._index.pack, history, new_input, budget, output_reserve,
-                    context_tokens, model, encoding, policy, context, self.count_store)
+                    context_tokens, model, encoding, policy, context, self.count_store,
+                    pinned)

@@ -39,10 +39,16 @@
 //!   O(n); through a `HistoryIndex` only the items after its cut are classified or regrouped.
 //! * **What is coherent.** Units are visited newest first (by their newest member). A user
 //!   message opens a turn; the kept history never contains a user message whose later turn
-//!   items were dropped while older items are kept. Contiguous: kept units form an unbroken
-//!   suffix of the valid units (invalid and input-only units are skipped, they never break the
-//!   suffix). Greedy: when a unit does not fit, the rest of its turn is dropped and older turns
-//!   are then taken whole or not at all.
+//!   items were dropped while older items are kept, and the optional history starts at a user
+//!   message: when the fill stops inside a turn whose opening user message is not mandatory,
+//!   the units of that turn it had taken are dropped too (`TurnIncomplete`). Contiguous: kept
+//!   units form an unbroken suffix of the valid units (invalid and input-only units are
+//!   skipped, they never break the suffix), cut at a turn boundary. Greedy: when a unit does
+//!   not fit, its whole turn is dropped and older turns are then taken whole or not at all.
+//! * **What is pinned.** Besides `new_input`, a caller may pin history positions
+//!   ([`pack_view`]'s `pinned`): their units are mandatory too. A turn whose opening user
+//!   message is pinned may be kept in part (its newest units), as a model call inside a
+//!   tool loop keeps the run's input and newest step and fills the steps between.
 //! * **What is reported.** Totals per section, and one [`UnitDecision`] per history unit with
 //!   its reason and, when it was counted, its tokens ([`PackResult::decisions`], derived on
 //!   demand from the touched units and the graph).
@@ -123,7 +129,9 @@ pub enum Decision {
     Kept,
     /// Did not fit in what was left of the budget.
     OverBudget,
-    /// Greedy policy: a newer unit of the same turn did not fit.
+    /// Another unit of the same turn did not fit, and the turn's opening user message is not
+    /// kept: sending the rest would start the history in the middle of a turn (both
+    /// policies), or keep a user message without its later turn items (greedy).
     TurnIncomplete,
     /// Violates an item rule (see `problems`); never sent.
     InvalidUnit,
@@ -361,7 +369,7 @@ pub fn pack(
     context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
     let is_user = |p: usize| metas[p].is_user_message();
-    pack_view(GraphView::whole(graph), &is_user, costs, opts, context)
+    pack_view(GraphView::whole(graph), &is_user, costs, opts, &[], context)
 }
 
 /// Per-unit state of the fill.
@@ -378,20 +386,30 @@ enum Fill {
 /// backwards scan over positions (a unit is met at its newest member), so the contiguous
 /// policy never looks past the first unit that does not fit. Only the final per-unit
 /// decision list is linear in the number of units, with no allocation per unit.
+///
+/// `pinned` lists history positions that are mandatory like `new_input`: their units are
+/// reserved whole (with the tail dependency) and never dropped. A per-call model filter pins
+/// the context message and the run's own input this way, while the items between them and
+/// the newest step stay optional. Positions at or past `n_history` are ignored.
 pub fn pack_view(
     graph: GraphView<'_>,
     is_user: &dyn Fn(usize) -> bool,
     costs: &mut dyn CostSource,
     opts: &PackOptions,
+    pinned: &[usize],
     context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
     let n_history = graph.n_history();
     let n_total = graph.len();
 
-    // Units holding new_input items, in unit order.
-    let mut new_units: Vec<usize> = (n_history..n_total).map(|p| graph.unit_of(p)).collect();
+    // Units holding new_input items or pinned history positions, in unit order.
+    let mut new_units: Vec<usize> = (n_history..n_total)
+        .chain(pinned.iter().copied().filter(|&p| p < n_history))
+        .map(|p| graph.unit_of(p))
+        .collect();
     new_units.sort_unstable();
     new_units.dedup();
+    let is_mandatory = |u: usize| new_units.binary_search(&u).is_ok();
 
     // 1. new_input must be sendable as given.
     if let Some(&u) = new_units.iter().find(|&&u| !graph.unit(u).is_valid()) {
@@ -401,6 +419,7 @@ pub fn pack_view(
             .iter()
             .copied()
             .find(|&p| p >= n_history)
+            .or_else(|| unit.members.iter().copied().find(|p| pinned.contains(p)))
             .unwrap_or(n_history);
         let mut reasons: Vec<&'static str> = Vec::new();
         for p in &unit.problems {
@@ -479,7 +498,8 @@ pub fn pack_view(
     // 3. Candidates newest first (by newest member): walk positions backwards and take a
     // unit at its last member. The turn label of a position is the number of user messages
     // after it (equal labels = same turn).
-    let is_candidate = |u: &Unit| !u.contains_new && !u.is_input_only() && u.is_valid();
+    let is_candidate =
+        |u: usize, unit: &Unit| !is_mandatory(u) && !unit.is_input_only() && unit.is_valid();
     let mut fill: FxHashMap<usize, Fill> = FxHashMap::default();
     let mut history_tokens = 0u64;
     let mut p = n_history;
@@ -495,13 +515,15 @@ pub fn pack_view(
             }
             let u = graph.unit_of(pos);
             let unit = graph.unit(u);
-            if unit.members.last() == Some(&pos) && is_candidate(unit) {
+            if unit.members.last() == Some(&pos) && is_candidate(u, unit) {
                 return Some((u, label));
             }
         }
         None
     };
     let mut miss: Option<(usize, usize)> = None;
+    // Kept units in the order they were taken (newest first), with their turn label and cost.
+    let mut taken: Vec<(usize, usize, u64)> = Vec::new();
     while let Some((u, label)) = next_candidate(&mut p, &mut users_after) {
         let cost = packer.sum(&graph.unit(u).members)?;
         unit_tokens.insert(u, cost);
@@ -512,6 +534,26 @@ pub fn pack_view(
         remaining -= cost;
         history_tokens += cost;
         fill.insert(u, Fill::Kept);
+        taken.push((u, label, cost));
+    }
+    // Coherent start: the turn the fill stopped in would be sent without its opening user
+    // message (it is in the unit that missed, or older). Unless that message is mandatory,
+    // the turn's newer units that were taken are dropped too, so the kept history starts
+    // at a user message (or at the start of the history).
+    if let Some((_, miss_turn)) = miss {
+        let opener = (0..=p).rev().find(|&q| is_user(q));
+        let anchored = opener.is_some_and(|q| is_mandatory(graph.unit_of(q)));
+        if !anchored {
+            while let Some(&(u, label, cost)) = taken.last() {
+                if label != miss_turn {
+                    break;
+                }
+                taken.pop();
+                remaining += cost;
+                history_tokens -= cost;
+                fill.insert(u, Fill::TurnIncomplete);
+            }
+        }
     }
     // Contiguous: everything older than the first miss stays over budget, uncounted.
     if opts.policy == Policy::Greedy {

@@ -232,15 +232,86 @@ fn index_equals_full_graph_and_pack() {
             };
             let a = pack(&full, &all, &mut Costs, &o, None);
             let is_user = |p: usize| hm[p].is_user_message();
-            let b = pack_view(view, &is_user, &mut Costs, &o, None);
+            let b = pack_view(view, &is_user, &mut Costs, &o, &[], None);
             if let (Ok(a), Ok(b)) = (&a, &b) {
                 assert_eq!(
                     a.decisions(GraphView::whole(&full)),
                     b.decisions(view),
                     "case {case} {policy:?}"
                 );
+                assert_coherent(GraphView::whole(&full), &is_user, a, &[], case);
             }
             assert_eq!(a, b, "case {case} {policy:?}");
+            // Pinned history positions: the same on the whole graph and the index's view.
+            let pinned: Vec<usize> = if hm.is_empty() {
+                Vec::new()
+            } else {
+                (0..rng.below(3)).map(|_| rng.below(hm.len())).collect()
+            };
+            let a = pack_view(
+                GraphView::whole(&full),
+                &is_user,
+                &mut Costs,
+                &o,
+                &pinned,
+                None,
+            );
+            let b = pack_view(view, &is_user, &mut Costs, &o, &pinned, None);
+            if let Ok(a) = &a {
+                assert_coherent(GraphView::whole(&full), &is_user, a, &pinned, case);
+                for &q in &pinned {
+                    assert!(a.kept_history.contains(&q), "case {case}: pinned {q} kept");
+                }
+            }
+            assert_eq!(a, b, "case {case} {policy:?} pinned {pinned:?}");
+        }
+    }
+}
+
+/// The kept optional history starts at a user message: every kept optional unit's turn has
+/// its opening user message kept (or mandatory), and a kept unit before the first user
+/// message means every candidate there is kept.
+fn assert_coherent(
+    view: GraphView<'_>,
+    is_user: &dyn Fn(usize) -> bool,
+    r: &protoprompt_core::pack::PackResult,
+    pinned: &[usize],
+    case: usize,
+) {
+    use protoprompt_core::pack::Decision;
+    let decision = |u: usize| r.decision_of(view, u).map(|d| d.decision);
+    let candidate = |u: usize| {
+        let unit = view.unit(u);
+        !unit.contains_new
+            && unit.is_valid()
+            && !unit.is_input_only()
+            && !unit.members.iter().any(|p| pinned.contains(p))
+    };
+    for u in 0..view.unit_count() {
+        if decision(u) != Some(Decision::Kept) {
+            continue;
+        }
+        let newest = *view
+            .unit(u)
+            .members
+            .iter()
+            .filter(|&&p| p < view.n_history())
+            .max()
+            .unwrap();
+        match (0..=newest).rev().find(|&q| is_user(q)) {
+            Some(q) => assert!(
+                decision(view.unit_of(q)).is_some_and(|d| d.is_kept()),
+                "case {case}: unit {u} kept but its turn's user message {q} is not"
+            ),
+            None => {
+                for v in 0..view.unit_count() {
+                    let last = *view.unit(v).members.last().unwrap();
+                    let before_first_user = last < view.n_history() && !(0..=last).any(is_user);
+                    if before_first_user && candidate(v) {
+                        assert_eq!(decision(v), Some(Decision::Kept), "case {case}: preamble");
+                    }
+                }
+            }
         }
     }
 }
@@ -268,7 +339,7 @@ fn exercise(idx: &mut HistoryIndex, more: &[ItemMeta]) {
         context_tokens: 0,
         policy: Policy::Greedy,
     };
-    let _ = pack_view(view, &is_user, &mut Costs, &o, None);
+    let _ = pack_view(view, &is_user, &mut Costs, &o, &[], None);
     let n = idx.len();
     idx.extend(more.to_vec());
     idx.truncate(n / 2);

@@ -193,9 +193,17 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
     let small_turn: u64 = h[10..15].iter().map(cost).sum();
     let budget = cost(&n[0]) + 2 * small_turn + 50;
     let (g, r) = pack_values(&h, &n, ENC, &opts(budget)).unwrap();
-    // Turns 3 and 2, then the answer of turn 1 (newer than its huge output, and it fits);
-    // the call/output unit does not fit and nothing older is kept.
-    assert_eq!(r.kept_history, (9..20).collect::<Vec<_>>());
+    // Turns 3 and 2 whole. The answer of turn 1 would fit, but its call/output unit does not,
+    // so the turn would start without its question: the answer is dropped too
+    // (turn_incomplete) and nothing older is kept.
+    assert_eq!(r.kept_history, (10..20).collect::<Vec<_>>());
+    assert_eq!(decision_at(&g, &r, 9).decision, Decision::TurnIncomplete);
+    assert_eq!(
+        decision_at(&g, &r, 9).tokens,
+        Some(cost(&h[9])),
+        "the dropped answer was counted"
+    );
+    assert_eq!(r.history_tokens, 2 * small_turn);
     let decisions = r.decisions(GraphView::whole(&g));
     let first_drop = decisions
         .iter()
@@ -228,14 +236,15 @@ fn greedy_skips_a_huge_turn_and_keeps_older_whole_turns() {
         ..PackOptions::default()
     };
     let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
-    // Turn 3 whole, the answer of turn 2 (newer than its huge output), then turns 1 and 0 whole.
+    // Turn 3 whole, then turns 1 and 0 whole. The answer of turn 2 fits, but its turn broke
+    // at the huge output: it is dropped with the rest of turn 2, never sent without its question.
     let mut expected: Vec<usize> = (0..10).collect();
-    expected.push(14);
     expected.extend(15..20);
     assert_eq!(r.kept_history, expected);
     let by_pos = |p: usize| decision_at(&g, &r, p);
     assert_eq!(by_pos(11).decision, Decision::OverBudget);
     assert_eq!(by_pos(10).decision, Decision::TurnIncomplete);
+    assert_eq!(by_pos(14).decision, Decision::TurnIncomplete);
     // The user message of the broken turn is never kept without the rest of its turn.
     assert!(!r.kept_history.contains(&10));
 }
@@ -259,8 +268,10 @@ fn greedy_older_turns_are_whole_or_nothing() {
         ..PackOptions::default()
     };
     let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
-    assert_eq!(r.kept_history, (9..15).collect::<Vec<_>>());
+    // Turn 2 whole; turn 1's answer is dropped with its broken turn; turn 0 does not fit whole.
+    assert_eq!(r.kept_history, (10..15).collect::<Vec<_>>());
     let by_pos = |p: usize| decision_at(&g, &r, p);
+    assert_eq!(by_pos(9).decision, Decision::TurnIncomplete);
     assert_eq!(by_pos(4).decision, Decision::OverBudget);
     assert_eq!(by_pos(5).decision, Decision::TurnIncomplete);
 }
@@ -383,4 +394,113 @@ fn bad_items_name_the_position_and_field() {
         }
         e => panic!("{e:?}"),
     }
+}
+
+/// Pack `h ++ n` with `pinned` history positions (the per-call model filter's shape).
+fn pack_pinned(
+    h: &[Value],
+    n: &[Value],
+    o: &PackOptions,
+    pinned: &[usize],
+) -> (Graph, Result<PackResult, PackError>) {
+    use protoprompt_core::pack::pack_view;
+    let hm: Vec<ItemMeta> = h.iter().map(|v| ItemMeta::from_json(v).unwrap()).collect();
+    let nm: Vec<ItemMeta> = n.iter().map(|v| ItemMeta::from_json(v).unwrap()).collect();
+    let g = build_graph(&hm, &nm);
+    let all: Vec<Value> = h.iter().chain(n).cloned().collect();
+    let mut costs = Eager(all.iter().map(cost).collect());
+    let is_user = |p: usize| hm[p].is_user_message();
+    let r = pack_view(GraphView::whole(&g), &is_user, &mut costs, o, pinned, None);
+    (g, r)
+}
+
+/// A run inside a tool loop: the run's input (pinned), two finished steps, the newest step as
+/// new input. Two earlier turns of history come first.
+fn tool_loop() -> (Vec<Value>, Vec<Value>) {
+    let mut h = vec![
+        user("earlier question"),
+        answer("msg_0", "earlier answer"),
+        user("run input"),
+    ];
+    h.push(call("s1"));
+    h.push(output("s1", &"data ".repeat(200)));
+    h.push(call("s2"));
+    h.push(output("s2", "small"));
+    let n = vec![call("s3"), output("s3", "newest")];
+    (h, n)
+}
+
+#[test]
+fn pinned_positions_are_mandatory_and_the_run_keeps_its_newest_steps() {
+    let (h, n) = tool_loop();
+    let c = |r: std::ops::Range<usize>| -> u64 { h[r].iter().map(cost).sum() };
+    let new_cost: u64 = n.iter().map(cost).sum();
+    // Room for the newest finished step only: the run's input stays (pinned, mandatory), the
+    // big step 1 and everything older are dropped; the partial turn is kept because its user
+    // message is pinned.
+    let budget = new_cost + c(2..3) + c(5..7) + 3;
+    let (g, r) = pack_pinned(&h, &n, &opts(budget), &[2]);
+    let r = r.unwrap();
+    assert_eq!(r.kept_history, vec![2, 5, 6]);
+    assert_eq!(r.dependency, vec![2]);
+    assert_eq!(r.dependency_tokens, c(2..3));
+    assert_eq!(decision_at(&g, &r, 2).decision, Decision::Mandatory);
+    assert_eq!(decision_at(&g, &r, 3).decision, Decision::OverBudget);
+    assert_eq!(decision_at(&g, &r, 1).decision, Decision::OverBudget);
+    // Without the pin the same budget keeps step 2 only if its turn could start at a user
+    // message: it cannot, so nothing optional is kept.
+    let (g2, r2) = pack_pinned(&h, &n, &opts(budget), &[]);
+    let r2 = r2.unwrap();
+    assert!(r2.kept_history.is_empty(), "{:?}", r2.kept_history);
+    assert_eq!(decision_at(&g2, &r2, 5).decision, Decision::TurnIncomplete);
+    // Greedy: the big step is skipped, the rest of the run's turn is not taken, and the
+    // earlier whole turn fits again.
+    let o = PackOptions {
+        budget: budget + c(0..2),
+        policy: Policy::Greedy,
+        ..PackOptions::default()
+    };
+    let (g3, r3) = pack_pinned(&h, &n, &o, &[2]);
+    let r3 = r3.unwrap();
+    assert_eq!(r3.kept_history, vec![0, 1, 2, 5, 6]);
+    assert_eq!(decision_at(&g3, &r3, 3).decision, Decision::OverBudget);
+    // The pinned part must fit, like new_input.
+    let (_, err) = pack_pinned(&h, &n, &opts(new_cost + c(2..3) - 1), &[2]);
+    assert!(matches!(
+        err.unwrap_err(),
+        PackError::BudgetExceeded {
+            section: Section::Dependency,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_pinned_invalid_unit_is_an_error_naming_it() {
+    // An output pinned without its call cannot be sent.
+    let h = vec![user("q"), output("nope", "x"), user("run input")];
+    let n = vec![user("more")];
+    let (_, r) = pack_pinned(&h, &n, &opts(1_000_000), &[1, 2]);
+    assert!(
+        matches!(r.unwrap_err(), PackError::InvalidNewInput { ref label, .. } if label == "history[1]")
+    );
+}
+
+#[test]
+fn contiguous_never_starts_the_history_in_the_middle_of_a_turn() {
+    // The newest turn's answer fits, its question does not (a long user message).
+    let h = vec![
+        user("old"),
+        answer("msg_0", "old answer"),
+        user(&"long question ".repeat(300)),
+        answer("msg_1", "short answer"),
+    ];
+    let n = vec![user("next")];
+    let budget = cost(&n[0]) + cost(&h[3]) + 20;
+    let (g, r) = pack_values(&h, &n, ENC, &opts(budget)).unwrap();
+    assert!(r.kept_history.is_empty(), "{:?}", r.kept_history);
+    assert_eq!(decision_at(&g, &r, 3).decision, Decision::TurnIncomplete);
+    assert_eq!(decision_at(&g, &r, 2).decision, Decision::OverBudget);
+    assert_eq!(r.history_tokens, 0);
+    assert_eq!(r.remaining(), budget - cost(&n[0]));
 }

@@ -1442,7 +1442,7 @@ impl HistoryIndex {
     /// With `count_store` (see `StoreLink`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
     /// to it) and `store_hits`.
-    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None))]
+    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &mut self,
@@ -1457,9 +1457,21 @@ impl HistoryIndex {
         policy: &str,
         context: Option<Bound<'py, PyAny>>,
         count_store: Option<Bound<'py, PyAny>>,
+        pinned: Option<Vec<usize>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+        let pinned = pinned.unwrap_or_default();
+        if let Some((i, &p)) = pinned
+            .iter()
+            .enumerate()
+            .find(|&(_, &p)| p >= history.len())
+        {
+            return Err(PyValueError::new_err(format!(
+                "pinned[{i}] is {p}, not a history position (history has {} items)",
+                history.len()
+            )));
+        }
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| StoreLink::from_py(&s))
@@ -1492,7 +1504,7 @@ impl HistoryIndex {
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
         let packed = run_pack(py, context, |hook| {
-            pack_view(view, &is_user, &mut source, &opts, hook)
+            pack_view(view, &is_user, &mut source, &opts, &pinned, hook)
         });
         let link = source.store.take();
         if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
