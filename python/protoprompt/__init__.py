@@ -36,6 +36,7 @@ from .packing import (
     item_tokens,
     pack,
     preload,
+    truncate_text,
 )
 from .memory import MemoryHit, MemoryScope, MemoryStore
 
@@ -73,4 +74,5 @@ __all__ = [
     "item_tokens",
     "pack",
     "preload",
+    "truncate_text",
 ]

@@ -26,6 +26,8 @@ __all__ = [
     "item_tokens",
     "analyze",
     "pack",
+    "truncate_text",
+    "TRUNCATION_MARKER",
 ]
 
 Policy = Literal["contiguous", "greedy"]
@@ -285,6 +287,63 @@ def count_tokens_batch(
 ) -> list[int]:
     """Token counts of many texts with one release of the GIL."""
     return _core.count_tokens_batch(list(texts), model=model, encoding=encoding)
+
+
+TRUNCATION_MARKER = "\n[… {removed} tokens removed by protoprompt …]\n"
+"""Put between the head and tail of a cut text; ``{removed}`` is the number of tokens cut."""
+
+
+def truncate_text(
+    text: str,
+    max_tokens: int,
+    *,
+    model: str | None = None,
+    encoding: str | None = None,
+    tail_share: float = 0.2,
+    marker: str = TRUNCATION_MARKER,
+) -> str:
+    """``text`` cut to at most ``max_tokens`` tokens: its first and last tokens around
+    ``marker``, which says how many tokens were removed.
+
+    The count is exact for the model's encoding: ``count_tokens(result) <= max_tokens``
+    always holds. ``tail_share`` of the kept tokens come from the end of the text (0 keeps
+    only the head). A text that fits is returned unchanged; when not even the marker fits,
+    the result is the text's first ``max_tokens`` tokens without a marker.
+
+    Raises:
+        TypeError / ValueError: bad arguments; UnknownModelError / UnknownEncodingError.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    if not 0.0 <= tail_share <= 1.0:
+        raise ValueError(f"tail_share must be between 0 and 1, got {tail_share!r}")
+    if "{removed}" not in marker:
+        raise ValueError("marker must contain '{removed}'")
+    head, tail, total, cut = _core.split_tokens(text, max_tokens, 0, model=model,
+                                                encoding=encoding)
+    if not cut:
+        return text
+    marker_tokens = count_tokens(marker.format(removed=total), model=model, encoding=encoding)
+    keep = max_tokens - marker_tokens - 2  # the pieces may merge with the marker at the seams
+    while keep >= 0:
+        n_tail = int(keep * tail_share)
+        head, tail, _, _ = _core.split_tokens(text, keep - n_tail, n_tail, model=model,
+                                              encoding=encoding)
+        n_head, n_kept_tail = count_tokens_batch([head, tail], model=model, encoding=encoding)
+        removed = total - n_head - n_kept_tail
+        candidate = head + marker.format(removed=removed) + tail
+        over = count_tokens(candidate, model=model, encoding=encoding) - max_tokens
+        if over <= 0:
+            return candidate
+        keep -= over
+    head, _, _, _ = _core.split_tokens(text, max_tokens, 0, model=model, encoding=encoding)
+    while head and count_tokens(head, model=model, encoding=encoding) > max_tokens:
+        head = head[:-1]  # a multi-byte character at the cut may count one token more
+    return head
 
 
 def encoding_for_model(model: str) -> str:

@@ -7,6 +7,7 @@ pub mod incremental;
 pub mod items;
 pub mod pack;
 pub mod tokens;
+pub mod truncate;
 
 pub use graph::{build_graph, Graph, InvalidReason, Problem, Unit};
 pub use items::{classify, ItemError, ItemKind, ItemMeta, RawCaller, RawItem};

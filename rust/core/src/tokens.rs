@@ -194,7 +194,7 @@ impl Encoding {
 
     /// The process-wide tokenizer, built lazily on first use (thread-safe, once), inside the
     /// guard given to [`set_build_guard`] if any.
-    fn bpe(self) -> &'static CoreBPE {
+    pub(crate) fn bpe(self) -> &'static CoreBPE {
         let loaded = &LOADED[self as usize];
         if !loaded.load(std::sync::atomic::Ordering::Acquire) {
             let build = || {
@@ -452,7 +452,7 @@ const MIN_FALLBACK_SPLIT: usize = 1024;
 /// pre-tokenizer pattern splits too: right after `\n` when the next byte is an ASCII letter or
 /// digit. No pattern matches across such a point (a piece holding the newline ends there, and
 /// no piece starting at a letter or digit looks behind), so counts add up exactly.
-fn safe_segments(text: &str, target: usize) -> impl Iterator<Item = &str> {
+pub(crate) fn safe_segments(text: &str, target: usize) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
     let mut start = 0usize;
     std::iter::from_fn(move || {

@@ -780,6 +780,27 @@ fn count_tokens_batch(
     .map_err(|e| token_error(py, e))
 }
 
+/// The text of the first `head` and the last `tail` tokens of `text`, its token count, and
+/// whether anything was cut between them (see `protoprompt_core::truncate`).
+#[pyfunction]
+#[pyo3(signature = (text, head, tail, *, model=None, encoding=None))]
+fn split_tokens(
+    py: Python<'_>,
+    text: &str,
+    head: u64,
+    tail: u64,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<(String, String, u64, bool)> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let owned = text.to_string();
+    py.detach(move || {
+        protoprompt_core::truncate::split_tokens(enc, &owned, head, tail)
+            .map(|s| (s.head.to_string(), s.tail.to_string(), s.total, s.cut))
+    })
+    .map_err(|e| token_error(py, e))
+}
+
 /// The encoding name used for `model`.
 #[pyfunction]
 fn encoding_for_model(py: Python<'_>, model: &str) -> PyResult<&'static str> {
@@ -1627,6 +1648,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(split_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(encoding_for_model, m)?)?;
     m.add_function(wrap_pyfunction!(available_encodings, m)?)?;
     m.add_function(wrap_pyfunction!(item_tokens, m)?)?;
