@@ -462,6 +462,8 @@ class TokenBudgetedContextBuilder:
         scope: MemoryScope | None = None,
         output_reserve: int | None = None,
         index: HistoryIndex | None = None,
+        pinned: Iterable[int] = (),
+        context_tokens: int = 0,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -476,6 +478,10 @@ class TokenBudgetedContextBuilder:
             index: a :class:`~protoprompt.HistoryIndex` that has seen the start of
                 ``history`` (see its contract): the pack then costs what is new and what is
                 kept instead of the whole history. Same result as without it.
+            pinned: history positions that are mandatory like ``new_input`` (see
+                :func:`protoprompt.pack`); a per-call model filter pins the run's own input.
+            context_tokens: tokens reserved besides the request's items, e.g. the agent's
+                instructions and tool definitions, which every model call sends too.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -497,7 +503,27 @@ class TokenBudgetedContextBuilder:
         scope = scope if scope is not None else self.scope
         if query is None:
             query = latest_user_text(new_list, history_list)
-        pool = self._candidates(query, scope)
+        return self._build(history_list, new_list, system_prompt=system_prompt, query=query,
+                           scope=scope, reserve=reserve, index=index, pinned=pinned,
+                           context_tokens=context_tokens, pool=self._candidates(query, scope))
+
+    def _build(
+        self,
+        history_list: list[Any],
+        new_list: list[Any],
+        *,
+        system_prompt: str,
+        query: str,
+        scope: MemoryScope | None,
+        reserve: int,
+        index: HistoryIndex | None,
+        pinned: Iterable[int],
+        context_tokens: int,
+        pool: list[_Candidate],
+    ) -> ContextPlan:
+        """:meth:`build` with the recall candidates already fetched (a model filter reuses
+        them for every call of a run)."""
+        self.last_plan = None
         outcome: list[_Assembly] = []
 
         def hook(remaining: int) -> int:
@@ -511,10 +537,12 @@ class TokenBudgetedContextBuilder:
             new_list,
             self.max_tokens,
             output_reserve=reserve,
+            context_tokens=context_tokens,
             model=self.model,
             encoding=self.encoding,
             policy=self.policy,
             context=hook,
+            pinned=pinned,
         )
         if len(outcome) != 1:  # pragma: no cover - the core calls the hook exactly once
             raise RuntimeError("protoprompt core did not call the context hook exactly once")

@@ -36,23 +36,30 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
         budget: the token budget.
         section: the section at which the running total passed the budget, one of
             ``"new_input"``, ``"dependency"``, ``"output_reserve"``, ``"context"``
-            (and ``"system_prompt"`` when raised by the context builder).
+            (and ``"system_prompt"`` when raised by the context builder). A per-call model
+            filter also names ``"instructions_and_tools"`` (the agent's instructions and
+            tool definitions), ``"tool_output"`` (a tool output of the newest step) and
+            ``"step"`` (the newest model output itself).
+        detail: what overflowed, for a person (e.g. which tool output and call), or ``""``.
     """
 
-    def __init__(self, used: int, budget: int, section: str) -> None:
+    def __init__(self, used: int, budget: int, section: str, detail: str = "") -> None:
         self.used = int(used)
         self.budget = int(budget)
         self.section = str(section)
+        self.detail = str(detail)
         super().__init__(used, budget, section)
 
     def __str__(self) -> str:
         return (
             f"mandatory input needs {self.used} tokens but the budget is {self.budget} "
-            f"(overflowed at section {self.section!r}); nothing was sent"
+            f"(overflowed at section {self.section!r}"
+            + (f": {self.detail}" if self.detail else "")
+            + "); nothing was sent"
         )
 
     def __reduce__(self):  # keep the attributes through pickling
-        return (type(self), (self.used, self.budget, self.section))
+        return (type(self), (self.used, self.budget, self.section, self.detail))
 
 
 class InvalidItemError(ProtoPromptError, ValueError, TypeError):

@@ -12,17 +12,32 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .agents import ProtoPromptSession
+    from .model_filter import ModelCallPlan, ModelInputFilter, TruncatedOutput, model_input_filter
 
-__all__ = ["ProtoPromptSession"]
+__all__ = [
+    "ModelCallPlan",
+    "ModelInputFilter",
+    "ProtoPromptSession",
+    "TruncatedOutput",
+    "model_input_filter",
+]
 
-_AGENTS_EXPORTS = frozenset(__all__)
+_MODULES = {
+    "ProtoPromptSession": "agents",
+    "ModelCallPlan": "model_filter",
+    "ModelInputFilter": "model_filter",
+    "TruncatedOutput": "model_filter",
+    "model_input_filter": "model_filter",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _AGENTS_EXPORTS:
-        from . import agents as _agents  # raises the ImportError that names the extra
+    if name in _MODULES:
+        import importlib
 
-        value = getattr(_agents, name)
+        # raises the ImportError that names the extra when the SDK is missing
+        module = importlib.import_module(f".{_MODULES[name]}", __name__)
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

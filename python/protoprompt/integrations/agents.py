@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 try:
+    from agents import RunConfig
     from agents.memory import Session, SessionSettings
     from agents.memory.sqlite_session import SQLiteSession
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -52,6 +53,7 @@ from . import _snapshots
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
 
 __all__ = ["ProtoPromptSession", "SessionInputCallback"]
 
@@ -121,6 +123,24 @@ class _Read:
         self.windowed = windowed
         self.rows = rows
 
+
+class _RunInput:
+    """What the session callback returned for the run now starting in this task: the model
+    filter pins its context message and new input on every model call of the run."""
+
+    __slots__ = ("session", "context_key", "new_input", "n_items")
+
+    def __init__(self, session: ProtoPromptSession, context_key: tuple[str, str] | None,
+                 new_input: list[Any], n_items: int) -> None:
+        self.session = session
+        self.context_key = context_key
+        self.new_input = new_input
+        self.n_items = n_items
+
+
+_RUN_INPUT: contextvars.ContextVar[_RunInput | None] = contextvars.ContextVar(
+    "protoprompt_run_input", default=None)
+"""Set by the session callback; read by the session's model filter in the same task."""
 
 _LAST_READ: contextvars.ContextVar[_Read | None] = contextvars.ContextVar(
     "protoprompt_last_read", default=None)
@@ -519,6 +539,8 @@ class ProtoPromptSession:
             self._index_state.index.count_store = _count_store(self._shared_key[0], db)
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._pending_lock = threading.Lock()
+        # Context messages produced lately (stored or not), for the model filter to pin.
+        self._produced: deque[tuple[str, str]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
 
     # ------------------------------------------------------------------ Session protocol
 
@@ -614,13 +636,41 @@ class ProtoPromptSession:
 
     # ------------------------------------------------------------------ context bookkeeping
 
-    def _expect_context(self, message: Mapping[str, Any]) -> None:
+    def _expect_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
         """Remember a context message the SDK is about to ask us to store."""
         key = _context_key(message)
         if key is None:  # pragma: no cover - the builder always produces this shape
             raise ValueError("not a context message")
         with self._pending_lock:
             self._pending.append((message, key))
+            if key not in self._produced:
+                self._produced.append(key)
+        return key
+
+    def _is_own_context(self, item: Any) -> bool:
+        """Whether ``item`` is (a copy of) a context message this session's callback made."""
+        key = _context_key(item)
+        if key is None:
+            return False
+        with self._pending_lock:
+            return key in self._produced
+
+    def _current_run(self) -> _RunInput | None:
+        """The callback's record of the run in this task, if it was this session's."""
+        run = _RUN_INPUT.get()
+        return run if run is not None and run.session is self else None
+
+    def _locate_run_input(self, items: Sequence[Any]) -> tuple[int, int] | None:
+        """``[start, end)`` of the run's new input inside a model call's input, when the
+        callback's record of this run matches it (the SDK sends the callback's result first,
+        then what the run generates)."""
+        run = self._current_run()
+        if run is None or not run.new_input:
+            return None
+        a, b = run.n_items - len(run.new_input), run.n_items
+        if a < 0 or b > len(items) or list(items[a:b]) != run.new_input:
+            return None
+        return a, b
 
     def _without_own_context(self, items: Sequence[Item]) -> list[Item]:
         """``items`` minus the produced context messages (each one consumed once)."""
@@ -737,10 +787,88 @@ class ProtoPromptSession:
         ) -> list[Item]:
             read = _LAST_READ.get() if self._incremental else None
             plan = await asyncio.to_thread(build, history, new_input, read)
+            key = None
             if plan.context_message is not None:
-                self._expect_context(plan.context_message)
+                key = self._expect_context(plan.context_message)
+            _RUN_INPUT.set(_RunInput(self, key, list(new_input), len(plan.items)))
             if on_plan is not None:
                 on_plan(plan)
             return list(plan.items)
 
         return protoprompt_session_input
+
+    # ------------------------------------------------------------------ every model call
+
+    def model_input_filter(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        oversized_output: OversizedOutput = "error",
+        output_reserve: int | None = None,
+        on_call: Callable[[ModelCallPlan], None] | None = None,
+    ) -> ModelInputFilter:
+        """A ``call_model_input_filter`` that holds ``builder``'s budget on every model call.
+
+        The SDK calls :meth:`input_callback` once per run; the filter runs before each model
+        call of the run, tool loops included, and keeps the whole request — input items, the
+        agent's instructions and its tool definitions — within ``builder.max_tokens`` minus
+        the output reserve. The context message of this session's callback, the run's new
+        input and the newest step (the model output that ended the previous call and the
+        tool outputs answering it) are mandatory; older items are filled newest first as
+        atomic units (see :mod:`protoprompt.integrations.model_filter`). What it returns is
+        sent, never stored.
+
+        Args:
+            builder: the budget and tokenizer (use the callback's builder).
+            oversized_output: when the mandatory part does not fit: ``"error"`` raises
+                :class:`~protoprompt.errors.TokenBudgetExceededError` (``section=
+                "tool_output"``, ``detail`` names the output and its call) before the call;
+                ``"truncate"`` sends cut copies of the newest tool outputs (head and tail
+                around a marker saying how many tokens were removed).
+            output_reserve: overrides ``builder.output_reserve``.
+            on_call: called with each call's :class:`ModelCallPlan` (also in
+                ``filter.last_plan``).
+        """
+        from .model_filter import ModelInputFilter
+
+        return ModelInputFilter(builder, oversized_output=oversized_output,
+                                output_reserve=output_reserve, session=self, on_call=on_call)
+
+    def run_config(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        system_prompt: str = "",
+        output_reserve: int | None = None,
+        scope: MemoryScope | None = None,
+        on_plan: Callable[[ContextPlan], None] | None = None,
+        oversized_output: OversizedOutput = "error",
+        on_call: Callable[[ModelCallPlan], None] | None = None,
+        **run_config_fields: Any,
+    ) -> RunConfig:
+        """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
+
+        ``session_input_callback`` is :meth:`input_callback` (recalled memory, packed
+        history, once per run) and ``call_model_input_filter`` is :meth:`model_input_filter`
+        (every model call of the run fits, instructions and tools included). Other
+        ``RunConfig`` fields pass through::
+
+            config = session.run_config(builder, system_prompt="Answer from the contract.",
+                                        tracing_disabled=True)
+            result = await Runner.run(agent, question, session=session, run_config=config)
+            config.call_model_input_filter.last_plan.explain()
+
+        Raises:
+            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field.
+        """
+        for name in ("session_input_callback", "call_model_input_filter"):
+            if name in run_config_fields:
+                raise TypeError(f"run_config() sets {name} itself; build a RunConfig "
+                                "directly to use your own")
+        callback = self.input_callback(builder, system_prompt=system_prompt,
+                                       output_reserve=output_reserve, scope=scope,
+                                       on_plan=on_plan)
+        model_filter = self.model_input_filter(builder, oversized_output=oversized_output,
+                                               output_reserve=output_reserve, on_call=on_call)
+        return RunConfig(session_input_callback=callback, call_model_input_filter=model_filter,
+                         **run_config_fields)

@@ -1,0 +1,511 @@
+"""Every model call of a run fits the budget: the per-call ``call_model_input_filter``.
+
+End to end with ``Runner.run`` and the SDK's ``ScriptedModel``, which records what each model
+call received (input items, instructions, tools): the budget is checked on those recorded
+requests with protoprompt's documented cost model, independently of the filter's own plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+import pytest
+
+agents = pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.run_internal.items import drop_orphan_function_calls  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningItem  # noqa: E402
+from openai.types.responses.response_function_web_search import ActionSearch  # noqa: E402
+from openai.types.responses.response_reasoning_item import Summary  # noqa: E402
+
+import protoprompt as pp  # noqa: E402
+from protoprompt import (  # noqa: E402
+    MemoryScope,
+    MemoryStore,
+    TokenBudgetedContextBuilder,
+    TokenBudgetExceededError,
+    item_tokens,
+)
+from protoprompt.integrations import (  # noqa: E402
+    ModelCallPlan,
+    ProtoPromptSession,
+    model_input_filter,
+)
+from protoprompt.integrations.model_filter import (  # noqa: E402
+    TOOLS_OVERHEAD,
+    _newest_step_start,
+    _water_level,
+    tool_definitions,
+)
+
+TABLE = "\n".join(f"row {i}: " + " ".join(f"v{i}_{j}" for j in range(12)) for i in range(700))
+TABLE_TOKENS = pp.count_tokens(TABLE)  # ~42k tokens, the issue's ~40k-token table
+
+
+@function_tool
+def get_table(name: str) -> str:
+    """Return a large table by name."""
+    return TABLE
+
+
+@function_tool
+def lookup(q: str) -> str:
+    """Look something up (a ~600-token answer)."""
+    return f"result for {q}: " + "lorem ipsum dolor sit amet " * 100
+
+
+def request_tokens(call: Any) -> int:
+    """What one recorded model call sent, by protoprompt's documented cost model."""
+    items = sum(item_tokens(i).total for i in call.input)
+    instructions = (item_tokens({"role": "system", "content": call.system_instructions}).total
+                    if call.system_instructions else 0)
+    definitions = tool_definitions(call.tools, call.handoffs)
+    tools = (TOOLS_OVERHEAD + sum(item_tokens(d).total for d in definitions)
+             if definitions else 0)
+    return items + instructions + tools
+
+
+def assert_sendable(request: list[Any]) -> None:
+    """The request is what the API accepts: no orphan call or output, reasoning followed by
+    a model item, the SDK would not change it."""
+    assert drop_orphan_function_calls(copy.deepcopy(request)) == request
+    calls = set()
+    for i, item in enumerate(request):
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.add(item["call_id"])
+        if kind == "function_call_output":
+            assert item["call_id"] in calls, f"orphan output at {i}"
+        if kind == "reasoning":
+            follower = request[i + 1] if i + 1 < len(request) else {}
+            assert follower.get("type") in ("function_call", "message", "web_search_call"), \
+                f"reasoning at {i} followed by {follower}"
+    outputs = {i["call_id"] for i in request if i.get("type") == "function_call_output"}
+    assert calls <= outputs | set(), "every call in the request is answered"
+
+
+def run_config(session: ProtoPromptSession, builder: TokenBudgetedContextBuilder,
+               **kw: Any) -> RunConfig:
+    return session.run_config(builder, tracing_disabled=True, **kw)
+
+
+# ------------------------------------------------------------------ the issue's scenario
+
+
+@pytest.mark.parametrize("mode", ["error", "truncate"])
+async def test_a_tool_loop_with_huge_outputs_never_overflows(tmp_path: Any, mode: str) -> None:
+    builder = TokenBudgetedContextBuilder(None, max_tokens=20_000, output_reserve=1_000)
+    session = ProtoPromptSession("s", str(tmp_path / "a.db"))
+    model = ScriptedModel([[function_call("get_table", {"name": "a"}, call_id="c1")],
+                           [function_call("get_table", {"name": "b"}, call_id="c2")],
+                           [assistant_message("done", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[get_table], instructions="Be brief.")
+    plans: list[ModelCallPlan] = []
+    config = run_config(session, builder, oversized_output=mode, on_call=plans.append)
+    if mode == "error":
+        with pytest.raises(TokenBudgetExceededError) as info:
+            await Runner.run(agent, "show the tables", session=session, run_config=config)
+        err = info.value
+        assert err.section == "tool_output"
+        assert "c1" in err.detail and "get_table" in err.detail
+        assert err.used > err.budget == 20_000
+        assert len(model.calls) == 1, "the oversized request was never sent"
+    else:
+        result = await Runner.run(agent, "show the tables", session=session, run_config=config)
+        assert result.final_output == "done"
+        assert len(model.calls) == 3
+        for call, plan in zip(model.calls, plans):
+            sent = request_tokens(call)
+            assert sent + 1_000 <= 20_000
+            assert sent == plan.request_tokens, "the plan reports what was sent"
+            assert_sendable(call.input)
+        # Calls 2 and 3 carry their newest output cut, with the marker, head and tail.
+        for call, cid in ((model.calls[1], "c1"), (model.calls[2], "c2")):
+            out = next(i for i in call.input if i.get("type") == "function_call_output")
+            assert out["call_id"] == cid
+            assert "tokens removed by protoprompt" in out["output"]
+            assert out["output"].startswith("row 0: ") and out["output"].endswith("v699_11")
+        assert plans[1].truncated[0].original_tokens > TABLE_TOKENS
+        assert plans[2].truncated[0].call_id == "c2" and plans[2].truncated[0].tool == "get_table"
+        assert "truncated function_call_output" in plans[2].explain()
+        # The stored outputs are whole: truncation is for the model's copy only.
+        stored = await session.get_items()
+        outputs = [i for i in stored if i.get("type") == "function_call_output"]
+        assert [o["output"] for o in outputs] == [TABLE, TABLE]
+    assert model.calls[0].input == [{"content": "show the tables", "role": "user"}]
+
+
+async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps() -> None:
+    budget = 6_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("loop")
+    steps = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(30)]
+    model = ScriptedModel([*steps, [assistant_message("all done", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    result = await Runner.run(agent, "look up thirty things", session=session,
+                              run_config=run_config(session, builder), max_turns=40)
+    assert result.final_output == "all done"
+    assert len(model.calls) == 31
+    for n, call in enumerate(model.calls):
+        assert request_tokens(call) + 500 <= budget, f"call {n + 1}"
+        assert call.input[0] == {"content": "look up thirty things", "role": "user"}
+        assert_sendable(call.input)
+        ids = [i["call_id"] for i in call.input if i.get("type") == "function_call"]
+        if n:
+            # The newest step is always there, and the kept steps are the newest ones.
+            assert ids and ids[-1] == f"c{n - 1}"
+            assert ids == [f"c{k}" for k in range(n - len(ids), n)]
+    # Late calls had to drop their middle steps: the run kept going within the budget.
+    late = [i for i in model.calls[-1].input if i.get("type") == "function_call"]
+    assert 1 <= len(late) < 30
+    # What the session stores is the whole run.
+    stored = await session.get_items()
+    assert sum(1 for i in stored if i.get("type") == "function_call_output") == 30
+
+
+async def test_instructions_and_tools_are_in_the_budget() -> None:
+    @function_tool
+    def noop(x: int) -> str:
+        """Do nothing."""
+        return "ok"
+
+    many = []
+    for k in range(30):
+        def make(k: int) -> Any:
+            def tool(query: str, limit: int = 5) -> str:
+                return f"tool {k}: {query}"
+            tool.__name__ = f"tool_{k}"
+            tool.__doc__ = f"Tool number {k}. " + "It searches a very large catalogue. " * 12
+            return function_tool(tool)
+        many.append(make(k))
+    instructions = "You are a careful assistant. " * 150
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 40}
+               for i in range(40)]
+    budget = 9_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("tools")
+    await session.add_items(history)
+    plans: list[ModelCallPlan] = []
+    model = ScriptedModel([[function_call("noop", {"x": 1}, call_id="c1")],
+                           [assistant_message("ok", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[noop, *many], instructions=instructions)
+    await Runner.run(agent, "next question", session=session,
+                     run_config=run_config(session, builder, on_call=plans.append))
+    assert plans[0].tools_tokens > 3_000 and plans[0].instructions_tokens > 700
+    for call, plan in zip(model.calls, plans):
+        assert request_tokens(call) == plan.request_tokens
+        assert plan.request_tokens + 500 <= budget
+    # Without counting them the callback alone would have sent more history.
+    callback_only = ScriptedModel([[assistant_message("ok", item_id="m2")]])
+    await Runner.run(Agent(name="a", model=callback_only, tools=[noop, *many],
+                           instructions=instructions), "again", session=session,
+                     run_config=RunConfig(session_input_callback=session.input_callback(builder),
+                                          tracing_disabled=True))
+    assert request_tokens(callback_only.calls[0]) + 500 > budget
+
+
+async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> None:
+    from protoprompt.integrations import model_filter
+
+    rendered: list[int] = []
+    real = model_filter.tool_definitions
+
+    def counting(tools: Any, handoffs: Any = ()) -> Any:
+        rendered.append(len(tools))
+        return real(tools, handoffs)
+
+    monkeypatch.setattr(model_filter, "tool_definitions", counting)
+    builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
+    session = ProtoPromptSession("cache")
+    model = ScriptedModel([[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")]
+                           for i in range(5)] + [[assistant_message("ok", item_id="m")]])
+    agent = Agent(name="a", model=model, tools=[lookup])
+    await Runner.run(agent, "go", session=session, run_config=run_config(session, builder))
+    assert len(model.calls) == 6 and rendered == [1]
+
+
+async def test_reasoning_and_hosted_items_inside_the_run_stay_valid() -> None:
+    def think(n: int) -> ResponseReasoningItem:
+        return ResponseReasoningItem(id=f"rs_{n}", type="reasoning",
+                                     summary=[Summary(text="thinking " * 200, type="summary_text")])
+
+    def search(n: int) -> ResponseFunctionWebSearch:
+        return ResponseFunctionWebSearch(id=f"ws_{n}", type="web_search_call", status="completed",
+                                         action=ActionSearch(type="search", query=f"query {n}"))
+
+    steps = []
+    for i in range(8):
+        steps.append([think(i), search(i), function_call("lookup", {"q": str(i)}, call_id=f"c{i}")])
+    steps.append([think(99), assistant_message("answer", item_id="m1")])
+    model = ScriptedModel(steps)
+    budget = 4_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=200)
+    session = ProtoPromptSession("reasoning")
+    agent = Agent(name="a", model=model, tools=[lookup])
+    await Runner.run(agent, "research this", session=session,
+                     run_config=run_config(session, builder))
+    for n, call in enumerate(model.calls):
+        assert request_tokens(call) + 200 <= budget
+        assert_sendable(call.input)
+        if n:
+            kinds = [i.get("type") for i in call.input]
+            # The newest step is there whole: reasoning, the hosted search, the call, its output.
+            assert kinds[-4:] == ["reasoning", "web_search_call", "function_call",
+                                  "function_call_output"]
+
+
+async def test_the_first_request_of_a_turn_starts_at_a_user_message() -> None:
+    """The callback (and the filter) never send an answer whose question was dropped."""
+    session = ProtoPromptSession("coherent")
+    await session.add_items([
+        {"role": "user", "content": "old question"},
+        {"type": "message", "role": "assistant", "id": "msg_0", "status": "completed",
+         "content": [{"type": "output_text", "text": "old answer", "annotations": []}]},
+        {"role": "user", "content": "a long question " * 400},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "short answer", "annotations": []}]},
+    ])
+    builder = TokenBudgetedContextBuilder(None, max_tokens=600)
+    model = ScriptedModel([[assistant_message("ok", item_id="m2")]])
+    await Runner.run(Agent(name="a", model=model), "new question", session=session,
+                     run_config=run_config(session, builder))
+    sent = model.calls[0].input
+    assert sent == [{"content": "new question", "role": "user"}]
+    plan = builder.last_plan
+    assert plan is not None
+    assert {d.decision for d in plan.pack.decisions if 3 in d.positions} == {"turn_incomplete"}
+
+
+# ------------------------------------------------------------------ standalone filter
+
+
+async def test_standalone_filter_over_a_to_input_list_history() -> None:
+    from history_gen import generate
+
+    scope = MemoryScope("acme", user="bob")
+    store = MemoryStore()
+    store.remember("Bob prefers metric units and short answers.", scope=scope)
+    budget = 12_000
+    builder = TokenBudgetedContextBuilder(store, max_tokens=budget, output_reserve=800,
+                                          scope=scope)
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(builder, on_call=plans.append)
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    history: list[Any] = generate(600, "tools", 3)
+    for turn in range(3):
+        model = ScriptedModel([[function_call("lookup", {"q": str(turn)}, call_id=f"t{turn}")],
+                               [assistant_message(f"answer {turn}", item_id=f"a{turn}")]])
+        agent = Agent(name="a", model=model, tools=[lookup])
+        question = {"role": "user", "content": f"units for question {turn}?"}
+        result = await Runner.run(agent, [*history, question], run_config=config)
+        for call in model.calls:
+            assert request_tokens(call) + 800 <= budget
+            assert_sendable(call.input)
+            assert call.input[0]["role"] == "system" and "metric" in call.input[0]["content"]
+            assert question in call.input
+        # The first request keeps some of the long history, the second also the new step.
+        assert len(model.calls[0].input) > 3
+        assert model.calls[1].input[-1]["type"] == "function_call_output"
+        history = result.to_input_list()
+    assert [p.call for p in plans] == [1, 2] * 3
+    store.close()
+
+
+async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None:
+    """The per-run index never changes a result: each call's request is exactly a fresh
+    ``pp.pack`` of the SDK's input with the same mandatory positions."""
+    seen: list[tuple[list[Any], ModelCallPlan]] = []
+    builder = TokenBudgetedContextBuilder(None, max_tokens=5_000, output_reserve=300,
+                                          policy="greedy")
+    flt = model_input_filter(builder)
+    original = flt.__call__
+
+    async def spy(data: Any) -> Any:
+        before = copy.deepcopy(data.model_data.input)
+        out = await original(data)
+        assert flt.last_plan is not None
+        seen.append((before, flt.last_plan))
+        return out
+
+    config = RunConfig(call_model_input_filter=spy, tracing_disabled=True)
+    model = ScriptedModel([[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")]
+                           for i in range(12)] + [[assistant_message("ok", item_id="m")]])
+    await Runner.run(Agent(name="a", model=model, tools=[lookup]), "go", run_config=config,
+                     max_turns=20)
+    assert len(seen) == 13
+    for items, plan in seen:
+        s, _ = plan.step
+        fresh = pp.pack(items[:s], items[s:], 5_000, output_reserve=300, policy="greedy",
+                        context_tokens=plan.instructions_tokens + plan.tools_tokens,
+                        pinned=plan.pinned)
+        assert plan.pack.items == fresh.items
+        assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
+
+
+# ------------------------------------------------------------------ persistence unchanged
+
+
+def _loop_script() -> list[Any]:
+    return [[function_call("get_table", {"name": "a"}, call_id="c1")],
+            [function_call("lookup", {"q": "x"}, call_id="c2")],
+            [assistant_message("done", item_id="m1")]]
+
+
+async def _stored(mode: str, with_filter: bool) -> list[Any]:
+    session = ProtoPromptSession("p")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=8_000)
+    config = (run_config(session, builder, oversized_output="truncate") if with_filter
+              else RunConfig(tracing_disabled=True))
+    agent = Agent(name="a", model=ScriptedModel(_loop_script()), tools=[get_table, lookup])
+    for question in ("first", "second"):
+        agent.model = ScriptedModel(_loop_script())
+        if mode == "run":
+            await Runner.run(agent, question, session=session, run_config=config)
+        else:
+            streamed = Runner.run_streamed(agent, question, session=session, run_config=config)
+            async for _ in streamed.stream_events():
+                pass
+    return await session.get_items()
+
+
+@pytest.mark.parametrize("mode", ["run", "run_streamed"])
+async def test_the_session_stores_what_it_stores_without_the_filter(mode: str) -> None:
+    with_filter = await _stored(mode, True)
+    without = await _stored(mode, False)
+    assert with_filter == without
+    assert not any(i.get("role") == "system" for i in with_filter)
+    assert any(i.get("output") == TABLE for i in with_filter)
+
+
+def test_run_sync_stores_the_same_with_the_filter() -> None:
+    def stored(with_filter: bool) -> list[Any]:
+        session = ProtoPromptSession("sync")
+        builder = TokenBudgetedContextBuilder(None, max_tokens=8_000)
+        config = (run_config(session, builder, oversized_output="truncate") if with_filter
+                  else RunConfig(tracing_disabled=True))
+        agent = Agent(name="a", model=ScriptedModel(_loop_script()), tools=[get_table, lookup])
+        Runner.run_sync(agent, "question", session=session, run_config=config)
+        return asyncio.run(session.get_items())
+
+    assert stored(True) == stored(False)
+
+
+@function_tool(needs_approval=True)
+def delete_rows(table: str) -> str:
+    """Delete the rows of a table (a human must approve)."""
+    return f"deleted {table}"
+
+
+async def test_approval_interruption_and_resume_store_the_same() -> None:
+    async def run(with_filter: bool) -> tuple[list[Any], ScriptedModel]:
+        session = ProtoPromptSession("approve")
+        builder = TokenBudgetedContextBuilder(None, max_tokens=9_000)
+        config = (run_config(session, builder, oversized_output="truncate") if with_filter
+                  else RunConfig(tracing_disabled=True))
+        model = ScriptedModel([[function_call("get_table", {"name": "a"}, call_id="c1")],
+                               [function_call("delete_rows", {"table": "a"}, call_id="c2")],
+                               [assistant_message("deleted", item_id="m1")]])
+        agent = Agent(name="a", model=model, tools=[get_table, delete_rows])
+        first = await Runner.run(agent, "clean table a", session=session, run_config=config)
+        assert len(first.interruptions) == 1
+        state = first.to_state()
+        state.approve(first.interruptions[0])
+        resumed = await Runner.run(agent, state, session=session, run_config=config)
+        assert resumed.final_output == "deleted"
+        return await session.get_items(), model
+
+    with_filter, model = await run(True)
+    without, _ = await run(False)
+    assert with_filter == without
+    for call in model.calls:
+        assert request_tokens(call) <= 9_000
+        assert_sendable(call.input)
+
+
+# ------------------------------------------------------------------ API and helpers
+
+
+def test_run_config_sets_both_hooks_and_passes_fields_through() -> None:
+    session = ProtoPromptSession("api")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=1_000)
+    config = session.run_config(builder, system_prompt="x", workflow_name="w",
+                                tracing_disabled=True)
+    assert callable(config.session_input_callback)
+    assert config.call_model_input_filter.session is session
+    assert config.workflow_name == "w" and config.tracing_disabled
+    with pytest.raises(TypeError, match="call_model_input_filter"):
+        session.run_config(builder, call_model_input_filter=lambda d: d.model_data)
+    with pytest.raises(ValueError, match="oversized_output"):
+        session.model_input_filter(builder, oversized_output="drop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="TokenBudgetedContextBuilder"):
+        model_input_filter(object())  # type: ignore[arg-type]
+
+
+def test_newest_step_is_the_last_model_output_and_its_answers() -> None:
+    user = {"role": "user", "content": "q"}
+    fc = {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "a", "output": "x"}
+    rs = {"type": "reasoning", "id": "rs_1", "summary": []}
+    msg = {"type": "message", "role": "assistant", "id": "m", "status": "completed",
+           "content": []}
+    items = [user, msg, rs, fc, out]
+    assert _newest_step_start(items, 1) == 1  # msg, reasoning and call are one response
+    assert _newest_step_start([user, fc, out, rs, fc, out], 1) == 3
+    assert _newest_step_start([user], 1) == 1  # nothing after the run's input
+    assert _newest_step_start([user, out], 1) == 1
+
+
+def test_water_level_shares_the_room_among_outputs() -> None:
+    assert _water_level([100, 5000, 3000], 10_000) == 5000
+    assert _water_level([100, 5000, 3000], 3100) == 1500
+    assert _water_level([100, 5000, 3000], 250) == 83  # 3 x 83 <= 250
+    assert _water_level([10], -1) is None
+
+
+def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
+    from protoprompt.integrations.model_filter import _Cutter
+
+    image = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "high"}
+    item = {"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_text", "text": TABLE}, image, {"type": "input_text", "text": "tail"}]}
+    for target in (30_000, 2_000, 120):
+        cut = _Cutter(item, "o200k_base")
+        assert cut.shrink_to(target)
+        assert target - 10 <= cut.cost() <= target, "the room is used, not wasted"
+        assert item["output"][0]["text"] == TABLE, "the stored item is untouched"
+    cut = _Cutter(item, "o200k_base")
+    assert cut.shrink_to(2_000)
+    assert cut.copy["output"][1] == image, "the image fits once the text is cut"
+    assert not _Cutter(item, "o200k_base").shrink_to(60), "not even the markers fit"
+    cut = _Cutter(item, "o200k_base")
+    assert cut.shrink_to(120)
+    kinds = [p["type"] for p in cut.copy["output"]]
+    assert kinds == ["input_text", "input_text", "input_text"]
+    assert "removed by protoprompt" in json.dumps(cut.copy)
+    shell = {"type": "shell_call_output", "call_id": "s", "output": [
+        {"stdout": TABLE, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}
+    cut = _Cutter(shell, "o200k_base")
+    assert cut.shrink_to(1_000) and cut.cost() <= 1_000
+    assert cut.copy["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
+    screenshot = {"type": "computer_call_output", "call_id": "x",
+                  "output": {"type": "computer_screenshot",
+                             "image_url": "https://example.com/s.png"}}
+    assert not _Cutter(screenshot, "o200k_base").shrink_to(100), "a screenshot cannot be cut"
+
+
+def test_truncate_text_is_token_exact() -> None:
+    for limit in (0, 1, 10, 50, 500, 5_000):
+        cut = pp.truncate_text(TABLE, limit)
+        assert pp.count_tokens(cut) <= limit
+        if limit >= 50:
+            assert cut.startswith("row 0:") and "tokens removed by protoprompt" in cut
+    assert pp.truncate_text("short", 10) == "short"
+    with pytest.raises(ValueError):
+        pp.truncate_text("x", -1)
+    with pytest.raises(ValueError, match="removed"):
+        pp.truncate_text("x", 5, marker="[cut]")
