@@ -104,4 +104,5 @@ class HistoryIndex:
         context: Callable[[int], int] | None = None,
         count_store: Any = None,
         pinned: list[int] | None = None,
+        history_len: int | None = None,
     ) -> _PackDict: ...

@@ -520,6 +520,7 @@ class TokenBudgetedContextBuilder:
         pinned: Iterable[int],
         context_tokens: int,
         pool: list[_Candidate],
+        history_len: int | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run)."""
@@ -543,6 +544,7 @@ class TokenBudgetedContextBuilder:
             policy=self.policy,
             context=hook,
             pinned=pinned,
+            history_len=history_len,
         )
         if len(outcome) != 1:  # pragma: no cover - the core calls the hook exactly once
             raise RuntimeError("protoprompt core did not call the context hook exactly once")

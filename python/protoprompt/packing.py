@@ -397,6 +397,7 @@ def pack(
     context: Callable[[int], int] | None = None,
     count_store: CountStore | None = None,
     pinned: Iterable[int] = (),
+    history_len: int | None = None,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -414,7 +415,8 @@ def pack(
     ``pinned`` lists history positions that are mandatory like ``new_input`` (their units
     are reserved whole and reported as ``mandatory``): a per-call model filter pins the
     context message and the run's own input, and fills the items between them and the
-    newest step as optional history.
+    newest step as optional history. ``history_len`` uses only the first ``history_len``
+    items of the ``history`` list (no copy of a long prefix).
 
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
@@ -425,7 +427,7 @@ def pack(
     # A throw-away index: the core classifies a long history chunk by chunk into it.
     return _run(_core.HistoryIndex().pack, history, new_input, budget, output_reserve,
                 context_tokens, model, encoding, policy, context, _checked(count_store),
-                pinned)
+                pinned, history_len)
 
 
 def _checked(count_store: CountStore | None) -> CountStore | None:
@@ -470,16 +472,20 @@ def _run(
     context: Callable[[int], int] | None,
     count_store: CountStore | None = None,
     pinned: Iterable[int] = (),
+    history_len: int | None = None,
 ) -> PackResult:
     """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
     _check_sizes(budget, output_reserve, context_tokens)
     history_list = _as_list(history, "history")
     new_list = _as_list(new_input, "new_input")
     pins = _check_pinned(pinned)
+    if history_len is not None and (isinstance(history_len, bool)
+                                    or not isinstance(history_len, int) or history_len < 0):
+        raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
     raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
                     context_tokens=context_tokens, model=model, encoding=encoding,
                     policy=policy, context=context, count_store=count_store,
-                    pinned=pins or None)
+                    pinned=pins or None, history_len=history_len)
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
     kept = raw["kept_history"]
@@ -607,6 +613,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         policy: Policy = "contiguous",
         context: Callable[[int], int] | None = None,
         pinned: Iterable[int] = (),
+        history_len: int | None = None,
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -615,7 +622,11 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :meth:`truncate` or :meth:`clear` after removing items), and the errors of
         :func:`pack`. A failed call leaves the index consistent: the only change it can
         make is indexing the items appended to ``history``, which belong to it either way.
+
+        ``history_len``: only the first ``history_len`` items of the ``history`` list are the
+        history (the rest is ignored), so a caller holding one long list — a model filter
+        whose input is history plus the newest step — need not copy its prefix.
         """
         return _run(self._index.pack, history, new_input, budget, output_reserve,
                     context_tokens, model, encoding, policy, context, self.count_store,
-                    pinned)
+                    pinned, history_len)

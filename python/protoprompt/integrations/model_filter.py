@@ -463,8 +463,8 @@ def _water_level(costs: list[int], room: int) -> int | None:
 class _Run:
     """What the filter knows of one run between its model calls."""
 
-    __slots__ = ("agent", "token", "index", "calls", "n_prev", "step_start", "step",
-                 "first", "samples", "run_input", "pool")
+    __slots__ = ("agent", "token", "index", "calls", "n_prev", "step_start", "samples",
+                 "run_input", "pool")
 
     def __init__(self, agent: Any, token: Any) -> None:
         self.agent = agent
@@ -473,40 +473,55 @@ class _Run:
         self.calls = 0
         self.n_prev = 0
         self.step_start = 0
-        self.step: list[Any] = []
-        self.first: Any = None
-        self.samples: dict[int, Any] = {}
+        self.samples: dict[int, int] = {}
         self.run_input: tuple[int, int] | None = None
         self.pool: tuple[tuple[Any, ...], list[Any]] | None = None
 
     def verdict(self, items: list[Any], agent: Any, token: Any) -> str:
-        """``"continue"`` when ``items`` extends the list of this run's previous call (cheap
-        checks: the SDK only appends within a run; a handoff changes the agent),
+        """``"continue"`` when ``items`` extends the list of this run's previous call,
         ``"new_run"`` when it extends it with a new user message (the next run of the same
-        conversation), else ``"other"``."""
+        conversation), else ``"other"``.
+
+        The checks are cheap on purpose (the SDK hands over fresh copies of the whole input
+        on every call): within a run the SDK only appends, a handoff changes the agent and a
+        new session run comes with a new callback token; the previous step, the first item
+        and items at doubling distances from both ends must have the same fingerprints."""
         n = self.n_prev
         if agent is not self.agent or token is not self.token or len(items) <= n or not n:
             return "other"
-        if items[0] != self.first or items[self.step_start:n] != self.step:
+        if any(_fingerprint(items[p]) != f for p, f in self.samples.items()):
             return "other"
-        if any(items[p] != v for p, v in self.samples.items()):
-            return "other"
-        if any(_is_user_message(x) for x in items[n:]):
+        if any(_is_user_message(items[p]) for p in range(n, len(items))):
             return "new_run"
         return "continue"
 
     def remember(self, items: list[Any], step_start: int) -> None:
+        """Fingerprints of what this call saw (no references: holding a few items of a
+        discarded list would keep its memory pages alive until the next call frees them)."""
         n = len(items)
         self.n_prev = n
         self.step_start = step_start
-        self.step = items[step_start:n]
-        self.first = items[0] if items else None
-        self.samples = {}
+        positions = set(range(step_start, n)) | {0}
         k = 1
         while k < n:
-            self.samples[k] = items[k]
-            self.samples[n - 1 - k] = items[n - 1 - k]
+            positions.update((k, n - 1 - k))
             k *= 2
+        self.samples = {p: _fingerprint(items[p]) for p in positions if 0 <= p < n}
+
+
+def _fingerprint(item: Any) -> int:
+    """A hash of an item's identity fields and payload sizes (an int: it holds nothing of the
+    item, whose list the SDK discards after the call)."""
+    if not isinstance(item, Mapping):
+        return hash(type(item).__name__)
+    out: list[Any] = [len(item)]
+    for key in ("type", "role", "id", "call_id", "status", "name", "approval_request_id"):
+        v = item.get(key)
+        out.append(v if isinstance(v, (str, int, type(None))) else type(v).__name__)
+    for key in ("content", "output", "arguments", "summary", "encrypted_content", "action"):
+        v = item.get(key)
+        out.append(v if isinstance(v, str) else len(v) if isinstance(v, (list, dict)) else None)
+    return hash(tuple(out))
 
 
 # --------------------------------------------------------------------------- the filter
@@ -559,7 +574,9 @@ class ModelInputFilter:
         self.system_prompt = system_prompt
         self.on_call = on_call
         self.last_plan: ModelCallPlan | None = None
-        """The plan of the latest model call (any run); ``None`` before the first."""
+        """The plan of the latest model call (any run); ``None`` before the first and while
+        a call is being packed. Plans you keep yourself (``on_call``) share the run index's
+        item graph, so the next call of that run copies it: keep what you need from them."""
         self._runs: OrderedDict[int, _Run] = OrderedDict()  # runs between two calls
         self._lock = threading.Lock()
         self._tools = _ToolCosts()
@@ -608,6 +625,9 @@ class ModelInputFilter:
         tools_tokens = self._tools.cost(tools, _enabled_handoffs(data.agent), encoding)
         token = self.session._current_run() if self.session is not None else None
         run = self._claim(items, data.agent, token)  # a failed call puts no state back
+        # A kept plan shares its run index's item graph, which the next append would then
+        # copy whole (see HistoryIndex): release it before packing.
+        self.last_plan = None
         work = lambda: self._plan(items, run, instructions_tokens, tools_tokens)  # noqa: E731
         if len(items) - len(run.index) > 4096:  # a long first read: off the event loop
             plan = await asyncio.to_thread(work)
@@ -673,21 +693,21 @@ class ModelInputFilter:
 
     def _pack(self, items: list[Any], step_start: int, step: list[Any], pinned: list[int],
               fixed: int, run: _Run) -> tuple[PackResult, ContextPlan | None]:
-        history = items[:step_start]
         b = self.builder
         if self.session is not None:
-            result = run.index.pack(history, step, b.max_tokens,
+            result = run.index.pack(items, step, b.max_tokens,
                                     output_reserve=self.output_reserve, context_tokens=fixed,
                                     model=b.model, encoding=b.encoding, policy=b.policy,
-                                    pinned=pinned)
+                                    pinned=pinned, history_len=step_start)
             return result, None
-        query = latest_user_text(step, history)
+        query = latest_user_text(step, items)  # the step holds no user message
         key = (query, b.scope)
         if run.pool is None or run.pool[0] != key:
             run.pool = (key, b._candidates(query, b.scope))
-        plan = b._build(history, step, system_prompt=self.system_prompt, query=query,
+        plan = b._build(items, step, system_prompt=self.system_prompt, query=query,
                         scope=b.scope, reserve=self.output_reserve, index=run.index,
-                        pinned=pinned, context_tokens=fixed, pool=run.pool[1])
+                        pinned=pinned, context_tokens=fixed, pool=run.pool[1],
+                        history_len=step_start)
         return plan.pack, plan
 
     # ------------------------------------------------------------------ oversized outputs

@@ -1463,7 +1463,7 @@ impl HistoryIndex {
     /// With `count_store` (see `StoreLink`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
     /// to it) and `store_hits`.
-    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None))]
+    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None, history_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &mut self,
@@ -1479,25 +1479,32 @@ impl HistoryIndex {
         context: Option<Bound<'py, PyAny>>,
         count_store: Option<Bound<'py, PyAny>>,
         pinned: Option<Vec<usize>>,
+        history_len: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+        // Only the first `history_len` items of the list are the history (a caller with one
+        // long list need not copy its prefix).
+        let n_history = match history_len {
+            Some(n) if n > history.len() => {
+                return Err(PyValueError::new_err(format!(
+                    "history_len is {n} but the list has {} items",
+                    history.len()
+                )))
+            }
+            Some(n) => n,
+            None => history.len(),
+        };
         let pinned = pinned.unwrap_or_default();
-        if let Some((i, &p)) = pinned
-            .iter()
-            .enumerate()
-            .find(|&(_, &p)| p >= history.len())
-        {
+        if let Some((i, &p)) = pinned.iter().enumerate().find(|&(_, &p)| p >= n_history) {
             return Err(PyValueError::new_err(format!(
-                "pinned[{i}] is {p}, not a history position (history has {} items)",
-                history.len()
+                "pinned[{i}] is {p}, not a history position (history has {n_history} items)"
             )));
         }
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| StoreLink::from_py(&s))
             .transpose()?;
-        let n_history = history.len();
         let indexed = self.index.len();
         if n_history < indexed {
             return Err(PyValueError::new_err(format!(
@@ -1509,7 +1516,14 @@ impl HistoryIndex {
         let new_items = item_seq(new_input, "new_input")?;
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
-        self.classify_into(py, history.iter().skip(indexed), n_history)?;
+        self.classify_into(
+            py,
+            history
+                .iter()
+                .skip(indexed)
+                .take(n_history.saturating_sub(indexed)),
+            n_history,
+        )?;
         if self.cost_encoding != Some(enc) {
             self.costs.fill(UNCOUNTED);
             self.cost_encoding = Some(enc);
