@@ -225,7 +225,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 print(f"{'session'.ljust(width)}  {'items':>6}  last item")
                 for s in sessions:
                     print(f"{s['session'].ljust(width)}  {s['items']:>6}  {s['last']}")
-                print(f"\n{len(sessions)} sessions; inspect one with --session ID")
+                n = len(sessions)
+                print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
         rows = ins.read_session(conn, args.session, messages_table=args.messages_table,
                                 path=args.db, limit=args.limit)
@@ -299,7 +300,10 @@ def _fail(command: str, message: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``protoprompt`` command with ``argv`` (default ``sys.argv[1:]``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (already printed)
+        return exc.code if isinstance(exc.code, int) else 0
     try:
         status: int = args.run(args)
     except (_Failure, ProtoPromptError) as exc:  # ProtoPromptError: unknown model, encoding
