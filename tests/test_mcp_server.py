@@ -41,7 +41,7 @@ def store(tmp_path: Path):
         yield s
 
 
-def test_the_installed_major_is_the_one_ci_asked_for() -> None:
+def test_mcp_major_is_the_installed_sdks() -> None:
     import importlib.metadata
 
     assert MCP_MAJOR == int(importlib.metadata.version("mcp").split(".")[0])

@@ -17,8 +17,8 @@ try:
 
     MCP_MAJOR = 2
 except ImportError:  # mcp 1.x
-    from mcp.server.fastmcp import FastMCP as _Server
-    from mcp.server.fastmcp.exceptions import ToolError
+    from mcp.server.fastmcp import FastMCP as _Server  # type: ignore[no-redef,attr-defined,unused-ignore]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,unused-ignore]
 
     MCP_MAJOR = 1
 
@@ -41,7 +41,7 @@ _LOOPBACK_NAMES = ("localhost",)
 
 def new_server(name: str, instructions: str, log_level: str) -> Any:
     """A server object of the installed SDK, with no tools yet."""
-    return _Server(name=name, instructions=instructions, log_level=log_level)  # type: ignore[arg-type]
+    return _Server(name=name, instructions=instructions, log_level=log_level)  # type: ignore[arg-type,unused-ignore]
 
 
 def annotations(*, read_only: bool, destructive: bool = False, idempotent: bool = False,
