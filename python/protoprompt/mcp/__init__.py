@@ -20,11 +20,13 @@ client can never read or write another tenant's, user's or thread's memory. Work
 
 try:
     from . import _sdk
-except ImportError as exc:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        "protoprompt.mcp needs the 'mcp' package: pip install 'protoprompt[mcp]' "
-        f"({exc})"
-    ) from exc
+except ImportError as exc:
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "mcp":
+        raise ImportError(
+            "protoprompt.mcp needs the 'mcp' package: pip install 'protoprompt[mcp]'"
+        ) from exc
+    raise ImportError(f"protoprompt.mcp cannot import the installed 'mcp' package: {exc}; "
+                      "protoprompt supports mcp>=1.19,<3") from exc
 
 from ._tools import MemoryLimits, MemoryToolError, MemoryTools
 from .server import READ_TOOLS, RESOURCES, TOOLS, WRITE_TOOLS, create_server, run_server
