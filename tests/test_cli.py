@@ -63,6 +63,9 @@ def sdk_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("cli") / "agents.db"
     asyncio.run(write_session(db, "legal-chat", 4))
     asyncio.run(write_session(db, "other", 1))
+    # As in production, the memory store shares the file (and switches it to WAL mode).
+    with pp.MemoryStore(db) as store:
+        store.remember("Alice negotiates the renewal.", scope=pp.MemoryScope("acme", "alice"))
     return db
 
 
@@ -110,13 +113,16 @@ def test_inspect_json_is_a_fresh_pack_of_the_sdk_history(
         assert report["kept_items"] == len(expected.kept_history)
         assert report["decision_counts"] == expected.decision_counts()
         # Row ids are the SDK's own, in order; every unit has a reason and a preview.
-        rows = [r for u in report["units"] for r in u["rows"]]
-        assert sorted(rows) == rows or sorted(rows) == sorted(set(rows))
+        ids = [r for (r,) in sqlite3.connect(sdk_db).execute(
+            "SELECT id FROM agent_messages WHERE session_id = 'legal-chat' ORDER BY id")]
+        assert all(u["rows"] == [ids[p] for p in u["positions"]] for u in report["units"])
+        assert sorted(r for u in report["units"] for r in u["rows"]) == ids
         assert all(u["reason"] for u in report["units"])
         if budget < total:
             assert report["dropped_items"] > 0
             assert any(u["decision"] == "over_budget" for u in report["units"])
     assert digest(sdk_db) == before  # read-only: the database is unchanged
+    assert sqlite3.connect(sdk_db).execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +136,8 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["unit", "items",
                                                                               "kinds"])
     rows = lines[header + 1: header + 1 + len(expected.decisions)]
+    assert len(rows) == len(expected.decisions) and rows[-1].strip()
+    assert lines[header + 1 + len(expected.decisions)] == ""
     for row, d in zip(rows, expected.decisions):
         cells = row.split()
         assert cells[0] == str(d.unit)

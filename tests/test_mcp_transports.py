@@ -152,7 +152,7 @@ class Process:
     """A child process whose stderr lines are collected by a thread (never blocks)."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=child_env())
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -187,7 +187,8 @@ class Process:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=timeout)
-            raise AssertionError(f"the server did not stop within {timeout}s of signal {sig}")
+            raise AssertionError(
+                f"the server did not stop within {timeout}s of signal {sig}") from None
 
 
 @pytest.fixture
