@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 SDK_VERSIONS=${SDK_VERSIONS:-"0.24.0 0.22.3"}
+# protoprompt.mcp serves with either mcp major: 2.x in the newest SDK line's venv, 1.x in the other's.
+mcp_requirement() { case "$1" in 0.22.*) echo "mcp>=1.19,<2" ;; *) echo "mcp>=2,<3" ;; esac; }
 WORK=${PROTOPROMPT_CI_DIR:-target/ci}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
@@ -41,7 +43,7 @@ for sdk in $SDK_VERSIONS; do
   rm -rf "$venv"
   "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk"
+  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
   "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
   # Run from a directory without the source tree so the installed wheel is what is tested.
   (cd "$WORK" && "$venv/bin/python" -m pytest "$OLDPWD/tests" -q -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml")

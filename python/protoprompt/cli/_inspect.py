@@ -1,0 +1,289 @@
+"""``protoprompt inspect``: what the next request of a stored Agents SDK session keeps and drops.
+
+Reads the SDK's ``SQLiteSession`` tables read-only (the same rows, in the same order, that
+``SQLiteSession.get_items`` returns), packs them with :func:`protoprompt.pack` exactly as a
+turn would, and reports every history unit's decision. Nothing is written to the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..packing import PackResult, Policy, UnitDecision, pack
+
+__all__ = ["InspectError", "SessionRows", "decision_reason", "inspect_session", "list_sessions",
+           "preview", "read_session", "render_report", "report_json"]
+
+
+class InspectError(Exception):
+    """The database or session cannot be inspected (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SessionRows:
+    """A session's history as ``SQLiteSession.get_items`` returns it, with the row ids."""
+
+    items: list[Any]
+    row_ids: list[int]
+    skipped_rows: list[int]
+    """Rows whose ``message_data`` is not JSON (the SDK skips them too)."""
+
+
+def _ident(name: str) -> str:
+    if not name or "\x00" in name:
+        raise InspectError(f"invalid table name {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A read-only connection to an existing database file (never creates or writes one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InspectError(f"no database file {str(p)!r}")
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True, timeout=10)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise InspectError(f"cannot read {str(p)!r} as an SQLite database: {exc}") from None
+    return conn
+
+
+def _check_table(conn: sqlite3.Connection, table: str, path: str) -> None:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                       (table,)).fetchone()
+    if row is None:
+        raise InspectError(
+            f"{path!r} has no table {table!r}: not an Agents SDK SQLiteSession database, or "
+            "one with other table names (see --messages-table)")
+
+
+def list_sessions(conn: sqlite3.Connection, messages_table: str, path: str) -> list[dict[str, Any]]:
+    """Every session of the messages table: id, item rows, first and last row time."""
+    _check_table(conn, messages_table, path)
+    try:
+        rows = conn.execute(
+            f"SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at) "
+            f"FROM {_ident(messages_table)} GROUP BY session_id ORDER BY MAX(id) DESC"
+        ).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise InspectError(f"cannot read table {messages_table!r}: {exc}") from None
+    return [{"session": s, "items": n, "first": first, "last": last}
+            for s, n, first, last in rows]
+
+
+def read_session(conn: sqlite3.Connection, session_id: str, *, messages_table: str,
+                 path: str, limit: int | None = None) -> SessionRows:
+    """The session's items in chronological order (the newest ``limit`` if given)."""
+    _check_table(conn, messages_table, path)
+    table = _ident(messages_table)
+    try:
+        if limit is None:
+            rows = conn.execute(f"SELECT id, message_data FROM {table} WHERE session_id = ? "
+                                "ORDER BY id ASC", (session_id,)).fetchall()
+        else:
+            rows = conn.execute(f"SELECT id, message_data FROM {table} WHERE session_id = ? "
+                                "ORDER BY id DESC LIMIT ?", (session_id, limit)).fetchall()
+            rows.reverse()
+    except sqlite3.DatabaseError as exc:
+        raise InspectError(f"cannot read table {messages_table!r}: {exc}") from None
+    if not rows:
+        known = [s["session"] for s in list_sessions(conn, messages_table, path)]
+        shown = ", ".join(repr(k) for k in known[:10]) + (" ..." if len(known) > 10 else "")
+        raise InspectError(f"no session {session_id!r} in {path!r}"
+                           + (f" (sessions: {shown})" if known else " (it has no sessions)"))
+    items: list[Any] = []
+    row_ids: list[int] = []
+    skipped: list[int] = []
+    for row_id, data in rows:
+        try:
+            item = json.loads(data)
+        except (json.JSONDecodeError, TypeError):
+            skipped.append(row_id)
+            continue
+        items.append(item)
+        row_ids.append(row_id)
+    return SessionRows(items, row_ids, skipped)
+
+
+_REASONS = {
+    "mandatory": "the new input depends on it",
+    "kept": "fits in the budget",
+    "turn_incomplete": "a newer unit of its turn did not fit, so the rest of the turn is dropped",
+    "input_only": "an input-only control item: never sent from history",
+}
+
+
+def decision_reason(decision: UnitDecision) -> str:
+    """Why a unit was kept or dropped, as a phrase for a person."""
+    if decision.decision == "over_budget":
+        if decision.tokens is None:
+            return "the budget was full before this unit (not counted)"
+        return "does not fit in what is left of the budget"
+    if decision.decision == "invalid_unit":
+        rules = sorted({p.message for p in decision.problems})
+        return "breaks an item rule: " + ("; ".join(rules) if rules else "invalid")
+    return _REASONS.get(decision.decision, decision.decision)
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = []
+        for part in content:
+            text = _field(part, "text")
+            if isinstance(text, str):
+                parts.append(text)
+            elif isinstance(_field(part, "type"), str):
+                parts.append(f"[{_field(part, 'type')}]")
+        return " ".join(parts)
+    return ""
+
+
+def preview(item: Any, width: int = 48) -> str:
+    """A one-line glimpse of an item's content, for the table."""
+    kind = _field(item, "type")
+    if _field(item, "role") is not None and kind in (None, "message"):
+        text = f"{_field(item, 'role')}: {_content_text(_field(item, 'content'))}"
+    elif kind in ("function_call", "custom_tool_call"):
+        args = _field(item, "arguments") or _field(item, "input") or ""
+        text = f"{_field(item, 'name')}({args if isinstance(args, str) else json.dumps(args)})"
+    elif isinstance(_field(item, "output"), str):
+        text = f"-> {_field(item, 'output')}"
+    elif kind == "reasoning":
+        text = "reasoning: " + _content_text(_field(item, "summary"))
+    else:
+        text = str(kind) if kind is not None else type(item).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _kind(item: Any) -> str:
+    kind = _field(item, "type")
+    if isinstance(kind, str):
+        return kind
+    return "message" if _field(item, "role") is not None else "?"
+
+
+def inspect_session(
+    rows: SessionRows,
+    *,
+    budget: int,
+    output_reserve: int,
+    context_tokens: int,
+    model: str | None,
+    encoding: str | None,
+    policy: Policy,
+    new_input: list[dict[str, Any]],
+) -> PackResult:
+    """Pack the stored history as the next turn would (``new_input`` may be empty)."""
+    return pack(rows.items, new_input, budget, output_reserve=output_reserve,
+                context_tokens=context_tokens, model=model, encoding=encoding, policy=policy)
+
+
+def _span(positions: Sequence[int]) -> str:
+    if not positions:
+        return "-"
+    if len(positions) == 1:
+        return str(positions[0])
+    if list(positions) == list(range(positions[0], positions[-1] + 1)):
+        return f"{positions[0]}-{positions[-1]}"
+    return ",".join(str(p) for p in positions)
+
+
+def report_json(path: str, session_id: str, rows: SessionRows, result: PackResult,
+                new_input: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole report as JSON-able data (``--json``)."""
+    units = []
+    for d in result.decisions:
+        units.append({
+            "unit": d.unit,
+            "positions": list(d.positions),
+            "rows": [rows.row_ids[p] for p in d.positions],
+            "kinds": list(d.kinds),
+            "tokens": d.tokens,
+            "decision": d.decision,
+            "kept": d.kept,
+            "reason": decision_reason(d),
+            "problems": [{"code": p.code, "message": p.message, "location": p.location}
+                         for p in d.problems],
+            "preview": preview(rows.items[d.positions[0]]) if d.positions else "",
+        })
+    counts = result.decision_counts()
+    kept_items = sum(n for k, n in counts.items() if k in ("kept", "mandatory"))
+    return {
+        "database": path,
+        "session": session_id,
+        "items": len(rows.items),
+        "skipped_rows": rows.skipped_rows,
+        "new_input_items": len(new_input),
+        "budget": result.budget,
+        "encoding": result.encoding,
+        "policy": result.policy,
+        "output_reserve": result.output_reserve,
+        "context_tokens": result.context_tokens,
+        "new_input_tokens": result.new_input_tokens,
+        "dependency_tokens": result.dependency_tokens,
+        "history_tokens": result.history_tokens,
+        "request_tokens": result.request_tokens,
+        "used": result.used,
+        "remaining": result.remaining,
+        "kept_items": kept_items,
+        "dropped_items": len(rows.items) - kept_items,
+        "decision_counts": counts,
+        "units": units,
+    }
+
+
+def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> str:
+    """The report as a table per unit and the totals, for a terminal."""
+    lines = [f"session {report['session']!r} in {report['database']}: {report['items']} items"
+             + (f" ({len(report['skipped_rows'])} rows skipped: not JSON)"
+                if report["skipped_rows"] else "")]
+    units = [u for u in report["units"] if not (dropped_only and u["kept"])]
+    header = ("unit", "items", "kinds", "tokens", "decision", "reason", "content")
+    table = [header]
+    for u in units:
+        kinds = "+".join(u["kinds"])
+        table.append((str(u["unit"]), _span(u["positions"]),
+                      kinds if len(kinds) <= 40 else kinds[:39] + "…",
+                      "-" if u["tokens"] is None else str(u["tokens"]),
+                      u["decision"], u["reason"], u["preview"]))
+    if len(table) > 1:
+        widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+        right = {0, 3}
+        lines.append("")
+        for row in table:
+            cells = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i])
+                     for i in range(len(header) - 1)]
+            lines.append("  ".join(cells + [row[-1]]).rstrip())
+    elif dropped_only:
+        lines.append("")
+        lines.append("no unit is dropped")
+    counts = report["decision_counts"]
+    dropped = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())
+                        if k not in ("kept", "mandatory"))
+    lines += [
+        "",
+        f"budget {report['budget']} tokens ({report['encoding']}, policy {report['policy']}): "
+        f"used {report['used']}, remaining {report['remaining']}",
+        f"  new input      {report['new_input_tokens']:>8}  ({report['new_input_items']} items)",
+        f"  dependency     {report['dependency_tokens']:>8}",
+        f"  output reserve {report['output_reserve']:>8}",
+        f"  context        {report['context_tokens']:>8}",
+        f"  history        {report['history_tokens']:>8}",
+        f"kept {report['kept_items']} of {report['items']} history items; "
+        + (f"dropped {report['dropped_items']} ({dropped})" if dropped else "nothing dropped"),
+    ]
+    return "\n".join(lines)
