@@ -109,6 +109,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             size, mix = k[1]
             tr.write_line(f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
                           f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms")
+        if k[0] == "filter_loop":
+            tr.write_line(f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
+                          f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "
+                          f"inside the filter {v['inside'] * 1e3:.0f} ms "
+                          f"({100 * v['inside'] / v['pass']:.2f}% of the run)")
+        if k[0] == "filter_call":
+            small = RESULTS.get(("filter_call", (10_000,)))
+            vs = (f", {v['per_call'] / small['per_call']:.2f}x the 10k call"
+                  if small and k[1][0] > 10_000 else "")
+            tr.write_line(f"model filter per call, {k[1][0]} items: "
+                          f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
+                          f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}")
         if k[0] == "count":
             engine, threads = k[1]
             workers = threads if isinstance(threads, str) else f"{threads} thread(s)"

@@ -7,7 +7,9 @@ Runs offline (no API key): the model is the SDK's scripted test double.
 
 Each turn, the budgeted callback sends the model one system message with the recalled
 profile, session facts and contract clauses, then as much recent history as fits, then the
-new input. The session itself stores only what was said — compare the two views below.
+new input. Every model call of the turn's tool loop goes through the per-call filter, which
+keeps the whole request — items, the agent's instructions and its tool definitions — within
+the same budget. The session itself stores only what was said — compare the two views below.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from openai.types.responses import ResponseReasoningItem
 from openai.types.responses.response_reasoning_item import Summary
 
 from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder, item_tokens
-from protoprompt.integrations import ProtoPromptSession
+from protoprompt.integrations import ModelCallPlan, ProtoPromptSession
 
 CONTRACT = """\
 1. Term. This services agreement starts on 1 March 2024 and runs for one year.
@@ -109,20 +111,31 @@ async def main(db: str) -> None:
     builder = TokenBudgetedContextBuilder(store, max_tokens=900, model="gpt-5", scope=scope,
                                           output_reserve=150, max_context_tokens=320)
     session = ProtoPromptSession("legal-chat", db)
-    callback = session.input_callback(builder, system_prompt="Answer from the recalled contract.")
     model = ScriptedModel([step for _, steps in TURNS for step in steps])
-    agent = Agent(name="Contract assistant", model=model, tools=[lookup_clause])
-    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    agent = Agent(name="Contract assistant", model=model, tools=[lookup_clause],
+                  instructions="You answer questions about the customer's contract.")
+    calls: list[ModelCallPlan] = []
+    # Both budget hooks: the session callback (recall + history, once per run) and the
+    # per-call filter (every model call of the run, instructions and tools counted).
+    config: RunConfig = session.run_config(builder, system_prompt="Answer from the recalled contract.",
+                                           on_call=calls.append, tracing_disabled=True)
 
     print(f"contract indexed for {scope.tenant}/{scope.user}/{scope.thread}; "
           f"budget {builder.max_tokens} tokens, output reserve {builder.output_reserve}\n")
     for n, (question, _) in enumerate(TURNS, 1):
+        calls.clear()
         result = await Runner.run(agent, question, session=session, run_config=config)
         plan = builder.last_plan
         assert plan is not None
-        print(f"turn {n}: request {plan.request_tokens:>3} tokens, {len(plan.recalled)} recalled, "
+        print(f"turn {n}: {len(plan.recalled)} recalled, "
               f"{sum(len(d.positions) for d in plan.pack.dropped):>2} history items dropped"
-              f" -> {clip(result.final_output, 40)}")
+              f" -> {clip(result.final_output, 44)}")
+        for call in calls:
+            assert call.used <= call.budget
+            print(f"   model call {call.call}: items {call.items_tokens:>3} + instructions "
+                  f"{call.instructions_tokens} + tools {call.tools_tokens} = "
+                  f"{call.request_tokens:>3} tokens (+{call.output_reserve} reserved) "
+                  f"of {call.budget}")
 
     stored = await session.get_items()
     plan = builder.last_plan

@@ -509,3 +509,89 @@ def test_truncate_text_is_token_exact() -> None:
         pp.truncate_text("x", -1)
     with pytest.raises(ValueError, match="removed"):
         pp.truncate_text("x", 5, marker="[cut]")
+
+
+# ------------------------------------------------------------------ tools of every kind
+
+
+class _FakeMCP(agents.mcp.MCPServer):
+    """An in-process MCP server with a few large tools (no transport)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed = 0
+
+    @property
+    def name(self) -> str:
+        return "catalogue"
+
+    async def connect(self) -> None:
+        return None
+
+    async def cleanup(self) -> None:
+        return None
+
+    async def list_tools(self, run_context: Any = None, agent: Any = None) -> list[Any]:
+        import mcp.types
+
+        self.listed += 1
+        schema = {"type": "object", "properties": {
+            f"field_{k}": {"type": "string", "description": "a searchable field " * 8}
+            for k in range(12)}}
+        return [mcp.types.Tool(name=f"search_{i}", description="Search the catalogue. " * 20,
+                               inputSchema=schema) for i in range(4)]
+
+    async def call_tool(self, tool_name: str, arguments: Any, meta: Any = None) -> Any:
+        raise AssertionError("not called in this test")
+
+    async def list_prompts(self) -> Any:
+        raise NotImplementedError
+
+    async def get_prompt(self, name: str, arguments: Any = None) -> Any:
+        raise NotImplementedError
+
+
+async def test_mcp_hosted_and_handoff_tools_are_counted() -> None:
+    from agents import WebSearchTool
+
+    server = _FakeMCP()
+    helper = Agent(name="helper", handoff_description="Answers billing questions. " * 10,
+                   model=ScriptedModel([[assistant_message("billing answer", item_id="h1")]]))
+    model = ScriptedModel([[assistant_message("ok", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[lookup, WebSearchTool()], handoffs=[helper],
+                  mcp_servers=[server])
+    plans: list[ModelCallPlan] = []
+    builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
+    session = ProtoPromptSession("kinds")
+    await Runner.run(agent, "hi", session=session,
+                     run_config=run_config(session, builder, on_call=plans.append))
+    call = model.calls[0]
+    names = {getattr(t, "name", None) for t in call.tools}
+    assert {"search_0", "lookup"} <= names, "the SDK sent the MCP tools"
+    assert plans[0].tools_tokens == request_tokens(call) - sum(
+        item_tokens(i).total for i in call.input) - plans[0].instructions_tokens
+    plain = tool_definitions([lookup])
+    assert plans[0].tools_tokens > 4 * 250 + sum(item_tokens(d).total for d in plain)
+
+
+async def test_a_handoff_inside_the_run_keeps_every_call_within_the_budget() -> None:
+    budget = 5_000
+    steps_b = [[function_call("lookup", {"q": str(i)}, call_id=f"b{i}")] for i in range(6)]
+    model = ScriptedModel([
+        [function_call("lookup", {"q": "a"}, call_id="a1")],
+        [function_call("transfer_to_billing", {}, call_id="h1")],
+        *steps_b,
+        [assistant_message("billing done", item_id="m1")],
+    ])
+    billing = Agent(name="billing", model=model, tools=[lookup],
+                    instructions="You handle billing. " * 30)
+    front = Agent(name="front", model=model, tools=[lookup], handoffs=[billing])
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=300)
+    session = ProtoPromptSession("handoff")
+    result = await Runner.run(front, "please sort out my bill", session=session,
+                              run_config=run_config(session, builder), max_turns=20)
+    assert result.final_output == "billing done"
+    assert len(model.calls) == 9
+    for call in model.calls:
+        assert request_tokens(call) + 300 <= budget
+        assert_sendable(call.input)
