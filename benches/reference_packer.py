@@ -10,7 +10,8 @@ Same job as ``protoprompt.pack(..., policy="contiguous")``, written the obvious 
    real ``tiktoken`` (``benches/reference_tokenizer.py``) on protoprompt's canonical text;
 3. reserve ``new_input``, the history units it depends on, ``output_reserve`` and
    ``context_tokens`` (all or nothing), then add valid history units newest first and stop
-   at the first one that does not fit.
+   at the first one that does not fit, dropping what was taken of that unit's turn unless
+   the turn's user message is mandatory (the kept history starts at a user message).
 
 It implements only the rules that the generated histories exercise plus the common invalid
 cases (call without output, output without/before its call, unmatched anonymous search,
@@ -492,14 +493,32 @@ class ReferencePacker:
                 raise BudgetExceeded(total, budget, section)
         remaining = budget - used
         candidates.sort(key=lambda hist: hist[-1], reverse=True)  # newest member first
+        # Turn label of a position: the user messages after it (equal labels = one turn).
+        is_user = [kind_of(it) == "user" for it in history]
+        users_after = [0] * nh
+        seen = 0
+        for p in range(nh - 1, -1, -1):
+            users_after[p] = seen
+            seen += is_user[p]
         kept = list(dependency)
+        taken: list[tuple[list[int], int]] = []
         history_tokens = 0
         for hist in candidates:
             c = cost(hist)
             if c > remaining:
+                # Coherent start: the turn the fill stopped in loses the units it had taken,
+                # unless its opening user message is mandatory.
+                opener = next((q for q in range(hist[-1], -1, -1) if is_user[q]), None)
+                if opener is None or opener not in dependency:
+                    label = users_after[hist[-1]]
+                    while taken and users_after[taken[-1][0][-1]] == label:
+                        dropped, dc = taken.pop()
+                        history_tokens -= dc
                 break
             remaining -= c
             history_tokens += c
+            taken.append((hist, c))
+        for hist, _ in taken:
             kept += hist
         return ReferenceResult(sorted(kept), sorted(dependency), new_input_tokens,
                                dependency_tokens, history_tokens, context_tokens, output_reserve,
