@@ -33,8 +33,36 @@ from protoprompt.integrations import ProtoPromptSession
 CALLBACK = os.environ.get("PROTOPROMPT_CONFORMANCE_CALLBACK", "0") == "1"
 BUDGET = 1_000_000
 
-# test node id suffix -> why it cannot run on a wrapper session
-SKIPS: dict[str, str] = {}
+# "file::test" (every parametrization) or "file::test[param]" -> the SQLiteSession internals
+# it reads or patches.
+# Only such tests are skipped: they test SQLiteSession's own connection handling, which a
+# wrapper delegates to unchanged.
+_POOL = "reads or patches SQLiteSession's private connection pool (_connections, _get_connection)"
+SKIPS: dict[str, str] = {
+    "tests/memory/test_session.py::test_sqlite_session_close_closes_worker_thread_connections": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_reaps_connections_from_exited_worker_threads": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_closes_retired_connections_before_the_next_allocation": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_keeps_connections_of_live_worker_threads": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_failed_clear_session_rolls_back": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_failed_pop_item_releases_write_lock": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_rollback_failure_evicts_connection": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_close_retries_quarantined_connection": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome": _POOL,
+    "tests/memory/test_openai_responses_compaction_session.py::TestOpenAIResponsesCompactionSession::test_settled_pop_failure_invalidates_response_chain": _POOL,
+    "tests/memory/test_openai_responses_compaction_session.py::TestOpenAIResponsesCompactionSession::test_settled_clear_failure_invalidates_response_chain": _POOL,
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_skips_corrupt_most_recent":
+        "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows":
+        "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_get_items_limit_skips_corrupt_newest_rows":
+        "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows":
+        "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_file_lock_is_shared_across_instances":
+        "compares SQLiteSession._lock and the class's _file_lock_counts",
+    "tests/memory/test_compaction_suffix.py::test_cancelled_suffix_transaction_settles_before_newer_append[sqlite]":
+        "patches SQLiteSession._insert_items on the session object",
+}
 
 
 class ConformanceSQLiteSession(ProtoPromptSession):
@@ -46,6 +74,17 @@ class ConformanceSQLiteSession(ProtoPromptSession):
                  session_settings: Any = None) -> None:
         super().__init__(session_id, db_path, sessions_table=sessions_table,
                          messages_table=messages_table, session_settings=session_settings)
+
+
+# Tests whose history is a graph the Responses API rejects, which the callback repairs by
+# design (spec docs/item-graph.md) where the SDK sends it as it is. Expected to fail with the
+# callback (strict: a pass means the difference is gone and the entry must go).
+CALLBACK_DIFFERENCES: dict[str, str] = {
+    "tests/memory/test_compaction_model_visibility.py::test_reasoning_policy_does_not_authorize_other_input_changes[False]":
+        "its history is one reasoning item with no model item after it (the API rejects it: "
+        "\"reasoning was provided without its required following item\"); the callback drops "
+        "it, so the test's model-input filter finds a user message at input[0]",
+}
 
 
 def _find_protoprompt(session: Any) -> ProtoPromptSession | None:
@@ -112,9 +151,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 setattr(module, attr, ConformanceSQLiteSession)
                 replaced += 1
     for item in items:
-        for suffix, reason in SKIPS.items():
-            if item.nodeid.endswith(suffix):
-                item.add_marker(pytest.mark.skip(reason=f"protoprompt conformance: {reason}"))
+        base = item.nodeid.split("[", 1)[0]
+        reason = SKIPS.get(item.nodeid) or SKIPS.get(base)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=f"protoprompt conformance: {reason}"))
+        reason = CALLBACK_DIFFERENCES.get(item.nodeid) or CALLBACK_DIFFERENCES.get(base)
+        if reason is not None and CALLBACK:
+            item.add_marker(pytest.mark.xfail(
+                reason=f"protoprompt conformance, intended difference: {reason}", strict=True))
     config.stash[_REPLACED] = replaced
 
 
