@@ -867,7 +867,10 @@ mod tests {
 
     /// The invalid units as member lists with their reasons.
     fn invalid(g: &Graph) -> Vec<(Vec<usize>, Vec<&'static str>)> {
-        summary(g).into_iter().filter(|(_, r)| !r.is_empty()).collect()
+        summary(g)
+            .into_iter()
+            .filter(|(_, r)| !r.is_empty())
+            .collect()
     }
 
     /// Units as member lists, plus the reasons of each invalid unit.
@@ -1006,16 +1009,25 @@ mod tests {
         assert!(graph_of(h, json!([])).units.iter().all(Unit::is_valid));
         // Still dangling without a model-emitted follower.
         let h = json!([{"type":"reasoning","summary":[]}, {"role":"user","content":"q"}]);
-        assert_eq!(invalid(&graph_of(h, json!([]))), vec![(vec![0], vec!["dangling_reasoning"])]);
+        assert_eq!(
+            invalid(&graph_of(h, json!([]))),
+            vec![(vec![0], vec!["dangling_reasoning"])]
+        );
     }
 
     #[test]
     fn pending_shell_call_is_valid_only_in_new_input() {
         let shell = json!({"type":"shell_call","call_id":"s1","status":"in_progress",
                            "action":{"commands":["ls"]}});
-        let g = graph_of(json!([{"role":"user","content":"q"}]), json!([shell.clone()]));
+        let g = graph_of(
+            json!([{"role":"user","content":"q"}]),
+            json!([shell.clone()]),
+        );
         assert!(g.units.iter().all(Unit::is_valid));
-        let g = graph_of(json!([shell.clone()]), json!([{"role":"user","content":"q"}]));
+        let g = graph_of(
+            json!([shell.clone()]),
+            json!([{"role":"user","content":"q"}]),
+        );
         assert_eq!(invalid(&g), vec![(vec![0], vec!["call_without_output"])]);
         // A completed shell call still needs its output, wherever it is.
         let mut done = shell;
