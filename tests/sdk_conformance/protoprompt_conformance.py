@@ -138,8 +138,23 @@ def pytest_configure(config: pytest.Config) -> None:
         _install_callback()
 
 
+# Runner test files of which only the session tests are taken (by name).
+RUNNER_FILES = ("tests/test_agent_runner.py", "tests/test_agent_runner_streamed.py")
+RUNNER_KEYWORDS = ("session", "persist", "compaction")
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
+    kept, deselected = [], []
+    for item in items:
+        name = item.nodeid.split("::", 1)
+        if name[0] in RUNNER_FILES and not any(k in name[-1].lower() for k in RUNNER_KEYWORDS):
+            deselected.append(item)
+        else:
+            kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
     replaced = 0
     tests_dir = os.path.join(str(config.rootpath), "tests") + os.sep
     for module in list(sys.modules.values()):
@@ -172,6 +187,13 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     replaced = config.stash.get(_REPLACED, 0)
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        terminalreporter.write_line(f"protoprompt conformance: {len(skipped)} tests skipped:")
+        for report in skipped:
+            reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+            reason = str(reason).removeprefix("Skipped: ")
+            terminalreporter.write_line(f"  {report.nodeid}: {reason}")
     terminalreporter.write_line(
         f"protoprompt conformance: SQLiteSession replaced in {replaced} module bindings; "
         f"callback {'on' if CALLBACK else 'off'}")
