@@ -147,7 +147,7 @@ def script() -> list[Any]:
     ]
 
 
-async def turn(agent: Agent, session: ProtoPromptSession, callback: Any, text: str) -> None:
+async def turn(agent: Agent, session: Any, callback: Any, text: str) -> None:
     await Runner.run(agent, text, session=session,
                      run_config=RunConfig(session_input_callback=callback, tracing_disabled=True))
 
@@ -236,3 +236,43 @@ async def test_redis_session_keeps_its_data_in_the_server(redis_url: str) -> Non
     finally:
         await inner.clear_session()
         await inner.close()
+
+
+async def test_encrypted_session_outside_keeps_the_index(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("cryptography")
+    from agents.extensions.memory import EncryptedSession
+
+    clock = [1000]
+    monkeypatch.setattr("cryptography.fernet.time.time", lambda: clock[0])
+    store = ProtoPromptSession("chat", tmp_path / "h.db")
+    session = EncryptedSession("chat", store, "a-key", ttl=100)
+    builder = TokenBudgetedContextBuilder(None, max_tokens=100_000)
+    callback = store.input_callback(builder)  # no context message: nothing to keep out
+    model = ScriptedModel([[assistant_message(t)] for t in ("one", "two", "three", "four")])
+    agent = Agent(name="a", model=model)
+    for n, text in enumerate(["first", "second", "third", "fourth"]):
+        if n == 3:
+            clock[0] += 150  # everything stored so far expires: EncryptedSession skips it
+        history = await session.get_items()
+        await turn(agent, session, callback, text)
+        assert model.calls[-1].input == [dict(i) for i in pp.pack(
+            history, [{"content": text, "role": "user"}], 100_000).items]
+        if n == 2:
+            assert len(store._index_state.index) == 4  # the incremental path was taken
+    assert [i["role"] for i in model.calls[-1].input] == ["user"]
+    assert all(i.get("__enc__") == 1 for i in await store.get_items())
+    store.close()
+
+
+async def test_encrypted_session_outside_warns_that_context_is_stored(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from agents.extensions.memory import EncryptedSession
+
+    store = ProtoPromptSession("chat", tmp_path / "h.db")
+    session = EncryptedSession("chat", store, "a-key")
+    callback = store.input_callback(TokenBudgetedContextBuilder(None, max_tokens=100_000),
+                                    system_prompt=SYSTEM)
+    with pytest.warns(RuntimeWarning, match="inner_session=EncryptedSession"):
+        await turn(Agent(name="a", model=ScriptedModel([[assistant_message("x")]])), session,
+                   callback, "hello")
+    store.close()

@@ -30,6 +30,7 @@ import os
 import sqlite3
 import threading
 import uuid
+import warnings
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -108,6 +109,12 @@ def _context_key(item: Any) -> tuple[str, str] | None:
             texts.append(part["text"])
         return (role, "".join(texts))
     return None
+
+
+def _is_encrypted_envelope(item: Any) -> bool:
+    """The shape ``EncryptedSession`` stores (``{"__enc__": 1, "v", "kid", "payload"}``)."""
+    return (isinstance(item, Mapping) and item.get("__enc__") == 1
+            and {"v", "kid", "payload"} <= item.keys())
 
 
 class _Read:
@@ -606,6 +613,7 @@ class ProtoPromptSession:
             # Token counts outlive the process in the same database (SQLiteCountStore).
             self._index_state.index.count_store = _count_store(self._shared_key[0], db)
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
+        self._warned_wrapped = False
         self._pending_lock = threading.Lock()
 
     # ------------------------------------------------------------------ Session protocol
@@ -654,7 +662,17 @@ class ProtoPromptSession:
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
+        pending = self.pending_context_count
         kept = self._without_own_context(items)
+        if pending and len(kept) == len(items) and not self._warned_wrapped:
+            if any(_is_encrypted_envelope(i) for i in kept):
+                self._warned_wrapped = True
+                warnings.warn(
+                    "ProtoPromptSession is wrapped by an EncryptedSession, which encrypts items "
+                    "before they reach it: the callback's context message cannot be told apart "
+                    "and is stored. Wrap the other way round: "
+                    "ProtoPromptSession(session_id, inner_session=EncryptedSession(...))",
+                    RuntimeWarning, stacklevel=2)
         if items and not kept:
             return
         await _call(self._inner.add_items, kept, wrapper=wrapper)
