@@ -504,6 +504,14 @@ class ProtoPromptSession:
     ``clear_session`` empties this session's history. Long-term memory lives in a
     :class:`~protoprompt.memory.MemoryStore` and is never touched by the session.
 
+    A drop-in for ``SQLiteSession``: it takes the same arguments, validates ``session_settings``
+    the same way, and when the history lives in a native ``SQLiteSession`` it is an instance of
+    ``SQLiteSession`` (a private subclass; every method is ProtoPromptSession's), so
+    ``EncryptedSession`` authenticates a pop inside the SQLite transaction as it does over
+    ``SQLiteSession``. The optional hooks the SDK probes on a session are passed on from the
+    inner session (docs/item-graph.md §11.3); for compaction wrap it as
+    ``OpenAIResponsesCompactionSession(session_id, ProtoPromptSession(...))``.
+
     Args:
         session_id: non-empty id of the conversation.
         db_path: SQLite file for the default ``SQLiteSession`` (``":memory:"`` by default).
@@ -527,9 +535,10 @@ class ProtoPromptSession:
     by the database's sessions, bounded in size).
 
     Raises:
-        TypeError: ``session_id`` is not a str, or ``inner_session`` is not a ``Session``.
-        ValueError: ``session_id`` is empty, or ``inner_session`` conflicts with the
-            other arguments.
+        TypeError: ``session_id`` is not a str, ``inner_session`` is not a ``Session``, or
+            ``session_settings`` has an unknown key (``Unknown session settings: ...``).
+        ValueError: ``session_id`` is empty, ``inner_session`` conflicts with the other
+            arguments or is an ``OpenAIConversationsSession`` (server-managed history).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ProtoPromptSession:
