@@ -450,7 +450,6 @@ def _accepts_keyword(method: Any, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-
 _SQLITE_VALIDATED_POP = (
     callable(getattr(SQLiteSession, "_pop_item_with_validation", None))
     and "_pop_item_with_validation" in SQLiteSession.pop_item.__code__.co_names
@@ -492,6 +491,7 @@ async def _pop_item_with_validation(self: ProtoPromptSession,
         return await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
+
 
 class ProtoPromptSession:
     """An Agents SDK ``Session`` whose input callback fits every request into a token budget.
@@ -785,8 +785,8 @@ class ProtoPromptSession:
             raw = await reader(limit, prune_prefix=prune_prefix)
         else:
             raw = await reader(limit)
-        if raw is None:
-            return None
+        if raw is None or not dataclasses.is_dataclass(raw) or isinstance(raw, type):
+            return None  # not the SDK's snapshot: without one the SDK needs full coverage
         return dataclasses.replace(raw, replace_suffix=self._rewrites(raw.replace_suffix))
 
     async def _atomic_replace_items(self, items: list[Item]) -> bool:
