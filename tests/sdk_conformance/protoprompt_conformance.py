@@ -192,7 +192,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"protoprompt conformance: {len(skipped)} tests skipped:")
         for report in skipped:
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
-            reason = str(reason).removeprefix("Skipped: ")
+            reason = str(reason).removeprefix("Skipped: ").removeprefix("protoprompt conformance: ")
             terminalreporter.write_line(f"  {report.nodeid}: {reason}")
     terminalreporter.write_line(
         f"protoprompt conformance: SQLiteSession replaced in {replaced} module bindings; "
