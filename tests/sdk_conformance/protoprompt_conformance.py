@@ -97,6 +97,10 @@ def _find_protoprompt(session: Any) -> ProtoPromptSession | None:
     return None
 
 
+_PLAIN: ProtoPromptSession | None = None
+_RUNS = {"session": 0, "plain": 0}
+
+
 def _with_callback(kwargs: dict[str, Any]) -> None:
     session = kwargs.get("session")
     if session is None:
@@ -104,9 +108,15 @@ def _with_callback(kwargs: dict[str, Any]) -> None:
     run_config = kwargs.get("run_config")
     if run_config is not None and run_config.session_input_callback is not None:
         return
+    global _PLAIN
     owner = _find_protoprompt(session)
-    if owner is None:
-        owner = ProtoPromptSession("protoprompt-conformance")  # plain path: not its history
+    if owner is None:  # a test's own session: the callback packs without an index
+        if _PLAIN is None:
+            _PLAIN = ProtoPromptSession("protoprompt-conformance")
+        owner = _PLAIN
+        _RUNS["plain"] += 1
+    else:
+        _RUNS["session"] += 1
     builder = TokenBudgetedContextBuilder(None, max_tokens=BUDGET, model="gpt-4o")
     callback = owner.input_callback(builder)
     from agents import RunConfig
@@ -194,6 +204,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
             reason = str(reason).removeprefix("Skipped: ").removeprefix("protoprompt conformance: ")
             terminalreporter.write_line(f"  {report.nodeid}: {reason}")
+    runs = (f" ({_RUNS['session']} runs on a ProtoPromptSession, {_RUNS['plain']} on a "
+            "test's own session)" if CALLBACK else "")
     terminalreporter.write_line(
         f"protoprompt conformance: SQLiteSession replaced in {replaced} module bindings; "
-        f"callback {'on' if CALLBACK else 'off'}")
+        f"callback {'on' if CALLBACK else 'off'}{runs}")
