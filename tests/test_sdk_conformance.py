@@ -217,6 +217,16 @@ def test_compaction_hooks_of_a_compaction_inner_are_forwarded() -> None:
     assert session._get_deferred_compaction_response_id() is None
 
 
+def test_encrypted_inner_gives_its_compaction_read_and_settings() -> None:
+    encrypted = pytest.importorskip("agents.extensions.memory.encrypt_session")
+    inner = encrypted.EncryptedSession("s", SQLiteSession("s", session_settings={"limit": 4}),
+                                       "key")
+    session = ProtoPromptSession("s", inner_session=inner)
+    assert hasattr(session, "_read_compaction_items") == hasattr(inner, "_read_compaction_items")
+    assert not is_openai_responses_compaction_aware_session(session)  # no compaction inside
+    assert session.session_settings == SessionSettings(limit=4)
+
+
 def test_public_attributes_of_the_inner_session_read_through(tmp_path) -> None:
     session = ProtoPromptSession("s", tmp_path / "h.db", messages_table="msgs")
     assert session.db_path == str(tmp_path / "h.db")
