@@ -16,7 +16,7 @@ Same job as ``protoprompt.pack(..., policy="contiguous")``, written the obvious 
 It implements only the rules that the generated histories exercise plus the common invalid
 cases (call without output, output without/before its call, unmatched anonymous search,
 dangling reasoning, orphan program, controls and foreign shapes); it is not a second source of
-truth for the item rules (that is the Rust core, spec/item-graph.md). Media parts (images,
+truth for the item rules (that is the Rust core, docs/item-graph.md). Media parts (images,
 files, audio) are not tokenised here; their cost is borrowed from ``protoprompt.item_tokens``.
 
 ``ReferencePacker`` keeps a memo ``canonical text -> token count`` across calls (what a
@@ -261,7 +261,7 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
         t = key[0]
         owned = program_caller(items[p]) is not None
         exempt = (t == "program"
-                  or (t == "shell_call" and owned
+                  or (t == "shell_call" and (owned or p >= nh)
                       and items[p].get("status") in (None, "in_progress"))
                   or (t == "mcp_approval_request" and owned))
         if not exempt:
@@ -367,9 +367,7 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
     for p in range(n):
         if kinds[p] != "reasoning":
             continue
-        rid = items[p].get("id")
-        if not (isinstance(rid, str) and rid) and not items[p].get("encrypted_content"):
-            problems.append((p, "reasoning without id or encrypted_content"))
+        rid = items[p].get("id")  # id-less reasoning is valid (policy "omit", spec V9)
         if isinstance(rid, str) and rid:
             if rid in seen_rs:
                 problems.append((p, "duplicate reasoning id"))

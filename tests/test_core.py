@@ -39,7 +39,7 @@ def _labels(report: pp.GraphReport) -> set[frozenset[str]]:
 
 
 def test_every_spec_vector_gives_the_expected_units(vectors: list[dict]) -> None:
-    assert len(vectors) == 40
+    assert len(vectors) == 42
     for v in vectors:
         report = pp.analyze(v["history"], v["new_input"])
         exp = v["expected"]

@@ -420,7 +420,8 @@ def pack(
 
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
-        InvalidNewInputError: ``new_input`` depends on history that is missing or invalid.
+        InvalidNewInputError: ``new_input`` cannot be sent as given (the message names each
+            offending item and rule).
         InvalidItemError: an item is malformed (the message names the item and field).
         TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
     """

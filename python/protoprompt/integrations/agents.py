@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -29,6 +30,7 @@ import os
 import sqlite3
 import threading
 import uuid
+import warnings
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -36,7 +38,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 try:
     from agents import RunConfig
-    from agents.memory import Session, SessionSettings
+    from agents.memory import OpenAIConversationsSession, Session, SessionSettings
+    from agents.memory.session_settings import coerce_session_settings
     from agents.memory.sqlite_session import SQLiteSession
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
@@ -108,6 +111,12 @@ def _context_key(item: Any) -> tuple[str, str] | None:
             texts.append(part["text"])
         return (role, "".join(texts))
     return None
+
+
+def _is_encrypted_envelope(item: Any) -> bool:
+    """The shape ``EncryptedSession`` stores (``{"__enc__": 1, "v", "kid", "payload"}``)."""
+    return (isinstance(item, Mapping) and item.get("__enc__") == 1
+            and {"v", "kid", "payload"} <= item.keys())
 
 
 class _Read:
@@ -430,13 +439,78 @@ async def _call(method: Any, *args: Any, wrapper: Any = None, **kwargs: Any) -> 
 
 
 def _coerce_settings(value: SessionSettings | Mapping[str, Any] | None) -> SessionSettings | None:
+    """``value`` as ``SessionSettings``, validated exactly as ``SQLiteSession`` validates it
+    (the SDK's own ``coerce_session_settings``: an unknown key raises
+    ``TypeError: Unknown session settings: ...``, a bad value pydantic's error)."""
     if value is None or isinstance(value, SessionSettings):
         return value
     if isinstance(value, Mapping):
-        return SessionSettings(**dict(value))
+        return coerce_session_settings(dict(value))
     raise TypeError(
         f"session_settings must be a SessionSettings, a dict or None, got {type(value).__name__}"
     )
+
+
+_FORWARDED_HOOKS = frozenset({
+    "run_compaction", "_defer_compaction", "_get_deferred_compaction_response_id",
+    "_clear_deferred_compaction", "_get_items_with_generation", "_add_items_with_generation",
+    "_read_compaction_items",
+})
+"""Optional hooks a ProtoPromptSession exposes exactly when its inner session has them."""
+
+_NOT_FORWARDED = frozenset({"underlying_session"})
+"""Public names of wrapper sessions that describe the wrapper itself, not ours."""
+
+
+def _accepts_keyword(method: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+_SQLITE_VALIDATED_POP = (
+    callable(getattr(SQLiteSession, "_pop_item_with_validation", None))
+    and "_pop_item_with_validation" in SQLiteSession.pop_item.__code__.co_names
+)
+"""openai-agents >= 0.24: ``SQLiteSession.pop_item`` is ``_pop_item_with_validation()``, which
+``EncryptedSession`` calls with its key check so a wrong key raises inside the SQLite
+transaction and no row is lost. 0.22 has no such path (EncryptedSession pops blindly there)."""
+
+_SQLITE_BACKED: dict[type, type] = {}
+
+
+def _sqlite_backed(cls: type) -> type:
+    """``cls`` made an ``SQLiteSession`` subclass, for sessions stored in a native one.
+
+    Code that treats a native ``SQLiteSession`` specially — ``EncryptedSession`` authenticates
+    a pop inside the SQLite transaction when ``type(s).pop_item is SQLiteSession.pop_item`` —
+    then treats a ProtoPromptSession over one the same way. Every method is still
+    ProtoPromptSession's (it comes first in the MRO); ``pop_item`` is SQLiteSession's own,
+    which only calls ``_pop_item_with_validation`` (below), unless ``cls`` overrides it."""
+    variant = _SQLITE_BACKED.get(cls)
+    if variant is None:
+        namespace: dict[str, Any] = {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__, "_pop_item_with_validation": _pop_item_with_validation,
+        }
+        if cls.pop_item is ProtoPromptSession.pop_item:  # type: ignore[attr-defined]
+            namespace["pop_item"] = SQLiteSession.pop_item
+        variant = _SQLITE_BACKED[cls] = type(cls.__name__, (cls, SQLiteSession), namespace)
+    return variant
+
+
+async def _pop_item_with_validation(self: ProtoPromptSession,
+                                    validate: Callable[[Item], None] | None = None) -> Item | None:
+    """``SQLiteSession._pop_item_with_validation`` of the inner session: ``validate`` runs on
+    the claimed row inside the transaction, and an exception rolls the removal back."""
+    state = self._index_state
+    state.bump()
+    try:
+        return await self._inner._pop_item_with_validation(validate)
+    finally:
+        state.bump()
 
 
 class ProtoPromptSession:
@@ -449,6 +523,14 @@ class ProtoPromptSession:
     the newest one (the correction workflow — pop twice, run again — works unchanged) and
     ``clear_session`` empties this session's history. Long-term memory lives in a
     :class:`~protoprompt.memory.MemoryStore` and is never touched by the session.
+
+    A drop-in for ``SQLiteSession``: it takes the same arguments, validates ``session_settings``
+    the same way, and when the history lives in a native ``SQLiteSession`` it is an instance of
+    ``SQLiteSession`` (a private subclass; every method is ProtoPromptSession's), so
+    ``EncryptedSession`` authenticates a pop inside the SQLite transaction as it does over
+    ``SQLiteSession``. The optional hooks the SDK probes on a session are passed on from the
+    inner session (docs/item-graph.md §11.3); for compaction wrap it as
+    ``OpenAIResponsesCompactionSession(session_id, ProtoPromptSession(...))``.
 
     Args:
         session_id: non-empty id of the conversation.
@@ -463,6 +545,8 @@ class ProtoPromptSession:
             ``SQLiteSession``, whose rows are checked before every turn so writes by other
             processes or session objects are noticed. ``True`` for another inner session
             asserts that only this object changes that session's history.
+        sessions_table, messages_table: table names of the default ``SQLiteSession`` (as
+            in ``SQLiteSession``; with ``inner_session`` leave them at their defaults).
 
     With a database file, token counts of long items are also kept in it (table
     ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
@@ -471,10 +555,18 @@ class ProtoPromptSession:
     by the database's sessions, bounded in size).
 
     Raises:
-        TypeError: ``session_id`` is not a str, or ``inner_session`` is not a ``Session``.
-        ValueError: ``session_id`` is empty, or ``inner_session`` conflicts with the
-            other arguments.
+        TypeError: ``session_id`` is not a str, ``inner_session`` is not a ``Session``, or
+            ``session_settings`` has an unknown key (``Unknown session settings: ...``).
+        ValueError: ``session_id`` is empty, ``inner_session`` conflicts with the other
+            arguments or is an ``OpenAIConversationsSession`` (server-managed history).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ProtoPromptSession:
+        inner = kwargs.get("inner_session")
+        if (_SQLITE_VALIDATED_POP and (inner is None or type(inner) is SQLiteSession)
+                and not issubclass(cls, SQLiteSession)):
+            cls = _sqlite_backed(cls)
+        return cast("ProtoPromptSession", super().__new__(cls))
 
     def __init__(
         self,
@@ -484,6 +576,8 @@ class ProtoPromptSession:
         inner_session: Session | None = None,
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
         incremental: bool | None = None,
+        sessions_table: str = "agent_sessions",
+        messages_table: str = "agent_messages",
     ) -> None:
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
@@ -493,7 +587,8 @@ class ProtoPromptSession:
         self.session_id = session_id
         if inner_session is None:
             self._inner: Any = SQLiteSession(
-                session_id, os.fspath(db_path), session_settings=settings)
+                session_id, os.fspath(db_path), sessions_table=sessions_table,
+                messages_table=messages_table, session_settings=settings)
             self._owns_inner = True
             self._settings: SessionSettings | None = None
         else:
@@ -502,8 +597,17 @@ class ProtoPromptSession:
                     "inner_session must implement agents.memory.Session, "
                     f"got {type(inner_session).__name__}"
                 )
+            if isinstance(inner_session, OpenAIConversationsSession):
+                raise ValueError(
+                    "inner_session cannot be an OpenAIConversationsSession: its history lives "
+                    "on the server and the SDK treats that session specially (it would not "
+                    "recognise it behind a wrapper)"
+                )
             if os.fspath(db_path) != ":memory:":
                 raise ValueError("pass either db_path or inner_session, not both")
+            if (sessions_table, messages_table) != ("agent_sessions", "agent_messages"):
+                raise ValueError("sessions_table and messages_table name the tables of the "
+                                 "default SQLiteSession; pass them to your inner_session")
             inner_id = getattr(inner_session, "session_id", None)
             if inner_id != session_id:
                 raise ValueError(
@@ -538,6 +642,7 @@ class ProtoPromptSession:
             # Token counts outlive the process in the same database (SQLiteCountStore).
             self._index_state.index.count_store = _count_store(self._shared_key[0], db)
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
+        self._warned_wrapped = False
         self._pending_lock = threading.Lock()
         # Context messages produced lately (stored or not), for the model filter to pin.
         self._produced: deque[tuple[str, str]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
@@ -588,7 +693,17 @@ class ProtoPromptSession:
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
+        pending = self.pending_context_count
         kept = self._without_own_context(items)
+        if pending and len(kept) == len(items) and not self._warned_wrapped:
+            if any(_is_encrypted_envelope(i) for i in kept):
+                self._warned_wrapped = True
+                warnings.warn(
+                    "ProtoPromptSession is wrapped by an EncryptedSession, which encrypts items "
+                    "before they reach it: the callback's context message cannot be told apart "
+                    "and is stored. Wrap the other way round: "
+                    "ProtoPromptSession(session_id, inner_session=EncryptedSession(...))",
+                    RuntimeWarning, stacklevel=2)
         if items and not kept:
             return
         await _call(self._inner.add_items, kept, wrapper=wrapper)
@@ -633,6 +748,77 @@ class ProtoPromptSession:
 
     def __repr__(self) -> str:
         return f"ProtoPromptSession({self.session_id!r}, inner={type(self._inner).__name__})"
+
+    # ------------------------------------------------------------------ optional SDK hooks
+    #
+    # The SDK finds optional session capabilities by attribute (getattr/hasattr, once on the
+    # type). Each one the 0.22.3 and 0.24.0 code probes is decided here (spec §11.3):
+    #   implemented  session_settings, close, _ignore_ids_for_matching (the inner's value),
+    #                _get_compaction_snapshot and _atomic_replace_items (the inner's, with the
+    #                index reset around the rewrite; None / False when the inner has none)
+    #   forwarded    the inner's own run_compaction, _defer_compaction,
+    #                _get_deferred_compaction_response_id, _clear_deferred_compaction,
+    #                _get_items_with_generation, _add_items_with_generation,
+    #                _read_compaction_items (see __getattr__; a compaction rewrite resets the
+    #                index), absent when the inner lacks them
+    #   read through other public attributes of the inner session (db_path, engine...)
+    #   hidden       every other private attribute of the inner session
+
+    @property
+    def _ignore_ids_for_matching(self) -> bool:
+        """The inner session's item-matching policy (an id-stripping store sets it), so the
+        runner's rollback before a retry matches stored items the way the store keeps them."""
+        return bool(getattr(self._inner, "_ignore_ids_for_matching", False))
+
+    def __getattr__(self, name: str) -> Any:
+        """The inner session's optional hooks (``_FORWARDED_HOOKS``) and public attributes
+        (``db_path``, ``engine``, AdvancedSQLiteSession's branch methods...), read through."""
+        if name in _FORWARDED_HOOKS or (not name.startswith("_") and name not in _NOT_FORWARDED):
+            inner = self.__dict__.get("_inner")
+            if inner is not None:
+                value = getattr(inner, name)  # AttributeError when the inner has none
+                if name == "run_compaction":
+                    return self._rewrites(value)
+                return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _rewrites(self, method: Any) -> Any:
+        """``method`` (which rewrites the stored history) with the index reset around it."""
+        state = self._index_state
+
+        async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            state.bump()
+            try:
+                return await _call(method, *args, **kwargs)
+            finally:
+                state.bump()
+
+        return rewriting
+
+    async def _get_compaction_snapshot(self, limit: int, *,
+                                       prune_prefix: Callable[[Item], bool] | None = None) -> Any:
+        """The inner session's bounded compaction snapshot (``OpenAIResponsesCompactionSession``
+        replaces its suffix atomically), or ``None`` when the inner has none. The replacement
+        resets this session's index: a ``:memory:`` database has no row check to notice it."""
+        reader = getattr(self._inner, "_get_compaction_snapshot", None)
+        if reader is None:
+            return None
+        if prune_prefix is not None and _accepts_keyword(reader, "prune_prefix"):
+            raw = await reader(limit, prune_prefix=prune_prefix)
+        else:
+            raw = await reader(limit)
+        if raw is None or not dataclasses.is_dataclass(raw) or isinstance(raw, type):
+            return None  # not the SDK's snapshot: without one the SDK needs full coverage
+        return dataclasses.replace(raw, replace_suffix=self._rewrites(raw.replace_suffix))
+
+    async def _atomic_replace_items(self, items: list[Item]) -> bool:
+        """Replace the whole history atomically if the inner session can (``RedisSession``);
+        ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
+        replace = getattr(type(self._inner), "_atomic_replace_items", None)
+        if replace is None:
+            return False
+        return bool(await self._rewrites(replace)(self._inner, items))
+
 
     # ------------------------------------------------------------------ context bookkeeping
 

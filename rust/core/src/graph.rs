@@ -60,8 +60,6 @@ pub enum InvalidReason {
     ProgramOutputAfterCompleted,
     /// V10: an output's program `caller` differs from its call's.
     CallerMismatch,
-    /// V9: reasoning with neither a non-empty `id` nor `encrypted_content`.
-    ReasoningWithoutIdOrEncryptedContent,
     /// Two reasoning items share a non-empty id (SDK de-dup drops the later one).
     DuplicateReasoningId,
     /// V1: unknown `type`.
@@ -73,7 +71,7 @@ pub enum InvalidReason {
 }
 
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 27] = [
+    pub const ALL: [InvalidReason; 26] = [
         InvalidReason::CallWithoutOutput,
         InvalidReason::OutputWithoutCall,
         InvalidReason::OutputBeforeCall,
@@ -96,7 +94,6 @@ impl InvalidReason {
         InvalidReason::ProgramOutputBadStatus,
         InvalidReason::ProgramOutputAfterCompleted,
         InvalidReason::CallerMismatch,
-        InvalidReason::ReasoningWithoutIdOrEncryptedContent,
         InvalidReason::DuplicateReasoningId,
         InvalidReason::UnknownItemType,
         InvalidReason::UnknownRole,
@@ -146,9 +143,6 @@ impl InvalidReason {
                 "program_output after completed program_output"
             }
             InvalidReason::CallerMismatch => "call and output have different program callers",
-            InvalidReason::ReasoningWithoutIdOrEncryptedContent => {
-                "reasoning without id or encrypted_content"
-            }
             InvalidReason::DuplicateReasoningId => {
                 "duplicate reasoning id (SDK de-duplication drops the later one)"
             }
@@ -183,9 +177,6 @@ impl InvalidReason {
             InvalidReason::ProgramOutputBadStatus => "program_output_bad_status",
             InvalidReason::ProgramOutputAfterCompleted => "program_output_after_completed",
             InvalidReason::CallerMismatch => "caller_mismatch",
-            InvalidReason::ReasoningWithoutIdOrEncryptedContent => {
-                "reasoning_without_id_or_encrypted_content"
-            }
             InvalidReason::DuplicateReasoningId => "duplicate_reasoning_id",
             InvalidReason::UnknownItemType => "unknown_item_type",
             InvalidReason::UnknownRole => "unknown_role",
@@ -609,7 +600,8 @@ pub fn build_graph_refs(items: &[&ItemMeta], nh: usize) -> Graph {
     }
 
     // V5: calls without output (program, program-owned pending shell call and program-owned
-    // MCP approval request are exempt).
+    // MCP approval request are exempt; so is a pending shell call in new_input, which the SDK
+    // sends as given for the hosted shell to run).
     for (p, it) in items.iter().enumerate() {
         let ItemKind::Call(ct) = it.kind else {
             continue;
@@ -623,7 +615,7 @@ pub fn build_graph_refs(items: &[&ItemMeta], nh: usize) -> Graph {
         let exempt = match ct {
             CallType::Program => true,
             CallType::ShellCall => {
-                it.is_program_owned()
+                (it.is_program_owned() || p >= nh)
                     && matches!(it.raw.status.as_deref(), None | Some("in_progress"))
             }
             CallType::McpApprovalRequest => it.is_program_owned(),
@@ -788,10 +780,10 @@ pub fn build_graph_refs(items: &[&ItemMeta], nh: usize) -> Graph {
         if !it.is_reasoning() {
             continue;
         }
+        // An id-less reasoning item is valid (spec V9): under reasoning_item_id_policy="omit"
+        // the SDK strips every history reasoning id before the callback runs and sends the
+        // items so, with or without encrypted_content.
         let id = non_empty(it.raw.id.as_deref());
-        if id.is_none() && !it.raw.has_encrypted_content {
-            flag(InvalidReason::ReasoningWithoutIdOrEncryptedContent, p);
-        }
         // The SDK's de-duplication ignores the `__fake_id__` placeholder (Chat Completions
         // models give it to every item), so such reasoning items never collapse.
         if let Some(id) = id.filter(|id| *id != FAKE_ID) {
@@ -871,6 +863,14 @@ mod tests {
 
     fn msg() -> Value {
         json!({"type":"message","role":"assistant","id":"msg_1","status":"completed","content":[]})
+    }
+
+    /// The invalid units as member lists with their reasons.
+    fn invalid(g: &Graph) -> Vec<(Vec<usize>, Vec<&'static str>)> {
+        summary(g)
+            .into_iter()
+            .filter(|(_, r)| !r.is_empty())
+            .collect()
     }
 
     /// Units as member lists, plus the reasons of each invalid unit.
@@ -991,18 +991,49 @@ mod tests {
     }
 
     #[test]
-    fn reasoning_needs_id_or_encrypted_content() {
-        let h = json!([{"type":"reasoning","summary":[]}, msg()]);
-        let g = graph_of(h, json!([]));
-        assert_eq!(
-            summary(&g),
-            vec![(
-                vec![0, 1],
-                vec!["reasoning_without_id_or_encrypted_content"]
-            )]
-        );
+    fn id_less_reasoning_is_valid() {
+        // reasoning_item_id_policy="omit": the SDK strips history reasoning ids and sends the
+        // items as they are, encrypted_content or not (spec V9).
+        let h = json!([
+            {"role":"user","content":"q"},
+            {"type":"reasoning","summary":[]},
+            {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c1","output":"ok"},
+            {"type":"reasoning","summary":[{"type":"summary_text","text":"t"}]},
+            msg(),
+        ]);
+        let g = graph_of(h, json!([{"role":"user","content":"next"}]));
+        assert!(g.units.iter().all(Unit::is_valid));
+        assert_eq!(g.unit_of[1], g.unit_of[3]);
         let h = json!([{"type":"reasoning","encrypted_content":"e"}, {"type":"web_search_call","id":"w"}]);
         assert!(graph_of(h, json!([])).units.iter().all(Unit::is_valid));
+        // Still dangling without a model-emitted follower.
+        let h = json!([{"type":"reasoning","summary":[]}, {"role":"user","content":"q"}]);
+        assert_eq!(
+            invalid(&graph_of(h, json!([]))),
+            vec![(vec![0], vec!["dangling_reasoning"])]
+        );
+    }
+
+    #[test]
+    fn pending_shell_call_is_valid_only_in_new_input() {
+        let shell = json!({"type":"shell_call","call_id":"s1","status":"in_progress",
+                           "action":{"commands":["ls"]}});
+        let g = graph_of(
+            json!([{"role":"user","content":"q"}]),
+            json!([shell.clone()]),
+        );
+        assert!(g.units.iter().all(Unit::is_valid));
+        let g = graph_of(
+            json!([shell.clone()]),
+            json!([{"role":"user","content":"q"}]),
+        );
+        assert_eq!(invalid(&g), vec![(vec![0], vec!["call_without_output"])]);
+        // A completed shell call still needs its output, wherever it is.
+        let mut done = shell;
+        done["status"] = json!("completed");
+        let g = graph_of(json!([]), json!([done]));
+        assert_eq!(invalid(&g), vec![(vec![0], vec!["call_without_output"])]);
     }
 
     #[test]

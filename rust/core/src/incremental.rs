@@ -541,7 +541,7 @@ impl std::error::Error for SnapshotError {}
 const SNAPSHOT_MAGIC: &[u8; 8] = b"PPINDEX\0";
 /// Layout of a snapshot; bump it whenever [`Stored`], the graph types or the graph rules
 /// change (the crate version is checked too, so releases never share snapshots).
-const SNAPSHOT_FORMAT: u32 = 1;
+const SNAPSHOT_FORMAT: u32 = 2; // 2: id-less reasoning valid, pending shell call in new_input
 const SNAPSHOT_HEADER: usize = SNAPSHOT_MAGIC.len() + 4 + 16;
 
 /// Bytes per item in a snapshot's span table: ten `(offset, len)` pairs, little endian.

@@ -257,6 +257,9 @@ pub enum PackError {
         position: usize,
         label: String,
         reasons: Vec<&'static str>,
+        /// Every violation of the unit: the item's label (`new_input[0]`, or `history[3]`
+        /// for a history item the new input depends on) and the reason.
+        problems: Vec<(String, &'static str)>,
     },
     /// The context hook failed (its message is kept; bindings keep the original error).
     Context(String),
@@ -282,11 +285,20 @@ impl fmt::Display for PackError {
                  (overflowed at section {})",
                 section.name()
             ),
-            PackError::InvalidNewInput { label, reasons, .. } => write!(
-                f,
-                "{label} cannot be sent: {}; it depends on history that is missing or invalid",
-                reasons.join("; ")
-            ),
+            PackError::InvalidNewInput {
+                label, problems, ..
+            } => {
+                write!(f, "{label} cannot be sent: ")?;
+                for (i, (at, reason)) in problems.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { "; " };
+                    if at.starts_with("history[") {
+                        write!(f, "{sep}{at} (history it depends on): {reason}")?;
+                    } else {
+                        write!(f, "{sep}{at}: {reason}")?;
+                    }
+                }
+                Ok(())
+            }
             PackError::Item {
                 label,
                 field,
@@ -422,16 +434,19 @@ pub fn pack_view(
             .or_else(|| unit.members.iter().copied().find(|p| pinned.contains(p)))
             .unwrap_or(n_history);
         let mut reasons: Vec<&'static str> = Vec::new();
+        let mut problems = Vec::new();
         for p in &unit.problems {
             let m = p.reason.message();
             if !reasons.contains(&m) {
                 reasons.push(m);
             }
+            problems.push((graph.position_label(p.position), m));
         }
         return Err(PackError::InvalidNewInput {
             label: graph.position_label(position),
             position,
             reasons,
+            problems,
         });
     }
 
