@@ -67,7 +67,7 @@ main() {
     if target_installed "$arch-unknown-linux-musl"; then
       build_wheel "$arch-unknown-linux-musl" musllinux_1_2
     else
-      skipped+=("musllinux_1_2 ($arch-unknown-linux-musl: no Rust standard library installed)")
+      skipped+=("musllinux_1_2 (no Rust standard library for it: rustup target add $arch-unknown-linux-musl)")
     fi
   fi
 

@@ -72,8 +72,8 @@ wheel_path() {
   fi
 }
 
-# pytest_from SRC VENV ARGS...: run pytest on SRC's tests (or ARGS) from outside SRC, so the
-# installed package is what is tested, not the tree.
+# pytest_from SRC VENV ARGS...: pytest ARGS with SRC's configuration, run from outside SRC so
+# the package installed in VENV is what is tested, not the tree.
 pytest_from() {
   local src=$1 venv=$2
   shift 2
