@@ -1,22 +1,129 @@
 #!/usr/bin/env bash
-# Run every test of protoprompt on a fresh machine: Rust (fmt, clippy, cargo test), then the
-# Python suite against a freshly built release wheel, once per supported openai-agents line.
+# Run every test of protoprompt on a fresh machine:
+#   rust    cargo fmt, clippy -D warnings, cargo test
+#   dist    scripts/build-wheels.sh: the sdist and the manylinux2014 abi3 wheel in dist/,
+#           checked for their tags, metadata and the glibc symbols they need, twine check
+#   python  the Python suite against that wheel, once per supported openai-agents line
+#           (mcp 2.x with the newest line, 1.x with the other), then that SDK version's own
+#           session tests on ProtoPromptSession (the conformance job), plus stubtest and the
+#           benchmarks with the first line
+#   smoke   the same wheel in fresh venvs of CPython 3.10, 3.12 and 3.13 with no Rust
+#           toolchain on PATH: imports, counts, packs, runs the offline example
+#   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
 #
-#   scripts/test.sh            # everything
-#   SDK_VERSIONS="0.24.0" scripts/test.sh   # one SDK line only
+#   scripts/test.sh                          # everything
+#   SDK_VERSIONS="0.24.0" scripts/test.sh    # one SDK line only
+#   STEPS="dist smoke" scripts/test.sh       # some steps only (python/smoke use dist/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 
 PYTHON=${PYTHON:-python3}
 SDK_VERSIONS=${SDK_VERSIONS:-"0.24.0 0.22.3"}
-# protoprompt.mcp serves with either mcp major: 2.x in the newest SDK line's venv, 1.x in the other's.
-mcp_requirement() { case "$1" in 0.22.*) echo "mcp>=1.19,<2" ;; *) echo "mcp>=2,<3" ;; esac; }
+SMOKE_PYTHONS=${SMOKE_PYTHONS:-"3.10.13 3.12.1 3.13.0"}
+SDIST_PYTHON=${SDIST_PYTHON:-3.10.13}
+STEPS=${STEPS:-"rust dist python smoke sdist"}
 WORK=${PROTOPROMPT_CI_DIR:-target/ci}
+DIST=$ROOT/dist
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-ROOT=$(pwd)
 
-step() { printf '\n==> %s\n' "$*"; }
+# protoprompt.mcp serves with either mcp major: 2.x in the newest SDK line's venv, 1.x in the other's.
+mcp_requirement() { case "$1" in 0.22.*) echo "mcp>=1.19,<2" ;; *) echo "mcp>=2,<3" ;; esac; }
+
+# Each step line shows the time since the start (m:ss), to keep CI's time in view.
+step() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+
+# The one version: the Cargo workspace version.
+VERSION=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+ARCH=$(uname -m)
+
+# fresh_venv DIR PYTHON: an empty virtual environment with a current pip.
+fresh_venv() {
+  rm -rf "$1"
+  "$2" -m venv "$1"
+  "$1/bin/python" -m pip install --quiet --upgrade pip
+}
+
+# python_for 3.10.13: that CPython (pyenv), else python3.10 on PATH.
+python_for() {
+  local prefix
+  if prefix=$(pyenv prefix "$1" 2>/dev/null) && [ -x "$prefix/bin/python3" ]; then
+    echo "$prefix/bin/python3"
+  elif command -v "python${1%.*}" > /dev/null; then
+    command -v "python${1%.*}"
+  else
+    echo "CPython $1 not found (pyenv install $1)" >&2
+    return 1
+  fi
+}
+
+# no_rust CMD...: run CMD with no Rust toolchain reachable (PATH without cargo/rustc/rustup).
+no_rust() {
+  local dir path=""
+  local IFS=:
+  for dir in $PATH; do
+    [ -e "$dir/cargo" ] || [ -e "$dir/rustc" ] || [ -e "$dir/rustup" ] || path="${path:+$path:}$dir"
+  done
+  env -u CARGO_HOME -u RUSTUP_HOME -u RUSTC PATH="$path" "$@"
+}
+
+wheel_path() {
+  WHEEL=$(ls "$DIST"/protoprompt-"$VERSION"-cp310-abi3-*manylinux_2_17_"$ARCH".whl 2> /dev/null | head -n 1)
+  SDIST=$DIST/protoprompt-$VERSION.tar.gz
+  if [ -z "$WHEEL" ] || [ ! -f "$SDIST" ]; then
+    echo "no protoprompt $VERSION wheel and sdist in $DIST: run the dist step (scripts/build-wheels.sh)" >&2
+    return 1
+  fi
+}
+
+# pytest_from SRC VENV ARGS...: pytest ARGS with SRC's configuration, run from outside SRC so
+# the package installed in VENV is what is tested, not the tree.
+pytest_from() {
+  local src=$1 venv=$2
+  shift 2
+  (cd "$WORK" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$src" -c "$src/pyproject.toml" "$@")
+}
+
+step_rust() {
+  step "cargo fmt --check"
+  cargo fmt --all -- --check
+
+  step "cargo clippy -D warnings"
+  cargo clippy --workspace --all-targets --features pyo3/extension-module -- -D warnings
+
+  step "cargo test (core crate: item graph vectors, counting, packing)"
+  cargo test -p protoprompt-core
+}
+
+step_dist() {
+  step "release artifacts (scripts/build-wheels.sh -> dist/)"
+  DIST_DIR="$DIST" bash scripts/build-wheels.sh
+  wheel_path
+
+  step "check the wheels: tags, metadata, glibc symbol versions <= 2.17 (scripts/check_wheel.py)"
+  local venv="$WORK/check-venv" musl
+  [ -x "$venv/bin/twine" ] || { fresh_venv "$venv" "$PYTHON" && "$venv/bin/python" -m pip install --quiet twine; }
+  "$venv/bin/python" scripts/check_wheel.py "$WHEEL" --platform "manylinux_2_17_$ARCH" --max-glibc 2.17 --version "$VERSION"
+  # Built when the Rust musl target is installed; nothing here can run it (no musl CPython).
+  for musl in "$DIST"/protoprompt-"$VERSION"-cp310-abi3-musllinux_1_2_"$ARCH".whl; do
+    [ -f "$musl" ] && "$venv/bin/python" scripts/check_wheel.py "$musl" --platform "musllinux_1_2_$ARCH" --version "$VERSION"
+  done
+
+  step "check the sdist: what its build and its tests need is in it"
+  local name=protoprompt-$VERSION listing
+  listing=$(tar -tzf "$SDIST")
+  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
+           rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
+           rust/core/tests/data/item-graph-vectors.json tests/conftest.py \
+           benches/reference_tokenizer.py examples/openai_agents_session.py; do
+    grep -qx "$name/$f" <<< "$listing" || { echo "sdist lacks $f" >&2; return 1; }
+  done
+  echo "$(basename "$SDIST"): ok ($(wc -l <<< "$listing") files)"
+
+  step "twine check --strict"
+  "$venv/bin/twine" check --strict "$DIST"/protoprompt-"$VERSION"*
+}
 
 # ---------------------------------------------------------------------------- SDK conformance
 # The SDK's own session tests (tests/memory/, tests/extensions/memory/test_encrypt_session.py,
@@ -57,50 +164,73 @@ sdk_conformance() {
 }
 
 # tests/test_inner_sessions.py wraps RedisSession around a real redis-server (Debian package).
-if ! command -v redis-server > /dev/null; then
-  step "install redis-server (apt-get)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server > /dev/null
-fi
-
-step "cargo fmt --check"
-cargo fmt --all -- --check
-
-step "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --features pyo3/extension-module -- -D warnings
-
-step "cargo test (core crate: item graph vectors, counting, packing)"
-cargo test -p protoprompt-core
-
-step "build the release wheel (maturin, abi3)"
-if [ ! -x "$WORK/build-venv/bin/python" ]; then
-  "$PYTHON" -m venv "$WORK/build-venv"
-fi
-"$WORK/build-venv/bin/python" -m pip install --quiet --upgrade pip 'maturin>=1.7,<2'
-rm -rf "$WORK/wheels"
-"$WORK/build-venv/bin/maturin" build --release --out "$WORK/wheels"
-WHEEL=$(ls "$WORK"/wheels/protoprompt-*.whl | head -n 1)
-echo "wheel: $WHEEL"
-
-first=1
-for sdk in $SDK_VERSIONS; do
-  venv="$WORK/venv-agents-$sdk"
-  step "python tests with openai-agents==$sdk (fresh venv $venv)"
-  rm -rf "$venv"
-  "$PYTHON" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
-  "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
-  # Run from a directory without the source tree so the installed wheel is what is tested.
-  (cd "$WORK" && PROTOPROMPT_REQUIRE_REDIS=1 "$venv/bin/python" -m pytest "$OLDPWD/tests" -q -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml")
-  sdk_conformance "$venv"
-  if [ "$first" = 1 ]; then
-    step "stubs: mypy.stubtest protoprompt._core"
-    (cd "$WORK" && "$venv/bin/python" -m mypy.stubtest protoprompt._core --ignore-missing-stub)
-    step "benchmarks (correctness assertions + ratios; openai-agents==$sdk)"
-    compgen -G "benches/test_*.py" > /dev/null && (cd "$WORK" && "$venv/bin/python" -m pytest "$OLDPWD/benches" -q -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" --benchmark-columns=mean,rounds)
-    first=0
+need_redis() {
+  if ! command -v redis-server > /dev/null; then
+    step "install redis-server (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server > /dev/null
   fi
+}
+
+step_python() {
+  wheel_path
+  need_redis
+  local sdk venv first=1
+  for sdk in $SDK_VERSIONS; do
+    venv="$WORK/venv-agents-$sdk"
+    step "python tests with openai-agents==$sdk (fresh venv $venv, $(basename "$WHEEL"))"
+    fresh_venv "$venv" "$PYTHON"
+    "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
+    "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
+    PROTOPROMPT_REQUIRE_REDIS=1 pytest_from "$ROOT" "$venv" "$ROOT/tests"
+    sdk_conformance "$venv"
+    if [ "$first" = 1 ]; then
+      step "stubs: mypy.stubtest protoprompt._core"
+      (cd "$WORK" && "$venv/bin/python" -m mypy.stubtest protoprompt._core --ignore-missing-stub)
+      step "benchmarks (correctness assertions + ratios; openai-agents==$sdk)"
+      compgen -G "benches/test_*.py" > /dev/null && pytest_from "$ROOT" "$venv" "$ROOT/benches" --benchmark-columns=mean,rounds
+      first=0
+    fi
+  done
+}
+
+step_smoke() {
+  wheel_path
+  local ver py venv
+  for ver in $SMOKE_PYTHONS; do
+    py=$(python_for "$ver")
+    venv="$WORK/venv-smoke-$ver"
+    step "wheel on CPython $ver: fresh venv, no Rust toolchain on PATH, binary packages only"
+    if no_rust sh -c 'command -v cargo || command -v rustc'; then
+      echo "a Rust toolchain is still on PATH" >&2
+      return 1
+    fi
+    rm -rf "$venv"
+    no_rust "$py" -m venv "$venv"
+    # The pip that comes with that CPython, as a user would have it.
+    no_rust "$venv/bin/python" -m pip install --quiet --only-binary=:all: "${WHEEL}[agents]"
+    (cd "$WORK" && no_rust "$venv/bin/python" "$ROOT/scripts/smoke_wheel.py" --version "$VERSION" \
+      --example "$ROOT/examples/openai_agents_session.py")
+  done
+}
+
+step_sdist() {
+  wheel_path
+  local py venv="$WORK/venv-sdist" src="$WORK/sdist-src" sdk=${SDK_VERSIONS%% *}
+  py=$(python_for "$SDIST_PYTHON")
+  step "sdist: build from source into a fresh venv (CPython $SDIST_PYTHON, Rust on PATH)"
+  fresh_venv "$venv" "$py"
+  # The build's target dir outlives pip's build directory, so a local re-run is incremental.
+  CARGO_TARGET_DIR="$WORK/sdist-target" nice -n 10 "$venv/bin/python" -m pip install --quiet \
+    --no-binary=protoprompt "${SDIST}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
+  rm -rf "$src" && mkdir -p "$src" && tar -xzf "$SDIST" -C "$src" --strip-components=1
+
+  step "the sdist's own tests against its build (openai-agents==$sdk, CPython $SDIST_PYTHON)"
+  pytest_from "$src" "$venv" "$src/tests"
+}
+
+for s in $STEPS; do
+  "step_$s"
 done
 
 step "all tests passed"

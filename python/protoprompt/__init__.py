@@ -8,6 +8,9 @@ The heavy lifting (item graph, token counting, packing) happens in the Rust core
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
 from .count_store import CountStore, SQLiteCountStore
 from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
 from .errors import (
@@ -40,7 +43,12 @@ from .packing import (
 )
 from .memory import MemoryHit, MemoryScope, MemoryStore
 
-__version__ = "0.1.0"
+try:
+    # One version source: the Cargo workspace version, which maturin writes into the
+    # package metadata of every wheel and sdist.
+    __version__: str = _dist_version("protoprompt")
+except _PackageNotFoundError:  # imported from a tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Decisions",

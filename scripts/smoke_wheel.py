@@ -1,0 +1,127 @@
+"""Smoke test of an installed protoprompt (a wheel or an sdist build) in its environment.
+
+Checks what a user does first: the package imports from the environment (not a source tree),
+reports the version of its own metadata, counts tokens, packs a history with a tool call
+within a budget, names a bad item in its exception, and (``--example``) runs the offline
+Agents SDK example. Exits non-zero on the first failure.
+
+    python scripts/smoke_wheel.py [--version X.Y.Z] [--example examples/openai_agents_session.py]
+
+Run it from a directory outside the checkout, with the environment's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import sysconfig
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def check_install(expected_version: str | None) -> None:
+    import protoprompt
+    from protoprompt import _core
+
+    package = Path(protoprompt.__file__).resolve().parent
+    if package.is_relative_to(REPO / "python"):
+        raise SystemExit(f"protoprompt was imported from the source tree ({package})")
+    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
+    platlib = Path(sysconfig.get_paths()["platlib"]).resolve()
+    if package.parent not in (purelib, platlib):
+        raise SystemExit(f"protoprompt was imported from {package}, not this environment")
+    version = metadata.version("protoprompt")
+    assert protoprompt.__version__ == version, (protoprompt.__version__, version)
+    if expected_version is not None:
+        assert version == expected_version, f"installed {version}, expected {expected_version}"
+    print(f"protoprompt {version} from {package} (native module {Path(_core.__file__).name}), "
+          f"Python {sys.version.split()[0]}")
+
+
+def check_counting() -> None:
+    import protoprompt as pp
+
+    # Fixed facts of the vocabularies (equal to tiktoken's counts).
+    assert pp.count_tokens("hello world") == 2
+    assert pp.count_tokens("Hello, world!", model="gpt-5") == 4
+    assert pp.count_tokens("Hello, world!", encoding="cl100k_base") == 4
+    text = "The agreement renews automatically unless notice is given ninety days before."
+    assert pp.count_tokens_batch(["hello world", text]) == [2, pp.count_tokens(text)]
+    assert pp.encoding_for_model("gpt-4.1") == "o200k_base"
+    print(f"count_tokens: ok ({pp.count_tokens(text)} tokens in a {len(text)}-character sentence)")
+
+
+def check_packing() -> None:
+    import protoprompt as pp
+
+    old = "Please summarise the whole contract for me. " * 40
+    history = [
+        {"role": "user", "content": old},
+        {"role": "assistant", "content": "It is a one-year services agreement."},
+        {"role": "user", "content": "When does it renew?"},
+        {"type": "function_call", "call_id": "call_1", "name": "lookup_clause",
+         "arguments": '{"name": "renewal"}'},
+        {"type": "function_call_output", "call_id": "call_1",
+         "output": "Renews every 1 March unless notice is given 90 days before."},
+        {"role": "assistant", "content": "Every 1 March, unless notice is given 90 days before."},
+        {"type": "function_call_output", "call_id": "call_gone", "output": "orphan"},
+    ]
+    new_input = [{"role": "user", "content": "And the latest date to give notice?"}]
+    result = pp.pack(history, new_input, budget=200, output_reserve=50, model="gpt-5")
+    assert result.used <= 200, result.used
+    # The long first message does not fit; the newest turns do, the orphan output never.
+    assert result.kept_history == [1, 2, 3, 4, 5], result.kept_history
+    expected = [history[i] for i in result.kept_history] + new_input
+    assert len(result.items) == len(expected)
+    assert all(a is b for a, b in zip(result.items, expected)), "the caller's own objects, in order"
+    reasons = {p: d.decision for d in result.decisions for p in d.positions}
+    assert reasons[0] == "over_budget" and reasons[6] == "invalid_unit", reasons
+    call_unit = [d for d in result.decisions if 3 in d.positions][0]
+    assert call_unit.positions == [3, 4], "a call and its output are one unit"
+    assert "over_budget" in result.explain()
+
+    try:
+        pp.pack([{"role": "user", "content": float("nan")}], new_input, budget=100)
+    except pp.InvalidItemError as exc:
+        assert "history[0]" in str(exc), exc
+    else:
+        raise AssertionError("a NaN in an item must raise InvalidItemError")
+    try:
+        pp.pack(history, new_input, budget=5)
+    except pp.TokenBudgetExceededError as exc:
+        assert exc.budget == 5, exc
+    else:
+        raise AssertionError("a budget below the new input must raise TokenBudgetExceededError")
+    print(f"pack: ok (kept {len(result.kept_history)} of {len(history)} history items, "
+          f"{result.used}/{result.budget} tokens)")
+
+
+def run_example(path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"{path.name} failed with exit code {proc.returncode}")
+    turns = [line for line in proc.stdout.splitlines() if line.startswith("turn ")]
+    assert len(turns) == 5 and "PLAN" in proc.stdout, proc.stdout
+    print(f"{path.name}: ok ({len(turns)} turns; last: {turns[-1]})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", help="the version the installed package must report")
+    parser.add_argument("--example", type=Path, help="the offline example to run (needs agents)")
+    args = parser.parse_args()
+    check_install(args.version)
+    check_counting()
+    check_packing()
+    if args.example is not None:
+        run_example(args.example.resolve())
+
+
+if __name__ == "__main__":
+    main()
