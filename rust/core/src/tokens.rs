@@ -605,7 +605,7 @@ thread_local! {
 /// Run `f`, catching a panic without printing it: the process's panic hook is wrapped
 /// once so that it stays silent for panics on a thread inside this call (any other panic
 /// is reported by the previous hook as before).
-fn quietly<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> std::thread::Result<R> {
+pub fn quietly<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> std::thread::Result<R> {
     static WRAPPED: std::sync::Once = std::sync::Once::new();
     WRAPPED.call_once(|| {
         let previous = std::panic::take_hook();
