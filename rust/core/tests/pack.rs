@@ -389,7 +389,7 @@ fn bad_items_name_the_position_and_field() {
 fn huge_costs_saturate_instead_of_wrapping() {
     // Counts a damaged store could hand over: (2^63 - 1) + (2^63 - 1) + 7 wraps to 5 in
     // 64-bit arithmetic; summed with saturation the unit can never fit a budget.
-    let h = vec![
+    let h = [
         user("q"),
         json!({"type": "reasoning", "id": "rs_1", "summary": []}),
         call("c1"),
