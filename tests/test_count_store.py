@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import protoprompt as pp
-from protoprompt import _core
+from protoprompt import _core, count_store
 
 
 def _long_history(seed: int, turns: int = 12) -> tuple[list[dict], list[dict]]:
@@ -236,8 +236,7 @@ def test_a_damaged_database_is_a_miss_not_a_wrong_count(tmp_path) -> None:
     store.put_many([(key, 5)])  # a write error drops the entry ...
     assert store.flush(timeout=10)
     with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE protoprompt_token_counts "
-                     "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")
+        conn.execute(count_store._CREATE_TABLE)
     store.put_many([(key, 5)])  # ... and the next report of it is written
     assert store.flush(timeout=10) and store.get_many([key]) == [5]
     with sqlite3.connect(db) as conn:
