@@ -181,11 +181,13 @@ class Turns:
     """Turns through a session's ``get_items`` and callback, as the SDK makes them, each
     checked against a builder that packs the same history without any index."""
 
-    def __init__(self, db: str) -> None:
+    def __init__(self, db: str, session_id: str = "chat", words: int = 20) -> None:
         self.db = db
+        self.words = words
         self.store = MemoryStore()
-        self.session = ProtoPromptSession("chat", db)
-        self.callback = self.session.input_callback(_builder(self.store), system_prompt=SYSTEM)
+        self.session = ProtoPromptSession(session_id, db)
+        self.builder = _builder(self.store)
+        self.callback = self.session.input_callback(self.builder, system_prompt=SYSTEM)
         self.fresh = _builder(self.store)
         self.n = 0
 
@@ -200,13 +202,20 @@ class Turns:
         _core._clear_count_cache()
         expected = self.fresh.build(copy.deepcopy(history), copy.deepcopy(new),
                                     system_prompt=SYSTEM)
+        _core._clear_count_cache()  # counts come from the index, the store or the tokenizer
         sent = await self.callback(history, new)
         assert json.dumps(sent) == json.dumps(expected.items)
-        assert self.session._index_state.index is not None
+        got = self.builder.last_plan
+        assert got is not None
+        assert (got.pack.used, got.pack.history_tokens, got.pack.kept_history) == (
+            expected.pack.used, expected.pack.history_tokens, expected.pack.kept_history)
+        assert list(got.pack.decisions) == list(expected.pack.decisions)
         await self.session.add_items(new + (answer or [
             {"type": "message", "role": "assistant", "id": f"msg_{self.n}",
              "status": "completed",
-             "content": [{"type": "output_text", "text": "fine " * 20, "annotations": []}]}]))
+             "content": [{"type": "output_text",
+                          "text": f"{self.n} " + "fine " * (self.words + 9 * self.n),
+                          "annotations": []}]}]))
 
     async def turn(self) -> None:
         await self.send(await self.read())
