@@ -19,8 +19,10 @@ Rust packer changes):
   process, vocabulary load included) and warm (memo of token counts per canonical text).
 * **session cold / restart** = what protoprompt adds to the first SDK turn of a fresh process
   through ``ProtoPromptSession`` on the database: the callback's time plus the time its
-  ``get_items`` takes beyond the SDK session's own read (the row check, and waiting for the
-  index snapshot if loading it outlasts the read it overlaps). *cold* = the first turn
+  ``get_items`` takes beyond the read of the rows itself (which is the SDK session's read:
+  ``_sync.read_rows`` does what ``SQLiteSession.get_items`` does, with the row ids), i.e.
+  comparing the rows with the index, and waiting for the index snapshot if loading it
+  outlasts the read it overlaps. *cold* = the first turn
   protoprompt ever serves on it (the token counts and index snapshot it keeps there are
   deleted first), *restart* = the same turn in another fresh process afterwards, which finds
   what the first one kept.
@@ -484,8 +486,13 @@ def _session_child(spec: dict[str, Any]) -> None:
     t_start = time.perf_counter()
     callback = session.input_callback(builder, system_prompt="Be brief.")
     spent: list[float] = []
-    # What protoprompt's get_items adds to the SDK session's own read.
+    # What protoprompt's get_items adds to the SDK session's own read (the session reads the
+    # rows like SQLiteSession.get_items does, through _sync.read_rows; the SDK's read is
+    # timed too for sessions that use it).
+    from protoprompt.integrations import _sync
+
     inner_read = session.inner_session.get_items
+    read_rows = _sync.read_rows
     outer_read = session.get_items
     reads: list[tuple[float, float]] = []  # (outer, inner)
     inner_spent: list[float] = []
@@ -497,6 +504,13 @@ def _session_child(spec: dict[str, Any]) -> None:
         finally:
             inner_spent.append(time.perf_counter() - t)
 
+    def timed_rows(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return read_rows(*args, **kwargs)
+        finally:
+            inner_spent.append(time.perf_counter() - t)
+
     async def timed_outer(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
@@ -505,6 +519,7 @@ def _session_child(spec: dict[str, Any]) -> None:
             reads.append((time.perf_counter() - t, inner_spent[-1] if inner_spent else 0.0))
 
     session.inner_session.get_items = timed_inner  # type: ignore[method-assign]
+    _sync.read_rows = timed_rows  # type: ignore[assignment]
     session.get_items = timed_outer  # type: ignore[method-assign]
 
     peaks: list[int | None] = []
