@@ -323,7 +323,7 @@ class SessionTurn:
     """One warm turn through the SDK with ``ProtoPromptSession`` and its callback, against the
     same turn with a pass-through callback on a plain ``SQLiteSession`` (same database
     content): ``prepare_input_with_session`` end to end, so protoprompt's whole cost is in
-    the difference — the row check in ``get_items`` and the callback with its index.
+    the difference — comparing the rows with the index in ``get_items``, and the callback.
 
     Setup (untimed): a database holding the previous turn's history; the session runs that
     turn (its index syncs), then stores the turn's items like the SDK does.

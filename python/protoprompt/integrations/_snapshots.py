@@ -110,4 +110,4 @@ def delete(db_path: str, table: str, session_id: str) -> None:
                          (table, session_id))
     except sqlite3.Error:
         pass  # no table: nothing to delete; a locked database keeps a snapshot whose rows
-        # are gone, which the row check then keeps nothing of
+        # are gone, of which the row comparison then keeps nothing

@@ -424,9 +424,11 @@ class ProtoPromptSession:
         incremental: keep a :class:`~protoprompt.HistoryIndex` of the stored history so a
             turn costs what is new and what is kept, not the whole history (same requests
             either way). ``None`` (default): on when the history lives in an
-            ``SQLiteSession``, whose rows are checked before every turn so writes by other
-            processes or session objects are noticed. ``True`` for another inner session
-            asserts that only this object changes that session's history.
+            ``SQLiteSession``; in a database file, ``get_items`` then reads the rows itself
+            (the same items as ``SQLiteSession.get_items``, with their row ids) and the
+            index is compared with exactly those rows, so writes by other processes or
+            session objects are noticed. ``True`` for another inner session asserts that
+            only this object changes that session's history.
 
     With a database file, token counts of long items are also kept in it (table
     ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
