@@ -144,7 +144,7 @@ async def test_rows_are_read_exactly_like_the_sdk_reads_them(tmp_path) -> None:
                      ("other", '{"role": "user", "content": "not this session"}'))
     await sdk.add_items([{"role": "user", "content": "z"}])
     reader = _sync.RowReader(db, "agent_messages", "chat")
-    items, rows = reader.read()
+    items, rows = reader.read(lambda rows: rows)
     expected = await sdk.get_items()
     assert json.dumps(items) == json.dumps(expected)
     with sqlite3.connect(db) as conn:

@@ -29,9 +29,11 @@ import json
 import sqlite3
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RowIds = array
 """Row ids, ``array('q')``."""
@@ -73,9 +75,11 @@ class Rows:
                            if r not in skipped))
 
 
-def read_rows(conn: sqlite3.Connection, table: str, session_id: str) -> tuple[list[Any], Rows]:
+def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
+              look: Callable[[Rows], T]) -> tuple[list[Any], T]:
     """A session's items exactly as ``SQLiteSession.get_items()`` returns them (no limit),
-    with the rows behind them, from one statement (one read snapshot)."""
+    from one statement (one read snapshot), and what ``look`` makes of the rows behind them.
+    The rows (with their texts) live only during the call, as in the SDK's own read."""
     rows = conn.execute(
         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
         (session_id,)).fetchall()
@@ -87,7 +91,7 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str) -> tuple[li
             items.append(loads(data))
         except (json.JSONDecodeError, TypeError):  # what the SDK skips, and nothing else
             skipped.append(len(items) + len(skipped))
-    return items, Rows(rows, skipped)
+    return items, look(Rows(rows, skipped))
 
 
 class RowReader:
@@ -100,13 +104,13 @@ class RowReader:
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
-    def read(self) -> tuple[list[Any], Rows]:
-        """Raises ``sqlite3.Error`` if the database cannot be read."""
+    def read(self, look: Callable[[Rows], T]) -> tuple[list[Any], T]:
+        """See :func:`read_rows`. Raises ``sqlite3.Error`` if the database cannot be read."""
         with self._lock:
             if self._conn is None:
                 self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
                                              timeout=5.0, isolation_level=None)
-            return read_rows(self._conn, self._table, self._session_id)
+            return read_rows(self._conn, self._table, self._session_id, look)
 
     def close(self) -> None:
         with self._lock:

@@ -185,8 +185,11 @@ class _IndexState:
     def synced(self) -> _sync.Synced:
         return _sync.Synced(len(self.index), self.version, self.generation)
 
-    def compare(self, rows: _sync.Rows) -> _sync.Seen:
-        """What ``rows`` (a read's rows) keep of the index (caller: no lock)."""
+    def compare(self, rows: _sync.Rows, after: threading.Thread | None = None) -> _sync.Seen:
+        """What ``rows`` (a read's rows) keep of the index, once ``after`` (the snapshot's
+        restore) has finished (caller: no lock)."""
+        if after is not None:
+            after.join()
         with self.lock:
             keep = _sync.kept_prefix(self.row_ids, rows)
             return _sync.Seen(self.version, keep, rows.ids_from(keep))
@@ -227,7 +230,7 @@ class _IndexState:
             self.version += 1
             self.generation = self.epoch
             self.saved_len = len(index)
-            self.nbytes = index.nbytes
+            self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
 
     def due(self) -> bool:
         """Whether the index has grown enough since its last snapshot (caller holds lock)."""
@@ -533,17 +536,23 @@ class ProtoPromptSession:
         epoch = state.epoch
         windowed = (limit is not None
                     or getattr(self.session_settings, "limit", None) is not None)
-        restore: asyncio.Future[None] | None = None
+        restorer: threading.Thread | None = None
         if not state.restore_tried and not windowed:
             # A stored index snapshot loads while the history is read (another thread).
-            restore = asyncio.ensure_future(asyncio.to_thread(state.restore))
-        rows: _sync.Rows | None = None
+            restorer = threading.Thread(target=state.restore, name="protoprompt-restore",
+                                        daemon=True)
+            restorer.start()
+        seen: _sync.Seen | None = None
         try:
             if (self._reader is not None and not windowed
                     and not getattr(self._inner, "_closed", False)):
-                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync).
+                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
+                # compared with the index while the rows are at hand.
+                def look(rows: _sync.Rows) -> _sync.Seen | None:
+                    return state.compare(rows, restorer) if self._incremental else None
+
                 try:
-                    items, rows = await asyncio.to_thread(self._reader.read)
+                    items, seen = await asyncio.to_thread(self._reader.read, look)
                 except sqlite3.Error as exc:
                     _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
                     items = await _call(self._inner.get_items, wrapper=wrapper)
@@ -552,13 +561,9 @@ class ProtoPromptSession:
             else:
                 items = await _call(self._inner.get_items, limit, wrapper=wrapper)
         finally:
-            if restore is not None:
-                await restore
+            if restorer is not None and restorer.is_alive():
+                await asyncio.to_thread(restorer.join)
         if self._incremental:
-            seen = None
-            if rows is not None:
-                seen = await asyncio.to_thread(state.compare, rows)
-                del rows  # the row texts: not kept beyond the read
             _LAST_READ.set(_Read(self, _sync.Read(
                 len(items), windowed, epoch, self._reader is not None, seen)))
         return cast("list[Item]", items)
@@ -667,6 +672,7 @@ class ProtoPromptSession:
             if state.row_ids is None:
                 state.row_ids = array("q")
             state.row_ids.extend(facts.seen.new_ids)
+            state.nbytes += state.row_ids.itemsize * len(state.row_ids)
         state.generation = facts.epoch
         state.version += 1
         if len(state.index) != len(history) or (

@@ -773,12 +773,20 @@ impl<'m> PyCostSource<'m> {
     /// The kept history objects followed by every new-input object: what the caller sends.
     fn request<'py>(&mut self, py: Python<'py>, kept: &[usize]) -> PyResult<Bound<'py, PyList>> {
         let mut out = Vec::with_capacity(kept.len() + self.new_input.len());
+        let history = self.history.bind(py);
+        let fresh = self.fresh.bind(py);
         for &p in kept {
-            let item = self.item(py, p).map_err(|e| {
+            let item = if p >= self.fresh_from {
+                fresh.get_item(p - self.fresh_from)
+            } else if let Some(obj) = self.read.get(&p) {
+                Ok(obj.bind(py).clone())
+            } else {
+                history.get_item(p) // read once, here: nothing to remember it for
+            };
+            out.push(item.map_err(|e| {
                 let label = label(self.n_history, p);
                 FieldError::caused("(item)", GONE, e).raise(py, &label)
-            })?;
-            out.push(item);
+            })?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
         PyList::new(py, out)
