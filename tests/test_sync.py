@@ -357,3 +357,26 @@ def test_the_shared_pool_keys_include_the_file(tmp_path) -> None:
     assert key[2:] == ("agent_messages", "chat")
     assert integration._SHARED[key] is session._index_state
     session.close()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_reads_rows_on_a_connection_of_its_own(tmp_path) -> None:
+    from test_count_store import _in_forked_child
+
+    db = str(tmp_path / "f.db")
+    sdk = SQLiteSession("chat", db)
+    asyncio.run(sdk.add_items([{"role": "user", "content": "before the fork"}]))
+    reader = _sync.RowReader(db, "agent_messages", "chat")
+    items, _ = reader.read(len)
+    parent_conn = reader._conn
+    assert parent_conn is not None and items
+
+    def child() -> Any:
+        assert reader._conn is None  # the parent's connection is left alone
+        got, n = reader.read(len)
+        return [i["content"] for i in got], n, reader._conn is not parent_conn
+
+    assert _in_forked_child(child) == (["before the fork"], 1, True)
+    assert reader.read(len)[1] == 1 and reader._conn is parent_conn
+    reader.close()
+    sdk.close()

@@ -26,8 +26,10 @@ pure function, tested as a table.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,6 +96,24 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
     return items, look(Rows(rows, skipped))
 
 
+_READERS: weakref.WeakSet[RowReader] = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never used here
+
+
+def _readers_after_fork() -> None:
+    """A forked child must not use its parent's SQLite connections (nor close them, which
+    would drop locks SQLite tracks per process): each reader opens its own."""
+    for reader in list(_READERS):
+        if reader._conn is not None:
+            _INHERITED.append(reader._conn)
+        reader._conn = None
+        reader._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_readers_after_fork)
+
+
 class RowReader:
     """Reads one stored session's rows (see :func:`read_rows`) on a connection of its own."""
 
@@ -103,6 +123,7 @@ class RowReader:
         self._session_id = session_id
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        _READERS.add(self)
 
     def read(self, look: Callable[[Rows], T]) -> tuple[list[Any], T]:
         """See :func:`read_rows`. Raises ``sqlite3.Error`` if the database cannot be read."""
