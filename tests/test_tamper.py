@@ -292,3 +292,21 @@ async def test_rows_the_sdk_cannot_decode_are_skipped_like_the_sdk_skips_them(
                 (value,)) for value in ("{broken", "", b"{broken", "[1, ")])
     t = await _turn_after_restart(db, monkeypatch, restored=True)
     t.close()
+
+
+async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch) -> None:
+    """The layout before snapshots were bound (max_id, row_count): its rows are never read,
+    and the next save replaces the table."""
+    db = await _stored(tmp_path, monkeypatch)
+    _sql(db, (f"DROP TABLE {SNAPSHOTS}", ()),
+         (f"CREATE TABLE {SNAPSHOTS} (messages_table TEXT NOT NULL, session_id TEXT NOT NULL, "
+          "max_id INTEGER NOT NULL, row_count INTEGER NOT NULL, items INTEGER NOT NULL, "
+          "data BLOB NOT NULL, PRIMARY KEY (messages_table, session_id))", ()),
+         (f"INSERT INTO {SNAPSHOTS} VALUES ('agent_messages', 'chat', -1, 'abc', 3, x'00')",
+          ()))
+    t = await _turn_after_restart(db, monkeypatch, restored=False)
+    t.session._index_state.wait_for_save()
+    t.close()  # saves the index it built
+    columns = [r[1] for r in sqlite3.connect(db).execute(f"PRAGMA table_info({SNAPSHOTS})")]
+    assert columns == ["messages_table", "session_id", "row_ids", "data"]
+    assert _one(db, f"SELECT COUNT(*) FROM {SNAPSHOTS}")[0] == 1
