@@ -126,3 +126,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             workers = threads if isinstance(threads, str) else f"{threads} thread(s)"
             tr.write_line(f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
                           f"{v['tok_s'] / 1e6:8.2f} Mtok/s")
+        if k[0] == "count-pathological":
+            tr.write_line(f"count {k[1][0]:<24}: {v['mb_s']:8.2f} MB/s, {v['slower']:.2f}x "
+                          "the corpus' time per byte")

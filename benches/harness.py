@@ -19,8 +19,10 @@ Rust packer changes):
   process, vocabulary load included) and warm (memo of token counts per canonical text).
 * **session cold / restart** = what protoprompt adds to the first SDK turn of a fresh process
   through ``ProtoPromptSession`` on the database: the callback's time plus the time its
-  ``get_items`` takes beyond the SDK session's own read (the row check, and waiting for the
-  index snapshot if loading it outlasts the read it overlaps). *cold* = the first turn
+  ``get_items`` takes beyond the read of the rows itself (which is the SDK session's read:
+  ``_sync.read_rows`` does what ``SQLiteSession.get_items`` does, with the row ids), i.e.
+  comparing the rows with the index, and waiting for the index snapshot if loading it
+  outlasts the read it overlaps. *cold* = the first turn
   protoprompt ever serves on it (the token counts and index snapshot it keeps there are
   deleted first), *restart* = the same turn in another fresh process afterwards, which finds
   what the first one kept.
@@ -321,7 +323,7 @@ class SessionTurn:
     """One warm turn through the SDK with ``ProtoPromptSession`` and its callback, against the
     same turn with a pass-through callback on a plain ``SQLiteSession`` (same database
     content): ``prepare_input_with_session`` end to end, so protoprompt's whole cost is in
-    the difference — the row check in ``get_items`` and the callback with its index.
+    the difference — comparing the rows with the index in ``get_items``, and the callback.
 
     Setup (untimed): a database holding the previous turn's history; the session runs that
     turn (its index syncs), then stores the turn's items like the SDK does.
@@ -484,11 +486,27 @@ def _session_child(spec: dict[str, Any]) -> None:
     t_start = time.perf_counter()
     callback = session.input_callback(builder, system_prompt="Be brief.")
     spent: list[float] = []
-    # What protoprompt's get_items adds to the SDK session's own read.
+    # What protoprompt's get_items adds to the SDK session's own read (the session reads the
+    # rows like SQLiteSession.get_items does, through _sync.read_rows, minus the time it
+    # spends there comparing them with the index, which is protoprompt's own; the SDK's
+    # read is timed too for sessions that use it).
+    from protoprompt.integrations import _sync
+    from protoprompt.integrations.agents import _IndexState
+
     inner_read = session.inner_session.get_items
+    read_rows = _sync.read_rows
+    compare = _IndexState.compare
     outer_read = session.get_items
     reads: list[tuple[float, float]] = []  # (outer, inner)
     inner_spent: list[float] = []
+    compare_spent: list[float] = []
+
+    def timed_compare(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return compare(*args, **kwargs)
+        finally:
+            compare_spent.append(time.perf_counter() - t)
 
     async def timed_inner(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -496,6 +514,14 @@ def _session_child(spec: dict[str, Any]) -> None:
             return await inner_read(*args, **kwargs)
         finally:
             inner_spent.append(time.perf_counter() - t)
+
+    def timed_rows(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        compare_spent.clear()
+        try:
+            return read_rows(*args, **kwargs)
+        finally:
+            inner_spent.append(time.perf_counter() - t - sum(compare_spent))
 
     async def timed_outer(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -505,6 +531,8 @@ def _session_child(spec: dict[str, Any]) -> None:
             reads.append((time.perf_counter() - t, inner_spent[-1] if inner_spent else 0.0))
 
     session.inner_session.get_items = timed_inner  # type: ignore[method-assign]
+    _sync.read_rows = timed_rows  # type: ignore[assignment]
+    _IndexState.compare = timed_compare  # type: ignore[method-assign]
     session.get_items = timed_outer  # type: ignore[method-assign]
 
     peaks: list[int | None] = []

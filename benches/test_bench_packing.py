@@ -13,6 +13,7 @@ import harness  # noqa: I001  (first: puts the benches' helper modules first)
 
 harness.ensure_paths()
 
+import random  # noqa: E402
 import sqlite3  # noqa: E402
 import time  # noqa: E402
 
@@ -354,6 +355,44 @@ def test_count_throughput_two_processes(results, engine):
     assert r.n_tokens == expected
     results[("count", (engine, "2 procs"))] = {"mb_s": r.mb_per_s, "tok_s": r.tokens_per_s}
     print(f"\ncount {engine} 2 processes: {r.mb_per_s:.2f} MB/s")
+
+
+def _pathological(kind: str, n_bytes: int) -> str:
+    if kind == "one letter":
+        return "a" * n_bytes
+    if kind == "spaces":
+        return " " * n_bytes
+    rng = random.Random(0)  # lowercase letters and nothing else: one pre-tokenizer piece
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n_bytes))
+
+
+@pytest.mark.parametrize(("kind", "megabytes", "bound"), [
+    ("one letter", 8, 2.0), ("spaces", 8, 2.0), ("random letters", 2, 12.0)])
+def test_count_pathological_texts(benchmark, results, kind, megabytes, bound):
+    """Texts the tokenizer handles worst, against the corpus measured in the same run (per
+    byte): a run of one letter or of spaces counts at least half as fast as ordinary text
+    (they took 10x and 6x longer per byte at 4 MB before segments were bounded: one letter
+    quadratic-ish, whitespace failing in the regex engine and halved), and one long piece of
+    random letters is bounded by the BPE merge's own speed on short pieces."""
+    import protoprompt
+
+    text = _pathological(kind, megabytes * 10**6)
+    protoprompt.count_tokens("warm up")
+    n = benchmark.pedantic(lambda: protoprompt.count_tokens(text, encoding=harness.ENCODING),
+                           rounds=1, iterations=1)
+    low, high = -(-len(text) // 128), len(text)  # a token covers 1 to 128 bytes
+    assert low <= n <= high
+    best = _stat(benchmark, "min")
+    corpus = results.get(("count", ("protoprompt", 1)))
+    if best is None or corpus is None:
+        return
+    mb_s = len(text) / best / 1e6
+    slower = corpus["mb_s"] / mb_s
+    results[("count-pathological", (kind,))] = {"mb_s": mb_s, "slower": slower}
+    benchmark.extra_info.update(mb_per_s=mb_s, slower_than_corpus=slower)
+    print(f"\ncount {kind} ({megabytes} MB): {mb_s:.2f} MB/s, {slower:.2f}x the corpus' time "
+          "per byte")
+    assert slower <= bound, f"{kind}: {slower:.1f}x slower per byte than ordinary text"
 
 
 def test_harness_measures_fresh_objects(cases):

@@ -88,7 +88,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         tmp_path, monkeypatch) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
     plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    assert fast.session._probe is not None and plain.session._probe is None
+    assert fast.session._reader is not None and plain.session._reader is None
 
     async def both(action: Any) -> None:
         for side, db in ((fast, "fast.db"), (plain, "plain.db")):
@@ -185,7 +185,7 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
 
 async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
     side = Side(":memory:", incremental=None)
-    assert side.session._incremental and side.session._probe is None
+    assert side.session._incremental and side.session._reader is None
     await side.turn(0)
     await side.turn(2)
     assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
@@ -250,7 +250,7 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
                          run_config=RunConfig(session_input_callback=other.input_callback(
                              builder), tracing_disabled=True))
     keys = list(integration._SHARED)
-    assert keys[-1][2] == "someone-else" and not any(k[2] == "chat" for k in keys)
+    assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
     fresh = ProtoPromptSession("chat", fast_db)
     assert fresh._index_state is not shared and len(fresh._index_state.index) == 0
     other.close()

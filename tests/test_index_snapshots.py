@@ -24,6 +24,7 @@ agents = pytest.importorskip("agents")
 
 from agents.memory import SQLiteSession  # noqa: E402
 
+from protoprompt.integrations import _snapshots  # noqa: E402
 from protoprompt.integrations import agents as integration  # noqa: E402
 from test_incremental_session import fast_and_plain, restart  # noqa: E402
 from test_incremental_session import Side  # noqa: E402
@@ -120,12 +121,19 @@ def test_damaged_foreign_and_wrong_snapshots_raise_snapshot_error() -> None:
 
 
 def _snapshot_rows(db: str) -> list[tuple[Any, ...]]:
+    """``(session id, its row ids)`` of every stored snapshot."""
     with sqlite3.connect(db) as conn:
         try:
-            return conn.execute(f"SELECT session_id, max_id, row_count, items FROM {TABLE}"
-                                ).fetchall()
+            rows = conn.execute(f"SELECT session_id, row_ids FROM {TABLE}").fetchall()
         except sqlite3.OperationalError:
             return []
+    return [(sid, _snapshots.ids_from_bytes(ids).tolist()) for sid, ids in rows]
+
+
+def _row_ids(db: str) -> list[int]:
+    with sqlite3.connect(db) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT id FROM agent_messages WHERE session_id = 'chat' ORDER BY id")]
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
@@ -145,9 +153,10 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     assert _snapshot_rows(fast_db), "no snapshot written during the turns"
     fast.close()
     stored = len(await plain.session.get_items())
-    [(sid, max_id, row_count, items)] = _snapshot_rows(fast_db)
+    [(sid, ids)] = _snapshot_rows(fast_db)
+    items = len(ids)
     # Saved at close with the index of the last turn's history (its own items come after).
-    assert sid == "chat" and items <= row_count <= stored and max_id >= row_count
+    assert sid == "chat" and ids == _row_ids(fast_db)[:items] and items <= stored
 
     restart(monkeypatch)
     calls: list[str] = []
@@ -231,37 +240,6 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, c
                    for r in caplog.records)
     restarted.close()
     plain.close()
-
-
-async def test_row_probe_answers_like_counting_every_row(tmp_path) -> None:
-    """The probe's shortcut (row max_id still there: count only newer rows) gives what the
-    full count gives, through random appends, pops and clears by another connection."""
-    db = str(tmp_path / "p.db")
-    writer = SQLiteSession("chat", db)
-    await writer.add_items([{"role": "user", "content": "a"}])
-    probe = integration._RowProbe(db, writer.messages_table, "chat")
-    rng = random.Random(5)
-    synced: tuple[int, int] | None = None
-    for _ in range(200):
-        op = rng.randrange(10)
-        if op < 5:
-            await writer.add_items([{"role": "user", "content": "x"}] * rng.randrange(1, 4))
-        elif op < 9:
-            for _ in range(rng.randrange(1, 4)):
-                await writer.pop_item()
-        else:
-            await writer.clear_session()
-        got = probe.read(synced)
-        with sqlite3.connect(db) as conn:
-            ids = [r[0] for r in conn.execute(
-                f"SELECT id FROM {writer.messages_table} WHERE session_id = 'chat'")]
-        known_max = synced[0] if synced else 0
-        assert got == (max(ids, default=0), len(ids), sum(i <= known_max for i in ids),
-                       known_max)
-        if rng.randrange(3):
-            synced = (got[0], got[1])
-    probe.close()
-    writer.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -16,11 +16,17 @@ packs the same text under the same encoding reads the count back instead.
   written by a short-lived background thread with its own connection. Write errors (a
   locked or read-only database) only lose cache entries, never a request; read errors count
   as misses.
+* **Checked.** Each row holds the count as written (no column affinity: SQLite never turns
+  ``'12'`` or ``3.0`` into a count) and a keyed check of key and count (BLAKE2b under the
+  secret), so a damaged, retyped or swapped row is a miss. The core also refuses counts no
+  text of that length can have. These find accidents, not forgeries: whoever can write the
+  database can write the history itself.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import secrets
@@ -38,6 +44,10 @@ __all__ = ["CountStore", "SQLiteCountStore"]
 _log = logging.getLogger("protoprompt")
 
 _TABLE = "protoprompt_token_counts"
+_COLUMNS = ("key", "tokens", "mac")
+# `tokens` has no declared type, so no affinity: a value is stored exactly as written.
+_CREATE_TABLE = (f"CREATE TABLE IF NOT EXISTS {_TABLE} "
+                 "(key BLOB NOT NULL UNIQUE, tokens NOT NULL, mac BLOB NOT NULL)")
 _SECRET_ROW = "count_secret"
 _MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 _REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
@@ -76,6 +86,12 @@ def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and 0 <= value < 2**63
 
 
+def _mac(secret: bytes, key: bytes, tokens: int) -> bytes:
+    """The check stored beside a count: a keyed hash of the key and the count."""
+    return hashlib.blake2b(key + tokens.to_bytes(8, "little"), digest_size=8,
+                           key=secret).digest()
+
+
 @runtime_checkable
 class CountStore(Protocol):
     """What :class:`~protoprompt.HistoryIndex` needs from a persistent count store.
@@ -96,6 +112,21 @@ class CountStore(Protocol):
     def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
         """Store ``(key, tokens)`` pairs (may return before they are written)."""
         ...
+
+
+def _replace_old_table(conn: sqlite3.Connection) -> None:
+    """Replace a counts table of an earlier layout (an INTEGER column, no check): its
+    values could have been coerced and cannot be checked. Best effort: a read-only
+    database keeps it, and its rows are then misses."""
+    try:
+        columns = [(row[1], row[2]) for row in conn.execute(f"PRAGMA table_info({_TABLE})")]
+        if [name for name, _ in columns] == list(_COLUMNS) and columns[1][1] == "":
+            return
+        with conn:
+            conn.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+            conn.execute(_CREATE_TABLE)
+    except sqlite3.Error as e:
+        _log.debug("protoprompt count store: old table kept: %s", e)
 
 
 class SQLiteCountStore:
@@ -184,9 +215,9 @@ class SQLiteCountStore:
     def _open(self) -> bytes:
         conn = self._connect()
         try:
-            value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16), [(
-                _TABLE, f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-                        "(key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)")])
+            value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16),
+                               [(_TABLE, _CREATE_TABLE)])
+            _replace_old_table(conn)
         finally:
             conn.close()
         try:
@@ -205,22 +236,33 @@ class SQLiteCountStore:
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
-        found: dict[bytes, object] = {}
+        found: dict[object, tuple[object, object]] = {}
         with self._lock:
             try:
                 reader = self._open_reader()
                 for start in range(0, len(keys), _MAX_PARAMS):
                     chunk = list(keys[start:start + _MAX_PARAMS])
                     marks = ",".join("?" * len(chunk))
-                    found.update(reader.execute(
-                        f"SELECT key, tokens FROM {_TABLE} WHERE key IN ({marks})", chunk))
+                    for k, n, mac in reader.execute(
+                            f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})",
+                            chunk):
+                        found[k] = (n, mac)
             except sqlite3.Error as e:
                 _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
                 return [None] * len(keys)
         out: list[int | None] = []
+        bad = 0
         for k in keys:
-            v = found.get(k)
-            out.append(v if _is_count(v) else None)
+            n, mac = found.get(k, (None, None))
+            if n is None:
+                out.append(None)
+            elif _is_count(n) and type(mac) is bytes and mac == _mac(self._secret, k, n):
+                out.append(n)
+            else:
+                out.append(None)  # damaged, retyped or moved: counted again and rewritten
+                bad += 1
+        if bad:
+            _log.debug("protoprompt count store %s: %d damaged entries ignored", self.path, bad)
         return out
 
     def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
@@ -261,7 +303,8 @@ class SQLiteCountStore:
                         conn = self._connect()
                     with conn:
                         conn.executemany(
-                            f"INSERT OR REPLACE INTO {_TABLE} (key, tokens) VALUES (?, ?)", batch)
+                            f"INSERT OR REPLACE INTO {_TABLE} (key, tokens, mac) VALUES (?, ?, ?)",
+                            [(k, n, _mac(self._secret, k, n)) for k, n in batch])
                         conn.execute(f"DELETE FROM {_TABLE} WHERE rowid <= "
                                      f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
                                      (self.max_entries,))

@@ -438,6 +438,10 @@ def _checked(count_store: CountStore | None) -> CountStore | None:
     return count_store
 
 
+_MAX_TOKENS = 2**64 - 1
+"""Largest token amount the core represents (costs and sums saturate there)."""
+
+
 def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
     for name, value in (("budget", budget), ("output_reserve", output_reserve),
                         ("context_tokens", context_tokens)):
@@ -445,6 +449,8 @@ def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+        if value > _MAX_TOKENS:
+            raise ValueError(f"{name} must be at most 2**64 - 1 tokens, got {value}")
 
 
 def _check_pinned(pinned: Iterable[int]) -> list[int]:
@@ -489,10 +495,11 @@ def _run(
                     pinned=pins or None, history_len=history_len)
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
-    kept = raw["kept_history"]
     return PackResult(
-        items=[history_list[i] for i in kept] + list(new_list),
-        kept_history=kept,
+        # The objects the core read, classified and counted (not positions looked up again
+        # in a list another thread may have changed meanwhile).
+        items=raw["items"],
+        kept_history=raw["kept_history"],
         dependency=raw["dependency"],
         new_input_tokens=raw["new_input_tokens"],
         dependency_tokens=raw["dependency_tokens"],
@@ -564,41 +571,53 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """Keep only the first ``length`` items (after ``pop_item`` or a rewrite)."""
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"length must be a non-negative int, got {length!r}")
-        self._index.truncate(length)
+        self._index.truncate(min(length, len(self._index)))
 
     def clear(self) -> None:
         """Forget every item."""
         self._index.clear()
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, *, bound_to: bytes = b"") -> bytes:
         """The index as bytes, for :meth:`from_snapshot` in this or a later process.
 
         It holds the items' graph fields (ids, call ids, types, statuses — no message text,
         arguments or outputs), the item graph and the token costs counted so far, behind a
         checksum. Loading it costs a fraction of reading the history again (100k items:
-        a ~10 MB snapshot).
+        a ~10 MB snapshot). ``bound_to`` names what the items are (e.g. the database, the
+        session and the rows they were read from): :meth:`from_snapshot` loads the snapshot
+        only for the same bytes, so a snapshot put in the wrong place is refused instead of
+        describing the wrong history.
+
+        The checksum finds accidents (a cut or damaged blob, a snapshot of something else),
+        not forgeries: whoever can write where snapshots are kept can also write the
+        history they describe.
         """
-        return self._index.snapshot()
+        if not isinstance(bound_to, bytes):
+            raise TypeError(f"bound_to must be bytes, got {type(bound_to).__name__}")
+        return self._index.snapshot(bound_to=bound_to)
 
     @classmethod
     def from_snapshot(
-        cls, data: bytes, *, count_store: CountStore | None = None
+        cls, data: bytes, *, count_store: CountStore | None = None, bound_to: bytes = b""
     ) -> HistoryIndex:
-        """An index loaded from :meth:`snapshot`'s bytes.
+        """An index loaded from :meth:`snapshot`'s bytes, written with the same ``bound_to``.
 
         The same contract holds as for the index that wrote it: the history passed to
         :meth:`pack` must start with the items it had seen, unchanged (:meth:`truncate` it
         first if the history has lost items since).
 
         Raises:
-            TypeError: ``data`` is not bytes.
-            SnapshotError: ``data`` is damaged, not a snapshot, or written by another
-                version of protoprompt; build the index from the history instead.
+            TypeError: ``data`` or ``bound_to`` is not bytes.
+            SnapshotError: ``data`` is damaged, not a snapshot, written by another
+                version of protoprompt, or taken for another ``bound_to``; build the index
+                from the history instead.
         """
         if not isinstance(data, bytes):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        if not isinstance(bound_to, bytes):
+            raise TypeError(f"bound_to must be bytes, got {type(bound_to).__name__}")
         index = cls(count_store=count_store)
-        index._index = _core.HistoryIndex.from_snapshot(data)
+        index._index = _core.HistoryIndex.from_snapshot(data, bound_to=bound_to)
         return index
 
     def pack(
@@ -621,8 +640,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         Items after the first ``len(self)`` are classified and added to the index first.
         Raises ``ValueError`` when ``history`` is shorter than the index (call
         :meth:`truncate` or :meth:`clear` after removing items), and the errors of
-        :func:`pack`. A failed call leaves the index consistent: the only change it can
-        make is indexing the items appended to ``history``, which belong to it either way.
+        :func:`pack`. A failed call changes nothing: the index holds what it held before
+        (only token counts it made stay cached).
 
         ``history_len``: only the first ``history_len`` items of the ``history`` list are the
         history (the rest is ignored), so a caller holding one long list — a model filter

@@ -32,6 +32,7 @@ import threading
 import uuid
 import warnings
 import weakref
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -51,7 +52,7 @@ from .._meta import meta_value
 from ..count_store import SQLiteCountStore
 from ..errors import SnapshotError
 from ..packing import HistoryIndex, preload
-from . import _snapshots
+from . import _snapshots, _sync
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -122,15 +123,11 @@ def _is_encrypted_envelope(item: Any) -> bool:
 class _Read:
     """What one ``get_items`` call returned, for the callback that follows it in the task."""
 
-    __slots__ = ("session", "generation", "count", "windowed", "rows")
+    __slots__ = ("session", "facts")
 
-    def __init__(self, session: ProtoPromptSession, generation: int, count: int,
-                 windowed: bool, rows: tuple[int, int, int, int] | None) -> None:
+    def __init__(self, session: ProtoPromptSession, facts: _sync.Read) -> None:
         self.session = session
-        self.generation = generation
-        self.count = count
-        self.windowed = windowed
-        self.rows = rows
+        self.facts = facts
 
 
 class _RunInput:
@@ -157,65 +154,6 @@ _LAST_READ: contextvars.ContextVar[_Read | None] = contextvars.ContextVar(
 same task, with (copies of) exactly those items."""
 
 
-class _RowProbe:
-    """Cheap check that the stored rows an index has seen are still there, unchanged.
-
-    ``SQLiteSession`` rows are immutable and their ids are never reused (AUTOINCREMENT):
-    rows are only appended, the newest popped, or all cleared. So if ``k`` of this session's
-    rows have ``id <= M``, where ``M`` was the max id when the index last synced, the first
-    ``k`` items the index holds are still the first items of the history, whoever wrote to
-    the database meanwhile (another process, another session object): the index keeps those
-    and drops the rest (a pop), then reads what was appended.
-
-    While row ``M`` itself exists nothing older was removed, so ``k`` is the row count of
-    that sync and only the rows after ``M`` are counted: two lookups in the SDK's
-    ``(session_id, id)`` index, O(new rows) instead of O(history) (100k rows: ~0.1 ms
-    instead of ~20 ms).
-    """
-
-    def __init__(self, db_path: str, table: str, session_id: str) -> None:
-        self._db_path = db_path
-        self._all = (f'SELECT COUNT(*), COALESCE(MAX(id), 0), COALESCE(SUM(id <= ?), 0) '
-                     f'FROM "{table}" WHERE session_id = ?')
-        self._exists = f'SELECT EXISTS (SELECT 1 FROM "{table}" WHERE session_id = ? AND id = ?)'
-        self._after = (f'SELECT COUNT(*), COALESCE(MAX(id), 0) FROM "{table}" '
-                       f'WHERE session_id = ? AND id > ?')
-        self._session_id = session_id
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    def read(self, synced: tuple[int, int] | None) -> tuple[int, int, int, int] | None:
-        """``(max id, row count, rows with id <= known_max, known_max)`` where ``known_max``
-        is the max id of the last sync (``synced`` = its ``(max id, row count)``, or 0), or
-        ``None`` if the database cannot be read."""
-        known_max, known_count = synced if synced is not None else (0, 0)
-        sid = self._session_id
-        with self._lock:
-            try:
-                if self._conn is None:
-                    self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
-                                                 timeout=5.0, isolation_level=None)
-                conn = self._conn
-                conn.execute("BEGIN")  # one read snapshot for the queries below
-                try:
-                    if known_max and conn.execute(self._exists, (sid, known_max)).fetchone()[0]:
-                        added, max_id = conn.execute(self._after, (sid, known_max)).fetchone()
-                        return (max(int(max_id), known_max), known_count + int(added),
-                                known_count, known_max)
-                    count, max_id, known = conn.execute(self._all, (known_max, sid)).fetchone()
-                    return int(max_id), int(count), int(known), known_max
-                finally:
-                    conn.execute("COMMIT")
-            except sqlite3.Error:
-                return None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-
 _log = logging.getLogger("protoprompt")
 
 SNAPSHOT_MIN_ITEMS = 512
@@ -230,16 +168,19 @@ _STATES: weakref.WeakSet[_IndexState] = weakref.WeakSet()  # for fork and exit h
 
 
 class _IndexState:
-    """A stored session's HistoryIndex, what it was synced against, and the session's epoch
-    (bumped around every pop and clear made through any object sharing this state).
+    """A stored session's HistoryIndex, what it describes, and the session's epoch (bumped
+    around every pop and clear made through any object sharing this state).
 
-    ``snapshot_at`` = ``(db path, messages table, session id)`` when the index is saved to
-    and restored from the database."""
+    ``row_ids`` are the ids of the rows behind the index's items when the rows are compared
+    before every use (see ``_sync``); ``version`` changes with every change of the index or
+    of ``row_ids``. ``snapshot_at`` = ``(db path, database id, messages table, session id)``
+    when the index is saved to and restored from the database."""
 
-    def __init__(self, snapshot_at: tuple[str, str, str] | None = None) -> None:
+    def __init__(self, snapshot_at: tuple[str, str, str, str] | None = None) -> None:
         self.index = HistoryIndex()
         self.generation = -1  # the epoch the index was synced at
-        self.rows: tuple[int, int] | None = None  # (max id, row count) at the last sync
+        self.row_ids: _sync.RowIds | None = None
+        self.version = 0
         self.nbytes = 0  # index.nbytes after the last build (read without the index)
         self.lock = threading.Lock()
         self._epoch = itertools.count(1)
@@ -254,40 +195,76 @@ class _IndexState:
         self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
 
     def reset(self, generation: int) -> None:
-        self.index.clear()
+        self.keep(0)
         self.generation = generation
-        self.rows = None
+
+    def keep(self, length: int) -> None:
+        """Keep the first ``length`` items of the index (and of ``row_ids``)."""
+        if length < len(self.index):
+            if length:
+                self.index.truncate(length)
+            else:
+                self.index.clear()
+        if self.row_ids is not None and len(self.row_ids) > length:
+            del self.row_ids[length:]
+        if not length:
+            self.row_ids = None
+        self.version += 1
+
+    def synced(self) -> _sync.Synced:
+        return _sync.Synced(len(self.index), self.version, self.generation)
+
+    def compare(self, rows: _sync.Rows, after: threading.Thread | None = None) -> _sync.Seen:
+        """What ``rows`` (a read's rows) keep of the index, once ``after`` (the snapshot's
+        restore) has finished (caller: no lock)."""
+        if after is not None:
+            after.join()
+        with self.lock:
+            keep = _sync.kept_prefix(self.row_ids, rows)
+            return _sync.Seen(self.version, keep, rows.ids_from(keep))
 
     # -------------------------------------------------------------- snapshots (caller: no lock)
 
+    def _binding(self, row_ids: bytes) -> bytes:
+        assert self.snapshot_at is not None
+        _, database_id, table, session_id = self.snapshot_at
+        return _snapshots.binding(database_id, table, session_id, row_ids)
+
     def restore(self) -> None:
-        """Load the stored snapshot into a state that has never synced (once per state)."""
+        """Load the stored snapshot into a state that has never synced (once per state).
+        Whatever is stored, this never raises: a snapshot that cannot be used is ignored."""
         with self.lock:
             if self.restore_tried or self.snapshot_at is None:
                 return
             self.restore_tried = True
-            if len(self.index) or self.rows is not None:
+            if len(self.index) or self.row_ids is not None:
                 return
-            found = _snapshots.load(*self.snapshot_at)
-            if found is None:
-                return
-            max_id, row_count, data = found
+            db_path, _, table, session_id = self.snapshot_at
             try:
-                index = HistoryIndex.from_snapshot(data, count_store=self.index.count_store)
-            except SnapshotError as exc:  # another version, or damaged: read the history
-                _log.debug("protoprompt: index snapshot of %r not used: %s",
-                           self.snapshot_at[2], exc)
+                found = _snapshots.load(db_path, table, session_id)
+                if found is None:
+                    return
+                ids_blob, data = found
+                row_ids = _snapshots.ids_from_bytes(ids_blob)
+                index = HistoryIndex.from_snapshot(data, count_store=self.index.count_store,
+                                                   bound_to=self._binding(ids_blob))
+                if row_ids is None or len(row_ids) != len(index):
+                    raise SnapshotError("its row ids do not match its items")
+            except Exception as exc:  # noqa: BLE001 - stored state never fails a turn
+                # Another version, damaged, or taken for other rows: read the history.
+                _log.debug("protoprompt: index snapshot of %r not used: %s", session_id, exc)
                 return
             self.index = index
-            self.rows = (max_id, row_count)
+            self.row_ids = row_ids
+            self.version += 1
             self.generation = self.epoch
             self.saved_len = len(index)
-            self.nbytes = index.nbytes
+            self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
 
     def due(self) -> bool:
         """Whether the index has grown enough since its last snapshot (caller holds lock)."""
         n = len(self.index)
-        return (self.snapshot_at is not None and self.rows is not None
+        return (self.snapshot_at is not None and self.row_ids is not None
                 and n >= SNAPSHOT_MIN_ITEMS
                 and n - self.saved_len >= max(SNAPSHOT_MIN_ITEMS, self.saved_len // 8))
 
@@ -303,13 +280,14 @@ class _IndexState:
         """Write a snapshot of the index as it is now, if it holds anything unsaved."""
         with self.lock:
             n = len(self.index)
-            if (self.snapshot_at is None or self.rows is None or n == 0
-                    or n == self.saved_len):
+            if (self.snapshot_at is None or self.row_ids is None or n == 0
+                    or n == self.saved_len or len(self.row_ids) != n):
                 return
-            rows = self.rows
-            data = self.index.snapshot()
+            ids_blob = _snapshots.ids_to_bytes(self.row_ids)
+            data = self.index.snapshot(bound_to=self._binding(ids_blob))
             self.saved_len = n  # also when the write fails: retried after more growth
-        _snapshots.save(*self.snapshot_at, rows[0], rows[1], n, data)
+        db_path, _, table, session_id = self.snapshot_at
+        _snapshots.save(db_path, table, session_id, ids_blob, data)
 
     def wait_for_save(self, timeout: float | None = None) -> None:
         saver = self.saver
@@ -323,14 +301,16 @@ class _IndexState:
             self.reset(self.epoch)  # describes the cleared rows: never to be saved again
             self.saved_len = 0
         if self.snapshot_at is not None:
-            _snapshots.delete(*self.snapshot_at)
+            db_path, _, table, session_id = self.snapshot_at
+            _snapshots.delete(db_path, table, session_id)
 
     def after_fork(self) -> None:
         """In a forked child: a lock held at the fork belonged to a thread that is gone, and
         the index it guarded may be half changed. Start that index again."""
         if self.lock.locked():
             self.index = HistoryIndex(count_store=self.index.count_store)
-            self.rows = None
+            self.row_ids = None
+            self.version += 1
             self.generation = -1
         self.lock = threading.Lock()
         self.saver = None
@@ -361,7 +341,13 @@ most recently used ones are kept up to this many bytes (about 0.23 KB per histor
 An index dropped from the pool stays with the objects that hold it and is rebuilt by new
 ones. Set the module attribute to change it."""
 
-_SHARED: OrderedDict[tuple[str, str, str], _IndexState] = OrderedDict()
+_Key = tuple[str, str, str, str]
+"""A stored session: (database id, resolved file path, messages table, session id). The id
+tells a database deleted and created again at one path (its row ids start over) from the
+first; the path tells apart copies of one database file (they share the id, and their row
+ids go on from the same point with different rows)."""
+
+_SHARED: OrderedDict[_Key, _IndexState] = OrderedDict()
 _SHARED_LOCK = threading.Lock()
 
 
@@ -378,24 +364,25 @@ def _database_id(db_path: str) -> str | None:
         return None
 
 
-_STORES: weakref.WeakValueDictionary[str, SQLiteCountStore] = weakref.WeakValueDictionary()
+_STORES: weakref.WeakValueDictionary[tuple[str, str], SQLiteCountStore] = (
+    weakref.WeakValueDictionary())
 
 
-def _count_store(database_id: str, db_path: str) -> SQLiteCountStore | None:
-    """The count store of a database, one per database for all its sessions (one connection
-    however many sessions are pooled), or ``None`` if it cannot be opened."""
+def _count_store(key: _Key) -> SQLiteCountStore | None:
+    """The count store of a database file, one for all its sessions (one connection however
+    many sessions are pooled), or ``None`` if it cannot be opened."""
+    database_id, db_path = key[0], key[1]
     with _SHARED_LOCK:
-        store = _STORES.get(database_id)
+        store = _STORES.get((database_id, db_path))
         if store is None:
             try:
-                store = _STORES[database_id] = SQLiteCountStore(db_path)
+                store = _STORES[(database_id, db_path)] = SQLiteCountStore(db_path)
             except (sqlite3.Error, OSError):
                 return None  # read-only or odd database: counts stay in memory
         return store
 
 
-def _shared_state(key: tuple[str, str, str],
-                  snapshot_at: tuple[str, str, str] | None) -> _IndexState:
+def _shared_state(key: _Key, snapshot_at: tuple[str, str, str, str] | None) -> _IndexState:
     with _SHARED_LOCK:
         state = _SHARED.get(key)
         if state is None:
@@ -404,7 +391,7 @@ def _shared_state(key: tuple[str, str, str],
         return state
 
 
-def _account(key: tuple[str, str, str], state: _IndexState) -> None:
+def _account(key: _Key, state: _IndexState) -> None:
     """Record ``state``'s size after a build and trim the pool to ``SHARED_INDEX_BYTES``."""
     with _SHARED_LOCK:
         if _SHARED.get(key) is not state:
@@ -542,9 +529,11 @@ class ProtoPromptSession:
         incremental: keep a :class:`~protoprompt.HistoryIndex` of the stored history so a
             turn costs what is new and what is kept, not the whole history (same requests
             either way). ``None`` (default): on when the history lives in an
-            ``SQLiteSession``, whose rows are checked before every turn so writes by other
-            processes or session objects are noticed. ``True`` for another inner session
-            asserts that only this object changes that session's history.
+            ``SQLiteSession``; in a database file, ``get_items`` then reads the rows itself
+            (the same items as ``SQLiteSession.get_items``, with their row ids) and the
+            index is compared with exactly those rows, so writes by other processes or
+            session objects are noticed. ``True`` for another inner session asserts that
+            only this object changes that session's history.
         sessions_table, messages_table: table names of the default ``SQLiteSession`` (as
             in ``SQLiteSession``; with ``inner_session`` leave them at their defaults).
 
@@ -621,26 +610,27 @@ class ProtoPromptSession:
         sqlite_inner = (isinstance(self._inner, SQLiteSession)
                         and type(self._inner).get_items is SQLiteSession.get_items)
         self._incremental = sqlite_inner if incremental is None else incremental
-        self._probe: _RowProbe | None = None
-        self._shared_key: tuple[str, str, str] | None = None
-        snapshot_at: tuple[str, str, str] | None = None
+        self._reader: _sync.RowReader | None = None
+        self._shared_key: _Key | None = None
+        snapshot_at: tuple[str, str, str, str] | None = None
         if self._incremental and sqlite_inner:
             db = os.fspath(self._inner.db_path)
             if db != ":memory:":  # a memory database has no other writer
                 table = self._inner.messages_table
-                self._probe = _RowProbe(db, table, session_id)
-                # The rows are checked before every use, so objects may share the index,
-                # keyed by the database's own identity (a file deleted and created again at
-                # the same path is another database whose row ids start over).
+                # get_items reads the rows itself, with their ids, so the index is compared
+                # with exactly the rows the SDK hands over (see `_sync`).
+                self._reader = _sync.RowReader(db, table, session_id)
+                # That comparison makes sharing the index between objects safe, keyed by
+                # the database's own identity and its file (see `_Key`).
                 db_id = _database_id(db)
                 if db_id is not None:
-                    self._shared_key = (db_id, table, session_id)
-                    snapshot_at = (db, table, session_id)
+                    self._shared_key = (db_id, os.path.realpath(db), table, session_id)
+                    snapshot_at = (db, db_id, table, session_id)
         self._index_state = (_shared_state(self._shared_key, snapshot_at) if self._shared_key
                              else _IndexState())
         if self._shared_key is not None and self._index_state.index.count_store is None:
             # Token counts outlive the process in the same database (SQLiteCountStore).
-            self._index_state.index.count_store = _count_store(self._shared_key[0], db)
+            self._index_state.index.count_store = _count_store(self._shared_key)
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._warned_wrapped = False
         self._pending_lock = threading.Lock()
@@ -669,26 +659,40 @@ class ProtoPromptSession:
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
-        generation = self._index_state.epoch
-        restore: asyncio.Future[None] | None = None
-        if not self._index_state.restore_tried and limit is None:
-            # A stored index snapshot loads while the SDK reads the history (another thread).
-            restore = asyncio.ensure_future(asyncio.to_thread(self._index_state.restore))
+        state = self._index_state
+        epoch = state.epoch
+        windowed = (limit is not None
+                    or getattr(self.session_settings, "limit", None) is not None)
+        restorer: threading.Thread | None = None
+        if not state.restore_tried and not windowed:
+            # A stored index snapshot loads while the history is read (another thread).
+            restorer = threading.Thread(target=state.restore, name="protoprompt-restore",
+                                        daemon=True)
+            restorer.start()
+        seen: _sync.Seen | None = None
         try:
-            if limit is None:
+            if (self._reader is not None and not windowed
+                    and not getattr(self._inner, "_closed", False)):
+                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
+                # compared with the index while the rows are at hand.
+                def look(rows: _sync.Rows) -> _sync.Seen | None:
+                    return state.compare(rows, restorer) if self._incremental else None
+
+                try:
+                    items, seen = await asyncio.to_thread(self._reader.read, look)
+                except sqlite3.Error as exc:
+                    _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
+                    items = await _call(self._inner.get_items, wrapper=wrapper)
+            elif limit is None:
                 items = await _call(self._inner.get_items, wrapper=wrapper)
             else:
                 items = await _call(self._inner.get_items, limit, wrapper=wrapper)
         finally:
-            if restore is not None:
-                await restore
+            if restorer is not None and restorer.is_alive():
+                await asyncio.to_thread(restorer.join)
         if self._incremental:
-            settings = self.session_settings
-            windowed = limit is not None or getattr(settings, "limit", None) is not None
-            rows = None
-            if self._probe is not None and not windowed:
-                rows = await asyncio.to_thread(self._probe.read, self._index_state.rows)
-            _LAST_READ.set(_Read(self, generation, len(items), windowed, rows))
+            _LAST_READ.set(_Read(self, _sync.Read(
+                len(items), windowed, epoch, self._reader is not None, seen)))
         return cast("list[Item]", items)
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
@@ -741,8 +745,8 @@ class ProtoPromptSession:
         store = state.index.count_store
         if isinstance(store, SQLiteCountStore):
             store.flush(timeout=5.0)
-        if self._probe is not None:
-            self._probe.close()
+        if self._reader is not None:
+            self._reader.close()
         if self._owns_inner:
             self._inner.close()
 
@@ -886,6 +890,36 @@ class ProtoPromptSession:
 
     # ------------------------------------------------------------------ the callback
 
+    def _build_indexed(self, builder: TokenBudgetedContextBuilder, history: list[Item],
+                       new_input: list[Item], facts: _sync.Read, keep: int,
+                       kwargs: dict[str, Any]) -> ContextPlan:
+        """Build through the index, of which the first ``keep`` items hold for ``history``
+        (caller holds the state's lock). A failed build leaves the index as it was after
+        dropping what no longer holds."""
+        state = self._index_state
+        if keep < len(state.index) or keep == 0:
+            state.keep(keep)
+            state.generation = facts.epoch
+        try:
+            plan = builder.build(history, new_input, index=state.index, **kwargs)
+        finally:
+            state.nbytes = state.index.nbytes
+        if facts.seen is not None:
+            if state.row_ids is None:
+                state.row_ids = array("q")
+            state.row_ids.extend(facts.seen.new_ids)
+            state.nbytes += state.row_ids.itemsize * len(state.row_ids)
+        state.generation = facts.epoch
+        state.version += 1
+        if len(state.index) != len(history) or (
+                state.row_ids is not None and len(state.row_ids) != len(state.index)):
+            state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
+        elif state.due():
+            state.save_in_background()
+        if self._shared_key is not None:
+            _account(self._shared_key, state)
+        return plan
+
     def input_callback(
         self,
         builder: TokenBudgetedContextBuilder,
@@ -932,41 +966,15 @@ class ProtoPromptSession:
             kwargs: dict[str, Any] = dict(
                 system_prompt=system_prompt, scope=scope, output_reserve=output_reserve)
             state = self._index_state
-            if (read is None or read.session is not self or read.windowed
-                    or read.count != len(history)):
-                # Not the history our last read returned (a limit, or a direct call).
-                return builder.build(history, new_input, **kwargs)
+            facts = read.facts if read is not None and read.session is self else None
             with state.lock:
-                if self._probe is not None:
-                    if read.rows is None:
-                        state.reset(read.generation)  # rows could not be checked
-                        return builder.build(history, new_input, **kwargs)
-                    _max_id, _count, known, known_max = read.rows
-                    synced = state.rows
-                    if (read.generation != state.epoch
-                            or (synced is not None and synced[0] != known_max)):
-                        # A pop or clear ran while this history was read, or a newer sync.
-                        state.reset(read.generation)
-                    elif known < len(state.index):
-                        # Rows the index holds are gone. Rows are only appended, popped
-                        # newest first or all cleared, so the first `known` are the ones
-                        # left: keep them (a pop costs what it removed, not a re-read).
-                        state.index.truncate(known)
-                elif (read.generation != state.generation or read.generation != state.epoch):
-                    state.reset(read.generation)  # no rows to check: start again after a pop
-                if len(state.index) > len(history):
-                    state.reset(read.generation)
-                try:
-                    plan = builder.build(history, new_input, index=state.index, **kwargs)
-                finally:
-                    if read.rows is not None:
-                        state.rows = (read.rows[0], read.rows[1])
-                    state.nbytes = state.index.nbytes
-                if state.due():
-                    state.save_in_background()
-            if self._shared_key is not None:
-                _account(self._shared_key, state)
-            return plan
+                decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+                if decision.use_index and facts is not None:
+                    return self._build_indexed(builder, history, new_input, facts,
+                                               decision.keep, kwargs)
+            # Not the history our last read returned (a limit, a direct call, or the rows
+            # could not be compared): packed without the index, which is left as it is.
+            return builder.build(history, new_input, **kwargs)
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]

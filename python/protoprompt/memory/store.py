@@ -217,6 +217,17 @@ def _check_positive_int(name: str, value: object) -> int:
     return value
 
 
+_SQLITE_MAX_INT = 2**63 - 1
+
+
+def _check_limit(value: object) -> int:
+    """A row limit: a positive int that SQLite can hold (``sys.maxsize`` means no limit)."""
+    limit = _check_positive_int("limit", value)
+    if limit > _SQLITE_MAX_INT:
+        raise ValueError(f"limit must be at most 2**63 - 1, got {limit}")
+    return limit
+
+
 def _check_kinds(kinds: object) -> tuple[str, ...]:
     if isinstance(kinds, str) or not isinstance(kinds, Iterable):
         raise TypeError("kinds must be an iterable of 'document' / 'fact' strings, not a single str")
@@ -540,7 +551,7 @@ class MemoryStore:
         """Return facts of ``scope`` (and ancestors if asked), most recent first."""
         scopes = _visible_scopes(_check_scope(scope), include_parents)
         if limit is not None:
-            _check_positive_int("limit", limit)
+            _check_limit(limit)
         where, params = _scope_filter(scopes)
         sql = f"SELECT {_COLUMNS} FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
         if limit is not None:
@@ -568,7 +579,7 @@ class MemoryStore:
         """
         scope = _check_scope(scope)
         _check_str("query", query)
-        _check_positive_int("limit", limit)
+        _check_limit(limit)
         kind_list = _check_kinds(kinds)
         scopes = _visible_scopes(scope, include_parents)
         match = fts_query(query)
@@ -577,7 +588,7 @@ class MemoryStore:
         query_vec: list[float] | None = None
         if self._embedder is not None:
             (query_vec,) = self._vectors([query])
-        pool = max(limit * 4, _MIN_POOL)
+        pool = min(max(limit * 4, _MIN_POOL), _SQLITE_MAX_INT)
         where, scope_params = _scope_filter(scopes)
         kind_sql = ", ".join("?" for _ in kind_list)
 

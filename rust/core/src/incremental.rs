@@ -89,6 +89,16 @@ pub fn reserve_ahead<T>(v: &mut Vec<T>, needed: usize, headroom: usize) {
     }
 }
 
+/// Where [`HistoryIndex::undo_to`] goes back to (from [`HistoryIndex::mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    len: usize,
+    arena: usize,
+    overflow: usize,
+    /// Of the items, the arena, the relation-key map, the graph's units and `unit_of`.
+    capacity: [usize; 5],
+}
+
 /// The graph over the positions after a cut, built for one pack (see [`HistoryIndex::tail`]).
 #[derive(Debug, Clone)]
 pub struct TailGraph {
@@ -332,6 +342,51 @@ impl HistoryIndex {
         self.extend(metas);
     }
 
+    /// A point to come back to with [`HistoryIndex::undo_to`] (e.g. before a call that
+    /// appends items and may fail).
+    pub fn mark(&self) -> Mark {
+        Mark {
+            len: self.items.len(),
+            arena: self.arena.len(),
+            overflow: self.overflow.len(),
+            capacity: [
+                self.items.capacity(),
+                self.arena.capacity(),
+                self.first.capacity(),
+                self.graph.units.capacity(),
+                self.graph.unit_of.capacity(),
+            ],
+        }
+    }
+
+    /// Put the index back exactly as it was at `mark`, when only appends happened since:
+    /// the appended items, their relation keys, their units and the strings they added to
+    /// the arena are gone (a snapshot is then byte for byte the one of that time), and
+    /// memory reserved for them is given back.
+    pub fn undo_to(&mut self, mark: Mark) {
+        if mark.len < self.items.len() {
+            self.truncate(mark.len);
+        }
+        self.arena.truncate(mark.arena);
+        self.overflow.truncate(mark.overflow);
+        self.common.retain(|_, span| {
+            if span.offset == u32::MAX {
+                (span.len as usize) < mark.overflow
+            } else {
+                span.offset as usize + span.len as usize <= mark.arena
+            }
+        });
+        let [items, arena, first, units, unit_of] = mark.capacity;
+        self.items.shrink_to(items);
+        self.arena.shrink_to(arena);
+        self.first.shrink_to(first);
+        if self.graph.units.capacity() > units || self.graph.unit_of.capacity() > unit_of {
+            let g = Arc::make_mut(&mut self.graph);
+            g.units.shrink_to(units);
+            g.unit_of.shrink_to(unit_of);
+        }
+    }
+
     /// Keep only the first `len` items (what a `pop_item` does to the session).
     ///
     /// The mirror image of [`HistoryIndex::extend`]: the removed items are the block after
@@ -525,6 +580,9 @@ pub enum SnapshotError {
     Foreign(String),
     /// The checksum or the contents do not hold together.
     Damaged(String),
+    /// Intact, but taken for something else than the `binding` the loader expects (another
+    /// session, another database, other rows).
+    Unbound,
 }
 
 impl std::fmt::Display for SnapshotError {
@@ -532,6 +590,11 @@ impl std::fmt::Display for SnapshotError {
         match self {
             SnapshotError::Foreign(m) => write!(f, "not a snapshot this version can load: {m}"),
             SnapshotError::Damaged(m) => write!(f, "damaged index snapshot: {m}"),
+            SnapshotError::Unbound => write!(
+                f,
+                "the index snapshot was taken for something else (another session, \
+                 database or set of rows)"
+            ),
         }
     }
 }
@@ -541,8 +604,13 @@ impl std::error::Error for SnapshotError {}
 const SNAPSHOT_MAGIC: &[u8; 8] = b"PPINDEX\0";
 /// Layout of a snapshot; bump it whenever [`Stored`], the graph types or the graph rules
 /// change (the crate version is checked too, so releases never share snapshots).
-const SNAPSHOT_FORMAT: u32 = 2; // 2: id-less reasoning valid, pending shell call in new_input
-const SNAPSHOT_HEADER: usize = SNAPSHOT_MAGIC.len() + 4 + 16;
+/// 3: id-less reasoning valid, a pending shell call in new_input (the graph rules of the SDK
+/// conformance work), and the binding hash in the header.
+const SNAPSHOT_FORMAT: u32 = 3;
+/// Magic, format, checksum (of everything after it), binding hash.
+const SNAPSHOT_HEADER: usize = SNAPSHOT_MAGIC.len() + 4 + 16 + 16;
+/// Where the checksummed part starts (the binding hash, then the payload).
+const CHECKED_FROM: usize = SNAPSHOT_MAGIC.len() + 4 + 16;
 
 /// Bytes per item in a snapshot's span table: ten `(offset, len)` pairs, little endian.
 const SPAN_BYTES: usize = STRING_FIELDS * 8;
@@ -587,16 +655,27 @@ fn checksum(payload: &[u8]) -> [u8; 16] {
     h.finish128().as_bytes()
 }
 
+/// What a snapshot stores of the caller's binding (see [`HistoryIndex::to_snapshot`]).
+fn binding_hash(binding: &[u8]) -> [u8; 16] {
+    let mut h = SipHasher13::new();
+    h.write(b"protoprompt index snapshot binding\0");
+    h.write(binding);
+    h.finish128().as_bytes()
+}
+
 impl HistoryIndex {
     /// The index as bytes, with `attached` (the caller's per-position data), for
     /// [`HistoryIndex::from_snapshot`]: a restarted process loads it instead of reading and
-    /// classifying the whole history again.
+    /// classifying the whole history again. `binding` names what the snapshot describes
+    /// (e.g. the database, session and rows the items came from); only a loader that
+    /// expects the same bytes gets the index back.
     ///
-    /// Layout: a magic tag, [`SNAPSHOT_FORMAT`], a SipHash-1-3 128-bit checksum of the
-    /// payload, then the payload (postcard, see [`SnapshotOut`]): this crate's version, the
-    /// compact items, their arena and the history's graph. The relation-key map is not
-    /// stored (rebuilt from the items on load).
-    pub fn to_snapshot<T: Serialize>(&self, attached: &T) -> Vec<u8> {
+    /// Layout: a magic tag, [`SNAPSHOT_FORMAT`], a SipHash-1-3 128-bit checksum of the rest,
+    /// a 128-bit hash of `binding`, then the payload (postcard, see [`SnapshotOut`]): this
+    /// crate's version, the compact items, their arena and the history's graph. The
+    /// relation-key map is not stored (rebuilt from the items on load). The checksum finds
+    /// accidents (a truncated or damaged blob), not forgeries.
+    pub fn to_snapshot<T: Serialize>(&self, attached: &T, binding: &[u8]) -> Vec<u8> {
         let mut spans = Vec::with_capacity(self.items.len() * SPAN_BYTES);
         for st in &self.items {
             for sp in &st.spans {
@@ -627,24 +706,28 @@ impl HistoryIndex {
         bytes.extend_from_slice(SNAPSHOT_MAGIC);
         bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
         bytes.extend_from_slice(&[0; 16]);
+        bytes.extend_from_slice(&binding_hash(binding));
         // Serialising vectors, strings and derived types into a Vec cannot fail (if it ever
         // did, the empty result would be refused by `from_snapshot`, never misread).
         let mut bytes = postcard::to_extend(&out, bytes).unwrap_or_default();
         if bytes.len() >= SNAPSHOT_HEADER {
-            let sum = checksum(&bytes[SNAPSHOT_HEADER..]);
-            bytes[SNAPSHOT_HEADER - 16..SNAPSHOT_HEADER].copy_from_slice(&sum);
+            let sum = checksum(&bytes[CHECKED_FROM..]);
+            bytes[CHECKED_FROM - 16..CHECKED_FROM].copy_from_slice(&sum);
         }
         bytes
     }
 
-    /// Load what [`HistoryIndex::to_snapshot`] wrote: the index and the attached data.
+    /// Load what [`HistoryIndex::to_snapshot`] wrote for the same `binding`: the index and
+    /// the attached data.
     ///
-    /// Never panics: anything but an intact snapshot of this crate version is an error, and
+    /// Never panics: anything but an intact snapshot of this crate version taken for
+    /// `binding` is an error ([`SnapshotError::Unbound`] for one taken for another), and
     /// the contents are checked so that every later operation stays in bounds (tables of
     /// one length, each field inside the arena, units numbered in order of their first
     /// member, problems inside their unit). The checksum guards the rest.
     pub fn from_snapshot<T: DeserializeOwned>(
         bytes: &[u8],
+        binding: &[u8],
     ) -> Result<(HistoryIndex, T), SnapshotError> {
         let foreign = |m: &str| Err(SnapshotError::Foreign(m.to_string()));
         let damaged = |m: String| SnapshotError::Damaged(m);
@@ -659,10 +742,13 @@ impl HistoryIndex {
                 "layout {format}, this version reads layout {SNAPSHOT_FORMAT}"
             ));
         }
-        let payload = &bytes[SNAPSHOT_HEADER..];
-        if checksum(payload) != bytes[SNAPSHOT_HEADER - 16..SNAPSHOT_HEADER] {
+        if checksum(&bytes[CHECKED_FROM..]) != bytes[CHECKED_FROM - 16..CHECKED_FROM] {
             return Err(damaged("checksum mismatch".to_string()));
         }
+        if binding_hash(binding) != bytes[CHECKED_FROM..SNAPSHOT_HEADER] {
+            return Err(SnapshotError::Unbound);
+        }
+        let payload = &bytes[SNAPSHOT_HEADER..];
         let snap: SnapshotIn<T> = postcard::from_bytes(payload)
             .map_err(|e| damaged(format!("cannot be decoded: {e}")))?;
         if snap.version != env!("CARGO_PKG_VERSION") {
@@ -856,7 +942,8 @@ mod tests {
         ]));
         let mut idx = HistoryIndex::new();
         idx.extend(h);
-        let load = |idx: &HistoryIndex| HistoryIndex::from_snapshot::<()>(&idx.to_snapshot(&()));
+        let load =
+            |idx: &HistoryIndex| HistoryIndex::from_snapshot::<()>(&idx.to_snapshot(&(), b""), b"");
         assert!(load(&idx).is_ok());
         let mut bad = idx.clone();
         bad.items[1].spans[3].len += 1_000; // the call_id runs past the arena

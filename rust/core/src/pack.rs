@@ -192,11 +192,14 @@ pub struct PackResult {
 impl PackResult {
     /// Tokens of the request plus the output reserve.
     pub fn used(&self) -> u64 {
-        self.new_input_tokens
-            + self.dependency_tokens
-            + self.history_tokens
-            + self.context_tokens
-            + self.output_reserve
+        [
+            self.dependency_tokens,
+            self.history_tokens,
+            self.context_tokens,
+            self.output_reserve,
+        ]
+        .iter()
+        .fold(self.new_input_tokens, |a, &b| a.saturating_add(b))
     }
 
     /// Budget left unused.
@@ -356,11 +359,14 @@ impl Packer<'_> {
             .costs
             .costs(positions)
             .map_err(|f| self.item_error(f))?;
-        Ok(costs.iter().sum())
+        // Costs come from outside (a store, a snapshot): never let a sum wrap around.
+        Ok(costs.iter().fold(0u64, |a, &c| a.saturating_add(c)))
     }
 
     fn lower_bound(&mut self, positions: &[usize]) -> u64 {
-        positions.iter().map(|&p| self.costs.lower_bound(p)).sum()
+        positions
+            .iter()
+            .fold(0u64, |a, &p| a.saturating_add(self.costs.lower_bound(p)))
     }
 }
 
@@ -471,7 +477,7 @@ pub fn pack_view(
         }
         let cost = packer.sum(&positions)?;
         unit_tokens.insert(u, cost);
-        dependency_tokens += cost;
+        dependency_tokens = dependency_tokens.saturating_add(cost);
         dependency.extend(positions);
     }
     dependency.sort_unstable();
@@ -591,10 +597,9 @@ pub fn pack_view(
                     i += 1;
                 }
                 let group = &rest[start..i];
-                let bound: u64 = group
-                    .iter()
-                    .map(|&(u, _)| packer.lower_bound(&graph.unit(u).members))
-                    .sum();
+                let bound = group.iter().fold(0u64, |a, &(u, _)| {
+                    a.saturating_add(packer.lower_bound(&graph.unit(u).members))
+                });
                 if bound > remaining {
                     continue; // cannot fit: dropped uncounted
                 }
@@ -602,7 +607,7 @@ pub fn pack_view(
                 for &(u, _) in group {
                     let cost = packer.sum(&graph.unit(u).members)?;
                     unit_tokens.insert(u, cost);
-                    turn_cost += cost;
+                    turn_cost = turn_cost.saturating_add(cost);
                 }
                 if turn_cost <= remaining {
                     remaining -= turn_cost;

@@ -7,7 +7,7 @@
 //! boundary when a token ends inside a multi-byte character. Re-tokenising a head can merge
 //! across the cut differently, so callers check the final count; this gives them the pieces.
 
-use crate::tokens::{safe_segments, Encoding, TokenError, SEGMENT_BYTES};
+use crate::tokens::{quietly, segments, Encoding, TokenError, SEGMENT_BYTES, SPLIT_WINDOW};
 
 /// A text cut to its first and last tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub fn split_tokens(
 fn encode(enc: Encoding, text: &str) -> Result<Vec<u32>, TokenError> {
     let bpe = enc.bpe();
     let mut out = Vec::new();
-    for part in safe_segments(text, SEGMENT_BYTES) {
+    for part in segments(enc, text, SEGMENT_BYTES, SPLIT_WINDOW) {
         encode_piece(bpe, part, &mut out)?;
     }
     Ok(out)
@@ -86,7 +86,7 @@ fn encode_piece(
     if text.is_empty() {
         return Ok(());
     }
-    match std::panic::catch_unwind(|| bpe.encode_ordinary(text)) {
+    match quietly(|| bpe.encode_ordinary(text)) {
         Ok(tokens) => {
             out.extend(tokens);
             Ok(())

@@ -3,6 +3,8 @@
 //! and saved to / loaded from snapshots in between; damaged snapshots are refused or load
 //! into an index that stays in bounds.
 
+use proptest::prelude::{any, ProptestConfig};
+use proptest::strategy::Strategy;
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
 use protoprompt_core::incremental::{HistoryIndex, SnapshotError};
 use protoprompt_core::items::ItemMeta;
@@ -110,8 +112,14 @@ fn summary(view: GraphView<'_>) -> Vec<UnitSummary> {
 
 /// `idx` saved to a snapshot (with `case` attached) and loaded back.
 fn reloaded(idx: &HistoryIndex, case: usize) -> HistoryIndex {
-    let bytes = idx.to_snapshot(&case);
-    let (loaded, attached) = HistoryIndex::from_snapshot::<usize>(&bytes).unwrap();
+    let binding = format!("case {case}");
+    let bytes = idx.to_snapshot(&case, binding.as_bytes());
+    let (loaded, attached) =
+        HistoryIndex::from_snapshot::<usize>(&bytes, binding.as_bytes()).unwrap();
+    assert_eq!(
+        HistoryIndex::from_snapshot::<usize>(&bytes, b"another session").err(),
+        Some(SnapshotError::Unbound)
+    );
     assert_eq!(attached, case);
     assert_eq!(loaded.len(), idx.len());
     assert_eq!(
@@ -363,11 +371,11 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
         let n = 1 + rng.below(25);
         let (idx, _) = random_index(&mut rng, n);
         let more = metas(&(0..3).map(|_| random_item(&mut rng)).collect::<Vec<_>>());
-        let bytes = idx.to_snapshot(&vec![case as u64; idx.len()]);
+        let bytes = idx.to_snapshot(&vec![case as u64; idx.len()], b"rows");
         // Cut short anywhere: refused.
         for len in 0..bytes.len() {
             assert!(
-                HistoryIndex::from_snapshot::<Vec<u64>>(&bytes[..len]).is_err(),
+                HistoryIndex::from_snapshot::<Vec<u64>>(&bytes[..len], b"rows").is_err(),
                 "case {case}: {len} of {} bytes loaded",
                 bytes.len()
             );
@@ -377,7 +385,7 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
             let mut bad = bytes.clone();
             let at = rng.below(bad.len());
             bad[at] ^= 1 << rng.below(8);
-            let err = HistoryIndex::from_snapshot::<Vec<u64>>(&bad).err();
+            let err = HistoryIndex::from_snapshot::<Vec<u64>>(&bad, b"rows").err();
             match at {
                 0..=11 => assert!(
                     matches!(err, Some(SnapshotError::Foreign(_))),
@@ -398,7 +406,7 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
                 bad[at] = rng.next() as u8;
             }
             if let Ok((mut loaded, _)) =
-                HistoryIndex::from_snapshot::<Vec<u64>>(&with_checksum(bad))
+                HistoryIndex::from_snapshot::<Vec<u64>>(&with_checksum(bad), b"rows")
             {
                 loaded_damaged += 1;
                 exercise(&mut loaded, &more);
@@ -414,12 +422,127 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
 fn a_snapshot_of_another_layout_is_foreign() {
     let mut rng = Rng(7);
     let (idx, _) = random_index(&mut rng, 10);
-    let mut bytes = idx.to_snapshot(&());
+    let mut bytes = idx.to_snapshot(&(), b"");
     bytes[8] = bytes[8].wrapping_add(1);
-    let err = HistoryIndex::from_snapshot::<()>(&bytes).unwrap_err();
+    let err = HistoryIndex::from_snapshot::<()>(&bytes, b"").unwrap_err();
     assert!(matches!(err, SnapshotError::Foreign(_)), "{err}");
     assert!(err.to_string().contains("layout"), "{err}");
     // An empty index round-trips too.
-    let (empty, ()) = HistoryIndex::from_snapshot(&HistoryIndex::new().to_snapshot(&())).unwrap();
+    let (empty, ()) =
+        HistoryIndex::from_snapshot(&HistoryIndex::new().to_snapshot(&(), b""), b"").unwrap();
     assert!(empty.is_empty());
+}
+
+/// What a damaged or forged snapshot may do to its bytes.
+#[derive(Debug, Clone)]
+enum Damage {
+    /// Set the byte at (position mod length).
+    Set(usize, u8),
+    /// Cut after (position mod length) bytes.
+    Cut(usize),
+    /// Insert a byte at (position mod length).
+    Insert(usize, u8),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    let at = 0usize..1 << 20;
+    proptest::prop_oneof![
+        (at.clone(), any::<u8>()).prop_map(|(p, b)| Damage::Set(p, b)),
+        at.clone().prop_map(Damage::Cut),
+        (at, any::<u8>()).prop_map(|(p, b)| Damage::Insert(p, b)),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, d: &Damage) {
+    let len = bytes.len().max(1);
+    match *d {
+        Damage::Set(p, b) => {
+            if let Some(x) = bytes.get_mut(p % len) {
+                *x = b;
+            }
+        }
+        Damage::Cut(p) => bytes.truncate(p % len),
+        Damage::Insert(p, b) => bytes.insert(p % len, b),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Any snapshot bytes — damaged, cut, grown, with or without a recomputed checksum,
+    /// loaded with its own or another binding — are refused, or load into an index on which
+    /// every operation stays in bounds. Without a recomputed checksum any change is refused;
+    /// another binding is always refused.
+    #[test]
+    fn any_snapshot_bytes_are_refused_or_stay_in_bounds(
+        seed in 1u64..u64::MAX,
+        n in 0usize..20,
+        damages in proptest::collection::vec(damage(), 0..4),
+        fix_checksum in any::<bool>(),
+        other_binding in any::<bool>(),
+    ) {
+        let mut rng = Rng(seed);
+        let (idx, _) = random_index(&mut rng, n);
+        let more = metas(&(0..3).map(|_| random_item(&mut rng)).collect::<Vec<_>>());
+        let costs: Vec<u64> = (0..idx.len() as u64).collect();
+        let original = idx.to_snapshot(&costs, b"db/session/rows");
+        let mut bytes = original.clone();
+        for d in &damages {
+            apply(&mut bytes, d);
+        }
+        if fix_checksum && bytes.len() >= 28 {
+            bytes = with_checksum(bytes);
+        }
+        let binding: &[u8] = if other_binding { b"db/other/rows" } else { b"db/session/rows" };
+        match HistoryIndex::from_snapshot::<Vec<u64>>(&bytes, binding) {
+            Ok((mut loaded, attached)) => {
+                proptest::prop_assert!(!other_binding, "loaded under another binding");
+                if !fix_checksum {
+                    proptest::prop_assert_eq!(&bytes, &original, "a changed snapshot loaded");
+                }
+                if bytes == original {
+                    proptest::prop_assert_eq!(&attached, &costs);
+                    proptest::prop_assert_eq!(loaded.graph(), idx.graph());
+                }
+                exercise(&mut loaded, &more);
+            }
+            Err(e) => {
+                proptest::prop_assert!(bytes != original || other_binding, "{}", e);
+                if other_binding && bytes == original {
+                    proptest::prop_assert_eq!(e, SnapshotError::Unbound);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn undo_to_a_mark_restores_the_index_byte_for_byte() {
+    let mut rng = Rng(0xC0FF_EE00_1234_5678);
+    for case in 0..300 {
+        let n = rng.below(30);
+        let (mut idx, mut hm) = random_index(&mut rng, n);
+        if rng.below(3) == 0 && !hm.is_empty() {
+            let keep = rng.below(hm.len());
+            idx.truncate(keep); // strings of popped items stay in the arena: still exact
+            hm.truncate(keep);
+        }
+        let before = idx.to_snapshot(&(), b"");
+        let mark = idx.mark();
+        let more: Vec<Value> = (0..1 + rng.below(40))
+            .map(|_| random_item(&mut rng))
+            .collect();
+        if rng.below(2) == 0 {
+            idx.reserve(rng.below(5000));
+        }
+        idx.extend(metas(&more));
+        idx.undo_to(mark);
+        assert_eq!(idx.to_snapshot(&(), b""), before, "case {case}");
+        assert_eq!(idx.graph(), &build_graph(&hm, &[]), "case {case}");
+        // And it goes on like an index that never saw those items.
+        let next = metas(&(0..5).map(|_| random_item(&mut rng)).collect::<Vec<_>>());
+        idx.extend(next.clone());
+        hm.extend(next);
+        assert_eq!(idx.graph(), &build_graph(&hm, &[]), "case {case} after");
+    }
 }

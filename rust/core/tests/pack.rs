@@ -504,3 +504,56 @@ fn contiguous_never_starts_the_history_in_the_middle_of_a_turn() {
     assert_eq!(r.history_tokens, 0);
     assert_eq!(r.remaining(), budget - cost(&n[0]));
 }
+
+#[test]
+fn huge_costs_saturate_instead_of_wrapping() {
+    // Counts a damaged store could hand over: (2^63 - 1) + (2^63 - 1) + 7 wraps to 5 in
+    // 64-bit arithmetic; summed with saturation the unit can never fit a budget.
+    let h = [
+        user("q"),
+        json!({"type": "reasoning", "id": "rs_1", "summary": []}),
+        call("c1"),
+        output("c1", "x"),
+        answer("m1", "a"),
+    ];
+    let n = [user("next")];
+    let all: Vec<Value> = h.iter().chain(n.iter()).cloned().collect();
+    let metas: Vec<ItemMeta> = all
+        .iter()
+        .map(|v| ItemMeta::from_json(v).unwrap())
+        .collect();
+    let graph = build_graph(&metas[..h.len()], &metas[h.len()..]);
+    let big = (1u64 << 63) - 1;
+    for policy in [Policy::Contiguous, Policy::Greedy] {
+        let mut costs = Eager(vec![10, big, big, 7, 10, 10]);
+        let o = PackOptions {
+            budget: 3000,
+            policy,
+            ..PackOptions::default()
+        };
+        let r = pack(&graph, &metas, &mut costs, &o, None).unwrap();
+        // Only the answer would fit; its turn broke at the huge unit, so it is not sent
+        // without its question (coherent start).
+        assert!(r.kept_history.is_empty(), "{policy:?}: {:?}", r.kept_history);
+        assert_eq!(decision_at(&graph, &r, 4).decision, Decision::TurnIncomplete);
+        assert!(r.used() <= 3000);
+        let d = decision_at(&graph, &r, 2);
+        assert_eq!(d.decision, Decision::OverBudget);
+        assert_eq!(d.tokens, Some(u64::MAX), "the unit's cost saturates");
+        // The same costs in the mandatory part overflow the budget instead of wrapping.
+        let mut costs = Eager(vec![10, 10, 10, 10, 10, big]);
+        let o = PackOptions {
+            budget: 3000,
+            output_reserve: big,
+            policy,
+            ..PackOptions::default()
+        };
+        match pack(&graph, &metas, &mut costs, &o, None) {
+            Err(PackError::BudgetExceeded { used, section, .. }) => {
+                assert_eq!(section, Section::NewInput);
+                assert_eq!(used, 2 * big, "new input plus the output reserve");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
-use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, TailGraph};
+use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, Mark, TailGraph};
 use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
 use protoprompt_core::pack::{
     pack_view, untouched_decision, ContextHook, CostFailure, CostSource, PackError, PackOptions,
@@ -121,31 +121,75 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "object".to_string())
 }
 
-/// Borrow `obj` as a dict: a dict as is, any other Mapping copied into one.
-fn as_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
+/// Borrow `obj` as a dict: a dict as is, any other Mapping copied into one (`Ok(None)`: not
+/// a mapping). A mapping whose `items()` (or whatever it calls) raises is an error that
+/// carries that exception as its cause.
+fn as_dict<'py>(
+    obj: &Bound<'py, PyAny>,
+    field: &str,
+) -> Result<Option<Bound<'py, PyDict>>, FieldError> {
     if let Ok(d) = obj.cast::<PyDict>() {
-        return Some(d.clone());
+        return Ok(Some(d.clone()));
     }
-    let mapping = obj.cast::<PyMapping>().ok()?;
+    let Ok(mapping) = obj.cast::<PyMapping>() else {
+        return Ok(None);
+    };
+    let failed = |e: PyErr| {
+        let message = format!("reading the {} failed: {e}", type_name(obj));
+        FieldError::caused(field, message, e)
+    };
     let dict = PyDict::new(obj.py());
-    let items = mapping.items().ok()?;
+    let items = mapping.items().map_err(failed)?;
     for pair in items.iter() {
-        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract().ok()?;
-        dict.set_item(k, v).ok()?;
+        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract().map_err(failed)?;
+        dict.set_item(k, v).map_err(failed)?;
     }
-    Some(dict)
+    Ok(Some(dict))
 }
 
-type FieldError = (String, String);
+/// Why an item cannot be read: the field (a path inside the item), what is wrong with it,
+/// and the Python exception behind it if one was raised (it becomes the `__cause__`).
+struct FieldError {
+    field: String,
+    message: String,
+    cause: Option<PyErr>,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    fn caused(field: impl Into<String>, message: impl Into<String>, cause: PyErr) -> FieldError {
+        FieldError {
+            cause: Some(cause),
+            ..FieldError::new(field, message)
+        }
+    }
+
+    /// The `InvalidItemError` for the item at `label`, chained to the cause.
+    fn raise(self, py: Python<'_>, label: &str) -> PyErr {
+        let err = item_error(py, label, &self.field, &self.message);
+        if let Some(cause) = self.cause {
+            err.set_cause(py, Some(cause));
+        }
+        err
+    }
+}
 
 /// The string field `key` of `dict` (absent or None -> None), as [`str_field`].
 fn opt_str(
     dict: &Bound<'_, PyDict>,
     key: &Bound<'_, PyString>,
 ) -> Result<Option<String>, FieldError> {
-    let value = dict
-        .get_item(key)
-        .map_err(|e| (key.to_string(), e.to_string()))?;
+    let value = dict.get_item(key).map_err(|e| {
+        let message = e.to_string();
+        FieldError::caused(key.to_string(), message, e)
+    })?;
     str_field(&key.to_string(), value.as_ref())
 }
 
@@ -158,9 +202,9 @@ fn str_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> Result<Option<Stri
         Ok(s) => s
             .to_str()
             .map(|s| Some(s.to_string()))
-            .map_err(|_| (name.to_string(), "is not valid UTF-8 text".to_string())),
-        Err(_) => Err((
-            name.to_string(),
+            .map_err(|_| FieldError::new(name, "is not valid UTF-8 text")),
+        Err(_) => Err(FieldError::new(
+            name,
             format!("must be a string, got {}", type_name(v)),
         )),
     }
@@ -209,9 +253,9 @@ fn graph_field(key: &Bound<'_, PyAny>) -> Option<u8> {
 /// unless they are graph fields.
 fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
-    let dict = as_dict(obj).ok_or_else(|| {
-        (
-            "(item)".to_string(),
+    let dict = as_dict(obj, "(item)")?.ok_or_else(|| {
+        FieldError::new(
+            "(item)",
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
     })?;
@@ -226,6 +270,14 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
         != 0
     {
         let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
+        if !key.is_instance_of::<PyString>() {
+            // Never sent (the SDK's items are JSON objects); say so now rather than when
+            // the item is costed, or never if it is dropped without being counted.
+            return Err(FieldError::new(
+                "(item)",
+                format!("has a non-string key of type {}", type_name(&key)),
+            ));
+        }
         if let Some(i) = graph_field(&key) {
             slots[i as usize] = Some(unsafe { Borrowed::from_ptr(py, value_ptr) });
         }
@@ -243,12 +295,12 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     };
     if let Some(c) = slots[7].as_deref().filter(|c| !c.is_none()) {
         let cd = c.cast::<PyDict>().map_err(|_| {
-            (
-                "caller".to_string(),
-                format!("must be a mapping, got {}", type_name(c)),
-            )
+            FieldError::new("caller", format!("must be a mapping, got {}", type_name(c)))
         })?;
-        let prefix = |(f, m): FieldError| (format!("caller.{f}"), m);
+        let prefix = |e: FieldError| FieldError {
+            field: format!("caller.{}", e.field),
+            ..e
+        };
         raw.caller = Some(RawCaller {
             caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
             caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
@@ -272,7 +324,23 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
 }
 
 /// Convert a JSON-like Python value to serde_json, naming the field path on failure.
+///
+/// Only Python code of the item itself can run meanwhile (a list subclass's `__iter__`, a
+/// mapping's `items()`); if it changes a dict being read, PyO3's iterator panics: the
+/// panic is caught (silently) and reported as an error naming the item.
 fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, FieldError> {
+    let saved = path.len();
+    let caught = tokens::quietly(std::panic::AssertUnwindSafe(|| value_of(obj, path, depth)));
+    caught.unwrap_or_else(|_| {
+        path.truncate(saved);
+        Err(FieldError::new(
+            "(item)",
+            "changed while it was being read (by its own code or another thread)",
+        ))
+    })
+}
+
+fn value_of(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, FieldError> {
     let here = |path: &String| {
         if path.is_empty() {
             "(item)".to_string()
@@ -281,7 +349,7 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
         }
     };
     if depth > MAX_DEPTH {
-        return Err((
+        return Err(FieldError::new(
             here(path),
             format!("nesting deeper than {MAX_DEPTH} levels"),
         ));
@@ -293,12 +361,7 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
         return s
             .to_str()
             .map(|s| Value::String(s.to_string()))
-            .map_err(|_| {
-                (
-                    here(path),
-                    "is not valid UTF-8 text (lone surrogate?)".to_string(),
-                )
-            });
+            .map_err(|_| FieldError::new(here(path), "is not valid UTF-8 text (lone surrogate?)"));
     }
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Value::Bool(b.is_true()));
@@ -314,12 +377,15 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
         return obj
             .str()
             .map(|s| Value::String(s.to_string()))
-            .map_err(|e| (here(path), e.to_string()));
+            .map_err(|e| {
+                let message = e.to_string();
+                FieldError::caused(here(path), message, e)
+            });
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         let v = f.value();
         return Number::from_f64(v).map(Value::Number).ok_or_else(|| {
-            (
+            FieldError::new(
                 here(path),
                 format!("{v} is not a JSON number (NaN or infinity)"),
             )
@@ -331,10 +397,10 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
             let key = match k.cast::<PyString>() {
                 Ok(s) => s
                     .to_str()
-                    .map_err(|_| (here(path), "has a key that is not valid UTF-8".to_string()))?
+                    .map_err(|_| FieldError::new(here(path), "has a key that is not valid UTF-8"))?
                     .to_string(),
                 Err(_) => {
-                    return Err((
+                    return Err(FieldError::new(
                         here(path),
                         format!("has a non-string key of type {}", type_name(&k)),
                     ))
@@ -345,33 +411,31 @@ fn to_value(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<V
                 path.push('.');
             }
             path.push_str(&key);
-            let value = to_value(&v, path, depth + 1)?;
+            let value = value_of(&v, path, depth + 1)?;
             path.truncate(saved);
             map.insert(key, value);
         }
         return Ok(Value::Object(map));
     }
     if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let failed = |path: &String, e: PyErr| {
+            let message = e.to_string();
+            FieldError::caused(here(path), message, e)
+        };
         let mut out = Vec::new();
-        for (i, v) in obj
-            .try_iter()
-            .map_err(|e| (here(path), e.to_string()))?
-            .enumerate()
-        {
-            let v = v.map_err(|e| (here(path), e.to_string()))?;
+        for (i, v) in obj.try_iter().map_err(|e| failed(path, e))?.enumerate() {
+            let v = v.map_err(|e| failed(path, e))?;
             let saved = path.len();
             path.push_str(&format!("[{i}]"));
-            out.push(to_value(&v, path, depth + 1)?);
+            out.push(value_of(&v, path, depth + 1)?);
             path.truncate(saved);
         }
         return Ok(Value::Array(out));
     }
-    if obj.cast::<PyMapping>().is_ok() {
-        if let Some(d) = as_dict(obj) {
-            return to_value(d.as_any(), path, depth);
-        }
+    if let Some(d) = as_dict(obj, &here(path))? {
+        return value_of(d.as_any(), path, depth);
     }
-    Err((
+    Err(FieldError::new(
         here(path),
         format!("{} is not a JSON value", type_name(obj)),
     ))
@@ -422,8 +486,7 @@ fn classify_items<'py>(
 ) -> PyResult<Vec<ItemMeta>> {
     let mut metas = Vec::with_capacity(items.len());
     for (i, item) in items.enumerate() {
-        let raw = extract_raw(&item)
-            .map_err(|(field, msg)| item_error(py, &label(n_history, offset + i), &field, &msg))?;
+        let raw = extract_raw(&item).map_err(|e| e.raise(py, &label(n_history, offset + i)))?;
         metas.push(ItemMeta::new(raw));
     }
     Ok(metas)
@@ -456,10 +519,21 @@ fn classify_all(
 
 /// Costs items on demand: converts them under the GIL, counts with the GIL released.
 ///
-/// Items are fetched by position from the caller's lists only when their cost is needed, and
-/// each position is costed at most once per call.
+/// Items are read by position only when their cost is needed, and each position is costed
+/// at most once per call. What a call reads stays what it read: the history items it
+/// classifies are taken from the caller's list in one step when the call begins (`fresh`),
+/// and an earlier position, read from the list when first needed, is kept (`read`), so the
+/// objects a result returns are the objects that were classified and counted, whatever
+/// another thread or an item's own code does to the caller's list meanwhile.
 struct PyCostSource<'m> {
+    /// The caller's history list, read for positions before `fresh_from` (which an index
+    /// has seen in earlier calls).
     history: Py<PyList>,
+    /// `history[fresh_from..n_history]` as it was when the call began.
+    fresh: Py<PyList>,
+    fresh_from: usize,
+    /// History objects before `fresh_from` read by this call, by position.
+    read: FxHashMap<usize, Py<PyAny>>,
     new_input: Vec<Py<PyAny>>,
     n_history: usize,
     encoding: Encoding,
@@ -468,6 +542,8 @@ struct PyCostSource<'m> {
     /// yet counted), for `encoding`.
     memo: Option<&'m mut Vec<u64>>,
     store: Option<StoreLink>,
+    /// The Python exception behind the last item that could not be read or converted.
+    cause: Option<PyErr>,
 }
 
 /// A persistent count store handed to `HistoryIndex.pack` (`count_store=`): an object with
@@ -475,7 +551,8 @@ struct PyCostSource<'m> {
 /// least `STORE_MIN_BYTES` not in the process cache are looked up in it, per batch of
 /// positions, before they are tokenised; the counts it lacked and those the process cache
 /// supplied (it may have been filled before the store was attached) are reported back
-/// (`new_counts` of the result) for the caller to store.
+/// (`new_counts` of the result) for the caller to store. A stored count outside the bounds
+/// any text of that length has ([`Encoding::count_bounds`]) is treated as missing.
 struct StoreLink {
     store: Py<PyAny>,
     secret: [u8; 16],
@@ -550,21 +627,32 @@ impl StoreLink {
 
 const UNCOUNTED: u64 = u64::MAX;
 
+/// Why an item an index had seen cannot be read back from the caller's history list.
+const GONE: &str = "is no longer in the history list: the items an index has seen must \
+                    stay as they are, also while a call runs (another thread or an item's \
+                    own code changed the list)";
+
 impl<'m> PyCostSource<'m> {
     fn new(
         history: Py<PyList>,
+        fresh: Py<PyList>,
+        fresh_from: usize,
         n_history: usize,
         new_input: Vec<Py<PyAny>>,
         encoding: Encoding,
     ) -> Self {
         PyCostSource {
             history,
+            fresh,
+            fresh_from,
+            read: FxHashMap::default(),
             new_input,
             n_history,
             encoding,
             cache: FxHashMap::default(),
             memo: None,
             store: None,
+            cause: None,
         }
     }
 
@@ -630,12 +718,14 @@ impl<'m> PyCostSource<'m> {
         for ((&(i, cache_key), key), hit) in ask.iter().zip(keys).zip(found) {
             let (p, c) = &texts[i];
             counts[i] = match hit {
-                Some(n) => {
+                // A count no text of this length can have is not this text's count (a
+                // damaged or foreign store): counted again, and the store is corrected.
+                Some(n) if enc.count_is_possible(&c.text, n) => {
                     link.hits += 1;
                     tokens::remember_count(cache_key, n);
                     n
                 }
-                None => {
+                _ => {
                     let n = enc
                         .count_and_remember(&c.text, cache_key)
                         .map_err(|e| fail(*p, e))?;
@@ -663,12 +753,43 @@ impl<'m> PyCostSource<'m> {
         self.cache.get(&p).copied()
     }
 
-    fn item<'py>(&self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
-        if p < self.n_history {
-            self.history.bind(py).get_item(p)
-        } else {
-            Ok(self.new_input[p - self.n_history].bind(py).clone())
+    /// The object at global position `p` as this call reads it (see the type's note); an
+    /// `IndexError` if the caller's list lost a position the index had seen.
+    fn item<'py>(&mut self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
+        if p >= self.n_history {
+            return Ok(self.new_input[p - self.n_history].bind(py).clone());
         }
+        if p >= self.fresh_from {
+            return self.fresh.bind(py).get_item(p - self.fresh_from);
+        }
+        if let Some(obj) = self.read.get(&p) {
+            return Ok(obj.bind(py).clone());
+        }
+        let obj = self.history.bind(py).get_item(p)?;
+        self.read.insert(p, obj.clone().unbind());
+        Ok(obj)
+    }
+
+    /// The kept history objects followed by every new-input object: what the caller sends.
+    fn request<'py>(&mut self, py: Python<'py>, kept: &[usize]) -> PyResult<Bound<'py, PyList>> {
+        let mut out = Vec::with_capacity(kept.len() + self.new_input.len());
+        let history = self.history.bind(py);
+        let fresh = self.fresh.bind(py);
+        for &p in kept {
+            let item = if p >= self.fresh_from {
+                fresh.get_item(p - self.fresh_from)
+            } else if let Some(obj) = self.read.get(&p) {
+                Ok(obj.bind(py).clone())
+            } else {
+                history.get_item(p) // read once, here: nothing to remember it for
+            };
+            out.push(item.map_err(|e| {
+                let label = label(self.n_history, p);
+                FieldError::caused("(item)", GONE, e).raise(py, &label)
+            })?);
+        }
+        out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
+        PyList::new(py, out)
     }
 }
 
@@ -681,24 +802,30 @@ impl CostSource for PyCostSource<'_> {
             .collect();
         if !missing.is_empty() {
             let values: Vec<(usize, Value)> = Python::attach(|py| {
-                missing
-                    .iter()
-                    .map(|&p| {
-                        let item = self.item(py, p).map_err(|e| CostFailure {
+                let mut values = Vec::with_capacity(missing.len());
+                for &p in &missing {
+                    let item = self.item(py, p).map_err(|e| {
+                        self.cause = Some(e);
+                        CostFailure {
                             position: p,
-                            field: "item".to_string(),
-                            message: format!("cannot be read from the list: {e}"),
-                        })?;
-                        let mut path = String::new();
-                        to_value(&item, &mut path, 0)
-                            .map(|v| (p, v))
-                            .map_err(|(field, message)| CostFailure {
+                            field: "(item)".to_string(),
+                            message: GONE.to_string(),
+                        }
+                    })?;
+                    let mut path = String::new();
+                    match to_value(&item, &mut path, 0) {
+                        Ok(v) => values.push((p, v)),
+                        Err(e) => {
+                            self.cause = e.cause;
+                            return Err(CostFailure {
                                 position: p,
-                                field,
-                                message,
-                            })
-                    })
-                    .collect::<Result<_, _>>()
+                                field: e.field,
+                                message: e.message,
+                            });
+                        }
+                    }
+                }
+                Ok(values)
             })?;
             let texts: Vec<(usize, tokens::Canonical)> = values
                 .into_iter()
@@ -860,7 +987,10 @@ fn item_tokens(
     encoding: Option<&str>,
 ) -> PyResult<(u64, u64, u64)> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    if as_dict(item).is_none() {
+    if as_dict(item, "(item)")
+        .map_err(|e| e.raise(py, "item"))?
+        .is_none()
+    {
         return Err(item_error(
             py,
             "item",
@@ -869,8 +999,7 @@ fn item_tokens(
         ));
     }
     let mut path = String::new();
-    let value = to_value(item, &mut path, 0)
-        .map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    let value = to_value(item, &mut path, 0).map_err(|e| e.raise(py, "item"))?;
     let cost = py
         .detach(move || tokens::item_cost(&value, enc))
         .map_err(|e| token_error(py, e))?;
@@ -881,8 +1010,7 @@ fn item_tokens(
 #[pyfunction]
 fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut path = String::new();
-    let value = to_value(item, &mut path, 0)
-        .map_err(|(f, m): FieldError| item_error(py, "item", &f, &m))?;
+    let value = to_value(item, &mut path, 0).map_err(|e| e.raise(py, "item"))?;
     tokens::canonical(&value, Encoding::O200kBase)
         .map(|c| c.text)
         .map_err(|e| token_error(py, e))
@@ -1256,6 +1384,7 @@ impl HistoryIndex {
         n_history: usize,
     ) -> PyResult<()> {
         let start = self.index.len();
+        let mark = self.index.mark();
         let (kinds_capacity, costs_capacity) = (self.kinds.capacity(), self.costs.capacity());
         let outcome = if items.len() <= CLASSIFY_CHUNK {
             classify_items(py, items, start, n_history).map(|metas| {
@@ -1267,11 +1396,11 @@ impl HistoryIndex {
             self.classify_pipelined(py, items, n_history)
         };
         if outcome.is_err() {
-            // Back to exactly what it was, memory included (not a pop: rebuilt compactly).
+            // Back to exactly what it was, memory included.
             Arc::make_mut(&mut self.kinds).truncate(start);
             self.costs.truncate(start);
             let index = &mut self.index;
-            py.detach(|| index.rebuild(start));
+            py.detach(|| index.undo_to(mark));
             Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
             self.costs.shrink_to(costs_capacity);
         }
@@ -1308,6 +1437,9 @@ impl HistoryIndex {
             let mut outcome = Ok(());
             while items.len() > 0 {
                 let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(CLASSIFY_CHUNK).collect();
+                if chunk.is_empty() {
+                    break; // an iterator whose length was wrong: never loop on nothing
+                }
                 match classify_items(py, chunk.into_iter(), position, n_history) {
                     Ok(metas) => {
                         position += metas.len();
@@ -1404,24 +1536,36 @@ impl HistoryIndex {
         py.detach(|| index.truncate(length));
     }
 
-    /// The index as bytes, token costs included, for `HistoryIndex.from_snapshot` (see
-    /// `CoreIndex::to_snapshot`; serialised with the GIL released).
-    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+    /// The index as bytes, token costs included, for `HistoryIndex.from_snapshot` with the
+    /// same `bound_to` (see `CoreIndex::to_snapshot`; serialised with the GIL released).
+    #[pyo3(signature = (*, bound_to=None))]
+    fn snapshot<'py>(
+        &self,
+        py: Python<'py>,
+        bound_to: Option<Bound<'py, PyBytes>>,
+    ) -> Bound<'py, PyBytes> {
         let attached = Attached {
             encoding: self.cost_encoding.map(|e| e.name().to_string()),
             costs: self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
         };
+        let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
         let index = &self.index;
-        let bytes = py.detach(|| index.to_snapshot(&attached));
+        let bytes = py.detach(|| index.to_snapshot(&attached, binding));
         PyBytes::new(py, &bytes)
     }
 
-    /// Load what `snapshot` wrote (by this version of protoprompt). Raises `SnapshotError`
-    /// for anything else; never loads part of one.
+    /// Load what `snapshot` wrote (by this version of protoprompt, with the same
+    /// `bound_to`). Raises `SnapshotError` for anything else; never loads part of one.
     #[staticmethod]
-    fn from_snapshot(py: Python<'_>, data: &Bound<'_, PyBytes>) -> PyResult<Self> {
+    #[pyo3(signature = (data, *, bound_to=None))]
+    fn from_snapshot(
+        py: Python<'_>,
+        data: &Bound<'_, PyBytes>,
+        bound_to: Option<Bound<'_, PyBytes>>,
+    ) -> PyResult<Self> {
         let bytes = data.as_bytes();
-        let loaded = py.detach(|| CoreIndex::from_snapshot::<Attached>(bytes));
+        let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
+        let loaded = py.detach(|| CoreIndex::from_snapshot::<Attached>(bytes, binding));
         let (index, attached) = loaded.map_err(|e| raise(py, "SnapshotError", (e.to_string(),)))?;
         let damaged = |m: &str| {
             raise(
@@ -1432,6 +1576,16 @@ impl HistoryIndex {
         };
         if attached.costs.len() != index.len() {
             return Err(damaged("token costs do not match the items"));
+        }
+        // Every counted item costs at least its overhead (a cost of 0 is stored as 1).
+        if let Some(p) = attached
+            .costs
+            .iter()
+            .position(|&c| c != 0 && c.wrapping_sub(1) < tokens::ITEM_OVERHEAD)
+        {
+            return Err(damaged(&format!(
+                "item {p} costs less than an item's overhead"
+            )));
         }
         let cost_encoding = match attached.encoding.as_deref() {
             None => None,
@@ -1512,40 +1666,79 @@ impl HistoryIndex {
                  truncate or clear the index when items are removed"
             )));
         }
-        let preload = Preload::start(enc);
+        // The items this call reads for the first time, taken in one step: nothing else
+        // runs while the slice is made, so whatever another thread or an item's own code
+        // does to `history` from now on cannot shift what is classified, counted or sent.
+        let fresh = history.get_slice(indexed, n_history);
         let new_items = item_seq(new_input, "new_input")?;
+        let preload = Preload::start(enc);
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
-        self.classify_into(
-            py,
-            history
-                .iter()
-                .skip(indexed)
-                .take(n_history.saturating_sub(indexed)),
-            n_history,
-        )?;
-        if self.cost_encoding != Some(enc) {
-            self.costs.fill(UNCOUNTED);
-            self.cost_encoding = Some(enc);
+        let mark = self.index.mark();
+        let switched = (self.cost_encoding != Some(enc)).then(|| {
+            let costs = std::mem::replace(&mut self.costs, vec![UNCOUNTED; indexed]);
+            (self.cost_encoding.replace(enc), costs)
+        });
+        let outcome = self.pack_read(
+            py, history, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store, preload,
+        );
+        if outcome.is_err() {
+            self.undo(py, mark, indexed, switched);
         }
+        outcome
+    }
+}
+
+impl HistoryIndex {
+    /// The part of `pack` after the arguments are checked and the items taken (see there).
+    #[allow(clippy::too_many_arguments)]
+    fn pack_read<'py>(
+        &mut self,
+        py: Python<'py>,
+        history: &Bound<'py, PyList>,
+        fresh: &Bound<'py, PyList>,
+        new_items: Vec<Py<PyAny>>,
+        new_metas: Vec<ItemMeta>,
+        enc: Encoding,
+        opts: &PackOptions,
+        pinned: &[usize],
+        context: Option<Bound<'py, PyAny>>,
+        store: Option<StoreLink>,
+        preload: Preload,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let indexed = self.index.len();
+        let n_history = indexed + fresh.len();
+        self.classify_into(py, fresh.iter(), n_history)?;
         let index = &self.index;
         let kinds = &self.kinds;
         let kind_names = &self.kind_names;
-        let mut source = PyCostSource::new(history.clone().unbind(), n_history, new_items, enc)
-            .with_memo(&mut self.costs)
-            .with_store(store);
+        let mut source = PyCostSource::new(
+            history.clone().unbind(),
+            fresh.clone().unbind(),
+            indexed,
+            n_history,
+            new_items,
+            enc,
+        )
+        .with_memo(&mut self.costs)
+        .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
         let packed = run_pack(py, context, |hook| {
-            pack_view(view, &is_user, &mut source, &opts, &pinned, hook)
+            pack_view(view, &is_user, &mut source, opts, pinned, hook)
         });
         let link = source.store.take();
         if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
             return Err(e.clone_ref(py));
         }
-        let mut result = packed?;
+        let mut result = packed.inspect_err(|e| {
+            if let Some(cause) = source.cause.take() {
+                e.set_cause(py, Some(cause));
+            }
+        })?;
+        let items = source.request(py, &result.kept_history)?;
         let table = DecisionTable::new(
             index.shared_graph(),
             Some(tail),
@@ -1554,6 +1747,7 @@ impl HistoryIndex {
             kind_names,
         );
         let out = result_dict(py, &result, enc, opts.policy, table)?;
+        out.set_item("items", items)?;
         if let Some(link) = link {
             let pairs = link
                 .new_counts
@@ -1563,6 +1757,27 @@ impl HistoryIndex {
             out.set_item("store_hits", link.hits)?;
         }
         Ok(out)
+    }
+
+    /// Put the index back as it was before a failed `pack` (at `mark`, holding `len` items),
+    /// with the costs (of the encoding) it had if the call switched encodings.
+    fn undo(
+        &mut self,
+        py: Python<'_>,
+        mark: Mark,
+        len: usize,
+        switched: Option<(Option<Encoding>, Vec<u64>)>,
+    ) {
+        let index = &mut self.index;
+        py.detach(|| index.undo_to(mark));
+        if self.kinds.len() > len {
+            Arc::make_mut(&mut self.kinds).truncate(len);
+        }
+        if let Some((encoding, costs)) = switched {
+            self.cost_encoding = encoding;
+            self.costs = costs;
+        }
+        self.costs.truncate(len);
     }
 }
 

@@ -1,0 +1,227 @@
+"""Which part of a session's :class:`~protoprompt.HistoryIndex` still describes the history
+that the SDK hands to the input callback.
+
+The index may only be used for a history it describes item for item. Several processes and
+session objects may write one session's rows, so before every turn the index is compared
+with the rows *that the read returned*, never with rows looked at in another transaction:
+
+* For an ``SQLiteSession`` in a database file, :meth:`RowReader.read` reads the rows itself,
+  exactly as ``SQLiteSession.get_items`` does (one ``SELECT`` in id order, rows that are not
+  JSON skipped), but with their ids. The index keeps the row id behind each of its items.
+* ``SQLiteSession`` rows are never changed in place and ids only grow (``AUTOINCREMENT``):
+  rows are appended, popped newest first, cleared, or a suffix is replaced by new rows
+  (compaction), and a row that does not decode never will. So if the index's item ``p - 1``
+  and the read's item ``p - 1`` come from the same row, the first ``p`` items are the same
+  rows on both sides (no row with a smaller id can have appeared since), and that is
+  monotone in ``p``: :func:`kept_prefix` finds the longest prefix that still holds with one
+  comparison when only rows were appended, and a binary search otherwise.
+* Other sessions (a memory database, an ``inner_session`` with ``incremental=True``) have no
+  rows to compare: their index is trusted while no pop or clear ran through a session object
+  sharing it (the epoch).
+
+:func:`plan` turns what the index was synced with and what the read saw into a decision: a
+pure function, tested as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import weakref
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+RowIds = array
+"""Row ids, ``array('q')``."""
+
+
+class Rows:
+    """The rows one read saw, in id order (``(id, message_data)``), and the positions among
+    them of the rows that did not decode (``SQLiteSession.get_items`` skips those)."""
+
+    __slots__ = ("rows", "skipped")
+
+    def __init__(self, rows: list[tuple[Any, ...]], skipped: list[int]) -> None:
+        self.rows = rows
+        self.skipped = skipped
+
+    def __len__(self) -> int:
+        return len(self.rows) - len(self.skipped)
+
+    def _row(self, p: int) -> int:
+        r = p
+        for s in self.skipped:  # sorted, and almost always empty
+            if s <= r:
+                r += 1
+            else:
+                break
+        return r
+
+    def id_at(self, p: int) -> int:
+        """The id of the row behind item ``p``."""
+        return int(self.rows[self._row(p)][0])
+
+    def ids_from(self, p: int) -> RowIds:
+        """The ids of the rows behind items ``p`` and later."""
+        if p >= len(self):
+            return array("q")
+        skipped = set(self.skipped)
+        rows = self.rows
+        return array("q", (int(rows[r][0]) for r in range(self._row(p), len(rows))
+                           if r not in skipped))
+
+
+def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
+              look: Callable[[Rows], T]) -> tuple[list[Any], T]:
+    """A session's items exactly as ``SQLiteSession.get_items()`` returns them (no limit),
+    from one statement (one read snapshot), and what ``look`` makes of the rows behind them.
+    The rows (with their texts) live only during the call, as in the SDK's own read."""
+    rows = conn.execute(
+        f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
+        (session_id,)).fetchall()
+    items: list[Any] = []
+    skipped: list[int] = []
+    loads = json.loads
+    for _, data in rows:
+        try:
+            items.append(loads(data))
+        except (json.JSONDecodeError, TypeError):  # what the SDK skips, and nothing else
+            skipped.append(len(items) + len(skipped))
+    return items, look(Rows(rows, skipped))
+
+
+_READERS: weakref.WeakSet[RowReader] = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never used here
+
+
+def _readers_after_fork() -> None:
+    """A forked child must not use its parent's SQLite connections (nor close them, which
+    would drop locks SQLite tracks per process): each reader opens its own."""
+    for reader in list(_READERS):
+        if reader._conn is not None:
+            _INHERITED.append(reader._conn)
+        reader._conn = None
+        reader._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_readers_after_fork)
+
+
+class RowReader:
+    """Reads one stored session's rows (see :func:`read_rows`) on a connection of its own."""
+
+    def __init__(self, db_path: str, table: str, session_id: str) -> None:
+        self._db_path = db_path
+        self._table = table
+        self._session_id = session_id
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        _READERS.add(self)
+
+    def read(self, look: Callable[[Rows], T]) -> tuple[list[Any], T]:
+        """See :func:`read_rows`. Raises ``sqlite3.Error`` if the database cannot be read."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
+                                             timeout=5.0, isolation_level=None)
+            return read_rows(self._conn, self._table, self._session_id, look)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def kept_prefix(synced: Sequence[int] | None, rows: Rows) -> int:
+    """How many of the index's first items (whose rows are ``synced``) are the first items
+    of the read (``rows``): see the module note for why one comparison per probe suffices."""
+    if not synced:
+        return 0
+    n = min(len(synced), len(rows))
+    if n == 0:
+        return 0
+    if synced[n - 1] == rows.id_at(n - 1):
+        return n
+    lo, hi = 0, n - 1  # the prefix of lo holds, the one of hi + 1 does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if synced[mid - 1] == rows.id_at(mid - 1):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a read of rows found, compared with the index as it was then."""
+
+    version: int
+    """The index's version it was compared with (see :class:`Synced`)."""
+    keep: int
+    """Items of the index that are the read's first items."""
+    new_ids: RowIds
+    """Row ids of the read's items after those."""
+
+
+@dataclass(frozen=True)
+class Read:
+    """What one ``get_items`` returned."""
+
+    count: int
+    """Items returned."""
+    windowed: bool
+    """Only the latest items (a ``limit``, ours or the inner session's)."""
+    epoch: int
+    """The session's epoch when the read began (pops and clears through session objects)."""
+    checked: bool
+    """The session's rows are compared with the index (a database file)."""
+    seen: Seen | None
+    """For a checked session, what its rows showed (``None``: they could not be read)."""
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What the index is now."""
+
+    length: int
+    version: int
+    """Changes whenever the index or the rows it describes change."""
+    epoch: int
+    """The epoch at its last sync (-1: never synced)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    use_index: bool
+    """Pack through the index; otherwise pack the history without it and leave the index."""
+    keep: int
+    """Truncate the index to this many items first (0: start it again)."""
+    reason: str
+
+
+def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Plan:
+    """How the callback packs ``history`` (``history_len`` items) after ``read``, with the
+    index ``synced`` and the session's current ``epoch``."""
+    leave = synced.length
+    if read is None or read.windowed or read.count != history_len:
+        return Plan(False, leave, "not the whole history that the last read returned")
+    if read.checked:
+        if read.seen is None:
+            return Plan(False, leave, "the rows could not be read")
+        if read.seen.version != synced.version:
+            return Plan(False, leave, "the index changed after the read")
+        return Plan(True, read.seen.keep, "rows compared")
+    if read.epoch != epoch or synced.epoch != read.epoch:
+        return Plan(True, 0, "a pop or clear ran since the index was synced")
+    if synced.length > history_len:
+        return Plan(True, 0, "the index is longer than the history")
+    return Plan(True, synced.length, "no pop or clear since the index was synced")
