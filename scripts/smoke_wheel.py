@@ -72,13 +72,15 @@ def check_packing() -> None:
     new_input = [{"role": "user", "content": "And the latest date to give notice?"}]
     result = pp.pack(history, new_input, budget=200, output_reserve=50, model="gpt-5")
     assert result.used <= 200, result.used
-    # The long first message does not fit; the newest turns do, the orphan output never.
-    assert result.kept_history == [1, 2, 3, 4, 5], result.kept_history
+    # The long first message does not fit, and the assistant's reply to it is not sent without
+    # it (kept history starts at a user message); the newest turn fits, the orphan output never.
+    assert result.kept_history == [2, 3, 4, 5], result.kept_history
     expected = [history[i] for i in result.kept_history] + new_input
     assert len(result.items) == len(expected)
     assert all(a is b for a, b in zip(result.items, expected)), "the caller's own objects, in order"
     reasons = {p: d.decision for d in result.decisions for p in d.positions}
-    assert reasons[0] == "over_budget" and reasons[6] == "invalid_unit", reasons
+    assert reasons[0] == "over_budget" and reasons[1] == "turn_incomplete", reasons
+    assert reasons[6] == "invalid_unit", reasons
     call_unit = [d for d in result.decisions if 3 in d.positions][0]
     assert call_unit.positions == [3, 4], "a call and its output are one unit"
     assert "over_budget" in result.explain()
