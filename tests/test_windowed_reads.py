@@ -12,7 +12,11 @@ import json
 import sqlite3
 from typing import Any
 
+import tempfile
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("agents")
 
@@ -45,7 +49,8 @@ class Side:
     """One session + callback; every plan the callback built is recorded, and every window
     the session read (its length, or ``None`` for a full read)."""
 
-    def __init__(self, db: str, windowed: bool, max_tokens: int = 900) -> None:
+    def __init__(self, db: str, windowed: bool, max_tokens: int = 900,
+                 policy: str = "contiguous") -> None:
         self.db = db
         self.store = MemoryStore()
         self.session = ProtoPromptSession("chat", db, windowed_reads=windowed,
@@ -61,7 +66,7 @@ class Side:
 
         self.session._read_window = recording  # type: ignore[method-assign]
         builder = TokenBudgetedContextBuilder(self.store, max_tokens=max_tokens, scope=SCOPE,
-                                              output_reserve=100)
+                                              output_reserve=100, policy=policy)
         self.store.remember("The customer prefers short answers.", scope=SCOPE)
         self.callback = self.session.input_callback(
             builder, system_prompt="Be brief.",
@@ -266,3 +271,92 @@ def test_pack_of_a_window_is_the_pack_of_the_whole_history() -> None:
     with pytest.raises(pp.InvalidItemError, match="history_offset"):
         short.pack(history[-2:], new, 10_000, encoding="o200k_base",
                    history_offset=len(history) - 2)
+
+
+OTHER_ITEMS = [
+    [{"role": "user", "content": "from elsewhere " * 8}],
+    [{"role": "assistant", "content": "noted " * 20}],
+    [{"type": "function_call", "call_id": "ext_{n}", "name": "lookup",
+      "arguments": "{}"}],
+    [{"type": "function_call_output", "call_id": "ext_{n}", "output": "found " * 25}],
+    [{"type": "reasoning", "id": "rs_ext_{n}", "summary": []}],
+    [{"role": "assistant", "content": "huge " * 1500}],
+]
+
+
+def _other_items(kind: int, n: int) -> list[Any]:
+    return json.loads(json.dumps(OTHER_ITEMS[kind]).replace("{n}", str(n)))
+
+
+OPS = st.one_of(
+    st.tuples(st.just("turn"), st.sampled_from(["run", "streamed", "sync"])),
+    st.tuples(st.just("pop"), st.integers(1, 6)),
+    st.tuples(st.just("write"), st.lists(st.integers(0, len(OTHER_ITEMS) - 1), min_size=1,
+                                         max_size=3)),
+    st.tuples(st.just("restart"), st.just(0)),
+)
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(OPS, min_size=4, max_size=12), st.sampled_from([500, 900, 2500]),
+       st.sampled_from(["contiguous", "greedy"]))
+def test_random_turns_pops_writers_and_restarts(ops, max_tokens, policy) -> None:
+    """Random runs of turns (all three Runner entry points), pops, other writers and
+    restarts from the snapshot, after a history long enough for windows: a windowed
+    session sends and stores exactly what a session reading everything does."""
+    asyncio.run(_random_session(ops, max_tokens, policy))
+
+
+async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: str) -> None:
+    shared, snapshot_min = integration._SHARED, integration.SNAPSHOT_MIN_ITEMS
+    integration.SNAPSHOT_MIN_ITEMS = 16
+    with tempfile.TemporaryDirectory() as tmp:
+        win = Side(f"{tmp}/win.db", True, max_tokens, policy)
+        full = Side(f"{tmp}/full.db", False, max_tokens, policy)
+        windows: list[int | None] = []
+        try:
+            step = 0
+            for _ in range(12):
+                step += 1
+                await win.turn(step)
+                await full.turn(step)
+            for op, arg in ops:
+                step += 1
+                if op == "turn":
+                    await win.turn(step, arg)
+                    await full.turn(step, arg)
+                elif op == "pop":
+                    for side in (win, full):
+                        for _ in range(arg):
+                            await side.session.pop_item()
+                elif op == "write":
+                    for side in (win, full):
+                        other = SQLiteSession("chat", side.db)
+                        for kind in arg:
+                            await other.add_items(_other_items(kind, step))
+                        other.close()
+                else:
+                    windows += win.windows
+                    plans = (win.plans, full.plans)
+                    win.close()
+                    full.close()
+                    integration._SHARED = type(shared)()
+                    pp._core._clear_count_cache()
+                    win = Side(win.db, True, max_tokens, policy)
+                    full = Side(full.db, False, max_tokens, policy)
+                    win.plans, full.plans = plans
+            step += 1
+            await win.turn(step)
+            await full.turn(step)
+            assert_same(win, full)
+            windows += win.windows
+            if policy == "greedy":
+                assert all(w is None for w in windows)
+            elif max_tokens == 500:
+                assert any(w is not None for w in windows)
+        finally:
+            win.close()
+            full.close()
+            integration._SHARED = shared
+            integration.SNAPSHOT_MIN_ITEMS = snapshot_min
