@@ -238,6 +238,17 @@ async def test_reads_outside_the_runner_see_the_whole_history(tmp_path) -> None:
     win.close()
 
 
+def test_a_read_driven_by_the_event_loop_alone_is_a_full_read(tmp_path) -> None:
+    db = str(tmp_path / "x.db")
+    plain = SQLiteSession("chat", db)
+    items = [{"role": "user", "content": f"m{i}"} for i in range(5)]
+    asyncio.run(plain.add_items(items))
+    plain.close()
+    session = ProtoPromptSession("chat", db, windowed_reads=True)
+    assert asyncio.run(session.get_items()) == items  # no caller frame above get_items
+    session.close()
+
+
 def test_windowed_reads_needs_a_bool_and_a_database_file(tmp_path) -> None:
     with pytest.raises(TypeError, match="windowed_reads must be a bool"):
         ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=1)  # type: ignore[arg-type]

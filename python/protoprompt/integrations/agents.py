@@ -538,7 +538,7 @@ def _runner_turn(session: ProtoPromptSession) -> tuple[_Turn, list[Any]] | None:
     run, the retry clean-up) returns ``None``: it must see the whole history."""
     if _PREPARE_CODE is None:
         return None
-    frame = sys._getframe(2)  # get_items' caller's caller
+    frame = sys._getframe(1).f_back  # get_items' caller (None when a task drives it)
     for _ in range(_FRAMES_UP):
         if frame is None:
             return None
