@@ -371,3 +371,55 @@ async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: s
             full.close()
             integration._SHARED = shared
             integration.SNAPSHOT_MIN_ITEMS = snapshot_min
+
+
+async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path) -> None:
+    """Two objects of one stored session share its index. If the other one runs a turn
+    between this one's windowed read and its callback, the window is checked against the
+    index again: still the same rows before it -> the request of the whole history; rows
+    before the window gone -> a clear error, never the window packed alone."""
+    db = str(tmp_path / "win.db")
+    win = Side(db, windowed=True)
+    for i in range(20):
+        await win.turn(i)
+    other = Side(db, windowed=True)
+    assert other.session._index_state is win.session._index_state
+    new_input = [{"role": "user", "content": "what now? " * 5}]
+    turn = win.callback._protoprompt_turn  # type: ignore[attr-defined]
+
+    def read() -> tuple[list[Any], Any]:
+        got = win.session._read_window(turn, new_input)
+        assert got is not None and got[1].offset > 0
+        return got
+
+    async def callback(window: list[Any], facts: Any) -> list[Any]:
+        integration._LAST_READ.set(integration._Read(win.session, facts))
+        return await win.callback(json.loads(json.dumps(window)), list(new_input))
+
+    rechecks: list[Any] = []
+    real_keep = win.session._window_keep
+
+    def keep(facts: Any) -> Any:
+        rechecks.append(real_keep(facts))
+        return rechecks[-1]
+
+    win.session._window_keep = keep  # type: ignore[method-assign]
+    window, facts = read()
+    await other.turn(20)  # the shared index now holds more rows, with a new version
+    full = json.loads(json.dumps(await win.session.get_items()))[:facts.offset + len(window)]
+    sent = await callback(window, facts)
+    expected = win.callback._protoprompt_turn.builder.build(  # type: ignore[attr-defined]
+        full, new_input, system_prompt="Be brief.")
+    assert [json.dumps(i, sort_keys=True) for i in sent] == [
+        json.dumps(i, sort_keys=True) for i in expected.items]
+    assert len(rechecks) == 1 and rechecks[0] is not None
+
+    window, facts = read()
+    for _ in range(len(window) + 6):  # past the window's start
+        await other.session.pop_item()
+    await other.turn(21)
+    with pytest.raises(pp.ProtoPromptError, match="run the turn again"):
+        await callback(window, facts)
+    assert len(rechecks) == 2 and rechecks[1] is None
+    win.close()
+    other.close()
