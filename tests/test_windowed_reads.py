@@ -423,3 +423,37 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path
     assert len(rechecks) == 2 and rechecks[1] is None
     win.close()
     other.close()
+
+
+async def test_rows_that_are_not_json_and_a_failing_read(tmp_path, monkeypatch) -> None:
+    """A row that does not decode is skipped inside a window as SQLiteSession skips it; a
+    window read that fails with a database error falls back to the full read."""
+    win = Side(str(tmp_path / "win.db"), windowed=True)
+    full = Side(str(tmp_path / "full.db"), windowed=False)
+    for i in range(16):
+        await win.turn(i)
+        await full.turn(i)
+    for side in (win, full):
+        conn = sqlite3.connect(side.db)
+        with conn:
+            conn.execute("INSERT INTO agent_messages (session_id, message_data) "
+                         "VALUES ('chat', 'not json {')")
+        conn.close()
+    for i in range(16, 19):
+        await win.turn(i)
+        await full.turn(i)
+    assert all(w is not None for w in win.windows[-3:]), win.windows
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(integration._sync.RowReader, "read_window", broken)
+    await win.turn(19)
+    await full.turn(19)
+    monkeypatch.undo()
+    await win.turn(20)
+    await full.turn(20)
+    assert win.windows[-1] is not None
+    assert_same(win, full)
+    win.close()
+    full.close()

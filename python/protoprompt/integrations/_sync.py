@@ -85,6 +85,13 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
     rows = conn.execute(
         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
         (session_id,)).fetchall()
+    items, seen = _decoded(rows)
+    return items, look(seen)
+
+
+def _decoded(rows: list[tuple[Any, ...]]) -> tuple[list[Any], Rows]:
+    """The items of ``(id, message_data)`` rows as ``SQLiteSession.get_items`` decodes them
+    (rows that are not JSON skipped), and the rows behind them."""
     items: list[Any] = []
     skipped: list[int] = []
     loads = json.loads
@@ -92,19 +99,6 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
         try:
             items.append(loads(data))
         except (json.JSONDecodeError, TypeError):  # what the SDK skips, and nothing else
-            skipped.append(len(items) + len(skipped))
-    return items, look(Rows(rows, skipped))
-
-
-def _decoded(rows: list[tuple[Any, ...]]) -> tuple[list[Any], Rows]:
-    """The items of ``rows`` as ``SQLiteSession.get_items`` decodes them (see read_rows)."""
-    items: list[Any] = []
-    skipped: list[int] = []
-    loads = json.loads
-    for _, data in rows:
-        try:
-            items.append(loads(data))
-        except (json.JSONDecodeError, TypeError):
             skipped.append(len(items) + len(skipped))
     return items, Rows(rows, skipped)
 
@@ -181,7 +175,13 @@ class RowReader:
                     f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
                     'AND id < ? ORDER BY id ASC', (sid, first_id, last_id)).fetchall())
             finally:
-                conn.execute("COMMIT")
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error:
+                    # Never leave a read transaction open: later reads would see its snapshot.
+                    self._conn = None
+                    conn.close()
+                    raise
         return head_items, tail_items, tail, head.ids_from(0)
 
     def close(self) -> None:
