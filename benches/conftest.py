@@ -109,6 +109,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             size, mix = k[1]
             tr.write_line(f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
                           f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms")
+        if k[0] == "whole_turn":
+            size = k[1][0]
+            small = RESULTS.get(("whole_turn", (10_000,)))
+            grow = (f"; windowed next turn {v['windowed_next'] / small['windowed_next']:.2f}x "
+                    f"the 10k one" if small and size > 10_000 else "")
+            tr.write_line(
+                f"whole turn agentic-{size} (128k, seconds, first / next / restart): SDK alone "
+                f"{v['sdk_first']:.2f} / {v['sdk_next']:.2f}; full read {v['full_first']:.2f} / "
+                f"{v['full_next']:.2f} / {v['full_restart']:.2f}; windowed "
+                f"{v['windowed_first']:.2f} / {v['windowed_next']:.3f} / "
+                f"{v['windowed_restart']:.2f}; windowed next {v['next_vs_sdk']:.0f}x and "
+                f"restart {v['restart_vs_sdk']:.1f}x faster than the SDK's turn, first turn "
+                f"{v['first_vs_sdk_first']:.2f}x the SDK's first{grow}")
         if k[0] == "filter_loop":
             tr.write_line(f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
                           f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "

@@ -606,6 +606,146 @@ def _session_child(spec: dict[str, Any]) -> None:
     loop.close()
 
 
+# --------------------------------------------------------------------------------------------
+# Whole turns: SDK alone vs ProtoPromptSession reading everything vs reading a token window
+
+TURN_MODES = ("sdk", "full", "windowed")
+
+
+def _turn_child(spec: dict[str, Any]) -> None:
+    """One process's whole SDK turns (``prepare_input_with_session`` end to end, from the
+    session's construction on): ``first_s``, then with ``next_turns`` that many next turns
+    (the answer and the question stored, then the next question; median in ``next_s``),
+    popped again so the database is left as it was. ``mode``: ``sdk`` = SQLiteSession and
+    a pass-through callback; ``full`` / ``windowed`` = ProtoPromptSession with its callback,
+    ``windowed_reads`` off / on. ``digests``: each turn's request, for comparing modes."""
+    import hashlib
+
+    from agents.memory import SQLiteSession
+    from agents.run_internal.session_persistence import prepare_input_with_session
+
+    from protoprompt import MemoryStore, TokenBudgetedContextBuilder
+    from protoprompt.integrations import ProtoPromptSession
+
+    loop = asyncio.new_event_loop()
+    mode, db, sid = spec["mode"], spec["turn_db"], spec["session_id"]
+    store = MemoryStore()
+    windows: list[int] = []
+
+    def digest(items: list[Any]) -> str:
+        return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()
+
+    gc.collect()
+    t0 = time.perf_counter()
+    if mode == "sdk":
+        session: Any = SQLiteSession(sid, db)
+
+        async def callback(history: list[Any], new_input: list[Any]) -> list[Any]:
+            return history + new_input
+    else:
+        session = ProtoPromptSession(sid, db, windowed_reads=mode == "windowed")
+        builder = TokenBudgetedContextBuilder(store, max_tokens=spec["budget"],
+                                              output_reserve=spec["output_reserve"],
+                                              encoding=spec["encoding"])
+        inner_callback = session.input_callback(builder, system_prompt="Be brief.")
+
+        async def callback(history: list[Any], new_input: list[Any]) -> list[Any]:
+            windows.append(len(history))
+            return await inner_callback(history, new_input)
+
+        callback._protoprompt_turn = inner_callback._protoprompt_turn  # type: ignore[attr-defined]
+
+    def turn(new_input: list[Any]) -> tuple[float, str]:
+        t = time.perf_counter()
+        prepared, _ = loop.run_until_complete(
+            prepare_input_with_session(list(new_input), session, callback))
+        return time.perf_counter() - t, digest(prepared)
+
+    _, first_digest = turn(spec["new_input"])
+    first = time.perf_counter() - t0  # from the session's construction on
+    next_times, digests = [], [first_digest]
+    added = 0
+    for k in range(spec.get("next_turns", 0)):
+        answer = {"type": "message", "role": "assistant", "id": f"msg_turn_bench_{k}",
+                  "status": "completed",
+                  "content": [{"type": "output_text", "text": "Noted.", "annotations": []}]}
+        items = [*spec["new_input"], answer]
+        loop.run_until_complete(session.add_items(items))
+        added += len(items)
+        gc.collect()
+        dt, d = turn([{"role": "user", "content": f"And then? ({k})"}])
+        next_times.append(dt)
+        digests.append(d)
+    for _ in range(added):
+        loop.run_until_complete(session.pop_item())
+    print(json.dumps({"first_s": first, "next_s": statistics.median(next_times)
+                      if next_times else None, "digests": digests, "read_items": windows}))
+    session.close()
+    store.close()
+    loop.close()
+
+
+def run_turn_child(db_path: str, mode: str, new_input: list[dict[str, Any]], budget: int, *,
+                   fresh: bool, next_turns: int = 0, session_id: str = "bench",
+                   timeout: float = 1800) -> dict[str, Any]:
+    """:func:`_turn_child` in a fresh interpreter. ``fresh``: the first turn protoprompt
+    ever serves on the database (its token counts and index snapshots are deleted first);
+    otherwise a restarted process that finds what the previous one kept there."""
+    if fresh:
+        with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+            conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
+            conn.execute(f"DROP TABLE IF EXISTS {SNAPSHOTS_TABLE}")
+    spec = {"turn_db": db_path, "mode": mode, "session_id": session_id,
+            "new_input": new_input, "budget": budget,
+            "output_reserve": output_reserve_for(budget), "encoding": ENCODING,
+            "next_turns": next_turns}
+    return _spawn_child(spec, timeout)
+
+
+def whole_turns(case: Case, budget: int, workdir: str, next_turns: int = 3) -> dict[str, Any]:
+    """The whole-turn comparison on one stored history, every number from a fresh process:
+    the SDK alone (first and next turn), then ProtoPromptSession reading everything and
+    reading a token window, each with its first turn ever on the database, then a restart
+    (first turn of a new process) and the next turns there. Returns seconds per measurement
+    (``<mode>_first``, ``<mode>_restart``, ``<mode>_next``), whether the windowed requests
+    equal the full-read ones (``same``), and the items the windowed next turn read."""
+    from agents.memory import SQLiteSession
+
+    db = os.path.join(workdir, f"whole-turn-{case.label}-{os.getpid()}.db")
+    loop = asyncio.new_event_loop()
+    try:
+        seed = SQLiteSession("bench", db)
+        loop.run_until_complete(seed.add_items(case.history()))
+        seed.close()
+    finally:
+        loop.close()
+    out: dict[str, Any] = {"items": case.n_items, "budget": budget}
+    try:
+        sdk = run_turn_child(db, "sdk", case.new_input, budget, fresh=True,
+                             next_turns=next_turns)
+        out["sdk_first"], out["sdk_next"] = sdk["first_s"], sdk["next_s"]
+        runs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for mode in ("full", "windowed"):
+            first = run_turn_child(db, mode, case.new_input, budget, fresh=True)
+            again = run_turn_child(db, mode, case.new_input, budget, fresh=False,
+                                   next_turns=next_turns)
+            runs[mode] = (first, again)
+            out[f"{mode}_first"] = first["first_s"]
+            out[f"{mode}_restart"] = again["first_s"]
+            out[f"{mode}_next"] = again["next_s"]
+        (f1, f2), (w1, w2) = runs["full"], runs["windowed"]
+        out["same"] = f1["digests"] == w1["digests"] and f2["digests"] == w2["digests"]
+        out["windowed_read_items"] = w2["read_items"]
+        out["full_read_items"] = f2["read_items"]
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.remove(db + suffix)
+            except OSError:
+                pass
+    return out
+
+
 def _status_kb(field_name: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -644,6 +784,9 @@ def _peak_growth(fn: Callable[[], Any]) -> tuple[Any, int | None, str]:
 
 def _child_main() -> None:
     spec = json.loads(sys.stdin.read())
+    if "turn_db" in spec:
+        _turn_child(spec)
+        return
     if "session_db" in spec:
         _session_child(spec)
         return

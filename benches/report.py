@@ -2,6 +2,7 @@
 
     python benches/report.py [--sizes 1000,10000] [--budgets 8000,128000,400000]
                              [--mix agentic] [--db path/to/sdk_session.db --session-id ID]
+                             [--no-turns]
 
 Per history size and budget it prints: the SDK's per-turn overhead
 (``prepare_input_with_session`` with a pass-through callback on a file ``SQLiteSession``),
@@ -212,6 +213,31 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
             print(f"  ! {r['case']} budget={r['budget']}: {r['diff']}", file=out)
 
 
+def print_turns(turns: list[dict], out=sys.stdout) -> None:
+    """The whole-turn table: seconds per SDK turn at 128k, and the ratios to the SDK alone."""
+    cols = [
+        ("items", lambda r: f"{r['items']:,}"),
+        ("SDK first s", lambda r: f"{r['sdk_first']:.2f}"),
+        ("SDK next s", lambda r: f"{r['sdk_next']:.2f}"),
+        ("full first/next/restart s", lambda r: f"{r['full_first']:.2f} / {r['full_next']:.2f}"
+                                                f" / {r['full_restart']:.2f}"),
+        ("windowed first/next/restart s",
+         lambda r: f"{r['windowed_first']:.2f} / {r['windowed_next']:.3f} / "
+                   f"{r['windowed_restart']:.2f}"),
+        ("SDK/windowed next", lambda r: _x(r["sdk_next"], r["windowed_next"])),
+        ("SDK/windowed restart", lambda r: _x(r["sdk_next"], r["windowed_restart"])),
+        ("windowed first/SDK first", lambda r: _pct(r["windowed_first"], r["sdk_first"], 0)),
+        ("items read", lambda r: f"{max(r['windowed_read_items']):,}"),
+        ("same", lambda r: "yes" if r["same"] else "NO"),
+    ]
+    cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in turns]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    for j, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=out)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
 def measure_counting(args, progress: Progress) -> list[harness.Throughput]:
     from history_gen import corpus_texts
 
@@ -266,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus-mb", type=float, default=4.0, help="token-counting corpus size")
     p.add_argument("--no-reference", action="store_true", help="skip the pure-Python reference")
     p.add_argument("--no-counting", action="store_true", help="skip the throughput table")
+    p.add_argument("--no-turns", action="store_true",
+                   help="skip the whole-turn table (SDK alone / full read / windowed reads)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = p.parse_args(argv)
     if args.db and not args.session_id:
@@ -275,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
 
     n_cases = 1 if args.db else len(args.sizes)
     total = n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2)) + n_cases \
-        + (0 if args.no_counting else 6)  # 2 engines x (1, 2 threads, 2 processes)
+        + (0 if args.no_counting else 6) \
+        + (0 if args.no_turns or args.db else n_cases)  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="protoprompt-report-") as workdir:
@@ -296,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(harness.make_case(size, args.mix, args.seed))
         for case in cases:
             rows += measure_case(case, args.budgets, args, progress, workdir, db_copy)
+        turns = []
+        if not args.no_turns and not args.db:
+            for case in cases:
+                progress.step(f"{case.label}: whole turns at 128k (SDK alone, full read, "
+                              "windowed), fresh processes")
+                turns.append(harness.whole_turns(case, 128_000, workdir,
+                                                 next_turns=args.rounds))
         counting = [] if args.no_counting else measure_counting(args, progress)
     progress.finish()
 
@@ -321,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{harness.ms(rows[0]['pp_import'])} ms"
               + (f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
                  "(included in ref cold)" if rows[0].get("ref_vocab") is not None else ""))
+    if turns:
+        print("\nwhole SDK turns at 128k (prepare_input_with_session from the session's "
+              "construction on, each from a fresh process): first = the first turn "
+              "protoprompt serves on the database, restart = a new process's first turn, "
+              "next = the turn after (median); windowed = ProtoPromptSession("
+              "windowed_reads=True), the same requests as the full read (same)")
+        print_turns(turns)
     if counting:
         print()
         print_counting(counting)

@@ -450,3 +450,43 @@ def test_pack_two_sessions_in_threads(cases, results, counted):
     print(f"\npack two 10k sessions ({'warm' if counted else 'tokenising'}): sequential "
           f"{seq * 1e3:.1f} ms, two threads "
           f"{par * 1e3:.1f} ms, scaling {seq / par:.2f}x")
+
+
+# --------------------------------------------------------------------------------------------
+# Whole turns at 128k: the SDK alone, ProtoPromptSession reading the whole history, and
+# reading a token window (windowed_reads=True); every number from a fresh process
+
+@pytest.mark.parametrize("turn_size", [10_000, 100_000], ids=["n10000", "n100000"])
+def test_whole_turn_windowed(benchmark, cases, results, request, turn_size):
+    from conftest import bench_100k
+
+    if turn_size > 10_000 and not bench_100k(request.config):
+        pytest.skip("100k items: run with --bench-100k")
+    case = cases.get(turn_size, "agentic")
+    got: dict = {}
+
+    def run():
+        got.update(harness.whole_turns(case, 128_000, cases.workdir,
+                                       next_turns=3 if turn_size <= 10_000 else 2))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    # The windowed turns sent exactly the full-read turns' requests, from far fewer items.
+    assert got["same"]
+    assert max(got["windowed_read_items"]) < case.n_items // 10, got["windowed_read_items"]
+    assert min(got["full_read_items"]) >= case.n_items
+    sdk = got["sdk_next"]
+    ratios = {
+        "next_vs_sdk": sdk / got["windowed_next"],
+        "restart_vs_sdk": sdk / got["windowed_restart"],
+        "first_vs_sdk_first": got["windowed_first"] / got["sdk_first"],
+        "full_next_vs_sdk": sdk / got["full_next"],
+    }
+    benchmark.extra_info.update({k: v for k, v in got.items() if k.endswith(("_first", "_next",
+                                                                             "_restart"))})
+    benchmark.extra_info.update(ratios)
+    results[("whole_turn", (turn_size,))] = {**got, **ratios}
+    print(f"\nwhole turn agentic-{turn_size} (128k): SDK {got['sdk_first']:.2f} / "
+          f"{sdk:.2f} s, full read {got['full_first']:.2f} / {got['full_next']:.2f} / "
+          f"{got['full_restart']:.2f} s, windowed {got['windowed_first']:.2f} / "
+          f"{got['windowed_next']:.3f} / {got['windowed_restart']:.2f} s "
+          f"(first / next / restart)")

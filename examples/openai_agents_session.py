@@ -110,7 +110,7 @@ async def main(db: str) -> None:
 
     builder = TokenBudgetedContextBuilder(store, max_tokens=900, model="gpt-5", scope=scope,
                                           output_reserve=150, max_context_tokens=320)
-    session = ProtoPromptSession("legal-chat", db)
+    session = ProtoPromptSession("legal-chat", db, windowed_reads=True)
     model = ScriptedModel([step for _, steps in TURNS for step in steps])
     agent = Agent(name="Contract assistant", model=model, tools=[lookup_clause],
                   instructions="You answer questions about the customer's contract.")

@@ -11,7 +11,7 @@ import copy
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import protoprompt as pp
@@ -376,3 +376,54 @@ def test_packs_through_a_count_store_equal_plain_packs(session, factor, budget, 
         got = pp.HistoryIndex(count_store=store).pack(
             history, new_input, budget, output_reserve=16, policy=policy)
         _same(got, expected)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.one_of(st.integers(0, 60), st.just(10**6)),
+       st.one_of(st.integers(1, 300), st.integers(1, 3000)),
+       st.integers(0, 40), st.sampled_from(["none", "counted", "popped"]),
+       st.sampled_from([1, 1, 4, 12]))
+def test_a_token_window_packs_exactly_like_the_whole_history(session, seen, budget, reserve,
+                                                             before, factor) -> None:
+    """What windowed reads rest on: the index has seen a prefix of the history (packed with
+    the same budget, costs counted for the next window or not, some items popped since);
+    the rest was appended since (by this or another writer). The pack of the history from
+    ``window_start`` on, with the index holding the rest, equals the pack of the whole
+    history: the same items (the same objects, in order), totals and decisions."""
+    history, new_input = session
+    if factor > 1:  # longer texts: more histories that do not fit whole
+        history = _lengthen(history, factor)
+    index = pp.HistoryIndex()
+    seen = min(seen, len(history))
+    room = max(budget - reserve, 0)
+    try:
+        index.pack(history[:seen], [], budget, output_reserve=0)
+    except pp.ProtoPromptError:
+        try:  # a prefix whose own mandatory tail does not fit: index it with room to spare
+            index = pp.HistoryIndex()
+            index.pack(history[:seen], [], 10**9, output_reserve=0)
+        except pp.ProtoPromptError:
+            index = pp.HistoryIndex()
+            seen = 0
+    if before == "counted" and seen:
+        index.count_window(history[:seen], room)
+    elif before == "popped" and seen > 2:
+        index.truncate(seen - 2)
+        seen -= 2
+    try:
+        w = index.window_start(history[seen:] + new_input, room)
+    except pp.InvalidItemError:
+        return  # a new item that cannot be read: the session reads everything then
+    assert 0 <= w <= len(history)
+    w = min(w, seen)  # the session never starts a window after the index's last row
+    event("window" if w else "whole history (empty index)" if not seen else "whole history")
+    try:
+        expected = pp.pack(history, new_input, budget, output_reserve=reserve)
+    except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
+        with pytest.raises(type(err)):
+            index.pack(history[w:], new_input, budget, output_reserve=reserve,
+                       history_offset=w)
+        return
+    got = index.pack(history[w:], new_input, budget, output_reserve=reserve, history_offset=w)
+    _same(got, expected)
+    assert len(index) == len(history)

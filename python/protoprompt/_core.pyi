@@ -106,4 +106,23 @@ class HistoryIndex:
         count_store: Any = None,
         pinned: list[int] | None = None,
         history_len: int | None = None,
+        history_offset: int = 0,
     ) -> _PackDict: ...
+    def window_start(
+        self,
+        new_items: Iterable[Mapping[str, Any]],
+        budget: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+    ) -> int: ...
+    def count_window(
+        self,
+        history: list[Any],
+        budget: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+        history_offset: int = 0,
+        count_store: Any = None,
+    ) -> dict[str, Any]: ...

@@ -464,6 +464,7 @@ class TokenBudgetedContextBuilder:
         index: HistoryIndex | None = None,
         pinned: Iterable[int] = (),
         context_tokens: int = 0,
+        history_offset: int = 0,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -482,6 +483,10 @@ class TokenBudgetedContextBuilder:
                 :func:`protoprompt.pack`); a per-call model filter pins the run's own input.
             context_tokens: tokens reserved besides the request's items, e.g. the agent's
                 instructions and tool definitions, which every model call sends too.
+            history_offset: with ``index``, ``history`` holds the history from this
+                position on (see :meth:`HistoryIndex.window_start`); the plan is that of
+                the whole history. The recall query then comes from ``new_input`` or the
+                items passed.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -505,7 +510,8 @@ class TokenBudgetedContextBuilder:
             query = latest_user_text(new_list, history_list)
         return self._build(history_list, new_list, system_prompt=system_prompt, query=query,
                            scope=scope, reserve=reserve, index=index, pinned=pinned,
-                           context_tokens=context_tokens, pool=self._candidates(query, scope))
+                           context_tokens=context_tokens, pool=self._candidates(query, scope),
+                           history_offset=history_offset)
 
     def _build(
         self,
@@ -521,6 +527,7 @@ class TokenBudgetedContextBuilder:
         context_tokens: int,
         pool: list[_Candidate],
         history_len: int | None = None,
+        history_offset: int = 0,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run)."""
@@ -533,6 +540,9 @@ class TokenBudgetedContextBuilder:
             outcome.append(assembly)
             return assembly.cost
 
+        if history_offset and index is None:
+            raise ValueError("history_offset needs an index that holds the earlier positions")
+        extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
         result = (index.pack if index is not None else pack)(
             history_list,
             new_list,
@@ -545,6 +555,7 @@ class TokenBudgetedContextBuilder:
             context=hook,
             pinned=pinned,
             history_len=history_len,
+            **extra,
         )
         if len(outcome) != 1:  # pragma: no cover - the core calls the hook exactly once
             raise RuntimeError("protoprompt core did not call the context hook exactly once")

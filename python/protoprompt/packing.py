@@ -480,6 +480,7 @@ def _run(
     count_store: CountStore | None = None,
     pinned: Iterable[int] = (),
     history_len: int | None = None,
+    history_offset: int = 0,
 ) -> PackResult:
     """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
     _check_sizes(budget, output_reserve, context_tokens)
@@ -489,10 +490,16 @@ def _run(
     if history_len is not None and (isinstance(history_len, bool)
                                     or not isinstance(history_len, int) or history_len < 0):
         raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
+    extra: dict[str, Any] = {}
+    if history_offset:
+        if isinstance(history_offset, bool) or not isinstance(history_offset, int) \
+                or history_offset < 0:
+            raise ValueError(f"history_offset must be a non-negative int, got {history_offset!r}")
+        extra["history_offset"] = history_offset
     raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
                     context_tokens=context_tokens, model=model, encoding=encoding,
                     policy=policy, context=context, count_store=count_store,
-                    pinned=pins or None, history_len=history_len)
+                    pinned=pins or None, history_len=history_len, **extra)
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
     return PackResult(
@@ -634,6 +641,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         context: Callable[[int], int] | None = None,
         pinned: Iterable[int] = (),
         history_len: int | None = None,
+        history_offset: int = 0,
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -646,7 +654,60 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         ``history_len``: only the first ``history_len`` items of the ``history`` list are the
         history (the rest is ignored), so a caller holding one long list — a model filter
         whose input is history plus the newest step — need not copy its prefix.
+
+        ``history_offset``: the ``history`` list holds the history from that position on
+        (a windowed read from :meth:`window_start`); the positions before it must be
+        indexed. The result is the pack of the whole history; an
+        :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
+        would need, if any.
         """
         return _run(self._index.pack, history, new_input, budget, output_reserve,
                     context_tokens, model, encoding, policy, context, self.count_store,
-                    pinned, history_len)
+                    pinned, history_len, history_offset)
+
+    def window_start(
+        self,
+        new_items: Iterable[Item],
+        budget: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+    ) -> int:
+        """The first history position a contiguous :meth:`pack` within ``budget`` tokens of
+        history can cost or keep, for the history this index has seen followed by
+        ``new_items`` (items appended to the history since, then the new input).
+
+        Passing the history from there on (``history[start:]`` with
+        ``history_offset=start``) packs to exactly the request of the whole history. It is
+        moved back to where no unit, turn or tool-call relation crosses it. Costs not yet
+        counted count as the smallest an item can cost, which only moves it earlier
+        (:meth:`count_window` counts them). ``0`` when the whole history may be needed.
+        The greedy policy has no such bound: pack the whole history for it.
+        """
+        _check_sizes(budget, 0, 0)
+        return int(self._index.window_start(_as_list(new_items, "new_items"), budget,
+                                            model=model, encoding=encoding))
+
+    def count_window(
+        self,
+        history: Iterable[Item],
+        budget: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+        history_offset: int = 0,
+    ) -> int:
+        """Count the token costs a later :meth:`window_start` with ``budget`` walks over, so
+        that it finds the window from exact costs; returns the window start for the history
+        as indexed now. ``history`` holds the indexed history from ``history_offset`` on
+        (exactly ``len(self) - history_offset`` items; earlier positions keep what they
+        have). Counts go to the count store as in :meth:`pack`.
+        """
+        _check_sizes(budget, 0, 0)
+        store = self.count_store
+        raw = self._index.count_window(_as_list(history, "history"), budget, model=model,
+                                       encoding=encoding, history_offset=history_offset,
+                                       count_store=store)
+        if store is not None and raw.get("new_counts"):
+            store.put_many(raw["new_counts"])
+        return int(raw["start"])

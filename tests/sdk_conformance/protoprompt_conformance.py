@@ -10,7 +10,8 @@ SDK's own code (runner, compaction and encryption wrappers) is left untouched.
 ``PROTOPROMPT_CONFORMANCE_CALLBACK=1`` also gives every run that has a session and no
 ``session_input_callback`` of its own our budgeted callback (1M-token budget, no memory
 store, no system prompt): the callback of the ``ProtoPromptSession`` found in the session's
-wrapper chain, else one built for the run's session (the plain, non-incremental path).
+wrapper chain, else one built for the run's session (the plain, non-incremental path); the
+sessions then have ``windowed_reads=True``.
 
 Tests that read ``SQLiteSession``'s private internals (its connection pool, locks, the
 journal mode it sets) cannot run on a wrapper; they are listed in ``SKIPS`` with the
@@ -72,8 +73,12 @@ class ConformanceSQLiteSession(ProtoPromptSession):
                  sessions_table: str = "agent_sessions",
                  messages_table: str = "agent_messages",
                  session_settings: Any = None) -> None:
+        # With the callback on, the runner's reads go through the token-window path too
+        # (the recommended set-up; at the 1M budget the histories fit, so it reads them
+        # whole after checking, and every SDK expectation must still hold).
         super().__init__(session_id, db_path, sessions_table=sessions_table,
-                         messages_table=messages_table, session_settings=session_settings)
+                         messages_table=messages_table, session_settings=session_settings,
+                         windowed_reads=CALLBACK)
 
 
 # Tests whose history is a graph the Responses API rejects, which the callback repairs by

@@ -85,6 +85,13 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
     rows = conn.execute(
         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
         (session_id,)).fetchall()
+    items, seen = _decoded(rows)
+    return items, look(seen)
+
+
+def _decoded(rows: list[tuple[Any, ...]]) -> tuple[list[Any], Rows]:
+    """The items of ``(id, message_data)`` rows as ``SQLiteSession.get_items`` decodes them
+    (rows that are not JSON skipped), and the rows behind them."""
     items: list[Any] = []
     skipped: list[int] = []
     loads = json.loads
@@ -93,7 +100,7 @@ def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
             items.append(loads(data))
         except (json.JSONDecodeError, TypeError):  # what the SDK skips, and nothing else
             skipped.append(len(items) + len(skipped))
-    return items, look(Rows(rows, skipped))
+    return items, Rows(rows, skipped)
 
 
 _READERS: weakref.WeakSet[RowReader] = weakref.WeakSet()
@@ -132,6 +139,50 @@ class RowReader:
                 self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
                                              timeout=5.0, isolation_level=None)
             return read_rows(self._conn, self._table, self._session_id, look)
+
+    def read_window(self, last_id: int,
+                    choose: Callable[[list[Any], Rows], int | None]
+                    ) -> tuple[list[Any], list[Any], Rows, RowIds] | None:
+        """The newest rows of a session whose index ends at row ``last_id``, in one read
+        transaction, by indexed range queries on ``(session_id, id)`` (never a full scan):
+
+        1. the rows from ``last_id`` on (the rows appended since, after the index's last
+           one); ``None`` when ``last_id`` is not the first of them (the row is gone:
+           popped or replaced);
+        2. ``choose(appended items, their rows)`` returns the first row id of the window
+           (``None``: read no window), and the rows from there up to ``last_id`` are read.
+
+        Returns ``(window items before last_id's, items from last_id's on, rows from
+        last_id on, ids of the earlier window rows)``. Raises ``sqlite3.Error`` if the
+        database cannot be read."""
+        table, sid = self._table, self._session_id
+        with self._lock:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
+                                             timeout=5.0, isolation_level=None)
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                tail_items, tail = _decoded(conn.execute(
+                    f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
+                    'ORDER BY id ASC', (sid, last_id)).fetchall())
+                if not tail_items or tail.id_at(0) != last_id:
+                    return None
+                first_id = choose(tail_items[1:], tail)
+                if first_id is None:
+                    return None
+                head_items, head = _decoded(conn.execute(
+                    f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
+                    'AND id < ? ORDER BY id ASC', (sid, first_id, last_id)).fetchall())
+            finally:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error:
+                    # Never leave a read transaction open: later reads would see its snapshot.
+                    self._conn = None
+                    conn.close()
+                    raise
+        return head_items, tail_items, tail, head.ids_from(0)
 
     def close(self) -> None:
         with self._lock:
@@ -186,6 +237,11 @@ class Read:
     """The session's rows are compared with the index (a database file)."""
     seen: Seen | None
     """For a checked session, what its rows showed (``None``: they could not be read)."""
+    offset: int = 0
+    """A token window: the items returned are the history from this position on (the index
+    holds the positions before it, see ``ProtoPromptSession(windowed_reads=True)``)."""
+    window_ids: RowIds | None = None
+    """For a token window, the ids of the index's rows from ``offset`` on that the read saw."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +268,12 @@ def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Pla
     """How the callback packs ``history`` (``history_len`` items) after ``read``, with the
     index ``synced`` and the session's current ``epoch``."""
     leave = synced.length
+    if read is not None and read.offset and read.count == history_len:
+        if read.seen is None:  # pragma: no cover - a token window is always compared
+            return Plan(False, leave, "a token window without its rows")
+        if read.seen.version != synced.version:
+            return Plan(False, leave, "the index changed after the read")
+        return Plan(True, read.seen.keep, "token window, rows compared")
     if read is None or read.windowed or read.count != history_len:
         return Plan(False, leave, "not the whole history that the last read returned")
     if read.checked:

@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import uuid
 import warnings
@@ -48,9 +49,18 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "pip install 'protoprompt[agents]'"
     ) from exc
 
+try:
+    from agents.items import ItemHelpers
+    from agents.run_internal import session_persistence as _session_persistence
+
+    _PREPARE_CODE: Any = _session_persistence.prepare_input_with_session.__code__
+except (ImportError, AttributeError):  # pragma: no cover - another SDK layout: full reads
+    _PREPARE_CODE = None
+
 from .._meta import meta_value
 from ..count_store import SQLiteCountStore
-from ..errors import SnapshotError
+from ..context import _message_text
+from ..errors import ProtoPromptError, SnapshotError
 from ..packing import HistoryIndex, preload
 from . import _snapshots, _sync
 
@@ -500,6 +510,62 @@ async def _pop_item_with_validation(self: ProtoPromptSession,
         state.bump()
 
 
+class _Turn:
+    """What a session callback needs to know to window the read before it: its budget."""
+
+    __slots__ = ("session", "builder", "output_reserve")
+
+    def __init__(self, session: ProtoPromptSession, builder: Any,
+                 output_reserve: int | None) -> None:
+        self.session = session
+        self.builder = builder
+        self.output_reserve = output_reserve
+
+
+_TURN_ATTR = "_protoprompt_turn"
+"""Attribute of a callback made by ``input_callback``: its ``_Turn``."""
+
+_FRAMES_UP = 8
+"""How far up the stack ``get_items`` looks for the runner's ``prepare_input_with_session``
+(through ``_session_get_items``, its ``read_items`` and ``_call_session_method``)."""
+
+
+def _runner_turn(session: ProtoPromptSession) -> tuple[_Turn, list[Any]] | None:
+    """When this ``get_items`` is the read of the runner's ``prepare_input_with_session``
+    (0.22.3 and 0.24.0) for ``session`` whose result goes to a callback of this session that
+    includes the history: that callback's ``_Turn`` and the turn's new input, as the SDK
+    makes it. Any other read (the user's, ``pop_item`` corrections, compaction, resuming a
+    run, the retry clean-up) returns ``None``: it must see the whole history."""
+    if _PREPARE_CODE is None:
+        return None
+    frame = sys._getframe(1).f_back  # get_items' caller (None when a task drives it)
+    for _ in range(_FRAMES_UP):
+        if frame is None:
+            return None
+        if frame.f_code is _PREPARE_CODE:
+            break
+        frame = frame.f_back
+    else:
+        return None
+    if frame is None:
+        return None
+    scope = frame.f_locals
+    if scope.get("session") is not session or not scope.get(
+            "include_history_in_prepared_input", False):
+        return None
+    turn = getattr(scope.get("session_input_callback"), _TURN_ATTR, None)
+    if not isinstance(turn, _Turn) or turn.session is not session:
+        return None
+    raw = scope.get("input")
+    if not isinstance(raw, (str, list)):
+        return None
+    try:
+        new_items = list(ItemHelpers.input_to_new_input_list(raw))
+    except Exception:  # noqa: BLE001 - the SDK will say what is wrong with it
+        return None
+    return turn, new_items
+
+
 class ProtoPromptSession:
     """An Agents SDK ``Session`` whose input callback fits every request into a token budget.
 
@@ -536,6 +602,13 @@ class ProtoPromptSession:
             only this object changes that session's history.
         sessions_table, messages_table: table names of the default ``SQLiteSession`` (as
             in ``SQLiteSession``; with ``inner_session`` leave them at their defaults).
+        windowed_reads: let the runner's read before a turn return only the newest stored
+            items the budget of this session's :meth:`input_callback` can reach, instead of
+            the whole history (the SDK then works on those only; the request is the same).
+            Needs a database file (``db_path``) and the ``"contiguous"`` policy; every other
+            read — yours, ``pop_item`` corrections, compaction, resuming a run — sees the
+            whole history as before, and so does a read the session cannot prove a window
+            for (then the turn costs what it costs without windowing).
 
     With a database file, token counts of long items are also kept in it (table
     ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
@@ -567,7 +640,11 @@ class ProtoPromptSession:
         incremental: bool | None = None,
         sessions_table: str = "agent_sessions",
         messages_table: str = "agent_messages",
+        windowed_reads: bool = False,
     ) -> None:
+        if not isinstance(windowed_reads, bool):
+            raise TypeError(
+                f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
         if not session_id.strip():
@@ -631,6 +708,8 @@ class ProtoPromptSession:
         if self._shared_key is not None and self._index_state.index.count_store is None:
             # Token counts outlive the process in the same database (SQLiteCountStore).
             self._index_state.index.count_store = _count_store(self._shared_key)
+        # Token windows need the rows with their ids (a database file) and the index.
+        self._windowed_reads = windowed_reads and self._reader is not None
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=_MAX_PENDING_CONTEXTS)
         self._warned_wrapped = False
         self._pending_lock = threading.Lock()
@@ -663,6 +742,21 @@ class ProtoPromptSession:
         epoch = state.epoch
         windowed = (limit is not None
                     or getattr(self.session_settings, "limit", None) is not None)
+        if (self._windowed_reads and not windowed
+                and not getattr(self._inner, "_closed", False)):
+            # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
+            # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
+            turn = _runner_turn(self)
+            if turn is not None:
+                try:
+                    found = await asyncio.to_thread(self._read_window, *turn)
+                except sqlite3.Error as exc:
+                    _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
+                    found = None
+                if found is not None:
+                    items, facts = found
+                    _LAST_READ.set(_Read(self, dataclasses.replace(facts, epoch=epoch)))
+                    return cast("list[Item]", items)
         restorer: threading.Thread | None = None
         if not state.restore_tried and not windowed:
             # A stored index snapshot loads while the history is read (another thread).
@@ -694,6 +788,66 @@ class ProtoPromptSession:
             _LAST_READ.set(_Read(self, _sync.Read(
                 len(items), windowed, epoch, self._reader is not None, seen)))
         return cast("list[Item]", items)
+
+    def _read_window(self, turn: _Turn, new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
+        """The newest items the turn's budget can reach and what the callback needs to pack
+        them as the whole history, or ``None`` (read everything): no index synced with the
+        rows, the greedy policy, a gone row, or no window smaller than the history.
+
+        The window comes from the index (in memory or its snapshot) and the rows appended
+        after its last row, classified before anything is trusted (``window_start``); see
+        ``_sync.RowReader.read_window`` for the reads."""
+        builder = turn.builder
+        if getattr(builder, "policy", None) != "contiguous":
+            return None
+        reserve = builder.output_reserve if turn.output_reserve is None else turn.output_reserve
+        budget = max(int(builder.max_tokens) - int(reserve), 0)
+        model, encoding = builder.model, builder.encoding
+        state = self._index_state
+        state.restore()
+        with state.lock:
+            row_ids = state.row_ids
+            n = len(state.index)
+            if n < 2 or row_ids is None or len(row_ids) != n:
+                return None
+            version = state.version
+            last_id = row_ids[-1]
+        chosen: list[Any] = []
+
+        def choose(appended: list[Any], rows: _sync.Rows) -> int | None:
+            with state.lock:
+                if state.version != version:
+                    return None
+                try:
+                    w = state.index.window_start([*appended, *new_items], budget,
+                                                 model=model, encoding=encoding)
+                except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
+                    _log.debug("protoprompt: no window for %r: %s", self.session_id, exc)
+                    return None
+                if w <= 0:
+                    return None
+                w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
+                chosen.append(w)
+                chosen.append(array("q", row_ids[w:n - 1]))
+                return row_ids[w]
+
+        assert self._reader is not None
+        got = self._reader.read_window(last_id, choose)
+        if got is None:
+            return None
+        head_items, tail_items, tail_rows, head_ids = got
+        w, expected = chosen
+        if head_ids != expected:  # a row of the window is gone: the index does not hold
+            return None
+        window = head_items + tail_items
+        if not any(_message_text(i) is not None for i in new_items) and not any(
+                _message_text(i) is not None for i in window):
+            return None  # the recall query would come from before the window
+        window_ids = array("q", expected)
+        window_ids.append(last_id)
+        seen = _sync.Seen(version, n, tail_rows.ids_from(1))
+        facts = _sync.Read(len(window), False, 0, True, seen, offset=w, window_ids=window_ids)
+        return window, facts
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
@@ -890,28 +1044,70 @@ class ProtoPromptSession:
 
     # ------------------------------------------------------------------ the callback
 
+    def _window_keep(self, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+        """For a token window whose index changed after the read (another turn on a shared
+        index ran in between): how many index items still hold for the window's history and
+        the ids of the window's rows after them, or ``None`` when the rows before the window
+        are no longer known to hold (caller holds the state's lock)."""
+        state, w, ids = self._index_state, facts.offset, facts.window_ids
+        row_ids = state.row_ids
+        if (ids is None or facts.seen is None or row_ids is None
+                or len(row_ids) != len(state.index) or len(row_ids) <= w
+                or row_ids[w] != ids[0]):
+            return None
+        lo, hi = w + 1, min(len(row_ids), w + len(ids))  # the prefix of lo holds (_sync)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if row_ids[mid - 1] == ids[mid - 1 - w]:
+                lo = mid
+            else:
+                hi = mid - 1
+        rest = array("q", ids[lo - w:])
+        rest.extend(facts.seen.new_ids)
+        return lo, rest
+
+    def _count_window(self, builder: Any, history: list[Item], offset: int,
+                      output_reserve: int | None) -> None:
+        """After a turn, count the costs the next token window is found from (caller holds
+        the state's lock). A cost that cannot be counted keeps its lower bound: the next
+        window is then larger, never wrong."""
+        if not self._windowed_reads or getattr(builder, "policy", None) != "contiguous":
+            return
+        reserve = builder.output_reserve if output_reserve is None else output_reserve
+        try:
+            self._index_state.index.count_window(
+                history, max(int(builder.max_tokens) - int(reserve), 0), model=builder.model,
+                encoding=builder.encoding, history_offset=offset)
+        except Exception as exc:  # noqa: BLE001 - an item the request did not need
+            _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
+
     def _build_indexed(self, builder: TokenBudgetedContextBuilder, history: list[Item],
                        new_input: list[Item], facts: _sync.Read, keep: int,
-                       kwargs: dict[str, Any]) -> ContextPlan:
+                       kwargs: dict[str, Any], new_ids: _sync.RowIds | None = None
+                       ) -> ContextPlan:
         """Build through the index, of which the first ``keep`` items hold for ``history``
-        (caller holds the state's lock). A failed build leaves the index as it was after
-        dropping what no longer holds."""
+        (which holds the history from ``facts.offset`` on; caller holds the state's lock).
+        ``new_ids``: the rows after those ``keep`` items (default: the read's new rows). A
+        failed build leaves the index as it was after dropping what no longer holds."""
         state = self._index_state
+        offset = facts.offset
         if keep < len(state.index) or keep == 0:
             state.keep(keep)
             state.generation = facts.epoch
         try:
-            plan = builder.build(history, new_input, index=state.index, **kwargs)
+            plan = builder.build(history, new_input, index=state.index, history_offset=offset,
+                                 **kwargs)
+            self._count_window(builder, history, offset, kwargs.get("output_reserve"))
         finally:
             state.nbytes = state.index.nbytes
         if facts.seen is not None:
             if state.row_ids is None:
                 state.row_ids = array("q")
-            state.row_ids.extend(facts.seen.new_ids)
+            state.row_ids.extend(facts.seen.new_ids if new_ids is None else new_ids)
             state.nbytes += state.row_ids.itemsize * len(state.row_ids)
         state.generation = facts.epoch
         state.version += 1
-        if len(state.index) != len(history) or (
+        if len(state.index) != offset + len(history) or (
                 state.row_ids is not None and len(state.row_ids) != len(state.index)):
             state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
         elif state.due():
@@ -972,6 +1168,17 @@ class ProtoPromptSession:
                 if decision.use_index and facts is not None:
                     return self._build_indexed(builder, history, new_input, facts,
                                                decision.keep, kwargs)
+                if facts is not None and facts.offset and facts.count == len(history):
+                    # A token window holds only the newest items: the index must hold the
+                    # rest, also when another turn changed it since the read.
+                    kept = self._window_keep(facts)
+                    if kept is None:
+                        raise ProtoPromptError(
+                            "the session's history changed between the read of its newest "
+                            "items and this turn's request (a pop or clear through another "
+                            "session object): run the turn again")
+                    return self._build_indexed(builder, history, new_input, facts, kept[0],
+                                               kwargs, new_ids=kept[1])
             # Not the history our last read returned (a limit, a direct call, or the rows
             # could not be compared): packed without the index, which is left as it is.
             return builder.build(history, new_input, **kwargs)
@@ -989,6 +1196,7 @@ class ProtoPromptSession:
                 on_plan(plan)
             return list(plan.items)
 
+        setattr(protoprompt_session_input, _TURN_ATTR, _Turn(self, builder, output_reserve))
         return protoprompt_session_input
 
     # ------------------------------------------------------------------ every model call

@@ -427,6 +427,14 @@ impl HistoryIndex {
 
     /// The smallest cut for a block `tail` placed after the history (see the module note).
     pub fn cut(&self, tail: &[ItemMeta]) -> usize {
+        self.cut_from(self.items.len(), tail)
+    }
+
+    /// The smallest cut at or before `from` for the indexed items from `from` on followed by
+    /// `tail`: nothing in `c..` (history, then `tail`) is related to anything before `c`, so
+    /// the units at and after `c` are those of a graph built over `c..` alone. [`Self::cut`]
+    /// is the case `from = len`.
+    pub fn cut_from(&self, from: usize, tail: &[ItemMeta]) -> usize {
         let n = self.items.len();
         let total = n + tail.len();
         let cont = |q: usize| -> bool {
@@ -443,7 +451,7 @@ impl HistoryIndex {
                 tail[q - n].kind
             }
         };
-        let mut c = n;
+        let mut c = from.min(n);
         let mut folded = total; // relation keys of `folded..` are accounted for
         loop {
             let mut next = c;
@@ -563,6 +571,55 @@ impl HistoryIndex {
         let mut graph = build_graph(&region, new_input);
         graph.shift_positions(cut);
         TailGraph { cut, graph }
+    }
+
+    /// Where a read of the newest history may start: the first position that a pack of the
+    /// indexed history followed by `tail` (items appended since, then the new input) could
+    /// cost or keep under [`crate::pack::Policy::Contiguous`] with `budget`, moved back to a
+    /// cut ([`Self::cut_from`]). `lower_cost(members)` returns a lower bound of a unit's cost
+    /// (exact when known; every item costs at least [`crate::tokens::ITEM_OVERHEAD`]).
+    ///
+    /// Why a pack of `history[w..] ++ tail` alone then gives exactly the items and totals of
+    /// a pack of `history ++ tail`: with `r` the cut of `tail`, the units from `r` on are the
+    /// only ones the tail can change (merge, make mandatory, make valid); every unit before
+    /// `r` is the index's own. The contiguous fill visits units newest member first, so it
+    /// meets all units from `r` on, then the index's units before `r` in the order walked
+    /// here. The walk adds the units the fill may take (valid, not input-only) until their
+    /// sum passes `budget`, at unit `u*`. The fill's room is at most `budget` (the
+    /// budget minus new input, tail dependency, reserve and context), and whatever it took
+    /// from `r` on only lowers it, so it cannot take every unit up to `u*`: it stops at `u*`
+    /// or before, having costed and kept only members of the units walked. The coherent-start
+    /// rule then only drops units; the turn opener it looks for may lie before the window,
+    /// but it is never mandatory there (mandatory units are from `r` on), exactly as when
+    /// the window has none. `w` is a cut, so the window's units are the same with or
+    /// without the items before it. A walk that never passes `budget` returns 0.
+    ///
+    /// The greedy policy may keep small old turns behind one that did not fit anywhere in
+    /// the history: it has no such bound, and a caller reads the whole history for it.
+    pub fn window_start<E>(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        mut lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+    ) -> Result<usize, E> {
+        let regroup = self.cut(tail);
+        let graph = &self.graph;
+        let mut start = regroup;
+        let mut sum = 0u64;
+        let mut p = regroup;
+        while p > 0 {
+            p -= 1;
+            let unit = &graph.units[graph.unit_of[p]];
+            if unit.members.last() != Some(&p) || unit.is_input_only() || !unit.is_valid() {
+                continue;
+            }
+            sum = sum.saturating_add(lower_cost(&unit.members)?);
+            start = start.min(unit.members[0]);
+            if sum > budget {
+                return Ok(self.cut_from(start, tail));
+            }
+        }
+        Ok(0)
     }
 
     /// The units of `history ++ new_input`: cached units before the cut, then `tail`'s.

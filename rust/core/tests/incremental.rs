@@ -546,3 +546,226 @@ fn undo_to_a_mark_restores_the_index_byte_for_byte() {
         assert_eq!(idx.graph(), &build_graph(&hm, &[]), "case {case} after");
     }
 }
+
+/// An item of an agentic history: turns of user messages, reasoning, calls with their
+/// outputs (unique call ids, so most relations are local) and answers; with `noisy`, one
+/// item in five is any item of [`random_item`] (relations anywhere, invalid units).
+fn agentic_item(r: &mut Rng, i: usize, noisy: bool) -> Value {
+    if noisy && r.below(5) == 0 {
+        return random_item(r);
+    }
+    let call = format!("c{}", i.saturating_sub(r.below(3)));
+    match r.below(8) {
+        0 | 1 => json!({"role":"user","content":"u"}),
+        2 => json!({"type":"reasoning","id":format!("rs{i}"),"summary":[]}),
+        3 => json!({"type":"function_call","call_id":format!("c{i}"),"name":"f","arguments":"{}"}),
+        4 => json!({"type":"function_call_output","call_id":call,"output":"x"}),
+        5 => json!({"type":"web_search_call","id":format!("ws{i}"),"status":"completed",
+                    "action":{}}),
+        _ => json!({"type":"message","role":"assistant","id":format!("m{i}"),
+                    "status":"completed","content":[]}),
+    }
+}
+
+/// Records every position a pack costs.
+struct Recording(Vec<usize>);
+
+impl CostSource for Recording {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.0.extend_from_slice(positions);
+        Costs.costs(positions)
+    }
+}
+
+/// [`Costs`] of the positions `offset..` (a pack of a history suffix).
+struct Shifted(usize);
+
+impl CostSource for Shifted {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let global: Vec<usize> = positions.iter().map(|&p| p + self.0).collect();
+        Costs.costs(&global)
+    }
+}
+
+/// A windowed read is exact: for random histories, items appended since the index synced,
+/// new input, budgets, reserves, context sizes and costs known exactly or only as a lower
+/// bound, the contiguous pack of `history ++ new` costs and keeps nothing before
+/// `window_start`, the window is a cut (its units are those of the whole history), and a
+/// pack of the window alone sends the same items with the same totals.
+#[test]
+fn window_start_covers_everything_a_contiguous_pack_uses() {
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let mut windowed = 0;
+    for case in 0..4000 {
+        let n_hist = rng.below(90);
+        let noisy = rng.below(4) == 0;
+        let hist: Vec<Value> = (0..n_hist)
+            .map(|i| agentic_item(&mut rng, i, noisy))
+            .collect();
+        let hm = metas(&hist);
+        // The index holds the first `synced` items; the rest was appended by others since.
+        let synced = n_hist - rng.below(n_hist.min(4) + 1);
+        let mut idx = HistoryIndex::new();
+        idx.extend(hm[..synced].to_vec());
+        let n_new = 1 + rng.below(3);
+        let new: Vec<Value> = (0..n_new)
+            .map(|_| {
+                if rng.below(2) == 0 {
+                    json!({"role":"user","content":"q"})
+                } else {
+                    random_item(&mut rng)
+                }
+            })
+            .collect();
+        let nm = metas(&new);
+        let mut tail: Vec<ItemMeta> = hm[synced..].to_vec();
+        tail.extend(nm.iter().cloned());
+        let budget = rng.below(120) as u64;
+        // Some costs are known, the others only as the overhead-like lower bound 1.
+        let known: Vec<bool> = (0..synced).map(|_| rng.below(3) != 0).collect();
+        let w = idx
+            .window_start(&tail, budget, |members| {
+                Ok::<u64, ()>(
+                    members
+                        .iter()
+                        .map(|&p| if known[p] { 1 + (p % 7) as u64 } else { 1 })
+                        .sum(),
+                )
+            })
+            .unwrap();
+        assert!(w <= synced, "case {case}");
+        if w > 0 {
+            windowed += 1;
+        }
+        // A cut of the whole sequence.
+        assert_eq!(
+            idx.cut_from(w, &tail),
+            w,
+            "case {case}: a cut is its own cut"
+        );
+        let mut short = HistoryIndex::new();
+        short.extend(hm[..w].to_vec());
+        let rest: Vec<ItemMeta> = hm[w..].iter().chain(nm.iter()).cloned().collect();
+        assert_eq!(
+            short.cut(&rest),
+            w,
+            "case {case}: cut_from is the cut of the suffix"
+        );
+        let full = build_graph(&hm, &nm);
+        let part = build_graph(&hm[w..], &nm);
+        let mut whole: Vec<UnitSummary> = summary(GraphView::whole(&full))
+            .into_iter()
+            .filter(|u| u.0[0] >= w)
+            .collect();
+        for u in &mut whole {
+            u.0.iter_mut().for_each(|p| *p -= w);
+        }
+        assert_eq!(
+            whole,
+            summary(GraphView::whole(&part)),
+            "case {case}: window units"
+        );
+
+        let all: Vec<ItemMeta> = hm.iter().chain(nm.iter()).cloned().collect();
+        let part_all: Vec<ItemMeta> = hm[w..].iter().chain(nm.iter()).cloned().collect();
+        let o = PackOptions {
+            budget,
+            output_reserve: rng.below(6) as u64,
+            context_tokens: rng.below(6) as u64,
+            policy: Policy::Contiguous,
+        };
+        let mut rec = Recording(Vec::new());
+        let a = pack(&full, &all, &mut rec, &o, None);
+        let b = pack(&part, &part_all, &mut Shifted(w), &o, None);
+        match (a, b) {
+            (Ok(a), Ok(b)) => {
+                assert!(
+                    rec.0.iter().all(|&p| p >= w),
+                    "case {case}: costed {:?} before {w}",
+                    rec.0
+                );
+                let shifted: Vec<usize> = b.kept_history.iter().map(|p| p + w).collect();
+                assert_eq!(a.kept_history, shifted, "case {case}: kept");
+                let dep: Vec<usize> = b.dependency.iter().map(|p| p + w).collect();
+                assert_eq!(a.dependency, dep, "case {case}: dependency");
+                assert_eq!(
+                    (
+                        a.new_input_tokens,
+                        a.dependency_tokens,
+                        a.history_tokens,
+                        a.context_tokens,
+                        a.used()
+                    ),
+                    (
+                        b.new_input_tokens,
+                        b.dependency_tokens,
+                        b.history_tokens,
+                        b.context_tokens,
+                        b.used()
+                    ),
+                    "case {case}: totals"
+                );
+            }
+            (Err(a), Err(b)) => {
+                // The same failure (positions are the window's, shifted).
+                assert_eq!(
+                    std::mem::discriminant(&a),
+                    std::mem::discriminant(&b),
+                    "case {case}: {a} / {b}"
+                );
+            }
+            (a, b) => panic!("case {case}: full {a:?} vs window {b:?}"),
+        }
+    }
+    assert!(windowed > 1000, "only {windowed} cases had a window");
+}
+
+/// Items appended since the index synced can make one of its valid units invalid (here a
+/// second terminal chunk of a shell call's stream): the fill then skips that unit and goes
+/// on to older ones, so the walk must not count the units the appended items regroup.
+#[test]
+fn window_start_does_not_count_units_the_appended_items_regroup() {
+    let user = json!({"role":"user","content":"u"});
+    let hist = vec![
+        user.clone(),
+        json!({"type":"message","role":"assistant","id":"m1","status":"completed","content":[]}),
+        user.clone(),
+        json!({"type":"shell_call","call_id":"s1","status":"completed","action":{}}),
+        json!({"type":"shell_call_output","call_id":"s1","status":"completed","output":[]}),
+    ];
+    let appended =
+        json!({"type":"shell_call_output","call_id":"s1","status":"completed","output":[]});
+    let mut idx = HistoryIndex::new();
+    idx.extend(metas(&hist));
+    let tail = metas(&[appended.clone(), json!({"role":"user","content":"q"})]);
+    // Every item costs 10 (Costs10 below): counting the shell unit, the walk would pass the
+    // budget at the user message before it and stop there.
+    let w = idx
+        .window_start(&tail, 25, |m| Ok::<u64, ()>(10 * m.len() as u64))
+        .unwrap();
+    let mut all = metas(&hist);
+    all.push(tail[0].clone());
+    let full = build_graph(&all, &tail[1..]);
+    assert!(!full.units[full.unit_of[3]].is_valid());
+    all.push(tail[1].clone());
+    struct Costs10(Vec<usize>);
+    impl CostSource for Costs10 {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.0.extend_from_slice(positions);
+            Ok(vec![10; positions.len()])
+        }
+    }
+    let o = PackOptions {
+        budget: 25,
+        ..PackOptions::default()
+    };
+    let mut costs = Costs10(Vec::new());
+    let r = pack(&full, &all, &mut costs, &o, None).unwrap();
+    // The fill skips the invalid shell unit, keeps the user message and misses at 1.
+    assert_eq!(r.kept_history, vec![2]);
+    assert!(
+        costs.0.iter().all(|&p| p >= w),
+        "window starts at {w}, the pack costed {:?}",
+        costs.0
+    );
+}

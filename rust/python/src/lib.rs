@@ -12,7 +12,7 @@ use protoprompt_core::pack::{
     PackResult, Policy, UnitDecision,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
@@ -527,8 +527,10 @@ fn classify_all(
 /// another thread or an item's own code does to the caller's list meanwhile.
 struct PyCostSource<'m> {
     /// The caller's history list, read for positions before `fresh_from` (which an index
-    /// has seen in earlier calls).
+    /// has seen in earlier calls). It holds positions `offset..`: a windowed read hands over
+    /// the newest part of the history only, and earlier positions are never read.
     history: Py<PyList>,
+    offset: usize,
     /// `history[fresh_from..n_history]` as it was when the call began.
     fresh: Py<PyList>,
     fresh_from: usize,
@@ -632,6 +634,11 @@ const GONE: &str = "is no longer in the history list: the items an index has see
                     stay as they are, also while a call runs (another thread or an item's \
                     own code changed the list)";
 
+/// Why a pack of a history suffix (`history_offset`) cannot read an earlier item.
+const BEFORE_OFFSET: &str = "is before history_offset, not in the history list: a pack of \
+                             the newest items only may not need it (read the history from \
+                             HistoryIndex.window_start on)";
+
 impl<'m> PyCostSource<'m> {
     fn new(
         history: Py<PyList>,
@@ -643,6 +650,7 @@ impl<'m> PyCostSource<'m> {
     ) -> Self {
         PyCostSource {
             history,
+            offset: 0,
             fresh,
             fresh_from,
             read: FxHashMap::default(),
@@ -737,6 +745,12 @@ impl<'m> PyCostSource<'m> {
         Ok(counts)
     }
 
+    /// The history list starts at position `offset` (see the field).
+    fn with_offset(mut self, offset: usize) -> Self {
+        self.offset = offset;
+        self
+    }
+
     /// Keep history costs in `memo` (one entry per history position) across calls.
     fn with_memo(mut self, memo: &'m mut Vec<u64>) -> Self {
         memo.resize(self.n_history, UNCOUNTED);
@@ -765,7 +779,10 @@ impl<'m> PyCostSource<'m> {
         if let Some(obj) = self.read.get(&p) {
             return Ok(obj.bind(py).clone());
         }
-        let obj = self.history.bind(py).get_item(p)?;
+        if p < self.offset {
+            return Err(PyIndexError::new_err(BEFORE_OFFSET));
+        }
+        let obj = self.history.bind(py).get_item(p - self.offset)?;
         self.read.insert(p, obj.clone().unbind());
         Ok(obj)
     }
@@ -780,12 +797,15 @@ impl<'m> PyCostSource<'m> {
                 fresh.get_item(p - self.fresh_from)
             } else if let Some(obj) = self.read.get(&p) {
                 Ok(obj.bind(py).clone())
+            } else if p < self.offset {
+                Err(PyIndexError::new_err(BEFORE_OFFSET))
             } else {
-                history.get_item(p) // read once, here: nothing to remember it for
+                history.get_item(p - self.offset) // read once, here: nothing to remember it for
             };
             out.push(item.map_err(|e| {
                 let label = label(self.n_history, p);
-                FieldError::caused("(item)", GONE, e).raise(py, &label)
+                let why = if p < self.offset { BEFORE_OFFSET } else { GONE };
+                FieldError::caused("(item)", why, e).raise(py, &label)
             })?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
@@ -809,7 +829,7 @@ impl CostSource for PyCostSource<'_> {
                         CostFailure {
                             position: p,
                             field: "(item)".to_string(),
-                            message: GONE.to_string(),
+                            message: if p < self.offset { BEFORE_OFFSET } else { GONE }.to_string(),
                         }
                     })?;
                     let mut path = String::new();
@@ -1617,7 +1637,11 @@ impl HistoryIndex {
     /// With `count_store` (see `StoreLink`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
     /// to it) and `store_hits`.
-    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None, history_len=None))]
+    ///
+    /// `history_offset`: the list holds the history from that position on (a windowed read,
+    /// see `window_start`); the positions before it must be indexed, and the pack must not
+    /// need their items (an `InvalidItemError` names the first one it would need).
+    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None, history_len=None, history_offset=0))]
     #[allow(clippy::too_many_arguments)]
     fn pack<'py>(
         &mut self,
@@ -1634,12 +1658,13 @@ impl HistoryIndex {
         count_store: Option<Bound<'py, PyAny>>,
         pinned: Option<Vec<usize>>,
         history_len: Option<usize>,
+        history_offset: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
         // Only the first `history_len` items of the list are the history (a caller with one
         // long list need not copy its prefix).
-        let n_history = match history_len {
+        let listed = match history_len {
             Some(n) if n > history.len() => {
                 return Err(PyValueError::new_err(format!(
                     "history_len is {n} but the list has {} items",
@@ -1649,10 +1674,19 @@ impl HistoryIndex {
             Some(n) => n,
             None => history.len(),
         };
+        let offset = history_offset;
+        let n_history = offset.checked_add(listed).ok_or_else(|| {
+            PyValueError::new_err(format!("history_offset is {offset}, too large"))
+        })?;
         let pinned = pinned.unwrap_or_default();
-        if let Some((i, &p)) = pinned.iter().enumerate().find(|&(_, &p)| p >= n_history) {
+        if let Some((i, &p)) = pinned
+            .iter()
+            .enumerate()
+            .find(|&(_, &p)| p >= n_history || p < offset)
+        {
             return Err(PyValueError::new_err(format!(
-                "pinned[{i}] is {p}, not a history position (history has {n_history} items)"
+                "pinned[{i}] is {p}, not a history position in the list (it holds positions \
+                 {offset}..{n_history})"
             )));
         }
         let store = count_store
@@ -1666,10 +1700,16 @@ impl HistoryIndex {
                  truncate or clear the index when items are removed"
             )));
         }
+        if offset > indexed {
+            return Err(PyValueError::new_err(format!(
+                "history_offset is {offset} but the index holds {indexed} items: the \
+                 positions before the list must be indexed"
+            )));
+        }
         // The items this call reads for the first time, taken in one step: nothing else
         // runs while the slice is made, so whatever another thread or an item's own code
         // does to `history` from now on cannot shift what is classified, counted or sent.
-        let fresh = history.get_slice(indexed, n_history);
+        let fresh = history.get_slice(indexed - offset, listed);
         let new_items = item_seq(new_input, "new_input")?;
         let preload = Preload::start(enc);
         // new_input first: a bad new item must leave the index unchanged.
@@ -1680,12 +1720,142 @@ impl HistoryIndex {
             (self.cost_encoding.replace(enc), costs)
         });
         let outcome = self.pack_read(
-            py, history, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store, preload,
+            py, history, offset, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store,
+            preload,
         );
         if outcome.is_err() {
             self.undo(py, mark, indexed, switched);
         }
         outcome
+    }
+
+    /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
+    /// indexed history followed by `new_items` (items appended since it was indexed, then the
+    /// new input): a read of the history from there on packs to the same request
+    /// (`CoreIndex::window_start`). A cost not counted yet, or counted under another encoding,
+    /// counts as an item's overhead, which only moves the start earlier.
+    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None))]
+    fn window_start(
+        &self,
+        py: Python<'_>,
+        new_items: &Bound<'_, PyAny>,
+        budget: u64,
+        model: Option<&str>,
+        encoding: Option<&str>,
+    ) -> PyResult<usize> {
+        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+        let items = item_seq(new_items, "new_items")?;
+        let n = self.index.len();
+        let metas = classify_items(py, bound(py, &items), n, n)?;
+        let costs = (self.cost_encoding == Some(enc)).then_some(&self.costs);
+        let lower = |p: usize| match costs.and_then(|c| c.get(p)) {
+            Some(&c) if c != UNCOUNTED => c,
+            _ => tokens::ITEM_OVERHEAD,
+        };
+        let index = &self.index;
+        let start = py.detach(|| {
+            index.window_start(&metas, budget, |members| {
+                Ok::<u64, std::convert::Infallible>(
+                    members
+                        .iter()
+                        .fold(0u64, |a, &p| a.saturating_add(lower(p))),
+                )
+            })
+        });
+        Ok(start.unwrap_or_else(|never| match never {}))
+    }
+
+    /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
+    /// window from exact costs rather than lower bounds. `history` holds the indexed history
+    /// from `history_offset` on (positions before it keep their lower bound); returns the
+    /// window start for this history, and with `count_store`, `new_counts` and `store_hits`
+    /// as `pack` does.
+    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn count_window<'py>(
+        &mut self,
+        py: Python<'py>,
+        history: &Bound<'py, PyList>,
+        budget: u64,
+        model: Option<&str>,
+        encoding: Option<&str>,
+        history_offset: usize,
+        count_store: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+        let n = self.index.len();
+        let offset = history_offset;
+        if offset.checked_add(history.len()) != Some(n) {
+            return Err(PyValueError::new_err(format!(
+                "the history list must hold the indexed items from history_offset on: \
+                 offset {offset} + {} items, index {n}",
+                history.len()
+            )));
+        }
+        let store = count_store
+            .filter(|s| !s.is_none())
+            .map(|s| StoreLink::from_py(&s))
+            .transpose()?;
+        if self.cost_encoding != Some(enc) {
+            self.costs = vec![UNCOUNTED; n];
+            self.cost_encoding = Some(enc);
+        }
+        let mut source = PyCostSource::new(
+            history.clone().unbind(),
+            PyList::empty(py).unbind(),
+            n,
+            n,
+            Vec::new(),
+            enc,
+        )
+        .with_offset(offset)
+        .with_memo(&mut self.costs)
+        .with_store(store);
+        let index = &self.index;
+        let walked = py.detach(|| {
+            index.window_start(&[], budget, |members| {
+                let listed: Vec<usize> = members.iter().copied().filter(|&p| p >= offset).collect();
+                let counted = source.costs(&listed)?;
+                let earlier = members
+                    .iter()
+                    .filter(|&&p| p < offset)
+                    .map(|&p| source.known(p).unwrap_or(tokens::ITEM_OVERHEAD));
+                Ok(counted
+                    .into_iter()
+                    .chain(earlier)
+                    .fold(0u64, |a, c| a.saturating_add(c)))
+            })
+        });
+        let link = source.store.take();
+        if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
+            return Err(e.clone_ref(py));
+        }
+        let start = walked.map_err(|f: CostFailure| {
+            let e = pack_error(
+                py,
+                PackError::Item {
+                    label: label(n, f.position),
+                    position: f.position,
+                    field: f.field,
+                    message: f.message,
+                },
+            );
+            if let Some(cause) = source.cause.take() {
+                e.set_cause(py, Some(cause));
+            }
+            e
+        })?;
+        let out = PyDict::new(py);
+        out.set_item("start", start)?;
+        if let Some(link) = link {
+            let pairs = link
+                .new_counts
+                .iter()
+                .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
+            out.set_item("new_counts", PyList::new(py, pairs)?)?;
+            out.set_item("store_hits", link.hits)?;
+        }
+        Ok(out)
     }
 }
 
@@ -1696,6 +1866,7 @@ impl HistoryIndex {
         &mut self,
         py: Python<'py>,
         history: &Bound<'py, PyList>,
+        offset: usize,
         fresh: &Bound<'py, PyList>,
         new_items: Vec<Py<PyAny>>,
         new_metas: Vec<ItemMeta>,
@@ -1720,6 +1891,7 @@ impl HistoryIndex {
             new_items,
             enc,
         )
+        .with_offset(offset)
         .with_memo(&mut self.costs)
         .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
