@@ -534,8 +534,15 @@ fn huge_costs_saturate_instead_of_wrapping() {
         let r = pack(&graph, &metas, &mut costs, &o, None).unwrap();
         // Only the answer would fit; its turn broke at the huge unit, so it is not sent
         // without its question (coherent start).
-        assert!(r.kept_history.is_empty(), "{policy:?}: {:?}", r.kept_history);
-        assert_eq!(decision_at(&graph, &r, 4).decision, Decision::TurnIncomplete);
+        assert!(
+            r.kept_history.is_empty(),
+            "{policy:?}: {:?}",
+            r.kept_history
+        );
+        assert_eq!(
+            decision_at(&graph, &r, 4).decision,
+            Decision::TurnIncomplete
+        );
         assert!(r.used() <= 3000);
         let d = decision_at(&graph, &r, 2);
         assert_eq!(d.decision, Decision::OverBudget);
