@@ -450,11 +450,7 @@ fn resolve_encoding(model: Option<&str>, encoding: Option<&str>) -> Result<Encod
 }
 
 fn label(n_history: usize, p: usize) -> String {
-    if p < n_history {
-        format!("history[{p}]")
-    } else {
-        format!("new_input[{}]", p - n_history)
-    }
+    protoprompt_core::graph::position_label(n_history, p)
 }
 
 /// The items of a list-like argument (a str or a mapping is refused).
