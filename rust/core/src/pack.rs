@@ -410,10 +410,10 @@ enum FillState {
 /// the context message and the run's own input this way, while the items between them and
 /// the newest step stay optional. Positions at or past `n_history` are ignored.
 ///
-/// The steps: [`mandatory_units`] and their validation, the reservation
-/// ([`Fill::reserve`]), the newest-first fill with its coherent start ([`Fill::fill_newest`]),
-/// for the greedy policy the fill of older whole turns ([`Fill::fill_older_turns`]), and
-/// the result ([`Fill::finish`]).
+/// The steps: the mandatory units and their validation (`check_mandatory_units`), the
+/// reservation (`Fill::reserve`), the newest-first fill with its coherent start
+/// (`Fill::fill_newest`), for the greedy policy the fill of older whole turns
+/// (`Fill::fill_older_turns`), and the result (`Fill::finish`).
 pub fn pack_view(
     graph: GraphView<'_>,
     is_user: &dyn Fn(usize) -> bool,
