@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from ._ranking import WORD, cosine, rrf_weight
 from .scope import MemoryScope
 
 __all__ = ["Embedder", "MemoryHit", "MemoryStore", "chunk_spans", "fts_query"]
@@ -30,7 +31,6 @@ Embedder = Callable[[list[str]], list[list[float]]]
 """Maps a batch of texts to one embedding vector per text."""
 
 _RECORD_KINDS = ("document", "fact")
-_RRF_K = 60  # the usual reciprocal-rank-fusion constant
 _MAX_QUERY_TERMS = 64
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 
@@ -120,7 +120,6 @@ class MemoryHit:
 
 # --------------------------------------------------------------------------- helpers
 
-_WORD = re.compile(r"\S+")
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019\u00bb)\]]*$")
 _PARAGRAPH_GAP = re.compile(r"\n[^\S\n]*\n")
 
@@ -134,7 +133,7 @@ def chunk_spans(text: str, chunk_words: int, overlap: int) -> list[tuple[int, in
     ``overlap`` words before the cut, moved forward to a sentence start inside the
     overlap when possible.  Whitespace-only text yields no chunks.
     """
-    words = [m.span() for m in _WORD.finditer(text)]
+    words = [m.span() for m in WORD.finditer(text)]
     n = len(words)
     if n == 0:
         return []
@@ -268,12 +267,8 @@ def _row_scope(tenant: str, user: str, thread: str, kind: str) -> MemoryScope:
 def _cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float:
     vec = array("f")
     vec.frombytes(blob)
-    if len(vec) != len(query):
-        return 0.0  # stored by a different embedder; ignore
-    norm = math.sqrt(sum(x * x for x in vec))
-    if norm == 0.0:
-        return 0.0
-    return sum(a * b for a, b in zip(query, vec)) / (query_norm * norm)
+    # A vector of another length was stored by a different embedder: similarity 0.
+    return cosine(query, vec, query_norm)
 
 
 # --------------------------------------------------------------------------- store
@@ -628,7 +623,7 @@ class MemoryStore:
             scores = {}
             for ranked in (fts_ranked, vec_ranked):
                 for position, (rid, _) in enumerate(ranked, start=1):
-                    scores[rid] = scores.get(rid, 0.0) + 1.0 / (_RRF_K + position)
+                    scores[rid] = scores.get(rid, 0.0) + rrf_weight(position)
         else:
             scores = dict(fts_ranked or vec_ranked)
         best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
