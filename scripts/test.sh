@@ -115,7 +115,7 @@ step_dist() {
   listing=$(tar -tzf "$SDIST")
   for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
-           rust/core/tests/data/item-graph-vectors.json tests/conftest.py \
+           rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
            benches/reference_tokenizer.py examples/openai_agents_session.py; do
     grep -qx "$name/$f" <<< "$listing" || { echo "sdist lacks $f" >&2; return 1; }
   done

@@ -1,17 +1,18 @@
-//! The item dependency graph over H ++ N (spec §12): units of items that must be kept or
-//! dropped together, and the rule violations that make a unit invalid.
+//! The item dependency graph over H ++ N (docs/item-graph.md §12): units of items that must
+//! be kept or dropped together, and the rule violations that make a unit invalid.
 //!
-//! Edges (union-find): E1 call/output pairing, E2 program ownership, E3 anonymous tool
+//! Edges (union-find, §12.2): E1 call/output pairing, E2 program ownership, E3 anonymous tool
 //! search, E4 reasoning blocks, E5 MCP approval back-references, E6 SDK de-duplication keys.
-//! Validity: V1–V10 plus duplicate reasoning ids. Everything is O(n) apart from hashing and
-//! one sort over the anonymous tool-search pairs.
+//! Validity (§12.3): V1–V10 plus duplicate reasoning ids (§9.5). Everything is O(n) apart
+//! from hashing and one sort over the anonymous tool-search pairs. Sections (§) and rules
+//! cited in this module are those of docs/item-graph.md.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, ItemMeta, FAKE_ID};
 
 /// Why a unit is invalid. [`InvalidReason::message`] gives the exact wording used by the
-/// spec's test vectors, [`InvalidReason::code`] a stable snake_case code.
+/// test vectors of docs/item-graph.md §15, [`InvalidReason::code`] a stable snake_case code.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -22,7 +23,7 @@ pub enum InvalidReason {
     OutputWithoutCall,
     /// V4: the output sits before the first matching call.
     OutputBeforeCall,
-    /// V6: streamed outputs not `in_progress* [terminal]` (§3).
+    /// V6: streamed outputs not `in_progress* [terminal]` (docs/item-graph.md §3).
     InvalidStream,
     /// V7: history program without `program_output` and not named by an N item's `caller`.
     OrphanProgram,
@@ -466,7 +467,7 @@ enum Stream {
 }
 
 impl Stream {
-    /// §3: zero or more `in_progress` (status-less chunks allowed anywhere before the
+    /// docs/item-graph.md §3: zero or more `in_progress` (status-less chunks allowed anywhere before the
     /// terminal), then at most one `completed`/`incomplete`, nothing after it.
     fn step(self, status: Option<&str>) -> Stream {
         match (self, status) {
@@ -683,7 +684,7 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    /// E3 + V6: anonymous tool search (§5 [REC]). Each anonymous call pairs with the nearest
+    /// E3 + V6: anonymous tool search (docs/item-graph.md §5). Each anonymous call pairs with the nearest
     /// unpaired anonymous output to its right; outputs left over are further chunks of the
     /// nearest anonymous call to their left. Overlapping spans merge.
     fn join_anonymous_searches(&mut self) {
@@ -1097,7 +1098,7 @@ mod tests {
     #[test]
     fn id_less_reasoning_is_valid() {
         // reasoning_item_id_policy="omit": the SDK strips history reasoning ids and sends the
-        // items as they are, encrypted_content or not (spec V9).
+        // items as they are, encrypted_content or not (V9, docs/item-graph.md §12.3).
         let h = json!([
             {"role":"user","content":"q"},
             {"type":"reasoning","summary":[]},
