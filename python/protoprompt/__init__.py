@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
-from .count_store import CountStore, SQLiteCountStore
 from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
+from .count_store import CountStore, SQLiteCountStore
 from .errors import (
     InvalidItemError,
     InvalidNewInputError,
@@ -22,10 +22,11 @@ from .errors import (
     UnknownEncodingError,
     UnknownModelError,
 )
+from .memory import MemoryHit, MemoryScope, MemoryStore
 from .packing import (
     Decisions,
-    HistoryIndex,
     GraphReport,
+    HistoryIndex,
     ItemCost,
     PackResult,
     Problem,
@@ -41,7 +42,6 @@ from .packing import (
     preload,
     truncate_text,
 )
-from .memory import MemoryHit, MemoryScope, MemoryStore
 
 try:
     # One version source: the Cargo workspace version, which maturin writes into the
@@ -51,12 +51,12 @@ except _PackageNotFoundError:  # imported from a tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "Decisions",
-    "HistoryIndex",
     "ContextBlock",
     "ContextPlan",
     "CountStore",
+    "Decisions",
     "GraphReport",
+    "HistoryIndex",
     "InvalidItemError",
     "InvalidNewInputError",
     "ItemCost",

@@ -4,14 +4,14 @@ Use the typed wrappers in :mod:`protoprompt` instead of calling this module dire
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypedDict, final
+from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
 
-_Problem = tuple[str, str, str]
+_Problem: TypeAlias = tuple[str, str, str]
 
 class _UnitDict(TypedDict):
     members: list[str]

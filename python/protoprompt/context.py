@@ -191,12 +191,9 @@ def _message_text(item: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if _field(part, "type") in ("input_text", "text") and isinstance(
-                _field(part, "text"), str
-            ):
-                parts.append(_field(part, "text"))
+        parts = [_field(part, "text") for part in content
+                 if _field(part, "type") in ("input_text", "text")
+                 and isinstance(_field(part, "text"), str)]
         return "\n".join(parts)
     return None
 
@@ -616,7 +613,7 @@ class TokenBudgetedContextBuilder:
         if untried:
             rendered = [_render_block(c.layer, c.source, c.text) for _, c in untried]
             counts = count_tokens_batch(rendered, model=self.model, encoding=self.encoding)
-            for (slot, cand), tokens in zip(untried, counts):
+            for (slot, cand), tokens in zip(untried, counts, strict=True):
                 slots[slot] = ContextBlock(cand.layer, cand.source, "dropped", exhausted or "",
                                            tokens, cand.text, cand.score)
         blocks.extend(b for b in slots if b is not None)

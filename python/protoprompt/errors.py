@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "ProtoPromptError",
-    "TokenBudgetExceededError",
     "InvalidItemError",
     "InvalidNewInputError",
-    "UnknownModelError",
-    "UnknownEncodingError",
+    "ProtoPromptError",
     "SnapshotError",
+    "TokenBudgetExceededError",
+    "UnknownEncodingError",
+    "UnknownModelError",
 ]
 
 

@@ -10,24 +10,24 @@ from . import _core
 from .count_store import CountStore
 
 __all__ = [
+    "TRUNCATION_MARKER",
+    "Decisions",
+    "GraphReport",
+    "HistoryIndex",
+    "ItemCost",
+    "PackResult",
     "Policy",
     "Problem",
     "Unit",
-    "GraphReport",
     "UnitDecision",
-    "Decisions",
-    "PackResult",
-    "HistoryIndex",
-    "ItemCost",
+    "analyze",
+    "available_encodings",
     "count_tokens",
     "count_tokens_batch",
     "encoding_for_model",
-    "available_encodings",
     "item_tokens",
-    "analyze",
     "pack",
     "truncate_text",
-    "TRUNCATION_MARKER",
 ]
 
 Policy = Literal["contiguous", "greedy"]

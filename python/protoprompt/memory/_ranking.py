@@ -33,4 +33,4 @@ def cosine(a: Sequence[float], b: Sequence[float], a_norm: float | None = None) 
     nb = math.sqrt(sum(x * x for x in b))
     if na == 0.0 or nb == 0.0:
         return 0.0
-    return sum(x * y for x, y in zip(a, b)) / (na * nb)
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (na * nb)

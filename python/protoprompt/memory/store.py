@@ -20,10 +20,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._ranking import WORD, cosine, rrf_weight
 from .scope import MemoryScope
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Embedder", "MemoryHit", "MemoryStore", "chunk_spans", "fts_query"]
 
@@ -229,7 +232,9 @@ def _check_limit(value: object) -> int:
 
 def _check_kinds(kinds: object) -> tuple[str, ...]:
     if isinstance(kinds, str) or not isinstance(kinds, Iterable):
-        raise TypeError("kinds must be an iterable of 'document' / 'fact' strings, not a single str")
+        raise TypeError(
+            "kinds must be an iterable of 'document' / 'fact' strings, not a single str"
+        )
     result = tuple(dict.fromkeys(kinds))
     bad = [k for k in result if k not in _RECORD_KINDS]
     if bad:
@@ -334,7 +339,7 @@ class MemoryStore:
                 self._conn.close()
                 self._conn = None
 
-    def __enter__(self) -> MemoryStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -422,11 +427,13 @@ class MemoryStore:
         now = time.time()
         rows = [
             (*params, doc_id, index, start, end, chunk, meta_json, now, blob)
-            for index, ((start, end), chunk, blob) in enumerate(zip(spans, chunks, blobs))
+            for index, ((start, end), chunk, blob)
+            in enumerate(zip(spans, chunks, blobs, strict=True))
         ]
         with self._transaction() as conn:
             conn.execute(
-                f"DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ? AND {_SCOPE_EQ}",
+                "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                f" AND {_SCOPE_EQ}",
                 (doc_id, *params),
             )
             conn.executemany(
@@ -481,7 +488,8 @@ class MemoryStore:
             )
         with self._transaction() as conn:
             conn.execute(
-                "INSERT INTO pp_mem_profiles (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
+                "INSERT INTO pp_mem_profiles"
+                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
                 " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
@@ -508,15 +516,18 @@ class MemoryStore:
         with self._transaction() as conn:
             if doc_id is None and fact_id is None:
                 for table in ("pp_mem_records", "pp_mem_profiles"):
-                    deleted += conn.execute(f"DELETE FROM {table} WHERE {_SCOPE_EQ}", params).rowcount
+                    sql = f"DELETE FROM {table} WHERE {_SCOPE_EQ}"
+                    deleted += conn.execute(sql, params).rowcount
             if doc_id is not None:
                 deleted += conn.execute(
-                    f"DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ? AND {_SCOPE_EQ}",
+                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                    f" AND {_SCOPE_EQ}",
                     (doc_id, *params),
                 ).rowcount
             if fact_id is not None:
                 deleted += conn.execute(
-                    f"DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ? AND {_SCOPE_EQ}",
+                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ?"
+                    f" AND {_SCOPE_EQ}",
                     (fact_id, *params),
                 ).rowcount
         return deleted
@@ -548,7 +559,8 @@ class MemoryStore:
         if limit is not None:
             _check_limit(limit)
         where, params = _scope_filter(scopes)
-        sql = f"SELECT {_COLUMNS} FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
+        sql = (f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
+               f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC")
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
