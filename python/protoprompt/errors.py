@@ -9,6 +9,7 @@ the core raises these classes by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "InvalidItemError",
@@ -58,7 +59,7 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
             + "); nothing was sent"
         )
 
-    def __reduce__(self):  # keep the attributes through pickling
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep the attributes through pickling
         return (type(self), (self.used, self.budget, self.section, self.detail))
 
 
@@ -76,7 +77,7 @@ class InvalidItemError(ProtoPromptError, ValueError, TypeError):
         self.field = field
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.location, self.field))
 
 
@@ -94,7 +95,7 @@ class InvalidNewInputError(ProtoPromptError, ValueError):
         self.reasons = list(reasons)
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.location, self.reasons))
 
 
@@ -105,7 +106,7 @@ class UnknownModelError(ProtoPromptError, ValueError):
         self.model = model
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.model))
 
 
@@ -116,7 +117,7 @@ class UnknownEncodingError(ProtoPromptError, ValueError):
         self.encoding = encoding
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.encoding))
 
 
