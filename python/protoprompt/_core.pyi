@@ -8,6 +8,25 @@ from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
+__all__ = [
+    "DEFAULT_ENCODING",
+    "ITEM_OVERHEAD",
+    "DecisionTable",
+    "HistoryIndex",
+    "_clear_count_cache",
+    "_lazy_commit_allocator",
+    "analyze",
+    "available_encodings",
+    "canonical_text",
+    "count_tokens",
+    "count_tokens_batch",
+    "encoding_for_model",
+    "is_preloaded",
+    "item_tokens",
+    "preload",
+    "split_tokens",
+]
+
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
 
