@@ -1788,9 +1788,17 @@ impl HistoryIndex {
 #[cfg(unix)]
 mod fork_guard {
     use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Mutex, MutexGuard, Once};
 
     static BUILDS: Mutex<()> = Mutex::new(());
+
+    /// Test hook (`_core._hold_next_build_until_fork`): the next build, once it holds
+    /// `BUILDS`, waits for a fork's prepare handler to start, so a test forks during a build
+    /// for certain instead of hoping a sleep lands inside one.
+    static HOLD_NEXT: AtomicBool = AtomicBool::new(false);
+    static HOLDING: AtomicBool = AtomicBool::new(false);
+    static FORK_BEGAN: AtomicBool = AtomicBool::new(false);
 
     thread_local! {
         /// Held by the forking thread from prepare to the parent / child handler.
@@ -1799,10 +1807,29 @@ mod fork_guard {
 
     fn around_build(build: &dyn Fn()) {
         let _held = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+        if HOLD_NEXT.swap(false, Ordering::SeqCst) {
+            HOLDING.store(true, Ordering::SeqCst);
+            while !FORK_BEGAN.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            HOLDING.store(false, Ordering::SeqCst);
+        }
         build();
     }
 
+    /// Arm the test hook for the next build.
+    pub fn hold_next_build_until_fork() {
+        FORK_BEGAN.store(false, Ordering::SeqCst);
+        HOLD_NEXT.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a build is held by the test hook (it holds `BUILDS` and waits for a fork).
+    pub fn build_is_held() -> bool {
+        HOLDING.load(Ordering::SeqCst)
+    }
+
     extern "C" fn prepare() {
+        FORK_BEGAN.store(true, Ordering::SeqCst);
         let guard = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
         HELD.with(|h| *h.borrow_mut() = Some(guard));
     }
@@ -1855,6 +1882,21 @@ fn _lazy_commit_allocator() -> bool {
     configure_allocator()
 }
 
+/// Test hook: the next tokenizer build, once under way (holding the build lock), waits for
+/// a `fork` to begin; `_build_is_held()` says when it is there.
+#[cfg(unix)]
+#[pyfunction]
+fn _hold_next_build_until_fork() {
+    fork_guard::hold_next_build_until_fork();
+}
+
+/// Whether a build is waiting for a fork (see `_hold_next_build_until_fork`).
+#[cfg(unix)]
+#[pyfunction]
+fn _build_is_held() -> bool {
+    fork_guard::build_is_held()
+}
+
 /// Forget every count in the process-wide count cache (for tests and benchmarks that need
 /// a process's first count of a text without a new process).
 #[pyfunction]
@@ -1869,6 +1911,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fork_guard::install();
     m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
+    #[cfg(unix)]
+    {
+        m.add_function(wrap_pyfunction!(_hold_next_build_until_fork, m)?)?;
+        m.add_function(wrap_pyfunction!(_build_is_held, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(preload, m)?)?;
     m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;

@@ -112,14 +112,16 @@ impl Encoding {
     pub(crate) fn bpe(self) -> &'static CoreBPE {
         let loaded = &LOADED[self as usize];
         if !loaded.load(std::sync::atomic::Ordering::Acquire) {
+            // Marked loaded inside the guard: whoever takes the guard's lock after a build
+            // (a fork, for one) sees it loaded.
             let build = || {
                 self.singleton();
+                loaded.store(true, std::sync::atomic::Ordering::Release);
             };
             match BUILD_GUARD.get() {
                 Some(guard) => guard(&build),
                 None => build(),
             }
-            loaded.store(true, std::sync::atomic::Ordering::Release);
         }
         self.singleton()
     }
