@@ -212,6 +212,48 @@ def test_budget_overflow_raises_with_attributes_and_pickles() -> None:
     assert info.value.section == "output_reserve"
 
 
+def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> None:
+    """The classes the core raises are protoprompt.errors' own (imported by the core, not
+    look-alikes), each a ProtoPromptError and a ValueError, with attributes through pickle."""
+    from protoprompt import errors
+
+    samples = [
+        errors.TokenBudgetExceededError(10, 5, "new_input", "why"),
+        errors.InvalidItemError("history[1]: field id: bad", "history[1]", "id"),
+        errors.InvalidNewInputError("new_input[0]: no call", "new_input[0]", ["no call"]),
+        errors.UnknownModelError("no tokenizer for x", "x"),
+        errors.UnknownEncodingError("unknown encoding y", "y"),
+        errors.SnapshotError("damaged index snapshot"),
+        errors.HistoryMismatchError("history has 1 items ...", 1, 2),
+        errors.TokenizerError("tokenizer failed: internal error"),
+    ]
+    assert {type(e).__name__ for e in samples} == set(errors.__all__) - {"ProtoPromptError"}
+    for err in samples:
+        assert isinstance(err, ProtoPromptError) and isinstance(err, ValueError)
+        assert getattr(pp, type(err).__name__) is type(err)
+        again = pickle.loads(pickle.dumps(err))
+        assert type(again) is type(err) and str(again) == str(err)
+        assert vars(again) == vars(err)
+    with pytest.raises(errors.UnknownModelError) as info:
+        pp.count_tokens("x", model="no-such-model")
+    assert type(info.value) is errors.UnknownModelError and info.value.model == "no-such-model"
+    with pytest.raises(errors.UnknownEncodingError) as enc_info:
+        pp.count_tokens("x", encoding="no-such-encoding")
+    assert enc_info.value.encoding == "no-such-encoding"
+
+
+def test_canonical_text_is_public_and_is_what_is_counted() -> None:
+    item = {"type": "function_call", "call_id": "c1", "name": "lookup",
+            "arguments": '{"q": "weather"}', "provider_data": {"x": 1}}
+    text = pp.canonical_text(item)
+    assert "lookup" in text and "weather" in text and "provider_data" not in text
+    cost = pp.item_tokens(item, encoding="o200k_base")
+    assert cost.text == pp.count_tokens(text, encoding="o200k_base")
+    with pytest.raises(pp.InvalidItemError, match=r"content\[0\]\.text") as info:
+        pp.canonical_text({"role": "user", "content": [{"type": "input_text", "text": math.nan}]})
+    assert info.value.field == "content[0].text"
+
+
 # --------------------------------------------------------------------------- bad input
 
 
