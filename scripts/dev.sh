@@ -2,7 +2,8 @@
 # Build protoprompt from this checkout and install it into a dev venv, for fast iteration:
 #
 #   scripts/dev.sh                          # target/dev: openai-agents 0.24.0, mcp 2.x, debug build
-#   RELEASE=1 scripts/dev.sh                # optimised build (benchmarks: scripts/bench.sh)
+#   RELEASE=1 scripts/dev.sh                # optimised build (benchmarks: scripts/bench.sh,
+#                                           # which installs a release wheel of its own)
 #   DEV_VENV=target/dev22 SDK_VERSION=0.22.3 scripts/dev.sh
 #
 # The package is installed editable (maturin develop): python/ is imported from the tree, and
