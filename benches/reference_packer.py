@@ -141,7 +141,7 @@ def program_caller(item: Mapping[str, Any]) -> str | None:
 
 
 def dedup_key(item: Mapping[str, Any]) -> tuple[Any, str] | None:
-    """The SDK's de-duplication key (spec §9.5)."""
+    """The SDK's de-duplication key (docs/item-graph.md §9.5)."""
     t = item.get("type")
     if "role" in item or t == "message":
         return None
@@ -160,7 +160,7 @@ def dedup_key(item: Mapping[str, Any]) -> tuple[Any, str] | None:
 
 
 def _stream_step(state: str, status: Any) -> str:
-    """Spec §3: status-less / ``in_progress`` chunks, then at most one terminal status."""
+    """docs/item-graph.md §3: status-less / ``in_progress`` chunks, then one terminal status."""
     if state == "open":
         if status is None or status == "in_progress":
             return "open"
@@ -367,7 +367,7 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
     for p in range(n):
         if kinds[p] != "reasoning":
             continue
-        rid = items[p].get("id")  # id-less reasoning is valid (policy "omit", spec V9)
+        rid = items[p].get("id")  # id-less reasoning is valid (V9, docs/item-graph.md §12.3)
         if isinstance(rid, str) and rid:
             if rid in seen_rs:
                 problems.append((p, "duplicate reasoning id"))

@@ -65,19 +65,24 @@ TURNS: list[tuple[str, list[list[Any]]]] = [
     ("When does the contract renew?", [
         [think(1, "Look up the renewal clause."),
          function_call("lookup_clause", {"name": "renewal"}, call_id="call_1")],
-        [assistant_message("It renews every 1 March unless notice is given 90 days before.", item_id="msg_1")]]),
+        [assistant_message("It renews every 1 March unless notice is given 90 days before.",
+                           item_id="msg_1")]]),
     ("How much do we pay per year?", [
         [function_call("lookup_clause", {"name": "fees"}, call_id="call_2")],
-        [assistant_message("12,000 EUR per year, invoiced quarterly; at most +3% per renewal.", item_id="msg_2")]]),
+        [assistant_message("12,000 EUR per year, invoiced quarterly; at most +3% per renewal.",
+                           item_id="msg_2")]]),
     ("What happens if we pay late?", [
         [think(3, "Payment clause has the interest rate."),
          function_call("lookup_clause", {"name": "payment"}, call_id="call_3")],
-        [assistant_message("Invoices are due in 30 days; late payments accrue 1% per month.", item_id="msg_3")]]),
+        [assistant_message("Invoices are due in 30 days; late payments accrue 1% per month.",
+                           item_id="msg_3")]]),
     ("Can they terminate right away if we breach?", [
         [function_call("lookup_clause", {"name": "termination for cause"}, call_id="call_4")],
-        [assistant_message("Only for a material breach not cured within 30 days.", item_id="msg_4")]]),
+        [assistant_message("Only for a material breach not cured within 30 days.",
+                           item_id="msg_4")]]),
     ("What is the latest date to stop the renewal next year?", [
-        [assistant_message("Send written notice by 1 December (90 days before 1 March).", item_id="msg_5")]]),
+        [assistant_message("Send written notice by 1 December (90 days before 1 March).",
+                           item_id="msg_5")]]),
 ]
 
 
@@ -105,8 +110,10 @@ async def main(db: str) -> None:
     scope = MemoryScope(tenant="acme", user="alice", thread="legal-chat")
     store = MemoryStore(db, chunk_words=40, chunk_overlap=0)
     store.index_document("contract", CONTRACT, scope=scope)
-    store.remember("Alice is preparing the renewal decision for the March board meeting.", scope=scope)
-    store.set_profile({"name": "Alice", "role": "procurement lead", "style": "short answers"}, scope=scope)
+    store.remember("Alice is preparing the renewal decision for the March board meeting.",
+                   scope=scope)
+    store.set_profile({"name": "Alice", "role": "procurement lead", "style": "short answers"},
+                      scope=scope)
 
     builder = TokenBudgetedContextBuilder(store, max_tokens=900, model="gpt-5", scope=scope,
                                           output_reserve=150, max_context_tokens=320)
@@ -117,7 +124,8 @@ async def main(db: str) -> None:
     calls: list[ModelCallPlan] = []
     # Both budget hooks: the session callback (recall + history, once per run) and the
     # per-call filter (every model call of the run, instructions and tools counted).
-    config: RunConfig = session.run_config(builder, system_prompt="Answer from the recalled contract.",
+    config: RunConfig = session.run_config(builder,
+                                           system_prompt="Answer from the recalled contract.",
                                            on_call=calls.append, tracing_disabled=True)
 
     print(f"contract indexed for {scope.tenant}/{scope.user}/{scope.thread}; "
@@ -143,7 +151,8 @@ async def main(db: str) -> None:
     n_history = sum(len(d.positions) for d in plan.pack.decisions)  # history the callback got
     n_new = len(plan.pack.items) - len(plan.pack.kept_history)
     why = {p: d.decision for d in plan.pack.decisions for p in d.positions}
-    print(f"\nSESSION (stored: {len(stored)} items, no context)       LAST REQUEST (what the model got)")
+    print(f"\nSESSION (stored: {len(stored)} items, no context)"
+          "       LAST REQUEST (what the model got)")
     print(f"{'':<52}[system] context message, {plan.context_tokens} tokens")
     for i, item in enumerate(stored):
         if i < n_history:

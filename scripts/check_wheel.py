@@ -45,7 +45,7 @@ def wheel_tags(wheel: zipfile.ZipFile, dist_info: str) -> list[str]:
     wheel_file = wheel.read(f"{dist_info}/WHEEL").decode()
     if "Root-Is-Purelib: false" not in wheel_file:
         fail("WHEEL must say Root-Is-Purelib: false (the package has a native module)")
-    return re.findall(r"^Tag: (\S+)$", wheel_file, re.M)
+    return re.findall(r"^Tag: (\S+)$", wheel_file, re.MULTILINE)
 
 
 def elf_needs(path: Path) -> tuple[list[str], dict[str, list[str]]]:
@@ -54,7 +54,7 @@ def elf_needs(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         fail("objdump is needed to read the native module (Debian: apt-get install binutils)")
     out = subprocess.run(["objdump", "-p", str(path)], capture_output=True, text=True,
                          check=True).stdout
-    needed = re.findall(r"^\s+NEEDED\s+(\S+)$", out, re.M)
+    needed = re.findall(r"^\s+NEEDED\s+(\S+)$", out, re.MULTILINE)
     required: dict[str, list[str]] = {}
     current = None
     for line in out.splitlines():
@@ -102,7 +102,8 @@ def check_elf(native: Path, max_glibc: str) -> str:
         too_new = [v for v in glibc if parse_version(v[6:]) > parse_version(max_glibc)]
         culprits = {v: symbols_needing(native, v) for v in too_new}
         fail(f"{native.name} needs {newest} > GLIBC_{max_glibc}: {culprits}")
-    cxx = [v for versions in required.values() for v in versions if v.startswith(("GLIBCXX", "CXXABI"))]
+    cxx = [v for versions in required.values() for v in versions
+           if v.startswith(("GLIBCXX", "CXXABI"))]
     if cxx:
         fail(f"{native.name} needs the C++ runtime ({cxx})")
     return (f"links {', '.join(needed)}; newest symbol version {newest} "
@@ -125,7 +126,8 @@ def main() -> None:
     if args.version and version != args.version:
         fail(f"{name} has version {version}, expected {args.version}")
     if (python_tag, abi_tag) != ("cp310", "abi3"):
-        fail(f"{name} is {python_tag}-{abi_tag}, expected cp310-abi3 (one wheel for CPython >= 3.10)")
+        fail(f"{name} is {python_tag}-{abi_tag}, "
+             "expected cp310-abi3 (one wheel for CPython >= 3.10)")
     if args.platform not in platform_tags.split("."):
         fail(f"{name} is tagged {platform_tags}, expected {args.platform}")
 
@@ -143,7 +145,8 @@ def main() -> None:
             fail("METADATA does not say Requires-Python: >=3.10")
         if f"{dist_info}/licenses/LICENSE" not in names:
             fail("the wheel carries no license file")
-        for required in ("protoprompt/__init__.py", "protoprompt/py.typed", "protoprompt/_core.pyi"):
+        for required in ("protoprompt/__init__.py", "protoprompt/py.typed",
+                         "protoprompt/_core.pyi"):
             if required not in names:
                 fail(f"the wheel lacks {required}")
         natives = [n for n in names if re.fullmatch(r"protoprompt/_core[^/]*\.(so|pyd)", n)]

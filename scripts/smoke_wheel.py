@@ -77,11 +77,12 @@ def check_packing() -> None:
     assert result.kept_history == [2, 3, 4, 5], result.kept_history
     expected = [history[i] for i in result.kept_history] + new_input
     assert len(result.items) == len(expected)
-    assert all(a is b for a, b in zip(result.items, expected)), "the caller's own objects, in order"
+    assert all(a is b for a, b in zip(result.items, expected, strict=True)), \
+        "the caller's own objects, in order"
     reasons = {p: d.decision for d in result.decisions for p in d.positions}
     assert reasons[0] == "over_budget" and reasons[1] == "turn_incomplete", reasons
     assert reasons[6] == "invalid_unit", reasons
-    call_unit = [d for d in result.decisions if 3 in d.positions][0]
+    call_unit = next(d for d in result.decisions if 3 in d.positions)
     assert call_unit.positions == [3, 4], "a call and its output are one unit"
     assert "over_budget" in result.explain()
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Run every test of protoprompt on a fresh machine:
-#   rust    cargo fmt, clippy -D warnings, cargo test
+#   lint    scripts/lint.sh's Python source gates: ruff check, mypy --strict over python/
+#           (pinned tools, a venv of their own with openai-agents 0.24.0 and mcp 2.x; ~30 s)
+#   rust    scripts/lint.sh's Rust gates (cargo fmt, clippy -D warnings with
+#           clippy::too_many_lines), cargo test
 #   dist    scripts/build-wheels.sh: the sdist and the manylinux2014 abi3 wheel in dist/,
 #           checked for their tags, metadata and the glibc symbols they need, twine check
 #   python  the Python suite against that wheel, once per supported openai-agents line
 #           (mcp 2.x with the newest line, 1.x with the other), then that SDK version's own
-#           session tests on ProtoPromptSession (the conformance job), plus stubtest and the
-#           benchmarks with the first line
+#           session tests on ProtoPromptSession (the conformance job), plus stubtest
+#           (scripts/lint.sh, on the installed wheel) and the benchmarks with the first line
 #   smoke   the same wheel in fresh venvs of CPython 3.10, 3.12 and 3.13 with no Rust
 #           toolchain on PATH: imports, counts, packs, runs the offline example
 #   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
@@ -22,7 +25,7 @@ PYTHON=${PYTHON:-python3}
 SDK_VERSIONS=${SDK_VERSIONS:-"0.24.0 0.22.3"}
 SMOKE_PYTHONS=${SMOKE_PYTHONS:-"3.10.13 3.12.1 3.13.0"}
 SDIST_PYTHON=${SDIST_PYTHON:-3.10.13}
-STEPS=${STEPS:-"rust dist python smoke sdist"}
+STEPS=${STEPS:-"lint rust dist python smoke sdist"}
 WORK=${PROTOPROMPT_CI_DIR:-target/ci}
 DIST=$ROOT/dist
 mkdir -p "$WORK"
@@ -85,12 +88,14 @@ pytest_from() {
   (cd "$WORK" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$src" -c "$src/pyproject.toml" "$@")
 }
 
-step_rust() {
-  step "cargo fmt --check"
-  cargo fmt --all -- --check
+step_lint() {
+  step "lint: ruff check, mypy --strict python/ (scripts/lint.sh, venv $WORK/venv-lint)"
+  LINT_VENV="$WORK/venv-lint" SDK_VERSION=0.24.0 LINT_STEPS="ruff mypy" bash scripts/lint.sh
+}
 
-  step "cargo clippy -D warnings"
-  cargo clippy --workspace --all-targets --features pyo3/extension-module -- -D warnings
+step_rust() {
+  step "lint: cargo fmt --check, cargo clippy -D warnings (scripts/lint.sh)"
+  LINT_STEPS=rust bash scripts/lint.sh
 
   step "cargo test (core crate: item graph vectors, counting, packing)"
   cargo test -p protoprompt-core
@@ -115,7 +120,7 @@ step_dist() {
   listing=$(tar -tzf "$SDIST")
   for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
-           rust/core/tests/data/item-graph-vectors.json tests/conftest.py \
+           rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
            benches/reference_tokenizer.py examples/openai_agents_session.py; do
     grep -qx "$name/$f" <<< "$listing" || { echo "sdist lacks $f" >&2; return 1; }
   done
@@ -185,8 +190,8 @@ step_python() {
     PROTOPROMPT_REQUIRE_REDIS=1 pytest_from "$ROOT" "$venv" "$ROOT/tests"
     sdk_conformance "$venv"
     if [ "$first" = 1 ]; then
-      step "stubs: mypy.stubtest protoprompt._core"
-      (cd "$WORK" && "$venv/bin/python" -m mypy.stubtest protoprompt._core --ignore-missing-stub)
+      step "stubs: mypy.stubtest protoprompt._core on the installed wheel (scripts/lint.sh)"
+      LINT_VENV="$venv" LINT_STEPS=stubtest bash scripts/lint.sh
       step "benchmarks (correctness assertions + ratios; openai-agents==$sdk)"
       compgen -G "benches/test_*.py" > /dev/null && pytest_from "$ROOT" "$venv" "$ROOT/benches" --benchmark-columns=mean,rounds
       first=0

@@ -14,6 +14,6 @@ sys.path.insert(0, str(HERE.parent / "benches"))
 
 @pytest.fixture(scope="session")
 def vectors() -> list[dict]:
-    """The 42 item-graph test vectors of the spec (a copy lives in the Rust test data)."""
+    """The 42 item-graph test vectors of docs/item-graph.md §15 (shared with the Rust tests)."""
     path = HERE.parent / "rust" / "core" / "tests" / "data" / "item-graph-vectors.json"
     return json.loads(path.read_text())["vectors"]

@@ -212,6 +212,48 @@ def test_budget_overflow_raises_with_attributes_and_pickles() -> None:
     assert info.value.section == "output_reserve"
 
 
+def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> None:
+    """The classes the core raises are protoprompt.errors' own (imported by the core, not
+    look-alikes), each a ProtoPromptError and a ValueError, with attributes through pickle."""
+    from protoprompt import errors
+
+    samples = [
+        errors.TokenBudgetExceededError(10, 5, "new_input", "why"),
+        errors.InvalidItemError("history[1]: field id: bad", "history[1]", "id"),
+        errors.InvalidNewInputError("new_input[0]: no call", "new_input[0]", ["no call"]),
+        errors.UnknownModelError("no tokenizer for x", "x"),
+        errors.UnknownEncodingError("unknown encoding y", "y"),
+        errors.SnapshotError("damaged index snapshot"),
+        errors.HistoryMismatchError("history has 1 items ...", 1, 2),
+        errors.TokenizerError("tokenizer failed: internal error"),
+    ]
+    assert {type(e).__name__ for e in samples} == set(errors.__all__) - {"ProtoPromptError"}
+    for err in samples:
+        assert isinstance(err, ProtoPromptError) and isinstance(err, ValueError)
+        assert getattr(pp, type(err).__name__) is type(err)
+        again = pickle.loads(pickle.dumps(err))
+        assert type(again) is type(err) and str(again) == str(err)
+        assert vars(again) == vars(err)
+    with pytest.raises(errors.UnknownModelError) as info:
+        pp.count_tokens("x", model="no-such-model")
+    assert type(info.value) is errors.UnknownModelError and info.value.model == "no-such-model"
+    with pytest.raises(errors.UnknownEncodingError) as enc_info:
+        pp.count_tokens("x", encoding="no-such-encoding")
+    assert enc_info.value.encoding == "no-such-encoding"
+
+
+def test_canonical_text_is_public_and_is_what_is_counted() -> None:
+    item = {"type": "function_call", "call_id": "c1", "name": "lookup",
+            "arguments": '{"q": "weather"}', "provider_data": {"x": 1}}
+    text = pp.canonical_text(item)
+    assert "lookup" in text and "weather" in text and "provider_data" not in text
+    cost = pp.item_tokens(item, encoding="o200k_base")
+    assert cost.text == pp.count_tokens(text, encoding="o200k_base")
+    with pytest.raises(pp.InvalidItemError, match=r"content\[0\]\.text") as info:
+        pp.canonical_text({"role": "user", "content": [{"type": "input_text", "text": math.nan}]})
+    assert info.value.field == "content[0].text"
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -380,9 +422,11 @@ def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> Non
         tasks = lambda: len(os.listdir("/proc/self/task"))
 
         def settled(before):
-            # A joined thread can stay listed for a moment while the kernel reaps it; a
-            # thread left running would still be building (~0.1 s) and stay far longer.
-            deadline = time.monotonic() + 0.05
+            # A joined thread can stay listed for a moment while the kernel reaps it, however
+            # long a loaded machine takes; a thread left running (a pool, a parked helper)
+            # stays for good. The build itself is over when the call returns (asserted
+            # below), so no waiting here can mistake a build for a finished thread.
+            deadline = time.monotonic() + 30
             while tasks() != before and time.monotonic() < deadline:
                 time.sleep(0.001)
             return tasks() == before
@@ -397,6 +441,7 @@ def test_first_call_builds_the_tokenizer_alongside_and_leaves_no_thread() -> Non
         assert settled(before), (before, tasks())
         r = pp.pack([{"role": "user", "content": "hello there"}],
                     [{"role": "user", "content": "x"}], 1000, encoding="r50k_base")
+        assert _core.is_preloaded(encoding="r50k_base")
         assert settled(before), (before, tasks())
         item = {"role": "user", "content": "hello there"}
         assert r.history_tokens == pp.item_tokens(item, encoding="r50k_base").total
@@ -430,9 +475,16 @@ def test_a_fork_during_a_background_tokenizer_build_gives_a_working_child() -> N
         import protoprompt as pp
         from protoprompt import _core
         assert not _core.is_preloaded(encoding="cl100k_base")
+        # The build holds the build lock and then waits for the fork to begin: the fork
+        # starts during the build, whatever the machine's speed.
+        _core._hold_next_build_until_fork()
         assert pp.preload(encoding="cl100k_base", wait=False) == "cl100k_base"
-        time.sleep(0.02)  # the build (~0.1 s) is under way on the background thread
+        while not _core._build_is_held():
+            time.sleep(0.001)
         pid = os.fork()
+        if pid:
+            # The fork waited for the build: the parent has the whole tokenizer at once.
+            assert _core.is_preloaded(encoding="cl100k_base")
         if pid == 0:
             ok = pp.count_tokens("hello world", encoding="cl100k_base") == 2
             os._exit(0 if ok else 3)

@@ -293,8 +293,14 @@ def test_counts_written_lately_are_not_written_again(tmp_path) -> None:
     pairs = [(i.to_bytes(16, "big"), i) for i in range(5)]
     store.put_many(pairs)
     assert store.flush(timeout=10)
+    written = sqlite3.connect(tmp_path / "c.db")
+    rowids = written.execute(f"SELECT rowid, key FROM {count_store._TABLE}").fetchall()
     store.put_many(pairs)
-    assert store._writer is None  # nothing queued, no thread
+    # Nothing queued: flush returns at once, and no row was rewritten (a rewrite would give
+    # the rows new rowids).
+    assert store.flush(timeout=0)
+    assert written.execute(f"SELECT rowid, key FROM {count_store._TABLE}").fetchall() == rowids
+    written.close()
     store.put_many([(pairs[0][0], 99)])  # a changed count is written
     assert store.flush(timeout=10) and store.get_many([pairs[0][0]]) == [99]
     store.close()
@@ -330,21 +336,85 @@ def test_a_forked_child_gets_its_own_connection_and_writer(tmp_path) -> None:
 
     assert _in_forked_child(child) == (True, [3, 7])
 
-    # A write in flight at the fork: the child's flush must still return (its own writer
-    # tries, and SQLite may refuse a child the lock its parent's thread held: a miss).
-    blocker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
-    blocker.execute("BEGIN EXCLUSIVE")
-    store.put_many([(bytes(16), 1)])
-    assert store._writer is not None
+    # A write in flight at the fork: another process holds the database's write lock, so
+    # this process's writer waits inside SQLite (busy timeout) until it lets go. A fork in
+    # that time waits for the writer to leave SQLite (a child must not inherit SQLite
+    # mid-call: its first open could hang); then the child writes with its own writer.
+    # Whatever the timing, both writes land and both flushes return True.
+    blocker = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sqlite3, sys
+            conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
+            print("locked", flush=True)
+            sys.stdin.readline()
+            conn.execute("COMMIT")
+        """), str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert blocker.stdout is not None and blocker.stdout.readline() == "locked\n"
+        in_flight = bytes(16)
+        store.put_many([(in_flight, 1)])
 
-    def child_busy() -> Any:
-        store.put_many([((8).to_bytes(16, "big"), 8)])
-        return store.flush(timeout=20)
+        def child_busy() -> Any:
+            mine = (8).to_bytes(16, "big")
+            store.put_many([(mine, 8)])
+            return store.flush(timeout=20), store.get_many([mine])
 
+        import threading
+
+        def release() -> None:  # the lock goes after a moment (a pipe write, not SQLite)
+            assert blocker.stdin is not None
+            blocker.stdin.write("\n")
+            blocker.stdin.flush()
+
+        threading.Timer(0.3, release).start()
+        assert _in_forked_child(child_busy) == (True, [8])
+        assert store.flush(timeout=20) and store.get_many([in_flight]) == [1]
+    finally:
+        if blocker.stdin is not None:
+            blocker.stdin.close()  # lets go of the lock if the test failed before release()
+        blocker.wait(timeout=60)
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_waits_for_sqlite_work_on_other_threads(tmp_path) -> None:
+    """A thread inside SQLite through a store holds a fork until it leaves (the child would
+    otherwise inherit SQLite's mutexes and lock bookkeeping mid-call); stores go on working
+    in the parent and the child."""
     import threading
-    threading.Timer(0.5, lambda: (blocker.execute("COMMIT"), blocker.close())).start()
-    assert _in_forked_child(child_busy) is True
-    assert store.flush(timeout=20)  # the parent's writer finished too (written or dropped)
+
+    store = pp.SQLiteCountStore(tmp_path / "c.db")
+    key = (5).to_bytes(16, "big")
+    inside, leave, order = threading.Event(), threading.Event(), []
+
+    def hold() -> None:  # stands for a long SQLite call: inside the store's fork gate
+        with count_store._GATE:
+            inside.set()
+            assert leave.wait(timeout=60)
+            order.append("left SQLite")
+
+    # Runs first when the fork begins (handlers registered later run earlier): the holder
+    # is told to leave only then, so the fork has to wait for it. The forking thread holds
+    # the GIL from these handlers to the parent's, so without the wait the holder could
+    # only leave after "forked in the parent". One-shot.
+    armed = [lambda: (order.append("fork began"), leave.set())]
+    done = [lambda: order.append("forked in the parent")]
+    os.register_at_fork(before=lambda: armed and armed.pop()(),
+                        after_in_parent=lambda: done and done.pop()())
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(timeout=60)
+
+    def child() -> Any:
+        store.put_many([(key, 5)])
+        return store.flush(timeout=20), store.get_many([key])
+
+    assert _in_forked_child(child) == (True, [5])
+    holder.join(timeout=60)
+    assert order == ["fork began", "left SQLite", "forked in the parent"]
+    assert store.get_many([key]) == [5]
     store.close()
 
 
@@ -360,8 +430,18 @@ def test_many_databases_keep_few_connections_open(tmp_path, monkeypatch) -> None
         store.put_many([(i.to_bytes(16, "big"), i)])
         assert store.flush(timeout=10)
         assert store.get_many([i.to_bytes(16, "big")]) == [i]
-    assert sum(s._reader is not None for s in stores) <= 4
-    assert stores[-1]._reader is not None  # the most recent stay open
+    if os.path.isdir("/proc/self/fd"):  # the file descriptors this process has on them
+        def open_files() -> set[str]:
+            out = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    out.add(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass  # closed meanwhile (the listing's own descriptor)
+            return out
+        names = {os.path.realpath(tmp_path / f"t{i}.db") for i in range(10)}
+        assert len(open_files() & names) <= 4
+        assert os.path.realpath(tmp_path / "t9.db") in open_files()  # the most recent stay open
     assert [s.get_many([i.to_bytes(16, "big")]) for i, s in enumerate(stores)] == [
         [i] for i in range(10)]
     for store in stores:

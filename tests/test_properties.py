@@ -243,8 +243,12 @@ def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -
     index = pp.HistoryIndex()
     index.pack(history, [{"role": "user", "content": "c"}], 1000)
     assert len(index) == 2
-    with pytest.raises(ValueError, match="history has 1 items but the index already holds 2"):
+    with pytest.raises(pp.HistoryMismatchError,
+                       match="history has 1 items but the index already holds 2") as info:
         index.pack(history[:1], [{"role": "user", "content": "c"}], 1000)
+    assert (info.value.history_len, info.value.indexed) == (1, 2)
+    assert isinstance(info.value, pp.ProtoPromptError) and isinstance(info.value, ValueError)
+    assert len(index) == 2  # unchanged
     index.truncate(1)
     got = index.pack(history[:1], [{"role": "user", "content": "c"}], 1000)
     assert got.kept_history == [0]

@@ -11,21 +11,24 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
-from .count_store import CountStore, SQLiteCountStore
 from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
+from .count_store import CountStore, SQLiteCountStore
 from .errors import (
+    HistoryMismatchError,
     InvalidItemError,
     InvalidNewInputError,
     ProtoPromptError,
     SnapshotError,
     TokenBudgetExceededError,
+    TokenizerError,
     UnknownEncodingError,
     UnknownModelError,
 )
+from .memory import MemoryHit, MemoryScope, MemoryStore
 from .packing import (
     Decisions,
-    HistoryIndex,
     GraphReport,
+    HistoryIndex,
     ItemCost,
     PackResult,
     Problem,
@@ -33,6 +36,7 @@ from .packing import (
     UnitDecision,
     analyze,
     available_encodings,
+    canonical_text,
     count_tokens,
     count_tokens_batch,
     encoding_for_model,
@@ -41,7 +45,6 @@ from .packing import (
     preload,
     truncate_text,
 )
-from .memory import MemoryHit, MemoryScope, MemoryStore
 
 try:
     # One version source: the Cargo workspace version, which maturin writes into the
@@ -51,12 +54,13 @@ except _PackageNotFoundError:  # imported from a tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "Decisions",
-    "HistoryIndex",
     "ContextBlock",
     "ContextPlan",
     "CountStore",
+    "Decisions",
     "GraphReport",
+    "HistoryIndex",
+    "HistoryMismatchError",
     "InvalidItemError",
     "InvalidNewInputError",
     "ItemCost",
@@ -70,12 +74,14 @@ __all__ = [
     "SnapshotError",
     "TokenBudgetExceededError",
     "TokenBudgetedContextBuilder",
+    "TokenizerError",
     "Unit",
     "UnitDecision",
     "UnknownEncodingError",
     "UnknownModelError",
     "analyze",
     "available_encodings",
+    "canonical_text",
     "count_tokens",
     "count_tokens_batch",
     "encoding_for_model",

@@ -4,14 +4,35 @@ Use the typed wrappers in :mod:`protoprompt` instead of calling this module dire
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypedDict, final
+from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
+
+__all__ = [
+    "DEFAULT_ENCODING",
+    "ITEM_OVERHEAD",
+    "DecisionTable",
+    "HistoryIndex",
+    "_build_is_held",
+    "_clear_count_cache",
+    "_hold_next_build_until_fork",
+    "_lazy_commit_allocator",
+    "analyze",
+    "available_encodings",
+    "canonical_text",
+    "count_tokens",
+    "count_tokens_batch",
+    "encoding_for_model",
+    "is_preloaded",
+    "item_tokens",
+    "preload",
+    "split_tokens",
+]
 
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
 
-_Problem = tuple[str, str, str]
+_Problem: TypeAlias = tuple[str, str, str]
 
 class _UnitDict(TypedDict):
     members: list[str]
@@ -65,6 +86,8 @@ def split_tokens(
 ) -> tuple[str, str, int, bool]: ...
 def _lazy_commit_allocator() -> bool: ...
 def _clear_count_cache() -> None: ...
+def _hold_next_build_until_fork() -> None: ...
+def _build_is_held() -> bool: ...
 def preload(*, model: str | None = None, encoding: str | None = None, wait: bool = True) -> str: ...
 def is_preloaded(*, model: str | None = None, encoding: str | None = None) -> bool: ...
 def encoding_for_model(model: str) -> str: ...

@@ -27,14 +27,13 @@ Every decision is recorded in a :class:`ContextPlan` (``builder.last_plan``), wh
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import TokenBudgetExceededError
 from .memory import MemoryHit, MemoryScope
+from .memory._ranking import WORD, cosine, rrf_weight
 from .packing import (
     HistoryIndex,
     PackResult,
@@ -64,8 +63,6 @@ TRUNCATION_MARK = " …"
 """Appended to a block that was cut at a word boundary, so the model can tell."""
 
 _SECTION_TAGS = {"profile": "user_profile", "session": "session_facts", "rag": "recalled_documents"}
-_WORD = re.compile(r"\S+")
-_RRF_K = 60
 
 
 @dataclass(frozen=True)
@@ -194,12 +191,9 @@ def _message_text(item: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if _field(part, "type") in ("input_text", "text") and isinstance(
-                _field(part, "text"), str
-            ):
-                parts.append(_field(part, "text"))
+        parts = [_field(part, "text") for part in content
+                 if _field(part, "type") in ("input_text", "text")
+                 and isinstance(_field(part, "text"), str)]
         return "\n".join(parts)
     return None
 
@@ -442,11 +436,11 @@ class TokenBudgetedContextBuilder:
         if not isinstance(vectors, Sequence) or len(vectors) != len(candidates) + 1:
             raise ValueError("embedder must return exactly one vector per input text")
         q = [float(x) for x in vectors[0]]
-        sims = [_cosine(q, [float(x) for x in v]) for v in vectors[1:]]
+        sims = [cosine(q, [float(x) for x in v]) for v in vectors[1:]]
         by_sim = sorted(range(len(candidates)), key=lambda i: (-sims[i], i))
-        fused = [1.0 / (_RRF_K + i + 1) for i in range(len(candidates))]
+        fused = [rrf_weight(i + 1) for i in range(len(candidates))]
         for rank, i in enumerate(by_sim):
-            fused[i] += 1.0 / (_RRF_K + rank + 1)
+            fused[i] += rrf_weight(rank + 1)
         order = sorted(range(len(candidates)), key=lambda i: (-fused[i], i))
         return [candidates[i] for i in order]
 
@@ -630,7 +624,7 @@ class TokenBudgetedContextBuilder:
         if untried:
             rendered = [_render_block(c.layer, c.source, c.text) for _, c in untried]
             counts = count_tokens_batch(rendered, model=self.model, encoding=self.encoding)
-            for (slot, cand), tokens in zip(untried, counts):
+            for (slot, cand), tokens in zip(untried, counts, strict=True):
                 slots[slot] = ContextBlock(cand.layer, cand.source, "dropped", exhausted or "",
                                            tokens, cand.text, cand.score)
         blocks.extend(b for b in slots if b is not None)
@@ -649,7 +643,7 @@ class TokenBudgetedContextBuilder:
         limit: int,
     ) -> tuple[str, int, int, int] | None:
         """Longest word-boundary prefix of ``cand`` that fits: (text, words, of, cost)."""
-        spans = [m.span() for m in _WORD.finditer(cand.text)]
+        spans = [m.span() for m in WORD.finditer(cand.text)]
         best: tuple[str, int, int, int] | None = None
         lo, hi = 1, len(spans) - 1
         while lo <= hi:
@@ -672,11 +666,3 @@ def _render_block(layer: str, source: str, text: str) -> str:
     return text
 
 
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    if len(a) != len(b):
-        return 0.0
-    na = math.sqrt(sum(x * x for x in a))
-    nb = math.sqrt(sum(x * x for x in b))
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return sum(x * y for x, y in zip(a, b)) / (na * nb)

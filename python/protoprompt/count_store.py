@@ -16,6 +16,11 @@ packs the same text under the same encoding reads the count back instead.
   written by a short-lived background thread with its own connection. Write errors (a
   locked or read-only database) only lose cache entries, never a request; read errors count
   as misses.
+* **Fork-safe.** SQLite must not be inside a call on any thread when the process forks (the
+  child would inherit its mutexes and lock bookkeeping half-changed, and its first open
+  could hang). Every store's SQLite work (a read, a write transaction, an open or close)
+  runs inside one process-wide gate, and ``os.fork`` waits for the threads inside to leave
+  (at most one statement or transaction, bounded by the 5 s busy timeout).
 * **Checked.** Each row holds the count as written (no column affinity: SQLite never turns
   ``'12'`` or ``3.0`` into a count) and a keyed check of key and count (BLAKE2b under the
   secret), so a damaged, retyped or swapped row is a miss. The core also refuses counts no
@@ -61,17 +66,64 @@ _OPEN_LOCK = threading.Lock()
 _INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never closed here
 
 
+class _ForkGate:
+    """Threads inside SQLite (any number at once) and a fork (alone): ``with _GATE:`` around
+    each piece of SQLite work; ``os.fork`` closes the gate, waits until no thread is inside,
+    forks, and the parent opens it again (the child gets a new gate)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._forking = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._inside += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._inside -= 1
+            if not self._inside:
+                self._cond.notify_all()
+
+    def close_for_fork(self) -> None:
+        with self._cond:
+            self._forking = True
+            while self._inside:
+                self._cond.wait()
+
+    def open_after_fork(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+
+_GATE = _ForkGate()
+
+
+def _before_fork() -> None:
+    _GATE.close_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    _GATE.open_after_fork()
+
+
 def _after_fork_in_child() -> None:
     """A forked child inherits connections and lock states but no threads: give every store
     fresh locks, no writer and no connection (SQLite connections must not cross a fork)."""
-    global _OPEN_LOCK
+    global _OPEN_LOCK, _GATE
     _OPEN_LOCK = threading.Lock()
+    _GATE = _ForkGate()
     for store in list(_LIVE):
         store._reset_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 
 @atexit.register
@@ -184,7 +236,8 @@ class SQLiteCountStore:
         ``MAX_OPEN_READERS`` stores keep one open (least recently used closed first), so a
         server with many databases never runs out of file descriptors."""
         if self._reader is None:
-            self._reader = self._connect()
+            with _GATE:
+                self._reader = self._connect()
         victims: list[SQLiteCountStore] = []
         with _OPEN_LOCK:
             _OPEN[id(self)] = weakref.ref(self)
@@ -202,7 +255,8 @@ class SQLiteCountStore:
         if self._lock.acquire(blocking=False):  # never wait: the owner may be reading
             try:
                 if self._reader is not None:
-                    self._reader.close()
+                    with _GATE:
+                        self._reader.close()
                     self._reader = None
             finally:
                 self._lock.release()
@@ -213,13 +267,14 @@ class SQLiteCountStore:
         return conn
 
     def _open(self) -> bytes:
-        conn = self._connect()
-        try:
-            value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16),
-                               [(_TABLE, _CREATE_TABLE)])
-            _replace_old_table(conn)
-        finally:
-            conn.close()
+        with _GATE:
+            conn = self._connect()
+            try:
+                value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16),
+                                   [(_TABLE, _CREATE_TABLE)])
+                _replace_old_table(conn)
+            finally:
+                conn.close()
         try:
             secret = bytes.fromhex(value or "")
         except ValueError:
@@ -240,13 +295,14 @@ class SQLiteCountStore:
         with self._lock:
             try:
                 reader = self._open_reader()
-                for start in range(0, len(keys), _MAX_PARAMS):
-                    chunk = list(keys[start:start + _MAX_PARAMS])
-                    marks = ",".join("?" * len(chunk))
-                    for k, n, mac in reader.execute(
-                            f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})",
-                            chunk):
-                        found[k] = (n, mac)
+                with _GATE:
+                    for start in range(0, len(keys), _MAX_PARAMS):
+                        chunk = list(keys[start:start + _MAX_PARAMS])
+                        marks = ",".join("?" * len(chunk))
+                        for k, n, mac in reader.execute(
+                                f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})",
+                                chunk):
+                            found[k] = (n, mac)
             except sqlite3.Error as e:
                 _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
                 return [None] * len(keys)
@@ -298,16 +354,17 @@ class SQLiteCountStore:
                         self._writer = None
                         self._writing.notify_all()
                         return
+                rows = [(k, n, _mac(self._secret, k, n)) for k, n in batch]
                 try:
-                    if conn is None:
-                        conn = self._connect()
-                    with conn:
-                        conn.executemany(
-                            f"INSERT OR REPLACE INTO {_TABLE} (key, tokens, mac) VALUES (?, ?, ?)",
-                            [(k, n, _mac(self._secret, k, n)) for k, n in batch])
-                        conn.execute(f"DELETE FROM {_TABLE} WHERE rowid <= "
-                                     f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
-                                     (self.max_entries,))
+                    with _GATE:  # the whole transaction: no fork inside it
+                        if conn is None:
+                            conn = self._connect()
+                        with conn:
+                            conn.executemany(f"INSERT OR REPLACE INTO {_TABLE} "
+                                             "(key, tokens, mac) VALUES (?, ?, ?)", rows)
+                            conn.execute(f"DELETE FROM {_TABLE} WHERE rowid <= "
+                                         f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
+                                         (self.max_entries,))
                 except sqlite3.Error as e:
                     _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
                     with self._writing:  # not written: let a later turn queue them again
@@ -316,7 +373,8 @@ class SQLiteCountStore:
                                 del self._written[k]
         finally:
             if conn is not None:
-                conn.close()
+                with _GATE:
+                    conn.close()
             with self._writing:
                 if self._writer is threading.current_thread():
                     self._writer = None
@@ -334,7 +392,7 @@ class SQLiteCountStore:
         self.flush(timeout=5.0)
         with self._lock:
             reader = self._open_reader()
-            with reader:
+            with _GATE, reader:
                 reader.execute(f"DELETE FROM {_TABLE}")
         with self._writing:
             self._written.clear()
@@ -343,14 +401,16 @@ class SQLiteCountStore:
         """Number of stored counts (after :meth:`flush`, including this process's)."""
         with self._lock:
             reader = self._open_reader()
-            return int(reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+            with _GATE:
+                return int(reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
 
     def close(self) -> None:
         """Write what is queued (up to 5 s) and close the connection."""
         self.flush(timeout=5.0)
         with self._lock:
             if self._reader is not None:
-                self._reader.close()
+                with _GATE:
+                    self._reader.close()
                 self._reader = None
 
     def __repr__(self) -> str:

@@ -2,22 +2,26 @@
 
 Every error is a :class:`ProtoPromptError` and also subclasses the builtin exception a
 caller would naturally catch (``ValueError`` for bad input and budget overflows), so
-``except ValueError`` keeps working.  This module imports nothing from the native core:
-the core raises these classes by name.
+``except ValueError`` keeps working.  This module imports nothing from the native core;
+the core imports these classes (PyO3 ``import_exception!``) when it is loaded and raises
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
-    "ProtoPromptError",
-    "TokenBudgetExceededError",
+    "HistoryMismatchError",
     "InvalidItemError",
     "InvalidNewInputError",
-    "UnknownModelError",
-    "UnknownEncodingError",
+    "ProtoPromptError",
     "SnapshotError",
+    "TokenBudgetExceededError",
+    "TokenizerError",
+    "UnknownEncodingError",
+    "UnknownModelError",
 ]
 
 
@@ -58,7 +62,7 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
             + "); nothing was sent"
         )
 
-    def __reduce__(self):  # keep the attributes through pickling
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep the attributes through pickling
         return (type(self), (self.used, self.budget, self.section, self.detail))
 
 
@@ -76,7 +80,7 @@ class InvalidItemError(ProtoPromptError, ValueError, TypeError):
         self.field = field
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.location, self.field))
 
 
@@ -94,7 +98,7 @@ class InvalidNewInputError(ProtoPromptError, ValueError):
         self.reasons = list(reasons)
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.location, self.reasons))
 
 
@@ -105,7 +109,7 @@ class UnknownModelError(ProtoPromptError, ValueError):
         self.model = model
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.model))
 
 
@@ -116,7 +120,7 @@ class UnknownEncodingError(ProtoPromptError, ValueError):
         self.encoding = encoding
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.encoding))
 
 
@@ -124,3 +128,29 @@ class SnapshotError(ProtoPromptError, ValueError):
     """An index snapshot cannot be loaded: damaged, not a snapshot, or written by another
     version of protoprompt (whose item rules may differ). Nothing was loaded; rebuild the
     index from the history instead."""
+
+
+class HistoryMismatchError(ProtoPromptError, ValueError):
+    """The history given to :meth:`HistoryIndex.pack <protoprompt.HistoryIndex.pack>` is
+    shorter than what the index has already seen: items were removed or rewritten. Call
+    :meth:`~protoprompt.HistoryIndex.truncate` or :meth:`~protoprompt.HistoryIndex.clear`
+    first. Nothing was changed.
+
+    Attributes:
+        history_len: items in the history given.
+        indexed: items the index holds.
+    """
+
+    def __init__(self, message: str, history_len: int = 0, indexed: int = 0) -> None:
+        self.history_len = int(history_len)
+        self.indexed = int(indexed)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), (str(self), self.history_len, self.indexed))
+
+
+class TokenizerError(ProtoPromptError, ValueError):
+    """The tokenizer failed on a text (an internal failure of the BPE, reported instead of
+    crashing the process). Inside :func:`~protoprompt.pack` the failure is reported as the
+    :class:`InvalidItemError` of the item whose text it was."""

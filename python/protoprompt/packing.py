@@ -10,24 +10,24 @@ from . import _core
 from .count_store import CountStore
 
 __all__ = [
+    "TRUNCATION_MARKER",
+    "Decisions",
+    "GraphReport",
+    "HistoryIndex",
+    "ItemCost",
+    "PackResult",
     "Policy",
     "Problem",
     "Unit",
-    "GraphReport",
     "UnitDecision",
-    "Decisions",
-    "PackResult",
-    "HistoryIndex",
-    "ItemCost",
+    "analyze",
+    "available_encodings",
     "count_tokens",
     "count_tokens_batch",
     "encoding_for_model",
-    "available_encodings",
     "item_tokens",
-    "analyze",
     "pack",
     "truncate_text",
-    "TRUNCATION_MARKER",
 ]
 
 Policy = Literal["contiguous", "greedy"]
@@ -362,6 +362,17 @@ def item_tokens(item: Item, *, model: str | None = None, encoding: str | None = 
     return ItemCost(text, media, overhead)
 
 
+def canonical_text(item: Item) -> str:
+    """The canonical text of one item: the plain-text rendering of its provider-bound
+    fields that its text tokens are counted on (see the README's cost model). Media are not
+    in it (they are costed apart), nor fields the SDK strips before sending.
+
+    Raises:
+        InvalidItemError: ``item`` is malformed (the message names the field).
+    """
+    return _core.canonical_text(item)
+
+
 def _problems(raw: Iterable[tuple[str, str, str]]) -> list[Problem]:
     return [Problem(code, message, location) for code, message, location in raw]
 
@@ -539,8 +550,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
 
     One index serves one conversation and is not meant to be used from two threads at once.
     A result's ``decisions`` share the index's item graph: while you keep a result, the next
-    append copies that graph (~5-8 ms at 100k items), so keep what you need from a result
-    (``items``, totals) rather than the result itself.
+    append copies that graph (milliseconds at 100k items), so keep what you need from a
+    result (``items``, totals) rather than the result itself.
 
     Args:
         count_store: where token counts outlive the process (e.g. a
@@ -567,7 +578,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
 
     @property
     def nbytes(self) -> int:
-        """Approximate memory held by the index, in bytes (about 0.3 KB per item)."""
+        """Approximate memory held by the index, in bytes (about 0.23 KB per item; measured
+        sizes are in benches/README.md)."""
         return self._index.nbytes
 
     def extend(self, items: Iterable[Item]) -> None:
@@ -589,9 +601,10 @@ ProtoPromptSession` keeps its index in step with the session store for you.
 
         It holds the items' graph fields (ids, call ids, types, statuses — no message text,
         arguments or outputs), the item graph and the token costs counted so far, behind a
-        checksum. Loading it costs a fraction of reading the history again (100k items:
-        a ~10 MB snapshot). ``bound_to`` names what the items are (e.g. the database, the
-        session and the rows they were read from): :meth:`from_snapshot` loads the snapshot
+        checksum. Loading it costs a fraction of reading the history again (about 0.14 KB
+        per item: 14 MB at 100k items; measured sizes are in benches/README.md).
+        ``bound_to`` names what the items are (e.g. the database, the session and the rows
+        they were read from): :meth:`from_snapshot` loads the snapshot
         only for the same bytes, so a snapshot put in the wrong place is refused instead of
         describing the wrong history.
 
@@ -646,8 +659,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
         Items after the first ``len(self)`` are classified and added to the index first.
-        Raises ``ValueError`` when ``history`` is shorter than the index (call
-        :meth:`truncate` or :meth:`clear` after removing items), and the errors of
+        Raises :class:`~protoprompt.HistoryMismatchError` (a ``ValueError``) when
+        ``history`` is shorter than the index (call :meth:`truncate` or :meth:`clear` after
+        removing items), and the errors of
         :func:`pack`. A failed call changes nothing: the index holds what it held before
         (only token counts it made stay cached).
 

@@ -22,7 +22,7 @@ __all__ = ["main"]
 PROG = "protoprompt"
 
 
-class _Failure(Exception):
+class _CommandError(Exception):
     """A user-facing error: printed as ``protoprompt <command>: error: ...``, exit 1."""
 
 
@@ -173,15 +173,16 @@ def _run_mcp(args: argparse.Namespace) -> int:
         from ..mcp import create_server, run_server
         from ..mcp._sdk import is_loopback
     except ImportError as exc:
-        raise _Failure(str(exc)) from None
+        raise _CommandError(str(exc)) from None
     from ..memory import MemoryScope, MemoryStore
 
     try:
         scope = MemoryScope(args.tenant, user=args.user, thread=args.thread)
     except (TypeError, ValueError) as exc:
-        raise _Failure(f"bad scope: {exc}") from None
+        raise _CommandError(f"bad scope: {exc}") from None
     if args.read_only and not os.path.isfile(args.db):
-        raise _Failure(f"no database file {args.db!r} (a read-only server does not create one)")
+        raise _CommandError(
+            f"no database file {args.db!r} (a read-only server does not create one)")
     if args.transport == "http" and not is_loopback(args.host):
         print(f"{PROG} mcp: warning: serving on {args.host}, reachable from other machines; "
               "the server has no authentication, so anyone who can reach it can read"
@@ -189,8 +190,8 @@ def _run_mcp(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         store = MemoryStore(args.db)
-    except Exception as exc:  # sqlite3 errors, a directory, no permission
-        raise _Failure(f"cannot open the memory database {args.db!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - sqlite3 errors, a directory, no permission
+        raise _CommandError(f"cannot open the memory database {args.db!r}: {exc}") from None
     try:
         server = create_server(store, scope, name=args.name, read_only=args.read_only,
                                include_parents=args.include_parents, model=args.model,
@@ -198,7 +199,7 @@ def _run_mcp(args: argparse.Namespace) -> int:
         run_server(server, transport=args.transport, host=args.host, port=args.port,
                    path=args.path)
     except OSError as exc:
-        raise _Failure(f"cannot serve on {args.host}:{args.port}: {exc}") from None
+        raise _CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     except KeyboardInterrupt:
         pass
     finally:
@@ -212,7 +213,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     try:
         conn = ins.connect_read_only(args.db)
     except ins.InspectError as exc:
-        raise _Failure(str(exc)) from None
+        raise _CommandError(str(exc)) from None
     try:
         if args.session is None:
             sessions = ins.list_sessions(conn, args.messages_table, args.db)
@@ -231,7 +232,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         rows = ins.read_session(conn, args.session, messages_table=args.messages_table,
                                 path=args.db, limit=args.limit)
     except ins.InspectError as exc:
-        raise _Failure(str(exc)) from None
+        raise _CommandError(str(exc)) from None
     finally:
         conn.close()
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
@@ -248,7 +249,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 hint = f" (row id {rows.row_ids[int(location[8:-1])]})"
             except (ValueError, IndexError):
                 hint = ""
-        raise _Failure(f"{exc}{hint}") from None
+        raise _CommandError(f"{exc}{hint}") from None
     report = ins.report_json(args.db, args.session, rows, result, new_input)
     if args.json:
         _print_json(report)
@@ -268,18 +269,17 @@ def _run_count(args: argparse.Namespace) -> int:
             with open(args.file, "rb") as fh:
                 data = fh.read()
     except OSError as exc:
-        raise _Failure(f"cannot read {name}: {exc.strerror or exc}") from None
+        raise _CommandError(f"cannot read {name}: {exc.strerror or exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Failure(f"{name}: not UTF-8 text (byte {exc.start})") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+        raise _CommandError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+    text = text.removeprefix("\ufeff")
     try:
         parsed = cnt.parse_input(text, args.mode, name)
         result = cnt.count_input(parsed, model=args.model, encoding=args.encoding, name=name)
     except cnt.CountError as exc:
-        raise _Failure(str(exc)) from None
+        raise _CommandError(str(exc)) from None
     if args.json:
         _print_json(result)
     else:
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         status: int = args.run(args)
-    except (_Failure, ProtoPromptError) as exc:  # ProtoPromptError: unknown model, encoding
+    except (_CommandError, ProtoPromptError) as exc:  # ProtoPromptError: unknown model, encoding
         return _fail(args.command, str(exc))
     except BrokenPipeError:  # `protoprompt inspect ... | head`
         devnull = os.open(os.devnull, os.O_WRONLY)

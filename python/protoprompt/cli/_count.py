@@ -121,10 +121,10 @@ def render_count(result: dict[str, Any]) -> str:
                 f"{result['characters']} characters")
     header = ("item", "line", "type", "role", "text", "media", "overhead", "tokens")
     table = [header]
-    for r in result["items"]:
-        table.append((str(r["index"]), "-" if r["line"] is None else str(r["line"]),
-                      r["type"] or "-", r["role"] or "-", str(r["text"]), str(r["media"]),
-                      str(r["overhead"]), str(r["tokens"])))
+    table.extend((str(r["index"]), "-" if r["line"] is None else str(r["line"]),
+                  r["type"] or "-", r["role"] or "-", str(r["text"]), str(r["media"]),
+                  str(r["overhead"]), str(r["tokens"]))
+                 for r in result["items"])
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     left = {2, 3}
     lines = ["  ".join(row[i].ljust(widths[i]) if i in left else row[i].rjust(widths[i])

@@ -205,9 +205,8 @@ def _span(positions: Sequence[int]) -> str:
 def report_json(path: str, session_id: str, rows: SessionRows, result: PackResult,
                 new_input: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole report as JSON-able data (``--json``)."""
-    units = []
-    for d in result.decisions:
-        units.append({
+    units = [
+        {
             "unit": d.unit,
             "positions": list(d.positions),
             "rows": [rows.row_ids[p] for p in d.positions],
@@ -219,7 +218,9 @@ def report_json(path: str, session_id: str, rows: SessionRows, result: PackResul
             "problems": [{"code": p.code, "message": p.message, "location": p.location}
                          for p in d.problems],
             "preview": preview(rows.items[d.positions[0]]) if d.positions else "",
-        })
+        }
+        for d in result.decisions
+    ]
     counts = result.decision_counts()
     kept_items = sum(n for k, n in counts.items() if k in ("kept", "mandatory"))
     return {
@@ -267,7 +268,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         for row in table:
             cells = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i])
                      for i in range(len(header) - 1)]
-            lines.append("  ".join(cells + [row[-1]]).rstrip())
+            lines.append("  ".join([*cells, row[-1]]).rstrip())
     elif dropped_only:
         lines.append("")
         lines.append("no unit is dropped")

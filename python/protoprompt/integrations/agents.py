@@ -58,8 +58,8 @@ except (ImportError, AttributeError):  # pragma: no cover - another SDK layout: 
     _PREPARE_CODE = None
 
 from .._meta import meta_value
-from ..count_store import SQLiteCountStore
 from ..context import _message_text
+from ..count_store import SQLiteCountStore
 from ..errors import ProtoPromptError, SnapshotError
 from ..packing import HistoryIndex, preload
 from . import _snapshots, _sync
@@ -547,8 +547,6 @@ def _runner_turn(session: ProtoPromptSession) -> tuple[_Turn, list[Any]] | None:
         frame = frame.f_back
     else:
         return None
-    if frame is None:
-        return None
     scope = frame.f_locals
     if scope.get("session") is not session or not scope.get(
             "include_history_in_prepared_input", False):
@@ -789,7 +787,9 @@ class ProtoPromptSession:
                 len(items), windowed, epoch, self._reader is not None, seen)))
         return cast("list[Item]", items)
 
-    def _read_window(self, turn: _Turn, new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
+    def _read_window(
+        self, turn: _Turn, new_items: list[Any]
+    ) -> tuple[list[Any], _sync.Read] | None:
         """The newest items the turn's budget can reach and what the callback needs to pack
         them as the whole history, or ``None`` (read everything): no index synced with the
         rows, the greedy policy, a gone row, or no window smaller than the history.
@@ -829,7 +829,7 @@ class ProtoPromptSession:
                 w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
                 chosen.append(w)
                 chosen.append(array("q", row_ids[w:n - 1]))
-                return row_ids[w]
+                return int(row_ids[w])
 
         assert self._reader is not None
         got = self._reader.read_window(last_id, choose)

@@ -18,7 +18,9 @@ try:
     MCP_MAJOR = 2
 except ImportError:  # mcp 1.x
     from mcp.server.fastmcp import FastMCP as _Server  # type: ignore[no-redef,attr-defined,unused-ignore]
-    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,unused-ignore]
+    from mcp.server.fastmcp.exceptions import (  # type: ignore[no-redef,import-not-found,unused-ignore]
+        ToolError,
+    )
 
     MCP_MAJOR = 1
 

@@ -11,8 +11,8 @@ tools' parameter types, bounds and descriptions from them to build each input sc
 import socket
 import sqlite3
 import sys
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 from pydantic import Field
@@ -142,15 +142,21 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         server.add_tool(fn, name=fn.__name__, annotations=hints)
 
 
+_Resource = Callable[[], Awaitable[str]]
+
+
 def _register_resources(server: Any, tools: MemoryTools) -> None:
-    @server.resource("memory://profile", name="profile", mime_type="text/plain",
-                     description="The user profile of this memory (empty when none is set).")
+    # The server object is either SDK major's (typed Any here); its decorator keeps the function.
+    resource = cast("Callable[..., Callable[[_Resource], _Resource]]", server.resource)
+
+    @resource("memory://profile", name="profile", mime_type="text/plain",
+              description="The user profile of this memory (empty when none is set).")
     async def profile() -> str:
         return (await anyio.to_thread.run_sync(tools.get_profile))["profile"] or ""
 
-    @server.resource("memory://facts", name="facts", mime_type="application/json",
-                     description="The remembered facts, newest first, as JSON "
-                                 f"(at most {tools.limits.max_listed_facts}).")
+    @resource("memory://facts", name="facts", mime_type="application/json",
+              description="The remembered facts, newest first, as JSON "
+                          f"(at most {tools.limits.max_listed_facts}).")
     async def facts() -> str:
         import json
 

@@ -20,9 +20,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._ranking import WORD, cosine, rrf_weight
 from .scope import MemoryScope
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Embedder", "MemoryHit", "MemoryStore", "chunk_spans", "fts_query"]
 
@@ -30,7 +34,6 @@ Embedder = Callable[[list[str]], list[list[float]]]
 """Maps a batch of texts to one embedding vector per text."""
 
 _RECORD_KINDS = ("document", "fact")
-_RRF_K = 60  # the usual reciprocal-rank-fusion constant
 _MAX_QUERY_TERMS = 64
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 
@@ -120,7 +123,6 @@ class MemoryHit:
 
 # --------------------------------------------------------------------------- helpers
 
-_WORD = re.compile(r"\S+")
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019\u00bb)\]]*$")
 _PARAGRAPH_GAP = re.compile(r"\n[^\S\n]*\n")
 
@@ -134,7 +136,7 @@ def chunk_spans(text: str, chunk_words: int, overlap: int) -> list[tuple[int, in
     ``overlap`` words before the cut, moved forward to a sentence start inside the
     overlap when possible.  Whitespace-only text yields no chunks.
     """
-    words = [m.span() for m in _WORD.finditer(text)]
+    words = [m.span() for m in WORD.finditer(text)]
     n = len(words)
     if n == 0:
         return []
@@ -230,7 +232,9 @@ def _check_limit(value: object) -> int:
 
 def _check_kinds(kinds: object) -> tuple[str, ...]:
     if isinstance(kinds, str) or not isinstance(kinds, Iterable):
-        raise TypeError("kinds must be an iterable of 'document' / 'fact' strings, not a single str")
+        raise TypeError(
+            "kinds must be an iterable of 'document' / 'fact' strings, not a single str"
+        )
     result = tuple(dict.fromkeys(kinds))
     bad = [k for k in result if k not in _RECORD_KINDS]
     if bad:
@@ -268,12 +272,8 @@ def _row_scope(tenant: str, user: str, thread: str, kind: str) -> MemoryScope:
 def _cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float:
     vec = array("f")
     vec.frombytes(blob)
-    if len(vec) != len(query):
-        return 0.0  # stored by a different embedder; ignore
-    norm = math.sqrt(sum(x * x for x in vec))
-    if norm == 0.0:
-        return 0.0
-    return sum(a * b for a, b in zip(query, vec)) / (query_norm * norm)
+    # A vector of another length was stored by a different embedder: similarity 0.
+    return cosine(query, vec, query_norm)
 
 
 # --------------------------------------------------------------------------- store
@@ -339,7 +339,7 @@ class MemoryStore:
                 self._conn.close()
                 self._conn = None
 
-    def __enter__(self) -> MemoryStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -427,11 +427,13 @@ class MemoryStore:
         now = time.time()
         rows = [
             (*params, doc_id, index, start, end, chunk, meta_json, now, blob)
-            for index, ((start, end), chunk, blob) in enumerate(zip(spans, chunks, blobs))
+            for index, ((start, end), chunk, blob)
+            in enumerate(zip(spans, chunks, blobs, strict=True))
         ]
         with self._transaction() as conn:
             conn.execute(
-                f"DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ? AND {_SCOPE_EQ}",
+                "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                f" AND {_SCOPE_EQ}",
                 (doc_id, *params),
             )
             conn.executemany(
@@ -486,7 +488,8 @@ class MemoryStore:
             )
         with self._transaction() as conn:
             conn.execute(
-                "INSERT INTO pp_mem_profiles (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
+                "INSERT INTO pp_mem_profiles"
+                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
                 " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
@@ -513,15 +516,18 @@ class MemoryStore:
         with self._transaction() as conn:
             if doc_id is None and fact_id is None:
                 for table in ("pp_mem_records", "pp_mem_profiles"):
-                    deleted += conn.execute(f"DELETE FROM {table} WHERE {_SCOPE_EQ}", params).rowcount
+                    sql = f"DELETE FROM {table} WHERE {_SCOPE_EQ}"
+                    deleted += conn.execute(sql, params).rowcount
             if doc_id is not None:
                 deleted += conn.execute(
-                    f"DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ? AND {_SCOPE_EQ}",
+                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                    f" AND {_SCOPE_EQ}",
                     (doc_id, *params),
                 ).rowcount
             if fact_id is not None:
                 deleted += conn.execute(
-                    f"DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ? AND {_SCOPE_EQ}",
+                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ?"
+                    f" AND {_SCOPE_EQ}",
                     (fact_id, *params),
                 ).rowcount
         return deleted
@@ -553,7 +559,8 @@ class MemoryStore:
         if limit is not None:
             _check_limit(limit)
         where, params = _scope_filter(scopes)
-        sql = f"SELECT {_COLUMNS} FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
+        sql = (f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
+               f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC")
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
@@ -628,7 +635,7 @@ class MemoryStore:
             scores = {}
             for ranked in (fts_ranked, vec_ranked):
                 for position, (rid, _) in enumerate(ranked, start=1):
-                    scores[rid] = scores.get(rid, 0.0) + 1.0 / (_RRF_K + position)
+                    scores[rid] = scores.get(rid, 0.0) + rrf_weight(position)
         else:
             scores = dict(fts_ranked or vec_ranked)
         best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]

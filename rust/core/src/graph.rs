@@ -1,17 +1,18 @@
-//! The item dependency graph over H ++ N (spec §12): units of items that must be kept or
-//! dropped together, and the rule violations that make a unit invalid.
+//! The item dependency graph over H ++ N (docs/item-graph.md §12): units of items that must
+//! be kept or dropped together, and the rule violations that make a unit invalid.
 //!
-//! Edges (union-find): E1 call/output pairing, E2 program ownership, E3 anonymous tool
+//! Edges (union-find, §12.2): E1 call/output pairing, E2 program ownership, E3 anonymous tool
 //! search, E4 reasoning blocks, E5 MCP approval back-references, E6 SDK de-duplication keys.
-//! Validity: V1–V10 plus duplicate reasoning ids. Everything is O(n) apart from hashing and
-//! one sort over the anonymous tool-search pairs.
+//! Validity (§12.3): V1–V10 plus duplicate reasoning ids (§9.5). Everything is O(n) apart
+//! from hashing and one sort over the anonymous tool-search pairs. Sections (§) and rules
+//! cited in this module are those of docs/item-graph.md.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::items::{CallType, ControlKind, ForeignKind, HostedKind, ItemKind, ItemMeta, FAKE_ID};
 
 /// Why a unit is invalid. [`InvalidReason::message`] gives the exact wording used by the
-/// spec's test vectors, [`InvalidReason::code`] a stable snake_case code.
+/// test vectors of docs/item-graph.md §15, [`InvalidReason::code`] a stable snake_case code.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -22,7 +23,7 @@ pub enum InvalidReason {
     OutputWithoutCall,
     /// V4: the output sits before the first matching call.
     OutputBeforeCall,
-    /// V6: streamed outputs not `in_progress* [terminal]` (§3).
+    /// V6: streamed outputs not `in_progress* [terminal]` (docs/item-graph.md §3).
     InvalidStream,
     /// V7: history program without `program_output` and not named by an N item's `caller`.
     OrphanProgram,
@@ -300,13 +301,19 @@ impl Graph {
             .collect()
     }
 
-    /// `"history[3]"` / `"new_input[0]"`.
+    /// `"history[3]"` / `"new_input[0]"` (see [`position_label`]).
     pub fn position_label(&self, pos: usize) -> String {
-        if pos < self.n_history {
-            format!("history[{pos}]")
-        } else {
-            format!("new_input[{}]", pos - self.n_history)
-        }
+        position_label(self.n_history, pos)
+    }
+}
+
+/// How messages name a global position of H ++ N with `n_history` history items:
+/// `"history[3]"` for a history item, `"new_input[0]"` for a new-input item.
+pub fn position_label(n_history: usize, pos: usize) -> String {
+    if pos < n_history {
+        format!("history[{pos}]")
+    } else {
+        format!("new_input[{}]", pos - n_history)
     }
 }
 
@@ -393,13 +400,9 @@ impl<'a> GraphView<'a> {
         }
     }
 
-    /// `"history[3]"` / `"new_input[0]"`.
+    /// `"history[3]"` / `"new_input[0]"` (see [`position_label`]).
     pub fn position_label(&self, pos: usize) -> String {
-        if pos < self.n_history {
-            format!("history[{pos}]")
-        } else {
-            format!("new_input[{}]", pos - self.n_history)
-        }
+        position_label(self.n_history, pos)
     }
 }
 
@@ -464,7 +467,7 @@ enum Stream {
 }
 
 impl Stream {
-    /// §3: zero or more `in_progress` (status-less chunks allowed anywhere before the
+    /// docs/item-graph.md §3: zero or more `in_progress` (status-less chunks allowed anywhere before the
     /// terminal), then at most one `completed`/`incomplete`, nothing after it.
     fn step(self, status: Option<&str>) -> Stream {
         match (self, status) {
@@ -494,7 +497,7 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
     s.filter(|s| !s.is_empty())
 }
 
-/// Build the units of H ++ N (spec §12). Never panics on any classified input.
+/// Build the units of H ++ N (docs/item-graph.md §12). Never panics on any classified input.
 pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
     let items: Vec<&ItemMeta> = history.iter().chain(new_input).collect();
     build_graph_refs(&items, history.len())
@@ -502,340 +505,442 @@ pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
 
 /// [`build_graph`] over items given by reference (`items[..nh]` are the history), so that
 /// items held in different places need not be moved together first.
+///
+/// One pass per rule, in the order of docs/item-graph.md §12.2–§12.3; the order matters only
+/// for the order of each unit's problems (rule-check order).
 pub fn build_graph_refs(items: &[&ItemMeta], nh: usize) -> Graph {
-    let n = items.len();
-    let mut dsu = Dsu::new(n);
-    // Problems in rule-check order; grouped per unit at the end.
-    let mut problems: Vec<Problem> = Vec::new();
-    let mut flag =
-        |reason: InvalidReason, position: usize| problems.push(Problem { reason, position });
+    let mut b = GraphBuilder::new(items, nh);
+    b.check_shapes();
+    b.join_duplicate_calls();
+    b.join_outputs();
+    b.check_unanswered_calls();
+    b.join_anonymous_searches();
+    b.join_program_children();
+    b.check_programs();
+    b.join_mcp_approvals();
+    b.join_reasoning_blocks();
+    b.check_duplicate_reasoning_ids();
+    b.join_dedup_keys();
+    b.into_graph()
+}
 
-    // V1 foreign items, V3 controls.
-    for (p, it) in items.iter().enumerate() {
-        match it.kind {
-            ItemKind::Foreign(f) => flag(InvalidReason::for_foreign(f), p),
-            ItemKind::Control(c) => {
-                if p < nh {
-                    flag(InvalidReason::ControlInHistory, p);
-                } else if c == ControlKind::CompactionTrigger && p + 1 != n {
-                    flag(InvalidReason::CompactionTriggerNotLast, p);
+/// State shared by the passes of [`build_graph_refs`].
+struct GraphBuilder<'a> {
+    items: &'a [&'a ItemMeta],
+    /// Number of history items (`items[..nh]`).
+    nh: usize,
+    dsu: Dsu,
+    /// Problems in rule-check order; grouped per unit at the end.
+    problems: Vec<Problem>,
+    /// Identified calls by (call type, identity).
+    calls: HashMap<(CallType, &'a str), CallEntry<'a>>,
+    /// Program owner of every item: its own program caller, or (outputs) its call's.
+    owner: Vec<Option<&'a str>>,
+    /// Program ids named by a new_input item's `caller`.
+    named_by_new: HashSet<&'a str>,
+}
+
+impl<'a> GraphBuilder<'a> {
+    fn new(items: &'a [&'a ItemMeta], nh: usize) -> GraphBuilder<'a> {
+        GraphBuilder {
+            items,
+            nh,
+            dsu: Dsu::new(items.len()),
+            problems: Vec::new(),
+            calls: HashMap::default(),
+            owner: items.iter().map(|it| it.program_caller()).collect(),
+            named_by_new: HashSet::default(),
+        }
+    }
+
+    fn flag(&mut self, reason: InvalidReason, position: usize) {
+        self.problems.push(Problem { reason, position });
+    }
+
+    /// V1 foreign items, V3 controls.
+    fn check_shapes(&mut self) {
+        let (items, nh, n) = (self.items, self.nh, self.items.len());
+        for (p, it) in items.iter().enumerate() {
+            match it.kind {
+                ItemKind::Foreign(f) => self.flag(InvalidReason::for_foreign(f), p),
+                ItemKind::Control(_) if p < nh => self.flag(InvalidReason::ControlInHistory, p),
+                ItemKind::Control(ControlKind::CompactionTrigger) if p + 1 != n => {
+                    self.flag(InvalidReason::CompactionTriggerNotLast, p);
                 }
-            }
-            _ => {}
-        }
-    }
-
-    // E1 (calls): duplicate calls join; V2 for calls.
-    let mut calls: HashMap<(CallType, &str), CallEntry> = HashMap::default();
-    for (p, it) in items.iter().enumerate() {
-        let ItemKind::Call(ct) = it.kind else {
-            continue;
-        };
-        let Some(id) = non_empty(it.identity()) else {
-            flag(InvalidReason::MissingIdentity, p);
-            continue;
-        };
-        let entry = calls.entry((ct, id)).or_insert_with(|| CallEntry {
-            first: p,
-            in_history: false,
-            has_output: false,
-            owner: it.program_caller(),
-            stream: Stream::Open,
-            completed_at: None,
-        });
-        entry.in_history |= p < nh;
-        if entry.first != p {
-            dsu.union(entry.first, p);
-        }
-    }
-
-    // Program owner of every item: its own program caller, or (outputs) its call's.
-    let mut owner: Vec<Option<&str>> = items.iter().map(|it| it.program_caller()).collect();
-
-    // E1 (outputs): V2, V4, V6 (identified streams), V7 (program_output), V8, V10.
-    for (p, it) in items.iter().enumerate() {
-        let ItemKind::Output(ct) = it.kind else {
-            continue;
-        };
-        let Some(id) = non_empty(it.identity()) else {
-            flag(InvalidReason::MissingIdentity, p);
-            continue;
-        };
-        let Some(entry) = calls.get_mut(&(ct, id)) else {
-            flag(InvalidReason::OutputWithoutCall, p);
-            continue;
-        };
-        dsu.union(entry.first, p);
-        entry.has_output = true;
-        if p < entry.first {
-            flag(InvalidReason::OutputBeforeCall, p);
-        }
-        if it.uses_id_fallback() && entry.in_history {
-            flag(InvalidReason::LocalShellOutputWithoutCallId, p);
-        }
-        if it.has_caller() && it.program_caller() != entry.owner {
-            flag(InvalidReason::CallerMismatch, p);
-        }
-        if !it.is_program_owned() {
-            owner[p] = entry.owner;
-        }
-        let status = it.raw.status.as_deref();
-        if ct.is_streamed() && entry.stream != Stream::Bad {
-            entry.stream = entry.stream.step(status);
-            if entry.stream == Stream::Bad {
-                flag(InvalidReason::InvalidStream, p);
-            }
-        }
-        if ct == CallType::Program {
-            let completed = status == Some("completed");
-            if !completed && status != Some("incomplete") {
-                flag(InvalidReason::ProgramOutputBadStatus, p);
-            }
-            match entry.completed_at {
-                Some(c) if p > c => flag(InvalidReason::ProgramOutputAfterCompleted, p),
-                None if completed => entry.completed_at = Some(p),
                 _ => {}
             }
         }
     }
 
-    // V5: calls without output (program, program-owned pending shell call and program-owned
-    // MCP approval request are exempt; so is a pending shell call in new_input, which the SDK
-    // sends as given for the hosted shell to run).
-    for (p, it) in items.iter().enumerate() {
-        let ItemKind::Call(ct) = it.kind else {
-            continue;
-        };
-        let Some(id) = non_empty(it.identity()) else {
-            continue;
-        };
-        if calls.get(&(ct, id)).is_some_and(|e| e.has_output) {
-            continue;
-        }
-        let exempt = match ct {
-            CallType::Program => true,
-            CallType::ShellCall => {
-                (it.is_program_owned() || p >= nh)
-                    && matches!(it.raw.status.as_deref(), None | Some("in_progress"))
-            }
-            CallType::McpApprovalRequest => it.is_program_owned(),
-            _ => false,
-        };
-        if !exempt {
-            flag(InvalidReason::CallWithoutOutput, p);
-        }
-    }
-
-    // E3 + V6: anonymous tool search (§5 [REC]).
-    let mut anon_calls: Vec<usize> = Vec::new();
-    let mut stack: Vec<usize> = Vec::new();
-    let mut pairs: Vec<(usize, usize)> = Vec::new();
-    for p in (0..n).rev() {
-        match items[p].kind {
-            ItemKind::AnonToolSearchOutput => stack.push(p),
-            ItemKind::AnonToolSearchCall => {
-                anon_calls.push(p);
-                match stack.pop() {
-                    Some(o) => pairs.push((p, o)),
-                    None => flag(InvalidReason::AnonCallWithoutOutput, p),
-                }
-            }
-            _ => {}
-        }
-    }
-    anon_calls.reverse();
-    // Outputs left over: a further chunk of the nearest anonymous call to their left.
-    for &o in &stack {
-        let i = anon_calls.partition_point(|&c| c < o);
-        match i.checked_sub(1).and_then(|i| anon_calls.get(i)) {
-            Some(&c) => pairs.push((c, o)),
-            None => flag(InvalidReason::AnonOutputWithoutCall, o),
-        }
-    }
-    pairs.sort_unstable();
-    // Per call: stream rule, span; overlapping spans merge (sweep by call position).
-    let mut sweep: Option<(usize, usize)> = None; // (representative, max end)
-    let mut i = 0;
-    while i < pairs.len() {
-        let call = pairs[i].0;
-        let mut stream = Stream::Open;
-        let mut end = call;
-        while let Some(&(c, o)) = pairs.get(i) {
-            if c != call {
-                break;
-            }
-            dsu.union(call, o);
-            if !items[o].is_program_owned() {
-                owner[o] = owner[call];
-            }
-            if stream != Stream::Bad {
-                stream = stream.step(items[o].raw.status.as_deref());
-                if stream == Stream::Bad {
-                    flag(InvalidReason::InvalidStream, o);
-                }
-            }
-            end = end.max(o);
-            i += 1;
-        }
-        sweep = match sweep {
-            Some((rep, max_end)) if call < max_end => {
-                dsu.union(rep, call);
-                Some((rep, max_end.max(end)))
-            }
-            _ => Some((call, end)),
-        };
-    }
-
-    // E2 + V7: program ownership.
-    let mut named_by_new: HashSet<&str> = HashSet::default();
-    for (p, it) in items.iter().enumerate() {
-        if it.is_foreign() || !it.is_program_owned() {
-            continue;
-        }
-        if it.kind == ItemKind::Call(CallType::Program) {
-            flag(InvalidReason::NestedProgram, p);
-        }
-        let pid = it.program_caller();
-        if p >= nh {
-            if let Some(pid) = pid {
-                named_by_new.insert(pid);
-            }
-        }
-        match pid.and_then(|pid| calls.get(&(CallType::Program, pid))) {
-            None => flag(InvalidReason::ProgramChildWithoutProgram, p),
-            Some(e) => {
-                dsu.union(e.first, p);
-                if p < e.first {
-                    flag(InvalidReason::ProgramChildBeforeProgram, p);
-                }
-            }
-        }
-    }
-    for (p, it) in items.iter().enumerate() {
-        if p < nh && it.kind == ItemKind::Call(CallType::Program) {
-            if let Some(id) = non_empty(it.identity()) {
-                let closed = calls
-                    .get(&(CallType::Program, id))
-                    .is_some_and(|e| e.has_output);
-                if !closed && !named_by_new.contains(id) {
-                    flag(InvalidReason::OrphanProgram, p);
-                }
-            }
-        }
-        if let Some(pid) = owner[p] {
-            let done = calls
-                .get(&(CallType::Program, pid))
-                .and_then(|e| e.completed_at);
-            if done.is_some_and(|c| p > c)
-                && !matches!(it.kind, ItemKind::Output(CallType::Program))
-            {
-                flag(InvalidReason::ChildAfterCompletedProgram, p);
-            }
-        }
-    }
-
-    // E5: mcp_call joins the approval request it references.
-    for (p, it) in items.iter().enumerate() {
-        if it.kind != ItemKind::Hosted(HostedKind::McpCall) {
-            continue;
-        }
-        if let Some(ar) = non_empty(it.raw.approval_request_id.as_deref()) {
-            if let Some(e) = calls.get(&(CallType::McpApprovalRequest, ar)) {
-                dsu.union(e.first, p);
-            }
-        }
-    }
-
-    // E4 + V9: reasoning blocks. A run of consecutive reasoning / model-emitted /
-    // server-emitted-output items; each reasoning item joins everything after it in the run
-    // and needs a model-emitted item after it in the run.
-    let continues =
-        |it: &ItemMeta| it.is_reasoning() || it.is_model_emitted() || it.is_server_output();
-    let mut p = 0;
-    while p < n {
-        if !continues(items[p]) {
-            p += 1;
-            continue;
-        }
-        let start = p;
-        let mut end = p;
-        while end + 1 < n && continues(items[end + 1]) {
-            end += 1;
-        }
-        let last_model = (start..=end).rev().find(|&i| items[i].is_model_emitted());
-        if let Some(r0) = (start..=end).find(|&i| items[i].is_reasoning()) {
-            for i in r0 + 1..=end {
-                dsu.union(r0, i);
-            }
-            for (i, it) in items.iter().enumerate().take(end + 1).skip(r0) {
-                if it.is_reasoning() && last_model.is_none_or(|m| m < i) {
-                    flag(InvalidReason::DanglingReasoning, i);
-                }
-            }
-        }
-        p = end + 1;
-    }
-    let mut reasoning_ids: HashSet<&str> = HashSet::default();
-    for (p, it) in items.iter().enumerate() {
-        if !it.is_reasoning() {
-            continue;
-        }
-        // An id-less reasoning item is valid (spec V9): under reasoning_item_id_policy="omit"
-        // the SDK strips every history reasoning id before the callback runs and sends the
-        // items so, with or without encrypted_content.
-        let id = non_empty(it.raw.id.as_deref());
-        // The SDK's de-duplication ignores the `__fake_id__` placeholder (Chat Completions
-        // models give it to every item), so such reasoning items never collapse.
-        if let Some(id) = id.filter(|id| *id != FAKE_ID) {
-            if !reasoning_ids.insert(id) {
-                flag(InvalidReason::DuplicateReasoningId, p);
-            }
-        }
-    }
-
-    // E6: items sharing an SDK de-duplication key.
-    let mut keys: HashMap<(Option<&str>, &str), usize> = HashMap::default();
-    for (p, it) in items.iter().enumerate() {
-        if let Some(k) = it.dedup_key() {
-            let first = *keys.entry(k).or_insert(p);
-            if first != p {
-                dsu.union(first, p);
-            }
-        }
-    }
-
-    // Units, ordered by first member.
-    let mut unit_of_root = vec![usize::MAX; n];
-    let mut unit_of = vec![0usize; n];
-    let mut units: Vec<Unit> = Vec::new();
-    for (p, it) in items.iter().enumerate() {
-        let r = dsu.find(p);
-        if unit_of_root[r] == usize::MAX {
-            unit_of_root[r] = units.len();
-            units.push(Unit {
-                members: Vec::new(),
-                problems: Vec::new(),
-                contains_new: false,
-                input_only: true,
+    /// E1 (calls): calls of one type and identity join; V2 for calls.
+    fn join_duplicate_calls(&mut self) {
+        let (items, nh) = (self.items, self.nh);
+        for (p, it) in items.iter().enumerate() {
+            let ItemKind::Call(ct) = it.kind else {
+                continue;
+            };
+            let Some(id) = non_empty(it.identity()) else {
+                self.flag(InvalidReason::MissingIdentity, p);
+                continue;
+            };
+            let entry = self.calls.entry((ct, id)).or_insert_with(|| CallEntry {
+                first: p,
+                in_history: false,
+                has_output: false,
+                owner: it.program_caller(),
+                stream: Stream::Open,
+                completed_at: None,
             });
-        }
-        let u = unit_of_root[r];
-        unit_of[p] = u;
-        let unit = &mut units[u];
-        unit.members.push(p);
-        unit.contains_new |= p >= nh;
-        unit.input_only &= it.is_control();
-    }
-    for prob in problems {
-        let unit = &mut units[unit_of[prob.position]];
-        if !unit.problems.iter().any(|q| q.reason == prob.reason) {
-            unit.problems.push(prob);
+            entry.in_history |= p < nh;
+            let first = entry.first;
+            if first != p {
+                self.dsu.union(first, p);
+            }
         }
     }
-    Graph {
-        n_history: nh,
-        units,
-        unit_of,
+
+    /// E1 (outputs): V2, V4, V6 (identified streams), V7 (program_output), V8, V10.
+    fn join_outputs(&mut self) {
+        let items = self.items;
+        for (p, it) in items.iter().enumerate() {
+            let ItemKind::Output(ct) = it.kind else {
+                continue;
+            };
+            let Some(id) = non_empty(it.identity()) else {
+                self.flag(InvalidReason::MissingIdentity, p);
+                continue;
+            };
+            let Some(entry) = self.calls.get_mut(&(ct, id)) else {
+                self.flag(InvalidReason::OutputWithoutCall, p);
+                continue;
+            };
+            entry.has_output = true;
+            let mut found: Vec<InvalidReason> = Vec::new();
+            if p < entry.first {
+                found.push(InvalidReason::OutputBeforeCall);
+            }
+            if it.uses_id_fallback() && entry.in_history {
+                found.push(InvalidReason::LocalShellOutputWithoutCallId);
+            }
+            if it.has_caller() && it.program_caller() != entry.owner {
+                found.push(InvalidReason::CallerMismatch);
+            }
+            let status = it.raw.status.as_deref();
+            if ct.is_streamed() && entry.stream != Stream::Bad {
+                entry.stream = entry.stream.step(status);
+                if entry.stream == Stream::Bad {
+                    found.push(InvalidReason::InvalidStream);
+                }
+            }
+            if ct == CallType::Program {
+                let completed = status == Some("completed");
+                if !completed && status != Some("incomplete") {
+                    found.push(InvalidReason::ProgramOutputBadStatus);
+                }
+                match entry.completed_at {
+                    Some(c) if p > c => found.push(InvalidReason::ProgramOutputAfterCompleted),
+                    None if completed => entry.completed_at = Some(p),
+                    _ => {}
+                }
+            }
+            let (first, call_owner) = (entry.first, entry.owner);
+            self.dsu.union(first, p);
+            if !it.is_program_owned() {
+                self.owner[p] = call_owner;
+            }
+            for reason in found {
+                self.flag(reason, p);
+            }
+        }
+    }
+
+    /// V5: calls without output (program, program-owned pending shell call and program-owned
+    /// MCP approval request are exempt; so is a pending shell call in new_input, which the
+    /// SDK sends as given for the hosted shell to run).
+    fn check_unanswered_calls(&mut self) {
+        let (items, nh) = (self.items, self.nh);
+        for (p, it) in items.iter().enumerate() {
+            let ItemKind::Call(ct) = it.kind else {
+                continue;
+            };
+            let Some(id) = non_empty(it.identity()) else {
+                continue;
+            };
+            if self.calls.get(&(ct, id)).is_some_and(|e| e.has_output) {
+                continue;
+            }
+            let exempt = match ct {
+                CallType::Program => true,
+                CallType::ShellCall => {
+                    (it.is_program_owned() || p >= nh)
+                        && matches!(it.raw.status.as_deref(), None | Some("in_progress"))
+                }
+                CallType::McpApprovalRequest => it.is_program_owned(),
+                _ => false,
+            };
+            if !exempt {
+                self.flag(InvalidReason::CallWithoutOutput, p);
+            }
+        }
+    }
+
+    /// E3 + V6: anonymous tool search (docs/item-graph.md §5). Each anonymous call pairs with the nearest
+    /// unpaired anonymous output to its right; outputs left over are further chunks of the
+    /// nearest anonymous call to their left. Overlapping spans merge.
+    fn join_anonymous_searches(&mut self) {
+        let pairs = self.anonymous_pairs();
+        let items = self.items;
+        // Per call: stream rule, span; overlapping spans merge (sweep by call position).
+        let mut sweep: Option<(usize, usize)> = None; // (representative, max end)
+        let mut i = 0;
+        while i < pairs.len() {
+            let call = pairs[i].0;
+            let mut stream = Stream::Open;
+            let mut end = call;
+            while let Some(&(c, o)) = pairs.get(i) {
+                if c != call {
+                    break;
+                }
+                self.dsu.union(call, o);
+                if !items[o].is_program_owned() {
+                    self.owner[o] = self.owner[call];
+                }
+                if stream != Stream::Bad {
+                    stream = stream.step(items[o].raw.status.as_deref());
+                    if stream == Stream::Bad {
+                        self.flag(InvalidReason::InvalidStream, o);
+                    }
+                }
+                end = end.max(o);
+                i += 1;
+            }
+            sweep = match sweep {
+                Some((rep, max_end)) if call < max_end => {
+                    self.dsu.union(rep, call);
+                    Some((rep, max_end.max(end)))
+                }
+                _ => Some((call, end)),
+            };
+        }
+    }
+
+    /// The (call, output) pairs of anonymous tool searches, sorted; flags the calls and
+    /// outputs that have no partner.
+    fn anonymous_pairs(&mut self) -> Vec<(usize, usize)> {
+        let items = self.items;
+        let mut anon_calls: Vec<usize> = Vec::new();
+        let mut stack: Vec<usize> = Vec::new();
+        let mut pairs: Vec<(usize, usize)> = Vec::new();
+        for p in (0..items.len()).rev() {
+            match items[p].kind {
+                ItemKind::AnonToolSearchOutput => stack.push(p),
+                ItemKind::AnonToolSearchCall => {
+                    anon_calls.push(p);
+                    match stack.pop() {
+                        Some(o) => pairs.push((p, o)),
+                        None => self.flag(InvalidReason::AnonCallWithoutOutput, p),
+                    }
+                }
+                _ => {}
+            }
+        }
+        anon_calls.reverse();
+        // Outputs left over: a further chunk of the nearest anonymous call to their left.
+        for &o in &stack {
+            let i = anon_calls.partition_point(|&c| c < o);
+            match i.checked_sub(1).and_then(|i| anon_calls.get(i)) {
+                Some(&c) => pairs.push((c, o)),
+                None => self.flag(InvalidReason::AnonOutputWithoutCall, o),
+            }
+        }
+        pairs.sort_unstable();
+        pairs
+    }
+
+    /// E2 + V7: every program-owned item joins its program.
+    fn join_program_children(&mut self) {
+        let (items, nh) = (self.items, self.nh);
+        for (p, it) in items.iter().enumerate() {
+            if it.is_foreign() || !it.is_program_owned() {
+                continue;
+            }
+            if it.kind == ItemKind::Call(CallType::Program) {
+                self.flag(InvalidReason::NestedProgram, p);
+            }
+            let pid = it.program_caller();
+            if p >= nh {
+                if let Some(pid) = pid {
+                    self.named_by_new.insert(pid);
+                }
+            }
+            let program = pid.and_then(|pid| self.calls.get(&(CallType::Program, pid)));
+            match program.map(|e| e.first) {
+                None => self.flag(InvalidReason::ProgramChildWithoutProgram, p),
+                Some(first) => {
+                    self.dsu.union(first, p);
+                    if p < first {
+                        self.flag(InvalidReason::ProgramChildBeforeProgram, p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// V7: a history program needs its output or an N item naming it; nothing of a program
+    /// but its outputs may follow its `completed` output.
+    fn check_programs(&mut self) {
+        let (items, nh) = (self.items, self.nh);
+        for (p, it) in items.iter().enumerate() {
+            if p < nh && it.kind == ItemKind::Call(CallType::Program) {
+                if let Some(id) = non_empty(it.identity()) {
+                    let closed = self
+                        .calls
+                        .get(&(CallType::Program, id))
+                        .is_some_and(|e| e.has_output);
+                    if !closed && !self.named_by_new.contains(id) {
+                        self.flag(InvalidReason::OrphanProgram, p);
+                    }
+                }
+            }
+            if let Some(pid) = self.owner[p] {
+                let done = self
+                    .calls
+                    .get(&(CallType::Program, pid))
+                    .and_then(|e| e.completed_at);
+                if done.is_some_and(|c| p > c)
+                    && !matches!(it.kind, ItemKind::Output(CallType::Program))
+                {
+                    self.flag(InvalidReason::ChildAfterCompletedProgram, p);
+                }
+            }
+        }
+    }
+
+    /// E5: an `mcp_call` joins the approval request it references.
+    fn join_mcp_approvals(&mut self) {
+        let items = self.items;
+        for (p, it) in items.iter().enumerate() {
+            if it.kind != ItemKind::Hosted(HostedKind::McpCall) {
+                continue;
+            }
+            let Some(ar) = non_empty(it.raw.approval_request_id.as_deref()) else {
+                continue;
+            };
+            if let Some(first) = self
+                .calls
+                .get(&(CallType::McpApprovalRequest, ar))
+                .map(|e| e.first)
+            {
+                self.dsu.union(first, p);
+            }
+        }
+    }
+
+    /// E4 + V9: reasoning blocks. A run of consecutive reasoning / model-emitted /
+    /// server-emitted-output items; each reasoning item joins everything after it in the run
+    /// and needs a model-emitted item after it in the run.
+    fn join_reasoning_blocks(&mut self) {
+        let items = self.items;
+        let n = items.len();
+        let continues =
+            |it: &ItemMeta| it.is_reasoning() || it.is_model_emitted() || it.is_server_output();
+        let mut p = 0;
+        while p < n {
+            if !continues(items[p]) {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            let mut end = p;
+            while end + 1 < n && continues(items[end + 1]) {
+                end += 1;
+            }
+            let last_model = (start..=end).rev().find(|&i| items[i].is_model_emitted());
+            if let Some(r0) = (start..=end).find(|&i| items[i].is_reasoning()) {
+                for i in r0 + 1..=end {
+                    self.dsu.union(r0, i);
+                }
+                for (i, it) in items.iter().enumerate().take(end + 1).skip(r0) {
+                    if it.is_reasoning() && last_model.is_none_or(|m| m < i) {
+                        self.flag(InvalidReason::DanglingReasoning, i);
+                    }
+                }
+            }
+            p = end + 1;
+        }
+    }
+
+    /// Two reasoning items sharing a non-empty id: the SDK's de-duplication drops the later.
+    fn check_duplicate_reasoning_ids(&mut self) {
+        let items = self.items;
+        let mut reasoning_ids: HashSet<&str> = HashSet::default();
+        for (p, it) in items.iter().enumerate() {
+            if !it.is_reasoning() {
+                continue;
+            }
+            // An id-less reasoning item is valid (V9, docs/item-graph.md §6.3): under
+            // reasoning_item_id_policy="omit" the SDK strips every history reasoning id before
+            // the callback runs and sends the items so, with or without encrypted_content.
+            let id = non_empty(it.raw.id.as_deref());
+            // The SDK's de-duplication ignores the `__fake_id__` placeholder (Chat Completions
+            // models give it to every item), so such reasoning items never collapse.
+            if let Some(id) = id.filter(|id| *id != FAKE_ID) {
+                if !reasoning_ids.insert(id) {
+                    self.flag(InvalidReason::DuplicateReasoningId, p);
+                }
+            }
+        }
+    }
+
+    /// E6: items sharing an SDK de-duplication key join.
+    fn join_dedup_keys(&mut self) {
+        let items = self.items;
+        let mut keys: HashMap<(Option<&str>, &str), usize> = HashMap::default();
+        for (p, it) in items.iter().enumerate() {
+            if let Some(k) = it.dedup_key() {
+                let first = *keys.entry(k).or_insert(p);
+                if first != p {
+                    self.dsu.union(first, p);
+                }
+            }
+        }
+    }
+
+    /// Units ordered by first member, each with its distinct problems in rule-check order.
+    fn into_graph(mut self) -> Graph {
+        let (items, nh, n) = (self.items, self.nh, self.items.len());
+        let mut unit_of_root = vec![usize::MAX; n];
+        let mut unit_of = vec![0usize; n];
+        let mut units: Vec<Unit> = Vec::new();
+        for (p, it) in items.iter().enumerate() {
+            let r = self.dsu.find(p);
+            if unit_of_root[r] == usize::MAX {
+                unit_of_root[r] = units.len();
+                units.push(Unit {
+                    members: Vec::new(),
+                    problems: Vec::new(),
+                    contains_new: false,
+                    input_only: true,
+                });
+            }
+            let u = unit_of_root[r];
+            unit_of[p] = u;
+            let unit = &mut units[u];
+            unit.members.push(p);
+            unit.contains_new |= p >= nh;
+            unit.input_only &= it.is_control();
+        }
+        for prob in self.problems {
+            let unit = &mut units[unit_of[prob.position]];
+            if !unit.problems.iter().any(|q| q.reason == prob.reason) {
+                unit.problems.push(prob);
+            }
+        }
+        Graph {
+            n_history: nh,
+            units,
+            unit_of,
+        }
     }
 }
 
@@ -993,7 +1098,7 @@ mod tests {
     #[test]
     fn id_less_reasoning_is_valid() {
         // reasoning_item_id_policy="omit": the SDK strips history reasoning ids and sends the
-        // items as they are, encrypted_content or not (spec V9).
+        // items as they are, encrypted_content or not (V9, docs/item-graph.md §12.3).
         let h = json!([
             {"role":"user","content":"q"},
             {"type":"reasoning","summary":[]},

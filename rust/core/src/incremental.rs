@@ -77,7 +77,7 @@ fn relation_keys(m: &ItemMeta) -> impl Iterator<Item = u64> + '_ {
     .map(relation_hash)
 }
 
-/// Member of a reasoning run (graph rule E4).
+/// Member of a reasoning run (E4, docs/item-graph.md §12.2).
 fn continues(m: &ItemMeta) -> bool {
     m.is_reasoning() || m.is_model_emitted() || m.is_server_output()
 }

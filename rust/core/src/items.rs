@@ -1,9 +1,9 @@
-//! Extraction and classification of single Responses input items (spec §1, §12.1).
+//! Extraction and classification of single Responses input items (docs/item-graph.md §1, §12.1).
 //!
 //! [`RawItem::from_json`] pulls the graph-relevant fields out of one JSON item without
 //! interpreting them; [`classify`] turns them into an [`ItemMeta`] that the graph builder
 //! (`crate::graph`) works on. Payload fields (`arguments`, `output`, `content`, …) are never
-//! looked at here.
+//! looked at here. Sections (§) cited in this module are those of docs/item-graph.md.
 
 use std::fmt;
 
@@ -139,7 +139,7 @@ impl RawItem {
 }
 
 /// A call type that has a matching output type: the SDK's eight pairs plus the hosted MCP
-/// approval request/response pair (spec §1.3).
+/// approval request/response pair (docs/item-graph.md §1.3).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -213,13 +213,13 @@ impl CallType {
         self != CallType::McpApprovalRequest
     }
 
-    /// Outputs of this type may be streamed in several chunks (spec §3).
+    /// Outputs of this type may be streamed in several chunks (docs/item-graph.md §3).
     pub fn is_streamed(self) -> bool {
         matches!(self, CallType::ShellCall | CallType::ToolSearchCall)
     }
 }
 
-/// Hosted (server-executed) call types of spec §1.4.
+/// Hosted (server-executed) call types of docs/item-graph.md §1.4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum HostedKind {
     WebSearchCall,
@@ -255,7 +255,7 @@ impl HostedKind {
     }
 }
 
-/// Standalone items that are neither model-emitted nor controls (spec §1.4).
+/// Standalone items that are neither model-emitted nor controls (docs/item-graph.md §1.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum StandaloneKind {
     Compaction,
@@ -263,7 +263,7 @@ pub enum StandaloneKind {
     ConfigurationUpdate,
 }
 
-/// Input-only controls (spec §1.6, §7).
+/// Input-only controls (docs/item-graph.md §1.6, §7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ControlKind {
     CompactionTrigger,
@@ -271,7 +271,7 @@ pub enum ControlKind {
     ItemReference,
 }
 
-/// Why an item is foreign (never valid Responses input, spec §1.7, §8, §12.1).
+/// Why an item is foreign (never valid Responses input, docs/item-graph.md §1.7, §8, §12.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ForeignKind {
     /// The SDK-internal `hosted_tool_call` wrapper.
@@ -292,7 +292,7 @@ pub enum ForeignKind {
     Untyped,
 }
 
-/// Classification of one item (spec §12.1).
+/// Classification of one item (docs/item-graph.md §12.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ItemKind {
     /// `role:"user"` message (easy or typed input message).
@@ -407,7 +407,7 @@ fn classify_kind(raw: &RawItem) -> ItemKind {
     }
 }
 
-/// Classify one extracted item (spec §12.1).
+/// Classify one extracted item (docs/item-graph.md §12.1).
 pub fn classify(raw: &RawItem) -> ItemMeta {
     ItemMeta::new(raw.clone())
 }

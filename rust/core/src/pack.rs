@@ -392,7 +392,7 @@ pub fn pack(
 
 /// Per-unit state of the fill.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Fill {
+enum FillState {
     Kept,
     TurnIncomplete,
 }
@@ -409,6 +409,11 @@ enum Fill {
 /// reserved whole (with the tail dependency) and never dropped. A per-call model filter pins
 /// the context message and the run's own input this way, while the items between them and
 /// the newest step stay optional. Positions at or past `n_history` are ignored.
+///
+/// The steps: the mandatory units and their validation (`check_mandatory_units`), the
+/// reservation (`Fill::reserve`), the newest-first fill with its coherent start
+/// (`Fill::fill_newest`), for the greedy policy the fill of older whole turns
+/// (`Fill::fill_older_turns`), and the result (`Fill::finish`).
 pub fn pack_view(
     graph: GraphView<'_>,
     is_user: &dyn Fn(usize) -> bool,
@@ -417,257 +422,348 @@ pub fn pack_view(
     pinned: &[usize],
     context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
-    let n_history = graph.n_history();
-    let n_total = graph.len();
+    let mandatory = mandatory_units(graph, pinned);
+    check_mandatory_units(graph, &mandatory, pinned)?;
+    let mut fill = Fill {
+        packer: Packer { graph, costs },
+        is_user,
+        mandatory,
+        unit_tokens: FxHashMap::default(),
+        state: FxHashMap::default(),
+        remaining: 0,
+        history_tokens: 0,
+        scan: graph.n_history(),
+        users_after: 0,
+    };
+    let reserved = fill.reserve(opts, context)?;
+    if let Some(miss_turn) = fill.fill_newest()? {
+        // Contiguous: everything older than the first miss stays over budget, uncounted.
+        if opts.policy == Policy::Greedy {
+            fill.fill_older_turns(miss_turn)?;
+        }
+    }
+    Ok(fill.finish(reserved, opts))
+}
 
-    // Units holding new_input items or pinned history positions, in unit order.
-    let mut new_units: Vec<usize> = (n_history..n_total)
+/// Units holding new_input items or pinned history positions, sorted and distinct.
+fn mandatory_units(graph: GraphView<'_>, pinned: &[usize]) -> Vec<usize> {
+    let n_history = graph.n_history();
+    let mut units: Vec<usize> = (n_history..graph.len())
         .chain(pinned.iter().copied().filter(|&p| p < n_history))
         .map(|p| graph.unit_of(p))
         .collect();
-    new_units.sort_unstable();
-    new_units.dedup();
-    let is_mandatory = |u: usize| new_units.binary_search(&u).is_ok();
+    units.sort_unstable();
+    units.dedup();
+    units
+}
 
-    // 1. new_input must be sendable as given.
-    if let Some(&u) = new_units.iter().find(|&&u| !graph.unit(u).is_valid()) {
-        let unit = graph.unit(u);
-        let position = unit
-            .members
-            .iter()
-            .copied()
-            .find(|&p| p >= n_history)
-            .or_else(|| unit.members.iter().copied().find(|p| pinned.contains(p)))
-            .unwrap_or(n_history);
-        let mut reasons: Vec<&'static str> = Vec::new();
-        let mut problems = Vec::new();
-        for p in &unit.problems {
-            let m = p.reason.message();
-            if !reasons.contains(&m) {
-                reasons.push(m);
+/// new_input (and what is pinned) must be sendable as given: the first invalid mandatory
+/// unit is reported with every violation of its members.
+fn check_mandatory_units(
+    graph: GraphView<'_>,
+    mandatory: &[usize],
+    pinned: &[usize],
+) -> Result<(), PackError> {
+    let n_history = graph.n_history();
+    let Some(&u) = mandatory.iter().find(|&&u| !graph.unit(u).is_valid()) else {
+        return Ok(());
+    };
+    let unit = graph.unit(u);
+    let position = unit
+        .members
+        .iter()
+        .copied()
+        .find(|&p| p >= n_history)
+        .or_else(|| unit.members.iter().copied().find(|p| pinned.contains(p)))
+        .unwrap_or(n_history);
+    let mut reasons: Vec<&'static str> = Vec::new();
+    let mut problems = Vec::new();
+    for p in &unit.problems {
+        let m = p.reason.message();
+        if !reasons.contains(&m) {
+            reasons.push(m);
+        }
+        problems.push((graph.position_label(p.position), m));
+    }
+    Err(PackError::InvalidNewInput {
+        label: graph.position_label(position),
+        position,
+        reasons,
+        problems,
+    })
+}
+
+/// What the mandatory reservation took.
+struct Reservation {
+    new_input_tokens: u64,
+    dependency_tokens: u64,
+    /// History positions of the tail dependency (sorted).
+    dependency: Vec<usize>,
+    /// The fixed context plus what the context hook took.
+    context_tokens: u64,
+}
+
+/// The state of one [`pack_view`] call.
+struct Fill<'a> {
+    packer: Packer<'a>,
+    is_user: &'a dyn Fn(usize) -> bool,
+    /// Mandatory units (sorted).
+    mandatory: Vec<usize>,
+    /// Tokens of every unit counted so far.
+    unit_tokens: FxHashMap<usize, u64>,
+    /// Units the fill kept or dropped as turn-incomplete.
+    state: FxHashMap<usize, FillState>,
+    /// Budget still free.
+    remaining: u64,
+    /// Tokens of the optional history kept.
+    history_tokens: u64,
+    /// The backwards scan: positions `scan..` have been visited.
+    scan: usize,
+    /// User messages at or after `scan` (the turn label of the positions visited next).
+    users_after: usize,
+}
+
+impl Fill<'_> {
+    fn is_mandatory(&self, u: usize) -> bool {
+        self.mandatory.binary_search(&u).is_ok()
+    }
+
+    /// Reserve new_input, the tail dependency, the output reserve and the context, in that
+    /// order; the first section past the budget fails the call.
+    fn reserve(
+        &mut self,
+        opts: &PackOptions,
+        context: Option<ContextHook<'_>>,
+    ) -> Result<Reservation, PackError> {
+        let graph = self.packer.graph;
+        let n_history = graph.n_history();
+        let new_positions: Vec<usize> = (n_history..graph.len()).collect();
+        let new_input_tokens = self.packer.sum(&new_positions)?;
+        let mut dependency_tokens = 0u64;
+        let mut dependency: Vec<usize> = Vec::new();
+        for &u in &self.mandatory {
+            let positions: Vec<usize> = graph
+                .unit(u)
+                .members
+                .iter()
+                .copied()
+                .filter(|&p| p < n_history)
+                .collect();
+            if positions.is_empty() {
+                continue;
             }
-            problems.push((graph.position_label(p.position), m));
+            let cost = self.packer.sum(&positions)?;
+            self.unit_tokens.insert(u, cost);
+            dependency_tokens = dependency_tokens.saturating_add(cost);
+            dependency.extend(positions);
         }
-        return Err(PackError::InvalidNewInput {
-            label: graph.position_label(position),
-            position,
-            reasons,
-            problems,
-        });
+        dependency.sort_unstable();
+        let mut used = 0u64;
+        for (section, tokens) in [
+            (Section::NewInput, new_input_tokens),
+            (Section::Dependency, dependency_tokens),
+            (Section::OutputReserve, opts.output_reserve),
+            (Section::Context, opts.context_tokens),
+        ] {
+            used = used.saturating_add(tokens);
+            if used > opts.budget {
+                let total = new_input_tokens
+                    .saturating_add(dependency_tokens)
+                    .saturating_add(opts.output_reserve)
+                    .saturating_add(opts.context_tokens);
+                return Err(PackError::BudgetExceeded {
+                    used: total,
+                    budget: opts.budget,
+                    section,
+                });
+            }
+        }
+        self.remaining = opts.budget - used;
+        let mut context_tokens = opts.context_tokens;
+        if let Some(hook) = context {
+            let extra = hook(self.remaining)?;
+            if extra > self.remaining {
+                return Err(PackError::BudgetExceeded {
+                    used: used.saturating_add(extra),
+                    budget: opts.budget,
+                    section: Section::Context,
+                });
+            }
+            self.remaining -= extra;
+            context_tokens += extra;
+        }
+        Ok(Reservation {
+            new_input_tokens,
+            dependency_tokens,
+            dependency,
+            context_tokens,
+        })
     }
 
-    let mut packer = Packer { graph, costs };
-    let mut unit_tokens: FxHashMap<usize, u64> = FxHashMap::default();
-
-    // 2. Mandatory reservation, checked in allocation order.
-    let new_positions: Vec<usize> = (n_history..n_total).collect();
-    let new_input_tokens = packer.sum(&new_positions)?;
-    let mut dependency_tokens = 0u64;
-    let mut dependency: Vec<usize> = Vec::new();
-    for &u in &new_units {
-        let positions: Vec<usize> = graph
-            .unit(u)
-            .members
-            .iter()
-            .copied()
-            .filter(|&p| p < n_history)
-            .collect();
-        if positions.is_empty() {
-            continue;
-        }
-        let cost = packer.sum(&positions)?;
-        unit_tokens.insert(u, cost);
-        dependency_tokens = dependency_tokens.saturating_add(cost);
-        dependency.extend(positions);
-    }
-    dependency.sort_unstable();
-    let mut used = 0u64;
-    for (section, tokens) in [
-        (Section::NewInput, new_input_tokens),
-        (Section::Dependency, dependency_tokens),
-        (Section::OutputReserve, opts.output_reserve),
-        (Section::Context, opts.context_tokens),
-    ] {
-        used = used.saturating_add(tokens);
-        if used > opts.budget {
-            let total = new_input_tokens
-                .saturating_add(dependency_tokens)
-                .saturating_add(opts.output_reserve)
-                .saturating_add(opts.context_tokens);
-            return Err(PackError::BudgetExceeded {
-                used: total,
-                budget: opts.budget,
-                section,
-            });
-        }
-    }
-    let mut remaining = opts.budget - used;
-    let mut context_tokens = opts.context_tokens;
-    if let Some(hook) = context {
-        let extra = hook(remaining)?;
-        if extra > remaining {
-            return Err(PackError::BudgetExceeded {
-                used: used.saturating_add(extra),
-                budget: opts.budget,
-                section: Section::Context,
-            });
-        }
-        remaining -= extra;
-        context_tokens += extra;
-    }
-
-    // 3. Candidates newest first (by newest member): walk positions backwards and take a
-    // unit at its last member. The turn label of a position is the number of user messages
-    // after it (equal labels = same turn).
-    let is_candidate =
-        |u: usize, unit: &Unit| !is_mandatory(u) && !unit.is_input_only() && unit.is_valid();
-    let mut fill: FxHashMap<usize, Fill> = FxHashMap::default();
-    let mut history_tokens = 0u64;
-    let mut p = n_history;
-    let mut users_after = 0usize;
-    // Next candidate at or before `p` (exclusive upper bound), with its turn label.
-    let next_candidate = |p: &mut usize, users_after: &mut usize| -> Option<(usize, usize)> {
-        while *p > 0 {
-            *p -= 1;
-            let pos = *p;
-            let label = *users_after;
-            if is_user(pos) {
-                *users_after += 1;
+    /// The next candidate unit, newest first by its newest member, with its turn label (the
+    /// number of user messages after it: equal labels = same turn). A candidate is valid,
+    /// not input-only and not mandatory.
+    fn next_candidate(&mut self) -> Option<(usize, usize)> {
+        let graph = self.packer.graph;
+        while self.scan > 0 {
+            self.scan -= 1;
+            let pos = self.scan;
+            let label = self.users_after;
+            if (self.is_user)(pos) {
+                self.users_after += 1;
             }
             let u = graph.unit_of(pos);
             let unit = graph.unit(u);
-            if unit.members.last() == Some(&pos) && is_candidate(u, unit) {
+            if unit.members.last() == Some(&pos)
+                && !self.is_mandatory(u)
+                && !unit.is_input_only()
+                && unit.is_valid()
+            {
                 return Some((u, label));
             }
         }
         None
-    };
-    let mut miss: Option<(usize, usize)> = None;
-    // Kept units in the order they were taken (newest first), with their turn label and cost.
-    let mut taken: Vec<(usize, usize, u64)> = Vec::new();
-    while let Some((u, label)) = next_candidate(&mut p, &mut users_after) {
-        let cost = packer.sum(&graph.unit(u).members)?;
-        unit_tokens.insert(u, cost);
-        if cost > remaining {
-            miss = Some((u, label));
-            break;
-        }
-        remaining -= cost;
-        history_tokens += cost;
-        fill.insert(u, Fill::Kept);
-        taken.push((u, label, cost));
     }
-    // Coherent start: the turn the fill stopped in would be sent without its opening user
-    // message (it is in the unit that missed, or older). Unless that message is mandatory,
-    // the turn's newer units that were taken are dropped too, so the kept history starts
-    // at a user message (or at the start of the history).
-    if let Some((_, miss_turn)) = miss {
-        let opener = (0..=p).rev().find(|&q| is_user(q));
-        let anchored = opener.is_some_and(|q| is_mandatory(graph.unit_of(q)));
+
+    /// Take candidates newest first until one does not fit; returns the turn label of that
+    /// unit (`None`: everything fit).
+    ///
+    /// Coherent start: the turn the fill stopped in would be sent without its opening user
+    /// message (it is in the unit that missed, or older). Unless that message is mandatory,
+    /// the turn's newer units that were taken are dropped too, so the kept history starts at
+    /// a user message (or at the start of the history).
+    fn fill_newest(&mut self) -> Result<Option<usize>, PackError> {
+        let graph = self.packer.graph;
+        // Kept units in the order they were taken (newest first), with turn label and cost.
+        let mut taken: Vec<(usize, usize, u64)> = Vec::new();
+        let mut miss_turn = None;
+        while let Some((u, label)) = self.next_candidate() {
+            let cost = self.packer.sum(&graph.unit(u).members)?;
+            self.unit_tokens.insert(u, cost);
+            if cost > self.remaining {
+                miss_turn = Some(label);
+                break;
+            }
+            self.remaining -= cost;
+            self.history_tokens += cost;
+            self.state.insert(u, FillState::Kept);
+            taken.push((u, label, cost));
+        }
+        let Some(miss_turn) = miss_turn else {
+            return Ok(None);
+        };
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        let anchored = opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q)));
         if !anchored {
             while let Some(&(u, label, cost)) = taken.last() {
                 if label != miss_turn {
                     break;
                 }
                 taken.pop();
-                remaining += cost;
-                history_tokens -= cost;
-                fill.insert(u, Fill::TurnIncomplete);
+                self.remaining += cost;
+                self.history_tokens -= cost;
+                self.state.insert(u, FillState::TurnIncomplete);
             }
         }
+        Ok(Some(miss_turn))
     }
-    // Contiguous: everything older than the first miss stays over budget, uncounted.
-    if opts.policy == Policy::Greedy {
-        if let Some((_, miss_turn)) = miss {
-            let mut rest: Vec<(usize, usize)> = Vec::new();
-            while let Some(c) = next_candidate(&mut p, &mut users_after) {
-                rest.push(c);
-            }
-            let mut i = 0;
-            // Rest of the turn that did not fit.
-            while i < rest.len() && rest[i].1 == miss_turn {
-                fill.insert(rest[i].0, Fill::TurnIncomplete);
+
+    /// Greedy, after the first miss: the rest of the turn that did not fit is dropped, and
+    /// older turns are taken whole or not at all (a turn whose lower bound cannot fit is
+    /// dropped uncounted).
+    fn fill_older_turns(&mut self, miss_turn: usize) -> Result<(), PackError> {
+        let graph = self.packer.graph;
+        let mut rest: Vec<(usize, usize)> = Vec::new();
+        while let Some(c) = self.next_candidate() {
+            rest.push(c);
+        }
+        let mut i = 0;
+        // Rest of the turn that did not fit.
+        while i < rest.len() && rest[i].1 == miss_turn {
+            self.state.insert(rest[i].0, FillState::TurnIncomplete);
+            i += 1;
+        }
+        // Older turns, whole or not at all.
+        while i < rest.len() {
+            let t = rest[i].1;
+            let start = i;
+            while i < rest.len() && rest[i].1 == t {
                 i += 1;
             }
-            // Older turns, whole or not at all.
-            while i < rest.len() {
-                let t = rest[i].1;
-                let start = i;
-                while i < rest.len() && rest[i].1 == t {
-                    i += 1;
-                }
-                let group = &rest[start..i];
-                let bound = group.iter().fold(0u64, |a, &(u, _)| {
-                    a.saturating_add(packer.lower_bound(&graph.unit(u).members))
-                });
-                if bound > remaining {
-                    continue; // cannot fit: dropped uncounted
-                }
-                let mut turn_cost = 0u64;
-                for &(u, _) in group {
-                    let cost = packer.sum(&graph.unit(u).members)?;
-                    unit_tokens.insert(u, cost);
-                    turn_cost = turn_cost.saturating_add(cost);
-                }
-                if turn_cost <= remaining {
-                    remaining -= turn_cost;
-                    history_tokens += turn_cost;
-                    for &(u, _) in group {
-                        fill.insert(u, Fill::Kept);
-                    }
-                }
-            }
-        }
-    }
-
-    // 4. What the fill decided; everything else follows from the units themselves.
-    let mut touched: FxHashMap<usize, UnitDecision> = FxHashMap::default();
-    let mut kept_history: Vec<usize> = dependency.clone();
-    for (&u, &tokens) in &unit_tokens {
-        let decision = if new_units.binary_search(&u).is_ok() {
-            Decision::Mandatory
-        } else {
-            match fill.get(&u) {
-                Some(Fill::Kept) => {
-                    kept_history.extend_from_slice(&graph.unit(u).members);
-                    Decision::Kept
-                }
-                Some(Fill::TurnIncomplete) => Decision::TurnIncomplete,
-                _ => Decision::OverBudget,
-            }
-        };
-        touched.insert(
-            u,
-            UnitDecision {
-                unit: u,
-                decision,
-                tokens: Some(tokens),
-            },
-        );
-    }
-    for (&u, &f) in &fill {
-        if f == Fill::TurnIncomplete {
-            touched.entry(u).or_insert(UnitDecision {
-                unit: u,
-                decision: Decision::TurnIncomplete,
-                tokens: None,
+            let group = &rest[start..i];
+            let bound = group.iter().fold(0u64, |a, &(u, _)| {
+                a.saturating_add(self.packer.lower_bound(&graph.unit(u).members))
             });
+            if bound > self.remaining {
+                continue; // cannot fit: dropped uncounted
+            }
+            let mut turn_cost = 0u64;
+            for &(u, _) in group {
+                let cost = self.packer.sum(&graph.unit(u).members)?;
+                self.unit_tokens.insert(u, cost);
+                turn_cost = turn_cost.saturating_add(cost);
+            }
+            if turn_cost <= self.remaining {
+                self.remaining -= turn_cost;
+                self.history_tokens += turn_cost;
+                for &(u, _) in group {
+                    self.state.insert(u, FillState::Kept);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the fill decided; every other unit's decision follows from the unit itself.
+    fn finish(self, reserved: Reservation, opts: &PackOptions) -> PackResult {
+        let graph = self.packer.graph;
+        let mut touched: FxHashMap<usize, UnitDecision> = FxHashMap::default();
+        let mut kept_history: Vec<usize> = reserved.dependency.clone();
+        for (&u, &tokens) in &self.unit_tokens {
+            let decision = if self.is_mandatory(u) {
+                Decision::Mandatory
+            } else {
+                match self.state.get(&u) {
+                    Some(FillState::Kept) => {
+                        kept_history.extend_from_slice(&graph.unit(u).members);
+                        Decision::Kept
+                    }
+                    Some(FillState::TurnIncomplete) => Decision::TurnIncomplete,
+                    _ => Decision::OverBudget,
+                }
+            };
+            touched.insert(
+                u,
+                UnitDecision {
+                    unit: u,
+                    decision,
+                    tokens: Some(tokens),
+                },
+            );
+        }
+        for (&u, &f) in &self.state {
+            if f == FillState::TurnIncomplete {
+                touched.entry(u).or_insert(UnitDecision {
+                    unit: u,
+                    decision: Decision::TurnIncomplete,
+                    tokens: None,
+                });
+            }
+        }
+        kept_history.sort_unstable();
+        kept_history.dedup();
+        PackResult {
+            kept_history,
+            dependency: reserved.dependency,
+            new_input_tokens: reserved.new_input_tokens,
+            dependency_tokens: reserved.dependency_tokens,
+            history_tokens: self.history_tokens,
+            context_tokens: reserved.context_tokens,
+            output_reserve: opts.output_reserve,
+            budget: opts.budget,
+            touched,
         }
     }
-    kept_history.sort_unstable();
-    kept_history.dedup();
-
-    Ok(PackResult {
-        kept_history,
-        dependency,
-        new_input_tokens,
-        dependency_tokens,
-        history_tokens,
-        context_tokens,
-        output_reserve: opts.output_reserve,
-        budget: opts.budget,
-        touched,
-    })
 }
 
 /// A [`CostSource`] over JSON values (pure-Rust callers and tests).
@@ -729,19 +825,12 @@ pub fn pack_values(
     opts: &PackOptions,
 ) -> Result<(crate::graph::Graph, PackResult), PackError> {
     let n_history = history.len();
-    let label = |p: usize| {
-        if p < n_history {
-            format!("history[{p}]")
-        } else {
-            format!("new_input[{}]", p - n_history)
-        }
-    };
     let all: Vec<&serde_json::Value> = history.iter().chain(new_input.iter()).collect();
     let mut metas = Vec::with_capacity(all.len());
     for (p, v) in all.iter().enumerate() {
         let raw = crate::items::RawItem::from_json(v).map_err(|e| PackError::Item {
             position: p,
-            label: label(p),
+            label: crate::graph::position_label(n_history, p),
             field: e.field.clone(),
             message: e.message.clone(),
         })?;

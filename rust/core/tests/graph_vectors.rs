@@ -1,6 +1,5 @@
-//! The 42 test vectors of spec §15 (`tests/data/item-graph-vectors.json`: the 40 of
-//! the shared spec plus TV41-TV42, see docs/item-graph.md): units, invalid units with reasons,
-//! mandatory history and the error flag must match exactly.
+//! The 42 test vectors of docs/item-graph.md §15 (`tests/data/item-graph-vectors.json`):
+//! units, invalid units with reasons, mandatory history and the error flag must match exactly.
 
 use std::collections::BTreeSet;
 use std::time::Instant;

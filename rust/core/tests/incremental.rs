@@ -139,6 +139,139 @@ impl CostSource for Costs {
     }
 }
 
+/// An index built from `hm` appended in random blocks (with random reservations); after
+/// each block its graph equals a fresh one.
+fn append_in_blocks(rng: &mut Rng, hm: &[ItemMeta], case: usize) -> HistoryIndex {
+    let n_hist = hm.len();
+    let mut idx = HistoryIndex::new();
+    let mut at = 0;
+    while at < n_hist {
+        let k = 1 + rng.below(n_hist - at);
+        if rng.below(3) == 0 {
+            idx.reserve(rng.below(40));
+        }
+        idx.extend(hm[at..at + k].to_vec());
+        at += k;
+        assert_eq!(
+            idx.graph(),
+            &build_graph(&hm[..at], &[]),
+            "case {case} at {at}"
+        );
+    }
+    idx
+}
+
+/// Pops (truncations or rebuilds) and re-appends, several times: each must equal a fresh
+/// graph, and the new input's view after a pop must equal the full graph's.
+fn pop_and_reextend(
+    rng: &mut Rng,
+    mut idx: HistoryIndex,
+    hm: &[ItemMeta],
+    nm: &[ItemMeta],
+    case: usize,
+) -> HistoryIndex {
+    let n_hist = hm.len();
+    for _ in 0..rng.below(4) {
+        if n_hist == 0 {
+            break;
+        }
+        let keep = n_hist - 1 - rng.below(n_hist.min(6));
+        let keep = if rng.below(5) == 0 {
+            rng.below(n_hist)
+        } else {
+            keep
+        };
+        if rng.below(4) == 0 {
+            idx.rebuild(keep);
+        } else {
+            idx.truncate(keep);
+        }
+        assert_eq!(idx.len(), keep);
+        assert_eq!(
+            idx.graph(),
+            &build_graph(&hm[..keep], &[]),
+            "case {case} truncate {keep}"
+        );
+        let tail = idx.tail(nm);
+        assert_eq!(
+            summary(idx.view(&tail)),
+            summary(GraphView::whole(&build_graph(&hm[..keep], nm))),
+            "case {case}: new input after truncate {keep}"
+        );
+        if rng.below(3) == 0 {
+            idx = reloaded(&idx, case);
+        }
+        let mut at = keep;
+        while at < n_hist {
+            let k = 1 + rng.below(n_hist - at);
+            idx.extend(hm[at..at + k].to_vec());
+            at += k;
+        }
+        assert_eq!(
+            idx.graph(),
+            &build_graph(hm, &[]),
+            "case {case} re-extended"
+        );
+    }
+    idx
+}
+
+/// Packing the whole graph and the index's view gives the same result and decisions, for
+/// both policies, without and with pinned history positions.
+fn assert_packs_agree(
+    rng: &mut Rng,
+    full: &Graph,
+    view: GraphView<'_>,
+    hm: &[ItemMeta],
+    nm: &[ItemMeta],
+    case: usize,
+) {
+    let mut all = hm.to_vec();
+    all.extend(nm.iter().cloned());
+    for policy in [Policy::Contiguous, Policy::Greedy] {
+        let o = PackOptions {
+            budget: rng.below(150) as u64,
+            output_reserve: rng.below(5) as u64,
+            context_tokens: 0,
+            policy,
+        };
+        let a = pack(full, &all, &mut Costs, &o, None);
+        let is_user = |p: usize| hm[p].is_user_message();
+        let b = pack_view(view, &is_user, &mut Costs, &o, &[], None);
+        if let (Ok(a), Ok(b)) = (&a, &b) {
+            assert_eq!(
+                a.decisions(GraphView::whole(full)),
+                b.decisions(view),
+                "case {case} {policy:?}"
+            );
+            assert_coherent(GraphView::whole(full), &is_user, a, &[], case);
+        }
+        assert_eq!(a, b, "case {case} {policy:?}");
+        // Pinned history positions: the same on the whole graph and the index's view.
+        let pinned: Vec<usize> = if hm.is_empty() {
+            Vec::new()
+        } else {
+            (0..rng.below(3)).map(|_| rng.below(hm.len())).collect()
+        };
+        let a = pack_view(
+            GraphView::whole(full),
+            &is_user,
+            &mut Costs,
+            &o,
+            &pinned,
+            None,
+        );
+        let b = pack_view(view, &is_user, &mut Costs, &o, &pinned, None);
+        if let Ok(a) = &a {
+            assert_coherent(GraphView::whole(full), &is_user, a, &pinned, case);
+            for &q in &pinned {
+                assert!(a.kept_history.contains(&q), "case {case}: pinned {q} kept");
+            }
+        }
+        assert_eq!(a, b, "case {case} {policy:?} pinned {pinned:?}");
+    }
+}
+
 #[test]
 fn index_equals_full_graph_and_pack() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -149,68 +282,11 @@ fn index_equals_full_graph_and_pack() {
         let new: Vec<Value> = (0..n_new).map(|_| random_item(&mut rng)).collect();
         let (hm, nm) = (metas(&hist), metas(&new));
 
-        // Append in random blocks.
-        let mut idx = HistoryIndex::new();
-        let mut at = 0;
-        while at < n_hist {
-            let k = 1 + rng.below(n_hist - at);
-            if rng.below(3) == 0 {
-                idx.reserve(rng.below(40));
-            }
-            idx.extend(hm[at..at + k].to_vec());
-            at += k;
-            assert_eq!(
-                idx.graph(),
-                &build_graph(&hm[..at], &[]),
-                "case {case} at {at}"
-            );
-        }
+        let mut idx = append_in_blocks(&mut rng, &hm, case);
         if rng.below(2) == 0 {
             idx = reloaded(&idx, case);
         }
-        // Pops (truncations) and re-appends, several times: each must equal a fresh graph.
-        for _ in 0..rng.below(4) {
-            if n_hist == 0 {
-                break;
-            }
-            let keep = n_hist - 1 - rng.below(n_hist.min(6));
-            let keep = if rng.below(5) == 0 {
-                rng.below(n_hist)
-            } else {
-                keep
-            };
-            if rng.below(4) == 0 {
-                idx.rebuild(keep);
-            } else {
-                idx.truncate(keep);
-            }
-            assert_eq!(idx.len(), keep);
-            assert_eq!(
-                idx.graph(),
-                &build_graph(&hm[..keep], &[]),
-                "case {case} truncate {keep}"
-            );
-            let tail = idx.tail(&nm);
-            assert_eq!(
-                summary(idx.view(&tail)),
-                summary(GraphView::whole(&build_graph(&hm[..keep], &nm))),
-                "case {case}: new input after truncate {keep}"
-            );
-            if rng.below(3) == 0 {
-                idx = reloaded(&idx, case);
-            }
-            let mut at = keep;
-            while at < n_hist {
-                let k = 1 + rng.below(n_hist - at);
-                idx.extend(hm[at..at + k].to_vec());
-                at += k;
-            }
-            assert_eq!(
-                idx.graph(),
-                &build_graph(&hm, &[]),
-                "case {case} re-extended"
-            );
-        }
+        let idx = pop_and_reextend(&mut rng, idx, &hm, &nm, case);
 
         for (p, m) in hm.iter().enumerate() {
             assert_eq!(&idx.meta(p), m, "case {case}: stored item {p} round-trips");
@@ -228,51 +304,7 @@ fn index_equals_full_graph_and_pack() {
                 assert_eq!(view.unit_of(m), u, "case {case}");
             }
         }
-
-        let mut all = hm.clone();
-        all.extend(nm.iter().cloned());
-        for policy in [Policy::Contiguous, Policy::Greedy] {
-            let o = PackOptions {
-                budget: rng.below(150) as u64,
-                output_reserve: rng.below(5) as u64,
-                context_tokens: 0,
-                policy,
-            };
-            let a = pack(&full, &all, &mut Costs, &o, None);
-            let is_user = |p: usize| hm[p].is_user_message();
-            let b = pack_view(view, &is_user, &mut Costs, &o, &[], None);
-            if let (Ok(a), Ok(b)) = (&a, &b) {
-                assert_eq!(
-                    a.decisions(GraphView::whole(&full)),
-                    b.decisions(view),
-                    "case {case} {policy:?}"
-                );
-                assert_coherent(GraphView::whole(&full), &is_user, a, &[], case);
-            }
-            assert_eq!(a, b, "case {case} {policy:?}");
-            // Pinned history positions: the same on the whole graph and the index's view.
-            let pinned: Vec<usize> = if hm.is_empty() {
-                Vec::new()
-            } else {
-                (0..rng.below(3)).map(|_| rng.below(hm.len())).collect()
-            };
-            let a = pack_view(
-                GraphView::whole(&full),
-                &is_user,
-                &mut Costs,
-                &o,
-                &pinned,
-                None,
-            );
-            let b = pack_view(view, &is_user, &mut Costs, &o, &pinned, None);
-            if let Ok(a) = &a {
-                assert_coherent(GraphView::whole(&full), &is_user, a, &pinned, case);
-                for &q in &pinned {
-                    assert!(a.kept_history.contains(&q), "case {case}: pinned {q} kept");
-                }
-            }
-            assert_eq!(a, b, "case {case} {policy:?} pinned {pinned:?}");
-        }
+        assert_packs_agree(&mut rng, &full, view, &hm, &nm, case);
     }
 }
 

@@ -13,10 +13,10 @@ use protoprompt_core::pack::{
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::{PyErrArguments, PyTypeInfo};
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
 use std::sync::Arc;
@@ -30,33 +30,27 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 // ---------------------------------------------------------------------------------------------
 // Errors
 
-fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    let module = MODULE.get_or_try_init(py, || {
-        Ok::<_, PyErr>(py.import("protoprompt.errors")?.unbind())
-    })?;
-    module.bind(py).getattr(name)
+/// The exception classes of `protoprompt.errors`, imported as Python types (the module
+/// is imported when `_core` is, so a missing class is an import error, never a panic).
+mod errors {
+    pyo3::import_exception!(protoprompt.errors, HistoryMismatchError);
+    pyo3::import_exception!(protoprompt.errors, InvalidItemError);
+    pyo3::import_exception!(protoprompt.errors, InvalidNewInputError);
+    pyo3::import_exception!(protoprompt.errors, SnapshotError);
+    pyo3::import_exception!(protoprompt.errors, TokenBudgetExceededError);
+    pyo3::import_exception!(protoprompt.errors, TokenizerError);
+    pyo3::import_exception!(protoprompt.errors, UnknownEncodingError);
+    pyo3::import_exception!(protoprompt.errors, UnknownModelError);
 }
 
-fn raise<'py>(py: Python<'py>, class: &str, args: impl IntoPyObject<'py>) -> PyErr {
-    let args = match args.into_bound_py_any(py) {
-        Ok(a) => a,
-        Err(e) => return e,
-    };
-    let built = error_class(py, class).and_then(|cls| {
-        let tuple = args.cast_into::<PyTuple>().map_err(PyErr::from)?;
-        cls.call1(tuple)
-    });
-    match built {
-        Ok(exc) => PyErr::from_value(exc),
-        Err(e) => e,
-    }
+/// An exception of class `E` (one of [`errors`]) built from `args`.
+fn raise<E: PyTypeInfo>(py: Python<'_>, args: impl PyErrArguments + 'static) -> PyErr {
+    PyErr::from_type(py.get_type::<E>(), args)
 }
 
 fn item_error(py: Python<'_>, label: &str, field: &str, message: &str) -> PyErr {
-    raise(
+    raise::<errors::InvalidItemError>(
         py,
-        "InvalidItemError",
         (
             format!("{label}: field {field}: {message}"),
             label.to_string(),
@@ -67,12 +61,14 @@ fn item_error(py: Python<'_>, label: &str, field: &str, message: &str) -> PyErr 
 
 fn token_error(py: Python<'_>, e: TokenError) -> PyErr {
     match &e {
-        TokenError::UnknownModel(m) => raise(py, "UnknownModelError", (e.to_string(), m.clone())),
+        TokenError::UnknownModel(m) => {
+            raise::<errors::UnknownModelError>(py, (e.to_string(), m.clone()))
+        }
         TokenError::UnknownEncoding(n) => {
-            raise(py, "UnknownEncodingError", (e.to_string(), n.clone()))
+            raise::<errors::UnknownEncodingError>(py, (e.to_string(), n.clone()))
         }
         TokenError::BadItem { field, message } => item_error(py, "item", field, message),
-        TokenError::Tokenizer(_) => PyValueError::new_err(e.to_string()),
+        TokenError::Tokenizer(_) => raise::<errors::TokenizerError>(py, (e.to_string(),)),
     }
 }
 
@@ -82,18 +78,13 @@ fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
             used,
             budget,
             section,
-        } => raise(
-            py,
-            "TokenBudgetExceededError",
-            (used, budget, section.name()),
-        ),
+        } => raise::<errors::TokenBudgetExceededError>(py, (used, budget, section.name())),
         PackError::InvalidNewInput {
             ref label,
             ref reasons,
             ..
-        } => raise(
+        } => raise::<errors::InvalidNewInputError>(
             py,
-            "InvalidNewInputError",
             (
                 e.to_string(),
                 label.clone(),
@@ -450,11 +441,7 @@ fn resolve_encoding(model: Option<&str>, encoding: Option<&str>) -> Result<Encod
 }
 
 fn label(n_history: usize, p: usize) -> String {
-    if p < n_history {
-        format!("history[{p}]")
-    } else {
-        format!("new_input[{}]", p - n_history)
-    }
+    protoprompt_core::graph::position_label(n_history, p)
 }
 
 /// The items of a list-like argument (a str or a mapping is refused).
@@ -1586,14 +1573,10 @@ impl HistoryIndex {
         let bytes = data.as_bytes();
         let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
         let loaded = py.detach(|| CoreIndex::from_snapshot::<Attached>(bytes, binding));
-        let (index, attached) = loaded.map_err(|e| raise(py, "SnapshotError", (e.to_string(),)))?;
-        let damaged = |m: &str| {
-            raise(
-                py,
-                "SnapshotError",
-                (format!("damaged index snapshot: {m}"),),
-            )
-        };
+        let (index, attached) =
+            loaded.map_err(|e| raise::<errors::SnapshotError>(py, (e.to_string(),)))?;
+        let damaged =
+            |m: &str| raise::<errors::SnapshotError>(py, (format!("damaged index snapshot: {m}"),));
         if attached.costs.len() != index.len() {
             return Err(damaged("token costs do not match the items"));
         }
@@ -1695,10 +1678,17 @@ impl HistoryIndex {
             .transpose()?;
         let indexed = self.index.len();
         if n_history < indexed {
-            return Err(PyValueError::new_err(format!(
-                "history has {n_history} items but the index already holds {indexed}; \
-                 truncate or clear the index when items are removed"
-            )));
+            return Err(raise::<errors::HistoryMismatchError>(
+                py,
+                (
+                    format!(
+                        "history has {n_history} items but the index already holds \
+                         {indexed}; truncate or clear the index when items are removed"
+                    ),
+                    n_history,
+                    indexed,
+                ),
+            ));
         }
         if offset > indexed {
             return Err(PyValueError::new_err(format!(
@@ -1964,9 +1954,17 @@ impl HistoryIndex {
 #[cfg(unix)]
 mod fork_guard {
     use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Mutex, MutexGuard, Once};
 
     static BUILDS: Mutex<()> = Mutex::new(());
+
+    /// Test hook (`_core._hold_next_build_until_fork`): the next build, once it holds
+    /// `BUILDS`, waits for a fork's prepare handler to start, so a test forks during a build
+    /// for certain instead of hoping a sleep lands inside one.
+    static HOLD_NEXT: AtomicBool = AtomicBool::new(false);
+    static HOLDING: AtomicBool = AtomicBool::new(false);
+    static FORK_BEGAN: AtomicBool = AtomicBool::new(false);
 
     thread_local! {
         /// Held by the forking thread from prepare to the parent / child handler.
@@ -1975,10 +1973,29 @@ mod fork_guard {
 
     fn around_build(build: &dyn Fn()) {
         let _held = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
+        if HOLD_NEXT.swap(false, Ordering::SeqCst) {
+            HOLDING.store(true, Ordering::SeqCst);
+            while !FORK_BEGAN.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            HOLDING.store(false, Ordering::SeqCst);
+        }
         build();
     }
 
+    /// Arm the test hook for the next build.
+    pub fn hold_next_build_until_fork() {
+        FORK_BEGAN.store(false, Ordering::SeqCst);
+        HOLD_NEXT.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a build is held by the test hook (it holds `BUILDS` and waits for a fork).
+    pub fn build_is_held() -> bool {
+        HOLDING.load(Ordering::SeqCst)
+    }
+
     extern "C" fn prepare() {
+        FORK_BEGAN.store(true, Ordering::SeqCst);
         let guard = BUILDS.lock().unwrap_or_else(|e| e.into_inner());
         HELD.with(|h| *h.borrow_mut() = Some(guard));
     }
@@ -2031,6 +2048,21 @@ fn _lazy_commit_allocator() -> bool {
     configure_allocator()
 }
 
+/// Test hook: the next tokenizer build, once under way (holding the build lock), waits for
+/// a `fork` to begin; `_build_is_held()` says when it is there.
+#[cfg(unix)]
+#[pyfunction]
+fn _hold_next_build_until_fork() {
+    fork_guard::hold_next_build_until_fork();
+}
+
+/// Whether a build is waiting for a fork (see `_hold_next_build_until_fork`).
+#[cfg(unix)]
+#[pyfunction]
+fn _build_is_held() -> bool {
+    fork_guard::build_is_held()
+}
+
 /// Forget every count in the process-wide count cache (for tests and benchmarks that need
 /// a process's first count of a text without a new process).
 #[pyfunction]
@@ -2043,8 +2075,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     configure_allocator();
     #[cfg(unix)]
     fork_guard::install();
+    // The exception classes `errors` imports: there from the start, or no module at all.
+    m.py().import("protoprompt.errors")?;
     m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
+    #[cfg(unix)]
+    {
+        m.add_function(wrap_pyfunction!(_hold_next_build_until_fork, m)?)?;
+        m.add_function(wrap_pyfunction!(_build_is_held, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(preload, m)?)?;
     m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;

@@ -1,0 +1,129 @@
+//! Token counting: encodings (tiktoken-rs), model -> encoding, and the item cost model.
+//!
+//! # Cost model
+//!
+//! The cost of one item is
+//!
+//! ```text
+//! ITEM_OVERHEAD + tokens(canonical_text(item)) + media tokens
+//! ```
+//!
+//! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
+//!   item (role / type markers and separators).
+//! * `canonical_text` renders every provider-bound field of the item as plain text: an object
+//!   becomes one `key: value` line per field (keys sorted, so equal content always renders
+//!   the same text whatever the key order of the caller's dict), an array one line
+//!   per element, a string is written raw (not JSON-escaped), numbers, booleans and null as
+//!   JSON literals. Fields the Agents SDK strips before sending (`provider_data`,
+//!   `created_by`, `_agents_*`, an `id` equal to `"__fake_id__"`) are not counted. The text is
+//!   counted with the model's real encoding, so it counts structured content, tool-call
+//!   arguments, ids and outputs — a conservative upper estimate of what the provider bills.
+//! * Media parts are never counted as text: `input_image` (and `computer_screenshot`,
+//!   Chat-style `image_url`) parts cost by OpenAI's published image rule for the tile-based
+//!   models (GPT-4o, GPT-4.1, GPT-5, o-series): `detail: "low"` = 85 tokens; otherwise the
+//!   image is scaled to fit 2048x2048, then its shortest side to 768, and costs
+//!   `85 + 170 * tiles(512px)`. Dimensions are read from the header of a base64 data URL
+//!   (PNG, JPEG, GIF, WebP, …); an image given by URL or file id costs the largest possible
+//!   value (1445) because its size is unknown. `input_file` parts: a text-like file given
+//!   inline is decoded and counted as text; a PDF costs, per page, a page image (765, a
+//!   letter page at high detail) plus `PDF_TEXT_TOKENS_PER_PAGE`; a file by id/URL costs
+//!   `UNKNOWN_FILE_TOKENS`. `input_audio` costs 10 tokens per second (duration from the WAV
+//!   header, else from the size at 128 kbit/s).
+//!
+//! # Modules
+//!
+//! * `encoding`: the encodings, the model -> encoding map, the lazily built tokenizers.
+//! * `count`: exact counting of long texts in bounded segments ([`Encoding::count`]).
+//! * `cache`: the process-wide count cache and the keys of a persistent count store.
+//! * `canonical`: the canonical text of an item.
+//! * `media`: image, file and audio costs.
+
+use std::fmt;
+
+use serde_json::Value;
+
+mod cache;
+mod canonical;
+mod count;
+mod encoding;
+mod media;
+
+pub use cache::{
+    remember_count, store_key, CacheKey, CountCache, CACHE_GENERATION_ENTRIES, CACHE_MIN_BYTES,
+    COUNT_CACHE, STORE_KEY_VERSION, STORE_MIN_BYTES,
+};
+pub use canonical::{canonical, Canonical};
+pub(crate) use count::segments;
+pub use count::{is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW};
+pub use encoding::{set_build_guard, Encoding};
+pub use media::{
+    image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,
+    IMAGE_MAX_TOKENS, IMAGE_TILE_TOKENS, PDF_PAGE_IMAGE_TOKENS, PDF_TEXT_TOKENS_PER_PAGE,
+    UNKNOWN_FILE_TOKENS,
+};
+
+/// Tokens added to every item for the provider's framing.
+pub const ITEM_OVERHEAD: u64 = 4;
+/// Deepest nesting accepted inside one item.
+pub const MAX_DEPTH: usize = 64;
+
+/// Errors of the counting layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenError {
+    /// The model name maps to no known encoding.
+    UnknownModel(String),
+    /// The encoding name is not one tiktoken-rs ships.
+    UnknownEncoding(String),
+    /// An item cannot be costed: `field` is a path inside the item.
+    BadItem { field: String, message: String },
+    /// The tokenizer failed on this text (it never panics through this API).
+    Tokenizer(String),
+}
+
+impl fmt::Display for TokenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenError::UnknownModel(m) => write!(
+                f,
+                "unknown model {m:?}: no known tiktoken encoding; pass encoding= explicitly \
+                 (one of {})",
+                Encoding::ALL.map(|e| e.name()).join(", ")
+            ),
+            TokenError::UnknownEncoding(e) => write!(
+                f,
+                "unknown encoding {e:?}; expected one of {}",
+                Encoding::ALL.map(|e| e.name()).join(", ")
+            ),
+            TokenError::BadItem { field, message } => write!(f, "field {field}: {message}"),
+            TokenError::Tokenizer(m) => write!(f, "tokenizer failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+/// The cost of one item, split by source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ItemCost {
+    /// Tokens of the canonical text.
+    pub text: u64,
+    /// Tokens of images, files and audio.
+    pub media: u64,
+    /// The fixed per-item overhead.
+    pub overhead: u64,
+}
+
+impl ItemCost {
+    /// The three parts added up (saturating: a cost never wraps around to a small one).
+    pub fn total(&self) -> u64 {
+        self.text
+            .saturating_add(self.media)
+            .saturating_add(self.overhead)
+    }
+}
+
+/// The full cost of one item with the given encoding.
+pub fn item_cost(item: &Value, enc: Encoding) -> Result<ItemCost, TokenError> {
+    let c = canonical(item, enc)?;
+    Ok(c.cost(enc.count_cached(&c.text)?))
+}
