@@ -619,6 +619,117 @@ impl CostSource for Shifted {
     }
 }
 
+/// A random case of the window test: a history, the part of it the index has synced, and
+/// the new input.
+struct WindowCase {
+    hm: Vec<ItemMeta>,
+    nm: Vec<ItemMeta>,
+    synced: usize,
+}
+
+fn random_window_case(rng: &mut Rng) -> WindowCase {
+    let n_hist = rng.below(90);
+    let noisy = rng.below(4) == 0;
+    let hist: Vec<Value> = (0..n_hist).map(|i| agentic_item(rng, i, noisy)).collect();
+    // The index holds the first `synced` items; the rest was appended by others since.
+    let synced = n_hist - rng.below(n_hist.min(4) + 1);
+    let n_new = 1 + rng.below(3);
+    let new: Vec<Value> = (0..n_new)
+        .map(|_| {
+            if rng.below(2) == 0 {
+                json!({"role":"user","content":"q"})
+            } else {
+                random_item(rng)
+            }
+        })
+        .collect();
+    WindowCase {
+        hm: metas(&hist),
+        nm: metas(&new),
+        synced,
+    }
+}
+
+/// The window `w` is a cut of the whole sequence, and its units are those of the whole history.
+fn assert_window_is_a_cut(case: usize, c: &WindowCase, idx: &HistoryIndex, w: usize) {
+    let tail: Vec<ItemMeta> = c.hm[c.synced..]
+        .iter()
+        .chain(c.nm.iter())
+        .cloned()
+        .collect();
+    assert_eq!(
+        idx.cut_from(w, &tail),
+        w,
+        "case {case}: a cut is its own cut"
+    );
+    let mut short = HistoryIndex::new();
+    short.extend(c.hm[..w].to_vec());
+    let rest: Vec<ItemMeta> = c.hm[w..].iter().chain(c.nm.iter()).cloned().collect();
+    assert_eq!(
+        short.cut(&rest),
+        w,
+        "case {case}: cut_from is the cut of the suffix"
+    );
+    let full = build_graph(&c.hm, &c.nm);
+    let part = build_graph(&c.hm[w..], &c.nm);
+    let mut whole: Vec<UnitSummary> = summary(GraphView::whole(&full))
+        .into_iter()
+        .filter(|u| u.0[0] >= w)
+        .collect();
+    for u in &mut whole {
+        u.0.iter_mut().for_each(|p| *p -= w);
+    }
+    assert_eq!(
+        whole,
+        summary(GraphView::whole(&part)),
+        "case {case}: window units"
+    );
+}
+
+/// A contiguous pack of the whole sequence costs nothing before `w`, and a pack of the
+/// window alone sends the same items with the same totals (or fails the same way).
+fn assert_window_packs_like_whole(case: usize, c: &WindowCase, w: usize, o: &PackOptions) {
+    let full = build_graph(&c.hm, &c.nm);
+    let part = build_graph(&c.hm[w..], &c.nm);
+    let all: Vec<ItemMeta> = c.hm.iter().chain(c.nm.iter()).cloned().collect();
+    let part_all: Vec<ItemMeta> = c.hm[w..].iter().chain(c.nm.iter()).cloned().collect();
+    let mut rec = Recording(Vec::new());
+    let a = pack(&full, &all, &mut rec, o, None);
+    let b = pack(&part, &part_all, &mut Shifted(w), o, None);
+    match (a, b) {
+        (Ok(a), Ok(b)) => {
+            assert!(
+                rec.0.iter().all(|&p| p >= w),
+                "case {case}: costed {:?} before {w}",
+                rec.0
+            );
+            let shifted: Vec<usize> = b.kept_history.iter().map(|p| p + w).collect();
+            assert_eq!(a.kept_history, shifted, "case {case}: kept");
+            let dep: Vec<usize> = b.dependency.iter().map(|p| p + w).collect();
+            assert_eq!(a.dependency, dep, "case {case}: dependency");
+            let totals = |r: &protoprompt_core::pack::PackResult| {
+                (
+                    r.new_input_tokens,
+                    r.dependency_tokens,
+                    r.history_tokens,
+                    r.context_tokens,
+                    r.used(),
+                )
+            };
+            assert_eq!(totals(&a), totals(&b), "case {case}: totals");
+        }
+        (Err(a), Err(b)) => {
+            // The same failure (positions are the window's, shifted).
+            assert_eq!(
+                std::mem::discriminant(&a),
+                std::mem::discriminant(&b),
+                "case {case}: {a} / {b}"
+            );
+        }
+        (a, b) => panic!("case {case}: full {a:?} vs window {b:?}"),
+    }
+}
+
 /// A windowed read is exact: for random histories, items appended since the index synced,
 /// new input, budgets, reserves, context sizes and costs known exactly or only as a lower
 /// bound, the contiguous pack of `history ++ new` costs and keeps nothing before
@@ -629,32 +740,17 @@ fn window_start_covers_everything_a_contiguous_pack_uses() {
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
     let mut windowed = 0;
     for case in 0..4000 {
-        let n_hist = rng.below(90);
-        let noisy = rng.below(4) == 0;
-        let hist: Vec<Value> = (0..n_hist)
-            .map(|i| agentic_item(&mut rng, i, noisy))
-            .collect();
-        let hm = metas(&hist);
-        // The index holds the first `synced` items; the rest was appended by others since.
-        let synced = n_hist - rng.below(n_hist.min(4) + 1);
+        let c = random_window_case(&mut rng);
         let mut idx = HistoryIndex::new();
-        idx.extend(hm[..synced].to_vec());
-        let n_new = 1 + rng.below(3);
-        let new: Vec<Value> = (0..n_new)
-            .map(|_| {
-                if rng.below(2) == 0 {
-                    json!({"role":"user","content":"q"})
-                } else {
-                    random_item(&mut rng)
-                }
-            })
+        idx.extend(c.hm[..c.synced].to_vec());
+        let tail: Vec<ItemMeta> = c.hm[c.synced..]
+            .iter()
+            .chain(c.nm.iter())
+            .cloned()
             .collect();
-        let nm = metas(&new);
-        let mut tail: Vec<ItemMeta> = hm[synced..].to_vec();
-        tail.extend(nm.iter().cloned());
         let budget = rng.below(120) as u64;
         // Some costs are known, the others only as the overhead-like lower bound 1.
-        let known: Vec<bool> = (0..synced).map(|_| rng.below(3) != 0).collect();
+        let known: Vec<bool> = (0..c.synced).map(|_| rng.below(3) != 0).collect();
         let w = idx
             .window_start(&tail, budget, |members| {
                 Ok::<u64, ()>(
@@ -665,89 +761,18 @@ fn window_start_covers_everything_a_contiguous_pack_uses() {
                 )
             })
             .unwrap();
-        assert!(w <= synced, "case {case}");
+        assert!(w <= c.synced, "case {case}");
         if w > 0 {
             windowed += 1;
         }
-        // A cut of the whole sequence.
-        assert_eq!(
-            idx.cut_from(w, &tail),
-            w,
-            "case {case}: a cut is its own cut"
-        );
-        let mut short = HistoryIndex::new();
-        short.extend(hm[..w].to_vec());
-        let rest: Vec<ItemMeta> = hm[w..].iter().chain(nm.iter()).cloned().collect();
-        assert_eq!(
-            short.cut(&rest),
-            w,
-            "case {case}: cut_from is the cut of the suffix"
-        );
-        let full = build_graph(&hm, &nm);
-        let part = build_graph(&hm[w..], &nm);
-        let mut whole: Vec<UnitSummary> = summary(GraphView::whole(&full))
-            .into_iter()
-            .filter(|u| u.0[0] >= w)
-            .collect();
-        for u in &mut whole {
-            u.0.iter_mut().for_each(|p| *p -= w);
-        }
-        assert_eq!(
-            whole,
-            summary(GraphView::whole(&part)),
-            "case {case}: window units"
-        );
-
-        let all: Vec<ItemMeta> = hm.iter().chain(nm.iter()).cloned().collect();
-        let part_all: Vec<ItemMeta> = hm[w..].iter().chain(nm.iter()).cloned().collect();
+        assert_window_is_a_cut(case, &c, &idx, w);
         let o = PackOptions {
             budget,
             output_reserve: rng.below(6) as u64,
             context_tokens: rng.below(6) as u64,
             policy: Policy::Contiguous,
         };
-        let mut rec = Recording(Vec::new());
-        let a = pack(&full, &all, &mut rec, &o, None);
-        let b = pack(&part, &part_all, &mut Shifted(w), &o, None);
-        match (a, b) {
-            (Ok(a), Ok(b)) => {
-                assert!(
-                    rec.0.iter().all(|&p| p >= w),
-                    "case {case}: costed {:?} before {w}",
-                    rec.0
-                );
-                let shifted: Vec<usize> = b.kept_history.iter().map(|p| p + w).collect();
-                assert_eq!(a.kept_history, shifted, "case {case}: kept");
-                let dep: Vec<usize> = b.dependency.iter().map(|p| p + w).collect();
-                assert_eq!(a.dependency, dep, "case {case}: dependency");
-                assert_eq!(
-                    (
-                        a.new_input_tokens,
-                        a.dependency_tokens,
-                        a.history_tokens,
-                        a.context_tokens,
-                        a.used()
-                    ),
-                    (
-                        b.new_input_tokens,
-                        b.dependency_tokens,
-                        b.history_tokens,
-                        b.context_tokens,
-                        b.used()
-                    ),
-                    "case {case}: totals"
-                );
-            }
-            (Err(a), Err(b)) => {
-                // The same failure (positions are the window's, shifted).
-                assert_eq!(
-                    std::mem::discriminant(&a),
-                    std::mem::discriminant(&b),
-                    "case {case}: {a} / {b}"
-                );
-            }
-            (a, b) => panic!("case {case}: full {a:?} vs window {b:?}"),
-        }
+        assert_window_packs_like_whole(case, &c, w, &o);
     }
     assert!(windowed > 1000, "only {windowed} cases had a window");
 }
