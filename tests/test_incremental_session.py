@@ -39,9 +39,9 @@ def turn_script(i: int) -> list[Any]:
 class Side:
     """One session + callback + scripted model; every plan the callback built is recorded."""
 
-    def __init__(self, db: str, incremental: bool | None) -> None:
+    def __init__(self, db: str, incremental: bool | None, **options: Any) -> None:
         self.store = MemoryStore()
-        self.session = ProtoPromptSession("chat", db, incremental=incremental)
+        self.session = ProtoPromptSession("chat", db, incremental=incremental, **options)
         self.plans: list[list[str]] = []
         builder = TokenBudgetedContextBuilder(self.store, max_tokens=900, scope=SCOPE,
                                               output_reserve=100)
@@ -63,12 +63,12 @@ class Side:
         self.store.close()
 
 
-async def fast_and_plain(tmp_path: Any, turns: int) -> tuple[str, Side, Side]:
+async def fast_and_plain(tmp_path: Any, turns: int, **options: Any) -> tuple[str, Side, Side]:
     """A session with an index (``fast.db``, returned first) and one without (``plain.db``)
-    after the same ``turns`` turns."""
+    after the same ``turns`` turns (both made with ``options``)."""
     fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    fast = Side(fast_db, incremental=None, **options)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False, **options)
     for i in range(turns):
         await fast.turn(i)
         await plain.turn(i)
@@ -78,9 +78,9 @@ async def fast_and_plain(tmp_path: Any, turns: int) -> tuple[str, Side, Side]:
 def restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a new process has: no shared index, no counts in memory."""
     from protoprompt import _core
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import pool
 
-    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    monkeypatch.setattr(pool, "_SHARED", type(pool._SHARED)())
     _core._clear_count_cache()
 
 
@@ -125,10 +125,10 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     assert len(fast.session._index_state.index) == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import _snapshots
 
     calls: list[str] = []
-    for cls, name in ((HistoryIndex, "truncate"), (integration._IndexState, "reset")):
+    for cls, name in ((HistoryIndex, "truncate"), (_snapshots.IndexState, "reset")):
         real = getattr(cls, name)
         monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
             calls.append(_n), _r(self, *a))[1])
@@ -217,7 +217,7 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     """A server that builds a ProtoPromptSession per request: objects for the same stored
     session share one index (warm turns), pops through one are seen by the next, and every
     request equals that of a session without an index."""
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import pool
 
     fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
     plain = Side(plain_db, incremental=False)
@@ -240,16 +240,15 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
         side.close()
     assert plans == plain.plans
 
-    # The pool keeps the most recent indexes within SHARED_INDEX_BYTES.
-    monkeypatch.setattr(integration, "SHARED_INDEX_BYTES", 1)
-    other = ProtoPromptSession("someone-else", fast_db)
+    # The pool keeps the most recent indexes within shared_index_bytes.
+    other = ProtoPromptSession("someone-else", fast_db, shared_index_bytes=1)
     with MemoryStore() as store:
         builder = TokenBudgetedContextBuilder(store, max_tokens=900, scope=SCOPE)
         model = ScriptedModel([[assistant_message("hi", item_id="m_other")]])
         await Runner.run(Agent(name="a", model=model), "hello", session=other,
                          run_config=RunConfig(session_input_callback=other.input_callback(
                              builder), tracing_disabled=True))
-    keys = list(integration._SHARED)
+    keys = list(pool._SHARED)
     assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
     fresh = ProtoPromptSession("chat", fast_db)
     assert fresh._index_state is not shared and len(fresh._index_state.index) == 0
