@@ -63,6 +63,26 @@ class Side:
         self.store.close()
 
 
+async def reads_rows_itself(session: ProtoPromptSession) -> bool:
+    """Whether ``get_items`` reads the stored rows itself (with their row ids, so the index
+    is compared with exactly those rows) rather than through the inner session's own
+    ``get_items``: a spy on the public ``inner_session`` sees no call then."""
+    inner = session.inner_session
+    real = inner.get_items
+    calls: list[Any] = []
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await real(*args, **kwargs)
+
+    inner.get_items = spy
+    try:
+        await session.get_items()
+    finally:
+        del inner.get_items
+    return not calls
+
+
 async def fast_and_plain(tmp_path: Any, turns: int, **options: Any) -> tuple[str, Side, Side]:
     """A session with an index (``fast.db``, returned first) and one without (``plain.db``)
     after the same ``turns`` turns (both made with ``options``)."""
@@ -88,7 +108,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         tmp_path, monkeypatch) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
     plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    assert fast.session._reader is not None and plain.session._reader is None
+    assert await reads_rows_itself(fast.session) and not await reads_rows_itself(plain.session)
 
     async def both(action: Any) -> None:
         for side, db in ((fast, "fast.db"), (plain, "plain.db")):
@@ -185,7 +205,7 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
 
 async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
     side = Side(":memory:", incremental=None)
-    assert side.session._incremental and side.session._reader is None
+    assert side.session._incremental and not await reads_rows_itself(side.session)
     await side.turn(0)
     await side.turn(2)
     assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
