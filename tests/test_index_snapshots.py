@@ -264,7 +264,9 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
     params = inspect.signature(ProtoPromptSession.__init__).parameters
     assert params["snapshot_min_items"].default == 512
     assert params["shared_index_bytes"].default == 256 * 2**20
-    assert {params[n].kind for n in ("snapshot_min_items", "shared_index_bytes")} == {
+    assert params["max_open_readers"].default == 32
+    assert {params[n].kind for n in (
+        "snapshot_min_items", "shared_index_bytes", "max_open_readers")} == {
         inspect.Parameter.KEYWORD_ONLY}
     db = str(tmp_path / "o.db")
     for name, value, error, message in [
@@ -272,7 +274,9 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
             ("snapshot_min_items", True, TypeError, "snapshot_min_items must be an int, got bool"),
             ("snapshot_min_items", 2.0, TypeError, "snapshot_min_items must be an int, got float"),
             ("shared_index_bytes", -1, ValueError, "shared_index_bytes must be at least 0, got -1"),
-            ("shared_index_bytes", "1", TypeError, "shared_index_bytes must be an int, got str")]:
+            ("shared_index_bytes", "1", TypeError, "shared_index_bytes must be an int, got str"),
+            ("max_open_readers", 0, ValueError, "max_open_readers must be at least 1, got 0"),
+            ("max_open_readers", None, TypeError, "max_open_readers must be an int, got NoneType")]:
         with pytest.raises(error, match=f"^{message}$"):
             ProtoPromptSession("chat", db, **{name: value})
     assert not os.path.exists(db)  # refused before the database was created
@@ -281,5 +285,11 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
     for i in range(3):
         await side.turn(i)
     side.session._index_state.wait_for_save()
+    assert side.session._index_state.index.count_store.max_open_readers == 32
     side.close()
     assert _snapshot_rows(db) == []
+    # The count store of the file is shared by its sessions: the one made last sets its limit.
+    other = ProtoPromptSession("other", db, max_open_readers=3)
+    assert other._index_state.index.count_store is side.session._index_state.index.count_store
+    assert other._index_state.index.count_store.max_open_readers == 3
+    other.close()

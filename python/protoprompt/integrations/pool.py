@@ -49,17 +49,20 @@ _STORES: weakref.WeakValueDictionary[tuple[str, str], SQLiteCountStore] = (
     weakref.WeakValueDictionary())
 
 
-def count_store(key: Key) -> SQLiteCountStore | None:
+def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
     """The count store of a database file, one for all its sessions (one connection however
-    many sessions are pooled), or ``None`` if it cannot be opened."""
+    many sessions are pooled), or ``None`` if it cannot be opened. ``max_open_readers``: the
+    reader limit it applies from now on (that of the session made last for the file)."""
     database_id, db_path = key[0], key[1]
     with _SHARED_LOCK:
         store = _STORES.get((database_id, db_path))
         if store is None:
             try:
-                store = _STORES[(database_id, db_path)] = SQLiteCountStore(db_path)
+                store = _STORES[(database_id, db_path)] = SQLiteCountStore(
+                    db_path, max_open_readers=max_open_readers)
             except (sqlite3.Error, OSError):
                 return None  # read-only or odd database: counts stay in memory
+        store.max_open_readers = max_open_readers
         return store
 
 

@@ -177,6 +177,12 @@ class ProtoPromptSession:
             item), trimmed after each turn of this session to this session's value; an
             index dropped from it stays with the objects that hold it. ``0`` keeps only the
             most recent one. Default 256 MiB.
+        max_open_readers: with a database file, token counts are kept in it through a
+            :class:`~protoprompt.SQLiteCountStore` (one per file, shared by its sessions);
+            the count stores of this process keep at most this many reader connections
+            (file descriptors) open, least recently used closed first (see the store's
+            ``max_open_readers``; the session made last for a file sets its store's).
+            Default 32.
 
     With a database file, token counts of long items are also kept in it (table
     ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
@@ -186,11 +192,13 @@ class ProtoPromptSession:
 
     Raises:
         TypeError: ``session_id`` is not a str, ``inner_session`` is not a ``Session``,
-            ``session_settings`` has an unknown key (``Unknown session settings: ...``), or
-            ``snapshot_min_items`` / ``shared_index_bytes`` is not an int.
+            ``session_settings`` has an unknown key (``Unknown session settings: ...``),
+            or ``snapshot_min_items`` / ``shared_index_bytes`` / ``max_open_readers`` is not
+            an int.
         ValueError: ``session_id`` is empty, ``inner_session`` conflicts with the other
             arguments or is an ``OpenAIConversationsSession`` (server-managed history),
-            ``snapshot_min_items`` is below 1 or ``shared_index_bytes`` below 0.
+            ``snapshot_min_items`` or ``max_open_readers`` is below 1, or
+            ``shared_index_bytes`` below 0.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
@@ -213,12 +221,14 @@ class ProtoPromptSession:
         windowed_reads: bool = False,
         snapshot_min_items: int = DEFAULT_SNAPSHOT_MIN_ITEMS,
         shared_index_bytes: int = pool.DEFAULT_SHARED_INDEX_BYTES,
+        max_open_readers: int = SQLiteCountStore.DEFAULT_MAX_OPEN_READERS,
     ) -> None:
         if not isinstance(windowed_reads, bool):
             raise TypeError(
                 f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
         self._snapshot_min_items = _positive_int("snapshot_min_items", snapshot_min_items)
         self._shared_index_bytes = _non_negative_int("shared_index_bytes", shared_index_bytes)
+        max_open_readers = _positive_int("max_open_readers", max_open_readers)
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
         if not session_id.strip():
@@ -279,9 +289,14 @@ class ProtoPromptSession:
                     snapshot_at = (db, db_id, table, session_id)
         self._index_state = (pool.shared_state(self._shared_key, snapshot_at) if self._shared_key
                              else IndexState())
-        if self._shared_key is not None and self._index_state.index.count_store is None:
+        if self._shared_key is not None:
             # Token counts outlive the process in the same database (SQLiteCountStore).
-            self._index_state.index.count_store = pool.count_store(self._shared_key)
+            store = self._index_state.index.count_store
+            if store is None:
+                self._index_state.index.count_store = pool.count_store(self._shared_key,
+                                                                    max_open_readers)
+            elif isinstance(store, SQLiteCountStore):
+                store.max_open_readers = max_open_readers
         # Token windows need the rows with their ids (a database file) and the index.
         self._windowed_reads = windowed_reads and self._reader is not None
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
