@@ -491,11 +491,11 @@ def _session_child(spec: dict[str, Any]) -> None:
     # spends there comparing them with the index, which is protoprompt's own; the SDK's
     # read is timed too for sessions that use it).
     from protoprompt.integrations import _sync
-    from protoprompt.integrations.agents import _IndexState
+    from protoprompt.integrations._snapshots import IndexState
 
     inner_read = session.inner_session.get_items
     read_rows = _sync.read_rows
-    compare = _IndexState.compare
+    compare = IndexState.compare
     outer_read = session.get_items
     reads: list[tuple[float, float]] = []  # (outer, inner)
     inner_spent: list[float] = []
@@ -532,7 +532,7 @@ def _session_child(spec: dict[str, Any]) -> None:
 
     session.inner_session.get_items = timed_inner  # type: ignore[method-assign]
     _sync.read_rows = timed_rows  # type: ignore[assignment]
-    _IndexState.compare = timed_compare  # type: ignore[method-assign]
+    IndexState.compare = timed_compare  # type: ignore[method-assign]
     session.get_items = timed_outer  # type: ignore[method-assign]
 
     peaks: list[int | None] = []
@@ -562,9 +562,9 @@ def _session_child(spec: dict[str, Any]) -> None:
     state = session._index_state
     restore_peak = None
     if state.snapshot_at is not None and state.saved_len:
-        from protoprompt.integrations.agents import _IndexState
+        from protoprompt.integrations._snapshots import IndexState
 
-        fresh = _IndexState(state.snapshot_at)
+        fresh = IndexState(state.snapshot_at)
         _, restore_peak, _ = _peak_growth(fresh.restore)
         restore_peak = restore_peak if len(fresh.index) else None
     warm = None

@@ -247,12 +247,12 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
     for k in ("session_cold_items", "session_cold_history_tokens"):
         assert runs["cold"][k] == runs["restart"][k], k  # the same request
     assert stored > 0 or budget < 1000
-    from protoprompt.integrations.agents import SNAPSHOT_MIN_ITEMS
+    from protoprompt.integrations._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS
 
     # The restarted process started from the index snapshot the first one saved.
     assert runs["cold"]["session_restored_items"] == 0
     assert runs["restart"]["session_restored_items"] == (
-        case.n_items if case.n_items >= SNAPSHOT_MIN_ITEMS else 0)
+        case.n_items if case.n_items >= DEFAULT_SNAPSHOT_MIN_ITEMS else 0)
     peak = runs["cold"].get("session_cold_peak_bytes")
     restore_peak = runs["restart"].get("session_restore_peak_bytes")
     benchmark.extra_info.update(n_items=case.n_items, budget=budget,

@@ -99,9 +99,6 @@ async def _popper(db: str, log: Any, rng: random.Random) -> None:
 async def _turner(db: str, log: Any, rng: random.Random) -> None:
     from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder, _core
     from protoprompt.integrations import ProtoPromptSession
-    from protoprompt.integrations import agents as integration
-
-    integration.SNAPSHOT_MIN_ITEMS = 16  # snapshots written (and killed mid-write) often
     store = MemoryStore()
     scope = MemoryScope("acme", user="alice")
 
@@ -109,7 +106,8 @@ async def _turner(db: str, log: Any, rng: random.Random) -> None:
         return TokenBudgetedContextBuilder(store, max_tokens=3000, scope=scope,
                                            output_reserve=200)
 
-    session = ProtoPromptSession(SESSION, db)
+    # snapshots written (and killed mid-write) often
+    session = ProtoPromptSession(SESSION, db, snapshot_min_items=16)
     sent_by = builder()
     callback = session.input_callback(sent_by, system_prompt="Be brief.")
     fresh = builder()

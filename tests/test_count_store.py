@@ -255,6 +255,9 @@ def test_store_arguments_are_checked(tmp_path) -> None:
         pp.SQLiteCountStore(":memory:")
     with pytest.raises(ValueError, match="max_entries"):
         pp.SQLiteCountStore(tmp_path / "c.db", max_entries=0)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="max_open_readers must be a positive int"):
+            pp.SQLiteCountStore(tmp_path / "c.db", max_open_readers=bad)
     store = pp.SQLiteCountStore(tmp_path / "c.db")
     assert len(store.secret) == 16
     assert pp.SQLiteCountStore(tmp_path / "c.db").secret == store.secret  # one per database
@@ -419,13 +422,10 @@ def test_a_fork_waits_for_sqlite_work_on_other_threads(tmp_path) -> None:
 
 
 def test_many_databases_keep_few_connections_open(tmp_path, monkeypatch) -> None:
-    """A server with a database per tenant: at most MAX_OPEN_READERS stores keep their
+    """A server with a database per tenant: at most max_open_readers stores keep their
     connection (a file descriptor) open; the others reopen when asked, with the same
     answers."""
-    from protoprompt import count_store as module
-
-    monkeypatch.setattr(module, "MAX_OPEN_READERS", 4)
-    stores = [pp.SQLiteCountStore(tmp_path / f"t{i}.db") for i in range(10)]
+    stores = [pp.SQLiteCountStore(tmp_path / f"t{i}.db", max_open_readers=4) for i in range(10)]
     for i, store in enumerate(stores):
         store.put_many([(i.to_bytes(16, "big"), i)])
         assert store.flush(timeout=10)

@@ -39,9 +39,9 @@ def turn_script(i: int) -> list[Any]:
 class Side:
     """One session + callback + scripted model; every plan the callback built is recorded."""
 
-    def __init__(self, db: str, incremental: bool | None) -> None:
+    def __init__(self, db: str, incremental: bool | None, **options: Any) -> None:
         self.store = MemoryStore()
-        self.session = ProtoPromptSession("chat", db, incremental=incremental)
+        self.session = ProtoPromptSession("chat", db, incremental=incremental, **options)
         self.plans: list[list[str]] = []
         builder = TokenBudgetedContextBuilder(self.store, max_tokens=900, scope=SCOPE,
                                               output_reserve=100)
@@ -63,12 +63,32 @@ class Side:
         self.store.close()
 
 
-async def fast_and_plain(tmp_path: Any, turns: int) -> tuple[str, Side, Side]:
+async def reads_rows_itself(session: ProtoPromptSession) -> bool:
+    """Whether ``get_items`` reads the stored rows itself (with their row ids, so the index
+    is compared with exactly those rows) rather than through the inner session's own
+    ``get_items``: a spy on the public ``inner_session`` sees no call then."""
+    inner = session.inner_session
+    real = inner.get_items
+    calls: list[Any] = []
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await real(*args, **kwargs)
+
+    inner.get_items = spy
+    try:
+        await session.get_items()
+    finally:
+        del inner.get_items
+    return not calls
+
+
+async def fast_and_plain(tmp_path: Any, turns: int, **options: Any) -> tuple[str, Side, Side]:
     """A session with an index (``fast.db``, returned first) and one without (``plain.db``)
-    after the same ``turns`` turns."""
+    after the same ``turns`` turns (both made with ``options``)."""
     fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    fast = Side(fast_db, incremental=None, **options)
+    plain = Side(str(tmp_path / "plain.db"), incremental=False, **options)
     for i in range(turns):
         await fast.turn(i)
         await plain.turn(i)
@@ -78,9 +98,9 @@ async def fast_and_plain(tmp_path: Any, turns: int) -> tuple[str, Side, Side]:
 def restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a new process has: no shared index, no counts in memory."""
     from protoprompt import _core
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import pool
 
-    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    monkeypatch.setattr(pool, "_SHARED", type(pool._SHARED)())
     _core._clear_count_cache()
 
 
@@ -88,7 +108,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         tmp_path, monkeypatch) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
     plain = Side(str(tmp_path / "plain.db"), incremental=False)
-    assert fast.session._reader is not None and plain.session._reader is None
+    assert await reads_rows_itself(fast.session) and not await reads_rows_itself(plain.session)
 
     async def both(action: Any) -> None:
         for side, db in ((fast, "fast.db"), (plain, "plain.db")):
@@ -125,10 +145,10 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     assert len(fast.session._index_state.index) == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import _snapshots
 
     calls: list[str] = []
-    for cls, name in ((HistoryIndex, "truncate"), (integration._IndexState, "reset")):
+    for cls, name in ((HistoryIndex, "truncate"), (_snapshots.IndexState, "reset")):
         real = getattr(cls, name)
         monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
             calls.append(_n), _r(self, *a))[1])
@@ -185,7 +205,7 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
 
 async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
     side = Side(":memory:", incremental=None)
-    assert side.session._incremental and side.session._reader is None
+    assert side.session._incremental and not await reads_rows_itself(side.session)
     await side.turn(0)
     await side.turn(2)
     assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
@@ -217,7 +237,7 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     """A server that builds a ProtoPromptSession per request: objects for the same stored
     session share one index (warm turns), pops through one are seen by the next, and every
     request equals that of a session without an index."""
-    from protoprompt.integrations import agents as integration
+    from protoprompt.integrations import pool
 
     fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
     plain = Side(plain_db, incremental=False)
@@ -240,16 +260,15 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
         side.close()
     assert plans == plain.plans
 
-    # The pool keeps the most recent indexes within SHARED_INDEX_BYTES.
-    monkeypatch.setattr(integration, "SHARED_INDEX_BYTES", 1)
-    other = ProtoPromptSession("someone-else", fast_db)
+    # The pool keeps the most recent indexes within shared_index_bytes.
+    other = ProtoPromptSession("someone-else", fast_db, shared_index_bytes=1)
     with MemoryStore() as store:
         builder = TokenBudgetedContextBuilder(store, max_tokens=900, scope=SCOPE)
         model = ScriptedModel([[assistant_message("hi", item_id="m_other")]])
         await Runner.run(Agent(name="a", model=model), "hello", session=other,
                          run_config=RunConfig(session_input_callback=other.input_callback(
                              builder), tracing_disabled=True))
-    keys = list(integration._SHARED)
+    keys = list(pool._SHARED)
     assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
     fresh = ProtoPromptSession("chat", fast_db)
     assert fresh._index_state is not shared and len(fresh._index_state.index) == 0

@@ -25,7 +25,6 @@ agents = pytest.importorskip("agents")
 from agents.memory import SQLiteSession  # noqa: E402
 
 from protoprompt.integrations import _snapshots  # noqa: E402
-from protoprompt.integrations import agents as integration  # noqa: E402
 from test_incremental_session import fast_and_plain, restart  # noqa: E402
 from test_incremental_session import Side  # noqa: E402
 
@@ -137,7 +136,7 @@ def _row_ids(db: str) -> list[int]:
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
-    for cls, name in ((pp.HistoryIndex, "truncate"), (integration._IndexState, "reset"),
+    for cls, name in ((pp.HistoryIndex, "truncate"), (_snapshots.IndexState, "reset"),
                       (pp.HistoryIndex, "extend")):
         real = getattr(cls, name)
         monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
@@ -146,8 +145,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
 
 async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_requests(
         tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 4)
-    fast_db, fast, plain = await fast_and_plain(tmp_path, 6)
+    fast_db, fast, plain = await fast_and_plain(tmp_path, 6, snapshot_min_items=4)
     fast.session._index_state.wait_for_save()
     # Written in the background once the index held enough items, before any close.
     assert _snapshot_rows(fast_db), "no snapshot written during the turns"
@@ -165,7 +163,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     real_get_many = pp.SQLiteCountStore.get_many
     monkeypatch.setattr(pp.SQLiteCountStore, "get_many",
                         lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1])
-    restarted = Side(fast_db, incremental=None)
+    restarted = Side(fast_db, incremental=None, snapshot_min_items=4)
     history = await restarted.session.get_items()
     state = restarted.session._index_state
     assert len(state.index) == items and state.saved_len == items  # loaded, nothing read
@@ -190,7 +188,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
         other.close()
     restart(monkeypatch)
     calls.clear()
-    again = Side(fast_db, incremental=None)
+    again = Side(fast_db, incremental=None, snapshot_min_items=4)
     await again.turn(7)
     await plain.turn(7)
     assert again.plans == plain.plans[-1:]
@@ -200,9 +198,8 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
 
 
 async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 2)
     db = str(tmp_path / "s.db")
-    side = Side(db, incremental=None)
+    side = Side(db, incremental=None, snapshot_min_items=2)
     for i in range(3):
         await side.turn(i)
     side.session._index_state.wait_for_save()
@@ -216,8 +213,7 @@ async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None
 @pytest.mark.parametrize("damage", ["flip", "foreign", "not bytes"])
 async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, caplog,
                                                         damage: str) -> None:
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 2)
-    fast_db, fast, plain = await fast_and_plain(tmp_path, 3)
+    fast_db, fast, plain = await fast_and_plain(tmp_path, 3, snapshot_min_items=2)
     fast.close()
     with sqlite3.connect(fast_db) as conn:
         (data,) = conn.execute(f"SELECT data FROM {TABLE}").fetchone()
@@ -230,7 +226,7 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, c
         conn.execute(f"UPDATE {TABLE} SET data = ?", (data,))
     restart(monkeypatch)
     caplog.set_level(logging.DEBUG, logger="protoprompt")
-    restarted = Side(fast_db, incremental=None)
+    restarted = Side(fast_db, incremental=None, snapshot_min_items=2)
     await restarted.turn(3)
     await plain.turn(3)
     assert restarted.plans == plain.plans[-1:]
@@ -247,11 +243,53 @@ def test_a_fork_while_an_index_is_busy_gives_the_child_a_fresh_one() -> None:
     """A thread of the parent held the index's lock at the fork (mid-append, say): that
     thread does not exist in the child, so the child must neither wait for the lock forever
     nor trust the index it guarded."""
-    state = integration._IndexState()
+    state = _snapshots.IndexState()
     state.index.extend(_history(20, 3))
-    idle = integration._IndexState()
+    idle = _snapshots.IndexState()
     idle.index.extend(_history(5, 4))
     with state.lock:
         child = _in_forked_child(lambda: (state.lock.acquire(timeout=5), len(state.index),
                                           idle.lock.acquire(timeout=5), len(idle.index)))
     assert child == (True, 0, True, len(idle.index))
+
+
+async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path) -> None:
+    """``snapshot_min_items`` and ``shared_index_bytes`` are keyword-only options with the
+    documented defaults; a bad value is refused before anything is opened, and a huge
+    ``snapshot_min_items`` turns snapshots off for that session."""
+    import inspect
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    params = inspect.signature(ProtoPromptSession.__init__).parameters
+    assert params["snapshot_min_items"].default == 512
+    assert params["shared_index_bytes"].default == 256 * 2**20
+    assert params["max_open_readers"].default == 32
+    assert {params[n].kind for n in (
+        "snapshot_min_items", "shared_index_bytes", "max_open_readers")} == {
+        inspect.Parameter.KEYWORD_ONLY}
+    db = str(tmp_path / "o.db")
+    for name, value, error, message in [
+            ("snapshot_min_items", 0, ValueError, "snapshot_min_items must be at least 1, got 0"),
+            ("snapshot_min_items", True, TypeError, "snapshot_min_items must be an int, got bool"),
+            ("snapshot_min_items", 2.0, TypeError, "snapshot_min_items must be an int, got float"),
+            ("shared_index_bytes", -1, ValueError, "shared_index_bytes must be at least 0, got -1"),
+            ("shared_index_bytes", "1", TypeError, "shared_index_bytes must be an int, got str"),
+            ("max_open_readers", 0, ValueError, "max_open_readers must be at least 1, got 0"),
+            ("max_open_readers", None, TypeError, "max_open_readers must be an int, got NoneType")]:
+        with pytest.raises(error, match=f"^{message}$"):
+            ProtoPromptSession("chat", db, **{name: value})
+    assert not os.path.exists(db)  # refused before the database was created
+
+    side = Side(db, incremental=None, snapshot_min_items=10**9)
+    for i in range(3):
+        await side.turn(i)
+    side.session._index_state.wait_for_save()
+    assert side.session._index_state.index.count_store.max_open_readers == 32
+    side.close()
+    assert _snapshot_rows(db) == []
+    # The count store of the file is shared by its sessions: the one made last sets its limit.
+    other = ProtoPromptSession("other", db, max_open_readers=3)
+    assert other._index_state.index.count_store is side.session._index_state.index.count_store
+    assert other._index_state.index.count_store.max_open_readers == 3
+    other.close()

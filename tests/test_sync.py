@@ -28,7 +28,7 @@ from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  #
 from protoprompt import _core  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.integrations import _sync  # noqa: E402
-from protoprompt.integrations import agents as integration  # noqa: E402
+from protoprompt.integrations import pool  # noqa: E402
 
 # --------------------------------------------------------------------------------- the table
 
@@ -181,11 +181,12 @@ class Turns:
     """Turns through a session's ``get_items`` and callback, as the SDK makes them, each
     checked against a builder that packs the same history without any index."""
 
-    def __init__(self, db: str, session_id: str = "chat", words: int = 20) -> None:
+    def __init__(self, db: str, session_id: str = "chat", words: int = 20,
+                 **options: Any) -> None:
         self.db = db
         self.words = words
         self.store = MemoryStore()
-        self.session = ProtoPromptSession(session_id, db)
+        self.session = ProtoPromptSession(session_id, db, **options)
         self.builder = _builder(self.store)
         self.callback = self.session.input_callback(self.builder, system_prompt=SYSTEM)
         self.fresh = _builder(self.store)
@@ -355,7 +356,7 @@ def test_the_shared_pool_keys_include_the_file(tmp_path) -> None:
     key = session._shared_key
     assert key is not None and key[1] == str((tmp_path / "k.db").resolve())
     assert key[2:] == ("agent_messages", "chat")
-    assert integration._SHARED[key] is session._index_state
+    assert pool._SHARED[key] is session._index_state
     session.close()
 
 

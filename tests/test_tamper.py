@@ -22,28 +22,28 @@ pytest.importorskip("agents")
 
 import protoprompt as pp  # noqa: E402
 from protoprompt import _core  # noqa: E402
-from protoprompt.integrations import agents as integration  # noqa: E402
+from protoprompt.integrations import pool  # noqa: E402
 
 from test_sync import Turns  # noqa: E402
 
 SNAPSHOTS = "protoprompt_index_snapshots"
+OPTIONS: dict[str, Any] = {"snapshot_min_items": 4}  # every session here writes snapshots
 COUNTS = "protoprompt_token_counts"
 META = "protoprompt_meta"
 
 
 def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a new process has: no shared index, no count store objects, no counts in memory."""
-    monkeypatch.setattr(integration, "_SHARED", OrderedDict())
-    monkeypatch.setattr(integration, "_STORES", weakref.WeakValueDictionary())
+    monkeypatch.setattr(pool, "_SHARED", OrderedDict())
+    monkeypatch.setattr(pool, "_STORES", weakref.WeakValueDictionary())
     _core._clear_count_cache()
 
 
 async def _stored(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str = "t.db",
                   session_id: str = "chat", words: int = 120, turns: int = 6) -> str:
     """A database whose session has a snapshot and stored counts (long answers)."""
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 4)
     db = str(tmp_path / name)
-    t = Turns(db, session_id, words=words)
+    t = Turns(db, session_id, words=words, **OPTIONS)
     for _ in range(turns):
         await t.turn()
     t.session._index_state.wait_for_save()
@@ -81,7 +81,7 @@ async def _turn_after_restart(db: str, monkeypatch: pytest.MonkeyPatch, *,
     """A restarted process's next two turns: each must equal a fresh pack (``Turns``).
     ``restored``: whether the first read must have started from the stored snapshot."""
     _restart(monkeypatch)
-    t = Turns(db, session_id, words=120)
+    t = Turns(db, session_id, words=120, **OPTIONS)
     t.n = 100
     history = await t.read()
     if restored is not None:
@@ -139,7 +139,7 @@ async def test_a_snapshot_of_another_session_under_this_one_is_refused(
     """Session B's snapshot placed under session A (same database, same shape of rows, other
     texts): refused, A's turns equal fresh packs."""
     db = await _stored(tmp_path, monkeypatch, session_id="A", words=5)
-    t = Turns(db, "B", words=300)
+    t = Turns(db, "B", words=300, **OPTIONS)
     for _ in range(6):
         await t.turn()
     t.session._index_state.wait_for_save()

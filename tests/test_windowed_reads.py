@@ -27,7 +27,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call  # no
 import protoprompt as pp  # noqa: E402
 from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
-from protoprompt.integrations import agents as integration  # noqa: E402
+from protoprompt.integrations import _context, _sync, pool  # noqa: E402
 
 SCOPE = MemoryScope("acme", user="alice")
 
@@ -50,11 +50,11 @@ class Side:
     the session read (its length, or ``None`` for a full read)."""
 
     def __init__(self, db: str, windowed: bool, max_tokens: int = 900,
-                 policy: str = "contiguous") -> None:
+                 policy: str = "contiguous", **options: Any) -> None:
         self.db = db
         self.store = MemoryStore()
         self.session = ProtoPromptSession("chat", db, windowed_reads=windowed,
-                                          incremental=None if windowed else False)
+                                          incremental=None if windowed else False, **options)
         self.plans: list[list[str]] = []
         self.windows: list[int | None] = []
         real = self.session._read_window
@@ -112,7 +112,7 @@ def restart(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a new process has: no shared index, no counts in memory."""
     from protoprompt import _core
 
-    monkeypatch.setattr(integration, "_SHARED", type(integration._SHARED)())
+    monkeypatch.setattr(pool, "_SHARED", type(pool._SHARED)())
     _core._clear_count_cache()
 
 
@@ -181,19 +181,16 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
     await turn(19)
     assert sum(w is not None for w in win.windows[-4:]) >= 3, win.windows
     # A restart: a new process loads the snapshot (the history is long enough to have one).
-    saved = integration.SNAPSHOT_MIN_ITEMS
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", 8)
     win.session._index_state.save()
     win.close()
     full.close()
     restart(monkeypatch)
-    win2 = Side(win.db, windowed=True)
-    full2 = Side(full.db, windowed=False)
+    win2 = Side(win.db, windowed=True, snapshot_min_items=8)
+    full2 = Side(full.db, windowed=False, snapshot_min_items=8)
     win2.plans, full2.plans = win.plans, full.plans
     for side in (win2, full2):
         await side.turn(20)
     assert win2.windows[-1] is not None  # windowed from the snapshot, not a full read
-    monkeypatch.setattr(integration, "SNAPSHOT_MIN_ITEMS", saved)
     # The newest unit alone is larger than the budget: an assistant reply that cannot fit.
     for side in (win2, full2):
         await other_writer(side, [{"role": "assistant", "content": "huge " * 3000}])
@@ -320,11 +317,11 @@ def test_random_turns_pops_writers_and_restarts(ops, max_tokens, policy) -> None
 
 
 async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: str) -> None:
-    shared, snapshot_min = integration._SHARED, integration.SNAPSHOT_MIN_ITEMS
-    integration.SNAPSHOT_MIN_ITEMS = 16
+    shared = pool._SHARED
+    options = {"snapshot_min_items": 16}
     with tempfile.TemporaryDirectory() as tmp:
-        win = Side(f"{tmp}/win.db", True, max_tokens, policy)
-        full = Side(f"{tmp}/full.db", False, max_tokens, policy)
+        win = Side(f"{tmp}/win.db", True, max_tokens, policy, **options)
+        full = Side(f"{tmp}/full.db", False, max_tokens, policy, **options)
         windows: list[int | None] = []
         try:
             step = 0
@@ -352,10 +349,10 @@ async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: s
                     plans = (win.plans, full.plans)
                     win.close()
                     full.close()
-                    integration._SHARED = type(shared)()
+                    pool._SHARED = type(shared)()
                     pp._core._clear_count_cache()
-                    win = Side(win.db, True, max_tokens, policy)
-                    full = Side(full.db, False, max_tokens, policy)
+                    win = Side(win.db, True, max_tokens, policy, **options)
+                    full = Side(full.db, False, max_tokens, policy, **options)
                     win.plans, full.plans = plans
             step += 1
             await win.turn(step)
@@ -369,8 +366,7 @@ async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: s
         finally:
             win.close()
             full.close()
-            integration._SHARED = shared
-            integration.SNAPSHOT_MIN_ITEMS = snapshot_min
+            pool._SHARED = shared
 
 
 async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path) -> None:
@@ -393,7 +389,7 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path
         return got
 
     async def callback(window: list[Any], facts: Any) -> list[Any]:
-        integration._LAST_READ.set(integration._Read(win.session, facts))
+        _context.LAST_READ.set(_context.Read(win.session, facts))
         return await win.callback(json.loads(json.dumps(window)), list(new_input))
 
     rechecks: list[Any] = []
@@ -447,7 +443,7 @@ async def test_rows_that_are_not_json_and_a_failing_read(tmp_path, monkeypatch) 
     def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(integration._sync.RowReader, "read_window", broken)
+    monkeypatch.setattr(_sync.RowReader, "read_window", broken)
     await win.turn(19)
     await full.turn(19)
     monkeypatch.undo()

@@ -57,8 +57,6 @@ _SECRET_ROW = "count_secret"
 _MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 _REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
 
-MAX_OPEN_READERS = 32
-"""Stores that keep their reader connection open at once (one file descriptor each)."""
 
 _LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()  # flushed at exit, reset on fork
 _OPEN: OrderedDict[int, weakref.ref[SQLiteCountStore]] = OrderedDict()  # open readers, LRU
@@ -192,23 +190,35 @@ class SQLiteCountStore:
         path: the database file (created if missing). Not ``":memory:"``: a memory
             database lives and dies with one connection, which defeats the purpose.
         max_entries: most counts kept (about 60 bytes each on disk).
+        max_open_readers: when this store opens its reader connection (one file descriptor),
+            the stores of this process that keep one open are cut to this many, least
+            recently used closed first (they reopen when asked), so a server with a database
+            per tenant never runs out of file descriptors. Default 32.
 
     Raises:
-        ValueError: ``path`` is ``":memory:"`` or ``max_entries`` is not a positive int.
+        ValueError: ``path`` is ``":memory:"``, or ``max_entries`` or ``max_open_readers``
+            is not a positive int.
         sqlite3.Error: the database cannot be opened or its tables created.
     """
 
     DEFAULT_MAX_ENTRIES = 200_000
+    DEFAULT_MAX_OPEN_READERS = 32
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+                 max_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_open_readers: int = DEFAULT_MAX_OPEN_READERS) -> None:
         path = os.fspath(path)
         if path == ":memory:" or path.startswith("file::memory:"):
             raise ValueError("SQLiteCountStore needs a database file, not ':memory:'")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        if (isinstance(max_open_readers, bool) or not isinstance(max_open_readers, int)
+                or max_open_readers < 1):
+            raise ValueError(
+                f"max_open_readers must be a positive int, got {max_open_readers!r}")
         self.path = path
         self.max_entries = max_entries
+        self.max_open_readers = max_open_readers
         self._lock = threading.Lock()  # the reader connection
         self._reader: sqlite3.Connection | None = None
         self._pending: list[tuple[bytes, int]] = []
@@ -233,7 +243,7 @@ class SQLiteCountStore:
 
     def _open_reader(self) -> sqlite3.Connection:
         """The reader connection (caller holds ``self._lock``), opened if needed; at most
-        ``MAX_OPEN_READERS`` stores keep one open (least recently used closed first), so a
+        ``self.max_open_readers`` stores keep one open (least recently used closed first), so a
         server with many databases never runs out of file descriptors."""
         if self._reader is None:
             with _GATE:
@@ -242,7 +252,7 @@ class SQLiteCountStore:
         with _OPEN_LOCK:
             _OPEN[id(self)] = weakref.ref(self)
             _OPEN.move_to_end(id(self))
-            while len(_OPEN) > MAX_OPEN_READERS:
+            while len(_OPEN) > self.max_open_readers:
                 _, ref = _OPEN.popitem(last=False)
                 store = ref()
                 if store is not None and store is not self:

@@ -16,11 +16,20 @@ failed turn.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
 import logging
+import os
 import sqlite3
 import sys
+import threading
+import weakref
 from array import array
+
+from ..errors import SnapshotError
+from ..packing import HistoryIndex
+from . import _sync
 
 _log = logging.getLogger("protoprompt")
 
@@ -46,7 +55,7 @@ def binding(database_id: str, table: str, session_id: str, row_ids: bytes) -> by
     return bytes(out) + row_ids
 
 
-def ids_to_bytes(ids: array) -> bytes:
+def ids_to_bytes(ids: array[int]) -> bytes:
     """Row ids as stored: 8-byte little-endian integers."""
     if sys.byteorder == "little":
         return ids.tobytes()
@@ -55,7 +64,7 @@ def ids_to_bytes(ids: array) -> bytes:
     return swapped.tobytes()
 
 
-def ids_from_bytes(data: bytes) -> array | None:
+def ids_from_bytes(data: bytes) -> array[int] | None:
     """The row ids :func:`ids_to_bytes` wrote, or ``None`` if ``data`` cannot be them."""
     if len(data) % 8:
         return None
@@ -111,3 +120,179 @@ def delete(db_path: str, table: str, session_id: str) -> None:
     except sqlite3.Error:
         pass  # no table: nothing to delete; a locked database keeps a snapshot whose rows
         # are gone, of which the row comparison then keeps nothing
+
+
+# ------------------------------------------------------------------ a session's index state
+
+DEFAULT_SNAPSHOT_MIN_ITEMS = 512
+"""Default of ``ProtoPromptSession(snapshot_min_items=...)``: histories shorter than this are
+not snapshotted (reading them again takes a few ms)."""
+
+_STATES: weakref.WeakSet[IndexState] = weakref.WeakSet()  # for fork and exit handling
+
+
+class IndexState:
+    """A stored session's HistoryIndex, what it describes, and the session's epoch (bumped
+    around every pop and clear made through any object sharing this state).
+
+    ``row_ids`` are the ids of the rows behind the index's items when the rows are compared
+    before every use (see ``_sync``); ``version`` changes with every change of the index or
+    of ``row_ids``. ``snapshot_at`` = ``(db path, database id, messages table, session id)``
+    when the index is saved to and restored from the database."""
+
+    def __init__(self, snapshot_at: tuple[str, str, str, str] | None = None) -> None:
+        self.index = HistoryIndex()
+        self.generation = -1  # the epoch the index was synced at
+        self.row_ids: _sync.RowIds | None = None
+        self.version = 0
+        self.nbytes = 0  # index.nbytes after the last build (read without the index)
+        self.lock = threading.Lock()
+        self._epoch = itertools.count(1)
+        self.epoch = 0
+        self.snapshot_at = snapshot_at
+        self.restore_tried = snapshot_at is None
+        self.saved_len = 0  # items in the snapshot last written or loaded
+        self.saver: threading.Thread | None = None
+        _STATES.add(self)
+
+    def bump(self) -> None:
+        self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
+
+    def reset(self, generation: int) -> None:
+        self.keep(0)
+        self.generation = generation
+
+    def keep(self, length: int) -> None:
+        """Keep the first ``length`` items of the index (and of ``row_ids``)."""
+        if length < len(self.index):
+            if length:
+                self.index.truncate(length)
+            else:
+                self.index.clear()
+        if self.row_ids is not None and len(self.row_ids) > length:
+            del self.row_ids[length:]
+        if not length:
+            self.row_ids = None
+        self.version += 1
+
+    def synced(self) -> _sync.Synced:
+        return _sync.Synced(len(self.index), self.version, self.generation)
+
+    def compare(self, rows: _sync.Rows, after: threading.Thread | None = None) -> _sync.Seen:
+        """What ``rows`` (a read's rows) keep of the index, once ``after`` (the snapshot's
+        restore) has finished (caller: no lock)."""
+        if after is not None:
+            after.join()
+        with self.lock:
+            keep = _sync.kept_prefix(self.row_ids, rows)
+            return _sync.Seen(self.version, keep, rows.ids_from(keep))
+
+    # -------------------------------------------------------------- snapshots (caller: no lock)
+
+    def _binding(self, row_ids: bytes) -> bytes:
+        assert self.snapshot_at is not None
+        _, database_id, table, session_id = self.snapshot_at
+        return binding(database_id, table, session_id, row_ids)
+
+    def restore(self) -> None:
+        """Load the stored snapshot into a state that has never synced (once per state).
+        Whatever is stored, this never raises: a snapshot that cannot be used is ignored."""
+        with self.lock:
+            if self.restore_tried or self.snapshot_at is None:
+                return
+            self.restore_tried = True
+            if len(self.index) or self.row_ids is not None:
+                return
+            db_path, _, table, session_id = self.snapshot_at
+            try:
+                found = load(db_path, table, session_id)
+                if found is None:
+                    return
+                ids_blob, data = found
+                row_ids = ids_from_bytes(ids_blob)
+                index = HistoryIndex.from_snapshot(data, count_store=self.index.count_store,
+                                                   bound_to=self._binding(ids_blob))
+                if row_ids is None or len(row_ids) != len(index):
+                    raise SnapshotError("its row ids do not match its items")
+            except Exception as exc:  # noqa: BLE001 - stored state never fails a turn
+                # Another version, damaged, or taken for other rows: read the history.
+                _log.debug("protoprompt: index snapshot of %r not used: %s", session_id, exc)
+                return
+            self.index = index
+            self.row_ids = row_ids
+            self.version += 1
+            self.generation = self.epoch
+            self.saved_len = len(index)
+            self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
+
+    def due(self, min_items: int) -> bool:
+        """Whether the index has grown enough since its last snapshot: it holds ``min_items``
+        items and has grown by an eighth, at least ``min_items`` (caller holds lock)."""
+        n = len(self.index)
+        return (self.snapshot_at is not None and self.row_ids is not None
+                and n >= min_items
+                and n - self.saved_len >= max(min_items, self.saved_len // 8))
+
+    def save_in_background(self) -> None:
+        """Start writing a snapshot unless one is being written (caller holds the lock)."""
+        if self.saver is not None and self.saver.is_alive():
+            return
+        self.saver = threading.Thread(target=self.save, name="protoprompt-snapshot",
+                                      daemon=True)
+        self.saver.start()
+
+    def save(self) -> None:
+        """Write a snapshot of the index as it is now, if it holds anything unsaved."""
+        with self.lock:
+            n = len(self.index)
+            if (self.snapshot_at is None or self.row_ids is None or n == 0
+                    or n == self.saved_len or len(self.row_ids) != n):
+                return
+            ids_blob = ids_to_bytes(self.row_ids)
+            data = self.index.snapshot(bound_to=self._binding(ids_blob))
+            self.saved_len = n  # also when the write fails: retried after more growth
+        db_path, _, table, session_id = self.snapshot_at
+        save(db_path, table, session_id, ids_blob, data)
+
+    def wait_for_save(self, timeout: float | None = None) -> None:
+        saver = self.saver
+        if saver is not None and saver is not threading.current_thread():
+            saver.join(timeout)
+
+    def forget_snapshot(self) -> None:
+        """Delete the stored snapshot (``clear_session``), after any write in flight."""
+        self.wait_for_save()
+        with self.lock:
+            self.reset(self.epoch)  # describes the cleared rows: never to be saved again
+            self.saved_len = 0
+        if self.snapshot_at is not None:
+            db_path, _, table, session_id = self.snapshot_at
+            delete(db_path, table, session_id)
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock held at the fork belonged to a thread that is gone, and
+        the index it guarded may be half changed. Start that index again."""
+        if self.lock.locked():
+            self.index = HistoryIndex(count_store=self.index.count_store)
+            self.row_ids = None
+            self.version += 1
+            self.generation = -1
+        self.lock = threading.Lock()
+        self.saver = None
+
+
+def _states_after_fork() -> None:
+    for state in list(_STATES):
+        state.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_states_after_fork)
+
+
+@atexit.register
+def _finish_saves_at_exit() -> None:
+    """Snapshot writers are daemon threads: let one in flight finish (at most 5 s each)."""
+    for state in list(_STATES):
+        state.wait_for_save(timeout=5.0)
+

@@ -33,11 +33,14 @@ import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 T = TypeVar("T")
 
-RowIds = array
+if TYPE_CHECKING:
+    RowIds = array[int]
+else:  # array is subscriptable at run time from Python 3.12 on
+    RowIds = array
 """Row ids, ``array('q')``."""
 
 

@@ -67,14 +67,14 @@ from ..packing import (
 )
 
 if TYPE_CHECKING:
-    from .agents import ProtoPromptSession
+    from .session import ProtoPromptSession
 
 __all__ = [
+    "TOOLS_OVERHEAD",
     "ModelCallPlan",
     "ModelInputFilter",
     "OversizedOutput",
     "TruncatedOutput",
-    "TOOLS_OVERHEAD",
     "model_input_filter",
     "tool_definitions",
 ]
@@ -187,10 +187,9 @@ class ModelCallPlan:
             f"  mandatory: context/run input at {self.pinned or 'none'}, newest step "
             f"{self.step[0]}..{self.step[1]}",
         ]
-        for t in self.truncated:
-            lines.append(f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
-                         f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
-                         f"{t.sent_tokens} tokens")
+        lines.extend(f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
+                     f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
+                     f"{t.sent_tokens} tokens" for t in self.truncated)
         lines.append(self.pack.explain())
         return "\n".join(lines)
 
@@ -323,10 +322,10 @@ def _is_user_message(item: Any) -> bool:
 def _is_model_side(item: Any) -> bool:
     kind = _field(item, "type")
     if kind == "tool_search_output":
-        return _field(item, "execution") == "server"
+        return bool(_field(item, "execution") == "server")
     if kind in _MODEL_SIDE_TYPES:
         return True
-    return _field(item, "role") == "assistant"
+    return bool(_field(item, "role") == "assistant")
 
 
 def _newest_step_start(items: Sequence[Any], lo: int) -> int:
@@ -463,8 +462,17 @@ def _water_level(costs: list[int], room: int) -> int | None:
 class _Run:
     """What the filter knows of one run between its model calls."""
 
-    __slots__ = ("agent", "token", "index", "calls", "n_prev", "step_start", "samples",
-                 "run_input", "pool")
+    __slots__ = (
+        "agent",
+        "calls",
+        "index",
+        "n_prev",
+        "pool",
+        "run_input",
+        "samples",
+        "step_start",
+        "token",
+    )
 
     def __init__(self, agent: Any, token: Any) -> None:
         self.agent = agent
@@ -631,7 +639,10 @@ class ModelInputFilter:
         # A kept plan shares its run index's item graph, which the next append would then
         # copy whole (see HistoryIndex): release it before packing.
         self.last_plan = None
-        work = lambda: self._plan(items, run, instructions_tokens, tools_tokens)  # noqa: E731
+
+        def work() -> ModelCallPlan:
+            return self._plan(items, run, instructions_tokens, tools_tokens)
+
         if len(items) - len(run.index) > 4096:  # a long first read: off the event loop
             plan = await asyncio.to_thread(work)
         else:

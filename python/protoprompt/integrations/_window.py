@@ -1,0 +1,158 @@
+"""Token windows: finding the runner's read before a turn (its frame on the stack) and
+reading only the newest stored items that turn's budget can reach, with what the callback
+needs to pack them as the whole history."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from ..context import _message_text
+from . import _sync
+from ._sdk import PREPARE_CODE, ItemHelpers
+
+if TYPE_CHECKING:
+    from ._snapshots import IndexState
+    from .session import ProtoPromptSession
+
+_log = logging.getLogger("protoprompt")
+
+
+class Turn:
+    """What a session callback needs to know to window the read before it: its budget."""
+
+    __slots__ = ("builder", "output_reserve", "session")
+
+    def __init__(self, session: ProtoPromptSession, builder: Any,
+                 output_reserve: int | None) -> None:
+        self.session = session
+        self.builder = builder
+        self.output_reserve = output_reserve
+
+
+TURN_ATTR = "_protoprompt_turn"
+"""Attribute of a callback made by ``input_callback``: its ``Turn``."""
+
+_FRAMES_UP = 8
+"""How far up the stack ``get_items`` looks for the runner's ``prepare_input_with_session``
+(through ``_session_get_items``, its ``read_items`` and ``_call_session_method``)."""
+
+
+def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
+    """When this ``get_items`` is the read of the runner's ``prepare_input_with_session``
+    (0.22.3 and 0.24.0) for ``session`` whose result goes to a callback of this session that
+    includes the history: that callback's ``Turn`` and the turn's new input, as the SDK
+    makes it. Any other read (the user's, ``pop_item`` corrections, compaction, resuming a
+    run, the retry clean-up) returns ``None``: it must see the whole history."""
+    if PREPARE_CODE is None:
+        return None
+    frame = sys._getframe(1).f_back  # get_items' caller (None when a task drives it)
+    for _ in range(_FRAMES_UP):
+        if frame is None:
+            return None
+        if frame.f_code is PREPARE_CODE:
+            break
+        frame = frame.f_back
+    else:
+        return None
+    scope = frame.f_locals
+    if scope.get("session") is not session or not scope.get(
+            "include_history_in_prepared_input", False):
+        return None
+    turn = getattr(scope.get("session_input_callback"), TURN_ATTR, None)
+    if not isinstance(turn, Turn) or turn.session is not session:
+        return None
+    raw = scope.get("input")
+    if not isinstance(raw, (str, list)):
+        return None
+    try:
+        new_items = list(ItemHelpers.input_to_new_input_list(raw))
+    except Exception:  # noqa: BLE001 - the SDK will say what is wrong with it
+        return None
+    return turn, new_items
+
+
+
+def read_window(state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn,
+                new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
+    """The newest items the turn's budget can reach and what the callback needs to pack
+    them as the whole history, or ``None`` (read everything): no index synced with the
+    rows, the greedy policy, a gone row, or no window smaller than the history.
+
+    The window comes from the index (in memory or its snapshot) and the rows appended
+    after its last row, classified before anything is trusted (``window_start``); see
+    ``_sync.RowReader.read_window`` for the reads."""
+    builder = turn.builder
+    if getattr(builder, "policy", None) != "contiguous":
+        return None
+    reserve = builder.output_reserve if turn.output_reserve is None else turn.output_reserve
+    budget = max(int(builder.max_tokens) - int(reserve), 0)
+    model, encoding = builder.model, builder.encoding
+    state.restore()
+    with state.lock:
+        row_ids = state.row_ids
+        n = len(state.index)
+        if n < 2 or row_ids is None or len(row_ids) != n:
+            return None
+        version = state.version
+        last_id = row_ids[-1]
+    chosen: list[Any] = []
+
+    def choose(appended: list[Any], rows: _sync.Rows) -> int | None:
+        with state.lock:
+            if state.version != version:
+                return None
+            try:
+                w = state.index.window_start([*appended, *new_items], budget,
+                                             model=model, encoding=encoding)
+            except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
+                _log.debug("protoprompt: no window for %r: %s", session_id, exc)
+                return None
+            if w <= 0:
+                return None
+            w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
+            chosen.append(w)
+            chosen.append(array("q", row_ids[w:n - 1]))
+            return int(row_ids[w])
+
+    got = reader.read_window(last_id, choose)
+    if got is None:
+        return None
+    head_items, tail_items, tail_rows, head_ids = got
+    w, expected = chosen
+    if head_ids != expected:  # a row of the window is gone: the index does not hold
+        return None
+    window = head_items + tail_items
+    if not any(_message_text(i) is not None for i in new_items) and not any(
+            _message_text(i) is not None for i in window):
+        return None  # the recall query would come from before the window
+    window_ids = array("q", expected)
+    window_ids.append(last_id)
+    seen = _sync.Seen(version, n, tail_rows.ids_from(1))
+    facts = _sync.Read(len(window), False, 0, True, seen, offset=w, window_ids=window_ids)
+    return window, facts
+
+
+def window_keep(state: IndexState, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+    """For a token window whose index changed after the read (another turn on a shared
+    index ran in between): how many index items still hold for the window's history and
+    the ids of the window's rows after them, or ``None`` when the rows before the window
+    are no longer known to hold (caller holds the state's lock)."""
+    w, ids = facts.offset, facts.window_ids
+    row_ids = state.row_ids
+    if (ids is None or facts.seen is None or row_ids is None
+            or len(row_ids) != len(state.index) or len(row_ids) <= w
+            or row_ids[w] != ids[0]):
+        return None
+    lo, hi = w + 1, min(len(row_ids), w + len(ids))  # the prefix of lo holds (_sync)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if row_ids[mid - 1] == ids[mid - 1 - w]:
+            lo = mid
+        else:
+            hi = mid - 1
+    rest = array("q", ids[lo - w:])
+    rest.extend(facts.seen.new_ids)
+    return lo, rest

@@ -1,0 +1,799 @@
+"""The session: :class:`ProtoPromptSession`, its budgeted input callback and its model filter.
+
+See :mod:`protoprompt.integrations.agents` for the overview; the jobs it relies on live in
+``_context`` (context messages, the hand-off to the callback), ``_sync`` (the row reads and
+the index-sync decision), ``_snapshots`` (the index state and its snapshots), ``pool`` (the
+process-wide index pool), ``_window`` (token windows) and ``_shims`` (inner-session calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import sqlite3
+import threading
+import warnings
+from array import array
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ..count_store import SQLiteCountStore
+from ..errors import ProtoPromptError
+from ..packing import preload
+from . import _sync, pool
+from ._context import (
+    LAST_READ,
+    MAX_PENDING_CONTEXTS,
+    RUN_INPUT,
+    Read,
+    RunInput,
+    context_key,
+    is_encrypted_envelope,
+)
+from ._sdk import (
+    OpenAIConversationsSession,
+    RunConfig,
+    Session,
+    SessionSettings,
+    SQLiteSession,
+)
+from ._shims import (
+    FORWARDED_HOOKS,
+    NOT_FORWARDED,
+    SQLITE_VALIDATED_POP,
+    accepts_keyword,
+    call,
+    coerce_settings,
+)
+from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
+from ._window import TURN_ATTR, Turn, read_window, runner_turn, window_keep
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ..context import ContextPlan, TokenBudgetedContextBuilder
+    from ..memory import MemoryScope
+    from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
+
+__all__ = ["ProtoPromptSession", "SessionInputCallback"]
+
+Item = Any
+"""An input item as the SDK hands it over (a dict in practice)."""
+SessionInputCallback = Callable[[list[Item], list[Item]], Awaitable[list[Item]]]
+
+_log = logging.getLogger("protoprompt")
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be at least 0, got {value}")
+    return value
+
+_S = TypeVar("_S", bound="ProtoPromptSession")
+
+_SQLITE_BACKED: dict[type[Any], type[Any]] = {}
+
+
+def _sqlite_backed(cls: type[_S]) -> type[_S]:
+    """``cls`` made an ``SQLiteSession`` subclass, for sessions stored in a native one.
+
+    Code that treats a native ``SQLiteSession`` specially — ``EncryptedSession`` authenticates
+    a pop inside the SQLite transaction when ``type(s).pop_item is SQLiteSession.pop_item`` —
+    then treats a ProtoPromptSession over one the same way. Every method is still
+    ProtoPromptSession's (it comes first in the MRO); ``pop_item`` is SQLiteSession's own,
+    which only calls ``_pop_item_with_validation`` (below), unless ``cls`` overrides it."""
+    variant: type[_S] | None = _SQLITE_BACKED.get(cls)
+    if variant is None:
+        namespace: dict[str, Any] = {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__, "_pop_item_with_validation": _pop_item_with_validation,
+        }
+        if cls.pop_item is ProtoPromptSession.pop_item:
+            namespace["pop_item"] = SQLiteSession.pop_item
+        variant = _SQLITE_BACKED[cls] = cast(
+            "type[_S]", type(cls.__name__, (cls, SQLiteSession), namespace))
+    return variant
+
+
+async def _pop_item_with_validation(self: ProtoPromptSession,
+                                    validate: Callable[[Item], None] | None = None) -> Item | None:
+    """``SQLiteSession._pop_item_with_validation`` of the inner session: ``validate`` runs on
+    the claimed row inside the transaction, and an exception rolls the removal back."""
+    state = self._index_state
+    state.bump()
+    try:
+        return await self._inner._pop_item_with_validation(validate)
+    finally:
+        state.bump()
+
+
+
+class ProtoPromptSession:
+    """An Agents SDK ``Session`` whose input callback fits every request into a token budget.
+
+    It implements the SDK's ``Session`` protocol (``isinstance(s, agents.memory.Session)``)
+    and stores history in the SDK's own ``SQLiteSession`` — or in ``inner_session``, any
+    SDK session (SQLAlchemy, Redis, your own) — with the upstream meaning of every method:
+    ``get_items(limit)`` returns the latest ``limit`` items in order, ``pop_item`` removes
+    the newest one (the correction workflow — pop twice, run again — works unchanged) and
+    ``clear_session`` empties this session's history. Long-term memory lives in a
+    :class:`~protoprompt.memory.MemoryStore` and is never touched by the session.
+
+    A drop-in for ``SQLiteSession``: it takes the same arguments, validates ``session_settings``
+    the same way, and when the history lives in a native ``SQLiteSession`` it is an instance of
+    ``SQLiteSession`` (a private subclass; every method is ProtoPromptSession's), so
+    ``EncryptedSession`` authenticates a pop inside the SQLite transaction as it does over
+    ``SQLiteSession``. The optional hooks the SDK probes on a session are passed on from the
+    inner session (docs/item-graph.md §11.3); for compaction wrap it as
+    ``OpenAIResponsesCompactionSession(session_id, ProtoPromptSession(...))``.
+
+    Args:
+        session_id: non-empty id of the conversation.
+        db_path: SQLite file for the default ``SQLiteSession`` (``":memory:"`` by default).
+        inner_session: store history in this session instead (then ``db_path`` must be
+            left at its default and its ``session_id`` must equal ``session_id``).
+        session_settings: default read settings (``SessionSettings`` or a dict such as
+            ``{"limit": 50}``).
+        incremental: keep a :class:`~protoprompt.HistoryIndex` of the stored history so a
+            turn costs what is new and what is kept, not the whole history (same requests
+            either way). ``None`` (default): on when the history lives in an
+            ``SQLiteSession``; in a database file, ``get_items`` then reads the rows itself
+            (the same items as ``SQLiteSession.get_items``, with their row ids) and the
+            index is compared with exactly those rows, so writes by other processes or
+            session objects are noticed. ``True`` for another inner session asserts that
+            only this object changes that session's history.
+        sessions_table, messages_table: table names of the default ``SQLiteSession`` (as
+            in ``SQLiteSession``; with ``inner_session`` leave them at their defaults).
+        windowed_reads: let the runner's read before a turn return only the newest stored
+            items the budget of this session's :meth:`input_callback` can reach, instead of
+            the whole history (the SDK then works on those only; the request is the same).
+            Needs a database file (``db_path``) and the ``"contiguous"`` policy; every other
+            read — yours, ``pop_item`` corrections, compaction, resuming a run — sees the
+            whole history as before, and so does a read the session cannot prove a window
+            for (then the turn costs what it costs without windowing).
+        snapshot_min_items: with a database file, the index is saved to it (table
+            ``protoprompt_index_snapshots``) once it holds this many items, again each time
+            it has grown by an eighth (at least this many items), and on :meth:`close`; a
+            restarted process loads it instead of classifying the whole history. Shorter
+            histories are not snapshotted (reading them again takes a few ms); a huge value
+            turns snapshots off. Default 512.
+        shared_index_bytes: session objects of one process for the same stored session
+            (database file, table, session id) share one index, so a server that builds a
+            session per request still gets warm turns. The pool of this process keeps the
+            most recently used indexes up to this many bytes (about 0.23 KB per history
+            item), trimmed after each turn of this session to this session's value; an
+            index dropped from it stays with the objects that hold it. ``0`` keeps only the
+            most recent one. Default 256 MiB.
+        max_open_readers: with a database file, token counts are kept in it through a
+            :class:`~protoprompt.SQLiteCountStore` (one per file, shared by its sessions);
+            the count stores of this process keep at most this many reader connections
+            (file descriptors) open, least recently used closed first (see the store's
+            ``max_open_readers``; the session made last for a file sets its store's).
+            Default 32.
+
+    With a database file, token counts of long items are also kept in it (table
+    ``protoprompt_token_counts``, see :class:`~protoprompt.SQLiteCountStore`), so the first
+    turn after a restart does not tokenise the kept history again. The table holds keyed
+    hashes and counts only, never text; ``clear_session`` leaves it (it is a cache shared
+    by the database's sessions, bounded in size).
+
+    Raises:
+        TypeError: ``session_id`` is not a str, ``inner_session`` is not a ``Session``,
+            ``session_settings`` has an unknown key (``Unknown session settings: ...``),
+            or ``snapshot_min_items`` / ``shared_index_bytes`` / ``max_open_readers`` is not
+            an int.
+        ValueError: ``session_id`` is empty, ``inner_session`` conflicts with the other
+            arguments or is an ``OpenAIConversationsSession`` (server-managed history),
+            ``snapshot_min_items`` or ``max_open_readers`` is below 1, or
+            ``shared_index_bytes`` below 0.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        inner = kwargs.get("inner_session")
+        if (SQLITE_VALIDATED_POP and (inner is None or type(inner) is SQLiteSession)
+                and not issubclass(cls, SQLiteSession)):
+            cls = _sqlite_backed(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        session_id: str,
+        db_path: str | os.PathLike[str] = ":memory:",
+        *,
+        inner_session: Session | None = None,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
+        incremental: bool | None = None,
+        sessions_table: str = "agent_sessions",
+        messages_table: str = "agent_messages",
+        windowed_reads: bool = False,
+        snapshot_min_items: int = DEFAULT_SNAPSHOT_MIN_ITEMS,
+        shared_index_bytes: int = pool.DEFAULT_SHARED_INDEX_BYTES,
+        max_open_readers: int = SQLiteCountStore.DEFAULT_MAX_OPEN_READERS,
+    ) -> None:
+        if not isinstance(windowed_reads, bool):
+            raise TypeError(
+                f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
+        self._snapshot_min_items = _positive_int("snapshot_min_items", snapshot_min_items)
+        self._shared_index_bytes = _non_negative_int("shared_index_bytes", shared_index_bytes)
+        max_open_readers = _positive_int("max_open_readers", max_open_readers)
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
+        if not session_id.strip():
+            raise ValueError("session_id must be a non-empty string")
+        settings = coerce_settings(session_settings)
+        self.session_id = session_id
+        if inner_session is None:
+            self._inner: Any = SQLiteSession(
+                session_id, os.fspath(db_path), sessions_table=sessions_table,
+                messages_table=messages_table, session_settings=settings)
+            self._owns_inner = True
+            self._settings: SessionSettings | None = None
+        else:
+            if not isinstance(inner_session, Session):
+                raise TypeError(
+                    "inner_session must implement agents.memory.Session, "
+                    f"got {type(inner_session).__name__}"
+                )
+            if isinstance(inner_session, OpenAIConversationsSession):
+                raise ValueError(
+                    "inner_session cannot be an OpenAIConversationsSession: its history lives "
+                    "on the server and the SDK treats that session specially (it would not "
+                    "recognise it behind a wrapper)"
+                )
+            if os.fspath(db_path) != ":memory:":
+                raise ValueError("pass either db_path or inner_session, not both")
+            if (sessions_table, messages_table) != ("agent_sessions", "agent_messages"):
+                raise ValueError("sessions_table and messages_table name the tables of the "
+                                 "default SQLiteSession; pass them to your inner_session")
+            inner_id = getattr(inner_session, "session_id", None)
+            if inner_id != session_id:
+                raise ValueError(
+                    f"inner_session.session_id is {inner_id!r} but session_id is {session_id!r}"
+                )
+            self._inner = inner_session
+            self._owns_inner = False
+            self._settings = settings
+        if incremental is not None and not isinstance(incremental, bool):
+            raise TypeError(f"incremental must be a bool or None, got {type(incremental).__name__}")
+        sqlite_inner = (isinstance(self._inner, SQLiteSession)
+                        and type(self._inner).get_items is SQLiteSession.get_items)
+        self._incremental = sqlite_inner if incremental is None else incremental
+        self._reader: _sync.RowReader | None = None
+        self._shared_key: pool.Key | None = None
+        snapshot_at: tuple[str, str, str, str] | None = None
+        if self._incremental and sqlite_inner:
+            db = os.fspath(self._inner.db_path)
+            if db != ":memory:":  # a memory database has no other writer
+                table = self._inner.messages_table
+                # get_items reads the rows itself, with their ids, so the index is compared
+                # with exactly the rows the SDK hands over (see `_sync`).
+                self._reader = _sync.RowReader(db, table, session_id)
+                # That comparison makes sharing the index between objects safe, keyed by
+                # the database's own identity and its file (see `_Key`).
+                db_id = pool.database_id(db)
+                if db_id is not None:
+                    self._shared_key = (db_id, os.path.realpath(db), table, session_id)
+                    snapshot_at = (db, db_id, table, session_id)
+        self._index_state = (pool.shared_state(self._shared_key, snapshot_at) if self._shared_key
+                             else IndexState())
+        if self._shared_key is not None:
+            # Token counts outlive the process in the same database (SQLiteCountStore).
+            store = self._index_state.index.count_store
+            if store is None:
+                self._index_state.index.count_store = pool.count_store(self._shared_key,
+                                                                    max_open_readers)
+            elif isinstance(store, SQLiteCountStore):
+                store.max_open_readers = max_open_readers
+        # Token windows need the rows with their ids (a database file) and the index.
+        self._windowed_reads = windowed_reads and self._reader is not None
+        self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
+        self._warned_wrapped = False
+        self._pending_lock = threading.Lock()
+        # Context messages produced lately (stored or not), for the model filter to pin.
+        self._produced: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_CONTEXTS)
+
+    # ------------------------------------------------------------------ Session protocol
+
+    @property
+    def inner_session(self) -> Any:
+        """The session that stores the history."""
+        return self._inner
+
+    @property
+    def session_settings(self) -> SessionSettings | None:
+        """Default read settings: our own if set, else the inner session's."""
+        if self._settings is not None:
+            return self._settings
+        return getattr(self._inner, "session_settings", None)
+
+    @session_settings.setter
+    def session_settings(self, value: SessionSettings | Mapping[str, Any] | None) -> None:
+        self._settings = coerce_settings(value)
+
+    async def get_items(self, limit: int | None = None, wrapper: Any = None) -> list[Item]:
+        """The history, or its latest ``limit`` items in chronological order."""
+        if limit is None and self._settings is not None:
+            limit = self._settings.limit
+        state = self._index_state
+        epoch = state.epoch
+        windowed = (limit is not None
+                    or getattr(self.session_settings, "limit", None) is not None)
+        if (self._windowed_reads and not windowed
+                and not getattr(self._inner, "_closed", False)):
+            # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
+            # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
+            turn = runner_turn(self)
+            if turn is not None:
+                try:
+                    found = await asyncio.to_thread(self._read_window, *turn)
+                except sqlite3.Error as exc:
+                    _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
+                    found = None
+                if found is not None:
+                    items, facts = found
+                    LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
+                    return items
+        restorer: threading.Thread | None = None
+        if not state.restore_tried and not windowed:
+            # A stored index snapshot loads while the history is read (another thread).
+            restorer = threading.Thread(target=state.restore, name="protoprompt-restore",
+                                        daemon=True)
+            restorer.start()
+        seen: _sync.Seen | None = None
+        try:
+            if (self._reader is not None and not windowed
+                    and not getattr(self._inner, "_closed", False)):
+                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
+                # compared with the index while the rows are at hand.
+                def look(rows: _sync.Rows) -> _sync.Seen | None:
+                    return state.compare(rows, restorer) if self._incremental else None
+
+                try:
+                    items, seen = await asyncio.to_thread(self._reader.read, look)
+                except sqlite3.Error as exc:
+                    _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
+                    items = await call(self._inner.get_items, wrapper=wrapper)
+            elif limit is None:
+                items = await call(self._inner.get_items, wrapper=wrapper)
+            else:
+                items = await call(self._inner.get_items, limit, wrapper=wrapper)
+        finally:
+            if restorer is not None and restorer.is_alive():
+                await asyncio.to_thread(restorer.join)
+        if self._incremental:
+            LAST_READ.set(Read(self, _sync.Read(
+                len(items), windowed, epoch, self._reader is not None, seen)))
+        return items
+
+    def _read_window(
+        self, turn: Turn, new_items: list[Any]
+    ) -> tuple[list[Any], _sync.Read] | None:
+        """The token window of this read (see ``_window.read_window``), or ``None``."""
+        if self._reader is None:
+            return None
+        return read_window(self._index_state, self._reader, self.session_id, turn, new_items)
+
+    async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
+        """Append ``items``, except the context messages this session's callback produced."""
+        pending = self.pending_context_count
+        kept = self._without_own_context(items)
+        if (pending and len(kept) == len(items) and not self._warned_wrapped
+                and any(is_encrypted_envelope(i) for i in kept)):
+            self._warned_wrapped = True
+            warnings.warn(
+                "ProtoPromptSession is wrapped by an EncryptedSession, which encrypts items "
+                "before they reach it: the callback's context message cannot be told apart "
+                "and is stored. Wrap the other way round: "
+                "ProtoPromptSession(session_id, inner_session=EncryptedSession(...))",
+                RuntimeWarning, stacklevel=2)
+        if items and not kept:
+            return
+        await call(self._inner.add_items, kept, wrapper=wrapper)
+
+    async def pop_item(self, wrapper: Any = None) -> Item | None:
+        """Remove and return the newest item (``None`` when the session is empty)."""
+        self._index_state.bump()
+        try:
+            return await call(self._inner.pop_item, wrapper=wrapper)
+        finally:
+            self._index_state.bump()
+
+    async def clear_session(self, wrapper: Any = None) -> None:
+        """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
+        with self._pending_lock:
+            self._pending.clear()
+        self._index_state.bump()
+        try:
+            await call(self._inner.clear_session, wrapper=wrapper)
+        finally:
+            self._index_state.bump()
+        if self._index_state.snapshot_at is not None:
+            await asyncio.to_thread(self._index_state.forget_snapshot)
+
+    def close(self) -> None:
+        """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner).
+
+        Token counts still queued for the database are written first (up to 5 s), and the
+        index snapshot if the index has grown since it was saved (see
+        ``snapshot_min_items``)."""
+        state = self._index_state
+        state.wait_for_save()
+        if len(state.index) >= self._snapshot_min_items:
+            state.save()
+        store = state.index.count_store
+        if isinstance(store, SQLiteCountStore):
+            store.flush(timeout=5.0)
+        if self._reader is not None:
+            self._reader.close()
+        if self._owns_inner:
+            self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"ProtoPromptSession({self.session_id!r}, inner={type(self._inner).__name__})"
+
+    # ------------------------------------------------------------------ optional SDK hooks
+    #
+    # The SDK finds optional session capabilities by attribute (getattr/hasattr, once on the
+    # type). Each one the 0.22.3 and 0.24.0 code probes is decided here (spec §11.3):
+    #   implemented  session_settings, close, _ignore_ids_for_matching (the inner's value),
+    #                _get_compaction_snapshot and _atomic_replace_items (the inner's, with the
+    #                index reset around the rewrite; None / False when the inner has none)
+    #   forwarded    the inner's own run_compaction, _defer_compaction,
+    #                _get_deferred_compaction_response_id, _clear_deferred_compaction,
+    #                _get_items_with_generation, _add_items_with_generation,
+    #                _read_compaction_items (see __getattr__; a compaction rewrite resets the
+    #                index), absent when the inner lacks them
+    #   read through other public attributes of the inner session (db_path, engine...)
+    #   hidden       every other private attribute of the inner session
+
+    @property
+    def _ignore_ids_for_matching(self) -> bool:
+        """The inner session's item-matching policy (an id-stripping store sets it), so the
+        runner's rollback before a retry matches stored items the way the store keeps them."""
+        return bool(getattr(self._inner, "_ignore_ids_for_matching", False))
+
+    def __getattr__(self, name: str) -> Any:
+        """The inner session's optional hooks (``FORWARDED_HOOKS``) and public attributes
+        (``db_path``, ``engine``, AdvancedSQLiteSession's branch methods...), read through."""
+        if name in FORWARDED_HOOKS or (not name.startswith("_") and name not in NOT_FORWARDED):
+            inner = self.__dict__.get("_inner")
+            if inner is not None:
+                value = getattr(inner, name)  # AttributeError when the inner has none
+                if name == "run_compaction":
+                    return self._rewrites(value)
+                return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _rewrites(self, method: Any) -> Any:
+        """``method`` (which rewrites the stored history) with the index reset around it."""
+        state = self._index_state
+
+        async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            state.bump()
+            try:
+                return await call(method, *args, **kwargs)
+            finally:
+                state.bump()
+
+        return rewriting
+
+    async def _get_compaction_snapshot(self, limit: int, *,
+                                       prune_prefix: Callable[[Item], bool] | None = None) -> Any:
+        """The inner session's bounded compaction snapshot (``OpenAIResponsesCompactionSession``
+        replaces its suffix atomically), or ``None`` when the inner has none. The replacement
+        resets this session's index: a ``:memory:`` database has no row check to notice it."""
+        reader = getattr(self._inner, "_get_compaction_snapshot", None)
+        if reader is None:
+            return None
+        if prune_prefix is not None and accepts_keyword(reader, "prune_prefix"):
+            raw = await reader(limit, prune_prefix=prune_prefix)
+        else:
+            raw = await reader(limit)
+        if raw is None or not dataclasses.is_dataclass(raw) or isinstance(raw, type):
+            return None  # not the SDK's snapshot: without one the SDK needs full coverage
+        snapshot: Any = raw  # the SDK's CompactionSnapshot (not imported: 0.24 only)
+        return dataclasses.replace(snapshot,
+                                   replace_suffix=self._rewrites(snapshot.replace_suffix))
+
+    async def _atomic_replace_items(self, items: list[Item]) -> bool:
+        """Replace the whole history atomically if the inner session can (``RedisSession``);
+        ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
+        replace = getattr(type(self._inner), "_atomic_replace_items", None)
+        if replace is None:
+            return False
+        return bool(await self._rewrites(replace)(self._inner, items))
+
+
+    # ------------------------------------------------------------------ context bookkeeping
+
+    def _expect_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
+        """Remember a context message the SDK is about to ask us to store."""
+        key = context_key(message)
+        if key is None:  # pragma: no cover - the builder always produces this shape
+            raise ValueError("not a context message")
+        with self._pending_lock:
+            self._pending.append((message, key))
+            if key not in self._produced:
+                self._produced.append(key)
+        return key
+
+    def _is_own_context(self, item: Any) -> bool:
+        """Whether ``item`` is (a copy of) a context message this session's callback made."""
+        key = context_key(item)
+        if key is None:
+            return False
+        with self._pending_lock:
+            return key in self._produced
+
+    def _current_run(self) -> RunInput | None:
+        """The callback's record of the run in this task, if it was this session's."""
+        run = RUN_INPUT.get()
+        return run if run is not None and run.session is self else None
+
+    def _locate_run_input(self, items: Sequence[Any]) -> tuple[int, int] | None:
+        """``[start, end)`` of the run's new input inside a model call's input, when the
+        callback's record of this run matches it (the SDK sends the callback's result first,
+        then what the run generates)."""
+        run = self._current_run()
+        if run is None or not run.new_input:
+            return None
+        a, b = run.n_items - len(run.new_input), run.n_items
+        if a < 0 or b > len(items) or list(items[a:b]) != run.new_input:
+            return None
+        return a, b
+
+    def _without_own_context(self, items: Sequence[Item]) -> list[Item]:
+        """``items`` minus the produced context messages (each one consumed once)."""
+        with self._pending_lock:
+            if not self._pending:
+                return list(items)
+            kept: list[Item] = []
+            for item in items:
+                index = next((i for i, (obj, _) in enumerate(self._pending) if obj is item), None)
+                if index is None:
+                    key = context_key(item)
+                    if key is not None:
+                        index = next(
+                            (i for i, (_, k) in enumerate(self._pending) if k == key), None
+                        )
+                if index is None:
+                    kept.append(item)
+                else:
+                    del self._pending[index]
+            return kept
+
+    @property
+    def pending_context_count(self) -> int:
+        """Context messages produced by the callback and not yet seen in ``add_items``."""
+        with self._pending_lock:
+            return len(self._pending)
+
+    # ------------------------------------------------------------------ the callback
+
+    def _window_keep(self, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+        """What of the index still holds for a token window read before the index changed
+        (see ``_window.window_keep``; caller holds the state's lock)."""
+        return window_keep(self._index_state, facts)
+
+    def _count_window(self, builder: Any, history: list[Item], offset: int,
+                      output_reserve: int | None) -> None:
+        """After a turn, count the costs the next token window is found from (caller holds
+        the state's lock). A cost that cannot be counted keeps its lower bound: the next
+        window is then larger, never wrong."""
+        if not self._windowed_reads or getattr(builder, "policy", None) != "contiguous":
+            return
+        reserve = builder.output_reserve if output_reserve is None else output_reserve
+        try:
+            self._index_state.index.count_window(
+                history, max(int(builder.max_tokens) - int(reserve), 0), model=builder.model,
+                encoding=builder.encoding, history_offset=offset)
+        except Exception as exc:  # noqa: BLE001 - an item the request did not need
+            _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
+
+    def _build_indexed(self, builder: TokenBudgetedContextBuilder, history: list[Item],
+                       new_input: list[Item], facts: _sync.Read, keep: int,
+                       kwargs: dict[str, Any], new_ids: _sync.RowIds | None = None
+                       ) -> ContextPlan:
+        """Build through the index, of which the first ``keep`` items hold for ``history``
+        (which holds the history from ``facts.offset`` on; caller holds the state's lock).
+        ``new_ids``: the rows after those ``keep`` items (default: the read's new rows). A
+        failed build leaves the index as it was after dropping what no longer holds."""
+        state = self._index_state
+        offset = facts.offset
+        if keep < len(state.index) or keep == 0:
+            state.keep(keep)
+            state.generation = facts.epoch
+        try:
+            plan = builder.build(history, new_input, index=state.index, history_offset=offset,
+                                 **kwargs)
+            self._count_window(builder, history, offset, kwargs.get("output_reserve"))
+        finally:
+            state.nbytes = state.index.nbytes
+        if facts.seen is not None:
+            if state.row_ids is None:
+                state.row_ids = array("q")
+            state.row_ids.extend(facts.seen.new_ids if new_ids is None else new_ids)
+            state.nbytes += state.row_ids.itemsize * len(state.row_ids)
+        state.generation = facts.epoch
+        state.version += 1
+        if len(state.index) != offset + len(history) or (
+                state.row_ids is not None and len(state.row_ids) != len(state.index)):
+            state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
+        elif state.due(self._snapshot_min_items):
+            state.save_in_background()
+        if self._shared_key is not None:
+            pool.account(self._shared_key, state, self._shared_index_bytes)
+        return plan
+
+    def input_callback(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        system_prompt: str = "",
+        output_reserve: int | None = None,
+        scope: MemoryScope | None = None,
+        on_plan: Callable[[ContextPlan], None] | None = None,
+    ) -> SessionInputCallback:
+        """A ``session_input_callback`` for ``RunConfig`` that budgets every request.
+
+        The callback builds the turn with ``builder`` (see
+        :meth:`TokenBudgetedContextBuilder.build`) and returns ``plan.items``: the context
+        message, the kept history objects and every new-input object — the SDK's own
+        objects, never copies. The context message is registered with this session so
+        :meth:`add_items` keeps it out of the history. Use it only with this session.
+        The builder's tokenizer starts building in the background now (see
+        :func:`protoprompt.preload`), so the first request does not wait for it.
+
+        Args:
+            builder: the budget, tokenizer and memory to use.
+            system_prompt: mandatory text at the top of the context message.
+            output_reserve: overrides ``builder.output_reserve``.
+            scope: overrides ``builder.scope`` (e.g. one scope per user).
+            on_plan: called with each plan (besides ``builder.last_plan``).
+
+        Raises (from the callback, before the model is called):
+            TokenBudgetExceededError: the mandatory part of the request does not fit.
+        """
+        if not callable(getattr(builder, "build", None)):
+            raise TypeError(
+                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+            )
+        if not isinstance(system_prompt, str):
+            raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+        if on_plan is not None and not callable(on_plan):
+            raise TypeError("on_plan must be callable or None")
+        encoding = getattr(builder, "encoding", None)
+        if isinstance(encoding, str):
+            # Build the tokenizer while the SDK reads the history, not in the first callback.
+            preload(encoding=encoding, wait=False)
+
+        def build(history: list[Item], new_input: list[Item], read: Read | None) -> ContextPlan:
+            kwargs: dict[str, Any] = {
+                "system_prompt": system_prompt, "scope": scope, "output_reserve": output_reserve}
+            state = self._index_state
+            facts = read.facts if read is not None and read.session is self else None
+            with state.lock:
+                decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+                if decision.use_index and facts is not None:
+                    return self._build_indexed(builder, history, new_input, facts,
+                                               decision.keep, kwargs)
+                if facts is not None and facts.offset and facts.count == len(history):
+                    # A token window holds only the newest items: the index must hold the
+                    # rest, also when another turn changed it since the read.
+                    kept = self._window_keep(facts)
+                    if kept is None:
+                        raise ProtoPromptError(
+                            "the session's history changed between the read of its newest "
+                            "items and this turn's request (a pop or clear through another "
+                            "session object): run the turn again")
+                    return self._build_indexed(builder, history, new_input, facts, kept[0],
+                                               kwargs, new_ids=kept[1])
+            # Not the history our last read returned (a limit, a direct call, or the rows
+            # could not be compared): packed without the index, which is left as it is.
+            return builder.build(history, new_input, **kwargs)
+
+        async def protoprompt_session_input(
+            history: list[Item], new_input: list[Item]
+        ) -> list[Item]:
+            read = LAST_READ.get() if self._incremental else None
+            plan = await asyncio.to_thread(build, history, new_input, read)
+            key = None
+            if plan.context_message is not None:
+                key = self._expect_context(plan.context_message)
+            RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
+            if on_plan is not None:
+                on_plan(plan)
+            return list(plan.items)
+
+        setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
+        return protoprompt_session_input
+
+    # ------------------------------------------------------------------ every model call
+
+    def model_input_filter(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        oversized_output: OversizedOutput = "error",
+        output_reserve: int | None = None,
+        on_call: Callable[[ModelCallPlan], None] | None = None,
+    ) -> ModelInputFilter:
+        """A ``call_model_input_filter`` that holds ``builder``'s budget on every model call.
+
+        The SDK calls :meth:`input_callback` once per run; the filter runs before each model
+        call of the run, tool loops included, and keeps the whole request — input items, the
+        agent's instructions and its tool definitions — within ``builder.max_tokens`` minus
+        the output reserve. The context message of this session's callback, the run's new
+        input and the newest step (the model output that ended the previous call and the
+        tool outputs answering it) are mandatory; older items are filled newest first as
+        atomic units (see :mod:`protoprompt.integrations.model_filter`). What it returns is
+        sent, never stored.
+
+        Args:
+            builder: the budget and tokenizer (use the callback's builder).
+            oversized_output: when the mandatory part does not fit: ``"error"`` raises
+                :class:`~protoprompt.errors.TokenBudgetExceededError` (``section=
+                "tool_output"``, ``detail`` names the output and its call) before the call;
+                ``"truncate"`` sends cut copies of the newest tool outputs (head and tail
+                around a marker saying how many tokens were removed).
+            output_reserve: overrides ``builder.output_reserve``.
+            on_call: called with each call's :class:`ModelCallPlan` (also in
+                ``filter.last_plan``).
+        """
+        from .model_filter import ModelInputFilter
+
+        return ModelInputFilter(builder, oversized_output=oversized_output,
+                                output_reserve=output_reserve, session=self, on_call=on_call)
+
+    def run_config(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        *,
+        system_prompt: str = "",
+        output_reserve: int | None = None,
+        scope: MemoryScope | None = None,
+        on_plan: Callable[[ContextPlan], None] | None = None,
+        oversized_output: OversizedOutput = "error",
+        on_call: Callable[[ModelCallPlan], None] | None = None,
+        **run_config_fields: Any,
+    ) -> RunConfig:
+        """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
+
+        ``session_input_callback`` is :meth:`input_callback` (recalled memory, packed
+        history, once per run) and ``call_model_input_filter`` is :meth:`model_input_filter`
+        (every model call of the run fits, instructions and tools included). Other
+        ``RunConfig`` fields pass through::
+
+            config = session.run_config(builder, system_prompt="Answer from the contract.",
+                                        tracing_disabled=True)
+            result = await Runner.run(agent, question, session=session, run_config=config)
+            config.call_model_input_filter.last_plan.explain()
+
+        Raises:
+            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field.
+        """
+        for name in ("session_input_callback", "call_model_input_filter"):
+            if name in run_config_fields:
+                raise TypeError(f"run_config() sets {name} itself; build a RunConfig "
+                                "directly to use your own")
+        callback = self.input_callback(builder, system_prompt=system_prompt,
+                                       output_reserve=output_reserve, scope=scope,
+                                       on_plan=on_plan)
+        model_filter = self.model_input_filter(builder, oversized_output=oversized_output,
+                                               output_reserve=output_reserve, on_call=on_call)
+        return RunConfig(session_input_callback=callback, call_model_input_filter=model_filter,
+                         **run_config_fields)
+
