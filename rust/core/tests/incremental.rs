@@ -706,50 +706,62 @@ fn window_start_covers_everything_a_contiguous_pack_uses() {
             context_tokens: rng.below(6) as u64,
             policy: Policy::Contiguous,
         };
-        let mut rec = Recording(Vec::new());
-        let a = pack(&full, &all, &mut rec, &o, None);
-        let b = pack(&part, &part_all, &mut Shifted(w), &o, None);
-        match (a, b) {
-            (Ok(a), Ok(b)) => {
-                assert!(
-                    rec.0.iter().all(|&p| p >= w),
-                    "case {case}: costed {:?} before {w}",
-                    rec.0
-                );
-                let shifted: Vec<usize> = b.kept_history.iter().map(|p| p + w).collect();
-                assert_eq!(a.kept_history, shifted, "case {case}: kept");
-                let dep: Vec<usize> = b.dependency.iter().map(|p| p + w).collect();
-                assert_eq!(a.dependency, dep, "case {case}: dependency");
-                assert_eq!(
-                    (
-                        a.new_input_tokens,
-                        a.dependency_tokens,
-                        a.history_tokens,
-                        a.context_tokens,
-                        a.used()
-                    ),
-                    (
-                        b.new_input_tokens,
-                        b.dependency_tokens,
-                        b.history_tokens,
-                        b.context_tokens,
-                        b.used()
-                    ),
-                    "case {case}: totals"
-                );
-            }
-            (Err(a), Err(b)) => {
-                // The same failure (positions are the window's, shifted).
-                assert_eq!(
-                    std::mem::discriminant(&a),
-                    std::mem::discriminant(&b),
-                    "case {case}: {a} / {b}"
-                );
-            }
-            (a, b) => panic!("case {case}: full {a:?} vs window {b:?}"),
-        }
+        assert_window_packs_alike(case, w, (&full, &all), (&part, &part_all), &o);
     }
     assert!(windowed > 1000, "only {windowed} cases had a window");
+}
+
+/// A pack of the whole sequence and one of the window from `w` cost only window positions,
+/// keep the same items and have the same totals (or fail alike).
+fn assert_window_packs_alike(
+    case: usize,
+    w: usize,
+    (full, all): (&Graph, &[ItemMeta]),
+    (part, part_all): (&Graph, &[ItemMeta]),
+    o: &PackOptions,
+) {
+    let mut rec = Recording(Vec::new());
+    let a = pack(full, all, &mut rec, o, None);
+    let b = pack(part, part_all, &mut Shifted(w), o, None);
+    match (a, b) {
+        (Ok(a), Ok(b)) => {
+            assert!(
+                rec.0.iter().all(|&p| p >= w),
+                "case {case}: costed {:?} before {w}",
+                rec.0
+            );
+            let shifted: Vec<usize> = b.kept_history.iter().map(|p| p + w).collect();
+            assert_eq!(a.kept_history, shifted, "case {case}: kept");
+            let dep: Vec<usize> = b.dependency.iter().map(|p| p + w).collect();
+            assert_eq!(a.dependency, dep, "case {case}: dependency");
+            assert_eq!(
+                (
+                    a.new_input_tokens,
+                    a.dependency_tokens,
+                    a.history_tokens,
+                    a.context_tokens,
+                    a.used()
+                ),
+                (
+                    b.new_input_tokens,
+                    b.dependency_tokens,
+                    b.history_tokens,
+                    b.context_tokens,
+                    b.used()
+                ),
+                "case {case}: totals"
+            );
+        }
+        (Err(a), Err(b)) => {
+            // The same failure (positions are the window's, shifted).
+            assert_eq!(
+                std::mem::discriminant(&a),
+                std::mem::discriminant(&b),
+                "case {case}: {a} / {b}"
+            );
+        }
+        (a, b) => panic!("case {case}: full {a:?} vs window {b:?}"),
+    }
 }
 
 /// Items appended since the index synced can make one of its valid units invalid (here a

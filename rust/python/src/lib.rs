@@ -6,7 +6,9 @@
 
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
 use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, Mark, TailGraph};
-use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
+use protoprompt_core::items::{
+    GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
+};
 use protoprompt_core::pack::{
     pack_view, untouched_decision, ContextHook, CostFailure, CostSource, PackError, PackOptions,
     PackResult, Policy, UnitDecision,
@@ -172,76 +174,49 @@ impl FieldError {
     }
 }
 
-/// The string field `key` of `dict` (absent or None -> None), as [`str_field`].
-fn opt_str(
-    dict: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-) -> Result<Option<String>, FieldError> {
-    let value = dict.get_item(key).map_err(|e| {
-        let message = e.to_string();
-        FieldError::caused(key.to_string(), message, e)
-    })?;
-    str_field(&key.to_string(), value.as_ref())
-}
-
-/// A field value that must be a string (or absent / None).
-fn str_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> Result<Option<String>, FieldError> {
-    let Some(v) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    match v.cast::<PyString>() {
-        Ok(s) => s
-            .to_str()
-            .map(|s| Some(s.to_string()))
-            .map_err(|_| FieldError::new(name, "is not valid UTF-8 text")),
-        Err(_) => Err(FieldError::new(
-            name,
-            format!("must be a string, got {}", type_name(v)),
-        )),
+impl From<ItemError> for FieldError {
+    fn from(e: ItemError) -> FieldError {
+        FieldError::new(e.field, e.message)
     }
 }
 
-/// The top-level fields the graph reads, in the order they are checked.
-const GRAPH_FIELDS: [&str; 12] = [
-    "type",
-    "role",
-    "id",
-    "call_id",
-    "status",
-    "execution",
-    "approval_request_id",
-    "caller",
-    "encrypted_content",
-    "provider_data",
-    "tool_calls",
-    "tool_call_id",
-];
+/// A Python value inside an item, as the core's one item reader ([`ItemFields::read`]) sees it.
+struct PyValue<'py>(Bound<'py, PyAny>);
 
-/// Slot of a dict key among [`GRAPH_FIELDS`], if it is one of them.
-fn graph_field(key: &Bound<'_, PyAny>) -> Option<u8> {
-    let name = key.cast::<PyString>().ok()?.to_str().ok()?;
-    // A `match` compiles to a length switch and one comparison; the order is GRAPH_FIELDS'.
-    Some(match name {
-        "type" => 0,
-        "role" => 1,
-        "id" => 2,
-        "call_id" => 3,
-        "status" => 4,
-        "execution" => 5,
-        "approval_request_id" => 6,
-        "caller" => 7,
-        "encrypted_content" => 8,
-        "provider_data" => 9,
-        "tool_calls" => 10,
-        "tool_call_id" => 11,
-        _ => return None,
-    })
+impl<'py> ItemValue for PyValue<'py> {
+    type Error = FieldError;
+    type Map = Bound<'py, PyDict>;
+
+    fn is_null(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn text(&self) -> Option<Result<&str, NotText>> {
+        let s = self.0.cast::<PyString>().ok()?;
+        Some(s.to_str().map_err(|_| NotText))
+    }
+
+    fn type_name(&self) -> String {
+        type_name(&self.0)
+    }
+
+    fn mapping(&self, field: &str) -> Result<Option<Self::Map>, FieldError> {
+        as_dict(&self.0, field)
+    }
+
+    fn entry(map: &Self::Map, key: &str, field: &str) -> Result<Option<Self>, FieldError> {
+        let value = map.get_item(key).map_err(|e| {
+            let message = e.to_string();
+            FieldError::caused(field, message, e)
+        })?;
+        Ok(value.map(PyValue))
+    }
 }
 
 /// Read the graph-relevant fields of one item: one pass over its entries (an item has a
-/// handful of keys; twelve keyed lookups cost more), then the checks in a fixed order.
-/// A dict is read in place, through borrowed references: its values are not touched
-/// unless they are graph fields.
+/// handful of keys; twelve keyed lookups cost more) collects the graph fields, which the
+/// core's reader then checks and interprets. A dict is read in place: its other values are
+/// not touched.
 fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
     let dict = as_dict(obj, "(item)")?.ok_or_else(|| {
@@ -250,68 +225,33 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
     })?;
-    let mut slots: [Option<Borrowed<'_, '_, PyAny>>; 12] = Default::default();
+    let mut fields = ItemFields::default();
     let mut pos: pyo3::ffi::Py_ssize_t = 0;
     let mut key_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
     let mut value_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
     // SAFETY: `dict` is a live dict and the GIL is held; PyDict_Next hands out borrowed
-    // references that stay valid while the dict is not mutated, and nothing below runs
-    // Python code before the slots are read.
+    // references that stay valid while the dict is not mutated, and nothing in this loop
+    // runs Python code (the values kept are taken as new references).
     while unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut key_ptr, &mut value_ptr) }
         != 0
     {
         let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
-        if !key.is_instance_of::<PyString>() {
+        let Ok(name) = key.cast::<PyString>() else {
             // Never sent (the SDK's items are JSON objects); say so now rather than when
             // the item is costed, or never if it is dropped without being counted.
             return Err(FieldError::new(
                 "(item)",
                 format!("has a non-string key of type {}", type_name(&key)),
             ));
-        }
-        if let Some(i) = graph_field(&key) {
-            slots[i as usize] = Some(unsafe { Borrowed::from_ptr(py, value_ptr) });
-        }
-    }
-    let field = |i: usize| str_field(GRAPH_FIELDS[i], slots[i].as_deref());
-    let mut raw = RawItem {
-        item_type: field(0)?,
-        role: field(1)?,
-        id: field(2)?,
-        call_id: field(3)?,
-        status: field(4)?,
-        execution: field(5)?,
-        approval_request_id: field(6)?,
-        ..RawItem::default()
-    };
-    if let Some(c) = slots[7].as_deref().filter(|c| !c.is_none()) {
-        let cd = c.cast::<PyDict>().map_err(|_| {
-            FieldError::new("caller", format!("must be a mapping, got {}", type_name(c)))
-        })?;
-        let prefix = |e: FieldError| FieldError {
-            field: format!("caller.{}", e.field),
-            ..e
         };
-        raw.caller = Some(RawCaller {
-            caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
-            caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
-        });
-    }
-    if let Some(v) = &slots[8] {
-        raw.has_encrypted_content = v
-            .cast::<PyString>()
-            .map(|s| s.to_str().map(|t| !t.is_empty()).unwrap_or(false))
-            .unwrap_or(false);
-    }
-    if let Some(v) = slots[9].as_deref().filter(|v| !v.is_none()) {
-        raw.has_provider_data = true;
-        if let Ok(pd) = v.cast::<PyDict>() {
-            raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
+        if let Some(field) = name.to_str().ok().and_then(GraphField::from_name) {
+            fields.set(
+                field,
+                PyValue(unsafe { Borrowed::from_ptr(py, value_ptr) }.to_owned()),
+            );
         }
     }
-    raw.has_tool_calls = slots[10].as_deref().is_some_and(|v| !v.is_none());
-    raw.has_tool_call_id = slots[11].is_some();
-    Ok(raw)
+    fields.read()
 }
 
 /// Convert a JSON-like Python value to serde_json, naming the field path on failure.
