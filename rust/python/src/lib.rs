@@ -4,14 +4,15 @@
 //! convert the result back and map errors to the exception classes of `protoprompt.errors`.
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
-use protoprompt_core::graph::{build_graph, Graph, GraphView};
+use protoprompt_core::decisions::DecisionRows;
+use protoprompt_core::graph::{build_graph, Graph};
 use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, Mark, TailGraph};
 use protoprompt_core::items::{
     GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };
 use protoprompt_core::pack::{
-    pack_view, untouched_decision, ContextHook, CostFailure, CostSource, PackError, PackOptions,
-    PackResult, Policy, UnitDecision,
+    pack_view, ContextHook, CostFailure, CostSource, Decision, PackError, PackOptions, PackResult,
+    Policy, UnitDecision,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -21,7 +22,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, Py
 use pyo3::{PyErrArguments, PyTypeInfo};
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// mimalloc: the packer allocates and frees many small strings per item; glibc's malloc
 /// showed pauses of hundreds of microseconds (fastbin consolidation) on the first allocation
@@ -1125,17 +1126,13 @@ impl KindNames {
 
 /// The per-unit decisions of one pack. Only what the fill touched is stored; a row is
 /// derived from the (shared) graph when Python reads it, so a pack over a long history
-/// allocates nothing per unit.
+/// allocates nothing per unit. The index it came from detaches it before it changes
+/// ([`DecisionRows::detach`]), so a kept table never makes the index copy its graph.
 #[pyclass(frozen, module = "protoprompt._core")]
 struct DecisionTable {
-    prefix: Arc<Graph>,
-    /// The units after the cut, for a pack through a `HistoryIndex`.
-    tail: Option<TailGraph>,
-    touched: FxHashMap<usize, UnitDecision>,
-    /// Units `0..rows` have history members (units are ordered by their first member).
     rows: usize,
-    /// Kind code of every history position.
-    kinds: Arc<Vec<u8>>,
+    source: Arc<Mutex<DecisionRows>>,
+    touched: FxHashMap<usize, UnitDecision>,
     kind_names: Vec<&'static str>,
 }
 
@@ -1147,44 +1144,33 @@ impl DecisionTable {
         kinds: Arc<Vec<u8>>,
         kind_names: &KindNames,
     ) -> Self {
-        let mut t = DecisionTable {
-            prefix,
-            tail,
+        let rows = DecisionRows::new(prefix, tail, kinds);
+        DecisionTable {
+            rows: rows.rows(),
+            source: Arc::new(Mutex::new(rows)),
             touched: std::mem::take(&mut result.touched),
-            rows: 0,
-            kinds,
             kind_names: kind_names.0.clone(),
-        };
-        let view = t.view();
-        let n_history = view.n_history();
-        // First unit whose first member is new input (binary search: units are sorted).
-        let (mut lo, mut hi) = (0, view.unit_count());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if view.unit(mid).members[0] < n_history {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        t.rows = lo;
-        t
-    }
-
-    fn view(&self) -> GraphView<'_> {
-        match &self.tail {
-            Some(tail) => GraphView::split(&self.prefix, tail.cut, &tail.graph),
-            None => GraphView::whole(&self.prefix),
         }
     }
 
-    fn decision(&self, view: GraphView<'_>, u: usize) -> UnitDecision {
+    fn source(&self) -> std::sync::MutexGuard<'_, DecisionRows> {
+        lock(&self.source)
+    }
+
+    fn decision(&self, u: usize, untouched: Decision) -> UnitDecision {
         self.touched.get(&u).copied().unwrap_or(UnitDecision {
             unit: u,
-            decision: untouched_decision(view.unit(u)),
+            decision: untouched,
             tokens: None,
         })
     }
+}
+
+/// A decision table's rows, locked (a panic while they were locked cannot leave them torn:
+/// a detach replaces them whole).
+fn lock(rows: &Mutex<DecisionRows>) -> std::sync::MutexGuard<'_, DecisionRows> {
+    rows.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 type DecisionRow = (
@@ -1209,21 +1195,16 @@ impl DecisionTable {
                 "decision index out of range",
             ));
         }
-        let view = self.view();
-        let n_history = view.n_history();
-        let unit = view.unit(i);
-        let d = self.decision(view, i);
-        let positions: Vec<usize> = unit
-            .members
+        let (row, n_history) = {
+            let source = self.source();
+            (source.row(i), source.n_history())
+        };
+        let kinds = row
+            .kinds
             .iter()
-            .copied()
-            .take_while(|&p| p < n_history)
+            .map(|&k| self.kind_names[k as usize])
             .collect();
-        let kinds = positions
-            .iter()
-            .map(|&p| self.kind_names[self.kinds[p] as usize])
-            .collect();
-        let problems = unit
+        let problems = row
             .problems
             .iter()
             .map(|p| {
@@ -1234,7 +1215,15 @@ impl DecisionTable {
                 )
             })
             .collect();
-        Ok((i, positions, kinds, d.decision.code(), d.tokens, problems))
+        let d = self.decision(i, row.untouched);
+        Ok((
+            i,
+            row.positions,
+            kinds,
+            d.decision.code(),
+            d.tokens,
+            problems,
+        ))
     }
 
     /// Number of history items per decision code.
@@ -1251,14 +1240,12 @@ impl DecisionTable {
 impl DecisionTable {
     /// Sum of `weight(history items of the unit)` per decision code.
     fn tally(&self, weight: impl Fn(usize) -> usize) -> FxHashMap<&'static str, usize> {
-        let view = self.view();
-        let n_history = view.n_history();
+        let source = self.source();
         let mut counts = FxHashMap::default();
         for u in 0..self.rows {
-            let members = &view.unit(u).members;
-            let n = members.partition_point(|&p| p < n_history);
+            let (n, untouched) = source.size_and_untouched(u);
             *counts
-                .entry(self.decision(view, u).decision.code())
+                .entry(self.decision(u, untouched).decision.code())
                 .or_insert(0) += weight(n);
         }
         counts
@@ -1300,6 +1287,8 @@ struct HistoryIndex {
     /// Cost of every indexed position under `cost_encoding` (`UNCOUNTED` until needed).
     costs: Vec<u64>,
     cost_encoding: Option<Encoding>,
+    /// The decision tables of earlier packs that may still share the graph and kinds.
+    live: Vec<Weak<Mutex<DecisionRows>>>,
 }
 
 /// What a `HistoryIndex` snapshot carries besides the core index: the encoding of the costs
@@ -1330,6 +1319,7 @@ impl HistoryIndex {
         items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
+        self.release_results();
         let start = self.index.len();
         let mark = self.index.mark();
         let (kinds_capacity, costs_capacity) = (self.kinds.capacity(), self.costs.capacity());
@@ -1418,6 +1408,17 @@ impl HistoryIndex {
         })
     }
 
+    /// Detach the decision tables of earlier packs before the graph or kinds change, so a
+    /// kept result never makes the change copy them. Only tables still alive copy anything
+    /// (their own rows, compactly).
+    fn release_results(&mut self) {
+        for table in self.live.drain(..) {
+            if let Some(rows) = table.upgrade() {
+                lock(&rows).detach();
+            }
+        }
+    }
+
     fn note_kinds(&mut self, metas: &[ItemMeta], rest: usize) {
         note_kinds(
             &mut self.kinds,
@@ -1456,6 +1457,7 @@ impl HistoryIndex {
             kind_names: KindNames::default(),
             costs: Vec::new(),
             cost_encoding: None,
+            live: Vec::new(),
         }
     }
 
@@ -1477,6 +1479,7 @@ impl HistoryIndex {
 
     /// Keep only the first `length` items.
     fn truncate(&mut self, py: Python<'_>, length: usize) {
+        self.release_results();
         Arc::make_mut(&mut self.kinds).truncate(length);
         self.costs.truncate(length);
         let index = &mut self.index;
@@ -1544,11 +1547,19 @@ impl HistoryIndex {
             kind_names,
             costs: attached.costs.iter().map(|c| c.wrapping_sub(1)).collect(),
             cost_encoding,
+            live: Vec::new(),
         })
+    }
+
+    /// How many times a change to this index copied its whole graph because a result still
+    /// shared it (for tests).
+    fn _graph_copies(&self) -> usize {
+        self.index.graph_copies()
     }
 
     /// Forget every item.
     fn clear(&mut self) {
+        self.release_results();
         self.index.clear();
         Arc::make_mut(&mut self.kinds).clear();
         self.costs.clear();
@@ -1848,6 +1859,8 @@ impl HistoryIndex {
             Arc::clone(kinds),
             kind_names,
         );
+        self.live.retain(|t| t.strong_count() > 0);
+        self.live.push(Arc::downgrade(&table.source));
         let out = result_dict(py, &result, enc, opts.policy, table)?;
         out.set_item("items", items)?;
         if let Some(link) = link {
@@ -1870,6 +1883,7 @@ impl HistoryIndex {
         len: usize,
         switched: Option<(Option<Encoding>, Vec<u64>)>,
     ) {
+        self.release_results();
         let index = &mut self.index;
         py.detach(|| index.undo_to(mark));
         if self.kinds.len() > len {
