@@ -141,6 +141,45 @@ def test_pack_warm_index(benchmark, cases, results, size, mix, budget):
 
 
 # --------------------------------------------------------------------------------------------
+# A warm index turn while the previous turn's result is kept (builder.last_plan, a caller's
+# own list of results) against one where it was dropped: the ratio says what keeping costs
+
+def test_pack_warm_index_with_a_kept_result(cases, results, size):
+    import statistics
+
+    case = cases.get(size, "agentic")
+    budget = 128_000
+    rounds = 5 if size <= 10_000 else 3
+
+    def turn(keep: bool) -> tuple[float, object, object]:
+        index, history = harness.warm_setup_index(case, budget)
+        prev = harness.pack_index(index, case.prev_history(), case.prev_new_input, budget)
+        if not keep:
+            prev = None
+        t0 = time.perf_counter()
+        res = harness.pack_index(index, history, case.new_input, budget)
+        elapsed = time.perf_counter() - t0
+        assert index._index._graph_copies() == 0
+        return elapsed, res, prev
+
+    plain, kept = [], []
+    for _ in range(rounds):  # interleaved, so that load on the machine hits both alike
+        plain.append(turn(False)[0])
+        elapsed, res, prev = turn(True)
+        kept.append(elapsed)
+    # The kept result still reads as a fresh pack of its own history.
+    fresh = pack_pp(case.prev_history(), case.prev_new_input, budget)
+    assert list(prev.decisions) == list(fresh.decisions)
+    assert list(res.decisions) == list(pack_pp(case.history(), case.new_input, budget).decisions)
+    ratio = statistics.median(kept) / statistics.median(plain)
+    results[("kept_result", (size,))] = {"plain": statistics.median(plain),
+                                         "kept": statistics.median(kept), "ratio": ratio}
+    print(f"\nwarm index turn agentic-{size}: {statistics.median(plain) * 1e3:.3f} ms, "
+          f"with the previous result kept {statistics.median(kept) * 1e3:.3f} ms "
+          f"(ratio {ratio:.2f})")
+
+
+# --------------------------------------------------------------------------------------------
 # A whole warm turn through the SDK: ProtoPromptSession + callback vs a pass-through callback
 
 @pytest.mark.parametrize("mix", ["agentic"])

@@ -532,3 +532,43 @@ def test_items_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
     bad[5] = types.MappingProxyType({"type": "function_call", "call_id": 3})
     with pytest.raises(pp.InvalidItemError, match=r"history\[5\].*call_id"):
         pp.pack(bad, new_input, 5000)
+
+
+def test_nested_fields_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
+    """A ``caller`` or ``provider_data`` given as a non-dict Mapping is read like a dict: the
+    program's calls stay in its unit and the hosted wrapper is recognised, in the analysis,
+    in a pack and in an index; a broken caller inside one is named by position and field."""
+    import collections
+    import types
+
+    def turn(i: int, wrap) -> list[dict]:
+        caller = wrap({"type": "program", "caller_id": f"p{i}"})
+        return [{"role": "user", "content": f"question {i}"},
+                {"type": "program", "id": f"pg_{i}", "call_id": f"p{i}", "code": "js"},
+                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}",
+                 "caller": caller},
+                {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}",
+                 "caller": caller},
+                {"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}", "result": "ok"},
+                {"type": "hosted_tool_call", "name": "t", "provider_data": wrap({
+                    "type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t",
+                    "server_label": "crm", "arguments": "{}"})}]
+
+    new_input = [{"role": "user", "content": "next"}]
+    plain = [it for i in range(12) for it in turn(i, dict)]
+    want = pp.analyze(plain, new_input)
+    for wrap in (types.MappingProxyType, collections.UserDict, collections.OrderedDict):
+        mixed = [it for i in range(12) for it in turn(i, wrap)]
+        assert pp.analyze(mixed, new_input) == want, wrap
+        for budget in (80, 600, 50_000):
+            a = pp.pack(plain, new_input, budget)
+            b = pp.pack(mixed, new_input, budget)
+            assert (a.kept_history, a.used) == (b.kept_history, b.used), (wrap, budget)
+            c = pp.HistoryIndex().pack(mixed, new_input, budget)
+            assert (c.kept_history, c.used) == (a.kept_history, a.used), (wrap, budget)
+        bad = list(mixed)
+        bad[2] = dict(bad[2], caller=wrap({"type": "program", "caller_id": 4}))
+        with pytest.raises(pp.InvalidItemError) as info:
+            pp.pack(bad, new_input, 50_000)
+        assert (info.value.location, info.value.field) == ("history[2]", "caller.caller_id")
+        assert "string" in str(info.value)

@@ -238,6 +238,36 @@ def test_history_index_packs_exactly_like_pack(session, cuts, budget, policy, po
         assert len(index) == end
 
 
+def test_kept_results_stay_correct_and_never_make_the_index_copy_its_graph() -> None:
+    """Results kept across appends, pops and a failed pack keep their own decisions (those
+    of a plain pack of their history), and keeping them never makes the index copy its
+    item graph on a change."""
+    ids = itertools.count()
+    history = [it for i in range(6) for kind in FRAGMENTS
+               for it in _fragment(kind, ids, f"text {i} " * (i % 4 + 1))]
+    new_input = [{"role": "user", "content": "next"}]
+    index = pp.HistoryIndex()
+    kept: list[tuple[pp.PackResult, pp.PackResult]] = []
+    end = 0
+    for step in range(40):
+        end = min(len(history), end + 1 + step % 9)
+        if step % 7 == 6:
+            index.truncate(len(index) - 2)
+            end = len(index)
+        seen = copy.deepcopy(history[:end])
+        budget = 200 + 97 * step
+        kept.append((index.pack(seen, new_input, budget, output_reserve=16),
+                     pp.pack(seen, new_input, budget, output_reserve=16)))
+        if step % 10 == 5:
+            with pytest.raises(pp.InvalidItemError):
+                index.pack(seen + [{"role": 5}], new_input, budget)
+    for got, expected in kept:
+        _same(got, expected)
+        assert got.decisions.item_counts() == expected.decisions.item_counts()
+        assert got.decisions.unit_counts() == expected.decisions.unit_counts()
+    assert index._index._graph_copies() == 0
+
+
 def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -> None:
     history = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     index = pp.HistoryIndex()

@@ -345,10 +345,7 @@ class TokenBudgetedContextBuilder:
         self.include_parents = include_parents
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
-        that raised). Cleared when a build starts so that a :class:`HistoryIndex` is not
-        shared with the previous plan's decisions, which would make it copy its item graph
-        on the next append (~5-8 ms at 100k items). Plans you keep yourself (``on_plan``)
-        have that cost too: keep what you need from them rather than whole plans."""
+        that raised)."""
 
     @staticmethod
     def _check_priorities(priorities: Iterable[str]) -> tuple[str, ...]:
@@ -496,7 +493,7 @@ class TokenBudgetedContextBuilder:
             raise TypeError(f"scope must be a MemoryScope or None, got {type(scope).__name__}")
         reserve = self.output_reserve if output_reserve is None else _check_int(
             "output_reserve", output_reserve, minimum=0)
-        self.last_plan = None  # see last_plan: the index must not stay shared with it
+        self.last_plan = None
         history_list = history if isinstance(history, list) else list(history)
         new_list = new_input if isinstance(new_input, list) else list(new_input)
         scope = scope if scope is not None else self.scope

@@ -549,9 +549,8 @@ class HistoryIndex:
 ProtoPromptSession` keeps its index in step with the session store for you.
 
     One index serves one conversation and is not meant to be used from two threads at once.
-    A result's ``decisions`` share the index's item graph: while you keep a result, the next
-    append copies that graph (milliseconds at 100k items), so keep what you need from a
-    result (``items``, totals) rather than the result itself.
+    Results may be kept: a result's ``decisions`` read the index's item graph until the index
+    next changes, and then keep a compact copy of their own rows.
 
     Args:
         count_store: where token counts outlive the process (e.g. a

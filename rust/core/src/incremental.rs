@@ -155,11 +155,27 @@ pub struct HistoryIndex {
     first: FxHashMap<u64, usize>,
     /// Shared with the reports of earlier packs; copied on write only while one is alive.
     graph: Arc<Graph>,
+    /// How many times a mutation had to copy the graph because something else shared it.
+    graph_copies: usize,
 }
 
 impl HistoryIndex {
     pub fn new() -> HistoryIndex {
         HistoryIndex::default()
+    }
+
+    /// The graph, to change: copied first if a report of an earlier pack still shares it.
+    fn graph_mut(&mut self) -> &mut Graph {
+        if Arc::get_mut(&mut self.graph).is_none() {
+            self.graph_copies += 1;
+        }
+        Arc::make_mut(&mut self.graph)
+    }
+
+    /// How many times a change to the index had to copy its whole graph because a kept
+    /// report still shared it (for tests: a caller releasing its reports keeps this 0).
+    pub fn graph_copies(&self) -> usize {
+        self.graph_copies
     }
 
     /// Number of indexed history items.
@@ -381,7 +397,7 @@ impl HistoryIndex {
         self.arena.shrink_to(arena);
         self.first.shrink_to(first);
         if self.graph.units.capacity() > units || self.graph.unit_of.capacity() > unit_of {
-            let g = Arc::make_mut(&mut self.graph);
+            let g = self.graph_mut();
             g.units.shrink_to(units);
             g.unit_of.shrink_to(unit_of);
         }
@@ -416,7 +432,7 @@ impl HistoryIndex {
         let region: Vec<ItemMeta> = (c..len).map(|p| self.meta(p)).collect();
         let mut tail = build_graph(&region, &[]);
         tail.shift_positions(c);
-        let g = Arc::make_mut(&mut self.graph);
+        let g = self.graph_mut();
         let k = g.unit_of[c];
         g.units.truncate(k);
         g.unit_of.truncate(c);
@@ -518,7 +534,7 @@ impl HistoryIndex {
             self.first.reserve(keys);
         }
         let units = per_item(self.graph.units.len());
-        let g = Arc::make_mut(&mut self.graph);
+        let g = self.graph_mut();
         reserve_ahead(&mut g.unit_of, items, headroom(items));
         reserve_ahead(&mut g.units, units, headroom(units));
     }
@@ -553,7 +569,8 @@ impl HistoryIndex {
         drop(region);
         drop(items);
         tail.shift_positions(c);
-        let g = Arc::make_mut(&mut self.graph);
+        let n_history = self.items.len();
+        let g = self.graph_mut();
         reserve_ahead(&mut g.unit_of, tail.unit_of.len(), headroom);
         reserve_ahead(&mut g.units, tail.units.len(), headroom / 2);
         let k = if c < n { g.unit_of[c] } else { g.units.len() };
@@ -561,7 +578,7 @@ impl HistoryIndex {
         g.unit_of.truncate(c);
         g.unit_of.extend(tail.unit_of.iter().map(|u| u + k));
         g.units.extend(tail.units);
-        g.n_history = self.items.len();
+        g.n_history = n_history;
     }
 
     /// The graph of the positions after the cut for `new_input` placed after the history.
@@ -842,6 +859,7 @@ impl HistoryIndex {
             common: FxHashMap::default(),
             first: FxHashMap::default(),
             graph: Arc::default(),
+            graph_copies: 0,
         };
         index.check_items().map_err(damaged)?;
         let graph = index

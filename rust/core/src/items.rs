@@ -75,66 +75,229 @@ fn json_type_name(v: &Value) -> &'static str {
     }
 }
 
+/// The top-level fields of an item that the graph reads: every front end (JSON here, Python
+/// objects in the binding) finds these in an item and hands them to [`ItemFields::read`], the
+/// one reader that interprets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphField {
+    Type,
+    Role,
+    Id,
+    CallId,
+    Status,
+    Execution,
+    ApprovalRequestId,
+    Caller,
+    EncryptedContent,
+    ProviderData,
+    ToolCalls,
+    ToolCallId,
+}
+
+impl GraphField {
+    pub const COUNT: usize = 12;
+
+    /// The field's key in an item.
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphField::Type => "type",
+            GraphField::Role => "role",
+            GraphField::Id => "id",
+            GraphField::CallId => "call_id",
+            GraphField::Status => "status",
+            GraphField::Execution => "execution",
+            GraphField::ApprovalRequestId => "approval_request_id",
+            GraphField::Caller => "caller",
+            GraphField::EncryptedContent => "encrypted_content",
+            GraphField::ProviderData => "provider_data",
+            GraphField::ToolCalls => "tool_calls",
+            GraphField::ToolCallId => "tool_call_id",
+        }
+    }
+
+    /// The field an item key names, if the graph reads it.
+    pub fn from_name(key: &str) -> Option<GraphField> {
+        // A `match` compiles to a length switch and one comparison per candidate.
+        Some(match key {
+            "type" => GraphField::Type,
+            "role" => GraphField::Role,
+            "id" => GraphField::Id,
+            "call_id" => GraphField::CallId,
+            "status" => GraphField::Status,
+            "execution" => GraphField::Execution,
+            "approval_request_id" => GraphField::ApprovalRequestId,
+            "caller" => GraphField::Caller,
+            "encrypted_content" => GraphField::EncryptedContent,
+            "provider_data" => GraphField::ProviderData,
+            "tool_calls" => GraphField::ToolCalls,
+            "tool_call_id" => GraphField::ToolCallId,
+            _ => return None,
+        })
+    }
+}
+
+/// A string value whose text cannot be read (a Python `str` with a lone surrogate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotText;
+
+/// One value inside an item as a front end holds it: what [`ItemFields::read`] needs to ask
+/// of it. A front end's own failures (a Python mapping whose `items()` raises) are its
+/// `Error`, which must also carry the reader's [`ItemError`]s.
+pub trait ItemValue: Sized {
+    type Error: From<ItemError>;
+    /// A mapping value opened for lookups ([`ItemValue::mapping`]).
+    type Map;
+
+    /// JSON null / Python None.
+    fn is_null(&self) -> bool;
+    /// `None`: not a string; `Some(Err)`: a string that is not valid text.
+    fn text(&self) -> Option<Result<&str, NotText>>;
+    /// The value's type, for messages ("int", "list"; "number", "array" for JSON).
+    fn type_name(&self) -> String;
+    /// The value opened as a mapping; `Ok(None)`: it is not one. `field` names it in errors.
+    fn mapping(&self, field: &str) -> Result<Option<Self::Map>, Self::Error>;
+    /// The entry `key` of a mapping (absent: `None`). `field` names it in errors.
+    fn entry(map: &Self::Map, key: &str, field: &str) -> Result<Option<Self>, Self::Error>;
+}
+
+/// The graph fields of one item as a front end found them (absent ones `None`), to be read
+/// by [`ItemFields::read`].
+#[derive(Debug)]
+pub struct ItemFields<V> {
+    values: [Option<V>; GraphField::COUNT],
+}
+
+impl<V> Default for ItemFields<V> {
+    fn default() -> Self {
+        ItemFields {
+            values: std::array::from_fn(|_| None),
+        }
+    }
+}
+
+impl<V> ItemFields<V> {
+    pub fn set(&mut self, field: GraphField, value: V) {
+        self.values[field as usize] = Some(value);
+    }
+
+    pub fn get(&self, field: GraphField) -> Option<&V> {
+        self.values[field as usize].as_ref()
+    }
+}
+
 /// `Ok(None)` when absent or null, `Ok(Some)` for a string, error otherwise.
-fn opt_string(
-    obj: &Map<String, Value>,
-    key: &str,
-    field: &str,
-) -> Result<Option<String>, ItemError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ItemError {
-            field: field.to_string(),
-            message: format!("expected a string or null, got {}", json_type_name(other)),
-        }),
+fn opt_string<V: ItemValue>(value: Option<&V>, field: &str) -> Result<Option<String>, V::Error> {
+    let Some(v) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match v.text() {
+        Some(Ok(s)) => Ok(Some(s.to_string())),
+        Some(Err(NotText)) => Err(ItemError::new(field, "is not valid UTF-8 text").into()),
+        None => {
+            Err(ItemError::new(field, format!("must be a string, got {}", v.type_name())).into())
+        }
+    }
+}
+
+impl<V: ItemValue> ItemFields<V> {
+    /// Extract the graph-relevant fields (see [`RawItem`] for the error cases).
+    pub fn read(&self) -> Result<RawItem, V::Error> {
+        let field = |f: GraphField| opt_string(self.get(f), f.name());
+        let mut raw = RawItem {
+            item_type: field(GraphField::Type)?,
+            role: field(GraphField::Role)?,
+            id: field(GraphField::Id)?,
+            call_id: field(GraphField::CallId)?,
+            status: field(GraphField::Status)?,
+            execution: field(GraphField::Execution)?,
+            approval_request_id: field(GraphField::ApprovalRequestId)?,
+            ..RawItem::default()
+        };
+        if let Some(c) = self.get(GraphField::Caller).filter(|c| !c.is_null()) {
+            let Some(map) = c.mapping("caller")? else {
+                let message = format!("must be a mapping, got {}", c.type_name());
+                return Err(ItemError::new("caller", message).into());
+            };
+            let entry = |key: &str, name: &str| -> Result<Option<String>, V::Error> {
+                opt_string(V::entry(&map, key, name)?.as_ref(), name)
+            };
+            raw.caller = Some(RawCaller {
+                caller_type: entry("type", "caller.type")?,
+                caller_id: entry("caller_id", "caller.caller_id")?,
+            });
+        }
+        raw.has_encrypted_content = self
+            .get(GraphField::EncryptedContent)
+            .and_then(V::text)
+            .is_some_and(|t| t.is_ok_and(|t| !t.is_empty()));
+        if let Some(p) = self.get(GraphField::ProviderData).filter(|p| !p.is_null()) {
+            raw.has_provider_data = true;
+            // Only read to recognise a wrapper: a provider_data that cannot be read is not one.
+            let map = p.mapping("provider_data").ok().flatten();
+            let t = map.and_then(|m| V::entry(&m, "type", "provider_data.type").ok().flatten());
+            raw.provider_data_type = t
+                .as_ref()
+                .and_then(V::text)
+                .and_then(Result::ok)
+                .map(str::to_string);
+        }
+        raw.has_tool_calls = self
+            .get(GraphField::ToolCalls)
+            .is_some_and(|v| !v.is_null());
+        raw.has_tool_call_id = self.get(GraphField::ToolCallId).is_some();
+        Ok(raw)
+    }
+}
+
+impl<'a> ItemValue for &'a Value {
+    type Error = ItemError;
+    type Map = &'a Map<String, Value>;
+
+    fn is_null(&self) -> bool {
+        Value::is_null(self)
+    }
+
+    fn text(&self) -> Option<Result<&str, NotText>> {
+        self.as_str().map(Ok)
+    }
+
+    fn type_name(&self) -> String {
+        json_type_name(self).to_string()
+    }
+
+    fn mapping(&self, _field: &str) -> Result<Option<Self::Map>, ItemError> {
+        Ok(self.as_object())
+    }
+
+    fn entry(map: &Self::Map, key: &str, _field: &str) -> Result<Option<Self>, ItemError> {
+        Ok(map.get(key))
+    }
+}
+
+impl ItemError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> ItemError {
+        ItemError {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
 impl RawItem {
-    /// Extract the graph-relevant fields of one item (see the type docs for the error cases).
+    /// Extract the graph-relevant fields of one JSON item (see the type docs for the error
+    /// cases; a non-object item is field `item`).
     pub fn from_json(v: &Value) -> Result<RawItem, ItemError> {
-        let obj = match v {
-            Value::Object(obj) => obj,
-            other => {
-                return Err(ItemError {
-                    field: "item".to_string(),
-                    message: format!("expected a JSON object, got {}", json_type_name(other)),
-                })
-            }
+        let Value::Object(obj) = v else {
+            let message = format!("expected a JSON object, got {}", json_type_name(v));
+            return Err(ItemError::new("item", message));
         };
-        let caller = match obj.get("caller") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(c)) => Some(RawCaller {
-                caller_type: opt_string(c, "type", "caller.type")?,
-                caller_id: opt_string(c, "caller_id", "caller.caller_id")?,
-            }),
-            Some(other) => {
-                return Err(ItemError {
-                    field: "caller".to_string(),
-                    message: format!("expected an object or null, got {}", json_type_name(other)),
-                })
+        let mut fields = ItemFields::default();
+        for (key, value) in obj {
+            if let Some(f) = GraphField::from_name(key) {
+                fields.set(f, value);
             }
-        };
-        let provider_data = obj.get("provider_data").filter(|p| !p.is_null());
-        Ok(RawItem {
-            item_type: opt_string(obj, "type", "type")?,
-            role: opt_string(obj, "role", "role")?,
-            id: opt_string(obj, "id", "id")?,
-            call_id: opt_string(obj, "call_id", "call_id")?,
-            status: opt_string(obj, "status", "status")?,
-            execution: opt_string(obj, "execution", "execution")?,
-            approval_request_id: opt_string(obj, "approval_request_id", "approval_request_id")?,
-            caller,
-            has_encrypted_content: matches!(obj.get("encrypted_content"), Some(Value::String(s)) if !s.is_empty()),
-            has_provider_data: provider_data.is_some(),
-            has_tool_calls: obj.get("tool_calls").is_some_and(|t| !t.is_null()),
-            has_tool_call_id: obj.contains_key("tool_call_id"),
-            provider_data_type: provider_data
-                .and_then(|p| p.get("type"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-        })
+        }
+        fields.read()
     }
 }
 

@@ -4,12 +4,15 @@
 //! convert the result back and map errors to the exception classes of `protoprompt.errors`.
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
-use protoprompt_core::graph::{build_graph, Graph, GraphView};
+use protoprompt_core::decisions::DecisionRows;
+use protoprompt_core::graph::{build_graph, Graph};
 use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, Mark, TailGraph};
-use protoprompt_core::items::{ItemMeta, RawCaller, RawItem};
+use protoprompt_core::items::{
+    GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
+};
 use protoprompt_core::pack::{
-    pack_view, untouched_decision, ContextHook, CostFailure, CostSource, PackError, PackOptions,
-    PackResult, Policy, UnitDecision,
+    pack_view, ContextHook, CostFailure, CostSource, Decision, PackError, PackOptions, PackResult,
+    Policy, UnitDecision,
 };
 use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -19,7 +22,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, Py
 use pyo3::{PyErrArguments, PyTypeInfo};
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Number, Value};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// mimalloc: the packer allocates and frees many small strings per item; glibc's malloc
 /// showed pauses of hundreds of microseconds (fastbin consolidation) on the first allocation
@@ -172,76 +175,49 @@ impl FieldError {
     }
 }
 
-/// The string field `key` of `dict` (absent or None -> None), as [`str_field`].
-fn opt_str(
-    dict: &Bound<'_, PyDict>,
-    key: &Bound<'_, PyString>,
-) -> Result<Option<String>, FieldError> {
-    let value = dict.get_item(key).map_err(|e| {
-        let message = e.to_string();
-        FieldError::caused(key.to_string(), message, e)
-    })?;
-    str_field(&key.to_string(), value.as_ref())
-}
-
-/// A field value that must be a string (or absent / None).
-fn str_field(name: &str, value: Option<&Bound<'_, PyAny>>) -> Result<Option<String>, FieldError> {
-    let Some(v) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    match v.cast::<PyString>() {
-        Ok(s) => s
-            .to_str()
-            .map(|s| Some(s.to_string()))
-            .map_err(|_| FieldError::new(name, "is not valid UTF-8 text")),
-        Err(_) => Err(FieldError::new(
-            name,
-            format!("must be a string, got {}", type_name(v)),
-        )),
+impl From<ItemError> for FieldError {
+    fn from(e: ItemError) -> FieldError {
+        FieldError::new(e.field, e.message)
     }
 }
 
-/// The top-level fields the graph reads, in the order they are checked.
-const GRAPH_FIELDS: [&str; 12] = [
-    "type",
-    "role",
-    "id",
-    "call_id",
-    "status",
-    "execution",
-    "approval_request_id",
-    "caller",
-    "encrypted_content",
-    "provider_data",
-    "tool_calls",
-    "tool_call_id",
-];
+/// A Python value inside an item, as the core's one item reader ([`ItemFields::read`]) sees it.
+struct PyValue<'py>(Bound<'py, PyAny>);
 
-/// Slot of a dict key among [`GRAPH_FIELDS`], if it is one of them.
-fn graph_field(key: &Bound<'_, PyAny>) -> Option<u8> {
-    let name = key.cast::<PyString>().ok()?.to_str().ok()?;
-    // A `match` compiles to a length switch and one comparison; the order is GRAPH_FIELDS'.
-    Some(match name {
-        "type" => 0,
-        "role" => 1,
-        "id" => 2,
-        "call_id" => 3,
-        "status" => 4,
-        "execution" => 5,
-        "approval_request_id" => 6,
-        "caller" => 7,
-        "encrypted_content" => 8,
-        "provider_data" => 9,
-        "tool_calls" => 10,
-        "tool_call_id" => 11,
-        _ => return None,
-    })
+impl<'py> ItemValue for PyValue<'py> {
+    type Error = FieldError;
+    type Map = Bound<'py, PyDict>;
+
+    fn is_null(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn text(&self) -> Option<Result<&str, NotText>> {
+        let s = self.0.cast::<PyString>().ok()?;
+        Some(s.to_str().map_err(|_| NotText))
+    }
+
+    fn type_name(&self) -> String {
+        type_name(&self.0)
+    }
+
+    fn mapping(&self, field: &str) -> Result<Option<Self::Map>, FieldError> {
+        as_dict(&self.0, field)
+    }
+
+    fn entry(map: &Self::Map, key: &str, field: &str) -> Result<Option<Self>, FieldError> {
+        let value = map.get_item(key).map_err(|e| {
+            let message = e.to_string();
+            FieldError::caused(field, message, e)
+        })?;
+        Ok(value.map(PyValue))
+    }
 }
 
 /// Read the graph-relevant fields of one item: one pass over its entries (an item has a
-/// handful of keys; twelve keyed lookups cost more), then the checks in a fixed order.
-/// A dict is read in place, through borrowed references: its values are not touched
-/// unless they are graph fields.
+/// handful of keys; twelve keyed lookups cost more) collects the graph fields, which the
+/// core's reader then checks and interprets. A dict is read in place: its other values are
+/// not touched.
 fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
     let dict = as_dict(obj, "(item)")?.ok_or_else(|| {
@@ -250,68 +226,33 @@ fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
     })?;
-    let mut slots: [Option<Borrowed<'_, '_, PyAny>>; 12] = Default::default();
+    let mut fields = ItemFields::default();
     let mut pos: pyo3::ffi::Py_ssize_t = 0;
     let mut key_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
     let mut value_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
     // SAFETY: `dict` is a live dict and the GIL is held; PyDict_Next hands out borrowed
-    // references that stay valid while the dict is not mutated, and nothing below runs
-    // Python code before the slots are read.
+    // references that stay valid while the dict is not mutated, and nothing in this loop
+    // runs Python code (the values kept are taken as new references).
     while unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut key_ptr, &mut value_ptr) }
         != 0
     {
         let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
-        if !key.is_instance_of::<PyString>() {
+        let Ok(name) = key.cast::<PyString>() else {
             // Never sent (the SDK's items are JSON objects); say so now rather than when
             // the item is costed, or never if it is dropped without being counted.
             return Err(FieldError::new(
                 "(item)",
                 format!("has a non-string key of type {}", type_name(&key)),
             ));
-        }
-        if let Some(i) = graph_field(&key) {
-            slots[i as usize] = Some(unsafe { Borrowed::from_ptr(py, value_ptr) });
-        }
-    }
-    let field = |i: usize| str_field(GRAPH_FIELDS[i], slots[i].as_deref());
-    let mut raw = RawItem {
-        item_type: field(0)?,
-        role: field(1)?,
-        id: field(2)?,
-        call_id: field(3)?,
-        status: field(4)?,
-        execution: field(5)?,
-        approval_request_id: field(6)?,
-        ..RawItem::default()
-    };
-    if let Some(c) = slots[7].as_deref().filter(|c| !c.is_none()) {
-        let cd = c.cast::<PyDict>().map_err(|_| {
-            FieldError::new("caller", format!("must be a mapping, got {}", type_name(c)))
-        })?;
-        let prefix = |e: FieldError| FieldError {
-            field: format!("caller.{}", e.field),
-            ..e
         };
-        raw.caller = Some(RawCaller {
-            caller_type: opt_str(cd, intern!(py, "type")).map_err(prefix)?,
-            caller_id: opt_str(cd, intern!(py, "caller_id")).map_err(prefix)?,
-        });
-    }
-    if let Some(v) = &slots[8] {
-        raw.has_encrypted_content = v
-            .cast::<PyString>()
-            .map(|s| s.to_str().map(|t| !t.is_empty()).unwrap_or(false))
-            .unwrap_or(false);
-    }
-    if let Some(v) = slots[9].as_deref().filter(|v| !v.is_none()) {
-        raw.has_provider_data = true;
-        if let Ok(pd) = v.cast::<PyDict>() {
-            raw.provider_data_type = opt_str(pd, intern!(py, "type")).unwrap_or(None);
+        if let Some(field) = name.to_str().ok().and_then(GraphField::from_name) {
+            fields.set(
+                field,
+                PyValue(unsafe { Borrowed::from_ptr(py, value_ptr) }.to_owned()),
+            );
         }
     }
-    raw.has_tool_calls = slots[10].as_deref().is_some_and(|v| !v.is_none());
-    raw.has_tool_call_id = slots[11].is_some();
-    Ok(raw)
+    fields.read()
 }
 
 /// Convert a JSON-like Python value to serde_json, naming the field path on failure.
@@ -1185,17 +1126,13 @@ impl KindNames {
 
 /// The per-unit decisions of one pack. Only what the fill touched is stored; a row is
 /// derived from the (shared) graph when Python reads it, so a pack over a long history
-/// allocates nothing per unit.
+/// allocates nothing per unit. The index it came from detaches it before it changes
+/// ([`DecisionRows::detach`]), so a kept table never makes the index copy its graph.
 #[pyclass(frozen, module = "protoprompt._core")]
 struct DecisionTable {
-    prefix: Arc<Graph>,
-    /// The units after the cut, for a pack through a `HistoryIndex`.
-    tail: Option<TailGraph>,
-    touched: FxHashMap<usize, UnitDecision>,
-    /// Units `0..rows` have history members (units are ordered by their first member).
     rows: usize,
-    /// Kind code of every history position.
-    kinds: Arc<Vec<u8>>,
+    source: Arc<Mutex<DecisionRows>>,
+    touched: FxHashMap<usize, UnitDecision>,
     kind_names: Vec<&'static str>,
 }
 
@@ -1207,44 +1144,33 @@ impl DecisionTable {
         kinds: Arc<Vec<u8>>,
         kind_names: &KindNames,
     ) -> Self {
-        let mut t = DecisionTable {
-            prefix,
-            tail,
+        let rows = DecisionRows::new(prefix, tail, kinds);
+        DecisionTable {
+            rows: rows.rows(),
+            source: Arc::new(Mutex::new(rows)),
             touched: std::mem::take(&mut result.touched),
-            rows: 0,
-            kinds,
             kind_names: kind_names.0.clone(),
-        };
-        let view = t.view();
-        let n_history = view.n_history();
-        // First unit whose first member is new input (binary search: units are sorted).
-        let (mut lo, mut hi) = (0, view.unit_count());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if view.unit(mid).members[0] < n_history {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        t.rows = lo;
-        t
-    }
-
-    fn view(&self) -> GraphView<'_> {
-        match &self.tail {
-            Some(tail) => GraphView::split(&self.prefix, tail.cut, &tail.graph),
-            None => GraphView::whole(&self.prefix),
         }
     }
 
-    fn decision(&self, view: GraphView<'_>, u: usize) -> UnitDecision {
+    fn source(&self) -> std::sync::MutexGuard<'_, DecisionRows> {
+        lock(&self.source)
+    }
+
+    fn decision(&self, u: usize, untouched: Decision) -> UnitDecision {
         self.touched.get(&u).copied().unwrap_or(UnitDecision {
             unit: u,
-            decision: untouched_decision(view.unit(u)),
+            decision: untouched,
             tokens: None,
         })
     }
+}
+
+/// A decision table's rows, locked (a panic while they were locked cannot leave them torn:
+/// a detach replaces them whole).
+fn lock(rows: &Mutex<DecisionRows>) -> std::sync::MutexGuard<'_, DecisionRows> {
+    rows.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 type DecisionRow = (
@@ -1269,21 +1195,16 @@ impl DecisionTable {
                 "decision index out of range",
             ));
         }
-        let view = self.view();
-        let n_history = view.n_history();
-        let unit = view.unit(i);
-        let d = self.decision(view, i);
-        let positions: Vec<usize> = unit
-            .members
+        let (row, n_history) = {
+            let source = self.source();
+            (source.row(i), source.n_history())
+        };
+        let kinds = row
+            .kinds
             .iter()
-            .copied()
-            .take_while(|&p| p < n_history)
+            .map(|&k| self.kind_names[k as usize])
             .collect();
-        let kinds = positions
-            .iter()
-            .map(|&p| self.kind_names[self.kinds[p] as usize])
-            .collect();
-        let problems = unit
+        let problems = row
             .problems
             .iter()
             .map(|p| {
@@ -1294,7 +1215,15 @@ impl DecisionTable {
                 )
             })
             .collect();
-        Ok((i, positions, kinds, d.decision.code(), d.tokens, problems))
+        let d = self.decision(i, row.untouched);
+        Ok((
+            i,
+            row.positions,
+            kinds,
+            d.decision.code(),
+            d.tokens,
+            problems,
+        ))
     }
 
     /// Number of history items per decision code.
@@ -1311,14 +1240,12 @@ impl DecisionTable {
 impl DecisionTable {
     /// Sum of `weight(history items of the unit)` per decision code.
     fn tally(&self, weight: impl Fn(usize) -> usize) -> FxHashMap<&'static str, usize> {
-        let view = self.view();
-        let n_history = view.n_history();
+        let source = self.source();
         let mut counts = FxHashMap::default();
         for u in 0..self.rows {
-            let members = &view.unit(u).members;
-            let n = members.partition_point(|&p| p < n_history);
+            let (n, untouched) = source.size_and_untouched(u);
             *counts
-                .entry(self.decision(view, u).decision.code())
+                .entry(self.decision(u, untouched).decision.code())
                 .or_insert(0) += weight(n);
         }
         counts
@@ -1360,6 +1287,8 @@ struct HistoryIndex {
     /// Cost of every indexed position under `cost_encoding` (`UNCOUNTED` until needed).
     costs: Vec<u64>,
     cost_encoding: Option<Encoding>,
+    /// The decision tables of earlier packs that may still share the graph and kinds.
+    live: Vec<Weak<Mutex<DecisionRows>>>,
 }
 
 /// What a `HistoryIndex` snapshot carries besides the core index: the encoding of the costs
@@ -1390,6 +1319,7 @@ impl HistoryIndex {
         items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
+        self.release_results();
         let start = self.index.len();
         let mark = self.index.mark();
         let (kinds_capacity, costs_capacity) = (self.kinds.capacity(), self.costs.capacity());
@@ -1478,6 +1408,17 @@ impl HistoryIndex {
         })
     }
 
+    /// Detach the decision tables of earlier packs before the graph or kinds change, so a
+    /// kept result never makes the change copy them. Only tables still alive copy anything
+    /// (their own rows, compactly).
+    fn release_results(&mut self) {
+        for table in self.live.drain(..) {
+            if let Some(rows) = table.upgrade() {
+                lock(&rows).detach();
+            }
+        }
+    }
+
     fn note_kinds(&mut self, metas: &[ItemMeta], rest: usize) {
         note_kinds(
             &mut self.kinds,
@@ -1516,6 +1457,7 @@ impl HistoryIndex {
             kind_names: KindNames::default(),
             costs: Vec::new(),
             cost_encoding: None,
+            live: Vec::new(),
         }
     }
 
@@ -1537,6 +1479,7 @@ impl HistoryIndex {
 
     /// Keep only the first `length` items.
     fn truncate(&mut self, py: Python<'_>, length: usize) {
+        self.release_results();
         Arc::make_mut(&mut self.kinds).truncate(length);
         self.costs.truncate(length);
         let index = &mut self.index;
@@ -1604,11 +1547,19 @@ impl HistoryIndex {
             kind_names,
             costs: attached.costs.iter().map(|c| c.wrapping_sub(1)).collect(),
             cost_encoding,
+            live: Vec::new(),
         })
+    }
+
+    /// How many times a change to this index copied its whole graph because a result still
+    /// shared it (for tests).
+    fn _graph_copies(&self) -> usize {
+        self.index.graph_copies()
     }
 
     /// Forget every item.
     fn clear(&mut self) {
+        self.release_results();
         self.index.clear();
         Arc::make_mut(&mut self.kinds).clear();
         self.costs.clear();
@@ -1908,6 +1859,8 @@ impl HistoryIndex {
             Arc::clone(kinds),
             kind_names,
         );
+        self.live.retain(|t| t.strong_count() > 0);
+        self.live.push(Arc::downgrade(&table.source));
         let out = result_dict(py, &result, enc, opts.policy, table)?;
         out.set_item("items", items)?;
         if let Some(link) = link {
@@ -1930,6 +1883,7 @@ impl HistoryIndex {
         len: usize,
         switched: Option<(Option<Encoding>, Vec<u64>)>,
     ) {
+        self.release_results();
         let index = &mut self.index;
         py.detach(|| index.undo_to(mark));
         if self.kinds.len() > len {
