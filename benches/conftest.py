@@ -21,13 +21,18 @@ RESULTS: dict[tuple[str, tuple], dict] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--bench-100k", action="store_true", default=False,
-                     help="also run the 100k-item benchmark scenarios (slow, ~2 GB RAM)")
+    parser.addoption(
+        "--bench-100k",
+        action="store_true",
+        default=False,
+        help="also run the 100k-item benchmark scenarios (slow, ~2 GB RAM)",
+    )
 
 
 def bench_100k(config: pytest.Config) -> bool:
     return bool(config.getoption("--bench-100k")) or os.environ.get(
-        "PROTOPROMPT_BENCH_100K", "") not in ("", "0")
+        "PROTOPROMPT_BENCH_100K", ""
+    ) not in ("", "0")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -71,9 +76,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
     sdk = {k[1]: v for k, v in RESULTS.items() if k[0] == "sdk"}
     rows = sorted((k[1], v) for k, v in RESULTS.items() if k[0] == "pack")
     if rows:
-        tr.write_line(f"{'case':<16}{'budget':>8}{'SDK ms':>10}{'pp cold':>10}{'pp warm':>10}"
-                      f"{'index':>9}{'warm/SDK':>10}{'index/SDK':>10}{'ref cold':>10}"
-                      f"{'ref warm':>10}{'ref/pp warm':>12}{'ref/index':>11}{'ref/pp cold':>12}")
+        tr.write_line(
+            f"{'case':<16}{'budget':>8}{'SDK ms':>10}{'pp cold':>10}{'pp warm':>10}"
+            f"{'index':>9}{'warm/SDK':>10}{'index/SDK':>10}{'ref cold':>10}"
+            f"{'ref warm':>10}{'ref/pp warm':>12}{'ref/index':>11}{'ref/pp cold':>12}"
+        )
     for (size, mix, budget), v in rows:
         s = sdk.get((size, mix), {}).get("median")
         pw, pc, pi = v.get("pp_warm"), v.get("pp_cold"), v.get("pp_index_warm")
@@ -85,35 +92,53 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
             return f"{100 * a / b:.3f}%" if pct else f"{a / b:,.1f}x"
 
         index_ms = "-" if pi is None else f"{pi * 1e3:.3f}"
-        tr.write_line(f"{mix + '-' + str(size):<16}{budget:>8}{harness.ms(s):>10}"
-                      f"{harness.ms(pc):>10}{harness.ms(pw):>10}{index_ms:>9}"
-                      f"{ratio(pw, s, True):>10}{ratio(pi, s, True):>10}"
-                      f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
-                      f"{ratio(rw, pi):>11}{ratio(rc, pc):>12}")
+        tr.write_line(
+            f"{mix + '-' + str(size):<16}{budget:>8}{harness.ms(s):>10}"
+            f"{harness.ms(pc):>10}{harness.ms(pw):>10}{index_ms:>9}"
+            f"{ratio(pw, s, True):>10}{ratio(pi, s, True):>10}"
+            f"{harness.ms(rc):>10}{harness.ms(rw):>10}{ratio(rw, pw):>12}"
+            f"{ratio(rw, pi):>11}{ratio(rc, pc):>12}"
+        )
     for (size, mix, budget), v in rows:
         if v.get("session_cold") is not None:
             rc = v.get("ref_cold")
-            vs = "" if rc is None else (f" = {rc / v['session_cold']:.1f}x / "
-                                        f"{rc / v['session_restart']:.1f}x the reference cold")
-            tr.write_line(f"session {mix}-{size} budget={budget}: cold "
-                          f"{v['session_cold'] * 1e3:.1f} ms, restart "
-                          f"{v['session_restart'] * 1e3:.1f} ms{vs}, next turn "
-                          f"{v['session_warm'] * 1e3:.2f} ms")
+            vs = (
+                ""
+                if rc is None
+                else (
+                    f" = {rc / v['session_cold']:.1f}x / "
+                    f"{rc / v['session_restart']:.1f}x the reference cold"
+                )
+            )
+            tr.write_line(
+                f"session {mix}-{size} budget={budget}: cold "
+                f"{v['session_cold'] * 1e3:.1f} ms, restart "
+                f"{v['session_restart'] * 1e3:.1f} ms{vs}, next turn "
+                f"{v['session_warm'] * 1e3:.2f} ms"
+            )
     for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
         if k[0] == "threads":
-            tr.write_line(f"pack two 10k sessions ({k[1][0]}): sequential "
-                          f"{v['sequential'] * 1e3:.1f} ms, "
-                          f"two threads {v['threaded'] * 1e3:.1f} ms, "
-                          f"scaling {v['sequential'] / v['threaded']:.2f}x")
+            tr.write_line(
+                f"pack two 10k sessions ({k[1][0]}): sequential "
+                f"{v['sequential'] * 1e3:.1f} ms, "
+                f"two threads {v['threaded'] * 1e3:.1f} ms, "
+                f"scaling {v['sequential'] / v['threaded']:.2f}x"
+            )
         if k[0] == "turn":
             size, mix = k[1]
-            tr.write_line(f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
-                          f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms")
+            tr.write_line(
+                f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
+                f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms"
+            )
         if k[0] == "whole_turn":
             size = k[1][0]
             small = RESULTS.get(("whole_turn", (10_000,)))
-            grow = (f"; windowed next turn {v['windowed_next'] / small['windowed_next']:.2f}x "
-                    f"the 10k one" if small and size > 10_000 else "")
+            grow = (
+                f"; windowed next turn {v['windowed_next'] / small['windowed_next']:.2f}x "
+                f"the 10k one"
+                if small and size > 10_000
+                else ""
+            )
             tr.write_line(
                 f"whole turn agentic-{size} (128k, seconds, first / next / restart): SDK alone "
                 f"{v['sdk_first']:.2f} / {v['sdk_next']:.2f}; full read {v['full_first']:.2f} / "
@@ -121,24 +146,36 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                 f"{v['windowed_first']:.2f} / {v['windowed_next']:.3f} / "
                 f"{v['windowed_restart']:.2f}; windowed next {v['next_vs_sdk']:.0f}x and "
                 f"restart {v['restart_vs_sdk']:.1f}x faster than the SDK's turn, first turn "
-                f"{v['first_vs_sdk_first']:.2f}x the SDK's first{grow}")
+                f"{v['first_vs_sdk_first']:.2f}x the SDK's first{grow}"
+            )
         if k[0] == "filter_loop":
-            tr.write_line(f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
-                          f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "
-                          f"inside the filter {v['inside'] * 1e3:.0f} ms "
-                          f"({100 * v['inside'] / v['pass']:.2f}% of the run)")
+            tr.write_line(
+                f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
+                f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "
+                f"inside the filter {v['inside'] * 1e3:.0f} ms "
+                f"({100 * v['inside'] / v['pass']:.2f}% of the run)"
+            )
         if k[0] == "filter_call":
             small = RESULTS.get(("filter_call", (10_000,)))
-            vs = (f", {v['per_call'] / small['per_call']:.2f}x the 10k call"
-                  if small and k[1][0] > 10_000 else "")
-            tr.write_line(f"model filter per call, {k[1][0]} items: "
-                          f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
-                          f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}")
+            vs = (
+                f", {v['per_call'] / small['per_call']:.2f}x the 10k call"
+                if small and k[1][0] > 10_000
+                else ""
+            )
+            tr.write_line(
+                f"model filter per call, {k[1][0]} items: "
+                f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
+                f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
+            )
         if k[0] == "count":
             engine, threads = k[1]
             workers = threads if isinstance(threads, str) else f"{threads} thread(s)"
-            tr.write_line(f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
-                          f"{v['tok_s'] / 1e6:8.2f} Mtok/s")
+            tr.write_line(
+                f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
+                f"{v['tok_s'] / 1e6:8.2f} Mtok/s"
+            )
         if k[0] == "count-pathological":
-            tr.write_line(f"count {k[1][0]:<24}: {v['mb_s']:8.2f} MB/s, {v['slower']:.2f}x "
-                          "the corpus' time per byte")
+            tr.write_line(
+                f"count {k[1][0]:<24}: {v['mb_s']:8.2f} MB/s, {v['slower']:.2f}x "
+                "the corpus' time per byte"
+            )

@@ -84,14 +84,15 @@ def output_reserve_for(budget: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Cases
 
+
 @dataclass
 class Case:
     """One benchmark history: the previous turn's view and the current one, as JSON."""
 
     label: str
-    prev_json: str          # history before the new turn (n items)
+    prev_json: str  # history before the new turn (n items)
     prev_new_input: list[dict[str, Any]]
-    json: str               # history now (n + 3 items)
+    json: str  # history now (n + 3 items)
     new_input: list[dict[str, Any]]
     n_items: int = 0
     json_bytes: int = 0
@@ -127,11 +128,17 @@ def case_from_items(items: list[dict[str, Any]], label: str) -> Case:
     if last_user is None or last_user == 0:
         last_user = max(0, len(items) - 3)
     prev = items[:last_user]
-    prev_new = items[last_user:last_user + 1] or [new_user_message(1)]
+    prev_new = items[last_user : last_user + 1] or [new_user_message(1)]
     s = json.dumps(items, ensure_ascii=False)
-    return Case(label=label, prev_json=json.dumps(prev, ensure_ascii=False),
-                prev_new_input=prev_new, json=s, new_input=[new_user_message(0)],
-                n_items=len(items), json_bytes=len(s.encode("utf-8")))
+    return Case(
+        label=label,
+        prev_json=json.dumps(prev, ensure_ascii=False),
+        prev_new_input=prev_new,
+        json=s,
+        new_input=[new_user_message(0)],
+        n_items=len(items),
+        json_bytes=len(s.encode("utf-8")),
+    )
 
 
 def copy_db(db_path: str, directory: str) -> str:
@@ -148,8 +155,9 @@ def copy_db(db_path: str, directory: str) -> str:
     return copy
 
 
-def load_sqlite_session(db_path: str, session_id: str,
-                        directory: str | None = None) -> tuple[list[dict[str, Any]], str]:
+def load_sqlite_session(
+    db_path: str, session_id: str, directory: str | None = None
+) -> tuple[list[dict[str, Any]], str]:
     """Items of a user's ``SQLiteSession``, read from a copy (the file itself is untouched).
 
     Returns the items and the path of the copy."""
@@ -166,9 +174,14 @@ def load_sqlite_session(db_path: str, session_id: str,
 # --------------------------------------------------------------------------------------------
 # Small statistics helpers
 
+
 def summary(times: list[float]) -> dict[str, float]:
-    return {"min": min(times), "median": statistics.median(times), "max": max(times),
-            "rounds": len(times)}
+    return {
+        "min": min(times),
+        "median": statistics.median(times),
+        "max": max(times),
+        "rounds": len(times),
+    }
 
 
 def ms(seconds: float | None) -> str:
@@ -178,11 +191,13 @@ def ms(seconds: float | None) -> str:
 # --------------------------------------------------------------------------------------------
 # protoprompt and reference, in process
 
+
 def pack_pp(history, new_input, budget: int):
     import protoprompt
 
-    return protoprompt.pack(history, new_input, budget, output_reserve=output_reserve_for(budget),
-                            encoding=ENCODING)
+    return protoprompt.pack(
+        history, new_input, budget, output_reserve=output_reserve_for(budget), encoding=ENCODING
+    )
 
 
 def warm_setup_pp(case: Case, budget: int) -> list[dict[str, Any]]:
@@ -202,8 +217,9 @@ def time_warm_pp(case: Case, budget: int, rounds: int = 3) -> list[float]:
 
 
 def pack_index(index, history, new_input, budget: int):
-    return index.pack(history, new_input, budget, output_reserve=output_reserve_for(budget),
-                      encoding=ENCODING)
+    return index.pack(
+        history, new_input, budget, output_reserve=output_reserve_for(budget), encoding=ENCODING
+    )
 
 
 def warm_setup_index(case: Case, budget: int):
@@ -226,8 +242,9 @@ class RefRunner:
         self.packer = ReferencePacker(ENCODING, warm=True)
 
     def pack(self, history, new_input, budget: int):
-        return self.packer.pack(history, new_input, budget,
-                                output_reserve=output_reserve_for(budget))
+        return self.packer.pack(
+            history, new_input, budget, output_reserve=output_reserve_for(budget)
+        )
 
     def warm_setup(self, case: Case, budget: int) -> list[dict[str, Any]]:
         self.pack(case.prev_history(), case.prev_new_input, budget)
@@ -249,8 +266,10 @@ def same_result(pp, ref) -> tuple[bool, str]:
     """Compare a protoprompt PackResult with a ReferenceResult; explain the first difference."""
     if pp.kept_history != ref.kept_history:
         a, b = set(pp.kept_history), set(ref.kept_history)
-        return False, (f"kept items differ: protoprompt only {sorted(a - b)[:10]}, "
-                       f"reference only {sorted(b - a)[:10]}")
+        return False, (
+            f"kept items differ: protoprompt only {sorted(a - b)[:10]}, "
+            f"reference only {sorted(b - a)[:10]}"
+        )
     for name in ("new_input_tokens", "dependency_tokens", "history_tokens", "used", "remaining"):
         if getattr(pp, name) != getattr(ref, name):
             a, b = getattr(pp, name), getattr(ref, name)
@@ -261,11 +280,18 @@ def same_result(pp, ref) -> tuple[bool, str]:
 # --------------------------------------------------------------------------------------------
 # SDK overhead
 
+
 class SdkOverhead:
     """``prepare_input_with_session`` on a file ``SQLiteSession`` holding the history."""
 
-    def __init__(self, history: list[dict[str, Any]], workdir: str | None = None, *,
-                 db_path: str | None = None, session_id: str = "bench") -> None:
+    def __init__(
+        self,
+        history: list[dict[str, Any]],
+        workdir: str | None = None,
+        *,
+        db_path: str | None = None,
+        session_id: str = "bench",
+    ) -> None:
         """Preload a new database with ``history``, or (``db_path``) use an existing copy
         of a user's database that already holds ``history`` under ``session_id``."""
         from agents.memory import SQLiteSession
@@ -287,7 +313,8 @@ class SdkOverhead:
 
     def run(self, new_input: list[dict[str, Any]]) -> int:
         prepared, _ = self.loop.run_until_complete(
-            self._prepare(list(new_input), self.session, lambda h, n: h + n))
+            self._prepare(list(new_input), self.session, lambda h, n: h + n)
+        )
         return len(prepared)
 
     def time(self, new_input, rounds: int = 3, warmup: int = 1) -> list[float]:
@@ -348,16 +375,20 @@ class SessionTurn:
         shutil.copyfile(base, self.db)
         self.store = MemoryStore()
         self.session = ProtoPromptSession("bench", self.db)
-        builder = TokenBudgetedContextBuilder(self.store, max_tokens=budget,
-                                              output_reserve=output_reserve_for(budget),
-                                              encoding=ENCODING)
+        builder = TokenBudgetedContextBuilder(
+            self.store,
+            max_tokens=budget,
+            output_reserve=output_reserve_for(budget),
+            encoding=ENCODING,
+        )
         self.callback = self.session.input_callback(builder, system_prompt="Be brief.")
         self.builder = builder
         from agents.run_internal.session_persistence import prepare_input_with_session
 
         self._prepare = prepare_input_with_session
-        self.loop.run_until_complete(self._prepare(
-            list(case.prev_new_input), self.session, self.callback))
+        self.loop.run_until_complete(
+            self._prepare(list(case.prev_new_input), self.session, self.callback)
+        )
         n_prev = len(case.prev_history())
         turn_items = case.history()[n_prev:]
         self.loop.run_until_complete(self.session.add_items(turn_items))
@@ -365,12 +396,14 @@ class SessionTurn:
 
     def run_pp(self) -> Any:
         prepared, _ = self.loop.run_until_complete(
-            self._prepare(list(self.case.new_input), self.session, self.callback))
+            self._prepare(list(self.case.new_input), self.session, self.callback)
+        )
         return prepared
 
     def run_sdk(self) -> int:
         prepared, _ = self.loop.run_until_complete(
-            self._prepare(list(self.case.new_input), self.plain, lambda h, n: h + n))
+            self._prepare(list(self.case.new_input), self.plain, lambda h, n: h + n)
+        )
         return len(prepared)
 
     def close(self) -> None:
@@ -387,6 +420,7 @@ class SessionTurn:
 
 # --------------------------------------------------------------------------------------------
 # Child process: cold packs and memory
+
 
 def _child_env() -> dict[str, str]:
     import protoprompt
@@ -418,22 +452,43 @@ def write_case(case: Case, directory: str) -> tuple[str, str]:
 
 def _spawn_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run this file's ``--child`` mode on ``spec`` in a fresh interpreter; its JSON result."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
-                          input=json.dumps(spec), capture_output=True, text=True,
-                          env=_child_env(), timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_child(case: Case, budget: int, directory: str, *, reference: bool = True,
-              warm_rounds: int = 0, memory: bool = False, timeout: float = 900) -> dict[str, Any]:
+def run_child(
+    case: Case,
+    budget: int,
+    directory: str,
+    *,
+    reference: bool = True,
+    warm_rounds: int = 0,
+    memory: bool = False,
+    timeout: float = 900,
+) -> dict[str, Any]:
     """Cold (and optionally warm/memory) measurements in a fresh interpreter."""
     cur, prev = write_case(case, directory)
-    spec = {"history": cur, "prev_history": prev, "new_input": case.new_input,
-            "prev_new_input": case.prev_new_input, "budget": budget,
-            "output_reserve": output_reserve_for(budget), "encoding": ENCODING,
-            "reference": reference, "warm_rounds": warm_rounds, "memory": memory}
+    spec = {
+        "history": cur,
+        "prev_history": prev,
+        "new_input": case.new_input,
+        "prev_new_input": case.prev_new_input,
+        "budget": budget,
+        "output_reserve": output_reserve_for(budget),
+        "encoding": ENCODING,
+        "reference": reference,
+        "warm_rounds": warm_rounds,
+        "memory": memory,
+    }
     return _spawn_child(spec, timeout)
 
 
@@ -450,9 +505,16 @@ def stored_counts(db_path: str) -> int:
             return 0
 
 
-def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, Any]],
-                      budget: int, timeout: float = 900, *,
-                      restart: bool = False, warm_turn: bool = False) -> dict[str, Any]:
+def run_session_child(
+    db_path: str,
+    session_id: str,
+    new_input: list[dict[str, Any]],
+    budget: int,
+    timeout: float = 900,
+    *,
+    restart: bool = False,
+    warm_turn: bool = False,
+) -> dict[str, Any]:
     """The first SDK turn of a fresh process through ``ProtoPromptSession`` on an existing
     database: ``prepare_input_with_session`` end to end, and the callback's own share.
 
@@ -465,9 +527,15 @@ def run_session_child(db_path: str, session_id: str, new_input: list[dict[str, A
         with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
             conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
             conn.execute(f"DROP TABLE IF EXISTS {SNAPSHOTS_TABLE}")
-    spec = {"session_db": db_path, "session_id": session_id, "new_input": new_input,
-            "budget": budget, "output_reserve": output_reserve_for(budget),
-            "encoding": ENCODING, "warm_turn": warm_turn}
+    spec = {
+        "session_db": db_path,
+        "session_id": session_id,
+        "new_input": new_input,
+        "budget": budget,
+        "output_reserve": output_reserve_for(budget),
+        "encoding": ENCODING,
+        "warm_turn": warm_turn,
+    }
     return _spawn_child(spec, timeout)
 
 
@@ -480,9 +548,12 @@ def _session_child(spec: dict[str, Any]) -> None:
     loop = asyncio.new_event_loop()
     store = MemoryStore()
     session = ProtoPromptSession(spec["session_id"], spec["session_db"])
-    builder = TokenBudgetedContextBuilder(store, max_tokens=spec["budget"],
-                                          output_reserve=spec["output_reserve"],
-                                          encoding=spec["encoding"])
+    builder = TokenBudgetedContextBuilder(
+        store,
+        max_tokens=spec["budget"],
+        output_reserve=spec["output_reserve"],
+        encoding=spec["encoding"],
+    )
     t_start = time.perf_counter()
     callback = session.input_callback(builder, system_prompt="Be brief.")
     spent: list[float] = []
@@ -552,7 +623,8 @@ def _session_child(spec: dict[str, Any]) -> None:
             peaks.append(peak - before if peak is not None and before is not None else None)
 
     prepared, _ = loop.run_until_complete(
-        prepare_input_with_session(list(spec["new_input"]), session, timed))
+        prepare_input_with_session(list(spec["new_input"]), session, timed)
+    )
     total = time.perf_counter() - t_start
     plan = builder.last_plan
     read_extra = max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0
@@ -576,31 +648,43 @@ def _session_child(spec: dict[str, Any]) -> None:
         # read history, which lands in whatever code allocates next.)
         added = 0
         for k in range(3):
-            answer = {"type": "message", "role": "assistant", "id": f"msg_bench_warm_{k}",
-                      "status": "completed",
-                      "content": [{"type": "output_text", "text": "Noted.",
-                                   "annotations": []}]}
+            answer = {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_bench_warm_{k}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Noted.", "annotations": []}],
+            }
             turn_items = [*spec["new_input"], answer]
             loop.run_until_complete(session.add_items(turn_items))
             added += len(turn_items)
             spent.clear()
             reads.clear()
-            loop.run_until_complete(prepare_input_with_session(
-                [{"role": "user", "content": "And then?"}], session, timed))
+            loop.run_until_complete(
+                prepare_input_with_session(
+                    [{"role": "user", "content": "And then?"}], session, timed
+                )
+            )
             warm_all.append(spent[0] + (max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0))
         warm = statistics.median(warm_all)
         for _ in range(added):
             loop.run_until_complete(session.pop_item())
-    print(json.dumps({"session_cold_callback_s": first_callback + read_extra,
-                      "session_warm_s": warm,
-                      "session_warm_all_s": warm_all,
-                      "session_cold_read_extra_s": read_extra,
-                      "session_cold_turn_s": total,
-                      "session_cold_peak_bytes": peaks[0],
-                      "session_restore_peak_bytes": restore_peak,
-                      "session_restored_items": restored[0] if restored else None,
-                      "session_cold_items": len(prepared),
-                      "session_cold_history_tokens": plan.pack.history_tokens if plan else None}))
+    print(
+        json.dumps(
+            {
+                "session_cold_callback_s": first_callback + read_extra,
+                "session_warm_s": warm,
+                "session_warm_all_s": warm_all,
+                "session_cold_read_extra_s": read_extra,
+                "session_cold_turn_s": total,
+                "session_cold_peak_bytes": peaks[0],
+                "session_restore_peak_bytes": restore_peak,
+                "session_restored_items": restored[0] if restored else None,
+                "session_cold_items": len(prepared),
+                "session_cold_history_tokens": plan.pack.history_tokens if plan else None,
+            }
+        )
+    )
     session.close()
     store.close()
     loop.close()
@@ -644,9 +728,12 @@ def _turn_child(spec: dict[str, Any]) -> None:
             return history + new_input
     else:
         session = ProtoPromptSession(sid, db, windowed_reads=mode == "windowed")
-        builder = TokenBudgetedContextBuilder(store, max_tokens=spec["budget"],
-                                              output_reserve=spec["output_reserve"],
-                                              encoding=spec["encoding"])
+        builder = TokenBudgetedContextBuilder(
+            store,
+            max_tokens=spec["budget"],
+            output_reserve=spec["output_reserve"],
+            encoding=spec["encoding"],
+        )
         inner_callback = session.input_callback(builder, system_prompt="Be brief.")
 
         async def callback(history: list[Any], new_input: list[Any]) -> list[Any]:
@@ -658,7 +745,8 @@ def _turn_child(spec: dict[str, Any]) -> None:
     def turn(new_input: list[Any]) -> tuple[float, str]:
         t = time.perf_counter()
         prepared, _ = loop.run_until_complete(
-            prepare_input_with_session(list(new_input), session, callback))
+            prepare_input_with_session(list(new_input), session, callback)
+        )
         return time.perf_counter() - t, digest(prepared)
 
     _, first_digest = turn(spec["new_input"])
@@ -666,9 +754,13 @@ def _turn_child(spec: dict[str, Any]) -> None:
     next_times, digests = [], [first_digest]
     added = 0
     for k in range(spec.get("next_turns", 0)):
-        answer = {"type": "message", "role": "assistant", "id": f"msg_turn_bench_{k}",
-                  "status": "completed",
-                  "content": [{"type": "output_text", "text": "Noted.", "annotations": []}]}
+        answer = {
+            "type": "message",
+            "role": "assistant",
+            "id": f"msg_turn_bench_{k}",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Noted.", "annotations": []}],
+        }
         items = [*spec["new_input"], answer]
         loop.run_until_complete(session.add_items(items))
         added += len(items)
@@ -678,16 +770,32 @@ def _turn_child(spec: dict[str, Any]) -> None:
         digests.append(d)
     for _ in range(added):
         loop.run_until_complete(session.pop_item())
-    print(json.dumps({"first_s": first, "next_s": statistics.median(next_times)
-                      if next_times else None, "digests": digests, "read_items": windows}))
+    print(
+        json.dumps(
+            {
+                "first_s": first,
+                "next_s": statistics.median(next_times) if next_times else None,
+                "digests": digests,
+                "read_items": windows,
+            }
+        )
+    )
     session.close()
     store.close()
     loop.close()
 
 
-def run_turn_child(db_path: str, mode: str, new_input: list[dict[str, Any]], budget: int, *,
-                   fresh: bool, next_turns: int = 0, session_id: str = "bench",
-                   timeout: float = 1800) -> dict[str, Any]:
+def run_turn_child(
+    db_path: str,
+    mode: str,
+    new_input: list[dict[str, Any]],
+    budget: int,
+    *,
+    fresh: bool,
+    next_turns: int = 0,
+    session_id: str = "bench",
+    timeout: float = 1800,
+) -> dict[str, Any]:
     """:func:`_turn_child` in a fresh interpreter. ``fresh``: the first turn protoprompt
     ever serves on the database (its token counts and index snapshots are deleted first);
     otherwise a restarted process that finds what the previous one kept there."""
@@ -695,10 +803,16 @@ def run_turn_child(db_path: str, mode: str, new_input: list[dict[str, Any]], bud
         with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
             conn.execute(f"DROP TABLE IF EXISTS {COUNTS_TABLE}")
             conn.execute(f"DROP TABLE IF EXISTS {SNAPSHOTS_TABLE}")
-    spec = {"turn_db": db_path, "mode": mode, "session_id": session_id,
-            "new_input": new_input, "budget": budget,
-            "output_reserve": output_reserve_for(budget), "encoding": ENCODING,
-            "next_turns": next_turns}
+    spec = {
+        "turn_db": db_path,
+        "mode": mode,
+        "session_id": session_id,
+        "new_input": new_input,
+        "budget": budget,
+        "output_reserve": output_reserve_for(budget),
+        "encoding": ENCODING,
+        "next_turns": next_turns,
+    }
     return _spawn_child(spec, timeout)
 
 
@@ -721,14 +835,14 @@ def whole_turns(case: Case, budget: int, workdir: str, next_turns: int = 3) -> d
         loop.close()
     out: dict[str, Any] = {"items": case.n_items, "budget": budget}
     try:
-        sdk = run_turn_child(db, "sdk", case.new_input, budget, fresh=True,
-                             next_turns=next_turns)
+        sdk = run_turn_child(db, "sdk", case.new_input, budget, fresh=True, next_turns=next_turns)
         out["sdk_first"], out["sdk_next"] = sdk["first_s"], sdk["next_s"]
         runs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         for mode in ("full", "windowed"):
             first = run_turn_child(db, mode, case.new_input, budget, fresh=True)
-            again = run_turn_child(db, mode, case.new_input, budget, fresh=False,
-                                   next_turns=next_turns)
+            again = run_turn_child(
+                db, mode, case.new_input, budget, fresh=False, next_turns=next_turns
+            )
             runs[mode] = (first, again)
             out[f"{mode}_first"] = first["first_s"]
             out[f"{mode}_restart"] = again["first_s"]
@@ -821,8 +935,13 @@ def _child_main() -> None:
         res, dt = cold()
     out["pp_cold_s"] = dt
     out["pp_kept"] = res.kept_history
-    out["pp_totals"] = [res.new_input_tokens, res.dependency_tokens, res.history_tokens,
-                        res.used, res.remaining]
+    out["pp_totals"] = [
+        res.new_input_tokens,
+        res.dependency_tokens,
+        res.history_tokens,
+        res.used,
+        res.remaining,
+    ]
 
     def warm_rounds(packer: Callable[[], Any], key: str) -> None:
         """Time the next turn ``warm_rounds`` times: each round a packer from ``packer()`` packs
@@ -854,8 +973,7 @@ def _child_main() -> None:
 
     def index_packer() -> Callable[[Any, Any], Any]:
         index = pp.HistoryIndex()
-        return lambda hist, new: index.pack(hist, new, budget, output_reserve=reserve,
-                                            encoding=enc)
+        return lambda hist, new: index.pack(hist, new, budget, output_reserve=reserve, encoding=enc)
 
     warm_rounds(index_packer, "pp_index_warm")
 
@@ -871,8 +989,13 @@ def _child_main() -> None:
         r = packer.pack(hist, new_input, budget, output_reserve=reserve)
         out["ref_cold_s"] = time.perf_counter() - t
         out["ref_kept"] = r.kept_history
-        out["ref_totals"] = [r.new_input_tokens, r.dependency_tokens, r.history_tokens,
-                             r.used, r.remaining]
+        out["ref_totals"] = [
+            r.new_input_tokens,
+            r.dependency_tokens,
+            r.history_tokens,
+            r.used,
+            r.remaining,
+        ]
         ref_warm = []
         for _ in range(spec["warm_rounds"]):
             packer = ReferencePacker(enc, warm=True)
@@ -887,6 +1010,7 @@ def _child_main() -> None:
 
 # --------------------------------------------------------------------------------------------
 # Token counting throughput
+
 
 @dataclass
 class Throughput:
@@ -927,8 +1051,9 @@ def counter(engine: str) -> Callable[[list[str]], int]:
     return count
 
 
-def count_in_threads(count: Callable[[list[str]], int], texts: list[str],
-                     threads: int) -> list[int]:
+def count_in_threads(
+    count: Callable[[list[str]], int], texts: list[str], threads: int
+) -> list[int]:
     """Deal ``texts`` round-robin into ``threads`` parts; count each part in its own thread."""
     if threads == 1:
         return [count(texts)]
@@ -972,8 +1097,9 @@ def run_in_processes(fns: list[Callable[[], Any]]) -> float | None:
         return None
     ctx = mp.get_context("fork")
     barrier, times = ctx.Barrier(len(fns)), ctx.Queue()
-    procs = [ctx.Process(target=_process_main, args=(fn, barrier, times, i))
-             for i, fn in enumerate(fns)]
+    procs = [
+        ctx.Process(target=_process_main, args=(fn, barrier, times, i)) for i, fn in enumerate(fns)
+    ]
     for p in procs:
         p.start()
     got = [times.get(timeout=600) for _ in procs]
@@ -984,8 +1110,9 @@ def run_in_processes(fns: list[Callable[[], Any]]) -> float | None:
     return max(e for _, _, e in got) - min(s for _, s, _ in got)
 
 
-def measure_throughput(texts: list[str], engine: str, threads: int, rounds: int = 3,
-                       processes: bool = False) -> Throughput | None:
+def measure_throughput(
+    texts: list[str], engine: str, threads: int, rounds: int = 3, processes: bool = False
+) -> Throughput | None:
     """Best of ``rounds``: ``threads`` threads (or, with ``processes``, forked processes)
     each counting a round-robin share of ``texts``. None if processes cannot be forked."""
     count = counter(engine)
@@ -1006,8 +1133,9 @@ def measure_throughput(texts: list[str], engine: str, threads: int, rounds: int 
         best = dt if best is None else min(best, dt)
     if processes:
         tokens = [count(part) for part in parts]
-    return Throughput(engine, threads, best or 0.0, n_bytes, sum(tokens), tokens,
-                      processes=processes)
+    return Throughput(
+        engine, threads, best or 0.0, n_bytes, sum(tokens), tokens, processes=processes
+    )
 
 
 if __name__ == "__main__":

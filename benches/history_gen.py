@@ -82,18 +82,18 @@ payload header status code message error retries timeout deadline window cache s
 
 _CODE_PY = [
     "def {f}({a}, {b}=None):",
-    "    \"\"\"{doc}\"\"\"",
+    '    """{doc}"""',
     "    if {a} is None:",
-    "        raise ValueError(f\"{a} must be set, got {{{a}!r}}\")",
+    '        raise ValueError(f"{a} must be set, got {{{a}!r}}")',
     "    for {c} in {a}.{b}():",
     "        {d}[{c}.id] = {c}",
     "    return {{k: v for k, v in {d}.items() if v is not None}}",
     "    {d} = await client.{f}({a}={a}, {b}={n})",
-    "    logger.info(\"{f}: %d {c}s\", len({d}))",
+    '    logger.info("{f}: %d {c}s", len({d}))',
     "class {F}({G}):",
     "    {a}: list[str] = field(default_factory=list)",
     "    async def {f}(self, {a}: int) -> dict[str, Any]:",
-    "        return json.loads(self._{b}.read_text(encoding=\"utf-8\"))",
+    '        return json.loads(self._{b}.read_text(encoding="utf-8"))',
     "import asyncio, json, os",
     "from dataclasses import dataclass, field",
     "    assert {a} == {n}, {a}",
@@ -126,20 +126,39 @@ _CODE_SQL = [
 ]
 _CODE_SH = [
     "$ cargo test -p {c} -- --nocapture",
-    "$ rg -n \"{f}\" src/ | head -{n}",
+    '$ rg -n "{f}" src/ | head -{n}',
     "$ python -m pytest tests/test_{c}.py -q -k {f}",
     "$ git diff --stat HEAD~{n}",
 ]
 _LANGS = [("python", _CODE_PY), ("rust", _CODE_RS), ("javascript", _CODE_JS), ("sql", _CODE_SQL)]
 
 _TOOL_NAMES = [
-    "search_docs", "get_customer", "list_orders", "query_database", "fetch_url", "read_file",
-    "run_tests", "get_weather", "create_ticket", "lookup_invoice", "send_email", "get_metrics",
+    "search_docs",
+    "get_customer",
+    "list_orders",
+    "query_database",
+    "fetch_url",
+    "read_file",
+    "run_tests",
+    "get_weather",
+    "create_ticket",
+    "lookup_invoice",
+    "send_email",
+    "get_metrics",
 ]
-_MCP_SERVERS = [("crm", ["delete_contact", "update_deal", "export_accounts"]),
-                ("github", ["create_issue", "merge_pull_request", "close_issue"])]
-_FILES = ["src/lib.rs", "src/pack.rs", "python/app/service.py", "web/src/index.ts",
-          "README.md", "tests/test_api.py", "docs/guide.md"]
+_MCP_SERVERS = [
+    ("crm", ["delete_contact", "update_deal", "export_accounts"]),
+    ("github", ["create_issue", "merge_pull_request", "close_issue"]),
+]
+_FILES = [
+    "src/lib.rs",
+    "src/pack.rs",
+    "python/app/service.py",
+    "web/src/index.ts",
+    "README.md",
+    "tests/test_api.py",
+    "docs/guide.md",
+]
 
 
 class _Gen:
@@ -184,7 +203,10 @@ class _Gen:
             "f": "_".join(r.sample(_IDENT, 2)),
             "F": "".join(w.capitalize() for w in r.sample(_IDENT, 2)),
             "G": r.choice(["Base", "Protocol", "Exception", "Generic"]),
-            "a": names[0], "b": names[1], "c": names[2], "d": names[3],
+            "a": names[0],
+            "b": names[1],
+            "c": names[2],
+            "d": names[3],
             "n": r.randint(1, 4096),
             "doc": self.words(_EN, 1, 1)[:80],
         }
@@ -228,7 +250,7 @@ class _Gen:
                 "amount": round(r.uniform(0, 10000), 2),
                 "tags": r.sample(_IDENT, r.randint(1, 4)),
                 "created_at": f"2025-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"
-                              f"T{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00Z",
+                f"T{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00Z",
                 "note": self.prose(0, 1, russian=0.2),
             }
             records.append(rec)
@@ -247,16 +269,31 @@ class _Gen:
         r = self.r
         summary = []
         if r.random() < 0.6:
-            summary = [{"text": "**" + self.words(_EN, 1, 1)[:60] + "**\n\n" + self.prose(1, 3),
-                        "type": "summary_text"} for _ in range(r.randint(1, 2))]
-        return {"id": self.hex_id("rs_"), "summary": summary, "type": "reasoning",
-                "encrypted_content": self.encrypted()}
+            summary = [
+                {
+                    "text": "**" + self.words(_EN, 1, 1)[:60] + "**\n\n" + self.prose(1, 3),
+                    "type": "summary_text",
+                }
+                for _ in range(r.randint(1, 2))
+            ]
+        return {
+            "id": self.hex_id("rs_"),
+            "summary": summary,
+            "type": "reasoning",
+            "encrypted_content": self.encrypted(),
+        }
 
     def message(self, annotations: list[dict[str, Any]] | None = None) -> Item:
         return {
             "id": self.hex_id("msg_"),
-            "content": [{"annotations": annotations or [], "text": self.answer_text(),
-                         "type": "output_text", "logprobs": []}],
+            "content": [
+                {
+                    "annotations": annotations or [],
+                    "text": self.answer_text(),
+                    "type": "output_text",
+                    "logprobs": [],
+                }
+            ],
             "role": "assistant",
             "status": "completed",
             "type": "message",
@@ -280,8 +317,11 @@ class _Gen:
         return item
 
     def function_output(self, call: Item) -> Item:
-        out: Item = {"call_id": call["call_id"], "output": self.json_blob(1000, 8000),
-                     "type": "function_call_output"}
+        out: Item = {
+            "call_id": call["call_id"],
+            "output": self.json_blob(1000, 8000),
+            "type": "function_call_output",
+        }
         if "caller" in call:
             out["caller"] = dict(call["caller"])
         return out
@@ -293,8 +333,13 @@ class _Gen:
         action: dict[str, Any] = {"commands": commands, "timeout_ms": 120000}
         if r.random() < 0.5:
             action["max_output_length"] = 16384
-        return {"action": action, "call_id": self.call_id(), "id": self.hex_id("sh_"),
-                "status": "completed", "type": "shell_call"}
+        return {
+            "action": action,
+            "call_id": self.call_id(),
+            "id": self.hex_id("sh_"),
+            "status": "completed",
+            "type": "shell_call",
+        }
 
     def shell_outputs(self, call: Item) -> list[Item]:
         """1-3 streamed chunks, as the SDK stores them: no ``status``."""
@@ -305,9 +350,15 @@ class _Gen:
             for cmd in call["action"]["commands"]:
                 lang, src = self.code(2, 25)
                 stdout = src if r.random() < 0.6 else self.prose(1, 4, russian=0.1)
-                chunks.append({"stdout": stdout, "stderr": "" if r.random() < 0.8 else
-                               f"warning: {cmd} {self.prose(0, 1, russian=0)[:100]}",
-                               "outcome": {"type": "exit", "exit_code": r.choice([0, 0, 0, 1])}})
+                chunks.append(
+                    {
+                        "stdout": stdout,
+                        "stderr": ""
+                        if r.random() < 0.8
+                        else f"warning: {cmd} {self.prose(0, 1, russian=0)[:100]}",
+                        "outcome": {"type": "exit", "exit_code": r.choice([0, 0, 0, 1])},
+                    }
+                )
             out: Item = {"type": "shell_call_output", "call_id": call["call_id"], "output": chunks}
             if "max_output_length" in call["action"]:
                 out["max_output_length"] = call["action"]["max_output_length"]
@@ -320,42 +371,89 @@ class _Gen:
         lang, src = self.code(3, 20)
         diff = "\n".join(("+" if r.random() < 0.6 else "-") + line for line in src.splitlines())
         op_type = r.choice(["update_file", "update_file", "create_file"])
-        call = {"call_id": self.call_id(), "id": self.hex_id("apc_"),
-                "operation": {"diff": "@@\n" + diff, "path": path, "type": op_type},
-                "status": "completed", "type": "apply_patch_call"}
-        out = {"type": "apply_patch_call_output", "call_id": call["call_id"],
-               "status": "completed", "output": f"Updated {path}"}
+        call = {
+            "call_id": self.call_id(),
+            "id": self.hex_id("apc_"),
+            "operation": {"diff": "@@\n" + diff, "path": path, "type": op_type},
+            "status": "completed",
+            "type": "apply_patch_call",
+        }
+        out = {
+            "type": "apply_patch_call_output",
+            "call_id": call["call_id"],
+            "status": "completed",
+            "output": f"Updated {path}",
+        }
         return call, out
 
     def web_search(self) -> tuple[Item, list[dict[str, Any]]]:
         r = self.r
-        urls = [f"https://{r.choice(_IDENT)}.example.org/{r.choice(_IDENT)}/{r.randint(1, 999)}"
-                for _ in range(r.randint(1, 5))]
-        call = {"id": self.hex_id("ws_"),
-                "action": {"query": self.prose(0, 1, russian=0.2)[:100], "type": "search",
-                           "sources": [{"type": "url", "url": u} for u in urls]},
-                "status": "completed", "type": "web_search_call"}
-        annotations = [{"end_index": 40 + 10 * i, "start_index": 10 * i, "title": "Source",
-                        "type": "url_citation", "url": u} for i, u in enumerate(urls[:3])]
+        urls = [
+            f"https://{r.choice(_IDENT)}.example.org/{r.choice(_IDENT)}/{r.randint(1, 999)}"
+            for _ in range(r.randint(1, 5))
+        ]
+        call = {
+            "id": self.hex_id("ws_"),
+            "action": {
+                "query": self.prose(0, 1, russian=0.2)[:100],
+                "type": "search",
+                "sources": [{"type": "url", "url": u} for u in urls],
+            },
+            "status": "completed",
+            "type": "web_search_call",
+        }
+        annotations = [
+            {
+                "end_index": 40 + 10 * i,
+                "start_index": 10 * i,
+                "title": "Source",
+                "type": "url_citation",
+                "url": u,
+            }
+            for i, u in enumerate(urls[:3])
+        ]
         return call, annotations
 
     def tool_search(self) -> tuple[Item, Item]:
         """Anonymous server tool search: no ``call_id`` on either item."""
         r = self.r
-        call = {"id": self.hex_id("tsc_"), "arguments": {"query": r.choice(_TOOL_NAMES)},
-                "execution": "server", "status": "completed", "type": "tool_search_call"}
+        call = {
+            "id": self.hex_id("tsc_"),
+            "arguments": {"query": r.choice(_TOOL_NAMES)},
+            "execution": "server",
+            "status": "completed",
+            "type": "tool_search_call",
+        }
         tools = []
         for name in r.sample(_TOOL_NAMES, r.randint(1, 4)):
-            props = {p: {"type": r.choice(["string", "integer", "boolean"]),
-                         "description": self.prose(0, 1, russian=0)[:120]}
-                     for p in r.sample(_IDENT, r.randint(1, 5))}
-            tools.append({"name": name, "parameters": {"type": "object", "properties": props,
-                                                         "required": sorted(props),
-                                                         "additionalProperties": False},
-                          "strict": True, "type": "function",
-                          "description": self.prose(1, 2, russian=0)})
-        out = {"id": self.hex_id("tso_"), "execution": "server", "status": "completed",
-               "tools": tools, "type": "tool_search_output"}
+            props = {
+                p: {
+                    "type": r.choice(["string", "integer", "boolean"]),
+                    "description": self.prose(0, 1, russian=0)[:120],
+                }
+                for p in r.sample(_IDENT, r.randint(1, 5))
+            }
+            tools.append(
+                {
+                    "name": name,
+                    "parameters": {
+                        "type": "object",
+                        "properties": props,
+                        "required": sorted(props),
+                        "additionalProperties": False,
+                    },
+                    "strict": True,
+                    "type": "function",
+                    "description": self.prose(1, 2, russian=0),
+                }
+            )
+        out = {
+            "id": self.hex_id("tso_"),
+            "execution": "server",
+            "status": "completed",
+            "tools": tools,
+            "type": "tool_search_output",
+        }
         return call, out
 
     # ---- turns -----------------------------------------------------------------------------
@@ -399,42 +497,75 @@ class _Gen:
         items: list[Item] = []
         if server not in self.mcp_listed:
             self.mcp_listed.add(server)
-            items.append({"id": self.hex_id("mcpl_"), "server_label": server,
-                          "tools": [{"input_schema": {"type": "object", "properties": {}},
-                                     "name": n, "description": self.prose(1, 1, russian=0)}
-                                    for n in names],
-                          "type": "mcp_list_tools"})
+            items.append(
+                {
+                    "id": self.hex_id("mcpl_"),
+                    "server_label": server,
+                    "tools": [
+                        {
+                            "input_schema": {"type": "object", "properties": {}},
+                            "name": n,
+                            "description": self.prose(1, 1, russian=0),
+                        }
+                        for n in names
+                    ],
+                    "type": "mcp_list_tools",
+                }
+            )
         name = r.choice(names)
-        args = json.dumps({"id": r.randint(1, 10**6), "reason": self.prose(0, 1)[:80]},
-                          ensure_ascii=False)
-        req = {"id": self.hex_id("mcpr_"), "arguments": args, "name": name,
-               "server_label": server, "type": "mcp_approval_request"}
+        args = json.dumps(
+            {"id": r.randint(1, 10**6), "reason": self.prose(0, 1)[:80]}, ensure_ascii=False
+        )
+        req = {
+            "id": self.hex_id("mcpr_"),
+            "arguments": args,
+            "name": name,
+            "server_label": server,
+            "type": "mcp_approval_request",
+        }
         items += self.maybe_reasoning() + [req]
         approve = r.random() < 0.85
-        resp: Item = {"approval_request_id": req["id"], "approve": approve,
-                      "type": "mcp_approval_response"}
+        resp: Item = {
+            "approval_request_id": req["id"],
+            "approve": approve,
+            "type": "mcp_approval_response",
+        }
         if not approve:
             resp["reason"] = "Rejected by the operator"
         items.append(resp)
-        call = {"id": self.hex_id("mcp_"), "arguments": args, "name": name,
-                "server_label": server, "type": "mcp_call", "approval_request_id": req["id"],
-                "error": None if approve else "Tool call rejected",
-                "output": self.json_blob(200, 2000) if approve else None,
-                "status": "completed" if approve else "failed"}
+        call = {
+            "id": self.hex_id("mcp_"),
+            "arguments": args,
+            "name": name,
+            "server_label": server,
+            "type": "mcp_call",
+            "approval_request_id": req["id"],
+            "error": None if approve else "Tool call rejected",
+            "output": self.json_blob(200, 2000) if approve else None,
+            "status": "completed" if approve else "failed",
+        }
         return items + self.maybe_reasoning(0.5) + [call]
 
     def program_step(self) -> list[Item]:
         r = self.r
         pid = self.call_id().replace("call_", "prog_")
-        program = {"id": self.hex_id("pg_"), "call_id": pid,
-                   "code": self.code(5, 25)[1], "fingerprint": self.hex_id("fp_", 16),
-                   "type": "program"}
+        program = {
+            "id": self.hex_id("pg_"),
+            "call_id": pid,
+            "code": self.code(5, 25)[1],
+            "fingerprint": self.hex_id("fp_", 16),
+            "type": "program",
+        }
         caller = {"type": "program", "caller_id": pid}
         children = [self.function_call(caller) for _ in range(r.randint(1, 3))]
         outputs = [self.function_output(c) for c in children]
-        done = {"id": self.hex_id("po_"), "call_id": pid,
-                "result": self.json_blob(100, 800), "status": "completed",
-                "type": "program_output"}
+        done = {
+            "id": self.hex_id("po_"),
+            "call_id": pid,
+            "result": self.json_blob(100, 800),
+            "status": "completed",
+            "type": "program_output",
+        }
         return self.maybe_reasoning(0.9) + [program] + children + outputs + [done]
 
     def agentic_turn(self) -> list[Item]:
@@ -520,8 +651,14 @@ def corpus_texts(total_bytes: int, seed: int = 0) -> list[str]:
     g = _Gen(seed, "agentic", tag="corpus")
     texts: list[str] = []
     size = 0
-    makers = [g.user_text, g.answer_text, lambda: g.json_blob(500, 4000),
-              lambda: g.code(5, 60)[1], g.encrypted, lambda: g.prose(5, 20, russian=1.0)]
+    makers = [
+        g.user_text,
+        g.answer_text,
+        lambda: g.json_blob(500, 4000),
+        lambda: g.code(5, 60)[1],
+        g.encrypted,
+        lambda: g.prose(5, 20, russian=1.0),
+    ]
     i = 0
     while size < total_bytes:
         t = makers[i % len(makers)]()

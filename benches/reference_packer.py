@@ -34,8 +34,15 @@ from protoprompt import _core
 
 import reference_tokenizer
 
-__all__ = ["ITEM_OVERHEAD", "ReferencePacker", "ReferenceResult", "BudgetExceeded",
-           "InvalidNewInput", "units_of", "reference_pack"]
+__all__ = [
+    "ITEM_OVERHEAD",
+    "ReferencePacker",
+    "ReferenceResult",
+    "BudgetExceeded",
+    "InvalidNewInput",
+    "units_of",
+    "reference_pack",
+]
 
 ITEM_OVERHEAD = 4
 
@@ -53,14 +60,25 @@ CALL_TO_OUTPUT = {
 OUTPUT_TO_CALL = {v: k for k, v in CALL_TO_OUTPUT.items()}
 SDK_MAPPED = set(CALL_TO_OUTPUT) - {"mcp_approval_request"}
 SDK_MAPPED_OUT = {CALL_TO_OUTPUT[c] for c in SDK_MAPPED}
-HOSTED = {"web_search_call", "file_search_call", "code_interpreter_call",
-          "image_generation_call", "mcp_call", "mcp_list_tools"}
+HOSTED = {
+    "web_search_call",
+    "file_search_call",
+    "code_interpreter_call",
+    "image_generation_call",
+    "mcp_call",
+    "mcp_list_tools",
+}
 STANDALONE = {"compaction", "additional_tools", "configuration_update"}
 CONTROLS = {"compaction_trigger", "item_reference"}
 STREAMED = {"shell_call", "tool_search_call"}
 MODEL_STATUSES = {"in_progress", "completed", "incomplete"}
-MEDIA_TYPES = ('"input_image"', '"input_file"', '"input_audio"', '"computer_screenshot"',
-               '"image_url"')
+MEDIA_TYPES = (
+    '"input_image"',
+    '"input_file"',
+    '"input_audio"',
+    '"computer_screenshot"',
+    '"image_url"',
+)
 
 
 class BudgetExceeded(Exception):
@@ -75,6 +93,7 @@ class InvalidNewInput(Exception):
 
 # --------------------------------------------------------------------------------------------
 # Classification
+
 
 def kind_of(item: Mapping[str, Any]) -> str:
     """One of: user, message, assistant_out, reasoning, call, output, anon_call, anon_out,
@@ -92,8 +111,13 @@ def kind_of(item: Mapping[str, Any]) -> str:
             if "tool_calls" in item:
                 return "foreign"
             ident = item.get("id")
-            if (t == "message" and isinstance(ident, str) and ident and ident != "__fake_id__"
-                    and item.get("status") in MODEL_STATUSES):
+            if (
+                t == "message"
+                and isinstance(ident, str)
+                and ident
+                and ident != "__fake_id__"
+                and item.get("status") in MODEL_STATUSES
+            ):
                 return "assistant_out"
             return "message"
         return "foreign"
@@ -174,6 +198,7 @@ def _stream_step(state: str, status: Any) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Units
+
 
 @dataclass
 class RefUnit:
@@ -260,10 +285,15 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
             continue
         t = key[0]
         owned = program_caller(items[p]) is not None
-        exempt = (t == "program"
-                  or (t == "shell_call" and (owned or p >= nh)
-                      and items[p].get("status") in (None, "in_progress"))
-                  or (t == "mcp_approval_request" and owned))
+        exempt = (
+            t == "program"
+            or (
+                t == "shell_call"
+                and (owned or p >= nh)
+                and items[p].get("status") in (None, "in_progress")
+            )
+            or (t == "mcp_approval_request" and owned)
+        )
         if not exempt:
             problems.append((p, "call without output"))
 
@@ -284,8 +314,12 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
         if done is not None and p > done and items[p].get("type") != "program_output":
             problems.append((p, "program child after completed program_output"))
     for (t, ident), p in calls.items():
-        if t == "program" and p < nh and ("program", ident) not in answered \
-                and ident not in named_by_new:
+        if (
+            t == "program"
+            and p < nh
+            and ("program", ident) not in answered
+            and ident not in named_by_new
+        ):
             problems.append((p, "orphan program"))
 
     # Anonymous tool search: right to left, each call takes the nearest output to its right.
@@ -355,8 +389,9 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
             end += 1
         r0 = next((i for i in range(start, end + 1) if kinds[i] == "reasoning"), None)
         if r0 is not None:
-            last_model = max((i for i in range(start, end + 1) if kinds[i] in model_emitted),
-                             default=-1)
+            last_model = max(
+                (i for i in range(start, end + 1) if kinds[i] in model_emitted), default=-1
+            )
             for i in range(r0 + 1, end + 1):
                 union(r0, i)
             for i in range(r0, end + 1):
@@ -405,6 +440,7 @@ def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]
 # --------------------------------------------------------------------------------------------
 # Packing
 
+
 @dataclass
 class ReferenceResult:
     kept_history: list[int]
@@ -420,8 +456,13 @@ class ReferenceResult:
 
     @property
     def used(self) -> int:
-        return (self.new_input_tokens + self.dependency_tokens + self.history_tokens
-                + self.context_tokens + self.output_reserve)
+        return (
+            self.new_input_tokens
+            + self.dependency_tokens
+            + self.history_tokens
+            + self.context_tokens
+            + self.output_reserve
+        )
 
     @property
     def remaining(self) -> int:
@@ -452,8 +493,15 @@ class ReferencePacker:
             cost += protoprompt.item_tokens(item, encoding=self.encoding_name).media
         return cost
 
-    def pack(self, history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]],
-             budget: int, *, output_reserve: int = 0, context_tokens: int = 0) -> ReferenceResult:
+    def pack(
+        self,
+        history: Iterable[Mapping[str, Any]],
+        new_input: Iterable[Mapping[str, Any]],
+        budget: int,
+        *,
+        output_reserve: int = 0,
+        context_tokens: int = 0,
+    ) -> ReferenceResult:
         history = list(history)
         new_input = list(new_input)
         nh = len(history)
@@ -483,8 +531,12 @@ class ReferencePacker:
             elif u.valid and not u.input_only:
                 candidates.append(hist)
         used = 0
-        for section, tokens in (("new_input", new_input_tokens), ("dependency", dependency_tokens),
-                                ("output_reserve", output_reserve), ("context", context_tokens)):
+        for section, tokens in (
+            ("new_input", new_input_tokens),
+            ("dependency", dependency_tokens),
+            ("output_reserve", output_reserve),
+            ("context", context_tokens),
+        ):
             used += tokens
             if used > budget:
                 total = new_input_tokens + dependency_tokens + output_reserve + context_tokens
@@ -518,9 +570,18 @@ class ReferencePacker:
             taken.append((hist, c))
         for hist, _ in taken:
             kept += hist
-        return ReferenceResult(sorted(kept), sorted(dependency), new_input_tokens,
-                               dependency_tokens, history_tokens, context_tokens, output_reserve,
-                               budget, units, counted)
+        return ReferenceResult(
+            sorted(kept),
+            sorted(dependency),
+            new_input_tokens,
+            dependency_tokens,
+            history_tokens,
+            context_tokens,
+            output_reserve,
+            budget,
+            units,
+            counted,
+        )
 
 
 def _has_media(item: Mapping[str, Any]) -> bool:
@@ -531,8 +592,10 @@ def _has_media(item: Mapping[str, Any]) -> bool:
     return any(m in text for m in MEDIA_TYPES)
 
 
-def reference_pack(history, new_input, budget, *, output_reserve=0, context_tokens=0,
-                   encoding="o200k_base") -> ReferenceResult:
+def reference_pack(
+    history, new_input, budget, *, output_reserve=0, context_tokens=0, encoding="o200k_base"
+) -> ReferenceResult:
     """One-shot convenience wrapper (no memo)."""
     return ReferencePacker(encoding, warm=False).pack(
-        history, new_input, budget, output_reserve=output_reserve, context_tokens=context_tokens)
+        history, new_input, budget, output_reserve=output_reserve, context_tokens=context_tokens
+    )

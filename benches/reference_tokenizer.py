@@ -64,7 +64,11 @@ def _candidates(name: str) -> list[Path]:
     try:
         meta = subprocess.run(
             ["cargo", "metadata", "--format-version", "1"],
-            cwd=_REPO, capture_output=True, text=True, timeout=120, check=True,
+            cwd=_REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
         )
         for pkg in json.loads(meta.stdout)["packages"]:
             if pkg["name"] == "tiktoken-rs":

@@ -98,12 +98,19 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def measure_case(case: harness.Case, budgets: list[int], args, progress: Progress,
-                 workdir: str, db_copy: str | None = None) -> list[dict]:
+def measure_case(
+    case: harness.Case,
+    budgets: list[int],
+    args,
+    progress: Progress,
+    workdir: str,
+    db_copy: str | None = None,
+) -> list[dict]:
     progress.step(f"{case.label}: SDK overhead ({args.rounds} rounds)")
     if db_copy:
-        sdk = harness.SdkOverhead(case.history(), workdir, db_path=db_copy,
-                                  session_id=args.session_id)
+        sdk = harness.SdkOverhead(
+            case.history(), workdir, db_path=db_copy, session_id=args.session_id
+        )
     else:
         sdk = harness.SdkOverhead(case.history(), workdir)
     try:
@@ -111,29 +118,46 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
         session_cold, session_restart = {}, {}
         sid = args.session_id if db_copy else "bench"
         for budget in budgets:
-            progress.step(f"{case.label} budget={budget}: first turn of a fresh process "
-                          "through ProtoPromptSession")
+            progress.step(
+                f"{case.label} budget={budget}: first turn of a fresh process "
+                "through ProtoPromptSession"
+            )
             session_cold[budget] = harness.run_session_child(
-                sdk.db_path, sid, case.new_input, budget)
-            progress.step(f"{case.label} budget={budget}: the same after a restart "
-                          f"({harness.stored_counts(sdk.db_path)} token counts kept)")
+                sdk.db_path, sid, case.new_input, budget
+            )
+            progress.step(
+                f"{case.label} budget={budget}: the same after a restart "
+                f"({harness.stored_counts(sdk.db_path)} token counts kept)"
+            )
             session_restart[budget] = harness.run_session_child(
-                sdk.db_path, sid, case.new_input, budget, restart=True, warm_turn=True)
+                sdk.db_path, sid, case.new_input, budget, restart=True, warm_turn=True
+            )
     finally:
         sdk.close()
     rows = []
     for budget in budgets:
         progress.step(f"{case.label} budget={budget}: fresh process (cold, warm, memory)")
-        first = harness.run_child(case, budget, workdir, reference=not args.no_reference,
-                                  warm_rounds=args.rounds, memory=True)
+        first = harness.run_child(
+            case,
+            budget,
+            workdir,
+            reference=not args.no_reference,
+            warm_rounds=args.rounds,
+            memory=True,
+        )
         children = [first]
         for i in range(args.cold_rounds - 1):
             progress.step(f"{case.label} budget={budget}: cold run {i + 2}/{args.cold_rounds}")
-            children.append(harness.run_child(case, budget, workdir,
-                                              reference=not args.no_reference))
+            children.append(
+                harness.run_child(case, budget, workdir, reference=not args.no_reference)
+            )
         row = {
-            "case": case.label, "items": case.n_items, "json": case.json_bytes, "budget": budget,
-            "reserve": harness.output_reserve_for(budget), "kept": len(first["pp_kept"]),
+            "case": case.label,
+            "items": case.n_items,
+            "json": case.json_bytes,
+            "budget": budget,
+            "reserve": harness.output_reserve_for(budget),
+            "kept": len(first["pp_kept"]),
             "sdk": sdk_s,
             "pp_cold": min(c["pp_cold_s"] for c in children),
             "pp_warm": _median(first["pp_warm_s"]),
@@ -149,21 +173,26 @@ def measure_case(case: harness.Case, budgets: list[int], args, progress: Progres
             "mem_session": session_cold[budget].get("session_cold_peak_bytes"),
             "mem_restart": _sum_known(
                 session_restart[budget].get("session_cold_peak_bytes"),
-                session_restart[budget].get("session_restore_peak_bytes")),
+                session_restart[budget].get("session_restore_peak_bytes"),
+            ),
         }
         if not args.no_reference:
             row.update(
                 ref_cold=min(c["ref_cold_s"] for c in children),
                 ref_warm=_median(first["ref_warm_s"]),
                 ref_vocab=first["ref_vocab_s"],
-                same=all(c["pp_kept"] == c["ref_kept"] and c["pp_totals"] == c["ref_totals"]
-                         for c in children),
+                same=all(
+                    c["pp_kept"] == c["ref_kept"] and c["pp_totals"] == c["ref_totals"]
+                    for c in children
+                ),
             )
             if not row["same"]:
                 a, b = set(first["pp_kept"]), set(first["ref_kept"])
-                row["diff"] = (f"protoprompt-only {sorted(a - b)[:8]}, reference-only "
-                               f"{sorted(b - a)[:8]}, totals pp {first['pp_totals']} "
-                               f"ref {first['ref_totals']}")
+                row["diff"] = (
+                    f"protoprompt-only {sorted(a - b)[:8]}, reference-only "
+                    f"{sorted(b - a)[:8]}, totals pp {first['pp_totals']} "
+                    f"ref {first['ref_totals']}"
+                )
         rows.append(row)
     return rows
 
@@ -175,8 +204,10 @@ def _sum_known(*values: int | None) -> int | None:
 
 def print_table(rows: list[dict], out=sys.stdout) -> None:
     cols = [
-        ("history", lambda r: r["case"]), ("items", lambda r: f"{r['items']:,}"),
-        ("JSON MB", lambda r: _mb(r["json"])), ("budget", lambda r: f"{r['budget']:,}"),
+        ("history", lambda r: r["case"]),
+        ("items", lambda r: f"{r['items']:,}"),
+        ("JSON MB", lambda r: _mb(r["json"])),
+        ("budget", lambda r: f"{r['budget']:,}"),
         ("kept", lambda r: f"{r['kept']:,}"),
         ("SDK ms", lambda r: harness.ms(r["sdk"])),
         ("pp cold ms", lambda r: harness.ms(r["pp_cold"])),
@@ -210,8 +241,9 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     for j, row in enumerate(cells):
-        line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(row, widths)))
+        line = "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        )
         print(line, file=out)
         if j == 0:
             print("  ".join("-" * w for w in widths), file=out)
@@ -226,11 +258,17 @@ def print_turns(turns: list[dict], out=sys.stdout) -> None:
         ("items", lambda r: f"{r['items']:,}"),
         ("SDK first s", lambda r: f"{r['sdk_first']:.2f}"),
         ("SDK next s", lambda r: f"{r['sdk_next']:.2f}"),
-        ("full first/next/restart s", lambda r: f"{r['full_first']:.2f} / {r['full_next']:.2f}"
-                                                f" / {r['full_restart']:.2f}"),
-        ("windowed first/next/restart s",
-         lambda r: f"{r['windowed_first']:.2f} / {r['windowed_next']:.3f} / "
-                   f"{r['windowed_restart']:.2f}"),
+        (
+            "full first/next/restart s",
+            lambda r: f"{r['full_first']:.2f} / {r['full_next']:.2f} / {r['full_restart']:.2f}",
+        ),
+        (
+            "windowed first/next/restart s",
+            lambda r: (
+                f"{r['windowed_first']:.2f} / {r['windowed_next']:.3f} / "
+                f"{r['windowed_restart']:.2f}"
+            ),
+        ),
         ("SDK/windowed next", lambda r: _x(r["sdk_next"], r["windowed_next"])),
         ("SDK/windowed restart", lambda r: _x(r["sdk_next"], r["windowed_restart"])),
         ("windowed first/SDK first", lambda r: _pct(r["windowed_first"], r["sdk_first"], 0)),
@@ -253,21 +291,39 @@ def measure_index_sizes(cases: list[harness.Case]) -> list[dict]:
     out = []
     for case in cases:
         index = pp.HistoryIndex()
-        index.pack(case.history(), case.new_input, 128_000,
-                   output_reserve=harness.output_reserve_for(128_000), encoding=harness.ENCODING)
+        index.pack(
+            case.history(),
+            case.new_input,
+            128_000,
+            output_reserve=harness.output_reserve_for(128_000),
+            encoding=harness.ENCODING,
+        )
         snapshot = index.snapshot()
-        out.append({"case": case.label, "items": len(index), "json": case.json_bytes,
-                    "nbytes": index.nbytes, "snapshot": len(snapshot)})
+        out.append(
+            {
+                "case": case.label,
+                "items": len(index),
+                "json": case.json_bytes,
+                "nbytes": index.nbytes,
+                "snapshot": len(snapshot),
+            }
+        )
     return out
 
 
 def print_index_sizes(sizes: list[dict], out=sys.stdout) -> None:
-    print(f"{'history':<18} {'items':>9} {'index MB':>9} {'KB/item':>8} {'of JSON':>8} "
-          f"{'snapshot MB':>12} {'KB/item':>8}", file=out)
+    print(
+        f"{'history':<18} {'items':>9} {'index MB':>9} {'KB/item':>8} {'of JSON':>8} "
+        f"{'snapshot MB':>12} {'KB/item':>8}",
+        file=out,
+    )
     for r in sizes:
-        print(f"{r['case']:<18} {r['items']:>9,} {r['nbytes'] / 1e6:>9.1f} "
-              f"{r['nbytes'] / r['items'] / 1e3:>8.2f} {_pct(r['nbytes'], r['json']):>8} "
-              f"{r['snapshot'] / 1e6:>12.1f} {r['snapshot'] / r['items'] / 1e3:>8.2f}", file=out)
+        print(
+            f"{r['case']:<18} {r['items']:>9,} {r['nbytes'] / 1e6:>9.1f} "
+            f"{r['nbytes'] / r['items'] / 1e3:>8.2f} {_pct(r['nbytes'], r['json']):>8} "
+            f"{r['snapshot'] / 1e6:>12.1f} {r['snapshot'] / r['items'] / 1e3:>8.2f}",
+            file=out,
+        )
 
 
 # ------------------------------------------------------------------------------- markdown
@@ -318,37 +374,103 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _md_times(rows: list[dict]) -> str:
-    header = ["history", "budget", "kept", "SDK ms", "pp cold ms", "pp warm ms", "index warm ms",
-              "session cold ms", "restart ms", "session warm ms", "ref cold ms", "ref warm ms",
-              "x cold", "x warm", "x index", "same"]
-    body = [[r["case"], f"{r['budget']:,}", f"{r['kept']:,}", harness.ms(r["sdk"]),
-             harness.ms(r["pp_cold"]), harness.ms(r["pp_warm"]), _ms3(r.get("pp_index")),
-             harness.ms(r.get("session_cold")), harness.ms(r.get("session_restart")),
-             _ms3(r.get("session_warm")), harness.ms(r.get("ref_cold")),
-             harness.ms(r.get("ref_warm")), _x(r.get("ref_cold"), r["pp_cold"]),
-             _x(r.get("ref_warm"), r["pp_warm"]), _x(r.get("ref_warm"), r.get("pp_index")),
-             {True: "yes", False: "NO"}.get(r.get("same"), "-")] for r in rows]
+    header = [
+        "history",
+        "budget",
+        "kept",
+        "SDK ms",
+        "pp cold ms",
+        "pp warm ms",
+        "index warm ms",
+        "session cold ms",
+        "restart ms",
+        "session warm ms",
+        "ref cold ms",
+        "ref warm ms",
+        "x cold",
+        "x warm",
+        "x index",
+        "same",
+    ]
+    body = [
+        [
+            r["case"],
+            f"{r['budget']:,}",
+            f"{r['kept']:,}",
+            harness.ms(r["sdk"]),
+            harness.ms(r["pp_cold"]),
+            harness.ms(r["pp_warm"]),
+            _ms3(r.get("pp_index")),
+            harness.ms(r.get("session_cold")),
+            harness.ms(r.get("session_restart")),
+            _ms3(r.get("session_warm")),
+            harness.ms(r.get("ref_cold")),
+            harness.ms(r.get("ref_warm")),
+            _x(r.get("ref_cold"), r["pp_cold"]),
+            _x(r.get("ref_warm"), r["pp_warm"]),
+            _x(r.get("ref_warm"), r.get("pp_index")),
+            {True: "yes", False: "NO"}.get(r.get("same"), "-"),
+        ]
+        for r in rows
+    ]
     return _md_table(header, body)
 
 
 def _md_memory(rows: list[dict]) -> str:
-    header = ["history", "JSON MB", "budget", "peak cold MB", "cold/JSON", "peak warm MB",
-              "index warm MB", "session peak MB", "session/JSON", "restart peak MB",
-              "restart/JSON"]
-    body = [[r["case"], _mb(r["json"]), f"{r['budget']:,}", _mb(r["mem_cold"]),
-             _pct(r["mem_cold"], r["json"]), _mb(r["mem_warm"], 2), _mb(r.get("mem_index"), 2),
-             _mb(r.get("mem_session")), _pct(r.get("mem_session"), r["json"]),
-             _mb(r.get("mem_restart")), _pct(r.get("mem_restart"), r["json"])] for r in rows]
+    header = [
+        "history",
+        "JSON MB",
+        "budget",
+        "peak cold MB",
+        "cold/JSON",
+        "peak warm MB",
+        "index warm MB",
+        "session peak MB",
+        "session/JSON",
+        "restart peak MB",
+        "restart/JSON",
+    ]
+    body = [
+        [
+            r["case"],
+            _mb(r["json"]),
+            f"{r['budget']:,}",
+            _mb(r["mem_cold"]),
+            _pct(r["mem_cold"], r["json"]),
+            _mb(r["mem_warm"], 2),
+            _mb(r.get("mem_index"), 2),
+            _mb(r.get("mem_session")),
+            _pct(r.get("mem_session"), r["json"]),
+            _mb(r.get("mem_restart")),
+            _pct(r.get("mem_restart"), r["json"]),
+        ]
+        for r in rows
+    ]
     return _md_table(header, body)
 
 
 def _md_sizes(sizes: list[dict]) -> str:
-    header = ["history", "items", "index MB", "index KB/item", "index/JSON", "snapshot MB",
-              "snapshot KB/item"]
-    body = [[r["case"], f"{r['items']:,}", f"{r['nbytes'] / 1e6:.1f}",
-             f"{r['nbytes'] / r['items'] / 1e3:.2f}", _pct(r["nbytes"], r["json"]),
-             f"{r['snapshot'] / 1e6:.1f}", f"{r['snapshot'] / r['items'] / 1e3:.2f}"]
-            for r in sizes]
+    header = [
+        "history",
+        "items",
+        "index MB",
+        "index KB/item",
+        "index/JSON",
+        "snapshot MB",
+        "snapshot KB/item",
+    ]
+    body = [
+        [
+            r["case"],
+            f"{r['items']:,}",
+            f"{r['nbytes'] / 1e6:.1f}",
+            f"{r['nbytes'] / r['items'] / 1e3:.2f}",
+            _pct(r["nbytes"], r["json"]),
+            f"{r['snapshot'] / 1e6:.1f}",
+            f"{r['snapshot'] / r['items'] / 1e3:.2f}",
+        ]
+        for r in sizes
+    ]
     return _md_table(header, body)
 
 
@@ -357,8 +479,11 @@ def _span(values: list[str]) -> str:
     values = [v for v in values if v != "-"]
     if not values:
         return "-"
-    return values[0] if min(values) == max(values) else f"{min(values, key=_num)}-" \
-        f"{max(values, key=_num)}"
+    return (
+        values[0]
+        if min(values) == max(values)
+        else f"{min(values, key=_num)}-{max(values, key=_num)}"
+    )
 
 
 def _num(text: str) -> float:
@@ -373,41 +498,68 @@ def md_summary(rows: list[dict]) -> str:
     rs = [r for r in rows if r["case"] == largest["case"]]
     sdk = _span([harness.ms(r["sdk"]) for r in rs])
     budgets = _span([f"{r['budget']:,}" for r in rs])
-    header = [f"{largest['items']:,} items ({_mb(largest['json'], 0)} MB JSON), budgets {budgets}",
-              "protoprompt ms", f"share of the SDK's own per-turn work ({sdk} ms)",
-              "vs the pure-Python reference packer"]
+    header = [
+        f"{largest['items']:,} items ({_mb(largest['json'], 0)} MB JSON), budgets {budgets}",
+        "protoprompt ms",
+        f"share of the SDK's own per-turn work ({sdk} ms)",
+        "vs the pure-Python reference packer",
+    ]
     body = [
-        ["next turn of a running `ProtoPromptSession`",
-         _span([_ms3(r.get("session_warm")) for r in rs]),
-         _span([_pct(r.get("session_warm"), r["sdk"], 3) for r in rs]), "-"],
-        ["warm turn through `HistoryIndex`", _span([_ms3(r.get("pp_index")) for r in rs]),
-         _span([_pct(r.get("pp_index"), r["sdk"], 3) for r in rs]),
-         _span([_x(r.get("ref_warm"), r.get("pp_index")) for r in rs]) + " faster"],
-        ["first turn of a restarted process (snapshot and counts in the database)",
-         _span([harness.ms(r.get("session_restart")) for r in rs]),
-         _span([_pct(r.get("session_restart"), r["sdk"], 3) for r in rs]),
-         _span([_x(r.get("ref_cold"), r.get("session_restart")) for r in rs]) + " faster"],
-        ["cold `pp.pack` (fresh process, tokenizer build included)",
-         _span([harness.ms(r["pp_cold"]) for r in rs]),
-         _span([_pct(r["pp_cold"], r["sdk"]) for r in rs]),
-         _span([_x(r.get("ref_cold"), r["pp_cold"]) for r in rs]) + " faster"],
+        [
+            "next turn of a running `ProtoPromptSession`",
+            _span([_ms3(r.get("session_warm")) for r in rs]),
+            _span([_pct(r.get("session_warm"), r["sdk"], 3) for r in rs]),
+            "-",
+        ],
+        [
+            "warm turn through `HistoryIndex`",
+            _span([_ms3(r.get("pp_index")) for r in rs]),
+            _span([_pct(r.get("pp_index"), r["sdk"], 3) for r in rs]),
+            _span([_x(r.get("ref_warm"), r.get("pp_index")) for r in rs]) + " faster",
+        ],
+        [
+            "first turn of a restarted process (snapshot and counts in the database)",
+            _span([harness.ms(r.get("session_restart")) for r in rs]),
+            _span([_pct(r.get("session_restart"), r["sdk"], 3) for r in rs]),
+            _span([_x(r.get("ref_cold"), r.get("session_restart")) for r in rs]) + " faster",
+        ],
+        [
+            "cold `pp.pack` (fresh process, tokenizer build included)",
+            _span([harness.ms(r["pp_cold"]) for r in rs]),
+            _span([_pct(r["pp_cold"], r["sdk"]) for r in rs]),
+            _span([_x(r.get("ref_cold"), r["pp_cold"]) for r in rs]) + " faster",
+        ],
     ]
     return _md_table(header, body)
 
 
-def write_markdown(path: str, meta: str, rows: list[dict], sizes: list[dict],
-                   counting: list[harness.Throughput], turns: list[dict]) -> None:
+def write_markdown(
+    path: str,
+    meta: str,
+    rows: list[dict],
+    sizes: list[dict],
+    counting: list[harness.Throughput],
+    turns: list[dict],
+) -> None:
     parts = [_MARKDOWN_INTRO, "## This run\n", meta + "\n"]
     if rows:
-        parts += ["## Summary (the README's table)\n", md_summary(rows),
-                  "## Time per turn\n", _md_times(rows),
-                  "## Memory\n", _md_memory(rows)]
+        parts += [
+            "## Summary (the README's table)\n",
+            md_summary(rows),
+            "## Time per turn\n",
+            _md_times(rows),
+            "## Memory\n",
+            _md_memory(rows),
+        ]
     if turns:
         text = io.StringIO()
         print_turns(turns, out=text)
-        parts += ["## Whole SDK turns at 128k (SDK alone, full read, windowed reads)\n",
-                  "Each number from a fresh process; `same` = the windowed turns' requests "
-                  "equal the full read's.\n", "```\n" + text.getvalue() + "```\n"]
+        parts += [
+            "## Whole SDK turns at 128k (SDK alone, full read, windowed reads)\n",
+            "Each number from a fresh process; `same` = the windowed turns' requests "
+            "equal the full read's.\n",
+            "```\n" + text.getvalue() + "```\n",
+        ]
     if sizes:
         parts += ["## Index and snapshot size\n", _md_sizes(sizes)]
     if counting:
@@ -450,47 +602,85 @@ def measure_counting(args, progress: Progress) -> list[harness.Throughput]:
 
 def print_counting(results: list[harness.Throughput], out=sys.stdout) -> None:
     single = {r.engine: r for r in results if r.threads == 1}
-    print(f"{'engine':<12} {'workers':>11} {'MB/s':>8} {'Mtok/s':>8} {'scaling':>8} "
-          f"{'vs tiktoken':>12}", file=out)
+    print(
+        f"{'engine':<12} {'workers':>11} {'MB/s':>8} {'Mtok/s':>8} {'scaling':>8} "
+        f"{'vs tiktoken':>12}",
+        file=out,
+    )
     for r in results:
         workers = f"{r.threads} {'procs' if r.processes else 'threads'}"
         scale = f"{r.mb_per_s / single[r.engine].mb_per_s:.2f}x" if r.threads > 1 else ""
-        tk = next((t for t in results if t.engine == "tiktoken" and t.threads == r.threads
-                   and t.processes == r.processes), None)
+        tk = next(
+            (
+                t
+                for t in results
+                if t.engine == "tiktoken" and t.threads == r.threads and t.processes == r.processes
+            ),
+            None,
+        )
         vs = f"{r.mb_per_s / tk.mb_per_s:.2f}x" if tk and r.engine == "protoprompt" else ""
-        print(f"{r.engine:<12} {workers:>11} {r.mb_per_s:>8.2f} {r.tokens_per_s / 1e6:>8.2f} "
-              f"{scale:>8} {vs:>12}", file=out)
+        print(
+            f"{r.engine:<12} {workers:>11} {r.mb_per_s:>8.2f} {r.tokens_per_s / 1e6:>8.2f} "
+            f"{scale:>8} {vs:>12}",
+            file=out,
+        )
     tokens = {r.n_tokens for r in results}
-    print(f"corpus: {results[0].n_bytes / 1e6:.1f} MB, {results[0].n_tokens:,} tokens "
-          f"({'all engines agree' if len(tokens) == 1 else 'COUNTS DIFFER: ' + str(tokens)}); "
-          "2 processes share nothing but the machine: their scaling is the ceiling for 2 "
-          "threads on it", file=out)
+    print(
+        f"corpus: {results[0].n_bytes / 1e6:.1f} MB, {results[0].n_tokens:,} tokens "
+        f"({'all engines agree' if len(tokens) == 1 else 'COUNTS DIFFER: ' + str(tokens)}); "
+        "2 processes share nothing but the machine: their scaling is the ceiling for 2 "
+        "threads on it",
+        file=out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="protoprompt-bench-report", description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=_ints, default=list(harness.DEFAULT_SIZES),
-                   help="history sizes in items (comma separated; default 1000,10000)")
-    p.add_argument("--budgets", type=_ints, default=list(harness.DEFAULT_BUDGETS),
-                   help="token budgets (default 8000,128000,400000)")
-    p.add_argument("--mix", default="agentic", choices=["chat", "tools", "agentic"],
-                   help="generated history mix (default agentic)")
+    p.add_argument(
+        "--sizes",
+        type=_ints,
+        default=list(harness.DEFAULT_SIZES),
+        help="history sizes in items (comma separated; default 1000,10000)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=_ints,
+        default=list(harness.DEFAULT_BUDGETS),
+        help="token budgets (default 8000,128000,400000)",
+    )
+    p.add_argument(
+        "--mix",
+        default="agentic",
+        choices=["chat", "tools", "agentic"],
+        help="generated history mix (default agentic)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--db", help="a SQLiteSession database to measure instead of generated data")
     p.add_argument("--session-id", help="session id inside --db")
     p.add_argument("--rounds", type=int, default=3, help="warm / SDK rounds (median reported)")
-    p.add_argument("--cold-rounds", type=int, default=1,
-                   help="fresh processes per cold measurement (minimum reported)")
+    p.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=1,
+        help="fresh processes per cold measurement (minimum reported)",
+    )
     p.add_argument("--corpus-mb", type=float, default=4.0, help="token-counting corpus size")
     p.add_argument("--no-reference", action="store_true", help="skip the pure-Python reference")
     p.add_argument("--no-counting", action="store_true", help="skip the throughput table")
-    p.add_argument("--no-turns", action="store_true",
-                   help="skip the whole-turn table (SDK alone / full read / windowed reads)")
+    p.add_argument(
+        "--no-turns",
+        action="store_true",
+        help="skip the whole-turn table (SDK alone / full read / windowed reads)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--markdown", metavar="PATH",
-                   help="also write the tables as markdown (benches/README.md)")
-    p.add_argument("--readme", metavar="PATH",
-                   help="replace the bench-summary table of this README with the run's")
+    p.add_argument(
+        "--markdown", metavar="PATH", help="also write the tables as markdown (benches/README.md)"
+    )
+    p.add_argument(
+        "--readme",
+        metavar="PATH",
+        help="replace the bench-summary table of this README with the run's",
+    )
     args = p.parse_args(argv)
     if args.db and not args.session_id:
         p.error("--db needs --session-id")
@@ -498,9 +688,12 @@ def main(argv: list[str] | None = None) -> int:
     import protoprompt
 
     n_cases = 1 if args.db else len(args.sizes)
-    total = n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2)) + n_cases \
-        + (0 if args.no_counting else 6) \
-        + (0 if args.no_turns or args.db else n_cases)  # 2 engines x (1, 2 threads, 2 procs)
+    total = (
+        n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2))
+        + n_cases
+        + (0 if args.no_counting else 6)
+        + (0 if args.no_turns or args.db else n_cases)
+    )  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="protoprompt-report-") as workdir:
@@ -524,53 +717,68 @@ def main(argv: list[str] | None = None) -> int:
         turns = []
         if not args.no_turns and not args.db:
             for case in cases:
-                progress.step(f"{case.label}: whole turns at 128k (SDK alone, full read, "
-                              "windowed), fresh processes")
-                turns.append(harness.whole_turns(case, 128_000, workdir,
-                                                 next_turns=args.rounds))
+                progress.step(
+                    f"{case.label}: whole turns at 128k (SDK alone, full read, "
+                    "windowed), fresh processes"
+                )
+                turns.append(harness.whole_turns(case, 128_000, workdir, next_turns=args.rounds))
         counting = [] if args.no_counting else measure_counting(args, progress)
         sizes = measure_index_sizes(cases)
     progress.finish()
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    machine = (f"Python {platform.python_version()}, {platform.machine()}, "
-               f"{os.cpu_count()} CPUs" + (f", load average {load[0]:.2f}" if load else ""))
-    print(f"protoprompt {protoprompt.__version__} ({Path(protoprompt.__file__).parent}), "
-          + machine)
-    print("output reserve: min(8000, budget/8); warm = pack after the previous turn was packed "
-          "in the same process (generated: +3 items; --db: +the last turn); "
-          "SDK = prepare_input_with_session, pass-through callback, file SQLiteSession")
+    machine = f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs" + (
+        f", load average {load[0]:.2f}" if load else ""
+    )
+    print(
+        f"protoprompt {protoprompt.__version__} ({Path(protoprompt.__file__).parent}), " + machine
+    )
+    print(
+        "output reserve: min(8000, budget/8); warm = pack after the previous turn was packed "
+        "in the same process (generated: +3 items; --db: +the last turn); "
+        "SDK = prepare_input_with_session, pass-through callback, file SQLiteSession"
+    )
     print()
     print_table(rows)
     if rows:
-        print(f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
-              f"cold includes building the tokenizer. session cold = what protoprompt adds to "
-              f"the first turn it ever serves on the database, in a fresh process through "
-              f"ProtoPromptSession (callback + get_items beyond the SDK's read; its peak = "
-              f"session peak, the tokenizer having been built while the SDK read the "
-              f"history); restart = the same in a new process that finds the index snapshot "
-              f"and token counts the first kept in the database (restart peak = callback + "
-              f"loading the snapshot). "
-              f"import protoprompt: "
-              f"{harness.ms(rows[0]['pp_import'])} ms"
-              + (f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
-                 "(included in ref cold)" if rows[0].get("ref_vocab") is not None else ""))
+        print(
+            f"\npeak = growth of peak RSS during one pack call ({rows[0]['mem_method']}); "
+            f"cold includes building the tokenizer. session cold = what protoprompt adds to "
+            f"the first turn it ever serves on the database, in a fresh process through "
+            f"ProtoPromptSession (callback + get_items beyond the SDK's read; its peak = "
+            f"session peak, the tokenizer having been built while the SDK read the "
+            f"history); restart = the same in a new process that finds the index snapshot "
+            f"and token counts the first kept in the database (restart peak = callback + "
+            f"loading the snapshot). "
+            f"import protoprompt: "
+            f"{harness.ms(rows[0]['pp_import'])} ms"
+            + (
+                f"; reference vocabulary load: {harness.ms(rows[0]['ref_vocab'])} ms "
+                "(included in ref cold)"
+                if rows[0].get("ref_vocab") is not None
+                else ""
+            )
+        )
     if turns:
-        print("\nwhole SDK turns at 128k (prepare_input_with_session from the session's "
-              "construction on, each from a fresh process): first = the first turn "
-              "protoprompt serves on the database, restart = a new process's first turn, "
-              "next = the turn after (median); windowed = ProtoPromptSession("
-              "windowed_reads=True), the same requests as the full read (same)")
+        print(
+            "\nwhole SDK turns at 128k (prepare_input_with_session from the session's "
+            "construction on, each from a fresh process): first = the first turn "
+            "protoprompt serves on the database, restart = a new process's first turn, "
+            "next = the turn after (median); windowed = ProtoPromptSession("
+            "windowed_reads=True), the same requests as the full read (same)"
+        )
         print_turns(turns)
     if counting:
         print()
         print_counting(counting)
     print()
     print_index_sizes(sizes)
-    meta = (f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
-            f"{machine}; {'--db ' + args.session_id if args.db else args.mix + ' mix'}, "
-            f"budgets {', '.join(f'{b:,}' for b in args.budgets)}, output reserve "
-            f"min(8000, budget/8), median of {args.rounds} warm rounds.")
+    meta = (
+        f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+        f"{machine}; {'--db ' + args.session_id if args.db else args.mix + ' mix'}, "
+        f"budgets {', '.join(f'{b:,}' for b in args.budgets)}, output reserve "
+        f"min(8000, budget/8), median of {args.rounds} warm rounds."
+    )
     if args.markdown:
         write_markdown(args.markdown, meta, rows, sizes, counting, turns)
     if args.readme and rows:

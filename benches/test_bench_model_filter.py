@@ -54,8 +54,9 @@ class _Replay(Model):
         self.steps = list(steps)
         self.inputs: list[list[Any]] = []
 
-    async def get_response(self, system_instructions: Any, input: Any, *args: Any,
-                           **kwargs: Any) -> ModelResponse:
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
         self.inputs.append(input)
         return ModelResponse(output=self.steps.pop(0), usage=Usage(), response_id=None)
 
@@ -64,8 +65,9 @@ class _Replay(Model):
 
 
 def _script() -> list[list[Any]]:
-    return ([[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(STEPS)]
-            + [[assistant_message("done", item_id="m_done")]])
+    return [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(STEPS)] + [
+        [assistant_message("done", item_id="m_done")]
+    ]
 
 
 def _builder() -> Any:
@@ -125,14 +127,24 @@ def test_filter_tool_loop(benchmark, cases, results):
     ratio = with_filter / passthrough
     # The run-to-run noise of the SDK's own work (~0.6 s per call here) is larger than the
     # filter's cost, so the time spent inside the filter is reported too: what it adds.
-    benchmark.extra_info.update(filter_s=with_filter, passthrough_s=passthrough, ratio=ratio,
-                                inside_filter_s=inside, added=inside / passthrough)
-    results[("filter_loop", (10_000,))] = {"filter": with_filter, "pass": passthrough,
-                                           "inside": inside}
-    print(f"\n{STEPS}-step tool loop over {len(items)} items: with the filter "
-          f"{with_filter:.2f} s, pass-through {passthrough:.2f} s, ratio {ratio:.3f}; "
-          f"inside the filter {inside * 1e3:.0f} ms = {100 * inside / passthrough:.2f}% "
-          f"of the pass-through run")
+    benchmark.extra_info.update(
+        filter_s=with_filter,
+        passthrough_s=passthrough,
+        ratio=ratio,
+        inside_filter_s=inside,
+        added=inside / passthrough,
+    )
+    results[("filter_loop", (10_000,))] = {
+        "filter": with_filter,
+        "pass": passthrough,
+        "inside": inside,
+    }
+    print(
+        f"\n{STEPS}-step tool loop over {len(items)} items: with the filter "
+        f"{with_filter:.2f} s, pass-through {passthrough:.2f} s, ratio {ratio:.3f}; "
+        f"inside the filter {inside * 1e3:.0f} ms = {100 * inside / passthrough:.2f}% "
+        f"of the pass-through run"
+    )
 
 
 def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
@@ -149,17 +161,29 @@ def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
     try:
         for k in range(calls):
             items = json.loads(items_json) + json.loads(json.dumps(steps))  # fresh copies
-            data = CallModelData(model_data=ModelInputData(input=items,
-                                                           instructions="Use the tool."),
-                                 agent=agent, context=None)
+            data = CallModelData(
+                model_data=ModelInputData(input=items, instructions="Use the tool."),
+                agent=agent,
+                context=None,
+            )
             t0 = time.perf_counter()
             out = loop.run_until_complete(flt(data))
             times.append(time.perf_counter() - t0)
             assert sum(pp.item_tokens(i).total for i in out.input) + RESERVE <= BUDGET
-            steps += [{"type": "function_call", "id": f"fc_{k}", "call_id": f"c{k}",
-                       "name": "lookup", "arguments": "{}"},
-                      {"type": "function_call_output", "call_id": f"c{k}",
-                       "output": "lorem ipsum dolor sit amet " * 40}]
+            steps += [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{k}",
+                    "call_id": f"c{k}",
+                    "name": "lookup",
+                    "arguments": "{}",
+                },
+                {
+                    "type": "function_call_output",
+                    "call_id": f"c{k}",
+                    "output": "lorem ipsum dolor sit amet " * 40,
+                },
+            ]
     finally:
         loop.close()
     return times, flt.last_plan
@@ -197,11 +221,20 @@ def test_filter_per_call(benchmark, cases, results, request, filter_size):
     assert plan is not None and plan.call == 8, "one run: the filter continued its index"
     row = {"first": times[0], "per_call": per_call, "index_turn": index_turn}
     results[("filter_call", (filter_size,))] = row
-    benchmark.extra_info.update(n_items=filter_size, first_ms=times[0] * 1e3,
-                                per_call_ms=per_call * 1e3, index_turn_ms=index_turn * 1e3)
+    benchmark.extra_info.update(
+        n_items=filter_size,
+        first_ms=times[0] * 1e3,
+        per_call_ms=per_call * 1e3,
+        index_turn_ms=index_turn * 1e3,
+    )
     small = results.get(("filter_call", (10_000,)))
-    vs = (f", {per_call / small['per_call']:.2f}x the 10k per-call cost"
-          if small and filter_size > 10_000 else "")
-    print(f"\nfilter per call at {filter_size} items: first {times[0] * 1e3:.1f} ms, "
-          f"then median {per_call * 1e3:.2f} ms (warm HistoryIndex turn "
-          f"{index_turn * 1e3:.2f} ms){vs}")
+    vs = (
+        f", {per_call / small['per_call']:.2f}x the 10k per-call cost"
+        if small and filter_size > 10_000
+        else ""
+    )
+    print(
+        f"\nfilter per call at {filter_size} items: first {times[0] * 1e3:.1f} ms, "
+        f"then median {per_call * 1e3:.2f} ms (warm HistoryIndex turn "
+        f"{index_turn * 1e3:.2f} ms){vs}"
+    )

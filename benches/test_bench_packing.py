@@ -55,6 +55,7 @@ def _sdk_ratio(results, size, mix, seconds):
 # --------------------------------------------------------------------------------------------
 # The SDK's own per-turn overhead (the yardstick)
 
+
 @pytest.mark.parametrize("mix", MIXES)
 def test_sdk_overhead(benchmark, cases, results, size, mix):
     case = cases.get(size, mix)
@@ -65,8 +66,9 @@ def test_sdk_overhead(benchmark, cases, results, size, mix):
         n = benchmark.pedantic(sdk.run, args=(case.new_input,), rounds=rounds, iterations=1)
         assert n == sdk.expected_len(case.new_input)
         median = _stat(benchmark)
-        benchmark.extra_info.update(n_items=case.n_items, json_mb=case.json_bytes / 1e6,
-                                    sdk_overhead_ms=_ms(median))
+        benchmark.extra_info.update(
+            n_items=case.n_items, json_mb=case.json_bytes / 1e6, sdk_overhead_ms=_ms(median)
+        )
         if median is not None:
             results[("sdk", (size, mix))] = {"median": median, "min": _stat(benchmark, "min")}
             print(f"\nSDK overhead {mix}-{size}: {median * 1e3:.1f} ms")
@@ -76,6 +78,7 @@ def test_sdk_overhead(benchmark, cases, results, size, mix):
 
 # --------------------------------------------------------------------------------------------
 # protoprompt warm: the previous turn was packed in this process
+
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mix", MIXES)
@@ -99,18 +102,26 @@ def test_pack_warm(benchmark, cases, results, size, mix, budget):
     median = _stat(benchmark)
     ratio = _sdk_ratio(results, size, mix, median)
     benchmark.extra_info.update(
-        n_items=case.n_items, json_mb=case.json_bytes / 1e6, budget=budget,
-        output_reserve=output_reserve_for(budget), kept_items=len(res.kept_history),
-        history_tokens=res.history_tokens, pp_warm_ms=_ms(median),
-        pp_warm_vs_sdk=ratio)
+        n_items=case.n_items,
+        json_mb=case.json_bytes / 1e6,
+        budget=budget,
+        output_reserve=output_reserve_for(budget),
+        kept_items=len(res.kept_history),
+        history_tokens=res.history_tokens,
+        pp_warm_ms=_ms(median),
+        pp_warm_vs_sdk=ratio,
+    )
     if median is not None:
         _record(results, (size, mix, budget), pp_warm=median)
-        print(f"\nprotoprompt warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
-              + (f" = {100 * ratio:.1f}% of SDK overhead" if ratio is not None else ""))
+        print(
+            f"\nprotoprompt warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
+            + (f" = {100 * ratio:.1f}% of SDK overhead" if ratio is not None else "")
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # protoprompt warm through a HistoryIndex (what ProtoPromptSession does every turn)
+
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mix", MIXES)
@@ -132,17 +143,24 @@ def test_pack_warm_index(benchmark, cases, results, size, mix, budget):
 
     median = _stat(benchmark)
     ratio = _sdk_ratio(results, size, mix, median)
-    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
-                                pp_index_warm_ms=_ms(median), pp_index_warm_vs_sdk=ratio)
+    benchmark.extra_info.update(
+        n_items=case.n_items,
+        budget=budget,
+        pp_index_warm_ms=_ms(median),
+        pp_index_warm_vs_sdk=ratio,
+    )
     if median is not None:
         _record(results, (size, mix, budget), pp_index_warm=median)
-        print(f"\nprotoprompt warm (index) {case.label} budget={budget}: {median * 1e3:.3f} ms"
-              + (f" = {100 * ratio:.2f}% of SDK overhead" if ratio is not None else ""))
+        print(
+            f"\nprotoprompt warm (index) {case.label} budget={budget}: {median * 1e3:.3f} ms"
+            + (f" = {100 * ratio:.2f}% of SDK overhead" if ratio is not None else "")
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # A warm index turn while the previous turn's result is kept (builder.last_plan, a caller's
 # own list of results) against one where it was dropped: the ratio says what keeping costs
+
 
 def test_pack_warm_index_with_a_kept_result(cases, results, size):
     import statistics
@@ -172,15 +190,21 @@ def test_pack_warm_index_with_a_kept_result(cases, results, size):
     assert list(prev.decisions) == list(fresh.decisions)
     assert list(res.decisions) == list(pack_pp(case.history(), case.new_input, budget).decisions)
     ratio = statistics.median(kept) / statistics.median(plain)
-    results[("kept_result", (size,))] = {"plain": statistics.median(plain),
-                                         "kept": statistics.median(kept), "ratio": ratio}
-    print(f"\nwarm index turn agentic-{size}: {statistics.median(plain) * 1e3:.3f} ms, "
-          f"with the previous result kept {statistics.median(kept) * 1e3:.3f} ms "
-          f"(ratio {ratio:.2f})")
+    results[("kept_result", (size,))] = {
+        "plain": statistics.median(plain),
+        "kept": statistics.median(kept),
+        "ratio": ratio,
+    }
+    print(
+        f"\nwarm index turn agentic-{size}: {statistics.median(plain) * 1e3:.3f} ms, "
+        f"with the previous result kept {statistics.median(kept) * 1e3:.3f} ms "
+        f"(ratio {ratio:.2f})"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # A whole warm turn through the SDK: ProtoPromptSession + callback vs a pass-through callback
+
 
 @pytest.mark.parametrize("mix", ["agentic"])
 def test_session_turn(benchmark, cases, results, size, mix):
@@ -215,17 +239,23 @@ def test_session_turn(benchmark, cases, results, size, mix):
         return
     sdk = sorted(sdk_times)[len(sdk_times) // 2]
     extra = median - sdk
-    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
-                                turn_with_protoprompt_ms=median * 1e3,
-                                turn_pass_through_ms=sdk * 1e3,
-                                protoprompt_share=extra / sdk)
+    benchmark.extra_info.update(
+        n_items=case.n_items,
+        budget=budget,
+        turn_with_protoprompt_ms=median * 1e3,
+        turn_pass_through_ms=sdk * 1e3,
+        protoprompt_share=extra / sdk,
+    )
     results[("turn", (size, mix))] = {"pp": median, "sdk": sdk}
-    print(f"\nSDK turn {case.label}: with ProtoPromptSession {median * 1e3:.1f} ms, "
-          f"pass-through {sdk * 1e3:.1f} ms (protoprompt adds {100 * extra / sdk:+.1f}%)")
+    print(
+        f"\nSDK turn {case.label}: with ProtoPromptSession {median * 1e3:.1f} ms, "
+        f"pass-through {sdk * 1e3:.1f} ms (protoprompt adds {100 * extra / sdk:+.1f}%)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Cold: the first pack in a fresh process (protoprompt, then the reference, same child)
+
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mix", MIXES)
@@ -246,19 +276,28 @@ def test_pack_cold(benchmark, cases, results, size, mix, budget):
         assert c["pp_totals"] == c["ref_totals"], f"{case.label} budget={budget}: totals differ"
     ratio = _sdk_ratio(results, size, mix, pp_cold)
     benchmark.extra_info.update(
-        n_items=case.n_items, budget=budget, pp_import_ms=children[0]["pp_import_s"] * 1e3,
-        pp_cold_ms=pp_cold * 1e3, ref_cold_ms=ref_cold * 1e3,
-        ref_vocab_ms=children[0]["ref_vocab_s"] * 1e3, ref_over_pp_cold=ref_cold / pp_cold,
-        pp_cold_vs_sdk=ratio, note="benchmark time includes interpreter start and imports")
+        n_items=case.n_items,
+        budget=budget,
+        pp_import_ms=children[0]["pp_import_s"] * 1e3,
+        pp_cold_ms=pp_cold * 1e3,
+        ref_cold_ms=ref_cold * 1e3,
+        ref_vocab_ms=children[0]["ref_vocab_s"] * 1e3,
+        ref_over_pp_cold=ref_cold / pp_cold,
+        pp_cold_vs_sdk=ratio,
+        note="benchmark time includes interpreter start and imports",
+    )
     _record(results, (size, mix, budget), pp_cold=pp_cold, ref_cold=ref_cold)
-    print(f"\ncold {case.label} budget={budget}: protoprompt {pp_cold * 1e3:.1f} ms, "
-          f"reference {ref_cold * 1e3:.1f} ms ({ref_cold / pp_cold:.2f}x)")
+    print(
+        f"\ncold {case.label} budget={budget}: protoprompt {pp_cold * 1e3:.1f} ms, "
+        f"reference {ref_cold * 1e3:.1f} ms ({ref_cold / pp_cold:.2f}x)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Session cold and restart: the first SDK turn of a fresh process through ProtoPromptSession,
 # on a database protoprompt never served (cold), then again in another fresh process that
 # finds the token counts the first one kept in the database (restart)
+
 
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_session_cold_and_restart(benchmark, cases, results, size, budget):
@@ -268,10 +307,10 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
         runs: dict[str, dict] = {}
 
         def run():
-            runs["cold"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
-                                                     budget)
-            runs["restart"] = harness.run_session_child(sdk.db_path, "bench", case.new_input,
-                                                        budget, restart=True, warm_turn=True)
+            runs["cold"] = harness.run_session_child(sdk.db_path, "bench", case.new_input, budget)
+            runs["restart"] = harness.run_session_child(
+                sdk.db_path, "bench", case.new_input, budget, restart=True, warm_turn=True
+            )
 
         benchmark.pedantic(run, rounds=1, iterations=1)
         stored = harness.stored_counts(sdk.db_path)
@@ -291,27 +330,44 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
     # The restarted process started from the index snapshot the first one saved.
     assert runs["cold"]["session_restored_items"] == 0
     assert runs["restart"]["session_restored_items"] == (
-        case.n_items if case.n_items >= DEFAULT_SNAPSHOT_MIN_ITEMS else 0)
+        case.n_items if case.n_items >= DEFAULT_SNAPSHOT_MIN_ITEMS else 0
+    )
     peak = runs["cold"].get("session_cold_peak_bytes")
     restore_peak = runs["restart"].get("session_restore_peak_bytes")
-    benchmark.extra_info.update(n_items=case.n_items, budget=budget,
-                                session_cold_ms=cold * 1e3, session_restart_ms=restart * 1e3,
-                                stored_counts=stored, session_cold_peak_bytes=peak,
-                                session_restore_peak_bytes=restore_peak,
-                                session_cold_peak_vs_json=(peak / case.json_bytes
-                                                           if peak is not None else None))
-    _record(results, (size, "agentic", budget), session_cold=cold, session_restart=restart,
-            session_warm=warm)
-    print(f"\nsession agentic-{size} budget={budget}: first turn of a fresh process "
-          f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept, "
-          f"{runs['restart']['session_restored_items']} items from the index snapshot), "
-          f"next turn {warm * 1e3:.2f} ms"
-          + (f", callback peak RSS growth {peak / 1e6:.1f} MB = "
-             f"{100 * peak / case.json_bytes:.0f}% of the history's JSON" if peak else ""))
+    benchmark.extra_info.update(
+        n_items=case.n_items,
+        budget=budget,
+        session_cold_ms=cold * 1e3,
+        session_restart_ms=restart * 1e3,
+        stored_counts=stored,
+        session_cold_peak_bytes=peak,
+        session_restore_peak_bytes=restore_peak,
+        session_cold_peak_vs_json=(peak / case.json_bytes if peak is not None else None),
+    )
+    _record(
+        results,
+        (size, "agentic", budget),
+        session_cold=cold,
+        session_restart=restart,
+        session_warm=warm,
+    )
+    print(
+        f"\nsession agentic-{size} budget={budget}: first turn of a fresh process "
+        f"{cold * 1e3:.1f} ms, after a restart {restart * 1e3:.1f} ms ({stored} counts kept, "
+        f"{runs['restart']['session_restored_items']} items from the index snapshot), "
+        f"next turn {warm * 1e3:.2f} ms"
+        + (
+            f", callback peak RSS growth {peak / 1e6:.1f} MB = "
+            f"{100 * peak / case.json_bytes:.0f}% of the history's JSON"
+            if peak
+            else ""
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The pure-Python reference, warm (its memo holds the previous turn's counts)
+
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mix", MIXES)
@@ -333,10 +389,16 @@ def test_reference_warm(benchmark, cases, results, size, mix, budget):
         return
     row = _record(results, (size, mix, budget), ref_warm=median)
     pp = row.get("pp_warm")
-    benchmark.extra_info.update(n_items=case.n_items, budget=budget, ref_warm_ms=median * 1e3,
-                                ref_over_pp_warm=(median / pp) if pp else None)
-    print(f"\nreference warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
-          + (f" ({median / pp:.2f}x protoprompt)" if pp else ""))
+    benchmark.extra_info.update(
+        n_items=case.n_items,
+        budget=budget,
+        ref_warm_ms=median * 1e3,
+        ref_over_pp_warm=(median / pp) if pp else None,
+    )
+    print(
+        f"\nreference warm {case.label} budget={budget}: {median * 1e3:.2f} ms"
+        + (f" ({median / pp:.2f}x protoprompt)" if pp else "")
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,9 +439,13 @@ def test_count_throughput(benchmark, results, engine, threads):
     mb_s, tok_s = n_bytes / best / 1e6, total / best
     results[("count", (engine, threads))] = {"mb_s": mb_s, "tok_s": tok_s}
     single = results.get(("count", (engine, 1)))
-    benchmark.extra_info.update(corpus_mb=n_bytes / 1e6, tokens=total, mb_per_s=mb_s,
-                                tokens_per_s=tok_s,
-                                scaling_vs_1_thread=(mb_s / single["mb_s"]) if single else None)
+    benchmark.extra_info.update(
+        corpus_mb=n_bytes / 1e6,
+        tokens=total,
+        mb_per_s=mb_s,
+        tokens_per_s=tok_s,
+        scaling_vs_1_thread=(mb_s / single["mb_s"]) if single else None,
+    )
     print(f"\ncount {engine} x{threads}: {mb_s:.2f} MB/s, {tok_s / 1e6:.2f} Mtok/s")
 
 
@@ -405,8 +471,10 @@ def _pathological(kind: str, n_bytes: int) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n_bytes))
 
 
-@pytest.mark.parametrize(("kind", "megabytes", "bound"), [
-    ("one letter", 8, 2.0), ("spaces", 8, 2.0), ("random letters", 2, 12.0)])
+@pytest.mark.parametrize(
+    ("kind", "megabytes", "bound"),
+    [("one letter", 8, 2.0), ("spaces", 8, 2.0), ("random letters", 2, 12.0)],
+)
 def test_count_pathological_texts(benchmark, results, kind, megabytes, bound):
     """Texts the tokenizer handles worst, against the corpus measured in the same run (per
     byte): a run of one letter or of spaces counts at least half as fast as ordinary text
@@ -417,8 +485,9 @@ def test_count_pathological_texts(benchmark, results, kind, megabytes, bound):
 
     text = _pathological(kind, megabytes * 10**6)
     protoprompt.count_tokens("warm up")
-    n = benchmark.pedantic(lambda: protoprompt.count_tokens(text, encoding=harness.ENCODING),
-                           rounds=1, iterations=1)
+    n = benchmark.pedantic(
+        lambda: protoprompt.count_tokens(text, encoding=harness.ENCODING), rounds=1, iterations=1
+    )
     low, high = -(-len(text) // 128), len(text)  # a token covers 1 to 128 bytes
     assert low <= n <= high
     best = _stat(benchmark, "min")
@@ -429,8 +498,9 @@ def test_count_pathological_texts(benchmark, results, kind, megabytes, bound):
     slower = corpus["mb_s"] / mb_s
     results[("count-pathological", (kind,))] = {"mb_s": mb_s, "slower": slower}
     benchmark.extra_info.update(mb_per_s=mb_s, slower_than_corpus=slower)
-    print(f"\ncount {kind} ({megabytes} MB): {mb_s:.2f} MB/s, {slower:.2f}x the corpus' time "
-          "per byte")
+    print(
+        f"\ncount {kind} ({megabytes} MB): {mb_s:.2f} MB/s, {slower:.2f}x the corpus' time per byte"
+    )
     assert slower <= bound, f"{kind}: {slower:.1f}x slower per byte than ordinary text"
 
 
@@ -488,15 +558,20 @@ def test_pack_two_sessions_in_threads(cases, results, counted):
     par = min(r[0] for r in runs)
     assert all(r[1] == expected for r in runs)
     results[("threads", ("warm" if counted else "tokenising",))] = {
-        "sequential": seq, "threaded": par}
-    print(f"\npack two 10k sessions ({'warm' if counted else 'tokenising'}): sequential "
-          f"{seq * 1e3:.1f} ms, two threads "
-          f"{par * 1e3:.1f} ms, scaling {seq / par:.2f}x")
+        "sequential": seq,
+        "threaded": par,
+    }
+    print(
+        f"\npack two 10k sessions ({'warm' if counted else 'tokenising'}): sequential "
+        f"{seq * 1e3:.1f} ms, two threads "
+        f"{par * 1e3:.1f} ms, scaling {seq / par:.2f}x"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Whole turns at 128k: the SDK alone, ProtoPromptSession reading the whole history, and
 # reading a token window (windowed_reads=True); every number from a fresh process
+
 
 @pytest.mark.parametrize("turn_size", [10_000, 100_000], ids=["n10000", "n100000"])
 def test_whole_turn_windowed(benchmark, cases, results, request, turn_size):
@@ -508,8 +583,11 @@ def test_whole_turn_windowed(benchmark, cases, results, request, turn_size):
     got: dict = {}
 
     def run():
-        got.update(harness.whole_turns(case, 128_000, cases.workdir,
-                                       next_turns=3 if turn_size <= 10_000 else 2))
+        got.update(
+            harness.whole_turns(
+                case, 128_000, cases.workdir, next_turns=3 if turn_size <= 10_000 else 2
+            )
+        )
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     # The windowed turns sent exactly the full-read turns' requests, from far fewer items.
@@ -523,12 +601,15 @@ def test_whole_turn_windowed(benchmark, cases, results, request, turn_size):
         "first_vs_sdk_first": got["windowed_first"] / got["sdk_first"],
         "full_next_vs_sdk": sdk / got["full_next"],
     }
-    benchmark.extra_info.update({k: v for k, v in got.items() if k.endswith(("_first", "_next",
-                                                                             "_restart"))})
+    benchmark.extra_info.update(
+        {k: v for k, v in got.items() if k.endswith(("_first", "_next", "_restart"))}
+    )
     benchmark.extra_info.update(ratios)
     results[("whole_turn", (turn_size,))] = {**got, **ratios}
-    print(f"\nwhole turn agentic-{turn_size} (128k): SDK {got['sdk_first']:.2f} / "
-          f"{sdk:.2f} s, full read {got['full_first']:.2f} / {got['full_next']:.2f} / "
-          f"{got['full_restart']:.2f} s, windowed {got['windowed_first']:.2f} / "
-          f"{got['windowed_next']:.3f} / {got['windowed_restart']:.2f} s "
-          f"(first / next / restart)")
+    print(
+        f"\nwhole turn agentic-{turn_size} (128k): SDK {got['sdk_first']:.2f} / "
+        f"{sdk:.2f} s, full read {got['full_first']:.2f} / {got['full_next']:.2f} / "
+        f"{got['full_restart']:.2f} s, windowed {got['windowed_first']:.2f} / "
+        f"{got['windowed_next']:.3f} / {got['windowed_restart']:.2f} s "
+        f"(first / next / restart)"
+    )

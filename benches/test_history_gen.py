@@ -57,10 +57,25 @@ def test_deterministic_and_json_clean(mix):
 def test_mixes_cover_the_item_kinds():
     h = generate(3000, "agentic", 0)
     kinds = Counter(it.get("type", "easy-" + it.get("role", "?")) for it in h)
-    for t in ("easy-user", "message", "reasoning", "function_call", "function_call_output",
-              "shell_call", "shell_call_output", "tool_search_call", "tool_search_output",
-              "mcp_approval_request", "mcp_approval_response", "mcp_call", "web_search_call",
-              "apply_patch_call", "apply_patch_call_output", "program", "program_output"):
+    for t in (
+        "easy-user",
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "shell_call",
+        "shell_call_output",
+        "tool_search_call",
+        "tool_search_output",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "web_search_call",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "program",
+        "program_output",
+    ):
         assert kinds[t] > 0, t
     # streamed shell outputs (several per call, SDK-stored: no status)
     per_call = Counter(it["call_id"] for it in h if it.get("type") == "shell_call_output")
@@ -91,8 +106,12 @@ def test_items_have_the_shapes_the_sdk_stores():
 
     out_adapter = TypeAdapter(ResponseOutputItem)
     in_adapter = TypeAdapter(ResponseInputItemParam)
-    sdk_made = {"function_call_output", "shell_call_output", "apply_patch_call_output",
-                "mcp_approval_response"}
+    sdk_made = {
+        "function_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "mcp_approval_response",
+    }
     seen = set()
     for mix in MIXES:
         for it in generate(400, mix, 11) + next_turn(11, mix):

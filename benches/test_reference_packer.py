@@ -61,10 +61,20 @@ def test_without_budget_pressure_everything_is_kept(packer):
 def test_tail_dependency_and_budget_errors(packer):
     h = generate(50, "tools", 2) + [
         {"content": "go on", "role": "user"},
-        {"type": "reasoning", "id": "rs_tail", "summary": [],
-         "encrypted_content": "gAAAAB" + "x" * 40},
-        {"arguments": "{}", "call_id": "call_tail", "name": "f", "type": "function_call",
-         "id": "fc_tail", "status": "completed"},
+        {
+            "type": "reasoning",
+            "id": "rs_tail",
+            "summary": [],
+            "encrypted_content": "gAAAAB" + "x" * 40,
+        },
+        {
+            "arguments": "{}",
+            "call_id": "call_tail",
+            "name": "f",
+            "type": "function_call",
+            "id": "fc_tail",
+            "status": "completed",
+        },
     ]
     n = [{"call_id": "call_tail", "output": "ok", "type": "function_call_output"}]
     pp = protoprompt.pack(h, n, 128000, output_reserve=8000)

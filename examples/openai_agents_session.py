@@ -57,32 +57,75 @@ def lookup_clause(name: str) -> str:
 
 
 def think(n: int, text: str) -> ResponseReasoningItem:
-    return ResponseReasoningItem(id=f"rs_{n}", type="reasoning",
-                                 summary=[Summary(text=text, type="summary_text")])
+    return ResponseReasoningItem(
+        id=f"rs_{n}", type="reasoning", summary=[Summary(text=text, type="summary_text")]
+    )
 
 
 TURNS: list[tuple[str, list[list[Any]]]] = [
-    ("When does the contract renew?", [
-        [think(1, "Look up the renewal clause."),
-         function_call("lookup_clause", {"name": "renewal"}, call_id="call_1")],
-        [assistant_message("It renews every 1 March unless notice is given 90 days before.",
-                           item_id="msg_1")]]),
-    ("How much do we pay per year?", [
-        [function_call("lookup_clause", {"name": "fees"}, call_id="call_2")],
-        [assistant_message("12,000 EUR per year, invoiced quarterly; at most +3% per renewal.",
-                           item_id="msg_2")]]),
-    ("What happens if we pay late?", [
-        [think(3, "Payment clause has the interest rate."),
-         function_call("lookup_clause", {"name": "payment"}, call_id="call_3")],
-        [assistant_message("Invoices are due in 30 days; late payments accrue 1% per month.",
-                           item_id="msg_3")]]),
-    ("Can they terminate right away if we breach?", [
-        [function_call("lookup_clause", {"name": "termination for cause"}, call_id="call_4")],
-        [assistant_message("Only for a material breach not cured within 30 days.",
-                           item_id="msg_4")]]),
-    ("What is the latest date to stop the renewal next year?", [
-        [assistant_message("Send written notice by 1 December (90 days before 1 March).",
-                           item_id="msg_5")]]),
+    (
+        "When does the contract renew?",
+        [
+            [
+                think(1, "Look up the renewal clause."),
+                function_call("lookup_clause", {"name": "renewal"}, call_id="call_1"),
+            ],
+            [
+                assistant_message(
+                    "It renews every 1 March unless notice is given 90 days before.",
+                    item_id="msg_1",
+                )
+            ],
+        ],
+    ),
+    (
+        "How much do we pay per year?",
+        [
+            [function_call("lookup_clause", {"name": "fees"}, call_id="call_2")],
+            [
+                assistant_message(
+                    "12,000 EUR per year, invoiced quarterly; at most +3% per renewal.",
+                    item_id="msg_2",
+                )
+            ],
+        ],
+    ),
+    (
+        "What happens if we pay late?",
+        [
+            [
+                think(3, "Payment clause has the interest rate."),
+                function_call("lookup_clause", {"name": "payment"}, call_id="call_3"),
+            ],
+            [
+                assistant_message(
+                    "Invoices are due in 30 days; late payments accrue 1% per month.",
+                    item_id="msg_3",
+                )
+            ],
+        ],
+    ),
+    (
+        "Can they terminate right away if we breach?",
+        [
+            [function_call("lookup_clause", {"name": "termination for cause"}, call_id="call_4")],
+            [
+                assistant_message(
+                    "Only for a material breach not cured within 30 days.", item_id="msg_4"
+                )
+            ],
+        ],
+    ),
+    (
+        "What is the latest date to stop the renewal next year?",
+        [
+            [
+                assistant_message(
+                    "Send written notice by 1 December (90 days before 1 March).", item_id="msg_5"
+                )
+            ]
+        ],
+    ),
 ]
 
 
@@ -110,40 +153,61 @@ async def main(db: str) -> None:
     scope = MemoryScope(tenant="acme", user="alice", thread="legal-chat")
     store = MemoryStore(db, chunk_words=40, chunk_overlap=0)
     store.index_document("contract", CONTRACT, scope=scope)
-    store.remember("Alice is preparing the renewal decision for the March board meeting.",
-                   scope=scope)
-    store.set_profile({"name": "Alice", "role": "procurement lead", "style": "short answers"},
-                      scope=scope)
+    store.remember(
+        "Alice is preparing the renewal decision for the March board meeting.", scope=scope
+    )
+    store.set_profile(
+        {"name": "Alice", "role": "procurement lead", "style": "short answers"}, scope=scope
+    )
 
-    builder = TokenBudgetedContextBuilder(store, max_tokens=900, model="gpt-5", scope=scope,
-                                          output_reserve=150, max_context_tokens=320)
+    builder = TokenBudgetedContextBuilder(
+        store,
+        max_tokens=900,
+        model="gpt-5",
+        scope=scope,
+        output_reserve=150,
+        max_context_tokens=320,
+    )
     session = ProtoPromptSession("legal-chat", db, windowed_reads=True)
     model = ScriptedModel([step for _, steps in TURNS for step in steps])
-    agent = Agent(name="Contract assistant", model=model, tools=[lookup_clause],
-                  instructions="You answer questions about the customer's contract.")
+    agent = Agent(
+        name="Contract assistant",
+        model=model,
+        tools=[lookup_clause],
+        instructions="You answer questions about the customer's contract.",
+    )
     calls: list[ModelCallPlan] = []
     # Both budget hooks: the session callback (recall + history, once per run) and the
     # per-call filter (every model call of the run, instructions and tools counted).
-    config: RunConfig = session.run_config(builder,
-                                           system_prompt="Answer from the recalled contract.",
-                                           on_call=calls.append, tracing_disabled=True)
+    config: RunConfig = session.run_config(
+        builder,
+        system_prompt="Answer from the recalled contract.",
+        on_call=calls.append,
+        tracing_disabled=True,
+    )
 
-    print(f"contract indexed for {scope.tenant}/{scope.user}/{scope.thread}; "
-          f"budget {builder.max_tokens} tokens, output reserve {builder.output_reserve}\n")
+    print(
+        f"contract indexed for {scope.tenant}/{scope.user}/{scope.thread}; "
+        f"budget {builder.max_tokens} tokens, output reserve {builder.output_reserve}\n"
+    )
     for n, (question, _) in enumerate(TURNS, 1):
         calls.clear()
         result = await Runner.run(agent, question, session=session, run_config=config)
         plan = builder.last_plan
         assert plan is not None
-        print(f"turn {n}: {len(plan.recalled)} recalled, "
-              f"{sum(len(d.positions) for d in plan.pack.dropped):>2} history items dropped"
-              f" -> {clip(result.final_output, 44)}")
+        print(
+            f"turn {n}: {len(plan.recalled)} recalled, "
+            f"{sum(len(d.positions) for d in plan.pack.dropped):>2} history items dropped"
+            f" -> {clip(result.final_output, 44)}"
+        )
         for call in calls:
             assert call.used <= call.budget
-            print(f"   model call {call.call}: items {call.items_tokens:>3} + instructions "
-                  f"{call.instructions_tokens} + tools {call.tools_tokens} = "
-                  f"{call.request_tokens:>3} tokens (+{call.output_reserve} reserved) "
-                  f"of {call.budget}")
+            print(
+                f"   model call {call.call}: items {call.items_tokens:>3} + instructions "
+                f"{call.instructions_tokens} + tools {call.tools_tokens} = "
+                f"{call.request_tokens:>3} tokens (+{call.output_reserve} reserved) "
+                f"of {call.budget}"
+            )
 
     stored = await session.get_items()
     plan = builder.last_plan
@@ -151,8 +215,10 @@ async def main(db: str) -> None:
     n_history = sum(len(d.positions) for d in plan.pack.decisions)  # history the callback got
     n_new = len(plan.pack.items) - len(plan.pack.kept_history)
     why = {p: d.decision for d in plan.pack.decisions for p in d.positions}
-    print(f"\nSESSION (stored: {len(stored)} items, no context)"
-          "       LAST REQUEST (what the model got)")
+    print(
+        f"\nSESSION (stored: {len(stored)} items, no context)"
+        "       LAST REQUEST (what the model got)"
+    )
     print(f"{'':<52}[system] context message, {plan.context_tokens} tokens")
     for i, item in enumerate(stored):
         if i < n_history:
@@ -165,8 +231,10 @@ async def main(db: str) -> None:
 
     print("\nRECALLED into the context message:")
     for blk in plan.recalled:
-        print(f"  {blk.layer:<8}{clip(blk.source, 14):<16}{blk.status:<10}{blk.tokens:>4} tokens  "
-              f"{clip(' '.join(blk.text.split()), 34)}")
+        print(
+            f"  {blk.layer:<8}{clip(blk.source, 14):<16}{blk.status:<10}{blk.tokens:>4} tokens  "
+            f"{clip(' '.join(blk.text.split()), 34)}"
+        )
     print("\nPLAN (builder.last_plan.explain()):")
     print(plan.explain())
     assert not any(i.get("role") == "system" for i in stored), "recall never enters the session"

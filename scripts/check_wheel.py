@@ -27,8 +27,16 @@ from pathlib import Path
 # Libraries a manylinux wheel may link without bundling them (PEP 599's list, minus the
 # graphics ones a token packer has no business with).
 ALLOWED_LIBS = {
-    "libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0", "libutil.so.1",
-    "libgcc_s.so.1", "libresolv.so.2", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1",
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "librt.so.1",
+    "libpthread.so.0",
+    "libutil.so.1",
+    "libgcc_s.so.1",
+    "libresolv.so.2",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
 }
 MUSL_LIBS = {"libc.so", "libgcc_s.so.1"}
 
@@ -52,8 +60,9 @@ def elf_needs(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     """DT_NEEDED libraries and the symbol versions required from each (objdump -p)."""
     if shutil.which("objdump") is None:
         fail("objdump is needed to read the native module (Debian: apt-get install binutils)")
-    out = subprocess.run(["objdump", "-p", str(path)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["objdump", "-p", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     needed = re.findall(r"^\s+NEEDED\s+(\S+)$", out, re.MULTILINE)
     required: dict[str, list[str]] = {}
     current = None
@@ -69,10 +78,16 @@ def elf_needs(path: Path) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def symbols_needing(path: Path, version: str) -> list[str]:
-    out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True,
-                         check=True).stdout
-    return sorted({line.split()[-1] for line in out.splitlines() if f"({version})" in line
-                   or f" {version} " in line})
+    out = subprocess.run(
+        ["objdump", "-T", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    return sorted(
+        {
+            line.split()[-1]
+            for line in out.splitlines()
+            if f"({version})" in line or f" {version} " in line
+        }
+    )
 
 
 def check_elf_musl(native: Path) -> str:
@@ -92,9 +107,15 @@ def check_elf(native: Path, max_glibc: str) -> str:
         fail(f"{native.name} links {extra}: not on every manylinux system")
     if any(lib.startswith("libpython") for lib in needed):
         fail(f"{native.name} links libpython (an extension module must not)")
-    glibc = sorted({v for versions in required.values() for v in versions
-                    if v.startswith("GLIBC_") and re.fullmatch(r"GLIBC_[\d.]+", v)},
-                   key=lambda v: parse_version(v[6:]))
+    glibc = sorted(
+        {
+            v
+            for versions in required.values()
+            for v in versions
+            if v.startswith("GLIBC_") and re.fullmatch(r"GLIBC_[\d.]+", v)
+        },
+        key=lambda v: parse_version(v[6:]),
+    )
     if not glibc:
         fail(f"{native.name} requires no GLIBC symbol version: not a glibc build?")
     newest = glibc[-1]
@@ -102,12 +123,15 @@ def check_elf(native: Path, max_glibc: str) -> str:
         too_new = [v for v in glibc if parse_version(v[6:]) > parse_version(max_glibc)]
         culprits = {v: symbols_needing(native, v) for v in too_new}
         fail(f"{native.name} needs {newest} > GLIBC_{max_glibc}: {culprits}")
-    cxx = [v for versions in required.values() for v in versions
-           if v.startswith(("GLIBCXX", "CXXABI"))]
+    cxx = [
+        v for versions in required.values() for v in versions if v.startswith(("GLIBCXX", "CXXABI"))
+    ]
     if cxx:
         fail(f"{native.name} needs the C++ runtime ({cxx})")
-    return (f"links {', '.join(needed)}; newest symbol version {newest} "
-            f"(<= GLIBC_{max_glibc}); glibc versions used: {', '.join(v[6:] for v in glibc)}")
+    return (
+        f"links {', '.join(needed)}; newest symbol version {newest} "
+        f"(<= GLIBC_{max_glibc}); glibc versions used: {', '.join(v[6:] for v in glibc)}"
+    )
 
 
 def main() -> None:
@@ -126,8 +150,9 @@ def main() -> None:
     if args.version and version != args.version:
         fail(f"{name} has version {version}, expected {args.version}")
     if (python_tag, abi_tag) != ("cp310", "abi3"):
-        fail(f"{name} is {python_tag}-{abi_tag}, "
-             "expected cp310-abi3 (one wheel for CPython >= 3.10)")
+        fail(
+            f"{name} is {python_tag}-{abi_tag}, expected cp310-abi3 (one wheel for CPython >= 3.10)"
+        )
     if args.platform not in platform_tags.split("."):
         fail(f"{name} is tagged {platform_tags}, expected {args.platform}")
 
@@ -145,8 +170,11 @@ def main() -> None:
             fail("METADATA does not say Requires-Python: >=3.10")
         if f"{dist_info}/licenses/LICENSE" not in names:
             fail("the wheel carries no license file")
-        for required in ("protoprompt/__init__.py", "protoprompt/py.typed",
-                         "protoprompt/_core.pyi"):
+        for required in (
+            "protoprompt/__init__.py",
+            "protoprompt/py.typed",
+            "protoprompt/_core.pyi",
+        ):
             if required not in names:
                 fail(f"the wheel lacks {required}")
         natives = [n for n in names if re.fullmatch(r"protoprompt/_core[^/]*\.(so|pyd)", n)]

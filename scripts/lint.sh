@@ -2,7 +2,7 @@
 # The lint gates, with pinned tools (scripts/lint-requirements.txt):
 #   rust      cargo fmt --check; cargo clippy -D warnings (Cargo.toml's [workspace.lints]
 #             make clippy::too_many_lines an error: clippy.toml has the threshold)
-#   ruff      ruff check over the tree (rule set: pyproject.toml [tool.ruff])
+#   ruff      ruff check and ruff format --check over the tree (pyproject.toml [tool.ruff])
 #   mypy      mypy --strict over python/ (pyproject.toml [tool.mypy])
 #   stubtest  mypy.stubtest protoprompt._core: _core.pyi against the built native module,
 #             every name stubbed (no --ignore-missing-stub)
@@ -52,6 +52,8 @@ lint_ruff() {
   python_env
   gate "ruff check"
   "$PY" -m ruff check --no-cache "$ROOT"
+  gate "ruff format --check"
+  "$PY" -m ruff format --check --no-cache "$ROOT"
 }
 
 lint_mypy() {

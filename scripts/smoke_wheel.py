@@ -37,8 +37,10 @@ def check_install(expected_version: str | None) -> None:
     assert protoprompt.__version__ == version, (protoprompt.__version__, version)
     if expected_version is not None:
         assert version == expected_version, f"installed {version}, expected {expected_version}"
-    print(f"protoprompt {version} from {package} (native module {Path(_core.__file__).name}), "
-          f"Python {sys.version.split()[0]}")
+    print(
+        f"protoprompt {version} from {package} (native module {Path(_core.__file__).name}), "
+        f"Python {sys.version.split()[0]}"
+    )
 
 
 def check_counting() -> None:
@@ -62,10 +64,17 @@ def check_packing() -> None:
         {"role": "user", "content": old},
         {"role": "assistant", "content": "It is a one-year services agreement."},
         {"role": "user", "content": "When does it renew?"},
-        {"type": "function_call", "call_id": "call_1", "name": "lookup_clause",
-         "arguments": '{"name": "renewal"}'},
-        {"type": "function_call_output", "call_id": "call_1",
-         "output": "Renews every 1 March unless notice is given 90 days before."},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "lookup_clause",
+            "arguments": '{"name": "renewal"}',
+        },
+        {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": "Renews every 1 March unless notice is given 90 days before.",
+        },
         {"role": "assistant", "content": "Every 1 March, unless notice is given 90 days before."},
         {"type": "function_call_output", "call_id": "call_gone", "output": "orphan"},
     ]
@@ -77,8 +86,9 @@ def check_packing() -> None:
     assert result.kept_history == [2, 3, 4, 5], result.kept_history
     expected = [history[i] for i in result.kept_history] + new_input
     assert len(result.items) == len(expected)
-    assert all(a is b for a, b in zip(result.items, expected, strict=True)), \
+    assert all(a is b for a, b in zip(result.items, expected, strict=True)), (
         "the caller's own objects, in order"
+    )
     reasons = {p: d.decision for d in result.decisions for p in d.positions}
     assert reasons[0] == "over_budget" and reasons[1] == "turn_incomplete", reasons
     assert reasons[6] == "invalid_unit", reasons
@@ -98,13 +108,14 @@ def check_packing() -> None:
         assert exc.budget == 5, exc
     else:
         raise AssertionError("a budget below the new input must raise TokenBudgetExceededError")
-    print(f"pack: ok (kept {len(result.kept_history)} of {len(history)} history items, "
-          f"{result.used}/{result.budget} tokens)")
+    print(
+        f"pack: ok (kept {len(result.kept_history)} of {len(history)} history items, "
+        f"{result.used}/{result.budget} tokens)"
+    )
 
 
 def run_example(path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr)

@@ -57,8 +57,9 @@ def store() -> Iterator[MemoryStore]:
 
 
 def reasoning(rid: str, text: str) -> ResponseReasoningItem:
-    return ResponseReasoningItem(id=rid, type="reasoning",
-                                 summary=[Summary(text=text, type="summary_text")])
+    return ResponseReasoningItem(
+        id=rid, type="reasoning", summary=[Summary(text=text, type="summary_text")]
+    )
 
 
 def script() -> list[Any]:
@@ -66,15 +67,20 @@ def script() -> list[Any]:
     return [
         [function_call("lookup_clause", {"name": "renewal"}, call_id="call_1")],
         [assistant_message("It renews on 1 March.", item_id="msg_1")],
-        [reasoning("rs_1", "Need the notice clause."),
-         function_call("lookup_clause", {"name": "termination"}, call_id="call_2")],
+        [
+            reasoning("rs_1", "Need the notice clause."),
+            function_call("lookup_clause", {"name": "termination"}, call_id="call_2"),
+        ],
         [assistant_message("Ninety days before renewal.", item_id="msg_2")],
         [assistant_message("Renews 1 March; 90 days notice.", item_id="msg_3")],
     ]
 
 
-QUESTIONS = ["When does the contract renew?", "What is the notice period for termination?",
-             "Summarise the renewal terms."]
+QUESTIONS = [
+    "When does the contract renew?",
+    "What is the notice period for termination?",
+    "Summarise the renewal terms.",
+]
 
 
 def tokens(items: list[Any]) -> int:
@@ -143,8 +149,12 @@ async def test_works_with_file_database(tmp_path, store: MemoryStore) -> None:
     session = ProtoPromptSession("chat", db)
     builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
     model = ScriptedModel([[assistant_message("ok")]])
-    await run_turn(Agent(name="a", model=model), "renewal?", session,
-                   session.input_callback(builder, system_prompt=SYSTEM))
+    await run_turn(
+        Agent(name="a", model=model),
+        "renewal?",
+        session,
+        session.input_callback(builder, system_prompt=SYSTEM),
+    )
     session.close()
     reopened = SQLiteSession("chat", db)
     stored = await reopened.get_items()
@@ -158,8 +168,9 @@ async def test_works_with_file_database(tmp_path, store: MemoryStore) -> None:
 async def test_multi_turn_with_tools_stores_only_the_original_items(store: MemoryStore) -> None:
     """Session content equals a plain SQLiteSession's; the model gets context + history."""
     budget, reserve = 4000, 200
-    builder = TokenBudgetedContextBuilder(store, max_tokens=budget, scope=SCOPE,
-                                          output_reserve=reserve)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=budget, scope=SCOPE, output_reserve=reserve
+    )
     session = ProtoPromptSession("chat")
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script())
@@ -196,8 +207,9 @@ async def test_multi_turn_with_tools_stores_only_the_original_items(store: Memor
 
 async def test_tight_budget_drops_old_units_and_sends_a_valid_graph(store: MemoryStore) -> None:
     budget = 260
-    builder = TokenBudgetedContextBuilder(store, max_tokens=budget, scope=SCOPE,
-                                          max_context_tokens=110)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=budget, scope=SCOPE, max_context_tokens=110
+    )
     session = ProtoPromptSession("chat")
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script())
@@ -214,7 +226,9 @@ async def test_tight_budget_drops_old_units_and_sends_a_valid_graph(store: Memor
     assert sent[-1] == {"role": "user", "content": QUESTIONS[-1]}
     assert FACT in context_text(sent)
     history_positions = set(range(1, len(sent) - 1))
-    assert drop_orphan_function_calls(copy.deepcopy(sent), pruning_indexes=history_positions) == sent
+    assert (
+        drop_orphan_function_calls(copy.deepcopy(sent), pruning_indexes=history_positions) == sent
+    )
     calls = {i["call_id"] for i in sent if i.get("type") == "function_call"}
     outputs = {i["call_id"] for i in sent if i.get("type") == "function_call_output"}
     assert calls == outputs, "calls and outputs are kept or dropped together"
@@ -229,46 +243,82 @@ async def test_tiny_budget_raises_before_the_model_is_called(store: MemoryStore)
     await session.add_items([{"role": "user", "content": "earlier"}])
     model = ScriptedModel([[assistant_message("never")]])
     with pytest.raises(TokenBudgetExceededError) as err:
-        await run_turn(Agent(name="a", model=model), "word " * 100, session,
-                       session.input_callback(builder, system_prompt=SYSTEM))
+        await run_turn(
+            Agent(name="a", model=model),
+            "word " * 100,
+            session,
+            session.input_callback(builder, system_prompt=SYSTEM),
+        )
     assert err.value.section == "new_input" and err.value.budget == 30
     assert model.calls == ()
     assert await session.get_items() == [{"role": "user", "content": "earlier"}]
 
     roomy_input = TokenBudgetedContextBuilder(store, max_tokens=60, scope=SCOPE)
     with pytest.raises(TokenBudgetExceededError) as err:
-        await run_turn(Agent(name="a", model=model), "renewal?", session,
-                       session.input_callback(roomy_input, system_prompt="Be exact. " * 40))
+        await run_turn(
+            Agent(name="a", model=model),
+            "renewal?",
+            session,
+            session.input_callback(roomy_input, system_prompt="Be exact. " * 40),
+        )
     assert err.value.section == "system_prompt"
     assert model.calls == ()
 
 
 @pytest.mark.parametrize("kind", ["function_call", "mcp_approval"])
-async def test_resume_with_an_output_keeps_the_tail_dependency(store: MemoryStore, kind: str) -> None:
-    old = [{"role": "user", "content": "old question " * 60},
-           {"type": "message", "role": "assistant", "id": "msg_old", "status": "completed",
-            "content": [{"type": "output_text", "text": "old answer " * 60, "annotations": []}]},
-           {"role": "user", "content": "Please check the renewal clause."}]
+async def test_resume_with_an_output_keeps_the_tail_dependency(
+    store: MemoryStore, kind: str
+) -> None:
+    old = [
+        {"role": "user", "content": "old question " * 60},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_old",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "old answer " * 60, "annotations": []}],
+        },
+        {"role": "user", "content": "Please check the renewal clause."},
+    ]
     if kind == "function_call":
-        pending = [{"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAA"},
-                   {"type": "function_call", "id": "fc_9", "call_id": "call_9",
-                    "name": "lookup_clause", "arguments": "{\"name\": \"renewal\"}"}]
+        pending = [
+            {"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAA"},
+            {
+                "type": "function_call",
+                "id": "fc_9",
+                "call_id": "call_9",
+                "name": "lookup_clause",
+                "arguments": '{"name": "renewal"}',
+            },
+        ]
         resume = [{"type": "function_call_output", "call_id": "call_9", "output": "1 March"}]
     else:
-        pending = [{"type": "mcp_approval_request", "id": "mcpr_9", "server_label": "crm",
-                    "name": "renew", "arguments": "{}"}]
-        resume = [{"type": "mcp_approval_response", "approval_request_id": "mcpr_9",
-                   "approve": True}]
+        pending = [
+            {
+                "type": "mcp_approval_request",
+                "id": "mcpr_9",
+                "server_label": "crm",
+                "name": "renew",
+                "arguments": "{}",
+            }
+        ]
+        resume = [
+            {"type": "mcp_approval_response", "approval_request_id": "mcpr_9", "approve": True}
+        ]
     session = ProtoPromptSession("chat")
     await session.add_items(old + pending)
     builder = TokenBudgetedContextBuilder(store, max_tokens=300, scope=SCOPE)
     model = ScriptedModel([[assistant_message("Done.")]])
-    await run_turn(Agent(name="a", model=model, tools=[lookup_clause]), resume, session,
-                   session.input_callback(builder, system_prompt=SYSTEM))
+    await run_turn(
+        Agent(name="a", model=model, tools=[lookup_clause]),
+        resume,
+        session,
+        session.input_callback(builder, system_prompt=SYSTEM),
+    )
     sent = model.calls[0].input
     plan = builder.last_plan
     assert plan is not None
-    assert sent[-len(pending) - len(resume):] == pending + resume, "dependency kept, in order"
+    assert sent[-len(pending) - len(resume) :] == pending + resume, "dependency kept, in order"
     assert plan.pack.dependency == [3, 4][: len(pending)]
     assert not any("old question" in json.dumps(i) for i in sent), "old history dropped"
     assert plan.query == "Please check the renewal clause.", "query from the history's user turn"
@@ -290,13 +340,20 @@ async def test_approval_resume_from_run_state_keeps_context_out_of_the_session(
 ) -> None:
     builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
     session = ProtoPromptSession("chat")
-    config = RunConfig(session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
-                       tracing_disabled=True)
-    model = ScriptedModel([[function_call("cancel_contract", {"reason": "renewal"}, call_id="c1")],
-                           [assistant_message("Cancelled.", item_id="m1")]])
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
+        tracing_disabled=True,
+    )
+    model = ScriptedModel(
+        [
+            [function_call("cancel_contract", {"reason": "renewal"}, call_id="c1")],
+            [assistant_message("Cancelled.", item_id="m1")],
+        ]
+    )
     agent = Agent(name="a", model=model, tools=[cancel_contract])
-    first = await Runner.run(agent, "Cancel the contract before renewal.", session=session,
-                             run_config=config)
+    first = await Runner.run(
+        agent, "Cancel the contract before renewal.", session=session, run_config=config
+    )
     assert len(first.interruptions) == 1
     state = first.to_state()
     state.approve(first.interruptions[0])
@@ -304,7 +361,11 @@ async def test_approval_resume_from_run_state_keeps_context_out_of_the_session(
     assert resumed.final_output == "Cancelled."
     stored = await session.get_items()
     assert [i.get("type", "message") for i in stored] == [
-        "message", "function_call", "function_call_output", "message"]
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert not any(i.get("role") == "system" for i in stored)
     assert FACT in context_text(model.calls[-1].input), "the resumed request keeps its context"
     assert session.pending_context_count == 0
@@ -313,8 +374,10 @@ async def test_approval_resume_from_run_state_keeps_context_out_of_the_session(
 async def test_streamed_runs_store_only_the_original_items(store: MemoryStore) -> None:
     builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
     session = ProtoPromptSession("chat")
-    config = RunConfig(session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
-                       tracing_disabled=True)
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder, system_prompt=SYSTEM),
+        tracing_disabled=True,
+    )
     model = ScriptedModel(script()[:4])
     agent = Agent(name="a", model=model, tools=[lookup_clause])
     for question in QUESTIONS[:2]:
@@ -329,13 +392,15 @@ async def test_streamed_runs_store_only_the_original_items(store: MemoryStore) -
 async def test_session_refuses_server_managed_conversations(store: MemoryStore) -> None:
     session = ProtoPromptSession("chat")
     callback = session.input_callback(
-        TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE))
+        TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
+    )
     model = ScriptedModel([[assistant_message("never")]])
     with pytest.raises(UserError, match="Session persistence cannot be combined"):
         await run_turn(Agent(name="a", model=model), "hi", session, callback, conversation_id="c")
     with pytest.raises(UserError, match="Session persistence cannot be combined"):
-        await run_turn(Agent(name="a", model=model), "hi", session, callback,
-                       previous_response_id="resp_1")
+        await run_turn(
+            Agent(name="a", model=model), "hi", session, callback, previous_response_id="resp_1"
+        )
     assert model.calls == () and await session.get_items() == []
 
 
@@ -343,9 +408,13 @@ async def test_correction_workflow_pop_twice_then_rerun(store: MemoryStore) -> N
     builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
     session = ProtoPromptSession("chat")
     callback = session.input_callback(builder, system_prompt=SYSTEM)
-    model = ScriptedModel([[assistant_message("A1", item_id="m1")],
-                           [assistant_message("A2", item_id="m2")],
-                           [assistant_message("A2 fixed", item_id="m3")]])
+    model = ScriptedModel(
+        [
+            [assistant_message("A1", item_id="m1")],
+            [assistant_message("A2", item_id="m2")],
+            [assistant_message("A2 fixed", item_id="m3")],
+        ]
+    )
     agent = Agent(name="a", model=model)
     await run_turn(agent, "first question", session, callback)
     await run_turn(agent, "wrong question", session, callback)
@@ -356,7 +425,11 @@ async def test_correction_workflow_pop_twice_then_rerun(store: MemoryStore) -> N
     assert not any("wrong question" in json.dumps(i) for i in sent)
     stored = await session.get_items()
     assert [i.get("content") if i.get("role") == "user" else i["id"] for i in stored] == [
-        "first question", "m1", "corrected question", "m3"]
+        "first question",
+        "m1",
+        "corrected question",
+        "m3",
+    ]
 
 
 async def test_clear_session_never_deletes_long_term_memory(store: MemoryStore) -> None:
@@ -404,11 +477,16 @@ async def test_inner_session_stores_the_history(store: MemoryStore, make_inner: 
     builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script()[:2])
-    await run_turn(Agent(name="a", model=model, tools=[lookup_clause]), QUESTIONS[0],
-                   session, callback)
+    await run_turn(
+        Agent(name="a", model=model, tools=[lookup_clause]), QUESTIONS[0], session, callback
+    )
     stored = await inner.get_items()
     assert [i.get("type", "message") for i in stored] == [
-        "message", "function_call", "function_call_output", "message"]
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert stored[0] == {"role": "user", "content": QUESTIONS[0]}
     assert FACT in context_text(model.calls[0].input)
     session.close()  # an inner session belongs to its owner: still usable
@@ -432,8 +510,11 @@ async def test_callback_returns_the_sdk_objects_and_add_items_drops_only_its_con
     assert builder.last_plan is not None and builder.last_plan.query == "renewal date?"
 
     genuine_system = {"role": "system", "content": "A user's own system note."}
-    as_parts = {"type": "message", "role": "system",
-                "content": [{"type": "input_text", "text": context["content"]}]}
+    as_parts = {
+        "type": "message",
+        "role": "system",
+        "content": [{"type": "input_text", "text": context["content"]}],
+    }
     await session.add_items([copy.deepcopy(context), new[0], genuine_system])
     assert await session.get_items() == [new[0], genuine_system]
     # Consumed once: an equal item later is someone's genuine item and is stored.
@@ -453,7 +534,8 @@ async def test_callback_returns_the_sdk_objects_and_add_items_drops_only_its_con
 async def test_context_with_extra_fields_is_not_mistaken_for_ours(store: MemoryStore) -> None:
     session = ProtoPromptSession("chat")
     callback = session.input_callback(
-        TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE), system_prompt=SYSTEM)
+        TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE), system_prompt=SYSTEM
+    )
     context = (await callback([], [{"role": "user", "content": "renewal?"}]))[0]
     lookalike = {**context, "id": "msg_user"}
     await session.add_items([lookalike])
@@ -485,8 +567,13 @@ def test_example_runs_offline() -> None:
 
     package_parent = Path(protoprompt.__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(package_parent), "OPENAI_API_KEY": ""}
-    proc = subprocess.run([sys.executable, str(root / "examples" / "openai_agents_session.py")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "openai_agents_session.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert len(out.splitlines()) < 80

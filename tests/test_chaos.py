@@ -40,18 +40,43 @@ def _item(marker: str, rng: random.Random) -> list[dict[str, Any]]:
     if kind < 4:
         return [{"role": "user", "content": f"{marker} " + "words " * rng.randrange(1, 200)}]
     if kind < 6:
-        return [{"type": "message", "role": "assistant", "id": f"msg_{marker}",
-                 "status": "completed",
-                 "content": [{"type": "output_text", "text": f"{marker} " + "answer " *
-                              rng.randrange(1, 300), "annotations": []}]}]
+        return [
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{marker}",
+                "status": "completed",
+                "content": [
+                    {
+                        "type": "output_text",
+                        "text": f"{marker} " + "answer " * rng.randrange(1, 300),
+                        "annotations": [],
+                    }
+                ],
+            }
+        ]
     if kind < 8:
-        return [{"type": "function_call", "call_id": f"call_{marker}", "name": "f",
-                 "arguments": json.dumps({"marker": f"{marker}c"})},
-                {"type": "function_call_output", "call_id": f"call_{marker}",
-                 "output": f"{marker}o " + "result " * rng.randrange(1, 2000)}]
+        return [
+            {
+                "type": "function_call",
+                "call_id": f"call_{marker}",
+                "name": "f",
+                "arguments": json.dumps({"marker": f"{marker}c"}),
+            },
+            {
+                "type": "function_call_output",
+                "call_id": f"call_{marker}",
+                "output": f"{marker}o " + "result " * rng.randrange(1, 2000),
+            },
+        ]
     if kind < 9:  # an output whose call is elsewhere: an invalid unit
-        return [{"type": "function_call_output", "call_id": f"call_nowhere_{marker}",
-                 "output": f"{marker} " + "orphan " * rng.randrange(1, 3000)}]
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": f"call_nowhere_{marker}",
+                "output": f"{marker} " + "orphan " * rng.randrange(1, 3000),
+            }
+        ]
     return [{"role": "user", "content": f"{marker} " + "pasted " * 6000}]
 
 
@@ -99,12 +124,12 @@ async def _popper(db: str, log: Any, rng: random.Random) -> None:
 async def _turner(db: str, log: Any, rng: random.Random) -> None:
     from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder, _core
     from protoprompt.integrations import ProtoPromptSession
+
     store = MemoryStore()
     scope = MemoryScope("acme", user="alice")
 
     def builder() -> TokenBudgetedContextBuilder:
-        return TokenBudgetedContextBuilder(store, max_tokens=3000, scope=scope,
-                                           output_reserve=200)
+        return TokenBudgetedContextBuilder(store, max_tokens=3000, scope=scope, output_reserve=200)
 
     # snapshots written (and killed mid-write) often
     session = ProtoPromptSession(SESSION, db, snapshot_min_items=16)
@@ -122,19 +147,37 @@ async def _turner(db: str, log: Any, rng: random.Random) -> None:
         sent = await callback(copy.deepcopy(history), copy.deepcopy(new_input))
         got = sent_by.last_plan
         _core._clear_count_cache()  # the fresh pack counts everything itself
-        expected = fresh.build(copy.deepcopy(history), copy.deepcopy(new_input),
-                               system_prompt="Be brief.")
-        same = (json.dumps(sent) == json.dumps(expected.items)
-                and got is not None and got.pack.used == expected.pack.used
-                and got.pack.kept_history == expected.pack.kept_history)
-        log.write(json.dumps(["turn", len(history), restored, same,
-                              None if same else [got.pack.used if got else None,
-                                                 expected.pack.used]]) + "\n")
+        expected = fresh.build(
+            copy.deepcopy(history), copy.deepcopy(new_input), system_prompt="Be brief."
+        )
+        same = (
+            json.dumps(sent) == json.dumps(expected.items)
+            and got is not None
+            and got.pack.used == expected.pack.used
+            and got.pack.kept_history == expected.pack.kept_history
+        )
+        log.write(
+            json.dumps(
+                [
+                    "turn",
+                    len(history),
+                    restored,
+                    same,
+                    None if same else [got.pack.used if got else None, expected.pack.used],
+                ]
+            )
+            + "\n"
+        )
         log.flush()
-        answer = {"type": "message", "role": "assistant", "id": f"msg_{marker}a",
-                  "status": "completed", "content": [{"type": "output_text", "text":
-                                                      f"{marker}a " + "ok " * 50,
-                                                      "annotations": []}]}
+        answer = {
+            "type": "message",
+            "role": "assistant",
+            "id": f"msg_{marker}a",
+            "status": "completed",
+            "content": [
+                {"type": "output_text", "text": f"{marker}a " + "ok " * 50, "annotations": []}
+            ],
+        }
         await session.add_items(new_input + [answer])
         log.write(json.dumps(["add", [f"{marker}q", f"{marker}a"]]) + "\n")
         log.flush()
@@ -210,8 +253,9 @@ def check(db: str, logs: Path, kills: dict[str, int]) -> dict[str, Any]:
     """What the logs and the database must agree on."""
     with sqlite3.connect(db) as conn:
         integrity = conn.execute("PRAGMA integrity_check").fetchall()
-        rows = conn.execute("SELECT message_data FROM agent_messages WHERE session_id = ? "
-                            "ORDER BY id", (SESSION,)).fetchall()
+        rows = conn.execute(
+            "SELECT message_data FROM agent_messages WHERE session_id = ? ORDER BY id", (SESSION,)
+        ).fetchall()
     stored = [marker_of(json.loads(r[0])) for r in rows]
     added: set[str] = set()
     popped: list[str | None] = []
@@ -236,11 +280,18 @@ def check(db: str, logs: Path, kills: dict[str, int]) -> dict[str, Any]:
     # A logged add is stored, or was popped; a pop whose log line the kill cut away can hide
     # at most one item per kill of the popper.
     missing = sorted(added - set(present) - {m for m in popped if m})
-    return {"integrity": integrity, "stored": len(stored), "duplicated": duplicated,
-            "missing": missing, "unlogged_pops_allowed": kills["popper"],
-            "turns": len(turns), "mismatches": [t for t in turns if not t[3]],
-            "restored_turns": sum(1 for t in turns if t[2] > 0),
-            "pops": len(popped), "pops_started": pops_started}
+    return {
+        "integrity": integrity,
+        "stored": len(stored),
+        "duplicated": duplicated,
+        "missing": missing,
+        "unlogged_pops_allowed": kills["popper"],
+        "turns": len(turns),
+        "mismatches": [t for t in turns if not t[3]],
+        "restored_turns": sum(1 for t in turns if t[2] > 0),
+        "pops": len(popped),
+        "pops_started": pops_started,
+    }
 
 
 def main(db: str, logs: str, seconds: float) -> None:
@@ -259,7 +310,10 @@ def test_chaos_with_sigkills(tmp_path) -> None:
     db = str(tmp_path / "chaos.db")
     proc = subprocess.run(
         [sys.executable, __file__, db, str(logs), str(seconds)],
-        capture_output=True, text=True, timeout=seconds + 120)
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     summary = {k: out[k] for k in ("kills", "stored", "turns", "restored_turns", "pops")}

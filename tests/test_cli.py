@@ -46,14 +46,15 @@ def lookup_clause(name: str) -> str:
 async def write_session(db: Path, session_id: str, turns: int) -> None:
     steps: list[Any] = []
     for t in range(turns):
-        steps += [[function_call("lookup_clause", {"name": f"c{t}"}, call_id=f"call_{t}")],
-                  [assistant_message(f"Answer {t}: it renews in March.", item_id=f"msg_{t}")]]
+        steps += [
+            [function_call("lookup_clause", {"name": f"c{t}"}, call_id=f"call_{t}")],
+            [assistant_message(f"Answer {t}: it renews in March.", item_id=f"msg_{t}")],
+        ]
     agent = Agent(name="assistant", model=ScriptedModel(steps), tools=[lookup_clause])
     session = SQLiteSession(session_id, db)
     try:
         for t in range(turns):
-            await Runner.run(agent, f"Question {t}: when does the contract renew?",
-                             session=session)
+            await Runner.run(agent, f"Question {t}: when does the contract renew?", session=session)
     finally:
         session.close()
 
@@ -85,36 +86,72 @@ def digest(path: Path) -> str:
 
 
 def test_inspect_json_is_a_fresh_pack_of_the_sdk_history(
-    sdk_db: Path, capsys: pytest.CaptureFixture[str],
+    sdk_db: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     history = sdk_items(sdk_db, "legal-chat")
     assert len(history) == 16  # 4 turns: user, call, output, answer
     total = sum(pp.item_tokens(i).total for i in history)
     before = digest(sdk_db)
-    for budget, reserve, policy in ((10**6, 0, "contiguous"), (total // 2, 50, "contiguous"),
-                                    (total // 2, 50, "greedy")):
-        code, out, err = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat",
-                                 "--budget", str(budget), "--output-reserve", str(reserve),
-                                 "--policy", policy, "--model", "gpt-5", "--json")
+    for budget, reserve, policy in (
+        (10**6, 0, "contiguous"),
+        (total // 2, 50, "contiguous"),
+        (total // 2, 50, "greedy"),
+    ):
+        code, out, err = run_cli(
+            capsys,
+            "inspect",
+            str(sdk_db),
+            "--session",
+            "legal-chat",
+            "--budget",
+            str(budget),
+            "--output-reserve",
+            str(reserve),
+            "--policy",
+            policy,
+            "--model",
+            "gpt-5",
+            "--json",
+        )
         assert code == 0, err
         report = json.loads(out)
-        expected = pp.pack(history, [], budget, output_reserve=reserve, model="gpt-5",
-                           policy=policy)
+        expected = pp.pack(
+            history, [], budget, output_reserve=reserve, model="gpt-5", policy=policy
+        )
         assert report["items"] == len(history)
-        assert (report["budget"], report["used"], report["remaining"], report["encoding"],
-                report["policy"], report["output_reserve"], report["history_tokens"]) == (
-            expected.budget, expected.used, expected.remaining, expected.encoding,
-            expected.policy, expected.output_reserve, expected.history_tokens)
-        assert [(u["unit"], u["positions"], u["kinds"], u["tokens"], u["decision"])
-                for u in report["units"]] == \
-            [(d.unit, d.positions, d.kinds, d.tokens, d.decision) for d in expected.decisions]
+        assert (
+            report["budget"],
+            report["used"],
+            report["remaining"],
+            report["encoding"],
+            report["policy"],
+            report["output_reserve"],
+            report["history_tokens"],
+        ) == (
+            expected.budget,
+            expected.used,
+            expected.remaining,
+            expected.encoding,
+            expected.policy,
+            expected.output_reserve,
+            expected.history_tokens,
+        )
+        assert [
+            (u["unit"], u["positions"], u["kinds"], u["tokens"], u["decision"])
+            for u in report["units"]
+        ] == [(d.unit, d.positions, d.kinds, d.tokens, d.decision) for d in expected.decisions]
         kept_positions = sorted(p for u in report["units"] if u["kept"] for p in u["positions"])
         assert kept_positions == expected.kept_history
         assert report["kept_items"] == len(expected.kept_history)
         assert report["decision_counts"] == expected.decision_counts()
         # Row ids are the SDK's own, in order; every unit has a reason and a preview.
-        ids = [r for (r,) in sqlite3.connect(sdk_db).execute(
-            "SELECT id FROM agent_messages WHERE session_id = 'legal-chat' ORDER BY id")]
+        ids = [
+            r
+            for (r,) in sqlite3.connect(sdk_db).execute(
+                "SELECT id FROM agent_messages WHERE session_id = 'legal-chat' ORDER BY id"
+            )
+        ]
         assert all(u["rows"] == [ids[p] for p in u["positions"]] for u in report["units"])
         assert sorted(r for u in report["units"] for r in u["rows"]) == ids
         assert all(u["reason"] for u in report["units"])
@@ -128,14 +165,16 @@ def test_inspect_json_is_a_fresh_pack_of_the_sdk_history(
 def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     history = sdk_items(sdk_db, "legal-chat")
     budget = sum(pp.item_tokens(i).total for i in history) // 2
-    code, out, err = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat",
-                             "--budget", str(budget))
+    code, out, err = run_cli(
+        capsys, "inspect", str(sdk_db), "--session", "legal-chat", "--budget", str(budget)
+    )
     assert code == 0, err
     expected = pp.pack(history, [], budget)
     lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["unit", "items",
-                                                                              "kinds"])
-    rows = lines[header + 1: header + 1 + len(expected.decisions)]
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:3] == ["unit", "items", "kinds"]
+    )
+    rows = lines[header + 1 : header + 1 + len(expected.decisions)]
     assert len(rows) == len(expected.decisions) and rows[-1].strip()
     assert lines[header + 1 + len(expected.decisions)] == ""
     for row, d in zip(rows, expected.decisions):
@@ -149,33 +188,61 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
     kept = len(expected.kept_history)
     assert f"kept {kept} of {len(history)} history items; dropped {len(history) - kept}" in out
 
-    code, out, _ = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat",
-                           "--budget", str(budget), "--dropped")
+    code, out, _ = run_cli(
+        capsys,
+        "inspect",
+        str(sdk_db),
+        "--session",
+        "legal-chat",
+        "--budget",
+        str(budget),
+        "--dropped",
+    )
     assert code == 0
     assert " kept " not in out.split("budget ")[0]
     assert "over_budget" in out
 
 
 def test_inspect_with_new_input_context_and_limit(
-    sdk_db: Path, capsys: pytest.CaptureFixture[str],
+    sdk_db: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     new = [{"role": "user", "content": "And the notice period?"}]
     history = sdk_items(sdk_db, "legal-chat", limit=6)
-    code, out, err = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat",
-                             "--limit", "6", "--input", new[0]["content"], "--context-tokens",
-                             "120", "--budget", "900", "--encoding", "cl100k_base", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "inspect",
+        str(sdk_db),
+        "--session",
+        "legal-chat",
+        "--limit",
+        "6",
+        "--input",
+        new[0]["content"],
+        "--context-tokens",
+        "120",
+        "--budget",
+        "900",
+        "--encoding",
+        "cl100k_base",
+        "--json",
+    )
     assert code == 0, err
     report = json.loads(out)
     expected = pp.pack(history, new, 900, context_tokens=120, encoding="cl100k_base")
     assert report["items"] == 6
-    assert (report["new_input_tokens"], report["context_tokens"], report["used"]) == \
-        (expected.new_input_tokens, 120, expected.used)
-    assert [u["decision"] for u in report["units"]] == \
-        [d.decision for d in expected.decisions]
+    assert (report["new_input_tokens"], report["context_tokens"], report["used"]) == (
+        expected.new_input_tokens,
+        120,
+        expected.used,
+    )
+    assert [u["decision"] for u in report["units"]] == [d.decision for d in expected.decisions]
 
 
 def test_inspect_lists_sessions_and_explains_errors(
-    sdk_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    sdk_db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, _ = run_cli(capsys, "inspect", str(sdk_db), "--json")
     assert code == 0
@@ -200,13 +267,23 @@ def test_inspect_lists_sessions_and_explains_errors(
     code, _, err = run_cli(capsys, "inspect", str(sdk_db), "--budget", "0")
     assert code == 2 and "at least 1" in err
     # A budget too small for the mandatory part is the library's own error, not a crash.
-    code, _, err = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat",
-                           "--budget", "10", "--output-reserve", "20")
+    code, _, err = run_cli(
+        capsys,
+        "inspect",
+        str(sdk_db),
+        "--session",
+        "legal-chat",
+        "--budget",
+        "10",
+        "--output-reserve",
+        "20",
+    )
     assert code == 1 and "nothing was sent" in err and "Traceback" not in err
 
 
 def test_inspect_skips_rows_the_sdk_skips_and_names_bad_rows(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     db = tmp_path / "damaged.db"
     asyncio.run(write_session(db, "s", 1))
@@ -220,8 +297,9 @@ def test_inspect_skips_rows_the_sdk_skips_and_names_bad_rows(
     assert report["items"] == len(history) and len(report["skipped_rows"]) == 1
     assert report["used"] == pp.pack(history, [], 128_000).used
     # A JSON row that is not an item is the library's InvalidItemError, with its row id.
-    row = conn.execute("INSERT INTO agent_messages (session_id, message_data) "
-                       "VALUES ('s', '[1, 2]')").lastrowid
+    row = conn.execute(
+        "INSERT INTO agent_messages (session_id, message_data) VALUES ('s', '[1, 2]')"
+    ).lastrowid
     conn.commit()
     conn.close()
     code, _, err = run_cli(capsys, "inspect", str(db), "--session", "s")
@@ -237,36 +315,57 @@ TEXT = "Renewal. This agreement renews automatically on the first of March each 
 def test_count_text_equals_count_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "notes.txt"
     path.write_text(TEXT, encoding="utf-8")
-    for option in ([], ["--model", "gpt-4"], ["--encoding", "o200k_base"],
-                   ["--model", "gpt-5"]):
+    for option in ([], ["--model", "gpt-4"], ["--encoding", "o200k_base"], ["--model", "gpt-5"]):
         code, out, err = run_cli(capsys, "count", str(path), *option, "--json")
         assert code == 0, err
         result = json.loads(out)
-        kwargs = {"model": option[1]} if option[:1] == ["--model"] else \
-            {"encoding": option[1]} if option else {}
-        assert result == {"kind": "text", "encoding": result["encoding"],
-                          "tokens": pp.count_tokens(TEXT, **kwargs), "characters": len(TEXT)}
+        kwargs = (
+            {"model": option[1]}
+            if option[:1] == ["--model"]
+            else {"encoding": option[1]}
+            if option
+            else {}
+        )
+        assert result == {
+            "kind": "text",
+            "encoding": result["encoding"],
+            "tokens": pp.count_tokens(TEXT, **kwargs),
+            "characters": len(TEXT),
+        }
     code, out, _ = run_cli(capsys, "count", str(path), "--model", "gpt-4")
-    assert out.strip() == f"{pp.count_tokens(TEXT, model='gpt-4')} tokens (cl100k_base), " \
-                          f"{len(TEXT)} characters"
+    assert (
+        out.strip() == f"{pp.count_tokens(TEXT, model='gpt-4')} tokens (cl100k_base), "
+        f"{len(TEXT)} characters"
+    )
 
 
 ITEMS = [
     {"role": "user", "content": "When does the contract renew?"},
     {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "renew"}'},
     {"type": "function_call_output", "call_id": "c1", "output": "It renews in March."},
-    {"role": "user", "content": [{"type": "input_text", "text": "And this?"},
-                                 {"type": "input_image", "image_url": "https://x/y.png"}]},
+    {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "And this?"},
+            {"type": "input_image", "image_url": "https://x/y.png"},
+        ],
+    },
 ]
 
 
 def test_count_items_jsonl_and_array_equal_item_tokens(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     expected = [pp.item_tokens(i, model="gpt-4o") for i in ITEMS]
     jsonl = tmp_path / "items.jsonl"
-    jsonl.write_text("\n".join(json.dumps(i) for i in ITEMS[:2]) + "\n\n"
-                     + "\n".join(json.dumps(i) for i in ITEMS[2:]) + "\n", encoding="utf-8")
+    jsonl.write_text(
+        "\n".join(json.dumps(i) for i in ITEMS[:2])
+        + "\n\n"
+        + "\n".join(json.dumps(i) for i in ITEMS[2:])
+        + "\n",
+        encoding="utf-8",
+    )
     array = tmp_path / "items.json"
     array.write_text(json.dumps(ITEMS, indent=2), encoding="utf-8")
     for path, lines in ((jsonl, [1, 2, 4, 5]), (array, [None] * 4)):
@@ -274,14 +373,16 @@ def test_count_items_jsonl_and_array_equal_item_tokens(
         assert code == 0, err
         result = json.loads(out)
         assert result["kind"] == "items"
-        assert [(r["text"], r["media"], r["overhead"], r["tokens"]) for r in result["items"]] == \
-            [(c.text, c.media, c.overhead, c.total) for c in expected]
+        assert [(r["text"], r["media"], r["overhead"], r["tokens"]) for r in result["items"]] == [
+            (c.text, c.media, c.overhead, c.total) for c in expected
+        ]
         assert [r["line"] for r in result["items"]] == lines
         assert result["tokens"] == sum(c.total for c in expected)
         assert result["items"][3]["media"] == 1445  # an image by URL: the maximum
     code, out, _ = run_cli(capsys, "count", str(jsonl), "--model", "gpt-4o")
-    assert out.splitlines()[-1] == f"{sum(c.total for c in expected)} tokens in 4 items " \
-                                   "(o200k_base)"
+    assert (
+        out.splitlines()[-1] == f"{sum(c.total for c in expected)} tokens in 4 items (o200k_base)"
+    )
     # Forced to text, the same file is counted as text.
     code, out, _ = run_cli(capsys, "count", str(jsonl), "--as", "text", "--json")
     assert json.loads(out)["tokens"] == pp.count_tokens(jsonl.read_text(encoding="utf-8"))
@@ -296,8 +397,7 @@ def test_count_errors_name_the_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, out, _ = run_cli(capsys, "count", str(bad), "--json")
     assert code == 0 and json.loads(out)["kind"] == "text"
     nan = tmp_path / "nan.jsonl"
-    nan.write_text(json.dumps(ITEMS[0]) + '\n{"role": "user", "content": NaN}\n',
-                   encoding="utf-8")
+    nan.write_text(json.dumps(ITEMS[0]) + '\n{"role": "user", "content": NaN}\n', encoding="utf-8")
     code, _, err = run_cli(capsys, "count", str(nan))
     assert code == 1 and f"{nan}:2:" in err and "content" in err
     code, _, err = run_cli(capsys, "count", str(tmp_path / "nope.txt"))
@@ -330,19 +430,24 @@ def test_installed_command_help_inspect_and_count_from_stdin(sdk_db: Path) -> No
     assert top.returncode == 0
     for command in ("mcp", "inspect", "count"):
         assert command in top.stdout
-        sub = subprocess.run(cmd + [command, "--help"], capture_output=True, text=True,
-                             timeout=120)
+        sub = subprocess.run(cmd + [command, "--help"], capture_output=True, text=True, timeout=120)
         assert sub.returncode == 0 and f"usage: protoprompt {command}" in sub.stdout
     version = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=120)
     assert version.stdout.strip() == f"protoprompt {pp.__version__}"
-    counted = subprocess.run(cmd + ["count", "--json", "-"], input=TEXT, capture_output=True,
-                             text=True, timeout=120)
+    counted = subprocess.run(
+        cmd + ["count", "--json", "-"], input=TEXT, capture_output=True, text=True, timeout=120
+    )
     assert counted.returncode == 0, counted.stderr
     assert json.loads(counted.stdout)["tokens"] == pp.count_tokens(TEXT)
-    inspected = subprocess.run(cmd + ["inspect", str(sdk_db), "--session", "other", "--json"],
-                               capture_output=True, text=True, timeout=120)
+    inspected = subprocess.run(
+        cmd + ["inspect", str(sdk_db), "--session", "other", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert inspected.returncode == 0, inspected.stderr
     assert json.loads(inspected.stdout)["items"] == 4
-    missing = subprocess.run(cmd + ["mcp", "--db", "x.db"], capture_output=True, text=True,
-                             timeout=120)
+    missing = subprocess.run(
+        cmd + ["mcp", "--db", "x.db"], capture_output=True, text=True, timeout=120
+    )
     assert missing.returncode == 2 and "--tenant" in missing.stderr

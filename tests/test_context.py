@@ -42,12 +42,21 @@ def user(text: str) -> dict:
 
 
 def assistant(text: str, n: int) -> dict:
-    return {"type": "message", "role": "assistant", "id": f"msg_{n}", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": f"msg_{n}",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
-HISTORY = [user("hello " * 40), assistant("hi " * 40, 1), user("what is in the contract?"),
-           assistant("a renewal clause", 2)]
+HISTORY = [
+    user("hello " * 40),
+    assistant("hi " * 40, 1),
+    user("what is in the contract?"),
+    assistant("a renewal clause", 2),
+]
 QUESTION = [user("When does the agreement renew?")]
 
 
@@ -86,8 +95,12 @@ def test_constructor_validates_arguments(store: MemoryStore) -> None:
 
 
 def test_model_selects_the_tokenizer(store: MemoryStore) -> None:
-    assert TokenBudgetedContextBuilder(store, max_tokens=100, model="gpt-5").encoding == "o200k_base"
-    assert TokenBudgetedContextBuilder(store, max_tokens=100, model="gpt-4").encoding == "cl100k_base"
+    assert (
+        TokenBudgetedContextBuilder(store, max_tokens=100, model="gpt-5").encoding == "o200k_base"
+    )
+    assert (
+        TokenBudgetedContextBuilder(store, max_tokens=100, model="gpt-4").encoding == "cl100k_base"
+    )
     b = TokenBudgetedContextBuilder(store, max_tokens=100, encoding="cl100k_base", model="gpt-5")
     assert b.encoding == "cl100k_base"
 
@@ -96,15 +109,21 @@ def test_model_selects_the_tokenizer(store: MemoryStore) -> None:
 
 
 def test_query_is_latest_user_text_including_structured_content() -> None:
-    structured = {"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": "renewal date"},
-        {"type": "input_image", "image_url": "https://example.com/x.png", "detail": "low"},
-        {"type": "input_text", "text": "of the contract"},
-    ]}
+    structured = {
+        "type": "message",
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "renewal date"},
+            {"type": "input_image", "image_url": "https://example.com/x.png", "detail": "low"},
+            {"type": "input_text", "text": "of the contract"},
+        ],
+    }
     assert latest_user_text([structured]) == "renewal date\nof the contract"
     # No user message in new_input (resuming after a tool call): the history's latest one.
     output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
-    assert latest_user_text([output], [user("first"), assistant("x", 1), user("second")]) == "second"
+    assert (
+        latest_user_text([output], [user("first"), assistant("x", 1), user("second")]) == "second"
+    )
     assert latest_user_text([output], []) == ""
 
 
@@ -129,8 +148,14 @@ def test_context_message_comes_first_with_delimited_sections(store: MemoryStore)
     assert text.startswith("Answer from the contract.")
     for tag in ("user_profile", "session_facts", "recalled_documents"):
         assert text.count(f"<{tag}>") == 1 and text.count(f"</{tag}>") == 1
-    assert text.index("<user_profile>") < text.index("<session_facts>") < text.index("<recalled_documents>")
-    assert "procurement lead" in text and "Alice negotiates" in text and "renews automatically" in text
+    assert (
+        text.index("<user_profile>")
+        < text.index("<session_facts>")
+        < text.index("<recalled_documents>")
+    )
+    assert (
+        "procurement lead" in text and "Alice negotiates" in text and "renews automatically" in text
+    )
     # History and new input: the very objects, in order, after the context message.
     assert plan.items[1:] == HISTORY + QUESTION
     assert all(a is b_ for a, b_ in zip(plan.items[1:], HISTORY + QUESTION))
@@ -237,16 +262,26 @@ def test_last_block_is_cut_at_a_word_boundary(store: MemoryStore) -> None:
 
 
 def test_priorities_decide_who_gets_the_room(store: MemoryStore) -> None:
-    fact_first = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE,
-                                             priorities=("system", "session", "rag"))
-    rag_first = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE,
-                                            priorities=("system", "rag", "session"))
+    fact_first = TokenBudgetedContextBuilder(
+        store, max_tokens=4000, scope=SCOPE, priorities=("system", "session", "rag")
+    )
+    rag_first = TokenBudgetedContextBuilder(
+        store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag", "session")
+    )
     full = fact_first.build([], QUESTION)
     fact = block(full, "session")[0]
-    room = item_tokens({"role": "system", "content": (
-        "<recalled_documents>\n" + "\n".join(
-            f'<chunk source="{c.source}">\n{c.text}\n</chunk>' for c in block(full, "rag")
-        ) + "\n</recalled_documents>")}).total
+    room = item_tokens(
+        {
+            "role": "system",
+            "content": (
+                "<recalled_documents>\n"
+                + "\n".join(
+                    f'<chunk source="{c.source}">\n{c.text}\n</chunk>' for c in block(full, "rag")
+                )
+                + "\n</recalled_documents>"
+            ),
+        }
+    ).total
     for builder in (fact_first, rag_first):
         builder.max_context_tokens = room
     plan = rag_first.build([], QUESTION)
@@ -257,7 +292,9 @@ def test_priorities_decide_who_gets_the_room(store: MemoryStore) -> None:
     assert fact.text in plan.context_message["content"]
     assert [blk.layer for blk in plan.blocks] == ["session"] + ["rag"] * len(block(plan, "rag"))
     # A layer that is not listed is not recalled at all.
-    only_rag = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag"))
+    only_rag = TokenBudgetedContextBuilder(
+        store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag")
+    )
     assert {blk.layer for blk in only_rag.build([], QUESTION).blocks} == {"rag"}
 
 
@@ -275,14 +312,19 @@ def test_scope_isolation_same_document_id() -> None:
     tenant_a = MemoryScope("tenant-a", user="u")
     tenant_b = MemoryScope("tenant-b", user="u")
     with MemoryStore() as s:
-        s.index_document("contract", "The contract renews in March for tenant alpha.", scope=tenant_a)
-        s.index_document("contract", "The contract renews in October for tenant beta.", scope=tenant_b)
+        s.index_document(
+            "contract", "The contract renews in March for tenant alpha.", scope=tenant_a
+        )
+        s.index_document(
+            "contract", "The contract renews in October for tenant beta.", scope=tenant_b
+        )
         s.remember("alpha secret fact about renewal", scope=tenant_a)
         b = TokenBudgetedContextBuilder(s, max_tokens=4000, scope=tenant_a)
         text_a = b.build([], [user("When does the contract renew?")]).context_message["content"]
         assert "alpha" in text_a and "beta" not in text_a and "October" not in text_a
-        text_b = b.build([], [user("When does the contract renew? alpha secret")],
-                         scope=tenant_b).context_message["content"]
+        text_b = b.build(
+            [], [user("When does the contract renew? alpha secret")], scope=tenant_b
+        ).context_message["content"]
         assert "October" in text_b and "alpha" not in text_b.replace("alpha secret", "")
         assert "alpha secret fact" not in text_b and "March" not in text_b
 
@@ -303,8 +345,12 @@ def test_explain_mentions_recalled_and_dropped(store: MemoryStore) -> None:
 def test_embedder_reranks_within_a_layer() -> None:
     scope = MemoryScope("acme")
     with MemoryStore(chunk_words=6, chunk_overlap=0) as s:
-        s.index_document("d", "renewal renewal renewal of pumps. Renewal of the lease. "
-                              "A renewal of the old gardens too.", scope=scope)
+        s.index_document(
+            "d",
+            "renewal renewal renewal of pumps. Renewal of the lease. "
+            "A renewal of the old gardens too.",
+            scope=scope,
+        )
         plain = TokenBudgetedContextBuilder(s, max_tokens=4000, scope=scope)
         order_plain = [blk.text for blk in block(plain.build([], [user("renewal")]), "rag")]
         assert "pumps" in order_plain[0] and "lease" in order_plain[1]
@@ -315,6 +361,7 @@ def test_embedder_reranks_within_a_layer() -> None:
                 if t == "renewal" or "lease" in t:
                     return [1.0, 0.0]
                 return [0.6, 0.8] if "gardens" in t else [0.0, 1.0]
+
             return [vec(t) for t in texts]
 
         ranked = TokenBudgetedContextBuilder(s, max_tokens=4000, scope=scope, embedder=embed)

@@ -64,7 +64,9 @@ def test_vectors_with_a_broken_new_input_raise_naming_the_item(vectors: list[dic
         else:
             result = pp.pack(v["history"], v["new_input"], 100_000)
             invalid_positions = {
-                p for u in pp.analyze(v["history"], v["new_input"]).invalid_units for p in u.positions
+                p
+                for u in pp.analyze(v["history"], v["new_input"]).invalid_units
+                for p in u.positions
             }
             assert not invalid_positions & set(result.kept_history), v["id"]
 
@@ -139,11 +141,14 @@ def test_item_cost_counts_every_provider_bound_field() -> None:
 
 
 def test_images_are_costed_by_the_published_rules_not_by_base64_length() -> None:
-    png_1x1 = (
-        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-    )
+    png_1x1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
     def msg(detail: str, url: str) -> dict:
-        return {"role": "user", "content": [{"type": "input_image", "detail": detail, "image_url": url}]}
+        return {
+            "role": "user",
+            "content": [{"type": "input_image", "detail": detail, "image_url": url}],
+        }
+
     assert pp.item_tokens(msg("low", "https://example.com/a.png")).media == 85
     assert pp.item_tokens(msg("high", "https://example.com/a.png")).media == 1445
     assert pp.item_tokens(msg("high", f"data:image/png;base64,{png_1x1}")).media == 255
@@ -162,8 +167,13 @@ def _turns(n: int, out_size: int = 20) -> list[dict]:
             {"type": "reasoning", "id": f"rs_{t}", "summary": [], "encrypted_content": "gAAA"},
             {"type": "function_call", "call_id": f"c{t}", "name": "f", "arguments": "{}"},
             {"type": "function_call_output", "call_id": f"c{t}", "output": "x " * out_size},
-            {"type": "message", "role": "assistant", "id": f"msg_{t}", "status": "completed",
-             "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{t}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}],
+            },
         ]
     return h
 
@@ -243,8 +253,13 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
 
 
 def test_canonical_text_is_public_and_is_what_is_counted() -> None:
-    item = {"type": "function_call", "call_id": "c1", "name": "lookup",
-            "arguments": '{"q": "weather"}', "provider_data": {"x": 1}}
+    item = {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "lookup",
+        "arguments": '{"q": "weather"}',
+        "provider_data": {"x": 1},
+    }
     text = pp.canonical_text(item)
     assert "lookup" in text and "weather" in text and "provider_data" not in text
     cost = pp.item_tokens(item, encoding="o200k_base")
@@ -277,10 +292,25 @@ class _Opaque:
         ({"type": 3}, "type", "string"),
         ({"role": "user", "content": "x", "id": ["a"]}, "id", "string"),
         ({"type": "function_call", "call_id": "c", "caller": "p1"}, "caller", "mapping"),
-        ({"type": "function_call", "call_id": "c", "caller": {"type": "program", "caller_id": 4}},
-         "caller.caller_id", "string"),
-        ({"role": "user", "content": [{"type": "input_text", "text": math.nan}]}, "content[0].text", "NaN"),
-        ({"role": "user", "content": [{"type": "input_text", "text": math.inf}]}, "content[0].text", "infinity"),
+        (
+            {
+                "type": "function_call",
+                "call_id": "c",
+                "caller": {"type": "program", "caller_id": 4},
+            },
+            "caller.caller_id",
+            "string",
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_text", "text": math.nan}]},
+            "content[0].text",
+            "NaN",
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_text", "text": math.inf}]},
+            "content[0].text",
+            "infinity",
+        ),
         ({"role": "user", "content": {1: "x"}}, "content", "non-string key"),
         ({"role": "user", "content": [b"bytes"]}, "content[0]", "not a JSON value"),
         ({"role": "user", "content": [{"x": _Opaque()}]}, "content[0].x", "not a JSON value"),
@@ -350,8 +380,9 @@ def test_context_callable_must_return_a_token_count() -> None:
         return 20
 
     new_input = [{"role": "user", "content": "q"}]
-    result = pp.pack([{"role": "user", "content": "old"}], new_input, 100, output_reserve=10,
-                     context=context)
+    result = pp.pack(
+        [{"role": "user", "content": "old"}], new_input, 100, output_reserve=10, context=context
+    )
     assert seen == [100 - 10 - result.new_input_tokens]
     assert result.context_tokens == 20 and result.used <= 100
     for bad in (-1, "x", 2.5, None):
@@ -398,8 +429,9 @@ def test_decisions_are_a_lazy_sequence_matching_the_explanation() -> None:
     listed = [line for line in text.splitlines() if line.startswith("  history[")]
     assert len(listed) == 3 and listed[0].startswith(f"  history[{dropped[0].positions[0]}")
     assert f"... and {len(dropped) - 3} older dropped units" in text
-    assert len([ln for ln in result.explain(max_units=None).splitlines()
-                if ln.startswith("  history[")]) == len(dropped)
+    assert len(
+        [ln for ln in result.explain(max_units=None).splitlines() if ln.startswith("  history[")]
+    ) == len(dropped)
 
 
 def _run_python_ok(code: str) -> None:
@@ -407,8 +439,9 @@ def _run_python_ok(code: str) -> None:
     env = dict(os.environ)
     package_dir = str(Path(pp.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir, env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -511,9 +544,11 @@ def test_items_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
     import types
 
     def turn(i: int) -> list[dict]:
-        return [{"role": "user", "content": f"question {i}"},
-                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}"}]
+        return [
+            {"role": "user", "content": f"question {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}"},
+        ]
 
     plain = [it for i in range(40) for it in turn(i)]
     wrappers = [dict, collections.OrderedDict, types.MappingProxyType, collections.UserDict]
@@ -522,8 +557,11 @@ def test_items_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
     for budget in (60, 400, 5000):
         a = pp.pack(plain, new_input, budget)
         b = pp.pack(mixed, new_input, budget)
-        assert (a.kept_history, a.history_tokens, a.used) == (b.kept_history, b.history_tokens,
-                                                             b.used)
+        assert (a.kept_history, a.history_tokens, a.used) == (
+            b.kept_history,
+            b.history_tokens,
+            b.used,
+        )
         index = pp.HistoryIndex()
         c = index.pack(mixed, new_input, budget)
         assert (c.kept_history, c.used) == (a.kept_history, a.used)
@@ -543,16 +581,37 @@ def test_nested_fields_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
 
     def turn(i: int, wrap) -> list[dict]:
         caller = wrap({"type": "program", "caller_id": f"p{i}"})
-        return [{"role": "user", "content": f"question {i}"},
-                {"type": "program", "id": f"pg_{i}", "call_id": f"p{i}", "code": "js"},
-                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}",
-                 "caller": caller},
-                {"type": "function_call_output", "call_id": f"c{i}", "output": f"out {i}",
-                 "caller": caller},
-                {"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}", "result": "ok"},
-                {"type": "hosted_tool_call", "name": "t", "provider_data": wrap({
-                    "type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t",
-                    "server_label": "crm", "arguments": "{}"})}]
+        return [
+            {"role": "user", "content": f"question {i}"},
+            {"type": "program", "id": f"pg_{i}", "call_id": f"p{i}", "code": "js"},
+            {
+                "type": "function_call",
+                "call_id": f"c{i}",
+                "name": "f",
+                "arguments": "{}",
+                "caller": caller,
+            },
+            {
+                "type": "function_call_output",
+                "call_id": f"c{i}",
+                "output": f"out {i}",
+                "caller": caller,
+            },
+            {"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}", "result": "ok"},
+            {
+                "type": "hosted_tool_call",
+                "name": "t",
+                "provider_data": wrap(
+                    {
+                        "type": "mcp_approval_request",
+                        "id": f"mcpr_{i}",
+                        "name": "t",
+                        "server_label": "crm",
+                        "arguments": "{}",
+                    }
+                ),
+            },
+        ]
 
     new_input = [{"role": "user", "content": "next"}]
     plain = [it for i in range(12) for it in turn(i, dict)]

@@ -36,20 +36,46 @@ def _long_history(seed: int, turns: int = 12) -> tuple[list[dict], list[dict]]:
     for i in range(turns):
         h.append({"role": "user", "content": text(r.randint(5, 80))})
         if r.random() < 0.6:
-            h.append({"type": "function_call", "call_id": f"c{i}", "name": "lookup",
-                      "arguments": '{"q": "%s"}' % text(3)})
-            h.append({"type": "function_call_output", "call_id": f"c{i}",
-                      "output": text(r.randint(50, 400))})
-        h.append({"type": "message", "role": "assistant", "id": f"msg_{i}",
-                  "status": "completed",
-                  "content": [{"type": "output_text", "text": text(r.randint(10, 300)),
-                               "annotations": []}]})
+            h.append(
+                {
+                    "type": "function_call",
+                    "call_id": f"c{i}",
+                    "name": "lookup",
+                    "arguments": '{"q": "%s"}' % text(3),
+                }
+            )
+            h.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": f"c{i}",
+                    "output": text(r.randint(50, 400)),
+                }
+            )
+        h.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{i}",
+                "status": "completed",
+                "content": [
+                    {"type": "output_text", "text": text(r.randint(10, 300)), "annotations": []}
+                ],
+            }
+        )
     return h, [{"role": "user", "content": text(60)}]
 
 
 def _fields(r: pp.PackResult) -> tuple[Any, ...]:
-    return (r.kept_history, r.dependency, r.new_input_tokens, r.dependency_tokens,
-            r.history_tokens, r.used, r.remaining, list(r.decisions))
+    return (
+        r.kept_history,
+        r.dependency,
+        r.new_input_tokens,
+        r.dependency_tokens,
+        r.history_tokens,
+        r.used,
+        r.remaining,
+        list(r.decisions),
+    )
 
 
 class RecordingStore:
@@ -80,8 +106,9 @@ def test_packs_with_a_store_equal_packs_that_count_everything(tmp_path, seed) ->
         for _ in range(2):  # a store without the counts, then one with them
             _core._clear_count_cache()  # as in a new process
             index = pp.HistoryIndex(count_store=store)
-            got = index.pack(copy.deepcopy(history), new_input, budget, output_reserve=50,
-                             policy=policy)
+            got = index.pack(
+                copy.deepcopy(history), new_input, budget, output_reserve=50, policy=policy
+            )
             assert _fields(got) == _fields(expected)
             assert store.flush(timeout=10)
     assert store.entry_count() > 0
@@ -90,10 +117,17 @@ def test_packs_with_a_store_equal_packs_that_count_everything(tmp_path, seed) ->
 
 def test_counts_come_from_the_store_and_follow_content_and_encoding() -> None:
     history, new_input = _long_history(99, turns=4)
-    history.append({"type": "message", "role": "assistant", "id": "msg_long",
-                    "status": "completed", "content": [
-                        {"type": "output_text", "text": uuid.uuid4().hex + " long" * 200,
-                         "annotations": []}]})
+    history.append(
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_long",
+            "status": "completed",
+            "content": [
+                {"type": "output_text", "text": uuid.uuid4().hex + " long" * 200, "annotations": []}
+            ],
+        }
+    )
     store = RecordingStore()
     index = pp.HistoryIndex(count_store=store)
     _core._clear_count_cache()
@@ -116,11 +150,11 @@ def test_counts_come_from_the_store_and_follow_content_and_encoding() -> None:
     assert len(set(store.asked) - first_keys) == 1
     _core._clear_count_cache()
     assert edited.used == lied.used - 1 + (
-        pp.item_tokens(changed[j]).total - pp.item_tokens(history[j]).total)
+        pp.item_tokens(changed[j]).total - pp.item_tokens(history[j]).total
+    )
     _core._clear_count_cache()
     store.asked.clear()
-    cl = pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6,
-                                                 encoding="cl100k_base")
+    cl = pp.HistoryIndex(count_store=store).pack(history, new_input, 10**6, encoding="cl100k_base")
     assert store.asked and not set(store.asked) & first_keys
     _core._clear_count_cache()
     assert cl.used == pp.pack(history, new_input, 10**6, encoding="cl100k_base").used
@@ -156,18 +190,26 @@ def test_a_second_process_reads_the_counts_and_queued_counts_survive_exit(tmp_pa
         print(json.dumps([r.kept_history, r.used, sum(seen)]))
     """)
     import pickle
+
     data = tmp_path / "h.pkl"
     history, new_input = _long_history(7)
     data.write_bytes(pickle.dumps((history, new_input)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(pp.__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+        filter(None, [str(Path(pp.__file__).resolve().parents[1]), env.get("PYTHONPATH")])
+    )
 
     def run() -> list[Any]:
-        out = subprocess.run([sys.executable, "-c", code, str(data), str(db)],
-                             capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(data), str(db)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         import json
+
         return json.loads(out.stdout)
 
     kept1, used1, asked1 = run()
@@ -185,8 +227,11 @@ def test_bad_stores_are_refused_by_name() -> None:
     history, new_input = _long_history(3, turns=3)
 
     class NoSecret:
-        def get_many(self, keys): return [None] * len(keys)
-        def put_many(self, pairs): pass
+        def get_many(self, keys):
+            return [None] * len(keys)
+
+        def put_many(self, pairs):
+            pass
 
     with pytest.raises(TypeError, match="count_store"):
         pp.HistoryIndex(count_store=NoSecret())  # type: ignore[arg-type]
@@ -197,15 +242,15 @@ def test_bad_stores_are_refused_by_name() -> None:
     for answer in ([], [-1], ["12"], [True], None, (None,)):
         bad = RecordingStore()
         bad.get_many = lambda keys, a=answer: (  # type: ignore[method-assign]
-            a if not isinstance(a, list) or len(a) != 1 else a * len(keys))
+            a if not isinstance(a, list) or len(a) != 1 else a * len(keys)
+        )
         index = pp.HistoryIndex(count_store=bad)
         _core._clear_count_cache()
         with pytest.raises(ValueError, match="count_store.get_many must return"):
             index.pack(history, new_input, 10**6)
         # The failed call changed nothing: the same index packs correctly afterwards.
         index.count_store = None
-        assert index.pack(history, new_input, 10**6).used == pp.pack(
-            history, new_input, 10**6).used
+        assert index.pack(history, new_input, 10**6).used == pp.pack(history, new_input, 10**6).used
 
     class Boom(RuntimeError):
         pass
@@ -345,14 +390,23 @@ def test_a_forked_child_gets_its_own_connection_and_writer(tmp_path) -> None:
     # mid-call: its first open could hang); then the child writes with its own writer.
     # Whatever the timing, both writes land and both flushes return True.
     blocker = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import sqlite3, sys
             conn = sqlite3.connect(sys.argv[1], isolation_level=None)
             conn.execute("BEGIN EXCLUSIVE")
             print("locked", flush=True)
             sys.stdin.readline()
             conn.execute("COMMIT")
-        """), str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        """),
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert blocker.stdout is not None and blocker.stdout.readline() == "locked\n"
         in_flight = bytes(16)
@@ -403,8 +457,9 @@ def test_a_fork_waits_for_sqlite_work_on_other_threads(tmp_path) -> None:
     # only leave after "forked in the parent". One-shot.
     armed = [lambda: (order.append("fork began"), leave.set())]
     done = [lambda: order.append("forked in the parent")]
-    os.register_at_fork(before=lambda: armed and armed.pop()(),
-                        after_in_parent=lambda: done and done.pop()())
+    os.register_at_fork(
+        before=lambda: armed and armed.pop()(), after_in_parent=lambda: done and done.pop()()
+    )
 
     holder = threading.Thread(target=hold)
     holder.start()
@@ -431,6 +486,7 @@ def test_many_databases_keep_few_connections_open(tmp_path, monkeypatch) -> None
         assert store.flush(timeout=10)
         assert store.get_many([i.to_bytes(16, "big")]) == [i]
     if os.path.isdir("/proc/self/fd"):  # the file descriptors this process has on them
+
         def open_files() -> set[str]:
             out = set()
             for fd in os.listdir("/proc/self/fd"):
@@ -439,10 +495,12 @@ def test_many_databases_keep_few_connections_open(tmp_path, monkeypatch) -> None
                 except OSError:
                     pass  # closed meanwhile (the listing's own descriptor)
             return out
+
         names = {os.path.realpath(tmp_path / f"t{i}.db") for i in range(10)}
         assert len(open_files() & names) <= 4
         assert os.path.realpath(tmp_path / "t9.db") in open_files()  # the most recent stay open
     assert [s.get_many([i.to_bytes(16, "big")]) for i, s in enumerate(stores)] == [
-        [i] for i in range(10)]
+        [i] for i in range(10)
+    ]
     for store in stores:
         store.close()

@@ -34,7 +34,10 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-c", BLOCKER + textwrap.dedent(code)],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 
@@ -68,9 +71,14 @@ def test_integration_without_agents_names_the_extra() -> None:
 
 def test_importing_protoprompt_does_not_import_agents() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, protoprompt, protoprompt.integrations; print('agents' in sys.modules)"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys, protoprompt, protoprompt.integrations; print('agents' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(PYTHON_DIR)},
     )
     assert proc.returncode == 0, proc.stderr

@@ -31,8 +31,10 @@ def lookup(name: str) -> str:
 
 def turn_script(i: int) -> list[Any]:
     if i % 2:
-        return [[function_call("lookup", {"name": f"q{i}"}, call_id=f"call_{i}")],
-                [assistant_message(f"answer {i} " + "words " * 30, item_id=f"msg_{i}")]]
+        return [
+            [function_call("lookup", {"name": f"q{i}"}, call_id=f"call_{i}")],
+            [assistant_message(f"answer {i} " + "words " * 30, item_id=f"msg_{i}")],
+        ]
     return [[assistant_message(f"answer {i} " + "text " * 30, item_id=f"msg_{i}")]]
 
 
@@ -43,20 +45,25 @@ class Side:
         self.store = MemoryStore()
         self.session = ProtoPromptSession("chat", db, incremental=incremental, **options)
         self.plans: list[list[str]] = []
-        builder = TokenBudgetedContextBuilder(self.store, max_tokens=900, scope=SCOPE,
-                                              output_reserve=100)
+        builder = TokenBudgetedContextBuilder(
+            self.store, max_tokens=900, scope=SCOPE, output_reserve=100
+        )
         self.callback = self.session.input_callback(
-            builder, system_prompt="Be brief.",
+            builder,
+            system_prompt="Be brief.",
             on_plan=lambda plan: self.plans.append(
                 [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
-                + [f"tokens used: {plan.pack.used}"]))
+                + [f"tokens used: {plan.pack.used}"]
+            ),
+        )
 
     async def turn(self, i: int) -> None:
         model = ScriptedModel(turn_script(i))
         agent = Agent(name="a", model=model, tools=[lookup])
         config = RunConfig(session_input_callback=self.callback, tracing_disabled=True)
-        await Runner.run(agent, f"question {i} " + "please " * 20, session=self.session,
-                         run_config=config)
+        await Runner.run(
+            agent, f"question {i} " + "please " * 20, session=self.session, run_config=config
+        )
 
     def close(self) -> None:
         self.session.close()
@@ -105,7 +112,8 @@ def restart(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_requests_equal_a_session_without_index_through_pops_clears_and_other_writers(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     fast = Side(str(tmp_path / "fast.db"), incremental=None)
     plain = Side(str(tmp_path / "plain.db"), incremental=False)
     assert await reads_rows_itself(fast.session) and not await reads_rows_itself(plain.session)
@@ -130,8 +138,12 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
 
     async def other_writer_appends(side: Side, db: str) -> None:
         other = SQLiteSession("chat", db)
-        await other.add_items([{"role": "user", "content": "appended elsewhere"},
-                               {"role": "assistant", "content": "noted"}])
+        await other.add_items(
+            [
+                {"role": "user", "content": "appended elsewhere"},
+                {"role": "assistant", "content": "noted"},
+            ]
+        )
         other.close()
 
     async def clear(side: Side, _db: str) -> None:
@@ -150,8 +162,9 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     calls: list[str] = []
     for cls, name in ((HistoryIndex, "truncate"), (_snapshots.IndexState, "reset")):
         real = getattr(cls, name)
-        monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
-            calls.append(_n), _r(self, *a))[1])
+        monkeypatch.setattr(
+            cls, name, lambda self, *a, _r=real, _n=name: (calls.append(_n), _r(self, *a))[1]
+        )
     await both(pop)
     await both(pop)
     await turn(6)
@@ -180,8 +193,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     plain.close()
 
 
-async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows(
-        tmp_path) -> None:
+async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows(tmp_path) -> None:
     """Same row count, different rows: without the row check the index would still describe
     the removed tool output and let its unanswered call through."""
     db = str(tmp_path / "s.db")
@@ -197,8 +209,9 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
     assert len(await side.session.get_items()) == 8
     await side.turn(5)
     sent = [json.loads(i) for i in side.plans[-1][:-1]]
-    assert not any(i.get("type") == "function_call" and i.get("call_id") == "call_1"
-                   for i in sent), "the unanswered call is invalid and never sent"
+    assert not any(
+        i.get("type") == "function_call" and i.get("call_id") == "call_1" for i in sent
+    ), "the unanswered call is invalid and never sent"
     assert any(i.get("content") == "note 0" for i in sent)
     side.close()
 
@@ -224,9 +237,12 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
         callback = session.input_callback(builder)
         for i in range(4):
             model = ScriptedModel([[assistant_message(f"a{i}", item_id=f"m{i}")]])
-            await Runner.run(Agent(name="a", model=model), f"q{i}", session=session,
-                             run_config=RunConfig(session_input_callback=callback,
-                                                  tracing_disabled=True))
+            await Runner.run(
+                Agent(name="a", model=model),
+                f"q{i}",
+                session=session,
+                run_config=RunConfig(session_input_callback=callback, tracing_disabled=True),
+            )
             sent = [i for i in model.calls[-1].input if i.get("role") != "system"]
             assert len(sent) <= 4  # the window of 3 plus the question
         assert len(session._index_state.index) == 0
@@ -265,9 +281,14 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     with MemoryStore() as store:
         builder = TokenBudgetedContextBuilder(store, max_tokens=900, scope=SCOPE)
         model = ScriptedModel([[assistant_message("hi", item_id="m_other")]])
-        await Runner.run(Agent(name="a", model=model), "hello", session=other,
-                         run_config=RunConfig(session_input_callback=other.input_callback(
-                             builder), tracing_disabled=True))
+        await Runner.run(
+            Agent(name="a", model=model),
+            "hello",
+            session=other,
+            run_config=RunConfig(
+                session_input_callback=other.input_callback(builder), tracing_disabled=True
+            ),
+        )
     keys = list(pool._SHARED)
     assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
     fresh = ProtoPromptSession("chat", fast_db)
@@ -277,8 +298,7 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     plain.close()
 
 
-async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_index(
-        tmp_path) -> None:
+async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_index(tmp_path) -> None:
     """Same path, same session id, same row ids and count — but a new database file: the
     shared index of the old one must not be used."""
     import os
@@ -292,8 +312,10 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
     first.close()
     os.remove(fast_db)
     plain = Side(plain_db, incremental=False)
-    rows = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"new {k} " * 3}
-            for k in range(8)]  # row ids 1..8 again, other items and costs
+    rows = [
+        {"role": "user" if k % 2 == 0 else "assistant", "content": f"new {k} " * 3}
+        for k in range(8)
+    ]  # row ids 1..8 again, other items and costs
     for db in (fast_db, plain_db):
         writer = SQLiteSession("chat", db)
         await writer.add_items(rows)
@@ -309,7 +331,8 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
 
 
 async def test_a_restarted_process_reads_token_counts_from_the_session_database(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     """Counts of long items are kept in the session's database: after a restart (new pool,
     empty count cache) the first turn reads them instead of tokenising, and its request is
     exactly that of a session without index or store."""

@@ -37,18 +37,43 @@ def _history(n: int, seed: int) -> list[dict[str, Any]]:
     for i in range(n):
         kind = rng.randrange(4)
         if kind == 0:
-            items.append({"role": "user", "content": f"question {i} " + "words " * rng.randrange(80)})
+            items.append(
+                {"role": "user", "content": f"question {i} " + "words " * rng.randrange(80)}
+            )
         elif kind == 1:
-            items.append({"type": "reasoning", "id": f"rs_{i}", "summary": [],
-                          "encrypted_content": "x" * rng.randrange(300)})
-            items.append({"type": "message", "role": "assistant", "id": f"msg_{i}",
-                          "status": "completed",
-                          "content": [{"type": "output_text", "text": "answer " * 40}]})
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{i}",
+                    "summary": [],
+                    "encrypted_content": "x" * rng.randrange(300),
+                }
+            )
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": f"msg_{i}",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "answer " * 40}],
+                }
+            )
         else:
-            items.append({"type": "function_call", "call_id": f"c{i}", "name": "f",
-                          "arguments": json.dumps({"q": i})})
-            items.append({"type": "function_call_output", "call_id": f"c{i}",
-                          "output": "result " * rng.randrange(200)})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": f"c{i}",
+                    "name": "f",
+                    "arguments": json.dumps({"q": i}),
+                }
+            )
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": f"c{i}",
+                    "output": "result " * rng.randrange(200),
+                }
+            )
     return items
 
 
@@ -58,7 +83,11 @@ def _fresh(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _same(a: pp.PackResult, b: pp.PackResult) -> None:
     assert (a.kept_history, a.dependency, a.used, a.history_tokens) == (
-        b.kept_history, b.dependency, b.used, b.history_tokens)
+        b.kept_history,
+        b.dependency,
+        b.used,
+        b.history_tokens,
+    )
     assert list(a.decisions) == list(b.decisions)
 
 
@@ -77,8 +106,10 @@ def test_a_loaded_index_packs_like_the_one_that_wrote_it(seed: int) -> None:
     for budget, items in ((3000, hist), (20000, more), (9000, more[:-7])):
         if len(loaded) > len(items):
             loaded.truncate(len(items))
-        _same(loaded.pack(_fresh(items), new, budget, encoding="o200k_base"),
-              pp.pack(_fresh(items), new, budget, encoding="o200k_base"))
+        _same(
+            loaded.pack(_fresh(items), new, budget, encoding="o200k_base"),
+            pp.pack(_fresh(items), new, budget, encoding="o200k_base"),
+        )
 
 
 def test_a_loaded_index_keeps_its_token_costs_per_encoding() -> None:
@@ -89,8 +120,10 @@ def test_a_loaded_index_keeps_its_token_costs_per_encoding() -> None:
     index = pp.HistoryIndex()
     first = index.pack(_fresh(hist), new, 50_000, encoding="o200k_base")
     data = index.snapshot()
-    for loaded, looked_up in ((pp.HistoryIndex.from_snapshot(data), False),
-                              (pp.HistoryIndex(), True)):
+    for loaded, looked_up in (
+        (pp.HistoryIndex.from_snapshot(data), False),
+        (pp.HistoryIndex(), True),
+    ):
         _core._clear_count_cache()
         store = RecordingStore()
         loaded.count_store = store
@@ -131,20 +164,29 @@ def _snapshot_rows(db: str) -> list[tuple[Any, ...]]:
 
 def _row_ids(db: str) -> list[int]:
     with sqlite3.connect(db) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT id FROM agent_messages WHERE session_id = 'chat' ORDER BY id")]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM agent_messages WHERE session_id = 'chat' ORDER BY id"
+            )
+        ]
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
-    for cls, name in ((pp.HistoryIndex, "truncate"), (_snapshots.IndexState, "reset"),
-                      (pp.HistoryIndex, "extend")):
+    for cls, name in (
+        (pp.HistoryIndex, "truncate"),
+        (_snapshots.IndexState, "reset"),
+        (pp.HistoryIndex, "extend"),
+    ):
         real = getattr(cls, name)
-        monkeypatch.setattr(cls, name, lambda self, *a, _r=real, _n=name: (
-            calls.append(_n), _r(self, *a))[1])
+        monkeypatch.setattr(
+            cls, name, lambda self, *a, _r=real, _n=name: (calls.append(_n), _r(self, *a))[1]
+        )
 
 
 async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_requests(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     fast_db, fast, plain = await fast_and_plain(tmp_path, 6, snapshot_min_items=4)
     fast.session._index_state.wait_for_save()
     # Written in the background once the index held enough items, before any close.
@@ -161,8 +203,11 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     _spy(monkeypatch, calls)
     asked: list[Any] = []
     real_get_many = pp.SQLiteCountStore.get_many
-    monkeypatch.setattr(pp.SQLiteCountStore, "get_many",
-                        lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1])
+    monkeypatch.setattr(
+        pp.SQLiteCountStore,
+        "get_many",
+        lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1],
+    )
     restarted = Side(fast_db, incremental=None, snapshot_min_items=4)
     history = await restarted.session.get_items()
     state = restarted.session._index_state
@@ -211,8 +256,9 @@ async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None
 
 
 @pytest.mark.parametrize("damage", ["flip", "foreign", "not bytes"])
-async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, caplog,
-                                                        damage: str) -> None:
+async def test_a_damaged_or_foreign_snapshot_is_ignored(
+    tmp_path, monkeypatch, caplog, damage: str
+) -> None:
     fast_db, fast, plain = await fast_and_plain(tmp_path, 3, snapshot_min_items=2)
     fast.close()
     with sqlite3.connect(fast_db) as conn:
@@ -232,8 +278,9 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(tmp_path, monkeypatch, c
     assert restarted.plans == plain.plans[-1:]
     assert restarted.session._index_state.restore_tried
     if damage != "not bytes":
-        assert any("snapshot" in r.getMessage() and "not used" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            "snapshot" in r.getMessage() and "not used" in r.getMessage() for r in caplog.records
+        )
     restarted.close()
     plain.close()
 
@@ -248,8 +295,14 @@ def test_a_fork_while_an_index_is_busy_gives_the_child_a_fresh_one() -> None:
     idle = _snapshots.IndexState()
     idle.index.extend(_history(5, 4))
     with state.lock:
-        child = _in_forked_child(lambda: (state.lock.acquire(timeout=5), len(state.index),
-                                          idle.lock.acquire(timeout=5), len(idle.index)))
+        child = _in_forked_child(
+            lambda: (
+                state.lock.acquire(timeout=5),
+                len(state.index),
+                idle.lock.acquire(timeout=5),
+                len(idle.index),
+            )
+        )
     assert child == (True, 0, True, len(idle.index))
 
 
@@ -265,18 +318,19 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
     assert params["snapshot_min_items"].default == 512
     assert params["shared_index_bytes"].default == 256 * 2**20
     assert params["max_open_readers"].default == 32
-    assert {params[n].kind for n in (
-        "snapshot_min_items", "shared_index_bytes", "max_open_readers")} == {
-        inspect.Parameter.KEYWORD_ONLY}
+    assert {
+        params[n].kind for n in ("snapshot_min_items", "shared_index_bytes", "max_open_readers")
+    } == {inspect.Parameter.KEYWORD_ONLY}
     db = str(tmp_path / "o.db")
     for name, value, error, message in [
-            ("snapshot_min_items", 0, ValueError, "snapshot_min_items must be at least 1, got 0"),
-            ("snapshot_min_items", True, TypeError, "snapshot_min_items must be an int, got bool"),
-            ("snapshot_min_items", 2.0, TypeError, "snapshot_min_items must be an int, got float"),
-            ("shared_index_bytes", -1, ValueError, "shared_index_bytes must be at least 0, got -1"),
-            ("shared_index_bytes", "1", TypeError, "shared_index_bytes must be an int, got str"),
-            ("max_open_readers", 0, ValueError, "max_open_readers must be at least 1, got 0"),
-            ("max_open_readers", None, TypeError, "max_open_readers must be an int, got NoneType")]:
+        ("snapshot_min_items", 0, ValueError, "snapshot_min_items must be at least 1, got 0"),
+        ("snapshot_min_items", True, TypeError, "snapshot_min_items must be an int, got bool"),
+        ("snapshot_min_items", 2.0, TypeError, "snapshot_min_items must be an int, got float"),
+        ("shared_index_bytes", -1, ValueError, "shared_index_bytes must be at least 0, got -1"),
+        ("shared_index_bytes", "1", TypeError, "shared_index_bytes must be an int, got str"),
+        ("max_open_readers", 0, ValueError, "max_open_readers must be at least 1, got 0"),
+        ("max_open_readers", None, TypeError, "max_open_readers must be an int, got NoneType"),
+    ]:
         with pytest.raises(error, match=f"^{message}$"):
             ProtoPromptSession("chat", db, **{name: value})
     assert not os.path.exists(db)  # refused before the database was created

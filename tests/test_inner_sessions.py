@@ -59,9 +59,24 @@ def redis_url() -> Iterator[str]:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     port = _free_port()
     proc = subprocess.Popen(
-        [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            server,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -89,14 +104,16 @@ async def make_inner(kind: str, sid: str, tmp_path: Path, redis_url: str | None)
     if kind == "advanced":
         from agents.extensions.memory import AdvancedSQLiteSession
 
-        return AdvancedSQLiteSession(session_id=sid, db_path=tmp_path / "adv.db",
-                                     create_tables=True)
+        return AdvancedSQLiteSession(
+            session_id=sid, db_path=tmp_path / "adv.db", create_tables=True
+        )
     if kind == "sqlalchemy":
         pytest.importorskip("aiosqlite")
         from agents.extensions.memory import SQLAlchemySession
 
-        return SQLAlchemySession.from_url(sid, url=f"sqlite+aiosqlite:///{tmp_path}/sa.db",
-                                          create_tables=True)
+        return SQLAlchemySession.from_url(
+            sid, url=f"sqlite+aiosqlite:///{tmp_path}/sa.db", create_tables=True
+        )
     if kind == "encrypted":
         pytest.importorskip("cryptography")
         from agents.extensions.memory import EncryptedSession
@@ -148,8 +165,12 @@ def script() -> list[Any]:
 
 
 async def turn(agent: Agent, session: Any, callback: Any, text: str) -> None:
-    await Runner.run(agent, text, session=session,
-                     run_config=RunConfig(session_input_callback=callback, tracing_disabled=True))
+    await Runner.run(
+        agent,
+        text,
+        session=session,
+        run_config=RunConfig(session_input_callback=callback, tracing_disabled=True),
+    )
 
 
 def fresh_request(history: list[Any], text: str, builder: TokenBudgetedContextBuilder) -> list[Any]:
@@ -177,7 +198,11 @@ async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) ->
     # Only what the SDK persists is stored: never the context message.
     assert not any(i.get("role") == "system" for i in stored)
     assert [i.get("type", "message") for i in stored[:4]] == [
-        "message", "function_call", "function_call_output", "message"]
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert stored[-1]["content"][0]["text"] == "done"
     # The budget made the last request drop the oldest turn, in whole units.
     last = model.calls[-1].input
@@ -193,8 +218,9 @@ async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) ->
 async def test_advanced_sqlite_branches_are_what_the_callback_packs(tmp_path: Path) -> None:
     from agents.extensions.memory import AdvancedSQLiteSession
 
-    inner = AdvancedSQLiteSession(session_id="chat", db_path=tmp_path / "adv.db",
-                                  create_tables=True)
+    inner = AdvancedSQLiteSession(
+        session_id="chat", db_path=tmp_path / "adv.db", create_tables=True
+    )
     try:
         session = ProtoPromptSession("chat", inner_session=inner)
         builder = TokenBudgetedContextBuilder(None, max_tokens=100_000)
@@ -207,8 +233,12 @@ async def test_advanced_sqlite_branches_are_what_the_callback_packs(tmp_path: Pa
         branch_history = await inner.get_items()
         assert [i.get("content") for i in branch_history if i.get("role") == "user"] == ["first"]
         await turn(agent, session, callback, "second, again")
-        assert model.calls[-1].input == [dict(i) for i in pp.pack(
-            branch_history, [{"content": "second, again", "role": "user"}], 100_000).items]
+        assert model.calls[-1].input == [
+            dict(i)
+            for i in pp.pack(
+                branch_history, [{"content": "second, again", "role": "user"}], 100_000
+            ).items
+        ]
     finally:
         inner.close()
 
@@ -223,8 +253,9 @@ async def test_redis_session_keeps_its_data_in_the_server(redis_url: str) -> Non
         session = ProtoPromptSession("durable", inner_session=inner)
         builder = TokenBudgetedContextBuilder(None, max_tokens=100_000)
         model = ScriptedModel([[assistant_message("stored")]])
-        await turn(Agent(name="a", model=model), session,
-                   session.input_callback(builder), "remember me")
+        await turn(
+            Agent(name="a", model=model), session, session.input_callback(builder), "remember me"
+        )
         # A second client of the same server (another worker) sees the turn.
         other = RedisSession.from_url("durable", url=redis_url)
         try:
@@ -255,8 +286,9 @@ async def test_encrypted_session_outside_keeps_the_index(tmp_path: Path, monkeyp
             clock[0] += 150  # everything stored so far expires: EncryptedSession skips it
         history = await session.get_items()
         await turn(agent, session, callback, text)
-        assert model.calls[-1].input == [dict(i) for i in pp.pack(
-            history, [{"content": text, "role": "user"}], 100_000).items]
+        assert model.calls[-1].input == [
+            dict(i) for i in pp.pack(history, [{"content": text, "role": "user"}], 100_000).items
+        ]
         if n == 2:
             assert len(store._index_state.index) == 4  # the incremental path was taken
     assert [i["role"] for i in model.calls[-1].input] == ["user"]
@@ -270,9 +302,14 @@ async def test_encrypted_session_outside_warns_that_context_is_stored(tmp_path: 
 
     store = ProtoPromptSession("chat", tmp_path / "h.db")
     session = EncryptedSession("chat", store, "a-key")
-    callback = store.input_callback(TokenBudgetedContextBuilder(None, max_tokens=100_000),
-                                    system_prompt=SYSTEM)
+    callback = store.input_callback(
+        TokenBudgetedContextBuilder(None, max_tokens=100_000), system_prompt=SYSTEM
+    )
     with pytest.warns(RuntimeWarning, match="inner_session=EncryptedSession"):
-        await turn(Agent(name="a", model=ScriptedModel([[assistant_message("x")]])), session,
-                   callback, "hello")
+        await turn(
+            Agent(name="a", model=ScriptedModel([[assistant_message("x")]])),
+            session,
+            callback,
+            "hello",
+        )
     store.close()

@@ -52,8 +52,10 @@ async def test_tools_and_resources_are_listed_with_schemas(store: MemoryStore) -
     async with connect(create_server(store, ALICE)) as client:
         tools = await client.tools()
         assert sorted(tools) == sorted(TOOLS)
-        schema = getattr(tools["memory_search"], "inputSchema", None) or \
-            tools["memory_search"].input_schema
+        schema = (
+            getattr(tools["memory_search"], "inputSchema", None)
+            or tools["memory_search"].input_schema
+        )
         assert schema["required"] == ["query"]
         assert schema["properties"]["top_k"]["default"] == 5
         assert schema["properties"]["top_k"]["maximum"] == MemoryLimits().max_top_k
@@ -66,17 +68,24 @@ async def test_tools_and_resources_are_listed_with_schemas(store: MemoryStore) -
 
 async def test_every_tool_round_trips(store: MemoryStore) -> None:
     async with connect(create_server(store, ALICE)) as client:
-        fact = (await client.call("memory_remember",
-                                  {"text": "Alice negotiates the Acme renewal."})).data
+        fact = (
+            await client.call("memory_remember", {"text": "Alice negotiates the Acme renewal."})
+        ).data
         fact_id = fact["memory_id"]
         assert store.facts(scope=ALICE)[0].fact_id == fact_id
 
-        indexed = (await client.call("memory_index_document",
-                                     {"doc_id": "contract", "text": CONTRACT})).data
-        assert indexed == {"doc_id": "contract", "memory_id": "doc:contract",
-                           "chunks": len(store.search("renewal termination payment",
-                                                      scope=ALICE, kinds=("document",),
-                                                      limit=50))}
+        indexed = (
+            await client.call("memory_index_document", {"doc_id": "contract", "text": CONTRACT})
+        ).data
+        assert indexed == {
+            "doc_id": "contract",
+            "memory_id": "doc:contract",
+            "chunks": len(
+                store.search(
+                    "renewal termination payment", scope=ALICE, kinds=("document",), limit=50
+                )
+            ),
+        }
         assert indexed["chunks"] >= 2
 
         hits = (await client.call("memory_search", {"query": "renewal", "top_k": 10})).data
@@ -94,15 +103,19 @@ async def test_every_tool_round_trips(store: MemoryStore) -> None:
         scores = [h["score"] for h in hits["hits"]]
         assert scores == sorted(scores, reverse=True)
         # The ranking is the store's own.
-        assert [h["text"] for h in hits["hits"]] == \
-            [h.text for h in store.search("renewal", scope=ALICE, limit=10)]
-        assert len((await client.call("memory_search", {"query": "renewal", "top_k": 1})
-                    ).data["hits"]) == 1
+        assert [h["text"] for h in hits["hits"]] == [
+            h.text for h in store.search("renewal", scope=ALICE, limit=10)
+        ]
+        assert (
+            len((await client.call("memory_search", {"query": "renewal", "top_k": 1})).data["hits"])
+            == 1
+        )
 
         assert (await client.call("memory_get_profile")).data == {"profile": None}
         assert await client.read("memory://profile") == ""
-        assert (await client.call("memory_set_profile", {"profile": "Name: Alice"})).data == \
-            {"profile": "Name: Alice"}
+        assert (await client.call("memory_set_profile", {"profile": "Name: Alice"})).data == {
+            "profile": "Name: Alice"
+        }
         assert (await client.call("memory_get_profile")).data == {"profile": "Name: Alice"}
         assert await client.read("memory://profile") == "Name: Alice"
         # An object of strings is stored as key: value lines, in order.
@@ -115,12 +128,15 @@ async def test_every_tool_round_trips(store: MemoryStore) -> None:
         assert listing["facts"][0]["text"] == "Alice negotiates the Acme renewal."
 
         # Forget a fact (both id forms) and a whole document.
-        assert (await client.call("memory_forget", {"memory_id": fact_id})).data == \
-            {"forgotten": fact_id, "deleted": 1}
+        assert (await client.call("memory_forget", {"memory_id": fact_id})).data == {
+            "forgotten": fact_id,
+            "deleted": 1,
+        }
         assert store.facts(scope=ALICE) == []
         other = (await client.call("memory_remember", {"text": "Second fact."})).data
-        assert (await client.call("memory_forget",
-                                  {"memory_id": "fact:" + other["memory_id"]})).data["deleted"] == 1
+        assert (
+            await client.call("memory_forget", {"memory_id": "fact:" + other["memory_id"]})
+        ).data["deleted"] == 1
         gone = (await client.call("memory_forget", {"memory_id": "doc:contract"})).data
         assert gone == {"forgotten": "doc:contract", "deleted": indexed["chunks"]}
         assert (await client.call("memory_search", {"query": "renewal"})).data["hits"] == []
@@ -133,8 +149,9 @@ async def test_every_tool_round_trips(store: MemoryStore) -> None:
 async def test_reindexing_a_document_replaces_it(store: MemoryStore) -> None:
     async with connect(create_server(store, ALICE)) as client:
         await client.call("memory_index_document", {"doc_id": "d", "text": "alpha beta gamma"})
-        assert (await client.call("memory_index_document",
-                                  {"doc_id": "d", "text": "delta epsilon"})).data["chunks"] == 1
+        assert (
+            await client.call("memory_index_document", {"doc_id": "d", "text": "delta epsilon"})
+        ).data["chunks"] == 1
         assert (await client.call("memory_search", {"query": "alpha"})).data["hits"] == []
         assert len((await client.call("memory_search", {"query": "delta"})).data["hits"]) == 1
 
@@ -145,25 +162,29 @@ async def test_memory_context_is_the_builders_plan(store: MemoryStore) -> None:
     store.index_document("contract", CONTRACT, scope=ALICE)
     async with connect(create_server(store, ALICE, model="gpt-4")) as client:
         for max_tokens in (1, 40, 80, 10_000):
-            got = (await client.call("memory_context",
-                                     {"query": "When does the contract renew?",
-                                      "max_tokens": max_tokens})).data
-            builder = TokenBudgetedContextBuilder(store, max_tokens=max_tokens, model="gpt-4",
-                                                  scope=ALICE)
+            got = (
+                await client.call(
+                    "memory_context",
+                    {"query": "When does the contract renew?", "max_tokens": max_tokens},
+                )
+            ).data
+            builder = TokenBudgetedContextBuilder(
+                store, max_tokens=max_tokens, model="gpt-4", scope=ALICE
+            )
             plan = builder.build([], [], query="When does the contract renew?")
             expected = plan.context_message["content"] if plan.context_message else ""
             assert got["context"] == expected
             assert got["tokens"] == plan.context_tokens <= max_tokens
             assert got["encoding"] == "cl100k_base"
-            assert [(b["layer"], b["source"], b["status"], b["reason"], b["tokens"])
-                    for b in got["blocks"]] == \
-                [(b.layer, b.source, b.status, b.reason, b.tokens) for b in plan.blocks]
+            assert [
+                (b["layer"], b["source"], b["status"], b["reason"], b["tokens"])
+                for b in got["blocks"]
+            ] == [(b.layer, b.source, b.status, b.reason, b.tokens) for b in plan.blocks]
             assert got["kept"] + got["dropped"] == len(got["blocks"])
             # Dropped text is not shipped back: the answer stays within the budget asked for.
             assert all("text" not in b for b in got["blocks"])
         small = (await client.call("memory_context", {"query": "renewal", "max_tokens": 40})).data
-        big = (await client.call("memory_context", {"query": "renewal", "max_tokens": 10_000})
-               ).data
+        big = (await client.call("memory_context", {"query": "renewal", "max_tokens": 10_000})).data
         assert small["dropped"] > 0 and big["dropped"] == 0
         assert {b["status"] for b in small["blocks"]} == {"kept", "truncated", "dropped"}
         assert {b["layer"] for b in big["blocks"]} == {"profile", "session", "rag"}
@@ -178,14 +199,18 @@ async def test_read_only_server_exposes_only_reading(store: MemoryStore) -> None
     async with connect(create_server(store, ALICE, read_only=True)) as client:
         assert sorted(await client.tools()) == sorted(READ_TOOLS)
         assert await client.resources() == ["memory://facts", "memory://profile"]
-        for name, args in (("memory_remember", {"text": "x"}),
-                           ("memory_forget", {"memory_id": fact_id}),
-                           ("memory_index_document", {"doc_id": "d", "text": "x"}),
-                           ("memory_set_profile", {"profile": "x"})):
+        for name, args in (
+            ("memory_remember", {"text": "x"}),
+            ("memory_forget", {"memory_id": fact_id}),
+            ("memory_index_document", {"doc_id": "d", "text": "x"}),
+            ("memory_set_profile", {"profile": "x"}),
+        ):
             reply = await client.call(name, args)
             assert reply.is_error and name in reply.text
-        assert [h["memory_id"] for h in
-                (await client.call("memory_search", {"query": "tea"})).data["hits"]] == [fact_id]
+        assert [
+            h["memory_id"]
+            for h in (await client.call("memory_search", {"query": "tea"})).data["hits"]
+        ] == [fact_id]
     assert [h.fact_id for h in store.facts(scope=ALICE)] == [fact_id]
 
 
@@ -273,13 +298,50 @@ def test_create_server_checks_its_arguments(store: MemoryStore) -> None:
 # --------------------------------------------------------------------------- isolation
 
 HOSTILE_QUERIES = [
-    "secret", "SECRET", "secret*", "*", "**", "s*", '"', '""', "'", "\\", '"secret"',
-    "secret OR globex", "acme OR globex OR initech", "NOT acme", "secret NOT acme",
-    "NEAR(secret globex)", "NEAR(secret, 5)", "text:secret", "{text}: secret", "s_tenant:globex",
-    "pp_mem_fts:secret", "^secret", "secret AND", "(", ")", "((secret))", "-acme", "+secret",
-    "secret\x00globex", "' OR '1'='1", '" OR 1=1 --', "'; DROP TABLE pp_mem_records; --",
-    "%", "_", "globex%", "rowid:1", "rank", "bm25", "*:*", "secret ".join(["x"] * 80),
-    "ünïcödé sécret", "秘密", "\u200bsecret", "\ud800secret",
+    "secret",
+    "SECRET",
+    "secret*",
+    "*",
+    "**",
+    "s*",
+    '"',
+    '""',
+    "'",
+    "\\",
+    '"secret"',
+    "secret OR globex",
+    "acme OR globex OR initech",
+    "NOT acme",
+    "secret NOT acme",
+    "NEAR(secret globex)",
+    "NEAR(secret, 5)",
+    "text:secret",
+    "{text}: secret",
+    "s_tenant:globex",
+    "pp_mem_fts:secret",
+    "^secret",
+    "secret AND",
+    "(",
+    ")",
+    "((secret))",
+    "-acme",
+    "+secret",
+    "secret\x00globex",
+    "' OR '1'='1",
+    '" OR 1=1 --',
+    "'; DROP TABLE pp_mem_records; --",
+    "%",
+    "_",
+    "globex%",
+    "rowid:1",
+    "rank",
+    "bm25",
+    "*:*",
+    "secret ".join(["x"] * 80),
+    "ünïcödé sécret",
+    "秘密",
+    "\u200bsecret",
+    "\ud800secret",
 ]
 
 
@@ -287,20 +349,30 @@ async def test_two_tenants_on_one_database_never_see_each_other(tmp_path: Path) 
     db = tmp_path / "shared.db"
     acme_scope = MemoryScope("acme", user="alice")
     globex_scope = MemoryScope("globex", user="alice")  # same user name, other tenant
-    with MemoryStore(db, chunk_words=8, chunk_overlap=0) as acme_store, \
-            MemoryStore(db, chunk_words=8, chunk_overlap=0) as globex_store:
-        acme, globex = create_server(acme_store, acme_scope), create_server(globex_store,
-                                                                            globex_scope)
+    with (
+        MemoryStore(db, chunk_words=8, chunk_overlap=0) as acme_store,
+        MemoryStore(db, chunk_words=8, chunk_overlap=0) as globex_store,
+    ):
+        acme, globex = (
+            create_server(acme_store, acme_scope),
+            create_server(globex_store, globex_scope),
+        )
         async with connect(acme) as a, connect(globex) as g:
             ids = {}
             for client, name in ((a, "acme"), (g, "globex")):
                 marker = f"{name}marker"
-                ids[name] = (await client.call(
-                    "memory_remember", {"text": f"The secret code of {name} is {marker}."})
+                ids[name] = (
+                    await client.call(
+                        "memory_remember", {"text": f"The secret code of {name} is {marker}."}
+                    )
                 ).data["memory_id"]
-                await client.call("memory_index_document",
-                                  {"doc_id": "contract",  # the same id in both tenants
-                                   "text": f"secret {name} contract {marker} " * 5})
+                await client.call(
+                    "memory_index_document",
+                    {
+                        "doc_id": "contract",  # the same id in both tenants
+                        "text": f"secret {name} contract {marker} " * 5,
+                    },
+                )
                 await client.call("memory_set_profile", {"profile": f"profile {marker} secret"})
 
             for client, own, other in ((a, "acme", "globex"), (g, "globex", "acme")):
@@ -316,11 +388,13 @@ async def test_two_tenants_on_one_database_never_see_each_other(tmp_path: Path) 
                     if not ctx.is_error:
                         assert f"{other}marker" not in ctx.text, (own, query)
                 # Plain queries do find this tenant's own memories.
-                found = (await client.call("memory_search", {"query": f"{own}marker",
-                                                             "top_k": 50})).data["hits"]
+                found = (
+                    await client.call("memory_search", {"query": f"{own}marker", "top_k": 50})
+                ).data["hits"]
                 assert {h["kind"] for h in found} == {"fact", "document"}
-                assert (await client.call("memory_search", {"query": f"{other}marker"})
-                        ).data["hits"] == []
+                assert (await client.call("memory_search", {"query": f"{other}marker"})).data[
+                    "hits"
+                ] == []
                 for uri in ("memory://facts", "memory://profile"):
                     text = await client.read(uri)
                     assert f"{own}marker" in text and f"{other}marker" not in text
@@ -334,9 +408,12 @@ async def test_two_tenants_on_one_database_never_see_each_other(tmp_path: Path) 
 
             # Forgetting the shared doc id in one tenant leaves the other's document.
             assert (await a.call("memory_forget", {"memory_id": "doc:contract"})).data["deleted"]
-            assert [h["kind"] for h in (await g.call(
-                "memory_search", {"query": "globexmarker", "top_k": 50})).data["hits"]
-                    ].count("document") >= 1
+            assert [
+                h["kind"]
+                for h in (
+                    await g.call("memory_search", {"query": "globexmarker", "top_k": 50})
+                ).data["hits"]
+            ].count("document") >= 1
         assert [h.fact_id for h in globex_store.facts(scope=globex_scope)] == [ids["globex"]]
         assert [h.fact_id for h in acme_store.facts(scope=acme_scope)] == [ids["acme"]]
 
@@ -355,7 +432,9 @@ async def test_thread_scopes_and_include_parents(store: MemoryStore) -> None:
     async with connect(create_server(store, t1, include_parents=True)) as client:
         hits = (await client.call("memory_search", {"query": "tea", "top_k": 10})).data["hits"]
         assert sorted((h["text"], h["inherited"]) for h in hits) == [
-            ("thread one tea fact", False), ("user level tea fact", True)]
+            ("thread one tea fact", False),
+            ("user level tea fact", True),
+        ]
         assert (await client.call("memory_get_profile")).data == {"profile": "user profile"}
         context = (await client.call("memory_context", {"query": "tea", "max_tokens": 500})).data
         assert "user level tea fact" in context["context"]

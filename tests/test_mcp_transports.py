@@ -62,18 +62,23 @@ def outputs_of(call: Any) -> list[str]:
         data = item if isinstance(item, dict) else item.model_dump()
         if data.get("type") == "function_call_output":
             output = data["output"]  # a string, or content parts ({"type": "input_text"})
-            found.append(output if isinstance(output, str)
-                         else "".join(part.get("text", "") for part in output))
+            found.append(
+                output
+                if isinstance(output, str)
+                else "".join(part.get("text", "") for part in output)
+            )
     return found
 
 
 def stdio_server(db: Path, *extra: str) -> MCPServerStdio:
     cmd = protoprompt_command()
     return MCPServerStdio(
-        params={"command": cmd[0],
-                "args": cmd[1:] + ["mcp", "--db", str(db), "--tenant", "acme", "--user",
-                                   "alice", *extra],
-                "env": child_env()},
+        params={
+            "command": cmd[0],
+            "args": cmd[1:]
+            + ["mcp", "--db", str(db), "--tenant", "acme", "--user", "alice", *extra],
+            "env": child_env(),
+        },
         client_session_timeout_seconds=SESSION_TIMEOUT,
         cache_tools_list=True,
     )
@@ -87,10 +92,12 @@ async def test_agent_runs_remember_then_search_over_stdio_and_the_callback_recal
         names = {t.name for t in await server.list_tools()}
         assert {"memory_remember", "memory_search", "memory_context"} <= names
 
-        first = ScriptedModel([
-            [function_call("memory_remember", {"text": FACT}, call_id="call_1")],
-            [assistant_message("Noted.", item_id="msg_1")],
-        ])
+        first = ScriptedModel(
+            [
+                [function_call("memory_remember", {"text": FACT}, call_id="call_1")],
+                [assistant_message("Noted.", item_id="msg_1")],
+            ]
+        )
         agent = Agent(name="assistant", model=first, mcp_servers=[server])
         result = await Runner.run(agent, "Please remember when my contract renews.")
         assert result.final_output == "Noted."
@@ -100,18 +107,26 @@ async def test_agent_runs_remember_then_search_over_stdio_and_the_callback_recal
     # A second run, with a new server process on the same database, finds the fact.
     async with stdio_server(db, "--read-only") as server:
         assert "memory_remember" not in {t.name for t in await server.list_tools()}
-        second = ScriptedModel([
-            [function_call("memory_search", {"query": "When does the contract renew?"},
-                           call_id="call_2")],
-            [assistant_message("On 1 March.", item_id="msg_2")],
-        ])
+        second = ScriptedModel(
+            [
+                [
+                    function_call(
+                        "memory_search",
+                        {"query": "When does the contract renew?"},
+                        call_id="call_2",
+                    )
+                ],
+                [assistant_message("On 1 March.", item_id="msg_2")],
+            ]
+        )
         agent = Agent(name="assistant", model=second, mcp_servers=[server])
         result = await Runner.run(agent, "When does my contract renew?")
         assert result.final_output == "On 1 March."
         (found,) = outputs_of(second.calls[1])
         hits = json.loads(found)["hits"]
-        assert [(h["memory_id"], h["text"], h["layer"]) for h in hits] == \
-            [(fact_id, FACT, "session")]
+        assert [(h["memory_id"], h["text"], h["layer"]) for h in hits] == [
+            (fact_id, FACT, "session")
+        ]
 
     # The budgeted session callback recalls the same fact from the same database.
     store = MemoryStore(db)
@@ -120,8 +135,12 @@ async def test_agent_runs_remember_then_search_over_stdio_and_the_callback_recal
         builder = TokenBudgetedContextBuilder(store, max_tokens=4_000, scope=SCOPE)
         callback = session.input_callback(builder, system_prompt="Use the facts.")
         third = ScriptedModel([[assistant_message("March.", item_id="msg_3")]])
-        await Runner.run(Agent(name="assistant", model=third), "When does it renew?",
-                         session=session, run_config=RunConfig(session_input_callback=callback))
+        await Runner.run(
+            Agent(name="assistant", model=third),
+            "When does it renew?",
+            session=session,
+            run_config=RunConfig(session_input_callback=callback),
+        )
         assert builder.last_plan is not None
         assert [b.source for b in builder.last_plan.recalled] == [f"fact:{fact_id}"]
         context = third.calls[0].input[0]
@@ -138,8 +157,7 @@ async def test_stdio_tool_errors_reach_the_agent_and_the_server_keeps_serving(
     async with stdio_server(tmp_path / "m.db") as server:
         is_error, text = tool_text(await server.call_tool("memory_remember", {"text": " "}))
         assert is_error and "text must not be empty" in text
-        is_error, text = tool_text(await server.call_tool("memory_forget",
-                                                          {"memory_id": "0" * 32}))
+        is_error, text = tool_text(await server.call_tool("memory_forget", {"memory_id": "0" * 32}))
         assert is_error and "no fact" in text
         is_error, text = tool_text(await server.call_tool("memory_remember", {"text": FACT}))
         assert not is_error and json.loads(text)["memory_id"]
@@ -152,8 +170,14 @@ class Process:
     """A child process whose stderr lines are collected by a thread (never blocks)."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=child_env())
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -176,8 +200,10 @@ class Process:
             self.seen.append(line)
             if needle in line:
                 return line
-        raise AssertionError(f"no {needle!r} on stderr within {timeout}s; "
-                             f"exit {self.proc.poll()}; stderr: {''.join(self.seen)!r}")
+        raise AssertionError(
+            f"no {needle!r} on stderr within {timeout}s; "
+            f"exit {self.proc.poll()}; stderr: {''.join(self.seen)!r}"
+        )
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
@@ -188,7 +214,8 @@ class Process:
             self.proc.kill()
             self.proc.wait(timeout=timeout)
             raise AssertionError(
-                f"the server did not stop within {timeout}s of signal {sig}") from None
+                f"the server did not stop within {timeout}s of signal {sig}"
+            ) from None
 
 
 @pytest.fixture
@@ -196,9 +223,22 @@ def http_server(tmp_path: Path) -> Iterator[tuple[Process, str]]:
     db = tmp_path / "http.db"
     with MemoryStore(db) as store:
         store.remember(FACT, scope=SCOPE)
-    proc = Process(protoprompt_command() + ["mcp", "--db", str(db), "--tenant", "acme",
-                                            "--user", "alice", "--transport", "http",
-                                            "--port", "0"])
+    proc = Process(
+        protoprompt_command()
+        + [
+            "mcp",
+            "--db",
+            str(db),
+            "--tenant",
+            "acme",
+            "--user",
+            "alice",
+            "--transport",
+            "http",
+            "--port",
+            "0",
+        ]
+    )
     try:
         line = proc.wait_for_line("serving streamable HTTP on ", START_TIMEOUT)
         url = line.rsplit(" ", 1)[1].strip()
@@ -213,19 +253,26 @@ async def test_streamable_http_on_loopback_with_a_real_client(
 ) -> None:
     proc, url = http_server
     assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
-    server = MCPServerStreamableHttp(params={"url": url, "timeout": SESSION_TIMEOUT},
-                                     client_session_timeout_seconds=SESSION_TIMEOUT)
+    server = MCPServerStreamableHttp(
+        params={"url": url, "timeout": SESSION_TIMEOUT},
+        client_session_timeout_seconds=SESSION_TIMEOUT,
+    )
     async with server:
         names = {t.name for t in await server.list_tools()}
         assert {"memory_search", "memory_remember", "memory_context"} <= names
-        is_error, text = tool_text(await server.call_tool("memory_search",
-                                                          {"query": "contract renews"}))
+        is_error, text = tool_text(
+            await server.call_tool("memory_search", {"query": "contract renews"})
+        )
         assert not is_error and [h["text"] for h in json.loads(text)["hits"]] == [FACT]
-        is_error, text = tool_text(await server.call_tool(
-            "memory_remember", {"text": "Alice prefers e-mail."}))
+        is_error, text = tool_text(
+            await server.call_tool("memory_remember", {"text": "Alice prefers e-mail."})
+        )
         assert not is_error
-        is_error, text = tool_text(await server.call_tool(
-            "memory_context", {"query": "e-mail contract", "max_tokens": 200}))
+        is_error, text = tool_text(
+            await server.call_tool(
+                "memory_context", {"query": "e-mail contract", "max_tokens": 200}
+            )
+        )
         assert not is_error and "Alice prefers e-mail." in json.loads(text)["context"]
         is_error, text = tool_text(await server.call_tool("memory_remember", {"text": ""}))
         assert is_error and "text must not be empty" in text
@@ -242,9 +289,16 @@ def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, 
     host, port = address.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=SESSION_TIMEOUT)
     try:
-        conn.request("POST", "/" + path, body=json.dumps(body), headers={
-            "Accept": "application/json, text/event-stream",
-            "Content-Type": "application/json", **headers})
+        conn.request(
+            "POST",
+            "/" + path,
+            body=json.dumps(body),
+            headers={
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+                **headers,
+            },
+        )
         response = conn.getresponse()
         return response.status, response.read(4096).decode("utf-8", "replace")
     finally:
@@ -255,9 +309,16 @@ def test_http_refuses_foreign_host_and_origin_headers(http_server: tuple[Process
     """DNS-rebinding protection: a web page whose name resolves to 127.0.0.1 gets nothing."""
     proc, url = http_server
     port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
-    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                       "clientInfo": {"name": "t", "version": "1"}}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
     status, text = post(url, body, {"Host": f"evil.example:{port}"})
     assert status in (400, 403, 421), (status, text)
     status, text = post(url, body, {"Origin": "http://evil.example"})
@@ -275,11 +336,26 @@ def test_http_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            protoprompt_command() + ["mcp", "--db", str(tmp_path / "m.db"), "--tenant", "acme",
-                                     "--user", "alice", "--transport", "http", "--port",
-                                     str(port)],
-            capture_output=True, text=True, env=child_env(), timeout=START_TIMEOUT,
-            stdin=subprocess.DEVNULL)
+            protoprompt_command()
+            + [
+                "mcp",
+                "--db",
+                str(tmp_path / "m.db"),
+                "--tenant",
+                "acme",
+                "--user",
+                "alice",
+                "--transport",
+                "http",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=START_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
     assert proc.returncode == 1
     assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr

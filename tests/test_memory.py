@@ -89,7 +89,9 @@ def test_two_tenants_same_doc_id_are_isolated(store: MemoryStore) -> None:
     store.index_document("handbook", "Acme vacation policy: twenty days.", scope=ALICE)
     store.index_document("handbook", "Globex vacation policy: five days.", scope=GLOBEX_ALICE)
 
-    assert texts(store.search("vacation policy", scope=ALICE)) == ["Acme vacation policy: twenty days."]
+    assert texts(store.search("vacation policy", scope=ALICE)) == [
+        "Acme vacation policy: twenty days."
+    ]
     assert texts(store.search("vacation policy", scope=GLOBEX_ALICE)) == [
         "Globex vacation policy: five days."
     ]
@@ -148,7 +150,9 @@ def test_search_kinds_filter(store: MemoryStore) -> None:
     store.remember("Alice saw zebras at the zoo.", scope=ALICE)
     assert {h.kind for h in store.search("zebras", scope=ALICE)} == {"document", "fact"}
     assert [h.kind for h in store.search("zebras", scope=ALICE, kinds=["fact"])] == ["fact"]
-    assert [h.kind for h in store.search("zebras", scope=ALICE, kinds=("document",))] == ["document"]
+    assert [h.kind for h in store.search("zebras", scope=ALICE, kinds=("document",))] == [
+        "document"
+    ]
     assert store.search("zebras", scope=ALICE, kinds=()) == []
 
 
@@ -269,7 +273,7 @@ def test_russian_text_is_searchable(store: MemoryStore) -> None:
         "AND OR NOT",
         "a AND (b OR",
         "^foo +bar {x y}",
-        "col:val* NOT \"x\" NEAR/2",
+        'col:val* NOT "x" NEAR/2',
         "drop table pp_mem_records; --",
         "\x00nul",
     ],
@@ -294,8 +298,14 @@ def test_empty_or_punctuation_query_returns_nothing(store: MemoryStore, query: s
     assert store.search(query, scope=ALICE) == []
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(query=st.text(st.characters(codec="utf-8") | st.sampled_from('"*:-()^+{}\x00\ud800'), max_size=60))
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    query=st.text(
+        st.characters(codec="utf-8") | st.sampled_from('"*:-()^+{}\x00\ud800'), max_size=60
+    )
+)
 def test_arbitrary_queries_never_raise(store: MemoryStore, query: str) -> None:
     store.index_document("d", "alpha beta gamma", scope=ALICE)
     hits = store.search(query, scope=ALICE)
@@ -422,7 +432,11 @@ def test_forget_semantics(store: MemoryStore) -> None:
         (lambda s: s.index_document("d", b"bytes", scope=ALICE), TypeError, "text"),
         (lambda s: s.index_document("d", "t", scope=("acme",)), TypeError, "scope"),
         (lambda s: s.index_document("d", "t", scope=ALICE, metadata=[1]), TypeError, "metadata"),
-        (lambda s: s.index_document("d", "t", scope=ALICE, metadata={"x": object()}), TypeError, "metadata"),
+        (
+            lambda s: s.index_document("d", "t", scope=ALICE, metadata={"x": object()}),
+            TypeError,
+            "metadata",
+        ),
         (lambda s: s.remember("", scope=ALICE), ValueError, "text"),
         (lambda s: s.remember(None, scope=ALICE), TypeError, "text"),
         (lambda s: s.remember("x", scope=ALICE, importance=float("nan")), ValueError, "importance"),
@@ -475,7 +489,9 @@ def test_file_database_persists_and_shares_the_file(tmp_path: Path) -> None:
     other.commit()
 
     with MemoryStore(path, embedder=bow_embedder) as store:
-        store.index_document("d", "Persistent knowledge about cars.", scope=ALICE, metadata={"k": "v"})
+        store.index_document(
+            "d", "Persistent knowledge about cars.", scope=ALICE, metadata={"k": "v"}
+        )
         fact = store.remember("Alice likes tea", scope=ALICE)
         store.set_profile({"name": "Alice"}, scope=ALICE)
         assert store._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -485,7 +501,9 @@ def test_file_database_persists_and_shares_the_file(tmp_path: Path) -> None:
         assert (hit.doc_id, hit.metadata) == ("d", {"k": "v"})
         assert [f.fact_id for f in store.facts(scope=ALICE)] == [fact]
         assert store.get_profile(scope=ALICE) == "name: Alice"
-        assert [h.doc_id for h in store.search("automobile", scope=ALICE)] == ["d"]  # vectors persisted
+        assert [h.doc_id for h in store.search("automobile", scope=ALICE)] == [
+            "d"
+        ]  # vectors persisted
 
     tables = {r[0] for r in other.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "agent_messages" in tables
@@ -520,7 +538,9 @@ def test_concurrent_thread_writers(tmp_path: Path, where: str) -> None:
     path = ":memory:" if where == "memory" else tmp_path / "mem.db"
     workers, writes = 8, 50
     with MemoryStore(path) as store:
-        threads = [threading.Thread(target=_hammer, args=(store, w, writes)) for w in range(workers)]
+        threads = [
+            threading.Thread(target=_hammer, args=(store, w, writes)) for w in range(workers)
+        ]
         for t in threads:
             t.start()
         for t in threads:

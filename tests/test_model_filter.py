@@ -62,11 +62,13 @@ def lookup(q: str) -> str:
 def request_tokens(call: Any) -> int:
     """What one recorded model call sent, by protoprompt's documented cost model."""
     items = sum(item_tokens(i).total for i in call.input)
-    instructions = (item_tokens({"role": "system", "content": call.system_instructions}).total
-                    if call.system_instructions else 0)
+    instructions = (
+        item_tokens({"role": "system", "content": call.system_instructions}).total
+        if call.system_instructions
+        else 0
+    )
     definitions = tool_definitions(call.tools, call.handoffs)
-    tools = (TOOLS_OVERHEAD + sum(item_tokens(d).total for d in definitions)
-             if definitions else 0)
+    tools = TOOLS_OVERHEAD + sum(item_tokens(d).total for d in definitions) if definitions else 0
     return items + instructions + tools
 
 
@@ -83,14 +85,16 @@ def assert_sendable(request: list[Any]) -> None:
             assert item["call_id"] in calls, f"orphan output at {i}"
         if kind == "reasoning":
             follower = request[i + 1] if i + 1 < len(request) else {}
-            assert follower.get("type") in ("function_call", "message", "web_search_call"), \
+            assert follower.get("type") in ("function_call", "message", "web_search_call"), (
                 f"reasoning at {i} followed by {follower}"
+            )
     outputs = {i["call_id"] for i in request if i.get("type") == "function_call_output"}
     assert calls <= outputs | set(), "every call in the request is answered"
 
 
-def run_config(session: ProtoPromptSession, builder: TokenBudgetedContextBuilder,
-               **kw: Any) -> RunConfig:
+def run_config(
+    session: ProtoPromptSession, builder: TokenBudgetedContextBuilder, **kw: Any
+) -> RunConfig:
     return session.run_config(builder, tracing_disabled=True, **kw)
 
 
@@ -101,9 +105,13 @@ def run_config(session: ProtoPromptSession, builder: TokenBudgetedContextBuilder
 async def test_a_tool_loop_with_huge_outputs_never_overflows(tmp_path: Any, mode: str) -> None:
     builder = TokenBudgetedContextBuilder(None, max_tokens=20_000, output_reserve=1_000)
     session = ProtoPromptSession("s", str(tmp_path / "a.db"))
-    model = ScriptedModel([[function_call("get_table", {"name": "a"}, call_id="c1")],
-                           [function_call("get_table", {"name": "b"}, call_id="c2")],
-                           [assistant_message("done", item_id="m1")]])
+    model = ScriptedModel(
+        [
+            [function_call("get_table", {"name": "a"}, call_id="c1")],
+            [function_call("get_table", {"name": "b"}, call_id="c2")],
+            [assistant_message("done", item_id="m1")],
+        ]
+    )
     agent = Agent(name="a", model=model, tools=[get_table], instructions="Be brief.")
     plans: list[ModelCallPlan] = []
     config = run_config(session, builder, oversized_output=mode, on_call=plans.append)
@@ -147,8 +155,13 @@ async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps(
     steps = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(30)]
     model = ScriptedModel([*steps, [assistant_message("all done", item_id="m1")]])
     agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
-    result = await Runner.run(agent, "look up thirty things", session=session,
-                              run_config=run_config(session, builder), max_turns=40)
+    result = await Runner.run(
+        agent,
+        "look up thirty things",
+        session=session,
+        run_config=run_config(session, builder),
+        max_turns=40,
+    )
     assert result.final_output == "all done"
     assert len(model.calls) == 31
     for n, call in enumerate(model.calls):
@@ -176,36 +189,50 @@ async def test_instructions_and_tools_are_in_the_budget() -> None:
 
     many = []
     for k in range(30):
+
         def make(k: int) -> Any:
             def tool(query: str, limit: int = 5) -> str:
                 return f"tool {k}: {query}"
+
             tool.__name__ = f"tool_{k}"
             tool.__doc__ = f"Tool number {k}. " + "It searches a very large catalogue. " * 12
             return function_tool(tool)
+
         many.append(make(k))
     instructions = "You are a careful assistant. " * 150
-    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 40}
-               for i in range(40)]
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 40}
+        for i in range(40)
+    ]
     budget = 9_000
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
     session = ProtoPromptSession("tools")
     await session.add_items(history)
     plans: list[ModelCallPlan] = []
-    model = ScriptedModel([[function_call("noop", {"x": 1}, call_id="c1")],
-                           [assistant_message("ok", item_id="m1")]])
+    model = ScriptedModel(
+        [[function_call("noop", {"x": 1}, call_id="c1")], [assistant_message("ok", item_id="m1")]]
+    )
     agent = Agent(name="a", model=model, tools=[noop, *many], instructions=instructions)
-    await Runner.run(agent, "next question", session=session,
-                     run_config=run_config(session, builder, on_call=plans.append))
+    await Runner.run(
+        agent,
+        "next question",
+        session=session,
+        run_config=run_config(session, builder, on_call=plans.append),
+    )
     assert plans[0].tools_tokens > 3_000 and plans[0].instructions_tokens > 700
     for call, plan in zip(model.calls, plans):
         assert request_tokens(call) == plan.request_tokens
         assert plan.request_tokens + 500 <= budget
     # Without counting them the callback alone would have sent more history.
     callback_only = ScriptedModel([[assistant_message("ok", item_id="m2")]])
-    await Runner.run(Agent(name="a", model=callback_only, tools=[noop, *many],
-                           instructions=instructions), "again", session=session,
-                     run_config=RunConfig(session_input_callback=session.input_callback(builder),
-                                          tracing_disabled=True))
+    await Runner.run(
+        Agent(name="a", model=callback_only, tools=[noop, *many], instructions=instructions),
+        "again",
+        session=session,
+        run_config=RunConfig(
+            session_input_callback=session.input_callback(builder), tracing_disabled=True
+        ),
+    )
     assert request_tokens(callback_only.calls[0]) + 500 > budget
 
 
@@ -222,8 +249,10 @@ async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> 
     monkeypatch.setattr(model_filter, "tool_definitions", counting)
     builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
     session = ProtoPromptSession("cache")
-    model = ScriptedModel([[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")]
-                           for i in range(5)] + [[assistant_message("ok", item_id="m")]])
+    model = ScriptedModel(
+        [[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")] for i in range(5)]
+        + [[assistant_message("ok", item_id="m")]]
+    )
     agent = Agent(name="a", model=model, tools=[lookup])
     await Runner.run(agent, "go", session=session, run_config=run_config(session, builder))
     assert len(model.calls) == 6 and rendered == [1]
@@ -231,12 +260,19 @@ async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> 
 
 async def test_reasoning_and_hosted_items_inside_the_run_stay_valid() -> None:
     def think(n: int) -> ResponseReasoningItem:
-        return ResponseReasoningItem(id=f"rs_{n}", type="reasoning",
-                                     summary=[Summary(text="thinking " * 200, type="summary_text")])
+        return ResponseReasoningItem(
+            id=f"rs_{n}",
+            type="reasoning",
+            summary=[Summary(text="thinking " * 200, type="summary_text")],
+        )
 
     def search(n: int) -> ResponseFunctionWebSearch:
-        return ResponseFunctionWebSearch(id=f"ws_{n}", type="web_search_call", status="completed",
-                                         action=ActionSearch(type="search", query=f"query {n}"))
+        return ResponseFunctionWebSearch(
+            id=f"ws_{n}",
+            type="web_search_call",
+            status="completed",
+            action=ActionSearch(type="search", query=f"query {n}"),
+        )
 
     steps = []
     for i in range(8):
@@ -247,33 +283,54 @@ async def test_reasoning_and_hosted_items_inside_the_run_stay_valid() -> None:
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=200)
     session = ProtoPromptSession("reasoning")
     agent = Agent(name="a", model=model, tools=[lookup])
-    await Runner.run(agent, "research this", session=session,
-                     run_config=run_config(session, builder))
+    await Runner.run(
+        agent, "research this", session=session, run_config=run_config(session, builder)
+    )
     for n, call in enumerate(model.calls):
         assert request_tokens(call) + 200 <= budget
         assert_sendable(call.input)
         if n:
             kinds = [i.get("type") for i in call.input]
             # The newest step is there whole: reasoning, the hosted search, the call, its output.
-            assert kinds[-4:] == ["reasoning", "web_search_call", "function_call",
-                                  "function_call_output"]
+            assert kinds[-4:] == [
+                "reasoning",
+                "web_search_call",
+                "function_call",
+                "function_call_output",
+            ]
 
 
 async def test_the_first_request_of_a_turn_starts_at_a_user_message() -> None:
     """The callback (and the filter) never send an answer whose question was dropped."""
     session = ProtoPromptSession("coherent")
-    await session.add_items([
-        {"role": "user", "content": "old question"},
-        {"type": "message", "role": "assistant", "id": "msg_0", "status": "completed",
-         "content": [{"type": "output_text", "text": "old answer", "annotations": []}]},
-        {"role": "user", "content": "a long question " * 400},
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-         "content": [{"type": "output_text", "text": "short answer", "annotations": []}]},
-    ])
+    await session.add_items(
+        [
+            {"role": "user", "content": "old question"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_0",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "old answer", "annotations": []}],
+            },
+            {"role": "user", "content": "a long question " * 400},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_1",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "short answer", "annotations": []}],
+            },
+        ]
+    )
     builder = TokenBudgetedContextBuilder(None, max_tokens=600)
     model = ScriptedModel([[assistant_message("ok", item_id="m2")]])
-    await Runner.run(Agent(name="a", model=model), "new question", session=session,
-                     run_config=run_config(session, builder))
+    await Runner.run(
+        Agent(name="a", model=model),
+        "new question",
+        session=session,
+        run_config=run_config(session, builder),
+    )
     sent = model.calls[0].input
     assert sent == [{"content": "new question", "role": "user"}]
     plan = builder.last_plan
@@ -291,15 +348,18 @@ async def test_standalone_filter_over_a_to_input_list_history() -> None:
     store = MemoryStore()
     store.remember("Bob prefers metric units and short answers.", scope=scope)
     budget = 12_000
-    builder = TokenBudgetedContextBuilder(store, max_tokens=budget, output_reserve=800,
-                                          scope=scope)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=budget, output_reserve=800, scope=scope)
     plans: list[ModelCallPlan] = []
     flt = model_input_filter(builder, on_call=plans.append)
     config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
     history: list[Any] = generate(600, "tools", 3)
     for turn in range(3):
-        model = ScriptedModel([[function_call("lookup", {"q": str(turn)}, call_id=f"t{turn}")],
-                               [assistant_message(f"answer {turn}", item_id=f"a{turn}")]])
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"q": str(turn)}, call_id=f"t{turn}")],
+                [assistant_message(f"answer {turn}", item_id=f"a{turn}")],
+            ]
+        )
         agent = Agent(name="a", model=model, tools=[lookup])
         question = {"role": "user", "content": f"units for question {turn}?"}
         result = await Runner.run(agent, [*history, question], run_config=config)
@@ -320,8 +380,9 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None
     """The per-run index never changes a result: each call's request is exactly a fresh
     ``pp.pack`` of the SDK's input with the same mandatory positions."""
     seen: list[tuple[list[Any], ModelCallPlan]] = []
-    builder = TokenBudgetedContextBuilder(None, max_tokens=5_000, output_reserve=300,
-                                          policy="greedy")
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=5_000, output_reserve=300, policy="greedy"
+    )
     flt = model_input_filter(builder)
     original = flt.__call__
 
@@ -333,16 +394,25 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None
         return out
 
     config = RunConfig(call_model_input_filter=spy, tracing_disabled=True)
-    model = ScriptedModel([[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")]
-                           for i in range(12)] + [[assistant_message("ok", item_id="m")]])
-    await Runner.run(Agent(name="a", model=model, tools=[lookup]), "go", run_config=config,
-                     max_turns=20)
+    model = ScriptedModel(
+        [[function_call("lookup", {"q": str(i)}, call_id=f"c{i}")] for i in range(12)]
+        + [[assistant_message("ok", item_id="m")]]
+    )
+    await Runner.run(
+        Agent(name="a", model=model, tools=[lookup]), "go", run_config=config, max_turns=20
+    )
     assert len(seen) == 13
     for items, plan in seen:
         s, _ = plan.step
-        fresh = pp.pack(items[:s], items[s:], 5_000, output_reserve=300, policy="greedy",
-                        context_tokens=plan.instructions_tokens + plan.tools_tokens,
-                        pinned=plan.pinned)
+        fresh = pp.pack(
+            items[:s],
+            items[s:],
+            5_000,
+            output_reserve=300,
+            policy="greedy",
+            context_tokens=plan.instructions_tokens + plan.tools_tokens,
+            pinned=plan.pinned,
+        )
         assert plan.pack.items == fresh.items
         assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
 
@@ -351,16 +421,21 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None
 
 
 def _loop_script() -> list[Any]:
-    return [[function_call("get_table", {"name": "a"}, call_id="c1")],
-            [function_call("lookup", {"q": "x"}, call_id="c2")],
-            [assistant_message("done", item_id="m1")]]
+    return [
+        [function_call("get_table", {"name": "a"}, call_id="c1")],
+        [function_call("lookup", {"q": "x"}, call_id="c2")],
+        [assistant_message("done", item_id="m1")],
+    ]
 
 
 async def _stored(mode: str, with_filter: bool) -> list[Any]:
     session = ProtoPromptSession("p")
     builder = TokenBudgetedContextBuilder(None, max_tokens=8_000)
-    config = (run_config(session, builder, oversized_output="truncate") if with_filter
-              else RunConfig(tracing_disabled=True))
+    config = (
+        run_config(session, builder, oversized_output="truncate")
+        if with_filter
+        else RunConfig(tracing_disabled=True)
+    )
     agent = Agent(name="a", model=ScriptedModel(_loop_script()), tools=[get_table, lookup])
     for question in ("first", "second"):
         agent.model = ScriptedModel(_loop_script())
@@ -386,8 +461,11 @@ def test_run_sync_stores_the_same_with_the_filter() -> None:
     def stored(with_filter: bool) -> list[Any]:
         session = ProtoPromptSession("sync")
         builder = TokenBudgetedContextBuilder(None, max_tokens=8_000)
-        config = (run_config(session, builder, oversized_output="truncate") if with_filter
-                  else RunConfig(tracing_disabled=True))
+        config = (
+            run_config(session, builder, oversized_output="truncate")
+            if with_filter
+            else RunConfig(tracing_disabled=True)
+        )
         agent = Agent(name="a", model=ScriptedModel(_loop_script()), tools=[get_table, lookup])
         Runner.run_sync(agent, "question", session=session, run_config=config)
         return asyncio.run(session.get_items())
@@ -405,11 +483,18 @@ async def test_approval_interruption_and_resume_store_the_same() -> None:
     async def run(with_filter: bool) -> tuple[list[Any], ScriptedModel]:
         session = ProtoPromptSession("approve")
         builder = TokenBudgetedContextBuilder(None, max_tokens=9_000)
-        config = (run_config(session, builder, oversized_output="truncate") if with_filter
-                  else RunConfig(tracing_disabled=True))
-        model = ScriptedModel([[function_call("get_table", {"name": "a"}, call_id="c1")],
-                               [function_call("delete_rows", {"table": "a"}, call_id="c2")],
-                               [assistant_message("deleted", item_id="m1")]])
+        config = (
+            run_config(session, builder, oversized_output="truncate")
+            if with_filter
+            else RunConfig(tracing_disabled=True)
+        )
+        model = ScriptedModel(
+            [
+                [function_call("get_table", {"name": "a"}, call_id="c1")],
+                [function_call("delete_rows", {"table": "a"}, call_id="c2")],
+                [assistant_message("deleted", item_id="m1")],
+            ]
+        )
         agent = Agent(name="a", model=model, tools=[get_table, delete_rows])
         first = await Runner.run(agent, "clean table a", session=session, run_config=config)
         assert len(first.interruptions) == 1
@@ -433,8 +518,9 @@ async def test_approval_interruption_and_resume_store_the_same() -> None:
 def test_run_config_sets_both_hooks_and_passes_fields_through() -> None:
     session = ProtoPromptSession("api")
     builder = TokenBudgetedContextBuilder(None, max_tokens=1_000)
-    config = session.run_config(builder, system_prompt="x", workflow_name="w",
-                                tracing_disabled=True)
+    config = session.run_config(
+        builder, system_prompt="x", workflow_name="w", tracing_disabled=True
+    )
     assert callable(config.session_input_callback)
     assert config.call_model_input_filter.session is session
     assert config.workflow_name == "w" and config.tracing_disabled
@@ -451,8 +537,7 @@ def test_newest_step_is_the_last_model_output_and_its_answers() -> None:
     fc = {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"}
     out = {"type": "function_call_output", "call_id": "a", "output": "x"}
     rs = {"type": "reasoning", "id": "rs_1", "summary": []}
-    msg = {"type": "message", "role": "assistant", "id": "m", "status": "completed",
-           "content": []}
+    msg = {"type": "message", "role": "assistant", "id": "m", "status": "completed", "content": []}
     items = [user, msg, rs, fc, out]
     assert _newest_step_start(items, 1) == 1  # msg, reasoning and call are one response
     assert _newest_step_start([user, fc, out, rs, fc, out], 1) == 3
@@ -471,8 +556,15 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
     from protoprompt.integrations.model_filter import _Cutter
 
     image = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "high"}
-    item = {"type": "function_call_output", "call_id": "c", "output": [
-        {"type": "input_text", "text": TABLE}, image, {"type": "input_text", "text": "tail"}]}
+    item = {
+        "type": "function_call_output",
+        "call_id": "c",
+        "output": [
+            {"type": "input_text", "text": TABLE},
+            image,
+            {"type": "input_text", "text": "tail"},
+        ],
+    }
     for target in (30_000, 2_000, 120):
         cut = _Cutter(item, "o200k_base")
         assert cut.shrink_to(target)
@@ -487,14 +579,19 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
     kinds = [p["type"] for p in cut.copy["output"]]
     assert kinds == ["input_text", "input_text", "input_text"]
     assert "removed by protoprompt" in json.dumps(cut.copy)
-    shell = {"type": "shell_call_output", "call_id": "s", "output": [
-        {"stdout": TABLE, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}
+    shell = {
+        "type": "shell_call_output",
+        "call_id": "s",
+        "output": [{"stdout": TABLE, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+    }
     cut = _Cutter(shell, "o200k_base")
     assert cut.shrink_to(1_000) and cut.cost() <= 1_000
     assert cut.copy["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
-    screenshot = {"type": "computer_call_output", "call_id": "x",
-                  "output": {"type": "computer_screenshot",
-                             "image_url": "https://example.com/s.png"}}
+    screenshot = {
+        "type": "computer_call_output",
+        "call_id": "x",
+        "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
+    }
     assert not _Cutter(screenshot, "o200k_base").shrink_to(100), "a screenshot cannot be cut"
 
 
@@ -535,11 +632,19 @@ class _FakeMCP(agents.mcp.MCPServer):
         import mcp.types
 
         self.listed += 1
-        schema = {"type": "object", "properties": {
-            f"field_{k}": {"type": "string", "description": "a searchable field " * 8}
-            for k in range(12)}}
-        return [mcp.types.Tool(name=f"search_{i}", description="Search the catalogue. " * 20,
-                               inputSchema=schema) for i in range(4)]
+        schema = {
+            "type": "object",
+            "properties": {
+                f"field_{k}": {"type": "string", "description": "a searchable field " * 8}
+                for k in range(12)
+            },
+        }
+        return [
+            mcp.types.Tool(
+                name=f"search_{i}", description="Search the catalogue. " * 20, inputSchema=schema
+            )
+            for i in range(4)
+        ]
 
     async def call_tool(self, tool_name: str, arguments: Any, meta: Any = None) -> Any:
         raise AssertionError("not called in this test")
@@ -555,21 +660,34 @@ async def test_mcp_hosted_and_handoff_tools_are_counted() -> None:
     from agents import WebSearchTool
 
     server = _FakeMCP()
-    helper = Agent(name="helper", handoff_description="Answers billing questions. " * 10,
-                   model=ScriptedModel([[assistant_message("billing answer", item_id="h1")]]))
+    helper = Agent(
+        name="helper",
+        handoff_description="Answers billing questions. " * 10,
+        model=ScriptedModel([[assistant_message("billing answer", item_id="h1")]]),
+    )
     model = ScriptedModel([[assistant_message("ok", item_id="m1")]])
-    agent = Agent(name="a", model=model, tools=[lookup, WebSearchTool()], handoffs=[helper],
-                  mcp_servers=[server])
+    agent = Agent(
+        name="a",
+        model=model,
+        tools=[lookup, WebSearchTool()],
+        handoffs=[helper],
+        mcp_servers=[server],
+    )
     plans: list[ModelCallPlan] = []
     builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
     session = ProtoPromptSession("kinds")
-    await Runner.run(agent, "hi", session=session,
-                     run_config=run_config(session, builder, on_call=plans.append))
+    await Runner.run(
+        agent, "hi", session=session, run_config=run_config(session, builder, on_call=plans.append)
+    )
     call = model.calls[0]
     names = {getattr(t, "name", None) for t in call.tools}
     assert {"search_0", "lookup"} <= names, "the SDK sent the MCP tools"
-    assert plans[0].tools_tokens == request_tokens(call) - sum(
-        item_tokens(i).total for i in call.input) - plans[0].instructions_tokens
+    assert (
+        plans[0].tools_tokens
+        == request_tokens(call)
+        - sum(item_tokens(i).total for i in call.input)
+        - plans[0].instructions_tokens
+    )
     plain = tool_definitions([lookup])
     assert plans[0].tools_tokens > 4 * 250 + sum(item_tokens(d).total for d in plain)
 
@@ -577,19 +695,27 @@ async def test_mcp_hosted_and_handoff_tools_are_counted() -> None:
 async def test_a_handoff_inside_the_run_keeps_every_call_within_the_budget() -> None:
     budget = 5_000
     steps_b = [[function_call("lookup", {"q": str(i)}, call_id=f"b{i}")] for i in range(6)]
-    model = ScriptedModel([
-        [function_call("lookup", {"q": "a"}, call_id="a1")],
-        [function_call("transfer_to_billing", {}, call_id="h1")],
-        *steps_b,
-        [assistant_message("billing done", item_id="m1")],
-    ])
-    billing = Agent(name="billing", model=model, tools=[lookup],
-                    instructions="You handle billing. " * 30)
+    model = ScriptedModel(
+        [
+            [function_call("lookup", {"q": "a"}, call_id="a1")],
+            [function_call("transfer_to_billing", {}, call_id="h1")],
+            *steps_b,
+            [assistant_message("billing done", item_id="m1")],
+        ]
+    )
+    billing = Agent(
+        name="billing", model=model, tools=[lookup], instructions="You handle billing. " * 30
+    )
     front = Agent(name="front", model=model, tools=[lookup], handoffs=[billing])
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=300)
     session = ProtoPromptSession("handoff")
-    result = await Runner.run(front, "please sort out my bill", session=session,
-                              run_config=run_config(session, builder), max_turns=20)
+    result = await Runner.run(
+        front,
+        "please sort out my bill",
+        session=session,
+        run_config=run_config(session, builder),
+        max_turns=20,
+    )
     assert result.final_output == "billing done"
     assert len(model.calls) == 9
     for call in model.calls:

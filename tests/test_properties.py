@@ -20,20 +20,47 @@ items_mod = pytest.importorskip("agents.run_internal.items")
 drop_orphan_function_calls = items_mod.drop_orphan_function_calls
 
 FRAGMENTS = [
-    "user", "answer", "easy_assistant", "reasoning_answer", "call_pair", "parallel_calls",
-    "shell_stream", "shell_bad_stream", "anon_search", "anon_two_calls_one_output",
-    "mcp_chain", "mcp_unanswered", "program", "program_without_output", "web_search",
-    "apply_patch", "call_without_output", "orphan_output", "output_before_call",
-    "dangling_reasoning", "controls", "chat_shape", "hosted_wrapper", "custom_pair",
-    "mismatched_output", "local_shell_id_only", "compaction", "chat_completions_turn",
+    "user",
+    "answer",
+    "easy_assistant",
+    "reasoning_answer",
+    "call_pair",
+    "parallel_calls",
+    "shell_stream",
+    "shell_bad_stream",
+    "anon_search",
+    "anon_two_calls_one_output",
+    "mcp_chain",
+    "mcp_unanswered",
+    "program",
+    "program_without_output",
+    "web_search",
+    "apply_patch",
+    "call_without_output",
+    "orphan_output",
+    "output_before_call",
+    "dangling_reasoning",
+    "controls",
+    "chat_shape",
+    "hosted_wrapper",
+    "custom_pair",
+    "mismatched_output",
+    "local_shell_id_only",
+    "compaction",
+    "chat_completions_turn",
 ]
 
 
 def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
     i = next(ids)
     rs = {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "gAAA"}
-    msg = {"type": "message", "role": "assistant", "id": f"msg_{i}", "status": "completed",
-           "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    msg = {
+        "type": "message",
+        "role": "assistant",
+        "id": f"msg_{i}",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
     fc = {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": '{"q": 1}'}
     fo = {"type": "function_call_output", "call_id": f"c{i}", "output": text}
     if kind == "user":
@@ -51,47 +78,111 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
         fo2 = dict(fo, call_id=f"c{i}b")
         return [rs, fc, fc2, fo, fo2]
     if kind in ("shell_stream", "shell_bad_stream"):
-        sc = {"type": "shell_call", "call_id": f"s{i}", "action": {"commands": ["ls"]},
-              "status": "completed"}
-        chunk = {"type": "shell_call_output", "call_id": f"s{i}",
-                 "output": [{"stdout": text, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}
+        sc = {
+            "type": "shell_call",
+            "call_id": f"s{i}",
+            "action": {"commands": ["ls"]},
+            "status": "completed",
+        }
+        chunk = {
+            "type": "shell_call_output",
+            "call_id": f"s{i}",
+            "output": [{"stdout": text, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+        }
         if kind == "shell_stream":
             return [sc, dict(chunk), dict(chunk)]
         return [sc, dict(chunk, status="completed"), dict(chunk, status="in_progress")]
     if kind == "anon_search":
-        return [rs, {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {"query": text},
-                     "status": "completed"},
-                {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}]
+        return [
+            rs,
+            {
+                "type": "tool_search_call",
+                "id": f"ts_{i}",
+                "arguments": {"query": text},
+                "status": "completed",
+            },
+            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"},
+        ]
     if kind == "anon_two_calls_one_output":
-        return [{"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"},
-                {"type": "tool_search_call", "id": f"ts_{i}b", "arguments": {}, "status": "completed"},
-                {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}]
+        return [
+            {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"},
+            {"type": "tool_search_call", "id": f"ts_{i}b", "arguments": {}, "status": "completed"},
+            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"},
+        ]
     if kind in ("mcp_chain", "mcp_unanswered"):
-        req = {"type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t", "server_label": "crm",
-               "arguments": "{}"}
+        req = {
+            "type": "mcp_approval_request",
+            "id": f"mcpr_{i}",
+            "name": "t",
+            "server_label": "crm",
+            "arguments": "{}",
+        }
         if kind == "mcp_unanswered":
             return [rs, req]
-        return [rs, req, {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}",
-                          "approve": True},
-                {"type": "mcp_call", "id": f"mcp_{i}", "name": "t", "server_label": "crm",
-                 "arguments": "{}", "status": "completed", "approval_request_id": f"mcpr_{i}"}]
+        return [
+            rs,
+            req,
+            {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}", "approve": True},
+            {
+                "type": "mcp_call",
+                "id": f"mcp_{i}",
+                "name": "t",
+                "server_label": "crm",
+                "arguments": "{}",
+                "status": "completed",
+                "approval_request_id": f"mcpr_{i}",
+            },
+        ]
     if kind in ("program", "program_without_output"):
         caller = {"type": "program", "caller_id": f"p{i}"}
-        out = [rs, {"type": "program", "id": f"pg_{i}", "call_id": f"p{i}", "code": "js",
-                    "fingerprint": "fp"},
-               dict(fc, caller=caller), dict(fo, caller=caller)]
+        out = [
+            rs,
+            {
+                "type": "program",
+                "id": f"pg_{i}",
+                "call_id": f"p{i}",
+                "code": "js",
+                "fingerprint": "fp",
+            },
+            dict(fc, caller=caller),
+            dict(fo, caller=caller),
+        ]
         if kind == "program":
-            out.append({"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}",
-                        "result": "done", "status": "completed"})
+            out.append(
+                {
+                    "type": "program_output",
+                    "id": f"po_{i}",
+                    "call_id": f"p{i}",
+                    "result": "done",
+                    "status": "completed",
+                }
+            )
         return out
     if kind == "web_search":
-        return [rs, {"type": "web_search_call", "id": f"ws_{i}", "status": "completed",
-                     "action": {"type": "search", "query": text}}]
+        return [
+            rs,
+            {
+                "type": "web_search_call",
+                "id": f"ws_{i}",
+                "status": "completed",
+                "action": {"type": "search", "query": text},
+            },
+        ]
     if kind == "apply_patch":
-        return [{"type": "apply_patch_call", "call_id": f"ap{i}", "status": "completed",
-                 "operation": {"type": "delete_file", "path": "x"}},
-                {"type": "apply_patch_call_output", "call_id": f"ap{i}", "status": "completed",
-                 "output": "done"}]
+        return [
+            {
+                "type": "apply_patch_call",
+                "call_id": f"ap{i}",
+                "status": "completed",
+                "operation": {"type": "delete_file", "path": "x"},
+            },
+            {
+                "type": "apply_patch_call_output",
+                "call_id": f"ap{i}",
+                "status": "completed",
+                "output": "done",
+            },
+        ]
     if kind == "call_without_output":
         return [rs, fc]
     if kind == "orphan_output":
@@ -103,23 +194,55 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
     if kind == "controls":
         return [{"type": "compaction_trigger"}, {"type": "item_reference", "id": f"msg_{i}"}]
     if kind == "chat_shape":
-        return [{"role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"cc{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": f"cc{i}", "content": text}]
+        return [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"cc{i}",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"cc{i}", "content": text},
+        ]
     if kind == "hosted_wrapper":
-        return [{"type": "hosted_tool_call", "name": "t", "provider_data": {
-            "type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t", "server_label": "crm",
-            "arguments": "{}"}}]
+        return [
+            {
+                "type": "hosted_tool_call",
+                "name": "t",
+                "provider_data": {
+                    "type": "mcp_approval_request",
+                    "id": f"mcpr_{i}",
+                    "name": "t",
+                    "server_label": "crm",
+                    "arguments": "{}",
+                },
+            }
+        ]
     if kind == "custom_pair":
-        return [{"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
-                {"type": "custom_tool_call_output", "call_id": f"cu{i}", "output": text}]
+        return [
+            {"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
+            {"type": "custom_tool_call_output", "call_id": f"cu{i}", "output": text},
+        ]
     if kind == "mismatched_output":
-        return [{"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
-                {"type": "function_call_output", "call_id": f"cu{i}", "output": text}]
+        return [
+            {"type": "custom_tool_call", "call_id": f"cu{i}", "name": "grep", "input": text},
+            {"type": "function_call_output", "call_id": f"cu{i}", "output": text},
+        ]
     if kind == "local_shell_id_only":
-        return [{"type": "local_shell_call", "id": f"lsh_{i}", "call_id": f"l{i}",
-                 "action": {"type": "exec", "command": ["ls"], "env": {}}, "status": "completed"},
-                {"type": "local_shell_call_output", "id": f"l{i}", "output": "{}"}]
+        return [
+            {
+                "type": "local_shell_call",
+                "id": f"lsh_{i}",
+                "call_id": f"l{i}",
+                "action": {"type": "exec", "command": ["ls"], "env": {}},
+                "status": "completed",
+            },
+            {"type": "local_shell_call_output", "id": f"l{i}", "output": "{}"},
+        ]
     if kind == "chat_completions_turn":
         # Chat Completions models give every item the SDK's placeholder id.
         fake = "__fake_id__"
@@ -132,7 +255,7 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
 @st.composite
 def sessions(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:
     ids = itertools.count()
-    words = st.text(alphabet="abc xyzабв\n{}\"", min_size=0, max_size=60)
+    words = st.text(alphabet='abc xyzабв\n{}"', min_size=0, max_size=60)
     history: list[dict] = []
     for kind in draw(st.lists(st.sampled_from(FRAGMENTS), max_size=30)):
         history += _fragment(kind, ids, draw(words))
@@ -144,27 +267,40 @@ def sessions(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:
     ending = draw(st.sampled_from(["user", "resume_call", "resume_approval", "resume_search"]))
     i = next(ids)
     if ending == "resume_call":
-        history += [{"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "e"},
-                    {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}]
+        history += [
+            {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "e"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+        ]
         new_input = [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
     elif ending == "resume_approval":
-        history.append({"type": "mcp_approval_request", "id": f"mcpr_{i}", "name": "t",
-                        "server_label": "s", "arguments": "{}"})
-        new_input = [{"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}",
-                      "approve": False}]
+        history.append(
+            {
+                "type": "mcp_approval_request",
+                "id": f"mcpr_{i}",
+                "name": "t",
+                "server_label": "s",
+                "arguments": "{}",
+            }
+        )
+        new_input = [
+            {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}", "approve": False}
+        ]
     elif ending == "resume_search":
-        history.append({"type": "tool_search_call", "id": f"ts_{i}", "arguments": {},
-                        "status": "completed"})
-        new_input = [{"type": "tool_search_output", "id": f"tso_{i}", "tools": [],
-                      "status": "completed"}]
+        history.append(
+            {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"}
+        )
+        new_input = [
+            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}
+        ]
     else:
         new_input = [{"role": "user", "content": draw(words) or "next"}]
     return history, new_input
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.integers(0, 3000), st.integers(0, 200),
-       st.sampled_from(["contiguous", "greedy"]))
+@given(
+    sessions(), st.integers(0, 3000), st.integers(0, 200), st.sampled_from(["contiguous", "greedy"])
+)
 def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, policy) -> None:
     history, new_input = session
     before = copy.deepcopy((history, new_input))
@@ -195,27 +331,50 @@ def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, pol
     assert not bad & set(result.kept_history)
     # Coherence: a kept user message has its whole (valid) turn after it kept.
     kept = set(result.kept_history)
-    valid = {p for u in report.units if u.valid and not u.contains_new for p in u.positions
-             if p < len(history)}
+    valid = {
+        p
+        for u in report.units
+        if u.valid and not u.contains_new
+        for p in u.positions
+        if p < len(history)
+    }
     for pos in kept:
         if history[pos].get("role") == "user" and "type" not in history[pos]:
-            nxt = next((j for j in range(pos + 1, len(history))
-                        if history[j].get("role") == "user" and "type" not in history[j]),
-                       len(history))
+            nxt = next(
+                (
+                    j
+                    for j in range(pos + 1, len(history))
+                    if history[j].get("role") == "user" and "type" not in history[j]
+                ),
+                len(history),
+            )
             assert all(j in kept for j in range(pos + 1, nxt) if j in valid), (pos, nxt)
 
 
 def _same(a: pp.PackResult, b: pp.PackResult) -> None:
-    for name in ("kept_history", "dependency", "new_input_tokens", "dependency_tokens",
-                 "history_tokens", "context_tokens", "used", "remaining"):
+    for name in (
+        "kept_history",
+        "dependency",
+        "new_input_tokens",
+        "dependency_tokens",
+        "history_tokens",
+        "context_tokens",
+        "used",
+        "remaining",
+    ):
         assert getattr(a, name) == getattr(b, name), name
     assert all(x is y for x, y in zip(a.items, b.items)) and len(a.items) == len(b.items)
     assert list(a.decisions) == list(b.decisions)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.lists(st.integers(0, 40), min_size=1, max_size=4),
-       st.integers(0, 3000), st.sampled_from(["contiguous", "greedy"]), st.integers(0, 3))
+@given(
+    sessions(),
+    st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    st.integers(0, 3000),
+    st.sampled_from(["contiguous", "greedy"]),
+    st.integers(0, 3),
+)
 def test_history_index_packs_exactly_like_pack(session, cuts, budget, policy, pops) -> None:
     """The incremental path (an index fed turn by turn, fresh copies each turn, with pops)
     keeps exactly the items, totals and decisions of a plain pack of the same history."""
@@ -243,8 +402,12 @@ def test_kept_results_stay_correct_and_never_make_the_index_copy_its_graph() -> 
     of a plain pack of their history), and keeping them never makes the index copy its
     item graph on a change."""
     ids = itertools.count()
-    history = [it for i in range(6) for kind in FRAGMENTS
-               for it in _fragment(kind, ids, f"text {i} " * (i % 4 + 1))]
+    history = [
+        it
+        for i in range(6)
+        for kind in FRAGMENTS
+        for it in _fragment(kind, ids, f"text {i} " * (i % 4 + 1))
+    ]
     new_input = [{"role": "user", "content": "next"}]
     index = pp.HistoryIndex()
     kept: list[tuple[pp.PackResult, pp.PackResult]] = []
@@ -256,8 +419,12 @@ def test_kept_results_stay_correct_and_never_make_the_index_copy_its_graph() -> 
             end = len(index)
         seen = copy.deepcopy(history[:end])
         budget = 200 + 97 * step
-        kept.append((index.pack(seen, new_input, budget, output_reserve=16),
-                     pp.pack(seen, new_input, budget, output_reserve=16)))
+        kept.append(
+            (
+                index.pack(seen, new_input, budget, output_reserve=16),
+                pp.pack(seen, new_input, budget, output_reserve=16),
+            )
+        )
         if step % 10 == 5:
             with pytest.raises(pp.InvalidItemError):
                 index.pack(seen + [{"role": 5}], new_input, budget)
@@ -273,8 +440,9 @@ def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -
     index = pp.HistoryIndex()
     index.pack(history, [{"role": "user", "content": "c"}], 1000)
     assert len(index) == 2
-    with pytest.raises(pp.HistoryMismatchError,
-                       match="history has 1 items but the index already holds 2") as info:
+    with pytest.raises(
+        pp.HistoryMismatchError, match="history has 1 items but the index already holds 2"
+    ) as info:
         index.pack(history[:1], [{"role": "user", "content": "c"}], 1000)
     assert (info.value.history_len, info.value.indexed) == (1, 2)
     assert isinstance(info.value, pp.ProtoPromptError) and isinstance(info.value, ValueError)
@@ -292,10 +460,13 @@ def test_history_index_refuses_a_shorter_history_and_recovers_after_truncate() -
 def test_a_bad_item_deep_in_a_long_history_leaves_the_index_as_it_was() -> None:
     """Long histories are classified into the index in chunks; a bad item after several
     chunks names itself, and the index (already holding earlier turns) is unchanged."""
+
     def turn(i: int) -> list[dict]:
-        return [{"role": "user", "content": f"q{i}"},
-                {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+        return [
+            {"role": "user", "content": f"q{i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"},
+        ]
 
     history = [it for i in range(5000) for it in turn(i)]
     new_input = [{"role": "user", "content": "next"}]
@@ -329,8 +500,10 @@ def test_history_index_reports_its_memory_and_stays_small() -> None:
     assert len(index) == 3000
     assert empty < index.nbytes < 0.25 * len(json.dumps(history).encode())
     got = index.pack(history, [{"role": "user", "content": "next"}], 50_000)
-    assert got.kept_history == pp.pack(history, [{"role": "user", "content": "next"}],
-                                       50_000).kept_history
+    assert (
+        got.kept_history
+        == pp.pack(history, [{"role": "user", "content": "next"}], 50_000).kept_history
+    )
 
 
 def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() -> None:
@@ -341,8 +514,7 @@ def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() ->
 
     history = generate(11_000, "agentic", seed=4)
     new_input = [new_user_message(4)]
-    units = sorted(u.positions for u in pp.analyze(history, new_input).units
-                   if not u.contains_new)
+    units = sorted(u.positions for u in pp.analyze(history, new_input).units if not u.contains_new)
     index = pp.HistoryIndex()
     packed = index.pack(history, new_input, 10**9)
     assert sorted(d.positions for d in packed.decisions) == units
@@ -350,7 +522,8 @@ def test_a_long_history_read_in_pipelined_chunks_has_the_whole_graphs_units() ->
     longer = history + next_turn(4, "agentic")
     again = index.pack(copy.deepcopy(longer), new_input, 10**9)
     assert sorted(d.positions for d in again.decisions) == sorted(
-        u.positions for u in pp.analyze(longer, new_input).units if not u.contains_new)
+        u.positions for u in pp.analyze(longer, new_input).units if not u.contains_new
+    )
 
 
 class _DictStore:
@@ -370,8 +543,18 @@ class _DictStore:
 def _lengthen(items: list[dict], factor: int) -> list[dict]:
     """The same graph with every string value that is not a graph field made long enough
     for the count store (>= 256 bytes of canonical text)."""
-    keep = {"type", "role", "id", "call_id", "status", "approval_request_id", "caller_id",
-            "tool_call_id", "name", "server_label"}
+    keep = {
+        "type",
+        "role",
+        "id",
+        "call_id",
+        "status",
+        "approval_request_id",
+        "caller_id",
+        "tool_call_id",
+        "name",
+        "server_label",
+    }
 
     def grow(v: object, key: str | None = None) -> object:
         if isinstance(v, str) and key not in keep and v:
@@ -386,8 +569,12 @@ def _lengthen(items: list[dict], factor: int) -> list[dict]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.integers(1, 40), st.integers(0, 60_000),
-       st.sampled_from(["contiguous", "greedy"]))
+@given(
+    sessions(),
+    st.integers(1, 40),
+    st.integers(0, 60_000),
+    st.sampled_from(["contiguous", "greedy"]),
+)
 def test_packs_through_a_count_store_equal_plain_packs(session, factor, budget, policy) -> None:
     """Every item shape, with long texts: a pack that reads counts from a store (empty, then
     filled by the first pack, each in a 'new process': the count cache emptied) is exactly a
@@ -402,23 +589,30 @@ def test_packs_through_a_count_store_equal_plain_packs(session, factor, budget, 
     except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
         _core._clear_count_cache()
         with pytest.raises(type(err)):
-            pp.HistoryIndex(count_store=store).pack(history, new_input, budget,
-                                                    output_reserve=16, policy=policy)
+            pp.HistoryIndex(count_store=store).pack(
+                history, new_input, budget, output_reserve=16, policy=policy
+            )
         return
     for _ in range(2):
         _core._clear_count_cache()
         got = pp.HistoryIndex(count_store=store).pack(
-            history, new_input, budget, output_reserve=16, policy=policy)
+            history, new_input, budget, output_reserve=16, policy=policy
+        )
         _same(got, expected)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.one_of(st.integers(0, 60), st.just(10**6)),
-       st.one_of(st.integers(1, 300), st.integers(1, 3000)),
-       st.integers(0, 40), st.sampled_from(["none", "counted", "popped"]),
-       st.sampled_from([1, 1, 4, 12]))
-def test_a_token_window_packs_exactly_like_the_whole_history(session, seen, budget, reserve,
-                                                             before, factor) -> None:
+@given(
+    sessions(),
+    st.one_of(st.integers(0, 60), st.just(10**6)),
+    st.one_of(st.integers(1, 300), st.integers(1, 3000)),
+    st.integers(0, 40),
+    st.sampled_from(["none", "counted", "popped"]),
+    st.sampled_from([1, 1, 4, 12]),
+)
+def test_a_token_window_packs_exactly_like_the_whole_history(
+    session, seen, budget, reserve, before, factor
+) -> None:
     """What windowed reads rest on: the index has seen a prefix of the history (packed with
     the same budget, costs counted for the next window or not, some items popped since);
     the rest was appended since (by this or another writer). The pack of the history from
@@ -455,8 +649,7 @@ def test_a_token_window_packs_exactly_like_the_whole_history(session, seen, budg
         expected = pp.pack(history, new_input, budget, output_reserve=reserve)
     except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
         with pytest.raises(type(err)):
-            index.pack(history[w:], new_input, budget, output_reserve=reserve,
-                       history_offset=w)
+            index.pack(history[w:], new_input, budget, output_reserve=reserve, history_offset=w)
         return
     got = index.pack(history[w:], new_input, budget, output_reserve=reserve, history_offset=w)
     _same(got, expected)

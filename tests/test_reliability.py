@@ -34,13 +34,23 @@ def _history(n: int, seed: int = 0) -> list[dict[str, Any]]:
     t = 0
     while len(items) < n:
         items.append({"role": "user", "content": f"question {t} " + "w " * rng.randrange(20)})
-        items.append({"type": "function_call", "call_id": f"c{t}", "name": "f",
-                      "arguments": "{}"})
-        items.append({"type": "function_call_output", "call_id": f"c{t}",
-                      "output": "out " * rng.randrange(30)})
-        items.append({"type": "message", "role": "assistant", "id": f"m{t}",
-                      "status": "completed",
-                      "content": [{"type": "output_text", "text": "answer " * 5}]})
+        items.append({"type": "function_call", "call_id": f"c{t}", "name": "f", "arguments": "{}"})
+        items.append(
+            {
+                "type": "function_call_output",
+                "call_id": f"c{t}",
+                "output": "out " * rng.randrange(30),
+            }
+        )
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"m{t}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "answer " * 5}],
+            }
+        )
         t += 1
     return items[:n]
 
@@ -49,8 +59,14 @@ NEW = [{"role": "user", "content": "and now?"}]
 
 
 def _fields(r: pp.PackResult) -> tuple[Any, ...]:
-    return (r.kept_history, r.dependency, r.used, r.history_tokens, r.new_input_tokens,
-            [(d.decision, d.tokens) for d in r.decisions])
+    return (
+        r.kept_history,
+        r.dependency,
+        r.used,
+        r.history_tokens,
+        r.new_input_tokens,
+        [(d.decision, d.tokens) for d in r.decisions],
+    )
 
 
 def _same(got: pp.PackResult, expected: pp.PackResult) -> None:
@@ -104,8 +120,9 @@ class Trap(collections.abc.Mapping):
         return len(self._data)
 
 
-def _mutation(kind: str, history: list[Any], rng: random.Random,
-              keep: int = 0) -> Callable[[], None]:
+def _mutation(
+    kind: str, history: list[Any], rng: random.Random, keep: int = 0
+) -> Callable[[], None]:
     """A change to ``history`` that leaves its first ``keep`` items alone (the items an index
     has seen must stay as they are during a call too: that is its contract). Each is one
     list operation, so that another thread sees the list before or after it, never half
@@ -114,7 +131,7 @@ def _mutation(kind: str, history: list[Any], rng: random.Random,
 
     def act() -> None:
         if kind == "shrink":
-            del history[max(keep, len(history) // 2):]
+            del history[max(keep, len(history) // 2) :]
         elif kind == "empty":
             del history[keep:]
         elif kind == "grow":
@@ -125,6 +142,7 @@ def _mutation(kind: str, history: list[Any], rng: random.Random,
             rest = history[keep:]
             rng.shuffle(rest)
             history[keep:] = rest
+
     return act
 
 
@@ -132,11 +150,14 @@ KINDS = ["shrink", "empty", "grow", "shift", "shuffle"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.sampled_from([3, 40, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 7]),
-       kind=st.sampled_from(KINDS), at=st.floats(0, 1), indexed=st.floats(0, 1),
-       seed=st.integers(0, 2**16))
-def test_an_item_that_changes_the_history_while_it_is_read(n, kind, at, indexed,
-                                                           seed) -> None:
+@given(
+    n=st.sampled_from([3, 40, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 7]),
+    kind=st.sampled_from(KINDS),
+    at=st.floats(0, 1),
+    indexed=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_an_item_that_changes_the_history_while_it_is_read(n, kind, at, indexed, seed) -> None:
     """Reading an item pops, appends, shifts or shuffles the history list (after the items
     the index has seen): the call returns what a fresh pack of the list as it was when the
     call began returns (the core took those items in one step before any item code ran),
@@ -203,11 +224,14 @@ def test_another_thread_changes_the_history_during_calls(n, kind) -> None:
     for got in results:
         sent = [id(x) for x in got.items]
         kept = got.kept_history
-        matches = [s for s in states
-                   if (not kept or kept[-1] < len(s))
-                   and [id(s[p]) for p in kept] == sent[:len(kept)]]
-        assert any(_fields(pp.pack(s, NEW, 2000)) == _fields(got) for s in matches), \
+        matches = [
+            s
+            for s in states
+            if (not kept or kept[-1] < len(s)) and [id(s[p]) for p in kept] == sent[: len(kept)]
+        ]
+        assert any(_fields(pp.pack(s, NEW, 2000)) == _fields(got) for s in matches), (
             "the result is not the pack of any state the list was in"
+        )
 
 
 def test_a_shorter_history_while_an_index_reads_it_is_an_error_naming_the_item() -> None:
@@ -242,8 +266,10 @@ def _deep() -> dict[str, Any]:
 
 
 BAD_VALUES: dict[str, Callable[[], dict[str, Any]]] = {
-    "nan": lambda: {"role": "user", "content": [{"type": "input_text", "text": "x",
-                                                 "score": math.nan}]},
+    "nan": lambda: {
+        "role": "user",
+        "content": [{"type": "input_text", "text": "x", "score": math.nan}],
+    },
     "bytes value": lambda: {"role": "user", "content": b"raw"},
     "lone surrogate": lambda: {"role": "user", "content": "a\ud800b"},
     "cycle": _cycle,
@@ -262,7 +288,7 @@ def test_a_failed_pack_leaves_the_index_as_it_was(bad, n) -> None:
     index.pack(history[:10], NEW, 10**6)
     snapshot = index.snapshot()
     bad_item = BAD_VALUES[bad]()
-    broken = history[:n - 5] + [bad_item] + history[n - 5:]
+    broken = history[: n - 5] + [bad_item] + history[n - 5 :]
     with pytest.raises(pp.InvalidItemError) as info:
         index.pack(broken, NEW, 10**6)
     assert info.value.location == f"history[{n - 5}]", str(info.value)
@@ -274,8 +300,11 @@ def test_a_failed_pack_leaves_the_index_as_it_was(bad, n) -> None:
     index2.pack(history[:10], NEW, 10**6)
     with pytest.raises(pp.InvalidItemError):
         index2.pack(broken, NEW, 10**6)
-    other = history[:n - 5] + [{"type": "function_call_output", "call_id": "c_new",
-                                "output": "an orphan"}] + history[n - 5:]
+    other = (
+        history[: n - 5]
+        + [{"type": "function_call_output", "call_id": "c_new", "output": "an orphan"}]
+        + history[n - 5 :]
+    )
     _same(index2.pack(other, NEW, 10**6), pp.pack(other, NEW, 10**6))
 
 
@@ -385,14 +414,15 @@ def test_a_bytes_key_is_an_invalid_item_even_when_the_item_would_be_dropped() ->
 
 
 def test_a_caught_tokenizer_failure_prints_nothing() -> None:
-    code = ("import protoprompt as pp\n"
-            "n = pp.count_tokens(' ' * (1 << 21))\n"
-            "n += pp.count_tokens('\\t \\n' * (1 << 19))\n"
-            "r = pp.pack([{'role': 'user', 'content': ' ' * (1 << 21)}], "
-            "[{'role': 'user', 'content': 'x'}], 10**7)\n"
-            "print(n > 0, r.used > 0)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import protoprompt as pp\n"
+        "n = pp.count_tokens(' ' * (1 << 21))\n"
+        "n += pp.count_tokens('\\t \\n' * (1 << 19))\n"
+        "r = pp.pack([{'role': 'user', 'content': ' ' * (1 << 21)}], "
+        "[{'role': 'user', 'content': 'x'}], 10**7)\n"
+        "print(n > 0, r.used > 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True True"
     assert proc.stderr == "", proc.stderr
@@ -423,16 +453,24 @@ class AnswerStore:
 
 def _long_history(seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{"role": "user" if i % 2 == 0 else "assistant",
-             "content": f"{seed}-{i} " + " ".join(rng.choice(["alpha", "beta", "gamma"])
-                                                  for _ in range(rng.randrange(60, 400)))}
-            for i in range(12)]
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"{seed}-{i} "
+            + " ".join(
+                rng.choice(["alpha", "beta", "gamma"]) for _ in range(rng.randrange(60, 400))
+            ),
+        }
+        for i in range(12)
+    ]
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6),
-       lie=st.sampled_from(["zero", "one", "below", "above", "max", "huge", "negative"]),
-       budget=st.sampled_from([500, 2000, 10**6]))
+@given(
+    seed=st.integers(0, 10**6),
+    lie=st.sampled_from(["zero", "one", "below", "above", "max", "huge", "negative"]),
+    budget=st.sampled_from([500, 2000, 10**6]),
+)
 def test_counts_no_text_of_that_length_could_have_are_ignored(seed, lie, budget) -> None:
     """A damaged or foreign store answers with counts outside [bytes / 128, bytes] (128 is
     the longest token of every shipped vocabulary): each is counted again, so the pack equals

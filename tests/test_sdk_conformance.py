@@ -48,8 +48,9 @@ def lookup(name: str) -> str:
 
 
 def reasoning(rid: str, text: str) -> ResponseReasoningItem:
-    return ResponseReasoningItem(id=rid, type="reasoning",
-                                 summary=[Summary(text=text, type="summary_text")])
+    return ResponseReasoningItem(
+        id=rid, type="reasoning", summary=[Summary(text=text, type="summary_text")]
+    )
 
 
 def callback_for(session: ProtoPromptSession, budget: int = 1_000_000) -> Any:
@@ -89,15 +90,26 @@ async def test_omit_policy_sends_the_whole_history_like_the_sdk() -> None:
     assert with_cb == without_cb
     second_turn = with_cb[2]
     kinds = [i.get("type", "message") for i in second_turn]
-    assert kinds == ["message", "reasoning", "function_call", "function_call_output",
-                     "reasoning", "message", "message"]
+    assert kinds == [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "message",
+        "message",
+    ]
     assert not any("id" in i for i in second_turn if i.get("type") == "reasoning")
 
 
 def pending_shell_call() -> dict[str, Any]:
-    return {"type": "shell_call", "id": "shell_1", "call_id": "manual_shell",
-            "status": "in_progress",
-            "action": {"type": "exec", "commands": ["echo hi"], "timeout_ms": 1000}}
+    return {
+        "type": "shell_call",
+        "id": "shell_1",
+        "call_id": "manual_shell",
+        "status": "in_progress",
+        "action": {"type": "exec", "commands": ["echo hi"], "timeout_ms": 1000},
+    }
 
 
 @pytest.mark.parametrize("streamed", [False, True])
@@ -107,8 +119,7 @@ async def test_pending_shell_call_in_new_input_is_sent(streamed: bool) -> None:
     agent = Agent(name="a", model=model)
     cfg = RunConfig(session_input_callback=callback_for(session), tracing_disabled=True)
     if streamed:
-        result = Runner.run_streamed(agent, [pending_shell_call()], session=session,
-                                     run_config=cfg)
+        result = Runner.run_streamed(agent, [pending_shell_call()], session=session, run_config=cfg)
         async for _ in result.stream_events():
             pass
     else:
@@ -123,8 +134,9 @@ async def test_pending_shell_call_in_new_input_is_sent(streamed: bool) -> None:
 def test_invalid_new_input_says_what_is_wrong_with_it() -> None:
     history = [{"role": "user", "content": "q"}]
     with pytest.raises(InvalidNewInputError) as info:
-        pp.pack(history, [{"type": "function_call_output", "call_id": "c404", "output": "x"}],
-                10_000)
+        pp.pack(
+            history, [{"type": "function_call_output", "call_id": "c404", "output": "x"}], 10_000
+        )
     message = str(info.value)
     assert message == "new_input[0] cannot be sent: new_input[0]: output without its call"
     assert "history" not in message
@@ -136,14 +148,16 @@ def test_invalid_new_input_says_what_is_wrong_with_it() -> None:
 
 
 def test_a_broken_dependency_is_named_as_history() -> None:
-    history = [{"role": "user", "content": "q"},
-               {"type": "function_call_output", "call_id": "c1", "output": "early"},
-               {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
+    history = [
+        {"role": "user", "content": "q"},
+        {"type": "function_call_output", "call_id": "c1", "output": "early"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
     with pytest.raises(InvalidNewInputError) as info:
-        pp.pack(history, [{"type": "function_call_output", "call_id": "c1", "output": "x"}],
-                10_000)
-    assert str(info.value) == ("new_input[0] cannot be sent: history[1] (history it depends "
-                               "on): output before its call")
+        pp.pack(history, [{"type": "function_call_output", "call_id": "c1", "output": "x"}], 10_000)
+    assert str(info.value) == (
+        "new_input[0] cannot be sent: history[1] (history it depends on): output before its call"
+    )
     assert info.value.location == "new_input[0]"
 
 
@@ -185,15 +199,21 @@ async def test_session_settings_come_from_the_inner_session_unless_set() -> None
 
 # ------------------------------------------------------------------ probed attributes (4)
 
-COMPACTION_HOOKS = ("run_compaction", "_defer_compaction", "_get_deferred_compaction_response_id",
-                    "_clear_deferred_compaction", "_get_items_with_generation",
-                    "_add_items_with_generation")
+COMPACTION_HOOKS = (
+    "run_compaction",
+    "_defer_compaction",
+    "_get_deferred_compaction_response_id",
+    "_clear_deferred_compaction",
+    "_get_items_with_generation",
+    "_add_items_with_generation",
+)
 
 
 def compaction_client(output: list[Any]) -> MagicMock:
     client = MagicMock()
     client.responses.compact = AsyncMock(
-        return_value=SimpleNamespace(output=copy.deepcopy(output), usage=None))
+        return_value=SimpleNamespace(output=copy.deepcopy(output), usage=None)
+    )
     return client
 
 
@@ -219,8 +239,9 @@ def test_compaction_hooks_of_a_compaction_inner_are_forwarded() -> None:
 
 def test_encrypted_inner_gives_its_compaction_read_and_settings() -> None:
     encrypted = pytest.importorskip("agents.extensions.memory.encrypt_session")
-    inner = encrypted.EncryptedSession("s", SQLiteSession("s", session_settings={"limit": 4}),
-                                       "key")
+    inner = encrypted.EncryptedSession(
+        "s", SQLiteSession("s", session_settings={"limit": 4}), "key"
+    )
     session = ProtoPromptSession("s", inner_session=inner)
     assert hasattr(session, "_read_compaction_items") == hasattr(inner, "_read_compaction_items")
     assert not is_openai_responses_compaction_aware_session(session)  # no compaction inside
@@ -283,19 +304,23 @@ async def test_id_ignoring_inner_session_keeps_the_runner_rollback_working() -> 
 
 @pytest.mark.parametrize("file_db", [False, True], ids=["memory", "file"])
 async def test_compaction_over_the_session_keeps_every_request_a_fresh_pack(
-        tmp_path, file_db: bool) -> None:
+    tmp_path, file_db: bool
+) -> None:
     db = tmp_path / "h.db" if file_db else ":memory:"
     store = ProtoPromptSession("s", db)
     # The summary is as long as the history and holds an item the packer must drop (a Chat
     # Completions tool message): an index that missed the rewrite would keep it.
-    summary = [{"role": "user" if i % 2 else "assistant", "content": f"summary {i}"}
-               for i in range(25)]
+    summary = [
+        {"role": "user" if i % 2 else "assistant", "content": f"summary {i}"} for i in range(25)
+    ]
     summary[5] = {"role": "tool", "tool_call_id": "x", "content": "foreign"}
     client = compaction_client(summary)
-    session = OpenAIResponsesCompactionSession("s", store, client=client,
-                                               should_trigger_compaction=lambda ctx: True)
-    await store.add_items([{"role": "assistant" if i % 2 else "user", "content": f"old {i}"}
-                           for i in range(20)])
+    session = OpenAIResponsesCompactionSession(
+        "s", store, client=client, should_trigger_compaction=lambda ctx: True
+    )
+    await store.add_items(
+        [{"role": "assistant" if i % 2 else "user", "content": f"old {i}"} for i in range(20)]
+    )
     model = ScriptedModel([[assistant_message("one")], [assistant_message("two")]])
     agent = Agent(name="a", model=model)
     callback = callback_for(store)
@@ -352,12 +377,15 @@ async def test_atomic_replace_is_the_inner_types() -> None:
 
 async def test_manual_compaction_through_a_compaction_inner_resets_the_index() -> None:
     # The summary is longer than what the index has seen and holds an item the packer drops.
-    summary = [{"role": "user", "content": "summary"},
-               {"role": "tool", "tool_call_id": "x", "content": "foreign"},
-               {"role": "assistant", "content": "noted"}, {"role": "user", "content": "go on"}]
-    inner = OpenAIResponsesCompactionSession("s", SQLiteSession("s"),
-                                             client=compaction_client(summary),
-                                             compaction_mode="input")
+    summary = [
+        {"role": "user", "content": "summary"},
+        {"role": "tool", "tool_call_id": "x", "content": "foreign"},
+        {"role": "assistant", "content": "noted"},
+        {"role": "user", "content": "go on"},
+    ]
+    inner = OpenAIResponsesCompactionSession(
+        "s", SQLiteSession("s"), client=compaction_client(summary), compaction_mode="input"
+    )
     session = ProtoPromptSession("s", inner_session=inner, incremental=True)
     model = ScriptedModel([[assistant_message(t)] for t in ("one", "two", "three")])
     agent = Agent(name="a", model=model)
@@ -368,7 +396,8 @@ async def test_manual_compaction_through_a_compaction_inner_resets_the_index() -
     assert await session.get_items() == summary
     await run(agent, "third", session, callback)
     assert model.calls[-1].input == [summary[0]] + summary[2:] + [
-        {"content": "third", "role": "user"}]
+        {"content": "third", "role": "user"}
+    ]
 
 
 # ------------------------------------------------------------------ EncryptedSession pop

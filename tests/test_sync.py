@@ -36,31 +36,40 @@ Read, Seen, Synced, plan = _sync.Read, _sync.Seen, _sync.Synced, _sync.plan
 IDS = array("q", [7, 9])
 
 
-def _read(count: int = 10, *, windowed: bool = False, epoch: int = 3, checked: bool = True,
-          seen: Seen | None = Seen(5, 8, IDS)) -> Read:
+def _read(
+    count: int = 10,
+    *,
+    windowed: bool = False,
+    epoch: int = 3,
+    checked: bool = True,
+    seen: Seen | None = Seen(5, 8, IDS),
+) -> Read:
     return Read(count, windowed, epoch, checked, seen)
 
 
-@pytest.mark.parametrize(("read", "synced", "history_len", "epoch", "expected"), [
-    # Not the read this history came from: the index is left alone.
-    (None, Synced(8, 5, 3), 10, 3, (False, 8)),
-    (_read(windowed=True), Synced(8, 5, 3), 10, 3, (False, 8)),
-    (_read(count=9), Synced(8, 5, 3), 10, 3, (False, 8)),
-    # Rows compared: what they keep, whatever the epoch says.
-    (_read(), Synced(8, 5, 3), 10, 3, (True, 8)),
-    (_read(seen=Seen(5, 2, IDS)), Synced(8, 5, 3), 10, 3, (True, 2)),
-    (_read(seen=Seen(5, 0, IDS)), Synced(8, 5, 3), 10, 9, (True, 0)),
-    (_read(epoch=1), Synced(8, 5, 0), 10, 7, (True, 8)),
-    # ... unless the index changed after the rows were compared with it,
-    (_read(), Synced(8, 6, 3), 10, 3, (False, 8)),
-    # ... or the rows could not be read.
-    (_read(seen=None), Synced(8, 5, 3), 10, 3, (False, 8)),
-    # No rows to compare (a memory database, another inner session): the epoch decides.
-    (_read(checked=False, seen=None), Synced(8, 5, 3), 10, 3, (True, 8)),
-    (_read(checked=False, seen=None, epoch=2), Synced(8, 5, 3), 10, 3, (True, 0)),
-    (_read(checked=False, seen=None), Synced(8, 5, 2), 10, 3, (True, 0)),
-    (_read(checked=False, seen=None), Synced(12, 5, 3), 10, 3, (True, 0)),
-])
+@pytest.mark.parametrize(
+    ("read", "synced", "history_len", "epoch", "expected"),
+    [
+        # Not the read this history came from: the index is left alone.
+        (None, Synced(8, 5, 3), 10, 3, (False, 8)),
+        (_read(windowed=True), Synced(8, 5, 3), 10, 3, (False, 8)),
+        (_read(count=9), Synced(8, 5, 3), 10, 3, (False, 8)),
+        # Rows compared: what they keep, whatever the epoch says.
+        (_read(), Synced(8, 5, 3), 10, 3, (True, 8)),
+        (_read(seen=Seen(5, 2, IDS)), Synced(8, 5, 3), 10, 3, (True, 2)),
+        (_read(seen=Seen(5, 0, IDS)), Synced(8, 5, 3), 10, 9, (True, 0)),
+        (_read(epoch=1), Synced(8, 5, 0), 10, 7, (True, 8)),
+        # ... unless the index changed after the rows were compared with it,
+        (_read(), Synced(8, 6, 3), 10, 3, (False, 8)),
+        # ... or the rows could not be read.
+        (_read(seen=None), Synced(8, 5, 3), 10, 3, (False, 8)),
+        # No rows to compare (a memory database, another inner session): the epoch decides.
+        (_read(checked=False, seen=None), Synced(8, 5, 3), 10, 3, (True, 8)),
+        (_read(checked=False, seen=None, epoch=2), Synced(8, 5, 3), 10, 3, (True, 0)),
+        (_read(checked=False, seen=None), Synced(8, 5, 2), 10, 3, (True, 0)),
+        (_read(checked=False, seen=None), Synced(12, 5, 3), 10, 3, (True, 0)),
+    ],
+)
 def test_the_decision_table(read, synced, history_len, epoch, expected) -> None:
     got = plan(read, synced, history_len, epoch)
     assert (got.use_index, got.keep) == expected, got.reason
@@ -97,9 +106,15 @@ class Table:
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(
-    ["append", "append bad", "pop", "clear", "compact", "prune", "sync"]),
-    st.integers(1, 6)), max_size=40))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["append", "append bad", "pop", "clear", "compact", "prune", "sync"]),
+            st.integers(1, 6),
+        ),
+        max_size=40,
+    )
+)
 def test_the_prefix_search_finds_what_a_naive_comparison_finds(ops) -> None:
     table = Table()
     synced: list[int] = []
@@ -109,11 +124,11 @@ def test_the_prefix_search_finds_what_a_naive_comparison_finds(ops) -> None:
         elif op == "append bad":
             table.append(k, bad=True)
         elif op == "pop":
-            del table.rows[max(0, len(table.rows) - k):]
+            del table.rows[max(0, len(table.rows) - k) :]
         elif op == "clear":
             table.rows.clear()
         elif op == "compact":  # the newest k rows replaced by new ones
-            del table.rows[max(0, len(table.rows) - k):]
+            del table.rows[max(0, len(table.rows) - k) :]
             table.append(max(1, k - 1))
         elif op == "prune":  # the oldest rows deleted (an expired prefix)
             del table.rows[:k]
@@ -135,22 +150,41 @@ async def test_rows_are_read_exactly_like_the_sdk_reads_them(tmp_path) -> None:
     sdk = SQLiteSession("chat", db)
     await sdk.add_items([{"role": "user", "content": "a"}])
     with sqlite3.connect(db) as conn:
-        for data in ['{"role": "user", "content": "b"}', "not json{", "5", "null", "[1, 2]",
-                     '"text"', b'{"role": "user", "content": "bytes"}', 12, 3.5, "",
-                     '{"role": "assistant", "content": "NaN", "x": NaN}', "{}"]:
-            conn.execute("INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
-                         ("chat", data))
-        conn.execute("INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
-                     ("other", '{"role": "user", "content": "not this session"}'))
+        for data in [
+            '{"role": "user", "content": "b"}',
+            "not json{",
+            "5",
+            "null",
+            "[1, 2]",
+            '"text"',
+            b'{"role": "user", "content": "bytes"}',
+            12,
+            3.5,
+            "",
+            '{"role": "assistant", "content": "NaN", "x": NaN}',
+            "{}",
+        ]:
+            conn.execute(
+                "INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
+                ("chat", data),
+            )
+        conn.execute(
+            "INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
+            ("other", '{"role": "user", "content": "not this session"}'),
+        )
     await sdk.add_items([{"role": "user", "content": "z"}])
     reader = _sync.RowReader(db, "agent_messages", "chat")
     items, rows = reader.read(lambda rows: rows)
     expected = await sdk.get_items()
     assert json.dumps(items) == json.dumps(expected)
     with sqlite3.connect(db) as conn:
-        ids = [r[0] for r in conn.execute(
-            "SELECT id, message_data FROM agent_messages WHERE session_id = 'chat' ORDER BY id")
-            if _decodes(r[1])]
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id, message_data FROM agent_messages WHERE session_id = 'chat' ORDER BY id"
+            )
+            if _decodes(r[1])
+        ]
     assert [rows.id_at(p) for p in range(len(items))] == ids
     session = ProtoPromptSession("chat", db)
     assert json.dumps(await session.get_items()) == json.dumps(expected)
@@ -181,8 +215,7 @@ class Turns:
     """Turns through a session's ``get_items`` and callback, as the SDK makes them, each
     checked against a builder that packs the same history without any index."""
 
-    def __init__(self, db: str, session_id: str = "chat", words: int = 20,
-                 **options: Any) -> None:
+    def __init__(self, db: str, session_id: str = "chat", words: int = 20, **options: Any) -> None:
         self.db = db
         self.words = words
         self.store = MemoryStore()
@@ -201,22 +234,41 @@ class Turns:
         new = [{"role": "user", "content": f"question {self.n}"}]
         self.n += 1
         _core._clear_count_cache()
-        expected = self.fresh.build(copy.deepcopy(history), copy.deepcopy(new),
-                                    system_prompt=SYSTEM)
+        expected = self.fresh.build(
+            copy.deepcopy(history), copy.deepcopy(new), system_prompt=SYSTEM
+        )
         _core._clear_count_cache()  # counts come from the index, the store or the tokenizer
         sent = await self.callback(history, new)
         assert json.dumps(sent) == json.dumps(expected.items)
         got = self.builder.last_plan
         assert got is not None
         assert (got.pack.used, got.pack.history_tokens, got.pack.kept_history) == (
-            expected.pack.used, expected.pack.history_tokens, expected.pack.kept_history)
+            expected.pack.used,
+            expected.pack.history_tokens,
+            expected.pack.kept_history,
+        )
         assert list(got.pack.decisions) == list(expected.pack.decisions)
-        await self.session.add_items(new + (answer or [
-            {"type": "message", "role": "assistant", "id": f"msg_{self.n}",
-             "status": "completed",
-             "content": [{"type": "output_text",
-                          "text": f"{self.n} " + "fine " * (self.words + 9 * self.n),
-                          "annotations": []}]}]))
+        await self.session.add_items(
+            new
+            + (
+                answer
+                or [
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "id": f"msg_{self.n}",
+                        "status": "completed",
+                        "content": [
+                            {
+                                "type": "output_text",
+                                "text": f"{self.n} " + "fine " * (self.words + 9 * self.n),
+                                "annotations": [],
+                            }
+                        ],
+                    }
+                ]
+            )
+        )
 
     async def turn(self) -> None:
         await self.send(await self.read())
@@ -234,8 +286,11 @@ async def _other_writer(db: str, pops: int, items: list[Any]) -> None:
     other.close()
 
 
-BIG_ORPHAN = {"type": "function_call_output", "call_id": "call_elsewhere",
-              "output": "result " * 6000}
+BIG_ORPHAN = {
+    "type": "function_call_output",
+    "call_id": "call_elsewhere",
+    "output": "result " * 6000,
+}
 BIG_USER = {"role": "user", "content": "pasted " * 6000}
 
 
@@ -259,10 +314,14 @@ async def test_a_pop_and_append_between_the_read_and_the_callback(tmp_path) -> N
 def _pop_and_append_sql(db: str, item: Any) -> None:
     """What another process's pop_item + add_items do to the table, synchronously."""
     with sqlite3.connect(db, timeout=5) as conn:
-        conn.execute("DELETE FROM agent_messages WHERE id = (SELECT MAX(id) FROM "
-                     "agent_messages WHERE session_id = 'chat')")
-        conn.execute("INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
-                     ("chat", json.dumps(item)))
+        conn.execute(
+            "DELETE FROM agent_messages WHERE id = (SELECT MAX(id) FROM "
+            "agent_messages WHERE session_id = 'chat')"
+        )
+        conn.execute(
+            "INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
+            ("chat", json.dumps(item)),
+        )
 
 
 async def test_a_pop_and_append_while_the_history_is_read(tmp_path, monkeypatch) -> None:
@@ -298,18 +357,25 @@ async def test_rows_the_sdk_skips_while_others_pop_and_append(tmp_path) -> None:
     turns = Turns(db)
     await turns.turn()
     with sqlite3.connect(db) as conn:  # a damaged row in the middle of the history
-        conn.execute("INSERT INTO agent_messages (session_id, message_data) "
-                     "VALUES ('chat', '{\"role\": \"user\", ')")
+        conn.execute(
+            "INSERT INTO agent_messages (session_id, message_data) "
+            "VALUES ('chat', '{\"role\": \"user\", ')"
+        )
     for _ in range(3):
         await turns.turn()
     rng = random.Random(3)
     for i in range(8):
-        await _other_writer(db, rng.randrange(0, 4), [
-            rng.choice([BIG_USER, BIG_ORPHAN, {"role": "user", "content": f"elsewhere {i}"}])])
+        await _other_writer(
+            db,
+            rng.randrange(0, 4),
+            [rng.choice([BIG_USER, BIG_ORPHAN, {"role": "user", "content": f"elsewhere {i}"}])],
+        )
         if rng.randrange(3) == 0:
             with sqlite3.connect(db) as conn:
-                conn.execute("INSERT INTO agent_messages (session_id, message_data) "
-                             "VALUES ('chat', 'garbage')")
+                conn.execute(
+                    "INSERT INTO agent_messages (session_id, message_data) "
+                    "VALUES ('chat', 'garbage')"
+                )
         await turns.turn()
     turns.close()
 

@@ -39,8 +39,14 @@ def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
     _core._clear_count_cache()
 
 
-async def _stored(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str = "t.db",
-                  session_id: str = "chat", words: int = 120, turns: int = 6) -> str:
+async def _stored(
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str = "t.db",
+    session_id: str = "chat",
+    words: int = 120,
+    turns: int = 6,
+) -> str:
     """A database whose session has a snapshot and stored counts (long answers)."""
     db = str(tmp_path / name)
     t = Turns(db, session_id, words=words, **OPTIONS)
@@ -76,8 +82,9 @@ class Spy:
         monkeypatch.setattr(pp.SQLiteCountStore, "get_many", get_many)
 
 
-async def _turn_after_restart(db: str, monkeypatch: pytest.MonkeyPatch, *,
-                              restored: bool | None, session_id: str = "chat") -> Turns:
+async def _turn_after_restart(
+    db: str, monkeypatch: pytest.MonkeyPatch, *, restored: bool | None, session_id: str = "chat"
+) -> Turns:
     """A restarted process's next two turns: each must equal a fresh pack (``Turns``).
     ``restored``: whether the first read must have started from the stored snapshot."""
     _restart(monkeypatch)
@@ -95,33 +102,48 @@ async def _turn_after_restart(db: str, monkeypatch: pytest.MonkeyPatch, *,
 
 
 def _flip(data: bytes, at: int) -> bytes:
-    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
 
 
 SNAPSHOT_DAMAGE: dict[str, Callable[[str], None]] = {
-    "flipped payload byte": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET data = ?", (_flip(_one(db, f"SELECT data FROM {SNAPSHOTS}")[0],
-                                                  -5),))),
-    "flipped header byte": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET data = ?", (_flip(_one(db, f"SELECT data FROM {SNAPSHOTS}")[0],
-                                                  20),))),
-    "flipped row id": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET row_ids = ?",
-        (_flip(_one(db, f"SELECT row_ids FROM {SNAPSHOTS}")[0], 8),))),
-    "row ids cut short": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET row_ids = substr(row_ids, 1, length(row_ids) - 8)", ())),
-    "row ids of odd length": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET row_ids = row_ids || x'00'", ())),
+    "flipped payload byte": lambda db: _sql(
+        db,
+        (
+            f"UPDATE {SNAPSHOTS} SET data = ?",
+            (_flip(_one(db, f"SELECT data FROM {SNAPSHOTS}")[0], -5),),
+        ),
+    ),
+    "flipped header byte": lambda db: _sql(
+        db,
+        (
+            f"UPDATE {SNAPSHOTS} SET data = ?",
+            (_flip(_one(db, f"SELECT data FROM {SNAPSHOTS}")[0], 20),),
+        ),
+    ),
+    "flipped row id": lambda db: _sql(
+        db,
+        (
+            f"UPDATE {SNAPSHOTS} SET row_ids = ?",
+            (_flip(_one(db, f"SELECT row_ids FROM {SNAPSHOTS}")[0], 8),),
+        ),
+    ),
+    "row ids cut short": lambda db: _sql(
+        db, (f"UPDATE {SNAPSHOTS} SET row_ids = substr(row_ids, 1, length(row_ids) - 8)", ())
+    ),
+    "row ids of odd length": lambda db: _sql(
+        db, (f"UPDATE {SNAPSHOTS} SET row_ids = row_ids || x'00'", ())
+    ),
     "data as text": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET data = 'snapshot'", ())),
     "data as a number": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET data = 12", ())),
     "row ids as a number": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET row_ids = -1", ())),
     "row ids as text": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET row_ids = 'abc'", ())),
-    "cut payload": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET data = substr(data, 1, length(data) / 2)", ())),
-    "empty blobs": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET data = x'', row_ids = x''",
-                                        ())),
-    "other messages table": lambda db: _sql(db, (
-        f"UPDATE {SNAPSHOTS} SET messages_table = 'elsewhere'", ())),
+    "cut payload": lambda db: _sql(
+        db, (f"UPDATE {SNAPSHOTS} SET data = substr(data, 1, length(data) / 2)", ())
+    ),
+    "empty blobs": lambda db: _sql(db, (f"UPDATE {SNAPSHOTS} SET data = x'', row_ids = x''", ())),
+    "other messages table": lambda db: _sql(
+        db, (f"UPDATE {SNAPSHOTS} SET messages_table = 'elsewhere'", ())
+    ),
 }
 
 
@@ -135,7 +157,8 @@ async def test_a_damaged_snapshot_is_ignored(tmp_path, monkeypatch, damage) -> N
 
 
 async def test_a_snapshot_of_another_session_under_this_one_is_refused(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     """Session B's snapshot placed under session A (same database, same shape of rows, other
     texts): refused, A's turns equal fresh packs."""
     db = await _stored(tmp_path, monkeypatch, session_id="A", words=5)
@@ -144,8 +167,11 @@ async def test_a_snapshot_of_another_session_under_this_one_is_refused(
         await t.turn()
     t.session._index_state.wait_for_save()
     t.close()
-    _sql(db, (f"DELETE FROM {SNAPSHOTS} WHERE session_id = 'A'", ()),
-         (f"UPDATE {SNAPSHOTS} SET session_id = 'A' WHERE session_id = 'B'", ()))
+    _sql(
+        db,
+        (f"DELETE FROM {SNAPSHOTS} WHERE session_id = 'A'", ()),
+        (f"UPDATE {SNAPSHOTS} SET session_id = 'A' WHERE session_id = 'B'", ()),
+    )
     t = await _turn_after_restart(db, monkeypatch, restored=False, session_id="A")
     t.close()
 
@@ -175,20 +201,28 @@ async def test_a_copied_database_uses_the_snapshot_of_its_rows(tmp_path, monkeyp
     t.close()
 
 
-async def test_a_stale_snapshot_keeps_only_the_rows_that_still_hold(
-        tmp_path, monkeypatch) -> None:
+async def test_a_stale_snapshot_keeps_only_the_rows_that_still_hold(tmp_path, monkeypatch) -> None:
     """Rows popped and others appended since the snapshot (ids never come back): the
     restarted process keeps the prefix that still holds."""
     db = await _stored(tmp_path, monkeypatch)
-    _sql(db, ("DELETE FROM agent_messages WHERE id IN (SELECT id FROM agent_messages "
-              "ORDER BY id DESC LIMIT 5)", ()),
-         ("INSERT INTO agent_messages (session_id, message_data) VALUES ('chat', ?)",
-          (json.dumps({"role": "user", "content": "appended " * 300}),)))
+    _sql(
+        db,
+        (
+            "DELETE FROM agent_messages WHERE id IN (SELECT id FROM agent_messages "
+            "ORDER BY id DESC LIMIT 5)",
+            (),
+        ),
+        (
+            "INSERT INTO agent_messages (session_id, message_data) VALUES ('chat', ?)",
+            (json.dumps({"role": "user", "content": "appended " * 300}),),
+        ),
+    )
     t = await _turn_after_restart(db, monkeypatch, restored=True)
     t.close()
 
 
 # ------------------------------------------------------------------------ token counts
+
 
 def _rotate(db: str, columns: str) -> None:
     """Give every counts row the ``columns`` of the next row (the last gets the first's)."""
@@ -200,8 +234,9 @@ def _rotate(db: str, columns: str) -> None:
         else:
             rest = rest[1:] + rest[:1]
         conn.execute(f"DELETE FROM {COUNTS}")
-        conn.executemany(f"INSERT INTO {COUNTS} VALUES (?, ?, ?)",
-                         [(k, *r) for k, r in zip(keys, rest)])
+        conn.executemany(
+            f"INSERT INTO {COUNTS} VALUES (?, ?, ?)", [(k, *r) for k, r in zip(keys, rest)]
+        )
 
 
 COUNT_DAMAGE: dict[str, Callable[[str], None]] = {
@@ -241,10 +276,13 @@ async def test_damaged_counts_are_counted_again(tmp_path, monkeypatch, damage) -
 
 async def test_an_old_counts_table_is_replaced(tmp_path, monkeypatch) -> None:
     db = await _stored(tmp_path, monkeypatch)
-    _sql(db, (f"DROP TABLE {COUNTS}", ()),
-         (f"CREATE TABLE {COUNTS} (key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)", ()),
-         (f"INSERT INTO {COUNTS} VALUES (zeroblob(16), '12')", ()),
-         (f"DELETE FROM {SNAPSHOTS}", ()))
+    _sql(
+        db,
+        (f"DROP TABLE {COUNTS}", ()),
+        (f"CREATE TABLE {COUNTS} (key BLOB NOT NULL UNIQUE, tokens INTEGER NOT NULL)", ()),
+        (f"INSERT INTO {COUNTS} VALUES (zeroblob(16), '12')", ()),
+        (f"DELETE FROM {SNAPSHOTS}", ()),
+    )
     t = await _turn_after_restart(db, monkeypatch, restored=False)
     t.close()
     columns = [r[1] for r in sqlite3.connect(db).execute(f"PRAGMA table_info({COUNTS})")]
@@ -257,9 +295,11 @@ META_DAMAGE: dict[str, list[str]] = {
     "database id changed": [f"UPDATE {META} SET value = 'f' || value WHERE key = 'database_id'"],
     "database id deleted": [f"DELETE FROM {META} WHERE key = 'database_id'"],
     "database id as a number": [f"UPDATE {META} SET value = 42 WHERE key = 'database_id'"],
-    "secret changed": [f"UPDATE {META} SET value = replace(value, substr(value, 1, 1), "
-                       "CASE substr(value, 1, 1) WHEN 'a' THEN 'b' ELSE 'a' END) "
-                       "WHERE key = 'count_secret'"],
+    "secret changed": [
+        f"UPDATE {META} SET value = replace(value, substr(value, 1, 1), "
+        "CASE substr(value, 1, 1) WHEN 'a' THEN 'b' ELSE 'a' END) "
+        "WHERE key = 'count_secret'"
+    ],
     "secret not hex": [f"UPDATE {META} SET value = 'not hex at all' WHERE key = 'count_secret'"],
     "secret too short": [f"UPDATE {META} SET value = 'abcd' WHERE key = 'count_secret'"],
     "secret as a blob": [f"UPDATE {META} SET value = zeroblob(16) WHERE key = 'count_secret'"],
@@ -267,7 +307,8 @@ META_DAMAGE: dict[str, list[str]] = {
     "rows swapped": [
         f"UPDATE {META} SET key = 'tmp' WHERE key = 'database_id'",
         f"UPDATE {META} SET key = 'database_id' WHERE key = 'count_secret'",
-        f"UPDATE {META} SET key = 'count_secret' WHERE key = 'tmp'"],
+        f"UPDATE {META} SET key = 'count_secret' WHERE key = 'tmp'",
+    ],
     "table dropped": [f"DROP TABLE {META}"],
 }
 
@@ -286,10 +327,16 @@ async def test_damaged_meta_values_are_ignored(tmp_path, monkeypatch, damage) ->
 
 
 async def test_rows_the_sdk_cannot_decode_are_skipped_like_the_sdk_skips_them(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     db = await _stored(tmp_path, monkeypatch)
-    _sql(db, *[("INSERT INTO agent_messages (session_id, message_data) VALUES ('chat', ?)",
-                (value,)) for value in ("{broken", "", b"{broken", "[1, ")])
+    _sql(
+        db,
+        *[
+            ("INSERT INTO agent_messages (session_id, message_data) VALUES ('chat', ?)", (value,))
+            for value in ("{broken", "", b"{broken", "[1, ")
+        ],
+    )
     t = await _turn_after_restart(db, monkeypatch, restored=True)
     t.close()
 
@@ -298,12 +345,17 @@ async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch) -> None
     """The layout before snapshots were bound (max_id, row_count): its rows are never read,
     and the next save replaces the table."""
     db = await _stored(tmp_path, monkeypatch)
-    _sql(db, (f"DROP TABLE {SNAPSHOTS}", ()),
-         (f"CREATE TABLE {SNAPSHOTS} (messages_table TEXT NOT NULL, session_id TEXT NOT NULL, "
-          "max_id INTEGER NOT NULL, row_count INTEGER NOT NULL, items INTEGER NOT NULL, "
-          "data BLOB NOT NULL, PRIMARY KEY (messages_table, session_id))", ()),
-         (f"INSERT INTO {SNAPSHOTS} VALUES ('agent_messages', 'chat', -1, 'abc', 3, x'00')",
-          ()))
+    _sql(
+        db,
+        (f"DROP TABLE {SNAPSHOTS}", ()),
+        (
+            f"CREATE TABLE {SNAPSHOTS} (messages_table TEXT NOT NULL, session_id TEXT NOT NULL, "
+            "max_id INTEGER NOT NULL, row_count INTEGER NOT NULL, items INTEGER NOT NULL, "
+            "data BLOB NOT NULL, PRIMARY KEY (messages_table, session_id))",
+            (),
+        ),
+        (f"INSERT INTO {SNAPSHOTS} VALUES ('agent_messages', 'chat', -1, 'abc', 3, x'00')", ()),
+    )
     t = await _turn_after_restart(db, monkeypatch, restored=False)
     t.session._index_state.wait_for_save()
     t.close()  # saves the index it built

@@ -45,9 +45,10 @@ def test_metadata_and_dunder_version_equal_the_cargo_version() -> None:
     version = cargo_version()
     dist = metadata.distribution("protoprompt")
     # The metadata read is the one of the package under test, not of another copy.
-    assert Path(str(dist.locate_file("protoprompt/__init__.py"))).resolve() == Path(
-        protoprompt.__file__
-    ).resolve()
+    assert (
+        Path(str(dist.locate_file("protoprompt/__init__.py"))).resolve()
+        == Path(protoprompt.__file__).resolve()
+    )
     assert dist.version == version
     assert metadata.version("protoprompt") == version
     assert protoprompt.__version__ == version

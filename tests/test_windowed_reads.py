@@ -40,8 +40,10 @@ def lookup(name: str) -> str:
 
 def turn_script(i: int) -> list[Any]:
     if i % 3 == 1:
-        return [[function_call("lookup", {"name": f"q{i}"}, call_id=f"call_{i}")],
-                [assistant_message(f"answer {i} " + "words " * 30, item_id=f"msg_{i}")]]
+        return [
+            [function_call("lookup", {"name": f"q{i}"}, call_id=f"call_{i}")],
+            [assistant_message(f"answer {i} " + "words " * 30, item_id=f"msg_{i}")],
+        ]
     return [[assistant_message(f"answer {i} " + "text " * 30, item_id=f"msg_{i}")]]
 
 
@@ -49,12 +51,19 @@ class Side:
     """One session + callback; every plan the callback built is recorded, and every window
     the session read (its length, or ``None`` for a full read)."""
 
-    def __init__(self, db: str, windowed: bool, max_tokens: int = 900,
-                 policy: str = "contiguous", **options: Any) -> None:
+    def __init__(
+        self,
+        db: str,
+        windowed: bool,
+        max_tokens: int = 900,
+        policy: str = "contiguous",
+        **options: Any,
+    ) -> None:
         self.db = db
         self.store = MemoryStore()
-        self.session = ProtoPromptSession("chat", db, windowed_reads=windowed,
-                                          incremental=None if windowed else False, **options)
+        self.session = ProtoPromptSession(
+            "chat", db, windowed_reads=windowed, incremental=None if windowed else False, **options
+        )
         self.plans: list[list[str]] = []
         self.windows: list[int | None] = []
         real = self.session._read_window
@@ -65,15 +74,21 @@ class Side:
             return got
 
         self.session._read_window = recording  # type: ignore[method-assign]
-        builder = TokenBudgetedContextBuilder(self.store, max_tokens=max_tokens, scope=SCOPE,
-                                              output_reserve=100, policy=policy)
+        builder = TokenBudgetedContextBuilder(
+            self.store, max_tokens=max_tokens, scope=SCOPE, output_reserve=100, policy=policy
+        )
         self.store.remember("The customer prefers short answers.", scope=SCOPE)
         self.callback = self.session.input_callback(
-            builder, system_prompt="Be brief.",
+            builder,
+            system_prompt="Be brief.",
             on_plan=lambda plan: self.plans.append(
                 [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
-                + [f"tokens {plan.pack.used} {plan.pack.history_tokens} "
-                   f"{plan.pack.remaining} {len(plan.pack.decisions)}"]))
+                + [
+                    f"tokens {plan.pack.used} {plan.pack.history_tokens} "
+                    f"{plan.pack.remaining} {len(plan.pack.decisions)}"
+                ]
+            ),
+        )
 
     def agent(self, i: int) -> Agent[Any]:
         return Agent(name="a", model=ScriptedModel(turn_script(i)), tools=[lookup])
@@ -84,22 +99,30 @@ class Side:
     async def turn(self, i: int, mode: str = "run") -> None:
         question = f"question {i} " + "please " * 20
         if mode == "run":
-            await Runner.run(self.agent(i), question, session=self.session,
-                             run_config=self.config())
+            await Runner.run(
+                self.agent(i), question, session=self.session, run_config=self.config()
+            )
         elif mode == "streamed":
-            result = Runner.run_streamed(self.agent(i), question, session=self.session,
-                                         run_config=self.config())
+            result = Runner.run_streamed(
+                self.agent(i), question, session=self.session, run_config=self.config()
+            )
             async for _ in result.stream_events():
                 pass
         else:  # run_sync needs a thread without a running loop
-            await asyncio.to_thread(Runner.run_sync, self.agent(i), question,
-                                    session=self.session, run_config=self.config())
+            await asyncio.to_thread(
+                Runner.run_sync,
+                self.agent(i),
+                question,
+                session=self.session,
+                run_config=self.config(),
+            )
 
     def rows(self) -> list[str]:
         conn = sqlite3.connect(self.db)
         try:
-            return [r[0] for r in conn.execute(
-                "SELECT message_data FROM agent_messages ORDER BY id")]
+            return [
+                r[0] for r in conn.execute("SELECT message_data FROM agent_messages ORDER BY id")
+            ]
         finally:
             conn.close()
 
@@ -171,13 +194,22 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
         await both(pop)
     await turn(17)
     # Another writer appends a call whose output answers nothing yet, then the output.
-    await both(lambda s: other_writer(s, [
-        {"type": "function_call", "call_id": "ext_1", "name": "lookup",
-         "arguments": "{\"name\": \"x\"}"},
-        {"type": "function_call_output", "call_id": "ext_1", "output": "found " * 30}]))
+    await both(
+        lambda s: other_writer(
+            s,
+            [
+                {
+                    "type": "function_call",
+                    "call_id": "ext_1",
+                    "name": "lookup",
+                    "arguments": '{"name": "x"}',
+                },
+                {"type": "function_call_output", "call_id": "ext_1", "output": "found " * 30},
+            ],
+        )
+    )
     await turn(18)
-    await both(lambda s: other_writer(s, [{"role": "user", "content": "replaced " * 10}],
-                                      pops=1))
+    await both(lambda s: other_writer(s, [{"role": "user", "content": "replaced " * 10}], pops=1))
     await turn(19)
     assert sum(w is not None for w in win.windows[-4:]) >= 3, win.windows
     # A restart: a new process loads the snapshot (the history is long enough to have one).
@@ -219,7 +251,8 @@ async def test_reads_outside_the_runner_see_the_whole_history(tmp_path) -> None:
         await win.turn(i)
     stored = win.rows()
     assert [json.dumps(i) for i in await win.session.get_items()] == [
-        json.dumps(json.loads(r)) for r in stored]
+        json.dumps(json.loads(r)) for r in stored
+    ]
     assert len(await win.session.get_items(limit=3)) == 3
     # A run without this session's callback (another callback, or none) reads everything.
     seen: list[int] = []
@@ -228,9 +261,12 @@ async def test_reads_outside_the_runner_see_the_whole_history(tmp_path) -> None:
         seen.append(len(history))
         return history + new_input
 
-    await Runner.run(win.agent(0), "hi", session=win.session,
-                     run_config=RunConfig(session_input_callback=other_callback,
-                                          tracing_disabled=True))
+    await Runner.run(
+        win.agent(0),
+        "hi",
+        session=win.session,
+        run_config=RunConfig(session_input_callback=other_callback, tracing_disabled=True),
+    )
     assert seen == [len(stored)]
     win.close()
 
@@ -257,10 +293,12 @@ def test_pack_of_a_window_is_the_pack_of_the_whole_history() -> None:
     history: list[Any] = []
     for i in range(60):
         history.append({"role": "user", "content": f"q{i} " * (5 + i % 7)})
-        history.append({"type": "function_call", "call_id": f"c{i}", "name": "f",
-                        "arguments": "{}"})
-        history.append({"type": "function_call_output", "call_id": f"c{i}",
-                        "output": "o " * (3 + i % 11)})
+        history.append(
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}
+        )
+        history.append(
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "o " * (3 + i % 11)}
+        )
         history.append({"role": "assistant", "content": f"a{i} " * (4 + i % 5)})
     new = [{"role": "user", "content": "now"}]
     index = pp.HistoryIndex()
@@ -270,22 +308,25 @@ def test_pack_of_a_window_is_the_pack_of_the_whole_history() -> None:
     got = index.pack(history[w:], new, 400, encoding="o200k_base", history_offset=w)
     want = pp.pack(history, new, 400, encoding="o200k_base")
     assert got.items == want.items
-    assert (got.used, got.history_tokens, got.remaining) == (want.used, want.history_tokens,
-                                                             want.remaining)
+    assert (got.used, got.history_tokens, got.remaining) == (
+        want.used,
+        want.history_tokens,
+        want.remaining,
+    )
     assert list(got.decisions) == list(want.decisions)
     # An offset past what the pack needs names the first item it would read.
     short = pp.HistoryIndex()
     short.pack(history, [], 400, encoding="o200k_base")
     with pytest.raises(pp.InvalidItemError, match="history_offset"):
-        short.pack(history[-2:], new, 10_000, encoding="o200k_base",
-                   history_offset=len(history) - 2)
+        short.pack(
+            history[-2:], new, 10_000, encoding="o200k_base", history_offset=len(history) - 2
+        )
 
 
 OTHER_ITEMS = [
     [{"role": "user", "content": "from elsewhere " * 8}],
     [{"role": "assistant", "content": "noted " * 20}],
-    [{"type": "function_call", "call_id": "ext_{n}", "name": "lookup",
-      "arguments": "{}"}],
+    [{"type": "function_call", "call_id": "ext_{n}", "name": "lookup", "arguments": "{}"}],
     [{"type": "function_call_output", "call_id": "ext_{n}", "output": "found " * 25}],
     [{"type": "reasoning", "id": "rs_ext_{n}", "summary": []}],
     [{"role": "assistant", "content": "huge " * 1500}],
@@ -299,16 +340,23 @@ def _other_items(kind: int, n: int) -> list[Any]:
 OPS = st.one_of(
     st.tuples(st.just("turn"), st.sampled_from(["run", "streamed", "sync"])),
     st.tuples(st.just("pop"), st.integers(1, 6)),
-    st.tuples(st.just("write"), st.lists(st.integers(0, len(OTHER_ITEMS) - 1), min_size=1,
-                                         max_size=3)),
+    st.tuples(
+        st.just("write"), st.lists(st.integers(0, len(OTHER_ITEMS) - 1), min_size=1, max_size=3)
+    ),
     st.tuples(st.just("restart"), st.just(0)),
 )
 
 
-@settings(max_examples=10, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.lists(OPS, min_size=4, max_size=12), st.sampled_from([500, 900, 2500]),
-       st.sampled_from(["contiguous", "greedy"]))
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(OPS, min_size=4, max_size=12),
+    st.sampled_from([500, 900, 2500]),
+    st.sampled_from(["contiguous", "greedy"]),
+)
 def test_random_turns_pops_writers_and_restarts(ops, max_tokens, policy) -> None:
     """Random runs of turns (all three Runner entry points), pops, other writers and
     restarts from the snapshot, after a history long enough for windows: a windowed
@@ -402,12 +450,14 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path
     win.session._window_keep = keep  # type: ignore[method-assign]
     window, facts = read()
     await other.turn(20)  # the shared index now holds more rows, with a new version
-    full = json.loads(json.dumps(await win.session.get_items()))[:facts.offset + len(window)]
+    full = json.loads(json.dumps(await win.session.get_items()))[: facts.offset + len(window)]
     sent = await callback(window, facts)
     expected = win.callback._protoprompt_turn.builder.build(  # type: ignore[attr-defined]
-        full, new_input, system_prompt="Be brief.")
+        full, new_input, system_prompt="Be brief."
+    )
     assert [json.dumps(i, sort_keys=True) for i in sent] == [
-        json.dumps(i, sort_keys=True) for i in expected.items]
+        json.dumps(i, sort_keys=True) for i in expected.items
+    ]
     assert len(rechecks) == 1 and rechecks[0] is not None
 
     window, facts = read()
@@ -432,8 +482,10 @@ async def test_rows_that_are_not_json_and_a_failing_read(tmp_path, monkeypatch) 
     for side in (win, full):
         conn = sqlite3.connect(side.db)
         with conn:
-            conn.execute("INSERT INTO agent_messages (session_id, message_data) "
-                         "VALUES ('chat', 'not json {')")
+            conn.execute(
+                "INSERT INTO agent_messages (session_id, message_data) "
+                "VALUES ('chat', 'not json {')"
+            )
         conn.close()
     for i in range(16, 19):
         await win.turn(i)

@@ -8,8 +8,12 @@ from collections.abc import Callable, Sequence
 _SCHEMA = "CREATE TABLE IF NOT EXISTS protoprompt_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
 
-def meta_value(conn: sqlite3.Connection, key: str, make: Callable[[], str],
-               tables: Sequence[tuple[str, str]] = ()) -> str | None:
+def meta_value(
+    conn: sqlite3.Connection,
+    key: str,
+    make: Callable[[], str],
+    tables: Sequence[tuple[str, str]] = (),
+) -> str | None:
     """The value stored under ``key``, written once (``make()``) if missing.
 
     Read first, so that a database that has it takes no write lock. ``tables`` are more

@@ -157,12 +157,15 @@ class ContextPlan:
             f"{len(self.blocks) - kept} dropped",
         ]
         if self.scope is not None:
-            lines.append(f"  scope {'/'.join(p for p in self.scope.key() if p)}"
-                         f", query {_shorten(self.query, 60)!r}")
+            lines.append(
+                f"  scope {'/'.join(p for p in self.scope.key() if p)}"
+                f", query {_shorten(self.query, 60)!r}"
+            )
         for b in self.blocks:
             tokens = "uncounted" if b.tokens is None else f"{b.tokens} tokens"
-            lines.append(f"  {b.layer:<8}{b.status:<10}{tokens:>11}  "
-                         f"{_shorten(b.source, 24)}: {b.reason}")
+            lines.append(
+                f"  {b.layer:<8}{b.status:<10}{tokens:>11}  {_shorten(b.source, 24)}: {b.reason}"
+            )
             if b.layer != "system":
                 lines.append(f"{'':<12}{_shorten(b.text, 66)!r}")
         lines.append(self.pack.explain())
@@ -191,9 +194,12 @@ def _message_text(item: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        parts = [_field(part, "text") for part in content
-                 if _field(part, "type") in ("input_text", "text")
-                 and isinstance(_field(part, "text"), str)]
+        parts = [
+            _field(part, "text")
+            for part in content
+            if _field(part, "type") in ("input_text", "text")
+            and isinstance(_field(part, "text"), str)
+        ]
         return "\n".join(parts)
     return None
 
@@ -296,8 +302,11 @@ class TokenBudgetedContextBuilder:
         include_parents: bool = False,
     ) -> None:
         if store is not None:
-            missing = [m for m in ("search", "facts", "get_profile")
-                       if not callable(getattr(store, m, None))]
+            missing = [
+                m
+                for m in ("search", "facts", "get_profile")
+                if not callable(getattr(store, m, None))
+            ]
             if missing:
                 raise TypeError(
                     f"store must be a MemoryStore (or have {', '.join(missing)}), "
@@ -380,8 +389,11 @@ class TokenBudgetedContextBuilder:
         """The context text: the system prompt, then one tagged section per layer."""
         parts = [system_prompt] if system_prompt else []
         for layer in self.priorities[1:]:
-            rendered = [_render_block(layer, cand.source, text)
-                        for cand, text in accepted if cand.layer == layer]
+            rendered = [
+                _render_block(layer, cand.source, text)
+                for cand, text in accepted
+                if cand.layer == layer
+            ]
             if not rendered:
                 continue
             tag = _SECTION_TAGS[layer]
@@ -404,24 +416,38 @@ class TokenBudgetedContextBuilder:
         if "session" in self.priorities and self.fact_limit:
             hits: list[MemoryHit] = []
             if has_terms:
-                hits = self.store.search(query, scope=scope, limit=self.fact_limit,
-                                         kinds=("fact",), include_parents=self.include_parents)
+                hits = self.store.search(
+                    query,
+                    scope=scope,
+                    limit=self.fact_limit,
+                    kinds=("fact",),
+                    include_parents=self.include_parents,
+                )
             seen = {h.fact_id for h in hits}
-            for h in self.store.facts(scope=scope, limit=self.fact_limit,
-                                      include_parents=self.include_parents):
+            for h in self.store.facts(
+                scope=scope, limit=self.fact_limit, include_parents=self.include_parents
+            ):
                 if len(hits) >= self.fact_limit:
                     break
                 if h.fact_id not in seen:
                     hits.append(h)
                     seen.add(h.fact_id)
-            facts = [_Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True)
-                     for h in hits]
+            facts = [
+                _Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits
+            ]
             by_layer["session"] = self._rerank(query, facts)
         if "rag" in self.priorities and self.rag_limit and has_terms:
-            hits = self.store.search(query, scope=scope, limit=self.rag_limit,
-                                     kinds=("document",), include_parents=self.include_parents)
-            chunks = [_Candidate("rag", f"{h.doc_id}#{h.chunk_index}", h.text, h.score, True)
-                      for h in hits]
+            hits = self.store.search(
+                query,
+                scope=scope,
+                limit=self.rag_limit,
+                kinds=("document",),
+                include_parents=self.include_parents,
+            )
+            chunks = [
+                _Candidate("rag", f"{h.doc_id}#{h.chunk_index}", h.text, h.score, True)
+                for h in hits
+            ]
             by_layer["rag"] = self._rerank(query, chunks)
         return [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
 
@@ -491,18 +517,30 @@ class TokenBudgetedContextBuilder:
             raise TypeError(f"query must be a str or None, got {type(query).__name__}")
         if scope is not None and not isinstance(scope, MemoryScope):
             raise TypeError(f"scope must be a MemoryScope or None, got {type(scope).__name__}")
-        reserve = self.output_reserve if output_reserve is None else _check_int(
-            "output_reserve", output_reserve, minimum=0)
+        reserve = (
+            self.output_reserve
+            if output_reserve is None
+            else _check_int("output_reserve", output_reserve, minimum=0)
+        )
         self.last_plan = None
         history_list = history if isinstance(history, list) else list(history)
         new_list = new_input if isinstance(new_input, list) else list(new_input)
         scope = scope if scope is not None else self.scope
         if query is None:
             query = latest_user_text(new_list, history_list)
-        return self._build(history_list, new_list, system_prompt=system_prompt, query=query,
-                           scope=scope, reserve=reserve, index=index, pinned=pinned,
-                           context_tokens=context_tokens, pool=self._candidates(query, scope),
-                           history_offset=history_offset)
+        return self._build(
+            history_list,
+            new_list,
+            system_prompt=system_prompt,
+            query=query,
+            scope=scope,
+            reserve=reserve,
+            index=index,
+            pinned=pinned,
+            context_tokens=context_tokens,
+            pool=self._candidates(query, scope),
+            history_offset=history_offset,
+        )
 
     def _build(
         self,
@@ -526,8 +564,9 @@ class TokenBudgetedContextBuilder:
         outcome: list[_Assembly] = []
 
         def hook(remaining: int) -> int:
-            assembly = self._assemble(system_prompt, pool, remaining,
-                                      reserved=self.max_tokens - remaining)
+            assembly = self._assemble(
+                system_prompt, pool, remaining, reserved=self.max_tokens - remaining
+            )
             outcome.append(assembly)
             return assembly.cost
 
@@ -577,10 +616,12 @@ class TokenBudgetedContextBuilder:
             if cost > limit:
                 if cost > remaining:
                     raise TokenBudgetExceededError(
-                        reserved + cost, self.max_tokens, "system_prompt")
+                        reserved + cost, self.max_tokens, "system_prompt"
+                    )
                 raise TokenBudgetExceededError(cost, limit, "system_prompt")
-            blocks.append(ContextBlock("system", "system_prompt", "kept", "mandatory",
-                                       cost, system_prompt))
+            blocks.append(
+                ContextBlock("system", "system_prompt", "kept", "mandatory", cost, system_prompt)
+            )
         exhausted: str | None = None
         untried: list[tuple[int, _Candidate]] = []
         slots: list[ContextBlock | None] = []
@@ -593,37 +634,70 @@ class TokenBudgetedContextBuilder:
             need = trial - cost
             if trial <= limit:
                 accepted.append((cand, cand.text))
-                slots.append(ContextBlock(cand.layer, cand.source, "kept", "fits", need,
-                                          cand.text, cand.score))
+                slots.append(
+                    ContextBlock(
+                        cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score
+                    )
+                )
                 cost = trial
                 continue
             left = limit - cost
             if not cand.truncatable:
-                slots.append(ContextBlock(cand.layer, cand.source, "dropped",
-                                          f"does not fit whole: needs {need}, {left} left",
-                                          need, cand.text, cand.score))
+                slots.append(
+                    ContextBlock(
+                        cand.layer,
+                        cand.source,
+                        "dropped",
+                        f"does not fit whole: needs {need}, {left} left",
+                        need,
+                        cand.text,
+                        cand.score,
+                    )
+                )
                 continue
             cut = self._truncate(system_prompt, accepted, cand, limit)
             if cut is None:
-                slots.append(ContextBlock(cand.layer, cand.source, "dropped",
-                                          f"not even one word fits: {left} tokens left",
-                                          need, cand.text, cand.score))
+                slots.append(
+                    ContextBlock(
+                        cand.layer,
+                        cand.source,
+                        "dropped",
+                        f"not even one word fits: {left} tokens left",
+                        need,
+                        cand.text,
+                        cand.score,
+                    )
+                )
                 exhausted = "no room left after higher-ranked blocks"
                 continue
             text, words, total_words, new_cost = cut
             accepted.append((cand, text))
-            slots.append(ContextBlock(
-                cand.layer, cand.source, "truncated",
-                f"cut at a word boundary: {words} of {total_words} words fit in {left} tokens",
-                new_cost - cost, text, cand.score))
+            slots.append(
+                ContextBlock(
+                    cand.layer,
+                    cand.source,
+                    "truncated",
+                    f"cut at a word boundary: {words} of {total_words} words fit in {left} tokens",
+                    new_cost - cost,
+                    text,
+                    cand.score,
+                )
+            )
             cost = new_cost
             exhausted = "no room left after the truncated block"
         if untried:
             rendered = [_render_block(c.layer, c.source, c.text) for _, c in untried]
             counts = count_tokens_batch(rendered, model=self.model, encoding=self.encoding)
             for (slot, cand), tokens in zip(untried, counts, strict=True):
-                slots[slot] = ContextBlock(cand.layer, cand.source, "dropped", exhausted or "",
-                                           tokens, cand.text, cand.score)
+                slots[slot] = ContextBlock(
+                    cand.layer,
+                    cand.source,
+                    "dropped",
+                    exhausted or "",
+                    tokens,
+                    cand.text,
+                    cand.score,
+                )
         blocks.extend(b for b in slots if b is not None)
         text = self._render(system_prompt, accepted)
         message = self.context_message(text) if text else None
@@ -661,5 +735,3 @@ def _render_block(layer: str, source: str, text: str) -> str:
     if layer == "rag":
         return f'<chunk source="{source}">\n{text}\n</chunk>'
     return text
-
-

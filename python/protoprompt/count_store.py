@@ -51,8 +51,10 @@ _log = logging.getLogger("protoprompt")
 _TABLE = "protoprompt_token_counts"
 _COLUMNS = ("key", "tokens", "mac")
 # `tokens` has no declared type, so no affinity: a value is stored exactly as written.
-_CREATE_TABLE = (f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-                 "(key BLOB NOT NULL UNIQUE, tokens NOT NULL, mac BLOB NOT NULL)")
+_CREATE_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {_TABLE} "
+    "(key BLOB NOT NULL UNIQUE, tokens NOT NULL, mac BLOB NOT NULL)"
+)
 _SECRET_ROW = "count_secret"
 _MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 _REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
@@ -120,8 +122,11 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 @atexit.register
@@ -138,8 +143,7 @@ def _is_count(value: object) -> TypeGuard[int]:
 
 def _mac(secret: bytes, key: bytes, tokens: int) -> bytes:
     """The check stored beside a count: a keyed hash of the key and the count."""
-    return hashlib.blake2b(key + tokens.to_bytes(8, "little"), digest_size=8,
-                           key=secret).digest()
+    return hashlib.blake2b(key + tokens.to_bytes(8, "little"), digest_size=8, key=secret).digest()
 
 
 @runtime_checkable
@@ -204,18 +208,24 @@ class SQLiteCountStore:
     DEFAULT_MAX_ENTRIES = 200_000
     DEFAULT_MAX_OPEN_READERS = 32
 
-    def __init__(self, path: str | os.PathLike[str], *,
-                 max_entries: int = DEFAULT_MAX_ENTRIES,
-                 max_open_readers: int = DEFAULT_MAX_OPEN_READERS) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_open_readers: int = DEFAULT_MAX_OPEN_READERS,
+    ) -> None:
         path = os.fspath(path)
         if path == ":memory:" or path.startswith("file::memory:"):
             raise ValueError("SQLiteCountStore needs a database file, not ':memory:'")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
-        if (isinstance(max_open_readers, bool) or not isinstance(max_open_readers, int)
-                or max_open_readers < 1):
-            raise ValueError(
-                f"max_open_readers must be a positive int, got {max_open_readers!r}")
+        if (
+            isinstance(max_open_readers, bool)
+            or not isinstance(max_open_readers, int)
+            or max_open_readers < 1
+        ):
+            raise ValueError(f"max_open_readers must be a positive int, got {max_open_readers!r}")
         self.path = path
         self.max_entries = max_entries
         self.max_open_readers = max_open_readers
@@ -280,8 +290,9 @@ class SQLiteCountStore:
         with _GATE:
             conn = self._connect()
             try:
-                value = meta_value(conn, _SECRET_ROW, lambda: secrets.token_hex(16),
-                                   [(_TABLE, _CREATE_TABLE)])
+                value = meta_value(
+                    conn, _SECRET_ROW, lambda: secrets.token_hex(16), [(_TABLE, _CREATE_TABLE)]
+                )
                 _replace_old_table(conn)
             finally:
                 conn.close()
@@ -291,7 +302,8 @@ class SQLiteCountStore:
             secret = b""
         if len(secret) != 16:
             raise sqlite3.DatabaseError(
-                f"protoprompt_meta.{_SECRET_ROW} in {self.path} is not 16 hex-encoded bytes")
+                f"protoprompt_meta.{_SECRET_ROW} in {self.path} is not 16 hex-encoded bytes"
+            )
         return secret
 
     @property
@@ -307,11 +319,11 @@ class SQLiteCountStore:
                 reader = self._open_reader()
                 with _GATE:
                     for start in range(0, len(keys), _MAX_PARAMS):
-                        chunk = list(keys[start:start + _MAX_PARAMS])
+                        chunk = list(keys[start : start + _MAX_PARAMS])
                         marks = ",".join("?" * len(chunk))
                         for k, n, mac in reader.execute(
-                                f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})",
-                                chunk):
+                            f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})", chunk
+                        ):
                             found[k] = (n, mac)
             except sqlite3.Error as e:
                 _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
@@ -336,8 +348,9 @@ class SQLiteCountStore:
         batch = [(bytes(k), int(n)) for k, n in pairs]
         for k, n in batch:
             if len(k) != 16 or not _is_count(n):
-                raise ValueError(f"count store entries are (16-byte key, int >= 0), got "
-                                 f"({k!r}, {n!r})")
+                raise ValueError(
+                    f"count store entries are (16-byte key, int >= 0), got ({k!r}, {n!r})"
+                )
         with self._writing:
             # Counts this object wrote lately are not written again (the core reports counts
             # it had in memory, e.g. last turn's new input, which is usually one of them).
@@ -351,7 +364,8 @@ class SQLiteCountStore:
             self._pending.extend(batch)
             if self._writer is None:
                 self._writer = threading.Thread(
-                    target=self._drain, name="protoprompt-count-store", daemon=True)
+                    target=self._drain, name="protoprompt-count-store", daemon=True
+                )
                 self._writer.start()
 
     def _drain(self) -> None:
@@ -370,11 +384,16 @@ class SQLiteCountStore:
                         if conn is None:
                             conn = self._connect()
                         with conn:
-                            conn.executemany(f"INSERT OR REPLACE INTO {_TABLE} "
-                                             "(key, tokens, mac) VALUES (?, ?, ?)", rows)
-                            conn.execute(f"DELETE FROM {_TABLE} WHERE rowid <= "
-                                         f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
-                                         (self.max_entries,))
+                            conn.executemany(
+                                f"INSERT OR REPLACE INTO {_TABLE} "
+                                "(key, tokens, mac) VALUES (?, ?, ?)",
+                                rows,
+                            )
+                            conn.execute(
+                                f"DELETE FROM {_TABLE} WHERE rowid <= "
+                                f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
+                                (self.max_entries,),
+                            )
                 except sqlite3.Error as e:
                     _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
                     with self._writing:  # not written: let a later turn queue them again

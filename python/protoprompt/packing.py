@@ -323,16 +323,16 @@ def truncate_text(
         raise ValueError(f"tail_share must be between 0 and 1, got {tail_share!r}")
     if "{removed}" not in marker:
         raise ValueError("marker must contain '{removed}'")
-    head, tail, total, cut = _core.split_tokens(text, max_tokens, 0, model=model,
-                                                encoding=encoding)
+    head, tail, total, cut = _core.split_tokens(text, max_tokens, 0, model=model, encoding=encoding)
     if not cut:
         return text
     marker_tokens = count_tokens(marker.format(removed=total), model=model, encoding=encoding)
     keep = max_tokens - marker_tokens - 2  # the pieces may merge with the marker at the seams
     while keep >= 0:
         n_tail = int(keep * tail_share)
-        head, tail, _, _ = _core.split_tokens(text, keep - n_tail, n_tail, model=model,
-                                              encoding=encoding)
+        head, tail, _, _ = _core.split_tokens(
+            text, keep - n_tail, n_tail, model=model, encoding=encoding
+        )
         n_head, n_kept_tail = count_tokens_batch([head, tail], model=model, encoding=encoding)
         removed = total - n_head - n_kept_tail
         candidate = head + marker.format(removed=removed) + tail
@@ -437,15 +437,28 @@ def pack(
         TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
     """
     # A throw-away index: the core classifies a long history chunk by chunk into it.
-    return _run(_core.HistoryIndex().pack, history, new_input, budget, output_reserve,
-                context_tokens, model, encoding, policy, context, _checked(count_store),
-                pinned, history_len)
+    return _run(
+        _core.HistoryIndex().pack,
+        history,
+        new_input,
+        budget,
+        output_reserve,
+        context_tokens,
+        model,
+        encoding,
+        policy,
+        context,
+        _checked(count_store),
+        pinned,
+        history_len,
+    )
 
 
 def _checked(count_store: CountStore | None) -> CountStore | None:
     if count_store is not None and not isinstance(count_store, CountStore):
-        raise TypeError("count_store must have secret, get_many and put_many, got "
-                        f"{type(count_store).__name__}")
+        raise TypeError(
+            f"count_store must have secret, get_many and put_many, got {type(count_store).__name__}"
+        )
     return count_store
 
 
@@ -454,8 +467,11 @@ _MAX_TOKENS = 2**64 - 1
 
 
 def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
-    for name, value in (("budget", budget), ("output_reserve", output_reserve),
-                        ("context_tokens", context_tokens)):
+    for name, value in (
+        ("budget", budget),
+        ("output_reserve", output_reserve),
+        ("context_tokens", context_tokens),
+    ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 0:
@@ -466,8 +482,9 @@ def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
 
 def _check_pinned(pinned: Iterable[int]) -> list[int]:
     if isinstance(pinned, (str, bytes)) or not isinstance(pinned, Iterable):
-        raise TypeError(f"pinned must be an iterable of history positions, "
-                        f"got {type(pinned).__name__}")
+        raise TypeError(
+            f"pinned must be an iterable of history positions, got {type(pinned).__name__}"
+        )
     pins = list(pinned)
     for i, p in enumerate(pins):
         if isinstance(p, bool) or not isinstance(p, int):
@@ -498,19 +515,34 @@ def _run(
     history_list = _as_list(history, "history")
     new_list = _as_list(new_input, "new_input")
     pins = _check_pinned(pinned)
-    if history_len is not None and (isinstance(history_len, bool)
-                                    or not isinstance(history_len, int) or history_len < 0):
+    if history_len is not None and (
+        isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 0
+    ):
         raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
     extra: dict[str, Any] = {}
     if history_offset:
-        if isinstance(history_offset, bool) or not isinstance(history_offset, int) \
-                or history_offset < 0:
+        if (
+            isinstance(history_offset, bool)
+            or not isinstance(history_offset, int)
+            or history_offset < 0
+        ):
             raise ValueError(f"history_offset must be a non-negative int, got {history_offset!r}")
         extra["history_offset"] = history_offset
-    raw = core_pack(history_list, new_list, budget, output_reserve=output_reserve,
-                    context_tokens=context_tokens, model=model, encoding=encoding,
-                    policy=policy, context=context, count_store=count_store,
-                    pinned=pins or None, history_len=history_len, **extra)
+    raw = core_pack(
+        history_list,
+        new_list,
+        budget,
+        output_reserve=output_reserve,
+        context_tokens=context_tokens,
+        model=model,
+        encoding=encoding,
+        policy=policy,
+        context=context,
+        count_store=count_store,
+        pinned=pins or None,
+        history_len=history_len,
+        **extra,
+    )
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
     return PackResult(
@@ -674,9 +706,22 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
         would need, if any.
         """
-        return _run(self._index.pack, history, new_input, budget, output_reserve,
-                    context_tokens, model, encoding, policy, context, self.count_store,
-                    pinned, history_len, history_offset)
+        return _run(
+            self._index.pack,
+            history,
+            new_input,
+            budget,
+            output_reserve,
+            context_tokens,
+            model,
+            encoding,
+            policy,
+            context,
+            self.count_store,
+            pinned,
+            history_len,
+            history_offset,
+        )
 
     def window_start(
         self,
@@ -698,8 +743,11 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         The greedy policy has no such bound: pack the whole history for it.
         """
         _check_sizes(budget, 0, 0)
-        return int(self._index.window_start(_as_list(new_items, "new_items"), budget,
-                                            model=model, encoding=encoding))
+        return int(
+            self._index.window_start(
+                _as_list(new_items, "new_items"), budget, model=model, encoding=encoding
+            )
+        )
 
     def count_window(
         self,
@@ -718,9 +766,14 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """
         _check_sizes(budget, 0, 0)
         store = self.count_store
-        raw = self._index.count_window(_as_list(history, "history"), budget, model=model,
-                                       encoding=encoding, history_offset=history_offset,
-                                       count_store=store)
+        raw = self._index.count_window(
+            _as_list(history, "history"),
+            budget,
+            model=model,
+            encoding=encoding,
+            history_offset=history_offset,
+            count_store=store,
+        )
         if store is not None and raw.get("new_counts"):
             store.put_many(raw["new_counts"])
         return int(raw["start"])

@@ -51,44 +51,46 @@ SKIPS: dict[str, str] = {
     "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome": _POOL,
     "tests/memory/test_openai_responses_compaction_session.py::TestOpenAIResponsesCompactionSession::test_settled_pop_failure_invalidates_response_chain": _POOL,
     "tests/memory/test_openai_responses_compaction_session.py::TestOpenAIResponsesCompactionSession::test_settled_clear_failure_invalidates_response_chain": _POOL,
-    "tests/memory/test_session.py::test_sqlite_session_pop_item_skips_corrupt_most_recent":
-        "writes corrupt rows through SQLiteSession._locked_connection",
-    "tests/memory/test_session.py::test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows":
-        "writes corrupt rows through SQLiteSession._locked_connection",
-    "tests/memory/test_session.py::test_sqlite_session_get_items_limit_skips_corrupt_newest_rows":
-        "writes corrupt rows through SQLiteSession._locked_connection",
-    "tests/memory/test_session.py::test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows":
-        "writes corrupt rows through SQLiteSession._locked_connection",
-    "tests/memory/test_session.py::test_sqlite_session_file_lock_is_shared_across_instances":
-        "compares SQLiteSession._lock and the class's _file_lock_counts",
-    "tests/memory/test_compaction_suffix.py::test_cancelled_suffix_transaction_settles_before_newer_append[sqlite]":
-        "patches SQLiteSession._insert_items on the session object",
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_skips_corrupt_most_recent": "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows": "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_get_items_limit_skips_corrupt_newest_rows": "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows": "writes corrupt rows through SQLiteSession._locked_connection",
+    "tests/memory/test_session.py::test_sqlite_session_file_lock_is_shared_across_instances": "compares SQLiteSession._lock and the class's _file_lock_counts",
+    "tests/memory/test_compaction_suffix.py::test_cancelled_suffix_transaction_settles_before_newer_append[sqlite]": "patches SQLiteSession._insert_items on the session object",
 }
 
 
 class ConformanceSQLiteSession(ProtoPromptSession):
     """A ``ProtoPromptSession`` constructed like ``SQLiteSession``."""
 
-    def __init__(self, session_id: str, db_path: Any = ":memory:",
-                 sessions_table: str = "agent_sessions",
-                 messages_table: str = "agent_messages",
-                 session_settings: Any = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        db_path: Any = ":memory:",
+        sessions_table: str = "agent_sessions",
+        messages_table: str = "agent_messages",
+        session_settings: Any = None,
+    ) -> None:
         # With the callback on, the runner's reads go through the token-window path too
         # (the recommended set-up; at the 1M budget the histories fit, so it reads them
         # whole after checking, and every SDK expectation must still hold).
-        super().__init__(session_id, db_path, sessions_table=sessions_table,
-                         messages_table=messages_table, session_settings=session_settings,
-                         windowed_reads=CALLBACK)
+        super().__init__(
+            session_id,
+            db_path,
+            sessions_table=sessions_table,
+            messages_table=messages_table,
+            session_settings=session_settings,
+            windowed_reads=CALLBACK,
+        )
 
 
 # Tests whose history is a graph the Responses API rejects, which the callback repairs by
 # design (spec docs/item-graph.md) where the SDK sends it as it is. Expected to fail with the
 # callback (strict: a pass means the difference is gone and the entry must go).
 CALLBACK_DIFFERENCES: dict[str, str] = {
-    "tests/memory/test_compaction_model_visibility.py::test_reasoning_policy_does_not_authorize_other_input_changes[False]":
-        "its history is one reasoning item with no model item after it (the API rejects it: "
-        "\"reasoning was provided without its required following item\"); the callback drops "
-        "it, so the test's model-input filter finds a user message at input[0]",
+    "tests/memory/test_compaction_model_visibility.py::test_reasoning_policy_does_not_authorize_other_input_changes[False]": "its history is one reasoning item with no model item after it (the API rejects it: "
+    '"reasoning was provided without its required following item"); the callback drops '
+    "it, so the test's model-input filter finds a user message at input[0]",
 }
 
 
@@ -126,9 +128,11 @@ def _with_callback(kwargs: dict[str, Any]) -> None:
     callback = owner.input_callback(builder)
     from agents import RunConfig
 
-    kwargs["run_config"] = (dataclasses.replace(run_config, session_input_callback=callback)
-                            if run_config is not None
-                            else RunConfig(session_input_callback=callback))
+    kwargs["run_config"] = (
+        dataclasses.replace(run_config, session_input_callback=callback)
+        if run_config is not None
+        else RunConfig(session_input_callback=callback)
+    )
 
 
 def _install_callback() -> None:
@@ -158,8 +162,9 @@ RUNNER_FILES = ("tests/test_agent_runner.py", "tests/test_agent_runner_streamed.
 RUNNER_KEYWORDS = ("session", "persist", "compaction")
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
-                                  items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
     kept, deselected = [], []
     for item in items:
         name = item.nodeid.split("::", 1)
@@ -187,8 +192,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.skip(reason=f"protoprompt conformance: {reason}"))
         reason = CALLBACK_DIFFERENCES.get(item.nodeid) or CALLBACK_DIFFERENCES.get(base)
         if reason is not None and CALLBACK:
-            item.add_marker(pytest.mark.xfail(
-                reason=f"protoprompt conformance, intended difference: {reason}", strict=True))
+            item.add_marker(
+                pytest.mark.xfail(
+                    reason=f"protoprompt conformance, intended difference: {reason}", strict=True
+                )
+            )
     config.stash[_REPLACED] = replaced
 
 
@@ -196,8 +204,10 @@ _REPLACED = pytest.StashKey[int]()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return (f"protoprompt conformance: SQLiteSession -> ProtoPromptSession; "
-            f"callback {'on' if CALLBACK else 'off'}")
+    return (
+        f"protoprompt conformance: SQLiteSession -> ProtoPromptSession; "
+        f"callback {'on' if CALLBACK else 'off'}"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -209,8 +219,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
             reason = str(reason).removeprefix("Skipped: ").removeprefix("protoprompt conformance: ")
             terminalreporter.write_line(f"  {report.nodeid}: {reason}")
-    runs = (f" ({_RUNS['session']} runs on a ProtoPromptSession, {_RUNS['plain']} on a "
-            "test's own session)" if CALLBACK else "")
+    runs = (
+        f" ({_RUNS['session']} runs on a ProtoPromptSession, {_RUNS['plain']} on a "
+        "test's own session)"
+        if CALLBACK
+        else ""
+    )
     terminalreporter.write_line(
         f"protoprompt conformance: SQLiteSession replaced in {replaced} module bindings; "
-        f"callback {'on' if CALLBACK else 'off'}{runs}")
+        f"callback {'on' if CALLBACK else 'off'}{runs}"
+    )

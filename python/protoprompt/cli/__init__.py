@@ -55,18 +55,21 @@ def _port(text: str) -> int:
 
 def _add_tokenizer(parser: argparse.ArgumentParser, what: str) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--model", metavar="M",
-                       help=f"model whose tokenizer {what} (gpt-5, gpt-4o, gpt-4…)")
-    group.add_argument("--encoding", metavar="E",
-                       help="tokenizer by name (o200k_base, cl100k_base…); "
-                            "default o200k_base")
+    group.add_argument(
+        "--model", metavar="M", help=f"model whose tokenizer {what} (gpt-5, gpt-4o, gpt-4…)"
+    )
+    group.add_argument(
+        "--encoding",
+        metavar="E",
+        help="tokenizer by name (o200k_base, cl100k_base…); default o200k_base",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Token-budgeted requests and scoped long-term memory for the OpenAI "
-                    "Agents SDK.",
+        "Agents SDK.",
         epilog=f"Run '{PROG} COMMAND --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -74,92 +77,157 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---------------------------------------------------------------- mcp
     mcp = commands.add_parser(
-        "mcp", help="serve a memory scope to MCP clients (stdio or streamable HTTP)",
+        "mcp",
+        help="serve a memory scope to MCP clients (stdio or streamable HTTP)",
         description="Serve one memory scope of a protoprompt MemoryStore database to MCP "
-                    "clients: tools memory_search, memory_remember, memory_forget, "
-                    "memory_index_document, memory_get_profile, memory_set_profile and "
-                    "memory_context; resources memory://profile and memory://facts. The scope "
-                    "is fixed here; no client request can name another one. Needs the mcp "
-                    "extra: pip install 'protoprompt[mcp]'.",
+        "clients: tools memory_search, memory_remember, memory_forget, "
+        "memory_index_document, memory_get_profile, memory_set_profile and "
+        "memory_context; resources memory://profile and memory://facts. The scope "
+        "is fixed here; no client request can name another one. Needs the mcp "
+        "extra: pip install 'protoprompt[mcp]'.",
         epilog=f"example: {PROG} mcp --db agents.db --tenant acme --user alice",
     )
-    mcp.add_argument("--db", required=True, metavar="PATH",
-                     help="SQLite database of the memory (created if missing, unless "
-                          "--read-only); the same file the budgeted callback recalls from")
+    mcp.add_argument(
+        "--db",
+        required=True,
+        metavar="PATH",
+        help="SQLite database of the memory (created if missing, unless "
+        "--read-only); the same file the budgeted callback recalls from",
+    )
     scope = mcp.add_argument_group("scope (fixed for the server's lifetime)")
     scope.add_argument("--tenant", required=True, help="tenant of the scope")
     scope.add_argument("--user", required=True, help="user of the scope")
     scope.add_argument("--thread", help="thread of the scope (default: user-wide memory)")
-    scope.add_argument("--include-parents", action="store_true",
-                       help="reads also see the scope's ancestors (the user's and the "
-                            "tenant's memories for a thread scope); writes stay in the scope")
-    mcp.add_argument("--read-only", action="store_true",
-                     help="expose only memory_search, memory_get_profile and memory_context")
+    scope.add_argument(
+        "--include-parents",
+        action="store_true",
+        help="reads also see the scope's ancestors (the user's and the "
+        "tenant's memories for a thread scope); writes stay in the scope",
+    )
+    mcp.add_argument(
+        "--read-only",
+        action="store_true",
+        help="expose only memory_search, memory_get_profile and memory_context",
+    )
     net = mcp.add_argument_group("transport")
-    net.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                     help="stdio (default; for clients that start the server) or streamable "
-                          "HTTP")
-    net.add_argument("--host", default="127.0.0.1",
-                     help="HTTP address to bind (default 127.0.0.1: this machine only)")
-    net.add_argument("--port", type=_port, default=8000,
-                     help="HTTP port (default 8000; 0 picks a free one)")
+    net.add_argument(
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="stdio (default; for clients that start the server) or streamable HTTP",
+    )
+    net.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="HTTP address to bind (default 127.0.0.1: this machine only)",
+    )
+    net.add_argument(
+        "--port", type=_port, default=8000, help="HTTP port (default 8000; 0 picks a free one)"
+    )
     net.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
     _add_tokenizer(mcp, "memory_context counts with")
-    mcp.add_argument("--name", default="protoprompt-memory",
-                     help="server name shown to clients (default protoprompt-memory)")
-    mcp.add_argument("--log-level", default="WARNING",
-                     choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-                     help="server log level; logs go to stderr (default WARNING)")
+    mcp.add_argument(
+        "--name",
+        default="protoprompt-memory",
+        help="server name shown to clients (default protoprompt-memory)",
+    )
+    mcp.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="server log level; logs go to stderr (default WARNING)",
+    )
     mcp.set_defaults(run=_run_mcp)
 
     # ---------------------------------------------------------------- inspect
     inspect = commands.add_parser(
-        "inspect", help="show what the next request of a stored session keeps and drops",
+        "inspect",
+        help="show what the next request of a stored session keeps and drops",
         description="Read an Agents SDK SQLiteSession database (read-only) and show, for one "
-                    "session, what the next request would keep and drop under a token "
-                    "budget: one row per atomic unit (its items, kinds, tokens, decision and "
-                    "the reason), then the totals. Without --session, list the sessions.",
+        "session, what the next request would keep and drop under a token "
+        "budget: one row per atomic unit (its items, kinds, tokens, decision and "
+        "the reason), then the totals. Without --session, list the sessions.",
         epilog=f"example: {PROG} inspect agents.db --session legal-chat --budget 128000 "
-               "--model gpt-5 --output-reserve 8000",
+        "--model gpt-5 --output-reserve 8000",
     )
     inspect.add_argument("db", metavar="DB", help="the SQLiteSession database file")
     inspect.add_argument("--session", metavar="ID", help="session id to inspect")
-    inspect.add_argument("--budget", type=_positive, default=128_000,
-                         help="token budget of the request plus the output reserve "
-                              "(default 128000)")
+    inspect.add_argument(
+        "--budget",
+        type=_positive,
+        default=128_000,
+        help="token budget of the request plus the output reserve (default 128000)",
+    )
     _add_tokenizer(inspect, "counts with")
-    inspect.add_argument("--output-reserve", type=_non_negative, default=0, metavar="N",
-                         help="tokens kept free for the answer (default 0)")
-    inspect.add_argument("--context-tokens", type=_non_negative, default=0, metavar="N",
-                         help="tokens of your system/context message (default 0)")
-    inspect.add_argument("--policy", choices=("contiguous", "greedy"), default="contiguous",
-                         help="history policy (default contiguous)")
-    inspect.add_argument("--input", metavar="TEXT",
-                         help="a user message as the next turn's new input (default: none)")
-    inspect.add_argument("--limit", type=_positive, metavar="N",
-                         help="read only the newest N items (as session_settings.limit does)")
-    inspect.add_argument("--dropped", action="store_true",
-                         help="list only the units that are not sent")
-    inspect.add_argument("--messages-table", default="agent_messages", metavar="NAME",
-                         help="the SQLiteSession messages table (default agent_messages)")
+    inspect.add_argument(
+        "--output-reserve",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="tokens kept free for the answer (default 0)",
+    )
+    inspect.add_argument(
+        "--context-tokens",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="tokens of your system/context message (default 0)",
+    )
+    inspect.add_argument(
+        "--policy",
+        choices=("contiguous", "greedy"),
+        default="contiguous",
+        help="history policy (default contiguous)",
+    )
+    inspect.add_argument(
+        "--input",
+        metavar="TEXT",
+        help="a user message as the next turn's new input (default: none)",
+    )
+    inspect.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help="read only the newest N items (as session_settings.limit does)",
+    )
+    inspect.add_argument(
+        "--dropped", action="store_true", help="list only the units that are not sent"
+    )
+    inspect.add_argument(
+        "--messages-table",
+        default="agent_messages",
+        metavar="NAME",
+        help="the SQLiteSession messages table (default agent_messages)",
+    )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(run=_run_inspect)
 
     # ---------------------------------------------------------------- count
     count = commands.add_parser(
-        "count", help="count the tokens of a text or of input items",
+        "count",
+        help="count the tokens of a text or of input items",
         description="Count tokens with the model's real tokenizer. Input is a text, or "
-                    "Responses input items as JSONL (one JSON object per line) or a JSON "
-                    "array; items are costed like protoprompt packs them (text, media and "
-                    "per-item overhead).",
+        "Responses input items as JSONL (one JSON object per line) or a JSON "
+        "array; items are costed like protoprompt packs them (text, media and "
+        "per-item overhead).",
         epilog=f"examples: {PROG} count notes.txt | {PROG} count --model gpt-4 - < items.jsonl",
     )
-    count.add_argument("file", nargs="?", default="-", metavar="FILE",
-                       help="file to count, or - for standard input (default)")
+    count.add_argument(
+        "file",
+        nargs="?",
+        default="-",
+        metavar="FILE",
+        help="file to count, or - for standard input (default)",
+    )
     _add_tokenizer(count, "counts with")
-    count.add_argument("--as", dest="mode", choices=("auto", "text", "items"), default="auto",
-                       help="what the input is (default auto: items if it parses as JSONL or "
-                            "a JSON array of objects, else text)")
+    count.add_argument(
+        "--as",
+        dest="mode",
+        choices=("auto", "text", "items"),
+        default="auto",
+        help="what the input is (default auto: items if it parses as JSONL or "
+        "a JSON array of objects, else text)",
+    )
     count.add_argument("--json", action="store_true", help="print the counts as JSON")
     count.set_defaults(run=_run_count)
     return parser
@@ -182,22 +250,32 @@ def _run_mcp(args: argparse.Namespace) -> int:
         raise _CommandError(f"bad scope: {exc}") from None
     if args.read_only and not os.path.isfile(args.db):
         raise _CommandError(
-            f"no database file {args.db!r} (a read-only server does not create one)")
+            f"no database file {args.db!r} (a read-only server does not create one)"
+        )
     if args.transport == "http" and not is_loopback(args.host):
-        print(f"{PROG} mcp: warning: serving on {args.host}, reachable from other machines; "
-              "the server has no authentication, so anyone who can reach it can read"
-              + ("" if args.read_only else " and change") + " this scope's memory",
-              file=sys.stderr)
+        print(
+            f"{PROG} mcp: warning: serving on {args.host}, reachable from other machines; "
+            "the server has no authentication, so anyone who can reach it can read"
+            + ("" if args.read_only else " and change")
+            + " this scope's memory",
+            file=sys.stderr,
+        )
     try:
         store = MemoryStore(args.db)
     except Exception as exc:  # noqa: BLE001 - sqlite3 errors, a directory, no permission
         raise _CommandError(f"cannot open the memory database {args.db!r}: {exc}") from None
     try:
-        server = create_server(store, scope, name=args.name, read_only=args.read_only,
-                               include_parents=args.include_parents, model=args.model,
-                               encoding=args.encoding, log_level=args.log_level)
-        run_server(server, transport=args.transport, host=args.host, port=args.port,
-                   path=args.path)
+        server = create_server(
+            store,
+            scope,
+            name=args.name,
+            read_only=args.read_only,
+            include_parents=args.include_parents,
+            model=args.model,
+            encoding=args.encoding,
+            log_level=args.log_level,
+        )
+        run_server(server, transport=args.transport, host=args.host, port=args.port, path=args.path)
     except OSError as exc:
         raise _CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     except KeyboardInterrupt:
@@ -229,18 +307,25 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 n = len(sessions)
                 print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
-        rows = ins.read_session(conn, args.session, messages_table=args.messages_table,
-                                path=args.db, limit=args.limit)
+        rows = ins.read_session(
+            conn, args.session, messages_table=args.messages_table, path=args.db, limit=args.limit
+        )
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
     finally:
         conn.close()
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
     try:
-        result = ins.inspect_session(rows, budget=args.budget, output_reserve=args.output_reserve,
-                                     context_tokens=args.context_tokens, model=args.model,
-                                     encoding=args.encoding, policy=args.policy,
-                                     new_input=new_input)
+        result = ins.inspect_session(
+            rows,
+            budget=args.budget,
+            output_reserve=args.output_reserve,
+            context_tokens=args.context_tokens,
+            model=args.model,
+            encoding=args.encoding,
+            policy=args.policy,
+            new_input=new_input,
+        )
     except ProtoPromptError as exc:
         location = getattr(exc, "location", "")
         hint = ""

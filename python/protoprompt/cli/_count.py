@@ -75,23 +75,33 @@ def parse_input(text: str, mode: Mode = "auto", name: str = "-") -> ParsedInput:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CountError(f"{name}:{number}: not JSON ({exc.msg}); expected one input "
-                             "item (a JSON object) per line, or a JSON array of items") from None
+            raise CountError(
+                f"{name}:{number}: not JSON ({exc.msg}); expected one input "
+                "item (a JSON object) per line, or a JSON array of items"
+            ) from None
         if not isinstance(value, dict):
-            raise CountError(f"{name}:{number}: a JSON {type(value).__name__}, not an item "
-                             "(a JSON object)")
+            raise CountError(
+                f"{name}:{number}: a JSON {type(value).__name__}, not an item (a JSON object)"
+            )
     raise CountError(f"{name}: no input items (empty input)")
 
 
-def count_input(parsed: ParsedInput, *, model: str | None, encoding: str | None,
-                name: str = "-") -> dict[str, Any]:
+def count_input(
+    parsed: ParsedInput, *, model: str | None, encoding: str | None, name: str = "-"
+) -> dict[str, Any]:
     """Token counts of parsed input, as JSON-able data."""
-    enc = encoding if encoding is not None else (
-        encoding_for_model(model) if model is not None else "o200k_base")
+    enc = (
+        encoding
+        if encoding is not None
+        else (encoding_for_model(model) if model is not None else "o200k_base")
+    )
     if parsed.kind == "text":
-        return {"kind": "text", "encoding": enc,
-                "tokens": count_tokens(parsed.text, encoding=enc),
-                "characters": len(parsed.text)}
+        return {
+            "kind": "text",
+            "encoding": enc,
+            "tokens": count_tokens(parsed.text, encoding=enc),
+            "characters": len(parsed.text),
+        }
     rows = []
     for index, item in enumerate(parsed.items):
         where = f"{name}:{parsed.lines[index]}" if parsed.lines else f"{name}: item {index}"
@@ -99,37 +109,60 @@ def count_input(parsed: ParsedInput, *, model: str | None, encoding: str | None,
             cost = item_tokens(item, encoding=enc)
         except ProtoPromptError as exc:
             raise CountError(f"{where}: {exc}") from None
-        rows.append({
-            "index": index,
-            "line": parsed.lines[index] if parsed.lines else None,
-            "type": item.get("type") if isinstance(item.get("type"), str) else
-                    ("message" if "role" in item else None),
-            "role": item.get("role") if isinstance(item.get("role"), str) else None,
-            "text": cost.text,
-            "media": cost.media,
-            "overhead": cost.overhead,
-            "tokens": cost.total,
-        })
-    return {"kind": "items", "encoding": enc, "tokens": sum(r["tokens"] for r in rows),
-            "items": rows}
+        rows.append(
+            {
+                "index": index,
+                "line": parsed.lines[index] if parsed.lines else None,
+                "type": item.get("type")
+                if isinstance(item.get("type"), str)
+                else ("message" if "role" in item else None),
+                "role": item.get("role") if isinstance(item.get("role"), str) else None,
+                "text": cost.text,
+                "media": cost.media,
+                "overhead": cost.overhead,
+                "tokens": cost.total,
+            }
+        )
+    return {
+        "kind": "items",
+        "encoding": enc,
+        "tokens": sum(r["tokens"] for r in rows),
+        "items": rows,
+    }
 
 
 def render_count(result: dict[str, Any]) -> str:
     """The counts for a terminal."""
     if result["kind"] == "text":
-        return (f"{result['tokens']} tokens ({result['encoding']}), "
-                f"{result['characters']} characters")
+        return (
+            f"{result['tokens']} tokens ({result['encoding']}), {result['characters']} characters"
+        )
     header = ("item", "line", "type", "role", "text", "media", "overhead", "tokens")
     table = [header]
-    table.extend((str(r["index"]), "-" if r["line"] is None else str(r["line"]),
-                  r["type"] or "-", r["role"] or "-", str(r["text"]), str(r["media"]),
-                  str(r["overhead"]), str(r["tokens"]))
-                 for r in result["items"])
+    table.extend(
+        (
+            str(r["index"]),
+            "-" if r["line"] is None else str(r["line"]),
+            r["type"] or "-",
+            r["role"] or "-",
+            str(r["text"]),
+            str(r["media"]),
+            str(r["overhead"]),
+            str(r["tokens"]),
+        )
+        for r in result["items"]
+    )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     left = {2, 3}
-    lines = ["  ".join(row[i].ljust(widths[i]) if i in left else row[i].rjust(widths[i])
-                       for i in range(len(header))).rstrip() for row in table]
+    lines = [
+        "  ".join(
+            row[i].ljust(widths[i]) if i in left else row[i].rjust(widths[i])
+            for i in range(len(header))
+        ).rstrip()
+        for row in table
+    ]
     n = len(result["items"])
-    lines.append(f"{result['tokens']} tokens in {n} item{'s' if n != 1 else ''} "
-                 f"({result['encoding']})")
+    lines.append(
+        f"{result['tokens']} tokens in {n} item{'s' if n != 1 else ''} ({result['encoding']})"
+    )
     return "\n".join(lines)

@@ -18,8 +18,17 @@ from urllib.parse import quote
 
 from ..packing import PackResult, Policy, UnitDecision, pack
 
-__all__ = ["InspectError", "SessionRows", "decision_reason", "inspect_session", "list_sessions",
-           "preview", "read_session", "render_report", "report_json"]
+__all__ = [
+    "InspectError",
+    "SessionRows",
+    "decision_reason",
+    "inspect_session",
+    "list_sessions",
+    "preview",
+    "read_session",
+    "render_report",
+    "report_json",
+]
 
 
 class InspectError(Exception):
@@ -56,12 +65,14 @@ def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection:
 
 
 def _check_table(conn: sqlite3.Connection, table: str, path: str) -> None:
-    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                       (table,)).fetchone()
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
     if row is None:
         raise InspectError(
             f"{path!r} has no table {table!r}: not an Agents SDK SQLiteSession database, or "
-            "one with other table names (see --messages-table)")
+            "one with other table names (see --messages-table)"
+        )
 
 
 def list_sessions(conn: sqlite3.Connection, messages_table: str, path: str) -> list[dict[str, Any]]:
@@ -74,30 +85,42 @@ def list_sessions(conn: sqlite3.Connection, messages_table: str, path: str) -> l
         ).fetchall()
     except sqlite3.DatabaseError as exc:
         raise InspectError(f"cannot read table {messages_table!r}: {exc}") from None
-    return [{"session": s, "items": n, "first": first, "last": last}
-            for s, n, first, last in rows]
+    return [{"session": s, "items": n, "first": first, "last": last} for s, n, first, last in rows]
 
 
-def read_session(conn: sqlite3.Connection, session_id: str, *, messages_table: str,
-                 path: str, limit: int | None = None) -> SessionRows:
+def read_session(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    messages_table: str,
+    path: str,
+    limit: int | None = None,
+) -> SessionRows:
     """The session's items in chronological order (the newest ``limit`` if given)."""
     _check_table(conn, messages_table, path)
     table = _ident(messages_table)
     try:
         if limit is None:
-            rows = conn.execute(f"SELECT id, message_data FROM {table} WHERE session_id = ? "
-                                "ORDER BY id ASC", (session_id,)).fetchall()
+            rows = conn.execute(
+                f"SELECT id, message_data FROM {table} WHERE session_id = ? ORDER BY id ASC",
+                (session_id,),
+            ).fetchall()
         else:
-            rows = conn.execute(f"SELECT id, message_data FROM {table} WHERE session_id = ? "
-                                "ORDER BY id DESC LIMIT ?", (session_id, limit)).fetchall()
+            rows = conn.execute(
+                f"SELECT id, message_data FROM {table} WHERE session_id = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (session_id, limit),
+            ).fetchall()
             rows.reverse()
     except sqlite3.DatabaseError as exc:
         raise InspectError(f"cannot read table {messages_table!r}: {exc}") from None
     if not rows:
         known = [s["session"] for s in list_sessions(conn, messages_table, path)]
         shown = ", ".join(repr(k) for k in known[:10]) + (" ..." if len(known) > 10 else "")
-        raise InspectError(f"no session {session_id!r} in {path!r}"
-                           + (f" (sessions: {shown})" if known else " (it has no sessions)"))
+        raise InspectError(
+            f"no session {session_id!r} in {path!r}"
+            + (f" (sessions: {shown})" if known else " (it has no sessions)")
+        )
     items: list[Any] = []
     row_ids: list[int] = []
     skipped: list[int] = []
@@ -188,8 +211,16 @@ def inspect_session(
     new_input: list[dict[str, Any]],
 ) -> PackResult:
     """Pack the stored history as the next turn would (``new_input`` may be empty)."""
-    return pack(rows.items, new_input, budget, output_reserve=output_reserve,
-                context_tokens=context_tokens, model=model, encoding=encoding, policy=policy)
+    return pack(
+        rows.items,
+        new_input,
+        budget,
+        output_reserve=output_reserve,
+        context_tokens=context_tokens,
+        model=model,
+        encoding=encoding,
+        policy=policy,
+    )
 
 
 def _span(positions: Sequence[int]) -> str:
@@ -202,8 +233,13 @@ def _span(positions: Sequence[int]) -> str:
     return ",".join(str(p) for p in positions)
 
 
-def report_json(path: str, session_id: str, rows: SessionRows, result: PackResult,
-                new_input: list[dict[str, Any]]) -> dict[str, Any]:
+def report_json(
+    path: str,
+    session_id: str,
+    rows: SessionRows,
+    result: PackResult,
+    new_input: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The whole report as JSON-able data (``--json``)."""
     units = [
         {
@@ -215,8 +251,9 @@ def report_json(path: str, session_id: str, rows: SessionRows, result: PackResul
             "decision": d.decision,
             "kept": d.kept,
             "reason": decision_reason(d),
-            "problems": [{"code": p.code, "message": p.message, "location": p.location}
-                         for p in d.problems],
+            "problems": [
+                {"code": p.code, "message": p.message, "location": p.location} for p in d.problems
+            ],
             "preview": preview(rows.items[d.positions[0]]) if d.positions else "",
         }
         for d in result.decisions
@@ -249,32 +286,47 @@ def report_json(path: str, session_id: str, rows: SessionRows, result: PackResul
 
 def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> str:
     """The report as a table per unit and the totals, for a terminal."""
-    lines = [f"session {report['session']!r} in {report['database']}: {report['items']} items"
-             + (f" ({len(report['skipped_rows'])} rows skipped: not JSON)"
-                if report["skipped_rows"] else "")]
+    lines = [
+        f"session {report['session']!r} in {report['database']}: {report['items']} items"
+        + (
+            f" ({len(report['skipped_rows'])} rows skipped: not JSON)"
+            if report["skipped_rows"]
+            else ""
+        )
+    ]
     units = [u for u in report["units"] if not (dropped_only and u["kept"])]
     header = ("unit", "items", "kinds", "tokens", "decision", "reason", "content")
     table = [header]
     for u in units:
         kinds = "+".join(u["kinds"])
-        table.append((str(u["unit"]), _span(u["positions"]),
-                      kinds if len(kinds) <= 40 else kinds[:39] + "…",
-                      "-" if u["tokens"] is None else str(u["tokens"]),
-                      u["decision"], u["reason"], u["preview"]))
+        table.append(
+            (
+                str(u["unit"]),
+                _span(u["positions"]),
+                kinds if len(kinds) <= 40 else kinds[:39] + "…",
+                "-" if u["tokens"] is None else str(u["tokens"]),
+                u["decision"],
+                u["reason"],
+                u["preview"],
+            )
+        )
     if len(table) > 1:
         widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
         right = {0, 3}
         lines.append("")
         for row in table:
-            cells = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i])
-                     for i in range(len(header) - 1)]
+            cells = [
+                row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i])
+                for i in range(len(header) - 1)
+            ]
             lines.append("  ".join([*cells, row[-1]]).rstrip())
     elif dropped_only:
         lines.append("")
         lines.append("no unit is dropped")
     counts = report["decision_counts"]
-    dropped = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())
-                        if k not in ("kept", "mandatory"))
+    dropped = ", ".join(
+        f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("kept", "mandatory")
+    )
     lines += [
         "",
         f"budget {report['budget']} tokens ({report['encoding']}, policy {report['policy']}): "

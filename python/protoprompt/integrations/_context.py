@@ -63,8 +63,11 @@ def context_key(item: Any) -> tuple[str, str] | None:
 
 def is_encrypted_envelope(item: Any) -> bool:
     """The shape ``EncryptedSession`` stores (``{"__enc__": 1, "v", "kid", "payload"}``)."""
-    return (isinstance(item, Mapping) and item.get("__enc__") == 1
-            and {"v", "kid", "payload"} <= item.keys())
+    return (
+        isinstance(item, Mapping)
+        and item.get("__enc__") == 1
+        and {"v", "kid", "payload"} <= item.keys()
+    )
 
 
 class Read:
@@ -83,8 +86,13 @@ class RunInput:
 
     __slots__ = ("context_key", "n_items", "new_input", "session")
 
-    def __init__(self, session: ProtoPromptSession, context_key: tuple[str, str] | None,
-                 new_input: list[Any], n_items: int) -> None:
+    def __init__(
+        self,
+        session: ProtoPromptSession,
+        context_key: tuple[str, str] | None,
+        new_input: list[Any],
+        n_items: int,
+    ) -> None:
         self.session = session
         self.context_key = context_key
         self.new_input = new_input
@@ -92,11 +100,12 @@ class RunInput:
 
 
 RUN_INPUT: contextvars.ContextVar[RunInput | None] = contextvars.ContextVar(
-    "protoprompt_run_input", default=None)
+    "protoprompt_run_input", default=None
+)
 """Set by the session callback; read by the session's model filter in the same task."""
 
 LAST_READ: contextvars.ContextVar[Read | None] = contextvars.ContextVar(
-    "protoprompt_last_read", default=None)
+    "protoprompt_last_read", default=None
+)
 """Set by ``ProtoPromptSession.get_items``; the SDK calls the input callback next, in the
 same task, with (copies of) exactly those items."""
-

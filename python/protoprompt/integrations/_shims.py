@@ -45,11 +45,17 @@ def coerce_settings(value: SessionSettings | Mapping[str, Any] | None) -> Sessio
     )
 
 
-FORWARDED_HOOKS = frozenset({
-    "run_compaction", "_defer_compaction", "_get_deferred_compaction_response_id",
-    "_clear_deferred_compaction", "_get_items_with_generation", "_add_items_with_generation",
-    "_read_compaction_items",
-})
+FORWARDED_HOOKS = frozenset(
+    {
+        "run_compaction",
+        "_defer_compaction",
+        "_get_deferred_compaction_response_id",
+        "_clear_deferred_compaction",
+        "_get_items_with_generation",
+        "_add_items_with_generation",
+        "_read_compaction_items",
+    }
+)
 """Optional hooks a ProtoPromptSession exposes exactly when its inner session has them."""
 
 NOT_FORWARDED = frozenset({"underlying_session"})

@@ -80,8 +80,9 @@ def load(db_path: str, table: str, session_id: str) -> tuple[bytes, bytes] | Non
     try:
         with contextlib.closing(_connect(db_path)) as conn:
             row = conn.execute(
-                f"SELECT row_ids, data FROM {TABLE} "
-                "WHERE messages_table = ? AND session_id = ?", (table, session_id)).fetchone()
+                f"SELECT row_ids, data FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
+                (table, session_id),
+            ).fetchone()
     except sqlite3.Error:
         return None  # no table yet (or one of an earlier layout), or an unreadable database
     if row is None or type(row[0]) is not bytes or type(row[1]) is not bytes:
@@ -103,8 +104,10 @@ def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes)
     try:
         with contextlib.closing(_connect(db_path)) as conn, conn:
             _ensure_table(conn)
-            conn.execute(f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
-                         (table, session_id, row_ids, data))
+            conn.execute(
+                f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
+                (table, session_id, row_ids, data),
+            )
         return True
     except sqlite3.Error as exc:
         _log.debug("protoprompt: index snapshot of %r not written: %s", session_id, exc)
@@ -115,8 +118,10 @@ def delete(db_path: str, table: str, session_id: str) -> None:
     """Remove the session's snapshot (after ``clear_session``), if there is one."""
     try:
         with contextlib.closing(_connect(db_path)) as conn, conn:
-            conn.execute(f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
-                         (table, session_id))
+            conn.execute(
+                f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
+                (table, session_id),
+            )
     except sqlite3.Error:
         pass  # no table: nothing to delete; a locked database keeps a snapshot whose rows
         # are gone, of which the row comparison then keeps nothing
@@ -210,8 +215,9 @@ class IndexState:
                     return
                 ids_blob, data = found
                 row_ids = ids_from_bytes(ids_blob)
-                index = HistoryIndex.from_snapshot(data, count_store=self.index.count_store,
-                                                   bound_to=self._binding(ids_blob))
+                index = HistoryIndex.from_snapshot(
+                    data, count_store=self.index.count_store, bound_to=self._binding(ids_blob)
+                )
                 if row_ids is None or len(row_ids) != len(index):
                     raise SnapshotError("its row ids do not match its items")
             except Exception as exc:  # noqa: BLE001 - stored state never fails a turn
@@ -229,24 +235,31 @@ class IndexState:
         """Whether the index has grown enough since its last snapshot: it holds ``min_items``
         items and has grown by an eighth, at least ``min_items`` (caller holds lock)."""
         n = len(self.index)
-        return (self.snapshot_at is not None and self.row_ids is not None
-                and n >= min_items
-                and n - self.saved_len >= max(min_items, self.saved_len // 8))
+        return (
+            self.snapshot_at is not None
+            and self.row_ids is not None
+            and n >= min_items
+            and n - self.saved_len >= max(min_items, self.saved_len // 8)
+        )
 
     def save_in_background(self) -> None:
         """Start writing a snapshot unless one is being written (caller holds the lock)."""
         if self.saver is not None and self.saver.is_alive():
             return
-        self.saver = threading.Thread(target=self.save, name="protoprompt-snapshot",
-                                      daemon=True)
+        self.saver = threading.Thread(target=self.save, name="protoprompt-snapshot", daemon=True)
         self.saver.start()
 
     def save(self) -> None:
         """Write a snapshot of the index as it is now, if it holds anything unsaved."""
         with self.lock:
             n = len(self.index)
-            if (self.snapshot_at is None or self.row_ids is None or n == 0
-                    or n == self.saved_len or len(self.row_ids) != n):
+            if (
+                self.snapshot_at is None
+                or self.row_ids is None
+                or n == 0
+                or n == self.saved_len
+                or len(self.row_ids) != n
+            ):
                 return
             ids_blob = ids_to_bytes(self.row_ids)
             data = self.index.snapshot(bound_to=self._binding(ids_blob))
@@ -295,4 +308,3 @@ def _finish_saves_at_exit() -> None:
     """Snapshot writers are daemon threads: let one in flight finish (at most 5 s each)."""
     for state in list(_STATES):
         state.wait_for_save(timeout=5.0)
-

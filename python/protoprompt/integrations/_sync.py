@@ -76,18 +76,21 @@ class Rows:
             return array("q")
         skipped = set(self.skipped)
         rows = self.rows
-        return array("q", (int(rows[r][0]) for r in range(self._row(p), len(rows))
-                           if r not in skipped))
+        return array(
+            "q", (int(rows[r][0]) for r in range(self._row(p), len(rows)) if r not in skipped)
+        )
 
 
-def read_rows(conn: sqlite3.Connection, table: str, session_id: str,
-              look: Callable[[Rows], T]) -> tuple[list[Any], T]:
+def read_rows(
+    conn: sqlite3.Connection, table: str, session_id: str, look: Callable[[Rows], T]
+) -> tuple[list[Any], T]:
     """A session's items exactly as ``SQLiteSession.get_items()`` returns them (no limit),
     from one statement (one read snapshot), and what ``look`` makes of the rows behind them.
     The rows (with their texts) live only during the call, as in the SDK's own read."""
     rows = conn.execute(
         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
-        (session_id,)).fetchall()
+        (session_id,),
+    ).fetchall()
     items, seen = _decoded(rows)
     return items, look(seen)
 
@@ -139,13 +142,14 @@ class RowReader:
         """See :func:`read_rows`. Raises ``sqlite3.Error`` if the database cannot be read."""
         with self._lock:
             if self._conn is None:
-                self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
-                                             timeout=5.0, isolation_level=None)
+                self._conn = sqlite3.connect(
+                    self._db_path, check_same_thread=False, timeout=5.0, isolation_level=None
+                )
             return read_rows(self._conn, self._table, self._session_id, look)
 
-    def read_window(self, last_id: int,
-                    choose: Callable[[list[Any], Rows], int | None]
-                    ) -> tuple[list[Any], list[Any], Rows, RowIds] | None:
+    def read_window(
+        self, last_id: int, choose: Callable[[list[Any], Rows], int | None]
+    ) -> tuple[list[Any], list[Any], Rows, RowIds] | None:
         """The newest rows of a session whose index ends at row ``last_id``, in one read
         transaction, by indexed range queries on ``(session_id, id)`` (never a full scan):
 
@@ -161,22 +165,31 @@ class RowReader:
         table, sid = self._table, self._session_id
         with self._lock:
             if self._conn is None:
-                self._conn = sqlite3.connect(self._db_path, check_same_thread=False,
-                                             timeout=5.0, isolation_level=None)
+                self._conn = sqlite3.connect(
+                    self._db_path, check_same_thread=False, timeout=5.0, isolation_level=None
+                )
             conn = self._conn
             conn.execute("BEGIN")
             try:
-                tail_items, tail = _decoded(conn.execute(
-                    f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
-                    'ORDER BY id ASC', (sid, last_id)).fetchall())
+                tail_items, tail = _decoded(
+                    conn.execute(
+                        f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
+                        "ORDER BY id ASC",
+                        (sid, last_id),
+                    ).fetchall()
+                )
                 if not tail_items or tail.id_at(0) != last_id:
                     return None
                 first_id = choose(tail_items[1:], tail)
                 if first_id is None:
                     return None
-                head_items, head = _decoded(conn.execute(
-                    f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
-                    'AND id < ? ORDER BY id ASC', (sid, first_id, last_id)).fetchall())
+                head_items, head = _decoded(
+                    conn.execute(
+                        f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
+                        "AND id < ? ORDER BY id ASC",
+                        (sid, first_id, last_id),
+                    ).fetchall()
+                )
             finally:
                 try:
                     conn.execute("COMMIT")

@@ -25,8 +25,9 @@ class Turn:
 
     __slots__ = ("builder", "output_reserve", "session")
 
-    def __init__(self, session: ProtoPromptSession, builder: Any,
-                 output_reserve: int | None) -> None:
+    def __init__(
+        self, session: ProtoPromptSession, builder: Any, output_reserve: int | None
+    ) -> None:
         self.session = session
         self.builder = builder
         self.output_reserve = output_reserve
@@ -59,7 +60,8 @@ def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
         return None
     scope = frame.f_locals
     if scope.get("session") is not session or not scope.get(
-            "include_history_in_prepared_input", False):
+        "include_history_in_prepared_input", False
+    ):
         return None
     turn = getattr(scope.get("session_input_callback"), TURN_ATTR, None)
     if not isinstance(turn, Turn) or turn.session is not session:
@@ -74,9 +76,9 @@ def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
     return turn, new_items
 
 
-
-def read_window(state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn,
-                new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
+def read_window(
+    state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn, new_items: list[Any]
+) -> tuple[list[Any], _sync.Read] | None:
     """The newest items the turn's budget can reach and what the callback needs to pack
     them as the whole history, or ``None`` (read everything): no index synced with the
     rows, the greedy policy, a gone row, or no window smaller than the history.
@@ -105,8 +107,9 @@ def read_window(state: IndexState, reader: _sync.RowReader, session_id: str, tur
             if state.version != version:
                 return None
             try:
-                w = state.index.window_start([*appended, *new_items], budget,
-                                             model=model, encoding=encoding)
+                w = state.index.window_start(
+                    [*appended, *new_items], budget, model=model, encoding=encoding
+                )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)
                 return None
@@ -114,7 +117,7 @@ def read_window(state: IndexState, reader: _sync.RowReader, session_id: str, tur
                 return None
             w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
             chosen.append(w)
-            chosen.append(array("q", row_ids[w:n - 1]))
+            chosen.append(array("q", row_ids[w : n - 1]))
             return int(row_ids[w])
 
     got = reader.read_window(last_id, choose)
@@ -126,7 +129,8 @@ def read_window(state: IndexState, reader: _sync.RowReader, session_id: str, tur
         return None
     window = head_items + tail_items
     if not any(_message_text(i) is not None for i in new_items) and not any(
-            _message_text(i) is not None for i in window):
+        _message_text(i) is not None for i in window
+    ):
         return None  # the recall query would come from before the window
     window_ids = array("q", expected)
     window_ids.append(last_id)
@@ -142,9 +146,14 @@ def window_keep(state: IndexState, facts: _sync.Read) -> tuple[int, _sync.RowIds
     are no longer known to hold (caller holds the state's lock)."""
     w, ids = facts.offset, facts.window_ids
     row_ids = state.row_ids
-    if (ids is None or facts.seen is None or row_ids is None
-            or len(row_ids) != len(state.index) or len(row_ids) <= w
-            or row_ids[w] != ids[0]):
+    if (
+        ids is None
+        or facts.seen is None
+        or row_ids is None
+        or len(row_ids) != len(state.index)
+        or len(row_ids) <= w
+        or row_ids[w] != ids[0]
+    ):
         return None
     lo, hi = w + 1, min(len(row_ids), w + len(ids))  # the prefix of lo holds (_sync)
     while lo < hi:
@@ -153,6 +162,6 @@ def window_keep(state: IndexState, facts: _sync.Read) -> tuple[int, _sync.RowIds
             lo = mid
         else:
             hi = mid - 1
-    rest = array("q", ids[lo - w:])
+    rest = array("q", ids[lo - w :])
     rest.extend(facts.seen.new_ids)
     return lo, rest

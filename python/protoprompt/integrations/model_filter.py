@@ -89,12 +89,29 @@ _MIN_KEPT_TOKENS = 32
 """A cut text (marker included) keeps at least this many tokens before media parts of the
 same output are replaced by a marker."""
 
-_MODEL_SIDE_TYPES = frozenset({
-    "reasoning", "function_call", "custom_tool_call", "computer_call", "local_shell_call",
-    "shell_call", "apply_patch_call", "tool_search_call", "web_search_call", "file_search_call",
-    "code_interpreter_call", "image_generation_call", "mcp_list_tools", "mcp_call",
-    "mcp_approval_request", "program", "program_output", "compaction", "hosted_tool_call",
-})
+_MODEL_SIDE_TYPES = frozenset(
+    {
+        "reasoning",
+        "function_call",
+        "custom_tool_call",
+        "computer_call",
+        "local_shell_call",
+        "shell_call",
+        "apply_patch_call",
+        "tool_search_call",
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+        "program",
+        "program_output",
+        "compaction",
+        "hosted_tool_call",
+    }
+)
 """Item types the model (or the server for it) emits; tool outputs and messages from the
 client are the other side. Used to find the newest step when the filter has no record of the
 previous call (its first call in a run, after a handoff)."""
@@ -182,14 +199,20 @@ class ModelCallPlan:
             f"{self.items_tokens} + instructions {self.instructions_tokens} + tools "
             f"{self.tools_tokens} + output reserve {self.output_reserve}; "
             f"{len(self.items)} of {self.input_items} input items sent"
-            + (" (plus the recalled context)" if self.context and self.context.context_message
-               else ""),
+            + (
+                " (plus the recalled context)"
+                if self.context and self.context.context_message
+                else ""
+            ),
             f"  mandatory: context/run input at {self.pinned or 'none'}, newest step "
             f"{self.step[0]}..{self.step[1]}",
         ]
-        lines.extend(f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
-                     f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
-                     f"{t.sent_tokens} tokens" for t in self.truncated)
+        lines.extend(
+            f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
+            f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
+            f"{t.sent_tokens} tokens"
+            for t in self.truncated
+        )
         lines.append(self.pack.explain())
         return "\n".join(lines)
 
@@ -204,8 +227,7 @@ def _json_like(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     if isinstance(value, Mapping):
-        return {str(k): _json_like(v, depth + 1) for k, v in value.items()
-                if not callable(v)}
+        return {str(k): _json_like(v, depth + 1) for k, v in value.items() if not callable(v)}
     if isinstance(value, (list, tuple)):
         return [_json_like(v, depth + 1) for v in value]
     dump = getattr(value, "model_dump", None)
@@ -220,11 +242,20 @@ def _json_like(value: Any, depth: int = 0) -> Any:
 def _fallback_definition(tool: Any) -> dict[str, Any]:
     """A conservative definition when the SDK's converter cannot render ``tool``."""
     if isinstance(tool, FunctionTool):
-        return {"type": "function", "name": tool.name, "description": tool.description,
-                "parameters": tool.params_json_schema, "strict": tool.strict_json_schema}
+        return {
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.params_json_schema,
+            "strict": tool.strict_json_schema,
+        }
     if isinstance(tool, Handoff):
-        return {"type": "function", "name": tool.tool_name,
-                "description": tool.tool_description, "parameters": tool.input_json_schema}
+        return {
+            "type": "function",
+            "name": tool.tool_name,
+            "description": tool.tool_description,
+            "parameters": tool.input_json_schema,
+        }
     out: dict[str, Any] = {"type": str(getattr(tool, "name", type(tool).__name__))}
     if dataclasses.is_dataclass(tool):
         for f in dataclasses.fields(tool):
@@ -256,8 +287,13 @@ def tool_definitions(tools: Sequence[Any], handoffs: Sequence[Any] = ()) -> list
 
 def _tool_key(tool: Any) -> tuple[Any, ...]:
     if isinstance(tool, FunctionTool):
-        return (id(tool), tool.name, tool.description, id(tool.params_json_schema),
-                tool.strict_json_schema)
+        return (
+            id(tool),
+            tool.name,
+            tool.description,
+            id(tool.params_json_schema),
+            tool.strict_json_schema,
+        )
     return (id(tool),)
 
 
@@ -279,8 +315,7 @@ class _ToolCosts:
             self._cache.move_to_end(key)
             return hit[0]
         definitions = tool_definitions(tools, handoffs)
-        tokens = TOOLS_OVERHEAD + sum(item_tokens(d, encoding=encoding).total
-                                      for d in definitions)
+        tokens = TOOLS_OVERHEAD + sum(item_tokens(d, encoding=encoding).total for d in definitions)
         self._cache[key] = (tokens, [*tools, *handoffs])
         while len(self._cache) > self._capacity:
             self._cache.popitem(last=False)
@@ -301,8 +336,11 @@ def _enabled_handoffs(agent: Agent[Any]) -> list[Any]:
 async def _agent_tools(agent: Agent[Any], context: Any) -> list[Any]:
     """The tools the SDK sends for ``agent``: its own (a tool disabled by ``is_enabled=False``
     is left out, one with a callable counts) and its MCP servers' tools."""
-    tools = [t for t in (getattr(agent, "tools", ()) or ())
-             if not (isinstance(t, FunctionTool) and t.is_enabled is False)]
+    tools = [
+        t
+        for t in (getattr(agent, "tools", ()) or ())
+        if not (isinstance(t, FunctionTool) and t.is_enabled is False)
+    ]
     if getattr(agent, "mcp_servers", None):
         tools = [*await agent.get_mcp_tools(RunContextWrapper(context=context)), *tools]
     return tools
@@ -371,8 +409,9 @@ def _text_leaves(value: Any, path: tuple[Any, ...], key: Any) -> list[tuple[Any,
 def _media_parts(value: Any) -> list[int]:
     if not isinstance(value, list):
         return []
-    return [i for i, p in enumerate(value)
-            if isinstance(p, Mapping) and p.get("type") in _MEDIA_TYPES]
+    return [
+        i for i, p in enumerate(value) if isinstance(p, Mapping) and p.get("type") in _MEDIA_TYPES
+    ]
 
 
 def _get(root: Any, path: tuple[Any, ...]) -> Any:
@@ -408,21 +447,28 @@ class _Cutter:
             return False
         if self.cost() <= target:
             return True
-        sizes = {p: count_tokens(_get(self.original, p), encoding=self.encoding)
-                 for p in _text_leaves(self.original["output"], ("output",), "output")}
+        sizes = {
+            p: count_tokens(_get(self.original, p), encoding=self.encoding)
+            for p in _text_leaves(self.original["output"], ("output",), "output")
+        }
         big = [p for p, n in sizes.items() if n > _MIN_KEPT_TOKENS]
         floor = copy.deepcopy(self.copy)
         for p in big:
-            _set(floor, p, truncate_text(_get(self.original, p), _MIN_KEPT_TOKENS,
-                                         encoding=self.encoding))
+            _set(
+                floor,
+                p,
+                truncate_text(_get(self.original, p), _MIN_KEPT_TOKENS, encoding=self.encoding),
+            )
         while item_tokens(floor, encoding=self.encoding).total > target:
             media = _media_parts(floor["output"])
             if not media:
                 return False
             i = media[-1]
-            marker = {"type": "input_text",
-                      "text": f"[{floor['output'][i].get('type')} removed by protoprompt: "
-                              f"it did not fit the token budget]"}
+            marker = {
+                "type": "input_text",
+                "text": f"[{floor['output'][i].get('type')} removed by protoprompt: "
+                f"it did not fit the token budget]",
+            }
             floor["output"][i] = marker
             self.copy["output"][i] = dict(marker)
         current = dict(sizes)
@@ -435,8 +481,11 @@ class _Cutter:
                 break
             leaf = max(cuttable, key=lambda p: current[p])
             current[leaf] = max(_MIN_KEPT_TOKENS, min(current[leaf], sizes[leaf]) - over - 1)
-            _set(self.copy, leaf, truncate_text(_get(self.original, leaf), current[leaf],
-                                                encoding=self.encoding))
+            _set(
+                self.copy,
+                leaf,
+                truncate_text(_get(self.original, leaf), current[leaf], encoding=self.encoding),
+            )
         return self.cost() <= target
 
 
@@ -565,15 +614,21 @@ class ModelInputFilter:
     ) -> None:
         if not isinstance(builder, TokenBudgetedContextBuilder):
             raise TypeError(
-                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}")
+                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+            )
         if oversized_output not in ("error", "truncate"):
             raise ValueError(
-                f"oversized_output must be 'error' or 'truncate', got {oversized_output!r}")
-        if output_reserve is not None and (isinstance(output_reserve, bool)
-                                           or not isinstance(output_reserve, int)
-                                           or not 0 <= output_reserve < builder.max_tokens):
-            raise ValueError(f"output_reserve must be an int in [0, {builder.max_tokens}), "
-                             f"got {output_reserve!r}")
+                f"oversized_output must be 'error' or 'truncate', got {oversized_output!r}"
+            )
+        if output_reserve is not None and (
+            isinstance(output_reserve, bool)
+            or not isinstance(output_reserve, int)
+            or not 0 <= output_reserve < builder.max_tokens
+        ):
+            raise ValueError(
+                f"output_reserve must be an int in [0, {builder.max_tokens}), "
+                f"got {output_reserve!r}"
+            )
         if not isinstance(system_prompt, str):
             raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if on_call is not None and not callable(on_call):
@@ -631,7 +686,9 @@ class ModelInputFilter:
         encoding = self.builder.encoding
         instructions_tokens = (
             item_tokens({"role": "system", "content": instructions}, encoding=encoding).total
-            if instructions else 0)
+            if instructions
+            else 0
+        )
         tools = await _agent_tools(data.agent, data.context)
         tools_tokens = self._tools.cost(tools, _enabled_handoffs(data.agent), encoding)
         token = self.session._current_run() if self.session is not None else None
@@ -665,8 +722,7 @@ class ModelInputFilter:
         if run.calls:  # the same run as the previous call: its input has not moved
             located = run.run_input
         else:
-            located = (self.session._locate_run_input(items)
-                       if self.session is not None else None)
+            located = self.session._locate_run_input(items) if self.session is not None else None
             if located is None:
                 u = _last_user_message(items, lo)
                 located = (u, u + 1) if u is not None else None
@@ -682,8 +738,9 @@ class ModelInputFilter:
     def _is_context(self, items: list[Any]) -> bool:
         return bool(items) and self.session is not None and self.session._is_own_context(items[0])
 
-    def _plan(self, items: list[Any], run: _Run, instructions_tokens: int,
-              tools_tokens: int) -> ModelCallPlan:
+    def _plan(
+        self, items: list[Any], run: _Run, instructions_tokens: int, tools_tokens: int
+    ) -> ModelCallPlan:
         pinned, step_start = self._layout(items, run)
         fixed = instructions_tokens + tools_tokens
         step = list(items[step_start:])
@@ -697,31 +754,65 @@ class ModelInputFilter:
             result, context = self._pack(items, step_start, step, pinned, fixed, run)
         run.calls += 1
         run.remember(items, step_start)
-        sent = (([context.context_message] if context and context.context_message else [])
-                + result.items)
+        sent = (
+            [context.context_message] if context and context.context_message else []
+        ) + result.items
         return ModelCallPlan(
-            call=run.calls, items=sent, instructions_tokens=instructions_tokens,
-            tools_tokens=tools_tokens, budget=self.builder.max_tokens,
-            output_reserve=self.output_reserve, input_items=len(items), pinned=pinned,
-            step=(step_start, len(items)), pack=result, truncated=truncated, context=context)
+            call=run.calls,
+            items=sent,
+            instructions_tokens=instructions_tokens,
+            tools_tokens=tools_tokens,
+            budget=self.builder.max_tokens,
+            output_reserve=self.output_reserve,
+            input_items=len(items),
+            pinned=pinned,
+            step=(step_start, len(items)),
+            pack=result,
+            truncated=truncated,
+            context=context,
+        )
 
-    def _pack(self, items: list[Any], step_start: int, step: list[Any], pinned: list[int],
-              fixed: int, run: _Run) -> tuple[PackResult, ContextPlan | None]:
+    def _pack(
+        self,
+        items: list[Any],
+        step_start: int,
+        step: list[Any],
+        pinned: list[int],
+        fixed: int,
+        run: _Run,
+    ) -> tuple[PackResult, ContextPlan | None]:
         b = self.builder
         if self.session is not None:
-            result = run.index.pack(items, step, b.max_tokens,
-                                    output_reserve=self.output_reserve, context_tokens=fixed,
-                                    model=b.model, encoding=b.encoding, policy=b.policy,
-                                    pinned=pinned, history_len=step_start)
+            result = run.index.pack(
+                items,
+                step,
+                b.max_tokens,
+                output_reserve=self.output_reserve,
+                context_tokens=fixed,
+                model=b.model,
+                encoding=b.encoding,
+                policy=b.policy,
+                pinned=pinned,
+                history_len=step_start,
+            )
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message
         key = (query, b.scope)
         if run.pool is None or run.pool[0] != key:
             run.pool = (key, b._candidates(query, b.scope))
-        plan = b._build(items, step, system_prompt=self.system_prompt, query=query,
-                        scope=b.scope, reserve=self.output_reserve, index=run.index,
-                        pinned=pinned, context_tokens=fixed, pool=run.pool[1],
-                        history_len=step_start)
+        plan = b._build(
+            items,
+            step,
+            system_prompt=self.system_prompt,
+            query=query,
+            scope=b.scope,
+            reserve=self.output_reserve,
+            index=run.index,
+            pinned=pinned,
+            context_tokens=fixed,
+            pool=run.pool[1],
+            history_len=step_start,
+        )
         return plan.pack, plan
 
     # ------------------------------------------------------------------ oversized outputs
@@ -731,22 +822,28 @@ class ModelInputFilter:
 
     def _outputs(self, step: list[Any]) -> list[int]:
         """Indexes (in ``step``) of the tool outputs that may be cut."""
-        return [i for i, x in enumerate(step)
-                if isinstance(x, Mapping) and not _is_model_side(x) and "output" in x
-                and str(x.get("type", "")).endswith("_output")]
+        return [
+            i
+            for i, x in enumerate(step)
+            if isinstance(x, Mapping)
+            and not _is_model_side(x)
+            and "output" in x
+            and str(x.get("type", "")).endswith("_output")
+        ]
 
     @staticmethod
     def _tool_name(items: Sequence[Any], call_id: Any) -> str | None:
         if call_id is None:
             return None
         for x in reversed(items):
-            if (_is_model_side(x) and _field(x, "call_id") == call_id):
+            if _is_model_side(x) and _field(x, "call_id") == call_id:
                 name = _field(x, "name")
                 return name if isinstance(name, str) else _field(x, "type")
         return None
 
-    def _explained(self, exc: TokenBudgetExceededError, items: list[Any], step_start: int,
-                   fixed: int) -> TokenBudgetExceededError:
+    def _explained(
+        self, exc: TokenBudgetExceededError, items: list[Any], step_start: int, fixed: int
+    ) -> TokenBudgetExceededError:
         """The core's error with the part of the request that overflowed named, in
         allocation order: instructions and tools, output reserve, context message and run
         input (``new_input``), then the newest step (``tool_output`` names its largest
@@ -759,32 +856,48 @@ class ModelInputFilter:
         budget = exc.budget
         if fixed > budget:
             return TokenBudgetExceededError(
-                exc.used, budget, "instructions_and_tools",
-                f"the agent's instructions and tool definitions alone need {fixed} tokens")
+                exc.used,
+                budget,
+                "instructions_and_tools",
+                f"the agent's instructions and tool definitions alone need {fixed} tokens",
+            )
         if fixed + self.output_reserve > budget:
             return TokenBudgetExceededError(exc.used, budget, "output_reserve")
         if fixed + self.output_reserve + pinned_part > budget:
             return TokenBudgetExceededError(
-                exc.used, budget, "new_input",
-                f"the context message and the run's input need {pinned_part} tokens")
+                exc.used,
+                budget,
+                "new_input",
+                f"the context message and the run's input need {pinned_part} tokens",
+            )
         outs = self._outputs(step)
         if not outs:
             return TokenBudgetExceededError(
-                exc.used, budget, "step",
-                f"the newest model output needs {sum(step_costs)} tokens")
+                exc.used, budget, "step", f"the newest model output needs {sum(step_costs)} tokens"
+            )
         big = max(outs, key=lambda i: step_costs[i])
         item = step[big]
         cid = _field(item, "call_id")
         name = self._tool_name(items, cid)
-        detail = (f"{_field(item, 'type')} at input[{step_start + big}] for call {cid}"
-                  f"{' (' + name + ')' if name else ''} needs {step_costs[big]} tokens"
-                  + ("; oversized_output='truncate' sends a cut copy"
-                     if self.oversized_output == "error" else " and cannot be cut to fit"))
+        detail = (
+            f"{_field(item, 'type')} at input[{step_start + big}] for call {cid}"
+            f"{' (' + name + ')' if name else ''} needs {step_costs[big]} tokens"
+            + (
+                "; oversized_output='truncate' sends a cut copy"
+                if self.oversized_output == "error"
+                else " and cannot be cut to fit"
+            )
+        )
         return TokenBudgetExceededError(exc.used, budget, "tool_output", detail)
 
-    def _truncated_step(self, exc: TokenBudgetExceededError, items: list[Any],
-                        step_start: int, step: list[Any],
-                        fixed: int) -> tuple[list[Any], list[TruncatedOutput]]:
+    def _truncated_step(
+        self,
+        exc: TokenBudgetExceededError,
+        items: list[Any],
+        step_start: int,
+        step: list[Any],
+        fixed: int,
+    ) -> tuple[list[Any], list[TruncatedOutput]]:
         outs = self._outputs(step)
         costs = self._costs(step)
         out_costs = [costs[i] for i in outs]
@@ -802,11 +915,16 @@ class ModelInputFilter:
                 raise self._explained(exc, items, step_start, fixed) from None
             new_step[i] = cutter.copy
             cid = _field(step[i], "call_id")
-            cuts.append(TruncatedOutput(
-                position=step_start + i, item_type=str(_field(step[i], "type")),
-                call_id=cid if isinstance(cid, str) else None,
-                tool=self._tool_name(items, cid), original_tokens=costs[i],
-                sent_tokens=cutter.cost()))
+            cuts.append(
+                TruncatedOutput(
+                    position=step_start + i,
+                    item_type=str(_field(step[i], "type")),
+                    call_id=cid if isinstance(cid, str) else None,
+                    tool=self._tool_name(items, cid),
+                    original_tokens=costs[i],
+                    sent_tokens=cutter.cost(),
+                )
+            )
         return new_step, cuts
 
 
@@ -835,6 +953,11 @@ def model_input_filter(
                                   run_config=run_config)
         history = result.to_input_list()
     """
-    return ModelInputFilter(builder, oversized_output=oversized_output, session=None,
-                            system_prompt=system_prompt, output_reserve=output_reserve,
-                            on_call=on_call)
+    return ModelInputFilter(
+        builder,
+        oversized_output=oversized_output,
+        session=None,
+        system_prompt=system_prompt,
+        output_reserve=output_reserve,
+        on_call=on_call,
+    )

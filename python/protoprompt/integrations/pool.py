@@ -46,7 +46,8 @@ def database_id(db_path: str) -> str | None:
 
 
 _STORES: weakref.WeakValueDictionary[tuple[str, str], SQLiteCountStore] = (
-    weakref.WeakValueDictionary())
+    weakref.WeakValueDictionary()
+)
 
 
 def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
@@ -59,7 +60,8 @@ def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
         if store is None:
             try:
                 store = _STORES[(database_id, db_path)] = SQLiteCountStore(
-                    db_path, max_open_readers=max_open_readers)
+                    db_path, max_open_readers=max_open_readers
+                )
             except (sqlite3.Error, OSError):
                 return None  # read-only or odd database: counts stay in memory
         store.max_open_readers = max_open_readers
@@ -86,4 +88,3 @@ def account(key: Key, state: IndexState, limit: int) -> None:
         while total > limit and len(_SHARED) > 1:
             _, old = _SHARED.popitem(last=False)
             total -= old.nbytes
-

@@ -82,6 +82,7 @@ def _non_negative_int(name: str, value: object) -> int:
         raise ValueError(f"{name} must be at least 0, got {value}")
     return value
 
+
 _S = TypeVar("_S", bound="ProtoPromptSession")
 
 _SQLITE_BACKED: dict[type[Any], type[Any]] = {}
@@ -98,18 +99,22 @@ def _sqlite_backed(cls: type[_S]) -> type[_S]:
     variant: type[_S] | None = _SQLITE_BACKED.get(cls)
     if variant is None:
         namespace: dict[str, Any] = {
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-            "__doc__": cls.__doc__, "_pop_item_with_validation": _pop_item_with_validation,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "_pop_item_with_validation": _pop_item_with_validation,
         }
         if cls.pop_item is ProtoPromptSession.pop_item:
             namespace["pop_item"] = SQLiteSession.pop_item
         variant = _SQLITE_BACKED[cls] = cast(
-            "type[_S]", type(cls.__name__, (cls, SQLiteSession), namespace))
+            "type[_S]", type(cls.__name__, (cls, SQLiteSession), namespace)
+        )
     return variant
 
 
-async def _pop_item_with_validation(self: ProtoPromptSession,
-                                    validate: Callable[[Item], None] | None = None) -> Item | None:
+async def _pop_item_with_validation(
+    self: ProtoPromptSession, validate: Callable[[Item], None] | None = None
+) -> Item | None:
     """``SQLiteSession._pop_item_with_validation`` of the inner session: ``validate`` runs on
     the claimed row inside the transaction, and an exception rolls the removal back."""
     state = self._index_state
@@ -118,7 +123,6 @@ async def _pop_item_with_validation(self: ProtoPromptSession,
         return await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
-
 
 
 class ProtoPromptSession:
@@ -203,8 +207,11 @@ class ProtoPromptSession:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         inner = kwargs.get("inner_session")
-        if (SQLITE_VALIDATED_POP and (inner is None or type(inner) is SQLiteSession)
-                and not issubclass(cls, SQLiteSession)):
+        if (
+            SQLITE_VALIDATED_POP
+            and (inner is None or type(inner) is SQLiteSession)
+            and not issubclass(cls, SQLiteSession)
+        ):
             cls = _sqlite_backed(cls)
         return super().__new__(cls)
 
@@ -224,8 +231,7 @@ class ProtoPromptSession:
         max_open_readers: int = SQLiteCountStore.DEFAULT_MAX_OPEN_READERS,
     ) -> None:
         if not isinstance(windowed_reads, bool):
-            raise TypeError(
-                f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
+            raise TypeError(f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
         self._snapshot_min_items = _positive_int("snapshot_min_items", snapshot_min_items)
         self._shared_index_bytes = _non_negative_int("shared_index_bytes", shared_index_bytes)
         max_open_readers = _positive_int("max_open_readers", max_open_readers)
@@ -237,8 +243,12 @@ class ProtoPromptSession:
         self.session_id = session_id
         if inner_session is None:
             self._inner: Any = SQLiteSession(
-                session_id, os.fspath(db_path), sessions_table=sessions_table,
-                messages_table=messages_table, session_settings=settings)
+                session_id,
+                os.fspath(db_path),
+                sessions_table=sessions_table,
+                messages_table=messages_table,
+                session_settings=settings,
+            )
             self._owns_inner = True
             self._settings: SessionSettings | None = None
         else:
@@ -256,8 +266,10 @@ class ProtoPromptSession:
             if os.fspath(db_path) != ":memory:":
                 raise ValueError("pass either db_path or inner_session, not both")
             if (sessions_table, messages_table) != ("agent_sessions", "agent_messages"):
-                raise ValueError("sessions_table and messages_table name the tables of the "
-                                 "default SQLiteSession; pass them to your inner_session")
+                raise ValueError(
+                    "sessions_table and messages_table name the tables of the "
+                    "default SQLiteSession; pass them to your inner_session"
+                )
             inner_id = getattr(inner_session, "session_id", None)
             if inner_id != session_id:
                 raise ValueError(
@@ -268,8 +280,10 @@ class ProtoPromptSession:
             self._settings = settings
         if incremental is not None and not isinstance(incremental, bool):
             raise TypeError(f"incremental must be a bool or None, got {type(incremental).__name__}")
-        sqlite_inner = (isinstance(self._inner, SQLiteSession)
-                        and type(self._inner).get_items is SQLiteSession.get_items)
+        sqlite_inner = (
+            isinstance(self._inner, SQLiteSession)
+            and type(self._inner).get_items is SQLiteSession.get_items
+        )
         self._incremental = sqlite_inner if incremental is None else incremental
         self._reader: _sync.RowReader | None = None
         self._shared_key: pool.Key | None = None
@@ -287,14 +301,16 @@ class ProtoPromptSession:
                 if db_id is not None:
                     self._shared_key = (db_id, os.path.realpath(db), table, session_id)
                     snapshot_at = (db, db_id, table, session_id)
-        self._index_state = (pool.shared_state(self._shared_key, snapshot_at) if self._shared_key
-                             else IndexState())
+        self._index_state = (
+            pool.shared_state(self._shared_key, snapshot_at) if self._shared_key else IndexState()
+        )
         if self._shared_key is not None:
             # Token counts outlive the process in the same database (SQLiteCountStore).
             store = self._index_state.index.count_store
             if store is None:
-                self._index_state.index.count_store = pool.count_store(self._shared_key,
-                                                                    max_open_readers)
+                self._index_state.index.count_store = pool.count_store(
+                    self._shared_key, max_open_readers
+                )
             elif isinstance(store, SQLiteCountStore):
                 store.max_open_readers = max_open_readers
         # Token windows need the rows with their ids (a database file) and the index.
@@ -329,10 +345,8 @@ class ProtoPromptSession:
             limit = self._settings.limit
         state = self._index_state
         epoch = state.epoch
-        windowed = (limit is not None
-                    or getattr(self.session_settings, "limit", None) is not None)
-        if (self._windowed_reads and not windowed
-                and not getattr(self._inner, "_closed", False)):
+        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
+        if self._windowed_reads and not windowed and not getattr(self._inner, "_closed", False):
             # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
             # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
             turn = runner_turn(self)
@@ -349,13 +363,17 @@ class ProtoPromptSession:
         restorer: threading.Thread | None = None
         if not state.restore_tried and not windowed:
             # A stored index snapshot loads while the history is read (another thread).
-            restorer = threading.Thread(target=state.restore, name="protoprompt-restore",
-                                        daemon=True)
+            restorer = threading.Thread(
+                target=state.restore, name="protoprompt-restore", daemon=True
+            )
             restorer.start()
         seen: _sync.Seen | None = None
         try:
-            if (self._reader is not None and not windowed
-                    and not getattr(self._inner, "_closed", False)):
+            if (
+                self._reader is not None
+                and not windowed
+                and not getattr(self._inner, "_closed", False)
+            ):
                 # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
                 # compared with the index while the rows are at hand.
                 def look(rows: _sync.Rows) -> _sync.Seen | None:
@@ -374,13 +392,12 @@ class ProtoPromptSession:
             if restorer is not None and restorer.is_alive():
                 await asyncio.to_thread(restorer.join)
         if self._incremental:
-            LAST_READ.set(Read(self, _sync.Read(
-                len(items), windowed, epoch, self._reader is not None, seen)))
+            LAST_READ.set(
+                Read(self, _sync.Read(len(items), windowed, epoch, self._reader is not None, seen))
+            )
         return items
 
-    def _read_window(
-        self, turn: Turn, new_items: list[Any]
-    ) -> tuple[list[Any], _sync.Read] | None:
+    def _read_window(self, turn: Turn, new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
         """The token window of this read (see ``_window.read_window``), or ``None``."""
         if self._reader is None:
             return None
@@ -390,15 +407,21 @@ class ProtoPromptSession:
         """Append ``items``, except the context messages this session's callback produced."""
         pending = self.pending_context_count
         kept = self._without_own_context(items)
-        if (pending and len(kept) == len(items) and not self._warned_wrapped
-                and any(is_encrypted_envelope(i) for i in kept)):
+        if (
+            pending
+            and len(kept) == len(items)
+            and not self._warned_wrapped
+            and any(is_encrypted_envelope(i) for i in kept)
+        ):
             self._warned_wrapped = True
             warnings.warn(
                 "ProtoPromptSession is wrapped by an EncryptedSession, which encrypts items "
                 "before they reach it: the callback's context message cannot be told apart "
                 "and is stored. Wrap the other way round: "
                 "ProtoPromptSession(session_id, inner_session=EncryptedSession(...))",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if items and not kept:
             return
         await call(self._inner.add_items, kept, wrapper=wrapper)
@@ -490,8 +513,9 @@ class ProtoPromptSession:
 
         return rewriting
 
-    async def _get_compaction_snapshot(self, limit: int, *,
-                                       prune_prefix: Callable[[Item], bool] | None = None) -> Any:
+    async def _get_compaction_snapshot(
+        self, limit: int, *, prune_prefix: Callable[[Item], bool] | None = None
+    ) -> Any:
         """The inner session's bounded compaction snapshot (``OpenAIResponsesCompactionSession``
         replaces its suffix atomically), or ``None`` when the inner has none. The replacement
         resets this session's index: a ``:memory:`` database has no row check to notice it."""
@@ -505,8 +529,7 @@ class ProtoPromptSession:
         if raw is None or not dataclasses.is_dataclass(raw) or isinstance(raw, type):
             return None  # not the SDK's snapshot: without one the SDK needs full coverage
         snapshot: Any = raw  # the SDK's CompactionSnapshot (not imported: 0.24 only)
-        return dataclasses.replace(snapshot,
-                                   replace_suffix=self._rewrites(snapshot.replace_suffix))
+        return dataclasses.replace(snapshot, replace_suffix=self._rewrites(snapshot.replace_suffix))
 
     async def _atomic_replace_items(self, items: list[Item]) -> bool:
         """Replace the whole history atomically if the inner session can (``RedisSession``);
@@ -515,7 +538,6 @@ class ProtoPromptSession:
         if replace is None:
             return False
         return bool(await self._rewrites(replace)(self._inner, items))
-
 
     # ------------------------------------------------------------------ context bookkeeping
 
@@ -588,8 +610,9 @@ class ProtoPromptSession:
         (see ``_window.window_keep``; caller holds the state's lock)."""
         return window_keep(self._index_state, facts)
 
-    def _count_window(self, builder: Any, history: list[Item], offset: int,
-                      output_reserve: int | None) -> None:
+    def _count_window(
+        self, builder: Any, history: list[Item], offset: int, output_reserve: int | None
+    ) -> None:
         """After a turn, count the costs the next token window is found from (caller holds
         the state's lock). A cost that cannot be counted keeps its lower bound: the next
         window is then larger, never wrong."""
@@ -598,15 +621,25 @@ class ProtoPromptSession:
         reserve = builder.output_reserve if output_reserve is None else output_reserve
         try:
             self._index_state.index.count_window(
-                history, max(int(builder.max_tokens) - int(reserve), 0), model=builder.model,
-                encoding=builder.encoding, history_offset=offset)
+                history,
+                max(int(builder.max_tokens) - int(reserve), 0),
+                model=builder.model,
+                encoding=builder.encoding,
+                history_offset=offset,
+            )
         except Exception as exc:  # noqa: BLE001 - an item the request did not need
             _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
 
-    def _build_indexed(self, builder: TokenBudgetedContextBuilder, history: list[Item],
-                       new_input: list[Item], facts: _sync.Read, keep: int,
-                       kwargs: dict[str, Any], new_ids: _sync.RowIds | None = None
-                       ) -> ContextPlan:
+    def _build_indexed(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        history: list[Item],
+        new_input: list[Item],
+        facts: _sync.Read,
+        keep: int,
+        kwargs: dict[str, Any],
+        new_ids: _sync.RowIds | None = None,
+    ) -> ContextPlan:
         """Build through the index, of which the first ``keep`` items hold for ``history``
         (which holds the history from ``facts.offset`` on; caller holds the state's lock).
         ``new_ids``: the rows after those ``keep`` items (default: the read's new rows). A
@@ -617,8 +650,9 @@ class ProtoPromptSession:
             state.keep(keep)
             state.generation = facts.epoch
         try:
-            plan = builder.build(history, new_input, index=state.index, history_offset=offset,
-                                 **kwargs)
+            plan = builder.build(
+                history, new_input, index=state.index, history_offset=offset, **kwargs
+            )
             self._count_window(builder, history, offset, kwargs.get("output_reserve"))
         finally:
             state.nbytes = state.index.nbytes
@@ -630,7 +664,8 @@ class ProtoPromptSession:
         state.generation = facts.epoch
         state.version += 1
         if len(state.index) != offset + len(history) or (
-                state.row_ids is not None and len(state.row_ids) != len(state.index)):
+            state.row_ids is not None and len(state.row_ids) != len(state.index)
+        ):
             state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
         elif state.due(self._snapshot_min_items):
             state.save_in_background()
@@ -682,14 +717,18 @@ class ProtoPromptSession:
 
         def build(history: list[Item], new_input: list[Item], read: Read | None) -> ContextPlan:
             kwargs: dict[str, Any] = {
-                "system_prompt": system_prompt, "scope": scope, "output_reserve": output_reserve}
+                "system_prompt": system_prompt,
+                "scope": scope,
+                "output_reserve": output_reserve,
+            }
             state = self._index_state
             facts = read.facts if read is not None and read.session is self else None
             with state.lock:
                 decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
                 if decision.use_index and facts is not None:
-                    return self._build_indexed(builder, history, new_input, facts,
-                                               decision.keep, kwargs)
+                    return self._build_indexed(
+                        builder, history, new_input, facts, decision.keep, kwargs
+                    )
                 if facts is not None and facts.offset and facts.count == len(history):
                     # A token window holds only the newest items: the index must hold the
                     # rest, also when another turn changed it since the read.
@@ -698,9 +737,11 @@ class ProtoPromptSession:
                         raise ProtoPromptError(
                             "the session's history changed between the read of its newest "
                             "items and this turn's request (a pop or clear through another "
-                            "session object): run the turn again")
-                    return self._build_indexed(builder, history, new_input, facts, kept[0],
-                                               kwargs, new_ids=kept[1])
+                            "session object): run the turn again"
+                        )
+                    return self._build_indexed(
+                        builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
+                    )
             # Not the history our last read returned (a limit, a direct call, or the rows
             # could not be compared): packed without the index, which is left as it is.
             return builder.build(history, new_input, **kwargs)
@@ -755,8 +796,13 @@ class ProtoPromptSession:
         """
         from .model_filter import ModelInputFilter
 
-        return ModelInputFilter(builder, oversized_output=oversized_output,
-                                output_reserve=output_reserve, session=self, on_call=on_call)
+        return ModelInputFilter(
+            builder,
+            oversized_output=oversized_output,
+            output_reserve=output_reserve,
+            session=self,
+            on_call=on_call,
+        )
 
     def run_config(
         self,
@@ -787,13 +833,24 @@ class ProtoPromptSession:
         """
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
-                raise TypeError(f"run_config() sets {name} itself; build a RunConfig "
-                                "directly to use your own")
-        callback = self.input_callback(builder, system_prompt=system_prompt,
-                                       output_reserve=output_reserve, scope=scope,
-                                       on_plan=on_plan)
-        model_filter = self.model_input_filter(builder, oversized_output=oversized_output,
-                                               output_reserve=output_reserve, on_call=on_call)
-        return RunConfig(session_input_callback=callback, call_model_input_filter=model_filter,
-                         **run_config_fields)
-
+                raise TypeError(
+                    f"run_config() sets {name} itself; build a RunConfig directly to use your own"
+                )
+        callback = self.input_callback(
+            builder,
+            system_prompt=system_prompt,
+            output_reserve=output_reserve,
+            scope=scope,
+            on_plan=on_plan,
+        )
+        model_filter = self.model_input_filter(
+            builder,
+            oversized_output=oversized_output,
+            output_reserve=output_reserve,
+            on_call=on_call,
+        )
+        return RunConfig(
+            session_input_callback=callback,
+            call_model_input_filter=model_filter,
+            **run_config_fields,
+        )

@@ -25,8 +25,10 @@ except ImportError as exc:
         raise ImportError(
             "protoprompt.mcp needs the 'mcp' package: pip install 'protoprompt[mcp]'"
         ) from exc
-    raise ImportError(f"protoprompt.mcp cannot import the installed 'mcp' package: {exc}; "
-                      "protoprompt supports mcp>=1.19,<3") from exc
+    raise ImportError(
+        f"protoprompt.mcp cannot import the installed 'mcp' package: {exc}; "
+        "protoprompt supports mcp>=1.19,<3"
+    ) from exc
 
 from ._tools import MemoryLimits, MemoryToolError, MemoryTools
 from .server import READ_TOOLS, RESOURCES, TOOLS, WRITE_TOOLS, create_server, run_server

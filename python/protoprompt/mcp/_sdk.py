@@ -27,8 +27,16 @@ except ImportError:  # mcp 1.x
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 
-__all__ = ["MCP_MAJOR", "MCP_VERSION", "ServerType", "ToolError", "annotations", "http_app",
-           "is_loopback", "new_server"]
+__all__ = [
+    "MCP_MAJOR",
+    "MCP_VERSION",
+    "ServerType",
+    "ToolError",
+    "annotations",
+    "http_app",
+    "is_loopback",
+    "new_server",
+]
 
 ServerType = _Server
 """The server class of the installed SDK (``FastMCP`` or ``MCPServer``)."""
@@ -46,16 +54,23 @@ def new_server(name: str, instructions: str, log_level: str) -> Any:
     return _Server(name=name, instructions=instructions, log_level=log_level)  # type: ignore[arg-type,unused-ignore]
 
 
-def annotations(*, read_only: bool, destructive: bool = False, idempotent: bool = False,
-                title: str | None = None) -> Any:
+def annotations(
+    *,
+    read_only: bool,
+    destructive: bool = False,
+    idempotent: bool = False,
+    title: str | None = None,
+) -> Any:
     """Tool annotations (hints for clients), built from the wire names both majors accept."""
-    return ToolAnnotations.model_validate({
-        "title": title,
-        "readOnlyHint": read_only,
-        "destructiveHint": destructive,
-        "idempotentHint": idempotent,
-        "openWorldHint": False,
-    })
+    return ToolAnnotations.model_validate(
+        {
+            "title": title,
+            "readOnlyHint": read_only,
+            "destructiveHint": destructive,
+            "idempotentHint": idempotent,
+            "openWorldHint": False,
+        }
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -75,8 +90,9 @@ def _security(host: str, port: int) -> Any:
     if not is_loopback(host):
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     names = {host, "localhost", "127.0.0.1", "[::1]"}
-    hosts = sorted({f"{(f'[{n}]' if ':' in n and not n.startswith('[') else n)}:{port}"
-                    for n in names})
+    hosts = sorted(
+        {f"{(f'[{n}]' if ':' in n and not n.startswith('[') else n)}:{port}" for n in names}
+    )
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=hosts,
@@ -88,8 +104,9 @@ def http_app(server: Any, *, host: str, port: int, path: str = "/mcp") -> Any:
     """The streamable-HTTP ASGI app of ``server``, served at ``path``."""
     security = _security(host, port)
     if MCP_MAJOR >= 2:
-        return server.streamable_http_app(streamable_http_path=path, host=host,
-                                          transport_security=security)
+        return server.streamable_http_app(
+            streamable_http_path=path, host=host, transport_security=security
+        )
     server.settings.host = host
     server.settings.port = port
     server.settings.streamable_http_path = path

@@ -74,7 +74,8 @@ def _text(name: str, value: object, limit: int, *, allow_blank: bool = False) ->
         raise MemoryToolError(f"{name} must not contain NUL characters")
     if len(value) > limit:
         raise MemoryToolError(
-            f"{name} is too long: {len(value)} characters, at most {limit} are accepted")
+            f"{name} is too long: {len(value)} characters, at most {limit} are accepted"
+        )
     return value
 
 
@@ -112,8 +113,15 @@ class MemoryTools:
         encoding: str | None = None,
         limits: MemoryLimits | None = None,
     ) -> None:
-        for method in ("search", "facts", "get_profile", "remember", "forget",
-                       "index_document", "set_profile"):
+        for method in (
+            "search",
+            "facts",
+            "get_profile",
+            "remember",
+            "forget",
+            "index_document",
+            "set_profile",
+        ):
             if not callable(getattr(store, method, None)):
                 raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
         if not isinstance(scope, MemoryScope):
@@ -141,8 +149,9 @@ class MemoryTools:
         """Rank facts and document chunks of the scope against ``query``."""
         query = _text("query", query, self.limits.max_query_chars)
         top_k = _integer("top_k", top_k, 1, self.limits.max_top_k)
-        hits = self.store.search(query, scope=self.scope, limit=top_k,
-                                 include_parents=self.include_parents)
+        hits = self.store.search(
+            query, scope=self.scope, limit=top_k, include_parents=self.include_parents
+        )
         return {"query": query, "hits": [self._hit(rank, h) for rank, h in enumerate(hits, 1)]}
 
     def get_profile(self) -> dict[str, Any]:
@@ -153,8 +162,9 @@ class MemoryTools:
     def facts(self) -> dict[str, Any]:
         """The newest facts of the scope (at most ``limits.max_listed_facts``)."""
         limit = self.limits.max_listed_facts
-        hits = self.store.facts(scope=self.scope, limit=limit + 1,
-                                include_parents=self.include_parents)
+        hits = self.store.facts(
+            scope=self.scope, limit=limit + 1, include_parents=self.include_parents
+        )
         return {
             "facts": [
                 {
@@ -174,8 +184,13 @@ class MemoryTools:
         query = _text("query", query, self.limits.max_query_chars, allow_blank=True)
         max_tokens = _integer("max_tokens", max_tokens, 1, self.limits.max_context_tokens)
         builder = TokenBudgetedContextBuilder(
-            self.store, max_tokens=max_tokens, model=self.model, encoding=self.encoding,
-            scope=self.scope, include_parents=self.include_parents)
+            self.store,
+            max_tokens=max_tokens,
+            model=self.model,
+            encoding=self.encoding,
+            scope=self.scope,
+            include_parents=self.include_parents,
+        )
         plan = builder.build([], [], query=query)
         message = plan.context_message
         blocks = [
@@ -210,11 +225,10 @@ class MemoryTools:
     def forget(self, memory_id: object) -> dict[str, Any]:
         """Delete one fact (``<fact id>`` or ``fact:<fact id>``) or one whole document
         (``doc:<doc id>``) of the scope."""
-        memory_id = _text("memory_id", memory_id,
-                          self.limits.max_doc_id_chars + len(_DOC_PREFIX))
+        memory_id = _text("memory_id", memory_id, self.limits.max_doc_id_chars + len(_DOC_PREFIX))
         memory_id = memory_id.strip()
         if memory_id.startswith(_DOC_PREFIX):
-            doc_id = memory_id[len(_DOC_PREFIX):]
+            doc_id = memory_id[len(_DOC_PREFIX) :]
             if not doc_id.strip():
                 raise MemoryToolError("memory_id 'doc:' names no document")
             deleted = self.store.forget(scope=self.scope, doc_id=doc_id)
@@ -224,11 +238,15 @@ class MemoryTools:
             deleted = self.store.forget(scope=self.scope, fact_id=fact_id)
             what = f"fact {fact_id!r}"
         if not deleted:
-            hint = (" (memories of parent scopes can be read here but not forgotten)"
-                    if self.include_parents else "")
+            hint = (
+                " (memories of parent scopes can be read here but not forgotten)"
+                if self.include_parents
+                else ""
+            )
             raise MemoryToolError(
                 f"no {what} in this server's memory{hint}; ids come from memory_remember, "
-                "memory_search (memory_id) or memory://facts")
+                "memory_search (memory_id) or memory://facts"
+            )
         return {"forgotten": memory_id, "deleted": deleted}
 
     def index_document(self, doc_id: object, text: object) -> dict[str, Any]:

@@ -52,11 +52,18 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
             raise _sdk.ToolError(f"memory store error: {exc}") from exc
 
     async def memory_search(
-        query: Annotated[str, Field(description="What to look for, in plain words. Matched "
-                                                "as words, never as a query language.",
-                                    max_length=limits.max_query_chars)],
-        top_k: Annotated[int, Field(description="How many hits to return.",
-                                    ge=1, le=limits.max_top_k, strict=True)] = 5,
+        query: Annotated[
+            str,
+            Field(
+                description="What to look for, in plain words. Matched "
+                "as words, never as a query language.",
+                max_length=limits.max_query_chars,
+            ),
+        ],
+        top_k: Annotated[
+            int,
+            Field(description="How many hits to return.", ge=1, le=limits.max_top_k, strict=True),
+        ] = 5,
     ) -> dict[str, Any]:
         """Search the remembered facts and indexed documents of this memory.
 
@@ -71,12 +78,23 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         return await call(tools.get_profile)
 
     async def memory_context(
-        query: Annotated[str, Field(description="The question or topic to recall for "
-                                                "(empty: the profile and the newest facts).",
-                                    max_length=limits.max_query_chars)],
-        max_tokens: Annotated[int, Field(description="Token budget of the whole context "
-                                                     "block (a system message).",
-                                         ge=1, le=limits.max_context_tokens, strict=True)],
+        query: Annotated[
+            str,
+            Field(
+                description="The question or topic to recall for "
+                "(empty: the profile and the newest facts).",
+                max_length=limits.max_query_chars,
+            ),
+        ],
+        max_tokens: Annotated[
+            int,
+            Field(
+                description="Token budget of the whole context block (a system message).",
+                ge=1,
+                le=limits.max_context_tokens,
+                strict=True,
+            ),
+        ],
     ) -> dict[str, Any]:
         """Build the context block protoprompt's budgeted builder would recall for a query.
 
@@ -88,36 +106,54 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         return await call(tools.context, query, max_tokens)
 
     async def memory_remember(
-        text: Annotated[str, Field(description="One self-contained fact, e.g. 'Alice "
-                                               "prefers short answers.'",
-                                   max_length=limits.max_fact_chars)],
+        text: Annotated[
+            str,
+            Field(
+                description="One self-contained fact, e.g. 'Alice prefers short answers.'",
+                max_length=limits.max_fact_chars,
+            ),
+        ],
     ) -> dict[str, Any]:
         """Remember a durable fact. Returns its memory_id."""
         return await call(tools.remember, text)
 
     async def memory_forget(
-        memory_id: Annotated[str, Field(description="A fact id (from memory_remember or "
-                                                    "memory_search) or 'doc:<doc_id>' for a "
-                                                    "whole document.")],
+        memory_id: Annotated[
+            str,
+            Field(
+                description="A fact id (from memory_remember or "
+                "memory_search) or 'doc:<doc_id>' for a "
+                "whole document."
+            ),
+        ],
     ) -> dict[str, Any]:
         """Forget one fact, or one whole indexed document. Unknown ids are an error."""
         return await call(tools.forget, memory_id)
 
     async def memory_index_document(
-        doc_id: Annotated[str, Field(description="Your id for the document; indexing the "
-                                                 "same id again replaces it.",
-                                     max_length=limits.max_doc_id_chars)],
-        text: Annotated[str, Field(description="The document text.",
-                                   max_length=limits.max_document_chars)],
+        doc_id: Annotated[
+            str,
+            Field(
+                description="Your id for the document; indexing the same id again replaces it.",
+                max_length=limits.max_doc_id_chars,
+            ),
+        ],
+        text: Annotated[
+            str, Field(description="The document text.", max_length=limits.max_document_chars)
+        ],
     ) -> dict[str, Any]:
         """Split a document into chunks and index them for search. Returns the chunk count."""
         return await call(tools.index_document, doc_id, text)
 
     async def memory_set_profile(
-        profile: Annotated[str | dict[str, str],
-                           Field(description="The whole profile: text, or an object of "
-                                             "'key': 'value' strings. Replaces the previous "
-                                             "profile; an empty string clears it.")],
+        profile: Annotated[
+            str | dict[str, str],
+            Field(
+                description="The whole profile: text, or an object of "
+                "'key': 'value' strings. Replaces the previous "
+                "profile; an empty string clears it."
+            ),
+        ],
     ) -> dict[str, Any]:
         """Replace the user profile of this memory."""
         return await call(tools.set_profile, profile)
@@ -131,12 +167,15 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
     if not read_only:
         specs += [
             (memory_remember, _sdk.annotations(read_only=False)),
-            (memory_forget, _sdk.annotations(read_only=False, destructive=True,
-                                             idempotent=False)),
-            (memory_index_document, _sdk.annotations(read_only=False, destructive=True,
-                                                     idempotent=True)),
-            (memory_set_profile, _sdk.annotations(read_only=False, destructive=True,
-                                                  idempotent=True)),
+            (memory_forget, _sdk.annotations(read_only=False, destructive=True, idempotent=False)),
+            (
+                memory_index_document,
+                _sdk.annotations(read_only=False, destructive=True, idempotent=True),
+            ),
+            (
+                memory_set_profile,
+                _sdk.annotations(read_only=False, destructive=True, idempotent=True),
+            ),
         ]
     for fn, hints in specs:
         server.add_tool(fn, name=fn.__name__, annotations=hints)
@@ -149,14 +188,22 @@ def _register_resources(server: Any, tools: MemoryTools) -> None:
     # The server object is either SDK major's (typed Any here); its decorator keeps the function.
     resource = cast("Callable[..., Callable[[_Resource], _Resource]]", server.resource)
 
-    @resource("memory://profile", name="profile", mime_type="text/plain",
-              description="The user profile of this memory (empty when none is set).")
+    @resource(
+        "memory://profile",
+        name="profile",
+        mime_type="text/plain",
+        description="The user profile of this memory (empty when none is set).",
+    )
     async def profile() -> str:
         return (await anyio.to_thread.run_sync(tools.get_profile))["profile"] or ""
 
-    @resource("memory://facts", name="facts", mime_type="application/json",
-              description="The remembered facts, newest first, as JSON "
-                          f"(at most {tools.limits.max_listed_facts}).")
+    @resource(
+        "memory://facts",
+        name="facts",
+        mime_type="application/json",
+        description="The remembered facts, newest first, as JSON "
+        f"(at most {tools.limits.max_listed_facts}).",
+    )
     async def facts() -> str:
         import json
 
@@ -207,8 +254,9 @@ def create_server(
         raise TypeError("read_only must be a bool")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name must be a non-empty string")
-    tools = MemoryTools(store, scope, include_parents=include_parents, model=model,
-                        encoding=encoding, limits=limits)
+    tools = MemoryTools(
+        store, scope, include_parents=include_parents, model=model, encoding=encoding, limits=limits
+    )
     server = _sdk.new_server(name, _INSTRUCTIONS, log_level)
     _register_tools(server, tools, read_only)
     _register_resources(server, tools)
@@ -217,8 +265,9 @@ def create_server(
 
 def _listening_socket(host: str, port: int) -> socket.socket:
     """A bound, listening TCP socket (port 0 picks a free one)."""
-    infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
+    infos = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -263,9 +312,10 @@ def run_server(
     app = _sdk.http_app(server, host=host, port=bound, path=path)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     if on_ready is None:
+
         def on_ready(url: str) -> None:
-            print(f"protoprompt mcp: serving streamable HTTP on {url}", file=sys.stderr,
-                  flush=True)
+            print(f"protoprompt mcp: serving streamable HTTP on {url}", file=sys.stderr, flush=True)
+
     on_ready(url)
     try:
         uvicorn.Server(config).run(sockets=[sock])

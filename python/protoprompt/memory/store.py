@@ -427,8 +427,9 @@ class MemoryStore:
         now = time.time()
         rows = [
             (*params, doc_id, index, start, end, chunk, meta_json, now, blob)
-            for index, ((start, end), chunk, blob)
-            in enumerate(zip(spans, chunks, blobs, strict=True))
+            for index, ((start, end), chunk, blob) in enumerate(
+                zip(spans, chunks, blobs, strict=True)
+            )
         ]
         with self._transaction() as conn:
             conn.execute(
@@ -543,11 +544,15 @@ class MemoryStore:
         scopes = _visible_scopes(_check_scope(scope), include_parents)
         where, params = _scope_filter(scopes, alias="p")
         with self._lock:
-            rows = self._connection().execute(
-                "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
-                f" FROM pp_mem_profiles AS p WHERE {where}",
-                params,
-            ).fetchall()
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
+                    f" FROM pp_mem_profiles AS p WHERE {where}",
+                    params,
+                )
+                .fetchall()
+            )
         found = {_row_scope(*row[:4]): row[4] for row in rows}
         return next((found[s] for s in scopes if s in found), None)
 
@@ -559,8 +564,10 @@ class MemoryStore:
         if limit is not None:
             _check_limit(limit)
         where, params = _scope_filter(scopes)
-        sql = (f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
-               f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC")
+        sql = (
+            f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
+            f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
+        )
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
@@ -643,8 +650,23 @@ class MemoryStore:
 
     @staticmethod
     def _hit(row: Sequence[Any], score: float) -> MemoryHit:
-        (_, rtype, tenant, user, thread, kind, doc_id, chunk_index,
-         start, end, fact_id, importance, text, metadata, created_at) = row[:15]
+        (
+            _,
+            rtype,
+            tenant,
+            user,
+            thread,
+            kind,
+            doc_id,
+            chunk_index,
+            start,
+            end,
+            fact_id,
+            importance,
+            text,
+            metadata,
+            created_at,
+        ) = row[:15]
         if rtype == "fact":
             meta: dict[str, Any] = {"importance": importance, "created_at": created_at}
             span = None
