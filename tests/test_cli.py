@@ -451,3 +451,22 @@ def test_installed_command_help_inspect_and_count_from_stdin(sdk_db: Path) -> No
         cmd + ["mcp", "--db", "x.db"], capture_output=True, text=True, timeout=120
     )
     assert missing.returncode == 2 and "--tenant" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["inspect", "x.db", "--budget", "0"], "--budget: must be at least 1, got 0"),
+        (["inspect", "x.db", "--budget", "lots"], "--budget: expected a whole number, got 'lots'"),
+        (["inspect", "x.db", "--output-reserve", "-1"], "--output-reserve: must be 0 or more"),
+        (["inspect", "x.db", "--limit", "0"], "--limit: must be at least 1, got 0"),
+        (["mcp", "--db", "m.db", "--port", "70000"], "--port: a TCP port is at most 65535"),
+        (["mcp", "--db", "m.db", "--port", "-2"], "--port: must be 0 or more, got -2"),
+    ],
+)
+def test_bad_numbers_are_usage_errors_naming_the_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert message in err

@@ -26,24 +26,23 @@ class _CommandError(Exception):
     """A user-facing error: printed as ``protoprompt <command>: error: ...``, exit 1."""
 
 
-def _positive(text: str) -> int:
+def _whole_number(text: str, least: int, rule: str) -> int:
+    """``text`` as an int of at least ``least`` (``rule`` says so in the error)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _whole_number(text, 1, "must be at least 1")
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _whole_number(text, 0, "must be 0 or more")
 
 
 def _port(text: str) -> int:
