@@ -125,6 +125,18 @@ async def _pop_item_with_validation(
         state.bump()
 
 
+def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
+    """``input_callback``'s argument checks (``TypeError`` naming the argument)."""
+    if not callable(getattr(builder, "build", None)):
+        raise TypeError(
+            f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+        )
+    if not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+    if on_plan is not None and not callable(on_plan):
+        raise TypeError("on_plan must be callable or None")
+
+
 class ProtoPromptSession:
     """An Agents SDK ``Session`` whose input callback fits every request into a token budget.
 
@@ -673,6 +685,70 @@ class ProtoPromptSession:
             pool.account(self._shared_key, state, self._shared_index_bytes)
         return plan
 
+    def _build_turn(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        history: list[Item],
+        new_input: list[Item],
+        read: Read | None,
+        kwargs: dict[str, Any],
+    ) -> ContextPlan:
+        """The plan of one turn (in a worker thread): through the index when ``read`` — the
+        last read of this task — returned ``history`` and the index holds for it (see
+        ``_sync.plan``), else packed without the index, which is then left as it is."""
+        state = self._index_state
+        facts = read.facts if read is not None and read.session is self else None
+        with state.lock:
+            decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+            if decision.use_index and facts is not None:
+                return self._build_indexed(
+                    builder, history, new_input, facts, decision.keep, kwargs
+                )
+            if facts is not None and facts.offset and facts.count == len(history):
+                return self._build_windowed(builder, history, new_input, facts, kwargs)
+        # Not the history our last read returned (a limit, a direct call, or the rows
+        # could not be compared): packed without the index, which is left as it is.
+        return builder.build(history, new_input, **kwargs)
+
+    def _build_windowed(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        history: list[Item],
+        new_input: list[Item],
+        facts: _sync.Read,
+        kwargs: dict[str, Any],
+    ) -> ContextPlan:
+        """Build a turn whose read was a token window that the index changed after (caller
+        holds the state's lock). The window holds only the newest items: the index must
+        hold the rest, also when another turn changed it since the read."""
+        kept = self._window_keep(facts)
+        if kept is None:
+            raise ProtoPromptError(
+                "the session's history changed between the read of its newest "
+                "items and this turn's request (a pop or clear through another "
+                "session object): run the turn again"
+            )
+        return self._build_indexed(
+            builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
+        )
+
+    def _hand_over(
+        self,
+        plan: ContextPlan,
+        new_input: list[Item],
+        on_plan: Callable[[ContextPlan], None] | None,
+    ) -> list[Item]:
+        """What the callback returns for ``plan``: its items, with the context message
+        registered (so :meth:`add_items` keeps it out of the history) and the run recorded
+        for the model filter."""
+        key = None
+        if plan.context_message is not None:
+            key = self._expect_context(plan.context_message)
+        RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
+        if on_plan is not None:
+            on_plan(plan)
+        return list(plan.items)
+
     def input_callback(
         self,
         builder: TokenBudgetedContextBuilder,
@@ -702,62 +778,25 @@ class ProtoPromptSession:
         Raises (from the callback, before the model is called):
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
-        if not callable(getattr(builder, "build", None)):
-            raise TypeError(
-                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
-            )
-        if not isinstance(system_prompt, str):
-            raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
-        if on_plan is not None and not callable(on_plan):
-            raise TypeError("on_plan must be callable or None")
+        _check_callback_args(builder, system_prompt, on_plan)
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):
             # Build the tokenizer while the SDK reads the history, not in the first callback.
             preload(encoding=encoding, wait=False)
-
-        def build(history: list[Item], new_input: list[Item], read: Read | None) -> ContextPlan:
-            kwargs: dict[str, Any] = {
-                "system_prompt": system_prompt,
-                "scope": scope,
-                "output_reserve": output_reserve,
-            }
-            state = self._index_state
-            facts = read.facts if read is not None and read.session is self else None
-            with state.lock:
-                decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
-                if decision.use_index and facts is not None:
-                    return self._build_indexed(
-                        builder, history, new_input, facts, decision.keep, kwargs
-                    )
-                if facts is not None and facts.offset and facts.count == len(history):
-                    # A token window holds only the newest items: the index must hold the
-                    # rest, also when another turn changed it since the read.
-                    kept = self._window_keep(facts)
-                    if kept is None:
-                        raise ProtoPromptError(
-                            "the session's history changed between the read of its newest "
-                            "items and this turn's request (a pop or clear through another "
-                            "session object): run the turn again"
-                        )
-                    return self._build_indexed(
-                        builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
-                    )
-            # Not the history our last read returned (a limit, a direct call, or the rows
-            # could not be compared): packed without the index, which is left as it is.
-            return builder.build(history, new_input, **kwargs)
+        kwargs: dict[str, Any] = {
+            "system_prompt": system_prompt,
+            "scope": scope,
+            "output_reserve": output_reserve,
+        }
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
             read = LAST_READ.get() if self._incremental else None
-            plan = await asyncio.to_thread(build, history, new_input, read)
-            key = None
-            if plan.context_message is not None:
-                key = self._expect_context(plan.context_message)
-            RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
-            if on_plan is not None:
-                on_plan(plan)
-            return list(plan.items)
+            plan = await asyncio.to_thread(
+                self._build_turn, builder, history, new_input, read, kwargs
+            )
+            return self._hand_over(plan, new_input, on_plan)
 
         setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
         return protoprompt_session_input
