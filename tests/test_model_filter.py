@@ -376,9 +376,23 @@ async def test_standalone_filter_over_a_to_input_list_history() -> None:
     store.close()
 
 
-async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None:
+async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypatch: Any) -> None:
     """The per-run index never changes a result: each call's request is exactly a fresh
-    ``pp.pack`` of the SDK's input with the same mandatory positions."""
+    ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
+    alive meanwhile, and none of them makes the run's index copy its item graph when the
+    next call appends (results do not pin the index's graph)."""
+    import protoprompt.integrations.model_filter as model_filter
+
+    indexes: list[pp.HistoryIndex] = []
+
+    class RecordedIndex(pp.HistoryIndex):
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            super().__init__()
+            indexes.append(self)
+
+    monkeypatch.setattr(model_filter, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
         None, max_tokens=5_000, output_reserve=300, policy="greedy"
@@ -415,6 +429,9 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None
         )
         assert plan.pack.items == fresh.items
         assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
+        assert plan.pack.decisions.item_counts() == fresh.decisions.item_counts()
+    assert len(indexes) == 1 and len(indexes[0]) > 0  # the run's index, used for every call
+    assert indexes[0]._index._graph_copies() == 0  # the kept plans pinned nothing
 
 
 # ------------------------------------------------------------------ persistence unchanged
