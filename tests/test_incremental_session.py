@@ -154,7 +154,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     before = len(await fast.session.get_items())
     await turn(5)
     # The turn went through the index, which held the whole stored history at that time.
-    assert len(fast.session._index_state.index) == before > 0
+    assert fast.session._debug_state().index_items == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
     from protoprompt.integrations import _snapshots
@@ -200,7 +200,7 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
     side = Side(db, incremental=None)
     await side.turn(1)  # question, function_call call_1, its output, answer
     await side.turn(3)  # the index now holds turn 1's four items
-    assert len(side.session._index_state.index) == 4
+    assert side.session._debug_state().index_items == 4
     other = SQLiteSession("chat", db)
     for _ in range(6):  # turn 3, then turn 1's answer and tool output
         await other.pop_item()
@@ -218,14 +218,14 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
 
 async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
     side = Side(":memory:", incremental=None)
-    assert side.session._incremental and not await reads_rows_itself(side.session)
+    assert side.session._debug_state().incremental and not await reads_rows_itself(side.session)
     await side.turn(0)
     await side.turn(2)
-    assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
+    assert side.session._debug_state().index_items == 2  # the history: turn 0 (question, answer)
     side.session.session_settings = {"limit": 2}
-    before = len(side.session._index_state.index)
+    before = side.session._debug_state().index_items
     await side.turn(4)  # a window of the history: packed without the index
-    assert len(side.session._index_state.index) == before
+    assert side.session._debug_state().index_items == before
     side.close()
 
 
@@ -245,7 +245,7 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
             )
             sent = [i for i in model.calls[-1].input if i.get("role") != "system"]
             assert len(sent) <= 4  # the window of 3 plus the question
-        assert len(session._index_state.index) == 0
+        assert session._debug_state().index_items == 0
     inner.close()
 
 
@@ -253,7 +253,6 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     """A server that builds a ProtoPromptSession per request: objects for the same stored
     session share one index (warm turns), pops through one are seen by the next, and every
     request equals that of a session without an index."""
-    from protoprompt.integrations import pool
 
     fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
     plain = Side(plain_db, incremental=False)
@@ -261,10 +260,11 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
     plans: list[list[str]] = []
     for i in range(6):
         side = Side(fast_db, incremental=None)  # a new object for every request
+        state = side.session._debug_state()
         if shared is None:
-            shared = side.session._index_state
-        assert side.session._index_state is shared
-        warm = len(shared.index)
+            shared = state.index_id
+        assert state.index_id == shared and state.shared
+        warm = state.index_items
         if i in (3, 5):
             await side.session.pop_item()
             await plain.session.pop_item()
@@ -289,10 +289,12 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
                 session_input_callback=other.input_callback(builder), tracing_disabled=True
             ),
         )
-    keys = list(pool._SHARED)
-    assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
+    # The newest index stayed in the pool; the chat's was dropped from it (its last object
+    # still holds it), so a new object for the chat starts from an empty index.
+    assert other._debug_state().shared and not side.session._debug_state().shared
     fresh = ProtoPromptSession("chat", fast_db)
-    assert fresh._index_state is not shared and len(fresh._index_state.index) == 0
+    state = fresh._debug_state()
+    assert state.index_id != shared and state.index_items == 0 and state.shared
     other.close()
     fresh.close()
     plain.close()
@@ -307,8 +309,8 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
     first = Side(fast_db, incremental=None)
     await first.turn(1)
     await first.turn(3)
-    old_state = first.session._index_state
-    assert len(old_state.index) == 4
+    old_state = first.session._debug_state()
+    assert old_state.index_items == 4
     first.close()
     os.remove(fast_db)
     plain = Side(plain_db, incremental=False)
@@ -321,7 +323,7 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
         await writer.add_items(rows)
         writer.close()
     again = Side(fast_db, incremental=None)
-    assert again.session._index_state is not old_state
+    assert again.session._debug_state().index_id != old_state.index_id
     for i in (5, 7):  # different items at the same positions and row ids
         await again.turn(i)
         await plain.turn(i)
@@ -361,8 +363,8 @@ async def test_a_restarted_process_reads_token_counts_from_the_session_database(
     assert sum(a is not None for a in answers) > 0  # history counts came from the database
     # One store (one connection) per database, whatever the number of sessions in it.
     other = ProtoPromptSession("someone-else", fast_db)
-    store = restarted.session._index_state.index.count_store
-    assert store is not None and other._index_state.index.count_store is store
+    store = restarted.session._debug_state().count_store
+    assert store is not None and other._debug_state().count_store is store
     other.close()
     restarted.close()
     plain.close()

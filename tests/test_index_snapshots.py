@@ -188,7 +188,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     tmp_path, monkeypatch
 ) -> None:
     fast_db, fast, plain = await fast_and_plain(tmp_path, 6, snapshot_min_items=4)
-    fast.session._index_state.wait_for_save()
+    fast.session._debug_state(wait_for_save=True)
     # Written in the background once the index held enough items, before any close.
     assert _snapshot_rows(fast_db), "no snapshot written during the turns"
     fast.close()
@@ -210,8 +210,8 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     )
     restarted = Side(fast_db, incremental=None, snapshot_min_items=4)
     history = await restarted.session.get_items()
-    state = restarted.session._index_state
-    assert len(state.index) == items and state.saved_len == items  # loaded, nothing read
+    state = restarted.session._debug_state()
+    assert state.index_items == items and state.snapshot_items == items  # loaded, nothing read
     await restarted.turn(6)
     await plain.turn(6)
     assert restarted.plans == plain.plans[-1:]
@@ -247,7 +247,7 @@ async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None
     side = Side(db, incremental=None, snapshot_min_items=2)
     for i in range(3):
         await side.turn(i)
-    side.session._index_state.wait_for_save()
+    side.session._debug_state(wait_for_save=True)
     assert _snapshot_rows(db)
     await side.session.clear_session()
     assert _snapshot_rows(db) == []  # no ids of the cleared history stay behind
@@ -276,7 +276,7 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(
     await restarted.turn(3)
     await plain.turn(3)
     assert restarted.plans == plain.plans[-1:]
-    assert restarted.session._index_state.restore_tried
+    assert restarted.session._debug_state().restore_tried
     if damage != "not bytes":
         assert any(
             "snapshot" in r.getMessage() and "not used" in r.getMessage() for r in caplog.records
@@ -338,12 +338,11 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
     side = Side(db, incremental=None, snapshot_min_items=10**9)
     for i in range(3):
         await side.turn(i)
-    side.session._index_state.wait_for_save()
-    assert side.session._index_state.index.count_store.max_open_readers == 32
+    store = side.session._debug_state(wait_for_save=True).count_store
+    assert isinstance(store, pp.SQLiteCountStore) and store.max_open_readers == 32
     side.close()
     assert _snapshot_rows(db) == []
     # The count store of the file is shared by its sessions: the one made last sets its limit.
     other = ProtoPromptSession("other", db, max_open_readers=3)
-    assert other._index_state.index.count_store is side.session._index_state.index.count_store
-    assert other._index_state.index.count_store.max_open_readers == 3
+    assert other._debug_state().count_store is store and store.max_open_readers == 3
     other.close()

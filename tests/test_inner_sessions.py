@@ -181,7 +181,9 @@ def fresh_request(history: list[Any], text: str, builder: TokenBudgetedContextBu
 @pytest.mark.parametrize("inner", KINDS, indirect=True)
 async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) -> None:
     session = ProtoPromptSession(inner.session_id, inner_session=inner)
-    assert session._incremental is False  # the plain path: nothing to check rows against
+    assert (
+        session._debug_state().incremental is False
+    )  # the plain path: nothing to check rows against
     builder = TokenBudgetedContextBuilder(None, max_tokens=BUDGET)
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script())
@@ -290,7 +292,7 @@ async def test_encrypted_session_outside_keeps_the_index(tmp_path: Path, monkeyp
             dict(i) for i in pp.pack(history, [{"content": text, "role": "user"}], 100_000).items
         ]
         if n == 2:
-            assert len(store._index_state.index) == 4  # the incremental path was taken
+            assert store._debug_state().index_items == 4  # the incremental path was taken
     assert [i["role"] for i in model.calls[-1].input] == ["user"]
     assert all(i.get("__enc__") == 1 for i in await store.get_items())
     store.close()

@@ -52,7 +52,7 @@ async def _stored(
     t = Turns(db, session_id, words=words, **OPTIONS)
     for _ in range(turns):
         await t.turn()
-    t.session._index_state.wait_for_save()
+    t.session._debug_state(wait_for_save=True)
     t.close()
     return db
 
@@ -92,7 +92,7 @@ async def _turn_after_restart(
     t.n = 100
     history = await t.read()
     if restored is not None:
-        assert (len(t.session._index_state.index) > 0) is restored
+        assert (t.session._debug_state().index_items > 0) is restored
     await t.send(history)
     await t.turn()
     return t
@@ -165,7 +165,7 @@ async def test_a_snapshot_of_another_session_under_this_one_is_refused(
     t = Turns(db, "B", words=300, **OPTIONS)
     for _ in range(6):
         await t.turn()
-    t.session._index_state.wait_for_save()
+    t.session._debug_state(wait_for_save=True)
     t.close()
     _sql(
         db,
@@ -357,7 +357,7 @@ async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch) -> None
         (f"INSERT INTO {SNAPSHOTS} VALUES ('agent_messages', 'chat', -1, 'abc', 3, x'00')", ()),
     )
     t = await _turn_after_restart(db, monkeypatch, restored=False)
-    t.session._index_state.wait_for_save()
+    t.session._debug_state(wait_for_save=True)
     t.close()  # saves the index it built
     columns = [r[1] for r in sqlite3.connect(db).execute(f"PRAGMA table_info({SNAPSHOTS})")]
     assert columns == ["messages_table", "session_id", "row_ids", "data"]

@@ -48,8 +48,9 @@ def turn_script(i: int) -> list[Any]:
 
 
 class Side:
-    """One session + callback; every plan the callback built is recorded, and every window
-    the session read (its length, or ``None`` for a full read)."""
+    """One session + callback; every plan the callback built is recorded, and, with
+    windowed reads, every turn's read: the stored items its token window left out, or
+    ``None`` for a full read (from the session's debug state)."""
 
     def __init__(
         self,
@@ -66,14 +67,6 @@ class Side:
         )
         self.plans: list[list[str]] = []
         self.windows: list[int | None] = []
-        real = self.session._read_window
-
-        def recording(*args: Any) -> Any:
-            got = real(*args)
-            self.windows.append(None if got is None else got[1].offset)
-            return got
-
-        self.session._read_window = recording  # type: ignore[method-assign]
         builder = TokenBudgetedContextBuilder(
             self.store, max_tokens=max_tokens, scope=SCOPE, output_reserve=100, policy=policy
         )
@@ -97,6 +90,14 @@ class Side:
         return RunConfig(session_input_callback=self.callback, tracing_disabled=True)
 
     async def turn(self, i: int, mode: str = "run") -> None:
+        before = self.session._debug_state()
+        await self._run(i, mode)
+        after = self.session._debug_state()
+        if after.windowed_reads:
+            windowed = after.window_reads > before.window_reads
+            self.windows.append(after.last_window_offset if windowed else None)
+
+    async def _run(self, i: int, mode: str) -> None:
         question = f"question {i} " + "please " * 20
         if mode == "run":
             await Runner.run(
@@ -165,7 +166,7 @@ async def test_windowed_turns_send_and_store_what_full_reads_do(tmp_path, mode) 
 
 
 async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monkeypatch) -> None:
-    win = Side(str(tmp_path / "win.db"), windowed=True)
+    win = Side(str(tmp_path / "win.db"), windowed=True, snapshot_min_items=8)
     full = Side(str(tmp_path / "full.db"), windowed=False)
 
     async def both(action: Any) -> None:
@@ -212,8 +213,8 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
     await both(lambda s: other_writer(s, [{"role": "user", "content": "replaced " * 10}], pops=1))
     await turn(19)
     assert sum(w is not None for w in win.windows[-4:]) >= 3, win.windows
-    # A restart: a new process loads the snapshot (the history is long enough to have one).
-    win.session._index_state.save()
+    # A restart: a new process loads the snapshot (the history is long enough to have one:
+    # written at close).
     win.close()
     full.close()
     restart(monkeypatch)
@@ -285,8 +286,10 @@ def test_a_read_driven_by_the_event_loop_alone_is_a_full_read(tmp_path) -> None:
 def test_windowed_reads_needs_a_bool_and_a_database_file(tmp_path) -> None:
     with pytest.raises(TypeError, match="windowed_reads must be a bool"):
         ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=1)  # type: ignore[arg-type]
-    assert not ProtoPromptSession("chat", windowed_reads=True)._windowed_reads
-    assert ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=True)._windowed_reads
+    assert not ProtoPromptSession("chat", windowed_reads=True)._debug_state().windowed_reads
+    on_file = ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=True)
+    assert on_file._debug_state().windowed_reads
+    on_file.close()
 
 
 def test_pack_of_a_window_is_the_pack_of_the_whole_history() -> None:
@@ -421,13 +424,17 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path
     """Two objects of one stored session share its index. If the other one runs a turn
     between this one's windowed read and its callback, the window is checked against the
     index again: still the same rows before it -> the request of the whole history; rows
-    before the window gone -> a clear error, never the window packed alone."""
+    before the window gone -> a clear error, never the window packed alone.
+
+    White-box: the runner gives no point between its read and the callback to run another
+    turn at, so the read (``_read_window``), its hand-off to the callback (``LAST_READ``)
+    and the recheck (``_window_keep``) are driven directly."""
     db = str(tmp_path / "win.db")
     win = Side(db, windowed=True)
     for i in range(20):
         await win.turn(i)
     other = Side(db, windowed=True)
-    assert other.session._index_state is win.session._index_state
+    assert other.session._debug_state().index_id == win.session._debug_state().index_id
     new_input = [{"role": "user", "content": "what now? " * 5}]
     turn = win.callback._protoprompt_turn  # type: ignore[attr-defined]
 

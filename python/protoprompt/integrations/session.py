@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..count_store import SQLiteCountStore
+from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import preload
 from . import _sync, pool
@@ -81,6 +81,44 @@ def _non_negative_int(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be at least 0, got {value}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugState:
+    """What a :class:`ProtoPromptSession` object holds behind its requests, at one moment
+    (``session._debug_state()``): for tests and debugging of the index's mechanisms. A
+    request never depends on it — every request equals a fresh ``pp.pack`` of the history
+    the SDK handed over, whatever it says."""
+
+    incremental: bool
+    """The session keeps a :class:`~protoprompt.HistoryIndex` of the stored history."""
+    reads_rows: bool
+    """``get_items`` reads the rows itself, with their ids, and compares them with the
+    index (a database file); else the index is trusted between this object's own pops
+    and clears."""
+    windowed_reads: bool
+    """Token windows are in effect (``windowed_reads=True`` with a database file)."""
+    index_id: int
+    """Identifies the index state: equal for the objects that share one index, new when an
+    object gets a fresh one (never reused in a process)."""
+    shared: bool
+    """The index is the process pool's for this stored session (objects made for it now
+    get this one); ``False`` without a database file, or once dropped from the pool."""
+    index_items: int
+    """Items the index holds (the stored history it was last synced with)."""
+    epoch: int
+    """Bumped around every pop, clear and history rewrite through any object sharing the
+    index: an index synced at another epoch is not trusted without comparing rows."""
+    restore_tried: bool
+    """A stored snapshot of the index was looked for (``True`` without a database file)."""
+    snapshot_items: int
+    """Items in the snapshot this index last wrote or loaded (0: none)."""
+    count_store: CountStore | None
+    """Where token counts outlive the process (one ``SQLiteCountStore`` per database file)."""
+    window_reads: int
+    """Reads of this object answered with a token window (only the newest items)."""
+    last_window_offset: int | None
+    """Stored items before the newest such window (``None`` before the first one)."""
 
 
 _S = TypeVar("_S", bound="ProtoPromptSession")
@@ -332,6 +370,8 @@ class ProtoPromptSession:
         self._pending_lock = threading.Lock()
         # Context messages produced lately (stored or not), for the model filter to pin.
         self._produced: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_CONTEXTS)
+        self._window_reads = 0
+        self._last_window_offset: int | None = None
 
     # ------------------------------------------------------------------ Session protocol
 
@@ -370,6 +410,8 @@ class ProtoPromptSession:
                     found = None
                 if found is not None:
                     items, facts = found
+                    self._window_reads += 1
+                    self._last_window_offset = facts.offset
                     LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
                     return items
         restorer: threading.Thread | None = None
@@ -475,6 +517,28 @@ class ProtoPromptSession:
             self._reader.close()
         if self._owns_inner:
             self._inner.close()
+
+    def _debug_state(self, *, wait_for_save: bool = False) -> DebugState:
+        """What this object holds behind its requests now (see :class:`DebugState`): the one
+        view of the index's mechanisms for tests and debugging. ``wait_for_save``: first wait
+        for an index snapshot being written in the background."""
+        state = self._index_state
+        if wait_for_save:
+            state.wait_for_save()
+        return DebugState(
+            incremental=self._incremental,
+            reads_rows=self._reader is not None,
+            windowed_reads=self._windowed_reads,
+            index_id=state.serial,
+            shared=self._shared_key is not None and pool.is_shared(self._shared_key, state),
+            index_items=len(state.index),
+            epoch=state.epoch,
+            restore_tried=state.restore_tried,
+            snapshot_items=state.saved_len,
+            count_store=state.index.count_store,
+            window_reads=self._window_reads,
+            last_window_offset=self._last_window_offset,
+        )
 
     def __repr__(self) -> str:
         return f"ProtoPromptSession({self.session_id!r}, inner={type(self._inner).__name__})"
