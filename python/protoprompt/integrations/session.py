@@ -49,7 +49,7 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
-from ._window import TURN_ATTR, Turn, read_window, runner_turn, window_keep
+from ._window import TURN_ATTR, Turn, called_by_runner, read_window, runner_turn, window_keep
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -619,11 +619,17 @@ class ProtoPromptSession:
 
     def _expect_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
         """Remember a context message the SDK is about to ask us to store."""
+        key = self._produced_context(message)
+        with self._pending_lock:
+            self._pending.append((message, key))
+        return key
+
+    def _produced_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
+        """Remember a context message the callback produced (for the model filter to pin)."""
         key = context_key(message)
         if key is None:  # pragma: no cover - the builder always produces this shape
             raise ValueError("not a context message")
         with self._pending_lock:
-            self._pending.append((message, key))
             if key not in self._produced:
                 self._produced.append(key)
         return key
@@ -675,7 +681,8 @@ class ProtoPromptSession:
 
     @property
     def pending_context_count(self) -> int:
-        """Context messages produced by the callback and not yet seen in ``add_items``."""
+        """Context messages produced by the callback and not yet seen in ``add_items``
+        (those of direct calls: in a run the SDK never hands the message over to store)."""
         with self._pending_lock:
             return len(self._pending)
 
@@ -799,15 +806,26 @@ class ProtoPromptSession:
     def _hand_over(
         self,
         plan: ContextPlan,
+        history: list[Item] | None,
         new_input: list[Item],
         on_plan: Callable[[ContextPlan], None] | None,
     ) -> list[Item]:
-        """What the callback returns for ``plan``: its items, with the context message
-        registered (so :meth:`add_items` keeps it out of the history) and the run recorded
-        for the model filter."""
+        """What the callback returns for ``plan``: its items, with the context message made
+        known and the run recorded for the model filter.
+
+        ``history``: the history list the runner handed over. The context message object is
+        added to it, so the SDK takes it for history and never asks any session to store it
+        — also when a wrapper such as ``EncryptedSession`` sits in front of this one and
+        would hand it over encrypted, past recognition. Without it (a direct call), the
+        message is registered so :meth:`add_items` keeps it out of the history."""
         key = None
-        if plan.context_message is not None:
-            key = self._expect_context(plan.context_message)
+        message = plan.context_message
+        if message is not None:
+            if history is not None:
+                history.append(message)
+                key = self._produced_context(message)
+            else:
+                key = self._expect_context(message)
         RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
         if on_plan is not None:
             on_plan(plan)
@@ -827,8 +845,10 @@ class ProtoPromptSession:
         The callback builds the turn with ``builder`` (see
         :meth:`TokenBudgetedContextBuilder.build`) and returns ``plan.items``: the context
         message, the kept history objects and every new-input object — the SDK's own
-        objects, never copies. The context message is registered with this session so
-        :meth:`add_items` keeps it out of the history. Use it only with this session.
+        objects, never copies. The context message is never stored: in a run it is also
+        added to the history list the runner handed over, so the SDK takes it for history
+        (whatever wraps this session); called directly, it is registered with this session
+        so :meth:`add_items` keeps it out of the history. Use it only with this session.
         The builder's tokenizer starts building in the background now (see
         :func:`protoprompt.preload`), so the first request does not wait for it.
 
@@ -856,11 +876,12 @@ class ProtoPromptSession:
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
+            by_runner = called_by_runner()  # before the first await: the caller's frame
             read = LAST_READ.get() if self._incremental else None
             plan = await asyncio.to_thread(
                 self._build_turn, builder, history, new_input, read, kwargs
             )
-            return self._hand_over(plan, new_input, on_plan)
+            return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
 
         setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
         return protoprompt_session_input
