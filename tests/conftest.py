@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from protoprompt import MemoryScope
 
 HERE = Path(__file__).resolve().parent
 # The offline reference tokenizer (openai/tiktoken on the vocabulary files tiktoken-rs ships)
@@ -17,3 +23,167 @@ def vectors() -> list[dict]:
     """The 42 item-graph test vectors of docs/item-graph.md §15 (shared with the Rust tests)."""
     path = HERE.parent / "rust" / "core" / "tests" / "data" / "item-graph-vectors.json"
     return json.loads(path.read_text())["vectors"]
+
+
+# ---------------------------------------------------------------------- sessions in turns
+
+SCOPE = MemoryScope("acme", user="alice")
+"""The memory scope of every :class:`SessionSide`."""
+
+
+@pytest.fixture
+def new_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """``new_process()`` makes this process look restarted for the rest of the test: no
+    shared session index in the pool, no count store objects, no token counts in memory
+    (what a session's database holds stays)."""
+    import weakref
+    from collections import OrderedDict
+
+    from protoprompt import _core
+    from protoprompt.integrations import pool
+
+    def restart() -> None:
+        monkeypatch.setattr(pool, "_SHARED", OrderedDict())
+        monkeypatch.setattr(pool, "_STORES", weakref.WeakValueDictionary())
+        _core._clear_count_cache()
+
+    return restart
+
+
+class SessionSide:
+    """One ``ProtoPromptSession("chat", db)`` with a memory store, a budgeted callback and a
+    scripted model per turn (``script(i)``: the model outputs of turn ``i``, its tool is
+    :func:`lookup`). Every plan the callback built is recorded in ``plans`` (its items as
+    JSON, then a line of its token totals and decision count), and with windowed reads
+    each turn's read in ``windows``: the stored items its token window left out, or
+    ``None`` for a full read (from the session's debug state)."""
+
+    def __init__(
+        self,
+        db: str,
+        script: Callable[[int], list[Any]],
+        *,
+        max_tokens: int = 900,
+        policy: str = "contiguous",
+        remember: str | None = None,
+        **session_options: Any,
+    ) -> None:
+        from protoprompt import MemoryStore, TokenBudgetedContextBuilder
+        from protoprompt.integrations import ProtoPromptSession
+
+        self.db = db
+        self.script = script
+        self.store = MemoryStore()
+        self.session = ProtoPromptSession("chat", db, **session_options)
+        self.plans: list[list[str]] = []
+        self.windows: list[int | None] = []
+        builder = TokenBudgetedContextBuilder(
+            self.store, max_tokens=max_tokens, scope=SCOPE, output_reserve=100, policy=policy
+        )
+        if remember is not None:
+            self.store.remember(remember, scope=SCOPE)
+        self.callback = self.session.input_callback(
+            builder,
+            system_prompt="Be brief.",
+            on_plan=lambda plan: self.plans.append(
+                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
+                + [
+                    f"tokens {plan.pack.used} {plan.pack.history_tokens} "
+                    f"{plan.pack.remaining} {len(plan.pack.decisions)}"
+                ]
+            ),
+        )
+        self._closed = False
+
+    def agent(self, i: int) -> Any:
+        from agents import Agent
+        from agents.testing import ScriptedModel
+
+        return Agent(name="a", model=ScriptedModel(self.script(i)), tools=[lookup()])
+
+    def config(self) -> Any:
+        from agents import RunConfig
+
+        return RunConfig(session_input_callback=self.callback, tracing_disabled=True)
+
+    async def turn(self, i: int, mode: str = "run") -> None:
+        """Turn ``i`` through ``Runner.run`` (``mode="run"``), ``run_streamed`` or
+        ``run_sync``."""
+        before = self.session._debug_state()
+        await self._run(i, mode)
+        after = self.session._debug_state()
+        if after.windowed_reads:
+            windowed = after.window_reads > before.window_reads
+            self.windows.append(after.last_window_offset if windowed else None)
+
+    async def _run(self, i: int, mode: str) -> None:
+        from agents import Runner
+
+        question = f"question {i} " + "please " * 20
+        if mode == "run":
+            await Runner.run(
+                self.agent(i), question, session=self.session, run_config=self.config()
+            )
+        elif mode == "streamed":
+            result = Runner.run_streamed(
+                self.agent(i), question, session=self.session, run_config=self.config()
+            )
+            async for _ in result.stream_events():
+                pass
+        else:  # run_sync needs a thread without a running loop
+            await asyncio.to_thread(
+                Runner.run_sync,
+                self.agent(i),
+                question,
+                session=self.session,
+                run_config=self.config(),
+            )
+
+    def rows(self) -> list[str]:
+        """The stored rows (``message_data``), oldest first."""
+        conn = sqlite3.connect(self.db)
+        try:
+            return [
+                r[0] for r in conn.execute("SELECT message_data FROM agent_messages ORDER BY id")
+            ]
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.session.close()
+            self.store.close()
+
+
+_LOOKUP: list[Any] = []
+
+
+def lookup() -> Any:
+    """The turns' tool: ``lookup(name)`` answers with ~40 words of details."""
+    if not _LOOKUP:
+        from agents import function_tool
+
+        @function_tool
+        def lookup(name: str) -> str:
+            """Look something up."""
+            return f"{name}: " + "details " * 40
+
+        _LOOKUP.append(lookup)
+    return _LOOKUP[0]
+
+
+@pytest.fixture
+def session_sides() -> Iterator[Callable[..., SessionSide]]:
+    """``session_sides(db, script, **options)`` makes a :class:`SessionSide`; every side
+    made is closed at the end of the test (closing one earlier is fine)."""
+    made: list[SessionSide] = []
+
+    def make(db: str, script: Callable[[int], list[Any]], **options: Any) -> SessionSide:
+        side = SessionSide(db, script, **options)
+        made.append(side)
+        return side
+
+    yield make
+    for side in made:
+        side.close()

@@ -140,7 +140,7 @@ async def _turner(db: str, log: Any, rng: random.Random) -> None:
     while True:
         history = copy.deepcopy(await session.get_items())
         # Items this process's first turn found indexed: loaded from the snapshot.
-        restored = len(session._index_state.index) if n == 0 else 0
+        restored = session._debug_state().index_items if n == 0 else 0
         marker = f"M{os.getpid()}.{n}"
         n += 1
         new_input = [{"role": "user", "content": f"{marker}q question"}]

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents import Agent, RunConfig, Runner  # noqa: E402
 from agents.memory import SQLiteSession  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
@@ -21,12 +21,6 @@ from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  #
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 
 SCOPE = MemoryScope("acme", user="alice")
-
-
-@function_tool
-def lookup(name: str) -> str:
-    """Look something up."""
-    return f"{name}: " + "details " * 40
 
 
 def turn_script(i: int) -> list[Any]:
@@ -38,36 +32,21 @@ def turn_script(i: int) -> list[Any]:
     return [[assistant_message(f"answer {i} " + "text " * 30, item_id=f"msg_{i}")]]
 
 
-class Side:
-    """One session + callback + scripted model; every plan the callback built is recorded."""
+def sides(session_sides: Any) -> Any:
+    """``make(db, incremental, **options)``: a ``SessionSide`` (conftest.py) over
+    ``ProtoPromptSession("chat", db, incremental=incremental, **options)`` with this
+    module's turns (also used by test_index_snapshots)."""
 
-    def __init__(self, db: str, incremental: bool | None, **options: Any) -> None:
-        self.store = MemoryStore()
-        self.session = ProtoPromptSession("chat", db, incremental=incremental, **options)
-        self.plans: list[list[str]] = []
-        builder = TokenBudgetedContextBuilder(
-            self.store, max_tokens=900, scope=SCOPE, output_reserve=100
-        )
-        self.callback = self.session.input_callback(
-            builder,
-            system_prompt="Be brief.",
-            on_plan=lambda plan: self.plans.append(
-                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
-                + [f"tokens used: {plan.pack.used}"]
-            ),
-        )
+    def make(db: str, incremental: bool | None, **options: Any) -> Any:
+        return session_sides(db, turn_script, incremental=incremental, **options)
 
-    async def turn(self, i: int) -> None:
-        model = ScriptedModel(turn_script(i))
-        agent = Agent(name="a", model=model, tools=[lookup])
-        config = RunConfig(session_input_callback=self.callback, tracing_disabled=True)
-        await Runner.run(
-            agent, f"question {i} " + "please " * 20, session=self.session, run_config=config
-        )
+    return make
 
-    def close(self) -> None:
-        self.session.close()
-        self.store.close()
+
+@pytest.fixture
+def make_side(session_sides: Any) -> Any:
+    """See :func:`sides`."""
+    return sides(session_sides)
 
 
 async def reads_rows_itself(session: ProtoPromptSession) -> bool:
@@ -90,32 +69,25 @@ async def reads_rows_itself(session: ProtoPromptSession) -> bool:
     return not calls
 
 
-async def fast_and_plain(tmp_path: Any, turns: int, **options: Any) -> tuple[str, Side, Side]:
+async def fast_and_plain(
+    make_side: Any, tmp_path: Any, turns: int, **options: Any
+) -> tuple[str, Any, Any]:
     """A session with an index (``fast.db``, returned first) and one without (``plain.db``)
-    after the same ``turns`` turns (both made with ``options``)."""
+    after the same ``turns`` turns (both made by ``make_side`` with ``options``)."""
     fast_db = str(tmp_path / "fast.db")
-    fast = Side(fast_db, incremental=None, **options)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False, **options)
+    fast = make_side(fast_db, incremental=None, **options)
+    plain = make_side(str(tmp_path / "plain.db"), incremental=False, **options)
     for i in range(turns):
         await fast.turn(i)
         await plain.turn(i)
     return fast_db, fast, plain
 
 
-def restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a new process has: no shared index, no counts in memory."""
-    from protoprompt import _core
-    from protoprompt.integrations import pool
-
-    monkeypatch.setattr(pool, "_SHARED", type(pool._SHARED)())
-    _core._clear_count_cache()
-
-
 async def test_requests_equal_a_session_without_index_through_pops_clears_and_other_writers(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, make_side
 ) -> None:
-    fast = Side(str(tmp_path / "fast.db"), incremental=None)
-    plain = Side(str(tmp_path / "plain.db"), incremental=False)
+    fast = make_side(str(tmp_path / "fast.db"), incremental=None)
+    plain = make_side(str(tmp_path / "plain.db"), incremental=False)
     assert await reads_rows_itself(fast.session) and not await reads_rows_itself(plain.session)
 
     async def both(action: Any) -> None:
@@ -125,10 +97,10 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     async def turn(i: int) -> None:
         await both(lambda side, _db: side.turn(i))
 
-    async def pop(side: Side, _db: str) -> None:
+    async def pop(side: Any, _db: str) -> None:
         await side.session.pop_item()
 
-    async def other_writer_replaces_last(side: Side, db: str) -> None:
+    async def other_writer_replaces_last(side: Any, db: str) -> None:
         # Another object (another process, say) pops the newest item and writes a new one:
         # the row count is unchanged, only the row ids tell.
         other = SQLiteSession("chat", db)
@@ -136,7 +108,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         await other.add_items([{"role": "user", "content": "written elsewhere " * 10}])
         other.close()
 
-    async def other_writer_appends(side: Side, db: str) -> None:
+    async def other_writer_appends(side: Any, db: str) -> None:
         other = SQLiteSession("chat", db)
         await other.add_items(
             [
@@ -146,7 +118,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         )
         other.close()
 
-    async def clear(side: Side, _db: str) -> None:
+    async def clear(side: Any, _db: str) -> None:
         await side.session.clear_session()
 
     for i in range(5):
@@ -154,7 +126,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     before = len(await fast.session.get_items())
     await turn(5)
     # The turn went through the index, which held the whole stored history at that time.
-    assert len(fast.session._index_state.index) == before > 0
+    assert fast.session._debug_state().index_items == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
     from protoprompt.integrations import _snapshots
@@ -193,14 +165,16 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     plain.close()
 
 
-async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows(tmp_path) -> None:
+async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows(
+    tmp_path, make_side
+) -> None:
     """Same row count, different rows: without the row check the index would still describe
     the removed tool output and let its unanswered call through."""
     db = str(tmp_path / "s.db")
-    side = Side(db, incremental=None)
+    side = make_side(db, incremental=None)
     await side.turn(1)  # question, function_call call_1, its output, answer
     await side.turn(3)  # the index now holds turn 1's four items
-    assert len(side.session._index_state.index) == 4
+    assert side.session._debug_state().index_items == 4
     other = SQLiteSession("chat", db)
     for _ in range(6):  # turn 3, then turn 1's answer and tool output
         await other.pop_item()
@@ -216,16 +190,16 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
     side.close()
 
 
-async def test_memory_database_and_limits_use_the_right_path(tmp_path) -> None:
-    side = Side(":memory:", incremental=None)
-    assert side.session._incremental and not await reads_rows_itself(side.session)
+async def test_memory_database_and_limits_use_the_right_path(tmp_path, make_side) -> None:
+    side = make_side(":memory:", incremental=None)
+    assert side.session._debug_state().incremental and not await reads_rows_itself(side.session)
     await side.turn(0)
     await side.turn(2)
-    assert len(side.session._index_state.index) == 2  # the history: turn 0 (question, answer)
+    assert side.session._debug_state().index_items == 2  # the history: turn 0 (question, answer)
     side.session.session_settings = {"limit": 2}
-    before = len(side.session._index_state.index)
+    before = side.session._debug_state().index_items
     await side.turn(4)  # a window of the history: packed without the index
-    assert len(side.session._index_state.index) == before
+    assert side.session._debug_state().index_items == before
     side.close()
 
 
@@ -245,26 +219,28 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
             )
             sent = [i for i in model.calls[-1].input if i.get("role") != "system"]
             assert len(sent) <= 4  # the window of 3 plus the question
-        assert len(session._index_state.index) == 0
+        assert session._debug_state().index_items == 0
     inner.close()
 
 
-async def test_session_objects_created_per_request_share_the_index(tmp_path, monkeypatch) -> None:
+async def test_session_objects_created_per_request_share_the_index(
+    tmp_path, monkeypatch, make_side
+) -> None:
     """A server that builds a ProtoPromptSession per request: objects for the same stored
     session share one index (warm turns), pops through one are seen by the next, and every
     request equals that of a session without an index."""
-    from protoprompt.integrations import pool
 
     fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
-    plain = Side(plain_db, incremental=False)
+    plain = make_side(plain_db, incremental=False)
     shared = None
     plans: list[list[str]] = []
     for i in range(6):
-        side = Side(fast_db, incremental=None)  # a new object for every request
+        side = make_side(fast_db, incremental=None)  # a new object for every request
+        state = side.session._debug_state()
         if shared is None:
-            shared = side.session._index_state
-        assert side.session._index_state is shared
-        warm = len(shared.index)
+            shared = state.index_id
+        assert state.index_id == shared and state.shared
+        warm = state.index_items
         if i in (3, 5):
             await side.session.pop_item()
             await plain.session.pop_item()
@@ -289,29 +265,33 @@ async def test_session_objects_created_per_request_share_the_index(tmp_path, mon
                 session_input_callback=other.input_callback(builder), tracing_disabled=True
             ),
         )
-    keys = list(pool._SHARED)
-    assert keys[-1][3] == "someone-else" and not any(k[3] == "chat" for k in keys)
+    # The newest index stayed in the pool; the chat's was dropped from it (its last object
+    # still holds it), so a new object for the chat starts from an empty index.
+    assert other._debug_state().shared and not side.session._debug_state().shared
     fresh = ProtoPromptSession("chat", fast_db)
-    assert fresh._index_state is not shared and len(fresh._index_state.index) == 0
+    state = fresh._debug_state()
+    assert state.index_id != shared and state.index_items == 0 and state.shared
     other.close()
     fresh.close()
     plain.close()
 
 
-async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_index(tmp_path) -> None:
+async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_index(
+    tmp_path, make_side
+) -> None:
     """Same path, same session id, same row ids and count — but a new database file: the
     shared index of the old one must not be used."""
     import os
 
     fast_db, plain_db = str(tmp_path / "fast.db"), str(tmp_path / "plain.db")
-    first = Side(fast_db, incremental=None)
+    first = make_side(fast_db, incremental=None)
     await first.turn(1)
     await first.turn(3)
-    old_state = first.session._index_state
-    assert len(old_state.index) == 4
+    old_state = first.session._debug_state()
+    assert old_state.index_items == 4
     first.close()
     os.remove(fast_db)
-    plain = Side(plain_db, incremental=False)
+    plain = make_side(plain_db, incremental=False)
     rows = [
         {"role": "user" if k % 2 == 0 else "assistant", "content": f"new {k} " * 3}
         for k in range(8)
@@ -320,8 +300,8 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
         writer = SQLiteSession("chat", db)
         await writer.add_items(rows)
         writer.close()
-    again = Side(fast_db, incremental=None)
-    assert again.session._index_state is not old_state
+    again = make_side(fast_db, incremental=None)
+    assert again.session._debug_state().index_id != old_state.index_id
     for i in (5, 7):  # different items at the same positions and row ids
         await again.turn(i)
         await plain.turn(i)
@@ -331,20 +311,20 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
 
 
 async def test_a_restarted_process_reads_token_counts_from_the_session_database(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, make_side, new_process
 ) -> None:
     """Counts of long items are kept in the session's database: after a restart (new pool,
     empty count cache) the first turn reads them instead of tokenising, and its request is
     exactly that of a session without index or store."""
     from protoprompt import SQLiteCountStore
 
-    fast_db, fast, plain = await fast_and_plain(tmp_path, 4)
+    fast_db, fast, plain = await fast_and_plain(make_side, tmp_path, 4)
     fast.close()  # writes queued counts
     with sqlite3.connect(fast_db) as conn:
         stored = conn.execute("SELECT COUNT(*) FROM protoprompt_token_counts").fetchone()[0]
     assert stored > 0
 
-    restart(monkeypatch)
+    new_process()
     answers: list[int | None] = []
     real_get_many = SQLiteCountStore.get_many
 
@@ -354,15 +334,15 @@ async def test_a_restarted_process_reads_token_counts_from_the_session_database(
         return out
 
     monkeypatch.setattr(SQLiteCountStore, "get_many", spy)
-    restarted = Side(fast_db, incremental=None)
+    restarted = make_side(fast_db, incremental=None)
     await restarted.turn(4)
     await plain.turn(4)
     assert restarted.plans == plain.plans[-1:]
     assert sum(a is not None for a in answers) > 0  # history counts came from the database
     # One store (one connection) per database, whatever the number of sessions in it.
     other = ProtoPromptSession("someone-else", fast_db)
-    store = restarted.session._index_state.index.count_store
-    assert store is not None and other._index_state.index.count_store is store
+    store = restarted.session._debug_state().count_store
+    assert store is not None and other._debug_state().count_store is store
     other.close()
     restarted.close()
     plain.close()

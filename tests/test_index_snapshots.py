@@ -25,8 +25,7 @@ agents = pytest.importorskip("agents")
 from agents.memory import SQLiteSession  # noqa: E402
 
 from protoprompt.integrations import _snapshots  # noqa: E402
-from test_incremental_session import fast_and_plain, restart  # noqa: E402
-from test_incremental_session import Side  # noqa: E402
+from test_incremental_session import fast_and_plain, sides  # noqa: E402
 
 TABLE = "protoprompt_index_snapshots"
 
@@ -152,6 +151,12 @@ def test_damaged_foreign_and_wrong_snapshots_raise_snapshot_error() -> None:
 # ---------------------------------------------------------------------------------- sessions
 
 
+@pytest.fixture
+def make_side(session_sides: Any) -> Any:
+    """Sessions in turns as in test_incremental_session (see its ``sides``)."""
+    return sides(session_sides)
+
+
 def _snapshot_rows(db: str) -> list[tuple[Any, ...]]:
     """``(session id, its row ids)`` of every stored snapshot."""
     with sqlite3.connect(db) as conn:
@@ -185,10 +190,10 @@ def _spy(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
 
 
 async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_requests(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, make_side, new_process
 ) -> None:
-    fast_db, fast, plain = await fast_and_plain(tmp_path, 6, snapshot_min_items=4)
-    fast.session._index_state.wait_for_save()
+    fast_db, fast, plain = await fast_and_plain(make_side, tmp_path, 6, snapshot_min_items=4)
+    fast.session._debug_state(wait_for_save=True)
     # Written in the background once the index held enough items, before any close.
     assert _snapshot_rows(fast_db), "no snapshot written during the turns"
     fast.close()
@@ -198,7 +203,7 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     # Saved at close with the index of the last turn's history (its own items come after).
     assert sid == "chat" and ids == _row_ids(fast_db)[:items] and items <= stored
 
-    restart(monkeypatch)
+    new_process()
     calls: list[str] = []
     _spy(monkeypatch, calls)
     asked: list[Any] = []
@@ -208,10 +213,10 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
         "get_many",
         lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1],
     )
-    restarted = Side(fast_db, incremental=None, snapshot_min_items=4)
+    restarted = make_side(fast_db, incremental=None, snapshot_min_items=4)
     history = await restarted.session.get_items()
-    state = restarted.session._index_state
-    assert len(state.index) == items and state.saved_len == items  # loaded, nothing read
+    state = restarted.session._debug_state()
+    assert state.index_items == items and state.snapshot_items == items  # loaded, nothing read
     await restarted.turn(6)
     await plain.turn(6)
     assert restarted.plans == plain.plans[-1:]
@@ -231,9 +236,9 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
             await other.pop_item()
         await other.add_items([{"role": "user", "content": "written elsewhere " * 8}])
         other.close()
-    restart(monkeypatch)
+    new_process()
     calls.clear()
-    again = Side(fast_db, incremental=None, snapshot_min_items=4)
+    again = make_side(fast_db, incremental=None, snapshot_min_items=4)
     await again.turn(7)
     await plain.turn(7)
     assert again.plans == plain.plans[-1:]
@@ -242,12 +247,12 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
     plain.close()
 
 
-async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None:
+async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch, make_side) -> None:
     db = str(tmp_path / "s.db")
-    side = Side(db, incremental=None, snapshot_min_items=2)
+    side = make_side(db, incremental=None, snapshot_min_items=2)
     for i in range(3):
         await side.turn(i)
-    side.session._index_state.wait_for_save()
+    side.session._debug_state(wait_for_save=True)
     assert _snapshot_rows(db)
     await side.session.clear_session()
     assert _snapshot_rows(db) == []  # no ids of the cleared history stay behind
@@ -257,9 +262,9 @@ async def test_clear_session_deletes_the_snapshot(tmp_path, monkeypatch) -> None
 
 @pytest.mark.parametrize("damage", ["flip", "foreign", "not bytes"])
 async def test_a_damaged_or_foreign_snapshot_is_ignored(
-    tmp_path, monkeypatch, caplog, damage: str
+    tmp_path, monkeypatch, caplog, damage: str, make_side, new_process
 ) -> None:
-    fast_db, fast, plain = await fast_and_plain(tmp_path, 3, snapshot_min_items=2)
+    fast_db, fast, plain = await fast_and_plain(make_side, tmp_path, 3, snapshot_min_items=2)
     fast.close()
     with sqlite3.connect(fast_db) as conn:
         (data,) = conn.execute(f"SELECT data FROM {TABLE}").fetchone()
@@ -270,13 +275,13 @@ async def test_a_damaged_or_foreign_snapshot_is_ignored(
         else:
             data = "text"
         conn.execute(f"UPDATE {TABLE} SET data = ?", (data,))
-    restart(monkeypatch)
+    new_process()
     caplog.set_level(logging.DEBUG, logger="protoprompt")
-    restarted = Side(fast_db, incremental=None, snapshot_min_items=2)
+    restarted = make_side(fast_db, incremental=None, snapshot_min_items=2)
     await restarted.turn(3)
     await plain.turn(3)
     assert restarted.plans == plain.plans[-1:]
-    assert restarted.session._index_state.restore_tried
+    assert restarted.session._debug_state().restore_tried
     if damage != "not bytes":
         assert any(
             "snapshot" in r.getMessage() and "not used" in r.getMessage() for r in caplog.records
@@ -306,7 +311,7 @@ def test_a_fork_while_an_index_is_busy_gives_the_child_a_fresh_one() -> None:
     assert child == (True, 0, True, len(idle.index))
 
 
-async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path) -> None:
+async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path, make_side) -> None:
     """``snapshot_min_items`` and ``shared_index_bytes`` are keyword-only options with the
     documented defaults; a bad value is refused before anything is opened, and a huge
     ``snapshot_min_items`` turns snapshots off for that session."""
@@ -335,15 +340,14 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path)
             ProtoPromptSession("chat", db, **{name: value})
     assert not os.path.exists(db)  # refused before the database was created
 
-    side = Side(db, incremental=None, snapshot_min_items=10**9)
+    side = make_side(db, incremental=None, snapshot_min_items=10**9)
     for i in range(3):
         await side.turn(i)
-    side.session._index_state.wait_for_save()
-    assert side.session._index_state.index.count_store.max_open_readers == 32
+    store = side.session._debug_state(wait_for_save=True).count_store
+    assert isinstance(store, pp.SQLiteCountStore) and store.max_open_readers == 32
     side.close()
     assert _snapshot_rows(db) == []
     # The count store of the file is shared by its sessions: the one made last sets its limit.
     other = ProtoPromptSession("other", db, max_open_readers=3)
-    assert other._index_state.index.count_store is side.session._index_state.index.count_store
-    assert other._index_state.index.count_store.max_open_readers == 3
+    assert other._debug_state().count_store is store and store.max_open_readers == 3
     other.close()

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,9 @@ def fresh_request(history: list[Any], text: str, builder: TokenBudgetedContextBu
 @pytest.mark.parametrize("inner", KINDS, indirect=True)
 async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) -> None:
     session = ProtoPromptSession(inner.session_id, inner_session=inner)
-    assert session._incremental is False  # the plain path: nothing to check rows against
+    assert (
+        session._debug_state().incremental is False
+    )  # the plain path: nothing to check rows against
     builder = TokenBudgetedContextBuilder(None, max_tokens=BUDGET)
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script())
@@ -290,13 +293,16 @@ async def test_encrypted_session_outside_keeps_the_index(tmp_path: Path, monkeyp
             dict(i) for i in pp.pack(history, [{"content": text, "role": "user"}], 100_000).items
         ]
         if n == 2:
-            assert len(store._index_state.index) == 4  # the incremental path was taken
+            assert store._debug_state().index_items == 4  # the incremental path was taken
     assert [i["role"] for i in model.calls[-1].input] == ["user"]
     assert all(i.get("__enc__") == 1 for i in await store.get_items())
     store.close()
 
 
 async def test_encrypted_session_outside_warns_that_context_is_stored(tmp_path: Path) -> None:
+    """Outside the runner (the callback called directly, its result stored by hand), the
+    context message reaches ``add_items`` through ``EncryptedSession`` encrypted: it cannot
+    be told apart, is stored, and a warning says how to wrap instead."""
     pytest.importorskip("cryptography")
     from agents.extensions.memory import EncryptedSession
 
@@ -305,11 +311,38 @@ async def test_encrypted_session_outside_warns_that_context_is_stored(tmp_path: 
     callback = store.input_callback(
         TokenBudgetedContextBuilder(None, max_tokens=100_000), system_prompt=SYSTEM
     )
+    sent = await callback([], [{"role": "user", "content": "hello"}])
+    assert store.pending_context_count == 1
     with pytest.warns(RuntimeWarning, match="inner_session=EncryptedSession"):
-        await turn(
-            Agent(name="a", model=ScriptedModel([[assistant_message("x")]])),
-            session,
-            callback,
-            "hello",
-        )
+        await session.add_items(sent)
+    assert [i["role"] for i in await session.get_items()] == ["system", "user"]
+    store.close()
+
+
+async def test_encrypted_session_outside_stores_no_context_message(tmp_path: Path) -> None:
+    """``EncryptedSession(ProtoPromptSession(...))``: the items reach the session encrypted,
+    so it cannot tell its context message apart. Whatever wraps the session, the SDK must
+    not be handed the context message to store: the decrypted history holds the turns'
+    questions and answers only, and every request is a fresh build of that history."""
+    pytest.importorskip("cryptography")
+    from agents.extensions.memory import EncryptedSession
+
+    store = ProtoPromptSession("chat", tmp_path / "h.db")
+    session = EncryptedSession("chat", store, "a-key")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=100_000)
+    callback = store.input_callback(builder, system_prompt=SYSTEM)
+    model = ScriptedModel([[assistant_message(f"answer {n}")] for n in range(3)])
+    agent = Agent(name="a", model=model)
+    for n in range(3):
+        history = await session.get_items()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing stored that the session could not see
+            await turn(agent, session, callback, f"question {n}")
+        assert model.calls[-1].input == fresh_request(history, f"question {n}", builder)
+    stored = await session.get_items()
+    assert [(i.get("role"), i.get("type")) for i in stored] == [
+        ("user", None),
+        ("assistant", "message"),
+    ] * 3
+    assert store.pending_context_count == 0
     store.close()

@@ -214,12 +214,33 @@ def test_chunker_properties(words: list[str], chunk_words: int, data: st.DataObj
     if not all_words:
         assert spans == []
         return
+    n = len(all_words)
+
+    def strength(i: int) -> int:
+        """The boundary after word ``i``: 2 paragraph break (or the end), 1 sentence end."""
+        if i == n - 1 or "\n\n" in text[all_words[i][1] : all_words[i + 1][0]]:
+            return 2
+        return 1 if text[all_words[i][1] - 1] in ".!?" else 0
+
     covered: set[tuple[int, int]] = set()
-    for start, end in spans:
+    first = 0
+    for number, (start, end) in enumerate(spans):
         inside = [w for w in all_words if start <= w[0] and w[1] <= end]
-        assert 1 <= len(inside) <= chunk_words
         assert inside[0][0] == start and inside[-1][1] == end
         covered.update(inside)
+        # Each window starts where the rule says and is cut exactly where it says: after
+        # chunk_words words, or at the latest strongest boundary in its second half.
+        assert all_words.index(inside[0]) == first
+        stop = first + len(inside)
+        if number == len(spans) - 1:
+            assert stop == n and len(inside) <= chunk_words
+            break
+        cuts = range(first + max(1, chunk_words // 2), first + chunk_words + 1)
+        best = max(strength(c - 1) for c in cuts)
+        assert stop == (max(c for c in cuts if strength(c - 1) == best) if best else cuts[-1])
+        # The next one starts overlap words back, moved on to a sentence start if one is there.
+        back = max(stop - overlap, first + 1)
+        first = next((c for c in range(back, stop) if strength(c - 1)), back)
     assert covered == set(all_words)
     assert [s for s, _ in spans] == sorted({s for s, _ in spans})  # strictly increasing
 

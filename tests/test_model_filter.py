@@ -173,12 +173,25 @@ async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps(
             # The newest step is always there, and the kept steps are the newest ones.
             assert ids and ids[-1] == f"c{n - 1}"
             assert ids == [f"c{k}" for k in range(n - len(ids), n)]
-    # Late calls had to drop their middle steps: the run kept going within the budget.
-    late = [i for i in model.calls[-1].input if i.get("type") == "function_call"]
-    assert 1 <= len(late) < 30
     # What the session stores is the whole run.
     stored = await session.get_items()
     assert sum(1 for i in stored if i.get("type") == "function_call_output") == 30
+    step_tokens = {
+        i["call_id"]: 0 for i in stored if i.get("type") == "function_call"
+    }  # a step: the call and its output
+    for i in stored:
+        if i.get("type") in ("function_call", "function_call_output"):
+            step_tokens[i["call_id"]] += item_tokens(i).total
+    [step] = set(step_tokens.values())  # every step costs the same (556 tokens)
+    base = request_tokens(model.calls[0])  # the question, instructions and tool
+    most = (budget - 500 - base) // step  # the newest steps that fit (9)
+    assert 0 < most < 30
+    # Late calls had to drop their middle steps, and each dropped no more than it had to:
+    # call n + 1 sends the newest min(n, most) steps, exactly.
+    for n, call in enumerate(model.calls):
+        kept = sum(1 for i in call.input if i.get("type") == "function_call")
+        assert kept == min(n, most), f"call {n + 1}"
+        assert request_tokens(call) == base + kept * step
 
 
 async def test_instructions_and_tools_are_in_the_budget() -> None:
@@ -376,9 +389,23 @@ async def test_standalone_filter_over_a_to_input_list_history() -> None:
     store.close()
 
 
-async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None:
+async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypatch: Any) -> None:
     """The per-run index never changes a result: each call's request is exactly a fresh
-    ``pp.pack`` of the SDK's input with the same mandatory positions."""
+    ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
+    alive meanwhile, and none of them makes the run's index copy its item graph when the
+    next call appends (results do not pin the index's graph)."""
+    import protoprompt.integrations.model_filter as model_filter
+
+    indexes: list[pp.HistoryIndex] = []
+
+    class RecordedIndex(pp.HistoryIndex):
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            super().__init__()
+            indexes.append(self)
+
+    monkeypatch.setattr(model_filter, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
         None, max_tokens=5_000, output_reserve=300, policy="greedy"
@@ -415,6 +442,9 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent() -> None
         )
         assert plan.pack.items == fresh.items
         assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
+        assert plan.pack.decisions.item_counts() == fresh.decisions.item_counts()
+    assert len(indexes) == 1 and len(indexes[0]) > 0  # the run's index, used for every call
+    assert indexes[0]._index._graph_copies() == 0  # the kept plans pinned nothing
 
 
 # ------------------------------------------------------------------ persistence unchanged

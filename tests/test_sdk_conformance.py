@@ -344,9 +344,9 @@ async def test_snapshot_hook_is_the_inner_sessions() -> None:
     await session.add_items([{"role": "user", "content": str(i)} for i in range(3)])
     snapshot = await session._get_compaction_snapshot(5)
     assert snapshot.complete and [i["content"] for i in snapshot.items] == ["0", "1", "2"]
-    epoch = session._index_state.epoch
+    epoch = session._debug_state().epoch
     assert await snapshot.replace_suffix(1, [{"role": "user", "content": "s"}])
-    assert session._index_state.epoch != epoch  # the index is reset, not trusted
+    assert session._debug_state().epoch != epoch  # the index is reset, not trusted
     assert [i["content"] for i in await session.get_items()] == ["0", "s"]
     # An inner session without the hook: none, so the SDK requires complete coverage.
     wrapped = ProtoPromptSession("s", inner_session=IdStrippingSession("s"))
@@ -367,10 +367,10 @@ async def test_atomic_replace_is_the_inner_types() -> None:
     inner = AtomicStore("s")
     session = ProtoPromptSession("s", inner_session=inner, incremental=True)
     await session.add_items([{"role": "user", "content": "old"}])
-    epoch = session._index_state.epoch
+    epoch = session._debug_state().epoch
     assert await type(session)._atomic_replace_items(session, [{"role": "user", "content": "n"}])
     assert inner.replaced == [{"role": "user", "content": "n"}]
-    assert session._index_state.epoch != epoch
+    assert session._debug_state().epoch != epoch
     plain = ProtoPromptSession("s", inner_session=IdStrippingSession("s"))
     assert await type(plain)._atomic_replace_items(plain, []) is False  # SDK: clear + add
 

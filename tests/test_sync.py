@@ -28,7 +28,6 @@ from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  #
 from protoprompt import _core  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.integrations import _sync  # noqa: E402
-from protoprompt.integrations import pool  # noqa: E402
 
 # --------------------------------------------------------------------------------- the table
 
@@ -397,7 +396,7 @@ async def test_a_copy_of_the_database_file_keeps_its_own_index(tmp_path) -> None
     await ta.turn()
     await tb.turn()
     await ta.turn()
-    assert ta.session._index_state is not tb.session._index_state
+    assert ta.session._debug_state().index_id != tb.session._debug_state().index_id
     ta.close()
     tb.close()
 
@@ -408,7 +407,7 @@ async def test_concurrent_turns_of_one_session_in_one_process(tmp_path) -> None:
     db = str(tmp_path / "s.db")
     a, b = Turns(db), Turns(db)
     await a.turn()
-    assert a.session._index_state is b.session._index_state
+    assert a.session._debug_state().index_id == b.session._debug_state().index_id
     for _ in range(3):
         ha, hb = await a.read(), await b.read()
         await _other_writer(db, 1, [{"role": "user", "content": "in between"}])
@@ -418,12 +417,34 @@ async def test_concurrent_turns_of_one_session_in_one_process(tmp_path) -> None:
 
 
 def test_the_shared_pool_keys_include_the_file(tmp_path) -> None:
-    session = ProtoPromptSession("chat", str(tmp_path / "k.db"))
-    key = session._shared_key
-    assert key is not None and key[1] == str((tmp_path / "k.db").resolve())
-    assert key[2:] == ("agent_messages", "chat")
-    assert pool._SHARED[key] is session._index_state
-    session.close()
+    """Objects share the pool's index when they name the same file (by any path), table and
+    session id; a copy of the file (same database id) or another table or session id has
+    an index of its own."""
+    import shutil
+
+    db = tmp_path / "k.db"
+    session = ProtoPromptSession("chat", str(db))
+    state = session._debug_state()
+    assert state.shared and state.reads_rows
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    same = [
+        ProtoPromptSession("chat", str(tmp_path / "sub" / ".." / "k.db")),
+        ProtoPromptSession("chat", str(link)),
+    ]
+    assert all(s._debug_state().index_id == state.index_id for s in same)
+    shutil.copyfile(db, tmp_path / "copy.db")
+    others = [
+        ProtoPromptSession("chat", str(tmp_path / "copy.db")),
+        ProtoPromptSession("chat", str(db), messages_table="other_messages"),
+        ProtoPromptSession("other", str(db)),
+    ]
+    ids = {s._debug_state().index_id for s in others}
+    assert len(ids) == 3 and state.index_id not in ids
+    assert all(s._debug_state().shared for s in others)
+    for s in [session, *same, *others]:
+        s.close()
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")

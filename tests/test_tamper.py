@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +19,6 @@ import pytest
 pytest.importorskip("agents")
 
 import protoprompt as pp  # noqa: E402
-from protoprompt import _core  # noqa: E402
-from protoprompt.integrations import pool  # noqa: E402
 
 from test_sync import Turns  # noqa: E402
 
@@ -30,13 +26,6 @@ SNAPSHOTS = "protoprompt_index_snapshots"
 OPTIONS: dict[str, Any] = {"snapshot_min_items": 4}  # every session here writes snapshots
 COUNTS = "protoprompt_token_counts"
 META = "protoprompt_meta"
-
-
-def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a new process has: no shared index, no count store objects, no counts in memory."""
-    monkeypatch.setattr(pool, "_SHARED", OrderedDict())
-    monkeypatch.setattr(pool, "_STORES", weakref.WeakValueDictionary())
-    _core._clear_count_cache()
 
 
 async def _stored(
@@ -52,7 +41,7 @@ async def _stored(
     t = Turns(db, session_id, words=words, **OPTIONS)
     for _ in range(turns):
         await t.turn()
-    t.session._index_state.wait_for_save()
+    t.session._debug_state(wait_for_save=True)
     t.close()
     return db
 
@@ -83,16 +72,21 @@ class Spy:
 
 
 async def _turn_after_restart(
-    db: str, monkeypatch: pytest.MonkeyPatch, *, restored: bool | None, session_id: str = "chat"
+    db: str,
+    new_process: Callable[[], None],
+    *,
+    restored: bool | None,
+    session_id: str = "chat",
 ) -> Turns:
-    """A restarted process's next two turns: each must equal a fresh pack (``Turns``).
-    ``restored``: whether the first read must have started from the stored snapshot."""
-    _restart(monkeypatch)
+    """A restarted process's next two turns (after ``new_process()``, conftest.py): each must
+    equal a fresh pack (``Turns``). ``restored``: whether the first read must have started
+    from the stored snapshot."""
+    new_process()
     t = Turns(db, session_id, words=120, **OPTIONS)
     t.n = 100
     history = await t.read()
     if restored is not None:
-        assert (len(t.session._index_state.index) > 0) is restored
+        assert (t.session._debug_state().index_items > 0) is restored
     await t.send(history)
     await t.turn()
     return t
@@ -148,16 +142,16 @@ SNAPSHOT_DAMAGE: dict[str, Callable[[str], None]] = {
 
 
 @pytest.mark.parametrize("damage", sorted(SNAPSHOT_DAMAGE))
-async def test_a_damaged_snapshot_is_ignored(tmp_path, monkeypatch, damage) -> None:
+async def test_a_damaged_snapshot_is_ignored(tmp_path, monkeypatch, damage, new_process) -> None:
     db = await _stored(tmp_path, monkeypatch)
     assert _one(db, f"SELECT COUNT(*) FROM {SNAPSHOTS}")[0] == 1
     SNAPSHOT_DAMAGE[damage](db)
-    t = await _turn_after_restart(db, monkeypatch, restored=False)
+    t = await _turn_after_restart(db, new_process, restored=False)
     t.close()
 
 
 async def test_a_snapshot_of_another_session_under_this_one_is_refused(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, new_process
 ) -> None:
     """Session B's snapshot placed under session A (same database, same shape of rows, other
     texts): refused, A's turns equal fresh packs."""
@@ -165,18 +159,20 @@ async def test_a_snapshot_of_another_session_under_this_one_is_refused(
     t = Turns(db, "B", words=300, **OPTIONS)
     for _ in range(6):
         await t.turn()
-    t.session._index_state.wait_for_save()
+    t.session._debug_state(wait_for_save=True)
     t.close()
     _sql(
         db,
         (f"DELETE FROM {SNAPSHOTS} WHERE session_id = 'A'", ()),
         (f"UPDATE {SNAPSHOTS} SET session_id = 'A' WHERE session_id = 'B'", ()),
     )
-    t = await _turn_after_restart(db, monkeypatch, restored=False, session_id="A")
+    t = await _turn_after_restart(db, new_process, restored=False, session_id="A")
     t.close()
 
 
-async def test_a_snapshot_from_another_database_is_refused(tmp_path, monkeypatch) -> None:
+async def test_a_snapshot_from_another_database_is_refused(
+    tmp_path, monkeypatch, new_process
+) -> None:
     """A same-shaped history with short texts in another database (same session id, same row
     ids): its snapshot copied into this database is refused (it was bound to the other
     database's id), though every row id matches."""
@@ -186,22 +182,26 @@ async def test_a_snapshot_from_another_database_is_refused(tmp_path, monkeypatch
     row_ids, data = _one(other, f"SELECT row_ids, data FROM {SNAPSHOTS}")
     assert row_ids == ids_here  # the same rows, as far as ids tell
     _sql(db, (f"UPDATE {SNAPSHOTS} SET row_ids = ?, data = ?", (row_ids, data)))
-    t = await _turn_after_restart(db, monkeypatch, restored=False)
+    t = await _turn_after_restart(db, new_process, restored=False)
     t.close()
 
 
-async def test_a_copied_database_uses_the_snapshot_of_its_rows(tmp_path, monkeypatch) -> None:
+async def test_a_copied_database_uses_the_snapshot_of_its_rows(
+    tmp_path, monkeypatch, new_process
+) -> None:
     """A copy of the database file (same id) is a database of its own: its snapshot is
     still its rows' (it was copied with them), and it goes on from there."""
     db = await _stored(tmp_path, monkeypatch)
     copy_db = str(tmp_path / "copy.db")
     with sqlite3.connect(db) as src, sqlite3.connect(copy_db) as dst:
         src.backup(dst)  # what a backup tool does (the file alone may lack the WAL's pages)
-    t = await _turn_after_restart(copy_db, monkeypatch, restored=True)
+    t = await _turn_after_restart(copy_db, new_process, restored=True)
     t.close()
 
 
-async def test_a_stale_snapshot_keeps_only_the_rows_that_still_hold(tmp_path, monkeypatch) -> None:
+async def test_a_stale_snapshot_keeps_only_the_rows_that_still_hold(
+    tmp_path, monkeypatch, new_process
+) -> None:
     """Rows popped and others appended since the snapshot (ids never come back): the
     restarted process keeps the prefix that still holds."""
     db = await _stored(tmp_path, monkeypatch)
@@ -217,7 +217,7 @@ async def test_a_stale_snapshot_keeps_only_the_rows_that_still_hold(tmp_path, mo
             (json.dumps({"role": "user", "content": "appended " * 300}),),
         ),
     )
-    t = await _turn_after_restart(db, monkeypatch, restored=True)
+    t = await _turn_after_restart(db, new_process, restored=True)
     t.close()
 
 
@@ -260,7 +260,7 @@ COUNT_DAMAGE["keys swapped between rows"] = lambda db: _rotate(db, "key")
 
 
 @pytest.mark.parametrize("damage", sorted(COUNT_DAMAGE))
-async def test_damaged_counts_are_counted_again(tmp_path, monkeypatch, damage) -> None:
+async def test_damaged_counts_are_counted_again(tmp_path, monkeypatch, damage, new_process) -> None:
     """Without a snapshot, the restarted process takes every long item's count from the
     store: a damaged, retyped, implausible or swapped count is a miss."""
     db = await _stored(tmp_path, monkeypatch)
@@ -269,12 +269,12 @@ async def test_damaged_counts_are_counted_again(tmp_path, monkeypatch, damage) -
     _sql(db, (f"DELETE FROM {SNAPSHOTS}", ()))
     COUNT_DAMAGE[damage](db)
     spy = Spy(monkeypatch)
-    t = await _turn_after_restart(db, monkeypatch, restored=False)
+    t = await _turn_after_restart(db, new_process, restored=False)
     assert spy.asked > 0, "the store was not read"
     t.close()
 
 
-async def test_an_old_counts_table_is_replaced(tmp_path, monkeypatch) -> None:
+async def test_an_old_counts_table_is_replaced(tmp_path, monkeypatch, new_process) -> None:
     db = await _stored(tmp_path, monkeypatch)
     _sql(
         db,
@@ -283,7 +283,7 @@ async def test_an_old_counts_table_is_replaced(tmp_path, monkeypatch) -> None:
         (f"INSERT INTO {COUNTS} VALUES (zeroblob(16), '12')", ()),
         (f"DELETE FROM {SNAPSHOTS}", ()),
     )
-    t = await _turn_after_restart(db, monkeypatch, restored=False)
+    t = await _turn_after_restart(db, new_process, restored=False)
     t.close()
     columns = [r[1] for r in sqlite3.connect(db).execute(f"PRAGMA table_info({COUNTS})")]
     assert columns == ["key", "tokens", "mac"]
@@ -314,12 +314,12 @@ META_DAMAGE: dict[str, list[str]] = {
 
 
 @pytest.mark.parametrize("damage", sorted(META_DAMAGE))
-async def test_damaged_meta_values_are_ignored(tmp_path, monkeypatch, damage) -> None:
+async def test_damaged_meta_values_are_ignored(tmp_path, monkeypatch, damage, new_process) -> None:
     db = await _stored(tmp_path, monkeypatch)
     _sql(db, *[(sql, ()) for sql in META_DAMAGE[damage]])
     # A snapshot is bound to the database id: one that changed makes it foreign.
     restored = None if "secret" in damage else False
-    t = await _turn_after_restart(db, monkeypatch, restored=restored)
+    t = await _turn_after_restart(db, new_process, restored=restored)
     t.close()
 
 
@@ -327,7 +327,7 @@ async def test_damaged_meta_values_are_ignored(tmp_path, monkeypatch, damage) ->
 
 
 async def test_rows_the_sdk_cannot_decode_are_skipped_like_the_sdk_skips_them(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, new_process
 ) -> None:
     db = await _stored(tmp_path, monkeypatch)
     _sql(
@@ -337,11 +337,11 @@ async def test_rows_the_sdk_cannot_decode_are_skipped_like_the_sdk_skips_them(
             for value in ("{broken", "", b"{broken", "[1, ")
         ],
     )
-    t = await _turn_after_restart(db, monkeypatch, restored=True)
+    t = await _turn_after_restart(db, new_process, restored=True)
     t.close()
 
 
-async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch) -> None:
+async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch, new_process) -> None:
     """The layout before snapshots were bound (max_id, row_count): its rows are never read,
     and the next save replaces the table."""
     db = await _stored(tmp_path, monkeypatch)
@@ -356,8 +356,8 @@ async def test_an_old_snapshots_table_is_replaced(tmp_path, monkeypatch) -> None
         ),
         (f"INSERT INTO {SNAPSHOTS} VALUES ('agent_messages', 'chat', -1, 'abc', 3, x'00')", ()),
     )
-    t = await _turn_after_restart(db, monkeypatch, restored=False)
-    t.session._index_state.wait_for_save()
+    t = await _turn_after_restart(db, new_process, restored=False)
+    t.session._debug_state(wait_for_save=True)
     t.close()  # saves the index it built
     columns = [r[1] for r in sqlite3.connect(db).execute(f"PRAGMA table_info({SNAPSHOTS})")]
     assert columns == ["messages_table", "session_id", "row_ids", "data"]

@@ -20,22 +20,16 @@ from hypothesis import strategies as st
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents import RunConfig, Runner  # noqa: E402
 from agents.memory import SQLiteSession  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.testing import assistant_message, function_call  # noqa: E402
 
 import protoprompt as pp  # noqa: E402
-from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt import MemoryScope  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
-from protoprompt.integrations import _context, _sync, pool  # noqa: E402
+from protoprompt.integrations import _context, _sync  # noqa: E402
 
 SCOPE = MemoryScope("acme", user="alice")
-
-
-@function_tool
-def lookup(name: str) -> str:
-    """Look something up."""
-    return f"{name}: " + "details " * 40
 
 
 def turn_script(i: int) -> list[Any]:
@@ -47,107 +41,43 @@ def turn_script(i: int) -> list[Any]:
     return [[assistant_message(f"answer {i} " + "text " * 30, item_id=f"msg_{i}")]]
 
 
-class Side:
-    """One session + callback; every plan the callback built is recorded, and every window
-    the session read (its length, or ``None`` for a full read)."""
+@pytest.fixture
+def make_side(session_sides: Any) -> Any:
+    """``make_side(db, windowed, max_tokens=900, policy="contiguous", **options)``: a
+    ``SessionSide`` (conftest.py) with this module's turns, over a session with windowed
+    reads (``windowed``) or one reading the whole history without an index; its memory
+    holds one fact."""
 
-    def __init__(
-        self,
+    def make(
         db: str,
         windowed: bool,
         max_tokens: int = 900,
         policy: str = "contiguous",
         **options: Any,
-    ) -> None:
-        self.db = db
-        self.store = MemoryStore()
-        self.session = ProtoPromptSession(
-            "chat", db, windowed_reads=windowed, incremental=None if windowed else False, **options
-        )
-        self.plans: list[list[str]] = []
-        self.windows: list[int | None] = []
-        real = self.session._read_window
-
-        def recording(*args: Any) -> Any:
-            got = real(*args)
-            self.windows.append(None if got is None else got[1].offset)
-            return got
-
-        self.session._read_window = recording  # type: ignore[method-assign]
-        builder = TokenBudgetedContextBuilder(
-            self.store, max_tokens=max_tokens, scope=SCOPE, output_reserve=100, policy=policy
-        )
-        self.store.remember("The customer prefers short answers.", scope=SCOPE)
-        self.callback = self.session.input_callback(
-            builder,
-            system_prompt="Be brief.",
-            on_plan=lambda plan: self.plans.append(
-                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
-                + [
-                    f"tokens {plan.pack.used} {plan.pack.history_tokens} "
-                    f"{plan.pack.remaining} {len(plan.pack.decisions)}"
-                ]
-            ),
+    ) -> Any:
+        return session_sides(
+            db,
+            turn_script,
+            max_tokens=max_tokens,
+            policy=policy,
+            remember="The customer prefers short answers.",
+            windowed_reads=windowed,
+            incremental=None if windowed else False,
+            **options,
         )
 
-    def agent(self, i: int) -> Agent[Any]:
-        return Agent(name="a", model=ScriptedModel(turn_script(i)), tools=[lookup])
-
-    def config(self) -> RunConfig:
-        return RunConfig(session_input_callback=self.callback, tracing_disabled=True)
-
-    async def turn(self, i: int, mode: str = "run") -> None:
-        question = f"question {i} " + "please " * 20
-        if mode == "run":
-            await Runner.run(
-                self.agent(i), question, session=self.session, run_config=self.config()
-            )
-        elif mode == "streamed":
-            result = Runner.run_streamed(
-                self.agent(i), question, session=self.session, run_config=self.config()
-            )
-            async for _ in result.stream_events():
-                pass
-        else:  # run_sync needs a thread without a running loop
-            await asyncio.to_thread(
-                Runner.run_sync,
-                self.agent(i),
-                question,
-                session=self.session,
-                run_config=self.config(),
-            )
-
-    def rows(self) -> list[str]:
-        conn = sqlite3.connect(self.db)
-        try:
-            return [
-                r[0] for r in conn.execute("SELECT message_data FROM agent_messages ORDER BY id")
-            ]
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.session.close()
-        self.store.close()
+    return make
 
 
-def restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a new process has: no shared index, no counts in memory."""
-    from protoprompt import _core
-
-    monkeypatch.setattr(pool, "_SHARED", type(pool._SHARED)())
-    _core._clear_count_cache()
-
-
-def assert_same(win: Side, full: Side) -> None:
+def assert_same(win: Any, full: Any) -> None:
     assert win.plans == full.plans
     assert win.rows() == full.rows()
 
 
 @pytest.mark.parametrize("mode", ["run", "streamed", "sync"])
-async def test_windowed_turns_send_and_store_what_full_reads_do(tmp_path, mode) -> None:
-    win = Side(str(tmp_path / "win.db"), windowed=True)
-    full = Side(str(tmp_path / "full.db"), windowed=False)
+async def test_windowed_turns_send_and_store_what_full_reads_do(tmp_path, mode, make_side) -> None:
+    win = make_side(str(tmp_path / "win.db"), windowed=True)
+    full = make_side(str(tmp_path / "full.db"), windowed=False)
     for i in range(20):
         await win.turn(i, mode)
         await full.turn(i, mode)
@@ -164,9 +94,11 @@ async def test_windowed_turns_send_and_store_what_full_reads_do(tmp_path, mode) 
     full.close()
 
 
-async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monkeypatch) -> None:
-    win = Side(str(tmp_path / "win.db"), windowed=True)
-    full = Side(str(tmp_path / "full.db"), windowed=False)
+async def test_pops_other_writers_restarts_and_a_huge_newest_unit(
+    tmp_path, monkeypatch, make_side, new_process
+) -> None:
+    win = make_side(str(tmp_path / "win.db"), windowed=True, snapshot_min_items=8)
+    full = make_side(str(tmp_path / "full.db"), windowed=False)
 
     async def both(action: Any) -> None:
         for side in (win, full):
@@ -175,10 +107,10 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
     async def turn(i: int) -> None:
         await both(lambda side: side.turn(i))
 
-    async def pop(side: Side) -> None:
+    async def pop(side: Any) -> None:
         await side.session.pop_item()
 
-    async def other_writer(side: Side, items: list[Any], pops: int = 0) -> None:
+    async def other_writer(side: Any, items: list[Any], pops: int = 0) -> None:
         other = SQLiteSession("chat", side.db)
         for _ in range(pops):
             await other.pop_item()
@@ -212,13 +144,13 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
     await both(lambda s: other_writer(s, [{"role": "user", "content": "replaced " * 10}], pops=1))
     await turn(19)
     assert sum(w is not None for w in win.windows[-4:]) >= 3, win.windows
-    # A restart: a new process loads the snapshot (the history is long enough to have one).
-    win.session._index_state.save()
+    # A restart: a new process loads the snapshot (the history is long enough to have one:
+    # written at close).
     win.close()
     full.close()
-    restart(monkeypatch)
-    win2 = Side(win.db, windowed=True, snapshot_min_items=8)
-    full2 = Side(full.db, windowed=False, snapshot_min_items=8)
+    new_process()
+    win2 = make_side(win.db, windowed=True, snapshot_min_items=8)
+    full2 = make_side(full.db, windowed=False, snapshot_min_items=8)
     win2.plans, full2.plans = win.plans, full.plans
     for side in (win2, full2):
         await side.turn(20)
@@ -233,9 +165,9 @@ async def test_pops_other_writers_restarts_and_a_huge_newest_unit(tmp_path, monk
     full2.close()
 
 
-async def test_a_budget_larger_than_the_history_reads_it_all(tmp_path) -> None:
-    win = Side(str(tmp_path / "win.db"), windowed=True, max_tokens=1_000_000)
-    full = Side(str(tmp_path / "full.db"), windowed=False, max_tokens=1_000_000)
+async def test_a_budget_larger_than_the_history_reads_it_all(tmp_path, make_side) -> None:
+    win = make_side(str(tmp_path / "win.db"), windowed=True, max_tokens=1_000_000)
+    full = make_side(str(tmp_path / "full.db"), windowed=False, max_tokens=1_000_000)
     for i in range(6):
         await win.turn(i)
         await full.turn(i)
@@ -245,8 +177,8 @@ async def test_a_budget_larger_than_the_history_reads_it_all(tmp_path) -> None:
     full.close()
 
 
-async def test_reads_outside_the_runner_see_the_whole_history(tmp_path) -> None:
-    win = Side(str(tmp_path / "win.db"), windowed=True)
+async def test_reads_outside_the_runner_see_the_whole_history(tmp_path, make_side) -> None:
+    win = make_side(str(tmp_path / "win.db"), windowed=True)
     for i in range(10):
         await win.turn(i)
     stored = win.rows()
@@ -285,8 +217,10 @@ def test_a_read_driven_by_the_event_loop_alone_is_a_full_read(tmp_path) -> None:
 def test_windowed_reads_needs_a_bool_and_a_database_file(tmp_path) -> None:
     with pytest.raises(TypeError, match="windowed_reads must be a bool"):
         ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=1)  # type: ignore[arg-type]
-    assert not ProtoPromptSession("chat", windowed_reads=True)._windowed_reads
-    assert ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=True)._windowed_reads
+    assert not ProtoPromptSession("chat", windowed_reads=True)._debug_state().windowed_reads
+    on_file = ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=True)
+    assert on_file._debug_state().windowed_reads
+    on_file.close()
 
 
 def test_pack_of_a_window_is_the_pack_of_the_whole_history() -> None:
@@ -357,19 +291,22 @@ OPS = st.one_of(
     st.sampled_from([500, 900, 2500]),
     st.sampled_from(["contiguous", "greedy"]),
 )
-def test_random_turns_pops_writers_and_restarts(ops, max_tokens, policy) -> None:
+def test_random_turns_pops_writers_and_restarts(
+    make_side, new_process, ops, max_tokens, policy
+) -> None:
     """Random runs of turns (all three Runner entry points), pops, other writers and
     restarts from the snapshot, after a history long enough for windows: a windowed
     session sends and stores exactly what a session reading everything does."""
-    asyncio.run(_random_session(ops, max_tokens, policy))
+    asyncio.run(_random_session(make_side, new_process, ops, max_tokens, policy))
 
 
-async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: str) -> None:
-    shared = pool._SHARED
+async def _random_session(
+    make_side: Any, new_process: Any, ops: list[tuple[str, Any]], max_tokens: int, policy: str
+) -> None:
     options = {"snapshot_min_items": 16}
     with tempfile.TemporaryDirectory() as tmp:
-        win = Side(f"{tmp}/win.db", True, max_tokens, policy, **options)
-        full = Side(f"{tmp}/full.db", False, max_tokens, policy, **options)
+        win = make_side(f"{tmp}/win.db", True, max_tokens, policy, **options)
+        full = make_side(f"{tmp}/full.db", False, max_tokens, policy, **options)
         windows: list[int | None] = []
         try:
             step = 0
@@ -397,10 +334,9 @@ async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: s
                     plans = (win.plans, full.plans)
                     win.close()
                     full.close()
-                    pool._SHARED = type(shared)()
-                    pp._core._clear_count_cache()
-                    win = Side(win.db, True, max_tokens, policy, **options)
-                    full = Side(full.db, False, max_tokens, policy, **options)
+                    new_process()
+                    win = make_side(win.db, True, max_tokens, policy, **options)
+                    full = make_side(full.db, False, max_tokens, policy, **options)
                     win.plans, full.plans = plans
             step += 1
             await win.turn(step)
@@ -414,20 +350,25 @@ async def _random_session(ops: list[tuple[str, Any]], max_tokens: int, policy: s
         finally:
             win.close()
             full.close()
-            pool._SHARED = shared
 
 
-async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path) -> None:
+async def test_a_shared_index_changed_between_the_read_and_the_callback(
+    tmp_path, make_side
+) -> None:
     """Two objects of one stored session share its index. If the other one runs a turn
     between this one's windowed read and its callback, the window is checked against the
     index again: still the same rows before it -> the request of the whole history; rows
-    before the window gone -> a clear error, never the window packed alone."""
+    before the window gone -> a clear error, never the window packed alone.
+
+    White-box: the runner gives no point between its read and the callback to run another
+    turn at, so the read (``_read_window``), its hand-off to the callback (``LAST_READ``)
+    and the recheck (``_window_keep``) are driven directly."""
     db = str(tmp_path / "win.db")
-    win = Side(db, windowed=True)
+    win = make_side(db, windowed=True)
     for i in range(20):
         await win.turn(i)
-    other = Side(db, windowed=True)
-    assert other.session._index_state is win.session._index_state
+    other = make_side(db, windowed=True)
+    assert other.session._debug_state().index_id == win.session._debug_state().index_id
     new_input = [{"role": "user", "content": "what now? " * 5}]
     turn = win.callback._protoprompt_turn  # type: ignore[attr-defined]
 
@@ -471,11 +412,11 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(tmp_path
     other.close()
 
 
-async def test_rows_that_are_not_json_and_a_failing_read(tmp_path, monkeypatch) -> None:
+async def test_rows_that_are_not_json_and_a_failing_read(tmp_path, monkeypatch, make_side) -> None:
     """A row that does not decode is skipped inside a window as SQLiteSession skips it; a
     window read that fails with a database error falls back to the full read."""
-    win = Side(str(tmp_path / "win.db"), windowed=True)
-    full = Side(str(tmp_path / "full.db"), windowed=False)
+    win = make_side(str(tmp_path / "win.db"), windowed=True)
+    full = make_side(str(tmp_path / "full.db"), windowed=False)
     for i in range(16):
         await win.turn(i)
         await full.turn(i)

@@ -134,6 +134,7 @@ DEFAULT_SNAPSHOT_MIN_ITEMS = 512
 not snapshotted (reading them again takes a few ms)."""
 
 _STATES: weakref.WeakSet[IndexState] = weakref.WeakSet()  # for fork and exit handling
+_SERIALS = itertools.count(1)  # IndexState.serial: never reused in a process
 
 
 class IndexState:
@@ -158,6 +159,7 @@ class IndexState:
         self.restore_tried = snapshot_at is None
         self.saved_len = 0  # items in the snapshot last written or loaded
         self.saver: threading.Thread | None = None
+        self.serial = next(_SERIALS)  # tells states apart (ProtoPromptSession._debug_state)
         _STATES.add(self)
 
     def bump(self) -> None:

@@ -41,6 +41,18 @@ _FRAMES_UP = 8
 (through ``_session_get_items``, its ``read_items`` and ``_call_session_method``)."""
 
 
+def called_by_runner() -> bool:
+    """Whether the caller of the function calling this (a session callback's coroutine) runs
+    inside the runner's ``prepare_input_with_session`` (0.22.3 and 0.24.0): the SDK then
+    takes the items it finds in the history list it handed over for history, never for the
+    turn's new items to store (it maps the callback's result to both lists after the call,
+    by identity first)."""
+    if PREPARE_CODE is None:
+        return False
+    frame = sys._getframe(1).f_back
+    return frame is not None and frame.f_code is PREPARE_CODE
+
+
 def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
     """When this ``get_items`` is the read of the runner's ``prepare_input_with_session``
     (0.22.3 and 0.24.0) for ``session`` whose result goes to a callback of this session that

@@ -10,11 +10,15 @@ makes every request fit the token budget and puts recalled memory in front of it
                      run_config=RunConfig(session_input_callback=callback))
 
 Why the session and the callback are a pair: the SDK persists every item the callback
-returns that it cannot match to the history or the new input (spec §9.3), so the recalled
-context message would be written to the session on every turn. The session remembers each
-context message its callback produced and keeps it out of storage in :meth:`add_items`
-(matched by identity, else by role and text, each produced message consumed once), while
-the model still receives it. Everything else is stored unchanged.
+returns that it cannot match to the history or the new input (docs/item-graph.md §9.3), so
+the recalled context message would be written to the session on every turn. In a run, the
+callback adds the message object to the history list the runner handed it (§9.3 rule 2:
+the SDK builds its reference lists after the callback returns), so the SDK takes it for
+history and never asks any session to store it — also through a wrapper such as
+``EncryptedSession(ProtoPromptSession(...))``, which would hand it over encrypted. Called
+directly, the callback registers the message instead and :meth:`add_items` keeps it out of
+storage (matched by identity, else by role and text, each produced message consumed once).
+The model still receives it. Everything else is stored unchanged.
 
 This module is the public face of the integration; the code lives in
 :mod:`protoprompt.integrations.session` and the private modules it names.

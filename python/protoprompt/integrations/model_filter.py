@@ -44,17 +44,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-try:
-    from agents import Agent, RunContextWrapper
-    from agents.handoffs import Handoff, handoff
-    from agents.run_config import CallModelData, ModelInputData
-    from agents.tool import FunctionTool
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "protoprompt.integrations.model_filter needs the OpenAI Agents SDK: "
-        "pip install 'protoprompt[agents]'"
-    ) from exc
-
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
 from ..packing import (
@@ -64,6 +53,16 @@ from ..packing import (
     count_tokens,
     item_tokens,
     truncate_text,
+)
+from ._sdk import (
+    RESPONSES_CONVERTER,
+    Agent,
+    CallModelData,
+    FunctionTool,
+    Handoff,
+    ModelInputData,
+    RunContextWrapper,
+    handoff,
 )
 
 if TYPE_CHECKING:
@@ -277,9 +276,9 @@ def tool_definitions(tools: Sequence[Any], handoffs: Sequence[Any] = ()) -> list
     """
     handoff_objs = [h if isinstance(h, Handoff) else handoff(h) for h in handoffs]
     try:
-        from agents.models.openai_responses import Converter
-
-        converted = Converter.convert_tools(list(tools), handoff_objs)
+        if RESPONSES_CONVERTER is None:  # pragma: no cover - another SDK layout
+            raise LookupError("the SDK has no Responses converter")
+        converted = RESPONSES_CONVERTER.convert_tools(list(tools), handoff_objs)
         return [dict(t) for t in converted.tools if isinstance(t, Mapping)]
     except Exception:  # noqa: BLE001 - e.g. a computer tool not yet initialised
         return [_fallback_definition(t) for t in [*tools, *handoff_objs]]
@@ -599,7 +598,8 @@ class ModelInputFilter:
 
     One filter may serve many runs at once (it keeps the state of the :data:`MAX_RUNS` most
     recent runs between their calls). :attr:`last_plan` is the plan of the latest call of
-    any run; ``on_call`` sees each.
+    any run that was sent (a call that raises leaves it as it was; a kept plan pins nothing
+    the next call needs); ``on_call`` sees each.
     """
 
     def __init__(
@@ -693,9 +693,6 @@ class ModelInputFilter:
         tools_tokens = self._tools.cost(tools, _enabled_handoffs(data.agent), encoding)
         token = self.session._current_run() if self.session is not None else None
         run = self._claim(items, data.agent, token)  # a failed call puts no state back
-        # A kept plan shares its run index's item graph, which the next append would then
-        # copy whole (see HistoryIndex): release it before packing.
-        self.last_plan = None
 
         def work() -> ModelCallPlan:
             return self._plan(items, run, instructions_tokens, tools_tokens)

@@ -77,6 +77,12 @@ def shared_state(key: Key, snapshot_at: tuple[str, str, str, str] | None) -> Ind
         return state
 
 
+def is_shared(key: Key, state: IndexState) -> bool:
+    """Whether ``state`` is the pool's index for ``key`` (not dropped from it)."""
+    with _SHARED_LOCK:
+        return _SHARED.get(key) is state
+
+
 def account(key: Key, state: IndexState, limit: int) -> None:
     """Record ``state``'s size after a build and trim the pool to ``limit`` bytes (the
     limit of the session that built; the most recent index always stays)."""

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..count_store import SQLiteCountStore
+from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import preload
 from . import _sync, pool
@@ -49,7 +49,7 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
-from ._window import TURN_ATTR, Turn, read_window, runner_turn, window_keep
+from ._window import TURN_ATTR, Turn, called_by_runner, read_window, runner_turn, window_keep
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -81,6 +81,44 @@ def _non_negative_int(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be at least 0, got {value}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugState:
+    """What a :class:`ProtoPromptSession` object holds behind its requests, at one moment
+    (``session._debug_state()``): for tests and debugging of the index's mechanisms. A
+    request never depends on it — every request equals a fresh ``pp.pack`` of the history
+    the SDK handed over, whatever it says."""
+
+    incremental: bool
+    """The session keeps a :class:`~protoprompt.HistoryIndex` of the stored history."""
+    reads_rows: bool
+    """``get_items`` reads the rows itself, with their ids, and compares them with the
+    index (a database file); else the index is trusted between this object's own pops
+    and clears."""
+    windowed_reads: bool
+    """Token windows are in effect (``windowed_reads=True`` with a database file)."""
+    index_id: int
+    """Identifies the index state: equal for the objects that share one index, new when an
+    object gets a fresh one (never reused in a process)."""
+    shared: bool
+    """The index is the process pool's for this stored session (objects made for it now
+    get this one); ``False`` without a database file, or once dropped from the pool."""
+    index_items: int
+    """Items the index holds (the stored history it was last synced with)."""
+    epoch: int
+    """Bumped around every pop, clear and history rewrite through any object sharing the
+    index: an index synced at another epoch is not trusted without comparing rows."""
+    restore_tried: bool
+    """A stored snapshot of the index was looked for (``True`` without a database file)."""
+    snapshot_items: int
+    """Items in the snapshot this index last wrote or loaded (0: none)."""
+    count_store: CountStore | None
+    """Where token counts outlive the process (one ``SQLiteCountStore`` per database file)."""
+    window_reads: int
+    """Reads of this object answered with a token window (only the newest items)."""
+    last_window_offset: int | None
+    """Stored items before the newest such window (``None`` before the first one)."""
 
 
 _S = TypeVar("_S", bound="ProtoPromptSession")
@@ -123,6 +161,18 @@ async def _pop_item_with_validation(
         return await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
+
+
+def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
+    """``input_callback``'s argument checks (``TypeError`` naming the argument)."""
+    if not callable(getattr(builder, "build", None)):
+        raise TypeError(
+            f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+        )
+    if not isinstance(system_prompt, str):
+        raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+    if on_plan is not None and not callable(on_plan):
+        raise TypeError("on_plan must be callable or None")
 
 
 class ProtoPromptSession:
@@ -320,6 +370,8 @@ class ProtoPromptSession:
         self._pending_lock = threading.Lock()
         # Context messages produced lately (stored or not), for the model filter to pin.
         self._produced: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_CONTEXTS)
+        self._window_reads = 0
+        self._last_window_offset: int | None = None
 
     # ------------------------------------------------------------------ Session protocol
 
@@ -358,6 +410,8 @@ class ProtoPromptSession:
                     found = None
                 if found is not None:
                     items, facts = found
+                    self._window_reads += 1
+                    self._last_window_offset = facts.offset
                     LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
                     return items
         restorer: threading.Thread | None = None
@@ -464,6 +518,28 @@ class ProtoPromptSession:
         if self._owns_inner:
             self._inner.close()
 
+    def _debug_state(self, *, wait_for_save: bool = False) -> DebugState:
+        """What this object holds behind its requests now (see :class:`DebugState`): the one
+        view of the index's mechanisms for tests and debugging. ``wait_for_save``: first wait
+        for an index snapshot being written in the background."""
+        state = self._index_state
+        if wait_for_save:
+            state.wait_for_save()
+        return DebugState(
+            incremental=self._incremental,
+            reads_rows=self._reader is not None,
+            windowed_reads=self._windowed_reads,
+            index_id=state.serial,
+            shared=self._shared_key is not None and pool.is_shared(self._shared_key, state),
+            index_items=len(state.index),
+            epoch=state.epoch,
+            restore_tried=state.restore_tried,
+            snapshot_items=state.saved_len,
+            count_store=state.index.count_store,
+            window_reads=self._window_reads,
+            last_window_offset=self._last_window_offset,
+        )
+
     def __repr__(self) -> str:
         return f"ProtoPromptSession({self.session_id!r}, inner={type(self._inner).__name__})"
 
@@ -543,11 +619,17 @@ class ProtoPromptSession:
 
     def _expect_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
         """Remember a context message the SDK is about to ask us to store."""
+        key = self._produced_context(message)
+        with self._pending_lock:
+            self._pending.append((message, key))
+        return key
+
+    def _produced_context(self, message: Mapping[str, Any]) -> tuple[str, str]:
+        """Remember a context message the callback produced (for the model filter to pin)."""
         key = context_key(message)
         if key is None:  # pragma: no cover - the builder always produces this shape
             raise ValueError("not a context message")
         with self._pending_lock:
-            self._pending.append((message, key))
             if key not in self._produced:
                 self._produced.append(key)
         return key
@@ -599,7 +681,8 @@ class ProtoPromptSession:
 
     @property
     def pending_context_count(self) -> int:
-        """Context messages produced by the callback and not yet seen in ``add_items``."""
+        """Context messages produced by the callback and not yet seen in ``add_items``
+        (those of direct calls: in a run the SDK never hands the message over to store)."""
         with self._pending_lock:
             return len(self._pending)
 
@@ -673,6 +756,81 @@ class ProtoPromptSession:
             pool.account(self._shared_key, state, self._shared_index_bytes)
         return plan
 
+    def _build_turn(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        history: list[Item],
+        new_input: list[Item],
+        read: Read | None,
+        kwargs: dict[str, Any],
+    ) -> ContextPlan:
+        """The plan of one turn (in a worker thread): through the index when ``read`` — the
+        last read of this task — returned ``history`` and the index holds for it (see
+        ``_sync.plan``), else packed without the index, which is then left as it is."""
+        state = self._index_state
+        facts = read.facts if read is not None and read.session is self else None
+        with state.lock:
+            decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+            if decision.use_index and facts is not None:
+                return self._build_indexed(
+                    builder, history, new_input, facts, decision.keep, kwargs
+                )
+            if facts is not None and facts.offset and facts.count == len(history):
+                return self._build_windowed(builder, history, new_input, facts, kwargs)
+        # Not the history our last read returned (a limit, a direct call, or the rows
+        # could not be compared): packed without the index, which is left as it is.
+        return builder.build(history, new_input, **kwargs)
+
+    def _build_windowed(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        history: list[Item],
+        new_input: list[Item],
+        facts: _sync.Read,
+        kwargs: dict[str, Any],
+    ) -> ContextPlan:
+        """Build a turn whose read was a token window that the index changed after (caller
+        holds the state's lock). The window holds only the newest items: the index must
+        hold the rest, also when another turn changed it since the read."""
+        kept = self._window_keep(facts)
+        if kept is None:
+            raise ProtoPromptError(
+                "the session's history changed between the read of its newest "
+                "items and this turn's request (a pop or clear through another "
+                "session object): run the turn again"
+            )
+        return self._build_indexed(
+            builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
+        )
+
+    def _hand_over(
+        self,
+        plan: ContextPlan,
+        history: list[Item] | None,
+        new_input: list[Item],
+        on_plan: Callable[[ContextPlan], None] | None,
+    ) -> list[Item]:
+        """What the callback returns for ``plan``: its items, with the context message made
+        known and the run recorded for the model filter.
+
+        ``history``: the history list the runner handed over. The context message object is
+        added to it, so the SDK takes it for history and never asks any session to store it
+        — also when a wrapper such as ``EncryptedSession`` sits in front of this one and
+        would hand it over encrypted, past recognition. Without it (a direct call), the
+        message is registered so :meth:`add_items` keeps it out of the history."""
+        key = None
+        message = plan.context_message
+        if message is not None:
+            if history is not None:
+                history.append(message)
+                key = self._produced_context(message)
+            else:
+                key = self._expect_context(message)
+        RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
+        if on_plan is not None:
+            on_plan(plan)
+        return list(plan.items)
+
     def input_callback(
         self,
         builder: TokenBudgetedContextBuilder,
@@ -687,8 +845,10 @@ class ProtoPromptSession:
         The callback builds the turn with ``builder`` (see
         :meth:`TokenBudgetedContextBuilder.build`) and returns ``plan.items``: the context
         message, the kept history objects and every new-input object — the SDK's own
-        objects, never copies. The context message is registered with this session so
-        :meth:`add_items` keeps it out of the history. Use it only with this session.
+        objects, never copies. The context message is never stored: in a run it is also
+        added to the history list the runner handed over, so the SDK takes it for history
+        (whatever wraps this session); called directly, it is registered with this session
+        so :meth:`add_items` keeps it out of the history. Use it only with this session.
         The builder's tokenizer starts building in the background now (see
         :func:`protoprompt.preload`), so the first request does not wait for it.
 
@@ -702,62 +862,26 @@ class ProtoPromptSession:
         Raises (from the callback, before the model is called):
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
-        if not callable(getattr(builder, "build", None)):
-            raise TypeError(
-                f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
-            )
-        if not isinstance(system_prompt, str):
-            raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
-        if on_plan is not None and not callable(on_plan):
-            raise TypeError("on_plan must be callable or None")
+        _check_callback_args(builder, system_prompt, on_plan)
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):
             # Build the tokenizer while the SDK reads the history, not in the first callback.
             preload(encoding=encoding, wait=False)
-
-        def build(history: list[Item], new_input: list[Item], read: Read | None) -> ContextPlan:
-            kwargs: dict[str, Any] = {
-                "system_prompt": system_prompt,
-                "scope": scope,
-                "output_reserve": output_reserve,
-            }
-            state = self._index_state
-            facts = read.facts if read is not None and read.session is self else None
-            with state.lock:
-                decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
-                if decision.use_index and facts is not None:
-                    return self._build_indexed(
-                        builder, history, new_input, facts, decision.keep, kwargs
-                    )
-                if facts is not None and facts.offset and facts.count == len(history):
-                    # A token window holds only the newest items: the index must hold the
-                    # rest, also when another turn changed it since the read.
-                    kept = self._window_keep(facts)
-                    if kept is None:
-                        raise ProtoPromptError(
-                            "the session's history changed between the read of its newest "
-                            "items and this turn's request (a pop or clear through another "
-                            "session object): run the turn again"
-                        )
-                    return self._build_indexed(
-                        builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
-                    )
-            # Not the history our last read returned (a limit, a direct call, or the rows
-            # could not be compared): packed without the index, which is left as it is.
-            return builder.build(history, new_input, **kwargs)
+        kwargs: dict[str, Any] = {
+            "system_prompt": system_prompt,
+            "scope": scope,
+            "output_reserve": output_reserve,
+        }
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
+            by_runner = called_by_runner()  # before the first await: the caller's frame
             read = LAST_READ.get() if self._incremental else None
-            plan = await asyncio.to_thread(build, history, new_input, read)
-            key = None
-            if plan.context_message is not None:
-                key = self._expect_context(plan.context_message)
-            RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
-            if on_plan is not None:
-                on_plan(plan)
-            return list(plan.items)
+            plan = await asyncio.to_thread(
+                self._build_turn, builder, history, new_input, read, kwargs
+            )
+            return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
 
         setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
         return protoprompt_session_input
