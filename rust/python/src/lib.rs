@@ -4,6 +4,10 @@
 //! convert the result back and map errors to the exception classes of `protoprompt.errors`.
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
+use protoprompt_core::costs::{
+    CostEngine, CostMemo, CostPayload, CountStore, ItemSource, StoreError, StoreTally,
+    SwitchedCosts,
+};
 use protoprompt_core::decisions::DecisionRows;
 use protoprompt_core::graph::{build_graph, Graph};
 use protoprompt_core::incremental::{reserve_ahead, HistoryIndex as CoreIndex, Mark, TailGraph};
@@ -445,15 +449,15 @@ fn classify_all(
     Ok((items, metas, n_history))
 }
 
-/// Costs items on demand: converts them under the GIL, counts with the GIL released.
+/// The items of one call, read by position from the caller's lists under the GIL and
+/// converted to JSON values for the core's cost engine ([`CostEngine`]).
 ///
-/// Items are read by position only when their cost is needed, and each position is costed
-/// at most once per call. What a call reads stays what it read: the history items it
-/// classifies are taken from the caller's list in one step when the call begins (`fresh`),
-/// and an earlier position, read from the list when first needed, is kept (`read`), so the
-/// objects a result returns are the objects that were classified and counted, whatever
-/// another thread or an item's own code does to the caller's list meanwhile.
-struct PyCostSource<'m> {
+/// Items are read only when their cost is needed. What a call reads stays what it read: the
+/// history items it classifies are taken from the caller's list in one step when the call
+/// begins (`fresh`), and an earlier position, read from the list when first needed, is kept
+/// (`read`), so the objects a result returns are the objects that were classified and
+/// counted, whatever another thread or an item's own code does to the caller's list meanwhile.
+struct PyItems {
     /// The caller's history list, read for positions before `fresh_from` (which an index
     /// has seen in earlier calls). It holds positions `offset..`: a windowed read hands over
     /// the newest part of the history only, and earlier positions are never read.
@@ -466,36 +470,22 @@ struct PyCostSource<'m> {
     read: FxHashMap<usize, Py<PyAny>>,
     new_input: Vec<Py<PyAny>>,
     n_history: usize,
-    encoding: Encoding,
-    cache: FxHashMap<usize, u64>,
-    /// Costs of history positions kept between calls by a `HistoryIndex` (`UNCOUNTED` = not
-    /// yet counted), for `encoding`.
-    memo: Option<&'m mut Vec<u64>>,
-    store: Option<StoreLink>,
     /// The Python exception behind the last item that could not be read or converted.
     cause: Option<PyErr>,
 }
 
 /// A persistent count store handed to `HistoryIndex.pack` (`count_store=`): an object with
-/// `secret` (16 bytes) and `get_many(keys: list[bytes]) -> list[int | None]`. Texts of at
-/// least `STORE_MIN_BYTES` not in the process cache are looked up in it, per batch of
-/// positions, before they are tokenised; the counts it lacked and those the process cache
-/// supplied (it may have been filled before the store was attached) are reported back
-/// (`new_counts` of the result) for the caller to store. A stored count outside the bounds
-/// any text of that length has ([`Encoding::count_bounds`]) is treated as missing.
-struct StoreLink {
+/// `secret` (16 bytes) and `get_many(keys: list[bytes]) -> list[int | None]`; the core's
+/// cost engine decides what to ask it ([`protoprompt_core::costs`]).
+struct PyCountStore {
     store: Py<PyAny>,
     secret: [u8; 16],
-    /// Counts found in the store.
-    hits: usize,
-    /// Counts to write to the store: `(key, tokens)`.
-    new_counts: Vec<([u8; 16], u64)>,
     /// What `get_many` raised (or why its answer was refused); the pack fails with it.
     error: Option<PyErr>,
 }
 
-impl StoreLink {
-    fn from_py(store: &Bound<'_, PyAny>) -> PyResult<StoreLink> {
+impl PyCountStore {
+    fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
         let secret = store.getattr(intern!(store.py(), "secret"))?;
         let secret: [u8; 16] = secret
             .extract::<Vec<u8>>()
@@ -511,17 +501,15 @@ impl StoreLink {
                 "count_store.get_many must be callable",
             ));
         }
-        Ok(StoreLink {
+        Ok(PyCountStore {
             store: store.clone().unbind(),
             secret,
-            hits: 0,
-            new_counts: Vec::new(),
             error: None,
         })
     }
 
     /// The stored counts of `keys` (`None` where the store has none), under the GIL.
-    fn get_many(&mut self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
+    fn ask(&self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
         Python::attach(|py| {
             let list = PyList::new(py, keys.iter().map(|k| pyo3::types::PyBytes::new(py, k)))?;
             let answer = self
@@ -555,7 +543,41 @@ impl StoreLink {
     }
 }
 
-const UNCOUNTED: u64 = u64::MAX;
+impl CountStore for PyCountStore {
+    fn secret(&self) -> [u8; 16] {
+        self.secret
+    }
+
+    fn get_many(&mut self, keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError> {
+        self.ask(keys).map_err(|e| {
+            let message = e.to_string();
+            self.error = Some(e);
+            StoreError { message }
+        })
+    }
+}
+
+/// The cost engine of one call over the caller's Python lists and store.
+type PyCosts<'m> = CostEngine<'m, PyItems, PyCountStore>;
+
+/// What a call did with its count store, as the result's `new_counts` and `store_hits`;
+/// the store's own exception if it failed.
+fn store_outcome(
+    py: Python<'_>,
+    out: &Bound<'_, PyDict>,
+    link: Option<(PyCountStore, StoreTally)>,
+) -> PyResult<()> {
+    let Some((_, tally)) = link else {
+        return Ok(());
+    };
+    let pairs = tally
+        .new_counts
+        .iter()
+        .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
+    out.set_item("new_counts", PyList::new(py, pairs)?)?;
+    out.set_item("store_hits", tally.hits)?;
+    Ok(())
+}
 
 /// Why an item an index had seen cannot be read back from the caller's history list.
 const GONE: &str = "is no longer in the history list: the items an index has seen must \
@@ -567,16 +589,15 @@ const BEFORE_OFFSET: &str = "is before history_offset, not in the history list: 
                              the newest items only may not need it (read the history from \
                              HistoryIndex.window_start on)";
 
-impl<'m> PyCostSource<'m> {
+impl PyItems {
     fn new(
         history: Py<PyList>,
         fresh: Py<PyList>,
         fresh_from: usize,
         n_history: usize,
         new_input: Vec<Py<PyAny>>,
-        encoding: Encoding,
     ) -> Self {
-        PyCostSource {
+        PyItems {
             history,
             offset: 0,
             fresh,
@@ -584,115 +605,14 @@ impl<'m> PyCostSource<'m> {
             read: FxHashMap::default(),
             new_input,
             n_history,
-            encoding,
-            cache: FxHashMap::default(),
-            memo: None,
-            store: None,
             cause: None,
         }
-    }
-
-    /// Look texts up in (and report new counts for) a persistent count store.
-    fn with_store(mut self, store: Option<StoreLink>) -> Self {
-        self.store = store;
-        self
-    }
-
-    /// Text token counts of `texts`: from the process cache, else the store, else counted.
-    /// Without a store, or for short texts, this is [`Encoding::count_cached`].
-    fn text_counts(
-        &mut self,
-        texts: &[(usize, tokens::Canonical)],
-    ) -> Result<Vec<u64>, CostFailure> {
-        let enc = self.encoding;
-        let fail = |p: usize, e: TokenError| CostFailure {
-            position: p,
-            field: "(item)".to_string(),
-            message: e.to_string(),
-        };
-        let mut counts = vec![0u64; texts.len()];
-        // Texts to look up in the store: index into `texts`, process-cache key.
-        let mut ask: Vec<(usize, Option<tokens::CacheKey>)> = Vec::new();
-        for (i, (p, c)) in texts.iter().enumerate() {
-            let link = self
-                .store
-                .as_mut()
-                .filter(|_| c.text.len() >= tokens::STORE_MIN_BYTES);
-            match (enc.cache_lookup(&c.text), link) {
-                ((_, Some(n)), Some(link)) => {
-                    // Counted earlier in this process, maybe before this store was attached:
-                    // (re)write it so that the store has what a restart will need.
-                    counts[i] = n;
-                    let key = tokens::store_key(&link.secret, enc, &c.text);
-                    link.new_counts.push((key, n));
-                }
-                ((_, Some(n)), None) => counts[i] = n,
-                ((key, None), Some(_)) => ask.push((i, key)),
-                ((key, None), None) => {
-                    counts[i] = enc
-                        .count_and_remember(&c.text, key)
-                        .map_err(|e| fail(*p, e))?
-                }
-            }
-        }
-        let Some(link) = self.store.as_mut().filter(|_| !ask.is_empty()) else {
-            return Ok(counts);
-        };
-        let keys: Vec<[u8; 16]> = ask
-            .iter()
-            .map(|&(i, _)| tokens::store_key(&link.secret, enc, &texts[i].1.text))
-            .collect();
-        let found = link.get_many(&keys).map_err(|e| {
-            let failure = CostFailure {
-                position: texts[ask[0].0].0,
-                field: "(count_store)".to_string(),
-                message: e.to_string(),
-            };
-            link.error = Some(e);
-            failure
-        })?;
-        for ((&(i, cache_key), key), hit) in ask.iter().zip(keys).zip(found) {
-            let (p, c) = &texts[i];
-            counts[i] = match hit {
-                // A count no text of this length can have is not this text's count (a
-                // damaged or foreign store): counted again, and the store is corrected.
-                Some(n) if enc.count_is_possible(&c.text, n) => {
-                    link.hits += 1;
-                    tokens::remember_count(cache_key, n);
-                    n
-                }
-                _ => {
-                    let n = enc
-                        .count_and_remember(&c.text, cache_key)
-                        .map_err(|e| fail(*p, e))?;
-                    link.new_counts.push((key, n));
-                    n
-                }
-            };
-        }
-        Ok(counts)
     }
 
     /// The history list starts at position `offset` (see the field).
     fn with_offset(mut self, offset: usize) -> Self {
         self.offset = offset;
         self
-    }
-
-    /// Keep history costs in `memo` (one entry per history position) across calls.
-    fn with_memo(mut self, memo: &'m mut Vec<u64>) -> Self {
-        memo.resize(self.n_history, UNCOUNTED);
-        self.memo = Some(memo);
-        self
-    }
-
-    fn known(&self, p: usize) -> Option<u64> {
-        if let Some(memo) = self.memo.as_deref() {
-            if let Some(&c) = memo.get(p).filter(|&&c| c != UNCOUNTED) {
-                return Some(c);
-            }
-        }
-        self.cache.get(&p).copied()
     }
 
     /// The object at global position `p` as this call reads it (see the type's note); an
@@ -741,74 +661,34 @@ impl<'m> PyCostSource<'m> {
     }
 }
 
-impl CostSource for PyCostSource<'_> {
-    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        let missing: Vec<usize> = positions
-            .iter()
-            .copied()
-            .filter(|&p| self.known(p).is_none())
-            .collect();
-        if !missing.is_empty() {
-            let values: Vec<(usize, Value)> = Python::attach(|py| {
-                let mut values = Vec::with_capacity(missing.len());
-                for &p in &missing {
-                    let item = self.item(py, p).map_err(|e| {
-                        self.cause = Some(e);
-                        CostFailure {
-                            position: p,
-                            field: "(item)".to_string(),
-                            message: if p < self.offset { BEFORE_OFFSET } else { GONE }.to_string(),
-                        }
-                    })?;
-                    let mut path = String::new();
-                    match to_value(&item, &mut path, 0) {
-                        Ok(v) => values.push((p, v)),
-                        Err(e) => {
-                            self.cause = e.cause;
-                            return Err(CostFailure {
-                                position: p,
-                                field: e.field,
-                                message: e.message,
-                            });
-                        }
+impl ItemSource for PyItems {
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        Python::attach(|py| {
+            let mut values = Vec::with_capacity(positions.len());
+            for &p in positions {
+                let item = self.item(py, p).map_err(|e| {
+                    self.cause = Some(e);
+                    CostFailure {
+                        position: p,
+                        field: "(item)".to_string(),
+                        message: if p < self.offset { BEFORE_OFFSET } else { GONE }.to_string(),
                     }
-                }
-                Ok(values)
-            })?;
-            let texts: Vec<(usize, tokens::Canonical)> = values
-                .into_iter()
-                .map(|(p, v)| {
-                    tokens::canonical(&v, self.encoding)
-                        .map(|c| (p, c))
-                        .map_err(|e| match e {
-                            TokenError::BadItem { field, message } => CostFailure {
-                                position: p,
-                                field,
-                                message,
-                            },
-                            other => CostFailure {
-                                position: p,
-                                field: "(item)".to_string(),
-                                message: other.to_string(),
-                            },
-                        })
-                })
-                .collect::<Result<_, _>>()?;
-            let counts = self.text_counts(&texts)?;
-            for ((p, c), n) in texts.iter().zip(counts) {
-                let cost = c.cost(n).total();
-                match self.memo.as_deref_mut() {
-                    Some(memo) if *p < memo.len() => memo[*p] = cost,
-                    _ => {
-                        self.cache.insert(*p, cost);
+                })?;
+                let mut path = String::new();
+                match to_value(&item, &mut path, 0) {
+                    Ok(v) => values.push(v),
+                    Err(e) => {
+                        self.cause = e.cause;
+                        return Err(CostFailure {
+                            position: p,
+                            field: e.field,
+                            message: e.message,
+                        });
                     }
                 }
             }
-        }
-        Ok(positions
-            .iter()
-            .map(|&p| self.known(p).unwrap_or_default())
-            .collect())
+            Ok(values)
+        })
     }
 }
 
@@ -1284,19 +1164,10 @@ struct HistoryIndex {
     /// Kind of every indexed position (a code into `kind_names`, for decision tables).
     kinds: Arc<Vec<u8>>,
     kind_names: KindNames,
-    /// Cost of every indexed position under `cost_encoding` (`UNCOUNTED` until needed).
-    costs: Vec<u64>,
-    cost_encoding: Option<Encoding>,
+    /// Cost of every indexed position under one encoding (counted when needed).
+    costs: CostMemo,
     /// The decision tables of earlier packs that may still share the graph and kinds.
     live: Vec<Weak<Mutex<DecisionRows>>>,
-}
-
-/// What a `HistoryIndex` snapshot carries besides the core index: the encoding of the costs
-/// and each position's cost plus one (`UNCOUNTED` becomes 0, one byte in the snapshot).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Attached {
-    encoding: Option<String>,
-    costs: Vec<u64>,
 }
 
 /// Items classified per step when appending to an index (bounds the full-size copies: up to
@@ -1335,11 +1206,10 @@ impl HistoryIndex {
         if outcome.is_err() {
             // Back to exactly what it was, memory included.
             Arc::make_mut(&mut self.kinds).truncate(start);
-            self.costs.truncate(start);
             let index = &mut self.index;
             py.detach(|| index.undo_to(mark));
             Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
-            self.costs.shrink_to(costs_capacity);
+            self.costs.shrink_back(start, costs_capacity);
         }
         outcome
     }
@@ -1434,7 +1304,7 @@ impl HistoryIndex {
 fn note_kinds(
     kinds: &mut Arc<Vec<u8>>,
     names: &mut KindNames,
-    costs: &mut Vec<u64>,
+    costs: &mut CostMemo,
     metas: &[ItemMeta],
     rest: usize,
 ) {
@@ -1442,9 +1312,8 @@ fn note_kinds(
     let needed = metas.len() + rest;
     let headroom = needed + (kinds.len() + needed) / 8 + 64;
     reserve_ahead(kinds, needed, headroom);
-    reserve_ahead(costs, needed, headroom);
     kinds.extend(metas.iter().map(|m| names.code(m.kind_name())));
-    costs.resize(kinds.len(), UNCOUNTED);
+    costs.grow(kinds.len(), needed, headroom);
 }
 
 #[pymethods]
@@ -1455,8 +1324,7 @@ impl HistoryIndex {
             index: CoreIndex::new(),
             kinds: Arc::default(),
             kind_names: KindNames::default(),
-            costs: Vec::new(),
-            cost_encoding: None,
+            costs: CostMemo::new(),
             live: Vec::new(),
         }
     }
@@ -1468,7 +1336,7 @@ impl HistoryIndex {
     /// Approximate bytes of memory the index holds.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.index.heap_bytes() + self.kinds.capacity() + self.costs.capacity() * 8
+        self.index.heap_bytes() + self.kinds.capacity() + self.costs.heap_bytes()
     }
 
     /// Classify and append history items (positions continue from `len(self)`).
@@ -1494,10 +1362,7 @@ impl HistoryIndex {
         py: Python<'py>,
         bound_to: Option<Bound<'py, PyBytes>>,
     ) -> Bound<'py, PyBytes> {
-        let attached = Attached {
-            encoding: self.cost_encoding.map(|e| e.name().to_string()),
-            costs: self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
-        };
+        let attached = self.costs.payload();
         let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
         let index = &self.index;
         let bytes = py.detach(|| index.to_snapshot(&attached, binding));
@@ -1515,28 +1380,12 @@ impl HistoryIndex {
     ) -> PyResult<Self> {
         let bytes = data.as_bytes();
         let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
-        let loaded = py.detach(|| CoreIndex::from_snapshot::<Attached>(bytes, binding));
+        let loaded = py.detach(|| CoreIndex::from_snapshot::<CostPayload>(bytes, binding));
         let (index, attached) =
             loaded.map_err(|e| raise::<errors::SnapshotError>(py, (e.to_string(),)))?;
-        let damaged =
-            |m: &str| raise::<errors::SnapshotError>(py, (format!("damaged index snapshot: {m}"),));
-        if attached.costs.len() != index.len() {
-            return Err(damaged("token costs do not match the items"));
-        }
-        // Every counted item costs at least its overhead (a cost of 0 is stored as 1).
-        if let Some(p) = attached
-            .costs
-            .iter()
-            .position(|&c| c != 0 && c.wrapping_sub(1) < tokens::ITEM_OVERHEAD)
-        {
-            return Err(damaged(&format!(
-                "item {p} costs less than an item's overhead"
-            )));
-        }
-        let cost_encoding = match attached.encoding.as_deref() {
-            None => None,
-            Some(name) => Some(Encoding::from_name(name).map_err(|_| damaged("unknown encoding"))?),
-        };
+        let costs = CostMemo::from_payload(attached, index.len()).map_err(|m| {
+            raise::<errors::SnapshotError>(py, (format!("damaged index snapshot: {m}"),))
+        })?;
         let mut kind_names = KindNames::default();
         let kinds = (0..index.len())
             .map(|p| kind_names.code(index.kind(p).name()))
@@ -1545,8 +1394,7 @@ impl HistoryIndex {
             index,
             kinds: Arc::new(kinds),
             kind_names,
-            costs: attached.costs.iter().map(|c| c.wrapping_sub(1)).collect(),
-            cost_encoding,
+            costs,
             live: Vec::new(),
         })
     }
@@ -1568,7 +1416,7 @@ impl HistoryIndex {
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
     /// (unchanged); the rest is classified and appended first.
     ///
-    /// With `count_store` (see `StoreLink`), long texts' counts are looked up in it before
+    /// With `count_store` (see `PyCountStore`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
     /// to it) and `store_hits`.
     ///
@@ -1625,7 +1473,7 @@ impl HistoryIndex {
         }
         let store = count_store
             .filter(|s| !s.is_none())
-            .map(|s| StoreLink::from_py(&s))
+            .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
         let indexed = self.index.len();
         if n_history < indexed {
@@ -1656,10 +1504,7 @@ impl HistoryIndex {
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mark = self.index.mark();
-        let switched = (self.cost_encoding != Some(enc)).then(|| {
-            let costs = std::mem::replace(&mut self.costs, vec![UNCOUNTED; indexed]);
-            (self.cost_encoding.replace(enc), costs)
-        });
+        let switched = self.costs.switch(enc, indexed);
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store,
             preload,
@@ -1688,11 +1533,8 @@ impl HistoryIndex {
         let items = item_seq(new_items, "new_items")?;
         let n = self.index.len();
         let metas = classify_items(py, bound(py, &items), n, n)?;
-        let costs = (self.cost_encoding == Some(enc)).then_some(&self.costs);
-        let lower = |p: usize| match costs.and_then(|c| c.get(p)) {
-            Some(&c) if c != UNCOUNTED => c,
-            _ => tokens::ITEM_OVERHEAD,
-        };
+        let costs = &self.costs;
+        let lower = |p: usize| costs.lower_bound(p, enc);
         let index = &self.index;
         let start = py.detach(|| {
             index.window_start(&metas, budget, |members| {
@@ -1735,23 +1577,19 @@ impl HistoryIndex {
         }
         let store = count_store
             .filter(|s| !s.is_none())
-            .map(|s| StoreLink::from_py(&s))
+            .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
-        if self.cost_encoding != Some(enc) {
-            self.costs = vec![UNCOUNTED; n];
-            self.cost_encoding = Some(enc);
-        }
-        let mut source = PyCostSource::new(
+        let items = PyItems::new(
             history.clone().unbind(),
             PyList::empty(py).unbind(),
             n,
             n,
             Vec::new(),
-            enc,
         )
-        .with_offset(offset)
-        .with_memo(&mut self.costs)
-        .with_store(store);
+        .with_offset(offset);
+        let mut source = PyCosts::new(items, enc)
+            .with_memo(&mut self.costs, n)
+            .with_store(store);
         let index = &self.index;
         let walked = py.detach(|| {
             index.window_start(&[], budget, |members| {
@@ -1767,8 +1605,8 @@ impl HistoryIndex {
                     .fold(0u64, |a, c| a.saturating_add(c)))
             })
         });
-        let link = source.store.take();
-        if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
+        let (mut items, link) = source.finish();
+        if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
         }
         let start = walked.map_err(|f: CostFailure| {
@@ -1781,21 +1619,14 @@ impl HistoryIndex {
                     message: f.message,
                 },
             );
-            if let Some(cause) = source.cause.take() {
+            if let Some(cause) = items.cause.take() {
                 e.set_cause(py, Some(cause));
             }
             e
         })?;
         let out = PyDict::new(py);
         out.set_item("start", start)?;
-        if let Some(link) = link {
-            let pairs = link
-                .new_counts
-                .iter()
-                .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
-            out.set_item("new_counts", PyList::new(py, pairs)?)?;
-            out.set_item("store_hits", link.hits)?;
-        }
+        store_outcome(py, &out, link)?;
         Ok(out)
     }
 }
@@ -1815,7 +1646,7 @@ impl HistoryIndex {
         opts: &PackOptions,
         pinned: &[usize],
         context: Option<Bound<'py, PyAny>>,
-        store: Option<StoreLink>,
+        store: Option<PyCountStore>,
         preload: Preload,
     ) -> PyResult<Bound<'py, PyDict>> {
         let indexed = self.index.len();
@@ -1824,17 +1655,17 @@ impl HistoryIndex {
         let index = &self.index;
         let kinds = &self.kinds;
         let kind_names = &self.kind_names;
-        let mut source = PyCostSource::new(
+        let items = PyItems::new(
             history.clone().unbind(),
             fresh.clone().unbind(),
             indexed,
             n_history,
             new_items,
-            enc,
         )
-        .with_offset(offset)
-        .with_memo(&mut self.costs)
-        .with_store(store);
+        .with_offset(offset);
+        let mut source = PyCosts::new(items, enc)
+            .with_memo(&mut self.costs, n_history)
+            .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
         let view = index.view(&tail);
@@ -1842,16 +1673,16 @@ impl HistoryIndex {
         let packed = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, opts, pinned, hook)
         });
-        let link = source.store.take();
-        if let Some(e) = link.as_ref().and_then(|l| l.error.as_ref()) {
+        let (mut items, link) = source.finish();
+        if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
         }
         let mut result = packed.inspect_err(|e| {
-            if let Some(cause) = source.cause.take() {
+            if let Some(cause) = items.cause.take() {
                 e.set_cause(py, Some(cause));
             }
         })?;
-        let items = source.request(py, &result.kept_history)?;
+        let items = items.request(py, &result.kept_history)?;
         let table = DecisionTable::new(
             index.shared_graph(),
             Some(tail),
@@ -1863,37 +1694,20 @@ impl HistoryIndex {
         self.live.push(Arc::downgrade(&table.source));
         let out = result_dict(py, &result, enc, opts.policy, table)?;
         out.set_item("items", items)?;
-        if let Some(link) = link {
-            let pairs = link
-                .new_counts
-                .iter()
-                .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
-            out.set_item("new_counts", PyList::new(py, pairs)?)?;
-            out.set_item("store_hits", link.hits)?;
-        }
+        store_outcome(py, &out, link)?;
         Ok(out)
     }
 
     /// Put the index back as it was before a failed `pack` (at `mark`, holding `len` items),
     /// with the costs (of the encoding) it had if the call switched encodings.
-    fn undo(
-        &mut self,
-        py: Python<'_>,
-        mark: Mark,
-        len: usize,
-        switched: Option<(Option<Encoding>, Vec<u64>)>,
-    ) {
+    fn undo(&mut self, py: Python<'_>, mark: Mark, len: usize, switched: Option<SwitchedCosts>) {
         self.release_results();
         let index = &mut self.index;
         py.detach(|| index.undo_to(mark));
         if self.kinds.len() > len {
             Arc::make_mut(&mut self.kinds).truncate(len);
         }
-        if let Some((encoding, costs)) = switched {
-            self.cost_encoding = encoding;
-            self.costs = costs;
-        }
-        self.costs.truncate(len);
+        self.costs.restore(switched, len);
     }
 }
 
