@@ -231,8 +231,8 @@ pub struct CostEngine<'m, F, S> {
     memo: Option<&'m mut CostMemo>,
     /// Costs of positions the memo does not hold (new input, or every position without memo).
     cache: FxHashMap<usize, u64>,
-    /// The tokenizer failure that ended the call, if one did.
-    tokenizer_failure: Option<TokenError>,
+    /// The tokenizer failure that ended the call, if one did, and the position it was at.
+    tokenizer_failure: Option<(usize, TokenError)>,
 }
 
 impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
@@ -280,10 +280,10 @@ impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
         &mut self.items
     }
 
-    /// The tokenizer failure that ended the call, if one did (the cost failure the packer
-    /// reported names the item).
-    pub fn tokenizer_failure(&self) -> Option<&TokenError> {
-        self.tokenizer_failure.as_ref()
+    /// The tokenizer failure that ended the call, if one did, with the position of the item
+    /// whose text it was (the cost failure handed to the packer says the same, as an item's).
+    pub fn tokenizer_failure(&self) -> Option<(usize, &TokenError)> {
+        self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
     }
 
     /// The fetcher, and the store with what this call did with it.
@@ -298,7 +298,7 @@ impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
             message: e.to_string(),
         };
         if matches!(e, TokenError::Tokenizer(_)) {
-            self.tokenizer_failure = Some(e);
+            self.tokenizer_failure = Some((position, e));
         }
         failure
     }

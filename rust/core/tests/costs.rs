@@ -391,3 +391,32 @@ fn payload_checks_costs_and_encoding() {
         "unknown encoding"
     );
 }
+
+#[test]
+fn a_tokenizer_failure_is_reported_as_one_with_its_position() {
+    let items = vec![user("a"), user(&unique(80))];
+    let mut engine = CostEngine::<_, NoStore>::new(Items::new(items), ENC);
+    tokens::fail_next_counts(1); // this thread's next count fails
+    let err = engine.costs(&[1]).unwrap_err();
+    tokens::fail_next_counts(0);
+    assert_eq!((err.position, err.field.as_str()), (1, "(item)"));
+    let (position, failure) = engine.tokenizer_failure().unwrap();
+    assert_eq!(position, 1);
+    assert!(
+        matches!(failure, tokens::TokenError::Tokenizer(_)),
+        "{failure:?}"
+    );
+    // A failure through the store path (a miss, then counting) is the same failure.
+    let mut engine = CostEngine::new(Items::new(vec![user(&unique(80))]), ENC)
+        .with_store(Some(Store::default()));
+    tokens::fail_next_counts(1);
+    let err = engine.costs(&[0]).unwrap_err();
+    tokens::fail_next_counts(0);
+    assert_eq!(err.position, 0);
+    assert!(engine.tokenizer_failure().is_some());
+    let (_, link) = engine.finish();
+    assert!(
+        link.unwrap().1.new_counts.is_empty(),
+        "nothing to write for a failed count"
+    );
+}

@@ -2,6 +2,7 @@
 //! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
 
 use crate::convert::*;
+use crate::errors::{classes, raise};
 use protoprompt_core::costs::{CostEngine, CountStore, ItemSource, StoreError, StoreTally};
 use protoprompt_core::pack::CostFailure;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -139,6 +140,18 @@ pub(crate) fn store_outcome(
     out.set_item("new_counts", PyList::new(py, pairs)?)?;
     out.set_item("store_hits", tally.hits)?;
     Ok(())
+}
+
+/// The `TokenizerError` for the tokenizer failure that ended a call, if one did, naming the
+/// item whose text it was.
+pub(crate) fn tokenizer_failure(
+    py: Python<'_>,
+    n_history: usize,
+    costs: &PyCosts<'_>,
+) -> Option<PyErr> {
+    let (position, failure) = costs.tokenizer_failure()?;
+    let message = format!("{}: {failure}", label(n_history, position));
+    Some(raise::<classes::TokenizerError>(py, (message,)))
 }
 
 /// Why an item an index had seen cannot be read back from the caller's history list.

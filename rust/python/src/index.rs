@@ -466,9 +466,13 @@ impl PyHistoryIndex {
                     .fold(0u64, |a, c| a.saturating_add(c)))
             })
         });
+        let tokenizer_failed = tokenizer_failure(py, n, &source);
         let (mut items, link) = source.finish();
         if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
+        }
+        if let (Err(_), Some(e)) = (&walked, tokenizer_failed) {
+            return Err(e);
         }
         let start = walked.map_err(|f: CostFailure| {
             let e = pack_error(
@@ -534,9 +538,13 @@ impl PyHistoryIndex {
         let packed = run_pack(py, context, |hook| {
             pack_view(view, &is_user, &mut source, opts, pinned, hook)
         });
+        let tokenizer_failed = tokenizer_failure(py, n_history, &source);
         let (mut items, link) = source.finish();
         if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
+        }
+        if let (Err(_), Some(e)) = (&packed, tokenizer_failed) {
+            return Err(e);
         }
         let mut result = packed.inspect_err(|e| {
             if let Some(cause) = items.cause.take() {

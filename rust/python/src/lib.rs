@@ -240,6 +240,13 @@ fn _build_is_held() -> bool {
     fork_guard::build_is_held()
 }
 
+/// Test hook: the next `n` token counts on this thread fail as a tokenizer failure does
+/// (`protoprompt_core::tokens::fail_next_counts`).
+#[pyfunction]
+fn _fail_next_counts(n: usize) {
+    tokens::fail_next_counts(n);
+}
+
 /// Forget every count in the process-wide count cache (for tests and benchmarks that need
 /// a process's first count of a text without a new process).
 #[pyfunction]
@@ -256,6 +263,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.py().import("protoprompt.errors")?;
     m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(_fail_next_counts, m)?)?;
     #[cfg(unix)]
     {
         m.add_function(wrap_pyfunction!(_hold_next_build_until_fork, m)?)?;
