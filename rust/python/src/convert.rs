@@ -1,7 +1,7 @@
 //! Python -> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
 //! lists, encodings and labels.
 
-use crate::errors::*;
+use crate::errors::item_error;
 use protoprompt_core::items::{
     GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };

@@ -1,7 +1,7 @@
 //! The Python side of the core's cost engine ([`protoprompt_core::costs`]): the caller's
 //! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
 
-use crate::convert::*;
+use crate::convert::{label, to_value, FieldError};
 use crate::errors::{classes, raise};
 use protoprompt_core::costs::{CostEngine, CountStore, ItemSource, StoreError, StoreTally};
 use protoprompt_core::pack::CostFailure;

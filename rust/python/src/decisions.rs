@@ -1,6 +1,6 @@
 //! The `DecisionTable` pyclass: the per-unit decisions of one pack, read lazily.
 
-use crate::convert::*;
+use crate::convert::label;
 use protoprompt_core::decisions::DecisionRows;
 use protoprompt_core::graph::Graph;
 use protoprompt_core::incremental::TailGraph;

@@ -1,11 +1,11 @@
 //! The `protoprompt._core.HistoryIndex` pyclass (`PyHistoryIndex`): a core
 //! [`GraphIndex`] with its token costs, extended between calls.
 
-use crate::convert::*;
-use crate::costs::*;
-use crate::decisions::*;
-use crate::errors::*;
-use crate::pack::*;
+use crate::convert::{bound, classify_items, item_seq, label, resolve_encoding};
+use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
+use crate::decisions::{lock, DecisionTable, KindNames};
+use crate::errors::{classes, pack_error, raise, token_error};
+use crate::pack::{result_dict, run_pack, CallOptions, Preload};
 use protoprompt_core::costs::{CostMemo, CostPayload, SwitchedCosts};
 use protoprompt_core::decisions::DecisionRows;
 use protoprompt_core::incremental::{reserve_ahead, GraphIndex, Mark};
@@ -275,7 +275,8 @@ impl PyHistoryIndex {
     }
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
-    /// (unchanged); the rest is classified and appended first.
+    /// (unchanged); the rest is classified and appended first. `options` is the one options
+    /// value of the call (`protoprompt.packing._PackOptions`, read by [`CallOptions`]).
     ///
     /// With `count_store` (see `PyCountStore`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
@@ -284,27 +285,23 @@ impl PyHistoryIndex {
     /// `history_offset`: the list holds the history from that position on (a windowed read,
     /// see `window_start`); the positions before it must be indexed, and the pack must not
     /// need their items (an `InvalidItemError` names the first one it would need).
-    #[pyo3(signature = (history, new_input, budget, *, output_reserve=0, context_tokens=0, model=None, encoding=None, policy="contiguous", context=None, count_store=None, pinned=None, history_len=None, history_offset=0))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (history, new_input, options, count_store=None))]
     pub(crate) fn pack<'py>(
         &mut self,
         py: Python<'py>,
         history: &Bound<'py, PyList>,
         new_input: &Bound<'py, PyAny>,
-        budget: u64,
-        output_reserve: u64,
-        context_tokens: u64,
-        model: Option<&str>,
-        encoding: Option<&str>,
-        policy: &str,
-        context: Option<Bound<'py, PyAny>>,
+        options: &Bound<'py, PyAny>,
         count_store: Option<Bound<'py, PyAny>>,
-        pinned: Option<Vec<usize>>,
-        history_len: Option<usize>,
-        history_offset: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-        let opts = pack_options(budget, output_reserve, context_tokens, policy)?;
+        let CallOptions {
+            core: opts,
+            encoding: enc,
+            context,
+            pinned,
+            history_len,
+            history_offset,
+        } = CallOptions::from_py(options)?;
         // Only the first `history_len` items of the list are the history (a caller with one
         // long list need not copy its prefix).
         let listed = match history_len {
@@ -321,7 +318,6 @@ impl PyHistoryIndex {
         let n_history = offset.checked_add(listed).ok_or_else(|| {
             PyValueError::new_err(format!("history_offset is {offset}, too large"))
         })?;
-        let pinned = pinned.unwrap_or_default();
         if let Some((i, &p)) = pinned
             .iter()
             .enumerate()

@@ -22,9 +22,9 @@ mod index;
 mod pack;
 
 use crate::alloc::{_lazy_commit_allocator, configure_allocator};
-use crate::convert::*;
+use crate::convert::{as_dict, classify_all, label, resolve_encoding, to_value, type_name};
 use crate::decisions::DecisionTable;
-use crate::errors::*;
+use crate::errors::{item_error, token_error};
 use crate::index::PyHistoryIndex;
 
 /// Count the tokens of `text` with an encoding (by name or model; default o200k_base).

@@ -1,11 +1,13 @@
 //! Running a core pack from Python: the options, the tokenizer preload, the GIL release
 //! with the context hook, and the result dict.
 
-use crate::decisions::*;
-use crate::errors::*;
+use crate::convert::resolve_encoding;
+use crate::decisions::DecisionTable;
+use crate::errors::{pack_error, token_error};
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
 use protoprompt_core::tokens::Encoding;
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -44,24 +46,48 @@ impl Drop for Preload {
     }
 }
 
-/// The options shared by `pack` and `HistoryIndex.pack`.
-pub(crate) fn pack_options(
-    budget: u64,
-    output_reserve: u64,
-    context_tokens: u64,
-    policy: &str,
-) -> PyResult<PackOptions> {
-    let policy = Policy::from_name(policy).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
-        ))
-    })?;
-    Ok(PackOptions {
-        budget,
-        output_reserve,
-        context_tokens,
-        policy,
-    })
+/// The options of one `HistoryIndex.pack`, read from the one options value Python hands
+/// over (`protoprompt.packing._PackOptions`, checked there): the core's [`PackOptions`], the
+/// encoding, and what the binding itself needs.
+pub(crate) struct CallOptions<'py> {
+    pub(crate) core: PackOptions,
+    pub(crate) encoding: Encoding,
+    pub(crate) context: Option<Bound<'py, PyAny>>,
+    pub(crate) pinned: Vec<usize>,
+    pub(crate) history_len: Option<usize>,
+    pub(crate) history_offset: usize,
+}
+
+impl<'py> CallOptions<'py> {
+    pub(crate) fn from_py(options: &Bound<'py, PyAny>) -> PyResult<CallOptions<'py>> {
+        let py = options.py();
+        let get = |name: &Bound<'py, pyo3::types::PyString>| options.getattr(name);
+        let model: Option<String> = get(intern!(py, "model"))?.extract()?;
+        let encoding: Option<String> = get(intern!(py, "encoding"))?.extract()?;
+        let encoding = resolve_encoding(model.as_deref(), encoding.as_deref())
+            .map_err(|e| token_error(py, e))?;
+        let policy: String = get(intern!(py, "policy"))?.extract()?;
+        let policy = Policy::from_name(&policy).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
+            ))
+        })?;
+        let core = PackOptions {
+            budget: get(intern!(py, "budget"))?.extract()?,
+            output_reserve: get(intern!(py, "output_reserve"))?.extract()?,
+            context_tokens: get(intern!(py, "context_tokens"))?.extract()?,
+            policy,
+        };
+        let context = Some(get(intern!(py, "context"))?).filter(|c| !c.is_none());
+        Ok(CallOptions {
+            core,
+            encoding,
+            context,
+            pinned: get(intern!(py, "pinned"))?.extract()?,
+            history_len: get(intern!(py, "history_len"))?.extract()?,
+            history_offset: get(intern!(py, "history_offset"))?.extract()?,
+        })
+    }
 }
 
 /// Run `f` (the core pack) with the GIL released and a context hook calling `context`.
