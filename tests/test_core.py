@@ -252,6 +252,46 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
     assert enc_info.value.encoding == "no-such-encoding"
 
 
+def test_a_tokenizer_failure_inside_a_pack_is_a_tokenizer_error_naming_the_item() -> None:
+    """A failure of the tokenizer itself is not the item's fault: it is reported as a
+    ``TokenizerError`` (not an ``InvalidItemError``), naming the item whose text it was, and
+    the failed call changes nothing (the next pack is the pack of a fresh index)."""
+    from protoprompt import _core, errors
+
+    history = _turns(3)
+    new = [{"role": "user", "content": "the newest question, counted first"}]
+    index = pp.HistoryIndex()
+    expected = pp.pack(history, new, 10**6)
+    _core._clear_count_cache()
+    _core._fail_next_counts(1)  # this thread's next count fails (test hook)
+    try:
+        with pytest.raises(errors.TokenizerError, match=r"^new_input\[0\]: tokenizer failed"):
+            index.pack(history, new, 10**6)
+    finally:
+        _core._fail_next_counts(0)
+    assert len(index) == 0, "a failed pack leaves the index as it was"
+    again = index.pack(history, new, 10**6)
+    assert (again.items, again.used) == (expected.items, expected.used)
+    _core._clear_count_cache()
+    _core._fail_next_counts(1)
+    try:
+        with pytest.raises(errors.TokenizerError) as info:
+            pp.pack(history, new, 10**6)
+    finally:
+        _core._fail_next_counts(0)
+    assert not isinstance(info.value, InvalidItemError)
+    # count_window reports it the same way.
+    index = pp.HistoryIndex()
+    index.extend(history)
+    _core._clear_count_cache()
+    _core._fail_next_counts(1)
+    try:
+        with pytest.raises(errors.TokenizerError, match=r"^history\[\d+\]: tokenizer failed"):
+            index.count_window(history, 10**6)
+    finally:
+        _core._fail_next_counts(0)
+
+
 def test_canonical_text_is_public_and_is_what_is_counted() -> None:
     item = {
         "type": "function_call",

@@ -3,10 +3,12 @@
 Use the typed wrappers in :mod:`protoprompt` instead of calling this module directly.
 """
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
+
+from protoprompt.packing import _PackOptions
 
 __all__ = [
     "DEFAULT_ENCODING",
@@ -15,6 +17,7 @@ __all__ = [
     "HistoryIndex",
     "_build_is_held",
     "_clear_count_cache",
+    "_fail_next_counts",
     "_hold_next_build_until_fork",
     "_lazy_commit_allocator",
     "analyze",
@@ -84,6 +87,7 @@ def split_tokens(
 ) -> tuple[str, str, int, bool]: ...
 def _lazy_commit_allocator() -> bool: ...
 def _clear_count_cache() -> None: ...
+def _fail_next_counts(n: int) -> None: ...
 def _hold_next_build_until_fork() -> None: ...
 def _build_is_held() -> bool: ...
 def preload(*, model: str | None = None, encoding: str | None = None, wait: bool = True) -> str: ...
@@ -117,18 +121,8 @@ class HistoryIndex:
         self,
         history: list[Any],
         new_input: Iterable[Mapping[str, Any]],
-        budget: int,
-        *,
-        output_reserve: int = 0,
-        context_tokens: int = 0,
-        model: str | None = None,
-        encoding: str | None = None,
-        policy: str = "contiguous",
-        context: Callable[[int], int] | None = None,
+        options: _PackOptions,
         count_store: Any = None,
-        pinned: list[int] | None = None,
-        history_len: int | None = None,
-        history_offset: int = 0,
     ) -> _PackDict: ...
     def window_start(
         self,

@@ -152,5 +152,6 @@ class HistoryMismatchError(ProtoPromptError, ValueError):
 
 class TokenizerError(ProtoPromptError, ValueError):
     """The tokenizer failed on a text (an internal failure of the BPE, reported instead of
-    crashing the process). Inside :func:`~protoprompt.pack` the failure is reported as the
-    :class:`InvalidItemError` of the item whose text it was."""
+    crashing the process). Inside :func:`~protoprompt.pack` the message starts with the item
+    whose text it was (e.g. ``"history[3]: tokenizer failed: ..."``); the item itself is not
+    at fault, so this is not an :class:`InvalidItemError`."""

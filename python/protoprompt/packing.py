@@ -437,21 +437,18 @@ def pack(
         TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
     """
     # A throw-away index: the core classifies a long history chunk by chunk into it.
-    return _run(
-        _core.HistoryIndex().pack,
-        history,
-        new_input,
+    options = _PackOptions(
         budget,
-        output_reserve,
-        context_tokens,
-        model,
-        encoding,
-        policy,
-        context,
-        _checked(count_store),
-        pinned,
-        history_len,
+        output_reserve=output_reserve,
+        context_tokens=context_tokens,
+        model=model,
+        encoding=encoding,
+        policy=policy,
+        context=context,
+        pinned=pinned,
+        history_len=history_len,
     )
+    return _run(_core.HistoryIndex().pack, history, new_input, options, _checked(count_store))
 
 
 def _checked(count_store: CountStore | None) -> CountStore | None:
@@ -494,54 +491,47 @@ def _check_pinned(pinned: Iterable[int]) -> list[int]:
     return pins
 
 
+@dataclass(frozen=True)
+class _PackOptions:
+    """The options of one pack, checked once: what :func:`pack` and
+    :meth:`HistoryIndex.pack` take as keywords, handed to the core as one value (the core
+    reads these attributes)."""
+
+    budget: int
+    output_reserve: int = 0
+    context_tokens: int = 0
+    model: str | None = None
+    encoding: str | None = None
+    policy: Policy = "contiguous"
+    context: Callable[[int], int] | None = None
+    pinned: Iterable[int] = ()
+    history_len: int | None = None
+    history_offset: int = 0
+
+    def __post_init__(self) -> None:
+        _check_sizes(self.budget, self.output_reserve, self.context_tokens)
+        # A tuple of checked positions (a list or generator given is read once, here).
+        object.__setattr__(self, "pinned", tuple(_check_pinned(self.pinned)))
+        history_len = self.history_len
+        if history_len is not None and (
+            isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 0
+        ):
+            raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
+        offset = self.history_offset
+        if offset and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+            raise ValueError(f"history_offset must be a non-negative int, got {offset!r}")
+
+
 def _run(
     core_pack: Callable[..., Mapping[str, Any]],
     history: Iterable[Item],
     new_input: Iterable[Item],
-    budget: int,
-    output_reserve: int,
-    context_tokens: int,
-    model: str | None,
-    encoding: str | None,
-    policy: Policy,
-    context: Callable[[int], int] | None,
+    options: _PackOptions,
     count_store: CountStore | None = None,
-    pinned: Iterable[int] = (),
-    history_len: int | None = None,
-    history_offset: int = 0,
 ) -> PackResult:
-    """Check the sizes, call the core's ``HistoryIndex.pack``, wrap its dict."""
-    _check_sizes(budget, output_reserve, context_tokens)
-    history_list = _as_list(history, "history")
-    new_list = _as_list(new_input, "new_input")
-    pins = _check_pinned(pinned)
-    if history_len is not None and (
-        isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 0
-    ):
-        raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
-    extra: dict[str, Any] = {}
-    if history_offset:
-        if (
-            isinstance(history_offset, bool)
-            or not isinstance(history_offset, int)
-            or history_offset < 0
-        ):
-            raise ValueError(f"history_offset must be a non-negative int, got {history_offset!r}")
-        extra["history_offset"] = history_offset
+    """Call the core's ``HistoryIndex.pack`` with the checked options, wrap its dict."""
     raw = core_pack(
-        history_list,
-        new_list,
-        budget,
-        output_reserve=output_reserve,
-        context_tokens=context_tokens,
-        model=model,
-        encoding=encoding,
-        policy=policy,
-        context=context,
-        count_store=count_store,
-        pinned=pins or None,
-        history_len=history_len,
-        **extra,
+        _as_list(history, "history"), _as_list(new_input, "new_input"), options, count_store
     )
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
@@ -706,22 +696,19 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
         would need, if any.
         """
-        return _run(
-            self._index.pack,
-            history,
-            new_input,
+        options = _PackOptions(
             budget,
-            output_reserve,
-            context_tokens,
-            model,
-            encoding,
-            policy,
-            context,
-            self.count_store,
-            pinned,
-            history_len,
-            history_offset,
+            output_reserve=output_reserve,
+            context_tokens=context_tokens,
+            model=model,
+            encoding=encoding,
+            policy=policy,
+            context=context,
+            pinned=pinned,
+            history_len=history_len,
+            history_offset=history_offset,
         )
+        return _run(self._index.pack, history, new_input, options, self.count_store)
 
     def window_start(
         self,

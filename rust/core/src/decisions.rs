@@ -1,6 +1,6 @@
 //! The rows of a pack's per-unit decision report ([`DecisionRows`]).
 //!
-//! A pack through a [`crate::incremental::HistoryIndex`] reports one row per unit with
+//! A pack through a [`crate::incremental::GraphIndex`] reports one row per unit with
 //! history members. Building those rows per pack would cost as much as the pack itself on a
 //! long history, so a report reads them from the graph the pack ran on, which it shares with
 //! the index (`Arc`). A shared graph would make the index copy it on its next change (copy on
@@ -198,7 +198,7 @@ impl DecisionRows {
 mod tests {
     use super::*;
     use crate::graph::build_graph;
-    use crate::incremental::HistoryIndex;
+    use crate::incremental::GraphIndex;
     use crate::items::ItemMeta;
     use serde_json::json;
 
@@ -236,7 +236,7 @@ mod tests {
 
         let whole = Arc::new(build_graph(&hm, &nm));
         let mut plain = DecisionRows::new(whole, None, Arc::clone(&kinds));
-        let mut index = HistoryIndex::new();
+        let mut index = GraphIndex::new();
         index.extend(hm.clone());
         let tail = index.tail(&nm);
         let mut split = DecisionRows::new(index.shared_graph(), Some(tail), Arc::clone(&kinds));

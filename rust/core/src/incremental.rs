@@ -21,15 +21,15 @@
 //! * **What is linear.** Nothing per turn: appending `k` items and packing cost
 //!   O(k + items after the cut + units visited by the fill), plus a linear but allocation
 //!   free pass over the unit list when the per-unit decisions are reported. Removing the
-//!   newest items ([`HistoryIndex::truncate`], a `pop_item`) regroups only what the removed
+//!   newest items ([`GraphIndex::truncate`], a `pop_item`) regroups only what the removed
 //!   items were related to, the mirror image of an append.
-//! * **Memory.** Items are stored compactly (see [`HistoryIndex`]); a long history is best
-//!   appended in chunks, with [`HistoryIndex::reserve`] after the first, so that full-size
+//! * **Memory.** Items are stored compactly (see [`GraphIndex`]); a long history is best
+//!   appended in chunks, with [`GraphIndex::reserve`] after the first, so that full-size
 //!   [`ItemMeta`]s exist for one chunk at a time and no store regrows (the binding does this,
 //!   also for a one-off pack).
 //! * **What the caller promises.** The positions the index has seen are not changed behind
 //!   its back (the SDK's `SQLiteSession` only appends, pops the last item or clears, and
-//!   [`HistoryIndex::truncate`] / [`HistoryIndex::clear`] cover those).
+//!   [`GraphIndex::truncate`] / [`GraphIndex::clear`] cover those).
 
 use std::hash::Hasher;
 use std::sync::Arc;
@@ -89,7 +89,7 @@ pub fn reserve_ahead<T>(v: &mut Vec<T>, needed: usize, headroom: usize) {
     }
 }
 
-/// Where [`HistoryIndex::undo_to`] goes back to (from [`HistoryIndex::mark`]).
+/// Where [`GraphIndex::undo_to`] goes back to (from [`GraphIndex::mark`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mark {
     len: usize,
@@ -99,7 +99,7 @@ pub struct Mark {
     capacity: [usize; 5],
 }
 
-/// The graph over the positions after a cut, built for one pack (see [`HistoryIndex::tail`]).
+/// The graph over the positions after a cut, built for one pack (see [`GraphIndex::tail`]).
 #[derive(Debug, Clone)]
 pub struct TailGraph {
     /// First position of the tail.
@@ -142,9 +142,11 @@ const CONTINUES: u8 = 32;
 const ALL_FLAGS: u8 =
     HAS_CALLER | ENCRYPTED | PROVIDER_DATA | TOOL_CALLS | TOOL_CALL_ID | CONTINUES;
 
-/// The classified history of one session and its graph, extended item by item.
+/// The classified history of one session and its graph, extended item by item: the graph
+/// side of an index (no costs, no Python). The Python `protoprompt.HistoryIndex` wraps one
+/// (with its token costs) through the binding's `PyHistoryIndex`.
 #[derive(Debug, Clone, Default)]
-pub struct HistoryIndex {
+pub struct GraphIndex {
     items: Vec<Stored>,
     /// The string fields of every item, back to back.
     arena: String,
@@ -159,9 +161,9 @@ pub struct HistoryIndex {
     graph_copies: usize,
 }
 
-impl HistoryIndex {
-    pub fn new() -> HistoryIndex {
-        HistoryIndex::default()
+impl GraphIndex {
+    pub fn new() -> GraphIndex {
+        GraphIndex::default()
     }
 
     /// The graph, to change: copied first if a report of an earlier pack still shares it.
@@ -345,11 +347,11 @@ impl HistoryIndex {
 
     /// Forget everything.
     pub fn clear(&mut self) {
-        *self = HistoryIndex::default();
+        *self = GraphIndex::default();
     }
 
     /// Keep only the first `len` items, rebuilt compactly from scratch (capacity and arena
-    /// sized for them alone: what undoing a failed append needs). See [`HistoryIndex::truncate`].
+    /// sized for them alone: what undoing a failed append needs). See [`GraphIndex::truncate`].
     pub fn rebuild(&mut self, len: usize) {
         let metas: Vec<ItemMeta> = (0..len.min(self.items.len()))
             .map(|p| self.meta(p))
@@ -358,7 +360,7 @@ impl HistoryIndex {
         self.extend(metas);
     }
 
-    /// A point to come back to with [`HistoryIndex::undo_to`] (e.g. before a call that
+    /// A point to come back to with [`GraphIndex::undo_to`] (e.g. before a call that
     /// appends items and may fail).
     pub fn mark(&self) -> Mark {
         Mark {
@@ -405,11 +407,11 @@ impl HistoryIndex {
 
     /// Keep only the first `len` items (what a `pop_item` does to the session).
     ///
-    /// The mirror image of [`HistoryIndex::extend`]: the removed items are the block after
+    /// The mirror image of [`GraphIndex::extend`]: the removed items are the block after
     /// the kept ones, so with the cut `c` of that block the units wholly before `c` are the
     /// same with or without it, and only `c..len` is regrouped. Relation keys first seen in
     /// the removed items are forgotten; their strings stay in the arena (a few bytes per
-    /// popped item, reclaimed by [`HistoryIndex::clear`]).
+    /// popped item, reclaimed by [`GraphIndex::clear`]).
     pub fn truncate(&mut self, len: usize) {
         let n = self.items.len();
         if len >= n {
@@ -645,7 +647,7 @@ impl HistoryIndex {
     }
 }
 
-/// Why [`HistoryIndex::from_snapshot`] refused a snapshot. Either way nothing was loaded and
+/// Why [`GraphIndex::from_snapshot`] refused a snapshot. Either way nothing was loaded and
 /// the caller rebuilds the index from the items.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotError {
@@ -729,7 +731,7 @@ fn checksum(payload: &[u8]) -> [u8; 16] {
     h.finish128().as_bytes()
 }
 
-/// What a snapshot stores of the caller's binding (see [`HistoryIndex::to_snapshot`]).
+/// What a snapshot stores of the caller's binding (see [`GraphIndex::to_snapshot`]).
 fn binding_hash(binding: &[u8]) -> [u8; 16] {
     let mut h = SipHasher13::new();
     h.write(b"protoprompt index snapshot binding\0");
@@ -737,9 +739,9 @@ fn binding_hash(binding: &[u8]) -> [u8; 16] {
     h.finish128().as_bytes()
 }
 
-impl HistoryIndex {
+impl GraphIndex {
     /// The index as bytes, with `attached` (the caller's per-position data), for
-    /// [`HistoryIndex::from_snapshot`]: a restarted process loads it instead of reading and
+    /// [`GraphIndex::from_snapshot`]: a restarted process loads it instead of reading and
     /// classifying the whole history again. `binding` names what the snapshot describes
     /// (e.g. the database, session and rows the items came from); only a loader that
     /// expects the same bytes gets the index back.
@@ -791,7 +793,7 @@ impl HistoryIndex {
         bytes
     }
 
-    /// Load what [`HistoryIndex::to_snapshot`] wrote for the same `binding`: the index and
+    /// Load what [`GraphIndex::to_snapshot`] wrote for the same `binding`: the index and
     /// the attached data.
     ///
     /// Never panics: anything but an intact snapshot of this crate version taken for
@@ -802,7 +804,7 @@ impl HistoryIndex {
     pub fn from_snapshot<T: DeserializeOwned>(
         bytes: &[u8],
         binding: &[u8],
-    ) -> Result<(HistoryIndex, T), SnapshotError> {
+    ) -> Result<(GraphIndex, T), SnapshotError> {
         let foreign = |m: &str| Err(SnapshotError::Foreign(m.to_string()));
         let damaged = |m: String| SnapshotError::Damaged(m);
         if bytes.len() < SNAPSHOT_HEADER || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
@@ -852,7 +854,7 @@ impl HistoryIndex {
                 Stored { kind, flags, spans }
             })
             .collect();
-        let mut index = HistoryIndex {
+        let mut index = GraphIndex {
             items,
             arena: snap.arena,
             overflow: snap.overflow,
@@ -974,7 +976,7 @@ mod tests {
         ]));
         let n = metas(json!([{"type":"function_call_output","call_id":"c2","output":"y"}]));
         for split in 0..=h.len() {
-            let mut idx = HistoryIndex::new();
+            let mut idx = GraphIndex::new();
             idx.extend(h[..split].to_vec());
             idx.extend(h[split..].to_vec());
             let full_h = build_graph(&h, &[]);
@@ -999,7 +1001,7 @@ mod tests {
                  "content":[]}
             ])
         };
-        let mut idx = HistoryIndex::new();
+        let mut idx = GraphIndex::new();
         for i in 0..50 {
             idx.extend(metas(turn(i)));
         }
@@ -1015,10 +1017,10 @@ mod tests {
             {"type":"function_call","id":"fc_1","call_id":"c1","name":"f","arguments":"{}"},
             {"type":"function_call_output","call_id":"c1","output":"x"}
         ]));
-        let mut idx = HistoryIndex::new();
+        let mut idx = GraphIndex::new();
         idx.extend(h);
         let load =
-            |idx: &HistoryIndex| HistoryIndex::from_snapshot::<()>(&idx.to_snapshot(&(), b""), b"");
+            |idx: &GraphIndex| GraphIndex::from_snapshot::<()>(&idx.to_snapshot(&(), b""), b"");
         assert!(load(&idx).is_ok());
         let mut bad = idx.clone();
         bad.items[1].spans[3].len += 1_000; // the call_id runs past the arena
@@ -1036,7 +1038,7 @@ mod tests {
             {"role":"user","content":"a"},
             {"type":"message","role":"assistant","id":"m1","status":"completed","content":[]}
         ]));
-        let mut idx = HistoryIndex::new();
+        let mut idx = GraphIndex::new();
         idx.extend(h);
         assert_eq!(
             idx.tail(&metas(json!([{"role":"user","content":"b"}]))).cut,

@@ -19,9 +19,10 @@
 //!   and two 64-bit hashes of the text; two bounded generations), so the next turn — the same
 //!   history plus a few new items, handed over as fresh copies by the SDK — re-tokenises
 //!   nothing it has seen. Two encodings never share an entry. Within one call each position is
-//!   costed at most once (the binding's cost source memoises by position); a
-//!   [`crate::incremental::HistoryIndex`] user also keeps each history position's cost
-//!   between calls, and the classified items and their graph (see that module's note).
+//!   costed at most once (the cost engine, [`crate::costs::CostEngine`], memoises by
+//!   position); an index keeps each history position's cost between calls
+//!   ([`crate::costs::CostMemo`]), and the classified items and their graph
+//!   ([`crate::incremental::GraphIndex`], see that module's note).
 //!   Across processes, a caller may add a persistent store keyed by
 //!   [`crate::tokens::store_key`] (SipHash-1-3-128 of the encoding and the text under a
 //!   per-store secret; texts of at least [`crate::tokens::STORE_MIN_BYTES`]): the binding
@@ -36,7 +37,7 @@
 //!   only the units the fill touched ([`PackResult::touched`]); every other unit's decision
 //!   follows from the unit ([`PackResult::decision_of`]). The greedy policy scans every unit
 //!   (cheaply: lower bounds first). Classifying items and building a whole graph ([`pack`], [`pack_values`]) are
-//!   O(n); through a `HistoryIndex` only the items after its cut are classified or regrouped.
+//!   O(n); through a `GraphIndex` only the items after its cut are classified or regrouped.
 //! * **What is coherent.** Units are visited newest first (by their newest member). A user
 //!   message opens a turn; the kept history never contains a user message whose later turn
 //!   items were dropped while older items are kept, and the optional history starts at a user

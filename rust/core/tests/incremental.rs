@@ -6,7 +6,7 @@
 use proptest::prelude::{any, ProptestConfig};
 use proptest::strategy::Strategy;
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
-use protoprompt_core::incremental::{HistoryIndex, SnapshotError};
+use protoprompt_core::incremental::{GraphIndex, SnapshotError};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{pack, pack_view, CostFailure, CostSource, PackOptions, Policy};
 use serde_json::{json, Value};
@@ -111,13 +111,13 @@ fn summary(view: GraphView<'_>) -> Vec<UnitSummary> {
 }
 
 /// `idx` saved to a snapshot (with `case` attached) and loaded back.
-fn reloaded(idx: &HistoryIndex, case: usize) -> HistoryIndex {
+fn reloaded(idx: &GraphIndex, case: usize) -> GraphIndex {
     let binding = format!("case {case}");
     let bytes = idx.to_snapshot(&case, binding.as_bytes());
     let (loaded, attached) =
-        HistoryIndex::from_snapshot::<usize>(&bytes, binding.as_bytes()).unwrap();
+        GraphIndex::from_snapshot::<usize>(&bytes, binding.as_bytes()).unwrap();
     assert_eq!(
-        HistoryIndex::from_snapshot::<usize>(&bytes, b"another session").err(),
+        GraphIndex::from_snapshot::<usize>(&bytes, b"another session").err(),
         Some(SnapshotError::Unbound)
     );
     assert_eq!(attached, case);
@@ -141,9 +141,9 @@ impl CostSource for Costs {
 
 /// An index built from `hm` appended in random blocks (with random reservations); after
 /// each block its graph equals a fresh one.
-fn append_in_blocks(rng: &mut Rng, hm: &[ItemMeta], case: usize) -> HistoryIndex {
+fn append_in_blocks(rng: &mut Rng, hm: &[ItemMeta], case: usize) -> GraphIndex {
     let n_hist = hm.len();
-    let mut idx = HistoryIndex::new();
+    let mut idx = GraphIndex::new();
     let mut at = 0;
     while at < n_hist {
         let k = 1 + rng.below(n_hist - at);
@@ -165,11 +165,11 @@ fn append_in_blocks(rng: &mut Rng, hm: &[ItemMeta], case: usize) -> HistoryIndex
 /// graph, and the new input's view after a pop must equal the full graph's.
 fn pop_and_reextend(
     rng: &mut Rng,
-    mut idx: HistoryIndex,
+    mut idx: GraphIndex,
     hm: &[ItemMeta],
     nm: &[ItemMeta],
     case: usize,
-) -> HistoryIndex {
+) -> GraphIndex {
     let n_hist = hm.len();
     for _ in 0..rng.below(4) {
         if n_hist == 0 {
@@ -356,16 +356,16 @@ fn assert_coherent(
     }
 }
 
-fn random_index(rng: &mut Rng, n: usize) -> (HistoryIndex, Vec<ItemMeta>) {
+fn random_index(rng: &mut Rng, n: usize) -> (GraphIndex, Vec<ItemMeta>) {
     let hist: Vec<Value> = (0..n).map(|_| random_item(rng)).collect();
     let hm = metas(&hist);
-    let mut idx = HistoryIndex::new();
+    let mut idx = GraphIndex::new();
     idx.extend(hm.clone());
     (idx, hm)
 }
 
 /// Everything a caller may do with a loaded index; must not panic whatever was loaded.
-fn exercise(idx: &mut HistoryIndex, more: &[ItemMeta]) {
+fn exercise(idx: &mut GraphIndex, more: &[ItemMeta]) {
     for p in 0..idx.len() {
         let _ = idx.meta(p);
         let _ = idx.is_user_message(p);
@@ -407,7 +407,7 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
         // Cut short anywhere: refused.
         for len in 0..bytes.len() {
             assert!(
-                HistoryIndex::from_snapshot::<Vec<u64>>(&bytes[..len], b"rows").is_err(),
+                GraphIndex::from_snapshot::<Vec<u64>>(&bytes[..len], b"rows").is_err(),
                 "case {case}: {len} of {} bytes loaded",
                 bytes.len()
             );
@@ -417,7 +417,7 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
             let mut bad = bytes.clone();
             let at = rng.below(bad.len());
             bad[at] ^= 1 << rng.below(8);
-            let err = HistoryIndex::from_snapshot::<Vec<u64>>(&bad, b"rows").err();
+            let err = GraphIndex::from_snapshot::<Vec<u64>>(&bad, b"rows").err();
             match at {
                 0..=11 => assert!(
                     matches!(err, Some(SnapshotError::Foreign(_))),
@@ -438,7 +438,7 @@ fn damaged_snapshots_are_refused_or_stay_in_bounds() {
                 bad[at] = rng.next() as u8;
             }
             if let Ok((mut loaded, _)) =
-                HistoryIndex::from_snapshot::<Vec<u64>>(&with_checksum(bad), b"rows")
+                GraphIndex::from_snapshot::<Vec<u64>>(&with_checksum(bad), b"rows")
             {
                 loaded_damaged += 1;
                 exercise(&mut loaded, &more);
@@ -456,12 +456,12 @@ fn a_snapshot_of_another_layout_is_foreign() {
     let (idx, _) = random_index(&mut rng, 10);
     let mut bytes = idx.to_snapshot(&(), b"");
     bytes[8] = bytes[8].wrapping_add(1);
-    let err = HistoryIndex::from_snapshot::<()>(&bytes, b"").unwrap_err();
+    let err = GraphIndex::from_snapshot::<()>(&bytes, b"").unwrap_err();
     assert!(matches!(err, SnapshotError::Foreign(_)), "{err}");
     assert!(err.to_string().contains("layout"), "{err}");
     // An empty index round-trips too.
     let (empty, ()) =
-        HistoryIndex::from_snapshot(&HistoryIndex::new().to_snapshot(&(), b""), b"").unwrap();
+        GraphIndex::from_snapshot(&GraphIndex::new().to_snapshot(&(), b""), b"").unwrap();
     assert!(empty.is_empty());
 }
 
@@ -526,7 +526,7 @@ proptest::proptest! {
             bytes = with_checksum(bytes);
         }
         let binding: &[u8] = if other_binding { b"db/other/rows" } else { b"db/session/rows" };
-        match HistoryIndex::from_snapshot::<Vec<u64>>(&bytes, binding) {
+        match GraphIndex::from_snapshot::<Vec<u64>>(&bytes, binding) {
             Ok((mut loaded, attached)) => {
                 proptest::prop_assert!(!other_binding, "loaded under another binding");
                 if !fix_checksum {
@@ -651,7 +651,7 @@ fn random_window_case(rng: &mut Rng) -> WindowCase {
 }
 
 /// The window `w` is a cut of the whole sequence, and its units are those of the whole history.
-fn assert_window_is_a_cut(case: usize, c: &WindowCase, idx: &HistoryIndex, w: usize) {
+fn assert_window_is_a_cut(case: usize, c: &WindowCase, idx: &GraphIndex, w: usize) {
     let tail: Vec<ItemMeta> = c.hm[c.synced..]
         .iter()
         .chain(c.nm.iter())
@@ -662,7 +662,7 @@ fn assert_window_is_a_cut(case: usize, c: &WindowCase, idx: &HistoryIndex, w: us
         w,
         "case {case}: a cut is its own cut"
     );
-    let mut short = HistoryIndex::new();
+    let mut short = GraphIndex::new();
     short.extend(c.hm[..w].to_vec());
     let rest: Vec<ItemMeta> = c.hm[w..].iter().chain(c.nm.iter()).cloned().collect();
     assert_eq!(
@@ -741,7 +741,7 @@ fn window_start_covers_everything_a_contiguous_pack_uses() {
     let mut windowed = 0;
     for case in 0..4000 {
         let c = random_window_case(&mut rng);
-        let mut idx = HistoryIndex::new();
+        let mut idx = GraphIndex::new();
         idx.extend(c.hm[..c.synced].to_vec());
         let tail: Vec<ItemMeta> = c.hm[c.synced..]
             .iter()
@@ -792,7 +792,7 @@ fn window_start_does_not_count_units_the_appended_items_regroup() {
     ];
     let appended =
         json!({"type":"shell_call_output","call_id":"s1","status":"completed","output":[]});
-    let mut idx = HistoryIndex::new();
+    let mut idx = GraphIndex::new();
     idx.extend(metas(&hist));
     let tail = metas(&[appended.clone(), json!({"role":"user","content":"q"})]);
     // Every item costs 10 (Costs10 below): counting the shell unit, the walk would pass the

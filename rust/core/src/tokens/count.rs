@@ -1,7 +1,32 @@
 //! Exact counting of a text, in bounded segments split only where the pre-tokenizer splits
 //! too (see [`Encoding::count`]), with tokenizer failures caught and never printed.
 
+use std::cell::Cell;
+
 use super::{Encoding, TokenError};
+
+thread_local! {
+    /// Counts still to fail on this thread (see [`fail_next_counts`]).
+    static FAIL_NEXT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Test hook: the next `n` calls of [`Encoding::count`] on this thread fail as a tokenizer
+/// failure does ([`TokenError::Tokenizer`]), so that callers can test how they report one
+/// (a real failure needs a text the tokenizer cannot handle even in halves). Per thread:
+/// tests running in parallel do not see each other's failures.
+pub fn fail_next_counts(n: usize) {
+    FAIL_NEXT.with(|f| f.set(n));
+}
+
+fn injected_failure() -> bool {
+    FAIL_NEXT.with(|f| match f.get() {
+        0 => false,
+        n => {
+            f.set(n - 1);
+            true
+        }
+    })
+}
 
 impl Encoding {
     /// Number of tokens of `text`, special-token text counted as ordinary text
@@ -19,6 +44,11 @@ impl Encoding {
     /// the reference, by about a token per split. Either way it lies within
     /// [`Encoding::count_bounds`] (every token covers 1 to `max_token_bytes` bytes).
     pub fn count(self, text: &str) -> Result<u64, TokenError> {
+        if injected_failure() {
+            return Err(TokenError::Tokenizer(
+                "injected failure (test hook)".to_string(),
+            ));
+        }
         self.count_with_segments(text, SEGMENT_BYTES, SPLIT_WINDOW)
     }
 

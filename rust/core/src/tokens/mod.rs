@@ -54,7 +54,9 @@ pub use cache::{
 };
 pub use canonical::{canonical, Canonical};
 pub(crate) use count::segments;
-pub use count::{is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW};
+pub use count::{
+    fail_next_counts, is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW,
+};
 pub use encoding::{set_build_guard, Encoding};
 pub use media::{
     image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,

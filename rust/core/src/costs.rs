@@ -1,0 +1,456 @@
+//! Item costs on demand: the [`CostEngine`] behind a pack, over an item fetcher and an
+//! optional persistent count store supplied by the caller (the Python binding implements
+//! both: it reads its list and converts, and it calls the user's store).
+//!
+//! # Count tiers
+//!
+//! The text of an item is counted by the first tier that knows it:
+//!
+//! 1. the process-wide count cache ([`crate::tokens::COUNT_CACHE`]);
+//! 2. the persistent [`CountStore`], for texts of at least [`STORE_MIN_BYTES`] only (a
+//!    shorter text is cheaper to count again than to look up), asked once per batch of
+//!    positions;
+//! 3. the tokenizer.
+//!
+//! A count the store hands back that no text of that length can have
+//! ([`Encoding::count_is_possible`]) is not this text's count (a damaged or foreign store):
+//! the text is counted again and the count reported for rewriting. Counts the store lacked,
+//! and counts the process cache supplied for long texts (the cache may have been filled
+//! before the store was attached), are reported in [`StoreTally::new_counts`] for the caller
+//! to write to the store.
+//!
+//! # Memo
+//!
+//! A [`CostMemo`] keeps the cost of every history position across calls (an index's memo),
+//! under one encoding: a call with another encoding switches it ([`CostMemo::switch`]), and a
+//! failed call puts the previous costs back ([`CostMemo::restore`]). It is what an index
+//! snapshot carries besides the items ([`CostMemo::payload`], [`CostMemo::from_payload`]).
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::incremental::reserve_ahead;
+use crate::pack::{CostFailure, CostSource};
+use crate::tokens::{self, Canonical, Encoding, TokenError, ITEM_OVERHEAD, STORE_MIN_BYTES};
+
+/// Why a count store could not answer (the caller keeps the details, e.g. its exception).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError {
+    pub message: String,
+}
+
+/// A persistent, content-addressed store of token counts (keys from
+/// [`tokens::store_key`] under the store's [`CountStore::secret`]).
+pub trait CountStore {
+    /// The store's own 16-byte key for [`tokens::store_key`].
+    fn secret(&self) -> [u8; 16];
+
+    /// The stored counts of `keys`, in order (`None` where the store has none). An answer of
+    /// another length is refused by the engine.
+    fn get_many(&mut self, keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError>;
+}
+
+/// Supplies items as JSON values by global position (history ++ new input).
+pub trait ItemSource {
+    /// The items at `positions`, in order (one call per batch the packer asks for).
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure>;
+}
+
+/// What a call did with its count store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreTally {
+    /// Counts found in the store (and accepted).
+    pub hits: usize,
+    /// Counts to write to the store: `(key, tokens)`.
+    pub new_counts: Vec<([u8; 16], u64)>,
+}
+
+/// A count store attached to one call, with what the call did with it.
+struct Attached<S> {
+    store: S,
+    secret: [u8; 16],
+    tally: StoreTally,
+}
+
+/// A position's cost not counted yet (in a [`CostMemo`]).
+pub const UNCOUNTED: u64 = u64::MAX;
+
+/// The cost of every history position under one encoding, kept across calls (see the module
+/// notes). Positions not counted yet hold [`UNCOUNTED`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CostMemo {
+    encoding: Option<Encoding>,
+    costs: Vec<u64>,
+}
+
+/// The costs a [`CostMemo::switch`] replaced, for [`CostMemo::restore`].
+#[derive(Debug)]
+pub struct SwitchedCosts {
+    encoding: Option<Encoding>,
+    costs: Vec<u64>,
+}
+
+/// What an index snapshot carries for the memo: the encoding's name and each position's cost
+/// plus one (`UNCOUNTED` becomes 0, one byte in the snapshot's varint encoding).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostPayload {
+    encoding: Option<String>,
+    costs: Vec<u64>,
+}
+
+impl CostMemo {
+    pub fn new() -> CostMemo {
+        CostMemo::default()
+    }
+
+    /// The encoding the costs are counted under (`None`: none counted yet).
+    pub fn encoding(&self) -> Option<Encoding> {
+        self.encoding
+    }
+
+    pub fn len(&self) -> usize {
+        self.costs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.costs.is_empty()
+    }
+
+    /// The cost of `position` if counted.
+    pub fn get(&self, position: usize) -> Option<u64> {
+        self.costs
+            .get(position)
+            .copied()
+            .filter(|&c| c != UNCOUNTED)
+    }
+
+    /// The cost of `position` under `encoding` if counted, else an item's overhead (never
+    /// more than its exact cost).
+    pub fn lower_bound(&self, position: usize, encoding: Encoding) -> u64 {
+        match self.encoding {
+            Some(e) if e == encoding => self.get(position).unwrap_or(ITEM_OVERHEAD),
+            _ => ITEM_OVERHEAD,
+        }
+    }
+
+    /// Count under `encoding` from now on, `len` positions all uncounted, if the memo counts
+    /// under another one: returns what it held, for [`CostMemo::restore`] (`None`: nothing
+    /// changed).
+    pub fn switch(&mut self, encoding: Encoding, len: usize) -> Option<SwitchedCosts> {
+        if self.encoding == Some(encoding) {
+            return None;
+        }
+        let costs = std::mem::replace(&mut self.costs, vec![UNCOUNTED; len]);
+        let encoding = self.encoding.replace(encoding);
+        Some(SwitchedCosts { encoding, costs })
+    }
+
+    /// Put back what a [`CostMemo::switch`] replaced (if anything), then keep `len` positions.
+    pub fn restore(&mut self, switched: Option<SwitchedCosts>, len: usize) {
+        if let Some(s) = switched {
+            self.encoding = s.encoding;
+            self.costs = s.costs;
+        }
+        self.costs.truncate(len);
+    }
+
+    /// Make room for `needed` more positions (growing by `headroom`), then hold `len`
+    /// positions, the new ones uncounted.
+    pub fn grow(&mut self, len: usize, needed: usize, headroom: usize) {
+        reserve_ahead(&mut self.costs, needed, headroom);
+        self.costs.resize(len, UNCOUNTED);
+    }
+
+    /// Keep the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.costs.truncate(len);
+    }
+
+    /// Keep the first `len` positions and give memory back down to `capacity` positions.
+    pub fn shrink_back(&mut self, len: usize, capacity: usize) {
+        self.costs.truncate(len);
+        self.costs.shrink_to(capacity);
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.costs.capacity()
+    }
+
+    /// Bytes of memory held.
+    pub fn heap_bytes(&self) -> usize {
+        self.costs.capacity() * std::mem::size_of::<u64>()
+    }
+
+    pub fn clear(&mut self) {
+        self.costs.clear();
+    }
+
+    /// What a snapshot stores for this memo.
+    pub fn payload(&self) -> CostPayload {
+        CostPayload {
+            encoding: self.encoding.map(|e| e.name().to_string()),
+            costs: self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
+        }
+    }
+
+    /// The memo a snapshot stored for an index of `items` positions; `Err` says how the
+    /// payload is damaged (wrong length, a cost below an item's overhead, an unknown
+    /// encoding) — never trusted in part.
+    pub fn from_payload(payload: CostPayload, items: usize) -> Result<CostMemo, String> {
+        if payload.costs.len() != items {
+            return Err("token costs do not match the items".to_string());
+        }
+        // Every counted item costs at least its overhead (a cost of 0 is stored as 1).
+        if let Some(p) = payload
+            .costs
+            .iter()
+            .position(|&c| c != 0 && c.wrapping_sub(1) < ITEM_OVERHEAD)
+        {
+            return Err(format!("item {p} costs less than an item's overhead"));
+        }
+        let encoding = match payload.encoding.as_deref() {
+            None => None,
+            Some(name) => Some(Encoding::from_name(name).map_err(|_| "unknown encoding")?),
+        };
+        Ok(CostMemo {
+            encoding,
+            costs: payload.costs.iter().map(|c| c.wrapping_sub(1)).collect(),
+        })
+    }
+}
+
+/// Costs items on demand for one call (a [`CostSource`]): fetches the items it has no cost
+/// for, renders their canonical text, counts it through the tiers (module notes) and keeps
+/// each cost, in the memo for history positions or for the call otherwise, so that each
+/// position is costed at most once.
+pub struct CostEngine<'m, F, S> {
+    items: F,
+    encoding: Encoding,
+    store: Option<Attached<S>>,
+    memo: Option<&'m mut CostMemo>,
+    /// Costs of positions the memo does not hold (new input, or every position without memo).
+    cache: FxHashMap<usize, u64>,
+    /// The tokenizer failure that ended the call, if one did, and the position it was at.
+    tokenizer_failure: Option<(usize, TokenError)>,
+}
+
+impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
+    pub fn new(items: F, encoding: Encoding) -> Self {
+        CostEngine {
+            items,
+            encoding,
+            store: None,
+            memo: None,
+            cache: FxHashMap::default(),
+            tokenizer_failure: None,
+        }
+    }
+
+    /// Look long texts up in (and report new counts for) `store`.
+    pub fn with_store(mut self, store: Option<S>) -> Self {
+        self.store = store.map(|store| Attached {
+            secret: store.secret(),
+            store,
+            tally: StoreTally::default(),
+        });
+        self
+    }
+
+    /// Keep the costs of history positions `0..n_history` in `memo` across calls. A memo of
+    /// another encoding is switched first (its costs dropped; a caller that must be able to
+    /// put them back calls [`CostMemo::switch`] itself beforehand).
+    pub fn with_memo(mut self, memo: &'m mut CostMemo, n_history: usize) -> Self {
+        memo.switch(self.encoding, n_history);
+        memo.costs.resize(n_history, UNCOUNTED);
+        self.memo = Some(memo);
+        self
+    }
+
+    /// The cost of `position` if this call or the memo has it.
+    pub fn known(&self, position: usize) -> Option<u64> {
+        if let Some(c) = self.memo.as_deref().and_then(|m| m.get(position)) {
+            return Some(c);
+        }
+        self.cache.get(&position).copied()
+    }
+
+    /// The item fetcher (e.g. to read the kept items back).
+    pub fn items(&mut self) -> &mut F {
+        &mut self.items
+    }
+
+    /// The tokenizer failure that ended the call, if one did, with the position of the item
+    /// whose text it was (the cost failure handed to the packer says the same, as an item's).
+    pub fn tokenizer_failure(&self) -> Option<(usize, &TokenError)> {
+        self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
+    }
+
+    /// The fetcher, and the store with what this call did with it.
+    pub fn finish(self) -> (F, Option<(S, StoreTally)>) {
+        (self.items, self.store.map(|a| (a.store, a.tally)))
+    }
+
+    fn count_failure(&mut self, position: usize, e: TokenError) -> CostFailure {
+        let failure = CostFailure {
+            position,
+            field: "(item)".to_string(),
+            message: e.to_string(),
+        };
+        if matches!(e, TokenError::Tokenizer(_)) {
+            self.tokenizer_failure = Some((position, e));
+        }
+        failure
+    }
+
+    fn count(
+        &mut self,
+        position: usize,
+        text: &str,
+        key: Option<tokens::CacheKey>,
+    ) -> Result<u64, CostFailure> {
+        self.encoding
+            .count_and_remember(text, key)
+            .map_err(|e| self.count_failure(position, e))
+    }
+
+    /// Text token counts of `texts`: from the process cache, else the store, else counted.
+    /// Without a store, or for short texts, this is [`Encoding::count_cached`].
+    fn text_counts(&mut self, texts: &[(usize, Canonical)]) -> Result<Vec<u64>, CostFailure> {
+        let enc = self.encoding;
+        let mut counts = vec![0u64; texts.len()];
+        // Texts to look up in the store: index into `texts`, process-cache key.
+        let mut ask: Vec<(usize, Option<tokens::CacheKey>)> = Vec::new();
+        for (i, (p, c)) in texts.iter().enumerate() {
+            let stored = self.store.is_some() && c.text.len() >= STORE_MIN_BYTES;
+            match (
+                enc.cache_lookup(&c.text),
+                self.store.as_mut().filter(|_| stored),
+            ) {
+                ((_, Some(n)), Some(link)) => {
+                    // Counted earlier in this process, maybe before this store was attached:
+                    // (re)write it so that the store has what a restart will need.
+                    counts[i] = n;
+                    let key = tokens::store_key(&link.secret, enc, &c.text);
+                    link.tally.new_counts.push((key, n));
+                }
+                ((_, Some(n)), None) => counts[i] = n,
+                ((key, None), Some(_)) => ask.push((i, key)),
+                ((key, None), None) => counts[i] = self.count(*p, &c.text, key)?,
+            }
+        }
+        if ask.is_empty() {
+            return Ok(counts);
+        }
+        let Some(link) = self.store.as_mut() else {
+            return Ok(counts);
+        };
+        let keys: Vec<[u8; 16]> = ask
+            .iter()
+            .map(|&(i, _)| tokens::store_key(&link.secret, enc, &texts[i].1.text))
+            .collect();
+        let found = link
+            .store
+            .get_many(&keys)
+            .and_then(|found| {
+                if found.len() == keys.len() {
+                    Ok(found)
+                } else {
+                    Err(StoreError {
+                        message: format!(
+                            "count_store.get_many returned {} counts for {} keys",
+                            found.len(),
+                            keys.len()
+                        ),
+                    })
+                }
+            })
+            .map_err(|e| CostFailure {
+                position: texts[ask[0].0].0,
+                field: "(count_store)".to_string(),
+                message: e.message,
+            })?;
+        for ((&(i, cache_key), key), hit) in ask.iter().zip(keys).zip(found) {
+            let (p, c) = &texts[i];
+            counts[i] = match hit {
+                // A count no text of this length can have is not this text's count (a
+                // damaged or foreign store): counted again, and the store is corrected.
+                Some(n) if enc.count_is_possible(&c.text, n) => {
+                    if let Some(link) = self.store.as_mut() {
+                        link.tally.hits += 1;
+                    }
+                    tokens::remember_count(cache_key, n);
+                    n
+                }
+                _ => {
+                    let n = self.count(*p, &c.text, cache_key)?;
+                    if let Some(link) = self.store.as_mut() {
+                        link.tally.new_counts.push((key, n));
+                    }
+                    n
+                }
+            };
+        }
+        Ok(counts)
+    }
+}
+
+impl<F: ItemSource, S: CountStore> CostSource for CostEngine<'_, F, S> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let missing: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|&p| self.known(p).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let values = self.items.values(&missing)?;
+            let texts: Vec<(usize, Canonical)> = missing
+                .iter()
+                .zip(values)
+                .map(|(&p, v)| {
+                    tokens::canonical(&v, self.encoding)
+                        .map(|c| (p, c))
+                        .map_err(|e| match e {
+                            TokenError::BadItem { field, message } => CostFailure {
+                                position: p,
+                                field,
+                                message,
+                            },
+                            other => CostFailure {
+                                position: p,
+                                field: "(item)".to_string(),
+                                message: other.to_string(),
+                            },
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let counts = self.text_counts(&texts)?;
+            for ((p, c), n) in texts.iter().zip(counts) {
+                let cost = c.cost(n).total();
+                match self.memo.as_deref_mut() {
+                    Some(memo) if *p < memo.costs.len() => memo.costs[*p] = cost,
+                    _ => {
+                        self.cache.insert(*p, cost);
+                    }
+                }
+            }
+        }
+        Ok(positions
+            .iter()
+            .map(|&p| self.known(p).unwrap_or_default())
+            .collect())
+    }
+}
+
+/// A [`CountStore`] type for calls without a store (`CostEngine<_, NoStore>`).
+pub enum NoStore {}
+
+impl CountStore for NoStore {
+    fn secret(&self) -> [u8; 16] {
+        match *self {}
+    }
+
+    fn get_many(&mut self, _keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError> {
+        match *self {}
+    }
+}

@@ -1,0 +1,422 @@
+//! The cost engine: count tiers (process cache, count store, tokenizer), the per-position
+//! memo and its encoding switch, over a fake item source and a fake count store.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use protoprompt_core::costs::{
+    CostEngine, CostMemo, CountStore, ItemSource, NoStore, StoreError, StoreTally, UNCOUNTED,
+};
+use protoprompt_core::pack::{CostFailure, CostSource};
+use protoprompt_core::tokens::{self, Encoding, ITEM_OVERHEAD, STORE_MIN_BYTES};
+use serde_json::{json, Value};
+
+const ENC: Encoding = Encoding::O200kBase;
+const SECRET: [u8; 16] = *b"0123456789abcdef";
+
+/// Texts no other test (sharing the process-wide count cache) has counted.
+fn unique(words: usize) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    let pid = std::process::id();
+    (0..words)
+        .map(|i| format!("w{pid}x{n}y{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+/// The canonical text of an item (what the tiers count).
+fn text_of(item: &Value) -> String {
+    tokens::canonical(item, ENC).unwrap().text
+}
+
+fn exact(item: &Value) -> u64 {
+    ENC.count(&text_of(item)).unwrap() + ITEM_OVERHEAD
+}
+
+/// Items by position; counts how often each is fetched.
+struct Items {
+    items: Vec<Value>,
+    fetched: Vec<usize>,
+}
+
+impl Items {
+    fn new(items: Vec<Value>) -> Items {
+        Items {
+            items,
+            fetched: Vec::new(),
+        }
+    }
+}
+
+impl ItemSource for Items {
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        self.fetched.extend_from_slice(positions);
+        positions
+            .iter()
+            .map(|&p| {
+                self.items.get(p).cloned().ok_or(CostFailure {
+                    position: p,
+                    field: "(item)".to_string(),
+                    message: "gone".to_string(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A count store in memory that records what it was asked.
+#[derive(Default)]
+struct Store {
+    counts: HashMap<[u8; 16], u64>,
+    asked: Vec<[u8; 16]>,
+    calls: usize,
+    fail: bool,
+}
+
+impl Store {
+    fn with(texts: &[(&str, u64)]) -> Store {
+        let mut s = Store::default();
+        for &(t, n) in texts {
+            s.counts.insert(tokens::store_key(&SECRET, ENC, t), n);
+        }
+        s
+    }
+}
+
+impl CountStore for Store {
+    fn secret(&self) -> [u8; 16] {
+        SECRET
+    }
+
+    fn get_many(&mut self, keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError> {
+        self.calls += 1;
+        if self.fail {
+            return Err(StoreError {
+                message: "disk on fire".to_string(),
+            });
+        }
+        self.asked.extend_from_slice(keys);
+        Ok(keys.iter().map(|k| self.counts.get(k).copied()).collect())
+    }
+}
+
+fn run(items: Vec<Value>, store: Store, positions: &[usize]) -> (Vec<u64>, Store, StoreTally) {
+    let mut engine = CostEngine::new(Items::new(items), ENC).with_store(Some(store));
+    let costs = engine.costs(positions).unwrap();
+    let (_, link) = engine.finish();
+    let (store, tally) = link.unwrap();
+    (costs, store, tally)
+}
+
+#[test]
+fn a_stored_count_is_used_without_counting() {
+    let item = user(&unique(80));
+    let text = text_of(&item);
+    assert!(text.len() >= STORE_MIN_BYTES);
+    let true_count = ENC.count(&text).unwrap();
+    let (costs, store, tally) = run(vec![item], Store::with(&[(&text, true_count)]), &[0]);
+    assert_eq!(costs, vec![true_count + ITEM_OVERHEAD]);
+    assert_eq!(tally.hits, 1);
+    assert!(tally.new_counts.is_empty());
+    assert_eq!(store.calls, 1);
+    // The hit is now in the process cache: a later call without a store finds it there.
+    assert_eq!(ENC.cache_lookup(&text).1, Some(true_count));
+}
+
+#[test]
+fn a_stored_count_is_believed_within_the_bounds() {
+    // A plausible but wrong count cannot be told from a right one: it is used as it is.
+    let item = user(&unique(80));
+    let text = text_of(&item);
+    let stored = ENC.count(&text).unwrap() + 3;
+    let (costs, _, tally) = run(vec![item], Store::with(&[(&text, stored)]), &[0]);
+    assert_eq!(costs, vec![stored + ITEM_OVERHEAD]);
+    assert_eq!(tally.hits, 1);
+}
+
+#[test]
+fn a_store_miss_is_counted_and_reported_for_writing() {
+    let item = user(&unique(80));
+    let text = text_of(&item);
+    let (costs, store, tally) = run(vec![item.clone()], Store::default(), &[0]);
+    assert_eq!(costs, vec![exact(&item)]);
+    assert_eq!(tally.hits, 0);
+    let key = tokens::store_key(&SECRET, ENC, &text);
+    assert_eq!(store.asked, vec![key]);
+    assert_eq!(tally.new_counts, vec![(key, ENC.count(&text).unwrap())]);
+}
+
+#[test]
+fn an_impossible_stored_count_is_recounted_and_rewritten() {
+    for wrong_by in [0, 1, 2, 3] {
+        // A new text each round: the first round's count is in the process cache.
+        let item = user(&unique(80));
+        let text = text_of(&item);
+        let (low, high) = ENC.count_bounds(text.len());
+        let key = tokens::store_key(&SECRET, ENC, &text);
+        let wrong = [0, low - 1, high + 1, u64::MAX - 1][wrong_by];
+        let mut store = Store::default();
+        store.counts.insert(key, wrong);
+        let mut engine =
+            CostEngine::new(Items::new(vec![item.clone()]), ENC).with_store(Some(store));
+        let costs = engine.costs(&[0]).unwrap();
+        let (_, link) = engine.finish();
+        let (_, tally) = link.unwrap();
+        assert_eq!(costs, vec![exact(&item)], "stored {wrong}");
+        assert_eq!(tally.hits, 0, "stored {wrong}");
+        assert_eq!(
+            tally.new_counts,
+            vec![(key, ENC.count(&text).unwrap())],
+            "stored {wrong}"
+        );
+    }
+}
+
+#[test]
+fn short_texts_never_ask_the_store() {
+    let items = vec![user("hi"), user(&unique(3))];
+    assert!(items.iter().all(|i| text_of(i).len() < STORE_MIN_BYTES));
+    let (costs, store, tally) = run(items.clone(), Store::default(), &[0, 1]);
+    assert_eq!(costs, vec![exact(&items[0]), exact(&items[1])]);
+    assert_eq!(store.calls, 0);
+    assert_eq!(tally, StoreTally::default());
+}
+
+#[test]
+fn a_count_cached_before_the_store_was_attached_is_written_to_it() {
+    let item = user(&unique(80));
+    let text = text_of(&item);
+    let n = ENC.count_cached(&text).unwrap(); // counted by an earlier call without a store
+    let (costs, store, tally) = run(vec![item], Store::default(), &[0]);
+    assert_eq!(costs, vec![n + ITEM_OVERHEAD]);
+    assert_eq!(store.calls, 0, "the process cache answers first");
+    assert_eq!(
+        tally.new_counts,
+        vec![(tokens::store_key(&SECRET, ENC, &text), n)]
+    );
+}
+
+#[test]
+fn one_batch_asks_the_store_once() {
+    let items: Vec<Value> = (0..5).map(|_| user(&unique(80))).collect();
+    let (costs, store, tally) = run(items.clone(), Store::default(), &[0, 1, 2, 3, 4]);
+    assert_eq!(costs, items.iter().map(exact).collect::<Vec<_>>());
+    assert_eq!(store.calls, 1);
+    assert_eq!(store.asked.len(), 5);
+    assert_eq!(tally.new_counts.len(), 5);
+}
+
+#[test]
+fn a_failing_store_fails_the_costing_naming_the_store() {
+    let item = user(&unique(80));
+    let store = Store {
+        fail: true,
+        ..Store::default()
+    };
+    let mut engine =
+        CostEngine::new(Items::new(vec![user("x"), item]), ENC).with_store(Some(store));
+    let err = engine.costs(&[0, 1]).unwrap_err();
+    assert_eq!(err.position, 1);
+    assert_eq!(err.field, "(count_store)");
+    assert_eq!(err.message, "disk on fire");
+}
+
+#[test]
+fn an_answer_of_the_wrong_length_is_refused() {
+    struct Short;
+    impl CountStore for Short {
+        fn secret(&self) -> [u8; 16] {
+            SECRET
+        }
+        fn get_many(&mut self, _keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError> {
+            Ok(Vec::new())
+        }
+    }
+    let mut engine =
+        CostEngine::new(Items::new(vec![user(&unique(80))]), ENC).with_store(Some(Short));
+    let err = engine.costs(&[0]).unwrap_err();
+    assert_eq!(err.field, "(count_store)");
+    assert!(
+        err.message.contains("0 counts for 1 keys"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn each_position_is_fetched_once_per_call() {
+    let items = vec![user("a"), user("b"), user("c")];
+    let mut engine = CostEngine::<_, NoStore>::new(Items::new(items.clone()), ENC);
+    let first = engine.costs(&[0, 2]).unwrap();
+    let again = engine.costs(&[2, 1, 0]).unwrap();
+    assert_eq!(first, vec![exact(&items[0]), exact(&items[2])]);
+    assert_eq!(
+        again,
+        vec![exact(&items[2]), exact(&items[1]), exact(&items[0])]
+    );
+    assert_eq!(engine.items().fetched, vec![0, 2, 1]);
+}
+
+#[test]
+fn an_item_that_cannot_be_costed_is_named() {
+    let items = vec![user("a"), json!("not an object")];
+    let mut engine = CostEngine::<_, NoStore>::new(Items::new(items), ENC);
+    let err = engine.costs(&[0, 1]).unwrap_err();
+    assert_eq!((err.position, err.field.as_str()), (1, "(item)"));
+    assert!(engine.tokenizer_failure().is_none());
+}
+
+#[test]
+fn the_memo_keeps_history_costs_across_calls_and_new_input_per_call() {
+    let items = vec![user("a"), user("b"), user("new")];
+    let mut memo = CostMemo::new();
+    {
+        let mut engine =
+            CostEngine::<_, NoStore>::new(Items::new(items.clone()), ENC).with_memo(&mut memo, 2);
+        engine.costs(&[0, 2]).unwrap();
+    }
+    assert_eq!(memo.encoding(), Some(ENC));
+    assert_eq!(memo.len(), 2);
+    assert_eq!(memo.get(0), Some(exact(&items[0])));
+    assert_eq!(memo.get(1), None);
+    assert_eq!(memo.lower_bound(1, ENC), ITEM_OVERHEAD);
+    assert_eq!(memo.lower_bound(0, ENC), exact(&items[0]));
+    // The next call fetches what the memo lacks only (the new input is not kept).
+    let mut engine =
+        CostEngine::<_, NoStore>::new(Items::new(items.clone()), ENC).with_memo(&mut memo, 2);
+    let costs = engine.costs(&[0, 1, 2]).unwrap();
+    assert_eq!(costs, items.iter().map(exact).collect::<Vec<_>>());
+    assert_eq!(engine.items().fetched, vec![1, 2]);
+    assert_eq!(engine.known(2), Some(exact(&items[2])));
+    drop(engine);
+    assert_eq!(memo.len(), 2);
+}
+
+#[test]
+fn an_encoding_switch_drops_the_costs_and_restore_brings_them_back() {
+    let items = vec![user(&unique(40)), user(&unique(40))];
+    let mut memo = CostMemo::new();
+    CostEngine::<_, NoStore>::new(Items::new(items.clone()), ENC)
+        .with_memo(&mut memo, 2)
+        .costs(&[0, 1])
+        .unwrap();
+    let before = memo.clone();
+    let other = Encoding::Cl100kBase;
+    assert_eq!(
+        memo.lower_bound(0, other),
+        ITEM_OVERHEAD,
+        "never another encoding's cost"
+    );
+    let switched = memo.switch(other, 2);
+    assert!(switched.is_some());
+    assert_eq!(
+        (memo.encoding(), memo.get(0), memo.len()),
+        (Some(other), None, 2)
+    );
+    assert!(memo.switch(other, 2).is_none(), "already there");
+    // A failed call under the other encoding puts the memo back as it was.
+    memo.restore(switched, 2);
+    assert_eq!(memo, before);
+    // A memo switched by the engine itself counts under the call's encoding.
+    let mut engine =
+        CostEngine::<_, NoStore>::new(Items::new(items.clone()), other).with_memo(&mut memo, 2);
+    let costs = engine.costs(&[0]).unwrap();
+    let expected = other.count(&text_of(&items[0])).unwrap() + ITEM_OVERHEAD;
+    assert_eq!(costs, vec![expected]);
+    drop(engine);
+    assert_eq!(
+        (memo.encoding(), memo.get(0), memo.get(1)),
+        (Some(other), Some(expected), None)
+    );
+}
+
+#[test]
+fn restore_keeps_only_the_positions_the_index_had() {
+    let mut memo = CostMemo::new();
+    memo.grow(3, 3, 8);
+    let switched = memo.switch(ENC, 3);
+    memo.grow(5, 2, 8);
+    memo.restore(switched, 3);
+    assert_eq!((memo.encoding(), memo.len()), (None, 3));
+    memo.grow(5, 2, 8);
+    memo.restore(None, 4);
+    assert_eq!(memo.len(), 4);
+}
+
+#[test]
+fn the_snapshot_payload_round_trips_and_damage_is_refused() {
+    let items = vec![user("a"), user("b"), user("c")];
+    let mut memo = CostMemo::new();
+    CostEngine::<_, NoStore>::new(Items::new(items), ENC)
+        .with_memo(&mut memo, 3)
+        .costs(&[0, 2])
+        .unwrap();
+    let bytes = postcard::to_allocvec(&memo.payload()).unwrap();
+    let back = CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), 3).unwrap();
+    assert_eq!(back, memo);
+    assert_eq!(back.get(1), None);
+    assert_eq!(
+        CostMemo::from_payload(memo.payload(), 2).unwrap_err(),
+        "token costs do not match the items"
+    );
+    assert_eq!(
+        CostMemo::from_payload(CostMemo::new().payload(), 0).unwrap(),
+        CostMemo::new()
+    );
+}
+
+#[test]
+fn payload_checks_costs_and_encoding() {
+    // The payload's wire form: (Option<String>, Vec<u64>) with costs stored plus one.
+    let damaged = |encoding: Option<&str>, costs: Vec<u64>| {
+        let bytes = postcard::to_allocvec(&(encoding, costs)).unwrap();
+        let n = postcard::from_bytes::<(Option<String>, Vec<u64>)>(&bytes)
+            .unwrap()
+            .1
+            .len();
+        CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), n)
+    };
+    assert!(damaged(Some("o200k_base"), vec![0, 5, UNCOUNTED.wrapping_add(1)]).is_ok());
+    assert_eq!(
+        damaged(Some("o200k_base"), vec![0, 2]).unwrap_err(),
+        "item 1 costs less than an item's overhead"
+    );
+    assert_eq!(
+        damaged(Some("nope"), vec![]).unwrap_err(),
+        "unknown encoding"
+    );
+}
+
+#[test]
+fn a_tokenizer_failure_is_reported_as_one_with_its_position() {
+    let items = vec![user("a"), user(&unique(80))];
+    let mut engine = CostEngine::<_, NoStore>::new(Items::new(items), ENC);
+    tokens::fail_next_counts(1); // this thread's next count fails
+    let err = engine.costs(&[1]).unwrap_err();
+    tokens::fail_next_counts(0);
+    assert_eq!((err.position, err.field.as_str()), (1, "(item)"));
+    let (position, failure) = engine.tokenizer_failure().unwrap();
+    assert_eq!(position, 1);
+    assert!(
+        matches!(failure, tokens::TokenError::Tokenizer(_)),
+        "{failure:?}"
+    );
+    // A failure through the store path (a miss, then counting) is the same failure.
+    let mut engine = CostEngine::new(Items::new(vec![user(&unique(80))]), ENC)
+        .with_store(Some(Store::default()));
+    tokens::fail_next_counts(1);
+    let err = engine.costs(&[0]).unwrap_err();
+    tokens::fail_next_counts(0);
+    assert_eq!(err.position, 0);
+    assert!(engine.tokenizer_failure().is_some());
+    let (_, link) = engine.finish();
+    assert!(
+        link.unwrap().1.new_counts.is_empty(),
+        "nothing to write for a failed count"
+    );
+}

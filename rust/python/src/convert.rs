@@ -1,0 +1,365 @@
+//! Python -> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
+//! lists, encodings and labels.
+
+use crate::errors::item_error;
+use protoprompt_core::items::{
+    GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
+};
+use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+
+/// A readable name of a Python value's type for error messages.
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".to_string())
+}
+
+/// Borrow `obj` as a dict: a dict as is, any other Mapping copied into one (`Ok(None)`: not
+/// a mapping). A mapping whose `items()` (or whatever it calls) raises is an error that
+/// carries that exception as its cause.
+pub(crate) fn as_dict<'py>(
+    obj: &Bound<'py, PyAny>,
+    field: &str,
+) -> Result<Option<Bound<'py, PyDict>>, FieldError> {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Ok(Some(d.clone()));
+    }
+    let Ok(mapping) = obj.cast::<PyMapping>() else {
+        return Ok(None);
+    };
+    let failed = |e: PyErr| {
+        let message = format!("reading the {} failed: {e}", type_name(obj));
+        FieldError::caused(field, message, e)
+    };
+    let dict = PyDict::new(obj.py());
+    let items = mapping.items().map_err(failed)?;
+    for pair in items.iter() {
+        let (k, v): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract().map_err(failed)?;
+        dict.set_item(k, v).map_err(failed)?;
+    }
+    Ok(Some(dict))
+}
+
+/// Why an item cannot be read: the field (a path inside the item), what is wrong with it,
+/// and the Python exception behind it if one was raised (it becomes the `__cause__`).
+pub(crate) struct FieldError {
+    pub(crate) field: String,
+    pub(crate) message: String,
+    pub(crate) cause: Option<PyErr>,
+}
+
+impl FieldError {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    pub(crate) fn caused(
+        field: impl Into<String>,
+        message: impl Into<String>,
+        cause: PyErr,
+    ) -> FieldError {
+        FieldError {
+            cause: Some(cause),
+            ..FieldError::new(field, message)
+        }
+    }
+
+    /// The `InvalidItemError` for the item at `label`, chained to the cause.
+    pub(crate) fn raise(self, py: Python<'_>, label: &str) -> PyErr {
+        let err = item_error(py, label, &self.field, &self.message);
+        if let Some(cause) = self.cause {
+            err.set_cause(py, Some(cause));
+        }
+        err
+    }
+}
+
+impl From<ItemError> for FieldError {
+    fn from(e: ItemError) -> FieldError {
+        FieldError::new(e.field, e.message)
+    }
+}
+
+/// A Python value inside an item, as the core's one item reader ([`ItemFields::read`]) sees it.
+pub(crate) struct PyValue<'py>(Bound<'py, PyAny>);
+
+impl<'py> ItemValue for PyValue<'py> {
+    type Error = FieldError;
+    type Map = Bound<'py, PyDict>;
+
+    fn is_null(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn text(&self) -> Option<Result<&str, NotText>> {
+        let s = self.0.cast::<PyString>().ok()?;
+        Some(s.to_str().map_err(|_| NotText))
+    }
+
+    fn type_name(&self) -> String {
+        type_name(&self.0)
+    }
+
+    fn mapping(&self, field: &str) -> Result<Option<Self::Map>, FieldError> {
+        as_dict(&self.0, field)
+    }
+
+    fn entry(map: &Self::Map, key: &str, field: &str) -> Result<Option<Self>, FieldError> {
+        let value = map.get_item(key).map_err(|e| {
+            let message = e.to_string();
+            FieldError::caused(field, message, e)
+        })?;
+        Ok(value.map(PyValue))
+    }
+}
+
+/// Read the graph-relevant fields of one item: one pass over its entries (an item has a
+/// handful of keys; twelve keyed lookups cost more) collects the graph fields, which the
+/// core's reader then checks and interprets. A dict is read in place: its other values are
+/// not touched.
+pub(crate) fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
+    let py = obj.py();
+    let dict = as_dict(obj, "(item)")?.ok_or_else(|| {
+        FieldError::new(
+            "(item)",
+            format!("an item must be a mapping (dict), got {}", type_name(obj)),
+        )
+    })?;
+    let mut fields = ItemFields::default();
+    let mut pos: pyo3::ffi::Py_ssize_t = 0;
+    let mut key_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    let mut value_ptr: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: `dict` is a live dict and the GIL is held; PyDict_Next hands out borrowed
+    // references that stay valid while the dict is not mutated, and nothing in this loop
+    // runs Python code (the values kept are taken as new references).
+    while unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut key_ptr, &mut value_ptr) }
+        != 0
+    {
+        let key = unsafe { Borrowed::from_ptr(py, key_ptr) };
+        let Ok(name) = key.cast::<PyString>() else {
+            // Never sent (the SDK's items are JSON objects); say so now rather than when
+            // the item is costed, or never if it is dropped without being counted.
+            return Err(FieldError::new(
+                "(item)",
+                format!("has a non-string key of type {}", type_name(&key)),
+            ));
+        };
+        if let Some(field) = name.to_str().ok().and_then(GraphField::from_name) {
+            fields.set(
+                field,
+                PyValue(unsafe { Borrowed::from_ptr(py, value_ptr) }.to_owned()),
+            );
+        }
+    }
+    fields.read()
+}
+
+/// Convert a JSON-like Python value to serde_json, naming the field path on failure.
+///
+/// Only Python code of the item itself can run meanwhile (a list subclass's `__iter__`, a
+/// mapping's `items()`); if it changes a dict being read, PyO3's iterator panics: the
+/// panic is caught (silently) and reported as an error naming the item.
+pub(crate) fn to_value(
+    obj: &Bound<'_, PyAny>,
+    path: &mut String,
+    depth: usize,
+) -> Result<Value, FieldError> {
+    let saved = path.len();
+    let caught = tokens::quietly(std::panic::AssertUnwindSafe(|| value_of(obj, path, depth)));
+    caught.unwrap_or_else(|_| {
+        path.truncate(saved);
+        Err(FieldError::new(
+            "(item)",
+            "changed while it was being read (by its own code or another thread)",
+        ))
+    })
+}
+
+pub(crate) fn value_of(
+    obj: &Bound<'_, PyAny>,
+    path: &mut String,
+    depth: usize,
+) -> Result<Value, FieldError> {
+    let here = |path: &String| {
+        if path.is_empty() {
+            "(item)".to_string()
+        } else {
+            path.clone()
+        }
+    };
+    if depth > MAX_DEPTH {
+        return Err(FieldError::new(
+            here(path),
+            format!("nesting deeper than {MAX_DEPTH} levels"),
+        ));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return s
+            .to_str()
+            .map(|s| Value::String(s.to_string()))
+            .map_err(|_| FieldError::new(here(path), "is not valid UTF-8 text (lone surrogate?)"));
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(Value::Number(i.into()));
+        }
+        if let Ok(u) = obj.extract::<u64>() {
+            return Ok(Value::Number(u.into()));
+        }
+        // Arbitrary-size integer: keep its exact decimal text (it is counted as text).
+        return obj
+            .str()
+            .map(|s| Value::String(s.to_string()))
+            .map_err(|e| {
+                let message = e.to_string();
+                FieldError::caused(here(path), message, e)
+            });
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        let v = f.value();
+        return Number::from_f64(v).map(Value::Number).ok_or_else(|| {
+            FieldError::new(
+                here(path),
+                format!("{v} is not a JSON number (NaN or infinity)"),
+            )
+        });
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut map = Map::new();
+        for (k, v) in d.iter() {
+            let key = match k.cast::<PyString>() {
+                Ok(s) => s
+                    .to_str()
+                    .map_err(|_| FieldError::new(here(path), "has a key that is not valid UTF-8"))?
+                    .to_string(),
+                Err(_) => {
+                    return Err(FieldError::new(
+                        here(path),
+                        format!("has a non-string key of type {}", type_name(&k)),
+                    ))
+                }
+            };
+            let saved = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(&key);
+            let value = value_of(&v, path, depth + 1)?;
+            path.truncate(saved);
+            map.insert(key, value);
+        }
+        return Ok(Value::Object(map));
+    }
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let failed = |path: &String, e: PyErr| {
+            let message = e.to_string();
+            FieldError::caused(here(path), message, e)
+        };
+        let mut out = Vec::new();
+        for (i, v) in obj.try_iter().map_err(|e| failed(path, e))?.enumerate() {
+            let v = v.map_err(|e| failed(path, e))?;
+            let saved = path.len();
+            path.push_str(&format!("[{i}]"));
+            out.push(value_of(&v, path, depth + 1)?);
+            path.truncate(saved);
+        }
+        return Ok(Value::Array(out));
+    }
+    if let Some(d) = as_dict(obj, &here(path))? {
+        return value_of(d.as_any(), path, depth);
+    }
+    Err(FieldError::new(
+        here(path),
+        format!("{} is not a JSON value", type_name(obj)),
+    ))
+}
+
+pub(crate) fn resolve_encoding(
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> Result<Encoding, TokenError> {
+    match (encoding, model) {
+        (Some(e), _) => Encoding::from_name(e),
+        (None, Some(m)) => Encoding::for_model(m),
+        (None, None) => Ok(Encoding::O200kBase),
+    }
+}
+
+pub(crate) fn label(n_history: usize, p: usize) -> String {
+    protoprompt_core::graph::position_label(n_history, p)
+}
+
+/// The items of a list-like argument (a str or a mapping is refused).
+pub(crate) fn item_seq(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Py<PyAny>>> {
+    let seq = |obj: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<Py<PyAny>>> {
+        if obj.cast::<PyString>().is_ok() || obj.cast::<PyDict>().is_ok() {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must be a list of items, got {}",
+                type_name(obj)
+            )));
+        }
+        let iter = obj.try_iter().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{name} must be a list of items, got {}",
+                type_name(obj)
+            ))
+        })?;
+        iter.map(|r| r.map(|b| b.unbind())).collect()
+    };
+    seq(obj, name)
+}
+
+/// Classify the items of `items`, labelled from global position `offset`.
+pub(crate) fn classify_items<'py>(
+    py: Python<'py>,
+    items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+    offset: usize,
+    n_history: usize,
+) -> PyResult<Vec<ItemMeta>> {
+    let mut metas = Vec::with_capacity(items.len());
+    for (i, item) in items.enumerate() {
+        let raw = extract_raw(&item).map_err(|e| e.raise(py, &label(n_history, offset + i)))?;
+        metas.push(ItemMeta::new(raw));
+    }
+    Ok(metas)
+}
+
+/// The bound items of a list of owned references.
+pub(crate) fn bound<'a, 'py>(
+    py: Python<'py>,
+    items: &'a [Py<PyAny>],
+) -> impl ExactSizeIterator<Item = Bound<'py, PyAny>> + 'a
+where
+    'py: 'a,
+{
+    items.iter().map(move |i| i.bind(py).clone())
+}
+
+/// Extract and classify every item of `history ++ new_input` (GIL held).
+pub(crate) fn classify_all(
+    py: Python<'_>,
+    history: &Bound<'_, PyAny>,
+    new_input: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<Py<PyAny>>, Vec<ItemMeta>, usize)> {
+    let seq = item_seq;
+    let mut items = seq(history, "history")?;
+    let n_history = items.len();
+    items.extend(seq(new_input, "new_input")?);
+    let metas = classify_items(py, bound(py, &items), 0, n_history)?;
+    Ok((items, metas, n_history))
+}

@@ -1,0 +1,273 @@
+//! The Python side of the core's cost engine ([`protoprompt_core::costs`]): the caller's
+//! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
+
+use crate::convert::{label, to_value, FieldError};
+use crate::errors::{classes, raise};
+use protoprompt_core::costs::{CostEngine, CountStore, ItemSource, StoreError, StoreTally};
+use protoprompt_core::pack::CostFailure;
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyList};
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+
+/// The items of one call, read by position from the caller's lists under the GIL and
+/// converted to JSON values for the core's cost engine ([`CostEngine`]).
+///
+/// Items are read only when their cost is needed. What a call reads stays what it read: the
+/// history items it classifies are taken from the caller's list in one step when the call
+/// begins (`fresh`), and an earlier position, read from the list when first needed, is kept
+/// (`read`), so the objects a result returns are the objects that were classified and
+/// counted, whatever another thread or an item's own code does to the caller's list meanwhile.
+pub(crate) struct PyItems {
+    /// The caller's history list, read for positions before `fresh_from` (which an index
+    /// has seen in earlier calls). It holds positions `offset..`: a windowed read hands over
+    /// the newest part of the history only, and earlier positions are never read.
+    pub(crate) history: Py<PyList>,
+    pub(crate) offset: usize,
+    /// `history[fresh_from..n_history]` as it was when the call began.
+    pub(crate) fresh: Py<PyList>,
+    pub(crate) fresh_from: usize,
+    /// History objects before `fresh_from` read by this call, by position.
+    pub(crate) read: FxHashMap<usize, Py<PyAny>>,
+    pub(crate) new_input: Vec<Py<PyAny>>,
+    pub(crate) n_history: usize,
+    /// The Python exception behind the last item that could not be read or converted.
+    pub(crate) cause: Option<PyErr>,
+}
+
+/// A persistent count store handed to `HistoryIndex.pack` (`count_store=`): an object with
+/// `secret` (16 bytes) and `get_many(keys: list[bytes]) -> list[int | None]`; the core's
+/// cost engine decides what to ask it ([`protoprompt_core::costs`]).
+pub(crate) struct PyCountStore {
+    pub(crate) store: Py<PyAny>,
+    pub(crate) secret: [u8; 16],
+    /// What `get_many` raised (or why its answer was refused); the pack fails with it.
+    pub(crate) error: Option<PyErr>,
+}
+
+impl PyCountStore {
+    pub(crate) fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
+        let secret = store.getattr(intern!(store.py(), "secret"))?;
+        let secret: [u8; 16] = secret
+            .extract::<Vec<u8>>()
+            .ok()
+            .filter(|_| secret.is_instance_of::<pyo3::types::PyBytes>())
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| PyTypeError::new_err("count_store.secret must be 16 bytes"))?;
+        if !store
+            .getattr(intern!(store.py(), "get_many"))?
+            .is_callable()
+        {
+            return Err(PyTypeError::new_err(
+                "count_store.get_many must be callable",
+            ));
+        }
+        Ok(PyCountStore {
+            store: store.clone().unbind(),
+            secret,
+            error: None,
+        })
+    }
+
+    /// The stored counts of `keys` (`None` where the store has none), under the GIL.
+    pub(crate) fn ask(&self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
+        Python::attach(|py| {
+            let list = PyList::new(py, keys.iter().map(|k| pyo3::types::PyBytes::new(py, k)))?;
+            let answer = self
+                .store
+                .bind(py)
+                .call_method1(intern!(py, "get_many"), (list,))?;
+            let refuse = || {
+                PyValueError::new_err(format!(
+                    "count_store.get_many must return a list of {} ints >= 0 or None, got {}",
+                    keys.len(),
+                    answer.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            };
+            let answer = answer.cast::<PyList>().map_err(|_| refuse())?;
+            if answer.len() != keys.len() {
+                return Err(refuse());
+            }
+            answer
+                .iter()
+                .map(|v| {
+                    if v.is_none() {
+                        Ok(None)
+                    } else if v.is_instance_of::<PyBool>() {
+                        Err(refuse())
+                    } else {
+                        v.extract::<u64>().map(Some).map_err(|_| refuse())
+                    }
+                })
+                .collect()
+        })
+    }
+}
+
+impl CountStore for PyCountStore {
+    fn secret(&self) -> [u8; 16] {
+        self.secret
+    }
+
+    fn get_many(&mut self, keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError> {
+        self.ask(keys).map_err(|e| {
+            let message = e.to_string();
+            self.error = Some(e);
+            StoreError { message }
+        })
+    }
+}
+
+/// The cost engine of one call over the caller's Python lists and store.
+pub(crate) type PyCosts<'m> = CostEngine<'m, PyItems, PyCountStore>;
+
+/// What a call did with its count store, as the result's `new_counts` and `store_hits`;
+/// the store's own exception if it failed.
+pub(crate) fn store_outcome(
+    py: Python<'_>,
+    out: &Bound<'_, PyDict>,
+    link: Option<(PyCountStore, StoreTally)>,
+) -> PyResult<()> {
+    let Some((_, tally)) = link else {
+        return Ok(());
+    };
+    let pairs = tally
+        .new_counts
+        .iter()
+        .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
+    out.set_item("new_counts", PyList::new(py, pairs)?)?;
+    out.set_item("store_hits", tally.hits)?;
+    Ok(())
+}
+
+/// The `TokenizerError` for the tokenizer failure that ended a call, if one did, naming the
+/// item whose text it was.
+pub(crate) fn tokenizer_failure(
+    py: Python<'_>,
+    n_history: usize,
+    costs: &PyCosts<'_>,
+) -> Option<PyErr> {
+    let (position, failure) = costs.tokenizer_failure()?;
+    let message = format!("{}: {failure}", label(n_history, position));
+    Some(raise::<classes::TokenizerError>(py, (message,)))
+}
+
+/// Why an item an index had seen cannot be read back from the caller's history list.
+pub(crate) const GONE: &str = "is no longer in the history list: the items an index has seen must \
+                    stay as they are, also while a call runs (another thread or an item's \
+                    own code changed the list)";
+
+/// Why a pack of a history suffix (`history_offset`) cannot read an earlier item.
+pub(crate) const BEFORE_OFFSET: &str =
+    "is before history_offset, not in the history list: a pack of \
+                             the newest items only may not need it (read the history from \
+                             HistoryIndex.window_start on)";
+
+impl PyItems {
+    pub(crate) fn new(
+        history: Py<PyList>,
+        fresh: Py<PyList>,
+        fresh_from: usize,
+        n_history: usize,
+        new_input: Vec<Py<PyAny>>,
+    ) -> Self {
+        PyItems {
+            history,
+            offset: 0,
+            fresh,
+            fresh_from,
+            read: FxHashMap::default(),
+            new_input,
+            n_history,
+            cause: None,
+        }
+    }
+
+    /// The history list starts at position `offset` (see the field).
+    pub(crate) fn with_offset(mut self, offset: usize) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The object at global position `p` as this call reads it (see the type's note); an
+    /// `IndexError` if the caller's list lost a position the index had seen.
+    pub(crate) fn item<'py>(&mut self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
+        if p >= self.n_history {
+            return Ok(self.new_input[p - self.n_history].bind(py).clone());
+        }
+        if p >= self.fresh_from {
+            return self.fresh.bind(py).get_item(p - self.fresh_from);
+        }
+        if let Some(obj) = self.read.get(&p) {
+            return Ok(obj.bind(py).clone());
+        }
+        if p < self.offset {
+            return Err(PyIndexError::new_err(BEFORE_OFFSET));
+        }
+        let obj = self.history.bind(py).get_item(p - self.offset)?;
+        self.read.insert(p, obj.clone().unbind());
+        Ok(obj)
+    }
+
+    /// The kept history objects followed by every new-input object: what the caller sends.
+    pub(crate) fn request<'py>(
+        &mut self,
+        py: Python<'py>,
+        kept: &[usize],
+    ) -> PyResult<Bound<'py, PyList>> {
+        let mut out = Vec::with_capacity(kept.len() + self.new_input.len());
+        let history = self.history.bind(py);
+        let fresh = self.fresh.bind(py);
+        for &p in kept {
+            let item = if p >= self.fresh_from {
+                fresh.get_item(p - self.fresh_from)
+            } else if let Some(obj) = self.read.get(&p) {
+                Ok(obj.bind(py).clone())
+            } else if p < self.offset {
+                Err(PyIndexError::new_err(BEFORE_OFFSET))
+            } else {
+                history.get_item(p - self.offset) // read once, here: nothing to remember it for
+            };
+            out.push(item.map_err(|e| {
+                let label = label(self.n_history, p);
+                let why = if p < self.offset { BEFORE_OFFSET } else { GONE };
+                FieldError::caused("(item)", why, e).raise(py, &label)
+            })?);
+        }
+        out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
+        PyList::new(py, out)
+    }
+}
+
+impl ItemSource for PyItems {
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        Python::attach(|py| {
+            let mut values = Vec::with_capacity(positions.len());
+            for &p in positions {
+                let item = self.item(py, p).map_err(|e| {
+                    self.cause = Some(e);
+                    CostFailure {
+                        position: p,
+                        field: "(item)".to_string(),
+                        message: if p < self.offset { BEFORE_OFFSET } else { GONE }.to_string(),
+                    }
+                })?;
+                let mut path = String::new();
+                match to_value(&item, &mut path, 0) {
+                    Ok(v) => values.push(v),
+                    Err(e) => {
+                        self.cause = e.cause;
+                        return Err(CostFailure {
+                            position: p,
+                            field: e.field,
+                            message: e.message,
+                        });
+                    }
+                }
+            }
+            Ok(values)
+        })
+    }
+}

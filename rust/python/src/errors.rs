@@ -1,0 +1,78 @@
+//! Error mapping: core errors to the exception classes of `protoprompt.errors`.
+
+use protoprompt_core::pack::PackError;
+use protoprompt_core::tokens::TokenError;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::{PyErrArguments, PyTypeInfo};
+
+/// The exception classes of `protoprompt.errors`, imported as Python types (the module
+/// is imported when `_core` is, so a missing class is an import error, never a panic).
+pub(crate) mod classes {
+    pyo3::import_exception!(protoprompt.errors, HistoryMismatchError);
+    pyo3::import_exception!(protoprompt.errors, InvalidItemError);
+    pyo3::import_exception!(protoprompt.errors, InvalidNewInputError);
+    pyo3::import_exception!(protoprompt.errors, SnapshotError);
+    pyo3::import_exception!(protoprompt.errors, TokenBudgetExceededError);
+    pyo3::import_exception!(protoprompt.errors, TokenizerError);
+    pyo3::import_exception!(protoprompt.errors, UnknownEncodingError);
+    pyo3::import_exception!(protoprompt.errors, UnknownModelError);
+}
+
+/// An exception of class `E` (one of [`classes`]) built from `args`.
+pub(crate) fn raise<E: PyTypeInfo>(py: Python<'_>, args: impl PyErrArguments + 'static) -> PyErr {
+    PyErr::from_type(py.get_type::<E>(), args)
+}
+
+pub(crate) fn item_error(py: Python<'_>, label: &str, field: &str, message: &str) -> PyErr {
+    raise::<classes::InvalidItemError>(
+        py,
+        (
+            format!("{label}: field {field}: {message}"),
+            label.to_string(),
+            field.to_string(),
+        ),
+    )
+}
+
+pub(crate) fn token_error(py: Python<'_>, e: TokenError) -> PyErr {
+    match &e {
+        TokenError::UnknownModel(m) => {
+            raise::<classes::UnknownModelError>(py, (e.to_string(), m.clone()))
+        }
+        TokenError::UnknownEncoding(n) => {
+            raise::<classes::UnknownEncodingError>(py, (e.to_string(), n.clone()))
+        }
+        TokenError::BadItem { field, message } => item_error(py, "item", field, message),
+        TokenError::Tokenizer(_) => raise::<classes::TokenizerError>(py, (e.to_string(),)),
+    }
+}
+
+pub(crate) fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
+    match e {
+        PackError::BudgetExceeded {
+            used,
+            budget,
+            section,
+        } => raise::<classes::TokenBudgetExceededError>(py, (used, budget, section.name())),
+        PackError::InvalidNewInput {
+            ref label,
+            ref reasons,
+            ..
+        } => raise::<classes::InvalidNewInputError>(
+            py,
+            (
+                e.to_string(),
+                label.clone(),
+                reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            ),
+        ),
+        PackError::Item {
+            label,
+            field,
+            message,
+            ..
+        } => item_error(py, &label, &field, &message),
+        PackError::Context(m) => PyValueError::new_err(m),
+    }
+}
