@@ -4,8 +4,9 @@
 //! history members. Building those rows per pack would cost as much as the pack itself on a
 //! long history, so a report reads them from the graph the pack ran on, which it shares with
 //! the index (`Arc`). A shared graph would make the index copy it on its next change (copy on
-//! write), so the index asks the reports still alive to [`DecisionRows::detach`] first: they
-//! take a compact copy of just their own rows and stop sharing anything.
+//! write), so the index asks the reports still alive to [`DecisionRows::detach`] first
+//! ([`crate::indexed::IndexedHistory::release_results`]): they take a compact copy of just
+//! their own rows and stop sharing anything.
 
 use std::sync::Arc;
 

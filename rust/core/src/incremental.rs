@@ -143,8 +143,8 @@ const ALL_FLAGS: u8 =
     HAS_CALLER | ENCRYPTED | PROVIDER_DATA | TOOL_CALLS | TOOL_CALL_ID | CONTINUES;
 
 /// The classified history of one session and its graph, extended item by item: the graph
-/// side of an index (no costs, no Python). The Python `protoprompt.HistoryIndex` wraps one
-/// (with its token costs) through the binding's `PyHistoryIndex`.
+/// side of an index (no costs, no Python). [`crate::indexed::IndexedHistory`] adds the
+/// kinds, costs and decision reports; the Python `protoprompt.HistoryIndex` wraps one.
 #[derive(Debug, Clone, Default)]
 pub struct GraphIndex {
     items: Vec<Stored>,

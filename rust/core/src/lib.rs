@@ -6,6 +6,7 @@ pub mod costs;
 pub mod decisions;
 pub mod graph;
 pub mod incremental;
+pub mod indexed;
 pub mod items;
 pub mod pack;
 pub mod tokens;

@@ -2,35 +2,17 @@
 
 use crate::convert::label;
 use protoprompt_core::decisions::DecisionRows;
-use protoprompt_core::graph::Graph;
-use protoprompt_core::incremental::TailGraph;
+use protoprompt_core::indexed::{lock, KindNames};
 use protoprompt_core::pack::{Decision, PackResult, UnitDecision};
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex};
 
-/// Small table of the kind names met so far: positions store a one-byte code.
-#[derive(Default, Clone)]
-pub(crate) struct KindNames(Vec<&'static str>);
-
-impl KindNames {
-    pub(crate) fn code(&mut self, name: &'static str) -> u8 {
-        if let Some(i) = self
-            .0
-            .iter()
-            .position(|n| std::ptr::eq(*n, name) || *n == name)
-        {
-            return i as u8;
-        }
-        self.0.push(name);
-        (self.0.len() - 1) as u8
-    }
-}
-
 /// The per-unit decisions of one pack. Only what the fill touched is stored; a row is
 /// derived from the (shared) graph when Python reads it, so a pack over a long history
 /// allocates nothing per unit. The index it came from detaches it before it changes
-/// ([`DecisionRows::detach`]), so a kept table never makes the index copy its graph.
+/// ([`protoprompt_core::indexed::IndexedHistory::release_results`]), so a kept table never
+/// makes the index copy its graph.
 #[pyclass(frozen, module = "protoprompt._core")]
 pub(crate) struct DecisionTable {
     pub(crate) rows: usize,
@@ -40,19 +22,20 @@ pub(crate) struct DecisionTable {
 }
 
 impl DecisionTable {
+    /// The table of `result`, reading its rows from `source` (from
+    /// [`protoprompt_core::indexed::IndexedHistory::decision_rows`], which detaches them
+    /// before the index changes).
     pub(crate) fn new(
-        prefix: Arc<Graph>,
-        tail: Option<TailGraph>,
+        source: Arc<Mutex<DecisionRows>>,
         result: &mut PackResult,
-        kinds: Arc<Vec<u8>>,
         kind_names: &KindNames,
     ) -> Self {
-        let rows = DecisionRows::new(prefix, tail, kinds);
+        let rows = lock(&source).rows();
         DecisionTable {
-            rows: rows.rows(),
-            source: Arc::new(Mutex::new(rows)),
+            rows,
+            source,
             touched: std::mem::take(&mut result.touched),
-            kind_names: kind_names.0.clone(),
+            kind_names: kind_names.names().to_vec(),
         }
     }
 
@@ -67,13 +50,6 @@ impl DecisionTable {
             tokens: None,
         })
     }
-}
-
-/// A decision table's rows, locked (a panic while they were locked cannot leave them torn:
-/// a detach replaces them whole).
-pub(crate) fn lock(rows: &Mutex<DecisionRows>) -> std::sync::MutexGuard<'_, DecisionRows> {
-    rows.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(crate) type DecisionRow = (

@@ -1,34 +1,26 @@
-//! The `protoprompt._core.HistoryIndex` pyclass (`PyHistoryIndex`): a core
-//! [`GraphIndex`] with its token costs, extended between calls.
+//! The `protoprompt._core.HistoryIndex` pyclass (`PyHistoryIndex`): one core
+//! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
+//! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
 use crate::convert::{bound, classify_items, item_seq, label, resolve_encoding};
 use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
-use crate::decisions::{lock, DecisionTable, KindNames};
+use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions, Preload};
-use protoprompt_core::costs::{CostMemo, CostPayload, SwitchedCosts};
-use protoprompt_core::decisions::DecisionRows;
-use protoprompt_core::incremental::{reserve_ahead, GraphIndex, Mark};
+use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{pack_view, CostFailure, CostSource, PackError, PackOptions};
 use protoprompt_core::tokens::{self, Encoding};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use std::sync::{Arc, Mutex, Weak};
 
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
 #[pyclass(name = "HistoryIndex", module = "protoprompt._core")]
 pub(crate) struct PyHistoryIndex {
-    pub(crate) index: GraphIndex,
-    /// Kind of every indexed position (a code into `kind_names`, for decision tables).
-    pub(crate) kinds: Arc<Vec<u8>>,
-    pub(crate) kind_names: KindNames,
-    /// Cost of every indexed position under one encoding (counted when needed).
-    pub(crate) costs: CostMemo,
-    /// The decision tables of earlier packs that may still share the graph and kinds.
-    pub(crate) live: Vec<Weak<Mutex<DecisionRows>>>,
+    /// The index with its kinds, costs and live decision tables (all bookkeeping is there).
+    pub(crate) inner: IndexedHistory,
 }
 
 /// Items classified per step when appending to an index (bounds the full-size copies: up to
@@ -51,26 +43,20 @@ impl PyHistoryIndex {
         items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
-        self.release_results();
-        let start = self.index.len();
-        let mark = self.index.mark();
-        let (kinds_capacity, costs_capacity) = (self.kinds.capacity(), self.costs.capacity());
+        let start = self.inner.len();
+        let mark = self.inner.mark();
         let outcome = if items.len() <= CLASSIFY_CHUNK {
             classify_items(py, items, start, n_history).map(|metas| {
-                self.note_kinds(&metas, 0);
-                let index = &mut self.index;
-                py.detach(|| index.extend(metas));
+                let inner = &mut self.inner;
+                py.detach(|| inner.append(metas));
             })
         } else {
             self.classify_pipelined(py, items, n_history)
         };
         if outcome.is_err() {
             // Back to exactly what it was, memory included.
-            Arc::make_mut(&mut self.kinds).truncate(start);
-            let index = &mut self.index;
-            py.detach(|| index.undo_to(mark));
-            Arc::make_mut(&mut self.kinds).shrink_to(kinds_capacity);
-            self.costs.shrink_back(start, costs_capacity);
+            let inner = &mut self.inner;
+            py.detach(|| inner.undo(mark));
         }
         outcome
     }
@@ -81,14 +67,8 @@ impl PyHistoryIndex {
         mut items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
-        let mut position = self.index.len();
-        let PyHistoryIndex {
-            index,
-            kinds,
-            kind_names,
-            costs,
-            ..
-        } = self;
+        let mut position = self.inner.len();
+        let (index, mut notes) = self.inner.appender();
         std::thread::scope(|scope| {
             // Chunk and the number of items still to come after it.
             let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<ItemMeta>, usize)>(1);
@@ -112,7 +92,7 @@ impl PyHistoryIndex {
                     Ok(metas) => {
                         position += metas.len();
                         let rest = items.len();
-                        note_kinds(kinds, kind_names, costs, &metas, rest);
+                        notes.note(&metas, rest);
                         // Wait for the helper (when it is behind) without the GIL, so that
                         // other Python threads run meanwhile.
                         let sent = match send.try_send((metas, rest)) {
@@ -138,43 +118,6 @@ impl PyHistoryIndex {
             outcome
         })
     }
-
-    /// Detach the decision tables of earlier packs before the graph or kinds change, so a
-    /// kept result never makes the change copy them. Only tables still alive copy anything
-    /// (their own rows, compactly).
-    pub(crate) fn release_results(&mut self) {
-        for table in self.live.drain(..) {
-            if let Some(rows) = table.upgrade() {
-                lock(&rows).detach();
-            }
-        }
-    }
-
-    pub(crate) fn note_kinds(&mut self, metas: &[ItemMeta], rest: usize) {
-        note_kinds(
-            &mut self.kinds,
-            &mut self.kind_names,
-            &mut self.costs,
-            metas,
-            rest,
-        );
-    }
-}
-
-/// Record the kinds of appended items (and room for their costs); `rest` more are coming.
-pub(crate) fn note_kinds(
-    kinds: &mut Arc<Vec<u8>>,
-    names: &mut KindNames,
-    costs: &mut CostMemo,
-    metas: &[ItemMeta],
-    rest: usize,
-) {
-    let kinds = Arc::make_mut(kinds);
-    let needed = metas.len() + rest;
-    let headroom = needed + (kinds.len() + needed) / 8 + 64;
-    reserve_ahead(kinds, needed, headroom);
-    kinds.extend(metas.iter().map(|m| names.code(m.kind_name())));
-    costs.grow(kinds.len(), needed, headroom);
 }
 
 #[pymethods]
@@ -182,22 +125,18 @@ impl PyHistoryIndex {
     #[new]
     pub(crate) fn new() -> Self {
         PyHistoryIndex {
-            index: GraphIndex::new(),
-            kinds: Arc::default(),
-            kind_names: KindNames::default(),
-            costs: CostMemo::new(),
-            live: Vec::new(),
+            inner: IndexedHistory::new(),
         }
     }
 
     pub(crate) fn __len__(&self) -> usize {
-        self.index.len()
+        self.inner.len()
     }
 
     /// Approximate bytes of memory the index holds.
     #[getter]
     pub(crate) fn nbytes(&self) -> usize {
-        self.index.heap_bytes() + self.kinds.capacity() + self.costs.heap_bytes()
+        self.inner.heap_bytes()
     }
 
     /// Classify and append history items (positions continue from `len(self)`).
@@ -208,25 +147,21 @@ impl PyHistoryIndex {
 
     /// Keep only the first `length` items.
     pub(crate) fn truncate(&mut self, py: Python<'_>, length: usize) {
-        self.release_results();
-        Arc::make_mut(&mut self.kinds).truncate(length);
-        self.costs.truncate(length);
-        let index = &mut self.index;
-        py.detach(|| index.truncate(length));
+        let inner = &mut self.inner;
+        py.detach(|| inner.truncate(length));
     }
 
     /// The index as bytes, token costs included, for `HistoryIndex.from_snapshot` with the
-    /// same `bound_to` (see `GraphIndex::to_snapshot`; serialised with the GIL released).
+    /// same `bound_to` (see `IndexedHistory::snapshot`; serialised with the GIL released).
     #[pyo3(signature = (*, bound_to=None))]
     pub(crate) fn snapshot<'py>(
         &self,
         py: Python<'py>,
         bound_to: Option<Bound<'py, PyBytes>>,
     ) -> Bound<'py, PyBytes> {
-        let attached = self.costs.payload();
         let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
-        let index = &self.index;
-        let bytes = py.detach(|| index.to_snapshot(&attached, binding));
+        let inner = &self.inner;
+        let bytes = py.detach(|| inner.snapshot(binding));
         PyBytes::new(py, &bytes)
     }
 
@@ -241,37 +176,20 @@ impl PyHistoryIndex {
     ) -> PyResult<Self> {
         let bytes = data.as_bytes();
         let binding: &[u8] = bound_to.as_ref().map_or(b"", |b| b.as_bytes());
-        let loaded = py.detach(|| GraphIndex::from_snapshot::<CostPayload>(bytes, binding));
-        let (index, attached) =
-            loaded.map_err(|e| raise::<classes::SnapshotError>(py, (e.to_string(),)))?;
-        let costs = CostMemo::from_payload(attached, index.len()).map_err(|m| {
-            raise::<classes::SnapshotError>(py, (format!("damaged index snapshot: {m}"),))
-        })?;
-        let mut kind_names = KindNames::default();
-        let kinds = (0..index.len())
-            .map(|p| kind_names.code(index.kind(p).name()))
-            .collect();
-        Ok(PyHistoryIndex {
-            index,
-            kinds: Arc::new(kinds),
-            kind_names,
-            costs,
-            live: Vec::new(),
-        })
+        let loaded = py.detach(|| IndexedHistory::from_snapshot(bytes, binding));
+        let inner = loaded.map_err(|e| raise::<classes::SnapshotError>(py, (e.to_string(),)))?;
+        Ok(PyHistoryIndex { inner })
     }
 
     /// How many times a change to this index copied its whole graph because a result still
     /// shared it (for tests).
     pub(crate) fn _graph_copies(&self) -> usize {
-        self.index.graph_copies()
+        self.inner.graph_copies()
     }
 
     /// Forget every item.
     pub(crate) fn clear(&mut self) {
-        self.release_results();
-        self.index.clear();
-        Arc::make_mut(&mut self.kinds).clear();
-        self.costs.clear();
+        self.inner.clear();
     }
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
@@ -332,7 +250,7 @@ impl PyHistoryIndex {
             .filter(|s| !s.is_none())
             .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
-        let indexed = self.index.len();
+        let indexed = self.inner.len();
         if n_history < indexed {
             return Err(raise::<classes::HistoryMismatchError>(
                 py,
@@ -360,14 +278,15 @@ impl PyHistoryIndex {
         let preload = Preload::start(enc);
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
-        let mark = self.index.mark();
-        let switched = self.costs.switch(enc, indexed);
+        let mut mark = self.inner.mark();
+        self.inner.switch_costs(enc, &mut mark);
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store,
             preload,
         );
         if outcome.is_err() {
-            self.undo(py, mark, indexed, switched);
+            let inner = &mut self.inner;
+            py.detach(|| inner.undo(mark));
         }
         outcome
     }
@@ -388,11 +307,11 @@ impl PyHistoryIndex {
     ) -> PyResult<usize> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let items = item_seq(new_items, "new_items")?;
-        let n = self.index.len();
+        let n = self.inner.len();
         let metas = classify_items(py, bound(py, &items), n, n)?;
-        let costs = &self.costs;
+        let costs = self.inner.costs();
         let lower = |p: usize| costs.lower_bound(p, enc);
-        let index = &self.index;
+        let index = self.inner.graph();
         let start = py.detach(|| {
             index.window_start(&metas, budget, |members| {
                 Ok::<u64, std::convert::Infallible>(
@@ -423,7 +342,7 @@ impl PyHistoryIndex {
         count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-        let n = self.index.len();
+        let n = self.inner.len();
         let offset = history_offset;
         if offset.checked_add(history.len()) != Some(n) {
             return Err(PyValueError::new_err(format!(
@@ -444,10 +363,10 @@ impl PyHistoryIndex {
             Vec::new(),
         )
         .with_offset(offset);
+        let (index, costs) = self.inner.graph_and_costs();
         let mut source = PyCosts::new(items, enc)
-            .with_memo(&mut self.costs, n)
+            .with_memo(costs, n)
             .with_store(store);
-        let index = &self.index;
         let walked = py.detach(|| {
             index.window_start(&[], budget, |members| {
                 let listed: Vec<usize> = members.iter().copied().filter(|&p| p >= offset).collect();
@@ -510,12 +429,9 @@ impl PyHistoryIndex {
         store: Option<PyCountStore>,
         preload: Preload,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let indexed = self.index.len();
+        let indexed = self.inner.len();
         let n_history = indexed + fresh.len();
         self.classify_into(py, fresh.iter(), n_history)?;
-        let index = &self.index;
-        let kinds = &self.kinds;
-        let kind_names = &self.kind_names;
         let items = PyItems::new(
             history.clone().unbind(),
             fresh.clone().unbind(),
@@ -524,8 +440,9 @@ impl PyHistoryIndex {
             new_items,
         )
         .with_offset(offset);
+        let (index, costs) = self.inner.graph_and_costs();
         let mut source = PyCosts::new(items, enc)
-            .with_memo(&mut self.costs, n_history)
+            .with_memo(costs, n_history)
             .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
@@ -548,36 +465,11 @@ impl PyHistoryIndex {
             }
         })?;
         let items = items.request(py, &result.kept_history)?;
-        let table = DecisionTable::new(
-            index.shared_graph(),
-            Some(tail),
-            &mut result,
-            Arc::clone(kinds),
-            kind_names,
-        );
-        self.live.retain(|t| t.strong_count() > 0);
-        self.live.push(Arc::downgrade(&table.source));
+        let rows = self.inner.decision_rows(Some(tail));
+        let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
         let out = result_dict(py, &result, enc, opts.policy, table)?;
         out.set_item("items", items)?;
         store_outcome(py, &out, link)?;
         Ok(out)
-    }
-
-    /// Put the index back as it was before a failed `pack` (at `mark`, holding `len` items),
-    /// with the costs (of the encoding) it had if the call switched encodings.
-    pub(crate) fn undo(
-        &mut self,
-        py: Python<'_>,
-        mark: Mark,
-        len: usize,
-        switched: Option<SwitchedCosts>,
-    ) {
-        self.release_results();
-        let index = &mut self.index;
-        py.detach(|| index.undo_to(mark));
-        if self.kinds.len() > len {
-            Arc::make_mut(&mut self.kinds).truncate(len);
-        }
-        self.costs.restore(switched, len);
     }
 }

@@ -1,0 +1,275 @@
+//! A session's indexed history with its bookkeeping ([`IndexedHistory`]): the graph side
+//! ([`GraphIndex`]), the kind of every position (for decision reports), the token costs
+//! counted so far ([`CostMemo`]) and the decision reports of earlier packs that may still
+//! share the graph.
+//!
+//! What it keeps true, whatever the caller does between calls:
+//!
+//! * the graph, the kinds and the costs always cover the same positions;
+//! * a change first detaches the reports still alive ([`DecisionRows::detach`]), so a kept
+//!   report never makes the change copy the graph, and reads the same rows after it;
+//! * a failed call can be undone ([`IndexedHistory::mark`], [`IndexedHistory::undo`]) to
+//!   exactly what was there, memory included: a snapshot afterwards is byte for byte the one
+//!   of before, with the same costs under the same encoding.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::costs::{CostMemo, CostPayload, SwitchedCosts};
+use crate::decisions::DecisionRows;
+use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
+use crate::items::ItemMeta;
+use crate::tokens::Encoding;
+
+/// Small table of the kind names met so far: positions store a one-byte code.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KindNames(Vec<&'static str>);
+
+impl KindNames {
+    /// The code of `name`, given a new one the first time it is met.
+    pub fn code(&mut self, name: &'static str) -> u8 {
+        if let Some(i) = self
+            .0
+            .iter()
+            .position(|n| std::ptr::eq(*n, name) || *n == name)
+        {
+            return i as u8;
+        }
+        self.0.push(name);
+        (self.0.len() - 1) as u8
+    }
+
+    /// The names, by code.
+    pub fn names(&self) -> &[&'static str] {
+        &self.0
+    }
+}
+
+/// A decision report's rows, locked (a panic while they were locked cannot leave them torn:
+/// a detach replaces them whole).
+pub fn lock(rows: &Mutex<DecisionRows>) -> MutexGuard<'_, DecisionRows> {
+    rows.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Where [`IndexedHistory::undo`] goes back to (from [`IndexedHistory::mark`]).
+#[derive(Debug)]
+pub struct HistoryMark {
+    graph: Mark,
+    len: usize,
+    /// Kind names known at the mark (names met later are forgotten by the undo).
+    names: usize,
+    kinds_capacity: usize,
+    costs_capacity: usize,
+    /// The costs a [`IndexedHistory::switch_costs`] replaced since the mark.
+    switched: Option<SwitchedCosts>,
+}
+
+/// The classified history of one session with its kinds, costs and live decision reports
+/// (see the module notes).
+#[derive(Debug, Default)]
+pub struct IndexedHistory {
+    graph: GraphIndex,
+    /// Kind of every indexed position (a code into `kind_names`, for decision reports).
+    kinds: Arc<Vec<u8>>,
+    kind_names: KindNames,
+    /// Cost of every indexed position under one encoding (counted when needed).
+    costs: CostMemo,
+    /// The decision reports of earlier packs that may still share the graph and kinds.
+    live: Vec<Weak<Mutex<DecisionRows>>>,
+}
+
+/// Records the kinds (and room for the costs) of appended items while the graph side is
+/// extended elsewhere (see [`IndexedHistory::appender`]).
+#[derive(Debug)]
+pub struct KindNotes<'a> {
+    kinds: &'a mut Arc<Vec<u8>>,
+    names: &'a mut KindNames,
+    costs: &'a mut CostMemo,
+}
+
+impl KindNotes<'_> {
+    /// Record the kinds of `metas`, appended after what was noted so far; `rest` more
+    /// items are coming (room is made for them too).
+    pub fn note(&mut self, metas: &[ItemMeta], rest: usize) {
+        let kinds = Arc::make_mut(self.kinds);
+        let needed = metas.len() + rest;
+        let headroom = needed + (kinds.len() + needed) / 8 + 64;
+        reserve_ahead(kinds, needed, headroom);
+        kinds.extend(metas.iter().map(|m| self.names.code(m.kind_name())));
+        self.costs.grow(kinds.len(), needed, headroom);
+    }
+}
+
+impl IndexedHistory {
+    pub fn new() -> IndexedHistory {
+        IndexedHistory::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.graph.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.graph.is_empty()
+    }
+
+    /// The graph side.
+    pub fn graph(&self) -> &GraphIndex {
+        &self.graph
+    }
+
+    /// The kind code of every position (codes into [`IndexedHistory::kind_names`]).
+    pub fn kinds(&self) -> &[u8] {
+        &self.kinds
+    }
+
+    pub fn kind_names(&self) -> &KindNames {
+        &self.kind_names
+    }
+
+    /// The costs counted so far.
+    pub fn costs(&self) -> &CostMemo {
+        &self.costs
+    }
+
+    /// The graph to pack over, with the memo a call's cost engine fills.
+    pub fn graph_and_costs(&mut self) -> (&GraphIndex, &mut CostMemo) {
+        (&self.graph, &mut self.costs)
+    }
+
+    /// Approximate bytes of memory held.
+    pub fn heap_bytes(&self) -> usize {
+        self.graph.heap_bytes() + self.kinds.capacity() + self.costs.heap_bytes()
+    }
+
+    /// How many times a change copied the whole graph because a report still shared it.
+    pub fn graph_copies(&self) -> usize {
+        self.graph.graph_copies()
+    }
+
+    /// Append classified items (positions continue from `len()`).
+    pub fn append(&mut self, metas: Vec<ItemMeta>) {
+        let (graph, mut notes) = self.appender();
+        notes.note(&metas, 0);
+        graph.extend(metas);
+    }
+
+    /// For an append done in steps on two threads: the graph side (to
+    /// [`GraphIndex::extend`] and [`GraphIndex::reserve`]) and the notes of the kinds (to
+    /// [`KindNotes::note`] for the same items, in the same order). Detaches the live
+    /// reports first. Once the borrow ends, both must have seen the same items (else undo to
+    /// a mark taken before).
+    pub fn appender(&mut self) -> (&mut GraphIndex, KindNotes<'_>) {
+        self.release_results();
+        let notes = KindNotes {
+            kinds: &mut self.kinds,
+            names: &mut self.kind_names,
+            costs: &mut self.costs,
+        };
+        (&mut self.graph, notes)
+    }
+
+    /// A point to come back to with [`IndexedHistory::undo`], before a call that appends
+    /// items or switches the costs' encoding and may fail.
+    pub fn mark(&self) -> HistoryMark {
+        HistoryMark {
+            graph: self.graph.mark(),
+            len: self.graph.len(),
+            names: self.kind_names.0.len(),
+            kinds_capacity: self.kinds.capacity(),
+            costs_capacity: self.costs.capacity(),
+            switched: None,
+        }
+    }
+
+    /// Count under `encoding` from now on (the costs start uncounted if they were counted
+    /// under another one); an undo to `mark` puts back what they were.
+    pub fn switch_costs(&mut self, encoding: Encoding, mark: &mut HistoryMark) {
+        let switched = self.costs.switch(encoding, self.graph.len());
+        if mark.switched.is_none() {
+            mark.switched = switched;
+        }
+    }
+
+    /// Put everything back as it was at `mark` (when only appends, cost counting and cost
+    /// switches happened since): items, graph, kinds and kind names, costs and their
+    /// encoding, and the memory held.
+    pub fn undo(&mut self, mark: HistoryMark) {
+        self.release_results();
+        self.graph.undo_to(mark.graph);
+        if self.kinds.len() > mark.len || self.kinds.capacity() > mark.kinds_capacity {
+            let kinds = Arc::make_mut(&mut self.kinds);
+            kinds.truncate(mark.len);
+            kinds.shrink_to(mark.kinds_capacity);
+        }
+        self.kind_names.0.truncate(mark.names);
+        self.costs.restore(mark.switched, mark.len);
+        self.costs.shrink_back(mark.len, mark.costs_capacity);
+    }
+
+    /// The decision report of a pack over the indexed history (split at `tail.cut` when
+    /// given), kept alive by the caller and detached before the next change.
+    pub fn decision_rows(&mut self, tail: Option<TailGraph>) -> Arc<Mutex<DecisionRows>> {
+        let rows = Arc::new(Mutex::new(DecisionRows::new(
+            self.graph.shared_graph(),
+            tail,
+            Arc::clone(&self.kinds),
+        )));
+        self.live.retain(|t| t.strong_count() > 0);
+        self.live.push(Arc::downgrade(&rows));
+        rows
+    }
+
+    /// Detach the decision reports of earlier packs, so that a kept one never makes a change
+    /// copy the graph or kinds. Only reports still alive copy anything (their own rows,
+    /// compactly).
+    pub fn release_results(&mut self) {
+        for table in self.live.drain(..) {
+            if let Some(rows) = table.upgrade() {
+                lock(&rows).detach();
+            }
+        }
+    }
+
+    /// Keep only the first `len` items.
+    pub fn truncate(&mut self, len: usize) {
+        self.release_results();
+        if self.kinds.len() > len {
+            Arc::make_mut(&mut self.kinds).truncate(len);
+        }
+        self.costs.truncate(len);
+        self.graph.truncate(len);
+    }
+
+    /// Forget every item.
+    pub fn clear(&mut self) {
+        self.release_results();
+        self.graph.clear();
+        Arc::make_mut(&mut self.kinds).clear();
+        self.costs.clear();
+    }
+
+    /// The index as bytes, costs included, for [`IndexedHistory::from_snapshot`] with the
+    /// same `binding` (see [`GraphIndex::to_snapshot`]).
+    pub fn snapshot(&self, binding: &[u8]) -> Vec<u8> {
+        self.graph.to_snapshot(&self.costs.payload(), binding)
+    }
+
+    /// Load what [`IndexedHistory::snapshot`] wrote for `binding`; a damaged cost payload is
+    /// [`SnapshotError::Damaged`]. Nothing is ever loaded in part.
+    pub fn from_snapshot(bytes: &[u8], binding: &[u8]) -> Result<IndexedHistory, SnapshotError> {
+        let (graph, payload) = GraphIndex::from_snapshot::<CostPayload>(bytes, binding)?;
+        let costs = CostMemo::from_payload(payload, graph.len()).map_err(SnapshotError::Damaged)?;
+        let mut kind_names = KindNames::default();
+        let kinds = (0..graph.len())
+            .map(|p| kind_names.code(graph.kind(p).name()))
+            .collect();
+        Ok(IndexedHistory {
+            graph,
+            kinds: Arc::new(kinds),
+            kind_names,
+            costs,
+            live: Vec::new(),
+        })
+    }
+}
