@@ -12,12 +12,14 @@
 //!   exactly what was there, memory included: a snapshot afterwards is byte for byte the one
 //!   of before, with the same costs under the same encoding.
 
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::costs::{CostMemo, CostPayload, SwitchedCosts};
+use crate::costs::{CostEngine, CostMemo, CostPayload, CountStore, ItemSource, SwitchedCosts};
 use crate::decisions::DecisionRows;
 use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
 use crate::items::ItemMeta;
+use crate::pack::{CostFailure, CostSource};
 use crate::tokens::Encoding;
 
 /// Small table of the kind names met so far: positions store a one-byte code.
@@ -135,6 +137,20 @@ impl IndexedHistory {
     /// The graph to pack over, with the memo a call's cost engine fills.
     pub fn graph_and_costs(&mut self) -> (&GraphIndex, &mut CostMemo) {
         (&self.graph, &mut self.costs)
+    }
+
+    /// Where a pack of `budget` over this history with `tail` appended can start reading:
+    /// [`GraphIndex::window_start`] with each unit at the lower bound of its known costs
+    /// under `encoding` ([`CostMemo::lower_bound`]: never above the truth, so the window is
+    /// never too short).
+    pub fn window_start(&self, tail: &[ItemMeta], budget: u64, encoding: Encoding) -> usize {
+        let costs = &self.costs;
+        let start = self.graph.window_start(tail, budget, |members| {
+            Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
+                sum.saturating_add(costs.lower_bound(p, encoding))
+            }))
+        });
+        start.unwrap_or_else(|never| match never {})
     }
 
     /// Approximate bytes of memory held.
@@ -272,4 +288,28 @@ impl IndexedHistory {
             live: Vec::new(),
         })
     }
+}
+
+/// Where a pack of `budget` over `graph`'s history can start reading, with the units counted
+/// exactly: positions from `offset` on (those the caller's list holds) by `engine`, earlier
+/// ones at their known cost, else the item overhead (a lower bound, so the window is never
+/// too short). The budget is that of the history alone: no items are appended.
+pub fn counted_window_start<F: ItemSource, S: CountStore>(
+    graph: &GraphIndex,
+    engine: &mut CostEngine<'_, F, S>,
+    budget: u64,
+    offset: usize,
+) -> Result<usize, CostFailure> {
+    graph.window_start(&[], budget, |members| {
+        let listed: Vec<usize> = members.iter().copied().filter(|&p| p >= offset).collect();
+        let counted = engine.costs(&listed)?;
+        let earlier = members
+            .iter()
+            .filter(|&&p| p < offset)
+            .map(|&p| engine.known(p).unwrap_or(crate::tokens::ITEM_OVERHEAD));
+        Ok(counted
+            .into_iter()
+            .chain(earlier)
+            .fold(0u64, |sum, c| sum.saturating_add(c)))
+    })
 }

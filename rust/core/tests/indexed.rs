@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use protoprompt_core::costs::{CostEngine, CostMemo, ItemSource, NoStore};
 use protoprompt_core::decisions::{DecisionRows, Row};
 use protoprompt_core::incremental::SnapshotError;
-use protoprompt_core::indexed::{lock, IndexedHistory};
+use protoprompt_core::indexed::{counted_window_start, lock, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{CostFailure, CostSource, Decision};
 use protoprompt_core::tokens::Encoding;
@@ -329,4 +329,99 @@ fn a_snapshot_with_costs_for_other_items_is_damaged() {
         "damaged index snapshot: token costs do not match the items"
     );
     assert!(matches!(err, SnapshotError::Damaged(_)));
+}
+
+/// Fetches only the positions a caller's history list from `offset` on holds.
+struct Listed {
+    items: Vec<Value>,
+    offset: usize,
+}
+
+impl ItemSource for Listed {
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        positions
+            .iter()
+            .map(|&p| {
+                assert!(p >= self.offset, "position {p} is before the list's offset");
+                Ok(self.items[p].clone())
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn window_starts_count_what_is_listed_and_bound_what_is_not() {
+    let enc = Encoding::O200kBase;
+    let items = history(60, "win");
+    let mut index = IndexedHistory::new();
+    index.append(metas(&items));
+    let n = index.len();
+    let all: Vec<usize> = (0..n).collect();
+    let exact = {
+        let mut memo = CostMemo::default();
+        let mut engine =
+            CostEngine::<_, NoStore>::new(Items(items.clone()), enc).with_memo(&mut memo, n);
+        engine.costs(&all).unwrap()
+    };
+    let walk = |index: &IndexedHistory, budget: u64, cost: &dyn Fn(usize) -> u64| {
+        index
+            .graph()
+            .window_start(&[], budget, |m| {
+                Ok::<u64, ()>(m.iter().map(|&p| cost(p)).sum())
+            })
+            .unwrap()
+    };
+    let budgets = [0, 10, 40, 150, 400, 1_000, 1_000_000];
+    let overhead = protoprompt_core::tokens::ITEM_OVERHEAD;
+    let mut starts = Vec::new();
+    for &budget in &budgets {
+        // Nothing counted yet: every position at the item overhead.
+        let start = index.window_start(&[], budget, enc);
+        assert_eq!(
+            start,
+            walk(&index, budget, &|_| overhead),
+            "budget {budget}"
+        );
+        starts.push(start);
+    }
+    assert!(starts.windows(2).all(|w| w[0] >= w[1]), "{starts:?}");
+    assert!(starts[0] > 0 && *starts.last().unwrap() == 0, "{starts:?}");
+
+    // The first half counted into the memo under `enc`; another encoding knows nothing.
+    let offset = n / 2;
+    count(&mut index, &items, enc, &all[..offset]);
+    let known = |p: usize| if p < offset { exact[p] } else { overhead };
+    for &budget in &budgets {
+        assert_eq!(
+            index.window_start(&[], budget, enc),
+            walk(&index, budget, &known)
+        );
+        let other = index.window_start(&[], budget, Encoding::Cl100kBase);
+        assert_eq!(other, walk(&index, budget, &|_| overhead));
+    }
+
+    // Counted exactly: the listed positions (from `offset2` on) fetched and counted, earlier
+    // ones at their known cost (the memo's first half), the rest at the overhead.
+    let offset2 = n * 3 / 4;
+    let bound = |p: usize| {
+        if p >= offset2 || p < offset {
+            exact[p]
+        } else {
+            overhead
+        }
+    };
+    for &budget in &budgets {
+        let mut fresh = IndexedHistory::new();
+        fresh.append(metas(&items));
+        count(&mut fresh, &items, enc, &all[..offset]);
+        let expected = walk(&fresh, budget, &bound);
+        let (graph, memo) = fresh.graph_and_costs();
+        let listed = Listed {
+            items: items.clone(),
+            offset: offset2,
+        };
+        let mut engine = CostEngine::<_, NoStore>::new(listed, enc).with_memo(memo, n);
+        let start = counted_window_start(graph, &mut engine, budget, offset2).unwrap();
+        assert_eq!(start, expected, "budget {budget}");
+    }
 }

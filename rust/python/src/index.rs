@@ -7,10 +7,10 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions, Preload};
-use protoprompt_core::indexed::IndexedHistory;
+use protoprompt_core::indexed::{counted_window_start, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::pack::{pack_view, CostFailure, CostSource, PackError, PackOptions};
-use protoprompt_core::tokens::{self, Encoding};
+use protoprompt_core::pack::{pack_view, CostFailure, PackError, PackOptions};
+use protoprompt_core::tokens::Encoding;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -309,19 +309,8 @@ impl PyHistoryIndex {
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let metas = classify_items(py, bound(py, &items), n, n)?;
-        let costs = self.inner.costs();
-        let lower = |p: usize| costs.lower_bound(p, enc);
-        let index = self.inner.graph();
-        let start = py.detach(|| {
-            index.window_start(&metas, budget, |members| {
-                Ok::<u64, std::convert::Infallible>(
-                    members
-                        .iter()
-                        .fold(0u64, |a, &p| a.saturating_add(lower(p))),
-                )
-            })
-        });
-        Ok(start.unwrap_or_else(|never| match never {}))
+        let inner = &self.inner;
+        Ok(py.detach(|| inner.window_start(&metas, budget, enc)))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -367,20 +356,7 @@ impl PyHistoryIndex {
         let mut source = PyCosts::new(items, enc)
             .with_memo(costs, n)
             .with_store(store);
-        let walked = py.detach(|| {
-            index.window_start(&[], budget, |members| {
-                let listed: Vec<usize> = members.iter().copied().filter(|&p| p >= offset).collect();
-                let counted = source.costs(&listed)?;
-                let earlier = members
-                    .iter()
-                    .filter(|&&p| p < offset)
-                    .map(|&p| source.known(p).unwrap_or(tokens::ITEM_OVERHEAD));
-                Ok(counted
-                    .into_iter()
-                    .chain(earlier)
-                    .fold(0u64, |a, c| a.saturating_add(c)))
-            })
-        });
+        let walked = py.detach(|| counted_window_start(index, &mut source, budget, offset));
         let tokenizer_failed = tokenizer_failure(py, n, &source);
         let (mut items, link) = source.finish();
         if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
