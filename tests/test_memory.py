@@ -486,6 +486,26 @@ def test_bad_input_is_rejected_with_a_named_argument(call, exc, name, store: Mem
         call(store)
 
 
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda s: s.remember("a\x00b", scope=ALICE), "text"),
+        (lambda s: s.index_document("d", "a\x00b", scope=ALICE), "text"),
+        (lambda s: s.index_document("d\x00", "text", scope=ALICE), "doc_id"),
+        (lambda s: s.set_profile("a\x00b", scope=ALICE), "profile"),
+        (lambda s: s.set_profile({"k": "a\x00b"}, scope=ALICE), "profile"),
+        (lambda s: s.forget(scope=ALICE, fact_id="f\x00"), "fact_id"),
+    ],
+)
+def test_nul_characters_are_rejected_on_every_engine(call, name, store: MemoryStore) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL text cannot hold NUL, so no engine stores it: a clear error naming the
+    argument, and nothing written."""
+    with pytest.raises(ValueError, match=f"{name} must not contain NUL"):
+        call(store)
+    assert store.facts(scope=ALICE) == [] and store.get_profile(scope=ALICE) is None
+    assert store.search("a b text", scope=ALICE) == []
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="chunk_words"):
         MemoryStore(chunk_words=0)
@@ -493,6 +513,8 @@ def test_constructor_validation() -> None:
         MemoryStore(chunk_words=10, chunk_overlap=10)
     with pytest.raises(TypeError, match="chunk_overlap"):
         MemoryStore(chunk_overlap=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path"):
+        MemoryStore(5)  # type: ignore[arg-type]
 
 
 def test_closed_store_raises(new_db: NewDb) -> None:

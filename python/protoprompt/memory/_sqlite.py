@@ -147,8 +147,7 @@ class SQLiteBackend:
         created_at: float,
     ) -> None:
         rows = [
-            (*scope, doc_id, c.chunk_index, c.start, c.end, c.text, metadata, created_at, c.embedding)
-            for c in chunks
+            (*scope, doc_id, *chunk[:4], metadata, created_at, chunk.embedding) for chunk in chunks
         ]
         with self._transaction() as conn:
             conn.execute(
