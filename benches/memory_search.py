@@ -124,6 +124,25 @@ def measure(
     return times, found
 
 
+def database_mb(store: MemoryStore, target: str) -> float:
+    """The size of the memory tables with their indexes (SQLite: the whole file)."""
+    if store.engine == "sqlite":
+        return sum(
+            Path(target + suffix).stat().st_size
+            for suffix in ("", "-wal")
+            if Path(target + suffix).exists()
+        ) / 1e6
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        row = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class AS c"
+            " WHERE c.relname LIKE 'pp\\_mem\\_%' AND c.relkind = 'r'"
+            " AND c.relnamespace = current_schema()::regnamespace"
+        ).fetchone()
+    return float(row[0] or 0) / 1e6 if row else 0.0
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
@@ -166,10 +185,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
                     with psycopg.connect(pg_url, autocommit=True) as conn:
                         conn.execute("ANALYZE pp_mem_records")
-                progress(f"{engine}: loaded in {load_s:.0f} s; searching")
+                size_mb = database_mb(store, target)
+                progress(f"{engine}: loaded in {load_s:.0f} s, {size_mb:.0f} MB; searching")
                 times, found[engine] = measure(store, queries)
             results[engine] = {
                 "load_s": load_s,
+                "size_mb": size_mb,
                 "p50": percentile(times, 50),
                 "p95": percentile(times, 95),
                 "mean": statistics.fmean(times),
@@ -192,14 +213,15 @@ def table(args: argparse.Namespace, results: dict[str, object]) -> str:
         f"{datetime.date.today()}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}.",
         "",
-        "| engine | search p50 ms | search p95 ms | mean ms | load s |",
-        "|---|---|---|---|---|",
+        "| engine | search p50 ms | search p95 ms | mean ms | load s | database MB |",
+        "|---|---|---|---|---|---|",
     ]
     for engine in ("sqlite", "postgresql"):
         r = results[engine]
         assert isinstance(r, dict)
         lines.append(
-            f"| {engine} | {r['p50']:.2f} | {r['p95']:.2f} | {r['mean']:.2f} | {r['load_s']:.0f} |"
+            f"| {engine} | {r['p50']:.2f} | {r['p95']:.2f} | {r['mean']:.2f} | {r['load_s']:.0f}"
+            f" | {r['size_mb']:,.0f} |"
         )
     lines += [
         "",
