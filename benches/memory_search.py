@@ -127,11 +127,14 @@ def measure(
 def database_mb(store: MemoryStore, target: str) -> float:
     """The size of the memory tables with their indexes (SQLite: the whole file)."""
     if store.engine == "sqlite":
-        return sum(
-            Path(target + suffix).stat().st_size
-            for suffix in ("", "-wal")
-            if Path(target + suffix).exists()
-        ) / 1e6
+        return (
+            sum(
+                Path(target + suffix).stat().st_size
+                for suffix in ("", "-wal")
+                if Path(target + suffix).exists()
+            )
+            / 1e6
+        )
     import psycopg
 
     with psycopg.connect(target) as conn:
