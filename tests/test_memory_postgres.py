@@ -24,6 +24,7 @@ from protoprompt.memory._backend import is_postgres_url
 from protoprompt.memory._postgres import (
     SCHEMA_VERSION,
     redact,
+    search_statement,
     tsquery_literal,
     tsvector_literal,
     words,
@@ -355,3 +356,28 @@ def test_both_engines_find_the_same_records(
                     assert found[0] == found[1], query
         finally:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_a_scoped_search_reads_through_an_index_not_the_whole_table(
+    postgres_schema: NewDb,
+) -> None:
+    """The search the store runs, on a table of many scopes: the plan reads the scope's
+    rows through an index (the scope B-tree or the GIN index), never the whole table."""
+    url = postgres_schema()
+    words_ = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"]
+    with MemoryStore(url, chunk_words=5, chunk_overlap=0) as store:
+        for i in range(50):
+            text = "\n\n".join(
+                " ".join(words_[(i + p + k) % 8] for k in range(5)) + "." for p in range(100)
+            )
+            store.index_document("doc", text, scope=MemoryScope("acme", user=f"u{i}"))
+        hits = store.search("apple fig", scope=MemoryScope("acme", user="u7"), limit=5)
+        assert len(hits) == 5 and {h.scope.user for h in hits} == {"u7"}
+    query = tsquery_literal(query_pieces("apple fig"))
+    assert query is not None
+    sql, params = search_statement(query, ["document", "fact"], [("acme", "u7", "", "")], 32)
+    with psycopg.connect(url) as conn:
+        conn.execute("ANALYZE pp_mem_records")
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql, params))
+    assert "Seq Scan" not in plan, plan
+    assert "pp_mem_records_scope" in plan or "pp_mem_records_tsv" in plan, plan

@@ -52,6 +52,7 @@ __all__ = [
     "MAX_CONNECTIONS",
     "SCHEMA_VERSION",
     "PostgresBackend",
+    "search_statement",
     "tsquery_literal",
     "tsvector_literal",
     "words",
@@ -397,14 +398,8 @@ class PostgresBackend:
         query = tsquery_literal(pieces)
         if query is None:
             return []
-        where, params = _scope_filter(scopes)
-        rows = self._read(
-            f"SELECT {_COLUMNS}, ts_rank(r.tsv, q.q, 1) AS rank"
-            " FROM pp_mem_records AS r, (SELECT %s::tsquery AS q) AS q"
-            f" WHERE r.tsv @@ q.q AND r.rtype = ANY(%s) AND {where}"
-            " ORDER BY rank DESC, r.id LIMIT %s",
-            (query, list(kinds), *params, pool),
-        )
+        sql, params = search_statement(query, kinds, scopes, pool)
+        rows = self._read(sql, params)
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
 
     def embedded(
@@ -417,6 +412,22 @@ class PostgresBackend:
             (list(kinds), *params),
         )
         return [(tuple(row[:-1]), bytes(row[-1])) for row in rows]
+
+
+def search_statement(
+    query: str, kinds: Sequence[str], scopes: Sequence[ScopeParams], pool: int
+) -> tuple[str, list[Any]]:
+    """The full-text search statement and its parameters: records of ``kinds`` in ``scopes``
+    matching the ``tsquery`` ``query``, best ``ts_rank`` first, ties by id, at most
+    ``pool``."""
+    where, params = _scope_filter(scopes)
+    sql = (
+        f"SELECT {_COLUMNS}, ts_rank(r.tsv, q.q, 1) AS rank"
+        " FROM pp_mem_records AS r, (SELECT %s::tsquery AS q) AS q"
+        f" WHERE r.tsv @@ q.q AND r.rtype = ANY(%s) AND {where}"
+        " ORDER BY rank DESC, r.id LIMIT %s"
+    )
+    return sql, [query, list(kinds), *params, pool]
 
 
 def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str, list[Any]]:
