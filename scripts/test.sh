@@ -175,7 +175,8 @@ sdk_conformance() {
 # on 127.0.0.1 with throw-away data under $WORK/services, stopped when this script ends. Their
 # URLs are exported (PROTOPROMPT_TEST_POSTGRES_URL, PROTOPROMPT_TEST_REDIS_URL) and
 # PROTOPROMPT_REQUIRE_SERVICES=1 turns a test's skip for a missing server into a failure.
-# Install + start: ~25 s on a fresh machine, ~2 s when the packages are there.
+# Install + start: ~25 s on a fresh machine; ~7 s when the packages are there (an apt-get
+# update looks for a pgvector package, which Debian 12 does not have).
 SERVICES_STARTED=0
 start_services() {
   [ "$SERVICES_STARTED" = 1 ] && return 0
