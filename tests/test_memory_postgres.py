@@ -153,6 +153,19 @@ def test_the_store_runs_on_postgres_and_redacts_its_url(postgres_schema: NewDb) 
         )
 
 
+def test_a_huge_fact_is_stored_and_found_by_its_first_megabyte_of_words(
+    postgres_schema: NewDb,
+) -> None:
+    """PostgreSQL keeps at most 1 MiB of words and positions per tsvector: a longer fact is
+    stored whole and found by the words that fit (SQLite indexes them all)."""
+    text = " ".join(f"w{i:07d}x" for i in range(120_000))  # 1.08 MB of distinct words
+    with MemoryStore(postgres_schema()) as store:
+        store.remember(text, scope=ALICE)
+        [hit] = store.search("w0000001x", scope=ALICE)
+        assert hit.text == text
+        assert store.search("w0119999x", scope=ALICE) == []  # past the first megabyte
+
+
 def test_the_database_persists_and_is_shared_with_other_tables(postgres_schema: NewDb) -> None:
     url = postgres_schema()
     with psycopg.connect(url, autocommit=True) as other:
@@ -215,6 +228,25 @@ def test_a_failed_statement_changes_nothing(postgres_schema: NewDb) -> None:
         # the old version is still there, whole
         assert [h.text for h in store.search("first", scope=ALICE)] == ["first version"]
         store.remember("still works", scope=ALICE)
+
+
+def test_connections_the_server_dropped_are_replaced(postgres_schema: NewDb) -> None:
+    """A restart, a failover or an idle timeout closes the store's connections under it: the
+    next call gets a new one (the pool checks a connection before handing it out)."""
+    url = postgres_schema()
+    with MemoryStore(url) as store:
+        store.remember("before the drop", scope=ALICE)
+        pool = store._backend._connections()
+        with pool.connection() as conn:
+            pid = conn.info.backend_pid
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone() != (0,):
+                time.sleep(0.01)
+        store.remember("after the drop", scope=ALICE)
+        assert {f.text for f in store.facts(scope=ALICE)} == {"before the drop", "after the drop"}
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

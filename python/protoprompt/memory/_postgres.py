@@ -69,6 +69,7 @@ _SCHEMA_LOCK = 0
 _MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one word (2 KiB less the terminator)
 _MAX_POSITION = 16383  # positions beyond are stored as this one
 _MAX_POSITIONS = 256  # positions kept per word
+_MAX_LEXEME_TOTAL = 1_000_000  # bytes of one record's tsvector data (PostgreSQL: < 1 MiB)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pp_mem_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -132,13 +133,22 @@ def _indexable(word: str) -> bool:
 def tsvector_literal(text: str) -> str:
     """The ``tsvector`` of ``text``: each of its :func:`words` with its 1-based positions
     (positions past 16383 count as 16383; at most 256 per word; words longer than
-    PostgreSQL's 2046-byte limit are not indexed)."""
+    PostgreSQL's 2046-byte limit are not indexed, nor further words or positions once the
+    ``tsvector`` would take 1,000,000 bytes -- PostgreSQL's limit is 1 MiB)."""
     positions: dict[str, list[int]] = {}
+    total = 0  # PostgreSQL's count: each word (aligned to 2 bytes), 2 + 2 per position
     for number, word in enumerate(words(text), start=1):
-        if _indexable(word):
-            kept = positions.setdefault(word, [])
-            if len(kept) < _MAX_POSITIONS:
-                kept.append(min(number, _MAX_POSITION))
+        kept = positions.get(word)
+        if kept is None:
+            size = len(word.encode("utf-8"))
+            cost = size + (size & 1) + 4
+            if size > _MAX_LEXEME_BYTES or total + cost > _MAX_LEXEME_TOTAL:
+                continue
+            total += cost
+            positions[word] = [min(number, _MAX_POSITION)]
+        elif len(kept) < _MAX_POSITIONS and total + 2 <= _MAX_LEXEME_TOTAL:
+            total += 2
+            kept.append(min(number, _MAX_POSITION))
     return " ".join(
         _quote(word) + ":" + ",".join(map(str, sorted(set(kept))))
         for word, kept in positions.items()
