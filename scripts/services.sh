@@ -25,6 +25,7 @@
 #   PROTOPROMPT_TEST_POSTGRES_URL   postgresql://protoprompt:<password>@127.0.0.1:<port>/protoprompt
 #   PROTOPROMPT_TEST_REDIS_URL      redis://127.0.0.1:<port>/0
 #   PROTOPROMPT_TEST_PGVECTOR       1 when the pgvector extension is installed on that server
+#                                   (then created in the database: MemoryStore ranks vectors there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,7 +92,8 @@ install_missing() {
   local bindir major
   bindir=$(pg_bindir) || { say "no PostgreSQL server binaries under /usr/lib/postgresql"; return 1; }
   major=$(basename "$(dirname "$bindir")")
-  if ! dpkg_installed "postgresql-$major-pgvector" && [ "$(id -u)" = 0 ]; then
+  if ! dpkg_installed "postgresql-$major-pgvector" && [ "$(id -u)" = 0 ] &&
+    [ ! -f "/usr/share/postgresql/$major/extension/vector.control" ]; then
     if [ "$APT_UPDATED" = 0 ] && ! apt_has "postgresql-$major-pgvector"; then
       apt-get update -qq && APT_UPDATED=1
     fi
@@ -148,6 +150,9 @@ start_postgres() {
   PGPASSWORD=$password "$bindir/createdb" -h 127.0.0.1 -p "$port" -U protoprompt protoprompt
   local url="postgresql://protoprompt:$password@127.0.0.1:$port/protoprompt" pgvector=0
   if [ -f "$("$bindir/pg_config" --sharedir 2> /dev/null || echo /nonexistent)/extension/vector.control" ]; then
+    # pgvector is not a trusted extension: its owner (here the superuser) creates it.
+    PGPASSWORD=$password "$bindir/psql" -q -h 127.0.0.1 -p "$port" -U protoprompt -d protoprompt \
+      -c "CREATE EXTENSION IF NOT EXISTS vector" > /dev/null
     pgvector=1
   fi
   {

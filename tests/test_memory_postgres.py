@@ -413,3 +413,137 @@ def test_a_scoped_search_reads_through_an_index_not_the_whole_table(
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql, params))
     assert "Seq Scan" not in plan, plan
     assert "pp_mem_records_scope" in plan or "pp_mem_records_tsv" in plan, plan
+
+
+# --------------------------------------------------------------------- vectors
+
+
+def _pgvector() -> bool:
+    return os.environ.get("PROTOPROMPT_TEST_PGVECTOR") == "1"
+
+
+def _need_pgvector() -> None:
+    if not _pgvector():
+        pytest.skip(
+            "the test server has no pgvector (Debian 12 ships no postgresql-15-pgvector): "
+            "MemoryStore ranks vectors in the client there, as test_memory.py's hybrid "
+            "tests show"
+        )
+
+
+def _embed(batch: list[str]) -> list[list[float]]:
+    from test_memory import bow_embedder
+
+    return bow_embedder(batch)
+
+
+DOCS = {
+    "garage": "Our garage repairs cars and replaces car engines.",
+    "bakery": "The bakery sells fresh bread every morning.",
+    "vet": "The vet treats every kitten and feline patient.",
+    "dealer": "The dealer sells a used automobile or a new vehicle.",
+}
+
+
+def test_vectors_are_ranked_where_the_database_can(postgres_schema: NewDb) -> None:
+    """With pgvector in the database the server ranks vectors (no vector is sent to the
+    client), else the client does; both give the SQLite store's ranking."""
+    with (
+        MemoryStore(postgres_schema(), embedder=_embed) as pg,
+        MemoryStore(embedder=_embed) as lite,
+    ):
+        assert pg.vector_ranking == ("pgvector" if _pgvector() else "client")
+        assert lite.vector_ranking == "client"
+        for store in (pg, lite):
+            for doc_id, text in DOCS.items():
+                store.index_document(doc_id, text, scope=ALICE)
+            store.remember("Alice owns a kitten and a car", scope=ALICE)
+        if _pgvector():
+            # the fast path: every record has its server-side vector, none goes to the client
+            assert pg._backend.embedded(["document", "fact"], [("acme", "alice", "", "")]) == []
+        for query in ("automobile", "feline", "bread vehicle", "cat car"):
+            got = {
+                name: [
+                    (h.doc_id, h.fact_id is not None, h.score) for h in s.search(query, scope=ALICE)
+                ]
+                for name, s in (("pg", pg), ("lite", lite))
+            }
+            assert [g[:2] for g in got["pg"]] == [g[:2] for g in got["lite"]], query
+            for (_, _, a), (_, _, b) in zip(got["pg"], got["lite"]):
+                assert a == pytest.approx(b, rel=1e-5), query
+
+
+def test_pgvector_ranks_records_with_and_without_a_server_vector_together(
+    postgres_schema: NewDb,
+) -> None:
+    """Records another store wrote without the ``vec`` column's value (an older protoprompt,
+    or written before the extension was created) are ranked in the client and merged; other
+    lengths and zero vectors never match."""
+    _need_pgvector()
+    url = postgres_schema()
+    with MemoryStore(url, embedder=_embed) as store, MemoryStore(embedder=_embed) as lite:
+        for s in (store, lite):
+            for doc_id, text in DOCS.items():
+                s.index_document(doc_id, text, scope=ALICE)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE pp_mem_records SET vec = NULL WHERE doc_id IN ('garage', 'vet')")
+        assert {
+            r[0][6] for r in store._backend.embedded(["document"], [("acme", "alice", "", "")])
+        } == {
+            "garage",
+            "vet",
+        }
+        for query in ("automobile", "feline", "bread vehicle"):
+            assert [h.doc_id for h in store.search(query, scope=ALICE)] == [
+                h.doc_id for h in lite.search(query, scope=ALICE)
+            ], query
+    # another embedder's length, and a zero vector: cosine 0 (no match), on the server too
+    with MemoryStore(url, embedder=lambda b: [[0.0, 0.0, 1.0] for _ in b]) as three:
+        three.remember("three dimensions", scope=ALICE)
+    with MemoryStore(url, embedder=lambda b: [[0.0] * 64 for _ in b]) as zero:
+        zero.remember("all zeros", scope=ALICE)
+        with MemoryStore(url, embedder=_embed) as store:
+            texts = {h.text for h in store.search("automobile three zeros", scope=ALICE, limit=50)}
+            assert "three dimensions" in texts and "all zeros" in texts  # by their words only
+            assert [h.text for h in store.search("automobile", scope=ALICE)] == [
+                DOCS["dealer"],
+                DOCS["garage"],
+            ]
+
+
+def test_a_foreign_vec_column_is_ignored(postgres_schema: NewDb) -> None:
+    """A ``vec`` column of another type (not pgvector's) is not trusted: vectors are ranked in
+    the client, and the store works."""
+    url = postgres_schema()
+    MemoryStore(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        if _pgvector():
+            conn.execute("ALTER TABLE pp_mem_records DROP COLUMN vec")
+        conn.execute("ALTER TABLE pp_mem_records ADD COLUMN vec TEXT")
+    with MemoryStore(url, embedder=_embed) as store:
+        assert store.vector_ranking == "client"
+        store.index_document("garage", DOCS["garage"], scope=ALICE)
+        assert [h.doc_id for h in store.search("automobile", scope=ALICE)] == ["garage"]
+
+
+def test_pgvector_hands_over_the_best_candidates_of_a_large_scope(
+    postgres_schema: NewDb,
+) -> None:
+    """More vectors in the scope than a search's candidate pool: the server's pool is the
+    best one, so the result equals the client's ranking over every vector."""
+    _need_pgvector()
+    import random
+
+    rng = random.Random(5)
+    vocabulary = ["car", "cat", "bread", "engine", "kitten", "garage", "lease", "pump", "tyre"]
+    facts = [" ".join(rng.choices(vocabulary, k=6)) + f" n{i}" for i in range(150)]
+    with (
+        MemoryStore(postgres_schema(), embedder=_embed) as pg,
+        MemoryStore(embedder=_embed) as lite,
+    ):
+        for store in (pg, lite):
+            for text in facts:
+                store.remember(text, scope=ALICE)
+        for query in ("automobile feline", "vehicle", "auto"):  # no word of theirs matches
+            got = [[h.text for h in s.search(query, scope=ALICE, limit=5)] for s in (pg, lite)]
+            assert got[0] == got[1] and len(got[0]) == 5, query

@@ -113,10 +113,28 @@ class Backend(Protocol):
         a phrase of its words), with the engine's relevance (higher is better, > 0), best
         first and by id on ties, at most ``pool``."""
 
+    @property
+    def vector_ranking(self) -> str:
+        """Where vectors are ranked: ``"client"`` (:meth:`embedded`, cosine similarity in
+        this process) or ``"pgvector"`` (:meth:`vector_ranked`, by the server)."""
+
     def embedded(
         self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
     ) -> list[tuple[Row, bytes]]:
-        """Records of ``kinds`` in ``scopes`` that have an embedding, with it (float32)."""
+        """Records of ``kinds`` in ``scopes`` with an embedding (float32) that the server does
+        not rank (:meth:`vector_ranked`): every such record when vectors are ranked in the
+        client."""
+
+    def vector_ranked(
+        self,
+        query: Sequence[float],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        """Records of ``kinds`` in ``scopes`` that the server ranks by cosine similarity to
+        ``query`` (vectors of its length only), best first and by id on ties, at most
+        ``pool``; ``[]`` when vectors are ranked in the client."""
 
     def close(self) -> None:
         """Release the connections; idempotent. Later calls raise ``RuntimeError``."""

@@ -13,8 +13,13 @@ Design notes
 * **Relevance** is ``ts_rank(tsv, query, 1)``: term frequency, divided by ``1 + log`` of the
   record's length. SQLite ranks by bm25 instead; which records match is the same, and the
   rest of the ranking contract (fusion, ties, pool sizes) is the store's, shared.
-* **Vectors** are stored as float32 ``bytea``, as in SQLite, and ranked in the client
-  (cosine similarity over the records of the visible scopes).
+* **Vectors** are stored as float32 ``bytea``, as in SQLite. When the database has the
+  pgvector extension (``CREATE EXTENSION vector``, by its owner: it is not a trusted
+  extension), each record also gets its vector in a ``vec`` column (added on first use) and
+  the server ranks the visible scopes' vectors by cosine distance, so no vector crosses the
+  network; records without one (written by a store that did not know the column) are ranked
+  in the client as before, and the two rankings merged. Without pgvector every vector is
+  ranked in the client (:attr:`PostgresBackend.vector_ranking` says which).
 * **Writers on many hosts.** Every write is one transaction. Replacing a document takes a
   transaction-scoped advisory lock on (scope, doc_id), so two writers of the same document
   cannot interleave their delete and insert; facts and profiles need none (an insert; an
@@ -36,6 +41,7 @@ import re
 import threading
 import unicodedata
 import weakref
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -55,6 +61,7 @@ __all__ = [
     "search_statement",
     "tsquery_literal",
     "tsvector_literal",
+    "vector_statement",
     "words",
 ]
 
@@ -69,6 +76,7 @@ _SCHEMA_LOCK = 0
 _MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one word (2 KiB less the terminator)
 _MAX_POSITION = 16383  # positions beyond are stored as this one
 _MAX_POSITIONS = 256  # positions kept per word
+_MAX_VECTOR_DIMS = 16000  # pgvector's limit for the vector type
 _MAX_LEXEME_TOTAL = 1_000_000  # bytes of one record's tsvector data (PostgreSQL: < 1 MiB)
 
 _SCHEMA = (
@@ -243,7 +251,13 @@ class PostgresBackend:
         self._closed = False
         with _database_errors(), driver.connect(self._url, autocommit=True) as conn:
             _migrate(conn)
+            self._vector = _vector_setup(conn)
         _BACKENDS.add(self)
+
+    @property
+    def vector_ranking(self) -> str:
+        """``"pgvector"`` when the server ranks vectors, else ``"client"``."""
+        return "client" if self._vector is None else "pgvector"
 
     def describe(self) -> str:
         return redact(self._url)
@@ -305,9 +319,11 @@ class PostgresBackend:
                 created_at,
                 c.embedding,
                 tsvector_literal(c.text),
+                *self._vec_param(c.embedding),
             )
             for c in chunks
         ]
+        vec_column, vec_value = self._vec_sql()
         with self._transaction() as cur:
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, _lock_key(scope, doc_id))
@@ -321,8 +337,8 @@ class PostgresBackend:
                 cur.executemany(
                     "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind,"
                     " doc_id, chunk_index, char_start, char_end, text, metadata, created_at,"
-                    " embedding, tsv) VALUES ('document', %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                    " %s, %s, %s, %s::tsvector)",
+                    f" embedding, tsv{vec_column}) VALUES ('document', %s, %s, %s, %s, %s, %s,"
+                    f" %s, %s, %s, %s, %s, %s, %s::tsvector{vec_value})",
                     rows,
                 )
 
@@ -335,13 +351,43 @@ class PostgresBackend:
         created_at: float,
         embedding: bytes | None,
     ) -> None:
+        vec_column, vec_value = self._vec_sql()
         with self._transaction() as cur:
             cur.execute(
                 "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, fact_id,"
-                " importance, text, created_at, embedding, tsv)"
-                " VALUES ('fact', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)",
-                (*scope, fact_id, importance, text, created_at, embedding, tsvector_literal(text)),
+                f" importance, text, created_at, embedding, tsv{vec_column})"
+                " VALUES ('fact', %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                f" %s::tsvector{vec_value})",
+                (
+                    *scope,
+                    fact_id,
+                    importance,
+                    text,
+                    created_at,
+                    embedding,
+                    tsvector_literal(text),
+                    *self._vec_param(embedding),
+                ),
             )
+
+    def _vec_sql(self) -> tuple[str, str]:
+        """The ``vec`` column and its value placeholder of an INSERT (none without pgvector)."""
+        if self._vector is None:
+            return "", ""
+        return ", vec", f", %s::{self._vector}.vector"
+
+    def _vec_param(self, embedding: bytes | None) -> tuple[str | None, ...]:
+        """The ``vec`` parameter of an INSERT: ``embedding`` as pgvector's text form
+        (``None`` without one, or past pgvector's 16,000 dimensions; none without pgvector)."""
+        if self._vector is None:
+            return ()
+        if embedding is None:
+            return (None,)
+        values = array("f")
+        values.frombytes(embedding)
+        if len(values) > _MAX_VECTOR_DIMS:
+            return (None,)
+        return ("[" + ",".join(map(repr, values)) + "]",)
 
     def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
         with self._transaction() as cur:
@@ -416,12 +462,27 @@ class PostgresBackend:
         self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
     ) -> list[tuple[Row, bytes]]:
         where, params = _scope_filter(scopes)
+        # With pgvector, records with a vec are ranked by the server (vector_ranked).
+        no_vec = "" if self._vector is None else " AND r.vec IS NULL"
         rows = self._read(
             f"SELECT {_COLUMNS}, r.embedding FROM pp_mem_records AS r"
-            f" WHERE r.embedding IS NOT NULL AND r.rtype = ANY(%s) AND {where}",
+            f" WHERE r.embedding IS NOT NULL{no_vec} AND r.rtype = ANY(%s) AND {where}",
             (list(kinds), *params),
         )
         return [(tuple(row[:-1]), bytes(row[-1])) for row in rows]
+
+    def vector_ranked(
+        self,
+        query: Sequence[float],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        if self._vector is None or len(query) > _MAX_VECTOR_DIMS:
+            return []
+        sql, params = vector_statement(self._vector, query, kinds, scopes, pool)
+        rows = self._read(sql, params)
+        return [(tuple(row[:-1]), float(row[-1])) for row in rows]
 
 
 def search_statement(
@@ -440,6 +501,29 @@ def search_statement(
     return sql, [query, list(kinds), *params, pool]
 
 
+def vector_statement(
+    schema: str,
+    query: Sequence[float],
+    kinds: Sequence[str],
+    scopes: Sequence[ScopeParams],
+    pool: int,
+) -> tuple[str, list[Any]]:
+    """The pgvector ranking statement (``schema``: the extension's, quoted): records of
+    ``kinds`` in ``scopes`` with a vector of ``query``'s length, by cosine similarity (1 -
+    cosine distance; NaN for a zero vector), best first, ties by id, at most ``pool``."""
+    where, params = _scope_filter(scopes)
+    distance = f"r.vec OPERATOR({schema}.<=>) q.v"
+    sql = (
+        f"SELECT {_COLUMNS}, 1 - ({distance}) AS sim"
+        f" FROM pp_mem_records AS r, (SELECT %s::{schema}.vector AS v) AS q"
+        f" WHERE r.vec IS NOT NULL AND {schema}.vector_dims(r.vec) = %s"
+        f" AND r.rtype = ANY(%s) AND {where}"
+        f" ORDER BY {distance}, r.id LIMIT %s"
+    )
+    literal = "[" + ",".join(repr(float(x)) for x in query) + "]"
+    return sql, [literal, len(query), list(kinds), *params, pool]
+
+
 def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str, list[Any]]:
     clause = " AND ".join(
         f"{alias}.{col} = %s" for col in ("s_tenant", "s_user", "s_thread", "s_kind")
@@ -448,6 +532,33 @@ def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str,
     for scope in scopes:
         params.extend(scope)
     return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
+
+
+def _vector_setup(conn: psycopg.Connection[tuple[Any, ...]]) -> str | None:
+    """The quoted schema of the pgvector extension when the database has it, after making
+    sure ``pp_mem_records`` has its ``vec`` column (added once, under the schema lock);
+    ``None`` without the extension, or when a ``vec`` column of another type is there."""
+    found = conn.execute(
+        "SELECT n.nspname FROM pg_extension AS e"
+        " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+    ).fetchone()
+    if found is None:
+        return None
+    schema = '"' + str(found[0]).replace('"', '""') + '"'
+    column_type = (
+        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a"
+        " WHERE a.attrelid = 'pp_mem_records'::regclass AND a.attname = 'vec'"
+        " AND NOT a.attisdropped"
+    )
+    row = conn.execute(column_type).fetchone()
+    if row is None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, _SCHEMA_LOCK))
+            conn.execute(f"ALTER TABLE pp_mem_records ADD COLUMN IF NOT EXISTS vec {schema}.vector")
+        row = conn.execute(column_type).fetchone()
+    if row is None or str(row[0]).rsplit(".", 1)[-1] != "vector":
+        return None  # not ours: ignored, vectors are ranked in the client
+    return schema
 
 
 def _schema_version(conn: psycopg.Connection[tuple[Any, ...]]) -> str | None:

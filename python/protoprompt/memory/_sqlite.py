@@ -255,6 +255,19 @@ class SQLiteBackend:
         # bm25() is lower-is-better (negative): the score is its negation.
         return [(tuple(row[:-1]), -float(row[-1])) for row in rows]
 
+    @property
+    def vector_ranking(self) -> str:
+        return "client"
+
+    def vector_ranked(
+        self,
+        query: Sequence[float],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        return []
+
     def embedded(
         self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
     ) -> list[tuple[Row, bytes]]:

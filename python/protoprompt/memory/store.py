@@ -269,6 +269,12 @@ class MemoryStore:
         """``"sqlite"`` or ``"postgresql"``: the engine this store runs on."""
         return self._engine
 
+    @property
+    def vector_ranking(self) -> str:
+        """Where a hybrid search ranks vectors: ``"pgvector"`` (by the PostgreSQL server,
+        when the database has the pgvector extension) or ``"client"`` (in this process)."""
+        return self._backend.vector_ranking
+
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -469,9 +475,14 @@ class MemoryStore:
         if query_vec is not None:
             query_norm = math.sqrt(sum(x * x for x in query_vec))
             if query_norm > 0.0:
-                for row, blob in self._backend.embedded(kind_list, scopes):
-                    sim = _cosine(query_vec, query_norm, blob)
-                    if sim > 0.0:
+                # Ranked by the server (pgvector) where it can, in this process otherwise.
+                ranked = self._backend.vector_ranked(query_vec, kind_list, scopes, pool)
+                ranked += [
+                    (row, _cosine(query_vec, query_norm, blob))
+                    for row, blob in self._backend.embedded(kind_list, scopes)
+                ]
+                for row, sim in ranked:
+                    if sim > 0.0:  # False for NaN (a zero vector)
                         vec_ranked.append((row[0], sim))
                         rows_by_id.setdefault(row[0], row)
                 vec_ranked.sort(key=lambda item: (-item[1], item[0]))
