@@ -14,7 +14,7 @@ Design notes
   record's length. SQLite ranks by bm25 instead; which records match is the same, and the
   rest of the ranking contract (fusion, ties, pool sizes) is the store's, shared.
 * **Vectors** are stored as float32 ``bytea``, as in SQLite. When the database has the
-  pgvector extension (``CREATE EXTENSION vector``, by its owner: it is not a trusted
+  pgvector extension (``CREATE EXTENSION vector``, by a superuser: it is not a trusted
   extension), each record also gets its vector in a ``vec`` column (added on first use) and
   the server ranks the visible scopes' vectors by cosine distance, so no vector crosses the
   network; records without one (written by a store that did not know the column) are ranked

@@ -230,9 +230,10 @@ class MemoryStore:
       failures raise :class:`~protoprompt.errors.MemoryStoreError`.
 
     If an ``embedder`` is given, chunk and fact vectors are stored too (float32) and
-    :meth:`search` fuses the full-text and cosine rankings by reciprocal-rank fusion (the
-    cosine ranking is computed in this process on either engine). The store is safe to use
-    from many threads and from asyncio via ``asyncio.to_thread``.
+    :meth:`search` fuses the full-text and cosine rankings by reciprocal-rank fusion. The
+    cosine ranking is computed in this process, or by the server on a PostgreSQL database
+    with the pgvector extension (:attr:`vector_ranking`). The store is safe to use from many
+    threads and from asyncio via ``asyncio.to_thread``.
 
     Args:
         path: database file, ``":memory:"`` (default) for a private in-memory SQLite
