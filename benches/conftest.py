@@ -167,6 +167,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                 f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
                 f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
             )
+        if k[0] == "memory_search" and {"sqlite", "postgresql"} <= set(v):
+            lite, pg = v["sqlite"], v["postgresql"]
+            tr.write_line(
+                f"memory search, {k[1][0]:,} records over {k[1][1]:,} scopes (ms, p50 / p95): "
+                f"SQLite {lite['p50']:.2f} / {lite['p95']:.2f}, PostgreSQL {pg['p50']:.2f} / "
+                f"{pg['p95']:.2f}; PostgreSQL p50 {pg['p50'] / lite['p50']:.2f}x SQLite's"
+            )
         if k[0] == "count":
             engine, threads = k[1]
             workers = threads if isinstance(threads, str) else f"{threads} thread(s)"

@@ -566,6 +566,11 @@ def write_markdown(
         text = io.StringIO()
         print_counting(counting, out=text)
         parts += ["## Token counting\n", "```\n" + text.getvalue() + "```\n"]
+    # benches/memory_search.py's section is written by that script: keep it.
+    old = Path(path).read_text() if Path(path).exists() else ""
+    begin, end = old.find("<!-- memory-search -->"), old.find("<!-- /memory-search -->")
+    if 0 <= begin < end:
+        parts.append(old[begin : end + len("<!-- /memory-search -->")] + "\n")
     Path(path).write_text("\n".join(p.rstrip("\n") + "\n" for p in parts))
 
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,71 @@ def vectors() -> list[dict]:
     """The 42 item-graph test vectors of docs/item-graph.md §15 (shared with the Rust tests)."""
     path = HERE.parent / "rust" / "core" / "tests" / "data" / "item-graph-vectors.json"
     return json.loads(path.read_text())["vectors"]
+
+
+# ---------------------------------------------------------------------- servers
+
+# scripts/test.sh starts PostgreSQL and redis-server (scripts/services.sh) and exports their
+# URLs with PROTOPROMPT_REQUIRE_SERVICES=1: there a missing server fails the tests that need
+# it. Elsewhere those tests skip, saying how to start the servers.
+_START = 'scripts/services.sh start && eval "$(scripts/services.sh env)"'
+
+
+def service_url(variable: str, what: str) -> str:
+    """The URL of a test server from ``variable``; skip (fail under scripts/test.sh) without."""
+    url = os.environ.get(variable, "")
+    if url:
+        return url
+    if os.environ.get("PROTOPROMPT_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{variable} is not set: scripts/test.sh starts {what} for these tests")
+    pytest.skip(f"needs {what}: {variable} is not set (run {_START})")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The test PostgreSQL server's URL (a superuser on a throw-away database)."""
+    return service_url("PROTOPROMPT_TEST_POSTGRES_URL", "a PostgreSQL server")
+
+
+@pytest.fixture
+def postgres_schema(postgres_url: str) -> Iterator[Callable[[], str]]:
+    """``new()`` makes an empty schema on the test server and returns a URL whose
+    connections use it (``search_path``), so every call is a fresh, empty database for the
+    memory store; the schemas are dropped after the test."""
+    psycopg = pytest.importorskip("psycopg")
+    made: list[str] = []
+
+    def new() -> str:
+        name = f"pp_test_{uuid.uuid4().hex[:16]}"
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{name}"')
+        made.append(name)
+        glue = "&" if "?" in postgres_url else "?"
+        return f"{postgres_url}{glue}options=-csearch_path%3D{name}"
+
+    yield new
+    if made:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            for name in made:
+                conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+ENGINES = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Each memory-store test runs on SQLite and on PostgreSQL."""
+    return str(request.param)
+
+
+@pytest.fixture
+def new_db(engine: str, request: pytest.FixtureRequest) -> Callable[[], str]:
+    """``new_db()``: a fresh, empty memory database on the test's engine (a private
+    in-memory SQLite database, or a new schema on the test PostgreSQL server)."""
+    if engine == "sqlite":
+        return lambda: ":memory:"
+    return request.getfixturevalue("postgres_schema")  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------- sessions in turns

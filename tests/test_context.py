@@ -28,8 +28,8 @@ CONTRACT = (
 
 
 @pytest.fixture
-def store() -> Iterator[MemoryStore]:
-    with MemoryStore(chunk_words=40, chunk_overlap=0) as s:
+def store(new_db) -> Iterator[MemoryStore]:  # SQLite and PostgreSQL (conftest.py)
+    with MemoryStore(new_db(), chunk_words=40, chunk_overlap=0) as s:
         s.index_document("contract", CONTRACT, scope=SCOPE)
         s.remember("Alice negotiates the renewal of the agreement for Acme.", scope=SCOPE)
         s.set_profile({"name": "Alice", "role": "procurement lead"}, scope=SCOPE)
@@ -299,10 +299,10 @@ def test_context_leaves_history_the_rest_newest_first(store: MemoryStore) -> Non
     assert plan.used <= 260
 
 
-def test_scope_isolation_same_document_id() -> None:
+def test_scope_isolation_same_document_id(new_db) -> None:
     tenant_a = MemoryScope("tenant-a", user="u")
     tenant_b = MemoryScope("tenant-b", user="u")
-    with MemoryStore() as s:
+    with MemoryStore(new_db()) as s:
         s.index_document(
             "contract", "The contract renews in March for tenant alpha.", scope=tenant_a
         )
@@ -333,9 +333,9 @@ def test_explain_mentions_recalled_and_dropped(store: MemoryStore) -> None:
     assert f"used {plan.used}" in text
 
 
-def test_embedder_reranks_within_a_layer() -> None:
+def test_embedder_reranks_within_a_layer(new_db) -> None:
     scope = MemoryScope("acme")
-    with MemoryStore(chunk_words=6, chunk_overlap=0) as s:
+    with MemoryStore(new_db(), chunk_words=6, chunk_overlap=0) as s:
         s.index_document(
             "d",
             "renewal renewal renewal of pumps. Renewal of the lease. "

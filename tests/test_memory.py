@@ -1,4 +1,5 @@
-"""Behavioural tests for protoprompt.memory (scoped SQLite long-term memory)."""
+"""Behavioural tests for protoprompt.memory (scoped long-term memory), each on SQLite and
+on PostgreSQL (the ``engine`` fixture of conftest.py; PostgreSQL from scripts/services.sh)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import sqlite3
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,12 @@ BOB = MemoryScope("acme", user="bob")
 GLOBEX_ALICE = MemoryScope("globex", user="alice")
 
 
+NewDb = Callable[[], str]
+
+
 @pytest.fixture
-def store() -> Iterator[MemoryStore]:
-    with MemoryStore() as s:
+def store(new_db: NewDb) -> Iterator[MemoryStore]:
+    with MemoryStore(new_db()) as s:
         yield s
 
 
@@ -170,11 +174,11 @@ def test_reindex_replaces_previous_version(store: MemoryStore) -> None:
     assert (hit.doc_id, hit.chunk_index, hit.metadata) == ("doc", 0, {"v": 2})
 
 
-def test_chunks_keep_order_offsets_and_metadata() -> None:
+def test_chunks_keep_order_offsets_and_metadata(new_db: NewDb) -> None:
     text = "\n\n".join(
         " ".join(f"p{p}w{i}" for i in range(25)) + "." for p in range(6)
     )  # 6 paragraphs of 25 words
-    with MemoryStore(chunk_words=40, chunk_overlap=5) as store:
+    with MemoryStore(new_db(), chunk_words=40, chunk_overlap=5) as store:
         n = store.index_document("doc", text, scope=ALICE, metadata={"source": "wiki"})
         hits = store.search(" ".join(f"p{p}w3" for p in range(6)), scope=ALICE, limit=50)
     assert len(hits) == n >= 4
@@ -248,14 +252,14 @@ def test_chunker_properties(words: list[str], chunk_words: int, data: st.DataObj
 # --------------------------------------------------------------------- ranking / queries
 
 
-def test_relevant_chunk_ranks_first() -> None:
+def test_relevant_chunk_ranks_first(new_db: NewDb) -> None:
     paragraphs = [
         "The cafeteria serves lunch from noon until two in the afternoon.",
         "Parking permits are issued by the facilities team every January.",
         "To reset your VPN password open the portal and choose reset password.",
         "The library lends books for three weeks and charges small fines.",
     ]
-    with MemoryStore(chunk_words=12, chunk_overlap=0) as store:
+    with MemoryStore(new_db(), chunk_words=12, chunk_overlap=0) as store:
         assert store.index_document("faq", "\n\n".join(paragraphs), scope=ALICE) == 4
         hits = store.search("how do I reset my VPN password?", scope=ALICE)
     assert hits[0].text == paragraphs[2]
@@ -336,12 +340,12 @@ def test_arbitrary_queries_never_raise(store: MemoryStore, query: str) -> None:
 # --------------------------------------------------------------------- hybrid
 
 
-def test_hybrid_finds_semantic_match_without_lexical_overlap() -> None:
+def test_hybrid_finds_semantic_match_without_lexical_overlap(new_db: NewDb) -> None:
     docs = {
         "garage": "Our garage repairs cars and replaces car engines.",
         "bakery": "The bakery sells fresh bread every morning.",
     }
-    with MemoryStore() as plain, MemoryStore(embedder=bow_embedder) as hybrid:
+    with MemoryStore(new_db()) as plain, MemoryStore(new_db(), embedder=bow_embedder) as hybrid:
         for store in (plain, hybrid):
             for doc_id, text in docs.items():
                 store.index_document(doc_id, text, scope=ALICE)
@@ -355,8 +359,8 @@ def test_hybrid_finds_semantic_match_without_lexical_overlap() -> None:
         assert hybrid.search("automobile", scope=BOB) == []
 
 
-def test_hybrid_fuses_lexical_and_semantic_rankings() -> None:
-    with MemoryStore(embedder=bow_embedder) as store:
+def test_hybrid_fuses_lexical_and_semantic_rankings(new_db: NewDb) -> None:
+    with MemoryStore(new_db(), embedder=bow_embedder) as store:
         store.remember("the bread is baked at dawn", scope=ALICE)
         store.remember("my automobile needs new tyres", scope=ALICE)
         store.remember("the vehicle and the bread van", scope=ALICE)
@@ -371,8 +375,10 @@ def test_hybrid_fuses_lexical_and_semantic_rankings() -> None:
     assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
 
 
-def test_bad_embedder_output_is_rejected() -> None:
-    with MemoryStore(embedder=lambda batch: [[1.0]], chunk_words=2, chunk_overlap=0) as store:
+def test_bad_embedder_output_is_rejected(new_db: NewDb) -> None:
+    with MemoryStore(
+        new_db(), embedder=lambda batch: [[1.0]], chunk_words=2, chunk_overlap=0
+    ) as store:
         with pytest.raises(ValueError, match="embedder"):
             store.index_document("d", "one. two.\n\nthree", scope=ALICE)
     with pytest.raises(TypeError, match="embedder"):
@@ -480,6 +486,26 @@ def test_bad_input_is_rejected_with_a_named_argument(call, exc, name, store: Mem
         call(store)
 
 
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda s: s.remember("a\x00b", scope=ALICE), "text"),
+        (lambda s: s.index_document("d", "a\x00b", scope=ALICE), "text"),
+        (lambda s: s.index_document("d\x00", "text", scope=ALICE), "doc_id"),
+        (lambda s: s.set_profile("a\x00b", scope=ALICE), "profile"),
+        (lambda s: s.set_profile({"k": "a\x00b"}, scope=ALICE), "profile"),
+        (lambda s: s.forget(scope=ALICE, fact_id="f\x00"), "fact_id"),
+    ],
+)
+def test_nul_characters_are_rejected_on_every_engine(call, name, store: MemoryStore) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL text cannot hold NUL, so no engine stores it: a clear error naming the
+    argument, and nothing written."""
+    with pytest.raises(ValueError, match=f"{name} must not contain NUL"):
+        call(store)
+    assert store.facts(scope=ALICE) == [] and store.get_profile(scope=ALICE) is None
+    assert store.search("a b text", scope=ALICE) == []
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="chunk_words"):
         MemoryStore(chunk_words=0)
@@ -487,10 +513,12 @@ def test_constructor_validation() -> None:
         MemoryStore(chunk_words=10, chunk_overlap=10)
     with pytest.raises(TypeError, match="chunk_overlap"):
         MemoryStore(chunk_overlap=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path"):
+        MemoryStore(5)  # type: ignore[arg-type]
 
 
-def test_closed_store_raises() -> None:
-    store = MemoryStore()
+def test_closed_store_raises(new_db: NewDb) -> None:
+    store = MemoryStore(new_db())
     with store:
         store.remember("x", scope=ALICE)
     store.close()  # idempotent
@@ -515,7 +543,8 @@ def test_file_database_persists_and_shares_the_file(tmp_path: Path) -> None:
         )
         fact = store.remember("Alice likes tea", scope=ALICE)
         store.set_profile({"name": "Alice"}, scope=ALICE)
-        assert store._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store.engine == "sqlite"
+        assert store._backend._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
     with MemoryStore(str(path), embedder=bow_embedder) as store:
         [hit] = store.search("knowledge", scope=ALICE)
@@ -555,8 +584,13 @@ def _assert_all_present(store: MemoryStore, workers: int, writes: int) -> None:
 
 
 @pytest.mark.parametrize("where", ["memory", "file"])
-def test_concurrent_thread_writers(tmp_path: Path, where: str) -> None:
-    path = ":memory:" if where == "memory" else tmp_path / "mem.db"
+def test_concurrent_thread_writers(tmp_path: Path, where: str, new_db: NewDb, engine: str) -> None:
+    if engine == "sqlite":
+        path = ":memory:" if where == "memory" else str(tmp_path / "mem.db")
+    elif where == "file":
+        pytest.skip("a database file is SQLite's (the memory case covers PostgreSQL)")
+    else:
+        path = new_db()
     workers, writes = 8, 50
     with MemoryStore(path) as store:
         threads = [
@@ -569,8 +603,8 @@ def test_concurrent_thread_writers(tmp_path: Path, where: str) -> None:
         _assert_all_present(store, workers, writes)
 
 
-def test_concurrent_stores_on_one_file(tmp_path: Path) -> None:
-    path = tmp_path / "mem.db"
+def test_concurrent_stores_on_one_database(tmp_path: Path, new_db: NewDb, engine: str) -> None:
+    path = str(tmp_path / "mem.db") if engine == "sqlite" else new_db()
     workers, writes = 4, 25
     MemoryStore(path).close()  # create the schema once
 
@@ -587,7 +621,7 @@ def test_concurrent_stores_on_one_file(tmp_path: Path) -> None:
         _assert_all_present(store, workers, writes)
 
 
-def test_concurrent_asyncio_tasks() -> None:
+def test_concurrent_asyncio_tasks(new_db: NewDb) -> None:
     workers, writes = 8, 50
 
     async def main(store: MemoryStore) -> None:
@@ -596,6 +630,6 @@ def test_concurrent_asyncio_tasks() -> None:
             *(asyncio.to_thread(store.search, "token", scope=ALICE) for _ in range(20)),
         )
 
-    with MemoryStore() as store:
+    with MemoryStore(new_db()) as store:
         asyncio.run(main(store))
         _assert_all_present(store, workers, writes)

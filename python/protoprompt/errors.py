@@ -16,6 +16,7 @@ __all__ = [
     "HistoryMismatchError",
     "InvalidItemError",
     "InvalidNewInputError",
+    "MemoryStoreError",
     "ProtoPromptError",
     "SnapshotError",
     "TokenBudgetExceededError",
@@ -27,6 +28,14 @@ __all__ = [
 
 class ProtoPromptError(Exception):
     """Base class of every protoprompt error."""
+
+
+class MemoryStoreError(ProtoPromptError, RuntimeError):
+    """A :class:`~protoprompt.memory.MemoryStore` on PostgreSQL could not do what was asked:
+    the server cannot be reached, refused the login, or failed the statement; or the database
+    holds memory tables of a schema version this protoprompt does not know. The driver's own
+    exception (``psycopg.Error``) is the ``__cause__``. Nothing is changed by a call that
+    raises it. (A store on SQLite raises ``sqlite3.Error`` as it always did.)"""
 
 
 class TokenBudgetExceededError(ProtoPromptError, ValueError):

@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--db",
         required=True,
-        metavar="PATH",
+        metavar="PATH|URL",
         help="SQLite database of the memory (created if missing, unless "
-        "--read-only); the same file the budgeted callback recalls from",
+        "--read-only), or a postgresql:// URL (needs the postgres extra); the same "
+        "database the budgeted callback recalls from",
     )
     scope = mcp.add_argument_group("scope (fixed for the server's lifetime)")
     scope.add_argument("--tenant", required=True, help="tenant of the scope")
@@ -242,12 +243,15 @@ def _run_mcp(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise _CommandError(str(exc)) from None
     from ..memory import MemoryScope, MemoryStore
+    from ..memory._backend import is_postgres_url
+    from ..memory._postgres import redact
 
     try:
         scope = MemoryScope(args.tenant, user=args.user, thread=args.thread)
     except (TypeError, ValueError) as exc:
         raise _CommandError(f"bad scope: {exc}") from None
-    if args.read_only and not os.path.isfile(args.db):
+    postgres = is_postgres_url(args.db)
+    if args.read_only and not postgres and not os.path.isfile(args.db):
         raise _CommandError(
             f"no database file {args.db!r} (a read-only server does not create one)"
         )
@@ -262,7 +266,8 @@ def _run_mcp(args: argparse.Namespace) -> int:
     try:
         store = MemoryStore(args.db)
     except Exception as exc:  # noqa: BLE001 - sqlite3 errors, a directory, no permission
-        raise _CommandError(f"cannot open the memory database {args.db!r}: {exc}") from None
+        shown = redact(args.db) if postgres else args.db  # no password on the terminal
+        raise _CommandError(f"cannot open the memory database {shown!r}: {exc}") from None
     try:
         server = create_server(
             store,

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, cast
 import anyio
 from pydantic import Field
 
+from ..errors import MemoryStoreError
 from ..memory import MemoryScope, MemoryStore
 from . import _sdk
 from ._tools import MemoryLimits, MemoryTools
@@ -48,7 +49,7 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
             return await anyio.to_thread.run_sync(fn, *args)
         except (ValueError, TypeError) as exc:  # MemoryToolError and the store's own checks
             raise _sdk.ToolError(str(exc)) from exc
-        except sqlite3.Error as exc:  # e.g. a locked or read-only database
+        except (sqlite3.Error, MemoryStoreError) as exc:  # e.g. a locked database, a lost server
             raise _sdk.ToolError(f"memory store error: {exc}") from exc
 
     async def memory_search(

@@ -1,7 +1,13 @@
-"""Ranking helpers shared by the memory store and the context builder.
+"""The ranking contract shared by the memory store (every engine) and the context builder.
 
-Both rank memory the same way: words are runs of non-whitespace, rankings are fused by
-reciprocal rank fusion with one constant, and embeddings are compared by cosine similarity.
+* Words are runs of non-whitespace (chunking, truncation at word boundaries).
+* A free-text query is a list of *pieces* (:func:`query_pieces`): its whitespace-separated
+  parts that hold a letter or digit, each matched as a phrase of its words, OR-combined;
+  query syntax of any engine is matched literally.
+* Each engine ranks the matching records by its text relevance (higher is better); with an
+  embedder, records are also ranked by cosine similarity to the query's vector, and the two
+  rankings are fused by reciprocal rank fusion with one constant (:func:`fuse`); ties go to
+  the older record (the smaller id).
 """
 
 from __future__ import annotations
@@ -10,13 +16,16 @@ import math
 import re
 from collections.abc import Sequence
 
-__all__ = ["RRF_K", "WORD", "cosine", "rrf_weight"]
+__all__ = ["MAX_QUERY_TERMS", "RRF_K", "WORD", "cosine", "fuse", "query_pieces", "rrf_weight"]
 
 WORD = re.compile(r"\S+")
 """A word: a run of non-whitespace (chunking, truncation at word boundaries)."""
 
 RRF_K = 60
 """The usual reciprocal-rank-fusion constant."""
+
+MAX_QUERY_TERMS = 64
+"""At most this many pieces of a query are matched (the first ones)."""
 
 
 def rrf_weight(rank: int) -> float:
@@ -34,3 +43,39 @@ def cosine(a: Sequence[float], b: Sequence[float], a_norm: float | None = None) 
     if na == 0.0 or nb == 0.0:
         return 0.0
     return sum(x * y for x, y in zip(a, b, strict=True)) / (na * nb)
+
+
+def query_pieces(text: str) -> list[str]:
+    """The pieces of free user text that a search matches, in order, without duplicates.
+
+    The text is split on whitespace; pieces without any letter or digit are dropped; at most
+    :data:`MAX_QUERY_TERMS` are kept. NUL characters count as whitespace and lone surrogates
+    are dropped (no engine can take them).
+    """
+    text = text.replace("\x00", " ").encode("utf-8", "ignore").decode("utf-8")
+    pieces: dict[str, None] = {}
+    for piece in text.split():
+        if any(ch.isalnum() for ch in piece):
+            pieces.setdefault(piece, None)
+            if len(pieces) >= MAX_QUERY_TERMS:
+                break
+    return list(pieces)
+
+
+def fuse(
+    text_ranked: Sequence[tuple[int, float]],
+    vector_ranked: Sequence[tuple[int, float]],
+    limit: int,
+) -> list[tuple[int, float]]:
+    """The final ranking of a search from its two rankings of ``(record id, score)``, each
+    best first: reciprocal rank fusion when both have hits, else whichever has them with its
+    own scores; best first, ties by id, at most ``limit``."""
+    scores: dict[int, float]
+    if text_ranked and vector_ranked:
+        scores = {}
+        for ranked in (text_ranked, vector_ranked):
+            for position, (rid, _) in enumerate(ranked, start=1):
+                scores[rid] = scores.get(rid, 0.0) + rrf_weight(position)
+    else:
+        scores = dict(text_ranked or vector_ranked)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]

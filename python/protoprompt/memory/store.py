@@ -1,8 +1,11 @@
-"""SQLite-backed, scoped long-term memory with FTS5 and optional hybrid vector search.
+"""Scoped long-term memory: documents, facts and profiles in SQLite or PostgreSQL,
+full-text search with optional hybrid vector search.
 
-All tables are prefixed ``pp_mem_`` so a :class:`MemoryStore` can share a database
-file with the OpenAI Agents SDK's ``SQLiteSession`` tables.  See
-:mod:`protoprompt.memory.scope` for the scope (isolation) rule.
+The engine is chosen by the database a :class:`MemoryStore` is given: a file path (or
+``":memory:"``) is SQLite, a ``postgresql://`` URL is PostgreSQL (:mod:`._backend`). All
+tables are prefixed ``pp_mem_``, so a store can share a database with the OpenAI Agents
+SDK's session tables. See :mod:`protoprompt.memory.scope` for the scope (isolation) rule and
+:mod:`._ranking` for the ranking contract both engines keep.
 """
 
 from __future__ import annotations
@@ -11,18 +14,17 @@ import json
 import math
 import os
 import re
-import sqlite3
-import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._ranking import WORD, cosine, rrf_weight
+from ._backend import Backend, Chunk, Row, ScopeParams, is_postgres_url, open_backend
+from ._ranking import WORD, cosine, fuse, query_pieces
+from ._sqlite import fts5_match
 from .scope import MemoryScope
 
 if TYPE_CHECKING:
@@ -34,62 +36,7 @@ Embedder = Callable[[list[str]], list[list[float]]]
 """Maps a batch of texts to one embedding vector per text."""
 
 _RECORD_KINDS = ("document", "fact")
-_MAX_QUERY_TERMS = 64
 _MIN_POOL = 32  # candidates fetched per signal before fusion
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS pp_mem_records (
-    id          INTEGER PRIMARY KEY,
-    rtype       TEXT NOT NULL CHECK (rtype IN ('document', 'fact')),
-    s_tenant    TEXT NOT NULL,
-    s_user      TEXT NOT NULL,
-    s_thread    TEXT NOT NULL,
-    s_kind      TEXT NOT NULL,
-    doc_id      TEXT,
-    chunk_index INTEGER,
-    char_start  INTEGER,
-    char_end    INTEGER,
-    fact_id     TEXT UNIQUE,
-    importance  REAL,
-    text        TEXT NOT NULL,
-    metadata    TEXT NOT NULL DEFAULT '{}',
-    created_at  REAL NOT NULL,
-    embedding   BLOB
-);
-CREATE INDEX IF NOT EXISTS pp_mem_records_scope
-    ON pp_mem_records (s_tenant, s_user, s_thread, s_kind, rtype, doc_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_fts USING fts5(
-    text,
-    content = 'pp_mem_records',
-    content_rowid = 'id',
-    tokenize = 'unicode61 remove_diacritics 2'
-);
-CREATE TRIGGER IF NOT EXISTS pp_mem_records_ai AFTER INSERT ON pp_mem_records BEGIN
-    INSERT INTO pp_mem_fts (rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS pp_mem_records_ad AFTER DELETE ON pp_mem_records BEGIN
-    INSERT INTO pp_mem_fts (pp_mem_fts, rowid, text) VALUES ('delete', old.id, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS pp_mem_records_au AFTER UPDATE OF text ON pp_mem_records BEGIN
-    INSERT INTO pp_mem_fts (pp_mem_fts, rowid, text) VALUES ('delete', old.id, old.text);
-    INSERT INTO pp_mem_fts (rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TABLE IF NOT EXISTS pp_mem_profiles (
-    s_tenant   TEXT NOT NULL,
-    s_user     TEXT NOT NULL,
-    s_thread   TEXT NOT NULL,
-    s_kind     TEXT NOT NULL,
-    profile    TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (s_tenant, s_user, s_thread, s_kind)
-);
-"""
-
-_COLUMNS = (
-    "r.id, r.rtype, r.s_tenant, r.s_user, r.s_thread, r.s_kind, r.doc_id, r.chunk_index,"
-    " r.char_start, r.char_end, r.fact_id, r.importance, r.text, r.metadata, r.created_at"
-)
-_SCOPE_EQ = "s_tenant = ? AND s_user = ? AND s_thread = ? AND s_kind = ?"
 
 
 @dataclass(frozen=True)
@@ -98,7 +45,8 @@ class MemoryHit:
 
     ``score`` is *higher is better* and only comparable within one result list:
 
-    * FTS-only ranking: ``-bm25`` (positive; larger means more relevant);
+    * full-text-only ranking: the engine's relevance, positive, larger is more relevant
+      (``-bm25`` on SQLite, ``ts_rank`` normalised by record length on PostgreSQL);
     * vector-only ranking: cosine similarity in ``(0, 1]``;
     * hybrid ranking (both signals had hits): reciprocal-rank-fusion score
       ``sum(1 / (60 + rank))`` over the FTS and vector rankings;
@@ -177,24 +125,15 @@ def chunk_spans(text: str, chunk_words: int, overlap: int) -> list[tuple[int, in
 
 
 def fts_query(text: str) -> str | None:
-    """Turn free user text into a safe FTS5 query, or ``None`` if it has no terms.
+    """Turn free user text into a safe SQLite FTS5 query, or ``None`` if it has no terms.
 
     The text is split on whitespace; pieces without any letter or digit are dropped;
-    each remaining piece is double-quoted (embedded quotes doubled) so FTS5 syntax
-    such as ``NEAR``, ``*``, ``-``, ``:`` or parentheses is treated literally, and the
-    pieces are OR-combined.  A piece like ``foo-bar`` becomes the phrase "foo bar".
+    each remaining piece is double-quoted (embedded quotes doubled) so FTS5 syntax such as
+    ``NEAR``, ``*``, ``-``, ``:`` or parentheses is treated literally, and the pieces are
+    OR-combined.  A piece like ``foo-bar`` becomes the phrase "foo bar".  (PostgreSQL
+    matches the same pieces the same way, through a ``tsquery``.)
     """
-    # NUL would end the query string inside SQLite; lone surrogates cannot be encoded.
-    text = text.replace("\x00", " ").encode("utf-8", "ignore").decode("utf-8")
-    terms: dict[str, None] = {}
-    for piece in text.split():
-        if any(ch.isalnum() for ch in piece):
-            terms.setdefault(piece.replace('"', '""'), None)
-        if len(terms) >= _MAX_QUERY_TERMS:
-            break
-    if not terms:
-        return None
-    return " OR ".join(f'"{term}"' for term in terms)
+    return fts5_match(query_pieces(text))
 
 
 def _check_scope(scope: object) -> MemoryScope:
@@ -203,11 +142,13 @@ def _check_scope(scope: object) -> MemoryScope:
     return scope
 
 
-def _check_str(name: str, value: object, *, non_empty: bool = False) -> str:
+def _check_str(name: str, value: object, *, non_empty: bool = False, stored: bool = True) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if non_empty and not value.strip():
         raise ValueError(f"{name} must be a non-empty string")
+    if stored and "\x00" in value:  # PostgreSQL text cannot hold NUL; kept out everywhere
+        raise ValueError(f"{name} must not contain NUL characters")
     return value
 
 
@@ -219,13 +160,13 @@ def _check_positive_int(name: str, value: object) -> int:
     return value
 
 
-_SQLITE_MAX_INT = 2**63 - 1
+_MAX_INT = 2**63 - 1
 
 
 def _check_limit(value: object) -> int:
-    """A row limit: a positive int that SQLite can hold (``sys.maxsize`` means no limit)."""
+    """A row limit: a positive int that SQL can hold (``sys.maxsize`` means no limit)."""
     limit = _check_positive_int("limit", value)
-    if limit > _SQLITE_MAX_INT:
+    if limit > _MAX_INT:
         raise ValueError(f"limit must be at most 2**63 - 1, got {limit}")
     return limit
 
@@ -242,7 +183,7 @@ def _check_kinds(kinds: object) -> tuple[str, ...]:
     return result
 
 
-def _scope_params(scope: MemoryScope) -> tuple[str, str, str, str]:
+def _scope_params(scope: MemoryScope) -> ScopeParams:
     # None is stored as '' (MemoryScope forbids empty strings), which keeps
     # equality and UNIQUE constraints simple.
     tenant, user, thread, kind = scope.key()
@@ -253,16 +194,6 @@ def _visible_scopes(scope: MemoryScope, include_parents: bool) -> list[MemorySco
     if not isinstance(include_parents, bool):
         raise TypeError(f"include_parents must be a bool, got {type(include_parents).__name__}")
     return [scope, *reversed(scope.ancestors())] if include_parents else [scope]
-
-
-def _scope_filter(scopes: Sequence[MemoryScope], alias: str = "r") -> tuple[str, list[Any]]:
-    clause = " AND ".join(
-        f"{alias}.{col} = ?" for col in ("s_tenant", "s_user", "s_thread", "s_kind")
-    )
-    params: list[Any] = []
-    for scope in scopes:
-        params.extend(_scope_params(scope))
-    return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
 def _row_scope(tenant: str, user: str, thread: str, kind: str) -> MemoryScope:
@@ -280,20 +211,33 @@ def _cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float:
 
 
 class MemoryStore:
-    """Scoped long-term memory in a SQLite database.
+    """Scoped long-term memory in a SQLite database or on a PostgreSQL server.
 
-    Documents are chunked and indexed in an FTS5 table (``unicode61
-    remove_diacritics 2`` tokenizer, bm25 ranking).  If an ``embedder`` is given,
-    chunk and fact vectors are stored too (float32 blobs) and :meth:`search` fuses
-    the FTS and cosine rankings by reciprocal-rank fusion.
+    The ``path`` picks the engine: a file path (or ``":memory:"``) is SQLite, a
+    ``postgresql://`` URL (also ``postgres://`` and SQLAlchemy's ``postgresql+<driver>://``)
+    is PostgreSQL (``pip install 'protoprompt[postgres]'``). Both keep the same API, scope
+    rule and ranking contract:
 
-    One connection is shared by all threads and guarded by a lock, so the store is
-    safe to use from many threads and from asyncio via ``asyncio.to_thread``.  File
-    databases use WAL mode and a 30 s busy timeout, so other connections (another
-    store, the Agents SDK's ``SQLiteSession``) can use the same file.
+    * SQLite: documents are chunked and indexed in an FTS5 table (``unicode61
+      remove_diacritics 2`` tokenizer, bm25 ranking). One connection is shared by all
+      threads and guarded by a lock; file databases use WAL mode and a 30 s busy timeout,
+      so other connections (another store, the Agents SDK's ``SQLiteSession``) can use the
+      same file.
+    * PostgreSQL: the words of each record (letters and digits, case and diacritics folded)
+      are indexed as a ``tsvector`` with a GIN index and ranked by ``ts_rank``; the tables
+      are created on first use (once, however many workers start together); many processes
+      on many hosts can write at once; each store keeps a small connection pool. Database
+      failures raise :class:`~protoprompt.errors.MemoryStoreError`.
+
+    If an ``embedder`` is given, chunk and fact vectors are stored too (float32) and
+    :meth:`search` fuses the full-text and cosine rankings by reciprocal-rank fusion. The
+    cosine ranking is computed in this process, or by the server on a PostgreSQL database
+    with the pgvector extension (:attr:`vector_ranking`). The store is safe to use from many
+    threads and from asyncio via ``asyncio.to_thread``.
 
     Args:
-        path: database file, or ``":memory:"`` (default) for a private in-memory DB.
+        path: database file, ``":memory:"`` (default) for a private in-memory SQLite
+            database, or a PostgreSQL URL.
         embedder: optional ``list[str] -> list[list[float]]`` batch embedder.
         chunk_words: maximum words per document chunk.
         chunk_overlap: words shared by consecutive chunks (``0 <= overlap < chunk_words``).
@@ -314,30 +258,29 @@ class MemoryStore:
             raise ValueError(f"chunk_overlap must be >= 0 and < chunk_words, got {chunk_overlap}")
         if embedder is not None and not callable(embedder):
             raise TypeError("embedder must be callable or None")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
         self._chunk_overlap = chunk_overlap
         self._embedder = embedder
-        self._path = os.fsdecode(path)
-        self._lock = threading.RLock()
-        conn = sqlite3.connect(
-            self._path, timeout=30.0, check_same_thread=False, isolation_level=None
-        )
-        try:
-            if self._path not in (":memory:", ""):
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn: sqlite3.Connection | None = conn
+        self._engine = "postgresql" if is_postgres_url(path) else "sqlite"
+        self._backend: Backend = open_backend(path)
+
+    @property
+    def engine(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``: the engine this store runs on."""
+        return self._engine
+
+    @property
+    def vector_ranking(self) -> str:
+        """Where a hybrid search ranks vectors: ``"pgvector"`` (by the PostgreSQL server,
+        when the database has the pgvector extension) or ``"client"`` (in this process)."""
+        return self._backend.vector_ranking
 
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Close the database connection.  Further calls raise ``RuntimeError``."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Close the database connection(s).  Further calls raise ``RuntimeError``."""
+        self._backend.close()
 
     def __enter__(self) -> Self:
         return self
@@ -351,24 +294,7 @@ class MemoryStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"MemoryStore({self._path!r}, hybrid={self._embedder is not None})"
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise RuntimeError("MemoryStore is closed")
-        return self._conn
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        return f"MemoryStore({self._backend.describe()!r}, hybrid={self._embedder is not None})"
 
     def _vectors(self, texts: list[str]) -> list[list[float]]:
         """Call the embedder and validate its output (one finite vector per text)."""
@@ -421,29 +347,16 @@ class MemoryStore:
             raise TypeError(f"metadata must be JSON-serialisable: {exc}") from None
 
         spans = chunk_spans(text, self._chunk_words, self._chunk_overlap)
-        chunks = [text[start:end] for start, end in spans]
-        blobs = self._embed(chunks)  # outside the lock: embedders can be slow
-        params = _scope_params(scope)
-        now = time.time()
-        rows = [
-            (*params, doc_id, index, start, end, chunk, meta_json, now, blob)
+        texts = [text[start:end] for start, end in spans]
+        blobs = self._embed(texts)  # before the transaction: embedders can be slow
+        chunks = [
+            Chunk(index, start, end, chunk, blob)
             for index, ((start, end), chunk, blob) in enumerate(
-                zip(spans, chunks, blobs, strict=True)
+                zip(spans, texts, blobs, strict=True)
             )
         ]
-        with self._transaction() as conn:
-            conn.execute(
-                "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
-                f" AND {_SCOPE_EQ}",
-                (doc_id, *params),
-            )
-            conn.executemany(
-                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, doc_id,"
-                " chunk_index, char_start, char_end, text, metadata, created_at, embedding)"
-                " VALUES ('document', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-        return len(rows)
+        self._backend.replace_document(_scope_params(scope), doc_id, chunks, meta_json, time.time())
+        return len(chunks)
 
     def remember(self, text: str, *, scope: MemoryScope, importance: float = 1.0) -> str:
         """Store a session fact in exactly ``scope``; return its fact id.
@@ -459,13 +372,9 @@ class MemoryStore:
             raise ValueError("importance must be finite")
         (blob,) = self._embed([text])
         fact_id = uuid.uuid4().hex
-        with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, fact_id,"
-                " importance, text, created_at, embedding)"
-                " VALUES ('fact', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*_scope_params(scope), fact_id, float(importance), text, time.time(), blob),
-            )
+        self._backend.add_fact(
+            _scope_params(scope), fact_id, float(importance), text, time.time(), blob
+        )
         return fact_id
 
     def set_profile(self, profile: str | Mapping[str, str], *, scope: MemoryScope) -> None:
@@ -487,15 +396,8 @@ class MemoryStore:
             raise TypeError(
                 f"profile must be a str or a Mapping[str, str], got {type(profile).__name__}"
             )
-        with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO pp_mem_profiles"
-                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
-                " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
-                (*_scope_params(scope), text, time.time()),
-            )
+        _check_str("profile", text)
+        self._backend.set_profile(_scope_params(scope), text, time.time())
 
     def forget(
         self, *, scope: MemoryScope, doc_id: str | None = None, fact_id: str | None = None
@@ -512,26 +414,7 @@ class MemoryStore:
             _check_str("doc_id", doc_id, non_empty=True)
         if fact_id is not None:
             _check_str("fact_id", fact_id, non_empty=True)
-        params = _scope_params(scope)
-        deleted = 0
-        with self._transaction() as conn:
-            if doc_id is None and fact_id is None:
-                for table in ("pp_mem_records", "pp_mem_profiles"):
-                    sql = f"DELETE FROM {table} WHERE {_SCOPE_EQ}"
-                    deleted += conn.execute(sql, params).rowcount
-            if doc_id is not None:
-                deleted += conn.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
-                    f" AND {_SCOPE_EQ}",
-                    (doc_id, *params),
-                ).rowcount
-            if fact_id is not None:
-                deleted += conn.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ?"
-                    f" AND {_SCOPE_EQ}",
-                    (fact_id, *params),
-                ).rowcount
-        return deleted
+        return self._backend.forget(_scope_params(scope), doc_id, fact_id)
 
     # ------------------------------------------------------------------ reads
 
@@ -542,17 +425,7 @@ class MemoryStore:
         ancestors is returned.
         """
         scopes = _visible_scopes(_check_scope(scope), include_parents)
-        where, params = _scope_filter(scopes, alias="p")
-        with self._lock:
-            rows = (
-                self._connection()
-                .execute(
-                    "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
-                    f" FROM pp_mem_profiles AS p WHERE {where}",
-                    params,
-                )
-                .fetchall()
-            )
+        rows = self._backend.profiles([_scope_params(s) for s in scopes])
         found = {_row_scope(*row[:4]): row[4] for row in rows}
         return next((found[s] for s in scopes if s in found), None)
 
@@ -563,16 +436,7 @@ class MemoryStore:
         scopes = _visible_scopes(_check_scope(scope), include_parents)
         if limit is not None:
             _check_limit(limit)
-        where, params = _scope_filter(scopes)
-        sql = (
-            f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
-            f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
-        )
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        with self._lock:
-            rows = self._connection().execute(sql, params).fetchall()
+        rows = self._backend.facts([_scope_params(s) for s in scopes], limit)
         return [self._hit(row, row[11]) for row in rows]
 
     def search(
@@ -587,69 +451,49 @@ class MemoryStore:
         """Rank document chunks and/or facts of ``scope`` against ``query``.
 
         ``query`` is free user text (see :func:`fts_query`); a query without any
-        letter or digit returns ``[]``.  Ranking is FTS5 bm25; with an embedder it is
-        hybrid (reciprocal-rank fusion of bm25 and cosine rankings, or whichever
-        signal alone has hits).  See :class:`MemoryHit` for the score meaning.
+        letter or digit returns ``[]``.  Ranking is full-text relevance (bm25 on SQLite,
+        ``ts_rank`` on PostgreSQL); with an embedder it is hybrid (reciprocal-rank fusion
+        of the full-text and cosine rankings, or whichever signal alone has hits).  See
+        :class:`MemoryHit` for the score meaning.
         """
         scope = _check_scope(scope)
-        _check_str("query", query)
+        _check_str("query", query, stored=False)
         _check_limit(limit)
         kind_list = _check_kinds(kinds)
-        scopes = _visible_scopes(scope, include_parents)
-        match = fts_query(query)
-        if match is None or not kind_list:
+        scopes = [_scope_params(s) for s in _visible_scopes(scope, include_parents)]
+        pieces = query_pieces(query)
+        if not pieces or not kind_list:
             return []
         query_vec: list[float] | None = None
         if self._embedder is not None:
             (query_vec,) = self._vectors([query])
-        pool = min(max(limit * 4, _MIN_POOL), _SQLITE_MAX_INT)
-        where, scope_params = _scope_filter(scopes)
-        kind_sql = ", ".join("?" for _ in kind_list)
+        pool = min(max(limit * 4, _MIN_POOL), _MAX_INT)
 
-        with self._lock:
-            conn = self._connection()
-            fts_rows = conn.execute(
-                f"SELECT {_COLUMNS}, bm25(pp_mem_fts) AS rank FROM pp_mem_fts"
-                " JOIN pp_mem_records AS r ON r.id = pp_mem_fts.rowid"
-                f" WHERE pp_mem_fts MATCH ? AND r.rtype IN ({kind_sql}) AND {where}"
-                " ORDER BY rank, r.id LIMIT ?",
-                (match, *kind_list, *scope_params, pool),
-            ).fetchall()
-            vec_rows: list[Any] = []
-            if query_vec is not None:
-                vec_rows = conn.execute(
-                    f"SELECT {_COLUMNS}, r.embedding FROM pp_mem_records AS r"
-                    f" WHERE r.embedding IS NOT NULL AND r.rtype IN ({kind_sql}) AND {where}",
-                    (*kind_list, *scope_params),
-                ).fetchall()
-
-        rows_by_id = {row[0]: row for row in fts_rows}
-        fts_ranked = [(row[0], -row[-1]) for row in fts_rows]
+        text_rows = self._backend.text_search(pieces, kind_list, scopes, pool)
+        rows_by_id = {row[0]: row for row, _ in text_rows}
+        text_ranked = [(row[0], score) for row, score in text_rows]
         vec_ranked: list[tuple[int, float]] = []
         if query_vec is not None:
             query_norm = math.sqrt(sum(x * x for x in query_vec))
             if query_norm > 0.0:
-                for row in vec_rows:
-                    sim = _cosine(query_vec, query_norm, row[-1])
-                    if sim > 0.0:
+                # Ranked by the server (pgvector) where it can, in this process otherwise.
+                ranked = self._backend.vector_ranked(query_vec, kind_list, scopes, pool)
+                ranked += [
+                    (row, _cosine(query_vec, query_norm, blob))
+                    for row, blob in self._backend.embedded(kind_list, scopes)
+                ]
+                for row, sim in ranked:
+                    if sim > 0.0:  # False for NaN (a zero vector)
                         vec_ranked.append((row[0], sim))
                         rows_by_id.setdefault(row[0], row)
                 vec_ranked.sort(key=lambda item: (-item[1], item[0]))
                 del vec_ranked[pool:]
 
-        scores: dict[int, float]
-        if fts_ranked and vec_ranked:
-            scores = {}
-            for ranked in (fts_ranked, vec_ranked):
-                for position, (rid, _) in enumerate(ranked, start=1):
-                    scores[rid] = scores.get(rid, 0.0) + rrf_weight(position)
-        else:
-            scores = dict(fts_ranked or vec_ranked)
-        best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+        best = fuse(text_ranked, vec_ranked, limit)
         return [self._hit(rows_by_id[rid], score) for rid, score in best]
 
     @staticmethod
-    def _hit(row: Sequence[Any], score: float) -> MemoryHit:
+    def _hit(row: Row, score: float) -> MemoryHit:
         (
             _,
             rtype,

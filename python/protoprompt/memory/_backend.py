@@ -1,0 +1,163 @@
+"""The storage engines behind :class:`~protoprompt.memory.MemoryStore`.
+
+A backend stores records (document chunks and facts) and profiles, and answers the two
+ranking questions of a search: which records match the query's words, best first by the
+engine's text relevance, and which records carry an embedding. Everything else -- input
+checks, chunking, embedding, the fusion of rankings (:mod:`._ranking`), turning rows into
+:class:`~protoprompt.memory.MemoryHit` -- is the store's, the same for every engine.
+
+Engines: SQLite (:mod:`._sqlite`; a file path or ``":memory:"``) and PostgreSQL
+(:mod:`._postgres`; a ``postgresql://`` URL). :func:`open_backend` picks one by its target.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+__all__ = [
+    "RECORD_COLUMNS",
+    "Backend",
+    "Chunk",
+    "Row",
+    "ScopeParams",
+    "is_postgres_url",
+    "open_backend",
+]
+
+ScopeParams = tuple[str, str, str, str]
+"""A scope as stored: ``(tenant, user, thread, kind)`` with ``""`` for an unset level."""
+
+Row = tuple[Any, ...]
+"""One record as :data:`RECORD_COLUMNS` lists its columns."""
+
+RECORD_COLUMNS = (
+    "id",
+    "rtype",
+    "s_tenant",
+    "s_user",
+    "s_thread",
+    "s_kind",
+    "doc_id",
+    "chunk_index",
+    "char_start",
+    "char_end",
+    "fact_id",
+    "importance",
+    "text",
+    "metadata",
+    "created_at",
+)
+"""The columns of a record row, in the order every backend returns them."""
+
+
+class Chunk(NamedTuple):
+    """One chunk of a document to store."""
+
+    chunk_index: int
+    start: int
+    end: int
+    text: str
+    embedding: bytes | None
+
+
+class Backend(Protocol):
+    """What a storage engine does for the store. Every method is one transaction (or one
+    consistent read); a failed call changes nothing."""
+
+    def describe(self) -> str:
+        """The database, for ``repr`` (no secrets)."""
+
+    def replace_document(
+        self,
+        scope: ScopeParams,
+        doc_id: str,
+        chunks: Sequence[Chunk],
+        metadata: str,
+        created_at: float,
+    ) -> None:
+        """Replace document ``doc_id`` of exactly ``scope`` by ``chunks`` (none: delete it)."""
+
+    def add_fact(
+        self,
+        scope: ScopeParams,
+        fact_id: str,
+        importance: float,
+        text: str,
+        created_at: float,
+        embedding: bytes | None,
+    ) -> None:
+        """Store one fact."""
+
+    def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
+        """Set (replace) the profile of exactly ``scope``."""
+
+    def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
+        """Delete from exactly ``scope`` (see ``MemoryStore.forget``); the rows deleted."""
+
+    def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
+        """The profiles of ``scopes``: ``(tenant, user, thread, kind, profile)`` rows."""
+
+    def facts(self, scopes: Sequence[ScopeParams], limit: int | None) -> list[Row]:
+        """Facts of ``scopes``, most recent first, at most ``limit``."""
+
+    def text_search(
+        self,
+        pieces: Sequence[str],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        """Records of ``kinds`` in ``scopes`` that contain any of the query ``pieces`` (each
+        a phrase of its words), with the engine's relevance (higher is better, > 0), best
+        first and by id on ties, at most ``pool``."""
+
+    @property
+    def vector_ranking(self) -> str:
+        """Where vectors are ranked: ``"client"`` (:meth:`embedded`, cosine similarity in
+        this process) or ``"pgvector"`` (:meth:`vector_ranked`, by the server)."""
+
+    def embedded(
+        self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
+    ) -> list[tuple[Row, bytes]]:
+        """Records of ``kinds`` in ``scopes`` with an embedding (float32) that the server does
+        not rank (:meth:`vector_ranked`): every such record when vectors are ranked in the
+        client."""
+
+    def vector_ranked(
+        self,
+        query: Sequence[float],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        """Records of ``kinds`` in ``scopes`` that the server ranks by cosine similarity to
+        ``query`` (vectors of its length only), best first and by id on ties, at most
+        ``pool``; ``[]`` when vectors are ranked in the client."""
+
+    def close(self) -> None:
+        """Release the connections; idempotent. Later calls raise ``RuntimeError``."""
+
+
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def is_postgres_url(target: object) -> bool:
+    """Whether ``target`` is a PostgreSQL URL (``postgresql://``, ``postgres://``, or
+    SQLAlchemy's ``postgresql+<driver>://``) rather than a SQLite path."""
+    if not isinstance(target, str) or "://" not in target:
+        return False
+    scheme = target.split("://", 1)[0].lower()
+    return scheme.split("+", 1)[0] in _POSTGRES_SCHEMES
+
+
+def open_backend(target: str | os.PathLike[str]) -> Backend:
+    """The backend for ``target``: a PostgreSQL URL, else a SQLite path."""
+    if is_postgres_url(target):
+        from ._postgres import PostgresBackend
+
+        return PostgresBackend(str(target))
+    from ._sqlite import SQLiteBackend
+
+    return SQLiteBackend(os.fsdecode(target))

@@ -1,0 +1,281 @@
+"""The SQLite engine of the memory store: one connection, FTS5 with bm25.
+
+All tables are prefixed ``pp_mem_`` so a store can share a database file with the OpenAI
+Agents SDK's ``SQLiteSession`` tables. One connection is shared by all threads and guarded
+by a lock; file databases use WAL mode and a 30 s busy timeout, so other connections
+(another store, another process, the SDK's session) can use the same file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ._backend import RECORD_COLUMNS, Chunk, Row, ScopeParams
+
+__all__ = ["SQLiteBackend", "fts5_match"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pp_mem_records (
+    id          INTEGER PRIMARY KEY,
+    rtype       TEXT NOT NULL CHECK (rtype IN ('document', 'fact')),
+    s_tenant    TEXT NOT NULL,
+    s_user      TEXT NOT NULL,
+    s_thread    TEXT NOT NULL,
+    s_kind      TEXT NOT NULL,
+    doc_id      TEXT,
+    chunk_index INTEGER,
+    char_start  INTEGER,
+    char_end    INTEGER,
+    fact_id     TEXT UNIQUE,
+    importance  REAL,
+    text        TEXT NOT NULL,
+    metadata    TEXT NOT NULL DEFAULT '{}',
+    created_at  REAL NOT NULL,
+    embedding   BLOB
+);
+CREATE INDEX IF NOT EXISTS pp_mem_records_scope
+    ON pp_mem_records (s_tenant, s_user, s_thread, s_kind, rtype, doc_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_fts USING fts5(
+    text,
+    content = 'pp_mem_records',
+    content_rowid = 'id',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS pp_mem_records_ai AFTER INSERT ON pp_mem_records BEGIN
+    INSERT INTO pp_mem_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS pp_mem_records_ad AFTER DELETE ON pp_mem_records BEGIN
+    INSERT INTO pp_mem_fts (pp_mem_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS pp_mem_records_au AFTER UPDATE OF text ON pp_mem_records BEGIN
+    INSERT INTO pp_mem_fts (pp_mem_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO pp_mem_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TABLE IF NOT EXISTS pp_mem_profiles (
+    s_tenant   TEXT NOT NULL,
+    s_user     TEXT NOT NULL,
+    s_thread   TEXT NOT NULL,
+    s_kind     TEXT NOT NULL,
+    profile    TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (s_tenant, s_user, s_thread, s_kind)
+);
+"""
+
+_COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
+_SCOPE_EQ = "s_tenant = ? AND s_user = ? AND s_thread = ? AND s_kind = ?"
+
+
+def fts5_match(pieces: Sequence[str]) -> str | None:
+    """The FTS5 query of a search's pieces (see ``_ranking.query_pieces``), or ``None``
+    without any: each piece double-quoted (embedded quotes doubled), so FTS5 syntax such as
+    ``NEAR``, ``*``, ``-``, ``:`` or parentheses is matched literally, OR-combined. A piece
+    like ``foo-bar`` becomes the phrase "foo bar"."""
+    if not pieces:
+        return None
+    return " OR ".join('"' + piece.replace('"', '""') + '"' for piece in pieces)
+
+
+def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str, list[Any]]:
+    clause = " AND ".join(
+        f"{alias}.{col} = ?" for col in ("s_tenant", "s_user", "s_thread", "s_kind")
+    )
+    params: list[Any] = []
+    for scope in scopes:
+        params.extend(scope)
+    return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
+
+
+class SQLiteBackend:
+    """A SQLite database file, or ``":memory:"`` for a private in-memory one."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.RLock()
+        conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
+        try:
+            if path not in (":memory:", ""):
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn: sqlite3.Connection | None = conn
+
+    def describe(self) -> str:
+        return self._path
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("MemoryStore is closed")
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            return self._connection().execute(sql, params).fetchall()
+
+    # ------------------------------------------------------------------ writes
+
+    def replace_document(
+        self,
+        scope: ScopeParams,
+        doc_id: str,
+        chunks: Sequence[Chunk],
+        metadata: str,
+        created_at: float,
+    ) -> None:
+        rows = [
+            (*scope, doc_id, *chunk[:4], metadata, created_at, chunk.embedding) for chunk in chunks
+        ]
+        with self._transaction() as conn:
+            conn.execute(
+                "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                f" AND {_SCOPE_EQ}",
+                (doc_id, *scope),
+            )
+            conn.executemany(
+                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, doc_id,"
+                " chunk_index, char_start, char_end, text, metadata, created_at, embedding)"
+                " VALUES ('document', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def add_fact(
+        self,
+        scope: ScopeParams,
+        fact_id: str,
+        importance: float,
+        text: str,
+        created_at: float,
+        embedding: bytes | None,
+    ) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, fact_id,"
+                " importance, text, created_at, embedding)"
+                " VALUES ('fact', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*scope, fact_id, importance, text, created_at, embedding),
+            )
+
+    def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO pp_mem_profiles"
+                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
+                " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
+                (*scope, profile, updated_at),
+            )
+
+    def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
+        deleted = 0
+        with self._transaction() as conn:
+            if doc_id is None and fact_id is None:
+                for table in ("pp_mem_records", "pp_mem_profiles"):
+                    deleted += conn.execute(
+                        f"DELETE FROM {table} WHERE {_SCOPE_EQ}", scope
+                    ).rowcount
+            if doc_id is not None:
+                deleted += conn.execute(
+                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
+                    f" AND {_SCOPE_EQ}",
+                    (doc_id, *scope),
+                ).rowcount
+            if fact_id is not None:
+                deleted += conn.execute(
+                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ?"
+                    f" AND {_SCOPE_EQ}",
+                    (fact_id, *scope),
+                ).rowcount
+        return deleted
+
+    # ------------------------------------------------------------------ reads
+
+    def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
+        where, params = _scope_filter(scopes, alias="p")
+        return self._read(
+            "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
+            f" FROM pp_mem_profiles AS p WHERE {where}",
+            params,
+        )
+
+    def facts(self, scopes: Sequence[ScopeParams], limit: int | None) -> list[Row]:
+        where, params = _scope_filter(scopes)
+        sql = (
+            f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
+            f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
+        )
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return self._read(sql, params)
+
+    def text_search(
+        self,
+        pieces: Sequence[str],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        match = fts5_match(pieces)
+        if match is None:
+            return []
+        where, params = _scope_filter(scopes)
+        kind_sql = ", ".join("?" for _ in kinds)
+        rows = self._read(
+            f"SELECT {_COLUMNS}, bm25(pp_mem_fts) AS rank FROM pp_mem_fts"
+            " JOIN pp_mem_records AS r ON r.id = pp_mem_fts.rowid"
+            f" WHERE pp_mem_fts MATCH ? AND r.rtype IN ({kind_sql}) AND {where}"
+            " ORDER BY rank, r.id LIMIT ?",
+            (match, *kinds, *params, pool),
+        )
+        # bm25() is lower-is-better (negative): the score is its negation.
+        return [(tuple(row[:-1]), -float(row[-1])) for row in rows]
+
+    @property
+    def vector_ranking(self) -> str:
+        return "client"
+
+    def vector_ranked(
+        self,
+        query: Sequence[float],
+        kinds: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        return []
+
+    def embedded(
+        self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
+    ) -> list[tuple[Row, bytes]]:
+        where, params = _scope_filter(scopes)
+        kind_sql = ", ".join("?" for _ in kinds)
+        rows = self._read(
+            f"SELECT {_COLUMNS}, r.embedding FROM pp_mem_records AS r"
+            f" WHERE r.embedding IS NOT NULL AND r.rtype IN ({kind_sql}) AND {where}",
+            (*kinds, *params),
+        )
+        return [(tuple(row[:-1]), row[-1]) for row in rows]
