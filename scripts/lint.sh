@@ -34,7 +34,9 @@ python_env() {
       "${PYTHON:-python3}" -m venv "$VENV"
       "$VENV/bin/python" -m pip install --quiet --upgrade pip
       case "$SDK_VERSION" in 0.22.*) mcp="mcp>=1.19,<2" ;; *) mcp="mcp>=2,<3" ;; esac
-      "$VENV/bin/python" -m pip install --quiet "openai-agents==$SDK_VERSION" "$mcp"
+      # and the [postgres] extra's driver (memory/_postgres.py)
+      "$VENV/bin/python" -m pip install --quiet "openai-agents==$SDK_VERSION" "$mcp" \
+        "psycopg[binary]>=3.2,<4" "psycopg-pool>=3.2,<4"
     fi
   fi
   "$VENV/bin/python" -m pip install --quiet -r scripts/lint-requirements.txt
