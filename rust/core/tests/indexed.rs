@@ -315,6 +315,48 @@ fn a_snapshot_round_trip_keeps_items_kinds_and_costs() {
     assert_eq!(loaded.costs().encoding(), None);
 }
 
+/// A snapshot counted under cost rule 1 (its payload has neither rule nor calibration) or
+/// under another rule loads its items and graph, never its costs.
+#[test]
+fn a_snapshot_of_another_cost_rule_keeps_its_graph_and_drops_its_costs() {
+    let (index, _) = counted_index();
+    assert!(index.costs().counted() > 0);
+    // Rule 1's payload: (encoding, costs plus one).
+    let costs: Vec<u64> = (0..index.len())
+        .map(|p| index.costs().get(p).map_or(0, |c| c + 1))
+        .collect();
+    let legacy = index
+        .graph()
+        .to_snapshot(&(Some("o200k_base"), costs.clone()), b"s");
+    let later = index
+        .graph()
+        .to_snapshot(&(Some("o200k_base"), costs, 99u32, 64u16), b"s");
+    for (bytes, why) in [
+        (
+            legacy,
+            "counted under cost rule 1 (opaque payloads as text): counted again",
+        ),
+        (later, "counted under another cost rule: counted again"),
+    ] {
+        let loaded = IndexedHistory::from_snapshot(&bytes, b"s").unwrap();
+        assert_eq!(loaded.len(), index.len());
+        assert_eq!(loaded.kinds(), index.kinds());
+        assert_eq!(
+            (loaded.costs().len(), loaded.costs().counted()),
+            (index.len(), 0)
+        );
+        assert_eq!(loaded.costs().basis(), None);
+        assert_eq!(loaded.snapshot_costs_dropped(), Some(why));
+        assert_eq!(
+            IndexedHistory::from_snapshot(&bytes, b"other").unwrap_err(),
+            SnapshotError::Unbound
+        );
+    }
+    let current = IndexedHistory::from_snapshot(&index.snapshot(b"s"), b"s").unwrap();
+    assert_eq!(current.snapshot_costs_dropped(), None);
+    assert_eq!(current.costs(), index.costs());
+}
+
 /// A snapshot whose cost payload does not fit its items is refused whole, with the message
 /// the Python `SnapshotError` shows.
 #[test]

@@ -118,6 +118,23 @@ impl fmt::Display for TokenError {
 
 impl std::error::Error for TokenError {}
 
+/// What a cost is counted under: the model's encoding and the calibration of the opaque
+/// part ([`OpaqueScale::ONE`]: none). An [`Encoding`] alone is the basis without calibration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CostBasis {
+    pub encoding: Encoding,
+    pub opaque_scale: OpaqueScale,
+}
+
+impl From<Encoding> for CostBasis {
+    fn from(encoding: Encoding) -> CostBasis {
+        CostBasis {
+            encoding,
+            opaque_scale: OpaqueScale::ONE,
+        }
+    }
+}
+
 /// The cost of one item, split by source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ItemCost {
