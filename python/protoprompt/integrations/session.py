@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ..calibration import Calibration
 from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import preload
@@ -49,13 +50,22 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
-from ._window import TURN_ATTR, Turn, called_by_runner, read_window, runner_turn, window_keep
+from ._window import (
+    TURN_ATTR,
+    Turn,
+    called_by_runner,
+    opaque_scale_of,
+    read_window,
+    runner_turn,
+    window_keep,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from .audit import BudgetAudit
     from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
 
 __all__ = ["ProtoPromptSession", "SessionInputCallback"]
@@ -372,6 +382,29 @@ class ProtoPromptSession:
         self._produced: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_CONTEXTS)
         self._window_reads = 0
         self._last_window_offset: int | None = None
+        self._calibration: Calibration | None = None
+        self._calibration_lock = threading.Lock()
+
+    @property
+    def calibration(self) -> Calibration:
+        """A :class:`~protoprompt.Calibration` kept in this session's database (table
+        ``protoprompt_calibration``) when it is a SQLite file, so every process serving it
+        learns from and uses the same one; otherwise (a memory database, an inner session
+        of another kind, or a file that cannot be written) one kept by this object. Pass it
+        to the builder (``TokenBudgetedContextBuilder(..., calibration=...)``) to opt in."""
+        with self._calibration_lock:
+            if self._calibration is None:
+                db = getattr(self._inner, "db_path", None)
+                sqlite_file = isinstance(self._inner, SQLiteSession) and isinstance(
+                    db, (str, os.PathLike)
+                )
+                path = os.fspath(db) if sqlite_file else None
+                try:
+                    self._calibration = Calibration(path)
+                except (sqlite3.Error, OSError) as exc:
+                    _log.debug("protoprompt: calibration of %r kept in memory: %s", path, exc)
+                    self._calibration = Calibration()
+            return self._calibration
 
     # ------------------------------------------------------------------ Session protocol
 
@@ -709,6 +742,7 @@ class ProtoPromptSession:
                 model=builder.model,
                 encoding=builder.encoding,
                 history_offset=offset,
+                opaque_scale=opaque_scale_of(builder),
             )
         except Exception as exc:  # noqa: BLE001 - an item the request did not need
             _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
@@ -938,6 +972,7 @@ class ProtoPromptSession:
         on_plan: Callable[[ContextPlan], None] | None = None,
         oversized_output: OversizedOutput = "error",
         on_call: Callable[[ModelCallPlan], None] | None = None,
+        audit: BudgetAudit | None = None,
         **run_config_fields: Any,
     ) -> RunConfig:
         """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
@@ -952,8 +987,14 @@ class ProtoPromptSession:
             result = await Runner.run(agent, question, session=session, run_config=config)
             config.call_model_input_filter.last_plan.explain()
 
+        ``audit``: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
+        call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
+        ``audit.add_result(result)``, to pair each with the provider's count); with
+        ``builder.calibration`` set, the audit also teaches it.
+
         Raises:
-            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field.
+            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
+                ``audit`` is not a ``BudgetAudit``.
         """
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
@@ -967,6 +1008,22 @@ class ProtoPromptSession:
             scope=scope,
             on_plan=on_plan,
         )
+        if audit is not None:
+            from .audit import BudgetAudit
+
+            if not isinstance(audit, BudgetAudit):
+                raise TypeError(f"audit must be a BudgetAudit or None, got {type(audit).__name__}")
+            observe = audit.observer(builder)
+            if on_call is not None:
+                user_call = on_call
+
+                def both(plan: ModelCallPlan) -> None:
+                    observe(plan)
+                    user_call(plan)
+
+                on_call = both
+            else:
+                on_call = observe
         model_filter = self.model_input_filter(
             builder,
             oversized_output=oversized_output,
