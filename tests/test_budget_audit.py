@@ -15,7 +15,6 @@ import json
 import random
 import sqlite3
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +85,23 @@ def reporting(
         if seen is not None:
             seen.append(n)
         return ModelStep(
-            output=output, usage=Usage(requests=1, input_tokens=n, output_tokens=7, total_tokens=n + 7)
+            output=output,
+            usage=Usage(requests=1, input_tokens=n, output_tokens=7, total_tokens=n + 7),
         )
 
     return ModelStep.respond(respond)
 
 
-def turn_script(turn: int, opaque_share: float, extra: int = 0, seen: list[int] | None = None) -> list[ModelStep]:
+def turn_script(
+    turn: int, opaque_share: float, extra: int = 0, seen: list[int] | None = None
+) -> list[ModelStep]:
     """One turn: reasoning + a tool call, then reasoning + the answer."""
     return [
         reporting(
-            [reasoning_item(2 * turn), function_call("lookup", {"q": f"t{turn}"}, call_id=f"c{turn}")],
+            [
+                reasoning_item(2 * turn),
+                function_call("lookup", {"q": f"t{turn}"}, call_id=f"c{turn}"),
+            ],
             opaque_share,
             extra,
             seen,
@@ -111,7 +116,9 @@ def turn_script(turn: int, opaque_share: float, extra: int = 0, seen: list[int] 
 
 
 def builder_for(**kw: Any) -> TokenBudgetedContextBuilder:
-    return TokenBudgetedContextBuilder(None, max_tokens=60_000, output_reserve=1_000, model="gpt-5", **kw)
+    return TokenBudgetedContextBuilder(
+        None, max_tokens=60_000, output_reserve=1_000, model="gpt-5", **kw
+    )
 
 
 async def run_turns(
@@ -136,7 +143,9 @@ async def run_turns(
             instructions="Answer from the figures.",
         )
         config = session.run_config(
-            builder, audit=audit, on_call=plans.append if plans is not None else None,
+            builder,
+            audit=audit,
+            on_call=plans.append if plans is not None else None,
             tracing_disabled=True,
         )
         kwargs: dict[str, Any] = {"session": session, "run_config": config}
@@ -158,7 +167,9 @@ async def run_turns(
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-async def test_every_call_is_paired_with_the_providers_count(tmp_path: Path, streamed: bool) -> None:
+async def test_every_call_is_paired_with_the_providers_count(
+    tmp_path: Path, streamed: bool
+) -> None:
     session = ProtoPromptSession("s", str(tmp_path / "a.db"))
     builder = builder_for()
     audit = BudgetAudit()
@@ -215,7 +226,9 @@ class Recorder(RunHooks[Any]):
     async def on_agent_start(self, context: Any, agent: Any) -> None:
         self.events.append("agent_start")
 
-    async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+    async def on_llm_start(
+        self, context: Any, agent: Any, system_prompt: Any, input_items: Any
+    ) -> None:
         self.events.append("llm_start")
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
@@ -237,8 +250,14 @@ async def test_the_users_hooks_still_see_every_event(tmp_path: Path) -> None:
     audit = BudgetAudit(hooks=mine)
     await run_turns(session, builder_for(), audit, range(1), 0.5)
     assert mine.events == [
-        "agent_start", "llm_start", "llm_end", "tool_start", "tool_end",
-        "llm_start", "llm_end", "agent_end",
+        "agent_start",
+        "llm_start",
+        "llm_end",
+        "tool_start",
+        "tool_end",
+        "llm_start",
+        "llm_end",
+        "agent_end",
     ]
     assert audit.summary().reported_calls == 2
     with pytest.raises(TypeError, match="RunHooks"):
@@ -251,7 +270,9 @@ async def test_a_finished_run_is_paired_from_its_raw_responses(tmp_path: Path) -
     seen: list[int] = []
     paired: list[Any] = []
     for t in range(2):
-        (result,) = await run_turns(session, builder_for(), audit, range(t, t + 1), 0.5, hooks=None, seen=seen)
+        (result,) = await run_turns(
+            session, builder_for(), audit, range(t, t + 1), 0.5, hooks=None, seen=seen
+        )
         assert audit.calls[-1].reported is None
         paired += audit.add_result(result)
     assert [c.reported for c in paired] == seen
@@ -358,7 +379,9 @@ def test_a_provider_that_reports_nothing_leaves_calls_unreported() -> None:
 # ------------------------------------------------------------------------- calibration
 
 
-async def test_calibration_learns_the_opaque_share_and_is_kept_in_the_database(tmp_path: Path) -> None:
+async def test_calibration_learns_the_opaque_share_and_is_kept_in_the_database(
+    tmp_path: Path,
+) -> None:
     db = str(tmp_path / "a.db")
     session = ProtoPromptSession("s", db)
     builder = builder_for(calibration=session.calibration)
@@ -416,7 +439,10 @@ def learn(calibration: Calibration, model: str, share: float, n: int) -> None:
     ``share`` of the opaque part."""
     for _ in range(n):
         calibration.observe(
-            model, estimate=30_000, opaque=20_000, opaque_scale=1.0,
+            model,
+            estimate=30_000,
+            opaque=20_000,
+            opaque_scale=1.0,
             reported=10_000 + int(share * 20_000),
         )
 
@@ -450,8 +476,8 @@ def test_calibration_is_per_model_bounded_and_resettable(tmp_path: Path, path: s
 @pytest.mark.parametrize(
     "damage",
     [
-        "UPDATE protoprompt_calibration SET samples = '{\"v\": 1, \"samples\": [0.1, 0.1, 0.1]}'",
-        "UPDATE protoprompt_calibration SET samples = '{\"v\": 2, \"samples\": [0.4, 0.4, 0.4]}'",
+        'UPDATE protoprompt_calibration SET samples = \'{"v": 1, "samples": [0.1, 0.1, 0.1]}\'',
+        'UPDATE protoprompt_calibration SET samples = \'{"v": 2, "samples": [0.4, 0.4, 0.4]}\'',
         "UPDATE protoprompt_calibration SET samples = 'not json'",
         "UPDATE protoprompt_calibration SET mac = x'00'",
         "UPDATE protoprompt_calibration SET samples = 42",
@@ -483,7 +509,9 @@ def test_a_calibration_row_holds_only_numbers_within_bounds(tmp_path: Path) -> N
     assert all(0.25 <= s <= 2 for s in data["samples"])
 
 
-def test_a_read_only_database_keeps_the_calibration_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_database_keeps_the_calibration_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import protoprompt.calibration as cal_module
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -495,5 +523,3 @@ def test_a_read_only_database_keeps_the_calibration_in_memory(tmp_path: Path, mo
     assert cal.path is None
     learn(cal, "gpt-5", 0.4, 3)
     assert cal.opaque_scale("gpt-5") == 0.5
-
-

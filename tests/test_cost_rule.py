@@ -90,7 +90,8 @@ def test_the_rule_is_far_below_reading_the_base64_as_text() -> None:
         "a",
         fernet(3000)[:-1] + "*",
         # standard and URL-safe alphabets mixed
-        base64.b64encode(b"\xfb\xff" * 300).decode() + base64.urlsafe_b64encode(b"\xfb\xff").decode(),
+        base64.b64encode(b"\xfb\xff" * 300).decode()
+        + base64.urlsafe_b64encode(b"\xfb\xff").decode(),
     ],
 )
 def test_a_payload_that_is_not_base64_is_counted_as_text_and_says_so(payload: str) -> None:
@@ -225,8 +226,13 @@ def test_an_old_rule_database_is_never_trusted_for_opaque_payloads(old_db: str) 
     plan, items = asyncio.run(turn())
     # The request is exactly a fresh pack of the same history, counted by the new rule:
     # an old count of a reasoning item's text (base64 included) would cost it ~3x more.
-    fresh = pp.pack(items, [{"role": "user", "content": "And the fourth?"}], 200_000,
-                    output_reserve=1000, context_tokens=plan.pack.context_tokens)
+    fresh = pp.pack(
+        items,
+        [{"role": "user", "content": "And the fourth?"}],
+        200_000,
+        output_reserve=1000,
+        context_tokens=plan.pack.context_tokens,
+    )
     assert plan.pack.history_tokens == fresh.history_tokens
     assert plan.pack.used == fresh.used
     opaque = sum(pp.item_tokens(i).opaque for i in items)

@@ -10,11 +10,11 @@ from . import _core
 from .count_store import CountStore
 
 __all__ = [
+    "OPAQUE_SCALE_MAX",
+    "OPAQUE_SCALE_MIN",
     "TRUNCATION_MARKER",
     "Decisions",
     "GraphReport",
-    "OPAQUE_SCALE_MAX",
-    "OPAQUE_SCALE_MIN",
     "HistoryIndex",
     "ItemCost",
     "PackResult",
@@ -522,8 +522,7 @@ def _check_opaque_scale(value: float) -> float:
         raise TypeError(f"opaque_scale must be a number, got {type(value).__name__}")
     if not OPAQUE_SCALE_MIN <= value <= OPAQUE_SCALE_MAX:
         raise ValueError(
-            f"opaque_scale must be between {OPAQUE_SCALE_MIN} and {OPAQUE_SCALE_MAX}, "
-            f"got {value!r}"
+            f"opaque_scale must be between {OPAQUE_SCALE_MIN} and {OPAQUE_SCALE_MAX}, got {value!r}"
         )
     return float(value)
 

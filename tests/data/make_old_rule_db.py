@@ -67,7 +67,9 @@ def history(seed: int = 23) -> list[dict]:
             "role": "assistant",
             "id": "msg_1",
             "status": "completed",
-            "content": [{"type": "output_text", "text": "All three invoices add up.", "annotations": []}],
+            "content": [
+                {"type": "output_text", "text": "All three invoices add up.", "annotations": []}
+            ],
         }
     )
     return items

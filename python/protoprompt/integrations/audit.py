@@ -30,6 +30,7 @@ run context.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import itertools
@@ -175,15 +176,15 @@ def _reported_input(response: Any) -> int | None:
     usage = getattr(response, "usage", None)
     if usage is None:
         return None
-    entries = [
-        e.input_tokens
-        for e in getattr(usage, "request_usage_entries", None) or ()
-        if isinstance(getattr(e, "input_tokens", None), int) and e.input_tokens > 0
-    ]
+    entries: list[int] = []
+    for entry in getattr(usage, "request_usage_entries", None) or ():
+        n = getattr(entry, "input_tokens", None)
+        if isinstance(n, int) and n > 0:
+            entries.append(n)
     if entries:
         return max(entries)  # retries add zero entries; a folded response: its largest
-    n = getattr(usage, "input_tokens", None)
-    return n if isinstance(n, int) and n > 0 else None
+    total = getattr(usage, "input_tokens", None)
+    return total if isinstance(total, int) and total > 0 else None
 
 
 def _run_block(waiting: list[_Waiting], n: int) -> list[_Waiting]:
@@ -194,7 +195,7 @@ def _run_block(waiting: list[_Waiting], n: int) -> list[_Waiting]:
     for start in reversed(range(len(waiting) - n + 1)):
         block = waiting[start : start + n]
         numbers = [w.call.call for w in block]
-        if numbers[0] != 1 or any(b not in (1, a + 1) for a, b in zip(numbers, numbers[1:])):
+        if numbers[0] != 1 or any(b not in (1, a + 1) for a, b in itertools.pairwise(numbers)):
             continue
         end = start + n
         if end < len(waiting) and waiting[end].call.call != 1:
@@ -373,10 +374,9 @@ class BudgetAudit(RunHooksBase[Any, Any]):
         def forget(_: Any) -> None:
             paired.pop(key, None)
 
-        try:
+        # A response that is not weak-referenceable: add_result cannot tell it was paired.
+        with contextlib.suppress(TypeError):
             paired[key] = weakref.ref(response, forget)
-        except TypeError:
-            pass  # not weak-referenceable: add_result cannot tell it was paired
 
     def _was_paired(self, response: Any) -> bool:
         ref = self._paired.get(id(response))
@@ -417,7 +417,7 @@ class BudgetAudit(RunHooksBase[Any, Any]):
                 self._waiting.remove(w)
         agent = getattr(result, "last_agent", None)
         paired: list[AuditedCall] = []
-        for waiting, response in zip(block, responses):
+        for waiting, response in zip(block, responses, strict=False):
             done = self._pair(waiting, response, agent)
             with self._lock:
                 paired.append(self._calls.get(waiting.serial, waiting.call))

@@ -395,10 +395,9 @@ class ProtoPromptSession:
         with self._calibration_lock:
             if self._calibration is None:
                 db = getattr(self._inner, "db_path", None)
-                sqlite_file = isinstance(self._inner, SQLiteSession) and isinstance(
-                    db, (str, os.PathLike)
-                )
-                path = os.fspath(db) if sqlite_file else None
+                path: str | None = None
+                if isinstance(self._inner, SQLiteSession) and isinstance(db, (str, os.PathLike)):
+                    path = os.fspath(db)
                 try:
                     self._calibration = Calibration(path)
                 except (sqlite3.Error, OSError) as exc:
