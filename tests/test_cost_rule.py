@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import protoprompt as pp
 from protoprompt import _core
@@ -168,6 +170,29 @@ def test_an_index_under_another_calibration_counts_again() -> None:
     assert index.window_start([], 10, opaque_scale=1.0) >= 0
 
 
+def test_a_window_is_found_under_the_packs_calibration() -> None:
+    """Costs counted under a larger calibration are no lower bound under a smaller one: a
+    window found from them would be too short for the pack."""
+    history: list[dict[str, Any]] = []
+    for t in range(12):
+        history += [
+            {"role": "user", "content": f"q{t}"},
+            reasoning(8000, t),
+            dict(ANSWER, id=f"m{t}"),
+        ]
+    new = [{"role": "user", "content": "next"}]
+    budget = 12_000
+    index = pp.HistoryIndex()
+    index.pack(history, [], 10**9, opaque_scale=2.0)  # every cost counted at x2
+    for scale in (0.25, 1.0, 2.0):
+        expected = pp.pack(history, new, budget, opaque_scale=scale)
+        w = index.window_start(new, budget, opaque_scale=scale)
+        got = index.pack(history[w:], new, budget, history_offset=w, opaque_scale=scale)
+        assert got.kept_history == expected.kept_history, scale
+        assert got.used == expected.used
+    assert expected.kept_history != pp.pack(history, new, budget, opaque_scale=0.25).kept_history
+
+
 # ------------------------------------------------------------------------- an old database
 
 
@@ -241,3 +266,139 @@ def test_an_old_rule_database_is_never_trusted_for_opaque_payloads(old_db: str) 
     )
     assert opaque > 0 and as_text > 2 * opaque
     assert plan.pack.history_tokens == sum(pp.item_tokens(i).total for i in items)
+
+
+# ------------------------------------------------------------------------- properties
+
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5E"
+    "rkJggg=="
+)
+
+
+@st.composite
+def payloads(draw: st.DrawFn) -> Any:
+    """An ``encrypted_content`` in every form it is stored: a Fernet-shaped token of any size,
+    padded or not, standard alphabet, several joined by newlines, not base64, null."""
+    kind = draw(st.sampled_from(["fernet", "fernet", "bare", "standard", "joined", "bad", "null"]))
+    size = draw(st.integers(5, 12_000))
+    seed = draw(st.integers(0, 2**16))
+    token = fernet(size, seed)
+    if kind == "bare":
+        return token.rstrip("=")
+    if kind == "standard":
+        return base64.b64encode(base64.urlsafe_b64decode(token)).decode()
+    if kind == "joined":
+        return token + "\n" + fernet(draw(st.integers(5, 3000)), seed + 1)
+    if kind == "bad":
+        return token[: draw(st.integers(0, len(token)))] + draw(st.sampled_from(["!", " x", "=="]))
+    if kind == "null":
+        return None
+    return token
+
+
+@st.composite
+def opaque_histories(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Turns of a user message, reasoning and calls with outputs, compaction items and image
+    generation results anywhere, reasoning without an id (``"omit"``) too."""
+    history: list[dict[str, Any]] = []
+    n = draw(st.integers(1, 10))
+    for t in range(n):
+        history.append({"role": "user", "content": f"question {t} " * draw(st.integers(1, 30))})
+        for s in range(draw(st.integers(0, 3))):
+            rs: dict[str, Any] = {
+                "type": "reasoning",
+                "summary": [],
+                "encrypted_content": draw(payloads()),
+            }
+            if draw(st.booleans()):
+                rs["id"] = f"rs_{t}_{s}"
+            history.append(rs)
+            cid = f"c{t}_{s}"
+            history.append(
+                {"type": "function_call", "call_id": cid, "name": "f", "arguments": "{}"}
+            )
+            history.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": cid,
+                    "output": "ok " * draw(st.integers(1, 200)),
+                }
+            )
+        if draw(st.integers(0, 4)) == 0:
+            history.append(
+                {"type": "compaction", "id": f"cmp_{t}", "encrypted_content": draw(payloads())}
+            )
+        if draw(st.integers(0, 5)) == 0:
+            result = draw(st.sampled_from([PNG, "!!!!", None]))
+            history.append(
+                {
+                    "type": "image_generation_call",
+                    "id": f"ig_{t}",
+                    "status": "completed",
+                    "result": result,
+                }
+            )
+        history.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"msg_{t}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": f"answer {t}"}],
+            }
+        )
+    return history, [{"role": "user", "content": "next"}]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    opaque_histories(),
+    st.integers(200, 60_000),
+    st.sampled_from([1.0, 1.0, 0.25, 0.5, 0.8125, 2.0]),
+    st.sampled_from([1.0, 0.5, 2.0]),
+    st.one_of(st.integers(0, 40), st.just(10**6)),
+)
+def test_opaque_histories_pack_exactly_through_every_path(
+    case: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    budget: int,
+    scale: float,
+    earlier_scale: float,
+    seen: int,
+) -> None:
+    """Whatever the payloads: the pack equals the reference packer's (which decodes them on
+    its own, with the standard library) at the rule; an index that packed a prefix under
+    another calibration packs like a fresh pack; a token window found under the pack's
+    calibration packs like the whole history."""
+    from reference_packer import ReferencePacker
+
+    history, new_input = case
+    reserve = 50
+    try:
+        expected = pp.pack(history, new_input, budget, output_reserve=reserve, opaque_scale=scale)
+    except pp.TokenBudgetExceededError:
+        return
+    assert expected.history_tokens + expected.new_input_tokens + reserve == expected.used <= budget
+    if scale == 1.0:
+        ref = ReferencePacker(warm=False).pack(history, new_input, budget, output_reserve=reserve)
+        assert ref.kept_history == expected.kept_history
+        assert (ref.history_tokens, ref.used) == (expected.history_tokens, expected.used)
+    else:
+        # The opaque part only is scaled: never below the rule for the rest.
+        for p in expected.kept_history:
+            cost = pp.item_tokens(history[p])
+            assert cost.total - cost.opaque + _core.scale_opaque(cost.opaque, scale) > 0
+    seen = min(seen, len(history))
+    index = pp.HistoryIndex()
+    index.pack(history[:seen], [], 10**9, opaque_scale=earlier_scale)
+    room = budget - reserve
+    w = min(index.window_start(history[seen:] + new_input, room, opaque_scale=scale), seen)
+    got = index.pack(
+        history[w:], new_input, budget, output_reserve=reserve, history_offset=w, opaque_scale=scale
+    )
+    assert [id(x) for x in got.items] == [id(x) for x in expected.items]
+    assert (got.history_tokens, got.used, got.opaque_scale) == (
+        expected.history_tokens,
+        expected.used,
+        expected.opaque_scale,
+    )
