@@ -523,3 +523,64 @@ def test_a_read_only_database_keeps_the_calibration_in_memory(
     assert cal.path is None
     learn(cal, "gpt-5", 0.4, 3)
     assert cal.opaque_scale("gpt-5") == 0.5
+
+
+class Shifting(Calibration):
+    """A calibration another process changes under the turn: its factor is ``high`` for the
+    first ``flip`` reads, ``low`` after."""
+
+    def __init__(self, flip: int, high: float = 2.0, low: float = 0.25) -> None:
+        super().__init__()
+        self.reads = 0
+        self.flip, self.high, self.low = flip, high, low
+
+    def state(self, model: str) -> pp.CalibrationState:
+        self.reads += 1
+        scale = self.high if self.reads <= self.flip else self.low
+        return pp.CalibrationState(model, (scale,) * 3, scale)
+
+
+@pytest.mark.parametrize("flip", [11, 13, 15])
+async def test_a_token_window_is_packed_under_the_calibration_it_was_found_under(
+    tmp_path: Path, flip: int
+) -> None:
+    """Windowed reads find the window under the builder's calibration; if it changes before
+    the turn is packed (another process learned), the turn still packs under the window's
+    one: a smaller factor could need items before the window."""
+    db = str(tmp_path / "a.db")
+    session = ProtoPromptSession("s", db, windowed_reads=True)
+    calibration = Shifting(flip)
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=16_000, output_reserve=500, model="gpt-5", calibration=calibration
+    )
+    callback = session.input_callback(builder)
+    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    windowed = []
+    for t in range(10):
+        agent = Agent(
+            name="a",
+            model=ScriptedModel(
+                [[reasoning_item(t, 8000), assistant_message(f"answer {t}", item_id=f"m{t}")]]
+            ),
+        )
+        before = session._debug_state().window_reads
+        await Runner.run(agent, f"question {t}", session=session, run_config=config)
+        windowed.append(session._debug_state().window_reads > before)
+        plan = builder.last_plan
+        assert plan is not None
+        history = await session.get_items()
+        # Every turn's request is a fresh pack of the stored history under the turn's factor.
+        fresh = pp.pack(
+            history[:-3],  # the turn stored its question, the reasoning and the answer
+            [history[-3]],
+            16_000,
+            output_reserve=500,
+            context_tokens=plan.pack.context_tokens,
+            opaque_scale=plan.pack.opaque_scale,
+        )
+        assert plan.pack.used == fresh.used and plan.pack.history_tokens == fresh.history_tokens
+    # Windows under the high factor; the factor falls between the read and the pack of a
+    # windowed turn (after it, the history fits whole under the low factor).
+    race = (flip + 1) // 2 - 1
+    assert windowed[race], windowed
+    assert calibration.reads > flip

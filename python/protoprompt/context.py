@@ -516,6 +516,7 @@ class TokenBudgetedContextBuilder:
         pinned: Iterable[int] = (),
         context_tokens: int = 0,
         history_offset: int = 0,
+        opaque_scale: float | None = None,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -538,6 +539,9 @@ class TokenBudgetedContextBuilder:
                 position on (see :meth:`HistoryIndex.window_start`); the plan is that of
                 the whole history. The recall query then comes from ``new_input`` or the
                 items passed.
+            opaque_scale: the factor of the opaque part of item costs for this build
+                (default: what the builder's calibration says now, 1.0 without one); a
+                token window must be packed with the one it was found under.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -574,6 +578,7 @@ class TokenBudgetedContextBuilder:
             context_tokens=context_tokens,
             pool=self._candidates(query, scope),
             history_offset=history_offset,
+            opaque_scale=opaque_scale,
         )
 
     def _build(
@@ -591,6 +596,7 @@ class TokenBudgetedContextBuilder:
         pool: list[_Candidate],
         history_len: int | None = None,
         history_offset: int = 0,
+        opaque_scale: float | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run)."""
@@ -608,7 +614,9 @@ class TokenBudgetedContextBuilder:
             raise ValueError("history_offset needs an index that holds the earlier positions")
         extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
         calibration = self.calibration_state()
-        if calibration is not None:
+        if opaque_scale is not None:
+            extra["opaque_scale"] = opaque_scale
+        elif calibration is not None:
             extra["opaque_scale"] = calibration.opaque_scale
         result = (index.pack if index is not None else pack)(
             history_list,

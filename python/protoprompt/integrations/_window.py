@@ -159,7 +159,9 @@ def read_window(
     window_ids = array("q", expected)
     window_ids.append(last_id)
     seen = _sync.Seen(version, n, tail_rows.ids_from(1))
-    facts = _sync.Read(len(window), False, 0, True, seen, offset=w, window_ids=window_ids)
+    facts = _sync.Read(
+        len(window), False, 0, True, seen, offset=w, window_ids=window_ids, opaque_scale=scale
+    )
     return window, facts
 
 

@@ -54,7 +54,6 @@ from ._window import (
     TURN_ATTR,
     Turn,
     called_by_runner,
-    opaque_scale_of,
     read_window,
     runner_turn,
     window_keep,
@@ -726,7 +725,12 @@ class ProtoPromptSession:
         return window_keep(self._index_state, facts)
 
     def _count_window(
-        self, builder: Any, history: list[Item], offset: int, output_reserve: int | None
+        self,
+        builder: Any,
+        history: list[Item],
+        offset: int,
+        output_reserve: int | None,
+        opaque_scale: float,
     ) -> None:
         """After a turn, count the costs the next token window is found from (caller holds
         the state's lock). A cost that cannot be counted keeps its lower bound: the next
@@ -741,7 +745,7 @@ class ProtoPromptSession:
                 model=builder.model,
                 encoding=builder.encoding,
                 history_offset=offset,
-                opaque_scale=opaque_scale_of(builder),
+                opaque_scale=opaque_scale,
             )
         except Exception as exc:  # noqa: BLE001 - an item the request did not need
             _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
@@ -766,10 +770,15 @@ class ProtoPromptSession:
             state.keep(keep)
             state.generation = facts.epoch
         try:
+            if offset and getattr(builder, "calibration", None) is not None:
+                # A token window is packed under the calibration it was found under.
+                kwargs = {**kwargs, "opaque_scale": facts.opaque_scale}
             plan = builder.build(
                 history, new_input, index=state.index, history_offset=offset, **kwargs
             )
-            self._count_window(builder, history, offset, kwargs.get("output_reserve"))
+            self._count_window(
+                builder, history, offset, kwargs.get("output_reserve"), plan.pack.opaque_scale
+            )
         finally:
             state.nbytes = state.index.nbytes
         if facts.seen is not None:
