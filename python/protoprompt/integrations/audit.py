@@ -327,8 +327,8 @@ class BudgetAudit(RunHooksBase[Any, Any]):
         if waiting is None:
             return
         paired = self._pair(waiting, response, agent)
-        if paired is not None:
-            await asyncio.to_thread(self._learn, paired, waiting.builder)
+        if paired is not None and getattr(waiting.builder, "calibration", None) is not None:
+            await asyncio.to_thread(self._learn, paired, waiting.builder)  # a database write
 
     # ------------------------------------------------------------------ pairing
 
