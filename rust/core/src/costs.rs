@@ -96,15 +96,20 @@ pub struct SwitchedCosts {
     costs: Vec<u64>,
 }
 
-/// What an index snapshot carries for the memo: the encoding's name, each position's cost
-/// plus one (`UNCOUNTED` becomes 0, one byte in the snapshot's varint encoding), the cost
-/// rule the costs were counted under and the calibration of opaque payloads (sixty-fourths).
+/// What an index snapshot carries for the memo: the cost rule the costs were counted under,
+/// the calibration of opaque payloads (sixty-fourths), the encoding's name and each
+/// position's cost plus one (`UNCOUNTED` becomes 0, one byte in the snapshot's varint
+/// encoding).
+///
+/// The rule comes first, as one byte: rule 1 payloads began with the encoding, an
+/// `Option` whose tag byte is 0 or 1, so a protoprompt that reads those refuses these (its
+/// costs would be of another rule) and this one tells them apart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CostPayload {
+    rule: u8,
+    opaque_scale: u16,
     encoding: Option<String>,
     costs: Vec<u64>,
-    rule: u32,
-    opaque_scale: u16,
 }
 
 /// What snapshots written under cost rule 1 carry (no rule, no calibration): read only to

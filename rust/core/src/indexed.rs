@@ -288,26 +288,30 @@ impl IndexedHistory {
     /// no rule) are not reused: the items and graph are, and every cost is counted again
     /// ([`IndexedHistory::snapshot_costs_dropped`] says why).
     pub fn from_snapshot(bytes: &[u8], binding: &[u8]) -> Result<IndexedHistory, SnapshotError> {
-        let (graph, costs, dropped) = match GraphIndex::from_snapshot::<CostPayload>(bytes, binding)
-        {
-            Ok((graph, payload)) => {
-                let counted_under = payload_rule(&payload);
+        let current = GraphIndex::from_snapshot::<CostPayload>(bytes, binding);
+        let (graph, costs, dropped) = match current {
+            Ok((graph, payload)) if payload.is_current_rule() => {
                 let costs =
                     CostMemo::from_payload(payload, graph.len()).map_err(SnapshotError::Damaged)?;
-                (graph, costs, counted_under)
+                (graph, costs, None)
             }
-            Err(SnapshotError::Damaged(why)) => {
-                // Perhaps a snapshot of cost rule 1, whose payload has fewer fields.
-                let Ok((graph, legacy)) =
-                    GraphIndex::from_snapshot::<LegacyCostPayload>(bytes, binding)
-                else {
-                    return Err(SnapshotError::Damaged(why));
-                };
-                let costs = CostMemo::from_legacy_payload(legacy, graph.len())
-                    .map_err(SnapshotError::Damaged)?;
-                (graph, costs, Some(RULE_1))
-            }
-            Err(other) => return Err(other),
+            other => match GraphIndex::from_snapshot::<LegacyCostPayload>(bytes, binding) {
+                // A rule 1 snapshot (its payload begins with the encoding).
+                Ok((graph, legacy)) => {
+                    let costs = CostMemo::from_legacy_payload(legacy, graph.len())
+                        .map_err(SnapshotError::Damaged)?;
+                    (graph, costs, Some(RULE_1))
+                }
+                Err(_) => match other {
+                    // A later rule's snapshot: its items and graph, none of its costs.
+                    Ok((graph, payload)) => {
+                        let costs = CostMemo::from_payload(payload, graph.len())
+                            .map_err(SnapshotError::Damaged)?;
+                        (graph, costs, Some(OTHER_RULE))
+                    }
+                    Err(error) => return Err(error),
+                },
+            },
         };
         let mut kind_names = KindNames::default();
         let kinds = (0..graph.len())
@@ -332,11 +336,6 @@ impl IndexedHistory {
 
 const RULE_1: &str = "counted under cost rule 1 (opaque payloads as text): counted again";
 const OTHER_RULE: &str = "counted under another cost rule: counted again";
-
-/// Why a snapshot's costs are not reused, if they are not.
-fn payload_rule(payload: &CostPayload) -> Option<&'static str> {
-    (!payload.is_current_rule()).then_some(OTHER_RULE)
-}
 
 /// Where a pack of `budget` over `graph`'s history can start reading, with the units counted
 /// exactly: positions from `offset` on (those the caller's list holds) by `engine`, earlier

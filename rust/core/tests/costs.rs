@@ -374,15 +374,15 @@ fn the_snapshot_payload_round_trips_and_damage_is_refused() {
 
 #[test]
 fn payload_checks_costs_and_encoding() {
-    // The payload's wire form: (Option<String>, Vec<u64>, rule, scale) with costs stored
+    // The payload's wire form: (rule, scale, Option<String>, Vec<u64>) with costs stored
     // plus one.
     let damaged = |encoding: Option<&str>, costs: Vec<u64>| {
         let n = costs.len();
         let payload = (
-            encoding,
-            costs,
             tokens::COST_RULE,
             OpaqueScale::ONE.sixty_fourths(),
+            encoding,
+            costs,
         );
         let bytes = postcard::to_allocvec(&payload).unwrap();
         CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), n)
@@ -494,8 +494,8 @@ fn a_calibration_scales_the_opaque_part_only_and_is_part_of_the_memo_basis() {
 #[test]
 fn costs_of_another_cost_rule_are_never_reused() {
     // A payload of another rule: the positions stay, the costs do not.
-    let rule = |rule: u32, scale: u16| {
-        let payload = (Some("o200k_base"), vec![9u64, 0, 12], rule, scale);
+    let rule = |rule: u8, scale: u16| {
+        let payload = (rule, scale, Some("o200k_base"), vec![9u64, 0, 12]);
         let bytes = postcard::to_allocvec(&payload).unwrap();
         CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), 3)
     };

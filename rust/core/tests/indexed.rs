@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use protoprompt_core::costs::{CostEngine, CostMemo, ItemSource, NoStore};
 use protoprompt_core::decisions::{DecisionRows, Row};
-use protoprompt_core::incremental::SnapshotError;
+use protoprompt_core::incremental::{GraphIndex, SnapshotError};
 use protoprompt_core::indexed::{counted_window_start, lock, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{CostFailure, CostSource, Decision};
@@ -330,7 +330,7 @@ fn a_snapshot_of_another_cost_rule_keeps_its_graph_and_drops_its_costs() {
         .to_snapshot(&(Some("o200k_base"), costs.clone()), b"s");
     let later = index
         .graph()
-        .to_snapshot(&(Some("o200k_base"), costs, 99u32, 64u16), b"s");
+        .to_snapshot(&(99u8, 64u16, Some("o200k_base"), costs), b"s");
     for (bytes, why) in [
         (
             legacy,
@@ -352,7 +352,15 @@ fn a_snapshot_of_another_cost_rule_keeps_its_graph_and_drops_its_costs() {
             SnapshotError::Unbound
         );
     }
-    let current = IndexedHistory::from_snapshot(&index.snapshot(b"s"), b"s").unwrap();
+    // A protoprompt of rule 1 reads a snapshot as (encoding, costs): it refuses this one,
+    // whose payload begins with the rule (never a valid option tag), instead of taking
+    // costs of another rule for its own.
+    let snapshot = index.snapshot(b"s");
+    assert!(matches!(
+        GraphIndex::from_snapshot::<(Option<String>, Vec<u64>)>(&snapshot, b"s"),
+        Err(SnapshotError::Damaged(_))
+    ));
+    let current = IndexedHistory::from_snapshot(&snapshot, b"s").unwrap();
     assert_eq!(current.snapshot_costs_dropped(), None);
     assert_eq!(current.costs(), index.costs());
 }

@@ -26,7 +26,7 @@ use super::media::image_tokens_for_size;
 /// * 1: `encrypted_content` and image results counted as text (protoprompt 0.2.0 up to
 ///   commit 1d25e97).
 /// * 2: opaque payloads costed by their decoded size (this module).
-pub const COST_RULE: u32 = 2;
+pub const COST_RULE: u8 = 2;
 
 /// Bytes of a decoded encrypted payload that are its envelope, not model tokens (Codex's
 /// `estimate_reasoning_length` subtracts 650).
