@@ -7,7 +7,9 @@ Same job as ``protoprompt.pack(..., policy="contiguous")``, written the obvious 
    with their ``caller`` children, anonymous server tool search matched right to left,
    reasoning with the model items that follow it, items sharing an SDK de-duplication key);
 2. cost every item as ``4 + len(tiktoken.encode_ordinary(canonical_text(item)))`` with the
-   real ``tiktoken`` (``benches/reference_tokenizer.py``) on protoprompt's canonical text;
+   real ``tiktoken`` (``benches/reference_tokenizer.py``) on protoprompt's canonical text,
+   plus the decoded-size cost of its opaque payload (the base64 ``encrypted_content`` of
+   reasoning and compaction items, decoded here with the standard library);
 3. reserve ``new_input``, the history units it depends on, ``output_reserve`` and
    ``context_tokens`` (all or nothing), then add valid history units newest first and stop
    at the first one that does not fit, dropping what was taken of that unit's turn unless
@@ -25,7 +27,10 @@ reasonable Python implementation would do for the next turn); ``warm=False`` dis
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Iterable, Mapping
@@ -486,8 +491,8 @@ class ReferencePacker:
                 tokens = memo[text] = len(self.encoding.encode_ordinary(text))
         else:
             tokens = len(self.encoding.encode_ordinary(text))
-        cost = ITEM_OVERHEAD + tokens
-        if _has_media(item):
+        cost = ITEM_OVERHEAD + tokens + opaque_tokens(item)
+        if _has_media(item) or item.get("type") == "image_generation_call":
             import protoprompt
 
             cost += protoprompt.item_tokens(item, encoding=self.encoding_name).media
@@ -582,6 +587,51 @@ class ReferencePacker:
             units,
             counted,
         )
+
+
+OPAQUE_ENVELOPE_BYTES = 650
+OPAQUE_BYTES_PER_TOKEN = 4
+OPAQUE_MARGIN_PERCENT = 25
+_STANDARD = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_URL_SAFE = re.compile(r"[A-Za-z0-9_-]*={0,2}")
+
+
+def decoded_len(payload: str) -> int | None:
+    """Decoded size of a base64 payload (standard or URL-safe, padded or not; lines
+    decoded one by one), ``None`` if it is not base64."""
+    total = 0
+    for line in payload.split("\n"):
+        line = line.removesuffix("\r")
+        if not line:
+            continue
+        if _URL_SAFE.fullmatch(line):
+            line = line.translate(str.maketrans("-_", "+/"))
+        elif not _STANDARD.fullmatch(line):
+            return None
+        bare = line.rstrip("=")
+        if len(bare) % 4 == 1 or len(line) - len(bare) > -len(bare) % 4:
+            return None  # a lone last symbol, or more padding than canonical
+        try:
+            raw = base64.b64decode(bare + "=" * (-len(bare) % 4), validate=True)
+        except binascii.Error:
+            return None
+        if base64.b64encode(raw).decode().rstrip("=") != bare:
+            return None  # non-zero trailing bits: not a canonical encoding (Rust refuses it)
+        total += len(raw)
+    return total
+
+
+def opaque_tokens(item: Mapping[str, Any]) -> int:
+    """The decoded-size cost of a reasoning or compaction item's ``encrypted_content``
+    (0 when it is absent or not base64: then the canonical text holds it)."""
+    payload = item.get("encrypted_content")
+    if item.get("type") not in ("reasoning", "compaction") or not isinstance(payload, str):
+        return 0
+    size = decoded_len(payload)
+    if size is None:
+        return 0
+    content = max(size - OPAQUE_ENVELOPE_BYTES, 0)
+    return -(-content * (100 + OPAQUE_MARGIN_PERCENT) // (100 * OPAQUE_BYTES_PER_TOKEN))
 
 
 def _has_media(item: Mapping[str, Any]) -> bool:

@@ -533,6 +533,93 @@ def md_summary(rows: list[dict]) -> str:
     return _md_table(header, body)
 
 
+COSTS_ITEMS = 2_000
+COSTS_BUDGET = 128_000
+
+
+def measure_opaque_costs(args, progress: Progress) -> dict | None:
+    """Per item kind, the cost of a reasoning-heavy history under cost rule 1 (base64 as text)
+    and rule 2 (decoded size), and the turns a 128k budget keeps under each
+    (``benches/opaque_costs.py``)."""
+    import opaque_costs
+    from history_gen import generate, new_user_message
+
+    progress.step(f"opaque payloads: {args.mix} history of {COSTS_ITEMS:,} items, both rules")
+    items = opaque_costs.realistic(generate(COSTS_ITEMS, args.mix, args.seed), seed=args.seed)
+    reserve = harness.output_reserve_for(COSTS_BUDGET)
+    return {
+        "mix": args.mix,
+        "kinds": opaque_costs.kind_costs(items),
+        "turns": opaque_costs.turns_kept(
+            items, [new_user_message(args.seed)], COSTS_BUDGET, reserve
+        ),
+        "reserve": reserve,
+    }
+
+
+def md_opaque_costs(costs: dict) -> str:
+    kinds = costs["kinds"]
+    total = kinds[-1]
+    header = [
+        "kind",
+        "items",
+        "as text (rule 1)",
+        "decoded size (rule 2)",
+        "rule 1 / rule 2",
+        "Codex estimate",
+        "tiktoken of the JSON",
+        "share (rule 1 -> 2)",
+    ]
+    body = [
+        [
+            k.kind,
+            f"{k.items:,}",
+            f"{k.rule1:,}",
+            f"{k.rule2:,}",
+            f"{k.shrink:.2f}x",
+            f"{k.codex:,}",
+            f"{k.json:,}",
+            f"{_pct(k.rule1, total.rule1, 0)} -> {_pct(k.rule2, total.rule2, 0)}",
+        ]
+        for k in kinds
+        if k.rule1 != k.rule2 or k.kind == "all" or k.rule1 >= total.rule1 // 20
+    ]
+    t = costs["turns"]
+    return (
+        _md_table(header, body)
+        + "\nKinds whose cost is the same under both rules and under 5% of the total are "
+        f"left out. A {t.budget:,}-token budget (output reserve {costs['reserve']:,}, "
+        f"contiguous policy) keeps **{t.rule2} of {t.turns} turns** ({t.rule2_items} items) "
+        f"under rule 2 against {t.rule1} turns ({t.rule1_items} items) under rule 1: "
+        f"{t.rule2 - t.rule1:+d} turns ({_pct(t.rule2 - t.rule1, t.rule1, 0)} more).\n"
+    )
+
+
+def print_opaque_costs(costs: dict, out=sys.stdout) -> None:
+    print(
+        f"opaque payloads ({costs['mix']} mix, {COSTS_ITEMS:,} items; tokens per kind, "
+        "rule 1 = base64 as text, rule 2 = decoded size):",
+        file=out,
+    )
+    print(
+        f"{'kind':<30} {'items':>6} {'rule 1':>10} {'rule 2':>10} {'1/2':>6} "
+        f"{'Codex':>10} {'JSON':>10}",
+        file=out,
+    )
+    for k in costs["kinds"]:
+        print(
+            f"{k.kind:<30} {k.items:>6,} {k.rule1:>10,} {k.rule2:>10,} {k.shrink:>5.2f}x "
+            f"{k.codex:>10,} {k.json:>10,}",
+            file=out,
+        )
+    t = costs["turns"]
+    print(
+        f"turns kept at {t.budget:,}: rule 1 {t.rule1} ({t.rule1_items} items), rule 2 "
+        f"{t.rule2} ({t.rule2_items} items) of {t.turns}",
+        file=out,
+    )
+
+
 def write_markdown(
     path: str,
     meta: str,
@@ -540,6 +627,7 @@ def write_markdown(
     sizes: list[dict],
     counting: list[harness.Throughput],
     turns: list[dict],
+    costs: dict | None = None,
 ) -> None:
     parts = [_MARKDOWN_INTRO, "## This run\n", meta + "\n"]
     if rows:
@@ -559,6 +647,18 @@ def write_markdown(
             "Each number from a fresh process; `same` = the windowed turns' requests "
             "equal the full read's.\n",
             "```\n" + text.getvalue() + "```\n",
+        ]
+    if costs:
+        parts += [
+            "## Opaque payloads: tokens per item kind, rule 1 and rule 2\n",
+            f"A generated {costs['mix']} history of {COSTS_ITEMS:,} items with realistic "
+            "encrypted payloads (`benches/opaque_costs.py`). **As text (rule 1)**: "
+            "protoprompt up to 0.2.0, the base64 of `encrypted_content` tokenised as text; "
+            "**decoded size (rule 2)**: protoprompt now (`docs/cost-model.md`: decoded bytes "
+            "less a 650-byte envelope, 4 bytes per token, +25%); **Codex estimate**: "
+            "OpenAI Codex's own estimate of each item (no margin); **tiktoken of the "
+            "JSON**: the plain count of the item's JSON.\n",
+            md_opaque_costs(costs),
         ]
     if sizes:
         parts += ["## Index and snapshot size\n", _md_sizes(sizes)]
@@ -673,6 +773,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip the pure-Python reference")
     p.add_argument("--no-counting", action="store_true", help="skip the throughput table")
     p.add_argument(
+        "--no-costs",
+        action="store_true",
+        help="skip the opaque payload table (cost rule 1 vs 2 per item kind)",
+    )
+    p.add_argument(
         "--no-turns",
         action="store_true",
         help="skip the whole-turn table (SDK alone / full read / windowed reads)",
@@ -698,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         + n_cases
         + (0 if args.no_counting else 6)
         + (0 if args.no_turns or args.db else n_cases)
+        + (0 if args.no_costs else 1)
     )  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
@@ -728,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 turns.append(harness.whole_turns(case, 128_000, workdir, next_turns=args.rounds))
         counting = [] if args.no_counting else measure_counting(args, progress)
+        costs = None if args.no_costs else measure_opaque_costs(args, progress)
         sizes = measure_index_sizes(cases)
     progress.finish()
 
@@ -776,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     if counting:
         print()
         print_counting(counting)
+    if costs:
+        print()
+        print_opaque_costs(costs)
     print()
     print_index_sizes(sizes)
     meta = (
@@ -785,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         f"min(8000, budget/8), median of {args.rounds} warm rounds."
     )
     if args.markdown:
-        write_markdown(args.markdown, meta, rows, sizes, counting, turns)
+        write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs)
     if args.readme and rows:
         update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
     same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)

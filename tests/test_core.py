@@ -238,9 +238,11 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
         errors.TokenizerError("tokenizer failed: internal error"),
     ]
     # MemoryStoreError (a database failure, a RuntimeError) is tested in test_memory.py.
+    warnings_ = {"ProtoPromptWarning", "BudgetUnderestimateWarning"}
     assert {type(e).__name__ for e in samples} == set(errors.__all__) - {
         "ProtoPromptError",
         "MemoryStoreError",
+        *warnings_,
     }
     for err in samples:
         assert isinstance(err, ProtoPromptError) and isinstance(err, ValueError)
@@ -254,6 +256,23 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
     with pytest.raises(errors.UnknownEncodingError) as enc_info:
         pp.count_tokens("x", encoding="no-such-encoding")
     assert enc_info.value.encoding == "no-such-encoding"
+
+
+def test_the_warning_classes_are_protoprompt_warnings_and_pickle() -> None:
+    from protoprompt import errors
+
+    warning = errors.BudgetUnderestimateWarning("counted more", 10, 12, "gpt-5")
+    assert isinstance(warning, errors.ProtoPromptWarning)
+    assert isinstance(warning, UserWarning) and isinstance(warning, RuntimeWarning)
+    assert not isinstance(warning, ProtoPromptError)
+    assert pp.BudgetUnderestimateWarning is errors.BudgetUnderestimateWarning
+    again = pickle.loads(pickle.dumps(warning))
+    assert (again.estimate, again.reported, again.model, str(again)) == (
+        10,
+        12,
+        "gpt-5",
+        "counted more",
+    )
 
 
 def test_a_tokenizer_failure_inside_a_pack_is_a_tokenizer_error_naming_the_item() -> None:

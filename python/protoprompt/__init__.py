@@ -11,14 +11,17 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
+from .calibration import Calibration, CalibrationState
 from .context import ContextBlock, ContextPlan, TokenBudgetedContextBuilder
 from .count_store import CountStore, SQLiteCountStore
 from .errors import (
+    BudgetUnderestimateWarning,
     HistoryMismatchError,
     InvalidItemError,
     InvalidNewInputError,
     MemoryStoreError,
     ProtoPromptError,
+    ProtoPromptWarning,
     SnapshotError,
     TokenBudgetExceededError,
     TokenizerError,
@@ -55,6 +58,9 @@ except _PackageNotFoundError:  # imported from a tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "BudgetUnderestimateWarning",
+    "Calibration",
+    "CalibrationState",
     "ContextBlock",
     "ContextPlan",
     "CountStore",
@@ -72,6 +78,7 @@ __all__ = [
     "PackResult",
     "Problem",
     "ProtoPromptError",
+    "ProtoPromptWarning",
     "SQLiteCountStore",
     "SnapshotError",
     "TokenBudgetExceededError",

@@ -11,8 +11,12 @@ from typing_extensions import NotRequired
 from protoprompt.packing import _PackOptions
 
 __all__ = [
+    "CALIBRATION_MAX_SAMPLES",
+    "COST_RULE",
     "DEFAULT_ENCODING",
     "ITEM_OVERHEAD",
+    "OPAQUE_SCALE_MAX",
+    "OPAQUE_SCALE_MIN",
     "DecisionTable",
     "HistoryIndex",
     "_build_is_held",
@@ -22,18 +26,25 @@ __all__ = [
     "_lazy_commit_allocator",
     "analyze",
     "available_encodings",
+    "calibration_sample",
     "canonical_text",
     "count_tokens",
     "count_tokens_batch",
     "encoding_for_model",
     "is_preloaded",
     "item_tokens",
+    "learned_scale",
     "preload",
+    "scale_opaque",
     "split_tokens",
 ]
 
+CALIBRATION_MAX_SAMPLES: int
+COST_RULE: int
 DEFAULT_ENCODING: str
 ITEM_OVERHEAD: int
+OPAQUE_SCALE_MAX: float
+OPAQUE_SCALE_MIN: float
 
 _Problem: TypeAlias = tuple[str, str, str]
 
@@ -72,6 +83,7 @@ class _PackDict(TypedDict):
     used: int
     remaining: int
     encoding: str
+    opaque_scale: float
     policy: str
     decisions: DecisionTable
     items: list[Any]
@@ -96,7 +108,12 @@ def encoding_for_model(model: str) -> str: ...
 def available_encodings() -> list[str]: ...
 def item_tokens(
     item: Mapping[str, Any], *, model: str | None = None, encoding: str | None = None
-) -> tuple[int, int, int]: ...
+) -> tuple[int, int, int, int, str | None]: ...
+def scale_opaque(tokens: int, factor: float) -> int: ...
+def calibration_sample(
+    estimate: int, opaque: int, factor: float, reported: int
+) -> float | None: ...
+def learned_scale(samples: list[float]) -> float: ...
 def canonical_text(item: Mapping[str, Any]) -> str: ...
 def analyze(
     history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]]
@@ -114,6 +131,9 @@ class HistoryIndex:
     def truncate(self, length: int) -> None: ...
     def clear(self) -> None: ...
     def _graph_copies(self) -> int: ...
+    def _costs_counted(self) -> int: ...
+    @property
+    def snapshot_costs_dropped(self) -> str | None: ...
     def snapshot(self, *, bound_to: bytes | None = None) -> bytes: ...
     @staticmethod
     def from_snapshot(data: bytes, *, bound_to: bytes | None = None) -> HistoryIndex: ...
@@ -131,6 +151,7 @@ class HistoryIndex:
         *,
         model: str | None = None,
         encoding: str | None = None,
+        opaque_scale: float = 1.0,
     ) -> int: ...
     def count_window(
         self,
@@ -141,4 +162,5 @@ class HistoryIndex:
         encoding: str | None = None,
         history_offset: int = 0,
         count_store: Any = None,
+        opaque_scale: float = 1.0,
     ) -> dict[str, Any]: ...

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .calibration import Calibration, CalibrationState
 from .errors import TokenBudgetExceededError
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import WORD, cosine, rrf_weight
@@ -114,6 +115,9 @@ class ContextPlan:
     context_limit: int
     """Tokens the context message was allowed to take: what was left after the reserved
     part, capped by ``max_context_tokens``."""
+    calibration: CalibrationState | None = None
+    """The builder's calibration of opaque payloads for its model when the plan was made
+    (``None``: the builder has none)."""
 
     @property
     def context_tokens(self) -> int:
@@ -168,6 +172,8 @@ class ContextPlan:
             )
             if b.layer != "system":
                 lines.append(f"{'':<12}{_shorten(b.text, 66)!r}")
+        if self.calibration is not None:
+            lines.append(self.calibration.explain())
         lines.append(self.pack.explain())
         return "\n".join(lines)
 
@@ -273,6 +279,12 @@ class TokenBudgetedContextBuilder:
         context_role: role of the context message, ``"system"`` or ``"developer"``.
         include_parents: also recall from the scope's ancestors (see
             :meth:`MemoryScope.ancestors`); never from siblings or other tenants.
+        calibration: a :class:`~protoprompt.Calibration` (opt-in; e.g. a
+            ``ProtoPromptSession``'s ``session.calibration``): the opaque part of item costs
+            (reasoning and compaction payloads, by decoded size) is scaled by what it
+            learned for ``model`` from the provider's counts (see
+            :class:`~protoprompt.integrations.BudgetAudit`); text, media and overhead stay
+            at the conservative rule. Needs ``model``.
 
     Example::
 
@@ -300,6 +312,7 @@ class TokenBudgetedContextBuilder:
         policy: Policy = "contiguous",
         context_role: Literal["system", "developer"] = "system",
         include_parents: bool = False,
+        calibration: Calibration | None = None,
     ) -> None:
         if store is not None:
             missing = [
@@ -352,6 +365,14 @@ class TokenBudgetedContextBuilder:
         if not isinstance(include_parents, bool):
             raise TypeError("include_parents must be a bool")
         self.include_parents = include_parents
+        if calibration is not None:
+            if not isinstance(calibration, Calibration):
+                raise TypeError(
+                    f"calibration must be a Calibration or None, got {type(calibration).__name__}"
+                )
+            if model is None:
+                raise ValueError("calibration is per model: pass model= too")
+        self.calibration = calibration
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
         that raised)."""
@@ -372,6 +393,19 @@ class TokenBudgetedContextBuilder:
                 f"got {result!r}"
             )
         return result
+
+    def calibration_state(self) -> CalibrationState | None:
+        """What the builder's calibration knows of its model now (``None``: no
+        calibration)."""
+        if self.calibration is None or self.model is None:
+            return None
+        return self.calibration.state(self.model)
+
+    def opaque_scale(self) -> float:
+        """The factor of the opaque part of item costs a build uses now (1.0 without a
+        calibration, or before it has learned anything)."""
+        state = self.calibration_state()
+        return 1.0 if state is None else state.opaque_scale
 
     # ------------------------------------------------------------------ message
 
@@ -482,6 +516,7 @@ class TokenBudgetedContextBuilder:
         pinned: Iterable[int] = (),
         context_tokens: int = 0,
         history_offset: int = 0,
+        opaque_scale: float | None = None,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -504,6 +539,9 @@ class TokenBudgetedContextBuilder:
                 position on (see :meth:`HistoryIndex.window_start`); the plan is that of
                 the whole history. The recall query then comes from ``new_input`` or the
                 items passed.
+            opaque_scale: the factor of the opaque part of item costs for this build
+                (default: what the builder's calibration says now, 1.0 without one); a
+                token window must be packed with the one it was found under.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -540,6 +578,7 @@ class TokenBudgetedContextBuilder:
             context_tokens=context_tokens,
             pool=self._candidates(query, scope),
             history_offset=history_offset,
+            opaque_scale=opaque_scale,
         )
 
     def _build(
@@ -557,6 +596,7 @@ class TokenBudgetedContextBuilder:
         pool: list[_Candidate],
         history_len: int | None = None,
         history_offset: int = 0,
+        opaque_scale: float | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run)."""
@@ -573,6 +613,11 @@ class TokenBudgetedContextBuilder:
         if history_offset and index is None:
             raise ValueError("history_offset needs an index that holds the earlier positions")
         extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
+        calibration = self.calibration_state()
+        if opaque_scale is not None:
+            extra["opaque_scale"] = opaque_scale
+        elif calibration is not None:
+            extra["opaque_scale"] = calibration.opaque_scale
         result = (index.pack if index is not None else pack)(
             history_list,
             new_list,
@@ -599,6 +644,7 @@ class TokenBudgetedContextBuilder:
             query=query,
             scope=scope,
             context_limit=assembly.limit,
+            calibration=calibration,
         )
         self.last_plan = plan
         return plan

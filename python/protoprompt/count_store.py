@@ -103,6 +103,12 @@ class _ForkGate:
 _GATE = _ForkGate()
 
 
+def sqlite_gate() -> _ForkGate:
+    """The process-wide gate every piece of protoprompt's SQLite work runs inside (``with
+    sqlite_gate():``), so that ``os.fork`` never happens in the middle of one."""
+    return _GATE
+
+
 def _before_fork() -> None:
     _GATE.close_for_fork()
 

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "BudgetUnderestimateWarning",
     "HistoryMismatchError",
     "InvalidItemError",
     "InvalidNewInputError",
     "MemoryStoreError",
     "ProtoPromptError",
+    "ProtoPromptWarning",
     "SnapshotError",
     "TokenBudgetExceededError",
     "TokenizerError",
@@ -164,3 +166,23 @@ class TokenizerError(ProtoPromptError, ValueError):
     crashing the process). Inside :func:`~protoprompt.pack` the message starts with the item
     whose text it was (e.g. ``"history[3]: tokenizer failed: ..."``); the item itself is not
     at fault, so this is not an :class:`InvalidItemError`."""
+
+
+class ProtoPromptWarning(UserWarning):
+    """Base class of every protoprompt warning."""
+
+
+class BudgetUnderestimateWarning(ProtoPromptWarning, RuntimeWarning):
+    """The provider counted more input tokens for a model call than protoprompt estimated:
+    the budget was not conservative for that call (see
+    :class:`~protoprompt.integrations.BudgetAudit`). ``estimate``, ``reported`` and ``model``
+    say by how much, and for which model."""
+
+    def __init__(self, message: str, estimate: int = 0, reported: int = 0, model: str = "") -> None:
+        super().__init__(message)
+        self.estimate = estimate
+        self.reported = reported
+        self.model = model
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), (str(self), self.estimate, self.reported, self.model))

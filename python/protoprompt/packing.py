@@ -10,6 +10,8 @@ from . import _core
 from .count_store import CountStore
 
 __all__ = [
+    "OPAQUE_SCALE_MAX",
+    "OPAQUE_SCALE_MIN",
     "TRUNCATION_MARKER",
     "Decisions",
     "GraphReport",
@@ -150,15 +152,31 @@ class Decisions(Sequence[UnitDecision]):
 
 @dataclass(frozen=True)
 class ItemCost:
-    """Cost of one item under the documented cost model."""
+    """Cost of one item under the documented cost model (``docs/cost-model.md``)."""
 
     text: int
+    """Tokens of the item's canonical text (:func:`canonical_text`)."""
     media: int
+    """Tokens of images, files and audio by the published rules."""
     overhead: int
+    """The fixed per-item framing."""
+    opaque: int = 0
+    """Tokens of opaque payloads (the ``encrypted_content`` of reasoning and compaction
+    items) by their decoded size, unscaled by any calibration."""
+    fallback: str | None = None
+    """The field of an opaque payload that is not valid base64 and was counted as text
+    instead (the conservative count), e.g. ``"encrypted_content"``; ``None`` otherwise."""
 
     @property
     def total(self) -> int:
-        return self.text + self.media + self.overhead
+        return self.text + self.media + self.overhead + self.opaque
+
+    @property
+    def note(self) -> str | None:
+        """Why part of the item was counted by the conservative text rule, if it was."""
+        if self.fallback is None:
+            return None
+        return f"{self.fallback} is not valid base64: counted as text"
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,8 @@ class PackResult:
     policy: str
     decisions: Sequence[UnitDecision]
     """One decision per history unit, oldest first (built lazily on access)."""
+    opaque_scale: float = 1.0
+    """The calibration opaque payloads were costed with (1.0: the decoded-size rule)."""
 
     @property
     def dropped(self) -> list[UnitDecision]:
@@ -216,6 +236,11 @@ class PackResult:
             f"  history        {self.history_tokens:>8}  "
             f"({len(self.kept_history) - len(self.dependency)} items kept)",
         ]
+        if self.opaque_scale != 1.0:
+            lines.append(
+                f"  opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
+                "(calibrated; text, media and overhead at the rule)"
+            )
         counts = {k: n for k, n in self.decision_counts().items() if k not in _KEPT}
         if counts:
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
@@ -357,15 +382,18 @@ def available_encodings() -> list[str]:
 
 
 def item_tokens(item: Item, *, model: str | None = None, encoding: str | None = None) -> ItemCost:
-    """The cost of one Responses input item (see the README's cost model)."""
-    text, media, overhead = _core.item_tokens(item, model=model, encoding=encoding)
-    return ItemCost(text, media, overhead)
+    """The cost of one Responses input item (see ``docs/cost-model.md``)."""
+    text, media, overhead, opaque, fallback = _core.item_tokens(
+        item, model=model, encoding=encoding
+    )
+    return ItemCost(text, media, overhead, opaque, fallback)
 
 
 def canonical_text(item: Item) -> str:
     """The canonical text of one item: the plain-text rendering of its provider-bound
-    fields that its text tokens are counted on (see the README's cost model). Media are not
-    in it (they are costed apart), nor fields the SDK strips before sending.
+    fields that its text tokens are counted on (see ``docs/cost-model.md``). Media and
+    opaque payloads are not in it (they are costed apart), nor fields the SDK strips before
+    sending.
 
     Raises:
         InvalidItemError: ``item`` is malformed (the message names the field).
@@ -409,6 +437,7 @@ def pack(
     count_store: CountStore | None = None,
     pinned: Iterable[int] = (),
     history_len: int | None = None,
+    opaque_scale: float = 1.0,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -427,7 +456,11 @@ def pack(
     are reserved whole and reported as ``mandatory``): a per-call model filter pins the
     context message and the run's own input, and fills the items between them and the
     newest step as optional history. ``history_len`` uses only the first ``history_len``
-    items of the ``history`` list (no copy of a long prefix).
+    items of the ``history`` list (no copy of a long prefix). ``opaque_scale`` calibrates the
+    opaque part of item costs (the ``encrypted_content`` of reasoning and compaction items,
+    by decoded size): a factor between 0.25 and 2 of the rule, normally learned from the
+    provider's own counts (:class:`~protoprompt.Calibration`); text, media and overhead are
+    never scaled.
 
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
@@ -447,6 +480,7 @@ def pack(
         context=context,
         pinned=pinned,
         history_len=history_len,
+        opaque_scale=opaque_scale,
     )
     return _run(_core.HistoryIndex().pack, history, new_input, options, _checked(count_store))
 
@@ -475,6 +509,22 @@ def _check_sizes(budget: int, output_reserve: int, context_tokens: int) -> None:
             raise ValueError(f"{name} must be >= 0, got {value}")
         if value > _MAX_TOKENS:
             raise ValueError(f"{name} must be at most 2**64 - 1 tokens, got {value}")
+
+
+OPAQUE_SCALE_MIN: float = _core.OPAQUE_SCALE_MIN
+"""Smallest calibration of opaque payloads (a quarter of the decoded-size rule)."""
+OPAQUE_SCALE_MAX: float = _core.OPAQUE_SCALE_MAX
+"""Largest calibration of opaque payloads (twice the decoded-size rule)."""
+
+
+def _check_opaque_scale(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"opaque_scale must be a number, got {type(value).__name__}")
+    if not OPAQUE_SCALE_MIN <= value <= OPAQUE_SCALE_MAX:
+        raise ValueError(
+            f"opaque_scale must be between {OPAQUE_SCALE_MIN} and {OPAQUE_SCALE_MAX}, got {value!r}"
+        )
+    return float(value)
 
 
 def _check_pinned(pinned: Iterable[int]) -> list[int]:
@@ -507,9 +557,11 @@ class _PackOptions:
     pinned: Iterable[int] = ()
     history_len: int | None = None
     history_offset: int = 0
+    opaque_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _check_sizes(self.budget, self.output_reserve, self.context_tokens)
+        object.__setattr__(self, "opaque_scale", _check_opaque_scale(self.opaque_scale))
         # A tuple of checked positions (a list or generator given is read once, here).
         object.__setattr__(self, "pinned", tuple(_check_pinned(self.pinned)))
         history_len = self.history_len
@@ -552,6 +604,7 @@ def _run(
         encoding=raw["encoding"],
         policy=raw["policy"],
         decisions=Decisions(raw["decisions"]),
+        opaque_scale=raw["opaque_scale"],
     )
 
 
@@ -596,6 +649,14 @@ ProtoPromptSession` keeps its index in step with the session store for you.
 
     def __repr__(self) -> str:
         return f"<HistoryIndex: {len(self)} items>"
+
+    @property
+    def snapshot_costs_dropped(self) -> str | None:
+        """Why the token costs of the snapshot this index was loaded from were not reused
+        (they were counted under an earlier cost rule, e.g. before opaque payloads were
+        costed by their decoded size): ``None`` when they were, or when the index was not
+        loaded from a snapshot. The items and graph of such a snapshot are reused."""
+        return self._index.snapshot_costs_dropped
 
     @property
     def nbytes(self) -> int:
@@ -676,6 +737,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         pinned: Iterable[int] = (),
         history_len: int | None = None,
         history_offset: int = 0,
+        opaque_scale: float = 1.0,
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -707,6 +769,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             pinned=pinned,
             history_len=history_len,
             history_offset=history_offset,
+            opaque_scale=opaque_scale,
         )
         return _run(self._index.pack, history, new_input, options, self.count_store)
 
@@ -717,6 +780,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         *,
         model: str | None = None,
         encoding: str | None = None,
+        opaque_scale: float = 1.0,
     ) -> int:
         """The first history position a contiguous :meth:`pack` within ``budget`` tokens of
         history can cost or keep, for the history this index has seen followed by
@@ -727,12 +791,17 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         moved back to where no unit, turn or tool-call relation crosses it. Costs not yet
         counted count as the smallest an item can cost, which only moves it earlier
         (:meth:`count_window` counts them). ``0`` when the whole history may be needed.
-        The greedy policy has no such bound: pack the whole history for it.
+        The greedy policy has no such bound: pack the whole history for it. Pass the
+        ``opaque_scale`` the pack will use (costs counted under another count as unknown).
         """
         _check_sizes(budget, 0, 0)
         return int(
             self._index.window_start(
-                _as_list(new_items, "new_items"), budget, model=model, encoding=encoding
+                _as_list(new_items, "new_items"),
+                budget,
+                model=model,
+                encoding=encoding,
+                opaque_scale=_check_opaque_scale(opaque_scale),
             )
         )
 
@@ -744,6 +813,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         model: str | None = None,
         encoding: str | None = None,
         history_offset: int = 0,
+        opaque_scale: float = 1.0,
     ) -> int:
         """Count the token costs a later :meth:`window_start` with ``budget`` walks over, so
         that it finds the window from exact costs; returns the window start for the history
@@ -760,6 +830,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             encoding=encoding,
             history_offset=history_offset,
             count_store=store,
+            opaque_scale=_check_opaque_scale(opaque_scale),
         )
         if store is not None and raw.get("new_counts"):
             store.put_many(raw["new_counts"])

@@ -12,9 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .agents import ProtoPromptSession
+    from .audit import AuditedCall, AuditSummary, BudgetAudit
     from .model_filter import ModelCallPlan, ModelInputFilter, TruncatedOutput, model_input_filter
 
 __all__ = [
+    "AuditSummary",
+    "AuditedCall",
+    "BudgetAudit",
     "ModelCallPlan",
     "ModelInputFilter",
     "ProtoPromptSession",
@@ -23,6 +27,9 @@ __all__ = [
 ]
 
 _MODULES = {
+    "AuditSummary": "audit",
+    "AuditedCall": "audit",
+    "BudgetAudit": "audit",
     "ProtoPromptSession": "agents",
     "ModelCallPlan": "model_filter",
     "ModelInputFilter": "model_filter",

@@ -9,6 +9,7 @@ try:
     from agents import Agent, RunConfig, RunContextWrapper
     from agents.handoffs import Handoff, handoff
     from agents.items import ItemHelpers
+    from agents.lifecycle import RunHooksBase
     from agents.memory import OpenAIConversationsSession, Session, SessionSettings
     from agents.memory.session_settings import coerce_session_settings
     from agents.memory.sqlite_session import SQLiteSession
@@ -48,6 +49,7 @@ __all__ = [
     "OpenAIConversationsSession",
     "RunConfig",
     "RunContextWrapper",
+    "RunHooksBase",
     "SQLiteSession",
     "Session",
     "SessionSettings",

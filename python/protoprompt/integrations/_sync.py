@@ -258,6 +258,9 @@ class Read:
     holds the positions before it, see ``ProtoPromptSession(windowed_reads=True)``)."""
     window_ids: RowIds | None = None
     """For a token window, the ids of the index's rows from ``offset`` on that the read saw."""
+    opaque_scale: float = 1.0
+    """For a token window, the calibration of opaque payloads it was found under: the
+    turn is packed with the same one (a smaller one could need items before the window)."""
 
 
 @dataclass(frozen=True)

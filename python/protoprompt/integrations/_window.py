@@ -88,6 +88,13 @@ def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
     return turn, new_items
 
 
+def opaque_scale_of(builder: Any) -> float:
+    """The calibration of opaque payloads ``builder`` packs with now (1.0 for a builder
+    without one); the window must be found under the same one."""
+    scale = getattr(builder, "opaque_scale", None)
+    return float(scale()) if callable(scale) else 1.0
+
+
 def read_window(
     state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn, new_items: list[Any]
 ) -> tuple[list[Any], _sync.Read] | None:
@@ -104,6 +111,7 @@ def read_window(
     reserve = builder.output_reserve if turn.output_reserve is None else turn.output_reserve
     budget = max(int(builder.max_tokens) - int(reserve), 0)
     model, encoding = builder.model, builder.encoding
+    scale = opaque_scale_of(builder)
     state.restore()
     with state.lock:
         row_ids = state.row_ids
@@ -120,7 +128,11 @@ def read_window(
                 return None
             try:
                 w = state.index.window_start(
-                    [*appended, *new_items], budget, model=model, encoding=encoding
+                    [*appended, *new_items],
+                    budget,
+                    model=model,
+                    encoding=encoding,
+                    opaque_scale=scale,
                 )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)
@@ -147,7 +159,9 @@ def read_window(
     window_ids = array("q", expected)
     window_ids.append(last_id)
     seen = _sync.Seen(version, n, tail_rows.ids_from(1))
-    facts = _sync.Read(len(window), False, 0, True, seen, offset=w, window_ids=window_ids)
+    facts = _sync.Read(
+        len(window), False, 0, True, seen, offset=w, window_ids=window_ids, opaque_scale=scale
+    )
     return window, facts
 
 

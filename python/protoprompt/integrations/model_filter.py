@@ -791,6 +791,7 @@ class ModelInputFilter:
                 policy=b.policy,
                 pinned=pinned,
                 history_len=step_start,
+                opaque_scale=b.opaque_scale(),
             )
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message

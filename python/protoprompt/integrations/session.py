@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ..calibration import Calibration
 from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import preload
@@ -49,13 +50,21 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
-from ._window import TURN_ATTR, Turn, called_by_runner, read_window, runner_turn, window_keep
+from ._window import (
+    TURN_ATTR,
+    Turn,
+    called_by_runner,
+    read_window,
+    runner_turn,
+    window_keep,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from .audit import BudgetAudit
     from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
 
 __all__ = ["ProtoPromptSession", "SessionInputCallback"]
@@ -372,6 +381,28 @@ class ProtoPromptSession:
         self._produced: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_CONTEXTS)
         self._window_reads = 0
         self._last_window_offset: int | None = None
+        self._calibration: Calibration | None = None
+        self._calibration_lock = threading.Lock()
+
+    @property
+    def calibration(self) -> Calibration:
+        """A :class:`~protoprompt.Calibration` kept in this session's database (table
+        ``protoprompt_calibration``) when it is a SQLite file, so every process serving it
+        learns from and uses the same one; otherwise (a memory database, an inner session
+        of another kind, or a file that cannot be written) one kept by this object. Pass it
+        to the builder (``TokenBudgetedContextBuilder(..., calibration=...)``) to opt in."""
+        with self._calibration_lock:
+            if self._calibration is None:
+                db = getattr(self._inner, "db_path", None)
+                path: str | None = None
+                if isinstance(self._inner, SQLiteSession) and isinstance(db, (str, os.PathLike)):
+                    path = os.fspath(db)
+                try:
+                    self._calibration = Calibration(path)
+                except (sqlite3.Error, OSError) as exc:
+                    _log.debug("protoprompt: calibration of %r kept in memory: %s", path, exc)
+                    self._calibration = Calibration()
+            return self._calibration
 
     # ------------------------------------------------------------------ Session protocol
 
@@ -694,7 +725,12 @@ class ProtoPromptSession:
         return window_keep(self._index_state, facts)
 
     def _count_window(
-        self, builder: Any, history: list[Item], offset: int, output_reserve: int | None
+        self,
+        builder: Any,
+        history: list[Item],
+        offset: int,
+        output_reserve: int | None,
+        opaque_scale: float,
     ) -> None:
         """After a turn, count the costs the next token window is found from (caller holds
         the state's lock). A cost that cannot be counted keeps its lower bound: the next
@@ -709,6 +745,7 @@ class ProtoPromptSession:
                 model=builder.model,
                 encoding=builder.encoding,
                 history_offset=offset,
+                opaque_scale=opaque_scale,
             )
         except Exception as exc:  # noqa: BLE001 - an item the request did not need
             _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
@@ -733,10 +770,15 @@ class ProtoPromptSession:
             state.keep(keep)
             state.generation = facts.epoch
         try:
+            if offset and getattr(builder, "calibration", None) is not None:
+                # A token window is packed under the calibration it was found under.
+                kwargs = {**kwargs, "opaque_scale": facts.opaque_scale}
             plan = builder.build(
                 history, new_input, index=state.index, history_offset=offset, **kwargs
             )
-            self._count_window(builder, history, offset, kwargs.get("output_reserve"))
+            self._count_window(
+                builder, history, offset, kwargs.get("output_reserve"), plan.pack.opaque_scale
+            )
         finally:
             state.nbytes = state.index.nbytes
         if facts.seen is not None:
@@ -938,6 +980,7 @@ class ProtoPromptSession:
         on_plan: Callable[[ContextPlan], None] | None = None,
         oversized_output: OversizedOutput = "error",
         on_call: Callable[[ModelCallPlan], None] | None = None,
+        audit: BudgetAudit | None = None,
         **run_config_fields: Any,
     ) -> RunConfig:
         """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
@@ -952,8 +995,14 @@ class ProtoPromptSession:
             result = await Runner.run(agent, question, session=session, run_config=config)
             config.call_model_input_filter.last_plan.explain()
 
+        ``audit``: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
+        call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
+        ``audit.add_result(result)``, to pair each with the provider's count); with
+        ``builder.calibration`` set, the audit also teaches it.
+
         Raises:
-            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field.
+            TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
+                ``audit`` is not a ``BudgetAudit``.
         """
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
@@ -967,6 +1016,22 @@ class ProtoPromptSession:
             scope=scope,
             on_plan=on_plan,
         )
+        if audit is not None:
+            from .audit import BudgetAudit
+
+            if not isinstance(audit, BudgetAudit):
+                raise TypeError(f"audit must be a BudgetAudit or None, got {type(audit).__name__}")
+            observe = audit.observer(builder)
+            if on_call is not None:
+                user_call = on_call
+
+                def both(plan: ModelCallPlan) -> None:
+                    observe(plan)
+                    user_call(plan)
+
+                on_call = both
+            else:
+                on_call = observe
         model_filter = self.model_input_filter(
             builder,
             oversized_output=oversized_output,

@@ -22,9 +22,11 @@
 //! # Memo
 //!
 //! A [`CostMemo`] keeps the cost of every history position across calls (an index's memo),
-//! under one encoding: a call with another encoding switches it ([`CostMemo::switch`]), and a
-//! failed call puts the previous costs back ([`CostMemo::restore`]). It is what an index
-//! snapshot carries besides the items ([`CostMemo::payload`], [`CostMemo::from_payload`]).
+//! under one [`CostBasis`] (the encoding and the calibration of opaque payloads): a call under
+//! another basis switches it ([`CostMemo::switch`]), and a failed call puts the previous costs
+//! back ([`CostMemo::restore`]). It is what an index snapshot carries besides the items
+//! ([`CostMemo::payload`], [`CostMemo::from_payload`]), with the cost rule it was counted
+//! under ([`tokens::COST_RULE`]): costs of another rule are never reused.
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -32,7 +34,10 @@ use serde_json::Value;
 
 use crate::incremental::reserve_ahead;
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::{self, Canonical, Encoding, TokenError, ITEM_OVERHEAD, STORE_MIN_BYTES};
+use crate::tokens::{
+    self, Canonical, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, ITEM_OVERHEAD,
+    STORE_MIN_BYTES,
+};
 
 /// Why a count store could not answer (the caller keeps the details, e.g. its exception).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,27 +81,50 @@ struct Attached<S> {
 /// A position's cost not counted yet (in a [`CostMemo`]).
 pub const UNCOUNTED: u64 = u64::MAX;
 
-/// The cost of every history position under one encoding, kept across calls (see the module
-/// notes). Positions not counted yet hold [`UNCOUNTED`].
+/// The cost of every history position under one [`CostBasis`], kept across calls (see the
+/// module notes). Positions not counted yet hold [`UNCOUNTED`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CostMemo {
-    encoding: Option<Encoding>,
+    basis: Option<CostBasis>,
     costs: Vec<u64>,
 }
 
 /// The costs a [`CostMemo::switch`] replaced, for [`CostMemo::restore`].
 #[derive(Debug)]
 pub struct SwitchedCosts {
-    encoding: Option<Encoding>,
+    basis: Option<CostBasis>,
     costs: Vec<u64>,
 }
 
-/// What an index snapshot carries for the memo: the encoding's name and each position's cost
-/// plus one (`UNCOUNTED` becomes 0, one byte in the snapshot's varint encoding).
+/// What an index snapshot carries for the memo: the cost rule the costs were counted under,
+/// the calibration of opaque payloads (sixty-fourths), the encoding's name and each
+/// position's cost plus one (`UNCOUNTED` becomes 0, one byte in the snapshot's varint
+/// encoding).
+///
+/// The rule comes first, as one byte: rule 1 payloads began with the encoding, an
+/// `Option` whose tag byte is 0 or 1, so a protoprompt that reads those refuses these (its
+/// costs would be of another rule) and this one tells them apart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CostPayload {
+    rule: u8,
+    opaque_scale: u16,
     encoding: Option<String>,
     costs: Vec<u64>,
+}
+
+/// What snapshots written under cost rule 1 carry (no rule, no calibration): read only to
+/// recognise them, never to reuse their costs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LegacyCostPayload {
+    encoding: Option<String>,
+    costs: Vec<u64>,
+}
+
+impl CostPayload {
+    /// Whether its costs were counted under this version's cost rule.
+    pub fn is_current_rule(&self) -> bool {
+        self.rule == COST_RULE
+    }
 }
 
 impl CostMemo {
@@ -106,7 +134,26 @@ impl CostMemo {
 
     /// The encoding the costs are counted under (`None`: none counted yet).
     pub fn encoding(&self) -> Option<Encoding> {
-        self.encoding
+        self.basis.map(|b| b.encoding)
+    }
+
+    /// The basis the costs are counted under (`None`: none counted yet).
+    pub fn basis(&self) -> Option<CostBasis> {
+        self.basis
+    }
+
+    /// Positions `len` uncounted, under no basis yet (what a snapshot's costs become when
+    /// they were counted under another cost rule).
+    pub fn uncounted(len: usize) -> CostMemo {
+        CostMemo {
+            basis: None,
+            costs: vec![UNCOUNTED; len],
+        }
+    }
+
+    /// Positions whose cost is counted.
+    pub fn counted(&self) -> usize {
+        self.costs.iter().filter(|&&c| c != UNCOUNTED).count()
     }
 
     pub fn len(&self) -> usize {
@@ -125,31 +172,32 @@ impl CostMemo {
             .filter(|&c| c != UNCOUNTED)
     }
 
-    /// The cost of `position` under `encoding` if counted, else an item's overhead (never
+    /// The cost of `position` under `basis` if counted, else an item's overhead (never
     /// more than its exact cost).
-    pub fn lower_bound(&self, position: usize, encoding: Encoding) -> u64 {
-        match self.encoding {
-            Some(e) if e == encoding => self.get(position).unwrap_or(ITEM_OVERHEAD),
+    pub fn lower_bound(&self, position: usize, basis: impl Into<CostBasis>) -> u64 {
+        match self.basis {
+            Some(b) if b == basis.into() => self.get(position).unwrap_or(ITEM_OVERHEAD),
             _ => ITEM_OVERHEAD,
         }
     }
 
-    /// Count under `encoding` from now on, `len` positions all uncounted, if the memo counts
+    /// Count under `basis` from now on, `len` positions all uncounted, if the memo counts
     /// under another one: returns what it held, for [`CostMemo::restore`] (`None`: nothing
     /// changed).
-    pub fn switch(&mut self, encoding: Encoding, len: usize) -> Option<SwitchedCosts> {
-        if self.encoding == Some(encoding) {
+    pub fn switch(&mut self, basis: impl Into<CostBasis>, len: usize) -> Option<SwitchedCosts> {
+        let basis = basis.into();
+        if self.basis == Some(basis) {
             return None;
         }
         let costs = std::mem::replace(&mut self.costs, vec![UNCOUNTED; len]);
-        let encoding = self.encoding.replace(encoding);
-        Some(SwitchedCosts { encoding, costs })
+        let basis = self.basis.replace(basis);
+        Some(SwitchedCosts { basis, costs })
     }
 
     /// Put back what a [`CostMemo::switch`] replaced (if anything), then keep `len` positions.
     pub fn restore(&mut self, switched: Option<SwitchedCosts>, len: usize) {
         if let Some(s) = switched {
-            self.encoding = s.encoding;
+            self.basis = s.basis;
             self.costs = s.costs;
         }
         self.costs.truncate(len);
@@ -189,18 +237,29 @@ impl CostMemo {
     /// What a snapshot stores for this memo.
     pub fn payload(&self) -> CostPayload {
         CostPayload {
-            encoding: self.encoding.map(|e| e.name().to_string()),
+            encoding: self.basis.map(|b| b.encoding.name().to_string()),
             costs: self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
+            rule: COST_RULE,
+            opaque_scale: self
+                .basis
+                .map_or(OpaqueScale::ONE, |b| b.opaque_scale)
+                .sixty_fourths(),
         }
     }
 
     /// The memo a snapshot stored for an index of `items` positions; `Err` says how the
     /// payload is damaged (wrong length, a cost below an item's overhead, an unknown
-    /// encoding) — never trusted in part.
+    /// encoding or calibration) — never trusted in part. Costs counted under another cost
+    /// rule are not reused: the memo then holds none ([`CostMemo::uncounted`]).
     pub fn from_payload(payload: CostPayload, items: usize) -> Result<CostMemo, String> {
         if payload.costs.len() != items {
             return Err("token costs do not match the items".to_string());
         }
+        if payload.rule != COST_RULE {
+            return Ok(CostMemo::uncounted(items));
+        }
+        let opaque_scale = OpaqueScale::from_sixty_fourths(payload.opaque_scale)
+            .ok_or("the calibration of opaque payloads is out of bounds")?;
         // Every counted item costs at least its overhead (a cost of 0 is stored as 1).
         if let Some(p) = payload
             .costs
@@ -209,14 +268,32 @@ impl CostMemo {
         {
             return Err(format!("item {p} costs less than an item's overhead"));
         }
-        let encoding = match payload.encoding.as_deref() {
+        let basis = match payload.encoding.as_deref() {
             None => None,
-            Some(name) => Some(Encoding::from_name(name).map_err(|_| "unknown encoding")?),
+            Some(name) => Some(CostBasis {
+                encoding: Encoding::from_name(name).map_err(|_| "unknown encoding")?,
+                opaque_scale,
+            }),
         };
         Ok(CostMemo {
-            encoding,
+            basis,
             costs: payload.costs.iter().map(|c| c.wrapping_sub(1)).collect(),
         })
+    }
+
+    /// The memo of a snapshot written under cost rule 1 for an index of `items` positions:
+    /// none of its costs (`Err` if it does not even match the items).
+    pub fn from_legacy_payload(
+        payload: LegacyCostPayload,
+        items: usize,
+    ) -> Result<CostMemo, String> {
+        if payload.costs.len() != items {
+            return Err("token costs do not match the items".to_string());
+        }
+        if let Some(name) = payload.encoding.as_deref() {
+            Encoding::from_name(name).map_err(|_| "unknown encoding")?;
+        }
+        Ok(CostMemo::uncounted(items))
     }
 }
 
@@ -227,6 +304,7 @@ impl CostMemo {
 pub struct CostEngine<'m, F, S> {
     items: F,
     encoding: Encoding,
+    opaque_scale: OpaqueScale,
     store: Option<Attached<S>>,
     memo: Option<&'m mut CostMemo>,
     /// Costs of positions the memo does not hold (new input, or every position without memo).
@@ -236,10 +314,16 @@ pub struct CostEngine<'m, F, S> {
 }
 
 impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
-    pub fn new(items: F, encoding: Encoding) -> Self {
+    /// Costs under `basis` (an [`Encoding`] is the basis without calibration).
+    pub fn new(items: F, basis: impl Into<CostBasis>) -> Self {
+        let CostBasis {
+            encoding,
+            opaque_scale,
+        } = basis.into();
         CostEngine {
             items,
             encoding,
+            opaque_scale,
             store: None,
             memo: None,
             cache: FxHashMap::default(),
@@ -258,13 +342,21 @@ impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
     }
 
     /// Keep the costs of history positions `0..n_history` in `memo` across calls. A memo of
-    /// another encoding is switched first (its costs dropped; a caller that must be able to
+    /// another basis is switched first (its costs dropped; a caller that must be able to
     /// put them back calls [`CostMemo::switch`] itself beforehand).
     pub fn with_memo(mut self, memo: &'m mut CostMemo, n_history: usize) -> Self {
-        memo.switch(self.encoding, n_history);
+        memo.switch(self.basis(), n_history);
         memo.costs.resize(n_history, UNCOUNTED);
         self.memo = Some(memo);
         self
+    }
+
+    /// What this engine counts under.
+    pub fn basis(&self) -> CostBasis {
+        CostBasis {
+            encoding: self.encoding,
+            opaque_scale: self.opaque_scale,
+        }
     }
 
     /// The cost of `position` if this call or the memo has it.
@@ -426,7 +518,7 @@ impl<F: ItemSource, S: CountStore> CostSource for CostEngine<'_, F, S> {
                 .collect::<Result<_, _>>()?;
             let counts = self.text_counts(&texts)?;
             for ((p, c), n) in texts.iter().zip(counts) {
-                let cost = c.cost(n).total();
+                let cost = c.cost(n).scaled_total(self.opaque_scale);
                 match self.memo.as_deref_mut() {
                     Some(memo) if *p < memo.costs.len() => memo.costs[*p] = cost,
                     _ => {

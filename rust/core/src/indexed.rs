@@ -15,12 +15,14 @@
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::costs::{CostEngine, CostMemo, CostPayload, CountStore, ItemSource, SwitchedCosts};
+use crate::costs::{
+    CostEngine, CostMemo, CostPayload, CountStore, ItemSource, LegacyCostPayload, SwitchedCosts,
+};
 use crate::decisions::DecisionRows;
 use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
 use crate::items::ItemMeta;
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::Encoding;
+use crate::tokens::CostBasis;
 
 /// Small table of the kind names met so far: positions store a one-byte code.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -74,8 +76,11 @@ pub struct IndexedHistory {
     /// Kind of every indexed position (a code into `kind_names`, for decision reports).
     kinds: Arc<Vec<u8>>,
     kind_names: KindNames,
-    /// Cost of every indexed position under one encoding (counted when needed).
+    /// Cost of every indexed position under one basis (counted when needed).
     costs: CostMemo,
+    /// Why the costs of the snapshot this index was loaded from were not reused, if they
+    /// were not (counted under another cost rule).
+    snapshot_costs_dropped: Option<&'static str>,
     /// The decision reports of earlier packs that may still share the graph and kinds.
     live: Vec<Weak<Mutex<DecisionRows>>>,
 }
@@ -141,13 +146,19 @@ impl IndexedHistory {
 
     /// Where a pack of `budget` over this history with `tail` appended can start reading:
     /// [`GraphIndex::window_start`] with each unit at the lower bound of its known costs
-    /// under `encoding` ([`CostMemo::lower_bound`]: never above the truth, so the window is
+    /// under `basis` ([`CostMemo::lower_bound`]: never above the truth, so the window is
     /// never too short).
-    pub fn window_start(&self, tail: &[ItemMeta], budget: u64, encoding: Encoding) -> usize {
+    pub fn window_start(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        basis: impl Into<CostBasis>,
+    ) -> usize {
         let costs = &self.costs;
+        let basis = basis.into();
         let start = self.graph.window_start(tail, budget, |members| {
             Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
-                sum.saturating_add(costs.lower_bound(p, encoding))
+                sum.saturating_add(costs.lower_bound(p, basis))
             }))
         });
         start.unwrap_or_else(|never| match never {})
@@ -198,10 +209,10 @@ impl IndexedHistory {
         }
     }
 
-    /// Count under `encoding` from now on (the costs start uncounted if they were counted
+    /// Count under `basis` from now on (the costs start uncounted if they were counted
     /// under another one); an undo to `mark` puts back what they were.
-    pub fn switch_costs(&mut self, encoding: Encoding, mark: &mut HistoryMark) {
-        let switched = self.costs.switch(encoding, self.graph.len());
+    pub fn switch_costs(&mut self, basis: impl Into<CostBasis>, mark: &mut HistoryMark) {
+        let switched = self.costs.switch(basis, self.graph.len());
         if mark.switched.is_none() {
             mark.switched = switched;
         }
@@ -272,10 +283,36 @@ impl IndexedHistory {
     }
 
     /// Load what [`IndexedHistory::snapshot`] wrote for `binding`; a damaged cost payload is
-    /// [`SnapshotError::Damaged`]. Nothing is ever loaded in part.
+    /// [`SnapshotError::Damaged`]. Nothing is ever loaded in part. The costs of a snapshot
+    /// counted under another cost rule ([`crate::tokens::COST_RULE`]; rule 1 snapshots carry
+    /// no rule) are not reused: the items and graph are, and every cost is counted again
+    /// ([`IndexedHistory::snapshot_costs_dropped`] says why).
     pub fn from_snapshot(bytes: &[u8], binding: &[u8]) -> Result<IndexedHistory, SnapshotError> {
-        let (graph, payload) = GraphIndex::from_snapshot::<CostPayload>(bytes, binding)?;
-        let costs = CostMemo::from_payload(payload, graph.len()).map_err(SnapshotError::Damaged)?;
+        let current = GraphIndex::from_snapshot::<CostPayload>(bytes, binding);
+        let (graph, costs, dropped) = match current {
+            Ok((graph, payload)) if payload.is_current_rule() => {
+                let costs =
+                    CostMemo::from_payload(payload, graph.len()).map_err(SnapshotError::Damaged)?;
+                (graph, costs, None)
+            }
+            other => match GraphIndex::from_snapshot::<LegacyCostPayload>(bytes, binding) {
+                // A rule 1 snapshot (its payload begins with the encoding).
+                Ok((graph, legacy)) => {
+                    let costs = CostMemo::from_legacy_payload(legacy, graph.len())
+                        .map_err(SnapshotError::Damaged)?;
+                    (graph, costs, Some(RULE_1))
+                }
+                Err(_) => match other {
+                    // A later rule's snapshot: its items and graph, none of its costs.
+                    Ok((graph, payload)) => {
+                        let costs = CostMemo::from_payload(payload, graph.len())
+                            .map_err(SnapshotError::Damaged)?;
+                        (graph, costs, Some(OTHER_RULE))
+                    }
+                    Err(error) => return Err(error),
+                },
+            },
+        };
         let mut kind_names = KindNames::default();
         let kinds = (0..graph.len())
             .map(|p| kind_names.code(graph.kind(p).name()))
@@ -285,10 +322,20 @@ impl IndexedHistory {
             kinds: Arc::new(kinds),
             kind_names,
             costs,
+            snapshot_costs_dropped: dropped,
             live: Vec::new(),
         })
     }
+
+    /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
+    /// they were, or the index was not loaded from a snapshot).
+    pub fn snapshot_costs_dropped(&self) -> Option<&'static str> {
+        self.snapshot_costs_dropped
+    }
 }
+
+const RULE_1: &str = "counted under cost rule 1 (opaque payloads as text): counted again";
+const OTHER_RULE: &str = "counted under another cost rule: counted again";
 
 /// Where a pack of `budget` over `graph`'s history can start reading, with the units counted
 /// exactly: positions from `offset` on (those the caller's list holds) by `engine`, earlier

@@ -2,6 +2,7 @@
 //! behind the `protoprompt` Python package. This crate has no Python types; the
 //! `protoprompt-python` crate is a thin PyO3 layer over it.
 
+pub mod calibration;
 pub mod costs;
 pub mod decisions;
 pub mod graph;

@@ -8,7 +8,9 @@ use protoprompt_core::costs::{
     CostEngine, CostMemo, CountStore, ItemSource, NoStore, StoreError, StoreTally, UNCOUNTED,
 };
 use protoprompt_core::pack::{CostFailure, CostSource};
-use protoprompt_core::tokens::{self, Encoding, ITEM_OVERHEAD, STORE_MIN_BYTES};
+use protoprompt_core::tokens::{
+    self, CostBasis, Encoding, OpaqueScale, ITEM_OVERHEAD, STORE_MIN_BYTES,
+};
 use serde_json::{json, Value};
 
 const ENC: Encoding = Encoding::O200kBase;
@@ -372,13 +374,17 @@ fn the_snapshot_payload_round_trips_and_damage_is_refused() {
 
 #[test]
 fn payload_checks_costs_and_encoding() {
-    // The payload's wire form: (Option<String>, Vec<u64>) with costs stored plus one.
+    // The payload's wire form: (rule, scale, Option<String>, Vec<u64>) with costs stored
+    // plus one.
     let damaged = |encoding: Option<&str>, costs: Vec<u64>| {
-        let bytes = postcard::to_allocvec(&(encoding, costs)).unwrap();
-        let n = postcard::from_bytes::<(Option<String>, Vec<u64>)>(&bytes)
-            .unwrap()
-            .1
-            .len();
+        let n = costs.len();
+        let payload = (
+            tokens::COST_RULE,
+            OpaqueScale::ONE.sixty_fourths(),
+            encoding,
+            costs,
+        );
+        let bytes = postcard::to_allocvec(&payload).unwrap();
         CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), n)
     };
     assert!(damaged(Some("o200k_base"), vec![0, 5, UNCOUNTED.wrapping_add(1)]).is_ok());
@@ -419,4 +425,130 @@ fn a_tokenizer_failure_is_reported_as_one_with_its_position() {
         link.unwrap().1.new_counts.is_empty(),
         "nothing to write for a failed count"
     );
+}
+
+/// A reasoning item with `bytes` decoded bytes of random-looking encrypted content.
+fn reasoning(bytes: usize, seed: u64) -> Value {
+    use base64::Engine;
+    let mut state = seed;
+    let raw: Vec<u8> = (0..bytes)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 56) as u8
+        })
+        .collect();
+    let payload = base64::engine::general_purpose::URL_SAFE.encode(raw);
+    json!({"type": "reasoning", "id": format!("rs_{seed}"), "summary": [], "encrypted_content": payload})
+}
+
+#[test]
+fn a_calibration_scales_the_opaque_part_only_and_is_part_of_the_memo_basis() {
+    let items = vec![reasoning(4650, 1), user(&unique(40))];
+    let full: Vec<u64> = items
+        .iter()
+        .map(|i| tokens::item_cost(i, ENC).unwrap().total())
+        .collect();
+    let opaque = tokens::item_cost(&items[0], ENC).unwrap().opaque;
+    assert_eq!(opaque, 1250);
+    let half = CostBasis {
+        encoding: ENC,
+        opaque_scale: OpaqueScale::from_sixty_fourths(32).unwrap(),
+    };
+    let mut memo = CostMemo::new();
+    let costs = CostEngine::<_, NoStore>::new(Items::new(items.clone()), half)
+        .with_memo(&mut memo, 2)
+        .costs(&[0, 1])
+        .unwrap();
+    assert_eq!(
+        costs,
+        vec![full[0] - opaque / 2, full[1]],
+        "text is never scaled"
+    );
+    assert_eq!(memo.basis(), Some(half));
+    assert_eq!(memo.lower_bound(0, half), costs[0]);
+    assert_eq!(
+        memo.lower_bound(0, ENC),
+        ITEM_OVERHEAD,
+        "another calibration's cost"
+    );
+    // Back to no calibration: the memo is switched and counts the rule again.
+    let costs = CostEngine::<_, NoStore>::new(Items::new(items.clone()), ENC)
+        .with_memo(&mut memo, 2)
+        .costs(&[0])
+        .unwrap();
+    assert_eq!(costs, vec![full[0]]);
+    assert_eq!((memo.basis(), memo.get(1)), (Some(ENC.into()), None));
+    // The calibration travels in the snapshot payload.
+    let mut memo = CostMemo::new();
+    CostEngine::<_, NoStore>::new(Items::new(items), half)
+        .with_memo(&mut memo, 2)
+        .costs(&[1])
+        .unwrap();
+    let bytes = postcard::to_allocvec(&memo.payload()).unwrap();
+    let back = CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), 2).unwrap();
+    assert_eq!(back, memo);
+}
+
+#[test]
+fn costs_of_another_cost_rule_are_never_reused() {
+    // A payload of another rule: the positions stay, the costs do not.
+    let rule = |rule: u8, scale: u16| {
+        let payload = (rule, scale, Some("o200k_base"), vec![9u64, 0, 12]);
+        let bytes = postcard::to_allocvec(&payload).unwrap();
+        CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), 3)
+    };
+    let current = rule(tokens::COST_RULE, 64).unwrap();
+    assert_eq!(
+        (current.get(0), current.get(1), current.counted()),
+        (Some(8), None, 2)
+    );
+    for old in [1, tokens::COST_RULE + 1] {
+        let memo = rule(old, 64).unwrap();
+        assert_eq!(
+            (memo.len(), memo.counted(), memo.basis()),
+            (3, 0, None),
+            "rule {old}"
+        );
+    }
+    assert_eq!(
+        rule(tokens::COST_RULE, 7).unwrap_err(),
+        "the calibration of opaque payloads is out of bounds"
+    );
+    // A rule 1 payload (no rule, no calibration) does not even decode as this one.
+    let legacy = postcard::to_allocvec(&(Some("o200k_base"), vec![9u64, 0, 12])).unwrap();
+    assert!(postcard::from_bytes::<protoprompt_core::costs::CostPayload>(&legacy).is_err());
+    let memo = CostMemo::from_legacy_payload(postcard::from_bytes(&legacy).unwrap(), 3).unwrap();
+    assert_eq!((memo.len(), memo.counted()), (3, 0));
+}
+
+/// A count store filled under cost rule 1 holds the count of a reasoning item's text with its
+/// base64 payload; under rule 2 that text is never asked for, and the item costs its decoded
+/// size, whatever the store says.
+#[test]
+fn a_count_store_of_the_old_rule_is_never_used_for_opaque_payloads() {
+    let item = reasoning(3000, 7);
+    let payload = item["encrypted_content"].as_str().unwrap().to_string();
+    let old_text = format!("encrypted_content: {payload}\nid: rs_7\nsummary: \ntype: reasoning\n");
+    let old_count = ENC.count(&old_text).unwrap();
+    let output = json!({"type": "function_call_output", "call_id": "c", "output": unique(80)});
+    let store = Store::with(&[
+        (&old_text, old_count),
+        (&text_of(&output), exact(&output) - ITEM_OVERHEAD),
+    ]);
+    let (costs, store, tally) = run(vec![item.clone(), output.clone()], store, &[0, 1]);
+    let rule = tokens::item_cost(&item, ENC).unwrap();
+    assert_eq!(costs, vec![rule.total(), exact(&output)]);
+    assert!(
+        rule.total() * 3 < old_count,
+        "{} vs {old_count}",
+        rule.total()
+    );
+    let old_key = tokens::store_key(&SECRET, ENC, &old_text);
+    assert!(
+        !store.asked.contains(&old_key),
+        "the old text is never looked up"
+    );
+    assert_eq!(tally.hits, 1, "the other item's count is still used");
 }

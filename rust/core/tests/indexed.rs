@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use protoprompt_core::costs::{CostEngine, CostMemo, ItemSource, NoStore};
 use protoprompt_core::decisions::{DecisionRows, Row};
-use protoprompt_core::incremental::SnapshotError;
+use protoprompt_core::incremental::{GraphIndex, SnapshotError};
 use protoprompt_core::indexed::{counted_window_start, lock, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{CostFailure, CostSource, Decision};
@@ -313,6 +313,56 @@ fn a_snapshot_round_trip_keeps_items_kinds_and_costs() {
     let loaded = IndexedHistory::from_snapshot(&empty, b"").unwrap();
     assert!(loaded.is_empty());
     assert_eq!(loaded.costs().encoding(), None);
+}
+
+/// A snapshot counted under cost rule 1 (its payload has neither rule nor calibration) or
+/// under another rule loads its items and graph, never its costs.
+#[test]
+fn a_snapshot_of_another_cost_rule_keeps_its_graph_and_drops_its_costs() {
+    let (index, _) = counted_index();
+    assert!(index.costs().counted() > 0);
+    // Rule 1's payload: (encoding, costs plus one).
+    let costs: Vec<u64> = (0..index.len())
+        .map(|p| index.costs().get(p).map_or(0, |c| c + 1))
+        .collect();
+    let legacy = index
+        .graph()
+        .to_snapshot(&(Some("o200k_base"), costs.clone()), b"s");
+    let later = index
+        .graph()
+        .to_snapshot(&(99u8, 64u16, Some("o200k_base"), costs), b"s");
+    for (bytes, why) in [
+        (
+            legacy,
+            "counted under cost rule 1 (opaque payloads as text): counted again",
+        ),
+        (later, "counted under another cost rule: counted again"),
+    ] {
+        let loaded = IndexedHistory::from_snapshot(&bytes, b"s").unwrap();
+        assert_eq!(loaded.len(), index.len());
+        assert_eq!(loaded.kinds(), index.kinds());
+        assert_eq!(
+            (loaded.costs().len(), loaded.costs().counted()),
+            (index.len(), 0)
+        );
+        assert_eq!(loaded.costs().basis(), None);
+        assert_eq!(loaded.snapshot_costs_dropped(), Some(why));
+        assert_eq!(
+            IndexedHistory::from_snapshot(&bytes, b"other").unwrap_err(),
+            SnapshotError::Unbound
+        );
+    }
+    // A protoprompt of rule 1 reads a snapshot as (encoding, costs): it refuses this one,
+    // whose payload begins with the rule (never a valid option tag), instead of taking
+    // costs of another rule for its own.
+    let snapshot = index.snapshot(b"s");
+    assert!(matches!(
+        GraphIndex::from_snapshot::<(Option<String>, Vec<u64>)>(&snapshot, b"s"),
+        Err(SnapshotError::Damaged(_))
+    ));
+    let current = IndexedHistory::from_snapshot(&snapshot, b"s").unwrap();
+    assert_eq!(current.snapshot_costs_dropped(), None);
+    assert_eq!(current.costs(), index.costs());
 }
 
 /// A snapshot whose cost payload does not fit its items is refused whole, with the message

@@ -5,8 +5,8 @@ use crate::errors::item_error;
 use protoprompt_core::items::{
     GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };
-use protoprompt_core::tokens::{self, Encoding, TokenError, MAX_DEPTH};
-use pyo3::exceptions::PyTypeError;
+use protoprompt_core::tokens::{self, Encoding, OpaqueScale, TokenError, MAX_DEPTH};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
@@ -298,6 +298,19 @@ pub(crate) fn resolve_encoding(
         (None, Some(m)) => Encoding::for_model(m),
         (None, None) => Ok(Encoding::O200kBase),
     }
+}
+
+/// The calibration of opaque payloads a caller asked for (a factor of the decoded-size rule,
+/// rounded up to a sixty-fourth); a `ValueError` outside the bounds a calibration may set.
+pub(crate) fn opaque_scale(factor: f64) -> PyResult<OpaqueScale> {
+    let (lo, hi) = (OpaqueScale::MIN.factor(), OpaqueScale::MAX.factor());
+    if !(lo..=hi).contains(&factor) {
+        return Err(PyValueError::new_err(format!(
+            "opaque_scale must be between {lo} and {hi}, got {factor}"
+        )));
+    }
+    OpaqueScale::from_factor(factor)
+        .ok_or_else(|| PyValueError::new_err("opaque_scale must be a number"))
 }
 
 pub(crate) fn label(n_history: usize, p: usize) -> String {

@@ -2,7 +2,7 @@
 //! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
-use crate::convert::{bound, classify_items, item_seq, label, resolve_encoding};
+use crate::convert::{bound, classify_items, item_seq, label, opaque_scale, resolve_encoding};
 use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, token_error};
@@ -10,7 +10,7 @@ use crate::pack::{result_dict, run_pack, CallOptions, Preload};
 use protoprompt_core::indexed::{counted_window_start, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{pack_view, CostFailure, PackError, PackOptions};
-use protoprompt_core::tokens::Encoding;
+use protoprompt_core::tokens::CostBasis;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -181,6 +181,18 @@ impl PyHistoryIndex {
         Ok(PyHistoryIndex { inner })
     }
 
+    /// Positions whose token cost the index holds (for tests and debugging).
+    pub(crate) fn _costs_counted(&self) -> usize {
+        self.inner.costs().counted()
+    }
+
+    /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
+    /// they were, or it was not loaded from one).
+    #[getter]
+    pub(crate) fn snapshot_costs_dropped(&self) -> Option<&'static str> {
+        self.inner.snapshot_costs_dropped()
+    }
+
     /// How many times a change to this index copied its whole graph because a result still
     /// shared it (for tests).
     pub(crate) fn _graph_copies(&self) -> usize {
@@ -214,7 +226,7 @@ impl PyHistoryIndex {
     ) -> PyResult<Bound<'py, PyDict>> {
         let CallOptions {
             core: opts,
-            encoding: enc,
+            basis,
             context,
             pinned,
             history_len,
@@ -275,14 +287,14 @@ impl PyHistoryIndex {
         // does to `history` from now on cannot shift what is classified, counted or sent.
         let fresh = history.get_slice(indexed - offset, listed);
         let new_items = item_seq(new_input, "new_input")?;
-        let preload = Preload::start(enc);
+        let preload = Preload::start(basis.encoding);
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mut mark = self.inner.mark();
-        self.inner.switch_costs(enc, &mut mark);
+        self.inner.switch_costs(basis, &mut mark);
         let outcome = self.pack_read(
-            py, history, offset, &fresh, new_items, new_metas, enc, &opts, &pinned, context, store,
-            preload,
+            py, history, offset, &fresh, new_items, new_metas, basis, &opts, &pinned, context,
+            store, preload,
         );
         if outcome.is_err() {
             let inner = &mut self.inner;
@@ -294,9 +306,10 @@ impl PyHistoryIndex {
     /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
     /// indexed history followed by `new_items` (items appended since it was indexed, then the
     /// new input): a read of the history from there on packs to the same request
-    /// (`GraphIndex::window_start`). A cost not counted yet, or counted under another encoding,
-    /// counts as an item's overhead, which only moves the start earlier.
-    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None))]
+    /// (`GraphIndex::window_start`). A cost not counted yet, or counted under another encoding
+    /// or calibration (`opaque_scale`), counts as an item's overhead, which only moves the
+    /// start earlier.
+    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, opaque_scale=1.0))]
     pub(crate) fn window_start(
         &self,
         py: Python<'_>,
@@ -304,13 +317,14 @@ impl PyHistoryIndex {
         budget: u64,
         model: Option<&str>,
         encoding: Option<&str>,
+        opaque_scale: f64,
     ) -> PyResult<usize> {
-        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+        let basis = basis_of(py, model, encoding, opaque_scale)?;
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let metas = classify_items(py, bound(py, &items), n, n)?;
         let inner = &self.inner;
-        Ok(py.detach(|| inner.window_start(&metas, budget, enc)))
+        Ok(py.detach(|| inner.window_start(&metas, budget, basis)))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -318,7 +332,7 @@ impl PyHistoryIndex {
     /// from `history_offset` on (positions before it keep their lower bound); returns the
     /// window start for this history, and with `count_store`, `new_counts` and `store_hits`
     /// as `pack` does.
-    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None))]
+    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None, opaque_scale=1.0))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn count_window<'py>(
         &mut self,
@@ -329,8 +343,9 @@ impl PyHistoryIndex {
         encoding: Option<&str>,
         history_offset: usize,
         count_store: Option<Bound<'py, PyAny>>,
+        opaque_scale: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+        let basis = basis_of(py, model, encoding, opaque_scale)?;
         let n = self.inner.len();
         let offset = history_offset;
         if offset.checked_add(history.len()) != Some(n) {
@@ -353,7 +368,7 @@ impl PyHistoryIndex {
         )
         .with_offset(offset);
         let (index, costs) = self.inner.graph_and_costs();
-        let mut source = PyCosts::new(items, enc)
+        let mut source = PyCosts::new(items, basis)
             .with_memo(costs, n)
             .with_store(store);
         let walked = py.detach(|| counted_window_start(index, &mut source, budget, offset));
@@ -398,7 +413,7 @@ impl PyHistoryIndex {
         fresh: &Bound<'py, PyList>,
         new_items: Vec<Py<PyAny>>,
         new_metas: Vec<ItemMeta>,
-        enc: Encoding,
+        basis: CostBasis,
         opts: &PackOptions,
         pinned: &[usize],
         context: Option<Bound<'py, PyAny>>,
@@ -417,7 +432,7 @@ impl PyHistoryIndex {
         )
         .with_offset(offset);
         let (index, costs) = self.inner.graph_and_costs();
-        let mut source = PyCosts::new(items, enc)
+        let mut source = PyCosts::new(items, basis)
             .with_memo(costs, n_history)
             .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
@@ -443,9 +458,22 @@ impl PyHistoryIndex {
         let items = items.request(py, &result.kept_history)?;
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
-        let out = result_dict(py, &result, enc, opts.policy, table)?;
+        let out = result_dict(py, &result, basis, opts.policy, table)?;
         out.set_item("items", items)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
+}
+
+/// The cost basis of a call's `model` / `encoding` / `opaque_scale` arguments.
+fn basis_of(
+    py: Python<'_>,
+    model: Option<&str>,
+    encoding: Option<&str>,
+    factor: f64,
+) -> PyResult<CostBasis> {
+    Ok(CostBasis {
+        encoding: resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?,
+        opaque_scale: opaque_scale(factor)?,
+    })
 }

@@ -4,6 +4,7 @@
 //! convert the result back and map errors to the exception classes of `protoprompt.errors`.
 //! Item contents are read lazily — only items whose cost the packer needs are converted.
 
+use protoprompt_core::calibration;
 use protoprompt_core::graph::{build_graph, Graph};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::tokens::{self, Encoding};
@@ -22,7 +23,9 @@ mod index;
 mod pack;
 
 use crate::alloc::{_lazy_commit_allocator, configure_allocator};
-use crate::convert::{as_dict, classify_all, label, resolve_encoding, to_value, type_name};
+use crate::convert::{
+    as_dict, classify_all, label, opaque_scale, resolve_encoding, to_value, type_name,
+};
 use crate::decisions::DecisionTable;
 use crate::errors::{item_error, token_error};
 use crate::index::PyHistoryIndex;
@@ -137,7 +140,8 @@ fn is_preloaded(py: Python<'_>, model: Option<&str>, encoding: Option<&str>) -> 
     Ok(enc.is_loaded())
 }
 
-/// Token cost of one item under the documented cost model.
+/// Token cost of one item under the documented cost model: text, media, overhead, opaque
+/// (unscaled) and the field of an opaque payload counted as text because it is not base64.
 #[pyfunction]
 #[pyo3(signature = (item, *, model=None, encoding=None))]
 fn item_tokens(
@@ -145,7 +149,7 @@ fn item_tokens(
     item: &Bound<'_, PyAny>,
     model: Option<&str>,
     encoding: Option<&str>,
-) -> PyResult<(u64, u64, u64)> {
+) -> PyResult<(u64, u64, u64, u64, Option<&'static str>)> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
     if as_dict(item, "(item)")
         .map_err(|e| e.raise(py, "item"))?
@@ -163,7 +167,42 @@ fn item_tokens(
     let cost = py
         .detach(move || tokens::item_cost(&value, enc))
         .map_err(|e| token_error(py, e))?;
-    Ok((cost.text, cost.media, cost.overhead))
+    Ok((
+        cost.text,
+        cost.media,
+        cost.overhead,
+        cost.opaque,
+        cost.fallback,
+    ))
+}
+
+/// `tokens` of opaque payloads under the calibration `factor` (rounded up, as packing does).
+#[pyfunction]
+fn scale_opaque(tokens: u64, factor: f64) -> PyResult<u64> {
+    Ok(opaque_scale(factor)?.apply(tokens))
+}
+
+/// One model call's calibration sample (`protoprompt_core::calibration::implied_factor`):
+/// `None` when it carried too few opaque tokens.
+#[pyfunction]
+fn calibration_sample(
+    estimate: u64,
+    opaque: u64,
+    factor: f64,
+    reported: u64,
+) -> PyResult<Option<f64>> {
+    Ok(calibration::implied_factor(calibration::Observation {
+        estimate,
+        opaque,
+        scale: opaque_scale(factor)?,
+        reported,
+    }))
+}
+
+/// The calibration learned from `samples` (oldest first), as a factor of the rule.
+#[pyfunction]
+fn learned_scale(samples: Vec<f64>) -> f64 {
+    calibration::learned_scale(&samples).factor()
 }
 
 /// The canonical text of an item (what its text cost is counted on).
@@ -278,10 +317,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(available_encodings, m)?)?;
     m.add_function(wrap_pyfunction!(item_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_text, m)?)?;
+    m.add_function(wrap_pyfunction!(scale_opaque, m)?)?;
+    m.add_function(wrap_pyfunction!(calibration_sample, m)?)?;
+    m.add_function(wrap_pyfunction!(learned_scale, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
     m.add_class::<PyHistoryIndex>()?;
     m.add_class::<DecisionTable>()?;
     m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
     m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
+    m.add("COST_RULE", tokens::COST_RULE)?;
+    m.add("OPAQUE_SCALE_MIN", tokens::OpaqueScale::MIN.factor())?;
+    m.add("OPAQUE_SCALE_MAX", tokens::OpaqueScale::MAX.factor())?;
+    m.add("CALIBRATION_MAX_SAMPLES", calibration::MAX_SAMPLES)?;
     Ok(())
 }

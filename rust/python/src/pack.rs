@@ -1,11 +1,11 @@
 //! Running a core pack from Python: the options, the tokenizer preload, the GIL release
 //! with the context hook, and the result dict.
 
-use crate::convert::resolve_encoding;
+use crate::convert::{opaque_scale, resolve_encoding};
 use crate::decisions::DecisionTable;
 use crate::errors::{pack_error, token_error};
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
-use protoprompt_core::tokens::Encoding;
+use protoprompt_core::tokens::{CostBasis, Encoding};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -51,7 +51,8 @@ impl Drop for Preload {
 /// encoding, and what the binding itself needs.
 pub(crate) struct CallOptions<'py> {
     pub(crate) core: PackOptions,
-    pub(crate) encoding: Encoding,
+    /// The encoding and the calibration of opaque payloads.
+    pub(crate) basis: CostBasis,
     pub(crate) context: Option<Bound<'py, PyAny>>,
     pub(crate) pinned: Vec<usize>,
     pub(crate) history_len: Option<usize>,
@@ -72,6 +73,10 @@ impl<'py> CallOptions<'py> {
                 "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
             ))
         })?;
+        let basis = CostBasis {
+            encoding,
+            opaque_scale: opaque_scale(get(intern!(py, "opaque_scale"))?.extract()?)?,
+        };
         let core = PackOptions {
             budget: get(intern!(py, "budget"))?.extract()?,
             output_reserve: get(intern!(py, "output_reserve"))?.extract()?,
@@ -81,7 +86,7 @@ impl<'py> CallOptions<'py> {
         let context = Some(get(intern!(py, "context"))?).filter(|c| !c.is_none());
         Ok(CallOptions {
             core,
-            encoding,
+            basis,
             context,
             pinned: get(intern!(py, "pinned"))?.extract()?,
             history_len: get(intern!(py, "history_len"))?.extract()?,
@@ -131,7 +136,7 @@ pub(crate) fn run_pack<'py>(
 pub(crate) fn result_dict<'py>(
     py: Python<'py>,
     result: &PackResult,
-    enc: Encoding,
+    basis: CostBasis,
     policy: Policy,
     decisions: DecisionTable,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -146,7 +151,8 @@ pub(crate) fn result_dict<'py>(
     out.set_item("budget", result.budget)?;
     out.set_item("used", result.used())?;
     out.set_item("remaining", result.remaining())?;
-    out.set_item("encoding", enc.name())?;
+    out.set_item("encoding", basis.encoding.name())?;
+    out.set_item("opaque_scale", basis.opaque_scale.factor())?;
     out.set_item("policy", policy.name())?;
     out.set_item("decisions", Bound::new(py, decisions)?)?;
     Ok(out)

@@ -1,16 +1,23 @@
 //! The canonical text of an item (see the cost model in [`crate::tokens`]): every
-//! provider-bound field as plain text, media parts costed apart (`media`).
+//! provider-bound field as plain text, media parts and opaque payloads costed apart
+//! (`media`, `opaque`).
 
 use serde_json::{Map, Value};
 
 use super::media::media_cost;
+use super::opaque::{payload_cost, payload_kind, PayloadCost};
 use super::{Encoding, ItemCost, TokenError, ITEM_OVERHEAD, MAX_DEPTH};
 
-/// Text and media of an item in the canonical form described in the module docs.
+/// Text, media and opaque payloads of an item in the canonical form described in the
+/// module docs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Canonical {
     pub text: String,
     pub media_tokens: u64,
+    /// Tokens of the opaque payloads by their decoded size (see [`super::opaque`]).
+    pub opaque_tokens: u64,
+    /// An opaque payload that is not valid base64, counted in `text` instead (its field).
+    pub fallback: Option<&'static str>,
 }
 
 /// Render an item into its canonical text (plus media tokens, costed by the published rules).
@@ -34,6 +41,8 @@ impl Canonical {
             text: text_tokens,
             media: self.media_tokens,
             overhead: ITEM_OVERHEAD,
+            opaque: self.opaque_tokens,
+            fallback: self.fallback,
         }
     }
 }
@@ -83,11 +92,31 @@ fn render_object(
         let saved = push_path(path, key);
         out.text.push_str(key);
         out.text.push_str(": ");
-        render_value(value, enc, out, path, depth + 1)?;
+        if !(top && costed_apart(map, key, value, out)) {
+            render_value(value, enc, out, path, depth + 1)?;
+        }
         out.text.push('\n');
         path.truncate(saved);
     }
     Ok(())
+}
+
+/// Cost an opaque payload (a top-level field, see [`super::opaque`]) apart from the text:
+/// `true` when it was (its key stays in the text, its value does not). A payload that is
+/// not valid base64 is left to the text, and the item says so ([`Canonical::fallback`]).
+fn costed_apart(map: &Map<String, Value>, key: &str, value: &Value, out: &mut Canonical) -> bool {
+    let (Some(kind), Value::String(payload)) = (payload_kind(map, key), value) else {
+        return false;
+    };
+    match payload_cost(kind, payload) {
+        PayloadCost::Opaque(n) => out.opaque_tokens = out.opaque_tokens.saturating_add(n),
+        PayloadCost::Media(n) => out.media_tokens = out.media_tokens.saturating_add(n),
+        PayloadCost::Text => {
+            out.fallback = Some(kind.field());
+            return false;
+        }
+    }
+    true
 }
 
 fn render_value(
@@ -156,6 +185,83 @@ mod tests {
             Encoding::O200kBase.count(&c.text).unwrap(),
             "text cost is the count of the canonical text"
         );
+    }
+
+    #[test]
+    fn opaque_payloads_are_costed_by_their_decoded_size() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE;
+        // 4000 bytes past the envelope, random-looking as ciphertext is.
+        let mut seed = 23u64;
+        let bytes: Vec<u8> = (0..4650)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (seed >> 56) as u8
+            })
+            .collect();
+        let payload = b64.encode(bytes);
+        let enc = Encoding::O200kBase;
+        for ty in ["reasoning", "compaction"] {
+            let item =
+                json!({"type": ty, "id": "x_1", "summary": [], "encrypted_content": payload});
+            let c = canonical(&item, enc).unwrap();
+            assert_eq!(
+                c.text,
+                format!("encrypted_content: \nid: x_1\nsummary: \ntype: {ty}\n")
+            );
+            assert_eq!((c.opaque_tokens, c.fallback), (1250, None), "{ty}");
+            let cost = item_cost(&item, enc).unwrap();
+            assert_eq!(cost.opaque, 1250);
+            assert_eq!(cost.total(), cost.text + ITEM_OVERHEAD + 1250);
+            // The same payload read as text costs far more: the old rule.
+            assert!(enc.count(&payload).unwrap() > 3 * 1250);
+        }
+        // Not valid base64: counted as text, and said so.
+        let bad = json!({"type": "reasoning", "summary": [], "encrypted_content": "enc!"});
+        let c = canonical(&bad, enc).unwrap();
+        assert!(c.text.contains("encrypted_content: enc!\n"));
+        assert_eq!(
+            (c.opaque_tokens, c.fallback),
+            (0, Some("encrypted_content"))
+        );
+        // Only the top-level field of these item types is decoded; null is text.
+        for item in [
+            json!({"role": "user", "content": "x", "encrypted_content": payload}),
+            json!({"type": "function_call_output", "call_id": "c", "output": {"encrypted_content": payload}}),
+            json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": payload}]}),
+        ] {
+            let c = canonical(&item, enc).unwrap();
+            assert!(c.text.contains(&payload), "{item}");
+            assert_eq!((c.opaque_tokens, c.fallback), (0, None));
+        }
+        let null = canonical(
+            &json!({"type": "reasoning", "encrypted_content": null}),
+            enc,
+        )
+        .unwrap();
+        assert_eq!(null.text, "encrypted_content: null\ntype: reasoning\n");
+    }
+
+    #[test]
+    fn image_generation_results_cost_as_images() {
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+        let enc = Encoding::O200kBase;
+        let item = json!({"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": png});
+        let c = canonical(&item, enc).unwrap();
+        assert_eq!(
+            c.text,
+            "id: ig_1\nresult: \nstatus: completed\ntype: image_generation_call\n"
+        );
+        assert_eq!(
+            (c.media_tokens, c.opaque_tokens, c.fallback),
+            (255, 0, None)
+        );
+        let unreadable = json!({"type": "image_generation_call", "id": "ig_1", "result": "abcd"});
+        let c = canonical(&unreadable, enc).unwrap();
+        assert!(c.text.contains("result: abcd\n"));
+        assert_eq!((c.media_tokens, c.fallback), (0, Some("result")));
+        let none = json!({"type": "image_generation_call", "id": "ig_1", "result": null});
+        assert_eq!(canonical(&none, enc).unwrap().fallback, None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! The cost of one item is
 //!
 //! ```text
-//! ITEM_OVERHEAD + tokens(canonical_text(item)) + media tokens
+//! ITEM_OVERHEAD + tokens(canonical_text(item)) + media tokens + opaque tokens
 //! ```
 //!
 //! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
@@ -29,6 +29,14 @@
 //!   letter page at high detail) plus `PDF_TEXT_TOKENS_PER_PAGE`; a file by id/URL costs
 //!   `UNKNOWN_FILE_TOKENS`. `input_audio` costs 10 tokens per second (duration from the WAV
 //!   header, else from the size at 128 kbit/s).
+//! * Opaque payloads are never counted as text either: the base64 `encrypted_content` of
+//!   `reasoning` and `compaction` items, which the provider decrypts back into tokens, costs
+//!   its decoded size less a 650-byte envelope at 4 bytes per token plus 25%
+//!   ([`opaque_tokens`], the estimate of OpenAI's Codex agent with a margin); an
+//!   `image_generation_call`'s base64 `result` costs as an image. Such a payload that is not
+//!   valid base64 is counted as text (conservative) and the cost says so
+//!   ([`ItemCost::fallback`]). The opaque part alone may be calibrated ([`OpaqueScale`]); the
+//!   rule's version is [`COST_RULE`]. Rule, source and uncertainty: `docs/cost-model.md`.
 //!
 //! # Modules
 //!
@@ -37,6 +45,7 @@
 //! * `cache`: the process-wide count cache and the keys of a persistent count store.
 //! * `canonical`: the canonical text of an item.
 //! * `media`: image, file and audio costs.
+//! * `opaque`: opaque payloads (decoded size), the cost rule's version, calibration scales.
 
 use std::fmt;
 
@@ -47,6 +56,7 @@ mod canonical;
 mod count;
 mod encoding;
 mod media;
+mod opaque;
 
 pub use cache::{
     remember_count, store_key, CacheKey, CountCache, CACHE_GENERATION_ENTRIES, CACHE_MIN_BYTES,
@@ -62,6 +72,10 @@ pub use media::{
     image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,
     IMAGE_MAX_TOKENS, IMAGE_TILE_TOKENS, PDF_PAGE_IMAGE_TOKENS, PDF_TEXT_TOKENS_PER_PAGE,
     UNKNOWN_FILE_TOKENS,
+};
+pub use opaque::{
+    decoded_len, opaque_tokens, OpaqueScale, COST_RULE, OPAQUE_BYTES_PER_TOKEN,
+    OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,
 };
 
 /// Tokens added to every item for the provider's framing.
@@ -104,23 +118,51 @@ impl fmt::Display for TokenError {
 
 impl std::error::Error for TokenError {}
 
+/// What a cost is counted under: the model's encoding and the calibration of the opaque
+/// part ([`OpaqueScale::ONE`]: none). An [`Encoding`] alone is the basis without calibration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CostBasis {
+    pub encoding: Encoding,
+    pub opaque_scale: OpaqueScale,
+}
+
+impl From<Encoding> for CostBasis {
+    fn from(encoding: Encoding) -> CostBasis {
+        CostBasis {
+            encoding,
+            opaque_scale: OpaqueScale::ONE,
+        }
+    }
+}
+
 /// The cost of one item, split by source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ItemCost {
     /// Tokens of the canonical text.
     pub text: u64,
-    /// Tokens of images, files and audio.
+    /// Tokens of images, files and audio (and image payloads).
     pub media: u64,
     /// The fixed per-item overhead.
     pub overhead: u64,
+    /// Tokens of opaque payloads by their decoded size (unscaled).
+    pub opaque: u64,
+    /// An opaque payload that is not valid base64 and was counted as text instead: its
+    /// field (`"encrypted_content"` or `"result"`).
+    pub fallback: Option<&'static str>,
 }
 
 impl ItemCost {
-    /// The three parts added up (saturating: a cost never wraps around to a small one).
+    /// The four parts added up (saturating: a cost never wraps around to a small one).
     pub fn total(&self) -> u64 {
+        self.scaled_total(OpaqueScale::ONE)
+    }
+
+    /// The total with the opaque part scaled by a calibration (the rest never is).
+    pub fn scaled_total(&self, scale: OpaqueScale) -> u64 {
         self.text
             .saturating_add(self.media)
             .saturating_add(self.overhead)
+            .saturating_add(scale.apply(self.opaque))
     }
 }
 
