@@ -6,8 +6,15 @@
 //! tokens and the tail the text of its last `tail` tokens, each moved inwards to a character
 //! boundary when a token ends inside a multi-byte character. Re-tokenising a head can merge
 //! across the cut differently, so callers check the final count; this gives them the pieces.
+//!
+//! [`head_text`] and [`tail_text`] give the same pieces without tokenising the whole text:
+//! only a prefix (or suffix) that ends (or starts) where the pre-tokenizer splits too, so its
+//! tokens are exactly the first (or last) tokens of the whole text. [`excerpt`] builds a
+//! head and tail around a marker within an exact token limit (masking of old tool outputs).
 
-use crate::tokens::{quietly, segments, Encoding, TokenError, SEGMENT_BYTES, SPLIT_WINDOW};
+use crate::tokens::{
+    is_exact_split, quietly, segments, Encoding, TokenError, SEGMENT_BYTES, SPLIT_WINDOW,
+};
 
 /// A text cut to its first and last tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +71,157 @@ pub fn split_tokens(
         total,
         cut: true,
     })
+}
+
+/// Bytes a head or tail of `n` tokens is first looked for in (grown fourfold until found).
+fn first_span(n: u64) -> usize {
+    (n as usize).saturating_mul(16).max(256)
+}
+
+/// Byte length of the text of `tokens`.
+fn decoded_len(enc: Encoding, tokens: &[u32]) -> Result<usize, TokenError> {
+    enc.bpe()
+        .decode_bytes(tokens)
+        .map(|b| b.len())
+        .map_err(|e| TokenError::Tokenizer(e.to_string()))
+}
+
+/// The text of the first `n` tokens of `text` under `enc` (all of it when it has no more),
+/// ending at a character boundary (moved back when a token ends inside a character): what
+/// [`split_tokens`] gives as the head, tokenising only a prefix of the text, in the
+/// segments counting uses (which end where the pre-tokenizer splits too).
+pub fn head_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> {
+    if n == 0 {
+        return Ok("");
+    }
+    let bpe = enc.bpe();
+    let mut tokens = Vec::new();
+    for part in segments(enc, text, first_span(n), SPLIT_WINDOW) {
+        encode_piece(bpe, part, &mut tokens)?;
+        if tokens.len() as u64 >= n {
+            break;
+        }
+    }
+    let take = tokens.len().min(n as usize);
+    let mut end = decoded_len(enc, &tokens[..take])?.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Ok(&text[..end])
+}
+
+/// The text of the last `n` tokens of `text` under `enc` (all of it when it has no more),
+/// starting at a character boundary (moved forward when a token starts inside a
+/// character): what [`split_tokens`] gives as the tail, tokenising only a suffix that starts
+/// where the pre-tokenizer splits too ([`is_exact_split`]), else the whole text.
+pub fn tail_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> {
+    if n == 0 {
+        return Ok("");
+    }
+    let bytes = text.as_bytes();
+    let mut span = first_span(n);
+    loop {
+        let lo = text.len().saturating_sub(span);
+        let start = if lo == 0 {
+            0
+        } else {
+            (lo.saturating_sub(SPLIT_WINDOW)..=lo)
+                .rev()
+                .find(|&i| is_exact_split(enc, bytes, i))
+                .unwrap_or(0)
+        };
+        let tokens = encode(enc, &text[start..])?;
+        if tokens.len() as u64 >= n || start == 0 {
+            let take = tokens.len().min(n as usize);
+            let len = decoded_len(enc, &tokens[tokens.len() - take..])?.min(text.len());
+            let mut begin = text.len() - len;
+            while !text.is_char_boundary(begin) {
+                begin += 1;
+            }
+            return Ok(&text[begin..]);
+        }
+        span = span.saturating_mul(4);
+    }
+}
+
+/// A text cut to a head and tail around a marker ([`excerpt`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excerpt {
+    /// Head, marker, tail: at most the limit's tokens.
+    pub text: String,
+    /// Tokens of the text not kept, plus the `media` tokens given.
+    pub removed: u64,
+}
+
+/// `text` cut to at most `max_tokens` tokens (counted exactly, marker included): its first
+/// and last tokens (a quarter of those kept, rounded down, from the end) around
+/// `marker(removed, false)`, which says how many tokens were removed. `media`: tokens of parts
+/// removed besides the text (images, files), added to `removed`; `force`: cut even when the
+/// text fits (something else was removed). `None` when there is nothing to cut (the text fits
+/// and nothing is forced) or not even `marker(removed, true)` (the short form) fits alone.
+///
+/// The rule, exactly (a slow reference re-implements it, `benches/reference_packer.py`):
+/// `total` is the text's count and `m` the count of the full marker for `total + media`
+/// removed tokens. With `keep = min(total, max_tokens - m)` and while `keep >= 0`: `t = keep
+/// / 4` tail and `h = keep - t` head tokens ([`head_text`], [`tail_text`]; the whole text
+/// when `keep >= total`; a tail overlapping the head starts where the head ends); `removed =
+/// total - count(head) - count(tail) + media`; the candidate `head + marker(removed) + tail`
+/// is the result if it counts at most `max_tokens`, else `keep` goes down by the excess.
+/// Then the full marker alone, then the short one, each with `total + media` removed.
+pub fn excerpt(
+    enc: Encoding,
+    text: &str,
+    max_tokens: u64,
+    media: u64,
+    force: bool,
+    marker: &dyn Fn(u64, bool) -> String,
+) -> Result<Option<Excerpt>, TokenError> {
+    let total = enc.count_cached(text)?;
+    if total <= max_tokens && !force {
+        return Ok(None);
+    }
+    let everything = total.saturating_add(media);
+    let marker_tokens = enc.count_cached(&marker(everything, false))?;
+    let mut keep = i128::from(total.min(max_tokens.saturating_sub(marker_tokens)));
+    while keep >= 0 {
+        let k = keep as u64;
+        let (head, tail) = if k >= total {
+            (text, "")
+        } else {
+            let tail_n = k / 4;
+            let head = head_text(enc, text, k - tail_n)?;
+            let tail = tail_text(enc, text, tail_n)?;
+            let tail = if head.len() + tail.len() > text.len() {
+                &text[head.len()..]
+            } else {
+                tail
+            };
+            (head, tail)
+        };
+        let kept = enc
+            .count_cached(head)?
+            .saturating_add(enc.count_cached(tail)?);
+        let removed = total.saturating_sub(kept).saturating_add(media);
+        let candidate = format!("{head}{}{tail}", marker(removed, false));
+        let n = enc.count_cached(&candidate)?;
+        if n <= max_tokens {
+            return Ok(Some(Excerpt {
+                text: candidate,
+                removed,
+            }));
+        }
+        keep -= i128::from(n - max_tokens);
+    }
+    for short in [false, true] {
+        let alone = marker(everything, short);
+        if enc.count_cached(&alone)? <= max_tokens {
+            return Ok(Some(Excerpt {
+                text: alone,
+                removed: everything,
+            }));
+        }
+    }
+    Ok(None)
 }
 
 /// The tokens of `text`, segment by segment (exactly the tokens of the whole text).
@@ -149,5 +307,66 @@ mod tests {
         assert_eq!(s.total, ENC.count(&text).unwrap());
         assert!(s.head.starts_with("line of words"));
         assert!(s.tail.ends_with("line of words\n"));
+    }
+
+    #[test]
+    fn head_and_tail_text_equal_the_split_of_the_whole_text() {
+        let texts = [
+            "alpha beta gamma delta epsilon zeta eta theta iota kappa".to_string(),
+            "🙂🚀✅⚠️🔥 договор клиент заказ 📈🤔👍🎉🧪".repeat(40),
+            "line of words, 12 numbers\n".repeat(3000),
+            "x".repeat(9000),
+            "a b\n".repeat(5000) + &"🙂".repeat(300),
+        ];
+        for text in &texts {
+            for (h, t) in [(0, 0), (1, 1), (3, 7), (40, 10), (600, 200)] {
+                let s = split_tokens(ENC, text, h, t).unwrap();
+                if !s.cut {
+                    continue;
+                }
+                assert_eq!(head_text(ENC, text, h).unwrap(), s.head, "head {h}");
+                assert_eq!(tail_text(ENC, text, t).unwrap(), s.tail, "tail {t}");
+            }
+            let all = ENC.count(text).unwrap();
+            assert_eq!(head_text(ENC, text, all + 5).unwrap(), text.as_str());
+            assert_eq!(tail_text(ENC, text, all + 5).unwrap(), text.as_str());
+        }
+    }
+
+    #[test]
+    fn an_excerpt_stays_within_its_limit_and_says_what_it_removed() {
+        let marker = |removed: u64, short: bool| {
+            if short {
+                format!("[{removed} masked]")
+            } else {
+                format!("\n[… {removed} tokens of this tool output masked …]\n")
+            }
+        };
+        let text = "words of a long tool output, 42 lines\n".repeat(400);
+        let total = ENC.count(&text).unwrap();
+        for limit in [16u64, 24, 40, 64, 200] {
+            let e = excerpt(ENC, &text, limit, 0, false, &marker)
+                .unwrap()
+                .unwrap();
+            assert!(ENC.count(&e.text).unwrap() <= limit, "limit {limit}");
+            assert!(
+                e.text.contains(&format!("{} ", e.removed))
+                    || e.text.contains(&format!("{} masked", e.removed))
+            );
+            assert!(e.removed <= total);
+            if limit >= 40 {
+                assert!(e.text.starts_with("words of"), "head kept at {limit}");
+                assert!(e.text.ends_with("lines\n"), "tail kept at {limit}");
+            }
+        }
+        // Nothing to cut: the text fits; unless something else (media) went.
+        assert_eq!(excerpt(ENC, "short", 64, 0, false, &marker).unwrap(), None);
+        let forced = excerpt(ENC, "short", 64, 85, true, &marker)
+            .unwrap()
+            .unwrap();
+        assert_eq!(forced.removed, 85);
+        assert!(forced.text.starts_with("short\n[… 85 tokens"));
+        // Not even the short marker fits.
+        assert_eq!(excerpt(ENC, &text, 2, 0, false, &marker).unwrap(), None);
     }
 }
