@@ -1,0 +1,828 @@
+//! Masking: the model-facing copy of an old unit with its tool outputs cut to short excerpts
+//! (observation masking), so the agent keeps its calls, arguments, reasoning and messages
+//! when the bulky outputs that made a turn too big no longer fit.
+//!
+//! # Design note
+//!
+//! * **What is masked.** Only tool outputs ([`maskable`]): function, custom, shell, local
+//!   shell, apply_patch and computer call outputs, a tool search's output (with or without
+//!   `call_id`) and an `mcp_call`'s `output` field. Calls, arguments, reasoning (encrypted
+//!   content included: it is never cut), messages, program results and hosted items other
+//!   than `mcp_call` are sent as they are. The item graph does not change: ids, `call_id`s,
+//!   `caller`s, types and statuses are kept, only payload fields are replaced, so every rule
+//!   of `docs/item-graph.md` holds for a masked request exactly as for the unmasked one.
+//! * **The copy of one output** ([`mask_unit`]). A text output (a string, or the text parts
+//!   of a list output, or a shell output's `stdout` and `stderr` chunks) becomes a
+//!   token-exact [`crate::truncate::excerpt`] of at most `excerpt_tokens` tokens: its head and
+//!   tail around a marker that names the tool, the call id and how many tokens were removed
+//!   ([`marker`]). Images and files of a list output are removed (the marker counts them and
+//!   their tokens): the masked output is one string. A computer screenshot becomes a 1x1
+//!   placeholder image ([`PLACEHOLDER_SCREENSHOT`]; the item has no text field for a marker).
+//!   A tool search's output keeps its tool definitions with their prose removed (the
+//!   descriptions emptied, schema `description` / `title` / `$comment` / `examples` dropped,
+//!   as the SDK's own `ToolOutputTrimmer` does): the tools stay callable.
+//! * **When a copy is used.** Only when it costs fewer tokens than the item ([`MaskedCosts`]
+//!   compares the two exactly); otherwise the item is sent as it is.
+//! * **Never stored, never changed.** The copies are new values; the caller's items are
+//!   never touched, and the binding hands the copies out as new objects.
+//! * **Costs.** [`MaskedCosts`] wraps a pack's [`CostSource`]: the masked cost of a unit is
+//!   the exact cost of its copies (the items themselves where nothing is masked), kept per
+//!   position in an index's [`MaskMemo`] for the next turn (for one encoding and one
+//!   `excerpt_tokens`; anything else starts it afresh). Masked costs never exceed the whole
+//!   ones, so a lower bound of the masked cost bounds both (the token window's walk,
+//!   [`crate::indexed::IndexedHistory::window_start`]).
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value};
+
+use crate::costs::UNCOUNTED;
+use crate::items::{CallType, HostedKind, ItemKind};
+use crate::pack::{CostFailure, CostSource};
+use crate::tokens::{self, Encoding, TokenError, ITEM_OVERHEAD};
+use crate::truncate::excerpt;
+
+/// Default `excerpt_tokens`: a masked output keeps this many tokens (marker included).
+pub const DEFAULT_EXCERPT_TOKENS: u64 = 64;
+/// The smallest `excerpt_tokens` accepted: the short marker always fits in it.
+pub const MIN_EXCERPT_TOKENS: u64 = 16;
+
+/// A 1x1 grey PNG: a masked computer screenshot (255 tokens instead of up to 1445).
+pub const PLACEHOLDER_SCREENSHOT: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB\
+CAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
+
+/// How a pack masks older tool outputs (see [`crate::pack`]'s note on the fill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Masking {
+    /// Tokens a masked text output keeps, marker included (at least [`MIN_EXCERPT_TOKENS`]).
+    pub excerpt_tokens: u64,
+    /// Outputs of units older than this many newest turns of the history are masked even
+    /// when they would fit whole (`None`: only when they do not fit whole).
+    pub after_turns: Option<u64>,
+}
+
+impl Default for Masking {
+    fn default() -> Self {
+        Masking {
+            excerpt_tokens: DEFAULT_EXCERPT_TOKENS,
+            after_turns: None,
+        }
+    }
+}
+
+/// Whether items of `kind` are tool outputs that may be masked.
+pub fn maskable(kind: ItemKind) -> bool {
+    match kind {
+        ItemKind::Output(ct) => !matches!(ct, CallType::Program | CallType::McpApprovalRequest),
+        ItemKind::AnonToolSearchOutput | ItemKind::Hosted(HostedKind::McpCall) => true,
+        _ => false,
+    }
+}
+
+/// The marker of a masked output: `marker(tool, call_id, parts)(removed, short)`. `parts`:
+/// images and files removed with the text (named in the full form).
+pub fn marker<'a>(tool: &'a str, call_id: &str, parts: usize) -> impl Fn(u64, bool) -> String + 'a {
+    let call_id = call_id.to_string();
+    move |removed: u64, short: bool| {
+        if short {
+            return format!("[… {removed} tokens masked …]");
+        }
+        let media = match parts {
+            0 => String::new(),
+            1 => ", 1 image or file".to_string(),
+            n => format!(", {n} images or files"),
+        };
+        format!(
+            "\n[… {removed} tokens{media} of this {tool} output (call {call_id}) masked by \
+             protoprompt …]\n"
+        )
+    }
+}
+
+fn text_of<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key).and_then(Value::as_str)
+}
+
+/// Tool names of the calls in a unit, by `call_id` (the first call wins).
+fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
+    let mut names = FxHashMap::default();
+    for item in items {
+        let Value::Object(m) = item else { continue };
+        if !matches!(
+            text_of(m, "type"),
+            Some("function_call" | "custom_tool_call")
+        ) {
+            continue;
+        }
+        if let (Some(id), Some(name)) = (text_of(m, "call_id"), text_of(m, "name")) {
+            names.entry(id).or_insert(name);
+        }
+    }
+    names
+}
+
+/// The masked copies of one unit's items: `Some(copy)` for each tool output that has
+/// something to mask (see the module note), `None` for every other item. `items` are all
+/// the unit's history members (the calls name the tools of their outputs).
+pub fn mask_unit(
+    items: &[&Value],
+    enc: Encoding,
+    excerpt_tokens: u64,
+) -> Result<Vec<Option<Value>>, (usize, TokenError)> {
+    let names = tool_names(items);
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| mask_item(item, &names, enc, excerpt_tokens).map_err(|e| (i, e)))
+        .collect()
+}
+
+/// The masked copy of one item, if it is a tool output with something to mask.
+fn mask_item(
+    item: &Value,
+    names: &FxHashMap<&str, &str>,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<Value>, TokenError> {
+    let Value::Object(map) = item else {
+        return Ok(None);
+    };
+    let Some(ty) = text_of(map, "type") else {
+        return Ok(None);
+    };
+    let call_id = text_of(map, "call_id")
+        .or_else(|| text_of(map, "id"))
+        .unwrap_or("?");
+    let replaced = match ty {
+        "function_call_output" | "custom_tool_call_output" => {
+            let default = if ty == "function_call_output" {
+                "function"
+            } else {
+                "custom tool"
+            };
+            let tool = names
+                .get(call_id)
+                .copied()
+                .or_else(|| text_of(map, "name"))
+                .unwrap_or(default);
+            parts_output(map.get("output"), tool, call_id, enc, limit)?
+        }
+        "local_shell_call_output" | "apply_patch_call_output" | "mcp_call" => {
+            let tool = match ty {
+                "local_shell_call_output" => "local_shell",
+                "apply_patch_call_output" => "apply_patch",
+                _ => text_of(map, "name").unwrap_or("mcp"),
+            };
+            match text_of(map, "output") {
+                Some(text) => string_output(text, tool, call_id, enc, limit)?,
+                None => None,
+            }
+        }
+        "shell_call_output" => shell_output(map.get("output"), call_id, enc, limit)?,
+        "computer_call_output" => screenshot(map.get("output")),
+        "tool_search_output" => {
+            return Ok(tool_definitions(map.get("tools")).map(|tools| {
+                let mut copy = map.clone();
+                copy.insert("tools".to_string(), tools);
+                Value::Object(copy)
+            }))
+        }
+        _ => None,
+    };
+    Ok(replaced.map(|output| {
+        let mut copy = map.clone();
+        copy.insert("output".to_string(), output);
+        Value::Object(copy)
+    }))
+}
+
+fn string_output(
+    text: &str,
+    tool: &str,
+    call_id: &str,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<Value>, TokenError> {
+    let cut = excerpt(enc, text, limit, 0, false, &marker(tool, call_id, 0))?;
+    Ok(cut.map(|e| Value::String(e.text)))
+}
+
+/// A function or custom tool output: a string, or a list of `input_text`, `input_image`
+/// and `input_file` parts (anything else is left as it is).
+fn parts_output(
+    output: Option<&Value>,
+    tool: &str,
+    call_id: &str,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<Value>, TokenError> {
+    let parts = match output {
+        Some(Value::String(text)) => return string_output(text, tool, call_id, enc, limit),
+        Some(Value::Array(parts)) => parts,
+        _ => return Ok(None),
+    };
+    let mut texts: Vec<&str> = Vec::new();
+    let (mut media, mut removed_parts) = (0u64, 0usize);
+    for part in parts {
+        let Value::Object(p) = part else {
+            return Ok(None);
+        };
+        match text_of(p, "type") {
+            Some("input_text") => match text_of(p, "text") {
+                Some(t) => texts.push(t),
+                None => return Ok(None),
+            },
+            Some("input_image" | "input_file") => {
+                let wrapped = Value::Object(Map::from_iter([("part".to_string(), part.clone())]));
+                media = media.saturating_add(tokens::canonical(&wrapped, enc)?.media_tokens);
+                removed_parts += 1;
+            }
+            _ => return Ok(None),
+        }
+    }
+    let text = texts.join("\n");
+    let marker = marker(tool, call_id, removed_parts);
+    let cut = excerpt(enc, &text, limit, media, removed_parts > 0, &marker)?;
+    Ok(cut.map(|e| Value::String(e.text)))
+}
+
+/// A shell call output (chunks of `stdout`, `stderr` and an `outcome`): one chunk, the last
+/// one's outcome, with the excerpt of every chunk's stdout and stderr as its stdout.
+fn shell_output(
+    output: Option<&Value>,
+    call_id: &str,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<Value>, TokenError> {
+    let Some(Value::Array(chunks)) = output else {
+        return Ok(None);
+    };
+    let mut texts: Vec<&str> = Vec::new();
+    let mut last = None;
+    for chunk in chunks {
+        let Value::Object(c) = chunk else {
+            return Ok(None);
+        };
+        for key in ["stdout", "stderr"] {
+            match c.get(key) {
+                Some(Value::String(t)) if !t.is_empty() => texts.push(t),
+                Some(Value::String(_)) | None => {}
+                Some(_) => return Ok(None),
+            }
+        }
+        last = Some(c);
+    }
+    let Some(last) = last else {
+        return Ok(None);
+    };
+    let text = texts.join("\n");
+    let Some(cut) = excerpt(enc, &text, limit, 0, false, &marker("shell", call_id, 0))? else {
+        return Ok(None);
+    };
+    let mut chunk = last.clone();
+    chunk.insert("stdout".to_string(), Value::String(cut.text));
+    chunk.insert("stderr".to_string(), Value::String(String::new()));
+    Ok(Some(Value::Array(vec![Value::Object(chunk)])))
+}
+
+fn screenshot(output: Option<&Value>) -> Option<Value> {
+    let Some(Value::Object(shot)) = output else {
+        return None;
+    };
+    if text_of(shot, "type") != Some("computer_screenshot") {
+        return None;
+    }
+    let placeholder = Value::Object(Map::from_iter([
+        (
+            "type".to_string(),
+            Value::String("computer_screenshot".to_string()),
+        ),
+        (
+            "image_url".to_string(),
+            Value::String(PLACEHOLDER_SCREENSHOT.to_string()),
+        ),
+    ]));
+    (&placeholder != output.unwrap_or(&Value::Null)).then_some(placeholder)
+}
+
+/// JSON-schema keywords holding prose (dropped) and holding schemas (walked), as in the
+/// SDK's `ToolOutputTrimmer`.
+const PROSE: [&str; 4] = ["description", "title", "$comment", "examples"];
+const SCHEMA_VALUE: [&str; 12] = [
+    "additionalItems",
+    "additionalProperties",
+    "contains",
+    "contentSchema",
+    "else",
+    "if",
+    "items",
+    "not",
+    "propertyNames",
+    "then",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+];
+const SCHEMA_LIST: [&str; 4] = ["allOf", "anyOf", "oneOf", "prefixItems"];
+const SCHEMA_MAP: [&str; 6] = [
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "patternProperties",
+    "properties",
+    "dependencies",
+];
+
+fn schema_or_same(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(strip_schema(m)),
+        other => other.clone(),
+    }
+}
+
+/// A JSON schema without its prose; structure, types and names are kept.
+fn strip_schema(schema: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (key, value) in schema {
+        let k = key.as_str();
+        if PROSE.contains(&k) {
+            continue;
+        }
+        let kept = match value {
+            Value::Object(m) if SCHEMA_VALUE.contains(&k) => Value::Object(strip_schema(m)),
+            Value::Array(list) if k == "items" || SCHEMA_LIST.contains(&k) => {
+                Value::Array(list.iter().map(schema_or_same).collect())
+            }
+            Value::Object(m) if SCHEMA_MAP.contains(&k) => Value::Object(
+                m.iter()
+                    .map(|(name, sub)| (name.clone(), schema_or_same(sub)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        out.insert(key.clone(), kept);
+    }
+    out
+}
+
+/// One tool definition of a tool search's output without its prose.
+fn strip_tool(tool: &Value) -> Value {
+    let Value::Object(t) = tool else {
+        return tool.clone();
+    };
+    let mut out = t.clone();
+    if matches!(t.get("description"), Some(Value::String(_))) {
+        out.insert("description".to_string(), Value::String(String::new()));
+    }
+    match (text_of(t, "type"), t.get("parameters"), t.get("tools")) {
+        (Some("function"), Some(Value::Object(p)), _) => {
+            out.insert("parameters".to_string(), Value::Object(strip_schema(p)));
+        }
+        (Some("namespace"), _, Some(Value::Array(nested))) => {
+            out.insert(
+                "tools".to_string(),
+                Value::Array(nested.iter().map(strip_tool).collect()),
+            );
+        }
+        _ => {}
+    }
+    Value::Object(out)
+}
+
+/// A tool search's tool definitions without their prose, if that changes anything.
+fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
+    let Some(Value::Array(list)) = tools else {
+        return None;
+    };
+    let stripped = Value::Array(list.iter().map(strip_tool).collect());
+    (Some(&stripped) != tools).then_some(stripped)
+}
+
+/// The masked cost of every history position counted so far, for one encoding and one
+/// `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaskMemo {
+    key: Option<(Encoding, u64)>,
+    costs: Vec<u64>,
+}
+
+impl MaskMemo {
+    pub fn new() -> MaskMemo {
+        MaskMemo::default()
+    }
+
+    /// The masked cost of `position` under `encoding` and `excerpt_tokens`, if counted.
+    pub fn get(&self, position: usize, encoding: Encoding, excerpt_tokens: u64) -> Option<u64> {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            return None;
+        }
+        self.costs
+            .get(position)
+            .copied()
+            .filter(|&c| c != UNCOUNTED)
+    }
+
+    /// Count under `encoding` and `excerpt_tokens` for `len` positions (forgetting what was
+    /// counted under anything else).
+    fn prepare(&mut self, encoding: Encoding, excerpt_tokens: u64, len: usize) {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            self.key = Some((encoding, excerpt_tokens));
+            self.costs.clear();
+        }
+        if self.costs.len() < len {
+            self.costs.resize(len, UNCOUNTED);
+        }
+    }
+
+    fn set(&mut self, position: usize, cost: u64) {
+        if let Some(c) = self.costs.get_mut(position) {
+            *c = cost;
+        }
+    }
+
+    /// Keep the first `len` positions and give memory back down to `capacity` positions.
+    pub fn shrink_back(&mut self, len: usize, capacity: usize) {
+        self.costs.truncate(len);
+        self.costs.shrink_to(capacity);
+    }
+
+    /// Keep the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.costs.truncate(len);
+    }
+
+    pub fn clear(&mut self) {
+        self.costs.clear();
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.costs.capacity()
+    }
+
+    /// Bytes of memory held.
+    pub fn heap_bytes(&self) -> usize {
+        self.costs.capacity() * std::mem::size_of::<u64>()
+    }
+}
+
+/// Supplies the items of a pack as JSON values (to make their masked copies).
+pub trait ValueSource {
+    /// The items at `positions` (global: history then new input), in order.
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure>;
+}
+
+impl<F: crate::costs::ItemSource, S: crate::costs::CountStore> ValueSource
+    for crate::costs::CostEngine<'_, F, S>
+{
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        self.items().values(positions)
+    }
+}
+
+/// A [`CostSource`] that also costs units masked: the wrapped source's costs, plus
+/// [`CostSource::masked_costs`] from the masked copies of the unit's items (see the module
+/// note), kept in a [`MaskMemo`] when one is given (history positions below its length).
+pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
+    inner: &'a mut C,
+    encoding: Encoding,
+    excerpt_tokens: u64,
+    memo: Option<&'a mut MaskMemo>,
+    /// Masked costs of positions the memo does not hold.
+    cache: FxHashMap<usize, u64>,
+    /// Copies made by this call, by position (those that cost less than the item).
+    copies: FxHashMap<usize, Value>,
+    /// The tokenizer failure that ended the call, if one did, and its position.
+    tokenizer_failure: Option<(usize, TokenError)>,
+}
+
+impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
+    pub fn new(inner: &'a mut C, encoding: Encoding, excerpt_tokens: u64) -> Self {
+        MaskedCosts {
+            inner,
+            encoding,
+            excerpt_tokens,
+            memo: None,
+            cache: FxHashMap::default(),
+            copies: FxHashMap::default(),
+            tokenizer_failure: None,
+        }
+    }
+
+    /// Keep the masked costs of history positions `0..n_history` in `memo` across calls.
+    pub fn with_memo(mut self, memo: &'a mut MaskMemo, n_history: usize) -> Self {
+        memo.prepare(self.encoding, self.excerpt_tokens, n_history);
+        self.memo = Some(memo);
+        self
+    }
+
+    /// The wrapped source.
+    pub fn inner(&mut self) -> &mut C {
+        self.inner
+    }
+
+    /// The tokenizer failure that ended the call, if one did, with its position.
+    pub fn tokenizer_failure(&self) -> Option<(usize, &TokenError)> {
+        self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        self.memo
+            .as_deref()
+            .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
+            .or_else(|| self.cache.get(&position).copied())
+    }
+
+    fn remember(&mut self, position: usize, cost: u64) {
+        match self.memo.as_deref_mut() {
+            Some(m) if position < m.costs.len() => m.set(position, cost),
+            _ => {
+                self.cache.insert(position, cost);
+            }
+        }
+    }
+
+    fn failure(&mut self, position: usize, e: TokenError) -> CostFailure {
+        let failure = CostFailure {
+            position,
+            field: "(item)".to_string(),
+            message: e.to_string(),
+        };
+        if matches!(e, TokenError::Tokenizer(_)) {
+            self.tokenizer_failure = Some((position, e));
+        }
+        failure
+    }
+
+    /// Make the copies of one unit's members and their exact costs (the item's own cost
+    /// where the copy would not be cheaper): `(cost, copy)` per member.
+    fn make(&mut self, members: &[usize]) -> Result<Vec<(u64, Option<Value>)>, CostFailure> {
+        let whole = self.inner.costs(members)?;
+        let values = self.inner.item_values(members)?;
+        let refs: Vec<&Value> = values.iter().collect();
+        let copies = mask_unit(&refs, self.encoding, self.excerpt_tokens)
+            .map_err(|(i, e)| self.failure(members[i], e))?;
+        let mut out = Vec::with_capacity(members.len());
+        for ((&p, w), copy) in members.iter().zip(whole).zip(copies) {
+            let Some(copy) = copy else {
+                out.push((w, None));
+                continue;
+            };
+            let cost = tokens::item_cost(&copy, self.encoding)
+                .map_err(|e| self.failure(p, e))?
+                .total();
+            if cost < w {
+                out.push((cost, Some(copy)));
+            } else {
+                out.push((w, None));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The masked copies of the units `units` (history members of each) that the pack kept
+    /// masked: `(position, copy)` for every member sent masked, in position order. A copy
+    /// whose cost is not what the pack counted (the item changed since) is an error.
+    pub fn copies(&mut self, units: &[&[usize]]) -> Result<Vec<(usize, Value)>, CostFailure> {
+        let mut out = Vec::new();
+        for members in units {
+            let pending: Vec<usize> = members
+                .iter()
+                .copied()
+                .filter(|p| !self.copies.contains_key(p))
+                .collect();
+            if !pending.is_empty() {
+                let made = self.make(members)?;
+                for (&p, (cost, copy)) in members.iter().zip(made) {
+                    if self.known(p).is_some_and(|k| k != cost) {
+                        return Err(CostFailure {
+                            position: p,
+                            field: "(item)".to_string(),
+                            message: "changed since its cost was counted (the items an index \
+                                      has seen must stay as they are)"
+                                .to_string(),
+                        });
+                    }
+                    if let Some(copy) = copy {
+                        self.copies.insert(p, copy);
+                    }
+                }
+            }
+            out.extend(
+                members
+                    .iter()
+                    .filter_map(|p| self.copies.get(p).map(|c| (*p, c.clone()))),
+            );
+        }
+        out.sort_by_key(|(p, _)| *p);
+        Ok(out)
+    }
+}
+
+impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.inner.costs(positions)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        self.inner.lower_bound(position)
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        if members.iter().all(|&p| self.known(p).is_some()) {
+            return Ok(members
+                .iter()
+                .map(|&p| self.known(p).unwrap_or(0))
+                .collect());
+        }
+        let made = self.make(members)?;
+        let mut out = Vec::with_capacity(members.len());
+        for (&p, (cost, copy)) in members.iter().zip(made) {
+            self.remember(p, cost);
+            if let Some(copy) = copy {
+                self.copies.insert(p, copy);
+            }
+            out.push(cost);
+        }
+        Ok(out)
+    }
+
+    fn masked_lower_bound(&mut self, position: usize) -> u64 {
+        self.known(position).unwrap_or(ITEM_OVERHEAD)
+    }
+
+    fn masks(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const ENC: Encoding = Encoding::O200kBase;
+
+    fn long(n: usize) -> String {
+        "the quick brown fox jumps over the lazy dog 42 times\n".repeat(n)
+    }
+
+    fn masked(items: &[Value], limit: u64) -> Vec<Option<Value>> {
+        let refs: Vec<&Value> = items.iter().collect();
+        mask_unit(&refs, ENC, limit).unwrap()
+    }
+
+    #[test]
+    fn a_long_function_output_becomes_an_excerpt_naming_tool_and_call() {
+        let items = [
+            json!({"type":"function_call","call_id":"c1","name":"grep","arguments":"{}"}),
+            json!({"type":"function_call_output","call_id":"c1","output": long(200),
+                   "caller": {"type":"direct"}}),
+        ];
+        let out = masked(&items, 64);
+        assert!(out[0].is_none(), "calls are never masked");
+        let copy = out[1].as_ref().unwrap();
+        let text = copy["output"].as_str().unwrap();
+        assert!(ENC.count(text).unwrap() <= 64);
+        assert!(text.contains("of this grep output (call c1) masked by protoprompt"));
+        assert!(text.starts_with("the quick brown fox"));
+        assert_eq!(copy["caller"], items[1]["caller"], "graph fields are kept");
+        assert_eq!(copy["call_id"], "c1");
+        // A short output has nothing to mask.
+        let short = [json!({"type":"function_call_output","call_id":"c1","output":"ok"})];
+        assert_eq!(masked(&short, 64), vec![None]);
+    }
+
+    #[test]
+    fn images_and_files_are_removed_and_counted_in_the_marker() {
+        let items = [
+            json!({"type":"function_call_output","call_id":"c2","output":[
+                {"type":"input_text","text":"chart attached"},
+                {"type":"input_image","image_url":"https://example.com/x.png"},
+                {"type":"input_file","file_id":"file_1"},
+            ]}),
+        ];
+        let copy = masked(&items, 64)[0].clone().unwrap();
+        let text = copy["output"].as_str().unwrap();
+        assert!(text.starts_with("chart attached"), "{text}");
+        assert!(text.contains("2 images or files of this function output (call c2)"));
+        let removed = tokens::IMAGE_MAX_TOKENS + tokens::UNKNOWN_FILE_TOKENS;
+        assert!(text.contains(&format!("… {removed} tokens")), "{text}");
+        // Unknown parts: left as they are.
+        let odd = [json!({"type":"function_call_output","call_id":"c2","output":[{"type":"x"}]})];
+        assert_eq!(masked(&odd, 64), vec![None]);
+    }
+
+    #[test]
+    fn every_kind_of_tool_output_has_a_masked_form_with_its_graph_fields() {
+        let out = long(100);
+        let items = [
+            json!({"type":"custom_tool_call_output","call_id":"k","output":out}),
+            json!({"type":"local_shell_call_output","call_id":"l","output":out}),
+            json!({"type":"apply_patch_call_output","call_id":"a","status":"completed",
+                   "output":out}),
+            json!({"type":"mcp_call","id":"mcp_1","name":"lookup","server_label":"crm",
+                   "arguments":"{}","status":"completed","output":out}),
+            json!({"type":"shell_call_output","call_id":"s","output":[
+                {"stdout":out,"stderr":"warn","outcome":{"type":"exit","exit_code":0}},
+                {"stdout":"tail","stderr":"","outcome":{"type":"exit","exit_code":3}}]}),
+            json!({"type":"computer_call_output","call_id":"u","output":
+                {"type":"computer_screenshot","file_id":"file_9"}}),
+            json!({"type":"tool_search_output","call_id":"t","execution":"client",
+                   "status":"completed","tools":[{"type":"function","name":"crm_find",
+                   "description":out,"strict":true,"parameters":{"type":"object",
+                   "properties":{"q":{"type":"string","description":"query"}},
+                   "required":["q"]}}]}),
+        ];
+        let copies = masked(&items, 64);
+        for (item, copy) in items.iter().zip(&copies) {
+            let copy = copy.as_ref().unwrap_or_else(|| panic!("{item}"));
+            let (a, b) = (item.as_object().unwrap(), copy.as_object().unwrap());
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+            for k in ["type", "call_id", "id", "status", "execution", "name"] {
+                assert_eq!(a.get(k), b.get(k), "{k}");
+            }
+        }
+        assert!(copies[3].as_ref().unwrap()["output"]
+            .as_str()
+            .unwrap()
+            .contains("lookup output (call mcp_1)"));
+        let shell = &copies[4].as_ref().unwrap()["output"];
+        assert_eq!(shell.as_array().unwrap().len(), 1);
+        assert_eq!(
+            shell[0]["outcome"]["exit_code"], 3,
+            "the last outcome is kept"
+        );
+        assert!(shell[0]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("shell output (call s)"));
+        assert_eq!(
+            copies[5].as_ref().unwrap()["output"]["image_url"],
+            PLACEHOLDER_SCREENSHOT
+        );
+        let tool = &copies[6].as_ref().unwrap()["tools"][0];
+        assert_eq!(tool["description"], "");
+        assert_eq!(tool["name"], "crm_find");
+        assert_eq!(
+            tool["parameters"],
+            json!({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})
+        );
+    }
+
+    #[test]
+    fn only_tool_outputs_are_maskable() {
+        use crate::items::ItemMeta;
+        let cases = [
+            (
+                json!({"type":"function_call_output","call_id":"c","output":"x"}),
+                true,
+            ),
+            (
+                json!({"type":"shell_call_output","call_id":"c","output":[]}),
+                true,
+            ),
+            (
+                json!({"type":"tool_search_output","id":"t","tools":[]}),
+                true,
+            ),
+            (
+                json!({"type":"mcp_call","id":"m","name":"n","server_label":"s",
+                    "arguments":"{}"}),
+                true,
+            ),
+            (
+                json!({"type":"program_output","call_id":"p","result":"r",
+                    "status":"completed"}),
+                false,
+            ),
+            (
+                json!({"type":"mcp_approval_response","approval_request_id":"r",
+                    "approve":true}),
+                false,
+            ),
+            (
+                json!({"type":"function_call","call_id":"c","name":"f","arguments":"{}"}),
+                false,
+            ),
+            (
+                json!({"type":"reasoning","id":"r","summary":[],"encrypted_content":"e"}),
+                false,
+            ),
+            (json!({"role":"user","content":"hi"}), false),
+            (
+                json!({"type":"web_search_call","id":"w","status":"completed"}),
+                false,
+            ),
+        ];
+        for (item, expected) in cases {
+            let kind = ItemMeta::from_json(&item).unwrap().kind;
+            assert_eq!(maskable(kind), expected, "{item}");
+            if !expected {
+                // Whatever its fields, an item of another kind never gets a copy.
+                let mut big = item.clone();
+                big["output"] = json!(long(50));
+                big["result"] = json!(long(50));
+                let names = FxHashMap::default();
+                assert_eq!(mask_item(&big, &names, ENC, 16).unwrap(), None, "{item}");
+            }
+        }
+    }
+}
