@@ -19,7 +19,9 @@ The order of allocation is fixed (see ``DESIGN.md``):
 
    profile, facts and chunks are pooled by layer priority, then by relevance, and accepted
    while they fit; the last accepted fact or chunk may be cut at a word boundary;
-3. the newest history units, by the Rust core, in the room that is still left.
+3. the newest history units, by the Rust core, in the room that is still left: whole while
+   they fit, then (with the builder's ``masking``, on by default) older units with their tool
+   outputs cut to short excerpts, then nothing.
 
 Every decision is recorded in a :class:`ContextPlan` (``builder.last_plan``), whose
 :meth:`ContextPlan.explain` renders it for a person.
@@ -36,6 +38,7 @@ from .memory import MemoryHit, MemoryScope
 from .memory._ranking import WORD, cosine, rrf_weight
 from .packing import (
     HistoryIndex,
+    Masking,
     PackResult,
     Policy,
     count_tokens,
@@ -46,6 +49,7 @@ from .packing import (
 )
 
 __all__ = [
+    "DEFAULT_MASKING",
     "LAYERS",
     "ContextBlock",
     "ContextPlan",
@@ -58,6 +62,9 @@ LAYERS: tuple[str, ...] = ("system", "profile", "session", "rag")
 """The context layers, in their default priority order."""
 
 Embedder = Callable[[list[str]], list[list[float]]]
+
+DEFAULT_MASKING = Masking()
+"""The builder's default :class:`~protoprompt.Masking` (see ``docs/masking.md``)."""
 
 TRUNCATION_MARK = " …"
 """Appended to a block that was cut at a word boundary, so the model can tell."""
@@ -99,7 +106,8 @@ class ContextPlan:
 
     items: list[Any]
     """What to send: the context message (if any), then the pack result's items — the
-    original history objects that were kept and every ``new_input`` object."""
+    original history objects that were kept (masked copies for the tool outputs of units
+    kept masked) and every ``new_input`` object."""
     context_message: dict[str, Any] | None
     """The one system/developer context message, or ``None`` when there is nothing to say
     (no system prompt and nothing recalled)."""
@@ -137,6 +145,14 @@ class ContextPlan:
     def request_tokens(self) -> int:
         """Tokens of the request itself (context, history, new input)."""
         return self.pack.request_tokens
+
+    @property
+    def masked_items(self) -> list[Any]:
+        """The masked copies in :attr:`items` (new objects, never to be stored), in order."""
+        offset = 1 if self.context_message is not None else 0
+        kept = self.pack.kept_history
+        masked = set(self.pack.masked)
+        return [self.items[offset + i] for i, p in enumerate(kept) if p in masked]
 
     @property
     def recalled(self) -> list[ContextBlock]:
@@ -273,6 +289,14 @@ class TokenBudgetedContextBuilder:
         context_role: role of the context message, ``"system"`` or ``"developer"``.
         include_parents: also recall from the scope's ancestors (see
             :meth:`MemoryScope.ancestors`); never from siblings or other tenants.
+        masking: how older tool outputs are masked before whole turns are dropped (see
+            :class:`~protoprompt.Masking`). Default ``Masking()``: the history is packed
+            exactly as without masking while it fits whole; once it does not, older units
+            keep their calls, arguments, reasoning and messages with each tool output cut to
+            a 64-token excerpt, and only what does not fit even so is dropped. ``None`` drops
+            whole units as :func:`protoprompt.pack` does by default. Masked outputs are
+            copies in the request only: ``ProtoPromptSession`` never stores them (why this
+            default: ``docs/masking.md``).
 
     Example::
 
@@ -300,6 +324,7 @@ class TokenBudgetedContextBuilder:
         policy: Policy = "contiguous",
         context_role: Literal["system", "developer"] = "system",
         include_parents: bool = False,
+        masking: Masking | None = DEFAULT_MASKING,
     ) -> None:
         if store is not None:
             missing = [
@@ -352,6 +377,9 @@ class TokenBudgetedContextBuilder:
         if not isinstance(include_parents, bool):
             raise TypeError("include_parents must be a bool")
         self.include_parents = include_parents
+        if masking is not None and not isinstance(masking, Masking):
+            raise TypeError(f"masking must be a Masking or None, got {type(masking).__name__}")
+        self.masking: Masking | None = masking
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
         that raised)."""
@@ -540,6 +568,7 @@ class TokenBudgetedContextBuilder:
             context_tokens=context_tokens,
             pool=self._candidates(query, scope),
             history_offset=history_offset,
+            masking=self.masking,
         )
 
     def _build(
@@ -557,9 +586,11 @@ class TokenBudgetedContextBuilder:
         pool: list[_Candidate],
         history_len: int | None = None,
         history_offset: int = 0,
+        masking: Masking | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
-        them for every call of a run)."""
+        them for every call of a run). ``masking`` is what the pack masks with (``build``
+        passes the builder's; a model filter passes its own)."""
         self.last_plan = None
         outcome: list[_Assembly] = []
 
@@ -573,6 +604,8 @@ class TokenBudgetedContextBuilder:
         if history_offset and index is None:
             raise ValueError("history_offset needs an index that holds the earlier positions")
         extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
+        if masking is not None:
+            extra["masking"] = masking
         result = (index.pack if index is not None else pack)(
             history_list,
             new_list,

@@ -15,7 +15,9 @@ __all__ = [
     "GraphReport",
     "HistoryIndex",
     "ItemCost",
+    "Masking",
     "PackResult",
+    "PackTotals",
     "Policy",
     "Problem",
     "Unit",
@@ -32,6 +34,56 @@ __all__ = [
 
 Policy = Literal["contiguous", "greedy"]
 Item = Mapping[str, Any]
+
+
+MIN_EXCERPT_TOKENS = 16
+"""The smallest :attr:`Masking.excerpt_tokens` (the shortest marker always fits in it)."""
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Mask old tool outputs before dropping whole turns (observation masking).
+
+    With ``masking=Masking()``, a pack keeps the newest units whole while they fit; older
+    units are then considered with every tool output cut, in the model-facing copy only, to
+    an excerpt of at most ``excerpt_tokens`` tokens (its head and tail around a marker that
+    names the tool, the call id and how many tokens were removed). A masked unit that fits is
+    kept masked (decision ``"masked"``); one that does not is dropped as without masking.
+    Calls, their arguments, reasoning and messages are never changed; the new input and the
+    history it depends on are never masked. See ``docs/masking.md``.
+
+    Args:
+        excerpt_tokens: tokens a masked text output keeps, marker included (at least 16).
+        after_turns: also mask the outputs of units older than this many newest turns of the
+            history even when they would fit whole (saves tokens on every turn); ``None``
+            masks only what does not fit whole.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int, or out of range.
+    """
+
+    excerpt_tokens: int = 64
+    after_turns: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, minimum in (
+            ("excerpt_tokens", self.excerpt_tokens, MIN_EXCERPT_TOKENS),
+            ("after_turns", self.after_turns, 0),
+        ):
+            if value is None and name == "after_turns":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {value}")
+            if value > _MAX_TOKENS:
+                raise ValueError(f"{name} must be at most 2**64 - 1, got {value}")
+
+
+def _check_masking(masking: Masking | None) -> Masking | None:
+    if masking is not None and not isinstance(masking, Masking):
+        raise TypeError(f"masking must be a Masking or None, got {type(masking).__name__}")
+    return masking
 
 
 @dataclass(frozen=True)
@@ -83,18 +135,28 @@ class UnitDecision:
     """History positions of the unit, sorted."""
     kinds: list[str]
     decision: str
-    """``"mandatory"``, ``"kept"``, ``"over_budget"``, ``"turn_incomplete"``,
-    ``"invalid_unit"`` or ``"input_only"``."""
+    """``"mandatory"``, ``"kept"``, ``"masked"`` (kept with its tool outputs masked),
+    ``"over_budget"``, ``"turn_incomplete"``, ``"invalid_unit"`` or ``"input_only"``."""
     tokens: int | None
-    """Tokens of the unit; ``None`` when it was dropped without being counted."""
+    """Tokens of the unit whole; ``None`` when it was dropped without being counted."""
     problems: list[Problem] = field(default_factory=list)
+    masked_tokens: int | None = None
+    """Tokens of the unit with its tool outputs masked, when that was counted (for a
+    ``"masked"`` unit: the tokens sent; ``tokens - masked_tokens`` were saved)."""
 
     @property
     def kept(self) -> bool:
         return self.decision in _KEPT
 
+    @property
+    def sent_tokens(self) -> int | None:
+        """Tokens the unit adds to the request (``None`` when it is not sent)."""
+        if not self.kept:
+            return None
+        return self.masked_tokens if self.decision == "masked" else self.tokens
 
-_KEPT = ("mandatory", "kept")
+
+_KEPT = ("mandatory", "kept", "masked")
 
 
 class Decisions(Sequence[UnitDecision]):
@@ -113,8 +175,8 @@ class Decisions(Sequence[UnitDecision]):
         return len(self._table)
 
     def _build(self, i: int) -> UnitDecision:
-        unit, positions, kinds, code, tokens, problems = self._table.row(i)
-        return UnitDecision(unit, positions, kinds, code, tokens, _problems(problems))
+        unit, positions, kinds, code, tokens, problems, masked = self._table.row(i)
+        return UnitDecision(unit, positions, kinds, code, tokens, _problems(problems), masked)
 
     @overload
     def __getitem__(self, index: int) -> UnitDecision: ...
@@ -162,12 +224,35 @@ class ItemCost:
 
 
 @dataclass(frozen=True)
+class PackTotals:
+    """The token totals of a pack (:attr:`PackResult.totals`)."""
+
+    budget: int
+    used: int
+    """Tokens of the request plus the output reserve."""
+    remaining: int
+    new_input: int
+    dependency: int
+    history: int
+    """Optional history as sent (masked units at their masked cost)."""
+    context: int
+    output_reserve: int
+    masked_units: int
+    """History units sent with their tool outputs masked."""
+    masked_items: int
+    """History items sent as masked copies."""
+    masking_saved: int
+    """Tokens the masked units would have cost more whole."""
+
+
+@dataclass(frozen=True)
 class PackResult:
     """The outcome of :func:`pack`."""
 
     items: list[Any]
-    """What to send: the kept history objects (original order, same objects) then every
-    ``new_input`` object, unchanged."""
+    """What to send: the kept history objects (original order, same objects; with masking,
+    a masked unit's tool outputs are new copies instead) then every ``new_input`` object,
+    unchanged."""
     kept_history: list[int]
     dependency: list[int]
     new_input_tokens: int
@@ -182,6 +267,35 @@ class PackResult:
     policy: str
     decisions: Sequence[UnitDecision]
     """One decision per history unit, oldest first (built lazily on access)."""
+    masked: list[int] = field(default_factory=list)
+    """History positions sent as masked copies (sorted; a subset of ``kept_history``)."""
+    masking_saved: int = 0
+    """Tokens the units kept masked would have cost more whole."""
+
+    @property
+    def totals(self) -> PackTotals:
+        """The token totals, masking included (what was masked and the tokens it saved)."""
+        masked_units = 0
+        if self.masked:
+            counts = (
+                self.decisions.unit_counts()
+                if isinstance(self.decisions, Decisions)
+                else {"masked": sum(1 for d in self.decisions if d.decision == "masked")}
+            )
+            masked_units = counts.get("masked", 0)
+        return PackTotals(
+            budget=self.budget,
+            used=self.used,
+            remaining=self.remaining,
+            new_input=self.new_input_tokens,
+            dependency=self.dependency_tokens,
+            history=self.history_tokens,
+            context=self.context_tokens,
+            output_reserve=self.output_reserve,
+            masked_units=masked_units,
+            masked_items=len(self.masked),
+            masking_saved=self.masking_saved,
+        )
 
     @property
     def dropped(self) -> list[UnitDecision]:
@@ -216,6 +330,8 @@ class PackResult:
             f"  history        {self.history_tokens:>8}  "
             f"({len(self.kept_history) - len(self.dependency)} items kept)",
         ]
+        if self.masked:
+            lines.append(self._explain_masked(max_units))
         counts = {k: n for k, n in self.decision_counts().items() if k not in _KEPT}
         if counts:
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
@@ -243,6 +359,24 @@ class PackResult:
                 lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
             if len(shown) < n_dropped:
                 lines.append(f"  ... and {n_dropped - len(shown)} older dropped units")
+        return "\n".join(lines)
+
+
+    def _explain_masked(self, max_units: int | None) -> str:
+        """The masked units, newest first (at most ``max_units``)."""
+        masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
+        lines = [
+            f"masked: {len(masked)} units ({len(self.masked)} tool outputs), "
+            f"{self.masking_saved} tokens saved"
+        ]
+        shown = masked if max_units is None else masked[:max_units]
+        for d in shown:
+            lines.append(
+                f"  history{_span(d.positions)} {'+'.join(d.kinds)} "
+                f"({d.tokens} -> {d.masked_tokens} tokens) -> masked"
+            )
+        if len(shown) < len(masked):
+            lines.append(f"  ... and {len(masked) - len(shown)} older masked units")
         return "\n".join(lines)
 
 
@@ -409,6 +543,7 @@ def pack(
     count_store: CountStore | None = None,
     pinned: Iterable[int] = (),
     history_len: int | None = None,
+    masking: Masking | None = None,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -429,6 +564,11 @@ def pack(
     newest step as optional history. ``history_len`` uses only the first ``history_len``
     items of the ``history`` list (no copy of a long prefix).
 
+    ``masking`` (a :class:`Masking`; default ``None``, off): units older than those that fit
+    whole are kept with their tool outputs cut to short excerpts before anything is dropped
+    (decision ``"masked"``). The masked outputs in ``items`` are new copies; the caller's
+    items are never changed.
+
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
         InvalidNewInputError: ``new_input`` cannot be sent as given (the message names each
@@ -447,6 +587,7 @@ def pack(
         context=context,
         pinned=pinned,
         history_len=history_len,
+        masking=masking,
     )
     return _run(_core.HistoryIndex().pack, history, new_input, options, _checked(count_store))
 
@@ -507,9 +648,11 @@ class _PackOptions:
     pinned: Iterable[int] = ()
     history_len: int | None = None
     history_offset: int = 0
+    masking: Masking | None = None
 
     def __post_init__(self) -> None:
         _check_sizes(self.budget, self.output_reserve, self.context_tokens)
+        _check_masking(self.masking)
         # A tuple of checked positions (a list or generator given is read once, here).
         object.__setattr__(self, "pinned", tuple(_check_pinned(self.pinned)))
         history_len = self.history_len
@@ -552,6 +695,8 @@ def _run(
         encoding=raw["encoding"],
         policy=raw["policy"],
         decisions=Decisions(raw["decisions"]),
+        masked=raw["masked"],
+        masking_saved=raw["masking_saved"],
     )
 
 
@@ -676,6 +821,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         pinned: Iterable[int] = (),
         history_len: int | None = None,
         history_offset: int = 0,
+        masking: Masking | None = None,
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -695,6 +841,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         indexed. The result is the pack of the whole history; an
         :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
         would need, if any.
+
+        ``masking``: as in :func:`pack`; the masked costs are kept between turns too (for one
+        encoding and ``excerpt_tokens``).
         """
         options = _PackOptions(
             budget,
@@ -707,6 +856,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             pinned=pinned,
             history_len=history_len,
             history_offset=history_offset,
+            masking=masking,
         )
         return _run(self._index.pack, history, new_input, options, self.count_store)
 
@@ -717,6 +867,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         *,
         model: str | None = None,
         encoding: str | None = None,
+        masking: Masking | None = None,
     ) -> int:
         """The first history position a contiguous :meth:`pack` within ``budget`` tokens of
         history can cost or keep, for the history this index has seen followed by
@@ -727,12 +878,18 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         moved back to where no unit, turn or tool-call relation crosses it. Costs not yet
         counted count as the smallest an item can cost, which only moves it earlier
         (:meth:`count_window` counts them). ``0`` when the whole history may be needed.
-        The greedy policy has no such bound: pack the whole history for it.
+        The greedy policy has no such bound: pack the whole history for it. For a pack with
+        ``masking``, pass the same ``masking``: a tool output then counts at most its masked
+        cost, so the window reaches the older units a masked pack may keep.
         """
         _check_sizes(budget, 0, 0)
         return int(
             self._index.window_start(
-                _as_list(new_items, "new_items"), budget, model=model, encoding=encoding
+                _as_list(new_items, "new_items"),
+                budget,
+                model=model,
+                encoding=encoding,
+                masking=_check_masking(masking),
             )
         )
 
@@ -744,12 +901,14 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         model: str | None = None,
         encoding: str | None = None,
         history_offset: int = 0,
+        masking: Masking | None = None,
     ) -> int:
         """Count the token costs a later :meth:`window_start` with ``budget`` walks over, so
         that it finds the window from exact costs; returns the window start for the history
         as indexed now. ``history`` holds the indexed history from ``history_offset`` on
         (exactly ``len(self) - history_offset`` items; earlier positions keep what they
-        have). Counts go to the count store as in :meth:`pack`.
+        have). Counts go to the count store as in :meth:`pack`. With ``masking``, the masked
+        costs are counted too (for a :meth:`window_start` with the same masking).
         """
         _check_sizes(budget, 0, 0)
         store = self.count_store
@@ -760,6 +919,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             encoding=encoding,
             history_offset=history_offset,
             count_store=store,
+            masking=_check_masking(masking),
         )
         if store is not None and raw.get("new_counts"):
             store.put_many(raw["new_counts"])

@@ -120,7 +120,11 @@ def read_window(
                 return None
             try:
                 w = state.index.window_start(
-                    [*appended, *new_items], budget, model=model, encoding=encoding
+                    [*appended, *new_items],
+                    budget,
+                    model=model,
+                    encoding=encoding,
+                    masking=getattr(builder, "masking", None),
                 )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)

@@ -1,0 +1,93 @@
+//! Masking from Python: the `masking` option (`protoprompt.Masking`), and the core's masked
+//! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
+
+use crate::convert::{as_dict, label};
+use protoprompt_core::mask::{Masking, MIN_EXCERPT_TOKENS};
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use serde_json::Value;
+
+/// The core's [`Masking`] read from a `protoprompt.Masking` (or `None`).
+pub(crate) fn masking_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<Masking>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let py = value.py();
+    let excerpt_tokens: u64 = value.getattr(intern!(py, "excerpt_tokens"))?.extract()?;
+    if excerpt_tokens < MIN_EXCERPT_TOKENS {
+        return Err(PyValueError::new_err(format!(
+            "masking.excerpt_tokens must be at least {MIN_EXCERPT_TOKENS}, got {excerpt_tokens}"
+        )));
+    }
+    let after_turns: Option<u64> = value.getattr(intern!(py, "after_turns"))?.extract()?;
+    Ok(Some(Masking {
+        excerpt_tokens,
+        after_turns,
+    }))
+}
+
+/// A JSON value as a new Python object (dicts, lists, str, int, float, bool, None).
+pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for v in items {
+                list.append(to_py(py, v)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// The masked copy of `original` as a new dict with the original's keys in their order: the
+/// masked fields ([`protoprompt_core::mask::MASKED_FIELDS`]) from `masked`, every other field
+/// a deep copy of the original's (the item itself is never changed).
+pub(crate) fn masked_copy<'py>(
+    py: Python<'py>,
+    original: &Bound<'py, PyAny>,
+    masked: &Value,
+    n_history: usize,
+    position: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let at = label(n_history, position);
+    let dict = as_dict(original, "(item)")
+        .map_err(|e| e.raise(py, &at))?
+        .ok_or_else(|| PyValueError::new_err(format!("{at} is no longer a mapping")))?;
+    let deepcopy = py
+        .import(intern!(py, "copy"))?
+        .getattr(intern!(py, "deepcopy"))?;
+    let copy = PyDict::new(py);
+    for (k, v) in dict.iter() {
+        let key: Option<String> = k.extract().ok();
+        let replaced = key
+            .as_deref()
+            .filter(|k| protoprompt_core::mask::MASKED_FIELDS.contains(k))
+            .and_then(|k| masked.get(k));
+        match replaced {
+            Some(value) => copy.set_item(k, to_py(py, value)?)?,
+            None => copy.set_item(k, deepcopy.call1((v,))?)?,
+        }
+    }
+    Ok(copy.into_any())
+}
