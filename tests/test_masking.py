@@ -71,9 +71,10 @@ def test_masking_keeps_more_turns_within_the_budget_and_explains_it() -> None:
         if p in r.masked:
             copy_ = r.items[k]
             assert copy_ is not h[p] and copy_ != h[p]
-            assert MARK in copy_["output"] and f"query_db output (call {h[p]['call_id']})" in copy_[
-                "output"
-            ]
+            assert (
+                MARK in copy_["output"]
+                and f"query_db output (call {h[p]['call_id']})" in copy_["output"]
+            )
             assert pp.count_tokens(copy_["output"]) <= 64
             assert {k: v for k, v in copy_.items() if k != "output"} == {
                 k: v for k, v in h[p].items() if k != "output"
@@ -267,7 +268,9 @@ def test_every_tool_output_kind_is_masked_with_its_graph_intact() -> None:
     assert "grep output (call k1)" in sent[2]["output"]
     assert "1 image or file of this chart output (call f1)" in sent[4]["output"]
     assert isinstance(sent[4]["output"], str)
-    assert MARK in sent[6]["output"][0]["stdout"] and sent[6]["output"][0]["outcome"]["exit_code"] == 0
+    assert (
+        MARK in sent[6]["output"][0]["stdout"] and sent[6]["output"][0]["outcome"]["exit_code"] == 0
+    )
     assert "local_shell output (call l1)" in sent[8]["output"]
     assert "apply_patch output (call a1)" in sent[10]["output"]
     assert sent[12]["output"]["image_url"].startswith("data:image/png;base64,")
@@ -412,9 +415,7 @@ async def test_sessions_store_exactly_what_they_store_without_masking(tmp_path, 
 
 
 @pytest.mark.parametrize("masking", [pp.Masking(), None])
-async def test_an_interrupted_run_resumed_from_its_state_stores_the_same(
-    tmp_path, masking
-) -> None:
+async def test_an_interrupted_run_resumed_from_its_state_stores_the_same(tmp_path, masking) -> None:
     _agents()
     from agents import Agent, RunConfig, Runner, function_tool
     from agents.testing import ScriptedModel, assistant_message, function_call

@@ -361,7 +361,6 @@ class PackResult:
                 lines.append(f"  ... and {n_dropped - len(shown)} older dropped units")
         return "\n".join(lines)
 
-
     def _explain_masked(self, max_units: int | None) -> str:
         """The masked units, newest first (at most ``max_units``)."""
         masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
@@ -370,11 +369,11 @@ class PackResult:
             f"{self.masking_saved} tokens saved"
         ]
         shown = masked if max_units is None else masked[:max_units]
-        for d in shown:
-            lines.append(
-                f"  history{_span(d.positions)} {'+'.join(d.kinds)} "
-                f"({d.tokens} -> {d.masked_tokens} tokens) -> masked"
-            )
+        lines.extend(
+            f"  history{_span(d.positions)} {'+'.join(d.kinds)} "
+            f"({d.tokens} -> {d.masked_tokens} tokens) -> masked"
+            for d in shown
+        )
         if len(shown) < len(masked):
             lines.append(f"  ... and {len(masked) - len(shown)} older masked units")
         return "\n".join(lines)
