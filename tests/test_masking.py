@@ -490,3 +490,45 @@ async def test_windowed_reads_with_masking_send_and_store_what_full_reads_do(tmp
     assert index.window_start([], budget, masking=pp.Masking()) < index.window_start([], budget)
     win.close()
     full.close()
+
+
+# ------------------------------------------------------------------ protoprompt inspect
+
+
+def test_inspect_masking_shows_masked_units_and_tokens_saved(tmp_path, capsys) -> None:
+    _agents()
+    from agents.memory import SQLiteSession
+
+    from protoprompt.cli import main
+
+    db = tmp_path / "agents.db"
+    h = history()
+    plain = SQLiteSession("chat", str(db))
+    asyncio.run(plain.add_items(h))
+    plain.close()
+    args = ["inspect", str(db), "--session", "chat", "--budget", "3000"]
+    assert main([*args, "--json"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert without["masked_units"] == 0 and without["kept_items"] < len(h)
+    assert main([*args, "--json", "--masking"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    want = pp.pack(h, [], 3000, masking=pp.Masking())
+    assert report["kept_items"] == len(want.kept_history) == len(h)
+    assert report["masking_saved"] == want.masking_saved > 0
+    assert report["masked_items"] == len(want.masked) == 5
+    masked = [u for u in report["units"] if u["decision"] == "masked"]
+    assert [u["masked_tokens"] for u in masked] == [
+        d.masked_tokens for d in want.decisions if d.decision == "masked"
+    ]
+    assert all("masked" in u["reason"] for u in masked)
+    assert main([*args, "--masking"]) == 0
+    table = capsys.readouterr().out
+    first = masked[0]
+    assert f"{first['tokens']}->{first['masked_tokens']}" in table
+    assert f"saving {want.masking_saved} tokens" in table
+    assert main([*args, "--masking", "--mask-after-turns", "0", "--excerpt-tokens", "20"]) == 0
+    assert "masked 6 tool outputs" in capsys.readouterr().out
+    assert main([*args, "--excerpt-tokens", "20"]) == 1
+    assert "need --masking" in capsys.readouterr().err
+    assert main([*args, "--masking", "--excerpt-tokens", "8"]) == 2
+    assert "must be at least 16" in capsys.readouterr().err
