@@ -334,9 +334,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         lines.append("no unit is dropped")
     counts = report["decision_counts"]
     dropped = ", ".join(
-        f"{n} {k}"
-        for k, n in sorted(counts.items())
-        if k not in ("kept", "mandatory", "masked")
+        f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("kept", "mandatory", "masked")
     )
     lines += [
         "",
