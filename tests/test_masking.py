@@ -153,8 +153,9 @@ def test_a_changed_item_behind_the_index_is_refused_not_sent() -> None:
     index.pack(h, NEW, 3000, masking=pp.Masking())
     changed = copy.deepcopy(h)
     changed[3]["output"] = "entirely different output\n" * 500
-    with pytest.raises(pp.InvalidItemError, match="changed since its cost was counted"):
+    with pytest.raises(pp.InvalidItemError, match=r"history\[3\]: field output: changed since"):
         index.pack(changed, NEW, 3000, masking=pp.Masking())
+
 
 
 def test_every_tool_output_kind_is_masked_with_its_graph_intact() -> None:

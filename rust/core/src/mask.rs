@@ -32,6 +32,8 @@
 //!   ones, so a lower bound of the masked cost bounds both (the token window's walk,
 //!   [`crate::indexed::IndexedHistory::window_start`]).
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 
@@ -124,14 +126,61 @@ fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
     names
 }
 
-/// The masked copies of one unit's items: `Some(copy)` for each tool output that has
+/// What masking changes in one item: one field replaced ([`MASKED_FIELDS`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaskedField {
+    /// `"output"` or `"tools"`.
+    pub field: &'static str,
+    /// The field's masked value.
+    pub value: Value,
+    /// The length of the item's own value of the field: characters of a string, elements
+    /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
+    /// guard against an item changed behind an index).
+    pub original_len: usize,
+}
+
+impl MaskedField {
+    /// The masked copy of `item` (the item with this field replaced).
+    pub fn apply(&self, item: &Value) -> Value {
+        let mut copy = item.clone();
+        if let Value::Object(map) = &mut copy {
+            map.insert(self.field.to_string(), self.value.clone());
+        }
+        copy
+    }
+
+    /// Approximate bytes of memory it holds.
+    pub fn heap_bytes(&self) -> usize {
+        fn size(v: &Value) -> usize {
+            match v {
+                Value::String(s) => s.len() + 24,
+                Value::Array(a) => a.iter().map(size).sum::<usize>() + 24,
+                Value::Object(m) => m.iter().map(|(k, v)| k.len() + size(v) + 32).sum(),
+                _ => 16,
+            }
+        }
+        size(&self.value) + std::mem::size_of::<MaskedField>()
+    }
+}
+
+/// The length [`MaskedField::original_len`] records for a field's value.
+pub fn value_len(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.chars().count(),
+        Value::Array(a) => a.len(),
+        Value::Object(m) => m.len(),
+        _ => 0,
+    }
+}
+
+/// The masked field of each of a unit's items: `Some` for each tool output that has
 /// something to mask (see the module note), `None` for every other item. `items` are all
 /// the unit's history members (the calls name the tools of their outputs).
-pub fn mask_unit(
+pub fn mask_unit_fields(
     items: &[&Value],
     enc: Encoding,
     excerpt_tokens: u64,
-) -> Result<Vec<Option<Value>>, (usize, TokenError)> {
+) -> Result<Vec<Option<MaskedField>>, (usize, TokenError)> {
     let names = tool_names(items);
     items
         .iter()
@@ -140,13 +189,27 @@ pub fn mask_unit(
         .collect()
 }
 
-/// The masked copy of one item, if it is a tool output with something to mask.
+/// The masked copies of one unit's items ([`mask_unit_fields`] applied to the items).
+pub fn mask_unit(
+    items: &[&Value],
+    enc: Encoding,
+    excerpt_tokens: u64,
+) -> Result<Vec<Option<Value>>, (usize, TokenError)> {
+    let fields = mask_unit_fields(items, enc, excerpt_tokens)?;
+    Ok(items
+        .iter()
+        .zip(fields)
+        .map(|(item, f)| f.map(|f| f.apply(item)))
+        .collect())
+}
+
+/// The masked field of one item, if it is a tool output with something to mask.
 fn mask_item(
     item: &Value,
     names: &FxHashMap<&str, &str>,
     enc: Encoding,
     limit: u64,
-) -> Result<Option<Value>, TokenError> {
+) -> Result<Option<MaskedField>, TokenError> {
     let Value::Object(map) = item else {
         return Ok(None);
     };
@@ -184,18 +247,18 @@ fn mask_item(
         "shell_call_output" => shell_output(map.get("output"), call_id, enc, limit)?,
         "computer_call_output" => screenshot(map.get("output")),
         "tool_search_output" => {
-            return Ok(tool_definitions(map.get("tools")).map(|tools| {
-                let mut copy = map.clone();
-                copy.insert("tools".to_string(), tools);
-                Value::Object(copy)
+            return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
+                field: "tools",
+                value,
+                original_len: map.get("tools").map_or(0, value_len),
             }))
         }
         _ => None,
     };
-    Ok(replaced.map(|output| {
-        let mut copy = map.clone();
-        copy.insert("output".to_string(), output);
-        Value::Object(copy)
+    Ok(replaced.map(|value| MaskedField {
+        field: "output",
+        value,
+        original_len: map.get("output").map_or(0, value_len),
     }))
 }
 
@@ -402,10 +465,14 @@ fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
 
 /// The masked cost of every history position counted so far, for one encoding and one
 /// `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct MaskMemo {
     key: Option<(Encoding, u64)>,
     costs: Vec<u64>,
+    /// The masked field of every position counted masked whose copy is cheaper than it.
+    fields: FxHashMap<usize, Arc<MaskedField>>,
+    /// Approximate bytes held by `fields`.
+    field_bytes: usize,
 }
 
 impl MaskMemo {
@@ -424,46 +491,82 @@ impl MaskMemo {
             .filter(|&c| c != UNCOUNTED)
     }
 
+    /// The masked field of `position` kept with its masked cost (for the same parameters).
+    pub fn field(
+        &self,
+        position: usize,
+        encoding: Encoding,
+        excerpt_tokens: u64,
+    ) -> Option<&Arc<MaskedField>> {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            return None;
+        }
+        self.fields.get(&position)
+    }
+
     /// Count under `encoding` and `excerpt_tokens` for `len` positions (forgetting what was
     /// counted under anything else).
     fn prepare(&mut self, encoding: Encoding, excerpt_tokens: u64, len: usize) {
         if self.key != Some((encoding, excerpt_tokens)) {
             self.key = Some((encoding, excerpt_tokens));
             self.costs.clear();
+            self.fields.clear();
+            self.field_bytes = 0;
         }
         if self.costs.len() < len {
             self.costs.resize(len, UNCOUNTED);
         }
     }
 
-    fn set(&mut self, position: usize, cost: u64) {
+    fn set(&mut self, position: usize, cost: u64, field: Option<Arc<MaskedField>>) {
         if let Some(c) = self.costs.get_mut(position) {
             *c = cost;
+            if let Some(f) = field {
+                self.field_bytes += f.heap_bytes();
+                if let Some(old) = self.fields.insert(position, f) {
+                    self.field_bytes -= old.heap_bytes();
+                }
+            }
         }
     }
 
     /// Keep the first `len` positions and give memory back down to `capacity` positions.
     pub fn shrink_back(&mut self, len: usize, capacity: usize) {
-        self.costs.truncate(len);
+        self.truncate(len);
         self.costs.shrink_to(capacity);
     }
 
     /// Keep the first `len` positions.
     pub fn truncate(&mut self, len: usize) {
         self.costs.truncate(len);
+        if self.fields.keys().any(|&p| p >= len) {
+            let mut bytes = 0;
+            self.fields.retain(|&p, f| {
+                let keep = p < len;
+                if keep {
+                    bytes += f.heap_bytes();
+                }
+                keep
+            });
+            self.field_bytes = bytes;
+        }
     }
 
     pub fn clear(&mut self) {
         self.costs.clear();
+        self.fields.clear();
+        self.field_bytes = 0;
     }
 
     pub fn capacity(&self) -> usize {
         self.costs.capacity()
     }
 
-    /// Bytes of memory held.
+    /// Bytes of memory held (the masked fields approximately).
     pub fn heap_bytes(&self) -> usize {
         self.costs.capacity() * std::mem::size_of::<u64>()
+            + self.fields.capacity() * 16
+            + self.field_bytes
     }
 }
 
@@ -483,19 +586,22 @@ impl<F: crate::costs::ItemSource, S: crate::costs::CountStore> ValueSource
 
 /// A [`CostSource`] that also costs units masked: the wrapped source's costs, plus
 /// [`CostSource::masked_costs`] from the masked copies of the unit's items (see the module
-/// note), kept in a [`MaskMemo`] when one is given (history positions below its length).
+/// note), kept with their masked fields in a [`MaskMemo`] when one is given (history
+/// positions below its length).
 pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
     inner: &'a mut C,
     encoding: Encoding,
     excerpt_tokens: u64,
     memo: Option<&'a mut MaskMemo>,
-    /// Masked costs of positions the memo does not hold.
-    cache: FxHashMap<usize, u64>,
-    /// Copies made by this call, by position (those that cost less than the item).
-    copies: FxHashMap<usize, Value>,
+    /// Masked costs and fields of positions the memo does not hold.
+    cache: FxHashMap<usize, (u64, Option<Arc<MaskedField>>)>,
     /// The tokenizer failure that ended the call, if one did, and its position.
     tokenizer_failure: Option<(usize, TokenError)>,
 }
+
+/// One member of a unit counted masked: its cost as sent, and its masked field when the
+/// copy is cheaper than the item.
+type Made = (u64, Option<Arc<MaskedField>>);
 
 impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
     pub fn new(inner: &'a mut C, encoding: Encoding, excerpt_tokens: u64) -> Self {
@@ -505,7 +611,6 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
             excerpt_tokens,
             memo: None,
             cache: FxHashMap::default(),
-            copies: FxHashMap::default(),
             tokenizer_failure: None,
         }
     }
@@ -531,14 +636,22 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         self.memo
             .as_deref()
             .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
-            .or_else(|| self.cache.get(&position).copied())
+            .or_else(|| self.cache.get(&position).map(|(c, _)| *c))
     }
 
-    fn remember(&mut self, position: usize, cost: u64) {
+    fn known_field(&self, position: usize) -> Option<Arc<MaskedField>> {
+        self.memo
+            .as_deref()
+            .and_then(|m| m.field(position, self.encoding, self.excerpt_tokens))
+            .or_else(|| self.cache.get(&position).and_then(|(_, f)| f.as_ref()))
+            .cloned()
+    }
+
+    fn remember(&mut self, position: usize, made: Made) {
         match self.memo.as_deref_mut() {
-            Some(m) if position < m.costs.len() => m.set(position, cost),
+            Some(m) if position < m.costs.len() => m.set(position, made.0, made.1),
             _ => {
-                self.cache.insert(position, cost);
+                self.cache.insert(position, made);
             }
         }
     }
@@ -555,25 +668,25 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         failure
     }
 
-    /// Make the copies of one unit's members and their exact costs (the item's own cost
-    /// where the copy would not be cheaper): `(cost, copy)` per member.
-    fn make(&mut self, members: &[usize]) -> Result<Vec<(u64, Option<Value>)>, CostFailure> {
+    /// Mask one unit's members: each one's exact cost as sent, with its masked field where
+    /// the copy costs less than the item.
+    fn make(&mut self, members: &[usize]) -> Result<Vec<Made>, CostFailure> {
         let whole = self.inner.costs(members)?;
         let values = self.inner.item_values(members)?;
         let refs: Vec<&Value> = values.iter().collect();
-        let copies = mask_unit(&refs, self.encoding, self.excerpt_tokens)
+        let fields = mask_unit_fields(&refs, self.encoding, self.excerpt_tokens)
             .map_err(|(i, e)| self.failure(members[i], e))?;
         let mut out = Vec::with_capacity(members.len());
-        for ((&p, w), copy) in members.iter().zip(whole).zip(copies) {
-            let Some(copy) = copy else {
+        for (((&p, w), field), item) in members.iter().zip(whole).zip(fields).zip(&values) {
+            let Some(field) = field else {
                 out.push((w, None));
                 continue;
             };
-            let cost = tokens::item_cost(&copy, self.encoding)
+            let cost = tokens::item_cost(&field.apply(item), self.encoding)
                 .map_err(|e| self.failure(p, e))?
                 .total();
             if cost < w {
-                out.push((cost, Some(copy)));
+                out.push((cost, Some(Arc::new(field))));
             } else {
                 out.push((w, None));
             }
@@ -581,39 +694,46 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         Ok(out)
     }
 
-    /// The masked copies of the units `units` (history members of each) that the pack kept
-    /// masked: `(position, copy)` for every member sent masked, in position order. A copy
-    /// whose cost is not what the pack counted (the item changed since) is an error.
-    pub fn copies(&mut self, units: &[&[usize]]) -> Result<Vec<(usize, Value)>, CostFailure> {
+    /// The masked fields of the units `units` (history members of each) that the pack kept
+    /// masked: `(position, field)` for every member sent masked, in position order. Fields
+    /// counted earlier (this call or the memo) are reused; the others are made again, and a
+    /// masked cost that is not what the pack counted (the item changed since) is an error.
+    pub fn copies(
+        &mut self,
+        units: &[&[usize]],
+    ) -> Result<Vec<(usize, Arc<MaskedField>)>, CostFailure> {
         let mut out = Vec::new();
         for members in units {
-            let pending: Vec<usize> = members
+            let whole = self.inner.costs(members)?;
+            let masked = |s: &Self, p: usize, w: u64| s.known(p).is_some_and(|c| c < w);
+            let complete = members
                 .iter()
-                .copied()
-                .filter(|p| !self.copies.contains_key(p))
-                .collect();
-            if !pending.is_empty() {
-                let made = self.make(members)?;
-                for (&p, (cost, copy)) in members.iter().zip(made) {
-                    if self.known(p).is_some_and(|k| k != cost) {
-                        return Err(CostFailure {
-                            position: p,
-                            field: "(item)".to_string(),
-                            message: "changed since its cost was counted (the items an index \
-                                      has seen must stay as they are)"
-                                .to_string(),
-                        });
-                    }
-                    if let Some(copy) = copy {
-                        self.copies.insert(p, copy);
+                .zip(&whole)
+                .all(|(&p, &w)| !masked(self, p, w) || self.known_field(p).is_some());
+            if complete {
+                for (&p, &w) in members.iter().zip(&whole) {
+                    if let Some(f) = self.known_field(p).filter(|_| masked(self, p, w)) {
+                        out.push((p, f));
                     }
                 }
+                continue;
             }
-            out.extend(
-                members
-                    .iter()
-                    .filter_map(|p| self.copies.get(p).map(|c| (*p, c.clone()))),
-            );
+            let made = self.make(members)?;
+            for (&p, (cost, field)) in members.iter().zip(made) {
+                if self.known(p).is_some_and(|k| k != cost) {
+                    return Err(CostFailure {
+                        position: p,
+                        field: "(item)".to_string(),
+                        message: "changed since its cost was counted (the items an index \
+                                  has seen must stay as they are)"
+                            .to_string(),
+                    });
+                }
+                if let Some(f) = &field {
+                    out.push((p, Arc::clone(f)));
+                }
+                self.remember(p, (cost, field));
+            }
         }
         out.sort_by_key(|(p, _)| *p);
         Ok(out)
@@ -638,12 +758,9 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
         }
         let made = self.make(members)?;
         let mut out = Vec::with_capacity(members.len());
-        for (&p, (cost, copy)) in members.iter().zip(made) {
-            self.remember(p, cost);
-            if let Some(copy) = copy {
-                self.copies.insert(p, copy);
-            }
-            out.push(cost);
+        for (&p, m) in members.iter().zip(made) {
+            out.push(m.0);
+            self.remember(p, m);
         }
         Ok(out)
     }

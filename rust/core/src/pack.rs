@@ -1066,11 +1066,15 @@ pub fn pack_values_masked(
         .iter()
         .map(|&u| graph.units[u].members.as_slice())
         .collect();
-    let copies = masked.copies(&units).map_err(|f| PackError::Item {
+    let fields = masked.copies(&units).map_err(|f| PackError::Item {
         label: crate::graph::position_label(n_history, f.position),
         position: f.position,
         field: f.field,
         message: f.message,
     })?;
+    let copies = fields
+        .into_iter()
+        .map(|(p, f)| (p, f.apply(&history[p])))
+        .collect();
     Ok((graph, result, copies))
 }

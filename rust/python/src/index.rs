@@ -11,12 +11,13 @@ use protoprompt_core::indexed::{
     counted_masked_window_start, counted_window_start, IndexedHistory,
 };
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::{MaskedCosts, Masking};
+use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::tokens::Encoding;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::Arc;
 
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
@@ -453,7 +454,7 @@ fn copy_error(n_history: usize, f: CostFailure) -> PackError {
 /// The outcome of the core pack: the result and the masked copies (`(position, copy)`), or
 /// the error, with a tokenizer failure of the masking wrapper if one ended it.
 type Packed = (
-    PyResult<(PackResult, Vec<(usize, serde_json::Value)>)>,
+    PyResult<(PackResult, Vec<(usize, Arc<MaskedField>)>)>,
     Option<PyErr>,
 );
 
@@ -567,7 +568,7 @@ fn substitute<'py>(
     py: Python<'py>,
     request: &Bound<'py, PyList>,
     kept: &[usize],
-    copies: &[(usize, serde_json::Value)],
+    copies: &[(usize, Arc<MaskedField>)],
     n_history: usize,
 ) -> PyResult<Vec<usize>> {
     let mut masked = Vec::with_capacity(copies.len());

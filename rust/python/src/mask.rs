@@ -2,7 +2,8 @@
 //! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
 
 use crate::convert::{as_dict, label};
-use protoprompt_core::mask::{Masking, MIN_EXCERPT_TOKENS};
+use crate::errors::item_error;
+use protoprompt_core::mask::{MaskedField, Masking, MIN_EXCERPT_TOKENS};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -60,34 +61,36 @@ pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, 
     })
 }
 
-/// The masked copy of `original` as a new dict with the original's keys in their order: the
-/// masked fields ([`protoprompt_core::mask::MASKED_FIELDS`]) from `masked`, every other field
-/// a deep copy of the original's (the item itself is never changed).
+/// The masked copy of `original`: a new dict with the original's fields in their order,
+/// `masked.field` replaced by a new object of the masked value (the other fields' values are
+/// the original's objects: a shallow copy; the item itself is never changed). The original's
+/// field must still have the length the masked field was made from, or the item changed
+/// behind the index that remembered it: an `InvalidItemError` naming it.
 pub(crate) fn masked_copy<'py>(
     py: Python<'py>,
     original: &Bound<'py, PyAny>,
-    masked: &Value,
+    masked: &MaskedField,
     n_history: usize,
     position: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     let at = label(n_history, position);
     let dict = as_dict(original, "(item)")
         .map_err(|e| e.raise(py, &at))?
-        .ok_or_else(|| PyValueError::new_err(format!("{at} is no longer a mapping")))?;
-    let deepcopy = py
-        .import(intern!(py, "copy"))?
-        .getattr(intern!(py, "deepcopy"))?;
-    let copy = PyDict::new(py);
-    for (k, v) in dict.iter() {
-        let key: Option<String> = k.extract().ok();
-        let replaced = key
-            .as_deref()
-            .filter(|k| protoprompt_core::mask::MASKED_FIELDS.contains(k))
-            .and_then(|k| masked.get(k));
-        match replaced {
-            Some(value) => copy.set_item(k, to_py(py, value)?)?,
-            None => copy.set_item(k, deepcopy.call1((v,))?)?,
-        }
+        .ok_or_else(|| item_error(py, &at, "(item)", "is no longer a mapping"))?;
+    let copy = dict.copy()?;
+    let same = copy
+        .get_item(masked.field)?
+        .and_then(|v| v.len().ok())
+        .is_some_and(|n| n == masked.original_len);
+    if !same {
+        return Err(item_error(
+            py,
+            &at,
+            masked.field,
+            "changed since its masked copy was made (the items an index has seen must stay \
+             as they are)",
+        ));
     }
+    copy.set_item(masked.field, to_py(py, &masked.value)?)?;
     Ok(copy.into_any())
 }
