@@ -127,7 +127,7 @@ fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
 }
 
 /// What masking changes in one item: one field replaced ([`MASKED_FIELDS`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct MaskedField {
     /// `"output"` or `"tools"`.
     pub field: &'static str,
@@ -137,6 +137,17 @@ pub struct MaskedField {
     /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
     /// guard against an item changed behind an index).
     pub original_len: usize,
+    /// Where a caller may keep `value` converted once, for every later copy (the binding
+    /// keeps an immutable text's Python string here: a memo's masked field is reused turn
+    /// after turn).
+    pub converted: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl PartialEq for MaskedField {
+    fn eq(&self, other: &Self) -> bool {
+        (self.field, &self.value, self.original_len)
+            == (other.field, &other.value, other.original_len)
+    }
 }
 
 impl MaskedField {
@@ -251,6 +262,7 @@ fn mask_item(
                 field: "tools",
                 value,
                 original_len: map.get("tools").map_or(0, value_len),
+                converted: std::sync::OnceLock::new(),
             }))
         }
         _ => None,
@@ -259,6 +271,7 @@ fn mask_item(
         field: "output",
         value,
         original_len: map.get("output").map_or(0, value_len),
+        converted: std::sync::OnceLock::new(),
     }))
 }
 

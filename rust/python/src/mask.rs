@@ -7,7 +7,7 @@ use protoprompt_core::mask::{MaskedField, Masking, MIN_EXCERPT_TOKENS};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 use serde_json::Value;
 
 /// The core's [`Masking`] read from a `protoprompt.Masking` (or `None`).
@@ -91,6 +91,22 @@ pub(crate) fn masked_copy<'py>(
              as they are)",
         ));
     }
-    copy.set_item(masked.field, to_py(py, &masked.value)?)?;
+    copy.set_item(masked.field, masked_value(py, masked)?)?;
     Ok(copy.into_any())
+}
+
+/// The masked value as a new Python object, except a text: a Python string is immutable,
+/// so the one made for the first copy of this masked field serves every later copy.
+fn masked_value<'py>(py: Python<'py>, masked: &MaskedField) -> PyResult<Bound<'py, PyAny>> {
+    let Value::String(text) = &masked.value else {
+        return to_py(py, &masked.value);
+    };
+    let kept = masked.converted.get_or_init(|| {
+        let s: Py<PyAny> = PyString::new(py, text).into_any().unbind();
+        std::sync::Arc::new(s)
+    });
+    match kept.downcast_ref::<Py<PyAny>>() {
+        Some(s) => Ok(s.bind(py).clone()),
+        None => to_py(py, &masked.value),
+    }
 }
