@@ -606,6 +606,8 @@ pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
     encoding: Encoding,
     excerpt_tokens: u64,
     memo: Option<&'a mut MaskMemo>,
+    /// Whether the item at a position is a tool output ([`maskable`]), when the caller knows.
+    maskable: Option<&'a (dyn Fn(usize) -> bool + Sync)>,
     /// Masked costs and fields of positions the memo does not hold.
     cache: FxHashMap<usize, (u64, Option<Arc<MaskedField>>)>,
     /// The tokenizer failure that ended the call, if one did, and its position.
@@ -623,9 +625,18 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
             encoding,
             excerpt_tokens,
             memo: None,
+            maskable: None,
             cache: FxHashMap::default(),
             tokenizer_failure: None,
         }
+    }
+
+    /// Tell which positions hold tool outputs ([`maskable`] of their kind): every other
+    /// item's masked cost is its whole cost, so a lower bound of a unit's masked cost is
+    /// its other members' known costs (see [`CostSource::masked_lower_bound`]).
+    pub fn with_maskable(mut self, maskable: &'a (dyn Fn(usize) -> bool + Sync)) -> Self {
+        self.maskable = Some(maskable);
+        self
     }
 
     /// Keep the masked costs of history positions `0..n_history` in `memo` across calls.
@@ -645,7 +656,7 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
     }
 
-    fn known(&self, position: usize) -> Option<u64> {
+    fn known_masked(&self, position: usize) -> Option<u64> {
         self.memo
             .as_deref()
             .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
@@ -718,7 +729,7 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         let mut out = Vec::new();
         for members in units {
             let whole = self.inner.costs(members)?;
-            let masked = |s: &Self, p: usize, w: u64| s.known(p).is_some_and(|c| c < w);
+            let masked = |s: &Self, p: usize, w: u64| s.known_masked(p).is_some_and(|c| c < w);
             let complete = members
                 .iter()
                 .zip(&whole)
@@ -733,7 +744,7 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
             }
             let made = self.make(members)?;
             for (&p, (cost, field)) in members.iter().zip(made) {
-                if self.known(p).is_some_and(|k| k != cost) {
+                if self.known_masked(p).is_some_and(|k| k != cost) {
                     return Err(CostFailure {
                         position: p,
                         field: "(item)".to_string(),
@@ -763,10 +774,10 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
     }
 
     fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        if members.iter().all(|&p| self.known(p).is_some()) {
+        if members.iter().all(|&p| self.known_masked(p).is_some()) {
             return Ok(members
                 .iter()
-                .map(|&p| self.known(p).unwrap_or(0))
+                .map(|&p| self.known_masked(p).unwrap_or(0))
                 .collect());
         }
         let made = self.make(members)?;
@@ -779,7 +790,19 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
     }
 
     fn masked_lower_bound(&mut self, position: usize) -> u64 {
-        self.known(position).unwrap_or(ITEM_OVERHEAD)
+        if let Some(c) = self.known_masked(position) {
+            return c;
+        }
+        match self.maskable {
+            Some(maskable) if !maskable(position) => {
+                self.inner.known(position).unwrap_or(ITEM_OVERHEAD)
+            }
+            _ => ITEM_OVERHEAD,
+        }
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        self.inner.known(position)
     }
 
     fn masks(&self) -> bool {

@@ -382,6 +382,11 @@ pub trait CostSource {
     fn masks(&self) -> bool {
         false
     }
+
+    /// The exact cost of the item at `position` if it is known without counting.
+    fn known(&self, _position: usize) -> Option<u64> {
+        None
+    }
 }
 
 struct Packer<'a> {
@@ -742,18 +747,20 @@ impl Fill<'_> {
 
     /// The cost and state unit `u` (of turn `label`) is taken with, or `None` when it does not
     /// fit: whole while units fit whole (and are young enough), else masked (see the module
-    /// note). `taken`: the units taken so far, newest first, with turn label and cost.
+    /// note). `taken`: the units taken so far, newest first, with turn label and cost. A unit
+    /// whose masked cost cannot fit by its lower bound is not masked (nor counted masked).
     fn try_take(
         &mut self,
         u: usize,
         label: usize,
         taken: &mut [(usize, usize, u64)],
     ) -> Result<Option<(u64, FillState)>, PackError> {
+        let members = &self.packer.graph.unit(u).members;
+        let whole = self.packer.sum(members)?;
+        self.unit_tokens.insert(u, whole);
         if self.whole_allowed(label) {
-            let cost = self.packer.sum(&self.packer.graph.unit(u).members)?;
-            self.unit_tokens.insert(u, cost);
-            if cost <= self.remaining {
-                return Ok(Some((cost, FillState::Kept)));
+            if whole <= self.remaining {
+                return Ok(Some((whole, FillState::Kept)));
             }
             if self.masking.is_none() {
                 return Ok(None);
@@ -761,6 +768,9 @@ impl Fill<'_> {
             self.mask_taken_turn(label, taken)?;
         }
         self.masked_phase = true;
+        if self.packer.masked_lower_bound(members) > self.remaining {
+            return Ok(None);
+        }
         let (cost, state) = self.count_masked(u)?;
         Ok((cost <= self.remaining).then_some((cost, state)))
     }
@@ -979,6 +989,10 @@ impl<'a> JsonCostSource<'a> {
 }
 
 impl CostSource for JsonCostSource<'_> {
+    fn known(&self, position: usize) -> Option<u64> {
+        self.cache.get(position).copied().flatten()
+    }
+
     fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
         positions
             .iter()
@@ -1057,7 +1071,9 @@ pub fn pack_values_masked(
         let result = pack(&graph, &metas, &mut source, opts, None)?;
         return Ok((graph, result, Vec::new()));
     };
-    let mut masked = crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens);
+    let maskable = |p: usize| crate::mask::maskable(metas[p].kind);
+    let mut masked = crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens)
+        .with_maskable(&maskable);
     let is_user = |p: usize| metas[p].is_user_message();
     let view = GraphView::whole(&graph);
     let result = pack_view_masked(view, &is_user, &mut masked, opts, masking, &[], None)?;

@@ -480,3 +480,51 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_unit_whose_masked_lower_bound_cannot_fit_is_not_masked_at_all() {
+    // The older turn's unit carries a huge user-visible reasoning summary (never masked):
+    // its masked cost cannot fit by its lower bound, so it is not counted masked (fast path).
+    let mut h = tool_turn(0, 300);
+    h[1] = json!({"type": "reasoning", "id": "rs_0",
+                  "summary": [{"type": "summary_text", "text": big(400)}]});
+    h.extend(tool_turn(1, 300));
+    let n = vec![user("next")];
+    let newest: u64 = h[5..].iter().map(cost).sum();
+    let budget = cost(&n[0]) + newest + 500;
+    let (g, r, copies) = pack_values_masked(
+        &h,
+        &n,
+        ENC,
+        &opts(budget, Policy::Contiguous),
+        masking(None),
+    )
+    .unwrap();
+    check(&h, &n, budget, &g, &r, &copies);
+    let d = decisions(&g, &r);
+    let skipped = d
+        .iter()
+        .find(|d| g.units[d.unit].members.contains(&1))
+        .unwrap();
+    assert_eq!(skipped.decision, Decision::OverBudget);
+    assert!(skipped.tokens.is_some());
+    assert_eq!(skipped.masked_tokens, None, "never counted masked");
+    // Without the huge reasoning the same unit is counted masked (and kept).
+    let mut h2 = h.clone();
+    h2[1] = json!({"type": "reasoning", "id": "rs_0", "summary": []});
+    let (g2, r2, _) = pack_values_masked(
+        &h2,
+        &n,
+        ENC,
+        &opts(budget, Policy::Contiguous),
+        masking(None),
+    )
+    .unwrap();
+    let d2 = decisions(&g2, &r2);
+    let counted = d2
+        .iter()
+        .find(|d| g2.units[d.unit].members.contains(&1))
+        .unwrap();
+    assert_eq!(counted.decision, Decision::Masked);
+    assert!(counted.masked_tokens.is_some());
+}

@@ -11,7 +11,7 @@ use protoprompt_core::indexed::{
     counted_masked_window_start, counted_window_start, IndexedHistory,
 };
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
+use protoprompt_core::mask::{maskable, MaskedCosts, MaskedField, Masking};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::tokens::Encoding;
 use pyo3::exceptions::PyValueError;
@@ -510,8 +510,10 @@ impl PyHistoryIndex {
                 None,
             ),
             Some(m) => {
+                let maskable = |p: usize| p < n_history && maskable(index.kind(p));
                 let mut masked = MaskedCosts::new(&mut source, call.enc, m.excerpt_tokens)
-                    .with_memo(masks, n_history);
+                    .with_memo(masks, n_history)
+                    .with_maskable(&maskable);
                 let packed = run_pack(py, context, |hook| {
                     pack_view_masked(
                         view,
