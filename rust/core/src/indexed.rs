@@ -378,7 +378,7 @@ pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
         }
         Ok(members.iter().fold(0u64, |sum, &p| {
             let bound = if maskable(graph.kind(p)) {
-                masked.masked_lower_bound(p)
+                masked.known_masked(p).unwrap_or(ITEM_OVERHEAD)
             } else {
                 masked.inner().known(p).unwrap_or(ITEM_OVERHEAD)
             };

@@ -40,7 +40,7 @@ use serde_json::{Map, Value};
 use crate::costs::UNCOUNTED;
 use crate::items::{CallType, HostedKind, ItemKind};
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::{self, Encoding, TokenError, ITEM_OVERHEAD};
+use crate::tokens::{self, Encoding, TokenError};
 use crate::truncate::excerpt;
 
 /// Default `excerpt_tokens`: a masked output keeps this many tokens (marker included).
@@ -632,8 +632,8 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
     }
 
     /// Tell which positions hold tool outputs ([`maskable`] of their kind): every other
-    /// item's masked cost is its whole cost, so a lower bound of a unit's masked cost is
-    /// its other members' known costs (see [`CostSource::masked_lower_bound`]).
+    /// item's masked cost is its whole cost, so the fill bounds a unit's masked cost by its
+    /// other members' costs before it masks anything ([`CostSource::maskable`]).
     pub fn with_maskable(mut self, maskable: &'a (dyn Fn(usize) -> bool + Sync)) -> Self {
         self.maskable = Some(maskable);
         self
@@ -656,7 +656,8 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
     }
 
-    fn known_masked(&self, position: usize) -> Option<u64> {
+    /// The masked cost of `position` if this call or the memo has it.
+    pub fn known_masked(&self, position: usize) -> Option<u64> {
         self.memo
             .as_deref()
             .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
@@ -789,20 +790,12 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
         Ok(out)
     }
 
-    fn masked_lower_bound(&mut self, position: usize) -> u64 {
-        if let Some(c) = self.known_masked(position) {
-            return c;
-        }
-        match self.maskable {
-            Some(maskable) if !maskable(position) => {
-                self.inner.known(position).unwrap_or(ITEM_OVERHEAD)
-            }
-            _ => ITEM_OVERHEAD,
-        }
-    }
-
     fn known(&self, position: usize) -> Option<u64> {
         self.inner.known(position)
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        self.maskable.is_none_or(|f| f(position))
     }
 
     fn masks(&self) -> bool {

@@ -387,6 +387,13 @@ pub trait CostSource {
     fn known(&self, _position: usize) -> Option<u64> {
         None
     }
+
+    /// Whether the item at `position` may be cheaper masked (a tool output). The default,
+    /// for a source that does not know, is `true` (every item is then bounded by an item's
+    /// overhead).
+    fn maskable(&self, _position: usize) -> bool {
+        true
+    }
 }
 
 struct Packer<'a> {
@@ -745,6 +752,26 @@ impl Fill<'_> {
         Ok((masked, state))
     }
 
+    /// A unit's least possible masked cost once its whole costs are counted: the whole cost
+    /// of every member that is not a tool output, an item's overhead for each that is. It
+    /// depends on the items only (not on what an index has counted before), so reports are
+    /// the same with and without an index.
+    fn masked_floor(&mut self, members: &[usize]) -> Result<u64, PackError> {
+        let whole = self
+            .packer
+            .costs
+            .costs(members)
+            .map_err(|f| self.packer.item_error(f))?;
+        Ok(members.iter().zip(whole).fold(0u64, |sum, (&p, w)| {
+            let floor = if self.packer.costs.maskable(p) {
+                crate::tokens::ITEM_OVERHEAD
+            } else {
+                w
+            };
+            sum.saturating_add(floor)
+        }))
+    }
+
     /// The cost and state unit `u` (of turn `label`) is taken with, or `None` when it does not
     /// fit: whole while units fit whole (and are young enough), else masked (see the module
     /// note). `taken`: the units taken so far, newest first, with turn label and cost. A unit
@@ -768,7 +795,7 @@ impl Fill<'_> {
             self.mask_taken_turn(label, taken)?;
         }
         self.masked_phase = true;
-        if self.packer.masked_lower_bound(members) > self.remaining {
+        if self.masked_floor(members)? > self.remaining {
             return Ok(None);
         }
         let (cost, state) = self.count_masked(u)?;
