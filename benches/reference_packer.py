@@ -548,29 +548,43 @@ class Excerpts:
             start += 1
         return b[start:]
 
-    def excerpt(self, text: str, limit: int, media: int, force: bool, marker: Any) -> str | None:
+    def fixed_point(self, head: str, tail: str, short: bool, marker: Any, removed: Any):
+        """``head + marker(n) + tail`` with ``n = removed(candidate)`` (at most 4 rounds)."""
+
+        def build(n: int) -> str:
+            return head + marker(n, short) + tail
+
+        n = removed(build(0))
+        for _ in range(4):
+            nxt = removed(build(n))
+            if nxt == n:
+                break
+            n = nxt
+        return build(n), n
+
+    def excerpt(self, text: str, limit: int, force: bool, marker: Any, removed: Any) -> str | None:
         total = self.count(text)
-        if total <= limit and not force:
+        short = total <= limit
+        if short and not force:
             return None
-        everything = total + media
-        keep = min(total, max(0, limit - self.count(marker(everything, False))))
+        marker_tokens = self.count(marker(removed(marker(0, False)), False))
+        keep = total if short else max(0, limit - marker_tokens)
+        b = text.encode()
         while keep >= 0:
-            if keep >= total:
-                head, tail = text.encode(), b""
+            if short and keep >= total:
+                head, tail = b, b""
             else:
                 t = keep // 4
                 head, tail = self.head(text, keep - t), self.tail(text, t)
-                if len(head) + len(tail) > len(text.encode()):
-                    tail = text.encode()[len(head) :]
-            head_s, tail_s = head.decode(), tail.decode()
-            removed = total - (self.count(head_s) + self.count(tail_s)) + media
-            candidate = head_s + marker(removed, False) + tail_s
+                if len(head) + len(tail) > len(b):
+                    tail = b[len(head) :]
+            candidate, _ = self.fixed_point(head.decode(), tail.decode(), False, marker, removed)
             n = self.count(candidate)
             if n <= limit:
                 return candidate
             keep -= n - limit
-        for short in (False, True):
-            alone = marker(everything, short)
+        for short_form in (False, True):
+            alone, _ = self.fixed_point("", "", short_form, marker, removed)
             if self.count(alone) <= limit:
                 return alone
         return None
@@ -621,57 +635,77 @@ def _strip_tool(tool: Any) -> Any:
     return out
 
 
-def masked_copies(items: list[Mapping[str, Any]], ex: Excerpts, limit: int) -> list[Any]:
+def masked_copies(
+    items: list[Mapping[str, Any]], whole: list[int], packer: Any, limit: int
+) -> list[Any]:
     """The masked copy of each of a unit's items (``None``: sent as it is), before the
-    cheaper-than-whole check."""
+    cheaper-than-whole check. ``whole``: the items' costs (markers state the tokens saved)."""
     names: dict[str, str] = {}
     for it in items:
         if it.get("type") in ("function_call", "custom_tool_call"):
             cid, name = it.get("call_id"), it.get("name")
             if isinstance(cid, str) and isinstance(name, str):
                 names.setdefault(cid, name)
-    return [_mask_item(it, names, ex, limit) for it in items]
+    return [_mask_item(it, w, names, packer, limit) for it, w in zip(items, whole)]
 
 
-def _mask_item(item: Mapping[str, Any], names: dict[str, str], ex: Excerpts, limit: int) -> Any:
+_TOOL_BY_TYPE = {
+    "local_shell_call_output": "local_shell",
+    "apply_patch_call_output": "apply_patch",
+    "shell_call_output": "shell",
+    "computer_call_output": "computer",
+}
+
+
+def _mask_item(item: Mapping[str, Any], whole: int, names: dict, packer: Any, limit: int) -> Any:
     t = item.get("type")
-    cid = item.get("call_id") if isinstance(item.get("call_id"), str) else item.get("id")
-    cid = cid if isinstance(cid, str) else "?"
-    output: Any = None
-    if t in ("function_call_output", "custom_tool_call_output"):
-        default = "function" if t == "function_call_output" else "custom tool"
-        own = item.get("name") if isinstance(item.get("name"), str) else None
-        output = _parts_output(item.get("output"), names.get(cid, own or default), cid, ex, limit)
-    elif t in ("local_shell_call_output", "apply_patch_call_output", "mcp_call"):
-        tool = {"local_shell_call_output": "local_shell", "apply_patch_call_output": "apply_patch"}
-        name = tool.get(t) or (item.get("name") if isinstance(item.get("name"), str) else "mcp")
-        text = item.get("output")
-        if isinstance(text, str):
-            output = ex.excerpt(text, limit, 0, False, mask_marker(name, cid, 0))
-    elif t == "shell_call_output":
-        output = _shell_output(item.get("output"), cid, ex, limit)
-    elif t == "computer_call_output":
-        shot = item.get("output")
-        if isinstance(shot, Mapping) and shot.get("type") == "computer_screenshot":
-            placeholder = {"type": "computer_screenshot", "image_url": PLACEHOLDER_SCREENSHOT}
-            output = placeholder if placeholder != shot else None
-    elif t == "tool_search_output":
+    if t == "tool_search_output":
         tools = item.get("tools")
         if isinstance(tools, list):
             stripped = [_strip_tool(x) for x in tools]
             if stripped != tools:
                 return dict(item, tools=stripped)
         return None
-    return None if output is None else dict(item, output=output)
-
-
-def _parts_output(output: Any, tool: str, cid: str, ex: Excerpts, limit: int) -> Any:
-    if isinstance(output, str):
-        return ex.excerpt(output, limit, 0, False, mask_marker(tool, cid, 0))
-    if not isinstance(output, list):
+    cid = item.get("call_id") if isinstance(item.get("call_id"), str) else item.get("id")
+    cid = cid if isinstance(cid, str) else "?"
+    own = item.get("name") if isinstance(item.get("name"), str) else None
+    if t in ("function_call_output", "custom_tool_call_output"):
+        default = "function" if t == "function_call_output" else "custom tool"
+        tool = names.get(cid, own or default)
+    elif t == "mcp_call":
+        tool = own or "mcp"
+    elif t in _TOOL_BY_TYPE:
+        tool = _TOOL_BY_TYPE[t]
+    else:
         return None
+    template = {k: v for k, v in item.items() if k != "output"}
+    output = item.get("output")
+    ex = packer.excerpts
+
+    def cut(text: str, parts: int, place: Any) -> Any:
+        def removed(candidate: str) -> int:
+            return max(0, whole - packer.item_cost(dict(template, output=place(candidate))))
+
+        masked = ex.excerpt(text, limit, parts > 0, mask_marker(tool, cid, parts), removed)
+        return None if masked is None else place(masked)
+
+    value: Any = None
+    if t == "computer_call_output":
+        if isinstance(output, Mapping) and output.get("type") == "computer_screenshot":
+            placeholder = {"type": "computer_screenshot", "image_url": PLACEHOLDER_SCREENSHOT}
+            value = placeholder if placeholder != output else None
+    elif t == "shell_call_output":
+        value = _shell_output(output, cut)
+    elif isinstance(output, list) and t in ("function_call_output", "custom_tool_call_output"):
+        value = _parts_output(output, cut)
+    elif isinstance(output, str):
+        value = cut(output, 0, lambda c: c)
+    return None if value is None else dict(item, output=value)
+
+
+def _parts_output(output: list[Any], cut: Any) -> Any:
     texts: list[str] = []
-    media = parts = 0
+    parts = 0
     for part in output:
         if not isinstance(part, Mapping):
             return None
@@ -680,17 +714,13 @@ def _parts_output(output: Any, tool: str, cid: str, ex: Excerpts, limit: int) ->
                 return None
             texts.append(part["text"])
         elif part.get("type") in ("input_image", "input_file"):
-            import protoprompt
-
-            media += protoprompt.item_tokens({"part": part}, encoding=ex.name).media
             parts += 1
         else:
             return None
-    marker = mask_marker(tool, cid, parts)
-    return ex.excerpt("\n".join(texts), limit, media, parts > 0, marker)
+    return cut("\n".join(texts), parts, lambda c: c)
 
 
-def _shell_output(output: Any, cid: str, ex: Excerpts, limit: int) -> Any:
+def _shell_output(output: Any, cut: Any) -> Any:
     if not isinstance(output, list):
         return None
     texts: list[str] = []
@@ -708,10 +738,7 @@ def _shell_output(output: Any, cid: str, ex: Excerpts, limit: int) -> Any:
         last = chunk
     if last is None:
         return None
-    cut = ex.excerpt("\n".join(texts), limit, 0, False, mask_marker("shell", cid, 0))
-    if cut is None:
-        return None
-    return [dict(last, stdout=cut, stderr="")]
+    return cut("\n".join(texts), 0, lambda c: [dict(last, stdout=c, stderr="")])
 
 
 class ReferencePacker:
@@ -743,10 +770,10 @@ class ReferencePacker:
         self, items: list[Mapping[str, Any]], hist: list[int], excerpt_tokens: int
     ) -> tuple[int, dict[int, Any]]:
         """A unit's cost with its tool outputs masked, and the copies that are cheaper."""
-        copies = masked_copies([items[p] for p in hist], self.excerpts, excerpt_tokens)
+        wholes = [self.item_cost(items[p]) for p in hist]
+        copies = masked_copies([items[p] for p in hist], wholes, self, excerpt_tokens)
         total, out = 0, {}
-        for p, c in zip(hist, copies):
-            whole = self.item_cost(items[p])
+        for p, c, whole in zip(hist, copies, wholes):
             if c is not None and self.item_cost(c) < whole:
                 out[p] = c
                 total += self.item_cost(c)

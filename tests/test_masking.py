@@ -157,7 +157,6 @@ def test_a_changed_item_behind_the_index_is_refused_not_sent() -> None:
         index.pack(changed, NEW, 3000, masking=pp.Masking())
 
 
-
 def test_every_tool_output_kind_is_masked_with_its_graph_intact() -> None:
     from agents.run_internal.items import drop_orphan_function_calls
 

@@ -84,7 +84,8 @@ pub fn maskable(kind: ItemKind) -> bool {
     }
 }
 
-/// The marker of a masked output: `marker(tool, call_id, parts)(removed, short)`. `parts`:
+/// The marker of a masked output: `marker(tool, call_id, parts)(removed, short)`, `removed`
+/// being the tokens the item's masked copy saves (the marker's own tokens counted). `parts`:
 /// images and files removed with the text (named in the full form).
 pub fn marker<'a>(tool: &'a str, call_id: &str, parts: usize) -> impl Fn(u64, bool) -> String + 'a {
     let call_id = call_id.to_string();
@@ -186,27 +187,40 @@ pub fn value_len(v: &Value) -> usize {
 
 /// The masked field of each of a unit's items: `Some` for each tool output that has
 /// something to mask (see the module note), `None` for every other item. `items` are all
-/// the unit's history members (the calls name the tools of their outputs).
+/// the unit's history members (the calls name the tools of their outputs), `whole` their
+/// exact costs (a marker states how many tokens its item's copy saves).
 pub fn mask_unit_fields(
     items: &[&Value],
+    whole: &[u64],
     enc: Encoding,
     excerpt_tokens: u64,
 ) -> Result<Vec<Option<MaskedField>>, (usize, TokenError)> {
     let names = tool_names(items);
     items
         .iter()
+        .zip(whole)
         .enumerate()
-        .map(|(i, item)| mask_item(item, &names, enc, excerpt_tokens).map_err(|e| (i, e)))
+        .map(|(i, (item, &w))| mask_item(item, w, &names, enc, excerpt_tokens).map_err(|e| (i, e)))
         .collect()
 }
 
-/// The masked copies of one unit's items ([`mask_unit_fields`] applied to the items).
+/// The masked copies of one unit's items ([`mask_unit_fields`] applied to the items, their
+/// costs counted here).
 pub fn mask_unit(
     items: &[&Value],
     enc: Encoding,
     excerpt_tokens: u64,
 ) -> Result<Vec<Option<Value>>, (usize, TokenError)> {
-    let fields = mask_unit_fields(items, enc, excerpt_tokens)?;
+    let whole = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            tokens::item_cost(v, enc)
+                .map(|c| c.total())
+                .map_err(|e| (i, e))
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let fields = mask_unit_fields(items, &whole, enc, excerpt_tokens)?;
     Ok(items
         .iter()
         .zip(fields)
@@ -214,9 +228,47 @@ pub fn mask_unit(
         .collect())
 }
 
-/// The masked field of one item, if it is a tool output with something to mask.
+/// One output being masked: its item without the masked field, its whole cost, and the
+/// marker's names. A candidate text is placed by the caller (`place`) into the field.
+struct Masker<'a> {
+    enc: Encoding,
+    limit: u64,
+    whole: u64,
+    template: Map<String, Value>,
+    field: &'static str,
+    tool: &'a str,
+    call_id: &'a str,
+}
+
+impl Masker<'_> {
+    /// The tokens the copy with `value` in the field saves against the item (0 if none).
+    fn saved(&self, value: Value) -> Result<u64, TokenError> {
+        let mut copy = self.template.clone();
+        copy.insert(self.field.to_string(), value);
+        let cost = tokens::item_cost(&Value::Object(copy), self.enc)?.total();
+        Ok(self.whole.saturating_sub(cost))
+    }
+
+    /// The excerpt of `text` for the field (`place` puts a candidate text into it);
+    /// `parts`: images and files removed with it (forcing a cut).
+    fn cut(
+        &self,
+        text: &str,
+        parts: usize,
+        place: &dyn Fn(String) -> Value,
+    ) -> Result<Option<Value>, TokenError> {
+        let marker = marker(self.tool, self.call_id, parts);
+        let mut removed = |candidate: &str| self.saved(place(candidate.to_string()));
+        let cut = excerpt(self.enc, text, self.limit, parts > 0, &marker, &mut removed)?;
+        Ok(cut.map(|e| place(e.text)))
+    }
+}
+
+/// The masked field of one item (whole cost `whole`), if it is a tool output with
+/// something to mask.
 fn mask_item(
     item: &Value,
+    whole: u64,
     names: &FxHashMap<&str, &str>,
     enc: Encoding,
     limit: u64,
@@ -227,81 +279,68 @@ fn mask_item(
     let Some(ty) = text_of(map, "type") else {
         return Ok(None);
     };
+    if ty == "tool_search_output" {
+        return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
+            field: "tools",
+            value,
+            original_len: map.get("tools").map_or(0, value_len),
+            converted: std::sync::OnceLock::new(),
+        }));
+    }
     let call_id = text_of(map, "call_id")
         .or_else(|| text_of(map, "id"))
         .unwrap_or("?");
-    let replaced = match ty {
-        "function_call_output" | "custom_tool_call_output" => {
-            let default = if ty == "function_call_output" {
+    let tool = match ty {
+        "function_call_output" | "custom_tool_call_output" => names
+            .get(call_id)
+            .copied()
+            .or_else(|| text_of(map, "name"))
+            .unwrap_or(if ty == "function_call_output" {
                 "function"
             } else {
                 "custom tool"
-            };
-            let tool = names
-                .get(call_id)
-                .copied()
-                .or_else(|| text_of(map, "name"))
-                .unwrap_or(default);
-            parts_output(map.get("output"), tool, call_id, enc, limit)?
+            }),
+        "local_shell_call_output" => "local_shell",
+        "apply_patch_call_output" => "apply_patch",
+        "mcp_call" => text_of(map, "name").unwrap_or("mcp"),
+        "shell_call_output" => "shell",
+        "computer_call_output" => "computer",
+        _ => return Ok(None),
+    };
+    let mut template = map.clone();
+    let original = template.remove("output");
+    let masker = Masker {
+        enc,
+        limit,
+        whole,
+        template,
+        field: "output",
+        tool,
+        call_id,
+    };
+    let as_text = |t: String| Value::String(t);
+    let replaced = match (ty, &original) {
+        ("computer_call_output", _) => screenshot(original.as_ref()),
+        ("shell_call_output", _) => shell_output(original.as_ref(), &masker)?,
+        ("function_call_output" | "custom_tool_call_output", Some(Value::Array(parts))) => {
+            parts_output(parts, &masker)?
         }
-        "local_shell_call_output" | "apply_patch_call_output" | "mcp_call" => {
-            let tool = match ty {
-                "local_shell_call_output" => "local_shell",
-                "apply_patch_call_output" => "apply_patch",
-                _ => text_of(map, "name").unwrap_or("mcp"),
-            };
-            match text_of(map, "output") {
-                Some(text) => string_output(text, tool, call_id, enc, limit)?,
-                None => None,
-            }
-        }
-        "shell_call_output" => shell_output(map.get("output"), call_id, enc, limit)?,
-        "computer_call_output" => screenshot(map.get("output")),
-        "tool_search_output" => {
-            return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
-                field: "tools",
-                value,
-                original_len: map.get("tools").map_or(0, value_len),
-                converted: std::sync::OnceLock::new(),
-            }))
-        }
+        (_, Some(Value::String(text))) => masker.cut(text, 0, &as_text)?,
         _ => None,
     };
     Ok(replaced.map(|value| MaskedField {
         field: "output",
         value,
-        original_len: map.get("output").map_or(0, value_len),
+        original_len: original.as_ref().map_or(0, value_len),
         converted: std::sync::OnceLock::new(),
     }))
 }
 
-fn string_output(
-    text: &str,
-    tool: &str,
-    call_id: &str,
-    enc: Encoding,
-    limit: u64,
-) -> Result<Option<Value>, TokenError> {
-    let cut = excerpt(enc, text, limit, 0, false, &marker(tool, call_id, 0))?;
-    Ok(cut.map(|e| Value::String(e.text)))
-}
-
-/// A function or custom tool output: a string, or a list of `input_text`, `input_image`
-/// and `input_file` parts (anything else is left as it is).
-fn parts_output(
-    output: Option<&Value>,
-    tool: &str,
-    call_id: &str,
-    enc: Encoding,
-    limit: u64,
-) -> Result<Option<Value>, TokenError> {
-    let parts = match output {
-        Some(Value::String(text)) => return string_output(text, tool, call_id, enc, limit),
-        Some(Value::Array(parts)) => parts,
-        _ => return Ok(None),
-    };
+/// A function or custom tool output given as a list of `input_text`, `input_image` and
+/// `input_file` parts (anything else is left as it is): one text, images and files removed.
+fn parts_output(parts: &[Value], masker: &Masker<'_>) -> Result<Option<Value>, TokenError> {
     let mut texts: Vec<&str> = Vec::new();
-    let (mut media, mut removed_parts) = (0u64, 0usize);
+    let mut removed_parts = 0usize;
     for part in parts {
         let Value::Object(p) = part else {
             return Ok(None);
@@ -311,28 +350,16 @@ fn parts_output(
                 Some(t) => texts.push(t),
                 None => return Ok(None),
             },
-            Some("input_image" | "input_file") => {
-                let wrapped = Value::Object(Map::from_iter([("part".to_string(), part.clone())]));
-                media = media.saturating_add(tokens::canonical(&wrapped, enc)?.media_tokens);
-                removed_parts += 1;
-            }
+            Some("input_image" | "input_file") => removed_parts += 1,
             _ => return Ok(None),
         }
     }
-    let text = texts.join("\n");
-    let marker = marker(tool, call_id, removed_parts);
-    let cut = excerpt(enc, &text, limit, media, removed_parts > 0, &marker)?;
-    Ok(cut.map(|e| Value::String(e.text)))
+    masker.cut(&texts.join("\n"), removed_parts, &|t| Value::String(t))
 }
 
 /// A shell call output (chunks of `stdout`, `stderr` and an `outcome`): one chunk, the last
 /// one's outcome, with the excerpt of every chunk's stdout and stderr as its stdout.
-fn shell_output(
-    output: Option<&Value>,
-    call_id: &str,
-    enc: Encoding,
-    limit: u64,
-) -> Result<Option<Value>, TokenError> {
+fn shell_output(output: Option<&Value>, masker: &Masker<'_>) -> Result<Option<Value>, TokenError> {
     let Some(Value::Array(chunks)) = output else {
         return Ok(None);
     };
@@ -354,14 +381,13 @@ fn shell_output(
     let Some(last) = last else {
         return Ok(None);
     };
-    let text = texts.join("\n");
-    let Some(cut) = excerpt(enc, &text, limit, 0, false, &marker("shell", call_id, 0))? else {
-        return Ok(None);
+    let place = |t: String| {
+        let mut chunk = last.clone();
+        chunk.insert("stdout".to_string(), Value::String(t));
+        chunk.insert("stderr".to_string(), Value::String(String::new()));
+        Value::Array(vec![Value::Object(chunk)])
     };
-    let mut chunk = last.clone();
-    chunk.insert("stdout".to_string(), Value::String(cut.text));
-    chunk.insert("stderr".to_string(), Value::String(String::new()));
-    Ok(Some(Value::Array(vec![Value::Object(chunk)])))
+    masker.cut(&texts.join("\n"), 0, &place)
 }
 
 fn screenshot(output: Option<&Value>) -> Option<Value> {
@@ -699,7 +725,7 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         let whole = self.inner.costs(members)?;
         let values = self.inner.item_values(members)?;
         let refs: Vec<&Value> = values.iter().collect();
-        let fields = mask_unit_fields(&refs, self.encoding, self.excerpt_tokens)
+        let fields = mask_unit_fields(&refs, &whole, self.encoding, self.excerpt_tokens)
             .map_err(|(i, e)| self.failure(members[i], e))?;
         let mut out = Vec::with_capacity(members.len());
         for (((&p, w), field), item) in members.iter().zip(whole).zip(fields).zip(&values) {
@@ -832,6 +858,12 @@ mod tests {
         let text = copy["output"].as_str().unwrap();
         assert!(ENC.count(text).unwrap() <= 64);
         assert!(text.contains("of this grep output (call c1) masked by protoprompt"));
+        let saved = tokens::item_cost(&items[1], ENC).unwrap().total()
+            - tokens::item_cost(copy, ENC).unwrap().total();
+        assert!(
+            text.contains(&format!("[… {saved} tokens of this grep")),
+            "{text}"
+        );
         assert!(text.starts_with("the quick brown fox"));
         assert_eq!(copy["caller"], items[1]["caller"], "graph fields are kept");
         assert_eq!(copy["call_id"], "c1");
@@ -853,8 +885,15 @@ mod tests {
         let text = copy["output"].as_str().unwrap();
         assert!(text.starts_with("chart attached"), "{text}");
         assert!(text.contains("2 images or files of this function output (call c2)"));
-        let removed = tokens::IMAGE_MAX_TOKENS + tokens::UNKNOWN_FILE_TOKENS;
-        assert!(text.contains(&format!("… {removed} tokens")), "{text}");
+        // The marker states the tokens the copy saves: the item's cost less the copy's.
+        let saved = tokens::item_cost(&items[0], ENC).unwrap().total()
+            - tokens::item_cost(&copy, ENC).unwrap().total();
+        let media = tokens::IMAGE_MAX_TOKENS + tokens::UNKNOWN_FILE_TOKENS;
+        assert!(
+            saved < media && saved > media - 50,
+            "the marker's own tokens: {saved}"
+        );
+        assert!(text.contains(&format!("… {saved} tokens")), "{text}");
         // Unknown parts: left as they are.
         let odd = [json!({"type":"function_call_output","call_id":"c2","output":[{"type":"x"}]})];
         assert_eq!(masked(&odd, 64), vec![None]);
@@ -973,7 +1012,11 @@ mod tests {
                 big["output"] = json!(long(50));
                 big["result"] = json!(long(50));
                 let names = FxHashMap::default();
-                assert_eq!(mask_item(&big, &names, ENC, 16).unwrap(), None, "{item}");
+                assert_eq!(
+                    mask_item(&big, 10_000, &names, ENC, 16).unwrap(),
+                    None,
+                    "{item}"
+                );
             }
         }
     }

@@ -149,75 +149,117 @@ pub fn tail_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> 
 pub struct Excerpt {
     /// Head, marker, tail: at most the limit's tokens.
     pub text: String,
-    /// Tokens of the text not kept, plus the `media` tokens given.
+    /// The number the marker states: what `removed` said of this text.
     pub removed: u64,
 }
 
+/// Whether `text` has at most `n` tokens, and how many it has then: only a prefix of the
+/// text is tokenised (segments that end where the pre-tokenizer splits, as counting does).
+pub fn tokens_up_to(enc: Encoding, text: &str, n: u64) -> Result<Option<u64>, TokenError> {
+    let bpe = enc.bpe();
+    let mut tokens = Vec::new();
+    for part in segments(enc, text, first_span(n.saturating_add(1)), SPLIT_WINDOW) {
+        encode_piece(bpe, part, &mut tokens)?;
+        if tokens.len() as u64 > n {
+            return Ok(None);
+        }
+    }
+    Ok(Some(tokens.len() as u64))
+}
+
+/// The candidate `head + marker(n) + tail` whose `n` is what `removed` says of it: a fixed
+/// point, found in at most [`FIXED_POINT_ROUNDS`] rounds from `removed(head + marker(0) +
+/// tail)` (the number's digits barely change the candidate; if the rounds run out, the last
+/// number is kept).
+fn fixed_point(
+    head: &str,
+    tail: &str,
+    short: bool,
+    marker: &dyn Fn(u64, bool) -> String,
+    removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
+) -> Result<(String, u64), TokenError> {
+    let build = |n: u64| format!("{head}{}{tail}", marker(n, short));
+    let mut n = removed(&build(0))?;
+    for _ in 0..FIXED_POINT_ROUNDS {
+        let next = removed(&build(n))?;
+        if next == n {
+            break;
+        }
+        n = next;
+    }
+    Ok((build(n), n))
+}
+
+/// Rounds of the marker number's fixed point ([`excerpt`]).
+pub const FIXED_POINT_ROUNDS: usize = 4;
+
 /// `text` cut to at most `max_tokens` tokens (counted exactly, marker included): its first
 /// and last tokens (a quarter of those kept, rounded down, from the end) around
-/// `marker(removed, false)`, which says how many tokens were removed. `media`: tokens of parts
-/// removed besides the text (images, files), added to `removed`; `force`: cut even when the
-/// text fits (something else was removed). `None` when there is nothing to cut (the text fits
-/// and nothing is forced) or not even `marker(removed, true)` (the short form) fits alone.
+/// `marker(n, false)`, where `n = removed(candidate)` is what the caller says the cut
+/// removes (for a masked tool output: the tokens the item's masked copy saves, exactly). Only
+/// a prefix and a suffix of the text are tokenised. `force`: cut even when the text fits
+/// (something else was removed). `None` when there is nothing to cut (the text fits and
+/// nothing is forced) or not even `marker(n, true)` (the short form) fits alone.
 ///
 /// The rule, exactly (a slow reference re-implements it, `benches/reference_packer.py`):
-/// `total` is the text's count and `m` the count of the full marker for `total + media`
-/// removed tokens. With `keep = min(total, max_tokens - m)` and while `keep >= 0`: `t = keep
-/// / 4` tail and `h = keep - t` head tokens ([`head_text`], [`tail_text`]; the whole text
-/// when `keep >= total`; a tail overlapping the head starts where the head ends); `removed =
-/// total - count(head) - count(tail) + media`; the candidate `head + marker(removed) + tail`
+/// if the text has at most `max_tokens` tokens (`total`) and nothing is forced, `None`.
+/// With `m` the count of `marker(removed(marker(0)), false)` alone, `keep` is `total` for
+/// such a short text, else `max_tokens - m`; while `keep >= 0`: `t = keep / 4` tail and `h
+/// = keep - t` head tokens ([`head_text`], [`tail_text`]; the whole text when `keep >=
+/// total` of a short text; a tail overlapping the head starts where the head ends); the
+/// candidate is `head + marker(n) + tail` at the fixed point of `n` ([`fixed_point`]); it
 /// is the result if it counts at most `max_tokens`, else `keep` goes down by the excess.
-/// Then the full marker alone, then the short one, each with `total + media` removed.
+/// Then the full marker alone, then the short one, each at its fixed point.
 pub fn excerpt(
     enc: Encoding,
     text: &str,
     max_tokens: u64,
-    media: u64,
     force: bool,
     marker: &dyn Fn(u64, bool) -> String,
+    removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
 ) -> Result<Option<Excerpt>, TokenError> {
-    let total = enc.count_cached(text)?;
-    if total <= max_tokens && !force {
+    let short = tokens_up_to(enc, text, max_tokens)?;
+    if short.is_some() && !force {
         return Ok(None);
     }
-    let everything = total.saturating_add(media);
-    let marker_tokens = enc.count_cached(&marker(everything, false))?;
-    let mut keep = i128::from(total.min(max_tokens.saturating_sub(marker_tokens)));
+    let alone = removed(&marker(0, false))?;
+    let marker_tokens = enc.count_cached(&marker(alone, false))?;
+    let mut keep = i128::from(match short {
+        Some(total) => total,
+        None => max_tokens.saturating_sub(marker_tokens),
+    });
     while keep >= 0 {
         let k = keep as u64;
-        let (head, tail) = if k >= total {
-            (text, "")
-        } else {
-            let tail_n = k / 4;
-            let head = head_text(enc, text, k - tail_n)?;
-            let tail = tail_text(enc, text, tail_n)?;
-            let tail = if head.len() + tail.len() > text.len() {
-                &text[head.len()..]
-            } else {
-                tail
-            };
-            (head, tail)
+        let (head, tail) = match short {
+            Some(total) if k >= total => (text, ""),
+            _ => {
+                let tail_n = k / 4;
+                let head = head_text(enc, text, k - tail_n)?;
+                let tail = tail_text(enc, text, tail_n)?;
+                let tail = if head.len() + tail.len() > text.len() {
+                    &text[head.len()..]
+                } else {
+                    tail
+                };
+                (head, tail)
+            }
         };
-        let kept = enc
-            .count_cached(head)?
-            .saturating_add(enc.count_cached(tail)?);
-        let removed = total.saturating_sub(kept).saturating_add(media);
-        let candidate = format!("{head}{}{tail}", marker(removed, false));
-        let n = enc.count_cached(&candidate)?;
-        if n <= max_tokens {
+        let (candidate, n) = fixed_point(head, tail, false, marker, removed)?;
+        let count = enc.count_cached(&candidate)?;
+        if count <= max_tokens {
             return Ok(Some(Excerpt {
                 text: candidate,
-                removed,
+                removed: n,
             }));
         }
-        keep -= i128::from(n - max_tokens);
+        keep -= i128::from(count - max_tokens);
     }
     for short in [false, true] {
-        let alone = marker(everything, short);
+        let (alone, n) = fixed_point("", "", short, marker, removed)?;
         if enc.count_cached(&alone)? <= max_tokens {
             return Ok(Some(Excerpt {
                 text: alone,
-                removed: everything,
+                removed: n,
             }));
         }
     }
@@ -344,29 +386,42 @@ mod tests {
         };
         let text = "words of a long tool output, 42 lines\n".repeat(400);
         let total = ENC.count(&text).unwrap();
+        // What the cut removes: the text's tokens less the candidate's (a stand-in for the
+        // item's whole cost less its masked copy's).
+        let mut removed = |c: &str| Ok(total.saturating_sub(ENC.count(c)?));
         for limit in [16u64, 24, 40, 64, 200] {
-            let e = excerpt(ENC, &text, limit, 0, false, &marker)
+            let e = excerpt(ENC, &text, limit, false, &marker, &mut removed)
                 .unwrap()
                 .unwrap();
-            assert!(ENC.count(&e.text).unwrap() <= limit, "limit {limit}");
-            assert!(
-                e.text.contains(&format!("{} ", e.removed))
-                    || e.text.contains(&format!("{} masked", e.removed))
+            let n = ENC.count(&e.text).unwrap();
+            assert!(n <= limit, "limit {limit}");
+            assert_eq!(
+                e.removed,
+                total - n,
+                "the number is exact at the fixed point"
             );
-            assert!(e.removed <= total);
+            assert!(e.text.contains(&format!("{} ", e.removed)) || e.text.contains("masked]"));
             if limit >= 40 {
                 assert!(e.text.starts_with("words of"), "head kept at {limit}");
                 assert!(e.text.ends_with("lines\n"), "tail kept at {limit}");
             }
         }
         // Nothing to cut: the text fits; unless something else (media) went.
-        assert_eq!(excerpt(ENC, "short", 64, 0, false, &marker).unwrap(), None);
-        let forced = excerpt(ENC, "short", 64, 85, true, &marker)
+        assert_eq!(
+            excerpt(ENC, "short", 64, false, &marker, &mut removed).unwrap(),
+            None
+        );
+        let mut media = |c: &str| Ok(85 + 1 - ENC.count(c)?.min(86));
+        let forced = excerpt(ENC, "short", 64, true, &marker, &mut media)
             .unwrap()
             .unwrap();
-        assert_eq!(forced.removed, 85);
-        assert!(forced.text.starts_with("short\n[… 85 tokens"));
+        assert!(forced.text.starts_with("short\n[… "), "{}", forced.text);
         // Not even the short marker fits.
-        assert_eq!(excerpt(ENC, &text, 2, 0, false, &marker).unwrap(), None);
+        assert_eq!(
+            excerpt(ENC, &text, 2, false, &marker, &mut removed).unwrap(),
+            None
+        );
+        assert_eq!(tokens_up_to(ENC, "alpha beta", 5).unwrap(), Some(2));
+        assert_eq!(tokens_up_to(ENC, &text, 100).unwrap(), None);
     }
 }
