@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import masking  # noqa: E402
 
 
 class Progress:
@@ -540,6 +541,7 @@ def write_markdown(
     sizes: list[dict],
     counting: list[harness.Throughput],
     turns: list[dict],
+    masked: list[dict] | None = None,
 ) -> None:
     parts = [_MARKDOWN_INTRO, "## This run\n", meta + "\n"]
     if rows:
@@ -560,6 +562,8 @@ def write_markdown(
             "equal the full read's.\n",
             "```\n" + text.getvalue() + "```\n",
         ]
+    if masked:
+        parts += [MASKING_INTRO, masking.markdown(masked)]
     if sizes:
         parts += ["## Index and snapshot size\n", _md_sizes(sizes)]
     if counting:
@@ -568,6 +572,16 @@ def write_markdown(
         parts += ["## Token counting\n", "```\n" + text.getvalue() + "```\n"]
     Path(path).write_text("\n".join(p.rstrip("\n") + "\n" for p in parts))
 
+
+MASKING_INTRO = """## Masking: what stays visible
+
+`benches/masking.py`: budgets of 5%, 10% and 25% of the history's cost (its valid units'
+tokens), no output reserve. Per setting: user turns, tool calls and masked tool outputs in
+the request; tokens of history per kept turn; the warm `HistoryIndex` turn (previous turn
+packed with the same setting, fresh objects) without masking, and with each setting as a
+ratio to it. *masking* = `Masking()` (the builder's default), *after 2 turns* =
+`Masking(after_turns=2)` (masks a turn's outputs the first time they age past two turns).
+"""
 
 _BEGIN, _END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 
@@ -672,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the whole-turn table (SDK alone / full read / windowed reads)",
     )
+    p.add_argument(
+        "--no-masking", action="store_true", help="skip the masking table (what stays visible)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--markdown", metavar="PATH", help="also write the tables as markdown (benches/README.md)"
@@ -693,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         + n_cases
         + (0 if args.no_counting else 6)
         + (0 if args.no_turns or args.db else n_cases)
+        + (0 if args.no_masking else n_cases)
     )  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
@@ -722,6 +740,11 @@ def main(argv: list[str] | None = None) -> int:
                     "windowed), fresh processes"
                 )
                 turns.append(harness.whole_turns(case, 128_000, workdir, next_turns=args.rounds))
+        masked: list[dict] = []
+        if not args.no_masking:
+            for case in cases:
+                progress.step(f"{case.label}: masking, budgets of 5%, 10%, 25% of the history")
+                masked += masking.measure(case, rounds=max(args.rounds, 5))
         counting = [] if args.no_counting else measure_counting(args, progress)
         sizes = measure_index_sizes(cases)
     progress.finish()
@@ -768,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
             "windowed_reads=True), the same requests as the full read (same)"
         )
         print_turns(turns)
+    if masked:
+        print("\nmasking: user turns / tool calls / masked outputs in the request")
+        masking.print_rows(masked)
     if counting:
         print()
         print_counting(counting)
@@ -780,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         f"min(8000, budget/8), median of {args.rounds} warm rounds."
     )
     if args.markdown:
-        write_markdown(args.markdown, meta, rows, sizes, counting, turns)
+        write_markdown(args.markdown, meta, rows, sizes, counting, turns, masked)
     if args.readme and rows:
         update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
     same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
