@@ -138,6 +138,8 @@ pub struct MaskedField {
     /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
     /// guard against an item changed behind an index).
     pub original_len: usize,
+    /// The copy's exact cost when masking counted it (a masked text's), else `None`.
+    pub cost: Option<u64>,
     /// Where a caller may keep `value` converted once, for every later copy (the binding
     /// keeps an immutable text's Python string here: a memo's masked field is reused turn
     /// after turn).
@@ -228,6 +230,9 @@ pub fn mask_unit(
         .collect())
 }
 
+/// A masked value with its copy's cost when counted ([`Masker::cut`]).
+type Cut = Option<(Value, Option<u64>)>;
+
 /// One output being masked: its item without the masked field, its whole cost, and the
 /// marker's names. A candidate text is placed by the caller (`place`) into the field.
 struct Masker<'a> {
@@ -251,16 +256,20 @@ impl Masker<'_> {
 
     /// The excerpt of `text` for the field (`place` puts a candidate text into it);
     /// `parts`: images and files removed with it (forcing a cut).
+    /// The masked value and, when it saves tokens, the copy's exact cost.
     fn cut(
         &self,
         text: &str,
         parts: usize,
         place: &dyn Fn(String) -> Value,
-    ) -> Result<Option<Value>, TokenError> {
+    ) -> Result<Option<(Value, Option<u64>)>, TokenError> {
         let marker = marker(self.tool, self.call_id, parts);
         let mut removed = |candidate: &str| self.saved(place(candidate.to_string()));
         let cut = excerpt(self.enc, text, self.limit, parts > 0, &marker, &mut removed)?;
-        Ok(cut.map(|e| place(e.text)))
+        Ok(cut.map(|e| {
+            let cost = (e.actual > 0).then(|| self.whole - e.actual);
+            (place(e.text), cost)
+        }))
     }
 }
 
@@ -284,6 +293,7 @@ fn mask_item(
             field: "tools",
             value,
             original_len: map.get("tools").map_or(0, value_len),
+            cost: None,
             converted: std::sync::OnceLock::new(),
         }));
     }
@@ -320,7 +330,7 @@ fn mask_item(
     };
     let as_text = |t: String| Value::String(t);
     let replaced = match (ty, &original) {
-        ("computer_call_output", _) => screenshot(original.as_ref()),
+        ("computer_call_output", _) => screenshot(original.as_ref()).map(|v| (v, None)),
         ("shell_call_output", _) => shell_output(original.as_ref(), &masker)?,
         ("function_call_output" | "custom_tool_call_output", Some(Value::Array(parts))) => {
             parts_output(parts, &masker)?
@@ -328,17 +338,18 @@ fn mask_item(
         (_, Some(Value::String(text))) => masker.cut(text, 0, &as_text)?,
         _ => None,
     };
-    Ok(replaced.map(|value| MaskedField {
+    Ok(replaced.map(|(value, cost)| MaskedField {
         field: "output",
         value,
         original_len: original.as_ref().map_or(0, value_len),
+        cost,
         converted: std::sync::OnceLock::new(),
     }))
 }
 
 /// A function or custom tool output given as a list of `input_text`, `input_image` and
 /// `input_file` parts (anything else is left as it is): one text, images and files removed.
-fn parts_output(parts: &[Value], masker: &Masker<'_>) -> Result<Option<Value>, TokenError> {
+fn parts_output(parts: &[Value], masker: &Masker<'_>) -> Result<Cut, TokenError> {
     let mut texts: Vec<&str> = Vec::new();
     let mut removed_parts = 0usize;
     for part in parts {
@@ -359,7 +370,7 @@ fn parts_output(parts: &[Value], masker: &Masker<'_>) -> Result<Option<Value>, T
 
 /// A shell call output (chunks of `stdout`, `stderr` and an `outcome`): one chunk, the last
 /// one's outcome, with the excerpt of every chunk's stdout and stderr as its stdout.
-fn shell_output(output: Option<&Value>, masker: &Masker<'_>) -> Result<Option<Value>, TokenError> {
+fn shell_output(output: Option<&Value>, masker: &Masker<'_>) -> Result<Cut, TokenError> {
     let Some(Value::Array(chunks)) = output else {
         return Ok(None);
     };
@@ -733,9 +744,12 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
                 out.push((w, None));
                 continue;
             };
-            let cost = tokens::item_cost(&field.apply(item), self.encoding)
-                .map_err(|e| self.failure(p, e))?
-                .total();
+            let cost = match field.cost {
+                Some(c) => c,
+                None => tokens::item_cost(&field.apply(item), self.encoding)
+                    .map_err(|e| self.failure(p, e))?
+                    .total(),
+            };
             if cost < w {
                 out.push((cost, Some(Arc::new(field))));
             } else {

@@ -94,14 +94,35 @@ pub fn head_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> 
     if n == 0 {
         return Ok("");
     }
+    let (tokens, _) = prefix_tokens(enc, text, n)?;
+    head_of(enc, text, &tokens, n)
+}
+
+/// The first tokens of `text`: at least `n` of them (all of them when it has fewer), and
+/// whether they are all of the text's. Tokenised segment by segment (segments end where the
+/// pre-tokenizer splits, so these are exactly the whole text's first tokens).
+fn prefix_tokens(enc: Encoding, text: &str, n: u64) -> Result<(Vec<u32>, bool), TokenError> {
     let bpe = enc.bpe();
     let mut tokens = Vec::new();
-    for part in segments(enc, text, first_span(n), SPLIT_WINDOW) {
+    let mut parts = segments(enc, text, first_span(n), SPLIT_WINDOW);
+    for part in parts.by_ref() {
         encode_piece(bpe, part, &mut tokens)?;
         if tokens.len() as u64 >= n {
             break;
         }
     }
+    let all = parts.next().is_none();
+    Ok((tokens, all))
+}
+
+/// The text of the first `n` of `tokens` (a prefix's tokens of `text`), moved back to a
+/// character boundary.
+fn head_of<'a>(
+    enc: Encoding,
+    text: &'a str,
+    tokens: &[u32],
+    n: u64,
+) -> Result<&'a str, TokenError> {
     let take = tokens.len().min(n as usize);
     let mut end = decoded_len(enc, &tokens[..take])?.min(text.len());
     while !text.is_char_boundary(end) {
@@ -149,22 +170,18 @@ pub fn tail_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> 
 pub struct Excerpt {
     /// Head, marker, tail: at most the limit's tokens.
     pub text: String,
-    /// The number the marker states: what `removed` said of this text.
+    /// The number the marker states: what `removed` said of this text (when the fixed
+    /// point was reached; else of the text before).
     pub removed: u64,
+    /// What `removed` says of this very text.
+    pub actual: u64,
 }
 
 /// Whether `text` has at most `n` tokens, and how many it has then: only a prefix of the
 /// text is tokenised (segments that end where the pre-tokenizer splits, as counting does).
 pub fn tokens_up_to(enc: Encoding, text: &str, n: u64) -> Result<Option<u64>, TokenError> {
-    let bpe = enc.bpe();
-    let mut tokens = Vec::new();
-    for part in segments(enc, text, first_span(n.saturating_add(1)), SPLIT_WINDOW) {
-        encode_piece(bpe, part, &mut tokens)?;
-        if tokens.len() as u64 > n {
-            return Ok(None);
-        }
-    }
-    Ok(Some(tokens.len() as u64))
+    let (tokens, all) = prefix_tokens(enc, text, n.saturating_add(1))?;
+    Ok((all && tokens.len() as u64 <= n).then_some(tokens.len() as u64))
 }
 
 /// The candidate `head + marker(n) + tail` whose `n` is what `removed` says of it: a fixed
@@ -177,17 +194,19 @@ fn fixed_point(
     short: bool,
     marker: &dyn Fn(u64, bool) -> String,
     removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
-) -> Result<(String, u64), TokenError> {
+) -> Result<(String, u64, u64), TokenError> {
     let build = |n: u64| format!("{head}{}{tail}", marker(n, short));
     let mut n = removed(&build(0))?;
     for _ in 0..FIXED_POINT_ROUNDS {
         let next = removed(&build(n))?;
         if next == n {
-            break;
+            return Ok((build(n), n, n));
         }
         n = next;
     }
-    Ok((build(n), n))
+    let candidate = build(n);
+    let actual = removed(&candidate)?;
+    Ok((candidate, n, actual))
 }
 
 /// Rounds of the marker number's fixed point ([`excerpt`]).
@@ -218,7 +237,8 @@ pub fn excerpt(
     marker: &dyn Fn(u64, bool) -> String,
     removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
 ) -> Result<Option<Excerpt>, TokenError> {
-    let short = tokens_up_to(enc, text, max_tokens)?;
+    let (prefix, all) = prefix_tokens(enc, text, max_tokens.saturating_add(1))?;
+    let short = (all && prefix.len() as u64 <= max_tokens).then_some(prefix.len() as u64);
     if short.is_some() && !force {
         return Ok(None);
     }
@@ -234,7 +254,7 @@ pub fn excerpt(
             Some(total) if k >= total => (text, ""),
             _ => {
                 let tail_n = k / 4;
-                let head = head_text(enc, text, k - tail_n)?;
+                let head = head_of(enc, text, &prefix, k - tail_n)?;
                 let tail = tail_text(enc, text, tail_n)?;
                 let tail = if head.len() + tail.len() > text.len() {
                     &text[head.len()..]
@@ -244,22 +264,24 @@ pub fn excerpt(
                 (head, tail)
             }
         };
-        let (candidate, n) = fixed_point(head, tail, false, marker, removed)?;
+        let (candidate, n, actual) = fixed_point(head, tail, false, marker, removed)?;
         let count = enc.count_cached(&candidate)?;
         if count <= max_tokens {
             return Ok(Some(Excerpt {
                 text: candidate,
                 removed: n,
+                actual,
             }));
         }
         keep -= i128::from(count - max_tokens);
     }
     for short in [false, true] {
-        let (alone, n) = fixed_point("", "", short, marker, removed)?;
+        let (alone, n, actual) = fixed_point("", "", short, marker, removed)?;
         if enc.count_cached(&alone)? <= max_tokens {
             return Ok(Some(Excerpt {
                 text: alone,
                 removed: n,
+                actual,
             }));
         }
     }
