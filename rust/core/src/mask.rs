@@ -643,8 +643,8 @@ pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
     encoding: Encoding,
     excerpt_tokens: u64,
     memo: Option<&'a mut MaskMemo>,
-    /// Whether the item at a position is a tool output ([`maskable`]), when the caller knows.
-    maskable: Option<&'a (dyn Fn(usize) -> bool + Sync)>,
+    /// The kind of the item at a history position, when the caller knows.
+    kinds: Option<&'a (dyn Fn(usize) -> ItemKind + Sync)>,
     /// Masked costs and fields of positions the memo does not hold.
     cache: FxHashMap<usize, (u64, Option<Arc<MaskedField>>)>,
     /// The tokenizer failure that ended the call, if one did, and its position.
@@ -662,18 +662,32 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
             encoding,
             excerpt_tokens,
             memo: None,
-            maskable: None,
+            kinds: None,
             cache: FxHashMap::default(),
             tokenizer_failure: None,
         }
     }
 
-    /// Tell which positions hold tool outputs ([`maskable`] of their kind): every other
-    /// item's masked cost is its whole cost, so the fill bounds a unit's masked cost by its
-    /// other members' costs before it masks anything ([`CostSource::maskable`]).
-    pub fn with_maskable(mut self, maskable: &'a (dyn Fn(usize) -> bool + Sync)) -> Self {
-        self.maskable = Some(maskable);
+    /// Tell the kind of the item at each history position. Then only tool outputs
+    /// ([`maskable`]) and the calls naming their tools are read to mask a unit, and every
+    /// other item's masked cost is its whole cost, so the fill bounds a unit's masked cost
+    /// by its other members' costs before it masks anything ([`CostSource::maskable`]).
+    pub fn with_kinds(mut self, kinds: &'a (dyn Fn(usize) -> ItemKind + Sync)) -> Self {
+        self.kinds = Some(kinds);
         self
+    }
+
+    /// Whether masking a unit needs the item at `position`: a tool output, or a call that
+    /// may name an output's tool (every item when the kinds are not known).
+    fn needed(&self, position: usize) -> bool {
+        self.kinds.is_none_or(|k| {
+            let kind = k(position);
+            maskable(kind)
+                || matches!(
+                    kind,
+                    ItemKind::Call(CallType::FunctionCall | CallType::CustomToolCall)
+                )
+        })
     }
 
     /// Keep the masked costs of history positions `0..n_history` in `memo` across calls.
@@ -734,13 +748,24 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
     /// the copy costs less than the item.
     fn make(&mut self, members: &[usize]) -> Result<Vec<Made>, CostFailure> {
         let whole = self.inner.costs(members)?;
-        let values = self.inner.item_values(members)?;
+        let read: Vec<usize> = (0..members.len())
+            .filter(|&i| self.needed(members[i]))
+            .collect();
+        let positions: Vec<usize> = read.iter().map(|&i| members[i]).collect();
+        let values = self.inner.item_values(&positions)?;
         let refs: Vec<&Value> = values.iter().collect();
-        let fields = mask_unit_fields(&refs, &whole, self.encoding, self.excerpt_tokens)
-            .map_err(|(i, e)| self.failure(members[i], e))?;
+        let read_whole: Vec<u64> = read.iter().map(|&i| whole[i]).collect();
+        let fields = mask_unit_fields(&refs, &read_whole, self.encoding, self.excerpt_tokens)
+            .map_err(|(i, e)| self.failure(positions[i], e))?;
+        let mut by_member: Vec<Option<(MaskedField, &Value)>> = std::iter::repeat_with(|| None)
+            .take(members.len())
+            .collect();
+        for ((i, field), item) in read.iter().zip(fields).zip(&values) {
+            by_member[*i] = field.map(|f| (f, item));
+        }
         let mut out = Vec::with_capacity(members.len());
-        for (((&p, w), field), item) in members.iter().zip(whole).zip(fields).zip(&values) {
-            let Some(field) = field else {
+        for ((&p, w), masked) in members.iter().zip(whole).zip(by_member) {
+            let Some((field, item)) = masked else {
                 out.push((w, None));
                 continue;
             };
@@ -835,7 +860,7 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
     }
 
     fn maskable(&self, position: usize) -> bool {
-        self.maskable.is_none_or(|f| f(position))
+        self.kinds.is_none_or(|k| maskable(k(position)))
     }
 
     fn masks(&self) -> bool {

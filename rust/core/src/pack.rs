@@ -1098,9 +1098,9 @@ pub fn pack_values_masked(
         let result = pack(&graph, &metas, &mut source, opts, None)?;
         return Ok((graph, result, Vec::new()));
     };
-    let maskable = |p: usize| crate::mask::maskable(metas[p].kind);
-    let mut masked = crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens)
-        .with_maskable(&maskable);
+    let kinds = |p: usize| metas[p].kind;
+    let mut masked =
+        crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens).with_kinds(&kinds);
     let is_user = |p: usize| metas[p].is_user_message();
     let view = GraphView::whole(&graph);
     let result = pack_view_masked(view, &is_user, &mut masked, opts, masking, &[], None)?;

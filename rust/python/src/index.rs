@@ -10,8 +10,8 @@ use crate::pack::{result_dict, run_pack, CallOptions, Preload};
 use protoprompt_core::indexed::{
     counted_masked_window_start, counted_window_start, IndexedHistory,
 };
-use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::{maskable, MaskedCosts, MaskedField, Masking};
+use protoprompt_core::items::{ItemKind, ItemMeta};
+use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::tokens::Encoding;
 use pyo3::exceptions::PyValueError;
@@ -510,10 +510,18 @@ impl PyHistoryIndex {
                 None,
             ),
             Some(m) => {
-                let maskable = |p: usize| p < n_history && maskable(index.kind(p));
+                // Masked units are history units (never new input): the guard only keeps a
+                // position past the history from reaching the index.
+                let kinds = |p: usize| {
+                    if p < n_history {
+                        index.kind(p)
+                    } else {
+                        ItemKind::UserMessage
+                    }
+                };
                 let mut masked = MaskedCosts::new(&mut source, call.enc, m.excerpt_tokens)
                     .with_memo(masks, n_history)
-                    .with_maskable(&maskable);
+                    .with_kinds(&kinds);
                 let packed = run_pack(py, context, |hook| {
                     pack_view_masked(
                         view,
