@@ -548,26 +548,29 @@ class Excerpts:
             start += 1
         return b[start:]
 
-    def fixed_point(self, head: str, tail: str, short: bool, marker: Any, removed: Any):
-        """``head + marker(n) + tail`` with ``n = removed(candidate)`` (at most 4 rounds)."""
+    def fixed_point(self, head: str, tail: str, short: bool, upper: int, marker: Any, removed: Any):
+        """``head + marker(n) + tail`` with ``n = removed(candidate)``, from ``n = upper``
+        (at most 5 rounds)."""
 
         def build(n: int) -> str:
             return head + marker(n, short) + tail
 
-        n = removed(build(0))
-        for _ in range(4):
+        n = upper
+        for _ in range(5):
             nxt = removed(build(n))
             if nxt == n:
                 break
             n = nxt
         return build(n), n
 
-    def excerpt(self, text: str, limit: int, force: bool, marker: Any, removed: Any) -> str | None:
+    def excerpt(
+        self, text: str, limit: int, force: bool, upper: int, marker: Any, removed: Any
+    ) -> str | None:
         total = self.count(text)
         short = total <= limit
         if short and not force:
             return None
-        marker_tokens = self.count(marker(removed(marker(0, False)), False))
+        marker_tokens = self.count(marker(upper, False))
         keep = total if short else max(0, limit - marker_tokens)
         b = text.encode()
         while keep >= 0:
@@ -578,13 +581,15 @@ class Excerpts:
                 head, tail = self.head(text, keep - t), self.tail(text, t)
                 if len(head) + len(tail) > len(b):
                     tail = b[len(head) :]
-            candidate, _ = self.fixed_point(head.decode(), tail.decode(), False, marker, removed)
+            candidate, _ = self.fixed_point(
+                head.decode(), tail.decode(), False, upper, marker, removed
+            )
             n = self.count(candidate)
             if n <= limit:
                 return candidate
             keep -= n - limit
         for short_form in (False, True):
-            alone, _ = self.fixed_point("", "", short_form, marker, removed)
+            alone, _ = self.fixed_point("", "", short_form, upper, marker, removed)
             if self.count(alone) <= limit:
                 return alone
         return None
@@ -686,7 +691,8 @@ def _mask_item(item: Mapping[str, Any], whole: int, names: dict, packer: Any, li
         def removed(candidate: str) -> int:
             return max(0, whole - packer.item_cost(dict(template, output=place(candidate))))
 
-        masked = ex.excerpt(text, limit, parts > 0, mask_marker(tool, cid, parts), removed)
+        marker = mask_marker(tool, cid, parts)
+        masked = ex.excerpt(text, limit, parts > 0, whole, marker, removed)
         return None if masked is None else place(masked)
 
     value: Any = None

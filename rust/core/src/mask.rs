@@ -265,7 +265,15 @@ impl Masker<'_> {
     ) -> Result<Option<(Value, Option<u64>)>, TokenError> {
         let marker = marker(self.tool, self.call_id, parts);
         let mut removed = |candidate: &str| self.saved(place(candidate.to_string()));
-        let cut = excerpt(self.enc, text, self.limit, parts > 0, &marker, &mut removed)?;
+        let cut = excerpt(
+            self.enc,
+            text,
+            self.limit,
+            parts > 0,
+            self.whole,
+            &marker,
+            &mut removed,
+        )?;
         Ok(cut.map(|e| {
             let cost = (e.actual > 0).then(|| self.whole - e.actual);
             (place(e.text), cost)

@@ -73,9 +73,10 @@ pub fn split_tokens(
     })
 }
 
-/// Bytes a head or tail of `n` tokens is first looked for in (grown fourfold until found).
+/// Bytes a head or tail of `n` tokens is first looked for in (more is read until found): a
+/// token is about four bytes of text on average.
 fn first_span(n: u64) -> usize {
-    (n as usize).saturating_mul(16).max(256)
+    (n as usize).saturating_mul(6).max(64)
 }
 
 /// Byte length of the text of `tokens`.
@@ -185,18 +186,18 @@ pub fn tokens_up_to(enc: Encoding, text: &str, n: u64) -> Result<Option<u64>, To
 }
 
 /// The candidate `head + marker(n) + tail` whose `n` is what `removed` says of it: a fixed
-/// point, found in at most [`FIXED_POINT_ROUNDS`] rounds from `removed(head + marker(0) +
-/// tail)` (the number's digits barely change the candidate; if the rounds run out, the last
-/// number is kept).
+/// point, found in at most [`FIXED_POINT_ROUNDS`] rounds from `n = upper` (the number's
+/// digits barely change the candidate; if the rounds run out, the last number is kept).
 fn fixed_point(
     head: &str,
     tail: &str,
     short: bool,
+    upper: u64,
     marker: &dyn Fn(u64, bool) -> String,
     removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
 ) -> Result<(String, u64, u64), TokenError> {
     let build = |n: u64| format!("{head}{}{tail}", marker(n, short));
-    let mut n = removed(&build(0))?;
+    let mut n = upper;
     for _ in 0..FIXED_POINT_ROUNDS {
         let next = removed(&build(n))?;
         if next == n {
@@ -210,30 +211,32 @@ fn fixed_point(
 }
 
 /// Rounds of the marker number's fixed point ([`excerpt`]).
-pub const FIXED_POINT_ROUNDS: usize = 4;
+pub const FIXED_POINT_ROUNDS: usize = 5;
 
 /// `text` cut to at most `max_tokens` tokens (counted exactly, marker included): its first
 /// and last tokens (a quarter of those kept, rounded down, from the end) around
 /// `marker(n, false)`, where `n = removed(candidate)` is what the caller says the cut
-/// removes (for a masked tool output: the tokens the item's masked copy saves, exactly). Only
-/// a prefix and a suffix of the text are tokenised. `force`: cut even when the text fits
-/// (something else was removed). `None` when there is nothing to cut (the text fits and
-/// nothing is forced) or not even `marker(n, true)` (the short form) fits alone.
+/// removes (for a masked tool output: the tokens the item's masked copy saves, exactly),
+/// never more than `upper` (the item's whole cost). Only a prefix and a suffix of the text
+/// are tokenised. `force`: cut even when the text fits (something else was removed).
+/// `None` when there is nothing to cut (the text fits and nothing is forced) or not even
+/// `marker(n, true)` (the short form) fits alone.
 ///
 /// The rule, exactly (a slow reference re-implements it, `benches/reference_packer.py`):
 /// if the text has at most `max_tokens` tokens (`total`) and nothing is forced, `None`.
-/// With `m` the count of `marker(removed(marker(0)), false)` alone, `keep` is `total` for
-/// such a short text, else `max_tokens - m`; while `keep >= 0`: `t = keep / 4` tail and `h
-/// = keep - t` head tokens ([`head_text`], [`tail_text`]; the whole text when `keep >=
-/// total` of a short text; a tail overlapping the head starts where the head ends); the
-/// candidate is `head + marker(n) + tail` at the fixed point of `n` ([`fixed_point`]); it
-/// is the result if it counts at most `max_tokens`, else `keep` goes down by the excess.
-/// Then the full marker alone, then the short one, each at its fixed point.
+/// With `m` the count of `marker(upper, false)` alone, `keep` is `total` for such a short
+/// text, else `max_tokens - m`; while `keep >= 0`: `t = keep / 4` tail and `h = keep - t`
+/// head tokens ([`head_text`], [`tail_text`]; the whole text when `keep >= total` of a
+/// short text; a tail overlapping the head starts where the head ends); the candidate is
+/// `head + marker(n) + tail` at the fixed point of `n` from `upper` ([`fixed_point`]); it is
+/// the result if it counts at most `max_tokens`, else `keep` goes down by the excess. Then
+/// the full marker alone, then the short one, each at its fixed point.
 pub fn excerpt(
     enc: Encoding,
     text: &str,
     max_tokens: u64,
     force: bool,
+    upper: u64,
     marker: &dyn Fn(u64, bool) -> String,
     removed: &mut dyn FnMut(&str) -> Result<u64, TokenError>,
 ) -> Result<Option<Excerpt>, TokenError> {
@@ -242,8 +245,7 @@ pub fn excerpt(
     if short.is_some() && !force {
         return Ok(None);
     }
-    let alone = removed(&marker(0, false))?;
-    let marker_tokens = enc.count_cached(&marker(alone, false))?;
+    let marker_tokens = enc.count_cached(&marker(upper, false))?;
     let mut keep = i128::from(match short {
         Some(total) => total,
         None => max_tokens.saturating_sub(marker_tokens),
@@ -264,7 +266,7 @@ pub fn excerpt(
                 (head, tail)
             }
         };
-        let (candidate, n, actual) = fixed_point(head, tail, false, marker, removed)?;
+        let (candidate, n, actual) = fixed_point(head, tail, false, upper, marker, removed)?;
         let count = enc.count_cached(&candidate)?;
         if count <= max_tokens {
             return Ok(Some(Excerpt {
@@ -276,7 +278,7 @@ pub fn excerpt(
         keep -= i128::from(count - max_tokens);
     }
     for short in [false, true] {
-        let (alone, n, actual) = fixed_point("", "", short, marker, removed)?;
+        let (alone, n, actual) = fixed_point("", "", short, upper, marker, removed)?;
         if enc.count_cached(&alone)? <= max_tokens {
             return Ok(Some(Excerpt {
                 text: alone,
@@ -412,7 +414,7 @@ mod tests {
         // item's whole cost less its masked copy's).
         let mut removed = |c: &str| Ok(total.saturating_sub(ENC.count(c)?));
         for limit in [16u64, 24, 40, 64, 200] {
-            let e = excerpt(ENC, &text, limit, false, &marker, &mut removed)
+            let e = excerpt(ENC, &text, limit, false, total, &marker, &mut removed)
                 .unwrap()
                 .unwrap();
             let n = ENC.count(&e.text).unwrap();
@@ -430,17 +432,17 @@ mod tests {
         }
         // Nothing to cut: the text fits; unless something else (media) went.
         assert_eq!(
-            excerpt(ENC, "short", 64, false, &marker, &mut removed).unwrap(),
+            excerpt(ENC, "short", 64, false, total, &marker, &mut removed).unwrap(),
             None
         );
         let mut media = |c: &str| Ok(85 + 1 - ENC.count(c)?.min(86));
-        let forced = excerpt(ENC, "short", 64, true, &marker, &mut media)
+        let forced = excerpt(ENC, "short", 64, true, 86, &marker, &mut media)
             .unwrap()
             .unwrap();
         assert!(forced.text.starts_with("short\n[… "), "{}", forced.text);
         // Not even the short marker fits.
         assert_eq!(
-            excerpt(ENC, &text, 2, false, &marker, &mut removed).unwrap(),
+            excerpt(ENC, &text, 2, false, total, &marker, &mut removed).unwrap(),
             None
         );
         assert_eq!(tokens_up_to(ENC, "alpha beta", 5).unwrap(), Some(2));
