@@ -4,7 +4,7 @@ On the generated agentic histories at budgets of 5%, 10% and 25% of the history'
 (``benches/masking.py``): the masked turn keeps at least the turns and tool calls the plain
 one keeps, its request equals a fresh masked ``pp.pack`` and the pure-Python reference's, and
 a warm index turn with the builder's default masking takes at most twice the same turn
-without masking (medians measured in the same run). ``after_turns=2`` (which masks a whole
+without masking (the fastest of several rounds each, measured in the same run). ``after_turns=2`` (which masks a whole
 turn's outputs the first time they age past two turns) is measured and reported, not bound.
 """
 
@@ -17,7 +17,9 @@ harness.ensure_paths()
 import masking as mk  # noqa: E402
 import pytest  # noqa: E402
 
-ROUNDS = 7
+ROUNDS = 11
+"""Rounds per timing; the minimum is compared (sub-millisecond turns on a shared machine:
+the minimum is the turn's own work, the rest is noise)."""
 
 
 def _stat(benchmark, name: str = "median") -> float | None:
@@ -52,11 +54,11 @@ def test_masking_keeps_more_and_a_warm_turn_stays_within_2x(benchmark, cases, re
     assert seen["masking"].user_turns >= seen["off"].user_turns
     assert seen["masking"].tool_calls >= seen["off"].tool_calls
 
-    median = _stat(benchmark)
+    median = _stat(benchmark, "min")
     if median is None:  # --benchmark-disable: correctness only
         return
-    off = mk.time_warm(case, budget, None, ROUNDS)
-    after = mk.time_warm(case, budget, protoprompt.Masking(after_turns=2), 3)
+    off = mk.time_warm(case, budget, None, ROUNDS, stat=min)
+    after = mk.time_warm(case, budget, protoprompt.Masking(after_turns=2), ROUNDS, stat=min)
     ratio = median / off
     benchmark.extra_info.update(
         budget=budget,

@@ -752,24 +752,17 @@ impl Fill<'_> {
         Ok((masked, state))
     }
 
-    /// A unit's least possible masked cost once its whole costs are counted: the whole cost
-    /// of every member that is not a tool output, an item's overhead for each that is. It
-    /// depends on the items only (not on what an index has counted before), so reports are
-    /// the same with and without an index.
+    /// A unit's least possible masked cost: the whole cost of every member that is not a
+    /// tool output (counted), an item's overhead for each that is (not counted: a tool
+    /// output is what makes a unit big). It depends on the items only (not on what an index
+    /// has counted before), so reports are the same with and without an index.
     fn masked_floor(&mut self, members: &[usize]) -> Result<u64, PackError> {
-        let whole = self
-            .packer
-            .costs
-            .costs(members)
-            .map_err(|f| self.packer.item_error(f))?;
-        Ok(members.iter().zip(whole).fold(0u64, |sum, (&p, w)| {
-            let floor = if self.packer.costs.maskable(p) {
-                crate::tokens::ITEM_OVERHEAD
-            } else {
-                w
-            };
-            sum.saturating_add(floor)
-        }))
+        let (outputs, others): (Vec<usize>, Vec<usize>) = members
+            .iter()
+            .partition(|&&p| self.packer.costs.maskable(p));
+        let counted = self.packer.sum(&others)?;
+        let overheads = (outputs.len() as u64).saturating_mul(crate::tokens::ITEM_OVERHEAD);
+        Ok(counted.saturating_add(overheads))
     }
 
     /// The cost and state unit `u` (of turn `label`) is taken with, or `None` when it does not
@@ -783,9 +776,9 @@ impl Fill<'_> {
         taken: &mut [(usize, usize, u64)],
     ) -> Result<Option<(u64, FillState)>, PackError> {
         let members = &self.packer.graph.unit(u).members;
-        let whole = self.packer.sum(members)?;
-        self.unit_tokens.insert(u, whole);
         if self.whole_allowed(label) {
+            let whole = self.packer.sum(members)?;
+            self.unit_tokens.insert(u, whole);
             if whole <= self.remaining {
                 return Ok(Some((whole, FillState::Kept)));
             }
