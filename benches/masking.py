@@ -1,6 +1,7 @@
 """What stays visible with masking: user turns and tool calls in the request, with and
-without ``pp.Masking``, at budgets that are a share of the history's cost, and what a warm
-``HistoryIndex`` turn costs with masking against the same turn without it.
+without ``pp.Masking``, at budgets that are a share of the history's cost, and what warm
+``HistoryIndex`` turns cost with masking against the same turns without it: the harness's
+next turn (3 items), and the history's own last turns one after the other.
 
 Used by ``benches/test_bench_masking.py`` (asserts the 2x bound on the warm index turn) and
 ``benches/report.py`` (the README's table). A history's *cost* is the tokens of its valid
@@ -128,6 +129,27 @@ def time_warm(
     return float(stat(times))
 
 
+def time_turns(case: harness.Case, budget: int, masking: Any, turns: int = 8) -> float:
+    """Seconds of the last ``turns`` turns of the case's history packed one after the other
+    through one ``HistoryIndex`` (each turn: the history up to its user message, that
+    message as new input, fresh objects): a running session's warm turns over the mix's own
+    turns, where the turns that move the whole/masked boundary into an older turn (and mask
+    that turn's outputs for the first time) come at the mix's own rate."""
+    import protoprompt
+
+    history = case.history()
+    starts = [i for i, item in enumerate(history) if is_user(item)][-turns:]
+    index = protoprompt.HistoryIndex()
+    pack_index(index, history[: starts[0]], [history[starts[0]]], budget, masking)
+    total = 0.0
+    for start in starts[1:]:
+        fresh = case.history()
+        t0 = time.perf_counter()
+        pack_index(index, fresh[:start], [fresh[start]], budget, masking)
+        total += time.perf_counter() - t0
+    return total / (len(starts) - 1)
+
+
 def measure(case: harness.Case, shares=SHARES, rounds: int = 3) -> list[dict[str, Any]]:
     """One row per share: what stays visible under each setting, and the warm index turn's
     time with each (``warm_<name>``: the fastest of ``rounds``, seconds)."""
@@ -146,6 +168,7 @@ def measure(case: harness.Case, shares=SHARES, rounds: int = 3) -> list[dict[str
             )
             row[name] = visible(history, r)
             row[f"warm_{name}"] = time_warm(case, budget, m, rounds, stat=min)
+            row[f"turns_{name}"] = min(time_turns(case, budget, m) for _ in range(2))
         rows.append(row)
     return rows
 
@@ -180,6 +203,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     header += [f"{n}: tokens/turn" for n in names]
     header += [f"{n}: warm index ms" for n in names if n == "off"]
     header += [f"{n}: x warm" for n in names if n != "off"]
+    header += [f"{n}: ms/turn" for n in names if n == "off"]
+    header += [f"{n}: x turns" for n in names if n != "off"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["label"], f"{row['share']:.0%}", f"{row['budget']:,}"]
@@ -189,8 +214,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for n in names:
             per = row[n].tokens_per_turn
             cells.append("-" if per is None else f"{per:,.0f}")
-        base = row["warm_off"]
-        cells.append(f"{base * 1e3:.3f}")
-        cells += [f"{row[f'warm_{n}'] / base:.2f}x" for n in names if n != "off"]
+        for kind in ("warm", "turns"):
+            base = row[f"{kind}_off"]
+            cells.append(f"{base * 1e3:.3f}")
+            cells += [f"{row[f'{kind}_{n}'] / base:.2f}x" for n in names if n != "off"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

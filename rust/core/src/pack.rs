@@ -785,6 +785,13 @@ impl Fill<'_> {
             if self.masking.is_none() {
                 return Ok(None);
             }
+            self.masked_phase = true;
+            // Masking the turn's units taken whole frees at most their outputs' tokens: if
+            // even that cannot make room, the unit misses without masking anything.
+            let room = self.remaining.saturating_add(self.freeable(label, taken)?);
+            if self.masked_floor(members)? > room {
+                return Ok(None);
+            }
             self.mask_taken_turn(label, taken)?;
         }
         self.masked_phase = true;
@@ -793,6 +800,34 @@ impl Fill<'_> {
         }
         let (cost, state) = self.count_masked(u)?;
         Ok((cost <= self.remaining).then_some((cost, state)))
+    }
+
+    /// The most tokens [`Fill::mask_taken_turn`] can free for turn `label`: every tool
+    /// output of its units taken whole cut to an item's overhead (0 when the turn's opening
+    /// user message is mandatory: nothing is masked then).
+    fn freeable(&mut self, label: usize, taken: &[(usize, usize, u64)]) -> Result<u64, PackError> {
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        if opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q))) {
+            return Ok(0);
+        }
+        let mut freeable = 0u64;
+        for &(u, l, _) in taken.iter().rev() {
+            if l != label {
+                break;
+            }
+            let outputs: Vec<usize> = graph
+                .unit(u)
+                .members
+                .iter()
+                .copied()
+                .filter(|&p| self.packer.costs.maskable(p))
+                .collect();
+            let whole = self.packer.sum(&outputs)?;
+            let overheads = (outputs.len() as u64).saturating_mul(crate::tokens::ITEM_OVERHEAD);
+            freeable = freeable.saturating_add(whole.saturating_sub(overheads));
+        }
+        Ok(freeable)
     }
 
     /// The first unit that does not fit whole is in turn `label`: the units of that turn
