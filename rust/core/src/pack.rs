@@ -523,6 +523,7 @@ pub fn pack_view_masked(
         mandatory,
         masking,
         masked_phase: false,
+        checked_turn: None,
         unit_tokens: FxHashMap::default(),
         masked_tokens: FxHashMap::default(),
         state: FxHashMap::default(),
@@ -609,6 +610,8 @@ struct Fill<'a> {
     /// Whether the fill has passed the units kept whole (every later unit is considered
     /// masked).
     masked_phase: bool,
+    /// The turn whose rest was last checked to fit masked ([`Fill::turn_cannot_fit`]).
+    checked_turn: Option<usize>,
     /// Tokens of every unit counted so far.
     unit_tokens: FxHashMap<usize, u64>,
     /// Masked tokens of every unit counted masked so far.
@@ -787,12 +790,15 @@ impl Fill<'_> {
             }
             self.masked_phase = true;
             // Masking the turn's units taken whole frees at most their outputs' tokens: if
-            // even that cannot make room, the unit misses without masking anything.
+            // even that cannot make room for the rest of the turn, the turn is dropped (the
+            // coherent start would drop it) without masking anything.
             let room = self.remaining.saturating_add(self.freeable(label, taken)?);
-            if self.masked_floor(members)? > room {
+            if self.turn_cannot_fit(label, room)? {
                 return Ok(None);
             }
             self.mask_taken_turn(label, taken)?;
+        } else if self.checked_turn != Some(label) && self.turn_cannot_fit(label, self.remaining)? {
+            return Ok(None);
         }
         self.masked_phase = true;
         if self.masked_floor(members)? > self.remaining {
@@ -800,6 +806,38 @@ impl Fill<'_> {
         }
         let (cost, state) = self.count_masked(u)?;
         Ok((cost <= self.remaining).then_some((cost, state)))
+    }
+
+    /// Whether the rest of turn `label` (the candidate at the scan position and the older
+    /// ones of its turn, down to its opening user message) cannot fit masked in `room`, by
+    /// their masked floors ([`Fill::masked_floor`]): the fill would then miss inside the
+    /// turn and the coherent start drop what it took of it, so masking any of it is waste.
+    /// `false` when the turn's opening user message is mandatory (it may be sent in part).
+    /// Checked once per turn.
+    fn turn_cannot_fit(&mut self, label: usize, room: u64) -> Result<bool, PackError> {
+        self.checked_turn = Some(label);
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        if opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q))) {
+            return Ok(false);
+        }
+        let mut floor = 0u64;
+        for p in (opener.unwrap_or(0)..=self.scan).rev() {
+            let u = graph.unit_of(p);
+            let unit = graph.unit(u);
+            if unit.members.last() != Some(&p)
+                || self.is_mandatory(u)
+                || unit.is_input_only()
+                || !unit.is_valid()
+            {
+                continue;
+            }
+            floor = floor.saturating_add(self.masked_floor(&unit.members)?);
+            if floor > room {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The most tokens [`Fill::mask_taken_turn`] can free for turn `label`: every tool
