@@ -689,6 +689,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-masking", action="store_true", help="skip the masking table (what stays visible)"
     )
+    p.add_argument(
+        "--masking-only",
+        action="store_true",
+        help="measure the masking table only; with --markdown, replace just that section",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--markdown", metavar="PATH", help="also write the tables as markdown (benches/README.md)"
@@ -704,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import protoprompt
 
+    if args.masking_only:
+        return masking_only(args)
     n_cases = 1 if args.db else len(args.sizes)
     total = (
         n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2))
@@ -811,6 +818,45 @@ def main(argv: list[str] | None = None) -> int:
         update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
     same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
     return 0 if same else 1
+
+
+def replace_section(path: str, section: str) -> None:
+    """Put ``section`` (a markdown section starting with its ``## `` title) in place of the
+    file's section of the same title, or before the index-size section when it has none."""
+    text = Path(path).read_text()
+    title = section.split("\n", 1)[0]
+    start = text.find(title)
+    if start < 0:
+        start = end = text.find("## Index and snapshot size")
+        if start < 0:
+            start = end = len(text)
+    else:
+        nxt = text.find("\n## ", start + len(title))
+        end = len(text) if nxt < 0 else nxt + 1
+    Path(path).write_text(text[:start] + section.rstrip("\n") + "\n\n" + text[end:].lstrip("\n"))
+
+
+def masking_only(args) -> int:
+    """``--masking-only``: the masking table of generated histories (``--sizes``)."""
+    import protoprompt
+
+    rows: list[dict] = []
+    for size in args.sizes:
+        case = harness.make_case(size, args.mix, args.seed)
+        rows += masking.measure(case, rounds=max(args.rounds, 5))
+    masking.print_rows(rows)
+    if args.markdown:
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        when = (
+            f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+            f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+            + (f", load average {load[0]:.2f}" if load else "")
+            + f"; {args.mix} mix."
+        )
+        replace_section(
+            args.markdown, MASKING_INTRO + "\n" + when + "\n\n" + masking.markdown(rows)
+        )
+    return 0
 
 
 if __name__ == "__main__":
