@@ -59,7 +59,10 @@
 //!   turns masked, whole or not at all). The units of the turn that did not fit whole that
 //!   were already taken whole are masked too (`Fill::mask_taken_turn`), unless the turn's
 //!   opening user message is mandatory: a turn is kept masked rather than dropped for want
-//!   of room for its own user message. A mandatory unit is never masked. A unit kept masked
+//!   of room for its own user message. Before masking any unit of a turn the fill checks by
+//!   the units' masked floors that the rest of the turn can fit (`Fill::turn_cannot_fit`):
+//!   if not, the turn is dropped as the rule drops it, without an excerpt made (the result
+//!   is the same; only the work differs). A mandatory unit is never masked. A unit kept masked
 //!   is reported `masked` with its whole and its masked tokens; its items are in
 //!   `kept_history`, and [`crate::mask::MaskedCosts::copies`] gives their copies.
 //! * **What is reported.** Totals per section, and one [`UnitDecision`] per history unit with
