@@ -168,7 +168,7 @@ def measure(case: harness.Case, shares=SHARES, rounds: int = 3) -> list[dict[str
             )
             row[name] = visible(history, r)
             row[f"warm_{name}"] = time_warm(case, budget, m, rounds, stat=min)
-            row[f"turns_{name}"] = min(time_turns(case, budget, m) for _ in range(2))
+            row[f"turns_{name}"] = min(time_turns(case, budget, m) for _ in range(4))
         rows.append(row)
     return rows
 

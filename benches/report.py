@@ -577,10 +577,14 @@ MASKING_INTRO = """## Masking: what stays visible
 
 `benches/masking.py`: budgets of 5%, 10% and 25% of the history's cost (its valid units'
 tokens), no output reserve. Per setting: user turns, tool calls and masked tool outputs in
-the request; tokens of history per kept turn; the warm `HistoryIndex` turn (previous turn
-packed with the same setting, fresh objects) without masking, and with each setting as a
-ratio to it. *masking* = `Masking()` (the builder's default), *after 2 turns* =
-`Masking(after_turns=2)` (masks a turn's outputs the first time they age past two turns).
+the request; tokens of history per kept turn; warm `HistoryIndex` turns (fresh objects)
+without masking, and with each setting as a ratio to it: *warm index* = the harness's next
+turn (3 items) after the previous turn was packed with the same setting, *ms/turn* = the
+history's own last 7 turns packed one after the other (the fastest of 4 runs; turns that
+first mask an older turn come at the mix's rate). *masking* = `Masking()` (the builder's
+default), *after 2 turns* = `Masking(after_turns=2)` (masks a turn's outputs the first time
+they age past two turns). Sub-millisecond times on a shared 2-CPU machine: read the ratios
+of one row, not across runs.
 """
 
 _BEGIN, _END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
