@@ -1,6 +1,6 @@
 """A straightforward pure-Python packer: the yardstick for protoprompt's Rust core.
 
-Same job as ``protoprompt.pack(..., policy="contiguous")``, written the obvious way:
+Same job as ``protoprompt.pack``, written the obvious way:
 
 1. classify each item and group ``history ++ new_input`` into atomic units with a union-find
    (call/output pairs by ``call_id``, MCP approval request/response/``mcp_call``, programs
@@ -13,7 +13,14 @@ Same job as ``protoprompt.pack(..., policy="contiguous")``, written the obvious 
 3. reserve ``new_input``, the history units it depends on, ``output_reserve`` and
    ``context_tokens`` (all or nothing), then add valid history units newest first and stop
    at the first one that does not fit, dropping what was taken of that unit's turn unless
-   the turn's user message is mandatory (the kept history starts at a user message).
+   the turn's user message is mandatory (the kept history starts at a user message);
+   ``policy="greedy"`` then drops the rest of that turn and takes older turns whole or not
+   at all;
+4. with ``masking`` (``protoprompt.Masking``), the same masking rule as the core, written
+   again from its description (``docs/masking.md``): the masked copy of every tool output
+   (a token-exact excerpt around a marker, computed here with the real ``tiktoken``), the
+   switch from whole to masked units, the masking of the taken units of the turn that did
+   not fit whole, and ``after_turns``.
 
 It implements only the rules that the generated histories exercise plus the common invalid
 cases (call without output, output without/before its call, unmatched anonymous search,
@@ -458,6 +465,10 @@ class ReferenceResult:
     budget: int
     units: list[RefUnit]
     counted_items: int
+    items: list[Any] = field(default_factory=list)
+    """The request: kept history (masked copies where masked), then new input."""
+    masked: list[int] = field(default_factory=list)
+    masking_saved: int = 0
 
     @property
     def used(self) -> int:
@@ -474,6 +485,273 @@ class ReferenceResult:
         return max(0, self.budget - self.used)
 
 
+# --------------------------------------------------------------------------------------------
+# Masking (docs/masking.md): the masked copy of a tool output
+
+PLACEHOLDER_SCREENSHOT = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd8"
+    "1ytgAAAABJRU5ErkJggg=="
+)
+_PROSE = {"description", "title", "$comment", "examples"}
+_SCHEMA_VALUE = {
+    "additionalItems",
+    "additionalProperties",
+    "contains",
+    "contentSchema",
+    "else",
+    "if",
+    "items",
+    "not",
+    "propertyNames",
+    "then",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+}
+_SCHEMA_LIST = {"allOf", "anyOf", "oneOf", "prefixItems"}
+_SCHEMA_MAP = {
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "patternProperties",
+    "properties",
+    "dependencies",
+}
+
+
+def _continuation(b: bytes, i: int) -> bool:
+    return i < len(b) and (b[i] & 0xC0) == 0x80
+
+
+class Excerpts:
+    """Token-exact excerpts with the real tokenizer (the rule of ``truncate::excerpt``)."""
+
+    def __init__(self, encoding: Any, name: str) -> None:
+        self.enc = encoding
+        self.name = name
+
+    def count(self, text: str) -> int:
+        return len(self.enc.encode_ordinary(text))
+
+    def head(self, text: str, n: int) -> bytes:
+        if n == 0:
+            return b""
+        tokens = self.enc.encode_ordinary(text)
+        b = text.encode()
+        end = min(len(self.enc.decode_bytes(tokens[:n])), len(b))
+        while _continuation(b, end):
+            end -= 1
+        return b[:end]
+
+    def tail(self, text: str, n: int) -> bytes:
+        if n == 0:
+            return b""
+        tokens = self.enc.encode_ordinary(text)
+        b = text.encode()
+        take = min(n, len(tokens))
+        start = len(b) - min(len(self.enc.decode_bytes(tokens[len(tokens) - take :])), len(b))
+        while _continuation(b, start):
+            start += 1
+        return b[start:]
+
+    def fixed_point(self, head: str, tail: str, short: bool, upper: int, marker: Any, removed: Any):
+        """``head + marker(n) + tail`` with ``n = removed(candidate)``, from ``n = upper``
+        (at most 5 rounds)."""
+
+        def build(n: int) -> str:
+            return head + marker(n, short) + tail
+
+        n = upper
+        for _ in range(5):
+            nxt = removed(build(n))
+            if nxt == n:
+                break
+            n = nxt
+        return build(n), n
+
+    def excerpt(
+        self, text: str, limit: int, force: bool, upper: int, marker: Any, removed: Any
+    ) -> str | None:
+        total = self.count(text)
+        short = total <= limit
+        if short and not force:
+            return None
+        marker_tokens = self.count(marker(upper, False))
+        keep = total if short else max(0, limit - marker_tokens)
+        b = text.encode()
+        while keep >= 0:
+            if short and keep >= total:
+                head, tail = b, b""
+            else:
+                t = keep // 4
+                head, tail = self.head(text, keep - t), self.tail(text, t)
+                if len(head) + len(tail) > len(b):
+                    tail = b[len(head) :]
+            candidate, _ = self.fixed_point(
+                head.decode(), tail.decode(), False, upper, marker, removed
+            )
+            n = self.count(candidate)
+            if n <= limit:
+                return candidate
+            keep -= n - limit
+        for short_form in (False, True):
+            alone, _ = self.fixed_point("", "", short_form, upper, marker, removed)
+            if self.count(alone) <= limit:
+                return alone
+        return None
+
+
+def mask_marker(tool: str, call_id: str, parts: int) -> Any:
+    def marker(removed: int, short: bool) -> str:
+        if short:
+            return f"[… {removed} tokens masked …]"
+        media = {0: "", 1: ", 1 image or file"}.get(parts, f", {parts} images or files")
+        return (
+            f"\n[… {removed} tokens{media} of this {tool} output (call {call_id}) masked by "
+            "protoprompt …]\n"
+        )
+
+    return marker
+
+
+def _strip_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    def sub(v: Any) -> Any:
+        return _strip_schema(v) if isinstance(v, Mapping) else v
+
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _PROSE:
+            continue
+        if isinstance(value, Mapping) and key in _SCHEMA_VALUE:
+            out[key] = _strip_schema(value)
+        elif isinstance(value, list) and (key == "items" or key in _SCHEMA_LIST):
+            out[key] = [sub(v) for v in value]
+        elif isinstance(value, Mapping) and key in _SCHEMA_MAP:
+            out[key] = {name: sub(v) for name, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
+def _strip_tool(tool: Any) -> Any:
+    if not isinstance(tool, Mapping):
+        return tool
+    out = dict(tool)
+    if isinstance(tool.get("description"), str):
+        out["description"] = ""
+    if tool.get("type") == "function" and isinstance(tool.get("parameters"), Mapping):
+        out["parameters"] = _strip_schema(tool["parameters"])
+    elif tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+        out["tools"] = [_strip_tool(t) for t in tool["tools"]]
+    return out
+
+
+def masked_copies(
+    items: list[Mapping[str, Any]], whole: list[int], packer: Any, limit: int
+) -> list[Any]:
+    """The masked copy of each of a unit's items (``None``: sent as it is), before the
+    cheaper-than-whole check. ``whole``: the items' costs (markers state the tokens saved)."""
+    names: dict[str, str] = {}
+    for it in items:
+        if it.get("type") in ("function_call", "custom_tool_call"):
+            cid, name = it.get("call_id"), it.get("name")
+            if isinstance(cid, str) and isinstance(name, str):
+                names.setdefault(cid, name)
+    return [_mask_item(it, w, names, packer, limit) for it, w in zip(items, whole)]
+
+
+_TOOL_BY_TYPE = {
+    "local_shell_call_output": "local_shell",
+    "apply_patch_call_output": "apply_patch",
+    "shell_call_output": "shell",
+    "computer_call_output": "computer",
+}
+
+
+def _mask_item(item: Mapping[str, Any], whole: int, names: dict, packer: Any, limit: int) -> Any:
+    t = item.get("type")
+    if t == "tool_search_output":
+        tools = item.get("tools")
+        if isinstance(tools, list):
+            stripped = [_strip_tool(x) for x in tools]
+            if stripped != tools:
+                return dict(item, tools=stripped)
+        return None
+    cid = item.get("call_id") if isinstance(item.get("call_id"), str) else item.get("id")
+    cid = cid if isinstance(cid, str) else "?"
+    own = item.get("name") if isinstance(item.get("name"), str) else None
+    if t in ("function_call_output", "custom_tool_call_output"):
+        default = "function" if t == "function_call_output" else "custom tool"
+        tool = names.get(cid, own or default)
+    elif t == "mcp_call":
+        tool = own or "mcp"
+    elif t in _TOOL_BY_TYPE:
+        tool = _TOOL_BY_TYPE[t]
+    else:
+        return None
+    template = {k: v for k, v in item.items() if k != "output"}
+    output = item.get("output")
+    ex = packer.excerpts
+
+    def cut(text: str, parts: int, place: Any) -> Any:
+        def removed(candidate: str) -> int:
+            return max(0, whole - packer.item_cost(dict(template, output=place(candidate))))
+
+        marker = mask_marker(tool, cid, parts)
+        masked = ex.excerpt(text, limit, parts > 0, whole, marker, removed)
+        return None if masked is None else place(masked)
+
+    value: Any = None
+    if t == "computer_call_output":
+        if isinstance(output, Mapping) and output.get("type") == "computer_screenshot":
+            placeholder = {"type": "computer_screenshot", "image_url": PLACEHOLDER_SCREENSHOT}
+            value = placeholder if placeholder != output else None
+    elif t == "shell_call_output":
+        value = _shell_output(output, cut)
+    elif isinstance(output, list) and t in ("function_call_output", "custom_tool_call_output"):
+        value = _parts_output(output, cut)
+    elif isinstance(output, str):
+        value = cut(output, 0, lambda c: c)
+    return None if value is None else dict(item, output=value)
+
+
+def _parts_output(output: list[Any], cut: Any) -> Any:
+    texts: list[str] = []
+    parts = 0
+    for part in output:
+        if not isinstance(part, Mapping):
+            return None
+        if part.get("type") == "input_text":
+            if not isinstance(part.get("text"), str):
+                return None
+            texts.append(part["text"])
+        elif part.get("type") in ("input_image", "input_file"):
+            parts += 1
+        else:
+            return None
+    return cut("\n".join(texts), parts, lambda c: c)
+
+
+def _shell_output(output: Any, cut: Any) -> Any:
+    if not isinstance(output, list):
+        return None
+    texts: list[str] = []
+    last = None
+    for chunk in output:
+        if not isinstance(chunk, Mapping):
+            return None
+        for key in ("stdout", "stderr"):
+            v = chunk.get(key)
+            if isinstance(v, str):
+                if v:
+                    texts.append(v)
+            elif v is not None:
+                return None
+        last = chunk
+    if last is None:
+        return None
+    return cut("\n".join(texts), 0, lambda c: [dict(last, stdout=c, stderr="")])
+
+
 class ReferencePacker:
     """Pure-Python packer with an optional ``canonical text -> tokens`` memo."""
 
@@ -481,6 +759,7 @@ class ReferencePacker:
         self.encoding_name = encoding
         self.encoding = reference_tokenizer.get_encoding(encoding)
         self.memo: dict[str, int] | None = {} if warm else None
+        self.excerpts = Excerpts(self.encoding, encoding)
 
     def item_cost(self, item: Mapping[str, Any]) -> int:
         text = _core.canonical_text(item)
@@ -498,6 +777,21 @@ class ReferencePacker:
             cost += protoprompt.item_tokens(item, encoding=self.encoding_name).media
         return cost
 
+    def masked_cost(
+        self, items: list[Mapping[str, Any]], hist: list[int], excerpt_tokens: int
+    ) -> tuple[int, dict[int, Any]]:
+        """A unit's cost with its tool outputs masked, and the copies that are cheaper."""
+        wholes = [self.item_cost(items[p]) for p in hist]
+        copies = masked_copies([items[p] for p in hist], wholes, self, excerpt_tokens)
+        total, out = 0, {}
+        for p, c, whole in zip(hist, copies, wholes):
+            if c is not None and self.item_cost(c) < whole:
+                out[p] = c
+                total += self.item_cost(c)
+            else:
+                total += whole
+        return total, out
+
     def pack(
         self,
         history: Iterable[Mapping[str, Any]],
@@ -506,6 +800,8 @@ class ReferencePacker:
         *,
         output_reserve: int = 0,
         context_tokens: int = 0,
+        policy: str = "contiguous",
+        masking: Any = None,
     ) -> ReferenceResult:
         history = list(history)
         new_input = list(new_input)
@@ -546,46 +842,24 @@ class ReferencePacker:
             if used > budget:
                 total = new_input_tokens + dependency_tokens + output_reserve + context_tokens
                 raise BudgetExceeded(total, budget, section)
-        remaining = budget - used
-        candidates.sort(key=lambda hist: hist[-1], reverse=True)  # newest member first
-        # Turn label of a position: the user messages after it (equal labels = one turn).
-        is_user = [kind_of(it) == "user" for it in history]
-        users_after = [0] * nh
-        seen = 0
-        for p in range(nh - 1, -1, -1):
-            users_after[p] = seen
-            seen += is_user[p]
-        kept = list(dependency)
-        taken: list[tuple[list[int], int]] = []
-        history_tokens = 0
-        for hist in candidates:
-            c = cost(hist)
-            if c > remaining:
-                # Coherent start: the turn the fill stopped in loses the units it had taken,
-                # unless its opening user message is mandatory.
-                opener = next((q for q in range(hist[-1], -1, -1) if is_user[q]), None)
-                if opener is None or opener not in dependency:
-                    label = users_after[hist[-1]]
-                    while taken and users_after[taken[-1][0][-1]] == label:
-                        dropped, dc = taken.pop()
-                        history_tokens -= dc
-                break
-            remaining -= c
-            history_tokens += c
-            taken.append((hist, c))
-        for hist, _ in taken:
-            kept += hist
+        fill = _Fill(self, items, history, dependency, budget - used, masking, cost)
+        fill.run(sorted(candidates, key=lambda hist: hist[-1], reverse=True), policy)
+        kept = sorted(dependency + [p for t in fill.taken for p in t.hist])
+        copies = {p: c for t in fill.taken for p, c in t.copies.items()}
         return ReferenceResult(
-            sorted(kept),
+            kept,
             sorted(dependency),
             new_input_tokens,
             dependency_tokens,
-            history_tokens,
+            fill.history_tokens,
             context_tokens,
             output_reserve,
             budget,
             units,
             counted,
+            items=[copies.get(p, history[p]) for p in kept] + new_input,
+            masked=sorted(copies),
+            masking_saved=sum(t.whole - t.cost for t in fill.taken if t.copies),
         )
 
 
@@ -634,18 +908,125 @@ def opaque_tokens(item: Mapping[str, Any]) -> int:
     return -(-content * (100 + OPAQUE_MARGIN_PERCENT) // (100 * OPAQUE_BYTES_PER_TOKEN))
 
 
+@dataclass
+class _Taken:
+    hist: list[int]
+    label: int
+    cost: int
+    whole: int
+    copies: dict[int, Any] = field(default_factory=dict)
+
+
+class _Fill:
+    """The newest-first fill of the reference (see the module docstring)."""
+
+    def __init__(self, packer, items, history, dependency, remaining, masking, cost) -> None:
+        self.packer, self.items, self.masking, self.cost = packer, items, masking, cost
+        self.dependency = set(dependency)
+        self.remaining = remaining
+        self.history_tokens = 0
+        self.taken: list[_Taken] = []
+        self.masked_phase = False
+        # Turn label of a position: the user messages after it (equal labels = one turn).
+        nh = len(history)
+        self.is_user = [kind_of(it) == "user" for it in history]
+        self.users_after = [0] * nh
+        seen = 0
+        for p in range(nh - 1, -1, -1):
+            self.users_after[p] = seen
+            seen += self.is_user[p]
+
+    def label(self, hist: list[int]) -> int:
+        return self.users_after[hist[-1]]
+
+    def anchored(self, hist: list[int]) -> bool:
+        """Whether the user message opening the turn of ``hist`` is mandatory."""
+        opener = next((q for q in range(hist[-1], -1, -1) if self.is_user[q]), None)
+        return opener is not None and opener in self.dependency
+
+    def masked(self, hist: list[int]) -> tuple[int, dict[int, Any]]:
+        return self.packer.masked_cost(self.items, hist, self.masking.excerpt_tokens)
+
+    def take(self, t: _Taken) -> None:
+        self.remaining -= t.cost
+        self.history_tokens += t.cost
+        self.taken.append(t)
+
+    def try_take(self, hist: list[int]) -> _Taken | None:
+        label, m = self.label(hist), self.masking
+        whole = self.cost(hist)
+        young = m is None or m.after_turns is None or label < m.after_turns
+        if not self.masked_phase and young:
+            if whole <= self.remaining:
+                return _Taken(hist, label, whole, whole)
+            if m is None:
+                return None
+            if not self.anchored(hist):  # the turn's units taken whole are masked too
+                for t in reversed(self.taken):
+                    if t.label != label:
+                        break
+                    t_cost, t.copies = self.masked(t.hist)
+                    self.remaining += t.cost - t_cost
+                    self.history_tokens -= t.cost - t_cost
+                    t.cost = t_cost
+        self.masked_phase = True
+        cost, copies = self.masked(hist)
+        return _Taken(hist, label, cost, whole, copies) if cost <= self.remaining else None
+
+    def run(self, candidates: list[list[int]], policy: str) -> None:
+        for i, hist in enumerate(candidates):
+            t = self.try_take(hist)
+            if t is not None:
+                self.take(t)
+                continue
+            # Coherent start: the turn the fill stopped in loses the units it had taken,
+            # unless its opening user message is mandatory.
+            label = self.label(hist)
+            if not self.anchored(hist):
+                while self.taken and self.taken[-1].label == label:
+                    dropped = self.taken.pop()
+                    self.remaining += dropped.cost
+                    self.history_tokens -= dropped.cost
+            if policy == "greedy":
+                self.older_turns([h for h in candidates[i + 1 :] if self.label(h) != label])
+            return
+
+    def older_turns(self, rest: list[list[int]]) -> None:
+        """Greedy: older turns whole or not at all (masked with masking)."""
+        for _, group in groupby(rest, key=self.label):
+            turn = []
+            for hist in group:
+                whole = self.cost(hist)
+                cost, copies = self.masked(hist) if self.masking else (whole, {})
+                turn.append(_Taken(hist, self.label(hist), cost, whole, copies))
+            if sum(t.cost for t in turn) <= self.remaining:
+                for t in turn:
+                    self.take(t)
+
+
 def _has_media(item: Mapping[str, Any]) -> bool:
-    content = item.get("content") if "content" in item else item.get("output")
-    if not isinstance(content, list):
-        return False
-    text = json.dumps(content, ensure_ascii=False)
+    text = json.dumps(item, ensure_ascii=False)
     return any(m in text for m in MEDIA_TYPES)
 
 
 def reference_pack(
-    history, new_input, budget, *, output_reserve=0, context_tokens=0, encoding="o200k_base"
+    history,
+    new_input,
+    budget,
+    *,
+    output_reserve=0,
+    context_tokens=0,
+    encoding="o200k_base",
+    policy="contiguous",
+    masking=None,
 ) -> ReferenceResult:
     """One-shot convenience wrapper (no memo)."""
     return ReferencePacker(encoding, warm=False).pack(
-        history, new_input, budget, output_reserve=output_reserve, context_tokens=context_tokens
+        history,
+        new_input,
+        budget,
+        output_reserve=output_reserve,
+        context_tokens=context_tokens,
+        policy=policy,
+        masking=masking,
     )

@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import masking  # noqa: E402
 
 
 class Progress:
@@ -628,6 +629,7 @@ def write_markdown(
     counting: list[harness.Throughput],
     turns: list[dict],
     costs: dict | None = None,
+    masked: list[dict] | None = None,
 ) -> None:
     parts = [_MARKDOWN_INTRO, "## This run\n", meta + "\n"]
     if rows:
@@ -660,6 +662,8 @@ def write_markdown(
             "JSON**: the plain count of the item's JSON.\n",
             md_opaque_costs(costs),
         ]
+    if masked:
+        parts += [MASKING_INTRO, masking.markdown(masked)]
     if sizes:
         parts += ["## Index and snapshot size\n", _md_sizes(sizes)]
     if counting:
@@ -673,6 +677,20 @@ def write_markdown(
         parts.append(old[begin : end + len("<!-- /memory-search -->")] + "\n")
     Path(path).write_text("\n".join(p.rstrip("\n") + "\n" for p in parts))
 
+
+MASKING_INTRO = """## Masking: what stays visible
+
+`benches/masking.py`: budgets of 5%, 10% and 25% of the history's cost (its valid units'
+tokens), no output reserve. Per setting: user turns, tool calls and masked tool outputs in
+the request; tokens of history per kept turn; warm `HistoryIndex` turns (fresh objects)
+without masking, and with each setting as a ratio to it: *warm index* = the harness's next
+turn (3 items) after the previous turn was packed with the same setting, *ms/turn* = the
+history's own last 7 turns packed one after the other (the fastest of 4 runs; turns that
+first mask an older turn come at the mix's rate). *masking* = `Masking()` (the builder's
+default), *after 2 turns* = `Masking(after_turns=2)` (masks a turn's outputs the first time
+they age past two turns). Sub-millisecond times on a shared 2-CPU machine: read the ratios
+of one row, not across runs.
+"""
 
 _BEGIN, _END = "<!-- bench-summary -->", "<!-- /bench-summary -->"
 
@@ -782,6 +800,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the whole-turn table (SDK alone / full read / windowed reads)",
     )
+    p.add_argument(
+        "--no-masking", action="store_true", help="skip the masking table (what stays visible)"
+    )
+    p.add_argument(
+        "--masking-only",
+        action="store_true",
+        help="measure the masking table only; with --markdown, replace just that section",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--markdown", metavar="PATH", help="also write the tables as markdown (benches/README.md)"
@@ -797,6 +823,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import protoprompt
 
+    if args.masking_only:
+        return masking_only(args)
     n_cases = 1 if args.db else len(args.sizes)
     total = (
         n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2))
@@ -804,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         + (0 if args.no_counting else 6)
         + (0 if args.no_turns or args.db else n_cases)
         + (0 if args.no_costs else 1)
+        + (0 if args.no_masking else n_cases)
     )  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
@@ -833,6 +862,11 @@ def main(argv: list[str] | None = None) -> int:
                     "windowed), fresh processes"
                 )
                 turns.append(harness.whole_turns(case, 128_000, workdir, next_turns=args.rounds))
+        masked: list[dict] = []
+        if not args.no_masking:
+            for case in cases:
+                progress.step(f"{case.label}: masking, budgets of 5%, 10%, 25% of the history")
+                masked += masking.measure(case, rounds=max(args.rounds, 5))
         counting = [] if args.no_counting else measure_counting(args, progress)
         costs = None if args.no_costs else measure_opaque_costs(args, progress)
         sizes = measure_index_sizes(cases)
@@ -880,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
             "windowed_reads=True), the same requests as the full read (same)"
         )
         print_turns(turns)
+    if masked:
+        print("\nmasking: user turns / tool calls / masked outputs in the request")
+        masking.print_rows(masked)
     if counting:
         print()
         print_counting(counting)
@@ -895,11 +932,50 @@ def main(argv: list[str] | None = None) -> int:
         f"min(8000, budget/8), median of {args.rounds} warm rounds."
     )
     if args.markdown:
-        write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs)
+        write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs, masked)
     if args.readme and rows:
         update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
     same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
     return 0 if same else 1
+
+
+def replace_section(path: str, section: str) -> None:
+    """Put ``section`` (a markdown section starting with its ``## `` title) in place of the
+    file's section of the same title, or before the index-size section when it has none."""
+    text = Path(path).read_text()
+    title = section.split("\n", 1)[0]
+    start = text.find(title)
+    if start < 0:
+        start = end = text.find("## Index and snapshot size")
+        if start < 0:
+            start = end = len(text)
+    else:
+        nxt = text.find("\n## ", start + len(title))
+        end = len(text) if nxt < 0 else nxt + 1
+    Path(path).write_text(text[:start] + section.rstrip("\n") + "\n\n" + text[end:].lstrip("\n"))
+
+
+def masking_only(args) -> int:
+    """``--masking-only``: the masking table of generated histories (``--sizes``)."""
+    import protoprompt
+
+    rows: list[dict] = []
+    for size in args.sizes:
+        case = harness.make_case(size, args.mix, args.seed)
+        rows += masking.measure(case, rounds=max(args.rounds, 5))
+    masking.print_rows(rows)
+    if args.markdown:
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        when = (
+            f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+            f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+            + (f", load average {load[0]:.2f}" if load else "")
+            + f"; {args.mix} mix."
+        )
+        replace_section(
+            args.markdown, MASKING_INTRO + "\n" + when + "\n\n" + masking.markdown(rows)
+        )
+    return 0
 
 
 if __name__ == "__main__":

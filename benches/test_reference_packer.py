@@ -103,3 +103,32 @@ def test_common_invalid_units_are_dropped_by_both(packer):
     pp = protoprompt.pack(h, n, 100000)
     ref = packer.pack(h, n, 100000)
     assert pp.kept_history == ref.kept_history == [0, 4, 6]
+
+
+MASKINGS = [
+    protoprompt.Masking(),
+    protoprompt.Masking(excerpt_tokens=24, after_turns=2),
+]
+
+
+@pytest.mark.parametrize("policy", ["contiguous", "greedy"])
+@pytest.mark.parametrize("share", [0.05, 0.10, 0.25])
+@pytest.mark.parametrize("mix", MIXES)
+def test_masked_packs_equal_the_reference(packer, mix, share, policy):
+    """The masking rule, written again in Python with the real tiktoken: the same kept
+    items, the same masked copies (text for text), the same totals."""
+    h = generate(1200, mix, 11) + next_turn(11, mix)
+    n = [new_user_message(11)]
+    whole = sum(packer.item_cost(i) for i in h)
+    budget = max(int(whole * share), 2000)
+    for masking in MASKINGS:
+        pp = protoprompt.pack(h, n, budget, output_reserve=500, policy=policy, masking=masking)
+        ref = packer.pack(h, n, budget, output_reserve=500, policy=policy, masking=masking)
+        assert pp.kept_history == ref.kept_history
+        assert pp.masked == ref.masked
+        assert pp.items == ref.items
+        fields = ("history_tokens", "used", "remaining", "masking_saved")
+        assert [getattr(pp, f) for f in fields] == [getattr(ref, f) for f in fields]
+        assert pp.used <= budget
+        if mix != "chat" and masking.after_turns is not None:
+            assert pp.masked, "old tool outputs are masked"

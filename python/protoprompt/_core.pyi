@@ -8,7 +8,7 @@ from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
-from protoprompt.packing import _PackOptions
+from protoprompt.packing import Masking, _PackOptions
 
 __all__ = [
     "CALIBRATION_MAX_SAMPLES",
@@ -67,7 +67,9 @@ class DecisionTable:
     """Per-unit decisions of one pack, kept in Rust."""
 
     def __len__(self) -> int: ...
-    def row(self, i: int) -> tuple[int, list[int], list[str], str, int | None, list[_Problem]]: ...
+    def row(
+        self, i: int
+    ) -> tuple[int, list[int], list[str], str, int | None, list[_Problem], int | None]: ...
     def item_counts(self) -> dict[str, int]: ...
     def unit_counts(self) -> dict[str, int]: ...
 
@@ -87,6 +89,8 @@ class _PackDict(TypedDict):
     policy: str
     decisions: DecisionTable
     items: list[Any]
+    masked: list[int]
+    masking_saved: int
     new_counts: NotRequired[list[tuple[bytes, int]]]  # only with count_store
     store_hits: NotRequired[int]  # only with count_store
 
@@ -152,6 +156,7 @@ class HistoryIndex:
         model: str | None = None,
         encoding: str | None = None,
         opaque_scale: float = 1.0,
+        masking: Masking | None = None,
     ) -> int: ...
     def count_window(
         self,
@@ -163,4 +168,5 @@ class HistoryIndex:
         history_offset: int = 0,
         count_store: Any = None,
         opaque_scale: float = 1.0,
+        masking: Masking | None = None,
     ) -> dict[str, Any]: ...

@@ -19,7 +19,9 @@ The order of allocation is fixed (see ``DESIGN.md``):
 
    profile, facts and chunks are pooled by layer priority, then by relevance, and accepted
    while they fit; the last accepted fact or chunk may be cut at a word boundary;
-3. the newest history units, by the Rust core, in the room that is still left.
+3. the newest history units, by the Rust core, in the room that is still left: whole while
+   they fit, then (with the builder's ``masking``, on by default) older units with their tool
+   outputs cut to short excerpts, then nothing.
 
 Every decision is recorded in a :class:`ContextPlan` (``builder.last_plan``), whose
 :meth:`ContextPlan.explain` renders it for a person.
@@ -37,6 +39,7 @@ from .memory import MemoryHit, MemoryScope
 from .memory._ranking import WORD, cosine, rrf_weight
 from .packing import (
     HistoryIndex,
+    Masking,
     PackResult,
     Policy,
     count_tokens,
@@ -47,6 +50,7 @@ from .packing import (
 )
 
 __all__ = [
+    "DEFAULT_MASKING",
     "LAYERS",
     "ContextBlock",
     "ContextPlan",
@@ -59,6 +63,9 @@ LAYERS: tuple[str, ...] = ("system", "profile", "session", "rag")
 """The context layers, in their default priority order."""
 
 Embedder = Callable[[list[str]], list[list[float]]]
+
+DEFAULT_MASKING = Masking()
+"""The builder's default :class:`~protoprompt.Masking` (see ``docs/masking.md``)."""
 
 TRUNCATION_MARK = " …"
 """Appended to a block that was cut at a word boundary, so the model can tell."""
@@ -100,7 +107,8 @@ class ContextPlan:
 
     items: list[Any]
     """What to send: the context message (if any), then the pack result's items — the
-    original history objects that were kept and every ``new_input`` object."""
+    original history objects that were kept (masked copies for the tool outputs of units
+    kept masked) and every ``new_input`` object."""
     context_message: dict[str, Any] | None
     """The one system/developer context message, or ``None`` when there is nothing to say
     (no system prompt and nothing recalled)."""
@@ -141,6 +149,14 @@ class ContextPlan:
     def request_tokens(self) -> int:
         """Tokens of the request itself (context, history, new input)."""
         return self.pack.request_tokens
+
+    @property
+    def masked_items(self) -> list[Any]:
+        """The masked copies in :attr:`items` (new objects, never to be stored), in order."""
+        offset = 1 if self.context_message is not None else 0
+        kept = self.pack.kept_history
+        masked = set(self.pack.masked)
+        return [self.items[offset + i] for i, p in enumerate(kept) if p in masked]
 
     @property
     def recalled(self) -> list[ContextBlock]:
@@ -285,6 +301,14 @@ class TokenBudgetedContextBuilder:
             learned for ``model`` from the provider's counts (see
             :class:`~protoprompt.integrations.BudgetAudit`); text, media and overhead stay
             at the conservative rule. Needs ``model``.
+        masking: how older tool outputs are masked before whole turns are dropped (see
+            :class:`~protoprompt.Masking`). Default ``Masking()``: the history is packed
+            exactly as without masking while it fits whole; once it does not, older units
+            keep their calls, arguments, reasoning and messages with each tool output cut to
+            a 64-token excerpt, and only what does not fit even so is dropped. ``None`` drops
+            whole units as :func:`protoprompt.pack` does by default. Masked outputs are
+            copies in the request only: ``ProtoPromptSession`` never stores them (why this
+            default: ``docs/masking.md``).
 
     Example::
 
@@ -313,6 +337,7 @@ class TokenBudgetedContextBuilder:
         context_role: Literal["system", "developer"] = "system",
         include_parents: bool = False,
         calibration: Calibration | None = None,
+        masking: Masking | None = DEFAULT_MASKING,
     ) -> None:
         if store is not None:
             missing = [
@@ -373,6 +398,9 @@ class TokenBudgetedContextBuilder:
             if model is None:
                 raise ValueError("calibration is per model: pass model= too")
         self.calibration = calibration
+        if masking is not None and not isinstance(masking, Masking):
+            raise TypeError(f"masking must be a Masking or None, got {type(masking).__name__}")
+        self.masking: Masking | None = masking
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
         that raised)."""
@@ -579,6 +607,7 @@ class TokenBudgetedContextBuilder:
             pool=self._candidates(query, scope),
             history_offset=history_offset,
             opaque_scale=opaque_scale,
+            masking=self.masking,
         )
 
     def _build(
@@ -597,9 +626,11 @@ class TokenBudgetedContextBuilder:
         history_len: int | None = None,
         history_offset: int = 0,
         opaque_scale: float | None = None,
+        masking: Masking | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
-        them for every call of a run)."""
+        them for every call of a run). ``masking`` is what the pack masks with (``build``
+        passes the builder's; a model filter passes its own)."""
         self.last_plan = None
         outcome: list[_Assembly] = []
 
@@ -618,6 +649,8 @@ class TokenBudgetedContextBuilder:
             extra["opaque_scale"] = opaque_scale
         elif calibration is not None:
             extra["opaque_scale"] = calibration.opaque_scale
+        if masking is not None:
+            extra["masking"] = masking
         result = (index.pack if index is not None else pack)(
             history_list,
             new_list,

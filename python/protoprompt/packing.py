@@ -17,7 +17,9 @@ __all__ = [
     "GraphReport",
     "HistoryIndex",
     "ItemCost",
+    "Masking",
     "PackResult",
+    "PackTotals",
     "Policy",
     "Problem",
     "Unit",
@@ -34,6 +36,56 @@ __all__ = [
 
 Policy = Literal["contiguous", "greedy"]
 Item = Mapping[str, Any]
+
+
+MIN_EXCERPT_TOKENS = 16
+"""The smallest :attr:`Masking.excerpt_tokens` (the shortest marker always fits in it)."""
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Mask old tool outputs before dropping whole turns (observation masking).
+
+    With ``masking=Masking()``, a pack keeps the newest units whole while they fit; older
+    units are then considered with every tool output cut, in the model-facing copy only, to
+    an excerpt of at most ``excerpt_tokens`` tokens (its head and tail around a marker that
+    names the tool, the call id and how many tokens were removed). A masked unit that fits is
+    kept masked (decision ``"masked"``); one that does not is dropped as without masking.
+    Calls, their arguments, reasoning and messages are never changed; the new input and the
+    history it depends on are never masked. See ``docs/masking.md``.
+
+    Args:
+        excerpt_tokens: tokens a masked text output keeps, marker included (at least 16).
+        after_turns: also mask the outputs of units older than this many newest turns of the
+            history even when they would fit whole (saves tokens on every turn); ``None``
+            masks only what does not fit whole.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int, or out of range.
+    """
+
+    excerpt_tokens: int = 64
+    after_turns: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, minimum in (
+            ("excerpt_tokens", self.excerpt_tokens, MIN_EXCERPT_TOKENS),
+            ("after_turns", self.after_turns, 0),
+        ):
+            if value is None and name == "after_turns":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < minimum:
+                raise ValueError(f"{name} must be at least {minimum}, got {value}")
+            if value > _MAX_TOKENS:
+                raise ValueError(f"{name} must be at most 2**64 - 1, got {value}")
+
+
+def _check_masking(masking: Masking | None) -> Masking | None:
+    if masking is not None and not isinstance(masking, Masking):
+        raise TypeError(f"masking must be a Masking or None, got {type(masking).__name__}")
+    return masking
 
 
 @dataclass(frozen=True)
@@ -85,18 +137,28 @@ class UnitDecision:
     """History positions of the unit, sorted."""
     kinds: list[str]
     decision: str
-    """``"mandatory"``, ``"kept"``, ``"over_budget"``, ``"turn_incomplete"``,
-    ``"invalid_unit"`` or ``"input_only"``."""
+    """``"mandatory"``, ``"kept"``, ``"masked"`` (kept with its tool outputs masked),
+    ``"over_budget"``, ``"turn_incomplete"``, ``"invalid_unit"`` or ``"input_only"``."""
     tokens: int | None
-    """Tokens of the unit; ``None`` when it was dropped without being counted."""
+    """Tokens of the unit whole; ``None`` when it was dropped without being counted."""
     problems: list[Problem] = field(default_factory=list)
+    masked_tokens: int | None = None
+    """Tokens of the unit with its tool outputs masked, when that was counted (for a
+    ``"masked"`` unit: the tokens sent; ``tokens - masked_tokens`` were saved)."""
 
     @property
     def kept(self) -> bool:
         return self.decision in _KEPT
 
+    @property
+    def sent_tokens(self) -> int | None:
+        """Tokens the unit adds to the request (``None`` when it is not sent)."""
+        if not self.kept:
+            return None
+        return self.masked_tokens if self.decision == "masked" else self.tokens
 
-_KEPT = ("mandatory", "kept")
+
+_KEPT = ("mandatory", "kept", "masked")
 
 
 class Decisions(Sequence[UnitDecision]):
@@ -115,8 +177,8 @@ class Decisions(Sequence[UnitDecision]):
         return len(self._table)
 
     def _build(self, i: int) -> UnitDecision:
-        unit, positions, kinds, code, tokens, problems = self._table.row(i)
-        return UnitDecision(unit, positions, kinds, code, tokens, _problems(problems))
+        unit, positions, kinds, code, tokens, problems, masked = self._table.row(i)
+        return UnitDecision(unit, positions, kinds, code, tokens, _problems(problems), masked)
 
     @overload
     def __getitem__(self, index: int) -> UnitDecision: ...
@@ -180,12 +242,35 @@ class ItemCost:
 
 
 @dataclass(frozen=True)
+class PackTotals:
+    """The token totals of a pack (:attr:`PackResult.totals`)."""
+
+    budget: int
+    used: int
+    """Tokens of the request plus the output reserve."""
+    remaining: int
+    new_input: int
+    dependency: int
+    history: int
+    """Optional history as sent (masked units at their masked cost)."""
+    context: int
+    output_reserve: int
+    masked_units: int
+    """History units sent with their tool outputs masked."""
+    masked_items: int
+    """History items sent as masked copies."""
+    masking_saved: int
+    """Tokens the masked units would have cost more whole."""
+
+
+@dataclass(frozen=True)
 class PackResult:
     """The outcome of :func:`pack`."""
 
     items: list[Any]
-    """What to send: the kept history objects (original order, same objects) then every
-    ``new_input`` object, unchanged."""
+    """What to send: the kept history objects (original order, same objects; with masking,
+    a masked unit's tool outputs are new copies instead) then every ``new_input`` object,
+    unchanged."""
     kept_history: list[int]
     dependency: list[int]
     new_input_tokens: int
@@ -202,6 +287,35 @@ class PackResult:
     """One decision per history unit, oldest first (built lazily on access)."""
     opaque_scale: float = 1.0
     """The calibration opaque payloads were costed with (1.0: the decoded-size rule)."""
+    masked: list[int] = field(default_factory=list)
+    """History positions sent as masked copies (sorted; a subset of ``kept_history``)."""
+    masking_saved: int = 0
+    """Tokens the units kept masked would have cost more whole."""
+
+    @property
+    def totals(self) -> PackTotals:
+        """The token totals, masking included (what was masked and the tokens it saved)."""
+        masked_units = 0
+        if self.masked:
+            counts = (
+                self.decisions.unit_counts()
+                if isinstance(self.decisions, Decisions)
+                else {"masked": sum(1 for d in self.decisions if d.decision == "masked")}
+            )
+            masked_units = counts.get("masked", 0)
+        return PackTotals(
+            budget=self.budget,
+            used=self.used,
+            remaining=self.remaining,
+            new_input=self.new_input_tokens,
+            dependency=self.dependency_tokens,
+            history=self.history_tokens,
+            context=self.context_tokens,
+            output_reserve=self.output_reserve,
+            masked_units=masked_units,
+            masked_items=len(self.masked),
+            masking_saved=self.masking_saved,
+        )
 
     @property
     def dropped(self) -> list[UnitDecision]:
@@ -241,6 +355,8 @@ class PackResult:
                 f"  opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
                 "(calibrated; text, media and overhead at the rule)"
             )
+        if self.masked:
+            lines.append(self._explain_masked(max_units))
         counts = {k: n for k, n in self.decision_counts().items() if k not in _KEPT}
         if counts:
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
@@ -268,6 +384,23 @@ class PackResult:
                 lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
             if len(shown) < n_dropped:
                 lines.append(f"  ... and {n_dropped - len(shown)} older dropped units")
+        return "\n".join(lines)
+
+    def _explain_masked(self, max_units: int | None) -> str:
+        """The masked units, newest first (at most ``max_units``)."""
+        masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
+        lines = [
+            f"masked: {len(masked)} units ({len(self.masked)} tool outputs), "
+            f"{self.masking_saved} tokens saved"
+        ]
+        shown = masked if max_units is None else masked[:max_units]
+        lines.extend(
+            f"  history{_span(d.positions)} {'+'.join(d.kinds)} "
+            f"({d.tokens} -> {d.masked_tokens} tokens) -> masked"
+            for d in shown
+        )
+        if len(shown) < len(masked):
+            lines.append(f"  ... and {len(masked) - len(shown)} older masked units")
         return "\n".join(lines)
 
 
@@ -438,6 +571,7 @@ def pack(
     pinned: Iterable[int] = (),
     history_len: int | None = None,
     opaque_scale: float = 1.0,
+    masking: Masking | None = None,
 ) -> PackResult:
     """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
 
@@ -462,6 +596,11 @@ def pack(
     provider's own counts (:class:`~protoprompt.Calibration`); text, media and overhead are
     never scaled.
 
+    ``masking`` (a :class:`Masking`; default ``None``, off): units older than those that fit
+    whole are kept with their tool outputs cut to short excerpts before anything is dropped
+    (decision ``"masked"``). The masked outputs in ``items`` are new copies; the caller's
+    items are never changed.
+
     Raises:
         TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
         InvalidNewInputError: ``new_input`` cannot be sent as given (the message names each
@@ -481,6 +620,7 @@ def pack(
         pinned=pinned,
         history_len=history_len,
         opaque_scale=opaque_scale,
+        masking=masking,
     )
     return _run(_core.HistoryIndex().pack, history, new_input, options, _checked(count_store))
 
@@ -558,10 +698,12 @@ class _PackOptions:
     history_len: int | None = None
     history_offset: int = 0
     opaque_scale: float = 1.0
+    masking: Masking | None = None
 
     def __post_init__(self) -> None:
         _check_sizes(self.budget, self.output_reserve, self.context_tokens)
         object.__setattr__(self, "opaque_scale", _check_opaque_scale(self.opaque_scale))
+        _check_masking(self.masking)
         # A tuple of checked positions (a list or generator given is read once, here).
         object.__setattr__(self, "pinned", tuple(_check_pinned(self.pinned)))
         history_len = self.history_len
@@ -605,6 +747,8 @@ def _run(
         policy=raw["policy"],
         decisions=Decisions(raw["decisions"]),
         opaque_scale=raw["opaque_scale"],
+        masked=raw["masked"],
+        masking_saved=raw["masking_saved"],
     )
 
 
@@ -738,6 +882,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         history_len: int | None = None,
         history_offset: int = 0,
         opaque_scale: float = 1.0,
+        masking: Masking | None = None,
     ) -> PackResult:
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
@@ -757,6 +902,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         indexed. The result is the pack of the whole history; an
         :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
         would need, if any.
+
+        ``masking``: as in :func:`pack`; the masked costs are kept between turns too (for one
+        encoding and ``excerpt_tokens``).
         """
         options = _PackOptions(
             budget,
@@ -770,6 +918,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             history_len=history_len,
             history_offset=history_offset,
             opaque_scale=opaque_scale,
+            masking=masking,
         )
         return _run(self._index.pack, history, new_input, options, self.count_store)
 
@@ -781,6 +930,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         model: str | None = None,
         encoding: str | None = None,
         opaque_scale: float = 1.0,
+        masking: Masking | None = None,
     ) -> int:
         """The first history position a contiguous :meth:`pack` within ``budget`` tokens of
         history can cost or keep, for the history this index has seen followed by
@@ -793,6 +943,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         (:meth:`count_window` counts them). ``0`` when the whole history may be needed.
         The greedy policy has no such bound: pack the whole history for it. Pass the
         ``opaque_scale`` the pack will use (costs counted under another count as unknown).
+        For a pack with ``masking``, pass the same ``masking``: a tool output then counts at
+        most its masked cost, so the window reaches the older units a masked pack may keep.
         """
         _check_sizes(budget, 0, 0)
         return int(
@@ -802,6 +954,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
                 model=model,
                 encoding=encoding,
                 opaque_scale=_check_opaque_scale(opaque_scale),
+                masking=_check_masking(masking),
             )
         )
 
@@ -814,12 +967,14 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         encoding: str | None = None,
         history_offset: int = 0,
         opaque_scale: float = 1.0,
+        masking: Masking | None = None,
     ) -> int:
         """Count the token costs a later :meth:`window_start` with ``budget`` walks over, so
         that it finds the window from exact costs; returns the window start for the history
         as indexed now. ``history`` holds the indexed history from ``history_offset`` on
         (exactly ``len(self) - history_offset`` items; earlier positions keep what they
-        have). Counts go to the count store as in :meth:`pack`.
+        have). Counts go to the count store as in :meth:`pack`. With ``masking``, the masked
+        costs are counted too (for a :meth:`window_start` with the same masking).
         """
         _check_sizes(budget, 0, 0)
         store = self.count_store
@@ -831,6 +986,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             history_offset=history_offset,
             count_store=store,
             opaque_scale=_check_opaque_scale(opaque_scale),
+            masking=_check_masking(masking),
         )
         if store is not None and raw.get("new_counts"):
             store.put_many(raw["new_counts"])

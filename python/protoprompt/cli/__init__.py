@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ProtoPromptError
+from ..packing import Masking
 
 __all__ = ["main"]
 
@@ -43,6 +44,10 @@ def _positive(text: str) -> int:
 
 def _non_negative(text: str) -> int:
     return _whole_number(text, 0, "must be 0 or more")
+
+
+def _mask_excerpt(text: str) -> int:
+    return _whole_number(text, 16, "must be at least 16")
 
 
 def _port(text: str) -> int:
@@ -191,6 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="read only the newest N items (as session_settings.limit does)",
     )
     inspect.add_argument(
+        "--masking",
+        action="store_true",
+        help="mask old tool outputs before dropping turns (as the builder does by default)",
+    )
+    inspect.add_argument(
+        "--excerpt-tokens",
+        type=_mask_excerpt,
+        default=64,
+        metavar="N",
+        help="with --masking: tokens a masked tool output keeps, marker included (default 64)",
+    )
+    inspect.add_argument(
+        "--mask-after-turns",
+        type=_non_negative,
+        metavar="N",
+        help="with --masking: also mask the outputs older than the N newest turns",
+    )
+    inspect.add_argument(
         "--dropped", action="store_true", help="list only the units that are not sent"
     )
     inspect.add_argument(
@@ -319,6 +342,13 @@ def _run_inspect(args: argparse.Namespace) -> int:
     finally:
         conn.close()
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
+    if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
+        raise _CommandError("--excerpt-tokens and --mask-after-turns need --masking")
+    masking = (
+        Masking(excerpt_tokens=args.excerpt_tokens, after_turns=args.mask_after_turns)
+        if args.masking
+        else None
+    )
     try:
         result = ins.inspect_session(
             rows,
@@ -329,6 +359,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             encoding=args.encoding,
             policy=args.policy,
             new_input=new_input,
+            masking=masking,
         )
     except ProtoPromptError as exc:
         location = getattr(exc, "location", "")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..packing import PackResult, Policy, UnitDecision, pack
+from ..packing import Masking, PackResult, Policy, UnitDecision, pack
 
 __all__ = [
     "InspectError",
@@ -138,6 +138,7 @@ def read_session(
 _REASONS = {
     "mandatory": "the new input depends on it",
     "kept": "fits in the budget",
+    "masked": "fits with its tool outputs masked (cut to excerpts in the request only)",
     "turn_incomplete": "a newer unit of its turn did not fit, so the rest of the turn is dropped",
     "input_only": "an input-only control item: never sent from history",
 }
@@ -209,8 +210,10 @@ def inspect_session(
     encoding: str | None,
     policy: Policy,
     new_input: list[dict[str, Any]],
+    masking: Masking | None = None,
 ) -> PackResult:
-    """Pack the stored history as the next turn would (``new_input`` may be empty)."""
+    """Pack the stored history as the next turn would (``new_input`` may be empty), with
+    ``masking`` if given."""
     return pack(
         rows.items,
         new_input,
@@ -220,6 +223,7 @@ def inspect_session(
         model=model,
         encoding=encoding,
         policy=policy,
+        masking=masking,
     )
 
 
@@ -248,6 +252,7 @@ def report_json(
             "rows": [rows.row_ids[p] for p in d.positions],
             "kinds": list(d.kinds),
             "tokens": d.tokens,
+            "masked_tokens": d.masked_tokens,
             "decision": d.decision,
             "kept": d.kept,
             "reason": decision_reason(d),
@@ -259,7 +264,8 @@ def report_json(
         for d in result.decisions
     ]
     counts = result.decision_counts()
-    kept_items = sum(n for k, n in counts.items() if k in ("kept", "mandatory"))
+    kept_items = sum(n for k, n in counts.items() if k in ("kept", "mandatory", "masked"))
+    totals = result.totals
     return {
         "database": path,
         "session": session_id,
@@ -279,6 +285,9 @@ def report_json(
         "remaining": result.remaining,
         "kept_items": kept_items,
         "dropped_items": len(rows.items) - kept_items,
+        "masked_units": totals.masked_units,
+        "masked_items": totals.masked_items,
+        "masking_saved": totals.masking_saved,
         "decision_counts": counts,
         "units": units,
     }
@@ -304,7 +313,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
                 str(u["unit"]),
                 _span(u["positions"]),
                 kinds if len(kinds) <= 40 else kinds[:39] + "…",
-                "-" if u["tokens"] is None else str(u["tokens"]),
+                _tokens(u),
                 u["decision"],
                 u["reason"],
                 u["preview"],
@@ -325,7 +334,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         lines.append("no unit is dropped")
     counts = report["decision_counts"]
     dropped = ", ".join(
-        f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("kept", "mandatory")
+        f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("kept", "mandatory", "masked")
     )
     lines += [
         "",
@@ -339,4 +348,18 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         f"kept {report['kept_items']} of {report['items']} history items; "
         + (f"dropped {report['dropped_items']} ({dropped})" if dropped else "nothing dropped"),
     ]
+    if report.get("masked_units"):
+        lines.append(
+            f"masked {report['masked_items']} tool outputs in {report['masked_units']} units, "
+            f"saving {report['masking_saved']} tokens"
+        )
     return "\n".join(lines)
+
+
+def _tokens(unit: Mapping[str, Any]) -> str:
+    """The tokens cell: the unit's tokens, and for a masked unit ``whole->masked``."""
+    if unit["tokens"] is None:
+        return "-"
+    if unit["decision"] == "masked":
+        return f"{unit['tokens']}->{unit['masked_tokens']}"
+    return str(unit["tokens"])

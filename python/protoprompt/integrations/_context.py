@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 MAX_PENDING_CONTEXTS = 64
 """Context messages remembered until the SDK writes them; older ones are forgotten."""
+MAX_PENDING_MASKED = 4096
+"""Masked copies remembered until the SDK writes them (direct calls of the callback); older
+ones are forgotten."""
 _CONTEXT_ROLES = ("system", "developer")
 
 

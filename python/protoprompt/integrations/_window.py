@@ -133,6 +133,7 @@ def read_window(
                     model=model,
                     encoding=encoding,
                     opaque_scale=scale,
+                    masking=getattr(builder, "masking", None),
                 )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from ..calibration import Calibration
 from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
-from ..packing import preload
+from ..packing import canonical_text, preload
 from . import _sync, pool
 from ._context import (
     LAST_READ,
     MAX_PENDING_CONTEXTS,
+    MAX_PENDING_MASKED,
     RUN_INPUT,
     Read,
     RunInput,
@@ -375,6 +376,9 @@ class ProtoPromptSession:
         # Token windows need the rows with their ids (a database file) and the index.
         self._windowed_reads = windowed_reads and self._reader is not None
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
+        # Masked copies handed out by direct calls of the callback, with their canonical
+        # text: add_items keeps them out of the history like the context message.
+        self._pending_masked: deque[tuple[Any, str]] = deque(maxlen=MAX_PENDING_MASKED)
         self._warned_wrapped = False
         self._pending_lock = threading.Lock()
         # Context messages produced lately (stored or not), for the model filter to pin.
@@ -523,6 +527,7 @@ class ProtoPromptSession:
         """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
         with self._pending_lock:
             self._pending.clear()
+            self._pending_masked.clear()
         self._index_state.bump()
         try:
             await call(self._inner.clear_session, wrapper=wrapper)
@@ -691,9 +696,10 @@ class ProtoPromptSession:
         return a, b
 
     def _without_own_context(self, items: Sequence[Item]) -> list[Item]:
-        """``items`` minus the produced context messages (each one consumed once)."""
+        """``items`` minus the produced context messages and masked copies (each one
+        consumed once)."""
         with self._pending_lock:
-            if not self._pending:
+            if not self._pending and not self._pending_masked:
                 return list(items)
             kept: list[Item] = []
             for item in items:
@@ -704,11 +710,35 @@ class ProtoPromptSession:
                         index = next(
                             (i for i, (_, k) in enumerate(self._pending) if k == key), None
                         )
-                if index is None:
-                    kept.append(item)
-                else:
+                if index is not None:
                     del self._pending[index]
+                elif not self._consume_masked(item):
+                    kept.append(item)
             return kept
+
+    def _consume_masked(self, item: Item) -> bool:
+        """Whether ``item`` is (a copy of) a masked copy a direct call handed out; it is then
+        forgotten (caller holds the pending lock)."""
+        if not self._pending_masked or not isinstance(item, Mapping):
+            return False
+        index = next((i for i, (obj, _) in enumerate(self._pending_masked) if obj is item), None)
+        if index is None:
+            try:
+                key = canonical_text(item)
+            except ProtoPromptError:
+                return False
+            index = next((i for i, (_, k) in enumerate(self._pending_masked) if k == key), None)
+        if index is None:
+            return False
+        del self._pending_masked[index]
+        return True
+
+    @property
+    def pending_masked_count(self) -> int:
+        """Masked copies handed out by direct calls of the callback and not yet seen in
+        ``add_items`` (in a run the SDK never hands them over to store)."""
+        with self._pending_lock:
+            return len(self._pending_masked)
 
     @property
     def pending_context_count(self) -> int:
@@ -746,6 +776,7 @@ class ProtoPromptSession:
                 encoding=builder.encoding,
                 history_offset=offset,
                 opaque_scale=opaque_scale,
+                masking=getattr(builder, "masking", None),
             )
         except Exception as exc:  # noqa: BLE001 - an item the request did not need
             _log.debug("protoprompt: window costs of %r not counted: %s", self.session_id, exc)
@@ -855,11 +886,12 @@ class ProtoPromptSession:
         """What the callback returns for ``plan``: its items, with the context message made
         known and the run recorded for the model filter.
 
-        ``history``: the history list the runner handed over. The context message object is
-        added to it, so the SDK takes it for history and never asks any session to store it
-        — also when a wrapper such as ``EncryptedSession`` sits in front of this one and
-        would hand it over encrypted, past recognition. Without it (a direct call), the
-        message is registered so :meth:`add_items` keeps it out of the history."""
+        ``history``: the history list the runner handed over. The context message object and
+        the masked copies are added to it, so the SDK takes them for history and never asks
+        any session to store them — also when a wrapper such as ``EncryptedSession`` sits in
+        front of this one and would hand them over encrypted, past recognition. Without it
+        (a direct call), they are registered so :meth:`add_items` keeps them out of the
+        history."""
         key = None
         message = plan.context_message
         if message is not None:
@@ -868,6 +900,13 @@ class ProtoPromptSession:
                 key = self._produced_context(message)
             else:
                 key = self._expect_context(message)
+        masked = plan.masked_items
+        if masked and history is not None:
+            history.extend(masked)
+        elif masked:
+            keys = [canonical_text(m) for m in masked]
+            with self._pending_lock:
+                self._pending_masked.extend(zip(masked, keys, strict=True))
         RUN_INPUT.set(RunInput(self, key, list(new_input), len(plan.items)))
         if on_plan is not None:
             on_plan(plan)

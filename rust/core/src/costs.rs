@@ -488,6 +488,10 @@ impl<'m, F: ItemSource, S: CountStore> CostEngine<'m, F, S> {
 }
 
 impl<F: ItemSource, S: CountStore> CostSource for CostEngine<'_, F, S> {
+    fn known(&self, position: usize) -> Option<u64> {
+        CostEngine::known(self, position)
+    }
+
     fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
         let missing: Vec<usize> = positions
             .iter()

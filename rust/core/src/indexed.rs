@@ -21,8 +21,9 @@ use crate::costs::{
 use crate::decisions::DecisionRows;
 use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
 use crate::items::ItemMeta;
+use crate::mask::{maskable, MaskMemo, MaskedCosts, Masking};
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::CostBasis;
+use crate::tokens::{CostBasis, ITEM_OVERHEAD};
 
 /// Small table of the kind names met so far: positions store a one-byte code.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -64,6 +65,7 @@ pub struct HistoryMark {
     names: usize,
     kinds_capacity: usize,
     costs_capacity: usize,
+    masked_capacity: usize,
     /// The costs a [`IndexedHistory::switch_costs`] replaced since the mark.
     switched: Option<SwitchedCosts>,
 }
@@ -81,6 +83,8 @@ pub struct IndexedHistory {
     /// Why the costs of the snapshot this index was loaded from were not reused, if they
     /// were not (counted under another cost rule).
     snapshot_costs_dropped: Option<&'static str>,
+    /// Masked cost of the positions counted masked (one encoding and excerpt size).
+    masked: MaskMemo,
     /// The decision reports of earlier packs that may still share the graph and kinds.
     live: Vec<Weak<Mutex<DecisionRows>>>,
 }
@@ -144,6 +148,30 @@ impl IndexedHistory {
         (&self.graph, &mut self.costs)
     }
 
+    /// [`IndexedHistory::graph_and_costs`] with the memo of masked costs too.
+    pub fn graph_costs_and_masks(&mut self) -> (&GraphIndex, &mut CostMemo, &mut MaskMemo) {
+        (&self.graph, &mut self.costs, &mut self.masked)
+    }
+
+    /// The masked costs counted so far.
+    pub fn masked_costs(&self) -> &MaskMemo {
+        &self.masked
+    }
+
+    /// A lower bound of what position `p` costs in a pack under `basis`, with `masking`:
+    /// its known cost (else an item's overhead), and for a tool output with masking its known
+    /// masked cost (else an item's overhead), which is never above either form's cost. (Tool
+    /// outputs carry no opaque payload, so their masked cost depends on the encoding alone.)
+    fn lower_bound(&self, p: usize, basis: CostBasis, masking: Option<Masking>) -> u64 {
+        match masking {
+            Some(m) if maskable(self.graph.kind(p)) => self
+                .masked
+                .get(p, basis.encoding, m.excerpt_tokens)
+                .unwrap_or(ITEM_OVERHEAD),
+            _ => self.costs.lower_bound(p, basis),
+        }
+    }
+
     /// Where a pack of `budget` over this history with `tail` appended can start reading:
     /// [`GraphIndex::window_start`] with each unit at the lower bound of its known costs
     /// under `basis` ([`CostMemo::lower_bound`]: never above the truth, so the window is
@@ -154,11 +182,24 @@ impl IndexedHistory {
         budget: u64,
         basis: impl Into<CostBasis>,
     ) -> usize {
-        let costs = &self.costs;
+        self.window_start_masked(tail, budget, basis, None)
+    }
+
+    /// [`IndexedHistory::window_start`] for a pack with `masking`: a tool output counts at
+    /// most its masked cost, so the walk adds up what the fill could take at the least (a
+    /// unit whole or masked) and the proof at [`GraphIndex::window_start`] holds unchanged
+    /// for a masked pack.
+    pub fn window_start_masked(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        basis: impl Into<CostBasis>,
+        masking: Option<Masking>,
+    ) -> usize {
         let basis = basis.into();
         let start = self.graph.window_start(tail, budget, |members| {
             Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
-                sum.saturating_add(costs.lower_bound(p, basis))
+                sum.saturating_add(self.lower_bound(p, basis, masking))
             }))
         });
         start.unwrap_or_else(|never| match never {})
@@ -166,7 +207,10 @@ impl IndexedHistory {
 
     /// Approximate bytes of memory held.
     pub fn heap_bytes(&self) -> usize {
-        self.graph.heap_bytes() + self.kinds.capacity() + self.costs.heap_bytes()
+        self.graph.heap_bytes()
+            + self.kinds.capacity()
+            + self.costs.heap_bytes()
+            + self.masked.heap_bytes()
     }
 
     /// How many times a change copied the whole graph because a report still shared it.
@@ -205,6 +249,7 @@ impl IndexedHistory {
             names: self.kind_names.0.len(),
             kinds_capacity: self.kinds.capacity(),
             costs_capacity: self.costs.capacity(),
+            masked_capacity: self.masked.capacity(),
             switched: None,
         }
     }
@@ -232,6 +277,7 @@ impl IndexedHistory {
         self.kind_names.0.truncate(mark.names);
         self.costs.restore(mark.switched, mark.len);
         self.costs.shrink_back(mark.len, mark.costs_capacity);
+        self.masked.shrink_back(mark.len, mark.masked_capacity);
     }
 
     /// The decision report of a pack over the indexed history (split at `tail.cut` when
@@ -265,6 +311,7 @@ impl IndexedHistory {
             Arc::make_mut(&mut self.kinds).truncate(len);
         }
         self.costs.truncate(len);
+        self.masked.truncate(len);
         self.graph.truncate(len);
     }
 
@@ -274,6 +321,7 @@ impl IndexedHistory {
         self.graph.clear();
         Arc::make_mut(&mut self.kinds).clear();
         self.costs.clear();
+        self.masked.clear();
     }
 
     /// The index as bytes, costs included, for [`IndexedHistory::from_snapshot`] with the
@@ -323,6 +371,7 @@ impl IndexedHistory {
             kind_names,
             costs,
             snapshot_costs_dropped: dropped,
+            masked: MaskMemo::new(),
             live: Vec::new(),
         })
     }
@@ -358,5 +407,30 @@ pub fn counted_window_start<F: ItemSource, S: CountStore>(
             .into_iter()
             .chain(earlier)
             .fold(0u64, |sum, c| sum.saturating_add(c)))
+    })
+}
+
+/// [`counted_window_start`] for a masked pack: units whose members the caller's list holds
+/// are counted at their masked cost (exactly; with the whole costs, so both are known for
+/// the next window), any other at the lower bounds of [`IndexedHistory::window_start`].
+pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
+    graph: &GraphIndex,
+    masked: &mut MaskedCosts<'_, CostEngine<'_, F, S>>,
+    budget: u64,
+    offset: usize,
+) -> Result<usize, CostFailure> {
+    graph.window_start(&[], budget, |members| {
+        if members.iter().all(|&p| p >= offset) {
+            let costs = masked.masked_costs(members)?;
+            return Ok(costs.into_iter().fold(0u64, |sum, c| sum.saturating_add(c)));
+        }
+        Ok(members.iter().fold(0u64, |sum, &p| {
+            let bound = if maskable(graph.kind(p)) {
+                masked.known_masked(p).unwrap_or(ITEM_OVERHEAD)
+            } else {
+                masked.inner().known(p).unwrap_or(ITEM_OVERHEAD)
+            };
+            sum.saturating_add(bound)
+        }))
     })
 }

@@ -9,6 +9,7 @@ pub mod graph;
 pub mod incremental;
 pub mod indexed;
 pub mod items;
+pub mod mask;
 pub mod pack;
 pub mod tokens;
 pub mod truncate;

@@ -50,6 +50,21 @@
 //!   ([`pack_view`]'s `pinned`): their units are mandatory too. A turn whose opening user
 //!   message is pinned may be kept in part (its newest units), as a model call inside a
 //!   tool loop keeps the run's input and newest step and fills the steps between.
+//! * **What is masked.** With [`Masking`] ([`pack_view_masked`]), the newest units are still
+//!   taken whole while they fit. From the first unit that does not fit whole (or the first
+//!   unit older than `after_turns` turns of the history), every older unit is considered
+//!   masked: its tool outputs cut to short excerpts in the model-facing copy
+//!   ([`crate::mask`]); it is kept masked if that fits, and the fill misses as above if it
+//!   does not (coherent start and both policies unchanged: the greedy policy takes older
+//!   turns masked, whole or not at all). The units of the turn that did not fit whole that
+//!   were already taken whole are masked too (`Fill::mask_taken_turn`), unless the turn's
+//!   opening user message is mandatory: a turn is kept masked rather than dropped for want
+//!   of room for its own user message. Before masking any unit of a turn the fill checks by
+//!   the units' masked floors that the rest of the turn can fit (`Fill::turn_cannot_fit`):
+//!   if not, the turn is dropped as the rule drops it, without an excerpt made (the result
+//!   is the same; only the work differs). A mandatory unit is never masked. A unit kept masked
+//!   is reported `masked` with its whole and its masked tokens; its items are in
+//!   `kept_history`, and [`crate::mask::MaskedCosts::copies`] gives their copies.
 //! * **What is reported.** Totals per section, and one [`UnitDecision`] per history unit with
 //!   its reason and, when it was counted, its tokens ([`PackResult::decisions`], derived on
 //!   demand from the touched units and the graph).
@@ -60,6 +75,7 @@ use rustc_hash::FxHashMap;
 
 use crate::graph::{Graph, GraphView, Unit};
 use crate::items::ItemMeta;
+pub use crate::mask::Masking;
 
 /// How history is chosen once the mandatory part is reserved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,6 +144,9 @@ pub enum Decision {
     Mandatory,
     /// Optional history that fit.
     Kept,
+    /// Optional history that fit with its tool outputs masked (cut to excerpts in the
+    /// model-facing copy).
+    Masked,
     /// Did not fit in what was left of the budget.
     OverBudget,
     /// Another unit of the same turn did not fit, and the turn's opening user message is not
@@ -145,6 +164,7 @@ impl Decision {
         match self {
             Decision::Mandatory => "mandatory",
             Decision::Kept => "kept",
+            Decision::Masked => "masked",
             Decision::OverBudget => "over_budget",
             Decision::TurnIncomplete => "turn_incomplete",
             Decision::InvalidUnit => "invalid_unit",
@@ -153,7 +173,10 @@ impl Decision {
     }
 
     pub fn is_kept(self) -> bool {
-        matches!(self, Decision::Mandatory | Decision::Kept)
+        matches!(
+            self,
+            Decision::Mandatory | Decision::Kept | Decision::Masked
+        )
     }
 }
 
@@ -167,6 +190,9 @@ pub struct UnitDecision {
     pub decision: Decision,
     /// Tokens of the unit's history members, when they were counted.
     pub tokens: Option<u64>,
+    /// Tokens of the unit with its tool outputs masked, when that was counted (for a
+    /// `Masked` unit: what was sent).
+    pub masked_tokens: Option<u64>,
 }
 
 /// Result of [`pack`].
@@ -188,6 +214,11 @@ pub struct PackResult {
     /// the unit itself (see [`PackResult::decision_of`]), so the result stays small however
     /// long the history is.
     pub touched: FxHashMap<usize, UnitDecision>,
+    /// Units kept masked (sorted): their members are in `kept_history`, sent as masked
+    /// copies where a copy costs less ([`crate::mask::MaskedCosts::copies`]).
+    pub masked_units: Vec<usize>,
+    /// Tokens the masked units would have cost more whole (included in nothing else).
+    pub masking_saved: u64,
 }
 
 impl PackResult {
@@ -222,6 +253,7 @@ impl PackResult {
             unit: u,
             decision: untouched_decision(unit),
             tokens: None,
+            masked_tokens: None,
         })
     }
 
@@ -335,6 +367,36 @@ pub trait CostSource {
     fn lower_bound(&mut self, _position: usize) -> u64 {
         crate::tokens::ITEM_OVERHEAD
     }
+
+    /// Exact costs of the history members of one unit (`members`, in order) as sent masked
+    /// ([`crate::mask`]): an item with nothing to mask costs what it costs whole. The default,
+    /// for a source that cannot mask, is the whole costs.
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.costs(members)
+    }
+
+    /// A cheap lower bound of the masked cost of the item at `position` (never above it,
+    /// which is never above the whole cost). The default is the per-item overhead.
+    fn masked_lower_bound(&mut self, _position: usize) -> u64 {
+        crate::tokens::ITEM_OVERHEAD
+    }
+
+    /// Whether [`CostSource::masked_costs`] can be lower than the whole costs.
+    fn masks(&self) -> bool {
+        false
+    }
+
+    /// The exact cost of the item at `position` if it is known without counting.
+    fn known(&self, _position: usize) -> Option<u64> {
+        None
+    }
+
+    /// Whether the item at `position` may be cheaper masked (a tool output). The default,
+    /// for a source that does not know, is `true` (every item is then bounded by an item's
+    /// overhead).
+    fn maskable(&self, _position: usize) -> bool {
+        true
+    }
 }
 
 struct Packer<'a> {
@@ -369,6 +431,20 @@ impl Packer<'_> {
             .iter()
             .fold(0u64, |a, &p| a.saturating_add(self.costs.lower_bound(p)))
     }
+
+    fn masked_sum(&mut self, members: &[usize]) -> Result<u64, PackError> {
+        let costs = self
+            .costs
+            .masked_costs(members)
+            .map_err(|f| self.item_error(f))?;
+        Ok(costs.iter().fold(0u64, |a, &c| a.saturating_add(c)))
+    }
+
+    fn masked_lower_bound(&mut self, positions: &[usize]) -> u64 {
+        positions.iter().fold(0u64, |a, &p| {
+            a.saturating_add(self.costs.masked_lower_bound(p))
+        })
+    }
 }
 
 /// Called once the mandatory part is reserved, with the tokens still free; returns the tokens
@@ -395,6 +471,8 @@ pub fn pack(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FillState {
     Kept,
+    /// Kept with its tool outputs masked (cheaper than whole).
+    Masked,
     TurnIncomplete,
 }
 
@@ -423,13 +501,34 @@ pub fn pack_view(
     pinned: &[usize],
     context: Option<ContextHook<'_>>,
 ) -> Result<PackResult, PackError> {
+    pack_view_masked(graph, is_user, costs, opts, None, pinned, context)
+}
+
+/// [`pack_view`] with `masking`: units older than those kept whole are considered with their
+/// tool outputs masked (see the module note); `costs` supplies the masked costs
+/// ([`crate::mask::MaskedCosts`]). The mandatory units — new input, the tail dependency and
+/// every unit holding a `pinned` position (a per-call model filter pins its newest step and
+/// run input this way) — are never masked. `None` packs exactly as [`pack_view`].
+pub fn pack_view_masked(
+    graph: GraphView<'_>,
+    is_user: &dyn Fn(usize) -> bool,
+    costs: &mut dyn CostSource,
+    opts: &PackOptions,
+    masking: Option<Masking>,
+    pinned: &[usize],
+    context: Option<ContextHook<'_>>,
+) -> Result<PackResult, PackError> {
     let mandatory = mandatory_units(graph, pinned);
     check_mandatory_units(graph, &mandatory, pinned)?;
     let mut fill = Fill {
         packer: Packer { graph, costs },
         is_user,
         mandatory,
+        masking,
+        masked_phase: false,
+        checked_turn: None,
         unit_tokens: FxHashMap::default(),
+        masked_tokens: FxHashMap::default(),
         state: FxHashMap::default(),
         remaining: 0,
         history_tokens: 0,
@@ -510,8 +609,16 @@ struct Fill<'a> {
     is_user: &'a dyn Fn(usize) -> bool,
     /// Mandatory units (sorted).
     mandatory: Vec<usize>,
+    masking: Option<Masking>,
+    /// Whether the fill has passed the units kept whole (every later unit is considered
+    /// masked).
+    masked_phase: bool,
+    /// The turn whose rest was last checked to fit masked ([`Fill::turn_cannot_fit`]).
+    checked_turn: Option<usize>,
     /// Tokens of every unit counted so far.
     unit_tokens: FxHashMap<usize, u64>,
+    /// Masked tokens of every unit counted masked so far.
+    masked_tokens: FxHashMap<usize, u64>,
     /// Units the fill kept or dropped as turn-incomplete.
     state: FxHashMap<usize, FillState>,
     /// Budget still free.
@@ -626,6 +733,172 @@ impl Fill<'_> {
         None
     }
 
+    /// Whether a candidate of turn `label` may still be taken whole.
+    fn whole_allowed(&self, label: usize) -> bool {
+        !self.masked_phase
+            && self
+                .masking
+                .and_then(|m| m.after_turns)
+                .is_none_or(|n| (label as u64) < n)
+    }
+
+    /// Count unit `u` masked (its whole cost too, for the report); returns the masked cost
+    /// and the state it would be kept in (`Masked` only when cheaper than whole).
+    fn count_masked(&mut self, u: usize) -> Result<(u64, FillState), PackError> {
+        let members = &self.packer.graph.unit(u).members;
+        let masked = self.packer.masked_sum(members)?;
+        let whole = self.packer.sum(members)?;
+        self.unit_tokens.insert(u, whole);
+        self.masked_tokens.insert(u, masked);
+        let state = if masked < whole {
+            FillState::Masked
+        } else {
+            FillState::Kept
+        };
+        Ok((masked, state))
+    }
+
+    /// A unit's least possible masked cost: the whole cost of every member that is not a
+    /// tool output (counted), an item's overhead for each that is (not counted: a tool
+    /// output is what makes a unit big). It depends on the items only (not on what an index
+    /// has counted before), so reports are the same with and without an index.
+    fn masked_floor(&mut self, members: &[usize]) -> Result<u64, PackError> {
+        let (outputs, others): (Vec<usize>, Vec<usize>) = members
+            .iter()
+            .partition(|&&p| self.packer.costs.maskable(p));
+        let counted = self.packer.sum(&others)?;
+        let overheads = (outputs.len() as u64).saturating_mul(crate::tokens::ITEM_OVERHEAD);
+        Ok(counted.saturating_add(overheads))
+    }
+
+    /// The cost and state unit `u` (of turn `label`) is taken with, or `None` when it does not
+    /// fit: whole while units fit whole (and are young enough), else masked (see the module
+    /// note). `taken`: the units taken so far, newest first, with turn label and cost. A unit
+    /// whose masked cost cannot fit by its lower bound is not masked (nor counted masked).
+    fn try_take(
+        &mut self,
+        u: usize,
+        label: usize,
+        taken: &mut [(usize, usize, u64)],
+    ) -> Result<Option<(u64, FillState)>, PackError> {
+        let members = &self.packer.graph.unit(u).members;
+        if self.whole_allowed(label) {
+            let whole = self.packer.sum(members)?;
+            self.unit_tokens.insert(u, whole);
+            if whole <= self.remaining {
+                return Ok(Some((whole, FillState::Kept)));
+            }
+            if self.masking.is_none() {
+                return Ok(None);
+            }
+            self.masked_phase = true;
+            // Masking the turn's units taken whole frees at most their outputs' tokens: if
+            // even that cannot make room for the rest of the turn, the turn is dropped (the
+            // coherent start would drop it) without masking anything.
+            let room = self.remaining.saturating_add(self.freeable(label, taken)?);
+            if self.turn_cannot_fit(label, room)? {
+                return Ok(None);
+            }
+            self.mask_taken_turn(label, taken)?;
+        } else if self.checked_turn != Some(label) && self.turn_cannot_fit(label, self.remaining)? {
+            return Ok(None);
+        }
+        self.masked_phase = true;
+        if self.masked_floor(members)? > self.remaining {
+            return Ok(None);
+        }
+        let (cost, state) = self.count_masked(u)?;
+        Ok((cost <= self.remaining).then_some((cost, state)))
+    }
+
+    /// Whether the rest of turn `label` (the candidate at the scan position and the older
+    /// ones of its turn, down to its opening user message) cannot fit masked in `room`, by
+    /// their masked floors ([`Fill::masked_floor`]): the fill would then miss inside the
+    /// turn and the coherent start drop what it took of it, so masking any of it is waste.
+    /// `false` when the turn's opening user message is mandatory (it may be sent in part).
+    /// Checked once per turn.
+    fn turn_cannot_fit(&mut self, label: usize, room: u64) -> Result<bool, PackError> {
+        self.checked_turn = Some(label);
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        if opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q))) {
+            return Ok(false);
+        }
+        let mut floor = 0u64;
+        for p in (opener.unwrap_or(0)..=self.scan).rev() {
+            let u = graph.unit_of(p);
+            let unit = graph.unit(u);
+            if unit.members.last() != Some(&p)
+                || self.is_mandatory(u)
+                || unit.is_input_only()
+                || !unit.is_valid()
+            {
+                continue;
+            }
+            floor = floor.saturating_add(self.masked_floor(&unit.members)?);
+            if floor > room {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The most tokens [`Fill::mask_taken_turn`] can free for turn `label`: every tool
+    /// output of its units taken whole cut to an item's overhead (0 when the turn's opening
+    /// user message is mandatory: nothing is masked then).
+    fn freeable(&mut self, label: usize, taken: &[(usize, usize, u64)]) -> Result<u64, PackError> {
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        if opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q))) {
+            return Ok(0);
+        }
+        let mut freeable = 0u64;
+        for &(u, l, _) in taken.iter().rev() {
+            if l != label {
+                break;
+            }
+            let outputs: Vec<usize> = graph
+                .unit(u)
+                .members
+                .iter()
+                .copied()
+                .filter(|&p| self.packer.costs.maskable(p))
+                .collect();
+            let whole = self.packer.sum(&outputs)?;
+            let overheads = (outputs.len() as u64).saturating_mul(crate::tokens::ITEM_OVERHEAD);
+            freeable = freeable.saturating_add(whole.saturating_sub(overheads));
+        }
+        Ok(freeable)
+    }
+
+    /// The first unit that does not fit whole is in turn `label`: the units of that turn
+    /// taken whole are masked too, unless the turn's opening user message is mandatory (then
+    /// the turn may be sent in part and its newest units stay whole). So a turn that does not
+    /// fit whole is kept masked rather than dropped for want of room for its user message.
+    fn mask_taken_turn(
+        &mut self,
+        label: usize,
+        taken: &mut [(usize, usize, u64)],
+    ) -> Result<(), PackError> {
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        if opener.is_some_and(|q| self.is_mandatory(graph.unit_of(q))) {
+            return Ok(());
+        }
+        for entry in taken.iter_mut().rev() {
+            if entry.1 != label {
+                break;
+            }
+            let (cost, state) = self.count_masked(entry.0)?;
+            let freed = entry.2 - cost; // a masked cost never exceeds the whole one
+            self.remaining += freed;
+            self.history_tokens -= freed;
+            entry.2 = cost;
+            self.state.insert(entry.0, state);
+        }
+        Ok(())
+    }
+
     /// Take candidates newest first until one does not fit; returns the turn label of that
     /// unit (`None`: everything fit).
     ///
@@ -639,15 +912,13 @@ impl Fill<'_> {
         let mut taken: Vec<(usize, usize, u64)> = Vec::new();
         let mut miss_turn = None;
         while let Some((u, label)) = self.next_candidate() {
-            let cost = self.packer.sum(&graph.unit(u).members)?;
-            self.unit_tokens.insert(u, cost);
-            if cost > self.remaining {
+            let Some((cost, state)) = self.try_take(u, label, &mut taken)? else {
                 miss_turn = Some(label);
                 break;
-            }
+            };
             self.remaining -= cost;
             self.history_tokens += cost;
-            self.state.insert(u, FillState::Kept);
+            self.state.insert(u, state);
             taken.push((u, label, cost));
         }
         let Some(miss_turn) = miss_turn else {
@@ -671,7 +942,7 @@ impl Fill<'_> {
 
     /// Greedy, after the first miss: the rest of the turn that did not fit is dropped, and
     /// older turns are taken whole or not at all (a turn whose lower bound cannot fit is
-    /// dropped uncounted).
+    /// dropped uncounted); with masking, older turns are taken masked.
     fn fill_older_turns(&mut self, miss_turn: usize) -> Result<(), PackError> {
         let graph = self.packer.graph;
         let mut rest: Vec<(usize, usize)> = Vec::new();
@@ -684,6 +955,7 @@ impl Fill<'_> {
             self.state.insert(rest[i].0, FillState::TurnIncomplete);
             i += 1;
         }
+        let masked = self.masking.is_some();
         // Older turns, whole or not at all.
         while i < rest.len() {
             let t = rest[i].1;
@@ -693,22 +965,34 @@ impl Fill<'_> {
             }
             let group = &rest[start..i];
             let bound = group.iter().fold(0u64, |a, &(u, _)| {
-                a.saturating_add(self.packer.lower_bound(&graph.unit(u).members))
+                let members = &graph.unit(u).members;
+                a.saturating_add(if masked {
+                    self.packer.masked_lower_bound(members)
+                } else {
+                    self.packer.lower_bound(members)
+                })
             });
             if bound > self.remaining {
                 continue; // cannot fit: dropped uncounted
             }
             let mut turn_cost = 0u64;
+            let mut states = Vec::with_capacity(group.len());
             for &(u, _) in group {
-                let cost = self.packer.sum(&graph.unit(u).members)?;
-                self.unit_tokens.insert(u, cost);
+                let (cost, state) = if masked {
+                    self.count_masked(u)?
+                } else {
+                    let cost = self.packer.sum(&graph.unit(u).members)?;
+                    self.unit_tokens.insert(u, cost);
+                    (cost, FillState::Kept)
+                };
+                states.push(state);
                 turn_cost = turn_cost.saturating_add(cost);
             }
             if turn_cost <= self.remaining {
                 self.remaining -= turn_cost;
                 self.history_tokens += turn_cost;
-                for &(u, _) in group {
-                    self.state.insert(u, FillState::Kept);
+                for (&(u, _), state) in group.iter().zip(states) {
+                    self.state.insert(u, state);
                 }
             }
         }
@@ -720,7 +1004,10 @@ impl Fill<'_> {
         let graph = self.packer.graph;
         let mut touched: FxHashMap<usize, UnitDecision> = FxHashMap::default();
         let mut kept_history: Vec<usize> = reserved.dependency.clone();
+        let mut masked_units = Vec::new();
+        let mut masking_saved = 0u64;
         for (&u, &tokens) in &self.unit_tokens {
+            let masked_tokens = self.masked_tokens.get(&u).copied();
             let decision = if self.is_mandatory(u) {
                 Decision::Mandatory
             } else {
@@ -728,6 +1015,13 @@ impl Fill<'_> {
                     Some(FillState::Kept) => {
                         kept_history.extend_from_slice(&graph.unit(u).members);
                         Decision::Kept
+                    }
+                    Some(FillState::Masked) => {
+                        kept_history.extend_from_slice(&graph.unit(u).members);
+                        masked_units.push(u);
+                        masking_saved = masking_saved
+                            .saturating_add(tokens.saturating_sub(masked_tokens.unwrap_or(tokens)));
+                        Decision::Masked
                     }
                     Some(FillState::TurnIncomplete) => Decision::TurnIncomplete,
                     _ => Decision::OverBudget,
@@ -739,6 +1033,7 @@ impl Fill<'_> {
                     unit: u,
                     decision,
                     tokens: Some(tokens),
+                    masked_tokens,
                 },
             );
         }
@@ -748,11 +1043,13 @@ impl Fill<'_> {
                     unit: u,
                     decision: Decision::TurnIncomplete,
                     tokens: None,
+                    masked_tokens: None,
                 });
             }
         }
         kept_history.sort_unstable();
         kept_history.dedup();
+        masked_units.sort_unstable();
         PackResult {
             kept_history,
             dependency: reserved.dependency,
@@ -763,6 +1060,8 @@ impl Fill<'_> {
             output_reserve: opts.output_reserve,
             budget: opts.budget,
             touched,
+            masked_units,
+            masking_saved,
         }
     }
 }
@@ -786,6 +1085,10 @@ impl<'a> JsonCostSource<'a> {
 }
 
 impl CostSource for JsonCostSource<'_> {
+    fn known(&self, position: usize) -> Option<u64> {
+        self.cache.get(position).copied().flatten()
+    }
+
     fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
         positions
             .iter()
@@ -818,6 +1121,12 @@ fn token_failure(position: usize, e: crate::tokens::TokenError) -> CostFailure {
     }
 }
 
+impl crate::mask::ValueSource for JsonCostSource<'_> {
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<serde_json::Value>, CostFailure> {
+        Ok(positions.iter().map(|&p| self.items[p].clone()).collect())
+    }
+}
+
 /// Classify, build the graph and pack JSON items in one call.
 pub fn pack_values(
     history: &[serde_json::Value],
@@ -825,6 +1134,21 @@ pub fn pack_values(
     encoding: crate::tokens::Encoding,
     opts: &PackOptions,
 ) -> Result<(crate::graph::Graph, PackResult), PackError> {
+    pack_values_masked(history, new_input, encoding, opts, None).map(|(g, r, _)| (g, r))
+}
+
+/// The masked copies of the items a pack kept masked, as `(position, copy)`.
+pub type MaskedCopies = Vec<(usize, serde_json::Value)>;
+
+/// [`pack_values`] with `masking`; also returns the masked copies of what it kept masked
+/// (the request is the kept history with those positions replaced, then new_input).
+pub fn pack_values_masked(
+    history: &[serde_json::Value],
+    new_input: &[serde_json::Value],
+    encoding: crate::tokens::Encoding,
+    opts: &PackOptions,
+    masking: Option<Masking>,
+) -> Result<(crate::graph::Graph, PackResult, MaskedCopies), PackError> {
     let n_history = history.len();
     let all: Vec<&serde_json::Value> = history.iter().chain(new_input.iter()).collect();
     let mut metas = Vec::with_capacity(all.len());
@@ -839,6 +1163,30 @@ pub fn pack_values(
     }
     let graph = crate::graph::build_graph(&metas[..n_history], &metas[n_history..]);
     let mut source = JsonCostSource::new(all, encoding);
-    let result = pack(&graph, &metas, &mut source, opts, None)?;
-    Ok((graph, result))
+    let Some(m) = masking else {
+        let result = pack(&graph, &metas, &mut source, opts, None)?;
+        return Ok((graph, result, Vec::new()));
+    };
+    let kinds = |p: usize| metas[p].kind;
+    let mut masked =
+        crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens).with_kinds(&kinds);
+    let is_user = |p: usize| metas[p].is_user_message();
+    let view = GraphView::whole(&graph);
+    let result = pack_view_masked(view, &is_user, &mut masked, opts, masking, &[], None)?;
+    let units: Vec<&[usize]> = result
+        .masked_units
+        .iter()
+        .map(|&u| graph.units[u].members.as_slice())
+        .collect();
+    let fields = masked.copies(&units).map_err(|f| PackError::Item {
+        label: crate::graph::position_label(n_history, f.position),
+        position: f.position,
+        field: f.field,
+        message: f.message,
+    })?;
+    let copies = fields
+        .into_iter()
+        .map(|(p, f)| (p, f.apply(&history[p])))
+        .collect();
+    Ok((graph, result, copies))
 }

@@ -48,6 +48,7 @@ impl DecisionTable {
             unit: u,
             decision: untouched,
             tokens: None,
+            masked_tokens: None,
         })
     }
 }
@@ -59,6 +60,7 @@ pub(crate) type DecisionRow = (
     &'static str,
     Option<u64>,
     Vec<(&'static str, &'static str, String)>,
+    Option<u64>,
 );
 
 #[pymethods]
@@ -67,7 +69,7 @@ impl DecisionTable {
         self.rows
     }
 
-    /// `(unit, positions, kinds, code, tokens, problems)` of one row.
+    /// `(unit, positions, kinds, code, tokens, problems, masked_tokens)` of one row.
     pub(crate) fn row(&self, i: usize) -> PyResult<DecisionRow> {
         if i >= self.rows {
             return Err(pyo3::exceptions::PyIndexError::new_err(
@@ -102,6 +104,7 @@ impl DecisionTable {
             d.decision.code(),
             d.tokens,
             problems,
+            d.masked_tokens,
         ))
     }
 

@@ -7,13 +7,17 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions, Preload};
-use protoprompt_core::indexed::{counted_window_start, IndexedHistory};
-use protoprompt_core::items::ItemMeta;
-use protoprompt_core::pack::{pack_view, CostFailure, PackError, PackOptions};
+use protoprompt_core::indexed::{
+    counted_masked_window_start, counted_window_start, IndexedHistory,
+};
+use protoprompt_core::items::{ItemKind, ItemMeta};
+use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
+use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::tokens::CostBasis;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::Arc;
 
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
@@ -231,6 +235,7 @@ impl PyHistoryIndex {
             pinned,
             history_len,
             history_offset,
+            masking,
         } = CallOptions::from_py(options)?;
         // Only the first `history_len` items of the list are the history (a caller with one
         // long list need not copy its prefix).
@@ -292,9 +297,14 @@ impl PyHistoryIndex {
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mut mark = self.inner.mark();
         self.inner.switch_costs(basis, &mut mark);
+        let call = Call {
+            basis,
+            opts,
+            masking,
+            pinned,
+        };
         let outcome = self.pack_read(
-            py, history, offset, &fresh, new_items, new_metas, basis, &opts, &pinned, context,
-            store, preload,
+            py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
         );
         if outcome.is_err() {
             let inner = &mut self.inner;
@@ -309,7 +319,10 @@ impl PyHistoryIndex {
     /// (`GraphIndex::window_start`). A cost not counted yet, or counted under another encoding
     /// or calibration (`opaque_scale`), counts as an item's overhead, which only moves the
     /// start earlier.
-    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, opaque_scale=1.0))]
+    /// With `masking` (a `protoprompt.Masking`), for a masked pack: a tool output counts at
+    /// most its masked cost (`IndexedHistory::window_start_masked`).
+    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, opaque_scale=1.0, masking=None))]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn window_start(
         &self,
         py: Python<'_>,
@@ -318,13 +331,18 @@ impl PyHistoryIndex {
         model: Option<&str>,
         encoding: Option<&str>,
         opaque_scale: f64,
+        masking: Option<Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let basis = basis_of(py, model, encoding, opaque_scale)?;
+        let masking = match masking {
+            Some(m) => crate::mask::masking_from_py(&m)?,
+            None => None,
+        };
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let metas = classify_items(py, bound(py, &items), n, n)?;
         let inner = &self.inner;
-        Ok(py.detach(|| inner.window_start(&metas, budget, basis)))
+        Ok(py.detach(|| inner.window_start_masked(&metas, budget, basis, masking)))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -332,7 +350,9 @@ impl PyHistoryIndex {
     /// from `history_offset` on (positions before it keep their lower bound); returns the
     /// window start for this history, and with `count_store`, `new_counts` and `store_hits`
     /// as `pack` does.
-    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None, opaque_scale=1.0))]
+    /// With `masking`, the masked costs of the units walked are counted too (for a
+    /// `window_start` with the same masking).
+    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None, opaque_scale=1.0, masking=None))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn count_window<'py>(
         &mut self,
@@ -344,8 +364,13 @@ impl PyHistoryIndex {
         history_offset: usize,
         count_store: Option<Bound<'py, PyAny>>,
         opaque_scale: f64,
+        masking: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let basis = basis_of(py, model, encoding, opaque_scale)?;
+        let masking = match masking {
+            Some(m) => crate::mask::masking_from_py(&m)?,
+            None => None,
+        };
         let n = self.inner.len();
         let offset = history_offset;
         if offset.checked_add(history.len()) != Some(n) {
@@ -367,12 +392,24 @@ impl PyHistoryIndex {
             Vec::new(),
         )
         .with_offset(offset);
-        let (index, costs) = self.inner.graph_and_costs();
+        let (index, costs, masks) = self.inner.graph_costs_and_masks();
         let mut source = PyCosts::new(items, basis)
             .with_memo(costs, n)
             .with_store(store);
-        let walked = py.detach(|| counted_window_start(index, &mut source, budget, offset));
-        let tokenizer_failed = tokenizer_failure(py, n, &source);
+        let (walked, masked_failure) = match masking {
+            None => (
+                py.detach(|| counted_window_start(index, &mut source, budget, offset)),
+                None,
+            ),
+            Some(m) => {
+                let mut masked = MaskedCosts::new(&mut source, basis.encoding, m.excerpt_tokens)
+                    .with_memo(masks, n);
+                let walked =
+                    py.detach(|| counted_masked_window_start(index, &mut masked, budget, offset));
+                (walked, masked_failure(py, n, &masked))
+            }
+        };
+        let tokenizer_failed = tokenizer_failure(py, n, &source).or(masked_failure);
         let (mut items, link) = source.finish();
         if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
@@ -402,6 +439,41 @@ impl PyHistoryIndex {
     }
 }
 
+/// What one `pack` call packs with (besides its items and context).
+pub(crate) struct Call {
+    pub(crate) basis: CostBasis,
+    pub(crate) opts: PackOptions,
+    pub(crate) masking: Option<Masking>,
+    pub(crate) pinned: Vec<usize>,
+}
+
+/// The `TokenizerError` for a tokenizer failure of the masking wrapper, if one ended the call.
+fn masked_failure<C>(py: Python<'_>, n_history: usize, masked: &MaskedCosts<'_, C>) -> Option<PyErr>
+where
+    C: protoprompt_core::pack::CostSource + protoprompt_core::mask::ValueSource,
+{
+    let (position, failure) = masked.tokenizer_failure()?;
+    let message = format!("{}: {failure}", label(n_history, position));
+    Some(raise::<classes::TokenizerError>(py, (message,)))
+}
+
+/// A cost failure of the masked copies as the pack error it is.
+fn copy_error(n_history: usize, f: CostFailure) -> PackError {
+    PackError::Item {
+        label: label(n_history, f.position),
+        position: f.position,
+        field: f.field,
+        message: f.message,
+    }
+}
+
+/// The outcome of the core pack: the result and the masked copies (`(position, copy)`), or
+/// the error, with a tokenizer failure of the masking wrapper if one ended it.
+type Packed = (
+    PyResult<(PackResult, Vec<(usize, Arc<MaskedField>)>)>,
+    Option<PyErr>,
+);
+
 impl PyHistoryIndex {
     /// The part of `pack` after the arguments are checked and the items taken (see there).
     #[allow(clippy::too_many_arguments)]
@@ -413,9 +485,7 @@ impl PyHistoryIndex {
         fresh: &Bound<'py, PyList>,
         new_items: Vec<Py<PyAny>>,
         new_metas: Vec<ItemMeta>,
-        basis: CostBasis,
-        opts: &PackOptions,
-        pinned: &[usize],
+        call: &Call,
         context: Option<Bound<'py, PyAny>>,
         store: Option<PyCountStore>,
         preload: Preload,
@@ -431,18 +501,70 @@ impl PyHistoryIndex {
             new_items,
         )
         .with_offset(offset);
-        let (index, costs) = self.inner.graph_and_costs();
-        let mut source = PyCosts::new(items, basis)
+        let (index, costs, masks) = self.inner.graph_costs_and_masks();
+        let mut source = PyCosts::new(items, call.basis)
             .with_memo(costs, n_history)
             .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
         preload.finish(py);
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
-        let packed = run_pack(py, context, |hook| {
-            pack_view(view, &is_user, &mut source, opts, pinned, hook)
-        });
-        let tokenizer_failed = tokenizer_failure(py, n_history, &source);
+        let (packed, masked_failed): Packed = match call.masking {
+            None => (
+                run_pack(py, context, |hook| {
+                    pack_view_masked(
+                        view,
+                        &is_user,
+                        &mut source,
+                        &call.opts,
+                        None,
+                        &call.pinned,
+                        hook,
+                    )
+                })
+                .map(|r| (r, Vec::new())),
+                None,
+            ),
+            Some(m) => {
+                // Masked units are history units (never new input): the guard only keeps a
+                // position past the history from reaching the index.
+                let kinds = |p: usize| {
+                    if p < n_history {
+                        index.kind(p)
+                    } else {
+                        ItemKind::UserMessage
+                    }
+                };
+                let mut masked =
+                    MaskedCosts::new(&mut source, call.basis.encoding, m.excerpt_tokens)
+                        .with_memo(masks, n_history)
+                        .with_kinds(&kinds);
+                let packed = run_pack(py, context, |hook| {
+                    pack_view_masked(
+                        view,
+                        &is_user,
+                        &mut masked,
+                        &call.opts,
+                        Some(m),
+                        &call.pinned,
+                        hook,
+                    )
+                })
+                .and_then(|r| {
+                    let units: Vec<&[usize]> = r
+                        .masked_units
+                        .iter()
+                        .map(|&u| view.unit(u).members.as_slice())
+                        .collect();
+                    let copies = py.detach(|| masked.copies(&units));
+                    copies
+                        .map(|c| (r, c))
+                        .map_err(|f| pack_error(py, copy_error(n_history, f)))
+                });
+                (packed, masked_failure(py, n_history, &masked))
+            }
+        };
+        let tokenizer_failed = tokenizer_failure(py, n_history, &source).or(masked_failed);
         let (mut items, link) = source.finish();
         if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
             return Err(e.clone_ref(py));
@@ -450,16 +572,18 @@ impl PyHistoryIndex {
         if let (Err(_), Some(e)) = (&packed, tokenizer_failed) {
             return Err(e);
         }
-        let mut result = packed.inspect_err(|e| {
+        let (mut result, copies) = packed.inspect_err(|e| {
             if let Some(cause) = items.cause.take() {
                 e.set_cause(py, Some(cause));
             }
         })?;
-        let items = items.request(py, &result.kept_history)?;
+        let request = items.request(py, &result.kept_history)?;
+        let masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
-        let out = result_dict(py, &result, basis, opts.policy, table)?;
-        out.set_item("items", items)?;
+        let out = result_dict(py, &result, call.basis, call.opts.policy, table)?;
+        out.set_item("items", request)?;
+        out.set_item("masked", masked)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
@@ -476,4 +600,26 @@ fn basis_of(
         encoding: resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?,
         opaque_scale: opaque_scale(factor)?,
     })
+}
+
+/// Put the masked copies in the request in place of their items (`request` holds the kept
+/// history, `kept`, then the new input); returns the positions masked.
+fn substitute<'py>(
+    py: Python<'py>,
+    request: &Bound<'py, PyList>,
+    kept: &[usize],
+    copies: &[(usize, Arc<MaskedField>)],
+    n_history: usize,
+) -> PyResult<Vec<usize>> {
+    let mut masked = Vec::with_capacity(copies.len());
+    for (p, value) in copies {
+        let Ok(i) = kept.binary_search(p) else {
+            continue; // never: a masked unit's members are kept
+        };
+        let original = request.get_item(i)?;
+        let copy = crate::mask::masked_copy(py, &original, value, n_history, *p)?;
+        request.set_item(i, copy)?;
+        masked.push(*p);
+    }
+    Ok(masked)
 }

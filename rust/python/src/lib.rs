@@ -20,6 +20,7 @@ mod errors;
 #[cfg(unix)]
 mod fork_guard;
 mod index;
+mod mask;
 mod pack;
 
 use crate::alloc::{_lazy_commit_allocator, configure_allocator};

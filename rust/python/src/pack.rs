@@ -4,6 +4,7 @@
 use crate::convert::{opaque_scale, resolve_encoding};
 use crate::decisions::DecisionTable;
 use crate::errors::{pack_error, token_error};
+use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
 use protoprompt_core::tokens::{CostBasis, Encoding};
 use pyo3::exceptions::PyValueError;
@@ -57,6 +58,7 @@ pub(crate) struct CallOptions<'py> {
     pub(crate) pinned: Vec<usize>,
     pub(crate) history_len: Option<usize>,
     pub(crate) history_offset: usize,
+    pub(crate) masking: Option<Masking>,
 }
 
 impl<'py> CallOptions<'py> {
@@ -91,6 +93,7 @@ impl<'py> CallOptions<'py> {
             pinned: get(intern!(py, "pinned"))?.extract()?,
             history_len: get(intern!(py, "history_len"))?.extract()?,
             history_offset: get(intern!(py, "history_offset"))?.extract()?,
+            masking: crate::mask::masking_from_py(&get(intern!(py, "masking"))?)?,
         })
     }
 }
@@ -155,5 +158,6 @@ pub(crate) fn result_dict<'py>(
     out.set_item("opaque_scale", basis.opaque_scale.factor())?;
     out.set_item("policy", policy.name())?;
     out.set_item("decisions", Bound::new(py, decisions)?)?;
+    out.set_item("masking_saved", result.masking_saved)?;
     Ok(out)
 }

@@ -1,0 +1,1070 @@
+//! Masking: the model-facing copy of an old unit with its tool outputs cut to short excerpts
+//! (observation masking), so the agent keeps its calls, arguments, reasoning and messages
+//! when the bulky outputs that made a turn too big no longer fit.
+//!
+//! # Design note
+//!
+//! * **What is masked.** Only tool outputs ([`maskable`]): function, custom, shell, local
+//!   shell, apply_patch and computer call outputs, a tool search's output (with or without
+//!   `call_id`) and an `mcp_call`'s `output` field. Calls, arguments, reasoning (encrypted
+//!   content included: it is never cut), messages, program results and hosted items other
+//!   than `mcp_call` are sent as they are. The item graph does not change: ids, `call_id`s,
+//!   `caller`s, types and statuses are kept, only payload fields are replaced, so every rule
+//!   of `docs/item-graph.md` holds for a masked request exactly as for the unmasked one.
+//! * **The copy of one output** ([`mask_unit`]). A text output (a string, or the text parts
+//!   of a list output, or a shell output's `stdout` and `stderr` chunks) becomes a
+//!   token-exact [`crate::truncate::excerpt`] of at most `excerpt_tokens` tokens: its head and
+//!   tail around a marker that names the tool, the call id and how many tokens were removed
+//!   ([`marker`]). Images and files of a list output are removed (the marker counts them and
+//!   their tokens): the masked output is one string. A computer screenshot becomes a 1x1
+//!   placeholder image ([`PLACEHOLDER_SCREENSHOT`]; the item has no text field for a marker).
+//!   A tool search's output keeps its tool definitions with their prose removed (the
+//!   descriptions emptied, schema `description` / `title` / `$comment` / `examples` dropped,
+//!   as the SDK's own `ToolOutputTrimmer` does): the tools stay callable.
+//! * **When a copy is used.** Only when it costs fewer tokens than the item ([`MaskedCosts`]
+//!   compares the two exactly); otherwise the item is sent as it is.
+//! * **Never stored, never changed.** The copies are new values; the caller's items are
+//!   never touched, and the binding hands the copies out as new objects.
+//! * **Costs.** [`MaskedCosts`] wraps a pack's [`CostSource`]: the masked cost of a unit is
+//!   the exact cost of its copies (the items themselves where nothing is masked), kept per
+//!   position in an index's [`MaskMemo`] for the next turn (for one encoding and one
+//!   `excerpt_tokens`; anything else starts it afresh). Masked costs never exceed the whole
+//!   ones, so a lower bound of the masked cost bounds both (the token window's walk,
+//!   [`crate::indexed::IndexedHistory::window_start`]).
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use serde_json::{Map, Value};
+
+use crate::costs::UNCOUNTED;
+use crate::items::{CallType, HostedKind, ItemKind};
+use crate::pack::{CostFailure, CostSource};
+use crate::tokens::{self, Encoding, TokenError};
+use crate::truncate::excerpt;
+
+/// Default `excerpt_tokens`: a masked output keeps this many tokens (marker included).
+pub const DEFAULT_EXCERPT_TOKENS: u64 = 64;
+/// The smallest `excerpt_tokens` accepted: the short marker always fits in it.
+pub const MIN_EXCERPT_TOKENS: u64 = 16;
+
+/// A 1x1 grey PNG: a masked computer screenshot (255 tokens instead of up to 1445).
+pub const PLACEHOLDER_SCREENSHOT: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB\
+CAAAAAA6fptVAAAACklEQVR4nGNoAAAAggCBd81ytgAAAABJRU5ErkJggg==";
+
+/// The only fields a masked copy changes: `output` (every masked output but a tool
+/// search's) and `tools` (a tool search's output). Every other field is the item's own.
+pub const MASKED_FIELDS: [&str; 2] = ["output", "tools"];
+
+/// How a pack masks older tool outputs (see [`crate::pack`]'s note on the fill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Masking {
+    /// Tokens a masked text output keeps, marker included (at least [`MIN_EXCERPT_TOKENS`]).
+    pub excerpt_tokens: u64,
+    /// Outputs of units older than this many newest turns of the history are masked even
+    /// when they would fit whole (`None`: only when they do not fit whole).
+    pub after_turns: Option<u64>,
+}
+
+impl Default for Masking {
+    fn default() -> Self {
+        Masking {
+            excerpt_tokens: DEFAULT_EXCERPT_TOKENS,
+            after_turns: None,
+        }
+    }
+}
+
+/// Whether items of `kind` are tool outputs that may be masked.
+pub fn maskable(kind: ItemKind) -> bool {
+    match kind {
+        ItemKind::Output(ct) => !matches!(ct, CallType::Program | CallType::McpApprovalRequest),
+        ItemKind::AnonToolSearchOutput | ItemKind::Hosted(HostedKind::McpCall) => true,
+        _ => false,
+    }
+}
+
+/// The marker of a masked output: `marker(tool, call_id, parts)(removed, short)`, `removed`
+/// being the tokens the item's masked copy saves (the marker's own tokens counted). `parts`:
+/// images and files removed with the text (named in the full form).
+pub fn marker<'a>(tool: &'a str, call_id: &str, parts: usize) -> impl Fn(u64, bool) -> String + 'a {
+    let call_id = call_id.to_string();
+    move |removed: u64, short: bool| {
+        if short {
+            return format!("[… {removed} tokens masked …]");
+        }
+        let media = match parts {
+            0 => String::new(),
+            1 => ", 1 image or file".to_string(),
+            n => format!(", {n} images or files"),
+        };
+        format!(
+            "\n[… {removed} tokens{media} of this {tool} output (call {call_id}) masked by \
+             protoprompt …]\n"
+        )
+    }
+}
+
+fn text_of<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key).and_then(Value::as_str)
+}
+
+/// Tool names of the calls in a unit, by `call_id` (the first call wins).
+fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
+    let mut names = FxHashMap::default();
+    for item in items {
+        let Value::Object(m) = item else { continue };
+        if !matches!(
+            text_of(m, "type"),
+            Some("function_call" | "custom_tool_call")
+        ) {
+            continue;
+        }
+        if let (Some(id), Some(name)) = (text_of(m, "call_id"), text_of(m, "name")) {
+            names.entry(id).or_insert(name);
+        }
+    }
+    names
+}
+
+/// What masking changes in one item: one field replaced ([`MASKED_FIELDS`]).
+#[derive(Debug, Clone)]
+pub struct MaskedField {
+    /// `"output"` or `"tools"`.
+    pub field: &'static str,
+    /// The field's masked value.
+    pub value: Value,
+    /// The length of the item's own value of the field: characters of a string, elements
+    /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
+    /// guard against an item changed behind an index).
+    pub original_len: usize,
+    /// The copy's exact cost when masking counted it (a masked text's), else `None`.
+    pub cost: Option<u64>,
+    /// Where a caller may keep `value` converted once, for every later copy (the binding
+    /// keeps an immutable text's Python string here: a memo's masked field is reused turn
+    /// after turn).
+    pub converted: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl PartialEq for MaskedField {
+    fn eq(&self, other: &Self) -> bool {
+        (self.field, &self.value, self.original_len)
+            == (other.field, &other.value, other.original_len)
+    }
+}
+
+impl MaskedField {
+    /// The masked copy of `item` (the item with this field replaced).
+    pub fn apply(&self, item: &Value) -> Value {
+        let mut copy = item.clone();
+        if let Value::Object(map) = &mut copy {
+            map.insert(self.field.to_string(), self.value.clone());
+        }
+        copy
+    }
+
+    /// Approximate bytes of memory it holds.
+    pub fn heap_bytes(&self) -> usize {
+        fn size(v: &Value) -> usize {
+            match v {
+                Value::String(s) => s.len() + 24,
+                Value::Array(a) => a.iter().map(size).sum::<usize>() + 24,
+                Value::Object(m) => m.iter().map(|(k, v)| k.len() + size(v) + 32).sum(),
+                _ => 16,
+            }
+        }
+        size(&self.value) + std::mem::size_of::<MaskedField>()
+    }
+}
+
+/// The length [`MaskedField::original_len`] records for a field's value.
+pub fn value_len(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.chars().count(),
+        Value::Array(a) => a.len(),
+        Value::Object(m) => m.len(),
+        _ => 0,
+    }
+}
+
+/// The masked field of each of a unit's items: `Some` for each tool output that has
+/// something to mask (see the module note), `None` for every other item. `items` are all
+/// the unit's history members (the calls name the tools of their outputs), `whole` their
+/// exact costs (a marker states how many tokens its item's copy saves).
+pub fn mask_unit_fields(
+    items: &[&Value],
+    whole: &[u64],
+    enc: Encoding,
+    excerpt_tokens: u64,
+) -> Result<Vec<Option<MaskedField>>, (usize, TokenError)> {
+    let names = tool_names(items);
+    items
+        .iter()
+        .zip(whole)
+        .enumerate()
+        .map(|(i, (item, &w))| mask_item(item, w, &names, enc, excerpt_tokens).map_err(|e| (i, e)))
+        .collect()
+}
+
+/// The masked copies of one unit's items ([`mask_unit_fields`] applied to the items, their
+/// costs counted here).
+pub fn mask_unit(
+    items: &[&Value],
+    enc: Encoding,
+    excerpt_tokens: u64,
+) -> Result<Vec<Option<Value>>, (usize, TokenError)> {
+    let whole = items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            tokens::item_cost(v, enc)
+                .map(|c| c.total())
+                .map_err(|e| (i, e))
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let fields = mask_unit_fields(items, &whole, enc, excerpt_tokens)?;
+    Ok(items
+        .iter()
+        .zip(fields)
+        .map(|(item, f)| f.map(|f| f.apply(item)))
+        .collect())
+}
+
+/// A masked value with its copy's cost when counted ([`Masker::cut`]).
+type Cut = Option<(Value, Option<u64>)>;
+
+/// One output being masked: its item without the masked field, its whole cost, and the
+/// marker's names. A candidate text is placed by the caller (`place`) into the field.
+struct Masker<'a> {
+    enc: Encoding,
+    limit: u64,
+    whole: u64,
+    template: Map<String, Value>,
+    field: &'static str,
+    tool: &'a str,
+    call_id: &'a str,
+}
+
+impl Masker<'_> {
+    /// The tokens the copy with `value` in the field saves against the item (0 if none).
+    fn saved(&self, value: Value) -> Result<u64, TokenError> {
+        let mut copy = self.template.clone();
+        copy.insert(self.field.to_string(), value);
+        let cost = tokens::item_cost(&Value::Object(copy), self.enc)?.total();
+        Ok(self.whole.saturating_sub(cost))
+    }
+
+    /// The excerpt of `text` for the field (`place` puts a candidate text into it);
+    /// `parts`: images and files removed with it (forcing a cut).
+    /// The masked value and, when it saves tokens, the copy's exact cost.
+    fn cut(
+        &self,
+        text: &str,
+        parts: usize,
+        place: &dyn Fn(String) -> Value,
+    ) -> Result<Option<(Value, Option<u64>)>, TokenError> {
+        let marker = marker(self.tool, self.call_id, parts);
+        let mut removed = |candidate: &str| self.saved(place(candidate.to_string()));
+        let cut = excerpt(
+            self.enc,
+            text,
+            self.limit,
+            parts > 0,
+            self.whole,
+            &marker,
+            &mut removed,
+        )?;
+        Ok(cut.map(|e| {
+            let cost = (e.actual > 0).then(|| self.whole - e.actual);
+            (place(e.text), cost)
+        }))
+    }
+}
+
+/// The masked field of one item (whole cost `whole`), if it is a tool output with
+/// something to mask.
+fn mask_item(
+    item: &Value,
+    whole: u64,
+    names: &FxHashMap<&str, &str>,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<MaskedField>, TokenError> {
+    let Value::Object(map) = item else {
+        return Ok(None);
+    };
+    let Some(ty) = text_of(map, "type") else {
+        return Ok(None);
+    };
+    if ty == "tool_search_output" {
+        return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
+            field: "tools",
+            value,
+            original_len: map.get("tools").map_or(0, value_len),
+            cost: None,
+            converted: std::sync::OnceLock::new(),
+        }));
+    }
+    let call_id = text_of(map, "call_id")
+        .or_else(|| text_of(map, "id"))
+        .unwrap_or("?");
+    let tool = match ty {
+        "function_call_output" | "custom_tool_call_output" => names
+            .get(call_id)
+            .copied()
+            .or_else(|| text_of(map, "name"))
+            .unwrap_or(if ty == "function_call_output" {
+                "function"
+            } else {
+                "custom tool"
+            }),
+        "local_shell_call_output" => "local_shell",
+        "apply_patch_call_output" => "apply_patch",
+        "mcp_call" => text_of(map, "name").unwrap_or("mcp"),
+        "shell_call_output" => "shell",
+        "computer_call_output" => "computer",
+        _ => return Ok(None),
+    };
+    let mut template = map.clone();
+    let original = template.remove("output");
+    let masker = Masker {
+        enc,
+        limit,
+        whole,
+        template,
+        field: "output",
+        tool,
+        call_id,
+    };
+    let as_text = |t: String| Value::String(t);
+    let replaced = match (ty, &original) {
+        ("computer_call_output", _) => screenshot(original.as_ref()).map(|v| (v, None)),
+        ("shell_call_output", _) => shell_output(original.as_ref(), &masker)?,
+        ("function_call_output" | "custom_tool_call_output", Some(Value::Array(parts))) => {
+            parts_output(parts, &masker)?
+        }
+        (_, Some(Value::String(text))) => masker.cut(text, 0, &as_text)?,
+        _ => None,
+    };
+    Ok(replaced.map(|(value, cost)| MaskedField {
+        field: "output",
+        value,
+        original_len: original.as_ref().map_or(0, value_len),
+        cost,
+        converted: std::sync::OnceLock::new(),
+    }))
+}
+
+/// A function or custom tool output given as a list of `input_text`, `input_image` and
+/// `input_file` parts (anything else is left as it is): one text, images and files removed.
+fn parts_output(parts: &[Value], masker: &Masker<'_>) -> Result<Cut, TokenError> {
+    let mut texts: Vec<&str> = Vec::new();
+    let mut removed_parts = 0usize;
+    for part in parts {
+        let Value::Object(p) = part else {
+            return Ok(None);
+        };
+        match text_of(p, "type") {
+            Some("input_text") => match text_of(p, "text") {
+                Some(t) => texts.push(t),
+                None => return Ok(None),
+            },
+            Some("input_image" | "input_file") => removed_parts += 1,
+            _ => return Ok(None),
+        }
+    }
+    masker.cut(&texts.join("\n"), removed_parts, &|t| Value::String(t))
+}
+
+/// A shell call output (chunks of `stdout`, `stderr` and an `outcome`): one chunk, the last
+/// one's outcome, with the excerpt of every chunk's stdout and stderr as its stdout.
+fn shell_output(output: Option<&Value>, masker: &Masker<'_>) -> Result<Cut, TokenError> {
+    let Some(Value::Array(chunks)) = output else {
+        return Ok(None);
+    };
+    let mut texts: Vec<&str> = Vec::new();
+    let mut last = None;
+    for chunk in chunks {
+        let Value::Object(c) = chunk else {
+            return Ok(None);
+        };
+        for key in ["stdout", "stderr"] {
+            match c.get(key) {
+                Some(Value::String(t)) if !t.is_empty() => texts.push(t),
+                Some(Value::String(_)) | None => {}
+                Some(_) => return Ok(None),
+            }
+        }
+        last = Some(c);
+    }
+    let Some(last) = last else {
+        return Ok(None);
+    };
+    let place = |t: String| {
+        let mut chunk = last.clone();
+        chunk.insert("stdout".to_string(), Value::String(t));
+        chunk.insert("stderr".to_string(), Value::String(String::new()));
+        Value::Array(vec![Value::Object(chunk)])
+    };
+    masker.cut(&texts.join("\n"), 0, &place)
+}
+
+fn screenshot(output: Option<&Value>) -> Option<Value> {
+    let Some(Value::Object(shot)) = output else {
+        return None;
+    };
+    if text_of(shot, "type") != Some("computer_screenshot") {
+        return None;
+    }
+    let placeholder = Value::Object(Map::from_iter([
+        (
+            "type".to_string(),
+            Value::String("computer_screenshot".to_string()),
+        ),
+        (
+            "image_url".to_string(),
+            Value::String(PLACEHOLDER_SCREENSHOT.to_string()),
+        ),
+    ]));
+    (&placeholder != output.unwrap_or(&Value::Null)).then_some(placeholder)
+}
+
+/// JSON-schema keywords holding prose (dropped) and holding schemas (walked), as in the
+/// SDK's `ToolOutputTrimmer`.
+const PROSE: [&str; 4] = ["description", "title", "$comment", "examples"];
+const SCHEMA_VALUE: [&str; 12] = [
+    "additionalItems",
+    "additionalProperties",
+    "contains",
+    "contentSchema",
+    "else",
+    "if",
+    "items",
+    "not",
+    "propertyNames",
+    "then",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+];
+const SCHEMA_LIST: [&str; 4] = ["allOf", "anyOf", "oneOf", "prefixItems"];
+const SCHEMA_MAP: [&str; 6] = [
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "patternProperties",
+    "properties",
+    "dependencies",
+];
+
+fn schema_or_same(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(strip_schema(m)),
+        other => other.clone(),
+    }
+}
+
+/// A JSON schema without its prose; structure, types and names are kept.
+fn strip_schema(schema: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (key, value) in schema {
+        let k = key.as_str();
+        if PROSE.contains(&k) {
+            continue;
+        }
+        let kept = match value {
+            Value::Object(m) if SCHEMA_VALUE.contains(&k) => Value::Object(strip_schema(m)),
+            Value::Array(list) if k == "items" || SCHEMA_LIST.contains(&k) => {
+                Value::Array(list.iter().map(schema_or_same).collect())
+            }
+            Value::Object(m) if SCHEMA_MAP.contains(&k) => Value::Object(
+                m.iter()
+                    .map(|(name, sub)| (name.clone(), schema_or_same(sub)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        out.insert(key.clone(), kept);
+    }
+    out
+}
+
+/// One tool definition of a tool search's output without its prose.
+fn strip_tool(tool: &Value) -> Value {
+    let Value::Object(t) = tool else {
+        return tool.clone();
+    };
+    let mut out = t.clone();
+    if matches!(t.get("description"), Some(Value::String(_))) {
+        out.insert("description".to_string(), Value::String(String::new()));
+    }
+    match (text_of(t, "type"), t.get("parameters"), t.get("tools")) {
+        (Some("function"), Some(Value::Object(p)), _) => {
+            out.insert("parameters".to_string(), Value::Object(strip_schema(p)));
+        }
+        (Some("namespace"), _, Some(Value::Array(nested))) => {
+            out.insert(
+                "tools".to_string(),
+                Value::Array(nested.iter().map(strip_tool).collect()),
+            );
+        }
+        _ => {}
+    }
+    Value::Object(out)
+}
+
+/// A tool search's tool definitions without their prose, if that changes anything.
+fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
+    let Some(Value::Array(list)) = tools else {
+        return None;
+    };
+    let stripped = Value::Array(list.iter().map(strip_tool).collect());
+    (Some(&stripped) != tools).then_some(stripped)
+}
+
+/// The masked cost of every history position counted so far, for one encoding and one
+/// `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
+#[derive(Debug, Clone, Default)]
+pub struct MaskMemo {
+    key: Option<(Encoding, u64)>,
+    costs: Vec<u64>,
+    /// The masked field of every position counted masked whose copy is cheaper than it.
+    fields: FxHashMap<usize, Arc<MaskedField>>,
+    /// Approximate bytes held by `fields`.
+    field_bytes: usize,
+}
+
+impl MaskMemo {
+    pub fn new() -> MaskMemo {
+        MaskMemo::default()
+    }
+
+    /// The masked cost of `position` under `encoding` and `excerpt_tokens`, if counted.
+    pub fn get(&self, position: usize, encoding: Encoding, excerpt_tokens: u64) -> Option<u64> {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            return None;
+        }
+        self.costs
+            .get(position)
+            .copied()
+            .filter(|&c| c != UNCOUNTED)
+    }
+
+    /// The masked field of `position` kept with its masked cost (for the same parameters).
+    pub fn field(
+        &self,
+        position: usize,
+        encoding: Encoding,
+        excerpt_tokens: u64,
+    ) -> Option<&Arc<MaskedField>> {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            return None;
+        }
+        self.fields.get(&position)
+    }
+
+    /// Count under `encoding` and `excerpt_tokens` for `len` positions (forgetting what was
+    /// counted under anything else).
+    fn prepare(&mut self, encoding: Encoding, excerpt_tokens: u64, len: usize) {
+        if self.key != Some((encoding, excerpt_tokens)) {
+            self.key = Some((encoding, excerpt_tokens));
+            self.costs.clear();
+            self.fields.clear();
+            self.field_bytes = 0;
+        }
+        if self.costs.len() < len {
+            self.costs.resize(len, UNCOUNTED);
+        }
+    }
+
+    fn set(&mut self, position: usize, cost: u64, field: Option<Arc<MaskedField>>) {
+        if let Some(c) = self.costs.get_mut(position) {
+            *c = cost;
+            if let Some(f) = field {
+                self.field_bytes += f.heap_bytes();
+                if let Some(old) = self.fields.insert(position, f) {
+                    self.field_bytes -= old.heap_bytes();
+                }
+            }
+        }
+    }
+
+    /// Keep the first `len` positions and give memory back down to `capacity` positions.
+    pub fn shrink_back(&mut self, len: usize, capacity: usize) {
+        self.truncate(len);
+        self.costs.shrink_to(capacity);
+    }
+
+    /// Keep the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.costs.truncate(len);
+        if self.fields.keys().any(|&p| p >= len) {
+            let mut bytes = 0;
+            self.fields.retain(|&p, f| {
+                let keep = p < len;
+                if keep {
+                    bytes += f.heap_bytes();
+                }
+                keep
+            });
+            self.field_bytes = bytes;
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.costs.clear();
+        self.fields.clear();
+        self.field_bytes = 0;
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.costs.capacity()
+    }
+
+    /// Bytes of memory held (the masked fields approximately).
+    pub fn heap_bytes(&self) -> usize {
+        self.costs.capacity() * std::mem::size_of::<u64>()
+            + self.fields.capacity() * 16
+            + self.field_bytes
+    }
+}
+
+/// Supplies the items of a pack as JSON values (to make their masked copies).
+pub trait ValueSource {
+    /// The items at `positions` (global: history then new input), in order.
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure>;
+}
+
+impl<F: crate::costs::ItemSource, S: crate::costs::CountStore> ValueSource
+    for crate::costs::CostEngine<'_, F, S>
+{
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        self.items().values(positions)
+    }
+}
+
+/// A [`CostSource`] that also costs units masked: the wrapped source's costs, plus
+/// [`CostSource::masked_costs`] from the masked copies of the unit's items (see the module
+/// note), kept with their masked fields in a [`MaskMemo`] when one is given (history
+/// positions below its length).
+pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
+    inner: &'a mut C,
+    encoding: Encoding,
+    excerpt_tokens: u64,
+    memo: Option<&'a mut MaskMemo>,
+    /// The kind of the item at a history position, when the caller knows.
+    kinds: Option<&'a (dyn Fn(usize) -> ItemKind + Sync)>,
+    /// Masked costs and fields of positions the memo does not hold.
+    cache: FxHashMap<usize, (u64, Option<Arc<MaskedField>>)>,
+    /// The tokenizer failure that ended the call, if one did, and its position.
+    tokenizer_failure: Option<(usize, TokenError)>,
+}
+
+/// One member of a unit counted masked: its cost as sent, and its masked field when the
+/// copy is cheaper than the item.
+type Made = (u64, Option<Arc<MaskedField>>);
+
+impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
+    pub fn new(inner: &'a mut C, encoding: Encoding, excerpt_tokens: u64) -> Self {
+        MaskedCosts {
+            inner,
+            encoding,
+            excerpt_tokens,
+            memo: None,
+            kinds: None,
+            cache: FxHashMap::default(),
+            tokenizer_failure: None,
+        }
+    }
+
+    /// Tell the kind of the item at each history position. Then only tool outputs
+    /// ([`maskable`]) and the calls naming their tools are read to mask a unit, and every
+    /// other item's masked cost is its whole cost, so the fill bounds a unit's masked cost
+    /// by its other members' costs before it masks anything ([`CostSource::maskable`]).
+    pub fn with_kinds(mut self, kinds: &'a (dyn Fn(usize) -> ItemKind + Sync)) -> Self {
+        self.kinds = Some(kinds);
+        self
+    }
+
+    /// Whether masking a unit needs the item at `position`: a tool output, or a call that
+    /// may name an output's tool (every item when the kinds are not known).
+    fn needed(&self, position: usize) -> bool {
+        self.kinds.is_none_or(|k| {
+            let kind = k(position);
+            maskable(kind)
+                || matches!(
+                    kind,
+                    ItemKind::Call(CallType::FunctionCall | CallType::CustomToolCall)
+                )
+        })
+    }
+
+    /// Keep the masked costs of history positions `0..n_history` in `memo` across calls.
+    pub fn with_memo(mut self, memo: &'a mut MaskMemo, n_history: usize) -> Self {
+        memo.prepare(self.encoding, self.excerpt_tokens, n_history);
+        self.memo = Some(memo);
+        self
+    }
+
+    /// The wrapped source.
+    pub fn inner(&mut self) -> &mut C {
+        self.inner
+    }
+
+    /// The tokenizer failure that ended the call, if one did, with its position.
+    pub fn tokenizer_failure(&self) -> Option<(usize, &TokenError)> {
+        self.tokenizer_failure.as_ref().map(|(p, e)| (*p, e))
+    }
+
+    /// The masked cost of `position` if this call or the memo has it.
+    pub fn known_masked(&self, position: usize) -> Option<u64> {
+        self.memo
+            .as_deref()
+            .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
+            .or_else(|| self.cache.get(&position).map(|(c, _)| *c))
+    }
+
+    fn known_field(&self, position: usize) -> Option<Arc<MaskedField>> {
+        self.memo
+            .as_deref()
+            .and_then(|m| m.field(position, self.encoding, self.excerpt_tokens))
+            .or_else(|| self.cache.get(&position).and_then(|(_, f)| f.as_ref()))
+            .cloned()
+    }
+
+    fn remember(&mut self, position: usize, made: Made) {
+        match self.memo.as_deref_mut() {
+            Some(m) if position < m.costs.len() => m.set(position, made.0, made.1),
+            _ => {
+                self.cache.insert(position, made);
+            }
+        }
+    }
+
+    fn failure(&mut self, position: usize, e: TokenError) -> CostFailure {
+        let failure = CostFailure {
+            position,
+            field: "(item)".to_string(),
+            message: e.to_string(),
+        };
+        if matches!(e, TokenError::Tokenizer(_)) {
+            self.tokenizer_failure = Some((position, e));
+        }
+        failure
+    }
+
+    /// Mask one unit's members: each one's exact cost as sent, with its masked field where
+    /// the copy costs less than the item.
+    fn make(&mut self, members: &[usize]) -> Result<Vec<Made>, CostFailure> {
+        let whole = self.inner.costs(members)?;
+        let read: Vec<usize> = (0..members.len())
+            .filter(|&i| self.needed(members[i]))
+            .collect();
+        let positions: Vec<usize> = read.iter().map(|&i| members[i]).collect();
+        let values = self.inner.item_values(&positions)?;
+        let refs: Vec<&Value> = values.iter().collect();
+        let read_whole: Vec<u64> = read.iter().map(|&i| whole[i]).collect();
+        let fields = mask_unit_fields(&refs, &read_whole, self.encoding, self.excerpt_tokens)
+            .map_err(|(i, e)| self.failure(positions[i], e))?;
+        let mut by_member: Vec<Option<(MaskedField, &Value)>> = std::iter::repeat_with(|| None)
+            .take(members.len())
+            .collect();
+        for ((i, field), item) in read.iter().zip(fields).zip(&values) {
+            by_member[*i] = field.map(|f| (f, item));
+        }
+        let mut out = Vec::with_capacity(members.len());
+        for ((&p, w), masked) in members.iter().zip(whole).zip(by_member) {
+            let Some((field, item)) = masked else {
+                out.push((w, None));
+                continue;
+            };
+            let cost = match field.cost {
+                Some(c) => c,
+                None => tokens::item_cost(&field.apply(item), self.encoding)
+                    .map_err(|e| self.failure(p, e))?
+                    .total(),
+            };
+            if cost < w {
+                out.push((cost, Some(Arc::new(field))));
+            } else {
+                out.push((w, None));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The masked fields of the units `units` (history members of each) that the pack kept
+    /// masked: `(position, field)` for every member sent masked, in position order. Fields
+    /// counted earlier (this call or the memo) are reused; the others are made again, and a
+    /// masked cost that is not what the pack counted (the item changed since) is an error.
+    pub fn copies(
+        &mut self,
+        units: &[&[usize]],
+    ) -> Result<Vec<(usize, Arc<MaskedField>)>, CostFailure> {
+        let mut out = Vec::new();
+        for members in units {
+            let whole = self.inner.costs(members)?;
+            let masked = |s: &Self, p: usize, w: u64| s.known_masked(p).is_some_and(|c| c < w);
+            let complete = members
+                .iter()
+                .zip(&whole)
+                .all(|(&p, &w)| !masked(self, p, w) || self.known_field(p).is_some());
+            if complete {
+                for (&p, &w) in members.iter().zip(&whole) {
+                    if let Some(f) = self.known_field(p).filter(|_| masked(self, p, w)) {
+                        out.push((p, f));
+                    }
+                }
+                continue;
+            }
+            let made = self.make(members)?;
+            for (&p, (cost, field)) in members.iter().zip(made) {
+                if self.known_masked(p).is_some_and(|k| k != cost) {
+                    return Err(CostFailure {
+                        position: p,
+                        field: "(item)".to_string(),
+                        message: "changed since its cost was counted (the items an index \
+                                  has seen must stay as they are)"
+                            .to_string(),
+                    });
+                }
+                if let Some(f) = &field {
+                    out.push((p, Arc::clone(f)));
+                }
+                self.remember(p, (cost, field));
+            }
+        }
+        out.sort_by_key(|(p, _)| *p);
+        Ok(out)
+    }
+}
+
+impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.inner.costs(positions)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        self.inner.lower_bound(position)
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        if members.iter().all(|&p| self.known_masked(p).is_some()) {
+            return Ok(members
+                .iter()
+                .map(|&p| self.known_masked(p).unwrap_or(0))
+                .collect());
+        }
+        let made = self.make(members)?;
+        let mut out = Vec::with_capacity(members.len());
+        for (&p, m) in members.iter().zip(made) {
+            out.push(m.0);
+            self.remember(p, m);
+        }
+        Ok(out)
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        self.inner.known(position)
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        self.kinds.is_none_or(|k| maskable(k(position)))
+    }
+
+    fn masks(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const ENC: Encoding = Encoding::O200kBase;
+
+    fn long(n: usize) -> String {
+        "the quick brown fox jumps over the lazy dog 42 times\n".repeat(n)
+    }
+
+    fn masked(items: &[Value], limit: u64) -> Vec<Option<Value>> {
+        let refs: Vec<&Value> = items.iter().collect();
+        mask_unit(&refs, ENC, limit).unwrap()
+    }
+
+    #[test]
+    fn a_long_function_output_becomes_an_excerpt_naming_tool_and_call() {
+        let items = [
+            json!({"type":"function_call","call_id":"c1","name":"grep","arguments":"{}"}),
+            json!({"type":"function_call_output","call_id":"c1","output": long(200),
+                   "caller": {"type":"direct"}}),
+        ];
+        let out = masked(&items, 64);
+        assert!(out[0].is_none(), "calls are never masked");
+        let copy = out[1].as_ref().unwrap();
+        let text = copy["output"].as_str().unwrap();
+        assert!(ENC.count(text).unwrap() <= 64);
+        assert!(text.contains("of this grep output (call c1) masked by protoprompt"));
+        let saved = tokens::item_cost(&items[1], ENC).unwrap().total()
+            - tokens::item_cost(copy, ENC).unwrap().total();
+        assert!(
+            text.contains(&format!("[… {saved} tokens of this grep")),
+            "{text}"
+        );
+        assert!(text.starts_with("the quick brown fox"));
+        assert_eq!(copy["caller"], items[1]["caller"], "graph fields are kept");
+        assert_eq!(copy["call_id"], "c1");
+        // A short output has nothing to mask.
+        let short = [json!({"type":"function_call_output","call_id":"c1","output":"ok"})];
+        assert_eq!(masked(&short, 64), vec![None]);
+    }
+
+    #[test]
+    fn images_and_files_are_removed_and_counted_in_the_marker() {
+        let items = [
+            json!({"type":"function_call_output","call_id":"c2","output":[
+                {"type":"input_text","text":"chart attached"},
+                {"type":"input_image","image_url":"https://example.com/x.png"},
+                {"type":"input_file","file_id":"file_1"},
+            ]}),
+        ];
+        let copy = masked(&items, 64)[0].clone().unwrap();
+        let text = copy["output"].as_str().unwrap();
+        assert!(text.starts_with("chart attached"), "{text}");
+        assert!(text.contains("2 images or files of this function output (call c2)"));
+        // The marker states the tokens the copy saves: the item's cost less the copy's.
+        let saved = tokens::item_cost(&items[0], ENC).unwrap().total()
+            - tokens::item_cost(&copy, ENC).unwrap().total();
+        let media = tokens::IMAGE_MAX_TOKENS + tokens::UNKNOWN_FILE_TOKENS;
+        assert!(
+            saved < media && saved > media - 50,
+            "the marker's own tokens: {saved}"
+        );
+        assert!(text.contains(&format!("… {saved} tokens")), "{text}");
+        // Unknown parts: left as they are.
+        let odd = [json!({"type":"function_call_output","call_id":"c2","output":[{"type":"x"}]})];
+        assert_eq!(masked(&odd, 64), vec![None]);
+    }
+
+    #[test]
+    fn every_kind_of_tool_output_has_a_masked_form_with_its_graph_fields() {
+        let out = long(100);
+        let items = [
+            json!({"type":"custom_tool_call_output","call_id":"k","output":out}),
+            json!({"type":"local_shell_call_output","call_id":"l","output":out}),
+            json!({"type":"apply_patch_call_output","call_id":"a","status":"completed",
+                   "output":out}),
+            json!({"type":"mcp_call","id":"mcp_1","name":"lookup","server_label":"crm",
+                   "arguments":"{}","status":"completed","output":out}),
+            json!({"type":"shell_call_output","call_id":"s","output":[
+                {"stdout":out,"stderr":"warn","outcome":{"type":"exit","exit_code":0}},
+                {"stdout":"tail","stderr":"","outcome":{"type":"exit","exit_code":3}}]}),
+            json!({"type":"computer_call_output","call_id":"u","output":
+                {"type":"computer_screenshot","file_id":"file_9"}}),
+            json!({"type":"tool_search_output","call_id":"t","execution":"client",
+                   "status":"completed","tools":[{"type":"function","name":"crm_find",
+                   "description":out,"strict":true,"parameters":{"type":"object",
+                   "properties":{"q":{"type":"string","description":"query"}},
+                   "required":["q"]}}]}),
+        ];
+        let copies = masked(&items, 64);
+        for (item, copy) in items.iter().zip(&copies) {
+            let copy = copy.as_ref().unwrap_or_else(|| panic!("{item}"));
+            let (a, b) = (item.as_object().unwrap(), copy.as_object().unwrap());
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+            for (k, v) in a {
+                if !MASKED_FIELDS.contains(&k.as_str()) {
+                    assert_eq!(Some(v), b.get(k), "{k}");
+                }
+            }
+        }
+        assert!(copies[3].as_ref().unwrap()["output"]
+            .as_str()
+            .unwrap()
+            .contains("lookup output (call mcp_1)"));
+        let shell = &copies[4].as_ref().unwrap()["output"];
+        assert_eq!(shell.as_array().unwrap().len(), 1);
+        assert_eq!(
+            shell[0]["outcome"]["exit_code"], 3,
+            "the last outcome is kept"
+        );
+        assert!(shell[0]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("shell output (call s)"));
+        assert_eq!(
+            copies[5].as_ref().unwrap()["output"]["image_url"],
+            PLACEHOLDER_SCREENSHOT
+        );
+        let tool = &copies[6].as_ref().unwrap()["tools"][0];
+        assert_eq!(tool["description"], "");
+        assert_eq!(tool["name"], "crm_find");
+        assert_eq!(
+            tool["parameters"],
+            json!({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})
+        );
+    }
+
+    #[test]
+    fn only_tool_outputs_are_maskable() {
+        use crate::items::ItemMeta;
+        let cases = [
+            (
+                json!({"type":"function_call_output","call_id":"c","output":"x"}),
+                true,
+            ),
+            (
+                json!({"type":"shell_call_output","call_id":"c","output":[]}),
+                true,
+            ),
+            (
+                json!({"type":"tool_search_output","id":"t","tools":[]}),
+                true,
+            ),
+            (
+                json!({"type":"mcp_call","id":"m","name":"n","server_label":"s",
+                    "arguments":"{}"}),
+                true,
+            ),
+            (
+                json!({"type":"program_output","call_id":"p","result":"r",
+                    "status":"completed"}),
+                false,
+            ),
+            (
+                json!({"type":"mcp_approval_response","approval_request_id":"r",
+                    "approve":true}),
+                false,
+            ),
+            (
+                json!({"type":"function_call","call_id":"c","name":"f","arguments":"{}"}),
+                false,
+            ),
+            (
+                json!({"type":"reasoning","id":"r","summary":[],"encrypted_content":"e"}),
+                false,
+            ),
+            (json!({"role":"user","content":"hi"}), false),
+            (
+                json!({"type":"web_search_call","id":"w","status":"completed"}),
+                false,
+            ),
+        ];
+        for (item, expected) in cases {
+            let kind = ItemMeta::from_json(&item).unwrap().kind;
+            assert_eq!(maskable(kind), expected, "{item}");
+            if !expected {
+                // Whatever its fields, an item of another kind never gets a copy.
+                let mut big = item.clone();
+                big["output"] = json!(long(50));
+                big["result"] = json!(long(50));
+                let names = FxHashMap::default();
+                assert_eq!(
+                    mask_item(&big, 10_000, &names, ENC, 16).unwrap(),
+                    None,
+                    "{item}"
+                );
+            }
+        }
+    }
+}

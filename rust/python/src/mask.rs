@@ -1,0 +1,112 @@
+//! Masking from Python: the `masking` option (`protoprompt.Masking`), and the core's masked
+//! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
+
+use crate::convert::{as_dict, label};
+use crate::errors::item_error;
+use protoprompt_core::mask::{MaskedField, Masking, MIN_EXCERPT_TOKENS};
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+use serde_json::Value;
+
+/// The core's [`Masking`] read from a `protoprompt.Masking` (or `None`).
+pub(crate) fn masking_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<Masking>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let py = value.py();
+    let excerpt_tokens: u64 = value.getattr(intern!(py, "excerpt_tokens"))?.extract()?;
+    if excerpt_tokens < MIN_EXCERPT_TOKENS {
+        return Err(PyValueError::new_err(format!(
+            "masking.excerpt_tokens must be at least {MIN_EXCERPT_TOKENS}, got {excerpt_tokens}"
+        )));
+    }
+    let after_turns: Option<u64> = value.getattr(intern!(py, "after_turns"))?.extract()?;
+    Ok(Some(Masking {
+        excerpt_tokens,
+        after_turns,
+    }))
+}
+
+/// A JSON value as a new Python object (dicts, lists, str, int, float, bool, None).
+pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for v in items {
+                list.append(to_py(py, v)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// The masked copy of `original`: a new dict with the original's fields in their order,
+/// `masked.field` replaced by a new object of the masked value (the other fields' values are
+/// the original's objects: a shallow copy; the item itself is never changed). The original's
+/// field must still have the length the masked field was made from, or the item changed
+/// behind the index that remembered it: an `InvalidItemError` naming it.
+pub(crate) fn masked_copy<'py>(
+    py: Python<'py>,
+    original: &Bound<'py, PyAny>,
+    masked: &MaskedField,
+    n_history: usize,
+    position: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let at = label(n_history, position);
+    let dict = as_dict(original, "(item)")
+        .map_err(|e| e.raise(py, &at))?
+        .ok_or_else(|| item_error(py, &at, "(item)", "is no longer a mapping"))?;
+    let copy = dict.copy()?;
+    let same = copy
+        .get_item(masked.field)?
+        .and_then(|v| v.len().ok())
+        .is_some_and(|n| n == masked.original_len);
+    if !same {
+        return Err(item_error(
+            py,
+            &at,
+            masked.field,
+            "changed since its masked copy was made (the items an index has seen must stay \
+             as they are)",
+        ));
+    }
+    copy.set_item(masked.field, masked_value(py, masked)?)?;
+    Ok(copy.into_any())
+}
+
+/// The masked value as a new Python object, except a text: a Python string is immutable,
+/// so the one made for the first copy of this masked field serves every later copy.
+fn masked_value<'py>(py: Python<'py>, masked: &MaskedField) -> PyResult<Bound<'py, PyAny>> {
+    let Value::String(text) = &masked.value else {
+        return to_py(py, &masked.value);
+    };
+    let kept = masked.converted.get_or_init(|| {
+        let s: Py<PyAny> = PyString::new(py, text).into_any().unbind();
+        std::sync::Arc::new(s)
+    });
+    match kept.downcast_ref::<Py<PyAny>>() {
+        Some(s) => Ok(s.bind(py).clone()),
+        None => to_py(py, &masked.value),
+    }
+}
