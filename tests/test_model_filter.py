@@ -17,6 +17,7 @@ import pytest
 agents = pytest.importorskip("agents")
 
 from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.models.openai_responses import Converter  # noqa: E402
 from agents.run_internal.items import drop_orphan_function_calls  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningItem  # noqa: E402
@@ -69,7 +70,9 @@ def request_tokens(call: Any) -> int:
     )
     definitions = tool_definitions(call.tools, call.handoffs)
     tools = TOOLS_OVERHEAD + sum(item_tokens(d).total for d in definitions) if definitions else 0
-    return items + instructions + tools
+    text = Converter.get_response_format(call.output_schema)
+    schema = item_tokens(text).total if isinstance(text, dict) else 0
+    return items + instructions + tools + schema
 
 
 def assert_sendable(request: list[Any]) -> None:
@@ -249,17 +252,7 @@ async def test_instructions_and_tools_are_in_the_budget() -> None:
     assert request_tokens(callback_only.calls[0]) + 500 > budget
 
 
-async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> None:
-    from protoprompt.integrations import model_filter
-
-    rendered: list[int] = []
-    real = model_filter.tool_definitions
-
-    def counting(tools: Any, handoffs: Any = ()) -> Any:
-        rendered.append(len(tools))
-        return real(tools, handoffs)
-
-    monkeypatch.setattr(model_filter, "tool_definitions", counting)
+async def test_tool_definitions_are_counted_once_per_agent() -> None:
     builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
     session = ProtoPromptSession("cache")
     model = ScriptedModel(
@@ -267,8 +260,43 @@ async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> 
         + [[assistant_message("ok", item_id="m")]]
     )
     agent = Agent(name="a", model=model, tools=[lookup])
-    await Runner.run(agent, "go", session=session, run_config=run_config(session, builder))
-    assert len(model.calls) == 6 and rendered == [1]
+    config = run_config(session, builder)
+    await Runner.run(agent, "go", session=session, run_config=config)
+    assert len(model.calls) == 6
+    assert config.call_model_input_filter._request.counted == 1  # rendered 6 times, counted once
+
+
+async def test_a_tool_schema_edited_in_place_is_counted_again() -> None:
+    """Issue 22 #3: a cached tool cost is keyed by the rendered definition, not the object."""
+
+    @function_tool
+    def search(q: str) -> str:
+        """Search."""
+        return "found"
+
+    budget = 3_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget), on_call=plans.append
+    )
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    agent = Agent(name="a", model=ScriptedModel([[assistant_message("ok", item_id="m")]]))
+    agent.tools = [search]
+    await Runner.run(agent, "hi", run_config=config)
+    small = plans[-1].tools_tokens
+    search.params_json_schema["properties"]["q"]["description"] = "a long field note " * 1000
+    agent.model = ScriptedModel([])
+    with pytest.raises(TokenBudgetExceededError) as info:
+        await Runner.run(agent, "hi", run_config=config)
+    assert info.value.section == "instructions_and_tools"
+    assert len(agent.model.calls) == 0, "the oversized request was never sent"
+    search.params_json_schema["properties"]["q"]["description"] = "a field note " * 100
+    agent.model = ScriptedModel([[assistant_message("ok", item_id="m")]])
+    await Runner.run(agent, "hi", run_config=config)
+    assert plans[-1].tools_tokens > small + 300
+    assert plans[-1].tools_tokens == request_tokens(agent.model.calls[0]) - sum(
+        item_tokens(i).total for i in agent.model.calls[0].input
+    )
 
 
 async def test_reasoning_and_hosted_items_inside_the_run_stay_valid() -> None:
@@ -394,7 +422,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
     ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
     alive meanwhile, and none of them makes the run's index copy its item graph when the
     next call appends (results do not pin the index's graph)."""
-    import protoprompt.integrations.model_filter as model_filter
+    import protoprompt.integrations._runs as runs
 
     indexes: list[pp.HistoryIndex] = []
 
@@ -405,7 +433,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
             super().__init__()
             indexes.append(self)
 
-    monkeypatch.setattr(model_filter, "HistoryIndex", RecordedIndex)
+    monkeypatch.setattr(runs, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
         None, max_tokens=5_000, output_reserve=300, policy="greedy"
@@ -583,7 +611,11 @@ def test_water_level_shares_the_room_among_outputs() -> None:
 
 
 def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
-    from protoprompt.integrations.model_filter import _Cutter
+    from protoprompt import _core
+
+    def fit(item: dict[str, Any], target: int) -> tuple[dict[str, Any], int] | None:
+        out = _core.fit_output(item, target, encoding="o200k_base")
+        return None if out is None else (out[0], out[1])
 
     image = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "high"}
     item = {
@@ -596,33 +628,32 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
         ],
     }
     for target in (30_000, 2_000, 120):
-        cut = _Cutter(item, "o200k_base")
-        assert cut.shrink_to(target)
-        assert target - 10 <= cut.cost() <= target, "the room is used, not wasted"
+        cut = fit(item, target)
+        assert cut is not None
+        assert target - 12 <= cut[1] <= target, "the room is used, not wasted"
+        assert cut[1] == item_tokens(cut[0]).total, "the cost said is the copy's cost"
         assert item["output"][0]["text"] == TABLE, "the stored item is untouched"
-    cut = _Cutter(item, "o200k_base")
-    assert cut.shrink_to(2_000)
-    assert cut.copy["output"][1] == image, "the image fits once the text is cut"
-    assert not _Cutter(item, "o200k_base").shrink_to(60), "not even the markers fit"
-    cut = _Cutter(item, "o200k_base")
-    assert cut.shrink_to(120)
-    kinds = [p["type"] for p in cut.copy["output"]]
-    assert kinds == ["input_text", "input_text", "input_text"]
-    assert "removed by protoprompt" in json.dumps(cut.copy)
+    cut = fit(item, 2_000)
+    assert cut is not None and cut[0]["output"][1] == image, "the image fits once the text is cut"
+    assert fit(item, 10) is None, "not even the markers fit"
+    cut = fit(item, 120)
+    assert cut is not None
+    assert [p["type"] for p in cut[0]["output"]] == ["input_text"] * 3
+    assert "removed by protoprompt" in json.dumps(cut[0])
     shell = {
         "type": "shell_call_output",
         "call_id": "s",
         "output": [{"stdout": TABLE, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
     }
-    cut = _Cutter(shell, "o200k_base")
-    assert cut.shrink_to(1_000) and cut.cost() <= 1_000
-    assert cut.copy["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
+    cut = fit(shell, 1_000)
+    assert cut is not None and cut[1] <= 1_000
+    assert cut[0]["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
     screenshot = {
         "type": "computer_call_output",
         "call_id": "x",
         "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
     }
-    assert not _Cutter(screenshot, "o200k_base").shrink_to(100), "a screenshot cannot be cut"
+    assert fit(screenshot, 100) is None, "a screenshot cannot be cut"
 
 
 def test_truncate_text_is_token_exact() -> None:

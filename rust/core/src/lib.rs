@@ -4,6 +4,7 @@
 
 pub mod costs;
 pub mod decisions;
+pub mod digest;
 pub mod graph;
 pub mod incremental;
 pub mod indexed;
