@@ -19,7 +19,7 @@ agents = pytest.importorskip("agents")
 from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
 from agents.models.openai_responses import Converter  # noqa: E402
 from agents.run_internal.items import drop_orphan_function_calls  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningItem  # noqa: E402
 from openai.types.responses.response_function_web_search import ActionSearch  # noqa: E402
 from openai.types.responses.response_reasoning_item import Summary  # noqa: E402
@@ -782,3 +782,346 @@ async def test_a_handoff_inside_the_run_keeps_every_call_within_the_budget() -> 
     for call in model.calls:
         assert request_tokens(call) + 300 <= budget
         assert_sendable(call.input)
+
+
+# ------------------------------------------------------------------ issue 22: run identity
+
+
+@function_tool
+def note(q: str) -> str:
+    """Take a note (a ~110-token answer)."""
+    return f"note {q}: " + "noted and filed " * 35
+
+
+def numbered_steps(steps: int, tool: str = "note") -> Any:
+    """A responder for ``ModelStep.respond``: a call of ``tool`` numbered per run
+    (``call_0``, ``call_1`` … in every run, as models that number calls per response do)
+    until ``steps`` outputs are in, then an answer. It reads the newest output's number from
+    the input it is given, so concurrent runs may share it."""
+
+    def respond(call: Any) -> list[Any]:
+        done = [
+            int(i["call_id"].rsplit("_", 1)[1])
+            for i in call.input
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        n = max(done) + 1 if done else 0
+        if n < steps:
+            return [function_call(tool, {"q": str(n)}, call_id=f"call_{n}")]
+        return [assistant_message("done", item_id="m_done")]
+
+    return respond
+
+
+def responder_model(calls: int, respond: Any) -> ScriptedModel:
+    return ScriptedModel([ModelStep.respond(respond) for _ in range(calls)])
+
+
+def user_parts(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_concurrent_runs_with_list_content_keep_their_own_costs() -> None:
+    """Issue 22 #1: two runs through one filter and one agent at once; their user messages
+    have list content of very different sizes. Each run's calls are costed as its own."""
+    budget = 3_500
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=budget))
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    model = responder_model(8, numbered_steps(3))
+    agent = Agent(name="a", model=model, tools=[note])
+    big = user_parts("word " * 3_200)
+    small = user_parts("hi there")
+    results = await asyncio.gather(
+        Runner.run(agent, [big], run_config=config),
+        Runner.run(agent, [small], run_config=config),
+    )
+    assert [r.final_output for r in results] == ["done", "done"]
+    assert len(model.calls) == 8
+    for call in model.calls:
+        assert request_tokens(call) <= budget
+        assert_sendable(call.input)
+    big_calls = [c for c in model.calls if c.input[0] == big]
+    assert len(big_calls) == 4
+    assert request_tokens(big_calls[-1]) > 3_300, "the big run kept what fits"
+
+
+async def test_runs_are_told_apart_by_the_sdk_not_by_their_items() -> None:
+    """Concurrent, streamed, nested (agent as tool) runs and runs inside one user trace
+    each continue only their own state: every later call of a run reuses the index of that
+    run's previous call, and a call made outside a run is packed from scratch."""
+    from agents import trace
+
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=50_000), on_call=plans.append)
+
+    def runs_of(plans: list[ModelCallPlan]) -> dict[str, list[ModelCallPlan]]:
+        out: dict[str, list[ModelCallPlan]] = {}
+        for p in plans:
+            first = next(i for i in p.items if i.get("role") == "user")
+            out.setdefault(str(first["content"]), []).append(p)
+        return out
+
+    async def check(tracing_disabled: bool) -> None:
+        plans.clear()
+        config = RunConfig(call_model_input_filter=flt, tracing_disabled=tracing_disabled)
+        inner = Agent(name="inner", model=responder_model(3, numbered_steps(2)), tools=[note])
+        helper = inner.as_tool(tool_name="ask_inner", tool_description="Ask the inner agent.")
+        outer_model = ScriptedModel(
+            [
+                [function_call("ask_inner", {"input": "nested question"}, call_id="call_0")],
+                [assistant_message("outer done", item_id="m_outer")],
+            ]
+        )
+        outer = Agent(name="outer", model=outer_model, tools=[helper])
+        shared = Agent(name="a", model=responder_model(12, numbered_steps(3)), tools=[note])
+
+        async def streamed(q: str) -> None:
+            result = Runner.run_streamed(shared, q, run_config=config)
+            async for _ in result.stream_events():
+                pass
+
+        with trace("user workflow"):
+            await asyncio.gather(
+                Runner.run(shared, "run one", run_config=config),
+                Runner.run(shared, "run two", run_config=config),
+                streamed("run three"),
+            )
+        await Runner.run(outer, "outer question", run_config=config)
+        by_run = runs_of(plans)
+        assert {k: len(v) for k, v in by_run.items()} == {
+            "run one": 4,
+            "run two": 4,
+            "run three": 4,
+            "outer question": 2,
+            "nested question": 3,
+        }
+        for name, run_plans in by_run.items():
+            assert [p.call for p in run_plans] == list(range(1, len(run_plans) + 1)), name
+            assert run_plans[0].reuse == "first call of the run"
+            for prev, p in zip(run_plans, run_plans[1:]):
+                assert p.reuse == "the run's earlier calls", name
+                # Everything the previous call indexed (its history) came from the index.
+                assert p.reused == prev.step[0] > 0, name
+
+    await check(tracing_disabled=True)
+    await check(tracing_disabled=False)
+
+    # Outside a run there is no agent span: every call is packed from scratch.
+    from agents.run_config import CallModelData, ModelInputData
+
+    agent = Agent(name="a", tools=[note])
+    items: list[Any] = [{"role": "user", "content": "direct"}]
+    for k in range(3):
+        await flt(CallModelData(ModelInputData(input=list(items), instructions=None), agent, None))
+        assert flt.last_plan is not None
+        assert (flt.last_plan.call, flt.last_plan.reused) == (1, 0)
+        assert flt.last_plan.reuse == "no run in scope"
+        items += [
+            {"type": "function_call", "call_id": f"c{k}", "name": "note", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{k}", "output": "ok"},
+        ]
+
+
+async def test_call_ids_reused_across_runs_do_not_tie_old_outputs_to_the_new_step() -> None:
+    """Issue 22 #2: a model that numbers its calls per response sends ``call_0`` in every
+    run. With the history of earlier runs passed back as input, the old run's huge output is
+    not part of this run's mandatory step: the list is packed as the SDK sends it, after its
+    de-duplication (the old output is collapsed into the new one)."""
+
+    @function_tool
+    def dump(q: str) -> str:
+        """Dump a big table."""
+        return TABLE if q == "big" else "a short answer"
+
+    budget = 8_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget),
+        oversized_output="truncate",
+        on_call=plans.append,
+    )
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    first = ScriptedModel(
+        [[function_call("dump", {"q": "big"}, call_id="call_0")], [assistant_message("one", item_id="m1")]]
+    )
+    agent = Agent(name="a", model=first, tools=[dump])
+    r1 = await Runner.run(agent, "first question", run_config=config)
+    assert plans[-1].truncated, "the big output was cut in the first run"
+    second = ScriptedModel(
+        [[function_call("dump", {"q": "small"}, call_id="call_0")], [assistant_message("two", item_id="m2")]]
+    )
+    agent.model = second
+    history = [*r1.to_input_list(), {"role": "user", "content": "second question"}]
+    r2 = await Runner.run(agent, history, run_config=config)
+    assert r2.final_output == "two"
+    for call in second.calls:
+        assert request_tokens(call) <= budget
+        assert_sendable(call.input)
+    assert plans[-1].deduplicated == 2, "the old call and output collapse into the new ones"
+    sent = second.calls[1].input
+    outputs = [i for i in sent if i.get("type") == "function_call_output"]
+    assert [o["output"] for o in outputs] == ["a short answer"]
+
+
+# ------------------------------------------------------------------ issue 22: edits in place
+
+
+async def test_an_item_edited_in_place_between_calls_is_counted_again() -> None:
+    """Issue 22 #3: a filter chained before ours keeps a scratchpad (list content) that it
+    grows in place on every call; every call is costed as it is now."""
+    budget = 3_500
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=budget))
+    pad = {"role": "developer", "content": [{"type": "input_text", "text": "scratchpad:"}]}
+
+    async def chained(data: Any) -> Any:
+        pad["content"][0]["text"] += " a growing line of notes" * 250
+        items = data.model_data.input
+        data.model_data.input = [items[0], pad, *items[1:]]
+        return await flt(data)
+
+    model = ScriptedModel(
+        [[function_call("note", {"q": str(i)}, call_id=f"c{i}")] for i in range(5)]
+        + [[assistant_message("ok", item_id="m")]]
+    )
+    config = RunConfig(call_model_input_filter=chained, tracing_disabled=True)
+    await Runner.run(Agent(name="a", model=model, tools=[note]), "go", run_config=config)
+    assert pp.count_tokens(pad["content"][0]["text"]) > budget
+    for call in model.calls:
+        assert request_tokens(call) <= budget
+    assert pad not in model.calls[-1].input, "the pad no longer fits: dropped, not mis-costed"
+    assert flt.last_plan is not None and "changed" in flt.last_plan.reuse
+
+
+# ------------------------------------------------------------------ issue 22: output schema
+
+
+def _big_output_type() -> Any:
+    from pydantic import BaseModel, Field, create_model
+
+    fields: dict[str, Any] = {
+        f"field_{i}": (str, Field(description=f"The {i}th finding, " + "carefully cited " * 40))
+        for i in range(70)
+    }
+    model: type[BaseModel] = create_model("Report", **fields)
+    return model
+
+
+async def test_the_output_type_schema_is_in_the_budget() -> None:
+    """Issue 22 #4: ``Agent(output_type=...)`` sends its JSON schema (Responses
+    ``text.format``) with every call; it is counted like the tools."""
+    from agents.agent_output import AgentOutputSchema
+
+    report = _big_output_type()
+    text = Converter.get_response_format(AgentOutputSchema(report))
+    schema_tokens = item_tokens(text).total
+    assert schema_tokens > 7_000
+    budget = 12_000
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 60}
+        for i in range(60)
+    ]
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500),
+        on_call=plans.append,
+    )
+    answer = json.dumps({f"field_{i}": "x" for i in range(70)})
+    model = ScriptedModel([[assistant_message(answer, item_id="m")]])
+    agent = Agent(name="a", model=model, output_type=report)
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    await Runner.run(agent, [*history, {"role": "user", "content": "report"}], run_config=config)
+    call = model.calls[0]
+    assert request_tokens(call) + 500 <= budget
+    assert plans[0].output_schema_tokens == schema_tokens
+    assert request_tokens(call) == plans[0].request_tokens
+    assert sum(item_tokens(i).total for i in call.input) < budget - schema_tokens
+    assert "output schema" in plans[0].explain()
+
+
+async def test_a_stored_prompt_template_is_named_as_not_counted() -> None:
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=5_000), on_call=plans.append)
+    model = ScriptedModel([[assistant_message("ok", item_id="m")]])
+    agent = Agent(name="a", model=model, prompt={"id": "pmpt_123", "version": "2"})
+    await Runner.run(
+        agent, "hi", run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    )
+    assert model.calls[0].prompt is not None
+    [note_text] = plans[0].not_counted
+    assert "pmpt_123" in note_text and "not in the per-call budget" in note_text
+    assert "not counted: the stored prompt template" in plans[0].explain()
+
+
+# ------------------------------------------------------------------ issue 22: many-part outputs
+
+
+@pytest.mark.parametrize("images", [0, 5])
+async def test_many_part_outputs_are_cut_by_parts(images: int) -> None:
+    """Issue 22 #5: an output of many small text parts (each below the 32-token floor), with
+    or without images, is cut: images first, then the middle parts give way to a marker."""
+    from agents import ToolOutputImage, ToolOutputText
+
+    n = 800 if not images else 300
+
+    @function_tool
+    def listing(q: str) -> list[Any]:
+        """A listing in many parts."""
+        parts: list[Any] = [
+            ToolOutputText(text=f"entry {i}: " + "alpha beta " * 6) for i in range(n)
+        ]
+        for k in range(images):
+            parts.insert(k * 50, ToolOutputImage(image_url=f"https://example.com/{k}.png"))
+        return parts
+
+    budget = 6_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget),
+        oversized_output="truncate",
+        on_call=plans.append,
+    )
+    model = ScriptedModel(
+        [[function_call("listing", {"q": "all"}, call_id="c1")], [assistant_message("ok", item_id="m")]]
+    )
+    await Runner.run(
+        Agent(name="a", model=model, tools=[listing]),
+        "list everything",
+        run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True),
+    )
+    call = model.calls[1]
+    assert request_tokens(call) <= budget
+    assert request_tokens(call) > budget - 200, "the room is used"
+    [cut] = plans[1].truncated
+    assert cut.original_tokens > budget and cut.parts_removed > 0
+    assert cut.media_removed == images
+    out = next(i for i in call.input if i.get("type") == "function_call_output")["output"]
+    texts = [p.get("text", "") for p in out]
+    assert texts[0].startswith("entry 0:") or images
+    assert texts[-1].startswith(f"entry {n - 1}:")
+    assert any("parts (" in t and "removed by protoprompt" in t for t in texts)
+
+
+async def test_the_standalone_filter_cuts_to_fit_with_a_system_prompt() -> None:
+    """Issue 22 #5: with a non-empty ``system_prompt`` the cut leaves room for it."""
+    budget = 3_000
+    system_prompt = "Answer from the recalled facts only. " * 20
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=200),
+        oversized_output="truncate",
+        system_prompt=system_prompt,
+        on_call=plans.append,
+    )
+    model = ScriptedModel(
+        [[function_call("get_table", {"name": "a"}, call_id="c1")], [assistant_message("ok", item_id="m")]]
+    )
+    await Runner.run(
+        Agent(name="a", model=model, tools=[get_table]),
+        "show table a",
+        run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True),
+    )
+    call = model.calls[1]
+    assert call.input[0]["role"] == "system" and system_prompt.strip() in call.input[0]["content"]
+    assert request_tokens(call) + 200 <= budget
+    assert request_tokens(call) + 200 > budget - 40, "the room is used"
+    assert plans[1].truncated[0].call_id == "c1"
