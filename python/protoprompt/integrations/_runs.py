@@ -38,7 +38,15 @@ from .. import _core
 from ..packing import HistoryIndex
 from ._sdk import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_span
 
-__all__ = ["Collapsed", "Run", "collapse", "common_prefix", "dedupe_keys", "run_span"]
+__all__ = [
+    "Collapsed",
+    "Run",
+    "collapse",
+    "collapse_groups",
+    "common_prefix",
+    "dedupe_keys",
+    "run_span",
+]
 
 _SCOPE_DEPTH = 8
 """Spans walked down the tracing scope to the run's agent span (it is the current span, or
@@ -66,66 +74,99 @@ def _field(item: Any, name: str) -> Any:
     return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
+def _dedupe_key(item: Any) -> str | None:
+    if isinstance(item, Mapping) and ("role" in item or item.get("type") == "message"):
+        return None  # what the SDK's key says for every message, without copying the item
+    return DEDUPE_KEY(item) if DEDUPE_KEY is not None else None
+
+
 def dedupe_keys(items: Sequence[Any]) -> list[str | None]:
     """The SDK's de-duplication key of each item (``None``: never collapsed)."""
-    if DEDUPE_KEY is None:  # pragma: no cover - another SDK layout
-        return [None] * len(items)
-    return [DEDUPE_KEY(item) for item in items]
+    return [_dedupe_key(item) for item in items]
 
 
 class Collapsed:
-    """``items`` as the SDK's de-duplication leaves them, with where each item went."""
+    """A list as the SDK's de-duplication leaves it, with where each item went."""
 
-    __slots__ = ("items", "origins", "sources", "where")
+    __slots__ = ("_anchor", "_removed", "digests", "items")
 
     def __init__(
-        self, items: list[Any], sources: list[int], origins: list[int], where: list[int]
+        self, items: list[Any], digests: bytes, removed: list[int], anchor: dict[int, int]
     ) -> None:
         self.items = items
         """The collapsed list (the SDK's objects, the surviving content of each key)."""
-        self.sources = sources
-        """``sources[d]``: the original position whose content is at ``d``."""
-        self.origins = origins
-        """``origins[d]``: the original position ``d`` stands at (increasing)."""
-        self.where = where
-        """``where[i]``: the collapsed position of original item ``i`` (of its key)."""
+        self.digests = digests
+        """Their digests (those of the items whose content survives)."""
+        self._removed = removed
+        self._anchor = anchor
+
+    def position(self, i: int) -> int:
+        """Where original item ``i`` (its key's survivor) is in the collapsed list."""
+        i = self._anchor.get(i, i)
+        return i - bisect.bisect_left(self._removed, i)
 
     def start(self, original: int) -> int:
         """The first collapsed position standing at or after original position ``original``."""
-        return bisect.bisect_left(self.origins, original)
+        return original - bisect.bisect_left(self._removed, original)
 
 
-def collapse(items: Sequence[Any], keys: Sequence[str | None]) -> Collapsed:
+def _groups(keys: Sequence[str | None]) -> dict[str, list[int]]:
+    first: dict[str, int] = {}
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        if key in first:
+            groups.setdefault(key, [first[key]]).append(i)
+        else:
+            first[key] = i
+    return groups
+
+
+def collapse_groups(
+    items: Sequence[Any], groups: Mapping[str, Sequence[int]], digests: bytes = b""
+) -> Collapsed:
+    """``items`` collapsed as ``deduplicate_input_items_preferring_latest`` collapses them,
+    given the positions of every key that occurs more than once: the last occurrence's
+    content survives, at the first position for calls, reasoning and approval requests
+    (the SDK's anchor types), else at the last one whose type is not an anchor type."""
+    removed: list[int] = []
+    replace: dict[int, int] = {}
+    anchor_of: dict[int, int] = {}
+    for positions in groups.values():
+        anchor = positions[0]
+        for p in positions[1:]:
+            if _field(items[p], "type") not in DEDUPE_ANCHOR_TYPES:
+                anchor = p
+        for p in positions:
+            if p != anchor:
+                removed.append(p)
+                anchor_of[p] = anchor
+        if positions[-1] != anchor:
+            replace[anchor] = positions[-1]
+    removed.sort()
+    out: list[Any] = []
+    chunks: list[bytes] = []
+    prev = 0
+    for r in (*removed, len(items)):
+        out.extend(items[prev:r])
+        chunks.append(digests[16 * prev : 16 * r])
+        prev = r + 1
+    packed = bytearray(b"".join(chunks))
+    collapsed = Collapsed(out, b"", removed, anchor_of)
+    for anchor, latest in replace.items():
+        d = collapsed.position(anchor)
+        out[d] = items[latest]
+        if digests:
+            packed[16 * d : 16 * d + 16] = digests[16 * latest : 16 * latest + 16]
+    collapsed.digests = bytes(packed)
+    return collapsed
+
+
+def collapse(items: Sequence[Any], keys: Sequence[str | None], digests: bytes = b"") -> Collapsed:
     """What ``deduplicate_input_items_preferring_latest`` makes of ``items`` (the same list,
     tested against the SDK's function), with the positions mapped."""
-    latest: dict[str, int] = {}
-    anchor: dict[str, int] = {}
-    for i, key in enumerate(keys):
-        if key is None:
-            continue
-        latest[key] = i
-        if key not in anchor or _field(items[i], "type") not in DEDUPE_ANCHOR_TYPES:
-            anchor[key] = i
-    out: list[Any] = []
-    sources: list[int] = []
-    origins: list[int] = []
-    placed: dict[str, int] = {}
-    where = [0] * len(items)
-    for i, key in enumerate(keys):
-        if key is None:
-            where[i] = len(out)
-        elif anchor[key] == i:
-            placed[key] = len(out)
-        else:
-            continue
-        origins.append(i)
-        source = i if key is None else latest[key]
-        sources.append(source)
-        out.append(items[source])
-    for i, key in enumerate(keys):
-        if key is not None:
-            where[i] = placed[key]
-    return Collapsed(out, sources, origins, where)
+    return collapse_groups(items, _groups(keys), digests)
 
 
 class Run:
@@ -135,7 +176,8 @@ class Run:
         "agent",
         "calls",
         "digests",
-        "dups",
+        "first",
+        "groups",
         "index",
         "index_digests",
         "keys",
@@ -163,13 +205,21 @@ class Run:
         self.run_input: tuple[int, int] | None = None
         self.pool: tuple[tuple[Any, ...], list[Any]] | None = None
         self.keys: list[str | None] = []
-        """De-duplication keys of the previous input's leading items."""
-        self.dups = 0
-        """How many of those keys repeat an earlier one."""
+        """De-duplication keys of the previous input's items (unchanged ones are kept)."""
+        self.first: dict[str, int] = {}
+        """The first position of every key."""
+        self.groups: dict[str, list[int]] = {}
+        """The positions of every key that occurs more than once."""
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + len(self.digests) + len(self.index_digests) + 8 * len(self.keys)
+        return (
+            self.index.nbytes
+            + len(self.digests)
+            + len(self.index_digests)
+            + 8 * len(self.keys)
+            + 100 * len(self.first)
+        )
 
     def observe(self, items: list[Any]) -> tuple[bytes, bool]:
         """Digest ``items``; ``(digests, extends)``: whether the previous call's input is an
@@ -188,22 +238,21 @@ class Run:
 
     def _update_keys(self, items: list[Any], same: int) -> None:
         keep = min(same, len(self.keys))
-        if keep < len(self.keys):
+        if keep < len(self.keys):  # an item changed: the keys from there on are read again
             del self.keys[keep:]
-            seen: set[str] = set()
-            self.dups = 0
-            for key in self.keys:
+            self.first = {}
+            for i, key in enumerate(self.keys):
                 if key is not None:
-                    self.dups += key in seen
-                    seen.add(key)
-        new = dedupe_keys(items[keep:])
-        if any(k is not None for k in new):
-            seen = {k for k in self.keys if k is not None}
-            for key in new:
-                if key is not None:
-                    self.dups += key in seen
-                    seen.add(key)
-        self.keys.extend(new)
+                    self.first.setdefault(key, i)
+            self.groups = _groups(self.keys)
+        for i in range(keep, len(items)):
+            key = _dedupe_key(items[i])
+            self.keys.append(key)
+            if key is None:
+                continue
+            first = self.first.setdefault(key, i)
+            if first != i:
+                self.groups.setdefault(key, [first]).append(i)
 
     def sync_index(self, digests: bytes) -> None:
         """Cut the index back to the first item whose content it has not seen (``digests``:

@@ -55,7 +55,7 @@ from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
 from ..packing import PackResult, UnitDecision, item_tokens
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
-from ._runs import Collapsed, Run, collapse, run_span
+from ._runs import Collapsed, Run, collapse_groups, run_span
 from ._sdk import CallModelData, ModelInputData
 
 if TYPE_CHECKING:
@@ -451,12 +451,12 @@ class ModelInputFilter:
         layout_start = step_start
         packed, packed_digests = items, digests
         collapsed: Collapsed | None = None
-        if run.dups:
-            collapsed = collapse(items, run.keys)
-            packed = collapsed.items
-            packed_digests = b"".join(digests[16 * i : 16 * i + 16] for i in collapsed.sources)
+        if run.groups:
+            collapsed = collapse_groups(items, run.groups, digests)
+            packed, packed_digests = collapsed.items, collapsed.digests
             step_start = collapsed.start(layout_start)
-            pinned = sorted({collapsed.where[p] for p in pinned if collapsed.where[p] < step_start})
+            moved = {collapsed.position(p) for p in pinned}
+            pinned = sorted(p for p in moved if p < step_start)
         indexed = len(run.index)
         run.sync_index(packed_digests)
         reused = len(run.index)
