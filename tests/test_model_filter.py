@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
 
@@ -1125,3 +1128,204 @@ async def test_the_standalone_filter_cuts_to_fit_with_a_system_prompt() -> None:
     assert request_tokens(call) + 200 <= budget
     assert request_tokens(call) + 200 > budget - 40, "the room is used"
     assert plans[1].truncated[0].call_id == "c1"
+
+
+# ------------------------------------------------------------------ issue 22: the property
+
+
+def _reference_tokens(value: Any) -> int:
+    """An independent lower bound of what the model reads in ``value``: OpenAI's own
+    ``tiktoken`` over every string in it (no keys, no framing)."""
+    from reference_tokenizer import count
+
+    if isinstance(value, str):
+        return count(value)
+    if isinstance(value, dict):
+        return sum(_reference_tokens(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_reference_tokens(v) for v in value)
+    return 0
+
+
+class _RequestRecorder(ScriptedModel):
+    """A scripted model that also builds, at call time, the request the SDK's Responses model
+    would send (``OpenAIResponsesModel._build_response_create_kwargs``), so the check sees
+    tools and schemas as they were at that moment (a later in-place edit cannot hide)."""
+
+    def __init__(self, steps: Any) -> None:
+        super().__init__(steps)
+        from agents import OpenAIResponsesModel
+        from openai import AsyncOpenAI
+
+        self.responses = OpenAIResponsesModel(
+            model="gpt-5", openai_client=AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1:9")
+        )
+        self.requests: list[dict[str, Any]] = []
+
+    async def get_response(self, system_instructions: Any, input: Any, model_settings: Any, tools: Any, output_schema: Any, handoffs: Any, tracing: Any, **kw: Any) -> Any:  # noqa: E501
+        request = self.responses._build_response_create_kwargs(
+            system_instructions,
+            copy.deepcopy(input),
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            prompt=kw.get("prompt"),
+        )
+        recorded = copy.deepcopy({k: request.get(k) for k in ("input", "instructions", "tools", "text")})
+        call = SimpleNamespace(
+            input=input,
+            system_instructions=system_instructions,
+            tools=tools,
+            handoffs=handoffs,
+            output_schema=output_schema,
+        )
+        recorded["exact"] = request_tokens(call)  # now: a later in-place edit cannot change it
+        self.requests.append(recorded)
+        return await super().get_response(
+            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, **kw
+        )
+
+
+def _scenario_tools(parts: int, text_tokens: int, images: int) -> Any:
+    from agents import ToolOutputImage, ToolOutputText
+
+    @function_tool
+    def fetch(q: str) -> Any:
+        """Fetch a document (text, or many parts with images)."""
+        if parts <= 1:
+            return f"doc {q}: " + "payload words " * (text_tokens // 2)
+        out: list[Any] = [
+            ToolOutputText(text=f"part {i} of {q}: " + "w " * (text_tokens // parts)) for i in range(parts)
+        ]
+        for k in range(images):
+            out.insert(k * 3, ToolOutputImage(image_url=f"https://example.com/{q}/{k}.png"))
+        return out
+
+    return fetch
+
+
+def _scenario_steps(steps: int, reasoning: bool, answer: str) -> Any:
+    def respond(call: Any) -> list[Any]:
+        done = [
+            int(i["call_id"].rsplit("_", 1)[1])
+            for i in call.input
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        n = max(done) + 1 if done else 0
+        out: list[Any] = []
+        if reasoning:  # ids reused in every run, like the call ids
+            out.append(
+                ResponseReasoningItem(
+                    id=f"rs_{n}", type="reasoning", summary=[Summary(text="thinking " * 30, type="summary_text")]
+                )
+            )
+        if n < steps:
+            return [*out, function_call("fetch", {"q": f"d{n}"}, call_id=f"call_{n}")]
+        return [*out, assistant_message(answer, item_id="m_final")]
+
+    return respond
+
+
+@st.composite
+def _filter_scenarios(draw: Any) -> dict[str, Any]:
+    return {
+        "budget": draw(st.integers(2_500, 14_000)),
+        "reserve": draw(st.sampled_from([0, 200, 800])),
+        "runs": draw(st.integers(1, 3)),
+        "rounds": draw(st.integers(1, 2)),
+        "steps": draw(st.integers(0, 4)),
+        "parts": draw(st.sampled_from([1, 1, 40, 300])),
+        "text_tokens": draw(st.sampled_from([50, 400, 3_000, 20_000])),
+        "images": draw(st.sampled_from([0, 0, 2])),
+        "reasoning": draw(st.booleans()),
+        "output_fields": draw(st.sampled_from([0, 0, 5, 60])),
+        "history_turns": draw(st.integers(0, 30)),
+        "list_content": draw(st.booleans()),
+        "scratchpad": draw(st.booleans()),
+        "edit_schema": draw(st.booleans()),
+        "system_prompt": draw(st.sampled_from(["", "Use the recalled facts. " * 10])),
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_filter_scenarios())
+def test_every_call_of_every_run_fits_whatever_the_agent_sends(sc: dict[str, Any]) -> None:
+    """The per-call budget holds in every shape a real agent produces: concurrent runs on
+    one agent and one filter, call and reasoning ids reused in every run, histories passed
+    back, in-place edits of a tool's schema (between rounds) and of an item (a chained
+    filter's scratchpad), structured outputs of every size, many-part outputs with images.
+    Every model call the SDK made is checked against an independent count (``tiktoken`` over
+    every string of the request the SDK's Responses model builds: a lower bound), the exact
+    cost model, and the SDK's own ``drop_orphan_function_calls``."""
+    asyncio.run(_run_scenario(sc))
+
+
+async def _run_scenario(sc: dict[str, Any]) -> None:
+    from pydantic import Field, create_model
+
+    budget, reserve = sc["budget"], sc["reserve"]
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    flt = model_input_filter(builder, oversized_output="truncate", system_prompt=sc["system_prompt"])
+    pads: dict[str, dict[str, Any]] = {}  # a chained filter's scratchpad, one per run
+
+    async def chained(data: Any) -> Any:
+        if sc["scratchpad"]:
+            items = data.model_data.input
+            run = json.dumps(next(i for i in reversed(items) if i.get("role") == "user"))
+            pad = pads.setdefault(
+                run, {"role": "developer", "content": [{"type": "input_text", "text": "pad:"}]}
+            )
+            pad["content"][0]["text"] += " note" * 150  # grows in place on every call
+            data.model_data.input = [*items[:1], pad, *items[1:]]
+        return await flt(data)
+
+    output_type: Any = None
+    answer = "the answer"
+    if sc["output_fields"]:
+        fields = {
+            f"f{i}": (str, Field(description="a finding, cited " * 12)) for i in range(sc["output_fields"])
+        }
+        output_type = create_model("Findings", **fields)  # type: ignore[call-overload]
+        answer = json.dumps({f"f{i}": "x" for i in range(sc["output_fields"])})
+    tool = _scenario_tools(sc["parts"], sc["text_tokens"], sc["images"])
+    calls = sc["runs"] * sc["rounds"] * (sc["steps"] + 1)
+    model = _RequestRecorder(
+        [ModelStep.respond(_scenario_steps(sc["steps"], sc["reasoning"], answer)) for _ in range(calls)]
+    )
+    agent = Agent(name="a", model=model, tools=[tool], output_type=output_type, instructions="Be exact.")
+    config = RunConfig(call_model_input_filter=chained, tracing_disabled=True)
+    histories: list[list[Any]] = [
+        [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"run {r} turn {i} " * 20}
+            for i in range(sc["history_turns"])
+        ]
+        for r in range(sc["runs"])
+    ]
+    refused: list[int] = []
+    for round_ in range(sc["rounds"]):
+        if round_ and sc["edit_schema"]:
+            tool.params_json_schema["properties"]["q"]["description"] = "the document id " * 300
+
+        async def one(r: int) -> Any:
+            text = f"run {r} round {round_}: fetch the documents " + "please " * (r * 400)
+            question = user_parts(text) if sc["list_content"] else {"role": "user", "content": text}
+            try:
+                return await Runner.run(agent, [*histories[r], question], run_config=config, max_turns=20)
+            except TokenBudgetExceededError:
+                refused.append(r)  # the mandatory part did not fit: refused before sending
+                return None
+
+        results = await asyncio.gather(*(one(r) for r in range(sc["runs"])))
+        for r, result in enumerate(results):
+            if result is not None:
+                histories[r] = result.to_input_list()
+    assert model.requests or refused
+    for request in model.requests:
+        sent = request["input"]
+        assert drop_orphan_function_calls(copy.deepcopy(sent)) == sent
+        lower = _reference_tokens(
+            [request["instructions"], sent, request["tools"], request["text"]]
+        )
+        assert lower + reserve <= budget, f"tiktoken lower bound {lower} over {budget - reserve}"
+        assert request["exact"] + reserve <= budget
