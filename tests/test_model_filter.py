@@ -8,6 +8,7 @@ requests with protoprompt's documented cost model, independently of the filter's
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import json
 from types import SimpleNamespace
@@ -1329,3 +1330,54 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
         )
         assert lower + reserve <= budget, f"tiktoken lower bound {lower} over {budget - reserve}"
         assert request["exact"] + reserve <= budget
+
+
+_DEDUP_SHAPES = [
+    lambda k: {"type": "function_call", "call_id": f"c{k}", "name": "f", "arguments": "{}"},
+    lambda k: {"type": "function_call_output", "call_id": f"c{k}", "output": f"out {k}"},
+    lambda k: {"type": "reasoning", "id": f"rs_{k}", "summary": []},
+    lambda k: {"type": "web_search_call", "id": f"ws_{k}", "status": "completed"},
+    lambda k: {"type": "mcp_approval_request", "id": f"ar_{k}", "name": "t", "arguments": "{}", "server_label": "s"},
+    lambda k: {"type": "mcp_approval_response", "approval_request_id": f"ar_{k}", "approve": True},
+    lambda k: {"role": "user", "content": f"q{k}"},
+    lambda k: {"type": "message", "role": "assistant", "id": f"m{k}", "content": []},
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(_DEDUP_SHAPES) - 1), st.integers(0, 3), st.integers(0, 99)),
+        max_size=30,
+    ),
+    st.integers(0, 30),
+)
+def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: int) -> None:
+    """``collapse`` makes of a list exactly what the SDK's
+    ``deduplicate_input_items_preferring_latest`` makes of it, and maps every position:
+    each original item's key survives at ``position(i)``, positions keep their order, and a
+    region's start maps to the first position standing at or after it."""
+    from agents.run_internal.items import deduplicate_input_items_preferring_latest
+
+    from protoprompt import _core
+    from protoprompt.integrations._runs import collapse, dedupe_keys
+    from protoprompt.integrations._sdk import DEDUPE_ANCHOR_TYPES
+
+    items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]  # "n": content differs
+    keys = dedupe_keys(items)
+    digests, _ = _core.digests(items)
+    out = collapse(items, keys, digests)
+    assert out.items == deduplicate_input_items_preferring_latest(copy.deepcopy(items))
+    assert out.digests == _core.digests(out.items)[0]
+    # Where each position went, by the SDK's rule (tested above by the items themselves):
+    # a key's survivor stands at its first occurrence, or at its last occurrence of a type
+    # that is not a call, reasoning or approval request.
+    anchor: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is not None and (key not in anchor or items[i]["type"] not in DEDUPE_ANCHOR_TYPES):
+            anchor[key] = i
+    stands = sorted({i for i, k in enumerate(keys) if k is None} | set(anchor.values()))
+    for i, key in enumerate(keys):
+        assert out.position(i) == stands.index(i if key is None else anchor[key])
+    s = min(start, len(items))
+    assert out.start(s) == bisect.bisect_left(stands, s)
