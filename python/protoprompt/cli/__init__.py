@@ -26,6 +26,15 @@ class _CommandError(Exception):
     """A user-facing error: printed as ``protoprompt <command>: error: ...``, exit 1."""
 
 
+class _UsageError(_CommandError):
+    """A combination of options that is refused: printed like a :class:`_CommandError`,
+    exit 2."""
+
+
+TOKEN_ENV = "PROTOPROMPT_MCP_TOKEN"
+"""Where ``protoprompt mcp`` reads its bearer token when ``--auth-token`` is not given."""
+
+
 def _whole_number(text: str, least: int, rule: str) -> int:
     """``text`` as an int of at least ``least`` (``rule`` says so in the error)."""
     try:
@@ -106,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--read-only",
         action="store_true",
-        help="expose only memory_search, memory_get_profile and memory_context",
+        help="expose only memory_search, memory_get_profile and memory_context, and open "
+        "the database read-only (it is never changed)",
     )
     net = mcp.add_argument_group("transport")
     net.add_argument(
@@ -124,6 +134,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=_port, default=8000, help="HTTP port (default 8000; 0 picks a free one)"
     )
     net.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    guard = mcp.add_argument_group(
+        "HTTP access (every request's Host and Origin are checked, on every bind)"
+    )
+    guard.add_argument(
+        "--auth-token",
+        metavar="TOKEN",
+        help="require 'Authorization: Bearer TOKEN' on every request (at least 16 "
+        f"characters; default: the {TOKEN_ENV} environment variable, which other users "
+        "of this machine cannot read from the process list). Required for a bind that is "
+        "not loopback-only",
+    )
+    guard.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests addressed to NAME (e.g. the machine's DNS name; "
+        "repeatable). Loopback names and the bound address are always answered",
+    )
+    guard.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also accept browser requests from this origin (e.g. https://app.example; "
+        "repeatable). Requests without an Origin header are not affected",
+    )
+    guard.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve a non-loopback bind without a token (anyone who can reach it can "
+        "read and change the memory)",
+    )
     _add_tokenizer(mcp, "memory_context counts with")
     mcp.add_argument(
         "--name",
@@ -238,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_mcp(args: argparse.Namespace) -> int:
     try:
         from ..mcp import create_server, run_server
-        from ..mcp._sdk import is_loopback
+        from ..mcp._guard import BindError, allowed_origins, check_bind, check_token
     except ImportError as exc:
         raise _CommandError(str(exc)) from None
     from ..memory import MemoryScope, MemoryStore
@@ -247,20 +290,19 @@ def _run_mcp(args: argparse.Namespace) -> int:
         scope = MemoryScope(args.tenant, user=args.user, thread=args.thread)
     except (TypeError, ValueError) as exc:
         raise _CommandError(f"bad scope: {exc}") from None
+    token = args.auth_token if args.auth_token is not None else os.environ.get(TOKEN_ENV) or None
+    if args.transport == "http":
+        try:  # refused before anything is opened or bound
+            check_bind(args.host, token=check_token(token), insecure=args.insecure)
+            allowed_origins([], args.allow_origin)
+        except BindError as exc:
+            raise _UsageError(str(exc)) from None
     if args.read_only and not os.path.isfile(args.db):
         raise _CommandError(
             f"no database file {args.db!r} (a read-only server does not create one)"
         )
-    if args.transport == "http" and not is_loopback(args.host):
-        print(
-            f"{PROG} mcp: warning: serving on {args.host}, reachable from other machines; "
-            "the server has no authentication, so anyone who can reach it can read"
-            + ("" if args.read_only else " and change")
-            + " this scope's memory",
-            file=sys.stderr,
-        )
     try:
-        store = MemoryStore(args.db)
+        store = MemoryStore(args.db, read_only=args.read_only)
     except Exception as exc:  # noqa: BLE001 - sqlite3 errors, a directory, no permission
         raise _CommandError(f"cannot open the memory database {args.db!r}: {exc}") from None
     try:
@@ -274,7 +316,17 @@ def _run_mcp(args: argparse.Namespace) -> int:
             encoding=args.encoding,
             log_level=args.log_level,
         )
-        run_server(server, transport=args.transport, host=args.host, port=args.port, path=args.path)
+        run_server(
+            server,
+            transport=args.transport,
+            host=args.host,
+            port=args.port,
+            path=args.path,
+            auth_token=token,
+            allow_hosts=args.allow_host,
+            allow_origins=args.allow_origin,
+            insecure=args.insecure,
+        )
     except OSError as exc:
         raise _CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     except KeyboardInterrupt:
@@ -390,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         status: int = args.run(args)
+    except _UsageError as exc:
+        _fail(args.command, str(exc))
+        return 2
     except (_CommandError, ProtoPromptError) as exc:  # ProtoPromptError: unknown model, encoding
         return _fail(args.command, str(exc))
     except BrokenPipeError:  # `protoprompt inspect ... | head`

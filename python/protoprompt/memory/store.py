@@ -14,6 +14,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -279,6 +280,18 @@ def _cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float:
 # --------------------------------------------------------------------------- store
 
 
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A connection that cannot change the database file (SQLite ``mode=ro``)."""
+    if path in (":memory:", "") or path.startswith("file:"):
+        raise ValueError(f"a read-only MemoryStore needs a database file path, got {path!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no database file {path!r} (a read-only store creates none)")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    return sqlite3.connect(
+        uri, uri=True, timeout=30.0, check_same_thread=False, isolation_level=None
+    )
+
+
 class MemoryStore:
     """Scoped long-term memory in a SQLite database.
 
@@ -297,6 +310,9 @@ class MemoryStore:
         embedder: optional ``list[str] -> list[list[float]]`` batch embedder.
         chunk_words: maximum words per document chunk.
         chunk_overlap: words shared by consecutive chunks (``0 <= overlap < chunk_words``).
+        read_only: open an existing file read-only: the database is never changed (no
+            schema is created, the journal mode is left as it is) and writes raise
+            ``PermissionError``; a database without memory tables reads as empty.
     """
 
     def __init__(
@@ -306,8 +322,11 @@ class MemoryStore:
         embedder: Embedder | None = None,
         chunk_words: int = 200,
         chunk_overlap: int = 40,
+        read_only: bool = False,
     ) -> None:
         self._chunk_words = _check_positive_int("chunk_words", chunk_words)
+        if not isinstance(read_only, bool):
+            raise TypeError(f"read_only must be a bool, got {type(read_only).__name__}")
         if isinstance(chunk_overlap, bool) or not isinstance(chunk_overlap, int):
             raise TypeError(f"chunk_overlap must be an int, got {type(chunk_overlap).__name__}")
         if not 0 <= chunk_overlap < chunk_words:
@@ -318,16 +337,21 @@ class MemoryStore:
         self._embedder = embedder
         self._path = os.fsdecode(path)
         self._lock = threading.RLock()
-        conn = sqlite3.connect(
-            self._path, timeout=30.0, check_same_thread=False, isolation_level=None
-        )
-        try:
-            if self._path not in (":memory:", ""):
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
+        self._read_only = read_only
+        self._tables = not read_only  # a read-only store checks (until they exist)
+        if read_only:
+            conn = _connect_read_only(self._path)
+        else:
+            conn = sqlite3.connect(
+                self._path, timeout=30.0, check_same_thread=False, isolation_level=None
+            )
+            try:
+                if self._path not in (":memory:", ""):
+                    conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
         self._conn: sqlite3.Connection | None = conn
 
     # ------------------------------------------------------------------ lifecycle
@@ -358,8 +382,31 @@ class MemoryStore:
             raise RuntimeError("MemoryStore is closed")
         return self._conn
 
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened ``read_only`` (writes raise ``PermissionError``)."""
+        return self._read_only
+
+    def _has_tables(self) -> bool:
+        """Whether the memory tables exist (always, unless opened read-only on a database
+        that has none yet: then it reads as empty)."""
+        if not self._tables:
+            with self._lock:
+                found = (
+                    self._connection()
+                    .execute(
+                        "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                        " AND name IN ('pp_mem_records', 'pp_mem_profiles', 'pp_mem_fts')"
+                    )
+                    .fetchone()
+                )
+            self._tables = found[0] == 3
+        return self._tables
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            raise PermissionError(f"MemoryStore({self._path!r}) was opened read_only")
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -497,6 +544,17 @@ class MemoryStore:
                 (*_scope_params(scope), text, time.time()),
             )
 
+    def clear_profile(self, *, scope: MemoryScope) -> bool:
+        """Remove the profile of exactly ``scope``: the scope has no profile of its own (an
+        ancestor's is what :meth:`get_profile` with ``include_parents`` finds). Returns
+        whether there was one."""
+        scope = _check_scope(scope)
+        with self._transaction() as conn:
+            deleted = conn.execute(
+                f"DELETE FROM pp_mem_profiles WHERE {_SCOPE_EQ}", _scope_params(scope)
+            ).rowcount
+        return deleted > 0
+
     def forget(
         self, *, scope: MemoryScope, doc_id: str | None = None, fact_id: str | None = None
     ) -> int:
@@ -539,9 +597,12 @@ class MemoryStore:
         """Return the profile of ``scope`` (or ``None``).
 
         With ``include_parents=True`` the nearest profile among the scope and its
-        ancestors is returned.
+        ancestors is returned. A blank profile counts as none (it does not hide an
+        ancestor's).
         """
         scopes = _visible_scopes(_check_scope(scope), include_parents)
+        if not self._has_tables():
+            return None
         where, params = _scope_filter(scopes, alias="p")
         with self._lock:
             rows = (
@@ -553,7 +614,7 @@ class MemoryStore:
                 )
                 .fetchall()
             )
-        found = {_row_scope(*row[:4]): row[4] for row in rows}
+        found = {_row_scope(*row[:4]): row[4] for row in rows if row[4].strip()}
         return next((found[s] for s in scopes if s in found), None)
 
     def facts(
@@ -563,6 +624,8 @@ class MemoryStore:
         scopes = _visible_scopes(_check_scope(scope), include_parents)
         if limit is not None:
             _check_limit(limit)
+        if not self._has_tables():
+            return []
         where, params = _scope_filter(scopes)
         sql = (
             f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
@@ -597,7 +660,7 @@ class MemoryStore:
         kind_list = _check_kinds(kinds)
         scopes = _visible_scopes(scope, include_parents)
         match = fts_query(query)
-        if match is None or not kind_list:
+        if match is None or not kind_list or not self._has_tables():
             return []
         query_vec: list[float] | None = None
         if self._embedder is not None:
