@@ -12,10 +12,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..errors import ProtoPromptError
+from ._text import terminal_safe
 
 __all__ = ["main"]
 
@@ -35,30 +36,55 @@ TOKEN_ENV = "PROTOPROMPT_MCP_TOKEN"
 """Where ``protoprompt mcp`` reads its bearer token when ``--auth-token`` is not given."""
 
 
-def _whole_number(text: str, least: int, rule: str) -> int:
-    """``text`` as an int of at least ``least`` (``rule`` says so in the error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+def _whole_number(text: str, least: int, rule: str, most: int, what: str) -> int:
+    """``text`` as an int in ``[least, most]`` (``rule`` and ``what`` say so in the error)."""
+    digits = text.strip().removeprefix("+").removeprefix("-")
+    if not digits.isascii() or not digits.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number, got {terminal_safe(repr(text[:40]))}"
+            + ("…" if len(text) > 40 else "")
+        )
+    if len(digits.lstrip("0")) > len(str(most)):  # never converts thousands of digits
+        raise argparse.ArgumentTypeError(f"{what} is at most {most}, got {len(digits)} digits")
+    value = int(text)
     if value < least:
         raise argparse.ArgumentTypeError(f"{rule}, got {value}")
+    if value > most:
+        raise argparse.ArgumentTypeError(f"{what} is at most {most}, got {value}")
     return value
+
+
+_MAX_TOKENS = 2**64 - 1
+"""Largest token count the core takes."""
+_MAX_ROWS = 2**63 - 1
+"""Largest row count SQLite takes."""
 
 
 def _positive(text: str) -> int:
-    return _whole_number(text, 1, "must be at least 1")
+    return _whole_number(text, 1, "must be at least 1", _MAX_TOKENS, "a token count")
 
 
 def _non_negative(text: str) -> int:
-    return _whole_number(text, 0, "must be 0 or more")
+    return _whole_number(text, 0, "must be 0 or more", _MAX_TOKENS, "a token count")
+
+
+def _row_count(text: str) -> int:
+    return _whole_number(text, 1, "must be at least 1", _MAX_ROWS, "a row count")
 
 
 def _port(text: str) -> int:
-    value = _non_negative(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
-    return value
+    return _whole_number(text, 0, "must be 0 or more", 65535, "a TCP port")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line naming the argument (and where
+    to read more), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2,
+            f"{self.prog}: error: {terminal_safe(message)} (see '{self.prog} --help')\n",
+        )
 
 
 def _add_tokenizer(parser: argparse.ArgumentParser, what: str) -> None:
@@ -74,14 +100,16 @@ def _add_tokenizer(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Token-budgeted requests and scoped long-term memory for the OpenAI "
         "Agents SDK.",
         epilog=f"Run '{PROG} COMMAND --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
 
     # ---------------------------------------------------------------- mcp
     mcp = commands.add_parser(
@@ -228,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument(
         "--limit",
-        type=_positive,
+        type=_row_count,
         metavar="N",
         help="read only the newest N items (as session_settings.limit does)",
     )
@@ -351,10 +379,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
             elif not sessions:
                 print(f"{args.db}: no sessions")
             else:
-                width = max(len(s["session"]) for s in sessions)
+                names = [terminal_safe(str(s["session"])) for s in sessions]
+                width = max(len(n) for n in names)
                 print(f"{'session'.ljust(width)}  {'items':>6}  last item")
-                for s in sessions:
-                    print(f"{s['session'].ljust(width)}  {s['items']:>6}  {s['last']}")
+                for name, s in zip(names, sessions, strict=True):
+                    print(f"{name.ljust(width)}  {s['items']:>6}  {terminal_safe(str(s['last']))}")
                 n = len(sessions)
                 print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
@@ -429,7 +458,7 @@ def _print_json(data: Any) -> None:
 
 
 def _fail(command: str, message: str) -> int:
-    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    print(f"{PROG} {command}: error: {terminal_safe(message)}", file=sys.stderr)
     return 1
 
 
@@ -451,4 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status

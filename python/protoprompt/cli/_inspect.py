@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..packing import PackResult, Policy, UnitDecision, pack
+from ._text import JsonReadError, read_json, terminal_safe
 
 __all__ = [
     "InspectError",
@@ -126,10 +127,15 @@ def read_session(
     skipped: list[int] = []
     for row_id, data in rows:
         try:
-            item = json.loads(data)
-        except (json.JSONDecodeError, TypeError):
+            item = read_json(data)
+        except (json.JSONDecodeError, TypeError):  # skipped by the SDK too
             skipped.append(row_id)
             continue
+        except JsonReadError as exc:  # the SDK raises on it: this session cannot be read
+            raise InspectError(
+                f"row id {row_id} of session {session_id!r} cannot be read: {exc} (the "
+                "Agents SDK cannot read this session either)"
+            ) from None
         items.append(item)
         row_ids.append(row_id)
     return SessionRows(items, row_ids, skipped)
@@ -287,7 +293,8 @@ def report_json(
 def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> str:
     """The report as a table per unit and the totals, for a terminal."""
     lines = [
-        f"session {report['session']!r} in {report['database']}: {report['items']} items"
+        f"session {terminal_safe(repr(report['session']))} in "
+        f"{terminal_safe(str(report['database']))}: {report['items']} items"
         + (
             f" ({len(report['skipped_rows'])} rows skipped: not JSON)"
             if report["skipped_rows"]
@@ -298,7 +305,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
     header = ("unit", "items", "kinds", "tokens", "decision", "reason", "content")
     table = [header]
     for u in units:
-        kinds = "+".join(u["kinds"])
+        kinds = terminal_safe("+".join(u["kinds"]))
         table.append(
             (
                 str(u["unit"]),
@@ -306,8 +313,8 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
                 kinds if len(kinds) <= 40 else kinds[:39] + "…",
                 "-" if u["tokens"] is None else str(u["tokens"]),
                 u["decision"],
-                u["reason"],
-                u["preview"],
+                terminal_safe(u["reason"]),
+                terminal_safe(u["preview"]),
             )
         )
     if len(table) > 1:
