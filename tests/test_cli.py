@@ -481,7 +481,10 @@ DIGITS_5000 = "9" * 5000
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["inspect", "x.db", "--budget", HUGE], "--budget: a token count is at most 18446744073709551615"),
+        (
+            ["inspect", "x.db", "--budget", HUGE],
+            "--budget: a token count is at most 18446744073709551615",
+        ),
         (["inspect", "x.db", "--output-reserve", HUGE], "--output-reserve: a token count"),
         (["inspect", "x.db", "--context-tokens", HUGE], "--context-tokens: a token count"),
         (["inspect", "x.db", "--budget", DIGITS_5000], "got 5000 digits"),

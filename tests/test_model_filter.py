@@ -856,7 +856,9 @@ async def test_runs_are_told_apart_by_the_sdk_not_by_their_items() -> None:
     from agents import trace
 
     plans: list[ModelCallPlan] = []
-    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=50_000), on_call=plans.append)
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=50_000), on_call=plans.append
+    )
 
     def runs_of(plans: list[ModelCallPlan]) -> dict[str, list[ModelCallPlan]]:
         out: dict[str, list[ModelCallPlan]] = {}
@@ -946,13 +948,19 @@ async def test_call_ids_reused_across_runs_do_not_tie_old_outputs_to_the_new_ste
     )
     config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
     first = ScriptedModel(
-        [[function_call("dump", {"q": "big"}, call_id="call_0")], [assistant_message("one", item_id="m1")]]
+        [
+            [function_call("dump", {"q": "big"}, call_id="call_0")],
+            [assistant_message("one", item_id="m1")],
+        ]
     )
     agent = Agent(name="a", model=first, tools=[dump])
     r1 = await Runner.run(agent, "first question", run_config=config)
     assert plans[-1].truncated, "the big output was cut in the first run"
     second = ScriptedModel(
-        [[function_call("dump", {"q": "small"}, call_id="call_0")], [assistant_message("two", item_id="m2")]]
+        [
+            [function_call("dump", {"q": "small"}, call_id="call_0")],
+            [assistant_message("two", item_id="m2")],
+        ]
     )
     agent.model = second
     history = [*r1.to_input_list(), {"role": "user", "content": "second question"}]
@@ -1044,7 +1052,9 @@ async def test_the_output_type_schema_is_in_the_budget() -> None:
 
 async def test_a_stored_prompt_template_is_named_as_not_counted() -> None:
     plans: list[ModelCallPlan] = []
-    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=5_000), on_call=plans.append)
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=5_000), on_call=plans.append
+    )
     model = ScriptedModel([[assistant_message("ok", item_id="m")]])
     agent = Agent(name="a", model=model, prompt={"id": "pmpt_123", "version": "2"})
     await Runner.run(
@@ -1085,7 +1095,10 @@ async def test_many_part_outputs_are_cut_by_parts(images: int) -> None:
         on_call=plans.append,
     )
     model = ScriptedModel(
-        [[function_call("listing", {"q": "all"}, call_id="c1")], [assistant_message("ok", item_id="m")]]
+        [
+            [function_call("listing", {"q": "all"}, call_id="c1")],
+            [assistant_message("ok", item_id="m")],
+        ]
     )
     await Runner.run(
         Agent(name="a", model=model, tools=[listing]),
@@ -1117,7 +1130,10 @@ async def test_the_standalone_filter_cuts_to_fit_with_a_system_prompt() -> None:
         on_call=plans.append,
     )
     model = ScriptedModel(
-        [[function_call("get_table", {"name": "a"}, call_id="c1")], [assistant_message("ok", item_id="m")]]
+        [
+            [function_call("get_table", {"name": "a"}, call_id="c1")],
+            [assistant_message("ok", item_id="m")],
+        ]
     )
     await Runner.run(
         Agent(name="a", model=model, tools=[get_table]),
@@ -1159,11 +1175,22 @@ class _RequestRecorder(ScriptedModel):
         from openai import AsyncOpenAI
 
         self.responses = OpenAIResponsesModel(
-            model="gpt-5", openai_client=AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1:9")
+            model="gpt-5",
+            openai_client=AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1:9"),
         )
         self.requests: list[dict[str, Any]] = []
 
-    async def get_response(self, system_instructions: Any, input: Any, model_settings: Any, tools: Any, output_schema: Any, handoffs: Any, tracing: Any, **kw: Any) -> Any:  # noqa: E501
+    async def get_response(
+        self,
+        system_instructions: Any,
+        input: Any,
+        model_settings: Any,
+        tools: Any,
+        output_schema: Any,
+        handoffs: Any,
+        tracing: Any,
+        **kw: Any,
+    ) -> Any:  # noqa: E501
         request = self.responses._build_response_create_kwargs(
             system_instructions,
             copy.deepcopy(input),
@@ -1173,7 +1200,9 @@ class _RequestRecorder(ScriptedModel):
             handoffs,
             prompt=kw.get("prompt"),
         )
-        recorded = copy.deepcopy({k: request.get(k) for k in ("input", "instructions", "tools", "text")})
+        recorded = copy.deepcopy(
+            {k: request.get(k) for k in ("input", "instructions", "tools", "text")}
+        )
         call = SimpleNamespace(
             input=input,
             system_instructions=system_instructions,
@@ -1184,7 +1213,14 @@ class _RequestRecorder(ScriptedModel):
         recorded["exact"] = request_tokens(call)  # now: a later in-place edit cannot change it
         self.requests.append(recorded)
         return await super().get_response(
-            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, **kw
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            **kw,
         )
 
 
@@ -1197,7 +1233,8 @@ def _scenario_tools(parts: int, text_tokens: int, images: int) -> Any:
         if parts <= 1:
             return f"doc {q}: " + "payload words " * (text_tokens // 2)
         out: list[Any] = [
-            ToolOutputText(text=f"part {i} of {q}: " + "w " * (text_tokens // parts)) for i in range(parts)
+            ToolOutputText(text=f"part {i} of {q}: " + "w " * (text_tokens // parts))
+            for i in range(parts)
         ]
         for k in range(images):
             out.insert(k * 3, ToolOutputImage(image_url=f"https://example.com/{q}/{k}.png"))
@@ -1218,7 +1255,9 @@ def _scenario_steps(steps: int, reasoning: bool, answer: str) -> Any:
         if reasoning:  # ids reused in every run, like the call ids
             out.append(
                 ResponseReasoningItem(
-                    id=f"rs_{n}", type="reasoning", summary=[Summary(text="thinking " * 30, type="summary_text")]
+                    id=f"rs_{n}",
+                    type="reasoning",
+                    summary=[Summary(text="thinking " * 30, type="summary_text")],
                 )
             )
         if n < steps:
@@ -1267,7 +1306,9 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
 
     budget, reserve = sc["budget"], sc["reserve"]
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
-    flt = model_input_filter(builder, oversized_output="truncate", system_prompt=sc["system_prompt"])
+    flt = model_input_filter(
+        builder, oversized_output="truncate", system_prompt=sc["system_prompt"]
+    )
     pads: dict[str, dict[str, Any]] = {}  # a chained filter's scratchpad, one per run
 
     async def chained(data: Any) -> Any:
@@ -1285,16 +1326,22 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
     answer = "the answer"
     if sc["output_fields"]:
         fields = {
-            f"f{i}": (str, Field(description="a finding, cited " * 12)) for i in range(sc["output_fields"])
+            f"f{i}": (str, Field(description="a finding, cited " * 12))
+            for i in range(sc["output_fields"])
         }
         output_type = create_model("Findings", **fields)  # type: ignore[call-overload]
         answer = json.dumps({f"f{i}": "x" for i in range(sc["output_fields"])})
     tool = _scenario_tools(sc["parts"], sc["text_tokens"], sc["images"])
     calls = sc["runs"] * sc["rounds"] * (sc["steps"] + 1)
     model = _RequestRecorder(
-        [ModelStep.respond(_scenario_steps(sc["steps"], sc["reasoning"], answer)) for _ in range(calls)]
+        [
+            ModelStep.respond(_scenario_steps(sc["steps"], sc["reasoning"], answer))
+            for _ in range(calls)
+        ]
     )
-    agent = Agent(name="a", model=model, tools=[tool], output_type=output_type, instructions="Be exact.")
+    agent = Agent(
+        name="a", model=model, tools=[tool], output_type=output_type, instructions="Be exact."
+    )
     config = RunConfig(call_model_input_filter=chained, tracing_disabled=True)
     histories: list[list[Any]] = [
         [
@@ -1312,7 +1359,9 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
             text = f"run {r} round {round_}: fetch the documents " + "please " * (r * 400)
             question = user_parts(text) if sc["list_content"] else {"role": "user", "content": text}
             try:
-                return await Runner.run(agent, [*histories[r], question], run_config=config, max_turns=20)
+                return await Runner.run(
+                    agent, [*histories[r], question], run_config=config, max_turns=20
+                )
             except TokenBudgetExceededError:
                 refused.append(r)  # the mandatory part did not fit: refused before sending
                 return None
@@ -1337,7 +1386,13 @@ _DEDUP_SHAPES = [
     lambda k: {"type": "function_call_output", "call_id": f"c{k}", "output": f"out {k}"},
     lambda k: {"type": "reasoning", "id": f"rs_{k}", "summary": []},
     lambda k: {"type": "web_search_call", "id": f"ws_{k}", "status": "completed"},
-    lambda k: {"type": "mcp_approval_request", "id": f"ar_{k}", "name": "t", "arguments": "{}", "server_label": "s"},
+    lambda k: {
+        "type": "mcp_approval_request",
+        "id": f"ar_{k}",
+        "name": "t",
+        "arguments": "{}",
+        "server_label": "s",
+    },
     lambda k: {"type": "mcp_approval_response", "approval_request_id": f"ar_{k}", "approve": True},
     lambda k: {"role": "user", "content": f"q{k}"},
     lambda k: {"type": "message", "role": "assistant", "id": f"m{k}", "content": []},

@@ -5,12 +5,14 @@ output and each tool output to the input and calls the model again; only
 ``RunConfig.call_model_input_filter`` sees those later requests. :class:`ModelInputFilter`
 keeps every one of them within the builder's budget, for the *whole* request::
 
-    input items + instructions + tool definitions + output_reserve <= max_tokens
+    input items + instructions + tool definitions + output schema + output_reserve
+        <= max_tokens
 
-What is mandatory on a call (reserved all or nothing, in this order): the instructions and
-tool definitions, the output reserve, the context message the session callback produced,
-the run's own new input, and the *newest step* — the model output that ended the previous
-call and the tool outputs answering it (with the reasoning and calls they complete).
+What is mandatory on a call (reserved all or nothing, in this order): the instructions,
+tool definitions and output schema, the output reserve, the context message the session
+callback produced, the run's own new input, and the *newest step* — the model output that
+ended the previous call and the tool outputs answering it (with the reasoning and calls they
+complete).
 Everything else is optional and filled newest first as atomic units by the Rust core under
 the same item-graph rules as the session callback: first the run's earlier steps (newest
 first), then the history the callback kept. Under ``policy="contiguous"`` the kept part is
@@ -22,8 +24,10 @@ When the mandatory part does not fit, ``oversized_output="error"`` raises
 :class:`~protoprompt.errors.TokenBudgetExceededError` (``section="tool_output"``, the
 ``detail`` names the output and its call) before anything is sent;
 ``oversized_output="truncate"`` cuts the model-facing copies of the newest step's tool
-outputs to the room left (token-exact, head and tail kept around a marker that says how
-many tokens were removed). The stored items are never changed: nothing a filter returns is
+outputs to the room left (by the core's ``fit_output``: media parts become markers when even
+cut text cannot make room, an output of many parts loses its middle parts to one marker
+part, texts are cut token-exact, head and tail kept around a marker that says how many
+tokens were removed). The stored items are never changed: nothing a filter returns is
 persisted by the SDK.
 
 What the request costs besides its items: the agent's instructions, the definitions of its
@@ -469,7 +473,9 @@ class ModelInputFilter:
         except TokenBudgetExceededError as exc:
             if self.oversized_output != "truncate":
                 raise self._explained(exc, packed, step_start, extras.total) from None
-            result, context, truncated = self._fit_step(exc, packed, step_start, pinned, extras, run)
+            result, context, truncated = self._fit_step(
+                exc, packed, step_start, pinned, extras, run
+            )
         run.calls += 1
         run.n_prev = len(items)
         run.step_start = layout_start

@@ -47,14 +47,14 @@ ServerType = _Server
 
 MCP_VERSION = importlib.metadata.version("mcp")
 
+
 def new_server(name: str, instructions: str, log_level: str) -> Any:
     """A server object of the installed SDK, with no tools yet, reporting protoprompt's
     version in its ``serverInfo``."""
+    options: dict[str, Any] = {"name": name, "instructions": instructions, "log_level": log_level}
     if MCP_MAJOR >= 2:
-        return _Server(
-            name=name, instructions=instructions, log_level=log_level, version=__version__
-        )  # type: ignore[arg-type,unused-ignore]
-    server = _Server(name=name, instructions=instructions, log_level=log_level)  # type: ignore[arg-type,unused-ignore]
+        return _Server(**options, version=__version__)
+    server: Any = _Server(**options)
     server._mcp_server.version = __version__  # FastMCP takes no version argument
     return server
 

@@ -60,6 +60,9 @@ pub(crate) fn cut_text(
         .map_err(|e| token_error(py, e))
 }
 
+/// `fit_output`'s answer: `(copy, tokens, parts_removed, media_removed)`.
+type Fitted<'py> = (Bound<'py, PyAny>, u64, usize, usize);
+
 /// A tool-output item cut to cost at most `target` tokens: `(copy, tokens, parts_removed,
 /// media_removed)`, or `None` when it cannot be cut to fit.
 #[pyfunction]
@@ -70,7 +73,7 @@ pub(crate) fn fit_output<'py>(
     target: u64,
     model: Option<&str>,
     encoding: Option<&str>,
-) -> PyResult<Option<(Bound<'py, PyAny>, u64, usize, usize)>> {
+) -> PyResult<Option<Fitted<'py>>> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
     if as_dict(item, "(item)")
         .map_err(|e| e.raise(py, "item"))?
