@@ -493,6 +493,14 @@ DIGITS_5000 = "9" * 5000
         (["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--port", DIGITS_5000], "--port"),
         (["inspect", "x.db", "--budget", "\x1b[2J"], "got '\\x1b[2J'"),
         (["count", "--as", "nonsense"], "--as: invalid choice"),
+        # Bytes that are not UTF-8 reach Python as lone surrogates.
+        (["inspect", "x.db", "--session", "\udcff"], "--session: not valid UTF-8 text"),
+        (["mcp", "--db", "m.db", "--tenant", "\udcff", "--user", "b"], "--tenant: not valid"),
+        (["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--path", "mcp"], "--path"),
+        (
+            ["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--allow-host", "a\x1bb"],
+            "--allow-host",
+        ),
     ],
 )
 def test_every_bad_argument_is_one_line_naming_it(

@@ -76,6 +76,31 @@ def _port(text: str) -> int:
     return _whole_number(text, 0, "must be 0 or more", 65535, "a TCP port")
 
 
+def _text(text: str) -> str:
+    """A text argument: valid Unicode (bytes that are not UTF-8 come in as lone surrogates)."""
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {terminal_safe(repr(text[:40]))}")
+    return text
+
+
+def _name(text: str) -> str:
+    """A name (session id, scope part, host, table): valid Unicode without control
+    characters."""
+    text = _text(text)
+    if terminal_safe(text) != text:
+        raise argparse.ArgumentTypeError(
+            f"control characters are not allowed: {terminal_safe(repr(text[:40]))}"
+        )
+    return text
+
+
+def _http_path(text: str) -> str:
+    text = _name(text)
+    if not text.startswith("/") or not text.isascii() or " " in text:
+        raise argparse.ArgumentTypeError(f"an HTTP path starts with '/' (ASCII), got {text!r}")
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line naming the argument (and where
     to read more), exit 2."""
@@ -131,9 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--read-only); the same file the budgeted callback recalls from",
     )
     scope = mcp.add_argument_group("scope (fixed for the server's lifetime)")
-    scope.add_argument("--tenant", required=True, help="tenant of the scope")
-    scope.add_argument("--user", required=True, help="user of the scope")
-    scope.add_argument("--thread", help="thread of the scope (default: user-wide memory)")
+    scope.add_argument("--tenant", required=True, type=_text, help="tenant of the scope")
+    scope.add_argument("--user", required=True, type=_text, help="user of the scope")
+    scope.add_argument(
+        "--thread", type=_text, help="thread of the scope (default: user-wide memory)"
+    )
     scope.add_argument(
         "--include-parents",
         action="store_true",
@@ -161,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument(
         "--port", type=_port, default=8000, help="HTTP port (default 8000; 0 picks a free one)"
     )
-    net.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    net.add_argument(
+        "--path", default="/mcp", type=_http_path, help="HTTP endpoint path (default /mcp)"
+    )
     guard = mcp.add_argument_group(
         "HTTP access (every request's Host and Origin are checked, on every bind)"
     )
@@ -177,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host",
         action="append",
         default=[],
+        type=_name,
         metavar="NAME",
         help="also answer requests addressed to NAME (e.g. the machine's DNS name; "
         "repeatable). Loopback names and the bound address are always answered",
@@ -185,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-origin",
         action="append",
         default=[],
+        type=_name,
         metavar="URL",
         help="also accept browser requests from this origin (e.g. https://app.example; "
         "repeatable). Requests without an Origin header are not affected",
@@ -199,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--name",
         default="protoprompt-memory",
+        type=_text,
         help="server name shown to clients (default protoprompt-memory)",
     )
     mcp.add_argument(
@@ -221,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model gpt-5 --output-reserve 8000",
     )
     inspect.add_argument("db", metavar="DB", help="the SQLiteSession database file")
-    inspect.add_argument("--session", metavar="ID", help="session id to inspect")
+    inspect.add_argument("--session", metavar="ID", type=_text, help="session id to inspect")
     inspect.add_argument(
         "--budget",
         type=_positive,
@@ -252,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--input",
         metavar="TEXT",
+        type=_text,
         help="a user message as the next turn's new input (default: none)",
     )
     inspect.add_argument(
@@ -266,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--messages-table",
         default="agent_messages",
+        type=_text,
         metavar="NAME",
         help="the SQLiteSession messages table (default agent_messages)",
     )

@@ -58,7 +58,8 @@ def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection:
     if not p.is_file():
         raise InspectError(f"no database file {str(p)!r}")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True, timeout=10)
+        uri = f"file:{quote(os.fsencode(p.resolve()))}?mode=ro"  # any file name, as bytes
+        conn = sqlite3.connect(uri, uri=True, timeout=10)
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as exc:
         raise InspectError(f"cannot read {str(p)!r} as an SQLite database: {exc}") from None

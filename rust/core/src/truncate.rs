@@ -354,8 +354,10 @@ impl Fitter {
         with(lo).map(Some)
     }
 
-    /// Cut the texts of `item` (each from its text in `source`), largest first, until the
-    /// item costs at most `target`; `floor` is the least a text is cut to on this pass.
+    /// Cut the texts of `source` into `item` so that it costs at most `target`: every text
+    /// longer than a common cap is cut to it (head and tail around a marker), the cap being
+    /// the largest that fits the texts' share of the room (a water level), never below
+    /// `floor`; the room is lowered by what a try still overflows (markers and seams).
     fn cut_texts(
         &self,
         item: &mut Value,
@@ -364,40 +366,51 @@ impl Fitter {
         floor: u64,
     ) -> Result<(), TokenError> {
         let leaves = leaves_of(source);
-        let mut sizes = Vec::with_capacity(leaves.len());
+        let mut texts = Vec::with_capacity(leaves.len());
         for path in &leaves {
-            let n = match get(item, path) {
-                Some(Value::String(t)) => self.enc.count(t)?,
-                _ => 0,
-            };
-            sizes.push(n);
+            match get(source, path) {
+                Some(Value::String(t)) => texts.push((t.as_str(), self.enc.count(t)?)),
+                _ => texts.push(("", 0)),
+            }
         }
-        for _ in 0..32 {
+        let sizes: Vec<u64> = texts.iter().map(|(_, n)| *n).collect();
+        let frame = self.cost(source)?.saturating_sub(sizes.iter().sum::<u64>());
+        let mut room = target.saturating_sub(frame);
+        for _ in 0..8 {
+            let cap = water_level(&sizes, room).max(floor);
+            for (path, (text, n)) in leaves.iter().zip(&texts) {
+                let value = if *n > cap {
+                    cut_text(self.enc, text, cap, TAIL_SHARE, TRUNCATION_MARKER)?
+                } else {
+                    (*text).to_string()
+                };
+                if let Some(slot) = get_mut(item, path) {
+                    *slot = Value::String(value);
+                }
+            }
             let over = self.cost(item)?.saturating_sub(target);
-            if over == 0 {
+            if over == 0 || cap == floor {
                 return Ok(());
             }
-            let Some(i) = (0..leaves.len())
-                .filter(|&i| sizes[i] > floor)
-                .max_by_key(|&i| sizes[i])
-            else {
-                return Ok(());
-            };
-            sizes[i] = sizes[i].saturating_sub(over + 1).max(floor);
-            if let (Some(Value::String(text)), Some(slot)) =
-                (get(source, &leaves[i]), get_mut(item, &leaves[i]))
-            {
-                *slot = Value::String(cut_text(
-                    self.enc,
-                    text,
-                    sizes[i],
-                    TAIL_SHARE,
-                    TRUNCATION_MARKER,
-                )?);
-            }
+            room = room.saturating_sub(over);
         }
         Ok(())
     }
+}
+
+/// The largest cap with `sum(min(size, cap)) <= room` (0 when even that is too much).
+fn water_level(sizes: &[u64], room: u64) -> u64 {
+    let mut ordered = sizes.to_vec();
+    ordered.sort_unstable();
+    let mut spent = 0u64;
+    for (i, &size) in ordered.iter().enumerate() {
+        let rest = (ordered.len() - i) as u64;
+        if spent + size * rest > room {
+            return (room - spent) / rest;
+        }
+        spent += size;
+    }
+    ordered.last().copied().unwrap_or(0).max(room)
 }
 
 fn text_part(text: &str) -> Value {
@@ -669,6 +682,31 @@ mod tests {
             .unwrap()
             .expect("below the 32-token floor");
         assert!(fit.tokens <= 20);
+    }
+
+    #[test]
+    fn many_long_texts_are_cut_to_one_level() {
+        // A hundred texts of 150-400 tokens with files and images between them (found by
+        // tests/truncate.rs: cutting one text per step ran out of steps).
+        let mut parts = Vec::new();
+        for i in 0..100 {
+            let text = "alpha epsilon 1234 delta 🙂 gamma 契約 beta ".repeat(20 + (i * 37) % 30);
+            parts.push(serde_json::json!({"type": "input_text", "text": text}));
+            if i % 9 == 0 {
+                parts.push(serde_json::json!({"type": "input_file", "file_id": "file_1"}));
+            }
+        }
+        let item =
+            serde_json::json!({"type": "function_call_output", "call_id": "c", "output": parts});
+        let full = cost(&item);
+        for share in [0.8, 0.5, 0.18, 0.06] {
+            let target = (full as f64 * share) as u64;
+            let fit = fit_output(&item, target, ENC).unwrap().expect("fits");
+            assert!(
+                fit.tokens <= target && fit.tokens + target / 20 >= target,
+                "{share}"
+            );
+        }
     }
 
     #[test]
