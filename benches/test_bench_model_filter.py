@@ -4,8 +4,9 @@
   input (a ``to_input_list()`` history plus a question), once with the standalone
   protoprompt filter and once with a pass-through filter, interleaved in one run: the ratio
   is what the filter adds to the SDK's own work (target <= 1.05).
-* ``test_filter_per_call``: the filter alone, called as the SDK calls it (fresh copies of the
-  whole input, two items more each call), beside a warm ``HistoryIndex`` turn over the same
+* ``test_filter_per_call``: the filter alone, called as the SDK calls it (inside the run's
+  agent span, which is how the filter tells runs apart; fresh copies of the whole input, two
+  items more each call: every call digests the whole input before reusing anything), beside a warm ``HistoryIndex`` turn over the same
   history in the same run; with ``--bench-100k`` also at 100k items (target: the 100k
   per-call cost <= 2x the 10k one).
 
@@ -155,10 +156,14 @@ def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
     pp.preload()
     flt = model_input_filter(_builder())
     agent = Agent(name="bench", tools=[lookup], instructions="Use the tool.")
+    from agents.tracing import agent_span
+
     steps: list[dict[str, Any]] = []
     times: list[float] = []
     loop = asyncio.new_event_loop()
     try:
+        span = agent_span(name="bench")
+        span.start(mark_as_current=True)  # the run's span: its calls continue one run's state
         for k in range(calls):
             items = json.loads(items_json) + json.loads(json.dumps(steps))  # fresh copies
             data = CallModelData(
@@ -184,6 +189,7 @@ def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
                     "output": "lorem ipsum dolor sit amet " * 40,
                 },
             ]
+        span.finish(reset_current=True)
     finally:
         loop.close()
     return times, flt.last_plan

@@ -470,3 +470,144 @@ def test_bad_numbers_are_usage_errors_naming_the_option(
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert message in err
+
+
+# --------------------------------------------------------------------------- issue 22
+
+HUGE = str(2**64)
+DIGITS_5000 = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["inspect", "x.db", "--budget", HUGE],
+            "--budget: a token count is at most 18446744073709551615",
+        ),
+        (["inspect", "x.db", "--output-reserve", HUGE], "--output-reserve: a token count"),
+        (["inspect", "x.db", "--context-tokens", HUGE], "--context-tokens: a token count"),
+        (["inspect", "x.db", "--budget", DIGITS_5000], "got 5000 digits"),
+        (["inspect", "x.db", "--limit", str(2**63)], "--limit: a row count is at most"),
+        (["inspect", "x.db", "--limit", DIGITS_5000], "--limit: a row count is at most"),
+        (["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--port", DIGITS_5000], "--port"),
+        (["inspect", "x.db", "--budget", "\x1b[2J"], "got '\\x1b[2J'"),
+        (["count", "--as", "nonsense"], "--as: invalid choice"),
+        # Bytes that are not UTF-8 reach Python as lone surrogates.
+        (["inspect", "x.db", "--session", "\udcff"], "--session: not valid UTF-8 text"),
+        (["mcp", "--db", "m.db", "--tenant", "\udcff", "--user", "b"], "--tenant: not valid"),
+        (["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--path", "mcp"], "--path"),
+        (
+            ["mcp", "--db", "m.db", "--tenant", "a", "--user", "b", "--allow-host", "a\x1bb"],
+            "--allow-host",
+        ),
+    ],
+)
+def test_every_bad_argument_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Issue 22 #12: no traceback, one line, the option named, exit 2."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1, err
+    assert "\x1b" not in err
+
+
+def _db_with_rows(path: Path, rows: dict[str, list[str]]) -> Path:
+    asyncio.run(write_session(path, "ok", 1))
+    conn = sqlite3.connect(path)
+    for session, datas in rows.items():
+        for data in datas:
+            conn.execute(
+                "INSERT INTO agent_messages (session_id, message_data) VALUES (?, ?)",
+                (session, data),
+            )
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "JSON nested deeper than can be read"),
+        ('{"role": "user", "content": "x", "n": ' + DIGITS_5000 + "}", "more than 4300 digits"),
+    ],
+)
+def test_inspect_names_a_row_nobody_can_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: str, message: str
+) -> None:
+    """Issue 22 #12: a row the SDK's own reader raises on is one line naming the row."""
+    db = _db_with_rows(tmp_path / "bad.db", {"bad": ['{"role": "user", "content": "hi"}', data]})
+    code, out, err = run_cli(capsys, "inspect", str(db), "--session", "bad")
+    assert code == 1 and out == ""
+    assert message in err and "row id" in err and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "JSON nested deeper than can be read"),
+        ('[{"role": "user", "content": "x", "n": ' + DIGITS_5000 + "}]", "more than 4300 digits"),
+        ('{"role": "user", "content": "x"}\n{"n": ' + DIGITS_5000 + "}\n", ":2: a JSON number"),
+        ('[{"role": "user", "content": "x", "f": 1e999}]', "not a JSON number"),
+        ('[{"role": "user", "content": ' + "[" * 300 + "]" * 300 + "}]", "nesting deeper than"),
+    ],
+)
+def test_count_names_json_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    """Issue 22 #12: ``count`` on deep JSON and long numbers: one line, exit 1."""
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    code, out, err = run_cli(capsys, "count", str(path))
+    assert code == 1 and out == ""
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_inspect_escapes_what_the_database_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22 #13: session ids, previews and kinds from the database reach the terminal
+    escaped; ``--json`` keeps the exact text."""
+    evil = "chat\x1b[31mRED\x07\u202e"
+    db = _db_with_rows(
+        tmp_path / "evil.db",
+        {
+            evil: [
+                json.dumps({"role": "user", "content": "hi \x1b]0;pwned\x07 there\x9b"}),
+                json.dumps({"type": "weird\x1bkind", "id": "x"}),
+            ]
+        },
+    )
+    code, out, err = run_cli(capsys, "inspect", str(db))
+    assert code == 0 and "chat\\x1b[31mRED\\x07\\u202e" in out
+    code, out, err = run_cli(capsys, "inspect", str(db), "--session", evil)
+    assert code == 0, err
+    assert "hi \\x1b]0;pwned\\x07 there\\x9b" in out and "weird\\x1bkind" in out
+    for text in (out, err):
+        assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) <= 0x9F for c in text)
+        assert "\u202e" not in text
+    code, out, _ = run_cli(capsys, "inspect", str(db), "--session", evil, "--json")
+    report = json.loads(out)
+    assert report["session"] == evil and "\x1b]0;pwned\x07" in report["units"][0]["preview"]
+    code, _, err = run_cli(capsys, "inspect", str(db), "--session", "nope\x1b[2J")
+    assert code == 1 and "\x1b" not in err and "nope\\x1b[2J" in err
+
+
+def test_count_escapes_item_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps({"type": "message", "role": "user\x1b[2J", "content": "x"}) + "\n")
+    code, out, _ = run_cli(capsys, "count", str(path))
+    assert code == 0 and "user\\x1b[2J" in out and "\x1b" not in out
+
+
+def test_terminal_safe_escapes_controls_and_keeps_text() -> None:
+    from protoprompt.cli._text import terminal_safe
+
+    assert terminal_safe("plain text, ünïcödé, 日本語, emoji 🙂‍↔️") == (
+        "plain text, ünïcödé, 日本語, emoji 🙂‍↔️"
+    )
+    assert terminal_safe("a\x1bb\x07c\x7fd\x9be\nf\tg") == "a\\x1bb\\x07c\\x7fd\\x9be\\nf\\tg"
+    assert terminal_safe("\u202eevil\u2066\ud800") == "\\u202eevil\\u2066\\ud800"

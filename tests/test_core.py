@@ -694,3 +694,56 @@ def test_nested_fields_may_be_any_mapping_and_read_the_same_as_dicts() -> None:
             pp.pack(bad, new_input, 50_000)
         assert (info.value.location, info.value.field) == ("history[2]", "caller.caller_id")
         assert "string" in str(info.value)
+
+
+# --------------------------------------------------------------------------- content digests
+
+
+def test_digests_see_every_change_of_content_and_nothing_else() -> None:
+    """``_core.digests``: what a cache keyed on content compares (the model filter's run
+    index). Equal content digests equally, in any new object; any edit, in place or not,
+    at any depth, changes the digest; values without a JSON form equal nothing."""
+    from collections import OrderedDict
+
+    from protoprompt import _core
+
+    def one(value: object) -> bytes:
+        return _core.digests([value])[0]
+
+    item = {
+        "role": "user",
+        "content": [{"type": "input_text", "text": "héllo " * 1000}, {"n": 1, "f": 1.5, "b": True}],
+    }
+    assert one(item) == one(copy.deepcopy(item)) == one(OrderedDict(item))
+    edits = [
+        lambda i: i["content"][0].update(text=i["content"][0]["text"] + "!"),
+        lambda i: i["content"][1].update(n=2),
+        lambda i: i["content"][1].update(f=1.25),
+        lambda i: i["content"][1].update(b=1),
+        lambda i: i["content"].append({}),
+        lambda i: i["content"].insert(0, i["content"].pop()),
+        lambda i: i.update(extra=None),
+        lambda i: i.update(content=tuple(i["content"]) + ("x",)),
+    ]
+    for edit in edits:
+        changed = copy.deepcopy(item)
+        edit(changed)
+        assert one(changed) != one(item)
+
+    class Text(str):
+        pass
+
+    assert one({"t": Text("abc")}) == one({"t": Text("abc")}) != one({"t": Text("abd")})
+    huge = 10**5000  # no JSON number: never equal, not even to itself
+    assert one({"n": huge}) != one({"n": huge})
+    assert one({"o": object()}) != one({"o": object()})
+    deep: object = "leaf"
+    for _ in range(200):
+        deep = [deep]
+    assert one(deep) != one(deep)
+    digests, same = _core.digests([item, {"a": 1}, {"b": 2}])
+    assert len(digests) == 48 and same == 0
+    assert _core.digests([item, {"a": 1}, {"b": 3}], digests)[1] == 2
+    assert _core.digests([item], digests)[1] == 1
+    with pytest.raises(TypeError):
+        _core.digests("not a list")

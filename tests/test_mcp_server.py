@@ -443,3 +443,223 @@ async def test_thread_scopes_and_include_parents(store: MemoryStore) -> None:
         reply = await client.call("memory_forget", {"memory_id": user_fact})
         assert reply.is_error and "parent scopes" in reply.text
     assert [h.fact_id for h in store.facts(scope=user)] == [user_fact]
+
+
+# --------------------------------------------------------------------------- issue 22
+
+
+async def test_ids_round_trip_exactly(store: MemoryStore) -> None:
+    """Issue 22 #8: the id the server returned names exactly that document."""
+    async with connect(create_server(store, ALICE)) as client:
+        for doc_id in ("notes", "notes ", " notes"):
+            reply = await client.call("memory_index_document", {"doc_id": doc_id, "text": CONTRACT})
+            assert reply.data["memory_id"] == f"doc:{doc_id}"
+        hits = (await client.call("memory_search", {"query": "renewal", "top_k": 50})).data["hits"]
+        assert {h["memory_id"] for h in hits} == {"doc:notes", "doc:notes ", "doc: notes"}
+        gone = (await client.call("memory_forget", {"memory_id": "doc:notes "})).data
+        assert gone["forgotten"] == "doc:notes "
+        left = {h.doc_id for h in store.search("renewal", scope=ALICE, limit=50)}
+        assert left == {"notes", " notes"}
+        missing = await client.call("memory_forget", {"memory_id": "doc:notes  "})
+        assert missing.is_error and "no document 'notes  '" in missing.text
+        assert {h.doc_id for h in store.search("renewal", scope=ALICE, limit=50)} == left
+
+
+async def test_clearing_the_profile_leaves_no_own_profile(store: MemoryStore) -> None:
+    """Issue 22 #10: an empty profile removes the scope's own profile, so the inherited one
+    is what get_profile, memory_context and include_parents builders see."""
+    thread = MemoryScope("acme", user="alice", thread="t1")
+    store.set_profile("Alice: prefers metric units.", scope=ALICE)
+    server = create_server(store, thread, include_parents=True)
+    async with connect(server) as client:
+        await client.call("memory_set_profile", {"profile": "Thread: be terse."})
+        assert (await client.call("memory_get_profile")).data == {"profile": "Thread: be terse."}
+        cleared = (await client.call("memory_set_profile", {"profile": ""})).data
+        assert cleared == {"profile": None}
+        assert (await client.call("memory_get_profile")).data == {
+            "profile": "Alice: prefers metric units."
+        }
+        context = (await client.call("memory_context", {"query": "", "max_tokens": 200})).data
+        assert "metric units" in context["context"]
+    assert store.get_profile(scope=thread) is None
+    assert store.get_profile(scope=thread, include_parents=True) == "Alice: prefers metric units."
+    builder = TokenBudgetedContextBuilder(store, max_tokens=500, scope=thread, include_parents=True)
+    plan = builder.build([], [], query="units")
+    assert plan.context_message is not None and "metric" in plan.context_message["content"]
+    # A blank row written before (by an older server) hides nothing either.
+    store.set_profile("   ", scope=thread)
+    assert store.get_profile(scope=thread, include_parents=True) == "Alice: prefers metric units."
+
+
+def test_the_document_limit_is_in_the_schema_and_sizes_the_http_body_limit() -> None:
+    """Issue 22 #9: one limit for stdio and HTTP: the body limit fits the largest document
+    the schema allows, every character escaped."""
+    limits = MemoryLimits()
+    assert limits.max_request_bytes >= 12 * (limits.max_document_chars + limits.max_doc_id_chars)
+    small = MemoryLimits(max_document_chars=1_000, max_fact_chars=20_000)
+    assert small.max_request_bytes == 12 * 20_000 + 65_536
+
+
+async def test_the_document_schema_states_the_limit(store: MemoryStore) -> None:
+    limits = MemoryLimits(max_document_chars=5_000)
+    async with connect(create_server(store, ALICE, limits=limits)) as client:
+        tool = (await client.tools())["memory_index_document"]
+        text = (getattr(tool, "inputSchema", None) or tool.input_schema)["properties"]["text"]
+        assert text["maxLength"] == 5_000 and "5,000 characters" in text["description"]
+        over = await client.call("memory_index_document", {"doc_id": "d", "text": "x" * 5_001})
+        assert over.is_error
+
+
+async def test_the_server_reports_protoprompt_s_version(store: MemoryStore) -> None:
+    """Issue 22 #11: serverInfo.version is the package version (over the wire: see the
+    transport tests)."""
+    import protoprompt
+
+    server = create_server(store, ALICE)
+    inner = getattr(server, "_mcp_server", None) or getattr(server, "_lowlevel_server", None)
+    assert inner.version == protoprompt.__version__ != ""
+
+
+def test_a_read_only_store_never_changes_the_database(tmp_path: Path) -> None:
+    """Issue 22 #7, the store's side: no schema, no journal-mode change, no write."""
+    import hashlib
+    import sqlite3
+
+    db = tmp_path / "foreign.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    with MemoryStore(db, read_only=True) as ro:
+        assert ro.read_only
+        assert ro.search("anything", scope=ALICE) == []
+        assert ro.facts(scope=ALICE) == [] and ro.get_profile(scope=ALICE) is None
+        with pytest.raises(PermissionError):
+            ro.remember("no", scope=ALICE)
+        with pytest.raises(PermissionError):
+            ro.clear_profile(scope=ALICE)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.db"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["notes"]
+    conn.close()
+    # Tables created later by a writer are read.
+    with MemoryStore(db) as rw:
+        rw.remember("Alice likes tea.", scope=ALICE)
+        with MemoryStore(db, read_only=True) as ro:
+            assert [h.text for h in ro.facts(scope=ALICE)] == ["Alice likes tea."]
+    with pytest.raises(FileNotFoundError):
+        MemoryStore(tmp_path / "missing.db", read_only=True)
+    with pytest.raises(ValueError):
+        MemoryStore(":memory:", read_only=True)
+
+
+# --------------------------------------------------------------------------- HTTP guard
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "insecure", "outcome"),
+    [
+        ("127.0.0.1", None, False, "ok"),
+        ("::1", None, False, "ok"),
+        ("localhost", None, False, "ok"),
+        ("127.0.0.2", None, False, "ok"),
+        ("0.0.0.0", None, False, "refused"),
+        ("::", None, False, "refused"),
+        ("192.168.1.5", None, False, "refused"),
+        ("myhost.example", None, False, "refused"),
+        ("0.0.0.0", "a" * 16, False, "ok"),
+        ("0.0.0.0", None, True, "warned"),
+    ],
+)
+def test_a_non_loopback_bind_needs_a_token_or_insecure(
+    host: str, token: str | None, insecure: bool, outcome: str
+) -> None:
+    from protoprompt.mcp._guard import BindError, check_bind
+
+    if outcome == "refused":
+        with pytest.raises(BindError, match="without authentication"):
+            check_bind(host, token=token, insecure=insecure)
+    else:
+        warning = check_bind(host, token=token, insecure=insecure)
+        assert (warning is not None) == (outcome == "warned")
+
+
+def test_tokens_must_be_long_printable_ascii() -> None:
+    from protoprompt.mcp._guard import BindError, check_token
+
+    assert check_token(None) is None
+    assert check_token("x" * 16) == "x" * 16
+    for bad in ("short", "x" * 15 + " ", "é" * 20, "x" * 16 + "\n"):
+        with pytest.raises(BindError):
+            check_token(bad)
+
+
+@pytest.mark.parametrize(
+    ("bind", "extra", "answered", "refused"),
+    [
+        (
+            "127.0.0.1",
+            [],
+            ["127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST:8000"],
+            ["evil.example:8000", "127.0.0.1:8001", "127.0.0.1", "", None],
+        ),
+        # Issue 22 #6: a wildcard bind keeps the checks: loopback names, nothing else.
+        (
+            "0.0.0.0",
+            [],
+            ["127.0.0.1:8000", "localhost:8000"],
+            ["evil.example:8000", "0.0.0.0:8000", "10.0.0.7:8000"],
+        ),
+        (
+            "0.0.0.0",
+            ["mem.example", "10.0.0.7:9000"],
+            ["mem.example:8000", "10.0.0.7:9000"],
+            ["mem.example:8001", "10.0.0.7:8000"],
+        ),
+        ("192.168.1.5", [], ["192.168.1.5:8000"], ["192.168.1.6:8000"]),
+        ("::", ["fd00::7"], ["[fd00::7]:8000", "[::1]:8000"], ["[fd00::8]:8000"]),
+    ],
+)
+def test_every_bind_checks_the_host_header(
+    bind: str, extra: list[str], answered: list[str], refused: list[str | None]
+) -> None:
+    from protoprompt.mcp._guard import Guard, allowed_hosts, allowed_origins
+
+    hosts = allowed_hosts(bind, 8000, extra)
+    guard = Guard(tuple(hosts), tuple(allowed_origins(hosts)))
+    for host in answered:
+        assert guard.verdict(host, None, None) is None, host
+    for bad in refused:
+        verdict = guard.verdict(bad, None, None)
+        assert verdict is not None and verdict[0] == 421, bad
+
+
+def test_origins_and_tokens_are_checked_on_every_request() -> None:
+    from protoprompt.mcp._guard import BindError, Guard, allowed_hosts, allowed_origins
+
+    hosts = allowed_hosts("0.0.0.0", 8000)
+    origins = allowed_origins(hosts, ["https://App.example/"])
+    guard = Guard(tuple(hosts), tuple(origins), "s3cret-token-0123")
+    ok = "Bearer s3cret-token-0123"
+    host = "127.0.0.1:8000"
+    assert guard.verdict(host, None, ok) is None
+    assert guard.verdict(host, "https://app.example", ok) is None
+    assert guard.verdict(host, "http://localhost:8000", ok) is None
+    # A DNS-rebinding page: its Origin is its own, whatever the Host.
+    assert guard.verdict(host, "http://evil.example", ok)[0] == 403
+    assert guard.verdict(host, "null", ok)[0] == 403
+    for auth in (None, "", "Bearer", "Bearer wrong-token-00000", "Basic s3cret-token-0123"):
+        assert guard.verdict(host, None, auth)[0] == 401, auth
+    assert guard.verdict(host, None, "bearer s3cret-token-0123") is None
+    with pytest.raises(BindError):
+        allowed_origins(hosts, ["app.example"])
+
+
+def test_the_cli_reads_the_same_token_variable() -> None:
+    from protoprompt.cli import TOKEN_ENV
+    from protoprompt.mcp import _guard
+
+    assert TOKEN_ENV == _guard.TOKEN_ENV == "PROTOPROMPT_MCP_TOKEN"

@@ -169,14 +169,14 @@ async def test_stdio_tool_errors_reach_the_agent_and_the_server_keeps_serving(
 class Process:
     """A child process whose stderr lines are collected by a thread (never blocks)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=child_env(),
+            env=dict(child_env(), **(env or {})),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -359,3 +359,176 @@ def test_http_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- issue 22
+
+
+def mcp_args(db: Path, *extra: str) -> list[str]:
+    return protoprompt_command() + [
+        "mcp",
+        "--db",
+        str(db),
+        "--tenant",
+        "acme",
+        "--user",
+        "alice",
+        *extra,
+    ]
+
+
+def start_http(db: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[Process, str]:
+    proc = Process(mcp_args(db, "--transport", "http", "--port", "0", *extra), env=env)
+    line = proc.wait_for_line("serving streamable HTTP on ", START_TIMEOUT)
+    return proc, line.rsplit(" ", 1)[1].strip()
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+TOKEN = "correct-horse-battery-staple-42"
+
+
+async def test_a_token_guards_every_request_and_the_client_passes_it(tmp_path: Path) -> None:
+    """Issue 22 #6: with a bearer token (from the environment here) every request needs it;
+    the Host and Origin checks stay on."""
+    proc, url = start_http(tmp_path / "t.db", env={"PROTOPROMPT_MCP_TOKEN": TOKEN})
+    try:
+        port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+        assert post(url, INITIALIZE, {})[0] == 401
+        assert post(url, INITIALIZE, {"Authorization": "Bearer wrong-token-0000000"})[0] == 401
+        assert post(url, INITIALIZE, {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+        with_token = {"Authorization": f"Bearer {TOKEN}"}
+        assert post(url, INITIALIZE, {**with_token, "Host": f"evil.example:{port}"})[0] == 421
+        assert post(url, INITIALIZE, {**with_token, "Origin": "http://evil.example"})[0] == 403
+        server = MCPServerStreamableHttp(
+            params={"url": url, "timeout": SESSION_TIMEOUT, "headers": with_token},
+            client_session_timeout_seconds=SESSION_TIMEOUT,
+        )
+        async with server:
+            is_error, text = tool_text(await server.call_tool("memory_remember", {"text": FACT}))
+            assert not is_error, text
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
+def test_allowed_hosts_and_origins_are_explicit(tmp_path: Path) -> None:
+    proc, url = start_http(
+        tmp_path / "o.db", "--allow-origin", "https://app.example", "--allow-host", "mem.example"
+    )
+    try:
+        port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+        assert post(url, INITIALIZE, {"Origin": "https://app.example"})[0] == 200
+        assert post(url, INITIALIZE, {"Origin": "https://other.example"})[0] == 403
+        assert post(url, INITIALIZE, {"Host": f"mem.example:{port}"})[0] == 200
+        assert post(url, INITIALIZE, {"Host": f"evil.example:{port}"})[0] == 421
+    finally:
+        proc.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--host", "0.0.0.0"], "refusing to serve on 0.0.0.0 without authentication"),
+        (["--host", "::"], "refusing to serve on :: without authentication"),
+        (["--host", "0.0.0.0", "--auth-token", "short"], "at least 16 characters"),
+        (["--allow-origin", "app.example"], "an allowed origin is a URL"),
+    ],
+)
+def test_a_non_loopback_bind_without_a_token_is_refused_before_binding(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """Issue 22 #6: nothing is opened or bound; exit 2 with one line saying what to add."""
+    db = tmp_path / "never.db"
+    proc = subprocess.run(
+        mcp_args(db, "--transport", "http", "--port", "0", *extra),
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in child_env().items() if k != "PROTOPROMPT_MCP_TOKEN"},
+        timeout=START_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db.exists()
+
+
+async def test_a_document_within_the_limit_is_accepted_over_http(tmp_path: Path) -> None:
+    """Issue 22 #9: 2,000,000 characters of CJK text (6 MB of UTF-8, over the SDK's 4 MiB
+    default body limit) is accepted over HTTP as over stdio; one more character is a tool
+    error on both, never a 413."""
+    text = ("契約の更新日は三月一日です。" * 150_000)[:2_000_000]
+    proc, url = start_http(tmp_path / "big.db")
+    try:
+        server = MCPServerStreamableHttp(
+            params={"url": url, "timeout": 300},
+            client_session_timeout_seconds=300,
+        )
+        async with server:
+            is_error, out = tool_text(
+                await server.call_tool("memory_index_document", {"doc_id": "big", "text": text})
+            )
+            assert not is_error, out[:300]
+            assert json.loads(out)["chunks"] > 0
+            is_error, out = tool_text(
+                await server.call_tool(
+                    "memory_index_document", {"doc_id": "big", "text": text + "。"}
+                )
+            )
+            assert is_error and "413" not in out
+    finally:
+        proc.stop(signal.SIGKILL)
+    async with stdio_server(tmp_path / "big.db") as stdio:
+        is_error, out = tool_text(
+            await stdio.call_tool("memory_index_document", {"doc_id": "big", "text": text + "。"})
+        )
+        assert is_error
+
+
+async def test_read_only_never_changes_the_database(tmp_path: Path) -> None:
+    """Issue 22 #7: a read-only server opens the database read-only: a database without the
+    memory tables serves empty results and stays byte for byte as it was (no WAL, no
+    schema), and one with memories is read."""
+    import hashlib
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE orders (id INTEGER)")
+    conn.commit()
+    conn.close()
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    async with stdio_server(db, "--read-only") as server:
+        is_error, text = tool_text(await server.call_tool("memory_search", {"query": "contract"}))
+        assert not is_error and json.loads(text)["hits"] == []
+        is_error, text = tool_text(await server.call_tool("memory_get_profile", {}))
+        assert not is_error and json.loads(text) == {"profile": None}
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["orders"]
+    conn.close()
+
+
+async def test_server_info_carries_the_package_version(tmp_path: Path) -> None:
+    """Issue 22 #11: the version a client sees in serverInfo."""
+    import protoprompt
+
+    async with stdio_server(tmp_path / "v.db") as server:
+        # mcp 1.x: the initialize result the Agents SDK keeps; 2.x: the session's own
+        # serverInfo (from initialize, or the discover result's stamp on newer protocols).
+        session = server.session
+        server_info = getattr(session, "server_info", None)
+        if server_info is None:
+            server_info = server.server_initialize_result.serverInfo
+        assert server_info.version == protoprompt.__version__
+        assert server_info.name == "protoprompt-memory"

@@ -547,3 +547,54 @@ def test_pgvector_hands_over_the_best_candidates_of_a_large_scope(
         for query in ("automobile feline", "vehicle", "auto"):  # no word of theirs matches
             got = [[h.text for h in s.search(query, scope=ALICE, limit=5)] for s in (pg, lite)]
             assert got[0] == got[1] and len(got[0]) == 5, query
+
+
+def test_a_read_only_store_never_changes_the_database(
+    postgres_schema: Callable[[], str],
+) -> None:
+    """Issue 22 #7 on PostgreSQL: no schema is created, writes are refused (by the store and
+    by the server's read-only sessions), a database without the tables reads as empty, and
+    tables a writer creates later are read."""
+    url = postgres_schema()
+    scope = MemoryScope("acme", user="alice")
+
+    def tables() -> list[str]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    with MemoryStore(url, read_only=True) as ro:
+        assert ro.read_only
+        assert ro.search("anything", scope=scope) == []
+        assert ro.facts(scope=scope) == [] and ro.get_profile(scope=scope) is None
+        with pytest.raises(PermissionError):
+            ro.remember("no", scope=scope)
+        with pytest.raises(PermissionError):
+            ro.clear_profile(scope=scope)
+    assert tables() == []
+    with MemoryStore(url) as rw:
+        rw.remember("Alice likes tea.", scope=scope)
+        rw.set_profile("Alice, a lawyer", scope=scope)
+    with MemoryStore(url, read_only=True) as ro:
+        assert [h.text for h in ro.facts(scope=scope)] == ["Alice likes tea."]
+        assert ro.get_profile(scope=scope) == "Alice, a lawyer"
+        # The server refuses a write on the store's own sessions too.
+        with pytest.raises(MemoryStoreError, match="read-only"):
+            ro._backend._read("INSERT INTO pp_mem_meta (key, value) VALUES ('x', 'y')", ())
+
+
+def test_clear_profile_leaves_the_parent_profile_visible(
+    postgres_schema: Callable[[], str],
+) -> None:
+    """Issue 22 #10 on PostgreSQL: clearing means no own profile."""
+    url = postgres_schema()
+    parent, child = MemoryScope("acme", user="alice"), MemoryScope("acme", user="alice", thread="t")
+    with MemoryStore(url) as store:
+        store.set_profile("parent", scope=parent)
+        store.set_profile("child", scope=child)
+        assert store.clear_profile(scope=child) is True
+        assert store.clear_profile(scope=child) is False
+        assert store.get_profile(scope=child, include_parents=True) == "parent"
+        assert store.get_profile(scope=child) is None

@@ -8,17 +8,22 @@ requests with protoprompt's documented cost model, independently of the filter's
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
 
 from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.models.openai_responses import Converter  # noqa: E402
 from agents.run_internal.items import drop_orphan_function_calls  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningItem  # noqa: E402
 from openai.types.responses.response_function_web_search import ActionSearch  # noqa: E402
 from openai.types.responses.response_reasoning_item import Summary  # noqa: E402
@@ -69,7 +74,9 @@ def request_tokens(call: Any) -> int:
     )
     definitions = tool_definitions(call.tools, call.handoffs)
     tools = TOOLS_OVERHEAD + sum(item_tokens(d).total for d in definitions) if definitions else 0
-    return items + instructions + tools
+    text = Converter.get_response_format(call.output_schema)
+    schema = item_tokens(text).total if isinstance(text, dict) else 0
+    return items + instructions + tools + schema
 
 
 def assert_sendable(request: list[Any]) -> None:
@@ -249,17 +256,7 @@ async def test_instructions_and_tools_are_in_the_budget() -> None:
     assert request_tokens(callback_only.calls[0]) + 500 > budget
 
 
-async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> None:
-    from protoprompt.integrations import model_filter
-
-    rendered: list[int] = []
-    real = model_filter.tool_definitions
-
-    def counting(tools: Any, handoffs: Any = ()) -> Any:
-        rendered.append(len(tools))
-        return real(tools, handoffs)
-
-    monkeypatch.setattr(model_filter, "tool_definitions", counting)
+async def test_tool_definitions_are_counted_once_per_agent() -> None:
     builder = TokenBudgetedContextBuilder(None, max_tokens=50_000)
     session = ProtoPromptSession("cache")
     model = ScriptedModel(
@@ -267,8 +264,43 @@ async def test_tool_definitions_are_counted_once_per_agent(monkeypatch: Any) -> 
         + [[assistant_message("ok", item_id="m")]]
     )
     agent = Agent(name="a", model=model, tools=[lookup])
-    await Runner.run(agent, "go", session=session, run_config=run_config(session, builder))
-    assert len(model.calls) == 6 and rendered == [1]
+    config = run_config(session, builder)
+    await Runner.run(agent, "go", session=session, run_config=config)
+    assert len(model.calls) == 6
+    assert config.call_model_input_filter._request.counted == 1  # rendered 6 times, counted once
+
+
+async def test_a_tool_schema_edited_in_place_is_counted_again() -> None:
+    """Issue 22 #3: a cached tool cost is keyed by the rendered definition, not the object."""
+
+    @function_tool
+    def search(q: str) -> str:
+        """Search."""
+        return "found"
+
+    budget = 3_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget), on_call=plans.append
+    )
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    agent = Agent(name="a", model=ScriptedModel([[assistant_message("ok", item_id="m")]]))
+    agent.tools = [search]
+    await Runner.run(agent, "hi", run_config=config)
+    small = plans[-1].tools_tokens
+    search.params_json_schema["properties"]["q"]["description"] = "a long field note " * 1000
+    agent.model = ScriptedModel([])
+    with pytest.raises(TokenBudgetExceededError) as info:
+        await Runner.run(agent, "hi", run_config=config)
+    assert info.value.section == "instructions_and_tools"
+    assert len(agent.model.calls) == 0, "the oversized request was never sent"
+    search.params_json_schema["properties"]["q"]["description"] = "a field note " * 100
+    agent.model = ScriptedModel([[assistant_message("ok", item_id="m")]])
+    await Runner.run(agent, "hi", run_config=config)
+    assert plans[-1].tools_tokens > small + 300
+    assert plans[-1].tools_tokens == request_tokens(agent.model.calls[0]) - sum(
+        item_tokens(i).total for i in agent.model.calls[0].input
+    )
 
 
 async def test_reasoning_and_hosted_items_inside_the_run_stay_valid() -> None:
@@ -394,7 +426,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
     ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
     alive meanwhile, and none of them makes the run's index copy its item graph when the
     next call appends (results do not pin the index's graph)."""
-    import protoprompt.integrations.model_filter as model_filter
+    import protoprompt.integrations._runs as runs
 
     indexes: list[pp.HistoryIndex] = []
 
@@ -405,7 +437,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
             super().__init__()
             indexes.append(self)
 
-    monkeypatch.setattr(model_filter, "HistoryIndex", RecordedIndex)
+    monkeypatch.setattr(runs, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
         None, max_tokens=5_000, output_reserve=300, policy="greedy"
@@ -583,7 +615,11 @@ def test_water_level_shares_the_room_among_outputs() -> None:
 
 
 def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
-    from protoprompt.integrations.model_filter import _Cutter
+    from protoprompt import _core
+
+    def fit(item: dict[str, Any], target: int) -> tuple[dict[str, Any], int] | None:
+        out = _core.fit_output(item, target, encoding="o200k_base")
+        return None if out is None else (out[0], out[1])
 
     image = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "high"}
     item = {
@@ -596,33 +632,32 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
         ],
     }
     for target in (30_000, 2_000, 120):
-        cut = _Cutter(item, "o200k_base")
-        assert cut.shrink_to(target)
-        assert target - 10 <= cut.cost() <= target, "the room is used, not wasted"
+        cut = fit(item, target)
+        assert cut is not None
+        assert target - 12 <= cut[1] <= target, "the room is used, not wasted"
+        assert cut[1] == item_tokens(cut[0]).total, "the cost said is the copy's cost"
         assert item["output"][0]["text"] == TABLE, "the stored item is untouched"
-    cut = _Cutter(item, "o200k_base")
-    assert cut.shrink_to(2_000)
-    assert cut.copy["output"][1] == image, "the image fits once the text is cut"
-    assert not _Cutter(item, "o200k_base").shrink_to(60), "not even the markers fit"
-    cut = _Cutter(item, "o200k_base")
-    assert cut.shrink_to(120)
-    kinds = [p["type"] for p in cut.copy["output"]]
-    assert kinds == ["input_text", "input_text", "input_text"]
-    assert "removed by protoprompt" in json.dumps(cut.copy)
+    cut = fit(item, 2_000)
+    assert cut is not None and cut[0]["output"][1] == image, "the image fits once the text is cut"
+    assert fit(item, 10) is None, "not even the markers fit"
+    cut = fit(item, 120)
+    assert cut is not None
+    assert [p["type"] for p in cut[0]["output"]] == ["input_text"] * 3
+    assert "removed by protoprompt" in json.dumps(cut[0])
     shell = {
         "type": "shell_call_output",
         "call_id": "s",
         "output": [{"stdout": TABLE, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
     }
-    cut = _Cutter(shell, "o200k_base")
-    assert cut.shrink_to(1_000) and cut.cost() <= 1_000
-    assert cut.copy["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
+    cut = fit(shell, 1_000)
+    assert cut is not None and cut[1] <= 1_000
+    assert cut[0]["output"][0]["outcome"] == {"type": "exit", "exit_code": 0}
     screenshot = {
         "type": "computer_call_output",
         "call_id": "x",
         "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
     }
-    assert not _Cutter(screenshot, "o200k_base").shrink_to(100), "a screenshot cannot be cut"
+    assert fit(screenshot, 100) is None, "a screenshot cannot be cut"
 
 
 def test_truncate_text_is_token_exact() -> None:
@@ -751,3 +786,653 @@ async def test_a_handoff_inside_the_run_keeps_every_call_within_the_budget() -> 
     for call in model.calls:
         assert request_tokens(call) + 300 <= budget
         assert_sendable(call.input)
+
+
+# ------------------------------------------------------------------ issue 22: run identity
+
+
+@function_tool
+def note(q: str) -> str:
+    """Take a note (a ~110-token answer)."""
+    return f"note {q}: " + "noted and filed " * 35
+
+
+def numbered_steps(steps: int, tool: str = "note") -> Any:
+    """A responder for ``ModelStep.respond``: a call of ``tool`` numbered per run
+    (``call_0``, ``call_1`` … in every run, as models that number calls per response do)
+    until ``steps`` outputs are in, then an answer. It reads the newest output's number from
+    the input it is given, so concurrent runs may share it."""
+
+    def respond(call: Any) -> list[Any]:
+        done = [
+            int(i["call_id"].rsplit("_", 1)[1])
+            for i in call.input
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        n = max(done) + 1 if done else 0
+        if n < steps:
+            return [function_call(tool, {"q": str(n)}, call_id=f"call_{n}")]
+        return [assistant_message("done", item_id="m_done")]
+
+    return respond
+
+
+def responder_model(calls: int, respond: Any) -> ScriptedModel:
+    return ScriptedModel([ModelStep.respond(respond) for _ in range(calls)])
+
+
+def user_parts(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_concurrent_runs_with_list_content_keep_their_own_costs() -> None:
+    """Issue 22 #1: two runs through one filter and one agent at once; their user messages
+    have list content of very different sizes. Each run's calls are costed as its own."""
+    budget = 3_500
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=budget))
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    model = responder_model(8, numbered_steps(3))
+    agent = Agent(name="a", model=model, tools=[note])
+    big = user_parts("word " * 3_200)
+    small = user_parts("hi there")
+    results = await asyncio.gather(
+        Runner.run(agent, [big], run_config=config),
+        Runner.run(agent, [small], run_config=config),
+    )
+    assert [r.final_output for r in results] == ["done", "done"]
+    assert len(model.calls) == 8
+    for call in model.calls:
+        assert request_tokens(call) <= budget
+        assert_sendable(call.input)
+    big_calls = [c for c in model.calls if c.input[0] == big]
+    assert len(big_calls) == 4
+    assert request_tokens(big_calls[-1]) > 3_300, "the big run kept what fits"
+
+
+async def test_runs_are_told_apart_by_the_sdk_not_by_their_items() -> None:
+    """Concurrent, streamed, nested (agent as tool) runs and runs inside one user trace
+    each continue only their own state: every later call of a run reuses the index of that
+    run's previous call, and a call made outside a run is packed from scratch."""
+    from agents import trace
+
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=50_000), on_call=plans.append
+    )
+
+    def runs_of(plans: list[ModelCallPlan]) -> dict[str, list[ModelCallPlan]]:
+        out: dict[str, list[ModelCallPlan]] = {}
+        for p in plans:
+            first = next(i for i in p.items if i.get("role") == "user")
+            out.setdefault(str(first["content"]), []).append(p)
+        return out
+
+    async def check(tracing_disabled: bool) -> None:
+        plans.clear()
+        config = RunConfig(call_model_input_filter=flt, tracing_disabled=tracing_disabled)
+        inner = Agent(name="inner", model=responder_model(3, numbered_steps(2)), tools=[note])
+        helper = inner.as_tool(tool_name="ask_inner", tool_description="Ask the inner agent.")
+        outer_model = ScriptedModel(
+            [
+                [function_call("ask_inner", {"input": "nested question"}, call_id="call_0")],
+                [assistant_message("outer done", item_id="m_outer")],
+            ]
+        )
+        outer = Agent(name="outer", model=outer_model, tools=[helper])
+        shared = Agent(name="a", model=responder_model(12, numbered_steps(3)), tools=[note])
+
+        async def streamed(q: str) -> None:
+            result = Runner.run_streamed(shared, q, run_config=config)
+            async for _ in result.stream_events():
+                pass
+
+        with trace("user workflow"):
+            await asyncio.gather(
+                Runner.run(shared, "run one", run_config=config),
+                Runner.run(shared, "run two", run_config=config),
+                streamed("run three"),
+            )
+        await Runner.run(outer, "outer question", run_config=config)
+        by_run = runs_of(plans)
+        assert {k: len(v) for k, v in by_run.items()} == {
+            "run one": 4,
+            "run two": 4,
+            "run three": 4,
+            "outer question": 2,
+            "nested question": 3,
+        }
+        for name, run_plans in by_run.items():
+            assert [p.call for p in run_plans] == list(range(1, len(run_plans) + 1)), name
+            assert run_plans[0].reuse == "first call of the run"
+            for prev, p in zip(run_plans, run_plans[1:]):
+                assert p.reuse == "the run's earlier calls", name
+                # Everything the previous call indexed (its history) came from the index.
+                assert p.reused == prev.step[0] > 0, name
+
+    await check(tracing_disabled=True)
+    await check(tracing_disabled=False)
+
+    # Outside a run there is no agent span: every call is packed from scratch.
+    from agents.run_config import CallModelData, ModelInputData
+
+    agent = Agent(name="a", tools=[note])
+    items: list[Any] = [{"role": "user", "content": "direct"}]
+    for k in range(3):
+        await flt(CallModelData(ModelInputData(input=list(items), instructions=None), agent, None))
+        assert flt.last_plan is not None
+        assert (flt.last_plan.call, flt.last_plan.reused) == (1, 0)
+        assert flt.last_plan.reuse == "no run in scope"
+        items += [
+            {"type": "function_call", "call_id": f"c{k}", "name": "note", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{k}", "output": "ok"},
+        ]
+
+
+async def test_call_ids_reused_across_runs_do_not_tie_old_outputs_to_the_new_step() -> None:
+    """Issue 22 #2: a model that numbers its calls per response sends ``call_0`` in every
+    run. With the history of earlier runs passed back as input, the old run's huge output is
+    not part of this run's mandatory step: the list is packed as the SDK sends it, after its
+    de-duplication (the old output is collapsed into the new one)."""
+
+    @function_tool
+    def dump(q: str) -> str:
+        """Dump a big table."""
+        return TABLE if q == "big" else "a short answer"
+
+    budget = 8_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget),
+        oversized_output="truncate",
+        on_call=plans.append,
+    )
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    first = ScriptedModel(
+        [
+            [function_call("dump", {"q": "big"}, call_id="call_0")],
+            [assistant_message("one", item_id="m1")],
+        ]
+    )
+    agent = Agent(name="a", model=first, tools=[dump])
+    r1 = await Runner.run(agent, "first question", run_config=config)
+    assert plans[-1].truncated, "the big output was cut in the first run"
+    second = ScriptedModel(
+        [
+            [function_call("dump", {"q": "small"}, call_id="call_0")],
+            [assistant_message("two", item_id="m2")],
+        ]
+    )
+    agent.model = second
+    history = [*r1.to_input_list(), {"role": "user", "content": "second question"}]
+    r2 = await Runner.run(agent, history, run_config=config)
+    assert r2.final_output == "two"
+    for call in second.calls:
+        assert request_tokens(call) <= budget
+        assert_sendable(call.input)
+    assert plans[-1].deduplicated == 2, "the old call and output collapse into the new ones"
+    sent = second.calls[1].input
+    outputs = [i for i in sent if i.get("type") == "function_call_output"]
+    assert [o["output"] for o in outputs] == ["a short answer"]
+
+
+# ------------------------------------------------------------------ issue 22: edits in place
+
+
+async def test_an_item_edited_in_place_between_calls_is_counted_again() -> None:
+    """Issue 22 #3: a filter chained before ours keeps a scratchpad (list content) that it
+    grows in place on every call; every call is costed as it is now."""
+    budget = 3_500
+    flt = model_input_filter(TokenBudgetedContextBuilder(None, max_tokens=budget))
+    pad = {"role": "developer", "content": [{"type": "input_text", "text": "scratchpad:"}]}
+
+    async def chained(data: Any) -> Any:
+        pad["content"][0]["text"] += " a growing line of notes" * 250
+        items = data.model_data.input
+        data.model_data.input = [items[0], pad, *items[1:]]
+        return await flt(data)
+
+    model = ScriptedModel(
+        [[function_call("note", {"q": str(i)}, call_id=f"c{i}")] for i in range(5)]
+        + [[assistant_message("ok", item_id="m")]]
+    )
+    config = RunConfig(call_model_input_filter=chained, tracing_disabled=True)
+    await Runner.run(Agent(name="a", model=model, tools=[note]), "go", run_config=config)
+    assert pp.count_tokens(pad["content"][0]["text"]) > budget
+    for call in model.calls:
+        assert request_tokens(call) <= budget
+    assert pad not in model.calls[-1].input, "the pad no longer fits: dropped, not mis-costed"
+    assert flt.last_plan is not None and "changed" in flt.last_plan.reuse
+
+
+# ------------------------------------------------------------------ issue 22: output schema
+
+
+def _big_output_type() -> Any:
+    from pydantic import BaseModel, Field, create_model
+
+    fields: dict[str, Any] = {
+        f"field_{i}": (str, Field(description=f"The {i}th finding, " + "carefully cited " * 40))
+        for i in range(70)
+    }
+    model: type[BaseModel] = create_model("Report", **fields)
+    return model
+
+
+async def test_the_output_type_schema_is_in_the_budget() -> None:
+    """Issue 22 #4: ``Agent(output_type=...)`` sends its JSON schema (Responses
+    ``text.format``) with every call; it is counted like the tools."""
+    from agents.agent_output import AgentOutputSchema
+
+    report = _big_output_type()
+    text = Converter.get_response_format(AgentOutputSchema(report))
+    schema_tokens = item_tokens(text).total
+    assert schema_tokens > 7_000
+    budget = 12_000
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 60}
+        for i in range(60)
+    ]
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500),
+        on_call=plans.append,
+    )
+    answer = json.dumps({f"field_{i}": "x" for i in range(70)})
+    model = ScriptedModel([[assistant_message(answer, item_id="m")]])
+    agent = Agent(name="a", model=model, output_type=report)
+    config = RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    await Runner.run(agent, [*history, {"role": "user", "content": "report"}], run_config=config)
+    call = model.calls[0]
+    assert request_tokens(call) + 500 <= budget
+    assert plans[0].output_schema_tokens == schema_tokens
+    assert request_tokens(call) == plans[0].request_tokens
+    assert sum(item_tokens(i).total for i in call.input) < budget - schema_tokens
+    assert "output schema" in plans[0].explain()
+
+
+async def test_a_stored_prompt_template_is_named_as_not_counted() -> None:
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=5_000), on_call=plans.append
+    )
+    model = ScriptedModel([[assistant_message("ok", item_id="m")]])
+    agent = Agent(name="a", model=model, prompt={"id": "pmpt_123", "version": "2"})
+    await Runner.run(
+        agent, "hi", run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True)
+    )
+    assert model.calls[0].prompt is not None
+    [note_text] = plans[0].not_counted
+    assert "pmpt_123" in note_text and "not in the per-call budget" in note_text
+    assert "not counted: the stored prompt template" in plans[0].explain()
+
+
+# ------------------------------------------------------------------ issue 22: many-part outputs
+
+
+@pytest.mark.parametrize("images", [0, 5])
+async def test_many_part_outputs_are_cut_by_parts(images: int) -> None:
+    """Issue 22 #5: an output of many small text parts (each below the 32-token floor), with
+    or without images, is cut: images first, then the middle parts give way to a marker."""
+    from agents import ToolOutputImage, ToolOutputText
+
+    n = 800 if not images else 300
+
+    @function_tool
+    def listing(q: str) -> list[Any]:
+        """A listing in many parts."""
+        parts: list[Any] = [
+            ToolOutputText(text=f"entry {i}: " + "alpha beta " * 6) for i in range(n)
+        ]
+        for k in range(images):
+            parts.insert(k * 50, ToolOutputImage(image_url=f"https://example.com/{k}.png"))
+        return parts
+
+    budget = 6_000
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget),
+        oversized_output="truncate",
+        on_call=plans.append,
+    )
+    model = ScriptedModel(
+        [
+            [function_call("listing", {"q": "all"}, call_id="c1")],
+            [assistant_message("ok", item_id="m")],
+        ]
+    )
+    await Runner.run(
+        Agent(name="a", model=model, tools=[listing]),
+        "list everything",
+        run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True),
+    )
+    call = model.calls[1]
+    assert request_tokens(call) <= budget
+    assert request_tokens(call) > budget - 200, "the room is used"
+    [cut] = plans[1].truncated
+    assert cut.original_tokens > budget and cut.parts_removed > 0
+    assert cut.media_removed == images
+    out = next(i for i in call.input if i.get("type") == "function_call_output")["output"]
+    texts = [p.get("text", "") for p in out]
+    assert texts[0].startswith("entry 0:") or images
+    assert texts[-1].startswith(f"entry {n - 1}:")
+    assert any("parts (" in t and "removed by protoprompt" in t for t in texts)
+
+
+async def test_the_standalone_filter_cuts_to_fit_with_a_system_prompt() -> None:
+    """Issue 22 #5: with a non-empty ``system_prompt`` the cut leaves room for it."""
+    budget = 3_000
+    system_prompt = "Answer from the recalled facts only. " * 20
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=200),
+        oversized_output="truncate",
+        system_prompt=system_prompt,
+        on_call=plans.append,
+    )
+    model = ScriptedModel(
+        [
+            [function_call("get_table", {"name": "a"}, call_id="c1")],
+            [assistant_message("ok", item_id="m")],
+        ]
+    )
+    await Runner.run(
+        Agent(name="a", model=model, tools=[get_table]),
+        "show table a",
+        run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True),
+    )
+    call = model.calls[1]
+    assert call.input[0]["role"] == "system" and system_prompt.strip() in call.input[0]["content"]
+    assert request_tokens(call) + 200 <= budget
+    assert request_tokens(call) + 200 > budget - 40, "the room is used"
+    assert plans[1].truncated[0].call_id == "c1"
+
+
+# ------------------------------------------------------------------ issue 22: the property
+
+
+def _reference_tokens(value: Any) -> int:
+    """An independent lower bound of what the model reads in ``value``: OpenAI's own
+    ``tiktoken`` over every string in it (no keys, no framing)."""
+    from reference_tokenizer import count
+
+    if isinstance(value, str):
+        return count(value)
+    if isinstance(value, dict):
+        return sum(_reference_tokens(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_reference_tokens(v) for v in value)
+    return 0
+
+
+class _RequestRecorder(ScriptedModel):
+    """A scripted model that also builds, at call time, the request the SDK's Responses model
+    would send (``OpenAIResponsesModel._build_response_create_kwargs``), so the check sees
+    tools and schemas as they were at that moment (a later in-place edit cannot hide)."""
+
+    def __init__(self, steps: Any) -> None:
+        super().__init__(steps)
+        from agents import OpenAIResponsesModel
+        from openai import AsyncOpenAI
+
+        self.responses = OpenAIResponsesModel(
+            model="gpt-5",
+            openai_client=AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1:9"),
+        )
+        self.requests: list[dict[str, Any]] = []
+
+    async def get_response(
+        self,
+        system_instructions: Any,
+        input: Any,
+        model_settings: Any,
+        tools: Any,
+        output_schema: Any,
+        handoffs: Any,
+        tracing: Any,
+        **kw: Any,
+    ) -> Any:  # noqa: E501
+        request = self.responses._build_response_create_kwargs(
+            system_instructions,
+            copy.deepcopy(input),
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            prompt=kw.get("prompt"),
+        )
+        recorded = copy.deepcopy(
+            {k: request.get(k) for k in ("input", "instructions", "tools", "text")}
+        )
+        call = SimpleNamespace(
+            input=input,
+            system_instructions=system_instructions,
+            tools=tools,
+            handoffs=handoffs,
+            output_schema=output_schema,
+        )
+        recorded["exact"] = request_tokens(call)  # now: a later in-place edit cannot change it
+        self.requests.append(recorded)
+        return await super().get_response(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            **kw,
+        )
+
+
+def _scenario_tools(parts: int, text_tokens: int, images: int) -> Any:
+    from agents import ToolOutputImage, ToolOutputText
+
+    @function_tool
+    def fetch(q: str) -> Any:
+        """Fetch a document (text, or many parts with images)."""
+        if parts <= 1:
+            return f"doc {q}: " + "payload words " * (text_tokens // 2)
+        out: list[Any] = [
+            ToolOutputText(text=f"part {i} of {q}: " + "w " * (text_tokens // parts))
+            for i in range(parts)
+        ]
+        for k in range(images):
+            out.insert(k * 3, ToolOutputImage(image_url=f"https://example.com/{q}/{k}.png"))
+        return out
+
+    return fetch
+
+
+def _scenario_steps(steps: int, reasoning: bool, answer: str) -> Any:
+    def respond(call: Any) -> list[Any]:
+        done = [
+            int(i["call_id"].rsplit("_", 1)[1])
+            for i in call.input
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        n = max(done) + 1 if done else 0
+        out: list[Any] = []
+        if reasoning:  # ids reused in every run, like the call ids
+            out.append(
+                ResponseReasoningItem(
+                    id=f"rs_{n}",
+                    type="reasoning",
+                    summary=[Summary(text="thinking " * 30, type="summary_text")],
+                )
+            )
+        if n < steps:
+            return [*out, function_call("fetch", {"q": f"d{n}"}, call_id=f"call_{n}")]
+        return [*out, assistant_message(answer, item_id="m_final")]
+
+    return respond
+
+
+@st.composite
+def _filter_scenarios(draw: Any) -> dict[str, Any]:
+    return {
+        "budget": draw(st.integers(2_500, 14_000)),
+        "reserve": draw(st.sampled_from([0, 200, 800])),
+        "runs": draw(st.integers(1, 3)),
+        "rounds": draw(st.integers(1, 2)),
+        "steps": draw(st.integers(0, 4)),
+        "parts": draw(st.sampled_from([1, 1, 40, 300])),
+        "text_tokens": draw(st.sampled_from([50, 400, 3_000, 20_000])),
+        "images": draw(st.sampled_from([0, 0, 2])),
+        "reasoning": draw(st.booleans()),
+        "output_fields": draw(st.sampled_from([0, 0, 5, 60])),
+        "history_turns": draw(st.integers(0, 30)),
+        "list_content": draw(st.booleans()),
+        "scratchpad": draw(st.booleans()),
+        "edit_schema": draw(st.booleans()),
+        "system_prompt": draw(st.sampled_from(["", "Use the recalled facts. " * 10])),
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_filter_scenarios())
+def test_every_call_of_every_run_fits_whatever_the_agent_sends(sc: dict[str, Any]) -> None:
+    """The per-call budget holds in every shape a real agent produces: concurrent runs on
+    one agent and one filter, call and reasoning ids reused in every run, histories passed
+    back, in-place edits of a tool's schema (between rounds) and of an item (a chained
+    filter's scratchpad), structured outputs of every size, many-part outputs with images.
+    Every model call the SDK made is checked against an independent count (``tiktoken`` over
+    every string of the request the SDK's Responses model builds: a lower bound), the exact
+    cost model, and the SDK's own ``drop_orphan_function_calls``."""
+    asyncio.run(_run_scenario(sc))
+
+
+async def _run_scenario(sc: dict[str, Any]) -> None:
+    from pydantic import Field, create_model
+
+    budget, reserve = sc["budget"], sc["reserve"]
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    flt = model_input_filter(
+        builder, oversized_output="truncate", system_prompt=sc["system_prompt"]
+    )
+    pads: dict[str, dict[str, Any]] = {}  # a chained filter's scratchpad, one per run
+
+    async def chained(data: Any) -> Any:
+        if sc["scratchpad"]:
+            items = data.model_data.input
+            run = json.dumps(next(i for i in reversed(items) if i.get("role") == "user"))
+            pad = pads.setdefault(
+                run, {"role": "developer", "content": [{"type": "input_text", "text": "pad:"}]}
+            )
+            pad["content"][0]["text"] += " note" * 150  # grows in place on every call
+            data.model_data.input = [*items[:1], pad, *items[1:]]
+        return await flt(data)
+
+    output_type: Any = None
+    answer = "the answer"
+    if sc["output_fields"]:
+        fields = {
+            f"f{i}": (str, Field(description="a finding, cited " * 12))
+            for i in range(sc["output_fields"])
+        }
+        output_type = create_model("Findings", **fields)  # type: ignore[call-overload]
+        answer = json.dumps({f"f{i}": "x" for i in range(sc["output_fields"])})
+    tool = _scenario_tools(sc["parts"], sc["text_tokens"], sc["images"])
+    calls = sc["runs"] * sc["rounds"] * (sc["steps"] + 1)
+    model = _RequestRecorder(
+        [
+            ModelStep.respond(_scenario_steps(sc["steps"], sc["reasoning"], answer))
+            for _ in range(calls)
+        ]
+    )
+    agent = Agent(
+        name="a", model=model, tools=[tool], output_type=output_type, instructions="Be exact."
+    )
+    config = RunConfig(call_model_input_filter=chained, tracing_disabled=True)
+    histories: list[list[Any]] = [
+        [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"run {r} turn {i} " * 20}
+            for i in range(sc["history_turns"])
+        ]
+        for r in range(sc["runs"])
+    ]
+    refused: list[int] = []
+    for round_ in range(sc["rounds"]):
+        if round_ and sc["edit_schema"]:
+            tool.params_json_schema["properties"]["q"]["description"] = "the document id " * 300
+
+        async def one(r: int) -> Any:
+            text = f"run {r} round {round_}: fetch the documents " + "please " * (r * 400)
+            question = user_parts(text) if sc["list_content"] else {"role": "user", "content": text}
+            try:
+                return await Runner.run(
+                    agent, [*histories[r], question], run_config=config, max_turns=20
+                )
+            except TokenBudgetExceededError:
+                refused.append(r)  # the mandatory part did not fit: refused before sending
+                return None
+
+        results = await asyncio.gather(*(one(r) for r in range(sc["runs"])))
+        for r, result in enumerate(results):
+            if result is not None:
+                histories[r] = result.to_input_list()
+    assert model.requests or refused
+    for request in model.requests:
+        sent = request["input"]
+        assert drop_orphan_function_calls(copy.deepcopy(sent)) == sent
+        lower = _reference_tokens(
+            [request["instructions"], sent, request["tools"], request["text"]]
+        )
+        assert lower + reserve <= budget, f"tiktoken lower bound {lower} over {budget - reserve}"
+        assert request["exact"] + reserve <= budget
+
+
+_DEDUP_SHAPES = [
+    lambda k: {"type": "function_call", "call_id": f"c{k}", "name": "f", "arguments": "{}"},
+    lambda k: {"type": "function_call_output", "call_id": f"c{k}", "output": f"out {k}"},
+    lambda k: {"type": "reasoning", "id": f"rs_{k}", "summary": []},
+    lambda k: {"type": "web_search_call", "id": f"ws_{k}", "status": "completed"},
+    lambda k: {
+        "type": "mcp_approval_request",
+        "id": f"ar_{k}",
+        "name": "t",
+        "arguments": "{}",
+        "server_label": "s",
+    },
+    lambda k: {"type": "mcp_approval_response", "approval_request_id": f"ar_{k}", "approve": True},
+    lambda k: {"role": "user", "content": f"q{k}"},
+    lambda k: {"type": "message", "role": "assistant", "id": f"m{k}", "content": []},
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(_DEDUP_SHAPES) - 1), st.integers(0, 3), st.integers(0, 99)),
+        max_size=30,
+    ),
+    st.integers(0, 30),
+)
+def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: int) -> None:
+    """``collapse`` makes of a list exactly what the SDK's
+    ``deduplicate_input_items_preferring_latest`` makes of it, and maps every position:
+    each original item's key survives at ``position(i)``, positions keep their order, and a
+    region's start maps to the first position standing at or after it."""
+    from agents.run_internal.items import deduplicate_input_items_preferring_latest
+
+    from protoprompt import _core
+    from protoprompt.integrations._runs import collapse, dedupe_keys
+    from protoprompt.integrations._sdk import DEDUPE_ANCHOR_TYPES
+
+    items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]  # "n": content differs
+    keys = dedupe_keys(items)
+    digests, _ = _core.digests(items)
+    out = collapse(items, keys, digests)
+    assert out.items == deduplicate_input_items_preferring_latest(copy.deepcopy(items))
+    assert out.digests == _core.digests(out.items)[0]
+    # Where each position went, by the SDK's rule (tested above by the items themselves):
+    # a key's survivor stands at its first occurrence, or at its last occurrence of a type
+    # that is not a call, reasoning or approval request.
+    anchor: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is not None and (key not in anchor or items[i]["type"] not in DEDUPE_ANCHOR_TYPES):
+            anchor[key] = i
+    stands = sorted({i for i, k in enumerate(keys) if k is None} | set(anchor.values()))
+    for i, key in enumerate(keys):
+        assert out.position(i) == stands.index(i if key is None else anchor[key])
+    s = min(start, len(items))
+    assert out.start(s) == bisect.bisect_left(stands, s)

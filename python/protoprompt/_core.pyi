@@ -30,7 +30,10 @@ __all__ = [
     "canonical_text",
     "count_tokens",
     "count_tokens_batch",
+    "cut_text",
+    "digests",
     "encoding_for_model",
+    "fit_output",
     "is_preloaded",
     "item_tokens",
     "learned_scale",
@@ -101,6 +104,23 @@ def count_tokens_batch(
 def split_tokens(
     text: str, head: int, tail: int, *, model: str | None = None, encoding: str | None = None
 ) -> tuple[str, str, int, bool]: ...
+def cut_text(
+    text: str,
+    max_tokens: int,
+    *,
+    tail_share: float,
+    marker: str,
+    model: str | None = None,
+    encoding: str | None = None,
+) -> str: ...
+def fit_output(
+    item: Mapping[str, Any],
+    target: int,
+    *,
+    model: str | None = None,
+    encoding: str | None = None,
+) -> tuple[dict[str, Any], int, int, int] | None: ...
+def digests(values: Iterable[Any], previous: bytes | None = None) -> tuple[bytes, int]: ...
 def _lazy_commit_allocator() -> bool: ...
 def _clear_count_cache() -> None: ...
 def _fail_next_counts(n: int) -> None: ...

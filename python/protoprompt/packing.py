@@ -481,27 +481,9 @@ def truncate_text(
         raise ValueError(f"tail_share must be between 0 and 1, got {tail_share!r}")
     if "{removed}" not in marker:
         raise ValueError("marker must contain '{removed}'")
-    head, tail, total, cut = _core.split_tokens(text, max_tokens, 0, model=model, encoding=encoding)
-    if not cut:
-        return text
-    marker_tokens = count_tokens(marker.format(removed=total), model=model, encoding=encoding)
-    keep = max_tokens - marker_tokens - 2  # the pieces may merge with the marker at the seams
-    while keep >= 0:
-        n_tail = int(keep * tail_share)
-        head, tail, _, _ = _core.split_tokens(
-            text, keep - n_tail, n_tail, model=model, encoding=encoding
-        )
-        n_head, n_kept_tail = count_tokens_batch([head, tail], model=model, encoding=encoding)
-        removed = total - n_head - n_kept_tail
-        candidate = head + marker.format(removed=removed) + tail
-        over = count_tokens(candidate, model=model, encoding=encoding) - max_tokens
-        if over <= 0:
-            return candidate
-        keep -= over
-    head, _, _, _ = _core.split_tokens(text, max_tokens, 0, model=model, encoding=encoding)
-    while head and count_tokens(head, model=model, encoding=encoding) > max_tokens:
-        head = head[:-1]  # a multi-byte character at the cut may count one token more
-    return head
+    return _core.cut_text(
+        text, max_tokens, tail_share=tail_share, marker=marker, model=model, encoding=encoding
+    )
 
 
 def encoding_for_model(model: str) -> str:

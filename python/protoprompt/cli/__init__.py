@@ -12,11 +12,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..errors import ProtoPromptError
 from ..packing import Masking
+from ._text import terminal_safe
 
 __all__ = ["main"]
 
@@ -27,34 +28,93 @@ class _CommandError(Exception):
     """A user-facing error: printed as ``protoprompt <command>: error: ...``, exit 1."""
 
 
-def _whole_number(text: str, least: int, rule: str) -> int:
-    """``text`` as an int of at least ``least`` (``rule`` says so in the error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+class _UsageError(_CommandError):
+    """A combination of options that is refused: printed like a :class:`_CommandError`,
+    exit 2."""
+
+
+TOKEN_ENV = "PROTOPROMPT_MCP_TOKEN"
+"""Where ``protoprompt mcp`` reads its bearer token when ``--auth-token`` is not given."""
+
+
+def _whole_number(text: str, least: int, rule: str, most: int, what: str) -> int:
+    """``text`` as an int in ``[least, most]`` (``rule`` and ``what`` say so in the error)."""
+    digits = text.strip().removeprefix("+").removeprefix("-")
+    if not digits.isascii() or not digits.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number, got {terminal_safe(repr(text[:40]))}"
+            + ("…" if len(text) > 40 else "")
+        )
+    if len(digits.lstrip("0")) > len(str(most)):  # never converts thousands of digits
+        raise argparse.ArgumentTypeError(f"{what} is at most {most}, got {len(digits)} digits")
+    value = int(text)
     if value < least:
         raise argparse.ArgumentTypeError(f"{rule}, got {value}")
+    if value > most:
+        raise argparse.ArgumentTypeError(f"{what} is at most {most}, got {value}")
     return value
+
+
+_MAX_TOKENS = 2**64 - 1
+"""Largest token count the core takes."""
+_MAX_ROWS = 2**63 - 1
+"""Largest row count SQLite takes."""
 
 
 def _positive(text: str) -> int:
-    return _whole_number(text, 1, "must be at least 1")
+    return _whole_number(text, 1, "must be at least 1", _MAX_TOKENS, "a token count")
 
 
 def _non_negative(text: str) -> int:
-    return _whole_number(text, 0, "must be 0 or more")
+    return _whole_number(text, 0, "must be 0 or more", _MAX_TOKENS, "a token count")
+
+
+def _row_count(text: str) -> int:
+    return _whole_number(text, 1, "must be at least 1", _MAX_ROWS, "a row count")
 
 
 def _mask_excerpt(text: str) -> int:
-    return _whole_number(text, 16, "must be at least 16")
+    return _whole_number(text, 16, "must be at least 16", _MAX_TOKENS, "a token count")
 
 
 def _port(text: str) -> int:
-    value = _non_negative(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
-    return value
+    return _whole_number(text, 0, "must be 0 or more", 65535, "a TCP port")
+
+
+def _text(text: str) -> str:
+    """A text argument: valid Unicode (bytes that are not UTF-8 come in as lone surrogates)."""
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {terminal_safe(repr(text[:40]))}")
+    return text
+
+
+def _name(text: str) -> str:
+    """A name (session id, scope part, host, table): valid Unicode without control
+    characters."""
+    text = _text(text)
+    if terminal_safe(text) != text:
+        raise argparse.ArgumentTypeError(
+            f"control characters are not allowed: {terminal_safe(repr(text[:40]))}"
+        )
+    return text
+
+
+def _http_path(text: str) -> str:
+    text = _name(text)
+    if not text.startswith("/") or not text.isascii() or " " in text:
+        raise argparse.ArgumentTypeError(f"an HTTP path starts with '/' (ASCII), got {text!r}")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line naming the argument (and where
+    to read more), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2,
+            f"{self.prog}: error: {terminal_safe(message)} (see '{self.prog} --help')\n",
+        )
 
 
 def _add_tokenizer(parser: argparse.ArgumentParser, what: str) -> None:
@@ -70,14 +130,16 @@ def _add_tokenizer(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Token-budgeted requests and scoped long-term memory for the OpenAI "
         "Agents SDK.",
         epilog=f"Run '{PROG} COMMAND --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
 
     # ---------------------------------------------------------------- mcp
     mcp = commands.add_parser(
@@ -100,9 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         "database the budgeted callback recalls from",
     )
     scope = mcp.add_argument_group("scope (fixed for the server's lifetime)")
-    scope.add_argument("--tenant", required=True, help="tenant of the scope")
-    scope.add_argument("--user", required=True, help="user of the scope")
-    scope.add_argument("--thread", help="thread of the scope (default: user-wide memory)")
+    scope.add_argument("--tenant", required=True, type=_text, help="tenant of the scope")
+    scope.add_argument("--user", required=True, type=_text, help="user of the scope")
+    scope.add_argument(
+        "--thread", type=_text, help="thread of the scope (default: user-wide memory)"
+    )
     scope.add_argument(
         "--include-parents",
         action="store_true",
@@ -112,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--read-only",
         action="store_true",
-        help="expose only memory_search, memory_get_profile and memory_context",
+        help="expose only memory_search, memory_get_profile and memory_context, and open "
+        "the database read-only (it is never changed)",
     )
     net = mcp.add_argument_group("transport")
     net.add_argument(
@@ -129,11 +194,49 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument(
         "--port", type=_port, default=8000, help="HTTP port (default 8000; 0 picks a free one)"
     )
-    net.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    net.add_argument(
+        "--path", default="/mcp", type=_http_path, help="HTTP endpoint path (default /mcp)"
+    )
+    guard = mcp.add_argument_group(
+        "HTTP access (every request's Host and Origin are checked, on every bind)"
+    )
+    guard.add_argument(
+        "--auth-token",
+        metavar="TOKEN",
+        help="require 'Authorization: Bearer TOKEN' on every request (at least 16 "
+        f"characters; default: the {TOKEN_ENV} environment variable, which other users "
+        "of this machine cannot read from the process list). Required for a bind that is "
+        "not loopback-only",
+    )
+    guard.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        type=_name,
+        metavar="NAME",
+        help="also answer requests addressed to NAME (e.g. the machine's DNS name; "
+        "repeatable). Loopback names and the bound address are always answered",
+    )
+    guard.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        type=_name,
+        metavar="URL",
+        help="also accept browser requests from this origin (e.g. https://app.example; "
+        "repeatable). Requests without an Origin header are not affected",
+    )
+    guard.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve a non-loopback bind without a token (anyone who can reach it can "
+        "read and change the memory)",
+    )
     _add_tokenizer(mcp, "memory_context counts with")
     mcp.add_argument(
         "--name",
         default="protoprompt-memory",
+        type=_text,
         help="server name shown to clients (default protoprompt-memory)",
     )
     mcp.add_argument(
@@ -156,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model gpt-5 --output-reserve 8000",
     )
     inspect.add_argument("db", metavar="DB", help="the SQLiteSession database file")
-    inspect.add_argument("--session", metavar="ID", help="session id to inspect")
+    inspect.add_argument("--session", metavar="ID", type=_text, help="session id to inspect")
     inspect.add_argument(
         "--budget",
         type=_positive,
@@ -187,11 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--input",
         metavar="TEXT",
+        type=_text,
         help="a user message as the next turn's new input (default: none)",
     )
     inspect.add_argument(
         "--limit",
-        type=_positive,
+        type=_row_count,
         metavar="N",
         help="read only the newest N items (as session_settings.limit does)",
     )
@@ -219,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--messages-table",
         default="agent_messages",
+        type=_text,
         metavar="NAME",
         help="the SQLiteSession messages table (default agent_messages)",
     )
@@ -262,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_mcp(args: argparse.Namespace) -> int:
     try:
         from ..mcp import create_server, run_server
-        from ..mcp._sdk import is_loopback
+        from ..mcp._guard import BindError, allowed_origins, check_bind, check_token
     except ImportError as exc:
         raise _CommandError(str(exc)) from None
     from ..memory import MemoryScope, MemoryStore
@@ -273,21 +378,20 @@ def _run_mcp(args: argparse.Namespace) -> int:
         scope = MemoryScope(args.tenant, user=args.user, thread=args.thread)
     except (TypeError, ValueError) as exc:
         raise _CommandError(f"bad scope: {exc}") from None
+    token = args.auth_token if args.auth_token is not None else os.environ.get(TOKEN_ENV) or None
+    if args.transport == "http":
+        try:  # refused before anything is opened or bound
+            check_bind(args.host, token=check_token(token), insecure=args.insecure)
+            allowed_origins([], args.allow_origin)
+        except BindError as exc:
+            raise _UsageError(str(exc)) from None
     postgres = is_postgres_url(args.db)
     if args.read_only and not postgres and not os.path.isfile(args.db):
         raise _CommandError(
             f"no database file {args.db!r} (a read-only server does not create one)"
         )
-    if args.transport == "http" and not is_loopback(args.host):
-        print(
-            f"{PROG} mcp: warning: serving on {args.host}, reachable from other machines; "
-            "the server has no authentication, so anyone who can reach it can read"
-            + ("" if args.read_only else " and change")
-            + " this scope's memory",
-            file=sys.stderr,
-        )
     try:
-        store = MemoryStore(args.db)
+        store = MemoryStore(args.db, read_only=args.read_only)
     except Exception as exc:  # noqa: BLE001 - sqlite3 errors, a directory, no permission
         shown = redact(args.db) if postgres else args.db  # no password on the terminal
         raise _CommandError(f"cannot open the memory database {shown!r}: {exc}") from None
@@ -302,7 +406,17 @@ def _run_mcp(args: argparse.Namespace) -> int:
             encoding=args.encoding,
             log_level=args.log_level,
         )
-        run_server(server, transport=args.transport, host=args.host, port=args.port, path=args.path)
+        run_server(
+            server,
+            transport=args.transport,
+            host=args.host,
+            port=args.port,
+            path=args.path,
+            auth_token=token,
+            allow_hosts=args.allow_host,
+            allow_origins=args.allow_origin,
+            insecure=args.insecure,
+        )
     except OSError as exc:
         raise _CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     except KeyboardInterrupt:
@@ -327,10 +441,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
             elif not sessions:
                 print(f"{args.db}: no sessions")
             else:
-                width = max(len(s["session"]) for s in sessions)
+                names = [terminal_safe(str(s["session"])) for s in sessions]
+                width = max(len(n) for n in names)
                 print(f"{'session'.ljust(width)}  {'items':>6}  last item")
-                for s in sessions:
-                    print(f"{s['session'].ljust(width)}  {s['items']:>6}  {s['last']}")
+                for name, s in zip(names, sessions, strict=True):
+                    print(f"{name.ljust(width)}  {s['items']:>6}  {terminal_safe(str(s['last']))}")
                 n = len(sessions)
                 print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
@@ -413,7 +528,7 @@ def _print_json(data: Any) -> None:
 
 
 def _fail(command: str, message: str) -> int:
-    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    print(f"{PROG} {command}: error: {terminal_safe(message)}", file=sys.stderr)
     return 1
 
 
@@ -426,10 +541,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         status: int = args.run(args)
+    except _UsageError as exc:
+        _fail(args.command, str(exc))
+        return 2
     except (_CommandError, ProtoPromptError) as exc:  # ProtoPromptError: unknown model, encoding
         return _fail(args.command, str(exc))
     except BrokenPipeError:  # `protoprompt inspect ... | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status

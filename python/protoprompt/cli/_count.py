@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from ..errors import ProtoPromptError
 from ..packing import count_tokens, encoding_for_model, item_tokens
+from ._text import JsonReadError, read_json, terminal_safe
 
 __all__ = ["CountError", "ParsedInput", "count_input", "parse_input", "render_count"]
 
@@ -27,7 +28,7 @@ class ParsedInput:
     """For items: the 1-based line each item starts on."""
 
 
-def _json_lines(text: str) -> tuple[list[Any], list[int]] | None:
+def _json_lines(text: str, name: str) -> tuple[list[Any], list[int]] | None:
     """Items of a JSONL text (blank lines skipped), or ``None`` if a line is not a JSON object."""
     items: list[Any] = []
     lines: list[int] = []
@@ -35,9 +36,11 @@ def _json_lines(text: str) -> tuple[list[Any], list[int]] | None:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = read_json(line)
         except json.JSONDecodeError:
             return None
+        except JsonReadError as exc:
+            raise CountError(f"{name}:{number}: {exc}") from None
         if not isinstance(value, dict):
             return None
         items.append(value)
@@ -45,11 +48,13 @@ def _json_lines(text: str) -> tuple[list[Any], list[int]] | None:
     return (items, lines) if items else None
 
 
-def _json_array(text: str) -> list[Any] | None:
+def _json_array(text: str, name: str) -> list[Any] | None:
     try:
-        value = json.loads(text)
+        value = read_json(text)
     except json.JSONDecodeError:
         return None
+    except JsonReadError as exc:
+        raise CountError(f"{name}: {exc}") from None
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return value
     return None
@@ -60,10 +65,10 @@ def parse_input(text: str, mode: Mode = "auto", name: str = "-") -> ParsedInput:
     or plain text. ``mode="items"`` insists on items and says which line is wrong."""
     if mode == "text":
         return ParsedInput("text", text, [], [])
-    array = _json_array(text)
+    array = _json_array(text, name)
     if array is not None:
         return ParsedInput("items", text, array, [])
-    jsonl = _json_lines(text)
+    jsonl = _json_lines(text, name)
     if jsonl is not None:
         return ParsedInput("items", text, jsonl[0], jsonl[1])
     if mode == "auto":
@@ -73,7 +78,7 @@ def parse_input(text: str, mode: Mode = "auto", name: str = "-") -> ParsedInput:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = read_json(line)
         except json.JSONDecodeError as exc:
             raise CountError(
                 f"{name}:{number}: not JSON ({exc.msg}); expected one input "
@@ -143,8 +148,8 @@ def render_count(result: dict[str, Any]) -> str:
         (
             str(r["index"]),
             "-" if r["line"] is None else str(r["line"]),
-            r["type"] or "-",
-            r["role"] or "-",
+            terminal_safe(r["type"] or "-"),
+            terminal_safe(r["role"] or "-"),
             str(r["text"]),
             str(r["media"]),
             str(r["overhead"]),

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..packing import Masking, PackResult, Policy, UnitDecision, pack
+from ._text import JsonReadError, read_json, terminal_safe
 
 __all__ = [
     "InspectError",
@@ -57,7 +58,8 @@ def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection:
     if not p.is_file():
         raise InspectError(f"no database file {str(p)!r}")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True, timeout=10)
+        uri = f"file:{quote(os.fsencode(p.resolve()))}?mode=ro"  # any file name, as bytes
+        conn = sqlite3.connect(uri, uri=True, timeout=10)
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as exc:
         raise InspectError(f"cannot read {str(p)!r} as an SQLite database: {exc}") from None
@@ -126,10 +128,15 @@ def read_session(
     skipped: list[int] = []
     for row_id, data in rows:
         try:
-            item = json.loads(data)
-        except (json.JSONDecodeError, TypeError):
+            item = read_json(data)
+        except (json.JSONDecodeError, TypeError):  # skipped by the SDK too
             skipped.append(row_id)
             continue
+        except JsonReadError as exc:  # the SDK raises on it: this session cannot be read
+            raise InspectError(
+                f"row id {row_id} of session {session_id!r} cannot be read: {exc} (the "
+                "Agents SDK cannot read this session either)"
+            ) from None
         items.append(item)
         row_ids.append(row_id)
     return SessionRows(items, row_ids, skipped)
@@ -296,7 +303,8 @@ def report_json(
 def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> str:
     """The report as a table per unit and the totals, for a terminal."""
     lines = [
-        f"session {report['session']!r} in {report['database']}: {report['items']} items"
+        f"session {terminal_safe(repr(report['session']))} in "
+        f"{terminal_safe(str(report['database']))}: {report['items']} items"
         + (
             f" ({len(report['skipped_rows'])} rows skipped: not JSON)"
             if report["skipped_rows"]
@@ -307,7 +315,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
     header = ("unit", "items", "kinds", "tokens", "decision", "reason", "content")
     table = [header]
     for u in units:
-        kinds = "+".join(u["kinds"])
+        kinds = terminal_safe("+".join(u["kinds"]))
         table.append(
             (
                 str(u["unit"]),
@@ -315,8 +323,8 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
                 kinds if len(kinds) <= 40 else kinds[:39] + "…",
                 _tokens(u),
                 u["decision"],
-                u["reason"],
-                u["preview"],
+                terminal_safe(u["reason"]),
+                terminal_safe(u["preview"]),
             )
         )
     if len(table) > 1:

@@ -5,12 +5,14 @@ output and each tool output to the input and calls the model again; only
 ``RunConfig.call_model_input_filter`` sees those later requests. :class:`ModelInputFilter`
 keeps every one of them within the builder's budget, for the *whole* request::
 
-    input items + instructions + tool definitions + output_reserve <= max_tokens
+    input items + instructions + tool definitions + output schema + output_reserve
+        <= max_tokens
 
-What is mandatory on a call (reserved all or nothing, in this order): the instructions and
-tool definitions, the output reserve, the context message the session callback produced,
-the run's own new input, and the *newest step* — the model output that ended the previous
-call and the tool outputs answering it (with the reasoning and calls they complete).
+What is mandatory on a call (reserved all or nothing, in this order): the instructions,
+tool definitions and output schema, the output reserve, the context message the session
+callback produced, the run's own new input, and the *newest step* — the model output that
+ended the previous call and the tool outputs answering it (with the reasoning and calls they
+complete).
 Everything else is optional and filled newest first as atomic units by the Rust core under
 the same item-graph rules as the session callback: first the run's earlier steps (newest
 first), then the history the callback kept. Under ``policy="contiguous"`` the kept part is
@@ -22,48 +24,43 @@ When the mandatory part does not fit, ``oversized_output="error"`` raises
 :class:`~protoprompt.errors.TokenBudgetExceededError` (``section="tool_output"``, the
 ``detail`` names the output and its call) before anything is sent;
 ``oversized_output="truncate"`` cuts the model-facing copies of the newest step's tool
-outputs to the room left (token-exact, head and tail kept around a marker that says how
-many tokens were removed). The stored items are never changed: nothing a filter returns is
+outputs to the room left (by the core's ``fit_output``: media parts become markers when even
+cut text cannot make room, an output of many parts loses its middle parts to one marker
+part, texts are cut token-exact, head and tail kept around a marker that says how many
+tokens were removed). The stored items are never changed: nothing a filter returns is
 persisted by the SDK.
 
-Speed: the filter keeps, per run (per asyncio task), a :class:`~protoprompt.HistoryIndex`
-of the input it has seen, so a call classifies and counts only what the previous call did
-not see. Within a run the SDK only appends to the input; the filter checks that cheaply
-(same agent, the previous step and sampled items unchanged, no new user message) and
-starts a fresh index otherwise (a handoff, a new run, an edited list).
+What the request costs besides its items: the agent's instructions, the definitions of its
+tools of every kind (function, hosted, MCP, handoffs) and its structured-output schema
+(Responses ``text.format``), rendered on every call by the SDK's own converters (see
+:mod:`protoprompt.integrations._request`). A stored ``prompt`` template is expanded by the
+server and cannot be counted here: the plan says so (:attr:`ModelCallPlan.not_counted`).
+
+Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
+:mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
+of the input it has packed, so a call classifies and counts only what is new. Every call
+digests its whole input first (a keyed hash of the content, far cheaper than counting) and
+reuses an earlier classification or cost only for items whose content is unchanged. A call
+that cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
+will send: its de-duplication of reused ids is applied first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .. import _core
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
-from ..packing import (
-    HistoryIndex,
-    PackResult,
-    UnitDecision,
-    count_tokens,
-    item_tokens,
-    truncate_text,
-)
-from ._sdk import (
-    RESPONSES_CONVERTER,
-    Agent,
-    CallModelData,
-    FunctionTool,
-    Handoff,
-    ModelInputData,
-    RunContextWrapper,
-    handoff,
-)
+from ..packing import PackResult, UnitDecision, item_tokens
+from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
+from ._runs import Collapsed, Run, collapse_groups, run_span
+from ._sdk import CallModelData, ModelInputData
 
 if TYPE_CHECKING:
     from .session import ProtoPromptSession
@@ -79,14 +76,6 @@ __all__ = [
 ]
 
 OversizedOutput = Literal["error", "truncate"]
-
-TOOLS_OVERHEAD = 12
-"""Tokens added once per request that carries tool definitions (the tools section's
-framing), besides each definition's own cost; see :func:`tool_definitions`."""
-
-_MIN_KEPT_TOKENS = 32
-"""A cut text (marker included) keeps at least this many tokens before media parts of the
-same output are replaced by a marker."""
 
 _MODEL_SIDE_TYPES = frozenset(
     {
@@ -115,15 +104,14 @@ _MODEL_SIDE_TYPES = frozenset(
 client are the other side. Used to find the newest step when the filter has no record of the
 previous call (its first call in a run, after a handoff)."""
 
-_TEXT_KEYS = frozenset({"text", "stdout", "stderr", "output", "content", "result"})
-"""Keys whose string values a truncation may cut (ids, types and statuses are never cut)."""
-
-_MEDIA_TYPES = frozenset({"input_image", "input_file", "input_audio"})
-
 MAX_RUNS = 64
 """Runs whose state a filter keeps between their model calls (most recent first)."""
 MAX_RUN_STATE_BYTES = 64 * 2**20
-"""Bytes of run indexes a filter keeps between calls; older runs start afresh."""
+"""Bytes of run state (indexes, digests) a filter keeps between calls; older runs start
+afresh."""
+
+_FIT_ATTEMPTS = 4
+"""Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
 
 
 # --------------------------------------------------------------------------- plans
@@ -143,6 +131,10 @@ class TruncatedOutput:
     """Tokens of the stored item."""
     sent_tokens: int
     """Tokens of the copy that was sent."""
+    parts_removed: int = 0
+    """Parts of a many-part output replaced by one marker part."""
+    media_removed: int = 0
+    """Images, files or audio replaced by a text marker."""
 
 
 @dataclass(frozen=True)
@@ -157,28 +149,47 @@ class ModelCallPlan:
     """Cost of the agent's instructions (counted like a system message)."""
     tools_tokens: int
     """Cost of the tool definitions sent with the call (:func:`tool_definitions`)."""
+    output_schema_tokens: int
+    """Cost of the structured-output schema sent with the call (Responses ``text.format``,
+    for an agent with an ``output_type``; 0 for plain text)."""
     budget: int
     output_reserve: int
     input_items: int
     """Length of the input list the SDK handed over."""
     pinned: list[int]
-    """Positions (in the SDK's list) of the mandatory context message and run input."""
+    """Positions of the mandatory context message and run input (in the list packed: the
+    SDK's list, after its de-duplication when :attr:`deduplicated` is non-zero)."""
     step: tuple[int, int]
     """``[start, end)`` positions of the newest step (mandatory); empty on a first call."""
+    reused: int
+    """Items whose classification and cost came from the run's index (content verified);
+    the rest were read and counted for this call."""
+    reuse: str
+    """Why the run's index was or was not (fully) reused."""
     pack: PackResult
     """The core's packing: decisions for every unit of the optional part."""
     truncated: list[TruncatedOutput] = field(default_factory=list)
     context: ContextPlan | None = None
     """Standalone filter: the builder's plan, with the recalled context message."""
+    deduplicated: int = 0
+    """Items the SDK's de-duplication collapses (ids reused across responses): the list was
+    packed as the SDK sends it, without them."""
+    not_counted: tuple[str, ...] = ()
+    """What the call sends that cannot be counted here (a stored prompt template)."""
 
     @property
     def items_tokens(self) -> int:
         """Tokens of the input items sent (context message included)."""
-        return self.pack.request_tokens - self.instructions_tokens - self.tools_tokens
+        return (
+            self.pack.request_tokens
+            - self.instructions_tokens
+            - self.tools_tokens
+            - self.output_schema_tokens
+        )
 
     @property
     def request_tokens(self) -> int:
-        """Items + instructions + tools: the whole request."""
+        """Items + instructions + tools + output schema: the whole request."""
         return self.pack.request_tokens
 
     @property
@@ -196,7 +207,8 @@ class ModelCallPlan:
         lines = [
             f"model call {self.call}: {self.used} of {self.budget} tokens = items "
             f"{self.items_tokens} + instructions {self.instructions_tokens} + tools "
-            f"{self.tools_tokens} + output reserve {self.output_reserve}; "
+            f"{self.tools_tokens} + output schema {self.output_schema_tokens} + output "
+            f"reserve {self.output_reserve}; "
             f"{len(self.items)} of {self.input_items} input items sent"
             + (
                 " (plus the recalled context)"
@@ -205,144 +217,24 @@ class ModelCallPlan:
             ),
             f"  mandatory: context/run input at {self.pinned or 'none'}, newest step "
             f"{self.step[0]}..{self.step[1]}",
+            f"  index: {self.reused} of {self.input_items} items reused ({self.reuse})",
         ]
+        if self.deduplicated:
+            lines.append(
+                f"  {self.deduplicated} items collapsed by the SDK's de-duplication (reused "
+                "ids): packed as sent"
+            )
+        lines.extend(f"  not counted: {note}" for note in self.not_counted)
         lines.extend(
             f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
             f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
             f"{t.sent_tokens} tokens"
+            + (f", {t.parts_removed} parts removed" if t.parts_removed else "")
+            + (f", {t.media_removed} media parts removed" if t.media_removed else "")
             for t in self.truncated
         )
         lines.append(self.pack.explain())
         return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- tools
-
-
-def _json_like(value: Any, depth: int = 0) -> Any:
-    """A JSON-shaped copy of a tool's configuration value (callables and objects dropped)."""
-    if depth > 32:
-        return None
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _json_like(v, depth + 1) for k, v in value.items() if not callable(v)}
-    if isinstance(value, (list, tuple)):
-        return [_json_like(v, depth + 1) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return _json_like(dump(exclude_none=True), depth + 1)
-        except Exception:  # noqa: BLE001 - not a model we can dump: leave it out
-            return None
-    return None
-
-
-def _fallback_definition(tool: Any) -> dict[str, Any]:
-    """A conservative definition when the SDK's converter cannot render ``tool``."""
-    if isinstance(tool, FunctionTool):
-        return {
-            "type": "function",
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.params_json_schema,
-            "strict": tool.strict_json_schema,
-        }
-    if isinstance(tool, Handoff):
-        return {
-            "type": "function",
-            "name": tool.tool_name,
-            "description": tool.tool_description,
-            "parameters": tool.input_json_schema,
-        }
-    out: dict[str, Any] = {"type": str(getattr(tool, "name", type(tool).__name__))}
-    if dataclasses.is_dataclass(tool):
-        for f in dataclasses.fields(tool):
-            v = getattr(tool, f.name, None)
-            if not callable(v) and not f.name.startswith("_"):
-                out[f.name] = _json_like(v)
-    return out
-
-
-def tool_definitions(tools: Sequence[Any], handoffs: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    """The definitions the SDK sends for ``tools`` and ``handoffs``, as dicts.
-
-    Rendered by the SDK's own Responses converter (function tools: name, description, JSON
-    schema; hosted tools: their configuration; handoffs as function tools); a tool the
-    converter refuses is rendered from its public fields instead. Each definition costs what
-    :func:`~protoprompt.item_tokens` says for the dict — every field name and value counted
-    as text, a conservative estimate of how the API renders tools — and a request with
-    tools adds :data:`TOOLS_OVERHEAD`.
-    """
-    handoff_objs = [h if isinstance(h, Handoff) else handoff(h) for h in handoffs]
-    try:
-        if RESPONSES_CONVERTER is None:  # pragma: no cover - another SDK layout
-            raise LookupError("the SDK has no Responses converter")
-        converted = RESPONSES_CONVERTER.convert_tools(list(tools), handoff_objs)
-        return [dict(t) for t in converted.tools if isinstance(t, Mapping)]
-    except Exception:  # noqa: BLE001 - e.g. a computer tool not yet initialised
-        return [_fallback_definition(t) for t in [*tools, *handoff_objs]]
-
-
-def _tool_key(tool: Any) -> tuple[Any, ...]:
-    if isinstance(tool, FunctionTool):
-        return (
-            id(tool),
-            tool.name,
-            tool.description,
-            id(tool.params_json_schema),
-            tool.strict_json_schema,
-        )
-    return (id(tool),)
-
-
-class _ToolCosts:
-    """Token costs of agents' tool definitions, cached by the tool objects (a 30-tool agent
-    does not render and count its schemas on every call). Bounded LRU; entries hold the
-    tools they describe, so their ids cannot be reused while cached."""
-
-    def __init__(self, capacity: int = 256) -> None:
-        self._cache: OrderedDict[tuple[Any, ...], tuple[int, list[Any]]] = OrderedDict()
-        self._capacity = capacity
-
-    def cost(self, tools: Sequence[Any], handoffs: Sequence[Any], encoding: str) -> int:
-        if not tools and not handoffs:
-            return 0
-        key = (encoding, *(_tool_key(t) for t in tools), "|", *(_tool_key(h) for h in handoffs))
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit[0]
-        definitions = tool_definitions(tools, handoffs)
-        tokens = TOOLS_OVERHEAD + sum(item_tokens(d, encoding=encoding).total for d in definitions)
-        self._cache[key] = (tokens, [*tools, *handoffs])
-        while len(self._cache) > self._capacity:
-            self._cache.popitem(last=False)
-        return tokens
-
-
-def _enabled_handoffs(agent: Agent[Any]) -> list[Any]:
-    """The agent's handoffs; a handoff enabled by a callable counts (conservative)."""
-    out = []
-    for h in getattr(agent, "handoffs", ()) or ():
-        obj = h if isinstance(h, Handoff) else handoff(h)
-        if obj.is_enabled is False:
-            continue
-        out.append(obj)
-    return out
-
-
-async def _agent_tools(agent: Agent[Any], context: Any) -> list[Any]:
-    """The tools the SDK sends for ``agent``: its own (a tool disabled by ``is_enabled=False``
-    is left out, one with a callable counts) and its MCP servers' tools."""
-    tools = [
-        t
-        for t in (getattr(agent, "tools", ()) or ())
-        if not (isinstance(t, FunctionTool) and t.is_enabled is False)
-    ]
-    if getattr(agent, "mcp_servers", None):
-        tools = [*await agent.get_mcp_tools(RunContextWrapper(context=context)), *tools]
-    return tools
 
 
 # --------------------------------------------------------------------------- item shapes
@@ -386,108 +278,6 @@ def _last_user_message(items: Sequence[Any], lo: int) -> int | None:
 # --------------------------------------------------------------------------- truncation
 
 
-def _text_leaves(value: Any, path: tuple[Any, ...], key: Any) -> list[tuple[Any, ...]]:
-    """Paths of the cuttable string leaves under ``value``."""
-    if isinstance(value, str):
-        return [path] if key is None or key in _TEXT_KEYS else []
-    if isinstance(value, Mapping):
-        if value.get("type") in _MEDIA_TYPES:
-            return []
-        out: list[tuple[Any, ...]] = []
-        for k, v in value.items():
-            out.extend(_text_leaves(v, (*path, k), k))
-        return out
-    if isinstance(value, list):
-        out = []
-        for i, v in enumerate(value):
-            out.extend(_text_leaves(v, (*path, i), None))
-        return out
-    return []
-
-
-def _media_parts(value: Any) -> list[int]:
-    if not isinstance(value, list):
-        return []
-    return [
-        i for i, p in enumerate(value) if isinstance(p, Mapping) and p.get("type") in _MEDIA_TYPES
-    ]
-
-
-def _get(root: Any, path: tuple[Any, ...]) -> Any:
-    for k in path:
-        root = root[k]
-    return root
-
-
-def _set(root: Any, path: tuple[Any, ...], value: Any) -> None:
-    for k in path[:-1]:
-        root = root[k]
-    root[path[-1]] = value
-
-
-class _Cutter:
-    """Cuts one output item's model-facing copy to a token target."""
-
-    def __init__(self, item: Mapping[str, Any], encoding: str) -> None:
-        self.original = item
-        self.copy: dict[str, Any] = copy.deepcopy(dict(item))
-        self.encoding = encoding
-
-    def cost(self) -> int:
-        return item_tokens(self.copy, encoding=self.encoding).total
-
-    def shrink_to(self, target: int) -> bool:
-        """Cut until the copy costs at most ``target`` tokens; ``False`` if it cannot.
-
-        Media parts are replaced by a text marker only when the output would not fit even
-        with every text cut to :data:`_MIN_KEPT_TOKENS`; then the texts are cut, largest
-        first, to fill the room exactly (each from its original, so one marker per text)."""
-        if "output" not in self.copy:
-            return False
-        if self.cost() <= target:
-            return True
-        sizes = {
-            p: count_tokens(_get(self.original, p), encoding=self.encoding)
-            for p in _text_leaves(self.original["output"], ("output",), "output")
-        }
-        big = [p for p, n in sizes.items() if n > _MIN_KEPT_TOKENS]
-        floor = copy.deepcopy(self.copy)
-        for p in big:
-            _set(
-                floor,
-                p,
-                truncate_text(_get(self.original, p), _MIN_KEPT_TOKENS, encoding=self.encoding),
-            )
-        while item_tokens(floor, encoding=self.encoding).total > target:
-            media = _media_parts(floor["output"])
-            if not media:
-                return False
-            i = media[-1]
-            marker = {
-                "type": "input_text",
-                "text": f"[{floor['output'][i].get('type')} removed by protoprompt: "
-                f"it did not fit the token budget]",
-            }
-            floor["output"][i] = marker
-            self.copy["output"][i] = dict(marker)
-        current = dict(sizes)
-        for _ in range(16):
-            over = self.cost() - target
-            if over <= 0:
-                return True
-            cuttable = [p for p in big if current[p] > _MIN_KEPT_TOKENS]
-            if not cuttable:
-                break
-            leaf = max(cuttable, key=lambda p: current[p])
-            current[leaf] = max(_MIN_KEPT_TOKENS, min(current[leaf], sizes[leaf]) - over - 1)
-            _set(
-                self.copy,
-                leaf,
-                truncate_text(_get(self.original, leaf), current[leaf], encoding=self.encoding),
-            )
-        return self.cost() <= target
-
-
 def _water_level(costs: list[int], room: int) -> int | None:
     """Largest cap with ``sum(min(c, cap)) <= room`` (``None`` if even 0 is too much)."""
     if room < 0:
@@ -502,85 +292,6 @@ def _water_level(costs: list[int], room: int) -> int | None:
             return (room - spent) // rest
         spent += c
     return ordered[-1]
-
-
-# --------------------------------------------------------------------------- run state
-
-
-class _Run:
-    """What the filter knows of one run between its model calls."""
-
-    __slots__ = (
-        "agent",
-        "calls",
-        "index",
-        "n_prev",
-        "pool",
-        "run_input",
-        "samples",
-        "step_start",
-        "token",
-    )
-
-    def __init__(self, agent: Any, token: Any) -> None:
-        self.agent = agent
-        self.token = token
-        self.index = HistoryIndex()
-        self.calls = 0
-        self.n_prev = 0
-        self.step_start = 0
-        self.samples: dict[int, int] = {}
-        self.run_input: tuple[int, int] | None = None
-        self.pool: tuple[tuple[Any, ...], list[Any]] | None = None
-
-    def verdict(self, items: list[Any], agent: Any, token: Any) -> str:
-        """``"continue"`` when ``items`` extends the list of this run's previous call,
-        ``"new_run"`` when it extends it with a new user message (the next run of the same
-        conversation), else ``"other"``.
-
-        The checks are cheap on purpose (the SDK hands over fresh copies of the whole input
-        on every call): within a run the SDK only appends, a handoff changes the agent and a
-        new session run comes with a new callback token; the previous step, the first item
-        and items at doubling distances from both ends must have the same fingerprints."""
-        n = self.n_prev
-        if agent is not self.agent or token is not self.token or len(items) <= n or not n:
-            return "other"
-        if any(_fingerprint(items[p]) != f for p, f in self.samples.items()):
-            return "other"
-        if any(_is_user_message(items[p]) for p in range(n, len(items))):
-            return "new_run"
-        return "continue"
-
-    def remember(self, items: list[Any], step_start: int) -> None:
-        """Fingerprints of what this call saw (no references: holding a few items of a
-        discarded list would keep its memory pages alive until the next call frees them)."""
-        n = len(items)
-        self.n_prev = n
-        self.step_start = step_start
-        positions = set(range(step_start, n)) | {0}
-        k = 1
-        while k < n:
-            positions.update((k, n - 1 - k))
-            k *= 2
-        self.samples = {p: _fingerprint(items[p]) for p in positions if 0 <= p < n}
-
-
-def _fingerprint(item: Any) -> int:
-    """A hash of an item's identity fields and payload sizes (an int: it holds nothing of the
-    item, whose list the SDK discards after the call)."""
-    if not isinstance(item, Mapping):
-        return hash(type(item).__name__)
-    out: list[Any] = [len(item)]
-    for key in ("type", "role", "id", "call_id", "status", "name", "approval_request_id"):
-        v = item.get(key)
-        out.append(v if isinstance(v, (str, int, type(None))) else type(v).__name__)
-    for key in ("content", "output", "arguments", "summary", "encrypted_content", "action"):
-        v = item.get(key)
-        if isinstance(v, str):  # length and ends: O(1), whatever the payload's size
-            out.extend((len(v), v[:24], v[-24:]))
-        else:
-            out.append(len(v) if isinstance(v, (list, dict)) else None)
-    return hash(tuple(out))
 
 
 # --------------------------------------------------------------------------- the filter
@@ -643,37 +354,36 @@ class ModelInputFilter:
         """The plan of the latest model call (any run); ``None`` before the first and while
         a call is being packed. Plans you keep yourself (``on_call``) share the run index's
         item graph, so the next call of that run copies it: keep what you need from them."""
-        self._runs: OrderedDict[int, _Run] = OrderedDict()  # runs between two calls
+        self._runs: OrderedDict[int, Run] = OrderedDict()  # runs between two calls
         self._lock = threading.Lock()
-        self._tools = _ToolCosts()
+        self._request = RequestCosts()
 
     def reset(self) -> None:
         """Forget every run's state (the next call classifies its input afresh)."""
         with self._lock:
             self._runs.clear()
 
-    def _claim(self, items: list[Any], agent: Any, token: Any) -> _Run:
+    def _claim(self, span: Any, agent: Any, token: Any) -> Run:
         """The state of the run whose next call this is, or a new one.
 
-        The SDK may make a run's model calls from different asyncio tasks, so runs are found
-        by what they saw: the newest matching state wins. A state found to be the previous
-        run of the same conversation is dropped (its list is not this run's prefix)."""
-        with self._lock:
-            for key, run in reversed(self._runs.items()):
-                verdict = run.verdict(items, agent, token)
-                if verdict != "other":
-                    del self._runs[key]
-                    if verdict == "continue":
-                        return run
-                    break
-        return _Run(agent, token)
+        A run is the SDK's agent span of the call (see :mod:`._runs`), the same agent and,
+        with a session, the same callback record. A call without a span in scope gets a state
+        of its own, never kept: it is packed from scratch."""
+        if span is not None:
+            with self._lock:
+                run = self._runs.pop(id(span), None)
+            if run is not None and run.span is span and run.agent is agent and run.token is token:
+                return run
+        return Run(agent, token, span)
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: Run) -> None:
+        if run.span is None:
+            return
         with self._lock:
-            self._runs[id(run)] = run
+            self._runs[id(run.span)] = run
             total = 0
             for key in reversed(list(self._runs)):
-                total += self._runs[key].index.nbytes
+                total += self._runs[key].nbytes
                 if total > MAX_RUN_STATE_BYTES or len(self._runs) > MAX_RUNS:
                     del self._runs[key]
 
@@ -683,19 +393,14 @@ class ModelInputFilter:
         if not isinstance(items, list):
             raise TypeError(f"model input must be a list, got {type(items).__name__}")
         instructions = model_data.instructions
-        encoding = self.builder.encoding
-        instructions_tokens = (
-            item_tokens({"role": "system", "content": instructions}, encoding=encoding).total
-            if instructions
-            else 0
+        extras = await self._request.extras(
+            data.agent, data.context, instructions, self.builder.encoding
         )
-        tools = await _agent_tools(data.agent, data.context)
-        tools_tokens = self._tools.cost(tools, _enabled_handoffs(data.agent), encoding)
         token = self.session._current_run() if self.session is not None else None
-        run = self._claim(items, data.agent, token)  # a failed call puts no state back
+        run = self._claim(run_span(), data.agent, token)  # a failed call puts no state back
 
         def work() -> ModelCallPlan:
-            return self._plan(items, run, instructions_tokens, tools_tokens)
+            return self._plan(items, run, extras)
 
         if len(items) - len(run.index) > 4096:  # a long first read: off the event loop
             plan = await asyncio.to_thread(work)
@@ -709,14 +414,16 @@ class ModelInputFilter:
 
     # ------------------------------------------------------------------ layout and pack
 
-    def _layout(self, items: list[Any], run: _Run) -> tuple[list[int], int]:
-        """Pinned positions (context message, run input) and the newest step's start."""
+    def _layout(self, items: list[Any], run: Run, extends: bool) -> tuple[list[int], int]:
+        """Pinned positions (context message, run input) and the newest step's start, in
+        ``items`` (the SDK's list). ``extends``: the previous call's input is an unchanged
+        prefix of ``items`` (its layout holds); otherwise it is found afresh."""
         pinned: list[int] = []
         lo = 0
         if self._is_context(items):
             pinned.append(0)
             lo = 1
-        if run.calls:  # the same run as the previous call: its input has not moved
+        if extends:
             located = run.run_input
         else:
             located = self.session._locate_run_input(items) if self.session is not None else None
@@ -728,45 +435,73 @@ class ModelInputFilter:
             a, b = located
             pinned.extend(p for p in range(a, b) if p not in pinned)
             lo = max(lo, b)
-        if run.calls:
-            return pinned, max(run.n_prev, lo)
+        if extends:
+            start = run.n_prev if len(items) > run.n_prev else run.step_start
+            return pinned, max(start, lo)
         return pinned, _newest_step_start(items, lo)
 
     def _is_context(self, items: list[Any]) -> bool:
         return bool(items) and self.session is not None and self.session._is_own_context(items[0])
 
-    def _plan(
-        self, items: list[Any], run: _Run, instructions_tokens: int, tools_tokens: int
-    ) -> ModelCallPlan:
-        pinned, step_start = self._layout(items, run)
-        fixed = instructions_tokens + tools_tokens
-        step = list(items[step_start:])
+    def _plan(self, items: list[Any], run: Run, extras: RequestExtras) -> ModelCallPlan:
+        digests, extends = run.observe(items)
+        pinned, step_start = self._layout(items, run, extends)
+        if not run.calls:
+            reason = "first call of the run" if run.span is not None else "no run in scope"
+        elif not extends:
+            reason = "the input is not the previous call's input plus new steps"
+        else:
+            reason = "the run's earlier calls"
+        layout_start = step_start
+        packed, packed_digests = items, digests
+        collapsed: Collapsed | None = None
+        if run.groups:
+            collapsed = collapse_groups(items, run.groups, digests)
+            packed, packed_digests = collapsed.items, collapsed.digests
+            step_start = collapsed.start(layout_start)
+            moved = {collapsed.position(p) for p in pinned}
+            pinned = sorted(p for p in moved if p < step_start)
+        indexed = len(run.index)
+        run.sync_index(packed_digests)
+        reused = len(run.index)
+        if reused < indexed:
+            reason = f"item {reused} changed since the previous call: the index was cut back to it"
+        step = list(packed[step_start:])
         truncated: list[TruncatedOutput] = []
         try:
-            result, context = self._pack(items, step_start, step, pinned, fixed, run)
+            result, context = self._pack(packed, step_start, step, pinned, extras.total, run)
         except TokenBudgetExceededError as exc:
             if self.oversized_output != "truncate":
-                raise self._explained(exc, items, step_start, fixed) from None
-            step, truncated = self._truncated_step(exc, items, step_start, step, fixed)
-            result, context = self._pack(items, step_start, step, pinned, fixed, run)
+                raise self._explained(exc, packed, step_start, extras.total) from None
+            result, context, truncated = self._fit_step(
+                exc, packed, step_start, pinned, extras, run
+            )
         run.calls += 1
-        run.remember(items, step_start)
+        run.n_prev = len(items)
+        run.step_start = layout_start
+        run.digests = digests
+        run.index_digests = packed_digests[: 16 * len(run.index)]
         sent = (
             [context.context_message] if context and context.context_message else []
         ) + result.items
         return ModelCallPlan(
             call=run.calls,
             items=sent,
-            instructions_tokens=instructions_tokens,
-            tools_tokens=tools_tokens,
+            instructions_tokens=extras.instructions,
+            tools_tokens=extras.tools,
+            output_schema_tokens=extras.output_schema,
             budget=self.builder.max_tokens,
             output_reserve=self.output_reserve,
             input_items=len(items),
             pinned=pinned,
-            step=(step_start, len(items)),
+            step=(step_start, len(packed)),
+            reused=reused,
+            reuse=reason,
             pack=result,
             truncated=truncated,
             context=context,
+            deduplicated=len(items) - len(packed),
+            not_counted=extras.not_counted,
         )
 
     def _pack(
@@ -776,7 +511,7 @@ class ModelInputFilter:
         step: list[Any],
         pinned: list[int],
         fixed: int,
-        run: _Run,
+        run: Run,
     ) -> tuple[PackResult, ContextPlan | None]:
         b = self.builder
         if self.session is not None:
@@ -857,7 +592,8 @@ class ModelInputFilter:
                 exc.used,
                 budget,
                 "instructions_and_tools",
-                f"the agent's instructions and tool definitions alone need {fixed} tokens",
+                f"the agent's instructions, tool definitions and output schema alone need "
+                f"{fixed} tokens",
             )
         if fixed + self.output_reserve > budget:
             return TokenBudgetExceededError(exc.used, budget, "output_reserve")
@@ -888,30 +624,73 @@ class ModelInputFilter:
         )
         return TokenBudgetExceededError(exc.used, budget, "tool_output", detail)
 
-    def _truncated_step(
+    def _context_floor(self) -> int:
+        """What the standalone filter's context message costs at least: its system prompt
+        (mandatory; the core reserves it after the items, so an overflow of the items does
+        not include it)."""
+        if self.session is not None or not self.system_prompt:
+            return 0
+        return self.builder._cost(self.system_prompt)
+
+    def _fit_step(
         self,
         exc: TokenBudgetExceededError,
         items: list[Any],
         step_start: int,
-        step: list[Any],
-        fixed: int,
-    ) -> tuple[list[Any], list[TruncatedOutput]]:
+        pinned: list[int],
+        extras: RequestExtras,
+        run: Run,
+    ) -> tuple[PackResult, ContextPlan | None, list[TruncatedOutput]]:
+        """Pack with the newest step's outputs cut to the room the rest of the mandatory part
+        leaves them (shared by a water level); retried with less room if a cut copy's cost
+        still overflows. Raises the explained error when they cannot be cut to fit."""
+        fixed = extras.total
+        step = items[step_start:]
         outs = self._outputs(step)
         costs = self._costs(step)
         out_costs = [costs[i] for i in outs]
-        room = exc.budget - (exc.used - sum(out_costs))
-        cap = _water_level(out_costs, room) if outs else None
-        if cap is None:
-            raise self._explained(exc, items, step_start, fixed) from None
+        used = exc.used + (self._context_floor() if exc.section != "system_prompt" else 0)
+        room = exc.budget - (used - sum(out_costs))
+        for _ in range(_FIT_ATTEMPTS):
+            cap = _water_level(out_costs, room) if outs else None
+            if cap is None:
+                break
+            cut = self._cut_outputs(items, step_start, step, outs, costs, cap)
+            if cut is None:
+                break
+            new_step, truncated = cut
+            try:
+                result, context = self._pack(items, step_start, new_step, pinned, fixed, run)
+            except TokenBudgetExceededError as again:
+                over = again.used - again.budget
+                if again.section != "system_prompt":
+                    over += self._context_floor()
+                room -= max(over, 1)
+                continue
+            return result, context, truncated
+        raise self._explained(exc, items, step_start, fixed) from None
+
+    def _cut_outputs(
+        self,
+        items: list[Any],
+        step_start: int,
+        step: list[Any],
+        outs: list[int],
+        costs: list[int],
+        cap: int,
+    ) -> tuple[list[Any], list[TruncatedOutput]] | None:
+        """The step with every output over ``cap`` tokens cut to it (``None``: one cannot
+        be)."""
         new_step = list(step)
         cuts: list[TruncatedOutput] = []
         for i in outs:
             if costs[i] <= cap:
                 continue
-            cutter = _Cutter(step[i], self.builder.encoding)
-            if not cutter.shrink_to(cap):
-                raise self._explained(exc, items, step_start, fixed) from None
-            new_step[i] = cutter.copy
+            fit = _core.fit_output(step[i], cap, encoding=self.builder.encoding)
+            if fit is None:
+                return None
+            copy, tokens, parts_removed, media_removed = fit
+            new_step[i] = copy
             cid = _field(step[i], "call_id")
             cuts.append(
                 TruncatedOutput(
@@ -920,7 +699,9 @@ class ModelInputFilter:
                     call_id=cid if isinstance(cid, str) else None,
                     tool=self._tool_name(items, cid),
                     original_tokens=costs[i],
-                    sent_tokens=cutter.cost(),
+                    sent_tokens=tokens,
+                    parts_removed=parts_removed,
+                    media_removed=media_removed,
                 )
             )
         return new_step, cuts

@@ -8,7 +8,6 @@ in protoprompt imports the SDK.
 """
 
 import importlib.metadata
-import ipaddress
 from typing import Any
 
 try:
@@ -27,6 +26,9 @@ except ImportError:  # mcp 1.x
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 
+from .. import __version__
+from ._guard import Guard, GuardMiddleware
+
 __all__ = [
     "MCP_MAJOR",
     "MCP_VERSION",
@@ -34,7 +36,6 @@ __all__ = [
     "ToolError",
     "annotations",
     "http_app",
-    "is_loopback",
     "new_server",
 ]
 
@@ -46,12 +47,16 @@ ServerType = _Server
 
 MCP_VERSION = importlib.metadata.version("mcp")
 
-_LOOPBACK_NAMES = ("localhost",)
-
 
 def new_server(name: str, instructions: str, log_level: str) -> Any:
-    """A server object of the installed SDK, with no tools yet."""
-    return _Server(name=name, instructions=instructions, log_level=log_level)  # type: ignore[arg-type,unused-ignore]
+    """A server object of the installed SDK, with no tools yet, reporting protoprompt's
+    version in its ``serverInfo``."""
+    options: dict[str, Any] = {"name": name, "instructions": instructions, "log_level": log_level}
+    if MCP_MAJOR >= 2:
+        return _Server(**options, version=__version__)
+    server: Any = _Server(**options)
+    server._mcp_server.version = __version__  # FastMCP takes no version argument
+    return server
 
 
 def annotations(
@@ -73,42 +78,36 @@ def annotations(
     )
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (127.0.0.0/8, ::1 or localhost)."""
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _security(host: str, port: int) -> Any:
-    """DNS-rebinding protection for a loopback bind: only requests addressed to this host and
-    port (and browser origins of it) are served, so a web page cannot reach the memory
-    through a name that resolves to 127.0.0.1."""
-    if not is_loopback(host):
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    names = {host, "localhost", "127.0.0.1", "[::1]"}
-    hosts = sorted(
-        {f"{(f'[{n}]' if ':' in n and not n.startswith('[') else n)}:{port}" for n in names}
-    )
-    return TransportSecuritySettings(
+def http_app(
+    server: Any,
+    *,
+    host: str,
+    port: int,
+    path: str,
+    guard: Guard,
+    max_request_bytes: int,
+) -> Any:
+    """The streamable-HTTP ASGI app of ``server`` at ``path``, behind ``guard`` (Host, Origin
+    and bearer token on every request). The SDK's own DNS-rebinding check gets the same
+    hosts and origins, and its request body limit is ``max_request_bytes``."""
+    security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[f"http://{h}" for h in hosts],
+        allowed_hosts=list(guard.hosts),
+        allowed_origins=list(guard.origins),
     )
-
-
-def http_app(server: Any, *, host: str, port: int, path: str = "/mcp") -> Any:
-    """The streamable-HTTP ASGI app of ``server``, served at ``path``."""
-    security = _security(host, port)
     if MCP_MAJOR >= 2:
-        return server.streamable_http_app(
-            streamable_http_path=path, host=host, transport_security=security
+        app = server.streamable_http_app(
+            streamable_http_path=path,
+            host=host,
+            transport_security=security,
+            max_request_body_size=max_request_bytes,
         )
-    server.settings.host = host
-    server.settings.port = port
-    server.settings.streamable_http_path = path
-    server.settings.transport_security = security
-    return server.streamable_http_app()
+    else:
+        server.settings.host = host
+        server.settings.port = port
+        server.settings.streamable_http_path = path
+        server.settings.transport_security = security
+        if hasattr(server.settings, "max_request_body_size"):
+            server.settings.max_request_body_size = max_request_bytes
+        app = server.streamable_http_app()
+    return GuardMiddleware(app, guard)

@@ -57,6 +57,20 @@ class MemoryLimits:
     max_context_tokens: int = 1_000_000
     max_listed_facts: int = 1_000
 
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest HTTP request body a call within these limits can need: the longest
+        set of arguments with every character JSON-escaped (12 bytes at most: a character
+        outside the BMP as two ``\\uXXXX`` escapes) plus 64 KiB for the rest of the
+        message. The HTTP server's body limit, so HTTP accepts every call stdio accepts."""
+        longest = max(
+            self.max_document_chars + self.max_doc_id_chars,
+            self.max_fact_chars,
+            self.max_profile_chars,
+            self.max_query_chars,
+        )
+        return 12 * longest + 65_536
+
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if isinstance(value, bool) or not isinstance(value, int):
@@ -121,6 +135,7 @@ class MemoryTools:
             "forget",
             "index_document",
             "set_profile",
+            "clear_profile",
         ):
             if not callable(getattr(store, method, None)):
                 raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
@@ -226,7 +241,7 @@ class MemoryTools:
         """Delete one fact (``<fact id>`` or ``fact:<fact id>``) or one whole document
         (``doc:<doc id>``) of the scope."""
         memory_id = _text("memory_id", memory_id, self.limits.max_doc_id_chars + len(_DOC_PREFIX))
-        memory_id = memory_id.strip()
+        # Exactly as returned: "doc:notes " names the document "notes ", never "notes".
         if memory_id.startswith(_DOC_PREFIX):
             doc_id = memory_id[len(_DOC_PREFIX) :]
             if not doc_id.strip():
@@ -257,16 +272,20 @@ class MemoryTools:
         return {"doc_id": doc_id, "memory_id": _DOC_PREFIX + doc_id, "chunks": chunks}
 
     def set_profile(self, profile: object) -> dict[str, Any]:
-        """Replace the scope's profile; an empty string clears it. A mapping of strings is
-        stored as ``key: value`` lines."""
+        """Replace the scope's profile; an empty (or blank) profile removes it, so the scope
+        has no profile of its own and an ancestor's shows through (``include_parents``). A
+        mapping of strings is stored as ``key: value`` lines."""
         if isinstance(profile, dict):
             for key, value in profile.items():
                 if not isinstance(key, str) or not isinstance(value, str):
                     raise MemoryToolError("profile must be a string or an object of strings")
             profile = "\n".join(f"{k}: {v}" for k, v in profile.items())
         profile = _text("profile", profile, self.limits.max_profile_chars, allow_blank=True)
+        if not profile.strip():
+            self.store.clear_profile(scope=self.scope)
+            return {"profile": None}
         self.store.set_profile(profile, scope=self.scope)
-        return {"profile": profile if profile.strip() else None}
+        return {"profile": profile}
 
     # ------------------------------------------------------------------ helpers
 

@@ -11,7 +11,7 @@ tools' parameter types, bounds and descriptions from them to build each input sc
 import socket
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, Literal, cast
 
 import anyio
@@ -20,6 +20,7 @@ from pydantic import Field
 from ..errors import MemoryStoreError
 from ..memory import MemoryScope, MemoryStore
 from . import _sdk
+from ._guard import Guard, allowed_hosts, allowed_origins, check_bind, check_token
 from ._tools import MemoryLimits, MemoryTools
 
 __all__ = ["READ_TOOLS", "RESOURCES", "TOOLS", "WRITE_TOOLS", "create_server", "run_server"]
@@ -122,9 +123,10 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         memory_id: Annotated[
             str,
             Field(
-                description="A fact id (from memory_remember or "
-                "memory_search) or 'doc:<doc_id>' for a "
-                "whole document."
+                description="A memory_id exactly as memory_remember, memory_search or "
+                "memory_index_document returned it: a fact id, or 'doc:<doc_id>' for a "
+                "whole document.",
+                max_length=limits.max_doc_id_chars + 4,
             ),
         ],
     ) -> dict[str, Any]:
@@ -140,7 +142,12 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
             ),
         ],
         text: Annotated[
-            str, Field(description="The document text.", max_length=limits.max_document_chars)
+            str,
+            Field(
+                description=f"The document text, at most {limits.max_document_chars:,} "
+                "characters (over stdio and HTTP alike).",
+                max_length=limits.max_document_chars,
+            ),
         ],
     ) -> dict[str, Any]:
         """Split a document into chunks and index them for search. Returns the chunk count."""
@@ -152,7 +159,8 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
             Field(
                 description="The whole profile: text, or an object of "
                 "'key': 'value' strings. Replaces the previous "
-                "profile; an empty string clears it."
+                "profile; an empty string removes it (a parent scope's profile, if "
+                "any, shows through again)."
             ),
         ],
     ) -> dict[str, Any]:
@@ -261,6 +269,7 @@ def create_server(
     server = _sdk.new_server(name, _INSTRUCTIONS, log_level)
     _register_tools(server, tools, read_only)
     _register_resources(server, tools)
+    server.protoprompt_limits = tools.limits  # run_server sizes the HTTP body limit by them
     return server
 
 
@@ -290,14 +299,31 @@ def run_server(
     port: int = 8000,
     path: str = "/mcp",
     on_ready: Callable[[str], None] | None = None,
+    auth_token: str | None = None,
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
+    insecure: bool = False,
 ) -> None:
     """Serve ``server`` (from :func:`create_server`) until the client or a signal stops it.
 
     ``transport="stdio"`` talks MCP over stdin/stdout (how desktop clients and the Agents
     SDK's ``MCPServerStdio`` start a server). ``transport="http"`` serves streamable HTTP at
-    ``http://host:port/path``, bound to 127.0.0.1 by default, with DNS-rebinding protection
-    on loopback addresses; ``port=0`` picks a free port. ``on_ready`` is called with the URL
-    once the socket listens (default: print it to stderr). SIGINT/SIGTERM stop it cleanly.
+    ``http://host:port/path``, bound to 127.0.0.1 by default; ``port=0`` picks a free port.
+    ``on_ready`` is called with the URL once the socket listens (default: print it to
+    stderr). SIGINT/SIGTERM stop it cleanly.
+
+    Every HTTP request is checked, whatever the bind (see ``docs/mcp-security.md``): its
+    ``Host`` must name this server (loopback names, the bound address, or ``allow_hosts``)
+    and a browser ``Origin``, when sent, must be this server's or one of ``allow_origins``
+    (DNS rebinding); with ``auth_token`` it must carry ``Authorization: Bearer <token>``.
+    A bind that is not loopback-only needs ``auth_token`` unless ``insecure=True``. The
+    request body limit fits the largest call the tools accept, so HTTP and stdio accept the
+    same calls.
+
+    Raises:
+        BindError (a ``ValueError``): a non-loopback bind without a token and not
+            ``insecure``, a token shorter than 16 characters, a malformed origin.
+        OSError: the address cannot be bound.
     """
     if transport == "stdio":
         anyio.run(server.run_stdio_async)
@@ -306,12 +332,27 @@ def run_server(
         raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
     import uvicorn
 
+    token = check_token(auth_token)
+    warning = check_bind(host, token=token, insecure=insecure)
+    allowed_origins([], allow_origins)  # a malformed origin fails before the bind
+    limits = getattr(server, "protoprompt_limits", None) or MemoryLimits()
     sock = _listening_socket(host, port)
     bound = sock.getsockname()[1]
+    hosts = allowed_hosts(host, bound, allow_hosts)
+    guard = Guard(tuple(hosts), tuple(allowed_origins(hosts, allow_origins)), token)
     url_host = f"[{host.strip('[]')}]" if ":" in host else host
     url = f"http://{url_host}:{bound}{path}"
-    app = _sdk.http_app(server, host=host, port=bound, path=path)
+    app = _sdk.http_app(
+        server,
+        host=host,
+        port=bound,
+        path=path,
+        guard=guard,
+        max_request_bytes=limits.max_request_bytes,
+    )
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    if warning is not None:
+        print(f"protoprompt mcp: warning: {warning}", file=sys.stderr, flush=True)
     if on_ready is None:
 
         def on_ready(url: str) -> None:

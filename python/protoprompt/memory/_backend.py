@@ -64,7 +64,9 @@ class Chunk(NamedTuple):
 
 class Backend(Protocol):
     """What a storage engine does for the store. Every method is one transaction (or one
-    consistent read); a failed call changes nothing."""
+    consistent read); a failed call changes nothing. A backend opened ``read_only`` never
+    changes the database: its writes raise ``PermissionError`` and, on a database without
+    the memory tables, its reads find nothing."""
 
     def describe(self) -> str:
         """The database, for ``repr`` (no secrets)."""
@@ -92,6 +94,9 @@ class Backend(Protocol):
 
     def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
         """Set (replace) the profile of exactly ``scope``."""
+
+    def clear_profile(self, scope: ScopeParams) -> int:
+        """Delete the profile of exactly ``scope``; the rows deleted (0 or 1)."""
 
     def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
         """Delete from exactly ``scope`` (see ``MemoryStore.forget``); the rows deleted."""
@@ -152,12 +157,12 @@ def is_postgres_url(target: object) -> bool:
     return scheme.split("+", 1)[0] in _POSTGRES_SCHEMES
 
 
-def open_backend(target: str | os.PathLike[str]) -> Backend:
+def open_backend(target: str | os.PathLike[str], *, read_only: bool = False) -> Backend:
     """The backend for ``target``: a PostgreSQL URL, else a SQLite path."""
     if is_postgres_url(target):
         from ._postgres import PostgresBackend
 
-        return PostgresBackend(str(target))
+        return PostgresBackend(str(target), read_only=read_only)
     from ._sqlite import SQLiteBackend
 
-    return SQLiteBackend(os.fsdecode(target))
+    return SQLiteBackend(os.fsdecode(target), read_only=read_only)

@@ -243,15 +243,26 @@ if hasattr(os, "register_at_fork"):
 class PostgresBackend:
     """A PostgreSQL database by URL (the tables go to the connection's search path)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         driver, _ = _imports()
         self._url = _driver_url(url)
         self._lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._closed = False
-        with _database_errors(), driver.connect(self._url, autocommit=True) as conn:
-            _migrate(conn)
-            self._vector = _vector_setup(conn)
+        self._read_only = read_only
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        if read_only:
+            # Every session of the store refuses writes on the server too (added to the
+            # URL's own options, such as a search_path, not in place of them).
+            options = driver.conninfo.conninfo_to_dict(self._url).get("options") or ""
+            self._connect_kwargs["options"] = f"{options} -c default_transaction_read_only=on"
+        with _database_errors(), driver.connect(self._url, **self._connect_kwargs) as conn:
+            if read_only:
+                self._tables = _check_version(_schema_version(conn))
+            else:
+                _migrate(conn)
+                self._tables = True
+            self._vector = _vector_setup(conn, create=not read_only) if self._tables else None
         _BACKENDS.add(self)
 
     @property
@@ -279,7 +290,7 @@ class PostgresBackend:
                     self._url,
                     min_size=1,
                     max_size=MAX_CONNECTIONS,
-                    kwargs={"autocommit": True},
+                    kwargs=self._connect_kwargs,
                     check=psycopg_pool.ConnectionPool.check_connection,
                     name="protoprompt-memory",
                     open=True,
@@ -288,11 +299,15 @@ class PostgresBackend:
 
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Cursor[tuple[Any, ...]]]:
+        if self._read_only:
+            raise PermissionError(f"MemoryStore({self.describe()!r}) was opened read_only")
         pool = self._connections()
         with _database_errors(), pool.connection() as conn, conn.transaction():
             yield conn.cursor()
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        if not self._tables:
+            return []  # read-only on a database without the memory tables: empty
         pool = self._connections()
         with _database_errors(), pool.connection() as conn:
             return conn.execute(sql, params).fetchall()
@@ -399,6 +414,11 @@ class PostgresBackend:
                 " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
                 (*scope, profile, updated_at),
             )
+
+    def clear_profile(self, scope: ScopeParams) -> int:
+        with self._transaction() as cur:
+            cur.execute(f"DELETE FROM pp_mem_profiles WHERE {_SCOPE_EQ}", scope)
+            return cur.rowcount
 
     def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
         deleted = 0
@@ -534,10 +554,11 @@ def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str,
     return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
-def _vector_setup(conn: psycopg.Connection[tuple[Any, ...]]) -> str | None:
+def _vector_setup(conn: psycopg.Connection[tuple[Any, ...]], *, create: bool = True) -> str | None:
     """The quoted schema of the pgvector extension when the database has it, after making
-    sure ``pp_mem_records`` has its ``vec`` column (added once, under the schema lock);
-    ``None`` without the extension, or when a ``vec`` column of another type is there."""
+    sure ``pp_mem_records`` has its ``vec`` column (added once, under the schema lock, when
+    ``create``); ``None`` without the extension or the column, or when a ``vec`` column of
+    another type is there."""
     found = conn.execute(
         "SELECT n.nspname FROM pg_extension AS e"
         " JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
@@ -551,7 +572,7 @@ def _vector_setup(conn: psycopg.Connection[tuple[Any, ...]]) -> str | None:
         " AND NOT a.attisdropped"
     )
     row = conn.execute(column_type).fetchone()
-    if row is None:
+    if row is None and create:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, _SCHEMA_LOCK))
             conn.execute(f"ALTER TABLE pp_mem_records ADD COLUMN IF NOT EXISTS vec {schema}.vector")
@@ -586,8 +607,15 @@ def _migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
                     (SCHEMA_VERSION,),
                 )
                 version = SCHEMA_VERSION
-    if version != SCHEMA_VERSION:
+    _check_version(version)
+
+
+def _check_version(version: str | None) -> bool:
+    """Whether the memory tables exist (``version`` is not ``None``); a database whose
+    memory tables have another schema version is refused."""
+    if version is not None and version != SCHEMA_VERSION:
         raise MemoryStoreError(
             f"the memory tables in this database have schema version {version!r}; this "
             f"protoprompt knows version {SCHEMA_VERSION!r} (pp_mem_meta)"
         )
+    return version is not None

@@ -8,8 +8,10 @@ by a lock; file databases use WAL mode and a 30 s busy timeout, so other connect
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -90,20 +92,39 @@ def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str,
     return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A connection that cannot change the database file (SQLite ``mode=ro``)."""
+    if path in (":memory:", "") or path.startswith("file:"):
+        raise ValueError(f"a read-only MemoryStore needs a database file path, got {path!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no database file {path!r} (a read-only store creates none)")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    return sqlite3.connect(
+        uri, uri=True, timeout=30.0, check_same_thread=False, isolation_level=None
+    )
+
+
 class SQLiteBackend:
     """A SQLite database file, or ``":memory:"`` for a private in-memory one."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self._path = path
         self._lock = threading.RLock()
-        conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False, isolation_level=None)
-        try:
-            if path not in (":memory:", ""):
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
+        self._read_only = read_only
+        self._tables = not read_only  # a read-only store checks (until they exist)
+        if read_only:
+            conn = _connect_read_only(path)
+        else:
+            conn = sqlite3.connect(
+                path, timeout=30.0, check_same_thread=False, isolation_level=None
+            )
+            try:
+                if path not in (":memory:", ""):
+                    conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
         self._conn: sqlite3.Connection | None = conn
 
     def describe(self) -> str:
@@ -120,8 +141,26 @@ class SQLiteBackend:
             raise RuntimeError("MemoryStore is closed")
         return self._conn
 
+    def _has_tables(self) -> bool:
+        """Whether the memory tables exist (always, unless opened read-only on a database
+        that has none yet: then it reads as empty)."""
+        if not self._tables:
+            with self._lock:
+                found = (
+                    self._connection()
+                    .execute(
+                        "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                        " AND name IN ('pp_mem_records', 'pp_mem_profiles', 'pp_mem_fts')"
+                    )
+                    .fetchone()
+                )
+            self._tables = found[0] == 3
+        return self._tables
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            raise PermissionError(f"MemoryStore({self._path!r}) was opened read_only")
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -133,6 +172,8 @@ class SQLiteBackend:
             conn.execute("COMMIT")
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        if not self._has_tables():
+            return []
         with self._lock:
             return self._connection().execute(sql, params).fetchall()
 
@@ -189,6 +230,13 @@ class SQLiteBackend:
                 " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
                 (*scope, profile, updated_at),
             )
+
+    def clear_profile(self, scope: ScopeParams) -> int:
+        with self._transaction() as conn:
+            deleted: int = conn.execute(
+                f"DELETE FROM pp_mem_profiles WHERE {_SCOPE_EQ}", scope
+            ).rowcount
+        return deleted
 
     def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
         deleted = 0

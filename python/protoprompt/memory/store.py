@@ -241,6 +241,10 @@ class MemoryStore:
         embedder: optional ``list[str] -> list[list[float]]`` batch embedder.
         chunk_words: maximum words per document chunk.
         chunk_overlap: words shared by consecutive chunks (``0 <= overlap < chunk_words``).
+        read_only: open an existing database read-only: it is never changed (no schema is
+            created, a SQLite file's journal mode is left as it is; a PostgreSQL session is
+            ``default_transaction_read_only``) and writes raise ``PermissionError``; a
+            database without memory tables reads as empty.
     """
 
     def __init__(
@@ -250,8 +254,11 @@ class MemoryStore:
         embedder: Embedder | None = None,
         chunk_words: int = 200,
         chunk_overlap: int = 40,
+        read_only: bool = False,
     ) -> None:
         self._chunk_words = _check_positive_int("chunk_words", chunk_words)
+        if not isinstance(read_only, bool):
+            raise TypeError(f"read_only must be a bool, got {type(read_only).__name__}")
         if isinstance(chunk_overlap, bool) or not isinstance(chunk_overlap, int):
             raise TypeError(f"chunk_overlap must be an int, got {type(chunk_overlap).__name__}")
         if not 0 <= chunk_overlap < chunk_words:
@@ -263,12 +270,18 @@ class MemoryStore:
         self._chunk_overlap = chunk_overlap
         self._embedder = embedder
         self._engine = "postgresql" if is_postgres_url(path) else "sqlite"
-        self._backend: Backend = open_backend(path)
+        self._read_only = read_only
+        self._backend: Backend = open_backend(path, read_only=read_only)
 
     @property
     def engine(self) -> str:
         """``"sqlite"`` or ``"postgresql"``: the engine this store runs on."""
         return self._engine
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened ``read_only`` (writes raise ``PermissionError``)."""
+        return self._read_only
 
     @property
     def vector_ranking(self) -> str:
@@ -399,6 +412,13 @@ class MemoryStore:
         _check_str("profile", text)
         self._backend.set_profile(_scope_params(scope), text, time.time())
 
+    def clear_profile(self, *, scope: MemoryScope) -> bool:
+        """Remove the profile of exactly ``scope``: the scope has no profile of its own (an
+        ancestor's is what :meth:`get_profile` with ``include_parents`` finds). Returns
+        whether there was one."""
+        scope = _check_scope(scope)
+        return self._backend.clear_profile(_scope_params(scope)) > 0
+
     def forget(
         self, *, scope: MemoryScope, doc_id: str | None = None, fact_id: str | None = None
     ) -> int:
@@ -422,11 +442,12 @@ class MemoryStore:
         """Return the profile of ``scope`` (or ``None``).
 
         With ``include_parents=True`` the nearest profile among the scope and its
-        ancestors is returned.
+        ancestors is returned. A blank profile counts as none (it does not hide an
+        ancestor's).
         """
         scopes = _visible_scopes(_check_scope(scope), include_parents)
         rows = self._backend.profiles([_scope_params(s) for s in scopes])
-        found = {_row_scope(*row[:4]): row[4] for row in rows}
+        found = {_row_scope(*row[:4]): row[4] for row in rows if row[4].strip()}
         return next((found[s] for s in scopes if s in found), None)
 
     def facts(

@@ -5,6 +5,7 @@
 pub mod calibration;
 pub mod costs;
 pub mod decisions;
+pub mod digest;
 pub mod graph;
 pub mod incremental;
 pub mod indexed;

@@ -16,12 +16,14 @@ mod alloc;
 mod convert;
 mod costs;
 mod decisions;
+mod digest;
 mod errors;
 #[cfg(unix)]
 mod fork_guard;
 mod index;
 mod mask;
 mod pack;
+mod truncate;
 
 use crate::alloc::{_lazy_commit_allocator, configure_allocator};
 use crate::convert::{
@@ -322,6 +324,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(calibration_sample, m)?)?;
     m.add_function(wrap_pyfunction!(learned_scale, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
+    m.add_function(wrap_pyfunction!(digest::digests, m)?)?;
+    m.add_function(wrap_pyfunction!(truncate::cut_text, m)?)?;
+    m.add_function(wrap_pyfunction!(truncate::fit_output, m)?)?;
     m.add_class::<PyHistoryIndex>()?;
     m.add_class::<DecisionTable>()?;
     m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;

@@ -1,0 +1,102 @@
+//! `protoprompt._core.cut_text` and `fit_output`: token-exact cuts of texts and tool outputs
+//! for model-facing copies (`protoprompt_core::truncate`). Converts, releases the GIL, maps
+//! errors.
+
+use crate::convert::{as_dict, resolve_encoding, to_value, type_name};
+use crate::errors::{item_error, token_error};
+use protoprompt_core::truncate::{cut_text as core_cut_text, fit_output as core_fit_output};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+use serde_json::Value;
+
+/// A JSON value as the Python value it came from (dicts, lists, str, int, float, bool, None).
+pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                PyInt::new(py, i).into_any()
+            } else if let Some(u) = n.as_u64() {
+                PyInt::new(py, u).into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for v in items {
+                list.append(to_py(py, v)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// `text` cut to at most `max_tokens` tokens, head and tail around `marker` (whose
+/// `{removed}` says how many tokens were cut).
+#[pyfunction]
+#[pyo3(signature = (text, max_tokens, *, tail_share, marker, model=None, encoding=None))]
+pub(crate) fn cut_text(
+    py: Python<'_>,
+    text: &str,
+    max_tokens: u64,
+    tail_share: f64,
+    marker: &str,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<String> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let (text, marker) = (text.to_string(), marker.to_string());
+    py.detach(move || core_cut_text(enc, &text, max_tokens, tail_share, &marker))
+        .map_err(|e| token_error(py, e))
+}
+
+/// `fit_output`'s answer: `(copy, tokens, parts_removed, media_removed)`.
+type Fitted<'py> = (Bound<'py, PyAny>, u64, usize, usize);
+
+/// A tool-output item cut to cost at most `target` tokens: `(copy, tokens, parts_removed,
+/// media_removed)`, or `None` when it cannot be cut to fit.
+#[pyfunction]
+#[pyo3(signature = (item, target, *, model=None, encoding=None))]
+pub(crate) fn fit_output<'py>(
+    py: Python<'py>,
+    item: &Bound<'py, PyAny>,
+    target: u64,
+    model: Option<&str>,
+    encoding: Option<&str>,
+) -> PyResult<Option<Fitted<'py>>> {
+    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    if as_dict(item, "(item)")
+        .map_err(|e| e.raise(py, "item"))?
+        .is_none()
+    {
+        return Err(item_error(
+            py,
+            "item",
+            "(item)",
+            &format!("an item must be a mapping (dict), got {}", type_name(item)),
+        ));
+    }
+    let value = to_value(item, &mut String::new(), 0).map_err(|e| e.raise(py, "item"))?;
+    let fit = py
+        .detach(move || core_fit_output(&value, target, enc))
+        .map_err(|e| token_error(py, e))?;
+    fit.map(|f| {
+        Ok((
+            to_py(py, &f.item)?,
+            f.tokens,
+            f.parts_removed,
+            f.media_removed,
+        ))
+    })
+    .transpose()
+}
