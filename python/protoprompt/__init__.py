@@ -29,6 +29,8 @@ from .packing import (
     Decisions,
     GraphReport,
     HistoryIndex,
+    HistoryWindow,
+    IndexUse,
     ItemCost,
     PackResult,
     Problem,
@@ -45,6 +47,7 @@ from .packing import (
     preload,
     truncate_text,
 )
+from .turn_report import TurnReport
 
 try:
     # One version source: the Cargo workspace version, which maturin writes into the
@@ -61,6 +64,8 @@ __all__ = [
     "GraphReport",
     "HistoryIndex",
     "HistoryMismatchError",
+    "HistoryWindow",
+    "IndexUse",
     "InvalidItemError",
     "InvalidNewInputError",
     "ItemCost",
@@ -75,6 +80,7 @@ __all__ = [
     "TokenBudgetExceededError",
     "TokenBudgetedContextBuilder",
     "TokenizerError",
+    "TurnReport",
     "Unit",
     "UnitDecision",
     "UnknownEncodingError",

@@ -44,6 +44,7 @@ from .packing import (
     item_tokens,
     pack,
 )
+from .turn_report import TurnReport
 
 __all__ = [
     "LAYERS",
@@ -114,6 +115,10 @@ class ContextPlan:
     context_limit: int
     """Tokens the context message was allowed to take: what was left after the reserved
     part, capped by ``max_context_tokens``."""
+    turn: TurnReport | None = None
+    """For a turn of a :class:`~protoprompt.integrations.ProtoPromptSession`: how its
+    history was read and packed (window or full read and why, index, snapshot, count
+    store); ``None`` for a plain :meth:`TokenBudgetedContextBuilder.build`."""
 
     @property
     def context_tokens(self) -> int:
@@ -148,10 +153,13 @@ class ContextPlan:
         return [b for b in self.blocks if not b.kept]
 
     def explain(self) -> str:
-        """A readable account: the context blocks, then :meth:`PackResult.explain`."""
+        """A readable account: for a session turn how the history was read and packed (see
+        :class:`~protoprompt.TurnReport`), the context blocks, then
+        :meth:`PackResult.explain`."""
         kept = sum(1 for b in self.blocks if b.kept)
         role = self.context_message["role"] if self.context_message else "none"
-        lines = [
+        lines = [] if self.turn is None else self.turn.lines()
+        lines += [
             f"context: {self.context_tokens} tokens in one {role} message "
             f"(room {self.context_limit}); {kept} blocks kept, "
             f"{len(self.blocks) - kept} dropped",

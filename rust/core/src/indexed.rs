@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::costs::{CostEngine, CostMemo, CostPayload, CountStore, ItemSource, SwitchedCosts};
 use crate::decisions::DecisionRows;
-use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
+use crate::incremental::{reserve_ahead, Cut, GraphIndex, Mark, SnapshotError, TailGraph, Window};
 use crate::items::ItemMeta;
 use crate::pack::{CostFailure, CostSource};
 use crate::tokens::Encoding;
@@ -144,13 +144,23 @@ impl IndexedHistory {
     /// under `encoding` ([`CostMemo::lower_bound`]: never above the truth, so the window is
     /// never too short).
     pub fn window_start(&self, tail: &[ItemMeta], budget: u64, encoding: Encoding) -> usize {
+        self.window(tail, budget, encoding).start
+    }
+
+    /// [`IndexedHistory::window_start`] with why it is not later ([`GraphIndex::window`]).
+    pub fn window(&self, tail: &[ItemMeta], budget: u64, encoding: Encoding) -> Window {
         let costs = &self.costs;
-        let start = self.graph.window_start(tail, budget, |members| {
+        let window = self.graph.window(tail, budget, |members| {
             Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
                 sum.saturating_add(costs.lower_bound(p, encoding))
             }))
         });
-        start.unwrap_or_else(|never| match never {})
+        window.unwrap_or_else(|never| match never {})
+    }
+
+    /// The earliest regrouping of the appends since the last call ([`GraphIndex::take_regrouped`]).
+    pub fn take_regrouped(&mut self) -> Option<Cut> {
+        self.graph.take_regrouped()
     }
 
     /// Approximate bytes of memory held.

@@ -294,23 +294,32 @@ impl PyHistoryIndex {
     /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
     /// indexed history followed by `new_items` (items appended since it was indexed, then the
     /// new input): a read of the history from there on packs to the same request
-    /// (`GraphIndex::window_start`). A cost not counted yet, or counted under another encoding,
-    /// counts as an item's overhead, which only moves the start earlier.
-    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None))]
-    pub(crate) fn window_start(
+    /// (`GraphIndex::window`). A cost not counted yet, or counted under another encoding,
+    /// counts as an item's overhead, which only moves the start earlier. Returns `(start,
+    /// fits, tie, why)`: whether the budget reaches the oldest unit, and the relation that
+    /// moved the start back last (its code and a sentence; positions from `len(self) +
+    /// len(new_items) - new_input` on are labelled as new input, `new_input` counting from
+    /// the end of `new_items`).
+    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, new_input=0))]
+    pub(crate) fn window(
         &self,
         py: Python<'_>,
         new_items: &Bound<'_, PyAny>,
         budget: u64,
         model: Option<&str>,
         encoding: Option<&str>,
-    ) -> PyResult<usize> {
+        new_input: usize,
+    ) -> PyResult<(usize, bool, Option<&'static str>, Option<String>)> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
-        let metas = classify_items(py, bound(py, &items), n, n)?;
+        let n_history = n + items.len().saturating_sub(new_input);
+        let metas = classify_items(py, bound(py, &items), n, n_history)?;
         let inner = &self.inner;
-        Ok(py.detach(|| inner.window_start(&metas, budget, enc)))
+        let w = py.detach(|| inner.window(&metas, budget, enc));
+        let tie = w.pull.map(|p| p.tie.code());
+        let why = w.pull.map(|p| p.describe(n_history));
+        Ok((w.start, w.fits, tie, why))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -407,7 +416,9 @@ impl PyHistoryIndex {
     ) -> PyResult<Bound<'py, PyDict>> {
         let indexed = self.inner.len();
         let n_history = indexed + fresh.len();
+        self.inner.take_regrouped();
         self.classify_into(py, fresh.iter(), n_history)?;
+        let appended = self.inner.take_regrouped();
         let items = PyItems::new(
             history.clone().unbind(),
             fresh.clone().unbind(),
@@ -441,9 +452,21 @@ impl PyHistoryIndex {
             }
         })?;
         let items = items.request(py, &result.kept_history)?;
+        // Where this pack rebuilt units from: the appends' regrouping or the new input's.
+        let regrouped = match appended {
+            Some(a) if a.position < tail.cut => (a.position, a.pull),
+            _ => (tail.cut, tail.pull),
+        };
+        let index_use = (
+            indexed,
+            fresh.len(),
+            regrouped.0,
+            regrouped.1.map(|p| p.describe(n_history)),
+        );
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
         let out = result_dict(py, &result, enc, opts.policy, table)?;
+        out.set_item("index", index_use)?;
         out.set_item("items", items)?;
         store_outcome(py, &out, link)?;
         Ok(out)
