@@ -586,7 +586,7 @@ class ReferencePacker:
 
 def _has_media(item: Mapping[str, Any]) -> bool:
     content = item.get("content") if "content" in item else item.get("output")
-    if not isinstance(content, list):
+    if not isinstance(content, (list, dict)):  # a list of parts, or one (a screenshot)
         return False
     text = json.dumps(content, ensure_ascii=False)
     return any(m in text for m in MEDIA_TYPES)
