@@ -103,6 +103,7 @@ def index_outcome(
 
 def fallback_cost(
     *,
+    indexed: bool = True,
     read: ReadMode,
     read_reason: str | None,
     history_items: int,
@@ -117,9 +118,10 @@ def fallback_cost(
     A full read costs the history's items; a window would have read those from the first
     kept one on. A regrouping costs the items it rebuilt; the fast path rebuilds the items
     the turn appended and the new input. Reads that are not fallbacks (the first turn, a
-    history that fits, windowed reads turned off, a limit) are never worth a log."""
+    history that fits, windowed reads turned off, a limit) are never worth a log, nor a read
+    before anything was ``indexed`` (no window could have been read then)."""
     quiet = ("first_turn", "fits", "windowed_reads_off", "session_limit", "no_index")
-    if read == "full" and read_reason not in quiet:
+    if read == "full" and indexed and read_reason not in quiet:
         fast = history_items - (first_kept if first_kept is not None else history_items)
         if _worth(history_items, fast):
             return "read", history_items, max(fast, 1)

@@ -386,12 +386,12 @@ class ProtoPromptSession:
         memory_db = sqlite_inner and os.fspath(self._inner.db_path) == ":memory:"
         if not windowed_reads:
             self._no_window = "windowed_reads_off"
-        elif not self._incremental:
-            self._no_window = "no_index"
+        elif not sqlite_inner:
+            self._no_window = "inner_session"
         elif memory_db:
             self._no_window = "memory_database"
         else:
-            self._no_window = "inner_session"
+            self._no_window = "no_index"
         if self._shared_key is not None:
             self._no_store = "its database could not be opened for counts"
         elif memory_db:
@@ -943,6 +943,7 @@ class ProtoPromptSession:
         the fast path (see ``turn_report.fallback_cost``)."""
         kept = plan.pack.kept_history
         cost = fallback_cost(
+            indexed=report.index_held > 0 or report.snapshot == "loaded",
             read=report.read,
             read_reason=report.read_reason,
             history_items=report.history_items,

@@ -891,14 +891,29 @@ impl GraphIndex {
                 });
             }
         }
+        // The budget reaches the oldest unit. When the items after the history relate to an
+        // earlier one, say so unless the whole history fits anyway (the relation is then
+        // not why the window is the whole history).
+        if let Some(pull) = regroup.pull {
+            let n = self.items.len();
+            for p in regroup.position..n {
+                let unit = &graph.units[graph.unit_of[p]];
+                if unit.members.last() == Some(&p) && !unit.is_input_only() && unit.is_valid() {
+                    sum = sum.saturating_add(lower_cost(&unit.members)?);
+                }
+            }
+            if sum > budget {
+                return Ok(Window {
+                    start: 0,
+                    fits: false,
+                    pull: Some(pull),
+                });
+            }
+        }
         Ok(Window {
             start: 0,
-            fits: regroup.position > 0 || regroup.pull.is_none(),
-            pull: if regroup.position == 0 {
-                regroup.pull
-            } else {
-                None
-            },
+            fits: true,
+            pull: None,
         })
     }
 
