@@ -184,6 +184,7 @@ def test_report_lines() -> None:
         history_items=9200,
         read_items=9200,
         window_row=None,
+        window_reach=None,
         index="incremental",
         index_reason=None,
         index_kept=9100,
@@ -565,4 +566,31 @@ def test_a_costly_fallback_logs_once_per_session(tmp_path, caplog) -> None:
     assert "approval_request_id of new_input[0]" in plan.turn.index_line()
     logged = [r.getMessage() for r in caplog.records if "fast path" in r.getMessage()]
     assert len(logged) == 1 and "regroup" in logged[0], logged
+    t.close()
+
+
+def test_a_window_widened_by_a_relation_says_so_and_logs(tmp_path, caplog) -> None:
+    """A window that a relation stretches to almost the whole history is read, named and
+    logged (once) as the fallback it is: the budget reaches a few dozen items."""
+    ws = {"type": "web_search_call", "id": "ws_same", "status": "completed", "action": {}}
+    db = str(tmp_path / "x.db")
+    seed(db, [{"role": "user", "content": "first"}, ws, answer(1000), *_chat(600)])
+    t = Turns(db, max_tokens=3000, windowed_reads=True)
+    t.turn()
+    with caplog.at_level(logging.INFO, logger="protoprompt"):
+        # The repeat arrives: it ties the new rows to history[1], no window is provable.
+        t.store([USER, ws])
+        report = t.turn().turn
+        assert (report.read, report.read_reason) == ("full", "no_window"), report.lines()
+        # Once indexed, the tie is one unit: the window starts at it, far beyond the budget.
+        for k in range(2):
+            t.store([USER, answer(k)])
+            report = t.turn().turn
+            assert report.windowed and report.read_items > 1000, report.lines()
+            assert (report.window_reach or 0) < 100
+            assert "widened: history[1] and history[" in report.read_line()
+    logged = [r.getMessage() for r in caplog.records if "fast path" in r.getMessage()]
+    # Each cause once: regrouping the whole tied span, then the widened windows.
+    assert len(logged) == 2, logged
+    assert "regroup took" in logged[0] and "widened" in logged[1], logged
     t.close()

@@ -133,7 +133,7 @@ class HistoryIndex:
         model: str | None = None,
         encoding: str | None = None,
         new_input: int = 0,
-    ) -> tuple[int, bool, str | None, str | None]: ...
+    ) -> tuple[int, bool, str | None, str | None, int]: ...
     def count_window(
         self,
         history: list[Any],

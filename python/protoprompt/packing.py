@@ -199,6 +199,9 @@ class HistoryWindow:
     reason: str | None
     """``tie`` as a sentence naming the items, e.g. ``"history[3] and history[9120] are one
     unit"``."""
+    reach: int = 0
+    """How far back the budget alone reaches (``start`` is earlier when a unit or relation
+    spans further back; 0 when the budget reaches the oldest unit)."""
 
 
 @dataclass(frozen=True)
@@ -804,10 +807,10 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         items = _as_list(new_items, "new_items")
         if isinstance(new_input, bool) or not isinstance(new_input, int) or new_input < 0:
             raise ValueError(f"new_input must be a non-negative int, got {new_input!r}")
-        start, fits, tie, reason = self._index.window(
+        start, fits, tie, reason, reach = self._index.window(
             items, budget, model=model, encoding=encoding, new_input=min(new_input, len(items))
         )
-        return HistoryWindow(int(start), bool(fits), tie, reason)
+        return HistoryWindow(int(start), bool(fits), tie, reason, int(reach))
 
     def count_window(
         self,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .packing import IndexUse
+from .packing import HistoryWindow, IndexUse
 
 __all__ = [
     "FALLBACK_FACTOR",
@@ -27,6 +27,7 @@ __all__ = [
     "TurnReport",
     "fallback_cost",
     "index_outcome",
+    "window_widened",
 ]
 
 ReadMode = Literal["window", "full", "limit", "none"]
@@ -101,6 +102,12 @@ def index_outcome(
     return "incremental", None
 
 
+def window_widened(window: HistoryWindow, history_len: int) -> bool:
+    """Whether relations made a window far larger than the budget's reach (a fallback: more
+    than :data:`FALLBACK_FACTOR` times the items, and at least :data:`FALLBACK_MIN_ITEMS`)."""
+    return window.start > 0 and _worth(history_len - window.start, history_len - window.reach)
+
+
 def fallback_cost(
     *,
     indexed: bool = True,
@@ -110,6 +117,8 @@ def fallback_cost(
     first_kept: int | None,
     index_use: IndexUse | None,
     new_items: int,
+    read_items: int | None = None,
+    reached_items: int | None = None,
 ) -> tuple[str, int, int] | None:
     """The costliest fallback of a turn worth a log: ``(what, items, fast items)`` when a
     fallback read or regrouped more than :data:`FALLBACK_FACTOR` times the items the fast
@@ -125,6 +134,11 @@ def fallback_cost(
         fast = history_items - (first_kept if first_kept is not None else history_items)
         if _worth(history_items, fast):
             return "read", history_items, max(fast, 1)
+    if read == "window" and read_items is not None and reached_items is not None:
+        # A window widened by relations (``window_widened``): it read far more than the
+        # budget reaches.
+        if _worth(read_items, reached_items):
+            return "read", read_items, max(reached_items, 1)
     if index_use is not None and index_use.reason is not None:
         fast = index_use.appended + new_items
         if _worth(index_use.regrouped, fast):
@@ -154,6 +168,10 @@ class TurnReport:
     """Items the read returned (the window's, or the history's)."""
     window_row: int | None
     """Row id of the window's first item (``None`` unless ``read == "window"``)."""
+    window_reach: int | None
+    """Items the budget alone reaches (a window reads more when units or relations span
+    further back; ``read_detail`` then names the relation when that made it
+    :func:`window_widened`)."""
     index: IndexMode
     """``"incremental"``, ``"rebuilt"`` (from the whole history) or ``"unused"``."""
     index_reason: str | None
@@ -183,10 +201,14 @@ class TurnReport:
 
     def read_line(self) -> str:
         if self.read == "window":
-            return (
+            line = (
                 f"read: window from row {self.window_row} "
-                f"({self.read_items:,} of {self.history_items:,} items)"
+                f"({self.read_items:,} of {self.history_items:,} items"
             )
+            if self.read_detail:
+                line += f"; the budget reaches {self.window_reach or 0:,}, widened: "
+                line += self.read_detail
+            return line + ")"
         why = READ_REASONS.get(self.read_reason or "", self.read_reason or "")
         if self.read_detail:
             why += f": {self.read_detail}"

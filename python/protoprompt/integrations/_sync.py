@@ -264,6 +264,11 @@ class Read:
     snapshot: tuple[str, str | None] | None = None
     """What the read did with the stored index snapshot, when it looked for one: a state of
     ``protoprompt.turn_report.SNAPSHOT_STATES`` and detail (``None``: it did not look)."""
+    reached: int | None = None
+    """For a token window: the items the budget alone reaches (the window may hold more)."""
+    widened: str | None = None
+    """For a token window that relations made far larger than the budget's reach
+    (``turn_report.window_widened``): the relation."""
 
 
 @dataclass(frozen=True)

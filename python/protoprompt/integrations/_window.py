@@ -10,6 +10,7 @@ from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..context import _message_text
+from ..turn_report import window_widened
 from . import _sync
 from ._sdk import PREPARE_CODE, ItemHelpers
 
@@ -152,8 +153,11 @@ def read_window(
                     refused.append(Refused("no_window", window.reason, snapshot))
                 return None
             w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
+            total = n + len(appended)
+            widened = window.reason if window_widened(window, total) else None
             chosen.append(w)
             chosen.append(array("q", row_ids[w : n - 1]))
+            chosen.append((total - window.reach, widened))
             return int(row_ids[w])
 
     got = reader.read_window(last_id, choose)
@@ -162,7 +166,7 @@ def read_window(
             return refused[0]
         return Refused("popped", "the index's last row is gone", snapshot)
     head_items, tail_items, tail_rows, head_ids = got
-    w, expected = chosen
+    w, expected, (reached, widened) = chosen
     if head_ids != expected:  # a row of the window is gone: the index does not hold
         return Refused("popped", "a row of the window is gone", snapshot)
     window = head_items + tail_items
@@ -182,6 +186,8 @@ def read_window(
         offset=w,
         window_ids=window_ids,
         snapshot=snapshot,
+        reached=reached,
+        widened=widened,
     )
     return window, facts
 

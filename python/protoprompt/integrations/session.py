@@ -900,6 +900,7 @@ class ProtoPromptSession:
             n_items = facts.offset + facts.count
             if facts.offset and facts.window_ids is not None:
                 read, row = "window", int(facts.window_ids[0])
+                detail = facts.widened
             else:
                 read = "limit" if facts.windowed else "full"
                 reason, detail = facts.not_windowed or (None, None)
@@ -925,6 +926,7 @@ class ProtoPromptSession:
             history_items=n_items,
             read_items=read_items,
             window_row=row,
+            window_reach=facts.reached if facts is not None else None,
             index=index[0],
             index_reason=index[1],
             index_kept=kept if index[0] == "incremental" and 0 < kept < held else None,
@@ -950,6 +952,8 @@ class ProtoPromptSession:
             first_kept=kept[0] if kept else None,
             index_use=report.pack_index,
             new_items=new_items,
+            read_items=report.read_items,
+            reached_items=report.window_reach,
         )
         if cost is None:
             return

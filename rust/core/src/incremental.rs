@@ -171,6 +171,10 @@ pub struct Window {
     /// The relation that moved the start back last (when `start == 0` and not `fits`: why
     /// no window can be proved).
     pub pull: Option<Pull>,
+    /// How far back the budget alone reaches: the newest position of the unit whose cost
+    /// passed it (`start` is earlier when units or relations span further back; 0 when the
+    /// budget is never passed).
+    pub reach: usize,
 }
 
 /// The anonymous-pairing state after one anonymous item of the index (see [`AnonState`]).
@@ -888,6 +892,7 @@ impl GraphIndex {
                     start: cut.position,
                     fits: false,
                     pull,
+                    reach: p,
                 });
             }
         }
@@ -907,6 +912,7 @@ impl GraphIndex {
                     start: 0,
                     fits: false,
                     pull: Some(pull),
+                    reach: 0,
                 });
             }
         }
@@ -914,6 +920,7 @@ impl GraphIndex {
             start: 0,
             fits: true,
             pull: None,
+            reach: 0,
         })
     }
 

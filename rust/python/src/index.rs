@@ -296,8 +296,9 @@ impl PyHistoryIndex {
     /// new input): a read of the history from there on packs to the same request
     /// (`GraphIndex::window`). A cost not counted yet, or counted under another encoding,
     /// counts as an item's overhead, which only moves the start earlier. Returns `(start,
-    /// fits, tie, why)`: whether the budget reaches the oldest unit, and the relation that
-    /// moved the start back last (its code and a sentence; positions from `len(self) +
+    /// fits, tie, why, reach)`: whether the budget reaches the oldest unit, the relation that
+    /// moved the start back last (its code and a sentence), and how far back the budget
+    /// alone reaches (`GraphIndex::window`; positions in `why` from `len(self) +
     /// len(new_items) - new_input` on are labelled as new input, `new_input` counting from
     /// the end of `new_items`).
     #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, new_input=0))]
@@ -309,7 +310,7 @@ impl PyHistoryIndex {
         model: Option<&str>,
         encoding: Option<&str>,
         new_input: usize,
-    ) -> PyResult<(usize, bool, Option<&'static str>, Option<String>)> {
+    ) -> PyResult<(usize, bool, Option<&'static str>, Option<String>, usize)> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
@@ -319,7 +320,7 @@ impl PyHistoryIndex {
         let w = py.detach(|| inner.window(&metas, budget, enc));
         let tie = w.pull.map(|p| p.tie.code());
         let why = w.pull.map(|p| p.describe(n_history));
-        Ok((w.start, w.fits, tie, why))
+        Ok((w.start, w.fits, tie, why, w.reach))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
