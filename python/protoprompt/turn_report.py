@@ -134,11 +134,11 @@ def fallback_cost(
         fast = history_items - (first_kept if first_kept is not None else history_items)
         if _worth(history_items, fast):
             return "read", history_items, max(fast, 1)
-    if read == "window" and read_items is not None and reached_items is not None:
-        # A window widened by relations (``window_widened``): it read far more than the
-        # budget reaches.
-        if _worth(read_items, reached_items):
-            return "read", read_items, max(reached_items, 1)
+    # A window widened by relations (``window_widened``): it read far more than the budget
+    # reaches.
+    widened = read == "window" and read_items is not None and reached_items is not None
+    if widened and _worth(read_items or 0, reached_items or 0):
+        return "read", read_items or 0, max(reached_items or 0, 1)
     if index_use is not None and index_use.reason is not None:
         fast = index_use.appended + new_items
         if _worth(index_use.regrouped, fast):
