@@ -594,3 +594,35 @@ def test_a_window_widened_by_a_relation_says_so_and_logs(tmp_path, caplog) -> No
     assert len(logged) == 2, logged
     assert "regroup took" in logged[0] and "widened" in logged[1], logged
     t.close()
+
+
+def test_damaged_counts_and_a_failed_snapshot_write_are_reported(
+    tmp_path, new_process, monkeypatch
+) -> None:
+    from protoprompt.count_store import _TABLE
+    from protoprompt.integrations import _snapshots
+
+    db = str(tmp_path / "x.db")
+    seed(db, generate(1500, "agentic", 8))
+    t = Turns(db, max_tokens=20_000, windowed_reads=True)
+    t.turn()
+    t.session._debug_state(wait_for_save=True)
+    t.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(f"UPDATE {_TABLE} SET tokens = tokens + 1").rowcount > 0
+        conn.execute("DELETE FROM protoprompt_index_snapshots")
+    new_process()
+    monkeypatch.setattr(_snapshots, "save", lambda *args: "database or disk is full")
+    t = Turns(db, max_tokens=20_000, windowed_reads=True)
+    report = t.turn().turn
+    assert report.count_store == "on"
+    assert "damaged counts ignored" in report.count_store_line(), report.lines()
+    t.session._debug_state(wait_for_save=True)
+    t.store([USER, answer(1)])
+    report = t.turn().turn
+    assert report.windowed
+    assert report.snapshot_line() == (
+        "snapshot: not needed (the index is in memory) "
+        "(the last snapshot write failed: database or disk is full)"
+    )
+    t.close()

@@ -254,6 +254,8 @@ class TurnReport:
         line = f"count store: {hits:,} hits, {writes:,} new counts"
         if self.count_store == "failing":
             line += f" (failing: {self.count_store_detail}; counted in this process)"
+        elif self.count_store_detail:
+            line += f" ({self.count_store_detail})"
         return line
 
     def lines(self) -> list[str]:

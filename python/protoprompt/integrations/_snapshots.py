@@ -99,8 +99,8 @@ def _ensure_table(conn: sqlite3.Connection) -> None:
     conn.execute(_CREATE)
 
 
-def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> bool:
-    """Replace the session's snapshot; ``False`` if it could not be written."""
+def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> str | None:
+    """Replace the session's snapshot; why it could not be written, or ``None``."""
     try:
         with contextlib.closing(_connect(db_path)) as conn, conn:
             _ensure_table(conn)
@@ -108,10 +108,10 @@ def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes)
                 f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
                 (table, session_id, row_ids, data),
             )
-        return True
+        return None
     except sqlite3.Error as exc:
         _log.debug("protoprompt: index snapshot of %r not written: %s", session_id, exc)
-        return False
+        return str(exc) or type(exc).__name__
 
 
 def delete(db_path: str, table: str, session_id: str) -> None:
@@ -161,6 +161,7 @@ class IndexState:
         self.saver: threading.Thread | None = None
         self.serial = next(_SERIALS)  # tells states apart (ProtoPromptSession._debug_state)
         self.logged: set[str] = set()  # fallbacks logged for this stored session (turn reports)
+        self.save_failure: str | None = None  # why the last snapshot write failed (reports)
         _STATES.add(self)
 
     def bump(self) -> None:
@@ -273,7 +274,7 @@ class IndexState:
             data = self.index.snapshot(bound_to=self._binding(ids_blob))
             self.saved_len = n  # also when the write fails: retried after more growth
         db_path, _, table, session_id = self.snapshot_at
-        save(db_path, table, session_id, ids_blob, data)
+        self.save_failure = save(db_path, table, session_id, ids_blob, data)
 
     def wait_for_save(self, timeout: float | None = None) -> None:
         saver = self.saver

@@ -798,7 +798,13 @@ class ProtoPromptSession:
         if len(state.index) != offset + len(history) or (
             state.row_ids is not None and len(state.row_ids) != len(state.index)
         ):
-            state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
+            # Never reached: an index that does not add up is dropped (the next turn rebuilds).
+            _log.warning(
+                "protoprompt: the index of session %r did not add up after a turn and was "
+                "dropped; the next turn reads and classifies the whole history",
+                self.session_id,
+            )
+            state.reset(facts.epoch)
         elif state.due(self._snapshot_min_items):
             state.save_in_background()
         if self._shared_key is not None:
@@ -820,7 +826,7 @@ class ProtoPromptSession:
         state = self._index_state
         facts = read.facts if read is not None and read.session is self else None
         store = state.index.count_store
-        failures = getattr(store, "read_failures", 0)
+        failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
         held = len(state.index)
         plan: ContextPlan | None = None
         index: tuple[IndexMode, str | None] = ("unused", "no_index")
@@ -881,12 +887,13 @@ class ProtoPromptSession:
         history_len: int,
         index: tuple[IndexMode, str | None],
         held_kept: tuple[int, int],
-        failures: int,
+        failures: tuple[int, int],
     ) -> TurnReport:
         """How this turn read and packed its history (see ``protoprompt.turn_report``):
         ``facts`` of the read that returned the ``history_len`` items (``None``: they were
         handed over otherwise), how the index was used, the items it held before the turn
-        and how many of them still held, and the count store's failed reads before it."""
+        and how many of them still held, and the count store's failed reads and ignored
+        counts before it."""
         state = self._index_state
         held, kept = held_kept
         read: ReadMode = "none"
@@ -904,6 +911,8 @@ class ProtoPromptSession:
             else:
                 read = "limit" if facts.windowed else "full"
                 reason, detail = facts.not_windowed or (None, None)
+        if snapshot is None and state.save_failure is not None:
+            snapshot = ("in_memory", f"the last snapshot write failed: {state.save_failure}")
         if snapshot is None:
             if state.snapshot_at is None:
                 snapshot = ("off", self._no_store if self._reader is None else "no database id")
@@ -916,9 +925,12 @@ class ProtoPromptSession:
         store_detail: str | None = None
         if store is None:
             store_state, store_detail = "off", self._no_store
-        elif getattr(store, "read_failures", 0) > failures:
+        elif getattr(store, "read_failures", 0) > failures[0]:
             store_state = "failing"
             store_detail = getattr(store, "last_failure", None) or "its reads failed"
+        elif getattr(store, "ignored_counts", 0) > failures[1]:
+            ignored = getattr(store, "ignored_counts", 0) - failures[1]
+            store_detail = f"{ignored:,} damaged counts ignored (counted again, rewritten)"
         return TurnReport(
             read=read,
             read_reason=reason,
