@@ -73,6 +73,34 @@ from history_gen import generate, new_user_message, next_turn  # noqa: E402
 
 ENCODING = "o200k_base"
 DEFAULT_SIZES = (1000, 10000)
+
+WHOLE_TURN_TARGETS: dict[int, dict[str, float]] = {
+    10_000: {"next": 20.0},
+    100_000: {"next": 100.0, "restart": 50.0, "first": 1.0},
+}
+"""Whole SDK turns at 128k, windowed reads against the SDK alone, measured in one run (each
+number from a fresh process): ``next`` and ``restart`` = at least that many times faster
+than the SDK alone's next turn; ``first`` = the first turn ever at most that share of the
+SDK alone's first turn (issue 21)."""
+
+
+def turn_targets(row: dict[str, Any]) -> dict[str, tuple[float, float, bool]]:
+    """The targets of :data:`WHOLE_TURN_TARGETS` for a :func:`whole_turns` row: name ->
+    (measured ratio, target, met)."""
+    targets = WHOLE_TURN_TARGETS.get(row["items"] - 3) or WHOLE_TURN_TARGETS.get(row["items"], {})
+    measured = {
+        "next": row["sdk_next"] / row["windowed_next"],
+        "restart": row["sdk_next"] / row["windowed_restart"],
+        "first": row["windowed_first"] / row["sdk_first"],
+    }
+    return {
+        name: (measured[name], target, measured[name] <= target)
+        if name == "first"
+        else (measured[name], target, measured[name] >= target)
+        for name, target in targets.items()
+    }
+
+
 DEFAULT_BUDGETS = (8000, 128000, 400000)
 
 
@@ -715,6 +743,7 @@ def _turn_child(spec: dict[str, Any]) -> None:
     mode, db, sid = spec["mode"], spec["turn_db"], spec["session_id"]
     store = MemoryStore()
     windows: list[int] = []
+    reports: list[list[str]] = []  # each turn's TurnReport: read, index, snapshot, store
 
     def digest(items: list[Any]) -> str:
         return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()
@@ -738,7 +767,11 @@ def _turn_child(spec: dict[str, Any]) -> None:
 
         async def callback(history: list[Any], new_input: list[Any]) -> list[Any]:
             windows.append(len(history))
-            return await inner_callback(history, new_input)
+            out = await inner_callback(history, new_input)
+            turn = builder.last_plan.turn if builder.last_plan is not None else None
+            if turn is not None:
+                reports.append([turn.read, turn.index, turn.snapshot, turn.read_line()])
+            return out
 
         callback._protoprompt_turn = inner_callback._protoprompt_turn  # type: ignore[attr-defined]
 
@@ -777,6 +810,7 @@ def _turn_child(spec: dict[str, Any]) -> None:
                 "next_s": statistics.median(next_times) if next_times else None,
                 "digests": digests,
                 "read_items": windows,
+                "reports": reports,
             }
         )
     )
@@ -851,6 +885,7 @@ def whole_turns(case: Case, budget: int, workdir: str, next_turns: int = 3) -> d
         out["same"] = f1["digests"] == w1["digests"] and f2["digests"] == w2["digests"]
         out["windowed_read_items"] = w2["read_items"]
         out["full_read_items"] = f2["read_items"]
+        out["windowed_reports"] = w1["reports"] + w2["reports"]
     finally:
         for suffix in ("", "-wal", "-shm"):
             try:
