@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import _core
 from .errors import TokenBudgetExceededError
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import WORD, cosine, rrf_weight
@@ -332,7 +333,9 @@ class TokenBudgetedContextBuilder:
         if encoding is not None and not isinstance(encoding, str):
             raise TypeError(f"encoding must be a str or None, got {type(encoding).__name__}")
         if encoding is not None:
-            count_tokens("", encoding=encoding)  # raises UnknownEncodingError
+            # Raises UnknownEncodingError without building the tokenizer: a session's
+            # callback builds it in the background while the SDK reads the history.
+            _core.is_preloaded(encoding=encoding)
             self.encoding: str = encoding
         elif model is not None:
             self.encoding = encoding_for_model(model)  # raises UnknownModelError
