@@ -158,7 +158,7 @@ def _use(regrouped_from: int, appended: int, reason: str | None = "r") -> pp.Ind
         (dict(read="full", read_reason="no_window", first_kept=4900, history_items=900), None),
         (dict(read="window", read_reason=None, first_kept=4900), None),
         # A regroup reaching back 5000 items for 3 new ones: worth a log.
-        (dict(index_use=_use(0, 3)), ("regroup", 5003, 4)),
+        (dict(index_use=_use(0, 3)), ("regroup", 5000, 4)),
         (dict(index_use=_use(4990, 3)), None),
         (dict(index_use=_use(0, 3, reason=None)), None),
     ],
@@ -626,3 +626,43 @@ def test_damaged_counts_and_a_failed_snapshot_write_are_reported(
         "(the last snapshot write failed: database or disk is full)"
     )
     t.close()
+
+
+def test_a_pack_reports_what_it_reused_and_regrouped() -> None:
+    """``PackResult.index``: what a ``HistoryIndex.pack`` held, appended and regrouped (a
+    plain ``pack`` has no index); the count store's hits and writes."""
+    import os
+
+    history = generate(600, "agentic", 9)
+    index = pp.HistoryIndex()
+    first = index.pack(history[:500], [USER], 50_000)
+    assert first.index == pp.IndexUse(held=0, appended=500, regrouped_from=0, reason=None)
+    got = index.pack(history, [USER], 50_000)
+    assert got.index is not None
+    assert (got.index.held, got.index.appended) == (500, 100)
+    assert 450 < got.index.regrouped_from <= 500 and got.index.regrouped < 50
+    assert got.index.reason == "the caller_id of history[500] is that of history[496]"
+    plain = pp.pack(history, [USER], 50_000)
+    assert plain.index is None and plain.count_store_hits is None
+
+    class Store:
+        def __init__(self) -> None:
+            self.data: dict[bytes, int] = {}
+            self.secret = os.urandom(16)
+
+        def get_many(self, keys: Any) -> list[int | None]:
+            return [self.data.get(k) for k in keys]
+
+        def put_many(self, pairs: Any) -> None:
+            self.data.update(pairs)
+
+    from protoprompt import _core
+
+    store = Store()
+    _core._clear_count_cache()
+    a = pp.HistoryIndex(count_store=store).pack(history, [USER], 50_000)
+    assert a.count_store_hits == 0 and (a.count_store_writes or 0) > 0
+    _core._clear_count_cache()
+    b = pp.HistoryIndex(count_store=store).pack(history, [USER], 50_000)
+    assert (b.count_store_hits or 0) > 0 and b.count_store_writes == 0
+    assert b.kept_history == a.kept_history

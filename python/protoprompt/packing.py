@@ -180,8 +180,9 @@ class IndexUse:
 
     @property
     def regrouped(self) -> int:
-        """History items whose units were rebuilt (the work beyond the appended ones)."""
-        return self.held + self.appended - self.regrouped_from
+        """Items the index held whose units were rebuilt (the work beyond the appended
+        ones)."""
+        return max(self.held - self.regrouped_from, 0)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class TurnReport:
             )
         if use is not None:
             regroup = f"regrouped from position {use.regrouped_from:,}"
-            if use.reason is not None and use.regrouped > use.appended:
+            if use.reason is not None:
                 regroup += f": {use.reason}"
             parts.append(regroup)
             parts.append(f"{use.appended:,} items appended")
