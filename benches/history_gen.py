@@ -314,7 +314,8 @@ class _Gen:
     def reasoning(self) -> Item:
         r = self.r
         summary = []
-        long = r.random() < 0.12  # long reasoning: several paragraphs, a large payload
+        # Long reasoning (agentic mix): several paragraphs and a large encrypted payload.
+        long = self.mix == "agentic" and r.random() < 0.12
         if long or r.random() < 0.6:
             summary = [
                 {

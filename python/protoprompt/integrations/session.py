@@ -827,7 +827,7 @@ class ProtoPromptSession:
         facts = read.facts if read is not None and read.session is self else None
         store = state.index.count_store
         failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
-        held = len(state.index)
+        held = 0
         plan: ContextPlan | None = None
         index: tuple[IndexMode, str | None] = ("unused", "no_index")
         kept = 0
@@ -916,7 +916,7 @@ class ProtoPromptSession:
         if snapshot is None:
             if state.snapshot_at is None:
                 snapshot = ("off", self._no_store if self._reader is None else "no database id")
-            elif len(state.index):
+            elif held or plan.pack.index is not None:
                 snapshot = ("in_memory", None)
             else:
                 snapshot = ("none_stored", None)
