@@ -39,7 +39,6 @@ from .packing import (
     HistoryIndex,
     PackResult,
     Policy,
-    count_tokens,
     count_tokens_batch,
     encoding_for_model,
     item_tokens,

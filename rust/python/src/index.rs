@@ -15,6 +15,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+/// What `window` returns: start, fits, tie code, why (a sentence), reach.
+type WindowTuple = (usize, bool, Option<&'static str>, Option<String>, usize);
+
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
 #[pyclass(name = "HistoryIndex", module = "protoprompt._core")]
@@ -310,7 +313,7 @@ impl PyHistoryIndex {
         model: Option<&str>,
         encoding: Option<&str>,
         new_input: usize,
-    ) -> PyResult<(usize, bool, Option<&'static str>, Option<String>, usize)> {
+    ) -> PyResult<WindowTuple> {
         let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
