@@ -16,9 +16,17 @@ Mixes:
 * ``chat``    -- user / reasoning / assistant messages, occasional hosted web search;
 * ``tools``   -- function calling: multi-step turns, parallel calls, multi-KB JSON outputs,
   some apply_patch calls;
-* ``agentic`` -- everything: function calls, shell calls with streamed outputs, anonymous
-  server tool search, hosted MCP approvals, web search, apply_patch, programmatic tool
-  calls (program + children with ``caller`` + program_output).
+* ``agentic`` -- every item shape of ``docs/item-graph.md`` that a history may hold, in the
+  forms the SDK stores them: function, custom, computer and local shell calls with their
+  outputs; hosted shell calls with streamed (status-less) outputs; anonymous server tool
+  search, also streamed (``in_progress`` chunks, then ``completed``), and client tool search
+  with ``call_id``; hosted MCP approval chains (list, request, response, call); web, file
+  search, code interpreter and image generation calls; apply_patch; programmatic tool calls
+  (program, children with ``caller`` -- hosted ones too -- and program_output); long and
+  id-less reasoning (``reasoning_item_id_policy="omit"``); compaction, additional_tools and
+  configuration_update items; typed, developer and system messages; and turns of a Chat
+  Completions model (the ``__fake_id__`` placeholder). ``benches/item_shapes.py`` lists the
+  shapes; ``benches/test_history_gen.py`` checks that each one is generated.
 
 Texts are English, Russian and code. ``generate(n, mix, seed)`` returns exactly ``n`` items;
 the same arguments always give the same history.
@@ -31,10 +39,12 @@ from __future__ import annotations
 import base64
 import json
 import random
+import struct
 import sys
+import zlib
 from typing import Any
 
-__all__ = ["MIXES", "generate", "next_turn", "new_user_message", "corpus_texts"]
+__all__ = ["MIXES", "corpus_texts", "generate", "new_user_message", "next_turn", "png_data_url"]
 
 MIXES = ("chat", "tools", "agentic")
 
@@ -161,6 +171,25 @@ _FILES = [
 ]
 
 
+def png_data_url(width: int, height: int, seed: int = 0) -> str:
+    """A real PNG (random grey pixels) as a ``data:`` URL, as a screenshot is stored."""
+    rng = random.Random(seed)
+    rows = b"".join(b"\x00" + rng.randbytes(width) for _ in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        body = tag + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
 class _Gen:
     """All randomness flows through one seeded ``random.Random``."""
 
@@ -170,6 +199,8 @@ class _Gen:
         self.r = random.Random(f"protoprompt-bench:{mix}:{seed}:{tag}")
         self.mix = mix
         self.mcp_listed: set[str] = set()
+        # reasoning_item_id_policy="omit" for the current turn: reasoning stored without id.
+        self.omit_reasoning_ids = False
 
     # ---- ids -------------------------------------------------------------------------------
     def hex_id(self, prefix: str, nbytes: int = 24) -> str:
@@ -265,23 +296,49 @@ class _Gen:
     def user(self) -> Item:
         return {"content": self.user_text(), "role": "user"}
 
+    def typed_message(self, role: str) -> Item:
+        """An input message in its typed form (content parts), as a caller may pass one."""
+        return {
+            "type": "message",
+            "role": role,
+            "content": [{"type": "input_text", "text": self.user_text()}],
+        }
+
+    def instructions(self) -> Item:
+        """A developer or system message the application adds to a turn's input."""
+        text = "Follow the policy: " + self.prose(1, 3, russian=0.1)
+        if self.r.random() < 0.5:
+            return {"content": text, "role": self.r.choice(["developer", "system"])}
+        return self.typed_message("developer")
+
     def reasoning(self) -> Item:
         r = self.r
         summary = []
-        if r.random() < 0.6:
+        # Long reasoning (agentic mix): several paragraphs and a large encrypted payload.
+        long = self.mix == "agentic" and r.random() < 0.12
+        if long or r.random() < 0.6:
             summary = [
                 {
-                    "text": "**" + self.words(_EN, 1, 1)[:60] + "**\n\n" + self.prose(1, 3),
+                    "text": "**"
+                    + self.words(_EN, 1, 1)[:60]
+                    + "**\n\n"
+                    + (self.prose(12, 30) if long else self.prose(1, 3)),
                     "type": "summary_text",
                 }
-                for _ in range(r.randint(1, 2))
+                for _ in range(r.randint(2, 5) if long else r.randint(1, 2))
             ]
-        return {
+        encrypted = self.encrypted()
+        if long:
+            encrypted += base64.urlsafe_b64encode(r.randbytes(r.randint(4000, 16000))).decode()
+        item: Item = {
             "id": self.hex_id("rs_"),
             "summary": summary,
             "type": "reasoning",
-            "encrypted_content": self.encrypted(),
+            "encrypted_content": encrypted,
         }
+        if self.omit_reasoning_ids:
+            del item["id"]  # stored so under reasoning_item_id_policy="omit"
+        return item
 
     def message(self, annotations: list[dict[str, Any]] | None = None) -> Item:
         return {
@@ -456,6 +513,154 @@ class _Gen:
         }
         return call, out
 
+    def tool_search_streamed(self) -> list[Item]:
+        """Anonymous server tool search whose output streamed: the SDK stores each chunk."""
+        call, last = self.tool_search()
+        chunks = []
+        for _ in range(self.r.randint(1, 3)):
+            chunk = dict(last, id=self.hex_id("tso_"), status="in_progress")
+            chunk["tools"] = last["tools"][: self.r.randint(0, len(last["tools"]))]
+            chunks.append(chunk)
+        return [call, *chunks, last]
+
+    def client_tool_search(self) -> tuple[Item, Item]:
+        """Client-executed tool search: the application answers it, with the call's call_id."""
+        call, out = self.tool_search()
+        call_id = self.call_id()
+        call = dict(call, call_id=call_id, execution="client")
+        out = dict(out, call_id=call_id, execution="client")
+        return call, out
+
+    def custom_call(self) -> tuple[Item, Item]:
+        r = self.r
+        lang, src = self.code(2, 12)
+        call = {
+            "call_id": self.call_id(),
+            "input": src,
+            "name": r.choice(["grep", "sql", "patch_tool", "regex"]),
+            "type": "custom_tool_call",
+            "id": self.hex_id("ctc_"),
+        }
+        out = {
+            "type": "custom_tool_call_output",
+            "call_id": call["call_id"],
+            "output": self.prose(1, 6, russian=0.1),
+        }
+        return call, out
+
+    def computer_call(self) -> tuple[Item, Item]:
+        r = self.r
+        action = r.choice(
+            [
+                {"type": "screenshot"},
+                {
+                    "type": "click",
+                    "button": "left",
+                    "x": r.randint(0, 1279),
+                    "y": r.randint(0, 799),
+                },
+                {"type": "type", "text": self.prose(0, 1, russian=0)[:60]},
+                {"type": "scroll", "x": 400, "y": 300, "scroll_x": 0, "scroll_y": r.randint(1, 9)},
+            ]
+        )
+        call = {
+            "id": self.hex_id("cu_"),
+            "action": action,
+            "call_id": self.call_id(),
+            "pending_safety_checks": [],
+            "status": "completed",
+            "type": "computer_call",
+        }
+        out = {
+            "call_id": call["call_id"],
+            "output": {
+                "type": "computer_screenshot",
+                "image_url": png_data_url(r.randint(16, 96), r.randint(16, 64), r.getrandbits(32)),
+            },
+            "type": "computer_call_output",
+            "acknowledged_safety_checks": None,
+        }
+        return call, out
+
+    def local_shell(self) -> tuple[Item, Item]:
+        r = self.r
+        fmt = {"c": r.choice(_IDENT), "f": r.choice(_IDENT), "n": r.randint(1, 50)}
+        command = r.choice(_CODE_SH).format(**fmt)[2:].split()
+        call = {
+            "id": self.hex_id("lsh_"),
+            "action": {"command": command, "env": {}, "type": "exec"},
+            "call_id": self.call_id(),
+            "status": "completed",
+            "type": "local_shell_call",
+        }
+        out = {
+            "type": "local_shell_call_output",
+            "call_id": call["call_id"],
+            "output": json.dumps({"stdout": self.code(2, 15)[1], "stderr": "", "exit_code": 0}),
+        }
+        return call, out
+
+    def hosted_call(self, kind: str) -> Item:
+        r = self.r
+        if kind == "file_search_call":
+            return {
+                "id": self.hex_id("fs_"),
+                "queries": [self.prose(0, 1, russian=0.2)[:80]],
+                "status": "completed",
+                "type": "file_search_call",
+                "results": [
+                    {
+                        "file_id": self.hex_id("file_", 12),
+                        "filename": r.choice(_FILES),
+                        "score": round(r.random(), 3),
+                        "text": self.prose(1, 4),
+                    }
+                    for _ in range(r.randint(1, 3))
+                ],
+            }
+        if kind == "code_interpreter_call":
+            return {
+                "id": self.hex_id("ci_"),
+                "code": self.code(3, 15)[1],
+                "container_id": self.hex_id("cntr_", 12),
+                "outputs": [{"type": "logs", "logs": self.prose(1, 3, russian=0)}],
+                "status": "completed",
+                "type": "code_interpreter_call",
+            }
+        return {
+            "id": self.hex_id("ig_"),
+            "result": png_data_url(32, 32, r.getrandbits(32)).split(",", 1)[1],
+            "status": "completed",
+            "type": "image_generation_call",
+        }
+
+    def compaction(self) -> Item:
+        return {
+            "id": self.hex_id("cmp_"),
+            "encrypted_content": self.encrypted(),
+            "type": "compaction",
+        }
+
+    def additional_tools(self) -> Item:
+        return {
+            "type": "additional_tools",
+            "role": "developer",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": self.r.choice(_TOOL_NAMES),
+                    "parameters": {"type": "object", "properties": {}},
+                    "strict": False,
+                }
+            ],
+        }
+
+    def configuration_update(self) -> Item:
+        return {
+            "type": "configuration_update",
+            "reasoning": {"effort": self.r.choice(["low", "medium", "high"])},
+        }
+
     # ---- turns -----------------------------------------------------------------------------
     def maybe_reasoning(self, p: float = 0.8) -> list[Item]:
         return [self.reasoning()] if self.r.random() < p else []
@@ -559,43 +764,100 @@ class _Gen:
         caller = {"type": "program", "caller_id": pid}
         children = [self.function_call(caller) for _ in range(r.randint(1, 3))]
         outputs = [self.function_output(c) for c in children]
+        hosted: list[Item] = []
+        if r.random() < 0.35:  # a program-owned hosted call
+            ws, _ = self.web_search()
+            hosted.append(dict(ws, caller=dict(caller)))
+        status = "completed" if r.random() < 0.9 else "incomplete"
         done = {
             "id": self.hex_id("po_"),
             "call_id": pid,
             "result": self.json_blob(100, 800),
-            "status": "completed",
+            "status": status,
             "type": "program_output",
         }
-        return self.maybe_reasoning(0.9) + [program] + children + outputs + [done]
+        return self.maybe_reasoning(0.9) + [program] + children + outputs + hosted + [done]
+
+    def chat_completions_turn(self) -> list[Item]:
+        """A turn answered by a Chat Completions model: every item carries the SDK's
+        ``__fake_id__`` placeholder."""
+        items = [self.user()]
+        if self.r.random() < 0.6:
+            call = dict(self.function_call(), id="__fake_id__")
+            del call["status"]
+            items += [call, self.function_output(call)]
+        return items + [dict(self.message(), id="__fake_id__")]
+
+    def agentic_step(self) -> tuple[list[Item], list[dict[str, Any]] | None]:
+        """One step of an agentic turn: what one model response and its tools add."""
+        r = self.r
+        x = r.random()
+        if x < 0.30:
+            return self.function_step(), None
+        if x < 0.46:
+            call = self.shell_call()
+            return self.maybe_reasoning() + [call] + self.shell_outputs(call), None
+        if x < 0.52:
+            ts_call, ts_out = self.tool_search()
+            # search, its result and the call to a tool it found: one model response
+            call = self.function_call()
+            return self.maybe_reasoning() + [
+                ts_call,
+                ts_out,
+                call,
+                self.function_output(call),
+            ], None
+        if x < 0.56:
+            return self.maybe_reasoning() + self.tool_search_streamed() + self.final(), None
+        if x < 0.57:
+            call, out = self.client_tool_search()
+            return self.maybe_reasoning() + [call, out], None
+        if x < 0.63:
+            return self.mcp_step(), None
+        if x < 0.68:
+            ws, annotations = self.web_search()
+            return self.maybe_reasoning() + [ws], annotations
+        if x < 0.71:
+            kind = r.choice(["file_search_call", "code_interpreter_call", "image_generation_call"])
+            return self.maybe_reasoning() + [self.hosted_call(kind)], None
+        if x < 0.77:
+            call, out = self.apply_patch()
+            return self.maybe_reasoning() + [call, out], None
+        if x < 0.81:
+            call, out = self.custom_call()
+            return self.maybe_reasoning() + [call, out], None
+        if x < 0.84:
+            call, out = self.computer_call()
+            return self.maybe_reasoning() + [call, out], None
+        if x < 0.87:
+            call, out = self.local_shell()
+            return self.maybe_reasoning() + [call, out], None
+        return self.program_step(), None
 
     def agentic_turn(self) -> list[Item]:
         r = self.r
-        items = [self.user()]
+        if r.random() < 0.03:
+            return self.chat_completions_turn()
+        self.omit_reasoning_ids = r.random() < 0.1
+        items: list[Item] = []
+        x = r.random()
+        if x < 0.02:
+            items.append(self.compaction())
+        elif x < 0.04:
+            items.append(self.additional_tools())
+        elif x < 0.06:
+            items.append(self.configuration_update())
+        if r.random() < 0.04:
+            items.append(self.instructions())
+        items.append(self.typed_message("user") if r.random() < 0.05 else self.user())
         annotations = None
         for _ in range(r.randint(1, 7)):
-            x = r.random()
-            if x < 0.38:
-                items += self.function_step()
-            elif x < 0.60:
-                call = self.shell_call()
-                items += self.maybe_reasoning() + [call] + self.shell_outputs(call)
-            elif x < 0.68:
-                ts_call, ts_out = self.tool_search()
-                # search, its result and the call to a tool it found: one model response
-                call = self.function_call()
-                items += self.maybe_reasoning() + [ts_call, ts_out, call]
-                items.append(self.function_output(call))
-            elif x < 0.76:
-                items += self.mcp_step()
-            elif x < 0.84:
-                ws, annotations = self.web_search()
-                items += self.maybe_reasoning() + [ws]
-            elif x < 0.93:
-                call, out = self.apply_patch()
-                items += self.maybe_reasoning() + [call, out]
-            else:
-                items += self.program_step()
-        return items + self.final(annotations)
+            step, found = self.agentic_step()
+            items += step
+            annotations = found or annotations
+        items += self.final(annotations)
+        self.omit_reasoning_ids = False
+        return items
 
     def turn(self) -> list[Item]:
         if self.mix == "chat":

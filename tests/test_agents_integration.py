@@ -576,6 +576,8 @@ def test_example_runs_offline() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert len(out.splitlines()) < 80
+    assert len(out.splitlines()) < 90
     assert "dropped (over_budget)" in out and "sent (new input)" in out
+    # The plan says how the turn read and packed the history (plan.turn, issue 21).
+    assert "\nread: full (" in out and "\nindex: " in out and "\nsnapshot: " in out
     assert "RECALLED into the context message" in out and "contract#" in out

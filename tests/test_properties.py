@@ -48,7 +48,36 @@ FRAGMENTS = [
     "local_shell_id_only",
     "compaction",
     "chat_completions_turn",
+    "user_typed",
+    "system_message",
+    "developer_message",
+    "idless_reasoning",
+    "computer_pair",
+    "local_shell_pair",
+    "client_tool_search",
+    "client_anon_search",
+    "anon_search_streamed",
+    "anon_output_alone",
+    "program_hosted",
+    "program_incomplete",
+    "hosted_calls",
+    "standalone",
+    "duplicate_reasoning_id",
+    "unknown_shapes",
 ]
+"""Every shape of docs/item-graph.md, valid and broken (``test_the_generator_draws_every_shape``
+checks them against the document)."""
+
+ENDINGS = [
+    "user",
+    "resume_call",
+    "resume_approval",
+    "resume_search",
+    "resume_stream",
+    "pending_shell",
+    "program_child_in_new",
+]
+"""How a session ends across the history/new-input boundary."""
 
 
 def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
@@ -249,7 +278,165 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
         return [dict(rs, id=fake), dict(fc, id=fake), fo, dict(msg, id=fake)]
     if kind == "compaction":
         return [{"type": "compaction", "id": f"cmp_{i}", "encrypted_content": "gAAA"}]
+    return _more_fragment(kind, i, text, rs, msg, fc, fo)
+
+
+def _more_fragment(
+    kind: str, i: int, text: str, rs: dict, msg: dict, fc: dict, fo: dict
+) -> list[dict]:
+    """The shapes of ``_fragment`` added with the generator census (docs/item-graph.md §1)."""
+    if kind in ("user_typed", "system_message", "developer_message"):
+        role = {"user_typed": "user", "system_message": "system"}.get(kind, "developer")
+        if kind == "system_message":
+            return [{"role": role, "content": text}]
+        return [
+            {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+        ]
+    if kind == "idless_reasoning":  # reasoning_item_id_policy="omit" (TV41)
+        bare = {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+        return [bare, fc, fo, {"type": "reasoning", "summary": [], "encrypted_content": "e"}, msg]
+    if kind == "computer_pair":
+        call = {
+            "type": "computer_call",
+            "id": f"cu_{i}",
+            "call_id": f"cu{i}",
+            "action": {"type": "screenshot"},
+            "pending_safety_checks": [],
+            "status": "completed",
+        }
+        shot = {"type": "computer_screenshot", "image_url": "https://example.com/s.png"}
+        return [rs, call, {"type": "computer_call_output", "call_id": f"cu{i}", "output": shot}]
+    if kind == "local_shell_pair":
+        call = {
+            "type": "local_shell_call",
+            "id": f"lsh_{i}",
+            "call_id": f"ls{i}",
+            "action": {"type": "exec", "command": ["ls"], "env": {}},
+            "status": "completed",
+        }
+        return [call, {"type": "local_shell_call_output", "call_id": f"ls{i}", "output": text}]
+    if kind in ("client_tool_search", "client_anon_search"):
+        ids = {} if kind == "client_anon_search" else {"call_id": f"t{i}"}
+        return [
+            {"type": "tool_search_call", "id": f"ts_{i}", "execution": "client", "arguments": {}}
+            | ids,
+            {"type": "tool_search_output", "id": f"tso_{i}", "execution": "client", "tools": []}
+            | ids,
+        ]
+    if kind == "anon_search_streamed":  # one call, its output streamed in chunks (TV25)
+        chunks = [
+            {"type": "tool_search_output", "id": f"tso_{i}_{k}", "tools": [], "status": status}
+            for k, status in enumerate(["in_progress", "in_progress", "completed"])
+        ]
+        call = {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"}
+        return [rs, call, *chunks, msg]
+    if kind == "anon_output_alone":
+        return [
+            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}
+        ]
+    if kind in ("program_hosted", "program_incomplete"):
+        caller = {"type": "program", "caller_id": f"p{i}"}
+        status = "completed" if kind == "program_hosted" else "incomplete"
+        return [
+            rs,
+            {
+                "type": "program",
+                "id": f"pg_{i}",
+                "call_id": f"p{i}",
+                "code": "js",
+                "fingerprint": "f",
+            },
+            dict(fc, caller=caller),
+            dict(fo, caller=caller),
+            {"type": "web_search_call", "id": f"ws_{i}", "status": "completed", "caller": caller},
+            {"type": "shell_call", "call_id": f"ps{i}", "status": "in_progress", "caller": caller},
+            {"type": "mcp_approval_request", "id": f"pr_{i}", "name": "t", "caller": caller},
+            {"type": "program_output", "id": f"po_{i}", "call_id": f"p{i}", "status": status},
+        ]
+    if kind == "hosted_calls":
+        return [
+            rs,
+            {"type": "mcp_list_tools", "id": f"mcpl_{i}", "server_label": "crm", "tools": []},
+            {"type": "file_search_call", "id": f"fs_{i}", "queries": [text], "status": "completed"},
+            {
+                "type": "code_interpreter_call",
+                "id": f"ci_{i}",
+                "code": text,
+                "container_id": "c",
+                "outputs": None,
+                "status": "completed",
+            },
+            {
+                "type": "image_generation_call",
+                "id": f"ig_{i}",
+                "result": None,
+                "status": "completed",
+            },
+            msg,
+        ]
+    if kind == "standalone":
+        return [
+            {"type": "additional_tools", "role": "developer", "tools": []},
+            {"type": "configuration_update", "reasoning": {"effort": "low"}},
+        ]
+    if kind == "duplicate_reasoning_id":
+        dup = dict(rs, id="rs_dup")
+        return [dup, msg, {"role": "user", "content": text}, dup, dict(msg, id=f"msg_{i}b")]
+    if kind == "unknown_shapes":
+        return [{"type": "no_such_item", "id": f"x_{i}"}, {"role": "robot", "content": text}]
     raise AssertionError(kind)
+
+
+def _ending(name: str, i: int, text: str) -> tuple[list[dict], list[dict]]:
+    """The last history items and the new input of a session ending ``name``: shapes that
+    lie across the history/new-input boundary (docs/item-graph.md §5, §12.4, TV26, TV42)."""
+    if name == "resume_call":
+        return [
+            {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "e"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+        ], [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+    if name == "resume_approval":
+        request = {
+            "type": "mcp_approval_request",
+            "id": f"mcpr_{i}",
+            "name": "t",
+            "server_label": "s",
+            "arguments": "{}",
+        }
+        response = {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}"}
+        return [request], [dict(response, approve=False)]
+    search = {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"}
+    if name == "resume_search":
+        return [search], [
+            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}
+        ]
+    if name == "resume_stream":  # the call in history, its streamed chunks in the new input
+        return [search], [
+            {"type": "tool_search_output", "id": f"tso_{i}_{k}", "tools": [], "status": status}
+            for k, status in enumerate(["in_progress", "completed"])
+        ]
+    if name == "pending_shell":  # a caller-supplied pending hosted shell call (V5, TV42)
+        shell = {"type": "shell_call", "call_id": f"s{i}", "status": "in_progress", "action": {}}
+        return [], [shell]
+    if name == "program_child_in_new":  # a history program continued by the new input (§4.4)
+        caller = {"type": "program", "caller_id": f"p{i}"}
+        return [
+            {
+                "type": "program",
+                "id": f"pg_{i}",
+                "call_id": f"p{i}",
+                "code": "js",
+                "fingerprint": "f",
+            },
+            {
+                "type": "function_call",
+                "call_id": f"c{i}",
+                "name": "f",
+                "arguments": "{}",
+                "caller": caller,
+            },
+        ], [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok", "caller": caller}]
+    return [], [{"role": "user", "content": text or "next"}]
 
 
 @st.composite
@@ -264,37 +451,31 @@ def sessions(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:
         if len(history) > 1:
             j = draw(st.integers(0, len(history) - 2))
             history[j], history[j + 1] = history[j + 1], history[j]
-    ending = draw(st.sampled_from(["user", "resume_call", "resume_approval", "resume_search"]))
-    i = next(ids)
-    if ending == "resume_call":
-        history += [
-            {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": "e"},
-            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
-        ]
-        new_input = [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
-    elif ending == "resume_approval":
-        history.append(
-            {
-                "type": "mcp_approval_request",
-                "id": f"mcpr_{i}",
-                "name": "t",
-                "server_label": "s",
-                "arguments": "{}",
-            }
-        )
-        new_input = [
-            {"type": "mcp_approval_response", "approval_request_id": f"mcpr_{i}", "approve": False}
-        ]
-    elif ending == "resume_search":
-        history.append(
-            {"type": "tool_search_call", "id": f"ts_{i}", "arguments": {}, "status": "completed"}
-        )
-        new_input = [
-            {"type": "tool_search_output", "id": f"tso_{i}", "tools": [], "status": "completed"}
-        ]
-    else:
-        new_input = [{"role": "user", "content": draw(words) or "next"}]
+    ending = draw(st.sampled_from(ENDINGS))
+    tail, new_input = _ending(ending, next(ids), draw(words))
+    history += tail
     return history, new_input
+
+
+def test_the_generator_draws_every_shape_of_the_item_rules() -> None:
+    """The fragments and endings ``sessions()`` draws from hold every kind of
+    docs/item-graph.md's examples and every form of ``item_shapes.FORMS`` (a shape they miss,
+    or that the document gains, fails here), and the endings put shapes across the
+    history/new-input boundary."""
+    from item_shapes import FORMS, doc_kinds, forms_of, kinds_of
+
+    ids = itertools.count()
+    items = [it for kind in FRAGMENTS for it in _fragment(kind, ids, "t")]
+    across = []
+    for name in ENDINGS:
+        tail, new = _ending(name, next(ids), "t")
+        items += tail + new
+        if tail and new:
+            across.append(name)
+    missing = doc_kinds() - set(kinds_of(items))
+    assert not missing, sorted(missing)
+    assert forms_of(items) == set(FORMS), sorted(set(FORMS) - forms_of(items))
+    assert {"resume_stream", "resume_search", "program_child_in_new"} <= set(across)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -324,7 +505,16 @@ def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, pol
     assert (history, new_input) == before
     # The SDK's sanitizer removes nothing, in callback mode and in resume mode.
     assert drop_orphan_function_calls(list(sent), pruning_indexes=set(range(n_kept))) == sent
-    assert drop_orphan_function_calls(list(sent)) == sent
+    resumed = drop_orphan_function_calls(list(sent))
+    # In resume mode the SDK also prunes the input it was given: a caller-supplied pending
+    # shell call goes (V5, TV42), nothing that packing chose.
+    removed = [x for x in sent if not any(x is y for y in resumed)]
+    assert all(
+        any(x is n for n in new_input)
+        and x.get("type") == "shell_call"
+        and x.get("status") in (None, "in_progress")
+        for x in removed
+    ), removed
     # Nothing invalid or input-only is ever sent.
     report = pp.analyze(history, new_input)
     bad = {p for u in report.invalid_units for p in u.positions}

@@ -50,28 +50,34 @@ def _read(
     ("read", "synced", "history_len", "epoch", "expected"),
     [
         # Not the read this history came from: the index is left alone.
-        (None, Synced(8, 5, 3), 10, 3, (False, 8)),
-        (_read(windowed=True), Synced(8, 5, 3), 10, 3, (False, 8)),
-        (_read(count=9), Synced(8, 5, 3), 10, 3, (False, 8)),
+        (None, Synced(8, 5, 3), 10, 3, (False, 8, "not_the_read")),
+        (_read(windowed=True), Synced(8, 5, 3), 10, 3, (False, 8, "not_the_read")),
+        (_read(count=9), Synced(8, 5, 3), 10, 3, (False, 8, "not_the_read")),
         # Rows compared: what they keep, whatever the epoch says.
-        (_read(), Synced(8, 5, 3), 10, 3, (True, 8)),
-        (_read(seen=Seen(5, 2, IDS)), Synced(8, 5, 3), 10, 3, (True, 2)),
-        (_read(seen=Seen(5, 0, IDS)), Synced(8, 5, 3), 10, 9, (True, 0)),
-        (_read(epoch=1), Synced(8, 5, 0), 10, 7, (True, 8)),
+        (_read(), Synced(8, 5, 3), 10, 3, (True, 8, "compared")),
+        (_read(seen=Seen(5, 2, IDS)), Synced(8, 5, 3), 10, 3, (True, 2, "compared")),
+        (_read(seen=Seen(5, 0, IDS)), Synced(8, 5, 3), 10, 9, (True, 0, "compared")),
+        (_read(epoch=1), Synced(8, 5, 0), 10, 7, (True, 8, "compared")),
         # ... unless the index changed after the rows were compared with it,
-        (_read(), Synced(8, 6, 3), 10, 3, (False, 8)),
+        (_read(), Synced(8, 6, 3), 10, 3, (False, 8, "changed")),
         # ... or the rows could not be read.
-        (_read(seen=None), Synced(8, 5, 3), 10, 3, (False, 8)),
+        (_read(seen=None), Synced(8, 5, 3), 10, 3, (False, 8, "read_failed")),
         # No rows to compare (a memory database, another inner session): the epoch decides.
-        (_read(checked=False, seen=None), Synced(8, 5, 3), 10, 3, (True, 8)),
-        (_read(checked=False, seen=None, epoch=2), Synced(8, 5, 3), 10, 3, (True, 0)),
-        (_read(checked=False, seen=None), Synced(8, 5, 2), 10, 3, (True, 0)),
-        (_read(checked=False, seen=None), Synced(12, 5, 3), 10, 3, (True, 0)),
+        (_read(checked=False, seen=None), Synced(8, 5, 3), 10, 3, (True, 8, "trusted")),
+        (
+            _read(checked=False, seen=None, epoch=2),
+            Synced(8, 5, 3),
+            10,
+            3,
+            (True, 0, "pop_or_clear"),
+        ),
+        (_read(checked=False, seen=None), Synced(8, 5, 2), 10, 3, (True, 0, "pop_or_clear")),
+        (_read(checked=False, seen=None), Synced(12, 5, 3), 10, 3, (True, 0, "longer")),
     ],
 )
 def test_the_decision_table(read, synced, history_len, epoch, expected) -> None:
     got = plan(read, synced, history_len, epoch)
-    assert (got.use_index, got.keep) == expected, got.reason
+    assert (got.use_index, got.keep, got.code) == expected, got.reason
 
 
 # ----------------------------------------------------------------------- the prefix search

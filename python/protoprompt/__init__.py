@@ -33,6 +33,8 @@ from .packing import (
     Decisions,
     GraphReport,
     HistoryIndex,
+    HistoryWindow,
+    IndexUse,
     ItemCost,
     Masking,
     PackResult,
@@ -51,6 +53,7 @@ from .packing import (
     preload,
     truncate_text,
 )
+from .turn_report import TurnReport
 
 try:
     # One version source: the Cargo workspace version, which maturin writes into the
@@ -70,6 +73,8 @@ __all__ = [
     "GraphReport",
     "HistoryIndex",
     "HistoryMismatchError",
+    "HistoryWindow",
+    "IndexUse",
     "InvalidItemError",
     "InvalidNewInputError",
     "ItemCost",
@@ -88,6 +93,7 @@ __all__ = [
     "TokenBudgetExceededError",
     "TokenBudgetedContextBuilder",
     "TokenizerError",
+    "TurnReport",
     "Unit",
     "UnitDecision",
     "UnknownEncodingError",

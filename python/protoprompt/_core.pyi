@@ -96,6 +96,7 @@ class _PackDict(TypedDict):
     masking_saved: int
     new_counts: NotRequired[list[tuple[bytes, int]]]  # only with count_store
     store_hits: NotRequired[int]  # only with count_store
+    index: tuple[int, int, int, str | None]  # held, appended, regrouped from, why
 
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
 def count_tokens_batch(
@@ -168,16 +169,17 @@ class HistoryIndex:
         options: _PackOptions,
         count_store: Any = None,
     ) -> _PackDict: ...
-    def window_start(
+    def window(
         self,
         new_items: Iterable[Mapping[str, Any]],
         budget: int,
         *,
         model: str | None = None,
         encoding: str | None = None,
+        new_input: int = 0,
         opaque_scale: float = 1.0,
         masking: Masking | None = None,
-    ) -> int: ...
+    ) -> tuple[int, bool, str | None, str | None, int]: ...
     def count_window(
         self,
         history: list[Any],

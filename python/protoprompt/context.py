@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import _core
 from .calibration import Calibration, CalibrationState
 from .errors import TokenBudgetExceededError
 from .memory import MemoryHit, MemoryScope
@@ -42,12 +43,12 @@ from .packing import (
     Masking,
     PackResult,
     Policy,
-    count_tokens,
     count_tokens_batch,
     encoding_for_model,
     item_tokens,
     pack,
 )
+from .turn_report import TurnReport
 
 __all__ = [
     "DEFAULT_MASKING",
@@ -126,6 +127,10 @@ class ContextPlan:
     calibration: CalibrationState | None = None
     """The builder's calibration of opaque payloads for its model when the plan was made
     (``None``: the builder has none)."""
+    turn: TurnReport | None = None
+    """For a turn of a :class:`~protoprompt.integrations.ProtoPromptSession`: how its
+    history was read and packed (window or full read and why, index, snapshot, count
+    store); ``None`` for a plain :meth:`TokenBudgetedContextBuilder.build`."""
 
     @property
     def context_tokens(self) -> int:
@@ -168,10 +173,13 @@ class ContextPlan:
         return [b for b in self.blocks if not b.kept]
 
     def explain(self) -> str:
-        """A readable account: the context blocks, then :meth:`PackResult.explain`."""
+        """A readable account: for a session turn how the history was read and packed (see
+        :class:`~protoprompt.TurnReport`), the context blocks, then
+        :meth:`PackResult.explain`."""
         kept = sum(1 for b in self.blocks if b.kept)
         role = self.context_message["role"] if self.context_message else "none"
-        lines = [
+        lines = [] if self.turn is None else self.turn.lines()
+        lines += [
             f"context: {self.context_tokens} tokens in one {role} message "
             f"(room {self.context_limit}); {kept} blocks kept, "
             f"{len(self.blocks) - kept} dropped",
@@ -362,7 +370,9 @@ class TokenBudgetedContextBuilder:
         if encoding is not None and not isinstance(encoding, str):
             raise TypeError(f"encoding must be a str or None, got {type(encoding).__name__}")
         if encoding is not None:
-            count_tokens("", encoding=encoding)  # raises UnknownEncodingError
+            # Raises UnknownEncodingError without building the tokenizer: a session's
+            # callback builds it in the background while the SDK reads the history.
+            _core.is_preloaded(encoding=encoding)
             self.encoding: str = encoding
         elif model is not None:
             self.encoding = encoding_for_model(model)  # raises UnknownModelError

@@ -243,6 +243,14 @@ class SQLiteCountStore:
         self._written: dict[bytes, int] = {}
         self._writing = threading.Condition()
         self._writer: threading.Thread | None = None
+        self.read_failures = 0
+        """Reads that failed (their counts were then all made in the process)."""
+        self.write_failures = 0
+        """Writes that failed (those counts are queued again by a later turn)."""
+        self.ignored_counts = 0
+        """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
+        self.last_failure: str | None = None
+        """What went wrong last (a failed read or write, or ignored counts)."""
         self._secret = self._open()
         _LIVE.add(self)  # queued counts are written at interpreter exit
 
@@ -333,6 +341,8 @@ class SQLiteCountStore:
                             found[k] = (n, mac)
             except sqlite3.Error as e:
                 _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
+                self.read_failures += 1
+                self.last_failure = f"read failed: {e}"
                 return [None] * len(keys)
         out: list[int | None] = []
         bad = 0
@@ -347,6 +357,8 @@ class SQLiteCountStore:
                 bad += 1
         if bad:
             _log.debug("protoprompt count store %s: %d damaged entries ignored", self.path, bad)
+            self.ignored_counts += bad
+            self.last_failure = f"{bad} damaged counts ignored"
         return out
 
     def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
@@ -402,6 +414,8 @@ class SQLiteCountStore:
                             )
                 except sqlite3.Error as e:
                     _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
+                    self.write_failures += 1
+                    self.last_failure = f"write failed: {e}"
                     with self._writing:  # not written: let a later turn queue them again
                         for k, n in batch:
                             if self._written.get(k) == n:

@@ -16,6 +16,8 @@ __all__ = [
     "Decisions",
     "GraphReport",
     "HistoryIndex",
+    "HistoryWindow",
+    "IndexUse",
     "ItemCost",
     "Masking",
     "PackResult",
@@ -264,6 +266,48 @@ class PackTotals:
 
 
 @dataclass(frozen=True)
+class IndexUse:
+    """How one :meth:`HistoryIndex.pack` used its index: what it reused and what it redid."""
+
+    held: int
+    """Items the index held before the pack (classified and grouped earlier: reused)."""
+    appended: int
+    """History items the pack classified and added to the index."""
+    regrouped_from: int
+    """The first history position whose units the pack rebuilt (for the items it appended
+    and for the new input); ``held + appended`` when it rebuilt none."""
+    reason: str | None
+    """Why the rebuilding reached back to ``regrouped_from`` when a relation moved it back
+    (e.g. ``"the call_id of new_input[0] is that of history[812]"``), else ``None``."""
+
+    @property
+    def regrouped(self) -> int:
+        """Items the index held whose units were rebuilt (the work beyond the appended
+        ones)."""
+        return max(self.held - self.regrouped_from, 0)
+
+
+@dataclass(frozen=True)
+class HistoryWindow:
+    """Where a contiguous pack can start reading the history (:meth:`HistoryIndex.window`)."""
+
+    start: int
+    """The first history position the pack can cost or keep (0: the whole history)."""
+    fits: bool
+    """The budget reaches the oldest unit: the whole history may be needed."""
+    tie: str | None
+    """What moved the start back last: ``"call_id"``, ``"id"``, ``"approval_request_id"``,
+    ``"caller_id"`` (items sharing that field), ``"reasoning_run"``, ``"anonymous_tool_search"``
+    or ``"unit"`` (one unit spans the positions); ``None`` when nothing did."""
+    reason: str | None
+    """``tie`` as a sentence naming the items, e.g. ``"history[3] and history[9120] are one
+    unit"``."""
+    reach: int = 0
+    """How far back the budget alone reaches (``start`` is earlier when a unit or relation
+    spans further back; 0 when the budget reaches the oldest unit)."""
+
+
+@dataclass(frozen=True)
 class PackResult:
     """The outcome of :func:`pack`."""
 
@@ -291,6 +335,13 @@ class PackResult:
     """History positions sent as masked copies (sorted; a subset of ``kept_history``)."""
     masking_saved: int = 0
     """Tokens the units kept masked would have cost more whole."""
+
+    index: IndexUse | None = None
+    """How a :meth:`HistoryIndex.pack` used its index (``None`` for :func:`pack`)."""
+    count_store_hits: int | None = None
+    """Token counts read from the count store (``None`` without a store)."""
+    count_store_writes: int | None = None
+    """Token counts handed to the count store to keep (``None`` without a store)."""
 
     @property
     def totals(self) -> PackTotals:
@@ -604,7 +655,9 @@ def pack(
         opaque_scale=opaque_scale,
         masking=masking,
     )
-    return _run(_core.HistoryIndex().pack, history, new_input, options, _checked(count_store))
+    return _run(
+        _core.HistoryIndex().pack, history, new_input, options, _checked(count_store), indexed=False
+    )
 
 
 def _checked(count_store: CountStore | None) -> CountStore | None:
@@ -704,13 +757,17 @@ def _run(
     new_input: Iterable[Item],
     options: _PackOptions,
     count_store: CountStore | None = None,
+    *,
+    indexed: bool = True,
 ) -> PackResult:
-    """Call the core's ``HistoryIndex.pack`` with the checked options, wrap its dict."""
+    """Call the core's ``HistoryIndex.pack`` with the checked options, wrap its dict
+    (``indexed``: the pack went through a caller's index, whose use it reports)."""
     raw = core_pack(
         _as_list(history, "history"), _as_list(new_input, "new_input"), options, count_store
     )
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
+    held, appended, regrouped_from, why = raw["index"]
     return PackResult(
         # The objects the core read, classified and counted (not positions looked up again
         # in a list another thread may have changed meanwhile).
@@ -731,6 +788,9 @@ def _run(
         opaque_scale=raw["opaque_scale"],
         masked=raw["masked"],
         masking_saved=raw["masking_saved"],
+        index=IndexUse(held, appended, regrouped_from, why) if indexed else None,
+        count_store_hits=raw.get("store_hits") if count_store is not None else None,
+        count_store_writes=len(raw["new_counts"]) if count_store is not None else None,
     )
 
 
@@ -928,17 +988,45 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         For a pack with ``masking``, pass the same ``masking``: a tool output then counts at
         most its masked cost, so the window reaches the older units a masked pack may keep.
         """
+        return self.window(
+            new_items,
+            budget,
+            model=model,
+            encoding=encoding,
+            opaque_scale=opaque_scale,
+            masking=masking,
+        ).start
+
+    def window(
+        self,
+        new_items: Iterable[Item],
+        budget: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+        new_input: int = 0,
+        opaque_scale: float = 1.0,
+        masking: Masking | None = None,
+    ) -> HistoryWindow:
+        """:meth:`window_start`, with why the window does not start later: whether the
+        budget reaches the oldest unit, and the relation that moved the start back last (the
+        reason a window starting at 0 cannot be proved shorter). ``new_input``: how many of
+        the last ``new_items`` are the new input (they are named ``new_input[i]`` in
+        ``reason``; the others are history appended since the index last saw it)."""
         _check_sizes(budget, 0, 0)
-        return int(
-            self._index.window_start(
-                _as_list(new_items, "new_items"),
-                budget,
-                model=model,
-                encoding=encoding,
-                opaque_scale=_check_opaque_scale(opaque_scale),
-                masking=_check_masking(masking),
-            )
+        items = _as_list(new_items, "new_items")
+        if isinstance(new_input, bool) or not isinstance(new_input, int) or new_input < 0:
+            raise ValueError(f"new_input must be a non-negative int, got {new_input!r}")
+        start, fits, tie, reason, reach = self._index.window(
+            items,
+            budget,
+            model=model,
+            encoding=encoding,
+            new_input=min(new_input, len(items)),
+            opaque_scale=_check_opaque_scale(opaque_scale),
+            masking=_check_masking(masking),
         )
+        return HistoryWindow(int(start), bool(fits), tie, reason, int(reach))
 
     def count_window(
         self,

@@ -428,6 +428,7 @@ def _run_mcp(args: argparse.Namespace) -> int:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from . import _inspect as ins
+    from ._next_turn import next_turn_window, render_next_turn, stored_snapshot_items
 
     try:
         conn = ins.connect_read_only(args.db)
@@ -452,6 +453,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         rows = ins.read_session(
             conn, args.session, messages_table=args.messages_table, path=args.db, limit=args.limit
         )
+        snapshot_items = stored_snapshot_items(conn, args.messages_table, args.session)
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
     finally:
@@ -486,10 +488,23 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 hint = ""
         raise _CommandError(f"{exc}{hint}") from None
     report = ins.report_json(args.db, args.session, rows, result, new_input)
+    report["next_turn"] = next_turn_window(
+        rows.items,
+        rows.row_ids,
+        budget=args.budget,
+        output_reserve=args.output_reserve,
+        model=args.model,
+        encoding=args.encoding,
+        policy=args.policy,
+        new_input=new_input,
+        limited=args.limit is not None,
+        snapshot_items=snapshot_items,
+    )
     if args.json:
         _print_json(report)
     else:
         print(ins.render_report(report, dropped_only=args.dropped))
+        print("\n".join(render_next_turn(report["next_turn"], len(rows.items))))
     return 0
 
 

@@ -99,8 +99,8 @@ def _ensure_table(conn: sqlite3.Connection) -> None:
     conn.execute(_CREATE)
 
 
-def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> bool:
-    """Replace the session's snapshot; ``False`` if it could not be written."""
+def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> str | None:
+    """Replace the session's snapshot; why it could not be written, or ``None``."""
     try:
         with contextlib.closing(_connect(db_path)) as conn, conn:
             _ensure_table(conn)
@@ -108,10 +108,10 @@ def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes)
                 f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
                 (table, session_id, row_ids, data),
             )
-        return True
+        return None
     except sqlite3.Error as exc:
         _log.debug("protoprompt: index snapshot of %r not written: %s", session_id, exc)
-        return False
+        return str(exc) or type(exc).__name__
 
 
 def delete(db_path: str, table: str, session_id: str) -> None:
@@ -160,6 +160,8 @@ class IndexState:
         self.saved_len = 0  # items in the snapshot last written or loaded
         self.saver: threading.Thread | None = None
         self.serial = next(_SERIALS)  # tells states apart (ProtoPromptSession._debug_state)
+        self.logged: set[str] = set()  # fallbacks logged for this stored session (turn reports)
+        self.save_failure: str | None = None  # why the last snapshot write failed (reports)
         _STATES.add(self)
 
     def bump(self) -> None:
@@ -201,20 +203,24 @@ class IndexState:
         _, database_id, table, session_id = self.snapshot_at
         return binding(database_id, table, session_id, row_ids)
 
-    def restore(self) -> None:
+    def restore(self) -> tuple[str, str | None] | None:
         """Load the stored snapshot into a state that has never synced (once per state).
-        Whatever is stored, this never raises: a snapshot that cannot be used is ignored."""
+        Whatever is stored, this never raises: a snapshot that cannot be used is ignored.
+
+        Returns what it did when it looked for a snapshot now (``None`` otherwise): a state
+        of ``protoprompt.turn_report.SNAPSHOT_STATES`` (``loaded``, ``none_stored``,
+        ``ignored``) with detail (the items loaded, or why the snapshot was ignored)."""
         with self.lock:
             if self.restore_tried or self.snapshot_at is None:
-                return
+                return None
             self.restore_tried = True
             if len(self.index) or self.row_ids is not None:
-                return
+                return None
             db_path, _, table, session_id = self.snapshot_at
             try:
                 found = load(db_path, table, session_id)
                 if found is None:
-                    return
+                    return ("none_stored", None)
                 ids_blob, data = found
                 row_ids = ids_from_bytes(ids_blob)
                 index = HistoryIndex.from_snapshot(
@@ -225,13 +231,14 @@ class IndexState:
             except Exception as exc:  # noqa: BLE001 - stored state never fails a turn
                 # Another version, damaged, or taken for other rows: read the history.
                 _log.debug("protoprompt: index snapshot of %r not used: %s", session_id, exc)
-                return
+                return ("ignored", str(exc) or type(exc).__name__)
             self.index = index
             self.row_ids = row_ids
             self.version += 1
             self.generation = self.epoch
             self.saved_len = len(index)
             self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
+            return ("loaded", f"{len(index):,} items")
 
     def due(self, min_items: int) -> bool:
         """Whether the index has grown enough since its last snapshot: it holds ``min_items``
@@ -267,7 +274,7 @@ class IndexState:
             data = self.index.snapshot(bound_to=self._binding(ids_blob))
             self.saved_len = n  # also when the write fails: retried after more growth
         db_path, _, table, session_id = self.snapshot_at
-        save(db_path, table, session_id, ids_blob, data)
+        self.save_failure = save(db_path, table, session_id, ids_blob, data)
 
     def wait_for_save(self, timeout: float | None = None) -> None:
         saver = self.saver

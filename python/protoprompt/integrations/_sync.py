@@ -261,6 +261,17 @@ class Read:
     opaque_scale: float = 1.0
     """For a token window, the calibration of opaque payloads it was found under: the
     turn is packed with the same one (a smaller one could need items before the window)."""
+    not_windowed: tuple[str, str | None] | None = None
+    """Why this read is not a token window: a code of ``protoprompt.turn_report.READ_REASONS``
+    and more detail (``None`` for a window)."""
+    snapshot: tuple[str, str | None] | None = None
+    """What the read did with the stored index snapshot, when it looked for one: a state of
+    ``protoprompt.turn_report.SNAPSHOT_STATES`` and detail (``None``: it did not look)."""
+    reached: int | None = None
+    """For a token window: the items the budget alone reaches (the window may hold more)."""
+    widened: str | None = None
+    """For a token window that relations made far larger than the budget's reach
+    (``turn_report.window_widened``): the relation."""
 
 
 @dataclass(frozen=True)
@@ -281,6 +292,10 @@ class Plan:
     keep: int
     """Truncate the index to this many items first (0: start it again)."""
     reason: str
+    code: str
+    """``reason`` as a code: ``compared``, ``trusted`` (index used), ``pop_or_clear``,
+    ``longer`` (index started again), ``changed``, ``not_the_read``, ``read_failed`` (index
+    not used)."""
 
 
 def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Plan:
@@ -289,20 +304,22 @@ def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Pla
     leave = synced.length
     if read is not None and read.offset and read.count == history_len:
         if read.seen is None:  # pragma: no cover - a token window is always compared
-            return Plan(False, leave, "a token window without its rows")
+            return Plan(False, leave, "a token window without its rows", "read_failed")
         if read.seen.version != synced.version:
-            return Plan(False, leave, "the index changed after the read")
-        return Plan(True, read.seen.keep, "token window, rows compared")
+            return Plan(False, leave, "the index changed after the read", "changed")
+        return Plan(True, read.seen.keep, "token window, rows compared", "compared")
     if read is None or read.windowed or read.count != history_len:
-        return Plan(False, leave, "not the whole history that the last read returned")
+        return Plan(
+            False, leave, "not the whole history that the last read returned", "not_the_read"
+        )
     if read.checked:
         if read.seen is None:
-            return Plan(False, leave, "the rows could not be read")
+            return Plan(False, leave, "the rows could not be read", "read_failed")
         if read.seen.version != synced.version:
-            return Plan(False, leave, "the index changed after the read")
-        return Plan(True, read.seen.keep, "rows compared")
+            return Plan(False, leave, "the index changed after the read", "changed")
+        return Plan(True, read.seen.keep, "rows compared", "compared")
     if read.epoch != epoch or synced.epoch != read.epoch:
-        return Plan(True, 0, "a pop or clear ran since the index was synced")
+        return Plan(True, 0, "a pop or clear ran since the index was synced", "pop_or_clear")
     if synced.length > history_len:
-        return Plan(True, 0, "the index is longer than the history")
-    return Plan(True, synced.length, "no pop or clear since the index was synced")
+        return Plan(True, 0, "the index is longer than the history", "longer")
+    return Plan(True, synced.length, "no pop or clear since the index was synced", "trusted")

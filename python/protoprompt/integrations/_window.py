@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 import sys
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..context import _message_text
+from ..turn_report import window_widened
 from . import _sync
 from ._sdk import PREPARE_CODE, ItemHelpers
 
@@ -33,6 +34,15 @@ class Turn:
         self.output_reserve = output_reserve
 
 
+class Refused(NamedTuple):
+    """Why a read is not a token window: a code of ``protoprompt.turn_report.READ_REASONS``,
+    more detail, and what the read did with the index snapshot (see ``IndexState.restore``)."""
+
+    code: str
+    detail: str | None = None
+    snapshot: tuple[str, str | None] | None = None
+
+
 TURN_ATTR = "_protoprompt_turn"
 """Attribute of a callback made by ``input_callback``: its ``Turn``."""
 
@@ -53,38 +63,39 @@ def called_by_runner() -> bool:
     return frame is not None and frame.f_code is PREPARE_CODE
 
 
-def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | None:
+def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | Refused:
     """When this ``get_items`` is the read of the runner's ``prepare_input_with_session``
     (0.22.3 and 0.24.0) for ``session`` whose result goes to a callback of this session that
     includes the history: that callback's ``Turn`` and the turn's new input, as the SDK
     makes it. Any other read (the user's, ``pop_item`` corrections, compaction, resuming a
-    run, the retry clean-up) returns ``None``: it must see the whole history."""
+    run, the retry clean-up) is refused (``not_runner``, or ``another_callback`` for a run
+    whose callback is not this session's): it must see the whole history."""
     if PREPARE_CODE is None:
-        return None
+        return Refused("not_runner", "this SDK version is not known to protoprompt")
     frame = sys._getframe(1).f_back  # get_items' caller (None when a task drives it)
     for _ in range(_FRAMES_UP):
         if frame is None:
-            return None
+            return Refused("not_runner")
         if frame.f_code is PREPARE_CODE:
             break
         frame = frame.f_back
     else:
-        return None
+        return Refused("not_runner")
     scope = frame.f_locals
-    if scope.get("session") is not session or not scope.get(
-        "include_history_in_prepared_input", False
-    ):
-        return None
+    if scope.get("session") is not session:
+        return Refused("not_runner", "the runner reads through another session")
+    if not scope.get("include_history_in_prepared_input", False):
+        return Refused("not_runner", "the run does not send the history")
     turn = getattr(scope.get("session_input_callback"), TURN_ATTR, None)
     if not isinstance(turn, Turn) or turn.session is not session:
-        return None
+        return Refused("another_callback")
     raw = scope.get("input")
     if not isinstance(raw, (str, list)):
-        return None
+        return Refused("not_runner", "the run's input is not a string or a list")
     try:
         new_items = list(ItemHelpers.input_to_new_input_list(raw))
     except Exception:  # noqa: BLE001 - the SDK will say what is wrong with it
-        return None
+        return Refused("not_runner", "the run's input cannot be read")
     return turn, new_items
 
 
@@ -97,71 +108,97 @@ def opaque_scale_of(builder: Any) -> float:
 
 def read_window(
     state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn, new_items: list[Any]
-) -> tuple[list[Any], _sync.Read] | None:
+) -> tuple[list[Any], _sync.Read] | Refused:
     """The newest items the turn's budget can reach and what the callback needs to pack
-    them as the whole history, or ``None`` (read everything): no index synced with the
-    rows, the greedy policy, a gone row, or no window smaller than the history.
+    them as the whole history, or why the whole history must be read (``Refused``): no
+    index synced with the rows, the greedy policy, a gone row, no window smaller than the
+    history (and which relation ties it together), no user message to recall from.
 
     The window comes from the index (in memory or its snapshot) and the rows appended
-    after its last row, classified before anything is trusted (``window_start``); see
-    ``_sync.RowReader.read_window`` for the reads."""
+    after its last row, classified before anything is trusted (``HistoryIndex.window``);
+    see ``_sync.RowReader.read_window`` for the reads."""
     builder = turn.builder
     if getattr(builder, "policy", None) != "contiguous":
-        return None
+        return Refused("greedy_policy")
     reserve = builder.output_reserve if turn.output_reserve is None else turn.output_reserve
     budget = max(int(builder.max_tokens) - int(reserve), 0)
     model, encoding = builder.model, builder.encoding
     scale = opaque_scale_of(builder)
-    state.restore()
+    snapshot = state.restore()
     with state.lock:
         row_ids = state.row_ids
         n = len(state.index)
         if n < 2 or row_ids is None or len(row_ids) != n:
-            return None
+            detail = snapshot[1] if snapshot is not None and snapshot[0] == "ignored" else None
+            return Refused("first_turn", detail and f"snapshot ignored: {detail}", snapshot)
         version = state.version
         last_id = row_ids[-1]
     chosen: list[Any] = []
+    refused: list[Refused] = []
 
     def choose(appended: list[Any], rows: _sync.Rows) -> int | None:
         with state.lock:
             if state.version != version:
+                refused.append(Refused("changed", None, snapshot))
                 return None
             try:
-                w = state.index.window_start(
+                window = state.index.window(
                     [*appended, *new_items],
                     budget,
                     model=model,
                     encoding=encoding,
+                    new_input=len(new_items),
                     opaque_scale=scale,
                     masking=getattr(builder, "masking", None),
                 )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)
+                refused.append(Refused("no_window", f"an item cannot be read: {exc}", snapshot))
                 return None
+            w = window.start
             if w <= 0:
+                if window.fits:
+                    refused.append(Refused("fits", None, snapshot))
+                else:
+                    refused.append(Refused("no_window", window.reason, snapshot))
                 return None
             w = min(w, n - 1)  # any earlier start packs the same; keep last_id's row
+            total = n + len(appended)
+            widened = window.reason if window_widened(window, total) else None
             chosen.append(w)
             chosen.append(array("q", row_ids[w : n - 1]))
+            chosen.append((total - window.reach, widened))
             return int(row_ids[w])
 
     got = reader.read_window(last_id, choose)
     if got is None:
-        return None
+        if refused:
+            return refused[0]
+        return Refused("popped", "the index's last row is gone", snapshot)
     head_items, tail_items, tail_rows, head_ids = got
-    w, expected = chosen
+    w, expected, (reached, widened) = chosen
     if head_ids != expected:  # a row of the window is gone: the index does not hold
-        return None
+        return Refused("popped", "a row of the window is gone", snapshot)
     window = head_items + tail_items
     if not any(_message_text(i) is not None for i in new_items) and not any(
         _message_text(i) is not None for i in window
     ):
-        return None  # the recall query would come from before the window
+        return Refused("no_user_text", None, snapshot)  # the recall query is before it
     window_ids = array("q", expected)
     window_ids.append(last_id)
     seen = _sync.Seen(version, n, tail_rows.ids_from(1))
     facts = _sync.Read(
-        len(window), False, 0, True, seen, offset=w, window_ids=window_ids, opaque_scale=scale
+        len(window),
+        False,
+        0,
+        True,
+        seen,
+        offset=w,
+        window_ids=window_ids,
+        opaque_scale=scale,
+        snapshot=snapshot,
+        reached=reached,
+        widened=widened,
     )
     return window, facts
 

@@ -24,6 +24,15 @@ from ..calibration import Calibration
 from ..count_store import CountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import canonical_text, preload
+from ..turn_report import (
+    IndexMode,
+    ReadMode,
+    SnapshotState,
+    StoreState,
+    TurnReport,
+    fallback_cost,
+    index_outcome,
+)
 from . import _sync, pool
 from ._context import (
     LAST_READ,
@@ -53,6 +62,7 @@ from ._shims import (
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
 from ._window import (
     TURN_ATTR,
+    Refused,
     Turn,
     called_by_runner,
     read_window,
@@ -375,6 +385,24 @@ class ProtoPromptSession:
                 store.max_open_readers = max_open_readers
         # Token windows need the rows with their ids (a database file) and the index.
         self._windowed_reads = windowed_reads and self._reader is not None
+        # Why a fast path is off for good, for the turn reports (turn_report's tables).
+        memory_db = sqlite_inner and os.fspath(self._inner.db_path) == ":memory:"
+        if not windowed_reads:
+            self._no_window = "windowed_reads_off"
+        elif not sqlite_inner:
+            self._no_window = "inner_session"
+        elif memory_db:
+            self._no_window = "memory_database"
+        else:
+            self._no_window = "no_index"
+        if self._shared_key is not None:
+            self._no_store = "its database could not be opened for counts"
+        elif memory_db:
+            self._no_store = "memory database"
+        elif sqlite_inner:
+            self._no_store = "the database has no id of its own (read-only?)"
+        else:
+            self._no_store = "the history lives in an inner session"
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
         # Masked copies handed out by direct calls of the callback, with their canonical
         # text: add_items keeps them out of the history like the context message.
@@ -433,36 +461,40 @@ class ProtoPromptSession:
         state = self._index_state
         epoch = state.epoch
         windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
-        if self._windowed_reads and not windowed and not getattr(self._inner, "_closed", False):
+        refused = Refused("session_limit") if windowed else Refused(self._no_window)
+        closed = getattr(self._inner, "_closed", False)
+        if self._windowed_reads and not windowed and not closed:
             # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
             # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
             turn = runner_turn(self)
-            if turn is not None:
+            if isinstance(turn, Refused):
+                refused = turn
+            else:
                 try:
                     found = await asyncio.to_thread(self._read_window, *turn)
                 except sqlite3.Error as exc:
                     _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
-                    found = None
-                if found is not None:
+                    found = Refused("read_failed", str(exc))
+                if not isinstance(found, Refused):
                     items, facts = found
                     self._window_reads += 1
                     self._last_window_offset = facts.offset
                     LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
                     return items
+                refused = found
         restorer: threading.Thread | None = None
+        restored: list[tuple[str, str | None] | None] = []
         if not state.restore_tried and not windowed:
             # A stored index snapshot loads while the history is read (another thread).
             restorer = threading.Thread(
-                target=state.restore, name="protoprompt-restore", daemon=True
+                target=lambda: restored.append(state.restore()),
+                name="protoprompt-restore",
+                daemon=True,
             )
             restorer.start()
         seen: _sync.Seen | None = None
         try:
-            if (
-                self._reader is not None
-                and not windowed
-                and not getattr(self._inner, "_closed", False)
-            ):
+            if self._reader is not None and not windowed and not closed:
                 # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
                 # compared with the index while the rows are at hand.
                 def look(rows: _sync.Rows) -> _sync.Seen | None:
@@ -472,6 +504,7 @@ class ProtoPromptSession:
                     items, seen = await asyncio.to_thread(self._reader.read, look)
                 except sqlite3.Error as exc:
                     _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
+                    refused = Refused("read_failed", str(exc), refused.snapshot)
                     items = await call(self._inner.get_items, wrapper=wrapper)
             elif limit is None:
                 items = await call(self._inner.get_items, wrapper=wrapper)
@@ -480,16 +513,25 @@ class ProtoPromptSession:
         finally:
             if restorer is not None and restorer.is_alive():
                 await asyncio.to_thread(restorer.join)
-        if self._incremental:
-            LAST_READ.set(
-                Read(self, _sync.Read(len(items), windowed, epoch, self._reader is not None, seen))
-            )
+        snapshot = refused.snapshot or next((r for r in restored if r is not None), None)
+        facts = _sync.Read(
+            len(items),
+            windowed,
+            epoch,
+            self._reader is not None,
+            seen,
+            not_windowed=(refused.code, refused.detail),
+            snapshot=snapshot,
+        )
+        LAST_READ.set(Read(self, facts))
         return items
 
-    def _read_window(self, turn: Turn, new_items: list[Any]) -> tuple[list[Any], _sync.Read] | None:
-        """The token window of this read (see ``_window.read_window``), or ``None``."""
-        if self._reader is None:
-            return None
+    def _read_window(
+        self, turn: Turn, new_items: list[Any]
+    ) -> tuple[list[Any], _sync.Read] | Refused:
+        """The token window of this read (see ``_window.read_window``), or why not."""
+        if self._reader is None:  # pragma: no cover - windowed reads need the reader
+            return Refused(self._no_window)
         return read_window(self._index_state, self._reader, self.session_id, turn, new_items)
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
@@ -822,7 +864,13 @@ class ProtoPromptSession:
         if len(state.index) != offset + len(history) or (
             state.row_ids is not None and len(state.row_ids) != len(state.index)
         ):
-            state.reset(facts.epoch)  # never reached: an index that does not add up is dropped
+            # Never reached: an index that does not add up is dropped (the next turn rebuilds).
+            _log.warning(
+                "protoprompt: the index of session %r did not add up after a turn and was "
+                "dropped; the next turn reads and classifies the whole history",
+                self.session_id,
+            )
+            state.reset(facts.epoch)
         elif state.due(self._snapshot_min_items):
             state.save_in_background()
         if self._shared_key is not None:
@@ -837,34 +885,58 @@ class ProtoPromptSession:
         read: Read | None,
         kwargs: dict[str, Any],
     ) -> ContextPlan:
-        """The plan of one turn (in a worker thread): through the index when ``read`` — the
-        last read of this task — returned ``history`` and the index holds for it (see
-        ``_sync.plan``), else packed without the index, which is then left as it is."""
+        """The plan of one turn (in a worker thread), with its report (``plan.turn``): through
+        the index when ``read`` — the last read of this task — returned ``history`` and the
+        index holds for it (see ``_sync.plan``), else packed without the index, which is then
+        left as it is."""
         state = self._index_state
         facts = read.facts if read is not None and read.session is self else None
-        with state.lock:
-            decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
-            if decision.use_index and facts is not None:
-                return self._build_indexed(
-                    builder, history, new_input, facts, decision.keep, kwargs
-                )
-            if facts is not None and facts.offset and facts.count == len(history):
-                return self._build_windowed(builder, history, new_input, facts, kwargs)
-        # Not the history our last read returned (a limit, a direct call, or the rows
-        # could not be compared): packed without the index, which is left as it is.
-        return builder.build(history, new_input, **kwargs)
+        store = state.index.count_store
+        failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+        held = 0
+        plan: ContextPlan | None = None
+        index: tuple[IndexMode, str | None] = ("unused", "no_index")
+        kept = 0
+        if self._incremental:
+            with state.lock:
+                held = len(state.index)
+                decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+                index = ("unused", decision.code)
+                if decision.use_index and facts is not None:
+                    kept = min(decision.keep, held)
+                    plan = self._build_indexed(
+                        builder, history, new_input, facts, decision.keep, kwargs
+                    )
+                    index = index_outcome(decision.code, True, held, kept)
+                elif facts is not None and facts.offset and facts.count == len(history):
+                    kept, rest = self._window_kept(facts)
+                    plan = self._build_indexed(
+                        builder, history, new_input, facts, kept, kwargs, new_ids=rest
+                    )
+                    index = index_outcome("compared", True, held, min(kept, held))
+        if plan is None:
+            # Not the history our last read returned (a limit, a direct call, or the rows
+            # could not be compared): packed without the index, which is left as it is.
+            plan = builder.build(history, new_input, **kwargs)
+        report = self._turn_report(
+            plan,
+            facts if facts is not None and facts.count == len(history) else None,
+            len(history),
+            index,
+            (held, kept),
+            failures,
+        )
+        self._log_fallback(report, plan, len(new_input))
+        turned = dataclasses.replace(plan, turn=report)
+        if builder.last_plan is plan:
+            builder.last_plan = turned
+        return turned
 
-    def _build_windowed(
-        self,
-        builder: TokenBudgetedContextBuilder,
-        history: list[Item],
-        new_input: list[Item],
-        facts: _sync.Read,
-        kwargs: dict[str, Any],
-    ) -> ContextPlan:
-        """Build a turn whose read was a token window that the index changed after (caller
-        holds the state's lock). The window holds only the newest items: the index must
-        hold the rest, also when another turn changed it since the read."""
+    def _window_kept(self, facts: _sync.Read) -> tuple[int, _sync.RowIds]:
+        """For a token window whose index changed after the read (caller holds the state's
+        lock): how much of the index still holds and the ids of the window's rows after it.
+        The window holds only the newest items: the index must hold the rest, also when
+        another turn changed it since the read."""
         kept = self._window_keep(facts)
         if kept is None:
             raise ProtoPromptError(
@@ -872,8 +944,113 @@ class ProtoPromptSession:
                 "items and this turn's request (a pop or clear through another "
                 "session object): run the turn again"
             )
-        return self._build_indexed(
-            builder, history, new_input, facts, kept[0], kwargs, new_ids=kept[1]
+        return kept
+
+    def _turn_report(
+        self,
+        plan: ContextPlan,
+        facts: _sync.Read | None,
+        history_len: int,
+        index: tuple[IndexMode, str | None],
+        held_kept: tuple[int, int],
+        failures: tuple[int, int],
+    ) -> TurnReport:
+        """How this turn read and packed its history (see ``protoprompt.turn_report``):
+        ``facts`` of the read that returned the ``history_len`` items (``None``: they were
+        handed over otherwise), how the index was used, the items it held before the turn
+        and how many of them still held, and the count store's failed reads and ignored
+        counts before it."""
+        state = self._index_state
+        held, kept = held_kept
+        read: ReadMode = "none"
+        reason: str | None = None
+        detail: str | None = None
+        n_items = read_items = history_len
+        row: int | None = None
+        snapshot = facts.snapshot if facts is not None else None
+        if facts is not None:
+            read_items = facts.count
+            n_items = facts.offset + facts.count
+            if facts.offset and facts.window_ids is not None:
+                read, row = "window", int(facts.window_ids[0])
+                detail = facts.widened
+            else:
+                read = "limit" if facts.windowed else "full"
+                reason, detail = facts.not_windowed or (None, None)
+        if snapshot is None and state.save_failure is not None:
+            snapshot = ("in_memory", f"the last snapshot write failed: {state.save_failure}")
+        if snapshot is None:
+            if state.snapshot_at is None:
+                snapshot = ("off", self._no_store if self._reader is None else "no database id")
+            elif held or plan.pack.index is not None:
+                snapshot = ("in_memory", None)
+            else:
+                snapshot = ("none_stored", None)
+        store = state.index.count_store
+        store_state: StoreState = "on"
+        store_detail: str | None = None
+        if store is None:
+            store_state, store_detail = "off", self._no_store
+        elif getattr(store, "read_failures", 0) > failures[0]:
+            store_state = "failing"
+            store_detail = getattr(store, "last_failure", None) or "its reads failed"
+        elif getattr(store, "ignored_counts", 0) > failures[1]:
+            ignored = getattr(store, "ignored_counts", 0) - failures[1]
+            store_detail = f"{ignored:,} damaged counts ignored (counted again, rewritten)"
+        return TurnReport(
+            read=read,
+            read_reason=reason,
+            read_detail=detail,
+            history_items=n_items,
+            read_items=read_items,
+            window_row=row,
+            window_reach=facts.reached if facts is not None else None,
+            index=index[0],
+            index_reason=index[1],
+            index_kept=kept if index[0] == "incremental" and 0 < kept < held else None,
+            index_held=held,
+            snapshot=cast("SnapshotState", snapshot[0]),
+            snapshot_detail=snapshot[1],
+            count_store=store_state,
+            count_store_detail=store_detail,
+            pack_index=plan.pack.index,
+            count_store_hits=plan.pack.count_store_hits,
+            count_store_writes=plan.pack.count_store_writes,
+        )
+
+    def _log_fallback(self, report: TurnReport, plan: ContextPlan, new_items: int) -> None:
+        """Log, once per stored session and cause, a fallback that cost more than ten times
+        the fast path (see ``turn_report.fallback_cost``)."""
+        kept = plan.pack.kept_history
+        cost = fallback_cost(
+            indexed=report.index_held > 0 or report.snapshot == "loaded",
+            read=report.read,
+            read_reason=report.read_reason,
+            history_items=report.history_items,
+            first_kept=kept[0] if kept else None,
+            index_use=report.pack_index,
+            new_items=new_items,
+            read_items=report.read_items,
+            reached_items=report.window_reach,
+        )
+        if cost is None:
+            return
+        what, items, fast = cost
+        line = report.read_line() if what == "read" else report.index_line()
+        key = f"{what}:{report.read_reason if what == 'read' else 'regroup'}"
+        state = self._index_state
+        with state.lock:
+            if key in state.logged:
+                return
+            state.logged.add(key)
+        _log.info(
+            "protoprompt: session %r: this turn's %s took %d items where its fast path "
+            "takes about %d (%s); logged once per session",
+            self.session_id,
+            what,
+            items,
+            fast,
+            line,
         )
 
     def _hand_over(
@@ -958,7 +1135,7 @@ class ProtoPromptSession:
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
             by_runner = called_by_runner()  # before the first await: the caller's frame
-            read = LAST_READ.get() if self._incremental else None
+            read = LAST_READ.get()
             plan = await asyncio.to_thread(
                 self._build_turn, builder, history, new_input, read, kwargs
             )

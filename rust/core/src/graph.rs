@@ -497,6 +497,70 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
     s.filter(|s| !s.is_empty())
 }
 
+/// The anonymous tool-search pairing rule (E3, docs/item-graph.md §5), read left to right:
+/// an anonymous `tool_search_call` opens; an anonymous `tool_search_output` pairs with the
+/// newest call still open; an output that finds none open is a further stream chunk of the
+/// newest anonymous call to its left (or has no call at all). This pairs exactly what the
+/// SDK's right-to-left matcher pairs (a call takes the nearest unmatched output to its
+/// right: the same bracket matching read from the other end), and it is the one copy of the
+/// rule: [`build_graph`] groups by it and [`crate::incremental`] finds its cuts by it.
+///
+/// The open calls form a stack kept as a linked list: a state holds only the newest open
+/// call, and whoever steps keeps, for each call, the open call under it (returned by
+/// [`AnonState::step`] as [`AnonStep::Opened`]). So the state after any prefix of a history
+/// is two positions, and the pairing of a suffix can be replayed from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnonState {
+    /// The newest anonymous call not paired yet (the top of the stack of open calls).
+    pub open: Option<usize>,
+    /// The newest anonymous call.
+    pub last_call: Option<usize>,
+}
+
+/// What one item does to the anonymous pairing ([`AnonState::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnonStep {
+    /// An anonymous call opened; `below` is the open call under it.
+    Opened { below: Option<usize> },
+    /// An anonymous output paired with this call (the newest open one).
+    Paired(usize),
+    /// An anonymous output left over: a further chunk of this call (the newest one).
+    Chunk(usize),
+    /// An anonymous output with no anonymous call before it.
+    Orphan,
+    /// Not an anonymous tool-search item.
+    Other,
+}
+
+impl AnonState {
+    /// The item at `pos` of `kind`, after everything before it. `below(c)` is the open call
+    /// under the open call `c` (what [`AnonStep::Opened`] said when `c` opened).
+    pub fn step(
+        &mut self,
+        pos: usize,
+        kind: ItemKind,
+        below: impl FnOnce(usize) -> Option<usize>,
+    ) -> AnonStep {
+        match kind {
+            ItemKind::AnonToolSearchCall => {
+                let under = self.open;
+                self.open = Some(pos);
+                self.last_call = Some(pos);
+                AnonStep::Opened { below: under }
+            }
+            ItemKind::AnonToolSearchOutput => match (self.open, self.last_call) {
+                (Some(c), _) => {
+                    self.open = below(c);
+                    AnonStep::Paired(c)
+                }
+                (None, Some(c)) => AnonStep::Chunk(c),
+                (None, None) => AnonStep::Orphan,
+            },
+            _ => AnonStep::Other,
+        }
+    }
+}
+
 /// Build the units of H ++ N (docs/item-graph.md §12). Never panics on any classified input.
 pub fn build_graph(history: &[ItemMeta], new_input: &[ItemMeta]) -> Graph {
     let items: Vec<&ItemMeta> = history.iter().chain(new_input).collect();
@@ -724,34 +788,33 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    /// The (call, output) pairs of anonymous tool searches, sorted; flags the calls and
-    /// outputs that have no partner.
+    /// The (call, output) pairs of anonymous tool searches, sorted ([`AnonState`]: the one
+    /// pairing rule, also used by the incremental index's cut); flags the calls and outputs
+    /// that have no partner.
     fn anonymous_pairs(&mut self) -> Vec<(usize, usize)> {
         let items = self.items;
-        let mut anon_calls: Vec<usize> = Vec::new();
-        let mut stack: Vec<usize> = Vec::new();
+        let mut state = AnonState::default();
+        let mut below: HashMap<usize, Option<usize>> = HashMap::default();
         let mut pairs: Vec<(usize, usize)> = Vec::new();
-        for p in (0..items.len()).rev() {
-            match items[p].kind {
-                ItemKind::AnonToolSearchOutput => stack.push(p),
-                ItemKind::AnonToolSearchCall => {
-                    anon_calls.push(p);
-                    match stack.pop() {
-                        Some(o) => pairs.push((p, o)),
-                        None => self.flag(InvalidReason::AnonCallWithoutOutput, p),
-                    }
+        let mut orphans: Vec<usize> = Vec::new();
+        for (p, it) in items.iter().enumerate() {
+            match state.step(p, it.kind, |c| below.get(&c).copied().flatten()) {
+                AnonStep::Opened { below: b } => {
+                    below.insert(p, b);
                 }
-                _ => {}
+                AnonStep::Paired(c) | AnonStep::Chunk(c) => pairs.push((c, p)),
+                AnonStep::Orphan => orphans.push(p),
+                AnonStep::Other => {}
             }
         }
-        anon_calls.reverse();
-        // Outputs left over: a further chunk of the nearest anonymous call to their left.
-        for &o in &stack {
-            let i = anon_calls.partition_point(|&c| c < o);
-            match i.checked_sub(1).and_then(|i| anon_calls.get(i)) {
-                Some(&c) => pairs.push((c, o)),
-                None => self.flag(InvalidReason::AnonOutputWithoutCall, o),
-            }
+        // Flagged newest first, as ever (a unit reports each reason at its first flag).
+        let mut open = state.open;
+        while let Some(c) = open {
+            self.flag(InvalidReason::AnonCallWithoutOutput, c);
+            open = below.get(&c).copied().flatten();
+        }
+        for &o in orphans.iter().rev() {
+            self.flag(InvalidReason::AnonOutputWithoutCall, o);
         }
         pairs.sort_unstable();
         pairs

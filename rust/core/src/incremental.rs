@@ -7,13 +7,16 @@
 //!   history alone, and for every *relation string* (the `call_id`, `id`,
 //!   `approval_request_id` and `caller.caller_id` values: every edge and every cross-item rule
 //!   of [`crate::graph`] compares one of these) a 64-bit hash mapped to the first position
-//!   holding it.
+//!   holding it; for every anonymous tool-search item, the pairing state after it.
 //! * **The cut.** For a block of items `T` placed after the history (the next turn's
 //!   `new_input`, or items appended to the history), the *cut* `c` is the smallest position
 //!   such that nothing in `c..` is related to anything before `c`: no relation string of an
 //!   item at or after `c` occurs before `c`, no reasoning run (reasoning with the model
-//!   items that follow it) crosses `c`, and anonymous tool searches after `c` pair up among
-//!   themselves. It is found by a fixpoint that only reads items after the cut. Then the
+//!   items that follow it) crosses `c`, and no anonymous tool-search output from `c` on
+//!   pairs with (or continues) a call before `c` under the graph's own pairing rule
+//!   ([`crate::graph::AnonState`], replayed from the pairing state the index keeps after
+//!   each anonymous item: a streamed search pairs within itself and never moves the cut).
+//!   It is found by a fixpoint that only reads items after the cut. Then the
 //!   units of `history ++ T` are the cached units wholly before `c` plus the units of a
 //!   small graph built over `c..` — the same units, problems and order as building the whole
 //!   graph (tested for random histories against [`crate::graph::build_graph`]). A hash
@@ -38,7 +41,10 @@ use rustc_hash::{FxHashMap, FxHasher};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-use crate::graph::{build_graph, build_graph_refs, Graph, GraphView, InvalidReason, Problem, Unit};
+use crate::graph::{
+    build_graph, build_graph_refs, position_label, AnonState, AnonStep, Graph, GraphView,
+    InvalidReason, Problem, Unit,
+};
 use crate::items::{CallType, ItemKind, ItemMeta, RawCaller, RawItem, FAKE_ID};
 
 fn relation_hash(s: &str) -> u64 {
@@ -62,19 +68,120 @@ fn id_relates(kind: ItemKind, item_type: Option<&str>, has_role: bool, id: &str)
 
 /// Hashes of the relation strings of one item.
 fn relation_keys(m: &ItemMeta) -> impl Iterator<Item = u64> + '_ {
+    tied_keys(m).map(|(_, k)| k)
+}
+
+/// The relation strings of one item, hashed, with the field each comes from.
+fn tied_keys(m: &ItemMeta) -> impl Iterator<Item = (Tie, u64)> + '_ {
     let r = &m.raw;
     let id =
         r.id.as_deref()
             .filter(|id| id_relates(m.kind, r.item_type.as_deref(), r.role.is_some(), id));
     [
-        r.call_id.as_deref(),
-        id,
-        r.approval_request_id.as_deref(),
-        r.caller.as_ref().and_then(|c| c.caller_id.as_deref()),
+        (Tie::CallId, r.call_id.as_deref()),
+        (Tie::Id, id),
+        (Tie::ApprovalRequestId, r.approval_request_id.as_deref()),
+        (
+            Tie::CallerId,
+            r.caller.as_ref().and_then(|c| c.caller_id.as_deref()),
+        ),
     ]
     .into_iter()
-    .flatten()
-    .map(relation_hash)
+    .filter_map(|(tie, s)| s.map(|s| (tie, relation_hash(s))))
+}
+
+/// What ties an item at or after a cut to an earlier one (what moved a cut back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tie {
+    /// The same `call_id` (a call and its output, duplicate calls, a program and its output).
+    CallId,
+    /// The same `id` (duplicate reasoning or hosted items, a local shell output by `id`).
+    Id,
+    /// An `approval_request_id` naming an earlier approval request.
+    ApprovalRequestId,
+    /// A program `caller_id` naming an earlier program.
+    CallerId,
+    /// A run of reasoning and model items (a reasoning block) crosses the position.
+    ReasoningRun,
+    /// Anonymous tool searches pair across the position (docs/item-graph.md §5).
+    AnonymousSearch,
+    /// One unit of the history spans both positions.
+    Unit,
+}
+
+impl Tie {
+    /// Stable snake_case name.
+    pub fn code(self) -> &'static str {
+        match self {
+            Tie::CallId => "call_id",
+            Tie::Id => "id",
+            Tie::ApprovalRequestId => "approval_request_id",
+            Tie::CallerId => "caller_id",
+            Tie::ReasoningRun => "reasoning_run",
+            Tie::AnonymousSearch => "anonymous_tool_search",
+            Tie::Unit => "unit",
+        }
+    }
+}
+
+/// A relation that moved a cut (or a window's start) back: the item at `from` is tied to
+/// the earlier position `to` by `tie`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pull {
+    pub tie: Tie,
+    pub from: usize,
+    pub to: usize,
+}
+
+impl Pull {
+    /// A sentence for a person; positions from `n_history` on are new input.
+    pub fn describe(&self, n_history: usize) -> String {
+        let (from, to) = (
+            position_label(n_history, self.from),
+            position_label(n_history, self.to),
+        );
+        match self.tie {
+            Tie::CallId | Tie::Id | Tie::ApprovalRequestId | Tie::CallerId => {
+                format!("the {} of {from} is that of {to}", self.tie.code())
+            }
+            Tie::ReasoningRun => format!("a reasoning block runs from {to} to {from}"),
+            Tie::AnonymousSearch => {
+                format!("the anonymous tool search output {from} pairs with the call {to}")
+            }
+            Tie::Unit => format!("{to} and {from} are one unit"),
+        }
+    }
+}
+
+/// A cut ([`GraphIndex::cut_from`]) with the relation that set it, if one moved it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub position: usize,
+    /// The last relation that moved the cut back, to `position` (`None`: it did not move).
+    pub pull: Option<Pull>,
+}
+
+/// Where a windowed read may start ([`GraphIndex::window`]), and why not later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The first position a pack can cost or keep (0: the whole history).
+    pub start: usize,
+    /// The budget reaches the oldest unit: the whole history may be needed.
+    pub fits: bool,
+    /// The relation that moved the start back last (when `start == 0` and not `fits`: why
+    /// no window can be proved).
+    pub pull: Option<Pull>,
+    /// How far back the budget alone reaches: the newest position of the unit whose cost
+    /// passed it (`start` is earlier when units or relations span further back; 0 when the
+    /// budget is never passed).
+    pub reach: usize,
+}
+
+/// The anonymous-pairing state after one anonymous item of the index (see [`AnonState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AnonEntry {
+    pos: usize,
+    after: AnonState,
 }
 
 /// Member of a reasoning run (E4, docs/item-graph.md §12.2).
@@ -97,6 +204,8 @@ pub struct Mark {
     overflow: usize,
     /// Of the items, the arena, the relation-key map, the graph's units and `unit_of`.
     capacity: [usize; 5],
+    /// Of the anonymous tool-search records.
+    anon_capacity: usize,
 }
 
 /// The graph over the positions after a cut, built for one pack (see [`GraphIndex::tail`]).
@@ -104,6 +213,8 @@ pub struct Mark {
 pub struct TailGraph {
     /// First position of the tail.
     pub cut: usize,
+    /// The relation that moved the cut back from the end of the history, if one did.
+    pub pull: Option<Pull>,
     /// Units over `cut..` (history after the cut, then the new items), members global.
     pub graph: Graph,
 }
@@ -159,6 +270,10 @@ pub struct GraphIndex {
     graph: Arc<Graph>,
     /// How many times a mutation had to copy the graph because something else shared it.
     graph_copies: usize,
+    /// Every anonymous tool-search item, with the pairing state after it (positions sorted).
+    anon: Vec<AnonEntry>,
+    /// The earliest regrouping of the appends since [`GraphIndex::take_regrouped`].
+    regrouped: Option<Cut>,
 }
 
 impl GraphIndex {
@@ -229,6 +344,7 @@ impl GraphIndex {
         self.items.capacity() * std::mem::size_of::<Stored>()
             + self.arena.capacity()
             + self.first.capacity() * 24
+            + self.anon.capacity() * std::mem::size_of::<AnonEntry>()
             + self.graph.unit_of.capacity() * std::mem::size_of::<usize>()
             + self
                 .graph
@@ -320,19 +436,99 @@ impl GraphIndex {
 
     /// Relation keys of the indexed item at `pos` (same as [`relation_keys`] of its meta).
     fn stored_keys(&self, pos: usize) -> impl Iterator<Item = u64> + '_ {
+        self.stored_tied_keys(pos).map(|(_, k)| k)
+    }
+
+    /// [`Self::stored_keys`] with the field each comes from (as [`tied_keys`]).
+    fn stored_tied_keys(&self, pos: usize) -> impl Iterator<Item = (Tie, u64)> + '_ {
         let st = &self.items[pos];
         let id = self
             .text(st.spans[2])
             .filter(|id| id_relates(st.kind, self.text(st.spans[0]), st.spans[1] != ABSENT, id));
         [
-            self.text(st.spans[3]),
-            id,
-            self.text(st.spans[6]),
-            self.text(st.spans[8]),
+            (Tie::CallId, self.text(st.spans[3])),
+            (Tie::Id, id),
+            (Tie::ApprovalRequestId, self.text(st.spans[6])),
+            (Tie::CallerId, self.text(st.spans[8])),
         ]
         .into_iter()
-        .flatten()
-        .map(relation_hash)
+        .filter_map(|(tie, s)| s.map(|s| (tie, relation_hash(s))))
+    }
+
+    /// Record the anonymous tool-search items among the items from `from` on (appended),
+    /// continuing the pairing state of the items before them.
+    fn note_anonymous(&mut self, from: usize) {
+        let mut state = self.anon.last().map_or(AnonState::default(), |e| e.after);
+        for pos in from..self.items.len() {
+            let kind = self.items[pos].kind;
+            if !matches!(
+                kind,
+                ItemKind::AnonToolSearchCall | ItemKind::AnonToolSearchOutput
+            ) {
+                continue;
+            }
+            let anon = &self.anon;
+            state.step(pos, kind, |c| Self::below_in(anon, c));
+            self.anon.push(AnonEntry { pos, after: state });
+        }
+    }
+
+    /// The open anonymous call under the indexed anonymous call `call` (the open one before
+    /// it was made), from the recorded states.
+    fn below_in(anon: &[AnonEntry], call: usize) -> Option<usize> {
+        let i = anon.partition_point(|e| e.pos < call);
+        i.checked_sub(1).and_then(|i| anon[i].after.open)
+    }
+
+    /// The anonymous pairing state after the indexed items before `pos`.
+    fn anon_state_at(&self, pos: usize) -> AnonState {
+        let i = self.anon.partition_point(|e| e.pos < pos);
+        i.checked_sub(1)
+            .map_or(AnonState::default(), |i| self.anon[i].after)
+    }
+
+    /// Replays the anonymous pairing of the items from `c` on (the indexed ones, then
+    /// `tail`) from the true state before `c`: the earliest anonymous call before `c` that an
+    /// output from `c` on pairs with or continues, if any. Without one, the anonymous items
+    /// from `c` on pair exactly as in a graph built over `c..` alone, and nothing before `c`
+    /// pairs with them (an output only ever pairs with a call to its left).
+    fn anon_pull(&self, c: usize, tail: &[ItemMeta]) -> Option<Pull> {
+        let mut state = self.anon_state_at(c);
+        state.last_call?; // no anonymous call before `c`: nothing to pair with
+        let n = self.items.len();
+        let start = self.anon.partition_point(|e| e.pos < c);
+        let indexed = self.anon[start..]
+            .iter()
+            .map(|e| (e.pos, self.items[e.pos].kind));
+        let appended = tail.iter().enumerate().map(|(j, m)| (n + j, m.kind));
+        let mut below: FxHashMap<usize, Option<usize>> = FxHashMap::default();
+        let mut pull: Option<Pull> = None;
+        for (pos, kind) in indexed.chain(appended) {
+            let anon = &self.anon;
+            let step = state.step(pos, kind, |q| {
+                if q >= c {
+                    below.get(&q).copied().flatten()
+                } else {
+                    Self::below_in(anon, q)
+                }
+            });
+            match step {
+                AnonStep::Opened { below: under } => {
+                    below.insert(pos, under);
+                }
+                AnonStep::Paired(q) | AnonStep::Chunk(q)
+                    if q < c && pull.is_none_or(|p| q < p.to) =>
+                {
+                    pull = Some(Pull {
+                        tie: Tie::AnonymousSearch,
+                        from: pos,
+                        to: q,
+                    });
+                }
+                _ => {}
+            }
+        }
+        pull
     }
 
     /// The graph of the indexed history alone.
@@ -374,6 +570,7 @@ impl GraphIndex {
                 self.graph.units.capacity(),
                 self.graph.unit_of.capacity(),
             ],
+            anon_capacity: self.anon.capacity(),
         }
     }
 
@@ -398,6 +595,7 @@ impl GraphIndex {
         self.items.shrink_to(items);
         self.arena.shrink_to(arena);
         self.first.shrink_to(first);
+        self.anon.shrink_to(mark.anon_capacity);
         if self.graph.units.capacity() > units || self.graph.unit_of.capacity() > unit_of {
             let g = self.graph_mut();
             g.units.shrink_to(units);
@@ -430,6 +628,8 @@ impl GraphIndex {
             }
         }
         self.items.truncate(len);
+        let kept = self.anon.partition_point(|e| e.pos < len);
+        self.anon.truncate(kept);
         let c = self.cut(&removed);
         let region: Vec<ItemMeta> = (c..len).map(|p| self.meta(p)).collect();
         let mut tail = build_graph(&region, &[]);
@@ -453,6 +653,18 @@ impl GraphIndex {
     /// the units at and after `c` are those of a graph built over `c..` alone. [`Self::cut`]
     /// is the case `from = len`.
     pub fn cut_from(&self, from: usize, tail: &[ItemMeta]) -> usize {
+        self.cut_explained(from, tail).position
+    }
+
+    /// [`Self::cut_from`], with the relation that moved the cut to where it is.
+    ///
+    /// A fixpoint that reads only the items after the cut: the relation strings of the items
+    /// from `c` on move `c` to the first position holding one; a reasoning block crossing
+    /// `c` moves it to the block's start; and anonymous tool searches from `c` on, replayed
+    /// from the pairing state before `c` by the graph's own rule ([`AnonState`]), move it to
+    /// the earliest call before `c` they pair with or continue (a streamed search whose
+    /// chunks all follow their own call does not: it pairs within itself).
+    pub fn cut_explained(&self, from: usize, tail: &[ItemMeta]) -> Cut {
         let n = self.items.len();
         let total = n + tail.len();
         let cont = |q: usize| -> bool {
@@ -462,56 +674,63 @@ impl GraphIndex {
                 continues(&tail[q - n])
             }
         };
-        let kind = |q: usize| -> ItemKind {
-            if q < n {
-                self.items[q].kind
-            } else {
-                tail[q - n].kind
-            }
-        };
         let mut c = from.min(n);
+        let mut pull: Option<Pull> = None;
         let mut folded = total; // relation keys of `folded..` are accounted for
         loop {
             let mut next = c;
-            let mut fold = |k: u64| {
+            let mut fold = |q: usize, (tie, k): (Tie, u64)| {
                 if let Some(&f) = self.first.get(&k) {
-                    next = next.min(f);
+                    if f < next {
+                        next = f;
+                        pull = Some(Pull {
+                            tie,
+                            from: q,
+                            to: f,
+                        });
+                    }
                 }
             };
             for q in c..folded {
                 if q < n {
-                    self.stored_keys(q).for_each(&mut fold);
+                    self.stored_tied_keys(q).for_each(|key| fold(q, key));
                 } else {
-                    relation_keys(&tail[q - n]).for_each(&mut fold);
+                    tied_keys(&tail[q - n]).for_each(|key| fold(q, key));
                 }
             }
             folded = c;
             if next > 0 && next < total && cont(next - 1) && cont(next) {
+                let crossing = next;
                 next -= 1;
                 while next > 0 && cont(next - 1) {
                     next -= 1;
                 }
+                pull = Some(Pull {
+                    tie: Tie::ReasoningRun,
+                    from: crossing,
+                    to: next,
+                });
             }
             if next == c {
-                break;
+                // The relations hold at `c`; anonymous searches may still pair across it.
+                match self.anon_pull(c, tail) {
+                    Some(p) => {
+                        next = p.to;
+                        pull = Some(p);
+                    }
+                    None => break,
+                }
             }
             c = next;
         }
-        // Anonymous tool searches pair right to left; an output left over after the tail
-        // would pair with (or depend on) a call before the cut: fall back to everything.
-        let mut open_outputs = 0usize;
-        for q in (c..total).rev() {
-            match kind(q) {
-                ItemKind::AnonToolSearchOutput => open_outputs += 1,
-                ItemKind::AnonToolSearchCall => open_outputs = open_outputs.saturating_sub(1),
-                _ => {}
-            }
-        }
-        if open_outputs > 0 {
-            0
-        } else {
-            c
-        }
+        Cut { position: c, pull }
+    }
+
+    /// The earliest regrouping the appends made since the last call (`None`: no append),
+    /// forgotten by this call: where the units of the history were rebuilt from, and the
+    /// relation that reached back that far.
+    pub fn take_regrouped(&mut self) -> Option<Cut> {
+        self.regrouped.take()
     }
 
     /// Make room for about `items` more items, estimating their strings, relation keys and
@@ -547,7 +766,11 @@ impl GraphIndex {
             return;
         }
         let n = self.items.len();
-        let c = self.cut(&items);
+        let cut = self.cut_explained(n, &items);
+        let c = cut.position;
+        if self.regrouped.is_none_or(|r| c < r.position) {
+            self.regrouped = Some(cut);
+        }
         let keys: usize = items.iter().map(|m| relation_keys(m).count()).sum();
         if self.first.capacity() - self.first.len() < keys {
             self.first.reserve(keys + self.first.len() / 2 + 64);
@@ -563,6 +786,7 @@ impl GraphIndex {
         for m in &items {
             self.store(m);
         }
+        self.note_anonymous(n);
         // The units after the cut: rebuilt from the stored items before it plus the new ones.
         let region: Vec<ItemMeta> = (c..n).map(|p| self.meta(p)).collect();
         let refs: Vec<&ItemMeta> = region.iter().chain(&items).collect();
@@ -585,11 +809,14 @@ impl GraphIndex {
 
     /// The graph of the positions after the cut for `new_input` placed after the history.
     pub fn tail(&self, new_input: &[ItemMeta]) -> TailGraph {
-        let cut = self.cut(new_input);
+        let Cut {
+            position: cut,
+            pull,
+        } = self.cut_explained(self.items.len(), new_input);
         let region: Vec<ItemMeta> = (cut..self.items.len()).map(|p| self.meta(p)).collect();
         let mut graph = build_graph(&region, new_input);
         graph.shift_positions(cut);
-        TailGraph { cut, graph }
+        TailGraph { cut, pull, graph }
     }
 
     /// Where a read of the newest history may start: the first position that a pack of the
@@ -619,13 +846,25 @@ impl GraphIndex {
         &self,
         tail: &[ItemMeta],
         budget: u64,
-        mut lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+        lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
     ) -> Result<usize, E> {
-        let regroup = self.cut(tail);
+        self.window(tail, budget, lower_cost).map(|w| w.start)
+    }
+
+    /// [`Self::window_start`], with why it is not later: whether the budget reaches the
+    /// oldest unit (`fits`), and the relation that moved the start back last.
+    pub fn window<E>(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        mut lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+    ) -> Result<Window, E> {
+        let regroup = self.cut_explained(self.items.len(), tail);
         let graph = &self.graph;
-        let mut start = regroup;
+        let mut start = regroup.position;
+        let mut pull = regroup.pull;
         let mut sum = 0u64;
-        let mut p = regroup;
+        let mut p = regroup.position;
         while p > 0 {
             p -= 1;
             let unit = &graph.units[graph.unit_of[p]];
@@ -633,12 +872,56 @@ impl GraphIndex {
                 continue;
             }
             sum = sum.saturating_add(lower_cost(&unit.members)?);
-            start = start.min(unit.members[0]);
+            let first = unit.members[0];
+            if first < start {
+                start = first;
+                if first < p {
+                    pull = Some(Pull {
+                        tie: Tie::Unit,
+                        from: p,
+                        to: first,
+                    });
+                }
+            }
             if sum > budget {
-                return Ok(self.cut_from(start, tail));
+                let cut = self.cut_explained(start, tail);
+                if cut.position < start {
+                    pull = cut.pull;
+                }
+                return Ok(Window {
+                    start: cut.position,
+                    fits: false,
+                    pull,
+                    reach: p,
+                });
             }
         }
-        Ok(0)
+        // The budget reaches the oldest unit. When the items after the history relate to an
+        // earlier one, say so unless the whole history fits anyway (the relation is then
+        // not why the window is the whole history).
+        if let Some(pull) = regroup.pull {
+            let n = self.items.len();
+            for p in regroup.position..n {
+                let unit = &graph.units[graph.unit_of[p]];
+                if unit.members.last() == Some(&p) && !unit.is_input_only() && unit.is_valid() {
+                    sum = sum.saturating_add(lower_cost(&unit.members)?);
+                }
+            }
+            if sum > budget {
+                return Ok(Window {
+                    start: 0,
+                    fits: false,
+                    pull: Some(pull),
+                    reach: 0,
+                });
+            }
+        }
+        Ok(Window {
+            start: 0,
+            fits: true,
+            pull: None,
+            reach: 0,
+        })
     }
 
     /// The units of `history ++ new_input`: cached units before the cut, then `tail`'s.
@@ -862,6 +1145,8 @@ impl GraphIndex {
             first: FxHashMap::default(),
             graph: Arc::default(),
             graph_copies: 0,
+            anon: Vec::new(),
+            regrouped: None,
         };
         index.check_items().map_err(damaged)?;
         let graph = index
@@ -876,6 +1161,7 @@ impl GraphIndex {
             }
         }
         index.first = first;
+        index.note_anonymous(0);
         Ok((index, snap.attached))
     }
 

@@ -19,7 +19,7 @@ use crate::costs::{
     CostEngine, CostMemo, CostPayload, CountStore, ItemSource, LegacyCostPayload, SwitchedCosts,
 };
 use crate::decisions::DecisionRows;
-use crate::incremental::{reserve_ahead, GraphIndex, Mark, SnapshotError, TailGraph};
+use crate::incremental::{reserve_ahead, Cut, GraphIndex, Mark, SnapshotError, TailGraph, Window};
 use crate::items::ItemMeta;
 use crate::mask::{maskable, MaskMemo, MaskedCosts, Masking};
 use crate::pack::{CostFailure, CostSource};
@@ -182,7 +182,7 @@ impl IndexedHistory {
         budget: u64,
         basis: impl Into<CostBasis>,
     ) -> usize {
-        self.window_start_masked(tail, budget, basis, None)
+        self.window_masked(tail, budget, basis, None).start
     }
 
     /// [`IndexedHistory::window_start`] for a pack with `masking`: a tool output counts at
@@ -196,13 +196,34 @@ impl IndexedHistory {
         basis: impl Into<CostBasis>,
         masking: Option<Masking>,
     ) -> usize {
+        self.window_masked(tail, budget, basis, masking).start
+    }
+
+    /// [`IndexedHistory::window_start`] with why it is not later ([`GraphIndex::window`]).
+    pub fn window(&self, tail: &[ItemMeta], budget: u64, basis: impl Into<CostBasis>) -> Window {
+        self.window_masked(tail, budget, basis, None)
+    }
+
+    /// [`IndexedHistory::window_start_masked`] with why it is not later.
+    pub fn window_masked(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        basis: impl Into<CostBasis>,
+        masking: Option<Masking>,
+    ) -> Window {
         let basis = basis.into();
-        let start = self.graph.window_start(tail, budget, |members| {
+        let window = self.graph.window(tail, budget, |members| {
             Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
                 sum.saturating_add(self.lower_bound(p, basis, masking))
             }))
         });
-        start.unwrap_or_else(|never| match never {})
+        window.unwrap_or_else(|never| match never {})
+    }
+
+    /// The earliest regrouping of the appends since the last call ([`GraphIndex::take_regrouped`]).
+    pub fn take_regrouped(&mut self) -> Option<Cut> {
+        self.graph.take_regrouped()
     }
 
     /// Approximate bytes of memory held.

@@ -747,6 +747,60 @@ impl ItemMeta {
 }
 
 impl ItemKind {
+    /// Every kind the classifier gives (for tests that must meet each one).
+    pub fn all() -> Vec<ItemKind> {
+        let mut out = vec![
+            ItemKind::UserMessage,
+            ItemKind::SystemMessage,
+            ItemKind::DeveloperMessage,
+            ItemKind::AssistantInputMessage,
+            ItemKind::AssistantMessage,
+            ItemKind::Reasoning,
+            ItemKind::AnonToolSearchCall,
+            ItemKind::AnonToolSearchOutput,
+        ];
+        for ct in CallType::ALL {
+            out.push(ItemKind::Call(ct));
+            out.push(ItemKind::Output(ct));
+        }
+        out.extend(
+            [
+                HostedKind::WebSearchCall,
+                HostedKind::FileSearchCall,
+                HostedKind::CodeInterpreterCall,
+                HostedKind::ImageGenerationCall,
+                HostedKind::McpCall,
+                HostedKind::McpListTools,
+            ]
+            .map(ItemKind::Hosted),
+        );
+        out.extend(
+            [
+                StandaloneKind::Compaction,
+                StandaloneKind::AdditionalTools,
+                StandaloneKind::ConfigurationUpdate,
+            ]
+            .map(ItemKind::Standalone),
+        );
+        out.extend(
+            [ControlKind::CompactionTrigger, ControlKind::ItemReference].map(ItemKind::Control),
+        );
+        out.extend(
+            [
+                ForeignKind::HostedToolCall,
+                ForeignKind::ChatToolCalls,
+                ForeignKind::ChatToolMessage,
+                ForeignKind::ClientAnonToolSearchCall,
+                ForeignKind::ClientAnonToolSearchOutput,
+                ForeignKind::UnknownRole,
+                ForeignKind::UnknownType,
+                ForeignKind::Untyped,
+            ]
+            .map(ItemKind::Foreign),
+        );
+        out
+    }
+
     /// Short snake_case name for reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -998,6 +1052,14 @@ mod tests {
             v[f] = json!(1.5);
             assert_eq!(RawItem::from_json(&v).unwrap_err().field, f);
         }
+    }
+
+    #[test]
+    fn every_kind_is_listed_once() {
+        let all = ItemKind::all();
+        let names: std::collections::HashSet<_> = all.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), all.len());
+        assert_eq!(all.len(), 45);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions, Preload};
+use protoprompt_core::incremental::{Cut, TailGraph};
 use protoprompt_core::indexed::{
     counted_masked_window_start, counted_window_start, IndexedHistory,
 };
@@ -18,6 +19,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
+
+/// What `window` returns: start, fits, tie code, why (a sentence), reach.
+type WindowTuple = (usize, bool, Option<&'static str>, Option<String>, usize);
 
 /// The classified history of one session, extended as it grows, so that packing the next
 /// turn costs what is new and what is kept rather than the whole history.
@@ -316,23 +320,28 @@ impl PyHistoryIndex {
     /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
     /// indexed history followed by `new_items` (items appended since it was indexed, then the
     /// new input): a read of the history from there on packs to the same request
-    /// (`GraphIndex::window_start`). A cost not counted yet, or counted under another encoding
+    /// (`GraphIndex::window`). A cost not counted yet, or counted under another encoding
     /// or calibration (`opaque_scale`), counts as an item's overhead, which only moves the
-    /// start earlier.
-    /// With `masking` (a `protoprompt.Masking`), for a masked pack: a tool output counts at
-    /// most its masked cost (`IndexedHistory::window_start_masked`).
-    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, opaque_scale=1.0, masking=None))]
+    /// start earlier. With `masking` (a `protoprompt.Masking`), for a masked pack: a tool
+    /// output counts at most its masked cost (`IndexedHistory::window_masked`). Returns
+    /// `(start, fits, tie, why, reach)`: whether the budget reaches the oldest unit, the
+    /// relation that moved the start back last (its code and a sentence), and how far back
+    /// the budget alone reaches (`GraphIndex::window`; positions in `why` from `len(self) +
+    /// len(new_items) - new_input` on are labelled as new input, `new_input` counting from
+    /// the end of `new_items`).
+    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, new_input=0, opaque_scale=1.0, masking=None))]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn window_start(
+    pub(crate) fn window(
         &self,
         py: Python<'_>,
         new_items: &Bound<'_, PyAny>,
         budget: u64,
         model: Option<&str>,
         encoding: Option<&str>,
+        new_input: usize,
         opaque_scale: f64,
         masking: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<usize> {
+    ) -> PyResult<WindowTuple> {
         let basis = basis_of(py, model, encoding, opaque_scale)?;
         let masking = match masking {
             Some(m) => crate::mask::masking_from_py(&m)?,
@@ -340,9 +349,13 @@ impl PyHistoryIndex {
         };
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
-        let metas = classify_items(py, bound(py, &items), n, n)?;
+        let n_history = n + items.len().saturating_sub(new_input);
+        let metas = classify_items(py, bound(py, &items), n, n_history)?;
         let inner = &self.inner;
-        Ok(py.detach(|| inner.window_start_masked(&metas, budget, basis, masking)))
+        let w = py.detach(|| inner.window_masked(&metas, budget, basis, masking));
+        let tie = w.pull.map(|p| p.tie.code());
+        let why = w.pull.map(|p| p.describe(n_history));
+        Ok((w.start, w.fits, tie, why, w.reach))
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -492,7 +505,9 @@ impl PyHistoryIndex {
     ) -> PyResult<Bound<'py, PyDict>> {
         let indexed = self.inner.len();
         let n_history = indexed + fresh.len();
+        self.inner.take_regrouped();
         self.classify_into(py, fresh.iter(), n_history)?;
+        let appended = self.inner.take_regrouped();
         let items = PyItems::new(
             history.clone().unbind(),
             fresh.clone().unbind(),
@@ -579,14 +594,32 @@ impl PyHistoryIndex {
         })?;
         let request = items.request(py, &result.kept_history)?;
         let masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
+        let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
         let out = result_dict(py, &result, call.basis, call.opts.policy, table)?;
+        out.set_item("index", index_use)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
+}
+
+/// How a pack used the index: `(held, appended, regrouped_from, why)`, where units were
+/// rebuilt from being the appends' regrouping or the new input's, whichever is earlier.
+fn index_use(
+    held: usize,
+    appended: usize,
+    regroup: Option<Cut>,
+    tail: &TailGraph,
+    n_history: usize,
+) -> (usize, usize, usize, Option<String>) {
+    let (from, pull) = match regroup {
+        Some(a) if a.position < tail.cut => (a.position, a.pull),
+        _ => (tail.cut, tail.pull),
+    };
+    (held, appended, from, pull.map(|p| p.describe(n_history)))
 }
 
 /// The cost basis of a call's `model` / `encoding` / `opaque_scale` arguments.
