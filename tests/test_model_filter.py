@@ -58,10 +58,14 @@ def get_table(name: str) -> str:
     return TABLE
 
 
+def lookup_output(q: str) -> str:
+    return f"result for {q}: " + "lorem ipsum dolor sit amet " * 100
+
+
 @function_tool
 def lookup(q: str) -> str:
     """Look something up (a ~600-token answer)."""
-    return f"result for {q}: " + "lorem ipsum dolor sit amet " * 100
+    return lookup_output(q)
 
 
 def request_tokens(call: Any) -> int:
@@ -156,8 +160,10 @@ async def test_a_tool_loop_with_huge_outputs_never_overflows(tmp_path: Any, mode
 
 
 async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps() -> None:
+    """Masking off: a long run drops its middle steps whole (with masking, the default, they
+    are masked first: ``test_a_fifty_step_loop_keeps_every_call_visible...``)."""
     budget = 6_000
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500, masking=None)
     session = ProtoPromptSession("loop")
     steps = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(30)]
     model = ScriptedModel([*steps, [assistant_message("all done", item_id="m1")]])
@@ -421,7 +427,10 @@ async def test_standalone_filter_over_a_to_input_list_history() -> None:
     store.close()
 
 
-async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("masking", [pp.Masking(), None], ids=["masking", "no_masking"])
+async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(
+    monkeypatch: Any, masking: pp.Masking | None
+) -> None:
     """The per-run index never changes a result: each call's request is exactly a fresh
     ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
     alive meanwhile, and none of them makes the run's index copy its item graph when the
@@ -440,7 +449,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
     monkeypatch.setattr(runs, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
-        None, max_tokens=5_000, output_reserve=300, policy="greedy"
+        None, max_tokens=5_000, output_reserve=300, policy="greedy", masking=masking
     )
     flt = model_input_filter(builder)
     original = flt.__call__
@@ -471,12 +480,16 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
             policy="greedy",
             context_tokens=plan.instructions_tokens + plan.tools_tokens,
             pinned=plan.pinned,
+            masking=masking,
         )
         assert plan.pack.items == fresh.items
+        assert plan.pack.masked == fresh.masked
         assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
         assert plan.pack.decisions.item_counts() == fresh.decisions.item_counts()
     assert len(indexes) == 1 and len(indexes[0]) > 0  # the run's index, used for every call
     assert indexes[0]._index._graph_copies() == 0  # the kept plans pinned nothing
+    if masking is not None:
+        assert seen[-1][1].pack.masked, "late calls masked middle steps"
 
 
 # ------------------------------------------------------------------ persistence unchanged
@@ -1436,3 +1449,150 @@ def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: 
         assert out.position(i) == stands.index(i if key is None else anchor[key])
     s = min(start, len(items))
     assert out.start(s) == bisect.bisect_left(stands, s)
+
+
+# ------------------------------------------------------------------ issue 25: masking
+
+
+LOOP_STEPS = 50
+
+
+def _loop_steps(steps: int) -> list[Any]:
+    return [
+        *(
+            [function_call("lookup", {"q": f"thing number {i}"}, call_id=f"c{i}")]
+            for i in range(steps)
+        ),
+        [assistant_message("all done", item_id="m_done")],
+    ]
+
+
+def _spying(flt: Any, seen: list[dict[str, Any]]) -> Any:
+    """Wrap a filter: each call's SDK input is checked unchanged by the filter, and what it
+    returned, its plan and the run's index are recorded."""
+
+    async def spy(data: Any) -> Any:
+        items = data.model_data.input
+        before = copy.deepcopy(items)
+        objects = [id(x) for x in items]
+        out = await flt(data)
+        assert items == before and [id(x) for x in items] == objects, "the SDK's items"
+        plan = flt.last_plan
+        [run] = [r for r in flt._runs.values() if r.span is not None][-1:]
+        seen.append({"input": items, "sent": out.input, "plan": plan, "index": run.index})
+        return out
+
+    return spy
+
+
+def _visible(request: list[Any]) -> dict[str, dict[str, Any]]:
+    """Every step of the request by call id: its arguments and its output as sent."""
+    steps: dict[str, dict[str, Any]] = {}
+    for item in request:
+        if item.get("type") == "function_call":
+            steps[item["call_id"]] = {"arguments": item["arguments"], "output": None}
+        elif item.get("type") == "function_call_output":
+            steps[item["call_id"]]["output"] = item["output"]
+    return steps
+
+
+@pytest.mark.parametrize("mode", ["session", "standalone"])
+async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps_fit(
+    mode: str,
+) -> None:
+    """Issue 25 #5: the per-call filter masks a run's middle steps before it drops any, so
+    every call of a 50-step tool loop and its arguments stay in every request while the
+    masked steps fit, the newest steps whole. Every request is within the budget by an
+    independent count (``tiktoken`` over the request the SDK's Responses model builds, and
+    the exact cost model), a fixed point of the SDK's ``drop_orphan_function_calls``, leaves
+    the SDK's items (and the caller's) as they were; the session stores exactly what it
+    stores without the filter. The run's index keeps its masked costs between calls."""
+    budget, reserve = 9_000, 500
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    assert builder.masking == pp.Masking(), "the builder masks by default"
+    model = _RequestRecorder(_loop_steps(LOOP_STEPS))
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    seen: list[dict[str, Any]] = []
+    question = "look up fifty things"
+    if mode == "session":
+        session = ProtoPromptSession("fifty")
+        config = run_config(session, builder)
+        config.call_model_input_filter = _spying(config.call_model_input_filter, seen)
+        result = await Runner.run(
+            agent, question, session=session, run_config=config, max_turns=LOOP_STEPS + 5
+        )
+    else:
+        flt = model_input_filter(builder)
+        history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+        given = [*history, {"role": "user", "content": question}]
+        kept = copy.deepcopy(given)
+        config = RunConfig(call_model_input_filter=_spying(flt, seen), tracing_disabled=True)
+        result = await Runner.run(agent, given, run_config=config, max_turns=LOOP_STEPS + 5)
+        assert given == kept, "the caller's items are unchanged"
+    assert result.final_output == "all done"
+    assert len(model.requests) == len(seen) == LOOP_STEPS + 1
+    masked_calls = 0
+    for n, (request, call) in enumerate(zip(model.requests, seen)):
+        sent = request["input"]
+        # Within the budget, counted independently of the filter.
+        lower = _reference_tokens(
+            [request["instructions"], sent, request["tools"], request["text"]]
+        )
+        assert lower + reserve <= budget and request["exact"] + reserve <= budget, f"call {n}"
+        assert request["exact"] == call["plan"].request_tokens
+        assert drop_orphan_function_calls(copy.deepcopy(sent)) == sent
+        # Every call of the run so far, with its arguments; the newest steps whole.
+        steps = _visible(sent)
+        assert list(steps) == [f"c{i}" for i in range(n)], f"call {n}: every call is visible"
+        for i in range(n):
+            assert steps[f"c{i}"]["arguments"] == json.dumps(
+                {"q": f"thing number {i}"}, separators=(",", ":")
+            )
+        outputs = [steps[f"c{i}"]["output"] for i in range(n)]
+        whole = [o == lookup_output(f"thing number {i}") for i, o in enumerate(outputs)]
+        if n:
+            assert whole[-1], "the newest step is whole"
+            first_whole = whole.index(True)
+            assert all(whole[first_whole:]), "the whole steps are the newest ones"
+        for i, (o, w) in enumerate(zip(outputs, whole)):
+            if not w:
+                assert f"lookup output (call c{i}) masked by protoprompt" in o
+                assert pp.count_tokens(o) <= 64
+        masked = sum(1 for w in whole if not w)
+        plan = call["plan"]
+        assert len(plan.pack.masked) == masked
+        masked_calls += bool(masked)
+        if masked:
+            assert plan.pack.masking_saved > 0
+            assert f"masked: {masked} units ({masked} tool outputs)" in plan.explain()
+            # Not one more step could have been sent whole.
+            step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
+            newest_masked = max(i for i, w in enumerate(whole) if not w)
+            masked_cost = sum(
+                item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
+            )
+            assert plan.used - masked_cost + step_whole > budget
+        # The masked outputs are new objects; the SDK's own are sent as they are.
+        sdk = {id(x) for x in call["input"]}
+        for item in call["sent"]:
+            copied = id(item) not in sdk
+            is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
+            assert copied == is_masked
+    assert masked_calls > LOOP_STEPS // 2, "late calls mask their middle steps"
+    # The run's index is one and keeps its masked costs between calls.
+    indexes = {id(c["index"]) for c in seen}
+    assert len(indexes) == 1
+    memo = [c["index"]._index._masked_counted()[1] for c in seen]
+    assert memo == sorted(memo) and memo[-1] >= seen[-1]["plan"].pack.masked.__len__()
+    if mode == "session":
+        stored = await session.get_items()
+        assert not any("masked by protoprompt" in json.dumps(i) for i in stored)
+        plain = ProtoPromptSession("plain")
+        await Runner.run(
+            Agent(name="a", model=ScriptedModel(_loop_steps(LOOP_STEPS)), tools=[lookup]),
+            question,
+            session=plain,
+            run_config=RunConfig(tracing_disabled=True),
+            max_turns=LOOP_STEPS + 5,
+        )
+        assert stored == await plain.get_items(), "stored exactly as without the filter"
