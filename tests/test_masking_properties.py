@@ -413,9 +413,13 @@ def test_a_pinned_turn_is_masked_before_any_of_its_units_is_dropped(
     at_miss = r.used - older  # what the request held when the fill left the run's turn
     if dropped:
         event("pinned turn: dropped")
-        saving = sum(d.tokens - masked_cost[tuple(d.positions)] for d in kept if d.decision == "kept")
+        saving = sum(
+            d.tokens - masked_cost[tuple(d.positions)] for d in kept if d.decision == "kept"
+        )
         miss = dropped[0]
-        assert at_miss - saving + masked_cost[tuple(miss.positions)] > budget, "masked before dropped"
+        assert at_miss - saving + masked_cost[tuple(miss.positions)] > budget, (
+            "masked before dropped"
+        )
     masked = [d for d in kept if d.decision == "masked"]
     if masked:
         event("pinned turn: masked")
@@ -423,3 +427,24 @@ def test_a_pinned_turn_is_masked_before_any_of_its_units_is_dropped(
         assert all(d.decision == "kept" for d in whole), "the newest units are the whole ones"
         newest = masked[0]
         assert at_miss - newest.masked_tokens + newest.tokens > budget, "could not be whole"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), maskings)
+def test_a_masked_copy_is_not_masked_again(session, masking) -> None:
+    """What the session callback sends masked reaches the per-call filter as history, where
+    the same masking meets it again: a masked copy of every tool-output shape is too short
+    to be masked again (packing the masked request with every unit masked changes nothing)."""
+    history, new_input = session
+    every = pp.Masking(excerpt_tokens=masking.excerpt_tokens, after_turns=0)
+    try:
+        r = pp.pack(history, new_input, 2**40, masking=every)
+    except pp.InvalidNewInputError:
+        return
+    sent = r.items[: len(r.kept_history)]
+    again = pp.pack(sent, new_input, 2**40, masking=every)
+    event("masked" if r.masked else "nothing masked")
+    copies = {p for p, q in enumerate(r.kept_history) if q in set(r.masked)}
+    assert not copies & set(again.masked), "a masked copy was masked again"
+    for p in copies:
+        assert again.items[again.kept_history.index(p)] is sent[p]

@@ -1596,3 +1596,61 @@ async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps
             max_turns=LOOP_STEPS + 5,
         )
         assert stored == await plain.get_items(), "stored exactly as without the filter"
+
+
+def _loop(prefix: str, steps: int) -> list[Any]:
+    return [
+        *(
+            [function_call("lookup", {"q": f"{prefix} {i}"}, call_id=f"{prefix}{i}")]
+            for i in range(steps)
+        ),
+        [assistant_message(f"{prefix} done", item_id=f"m_{prefix}")],
+    ]
+
+
+async def test_the_callbacks_masked_copies_are_sent_as_they_are_and_never_stored() -> None:
+    """Session mode, turn after turn: the callback masks the older turn's steps; those
+    copies reach the filter in the SDK's input and are too short to be masked again (sent as
+    the same objects), while the filter masks the new run's own middle steps. The session
+    stores exactly what it stores without either hook."""
+    budget = 9_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("turns")
+    callback_copies: list[Any] = []
+    config = run_config(
+        session, builder, on_plan=lambda plan: callback_copies.extend(plan.masked_items)
+    )
+    seen: list[dict[str, Any]] = []
+    config.call_model_input_filter = _spying(config.call_model_input_filter, seen)
+    agent = Agent(name="a", model=ScriptedModel(_loop("a", 20)), tools=[lookup])
+    await Runner.run(agent, "first", session=session, run_config=config, max_turns=30)
+    assert not callback_copies, "the first turn's history is empty"
+    first_run = len(seen)
+    agent.model = ScriptedModel(_loop("b", 18))
+    await Runner.run(agent, "second", session=session, run_config=config, max_turns=30)
+    assert callback_copies, "the callback masked the first turn's steps"
+    filter_masked = sent_older = 0
+    for call in seen[first_run:]:
+        plan = call["plan"]
+        assert plan.deduplicated == 0 and plan.used <= budget
+        assert drop_orphan_function_calls(copy.deepcopy(call["sent"])) == call["sent"]
+        sdk = {id(x) for x in call["input"]}
+        older = [x for x in call["sent"] if str(x.get("call_id", "")).startswith("a")]
+        for x in older:  # the first turn's steps sent: the callback's copies, as they are
+            assert id(x) in sdk, "the SDK's object, not masked again"
+            if x.get("type") == "function_call_output":
+                assert x in callback_copies and x["output"].count("masked by protoprompt") == 1
+        sent_older += len(older)
+        for p in plan.pack.masked:
+            assert call["input"][p]["call_id"].startswith("b"), "only the run's own steps"
+        filter_masked += len(plan.pack.masked)
+    assert filter_masked, "the filter masked the second run's middle steps"
+    assert sent_older, "the first turn's masked steps were sent"
+    stored = await session.get_items()
+    plain = ProtoPromptSession("plain")
+    for prefix, steps, q in (("a", 20, "first"), ("b", 18, "second")):
+        bare = Agent(name="a", model=ScriptedModel(_loop(prefix, steps)), tools=[lookup])
+        await Runner.run(
+            bare, q, session=plain, run_config=RunConfig(tracing_disabled=True), max_turns=30
+        )
+    assert stored == await plain.get_items()
