@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
@@ -1287,7 +1287,7 @@ def _filter_scenarios(draw: Any) -> dict[str, Any]:
         "reserve": draw(st.sampled_from([0, 200, 800])),
         "runs": draw(st.integers(1, 3)),
         "rounds": draw(st.integers(1, 2)),
-        "steps": draw(st.integers(0, 4)),
+        "steps": draw(st.integers(0, 7)),
         "parts": draw(st.sampled_from([1, 1, 40, 300])),
         "text_tokens": draw(st.sampled_from([50, 400, 3_000, 20_000])),
         "images": draw(st.sampled_from([0, 0, 2])),
@@ -1298,6 +1298,17 @@ def _filter_scenarios(draw: Any) -> dict[str, Any]:
         "scratchpad": draw(st.booleans()),
         "edit_schema": draw(st.booleans()),
         "system_prompt": draw(st.sampled_from(["", "Use the recalled facts. " * 10])),
+        "masking": draw(
+            st.sampled_from(
+                [
+                    None,
+                    pp.Masking(),
+                    pp.Masking(excerpt_tokens=16),
+                    pp.Masking(excerpt_tokens=120, after_turns=1),
+                    pp.Masking(after_turns=0),
+                ]
+            )
+        ),
     }
 
 
@@ -1310,7 +1321,8 @@ def test_every_call_of_every_run_fits_whatever_the_agent_sends(sc: dict[str, Any
     filter's scratchpad), structured outputs of every size, many-part outputs with images.
     Every model call the SDK made is checked against an independent count (``tiktoken`` over
     every string of the request the SDK's Responses model builds: a lower bound), the exact
-    cost model, and the SDK's own ``drop_orphan_function_calls``."""
+    cost model, and the SDK's own ``drop_orphan_function_calls``; with masking drawn on and
+    off (the builder's), the SDK's items and the caller's are left as they were."""
     asyncio.run(_run_scenario(sc))
 
 
@@ -1318,7 +1330,9 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
     from pydantic import Field, create_model
 
     budget, reserve = sc["budget"], sc["reserve"]
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=budget, output_reserve=reserve, masking=sc["masking"]
+    )
     flt = model_input_filter(
         builder, oversized_output="truncate", system_prompt=sc["system_prompt"]
     )
@@ -1333,7 +1347,12 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
             )
             pad["content"][0]["text"] += " note" * 150  # grows in place on every call
             data.model_data.input = [*items[:1], pad, *items[1:]]
-        return await flt(data)
+        before = copy.deepcopy(data.model_data.input)
+        out = await flt(data)
+        assert data.model_data.input == before, "the filter changed the SDK's items"
+        if flt.last_plan is not None and flt.last_plan.pack.masked:
+            event("masked")
+        return out
 
     output_type: Any = None
     answer = "the answer"
@@ -1371,13 +1390,15 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
         async def one(r: int) -> Any:
             text = f"run {r} round {round_}: fetch the documents " + "please " * (r * 400)
             question = user_parts(text) if sc["list_content"] else {"role": "user", "content": text}
+            given = [*histories[r], question]
+            kept = copy.deepcopy(given)
             try:
-                return await Runner.run(
-                    agent, [*histories[r], question], run_config=config, max_turns=20
-                )
+                return await Runner.run(agent, given, run_config=config, max_turns=20)
             except TokenBudgetExceededError:
                 refused.append(r)  # the mandatory part did not fit: refused before sending
                 return None
+            finally:
+                assert given == kept, "the caller's items are unchanged"
 
         results = await asyncio.gather(*(one(r) for r in range(sc["runs"])))
         for r, result in enumerate(results):
