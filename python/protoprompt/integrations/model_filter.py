@@ -28,8 +28,8 @@ while its masked steps fit, and drops the oldest only when they no longer do. Th
 message, the run's input and the newest step are mandatory, never masked; the masked copies
 are new objects, sent and never stored. Masked copies the session
 callback already put in the input are too short to be masked again and are sent as they are.
-The run's index keeps each step's masked cost and excerpt between calls, so a call masks only
-the step that has just aged. ``ModelCallPlan.pack`` reports what was masked
+The run's index keeps each step's masked cost and excerpt between calls, so each step is
+masked at most once per run. ``ModelCallPlan.pack`` reports what was masked
 (``pack.masked``, ``pack.masking_saved``, decisions ``"masked"``), and ``explain()`` lists it.
 
 When the mandatory part does not fit, ``oversized_output="error"`` raises
