@@ -11,7 +11,7 @@ import copy
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import protoprompt as pp
@@ -482,6 +482,44 @@ def test_the_generator_draws_every_shape_of_the_item_rules() -> None:
 @given(
     sessions(), st.integers(0, 3000), st.integers(0, 200), st.sampled_from(["contiguous", "greedy"])
 )
+# A typed user message starts a turn as an easy one does (CI found this one).
+@example(
+    session=(
+        [
+            {"role": "user", "content": ""},
+            {"role": "user", "content": ""},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]},
+            {"role": "user", "content": ""},
+            {"type": "reasoning", "id": "rs_4", "summary": [], "encrypted_content": "gAAA"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_4",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "", "annotations": []}],
+            },
+            {"type": "program", "id": "pg_5", "call_id": "p5", "code": "js", "fingerprint": "f"},
+            {
+                "type": "function_call",
+                "call_id": "c5",
+                "name": "f",
+                "arguments": "{}",
+                "caller": {"type": "program", "caller_id": "p5"},
+            },
+        ],
+        [
+            {
+                "type": "function_call_output",
+                "call_id": "c5",
+                "output": "ok",
+                "caller": {"type": "program", "caller_id": "p5"},
+            }
+        ],
+    ),
+    budget=173,
+    reserve=0,
+    policy="greedy",
+)
 def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, policy) -> None:
     history, new_input = session
     before = copy.deepcopy((history, new_input))
@@ -528,14 +566,15 @@ def test_packed_request_survives_the_sdk_sanitizer(session, budget, reserve, pol
         for p in u.positions
         if p < len(history)
     }
+
+    def starts_turn(item: dict) -> bool:
+        # A user message starts a turn in either form (easy or typed), as in the core.
+        return item.get("role") == "user" and item.get("type", "message") == "message"
+
     for pos in kept:
-        if history[pos].get("role") == "user" and "type" not in history[pos]:
+        if starts_turn(history[pos]):
             nxt = next(
-                (
-                    j
-                    for j in range(pos + 1, len(history))
-                    if history[j].get("role") == "user" and "type" not in history[j]
-                ),
+                (j for j in range(pos + 1, len(history)) if starts_turn(history[j])),
                 len(history),
             )
             assert all(j in kept for j in range(pos + 1, nxt) if j in valid), (pos, nxt)
