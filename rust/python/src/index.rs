@@ -159,8 +159,9 @@ impl PyHistoryIndex {
         py.detach(|| inner.truncate(length));
     }
 
-    /// The index as bytes, token costs included, for `HistoryIndex.from_snapshot` with the
-    /// same `bound_to` (see `IndexedHistory::snapshot`; serialised with the GIL released).
+    /// The index as bytes, token costs and masked costs included, for
+    /// `HistoryIndex.from_snapshot` with the same `bound_to` (see `IndexedHistory::snapshot`;
+    /// serialised with the GIL released).
     #[pyo3(signature = (*, bound_to=None))]
     pub(crate) fn snapshot<'py>(
         &self,
@@ -192,6 +193,13 @@ impl PyHistoryIndex {
     /// Positions whose token cost the index holds (for tests and debugging).
     pub(crate) fn _costs_counted(&self) -> usize {
         self.inner.costs().counted()
+    }
+
+    /// Tool outputs whose masked cost the index holds, and the encoding and excerpt size
+    /// they are counted under (for tests and debugging).
+    pub(crate) fn _masked_counted(&self) -> (usize, Option<(&'static str, u64)>) {
+        let masked = self.inner.masked_costs();
+        (masked.counted(), masked.key().map(|(e, x)| (e.name(), x)))
     }
 
     /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
@@ -301,6 +309,10 @@ impl PyHistoryIndex {
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mut mark = self.inner.mark();
         self.inner.switch_costs(basis, &mut mark);
+        if let Some(m) = masking {
+            self.inner
+                .switch_masks(basis.encoding, m.excerpt_tokens, &mut mark);
+        }
         let call = Call {
             basis,
             opts,
@@ -415,8 +427,10 @@ impl PyHistoryIndex {
                 None,
             ),
             Some(m) => {
+                let kinds = |p: usize| index.kind(p);
                 let mut masked = MaskedCosts::new(&mut source, basis.encoding, m.excerpt_tokens)
-                    .with_memo(masks, n);
+                    .with_memo(masks, n)
+                    .with_kinds(&kinds);
                 let walked =
                     py.detach(|| counted_masked_window_start(index, &mut masked, budget, offset));
                 (walked, masked_failure(py, n, &masked))
