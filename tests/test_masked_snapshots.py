@@ -76,7 +76,7 @@ class Turns:
         self.reports.append((plan.turn.read, plan.turn.index, plan.turn.snapshot))
         return hashlib.sha256(json.dumps(prepared, sort_keys=True, default=str).encode()).hexdigest()
 
-    def masked_counted(self) -> tuple[int, tuple[str, int] | None]:
+    def masked_counted(self) -> tuple[int, int, tuple[str, int] | None]:
         return self.session._index_state.index._index._masked_counted()
 
     def close(self) -> None:
@@ -84,8 +84,8 @@ class Turns:
 
 
 def _spy_windows(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, int]]:
-    """The masked costs (``_masked_counted``) and the number of whole costs an index held
-    each time a token window was looked for."""
+    """The masked costs (``_masked_counted``: costs, fields, key) and the number of whole
+    costs an index held each time a token window was looked for."""
     seen: list[tuple[Any, int]] = []
     real = pp.HistoryIndex.window
 
@@ -142,7 +142,7 @@ async def test_a_restart_reads_the_window_a_warm_turn_reads(
     assert restarted.reads[0] <= warm, (restarted.reads, first.reads)
     assert restarted.reads[0] == warm
     # The window was found with the snapshot's masked costs (the fast path taken).
-    [((counted, key), _)] = windows
+    [((counted, _, key), _)] = windows
     assert counted > 0 and key == ("o200k_base", pp.Masking().excerpt_tokens)
     restarted.close()
 
@@ -169,7 +169,7 @@ async def test_a_snapshot_of_the_main_format_still_loads(
     assert index.snapshot_costs_dropped is None
     # The snapshot had no masked costs; its whole costs were reused.
     (masked, whole), *_ = windows
-    assert masked == (0, None) and whole > 0
+    assert masked == (0, 0, None) and whole > 0
     assert restarted.masked_counted()[0] > 0  # counted after that turn
     digests.append(await restarted.turn(question))
     assert restarted.reports[1][0] == "window" and restarted.reads[1] < n // 2

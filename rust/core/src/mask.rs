@@ -592,11 +592,6 @@ impl MaskMemo {
         self.key
     }
 
-    /// Positions whose masked cost is counted.
-    pub fn counted(&self) -> usize {
-        self.costs.iter().filter(|&&c| c != UNCOUNTED).count()
-    }
-
     /// The masked cost of `position` under `encoding` and `excerpt_tokens`, if counted.
     pub fn get(&self, position: usize, encoding: Encoding, excerpt_tokens: u64) -> Option<u64> {
         if self.key != Some((encoding, excerpt_tokens)) {
@@ -693,6 +688,13 @@ impl MaskMemo {
 
     pub fn capacity(&self) -> usize {
         self.costs.capacity()
+    }
+
+    /// Positions whose masked cost is counted, and those with a masked field kept (a copy
+    /// cheaper than the item).
+    pub fn counted(&self) -> (usize, usize) {
+        let costs = self.costs.iter().filter(|&&c| c != UNCOUNTED).count();
+        (costs, self.fields.len())
     }
 
     /// Bytes of memory held (the masked fields approximately).

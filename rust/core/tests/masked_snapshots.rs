@@ -179,7 +179,7 @@ fn a_restart_from_a_snapshot_finds_the_warm_window() {
             .graph()
             .to_snapshot(&index.costs().payload(), b"db/session/rows");
         let old = IndexedHistory::from_snapshot(&costs_only, b"db/session/rows").unwrap();
-        assert_eq!(old.masked_costs().counted(), 0);
+        assert_eq!(old.masked_costs().counted(), (0, 0));
         let old_start = old
             .window_masked(&new_input(), budget, ENC, masking(EXCERPT))
             .start;
@@ -208,7 +208,7 @@ fn snapshots_with_and_without_masked_costs_load_in_both_readers() {
     let old_format = index.graph().to_snapshot(&index.costs().payload(), b"rows");
     let loaded = IndexedHistory::from_snapshot(&old_format, b"rows").unwrap();
     assert_eq!(loaded.costs(), index.costs());
-    assert_eq!(loaded.masked_costs().counted(), 0);
+    assert_eq!(loaded.masked_costs().counted(), (0, 0));
     assert_eq!(loaded.masked_costs().key(), None);
     assert_eq!(loaded.snapshot_costs_dropped(), None);
     assert_eq!(
@@ -279,7 +279,7 @@ fn masked_sections_of_other_rules_are_dropped_and_damaged_ones_refused_whole() {
     ] {
         let bytes = with_section(&index, &section(other, Some("nope"), 1, &[7; 999]));
         let loaded = IndexedHistory::from_snapshot(&bytes, b"s").unwrap();
-        assert_eq!(loaded.masked_costs().counted(), 0, "{other:?}");
+        assert_eq!(loaded.masked_costs().counted(), (0, 0), "{other:?}");
         assert_eq!(loaded.costs(), index.costs(), "{other:?}");
         assert_eq!(loaded.snapshot_costs_dropped(), Some(OTHER_MASK_RULE));
     }

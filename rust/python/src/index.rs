@@ -195,11 +195,14 @@ impl PyHistoryIndex {
         self.inner.costs().counted()
     }
 
-    /// Tool outputs whose masked cost the index holds, and the encoding and excerpt size
-    /// they are counted under (for tests and debugging).
-    pub(crate) fn _masked_counted(&self) -> (usize, Option<(&'static str, u64)>) {
+    /// Tool outputs whose masked cost the index holds, those with a masked copy's field
+    /// kept, and the encoding and excerpt size they are counted under (for tests and
+    /// debugging).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn _masked_counted(&self) -> (usize, usize, Option<(&'static str, u64)>) {
         let masked = self.inner.masked_costs();
-        (masked.counted(), masked.key().map(|(e, x)| (e.name(), x)))
+        let (costs, fields) = masked.counted();
+        (costs, fields, masked.key().map(|(e, x)| (e.name(), x)))
     }
 
     /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
