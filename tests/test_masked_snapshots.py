@@ -35,7 +35,9 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _main_format_module() -> Any:
     """``tests/data/make_main_format_db.py``: the history and builder of ``main_format.db``."""
-    spec = importlib.util.spec_from_file_location("make_main_format_db", DATA / "make_main_format_db.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_main_format_db", DATA / "make_main_format_db.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,7 +76,9 @@ class Turns:
         plan = self.builder.last_plan
         assert plan is not None and plan.turn is not None
         self.reports.append((plan.turn.read, plan.turn.index, plan.turn.snapshot))
-        return hashlib.sha256(json.dumps(prepared, sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps(prepared, sort_keys=True, default=str).encode()
+        ).hexdigest()
 
     def masked_counted(self) -> tuple[int, int, tuple[str, int] | None]:
         return self.session._index_state.index._index._masked_counted()
@@ -210,7 +214,12 @@ def test_masked_costs_stay_right_when_the_calibration_changes() -> None:
     for t in range(6):
         history += [
             {"role": "user", "content": f"turn {t}"},
-            {"type": "reasoning", "id": f"rs_{t}", "summary": [], "encrypted_content": _fernet(3000, t)},
+            {
+                "type": "reasoning",
+                "id": f"rs_{t}",
+                "summary": [],
+                "encrypted_content": _fernet(3000, t),
+            },
             {"type": "function_call", "call_id": f"c{t}", "name": "f", "arguments": "{}"},
             {"type": "function_call_output", "call_id": f"c{t}", "output": "word " * 800},
             {

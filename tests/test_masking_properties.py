@@ -349,8 +349,9 @@ def test_index_and_window_packs_mask_exactly_like_pack(
 
     data = index.snapshot()
     # The masked costs come with the snapshot (the excerpts are made again when needed).
-    assert pp.HistoryIndex.from_snapshot(data)._index._masked_counted()[::2] == (
-        index._index._masked_counted()[::2]
+    assert (
+        pp.HistoryIndex.from_snapshot(data)._index._masked_counted()[::2]
+        == (index._index._masked_counted()[::2])
     )
     runs = [(data, masking, w), (data, other, None)]
     if early is not None:

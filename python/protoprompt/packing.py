@@ -871,8 +871,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         It holds the items' graph fields (ids, call ids, types, statuses — no message text,
         arguments or outputs), the item graph and the token costs counted so far (masked
         costs of tool outputs included, so a token window found after a restart is the
-        warm index's), behind a checksum. Loading it costs a fraction of reading the history again (about 0.14 KB
-        per item: 14 MB at 100k items; measured sizes are in benches/README.md).
+        warm index's), behind a checksum. Loading it costs a fraction of reading the history
+        again (about 0.14 KB per item: 14 MB at 100k items; measured sizes are in
+        benches/README.md).
         ``bound_to`` names what the items are (e.g. the database, the session and the rows
         they were read from): :meth:`from_snapshot` loads the snapshot
         only for the same bytes, so a snapshot put in the wrong place is refused instead of

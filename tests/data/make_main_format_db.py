@@ -61,7 +61,11 @@ def history(turns: int = 36, seed: int = 25) -> list[dict[str, Any]]:
                 for _ in range(rng.randrange(40, 90))
             ]
             items.append(
-                {"type": "function_call_output", "call_id": f"call_{call}", "output": "\n".join(lines)}
+                {
+                    "type": "function_call_output",
+                    "call_id": f"call_{call}",
+                    "output": "\n".join(lines),
+                }
             )
         items.append(
             {

@@ -243,14 +243,14 @@ fn section(rules: (u8, u8), encoding: Option<&str>, excerpt: u64, costs: &[u64])
     postcard::to_stdvec(&(rules.0, rules.1, encoding, excerpt, costs)).unwrap()
 }
 
-#[test]
-fn masked_sections_of_other_rules_are_dropped_and_damaged_ones_refused_whole() {
+/// A small index with masked costs, its masked costs as a section stores them (plus one),
+/// and the positions counted.
+fn sectioned() -> (IndexedHistory, Vec<u64>, Vec<(usize, u64)>) {
     let items = history(12);
     let index = warm_index(&items, 2_000);
-    let n = index.len();
     let counted = counted_masked(&index);
     assert!(!counted.is_empty());
-    let plus_one: Vec<u64> = (0..n)
+    let plus_one: Vec<u64> = (0..index.len())
         .map(|p| {
             index
                 .masked_costs()
@@ -258,6 +258,12 @@ fn masked_sections_of_other_rules_are_dropped_and_damaged_ones_refused_whole() {
                 .map_or(0, |c| c + 1)
         })
         .collect();
+    (index, plus_one, counted)
+}
+
+#[test]
+fn masked_sections_of_other_rules_or_versions_are_dropped_or_ignored() {
+    let (index, plus_one, _) = sectioned();
     let rules = (MASK_RULE, COST_RULE);
 
     // The layout this version writes, written by hand: loaded as written.
@@ -283,7 +289,17 @@ fn masked_sections_of_other_rules_are_dropped_and_damaged_ones_refused_whole() {
         assert_eq!(loaded.costs(), index.costs(), "{other:?}");
         assert_eq!(loaded.snapshot_costs_dropped(), Some(OTHER_MASK_RULE));
     }
+    // An empty memo's section (nothing counted masked yet).
+    let empty =
+        IndexedHistory::from_snapshot(&with_section(&index, &section(rules, None, 0, &[])), b"s")
+            .unwrap();
+    assert_eq!(empty.masked_costs().key(), None);
+}
 
+#[test]
+fn damaged_masked_sections_are_refused_whole() {
+    let (index, plus_one, counted) = sectioned();
+    let rules = (MASK_RULE, COST_RULE);
     let user = 0; // a user message: never a tool output
     let (output, cost) = counted[0];
     let whole = index.costs().get(output).unwrap();
@@ -348,11 +364,6 @@ fn masked_sections_of_other_rules_are_dropped_and_damaged_ones_refused_whole() {
     let loaded = IndexedHistory::from_snapshot(&with_section(&index, &equal), b"s").unwrap();
     assert_eq!(loaded.masked_costs().get(output, ENC, EXCERPT), Some(whole));
     assert!(cost <= whole);
-    // An empty memo's section (nothing counted masked yet).
-    let empty =
-        IndexedHistory::from_snapshot(&with_section(&index, &section(rules, None, 0, &[])), b"s")
-            .unwrap();
-    assert_eq!(empty.masked_costs().key(), None);
 }
 
 /// A failed call that switched the masked costs to another excerpt size (and counted some)
