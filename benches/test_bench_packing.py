@@ -611,13 +611,15 @@ def test_whole_turn_windowed(benchmark, cases, results, request, turn_size):
         {k: v for k, v in got.items() if k.endswith(("_first", "_next", "_restart"))}
     )
     benchmark.extra_info.update(ratios)
+    benchmark.extra_info["windowed_read_items"] = got["windowed_read_items"]
     results[("whole_turn", (turn_size,))] = {**got, **ratios}
     print(
         f"\nwhole turn agentic-{turn_size} (128k): SDK {got['sdk_first']:.2f} / "
         f"{sdk:.2f} s, full read {got['full_first']:.2f} / {got['full_next']:.2f} / "
         f"{got['full_restart']:.2f} s, windowed {got['windowed_first']:.2f} / "
         f"{got['windowed_next']:.3f} / {got['windowed_restart']:.2f} s "
-        f"(first / next / restart)"
+        f"(first / next / restart); windowed reads {got['windowed_read_items']} items "
+        f"(restart, then next turns)"
     )
     # The targets, as ratios to the SDK alone measured in this run (harness.WHOLE_TURN_TARGETS).
     missed = {k: v for k, v in harness.turn_targets(got).items() if not v[2]}

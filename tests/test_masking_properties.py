@@ -295,15 +295,22 @@ def test_masked_requests_hold_every_rule_and_equal_the_reference(
     st.lists(st.integers(0, 60), min_size=1, max_size=3),
     st.floats(0, 1.2),
     maskings,
+    maskings,
 )
-def test_index_and_window_packs_mask_exactly_like_pack(session, cuts, share, masking) -> None:
+def test_index_and_window_packs_mask_exactly_like_pack(
+    session, cuts, share, masking, other
+) -> None:
     """Turn by turn through a ``HistoryIndex`` (fresh copies each turn, masked costs kept
     between turns), then from a token window found with the masked lower bounds: the same
-    items, totals and decisions as a plain masked ``pp.pack`` of the whole history."""
+    items, totals and decisions as a plain masked ``pp.pack`` of the whole history. Then
+    after a restart: from the index's snapshot (its masked costs came with it: the same
+    window), from a snapshot taken turns earlier (the items stored since appended), and
+    with another masking (the snapshot's masked costs are not its bounds)."""
     history, new_input = session
     budget = _budget(history, new_input, share, 20)
     index = pp.HistoryIndex()
     turns = sorted({min(c, len(history)) for c in cuts}) + [len(history)]
+    early: tuple[int, bytes] | None = None
     for end in turns:
         seen = copy.deepcopy(history[:end])
         try:
@@ -316,6 +323,9 @@ def test_index_and_window_packs_mask_exactly_like_pack(session, cuts, share, mas
         assert got.items == want.items and got.masked == want.masked
         assert list(got.decisions) == list(want.decisions)
         assert (got.used, got.masking_saved) == (want.used, want.masking_saved)
+        if early is None and 0 < end < len(history):
+            index.count_window(seen, budget - 20, masking=masking)
+            early = (end, index.snapshot())
     index.count_window(history, budget - 20, masking=masking)
     w = index.window_start(new_input, budget - 20, masking=masking)
     event("window" if w else "whole history")
@@ -327,6 +337,34 @@ def test_index_and_window_packs_mask_exactly_like_pack(session, cuts, share, mas
     assert list(got.decisions) == list(want.decisions)
     plain_w = index.window_start(new_input, budget - 20)
     assert w <= plain_w, "a masked window reaches at least as far back"
+
+    def restarted(data: bytes, m: pp.Masking) -> tuple[int, pp.PackResult]:
+        loaded = pp.HistoryIndex.from_snapshot(data)
+        n = len(loaded)
+        start = min(loaded.window_start([*history[n:], *new_input], budget - 20, masking=m), n)
+        packed = loaded.pack(
+            history[start:], new_input, budget, output_reserve=20, masking=m, history_offset=start
+        )
+        return start, packed
+
+    data = index.snapshot()
+    # The masked costs come with the snapshot (the excerpts are made again when needed).
+    assert (
+        pp.HistoryIndex.from_snapshot(data)._index._masked_counted()[::2]
+        == (index._index._masked_counted()[::2])
+    )
+    runs = [(data, masking, w), (data, other, None)]
+    if early is not None:
+        runs.append((early[1], masking, None))
+        event("restart from an earlier snapshot")
+    for snapshot, m, expected_start in runs:
+        start, got = restarted(snapshot, m)
+        if expected_start is not None:
+            assert start == expected_start, "a restart finds the warm window"
+        want = pp.pack(history, new_input, budget, output_reserve=20, masking=m)
+        assert got.items == want.items and got.masked == want.masked
+        assert list(got.decisions) == list(want.decisions)
+        assert (got.used, got.masking_saved) == (want.used, want.masking_saved)
 
 
 @st.composite

@@ -840,8 +840,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
     def snapshot_costs_dropped(self) -> str | None:
         """Why the token costs of the snapshot this index was loaded from were not reused
         (they were counted under an earlier cost rule, e.g. before opaque payloads were
-        costed by their decoded size): ``None`` when they were, or when the index was not
-        loaded from a snapshot. The items and graph of such a snapshot are reused."""
+        costed by their decoded size), or its masked costs (counted under another masking
+        or cost rule): ``None`` when they were, or when the index was not loaded from a
+        snapshot. The items and graph of such a snapshot are reused."""
         return self._index.snapshot_costs_dropped
 
     @property
@@ -868,9 +869,11 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """The index as bytes, for :meth:`from_snapshot` in this or a later process.
 
         It holds the items' graph fields (ids, call ids, types, statuses — no message text,
-        arguments or outputs), the item graph and the token costs counted so far, behind a
-        checksum. Loading it costs a fraction of reading the history again (about 0.14 KB
-        per item: 14 MB at 100k items; measured sizes are in benches/README.md).
+        arguments or outputs), the item graph and the token costs counted so far (masked
+        costs of tool outputs included, so a token window found after a restart is the
+        warm index's), behind a checksum. Loading it costs a fraction of reading the history
+        again (about 0.14 KB per item: 14 MB at 100k items; measured sizes are in
+        benches/README.md).
         ``bound_to`` names what the items are (e.g. the database, the session and the rows
         they were read from): :meth:`from_snapshot` loads the snapshot
         only for the same bytes, so a snapshot put in the wrong place is refused instead of
@@ -945,8 +948,8 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :class:`~protoprompt.errors.InvalidItemError` names the first earlier item the pack
         would need, if any.
 
-        ``masking``: as in :func:`pack`; the masked costs are kept between turns too (for one
-        encoding and ``excerpt_tokens``).
+        ``masking``: as in :func:`pack`; the masked costs of tool outputs are kept between
+        turns too (for one encoding and ``excerpt_tokens``), and in :meth:`snapshot`.
         """
         options = _PackOptions(
             budget,

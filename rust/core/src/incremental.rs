@@ -962,7 +962,9 @@ impl std::error::Error for SnapshotError {}
 
 const SNAPSHOT_MAGIC: &[u8; 8] = b"PPINDEX\0";
 /// Layout of a snapshot; bump it whenever [`Stored`], the graph types or the graph rules
-/// change (the crate version is checked too, so releases never share snapshots).
+/// change (the crate version is checked too, so releases never share snapshots). Data added
+/// after the payload ([`GraphIndex::to_snapshot_extended`]: the index's masked costs) needs
+/// no bump: readers of the same layout that do not know it ignore it.
 /// 3: id-less reasoning valid, a pending shell call in new_input (the graph rules of the SDK
 /// conformance work), and the binding hash in the header.
 const SNAPSHOT_FORMAT: u32 = 3;
@@ -1031,10 +1033,25 @@ impl GraphIndex {
     ///
     /// Layout: a magic tag, [`SNAPSHOT_FORMAT`], a SipHash-1-3 128-bit checksum of the rest,
     /// a 128-bit hash of `binding`, then the payload (postcard, see [`SnapshotOut`]): this
-    /// crate's version, the compact items, their arena and the history's graph. The
-    /// relation-key map is not stored (rebuilt from the items on load). The checksum finds
-    /// accidents (a truncated or damaged blob), not forgeries.
+    /// crate's version, the compact items, their arena and the history's graph, then the
+    /// attached data. The relation-key map is not stored (rebuilt from the items on load).
+    /// The checksum finds accidents (a truncated or damaged blob), not forgeries.
     pub fn to_snapshot<T: Serialize>(&self, attached: &T, binding: &[u8]) -> Vec<u8> {
+        self.to_snapshot_extended(attached, &[], binding)
+    }
+
+    /// [`GraphIndex::to_snapshot`] with `extension` after the payload (inside the checksum
+    /// and the binding): data added in a later version of the same layout. A reader that
+    /// knows it gets it from [`GraphIndex::from_snapshot_extended`]; one that does not
+    /// ignores it ([`GraphIndex::from_snapshot`] stops after the payload), so a snapshot
+    /// with an extension loads in every version that reads the layout, and one without it
+    /// loads in a version that knows the extension (an empty one).
+    pub fn to_snapshot_extended<T: Serialize>(
+        &self,
+        attached: &T,
+        extension: &[u8],
+        binding: &[u8],
+    ) -> Vec<u8> {
         let mut spans = Vec::with_capacity(self.items.len() * SPAN_BYTES);
         for st in &self.items {
             for sp in &st.spans {
@@ -1070,6 +1087,7 @@ impl GraphIndex {
         // did, the empty result would be refused by `from_snapshot`, never misread).
         let mut bytes = postcard::to_extend(&out, bytes).unwrap_or_default();
         if bytes.len() >= SNAPSHOT_HEADER {
+            bytes.extend_from_slice(extension);
             let sum = checksum(&bytes[CHECKED_FROM..]);
             bytes[CHECKED_FROM - 16..CHECKED_FROM].copy_from_slice(&sum);
         }
@@ -1088,6 +1106,16 @@ impl GraphIndex {
         bytes: &[u8],
         binding: &[u8],
     ) -> Result<(GraphIndex, T), SnapshotError> {
+        Self::from_snapshot_extended(bytes, binding).map(|(index, attached, _)| (index, attached))
+    }
+
+    /// [`GraphIndex::from_snapshot`] with the extension written after the payload (see
+    /// [`GraphIndex::to_snapshot_extended`]; empty when there is none). It is checksummed
+    /// and bound like the rest, not checked: its reader does that.
+    pub fn from_snapshot_extended<'b, T: DeserializeOwned>(
+        bytes: &'b [u8],
+        binding: &[u8],
+    ) -> Result<(GraphIndex, T, &'b [u8]), SnapshotError> {
         let foreign = |m: &str| Err(SnapshotError::Foreign(m.to_string()));
         let damaged = |m: String| SnapshotError::Damaged(m);
         if bytes.len() < SNAPSHOT_HEADER || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
@@ -1108,7 +1136,7 @@ impl GraphIndex {
             return Err(SnapshotError::Unbound);
         }
         let payload = &bytes[SNAPSHOT_HEADER..];
-        let snap: SnapshotIn<T> = postcard::from_bytes(payload)
+        let (snap, extension): (SnapshotIn<T>, &[u8]) = postcard::take_from_bytes(payload)
             .map_err(|e| damaged(format!("cannot be decoded: {e}")))?;
         if snap.version != env!("CARGO_PKG_VERSION") {
             return foreign(&format!(
@@ -1162,7 +1190,7 @@ impl GraphIndex {
         }
         index.first = first;
         index.note_anonymous(0);
-        Ok((index, snap.attached))
+        Ok((index, snap.attached, extension))
     }
 
     /// Every item's flags are known and its fields lie inside the stored text.

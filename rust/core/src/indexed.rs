@@ -21,8 +21,9 @@ use crate::costs::{
 use crate::decisions::DecisionRows;
 use crate::incremental::{reserve_ahead, Cut, GraphIndex, Mark, SnapshotError, TailGraph, Window};
 use crate::items::ItemMeta;
-use crate::mask::{maskable, MaskMemo, MaskedCosts, Masking};
+use crate::mask::{maskable, MaskMemo, MaskSection, MaskedCosts, Masking, SwitchedMasks};
 use crate::pack::{CostFailure, CostSource};
+use crate::tokens::Encoding;
 use crate::tokens::{CostBasis, ITEM_OVERHEAD};
 
 /// Small table of the kind names met so far: positions store a one-byte code.
@@ -68,6 +69,8 @@ pub struct HistoryMark {
     masked_capacity: usize,
     /// The costs a [`IndexedHistory::switch_costs`] replaced since the mark.
     switched: Option<SwitchedCosts>,
+    /// The masked costs a [`IndexedHistory::switch_masks`] replaced since the mark.
+    switched_masks: Option<SwitchedMasks>,
 }
 
 /// The classified history of one session with its kinds, costs and live decision reports
@@ -80,10 +83,10 @@ pub struct IndexedHistory {
     kind_names: KindNames,
     /// Cost of every indexed position under one basis (counted when needed).
     costs: CostMemo,
-    /// Why the costs of the snapshot this index was loaded from were not reused, if they
-    /// were not (counted under another cost rule).
+    /// Why the costs (or masked costs) of the snapshot this index was loaded from were not
+    /// reused, if they were not (counted under another cost or masking rule).
     snapshot_costs_dropped: Option<&'static str>,
-    /// Masked cost of the positions counted masked (one encoding and excerpt size).
+    /// Masked cost of the tool outputs counted masked (one encoding and excerpt size).
     masked: MaskMemo,
     /// The decision reports of earlier packs that may still share the graph and kinds.
     live: Vec<Weak<Mutex<DecisionRows>>>,
@@ -272,6 +275,7 @@ impl IndexedHistory {
             costs_capacity: self.costs.capacity(),
             masked_capacity: self.masked.capacity(),
             switched: None,
+            switched_masks: None,
         }
     }
 
@@ -284,9 +288,24 @@ impl IndexedHistory {
         }
     }
 
+    /// Count masked costs under `encoding` and `excerpt_tokens` from now on (they start
+    /// uncounted if they were counted under others); an undo to `mark` puts back what they
+    /// were.
+    pub fn switch_masks(
+        &mut self,
+        encoding: Encoding,
+        excerpt_tokens: u64,
+        mark: &mut HistoryMark,
+    ) {
+        let switched = self.masked.switch(encoding, excerpt_tokens);
+        if mark.switched_masks.is_none() {
+            mark.switched_masks = switched;
+        }
+    }
+
     /// Put everything back as it was at `mark` (when only appends, cost counting and cost
-    /// switches happened since): items, graph, kinds and kind names, costs and their
-    /// encoding, and the memory held.
+    /// switches happened since): items, graph, kinds and kind names, costs and masked costs
+    /// with what they are counted under, and the memory held.
     pub fn undo(&mut self, mark: HistoryMark) {
         self.release_results();
         self.graph.undo_to(mark.graph);
@@ -298,6 +317,7 @@ impl IndexedHistory {
         self.kind_names.0.truncate(mark.names);
         self.costs.restore(mark.switched, mark.len);
         self.costs.shrink_back(mark.len, mark.costs_capacity);
+        self.masked.restore(mark.switched_masks);
         self.masked.shrink_back(mark.len, mark.masked_capacity);
     }
 
@@ -345,42 +365,60 @@ impl IndexedHistory {
         self.masked.clear();
     }
 
-    /// The index as bytes, costs included, for [`IndexedHistory::from_snapshot`] with the
-    /// same `binding` (see [`GraphIndex::to_snapshot`]).
+    /// The index as bytes, costs and masked costs included, for
+    /// [`IndexedHistory::from_snapshot`] with the same `binding` (see
+    /// [`GraphIndex::to_snapshot`]): the whole costs ([`CostPayload`]) are the payload's
+    /// attached data, the masked costs ([`crate::mask::MaskPayload`]) its extension, which
+    /// a protoprompt that does not know it ignores
+    /// ([`GraphIndex::to_snapshot_extended`]).
     pub fn snapshot(&self, binding: &[u8]) -> Vec<u8> {
-        self.graph.to_snapshot(&self.costs.payload(), binding)
+        // Serialising a struct of vectors and strings into a Vec cannot fail (if it ever did,
+        // the empty section would load as no masked cost).
+        let masked = postcard::to_stdvec(&self.masked.payload()).unwrap_or_default();
+        self.graph
+            .to_snapshot_extended(&self.costs.payload(), &masked, binding)
     }
 
-    /// Load what [`IndexedHistory::snapshot`] wrote for `binding`; a damaged cost payload is
-    /// [`SnapshotError::Damaged`]. Nothing is ever loaded in part. The costs of a snapshot
-    /// counted under another cost rule ([`crate::tokens::COST_RULE`]; rule 1 snapshots carry
-    /// no rule) are not reused: the items and graph are, and every cost is counted again
-    /// ([`IndexedHistory::snapshot_costs_dropped`] says why).
+    /// Load what [`IndexedHistory::snapshot`] wrote for `binding`; a damaged cost or masked
+    /// cost payload is [`SnapshotError::Damaged`]. Nothing is ever loaded in part. The costs
+    /// of a snapshot counted under another cost rule ([`crate::tokens::COST_RULE`]; rule 1
+    /// snapshots carry no rule) are not reused: the items and graph are, and every cost is
+    /// counted again ([`IndexedHistory::snapshot_costs_dropped`] says why); nor are masked
+    /// costs of another masking or cost rule ([`crate::mask::MASK_RULE`]). A snapshot
+    /// written before masked costs were stored loads with none.
     pub fn from_snapshot(bytes: &[u8], binding: &[u8]) -> Result<IndexedHistory, SnapshotError> {
-        let current = GraphIndex::from_snapshot::<CostPayload>(bytes, binding);
-        let (graph, costs, dropped) = match current {
-            Ok((graph, payload)) if payload.is_current_rule() => {
+        let current = GraphIndex::from_snapshot_extended::<CostPayload>(bytes, binding);
+        let (graph, costs, dropped, extension) = match current {
+            Ok((graph, payload, extension)) if payload.is_current_rule() => {
                 let costs =
                     CostMemo::from_payload(payload, graph.len()).map_err(SnapshotError::Damaged)?;
-                (graph, costs, None)
+                (graph, costs, None, extension)
             }
             other => match GraphIndex::from_snapshot::<LegacyCostPayload>(bytes, binding) {
                 // A rule 1 snapshot (its payload begins with the encoding).
                 Ok((graph, legacy)) => {
                     let costs = CostMemo::from_legacy_payload(legacy, graph.len())
                         .map_err(SnapshotError::Damaged)?;
-                    (graph, costs, Some(RULE_1))
+                    (graph, costs, Some(RULE_1), &[][..])
                 }
                 Err(_) => match other {
-                    // A later rule's snapshot: its items and graph, none of its costs.
-                    Ok((graph, payload)) => {
+                    // A later rule's snapshot: its items and graph, none of its costs (nor
+                    // masked costs, counted under that rule).
+                    Ok((graph, payload, _)) => {
                         let costs = CostMemo::from_payload(payload, graph.len())
                             .map_err(SnapshotError::Damaged)?;
-                        (graph, costs, Some(OTHER_RULE))
+                        (graph, costs, Some(OTHER_RULE), &[][..])
                     }
                     Err(error) => return Err(error),
                 },
             },
+        };
+        let kind = |p: usize| graph.kind(p);
+        let (masked, dropped) = match MaskMemo::from_section(extension, &kind, graph.len(), &costs)
+            .map_err(SnapshotError::Damaged)?
+        {
+            MaskSection::Loaded(masked) => (masked, dropped),
+            MaskSection::Dropped(why) => (MaskMemo::new(), dropped.or(Some(why))),
         };
         let mut kind_names = KindNames::default();
         let kinds = (0..graph.len())
@@ -392,13 +430,13 @@ impl IndexedHistory {
             kind_names,
             costs,
             snapshot_costs_dropped: dropped,
-            masked: MaskMemo::new(),
+            masked,
             live: Vec::new(),
         })
     }
 
-    /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
-    /// they were, or the index was not loaded from a snapshot).
+    /// Why the costs or masked costs of the snapshot this index was loaded from were not
+    /// reused (`None`: they were, or the index was not loaded from a snapshot).
     pub fn snapshot_costs_dropped(&self) -> Option<&'static str> {
         self.snapshot_costs_dropped
     }

@@ -27,20 +27,22 @@
 //!   never touched, and the binding hands the copies out as new objects.
 //! * **Costs.** [`MaskedCosts`] wraps a pack's [`CostSource`]: the masked cost of a unit is
 //!   the exact cost of its copies (the items themselves where nothing is masked), kept per
-//!   position in an index's [`MaskMemo`] for the next turn (for one encoding and one
-//!   `excerpt_tokens`; anything else starts it afresh). Masked costs never exceed the whole
-//!   ones, so a lower bound of the masked cost bounds both (the token window's walk,
+//!   tool output in an index's [`MaskMemo`] for the next turn (for one encoding and one
+//!   `excerpt_tokens`; anything else starts it afresh; [`MASK_RULE`] versions them in an
+//!   index snapshot). Masked costs never exceed the whole ones, so a lower bound of the
+//!   masked cost bounds both (the token window's walk,
 //!   [`crate::indexed::IndexedHistory::window_start`]).
 
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::costs::UNCOUNTED;
+use crate::costs::{CostMemo, UNCOUNTED};
 use crate::items::{CallType, HostedKind, ItemKind};
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::{self, Encoding, TokenError};
+use crate::tokens::{self, Encoding, TokenError, COST_RULE, ITEM_OVERHEAD};
 use crate::truncate::excerpt;
 
 /// Default `excerpt_tokens`: a masked output keeps this many tokens (marker included).
@@ -521,8 +523,19 @@ fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
     (Some(&stripped) != tools).then_some(stripped)
 }
 
-/// The masked cost of every history position counted so far, for one encoding and one
-/// `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
+/// Version of the masked form as far as stored masked costs depend on it (the excerpt, the
+/// marker and every masked form of [`mask_unit_fields`]): an index snapshot records the rule
+/// its masked costs were counted under, and masked costs of another rule are never reused.
+/// Bump it with any change that can change a masked copy's cost.
+///
+/// * 1: the masked forms of protoprompt 0.2.0 (`docs/masking.md`).
+pub const MASK_RULE: u8 = 1;
+
+/// The masked cost of every tool output ([`maskable`]) counted so far, for one encoding and
+/// one `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
+/// Only tool outputs are kept: another item's masked cost is its whole cost, kept by the
+/// index's [`crate::costs::CostMemo`] under its own basis (a reasoning item's depends on
+/// the calibration of opaque payloads, which a masked cost is not keyed by).
 #[derive(Debug, Clone, Default)]
 pub struct MaskMemo {
     key: Option<(Encoding, u64)>,
@@ -533,9 +546,50 @@ pub struct MaskMemo {
     field_bytes: usize,
 }
 
+/// Equal when they hold the same masked costs under the same parameters (the masked fields
+/// are derived from the items, and a memo loaded from a snapshot has none).
+impl PartialEq for MaskMemo {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.costs == other.costs
+    }
+}
+
+/// What a [`MaskMemo::switch`] replaced, for [`MaskMemo::restore`].
+#[derive(Debug)]
+pub struct SwitchedMasks(MaskMemo);
+
+/// What an index snapshot carries for the masked costs, after the items and whole costs
+/// (see [`crate::incremental::GraphIndex::to_snapshot`]'s extensions): the rules they were
+/// counted under first ([`MASK_RULE`], then [`COST_RULE`], one byte each, so that a reader
+/// of other rules drops them without decoding the rest), the encoding's name, the
+/// `excerpt_tokens`, and each position's masked cost plus one (`UNCOUNTED` becomes 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskPayload {
+    mask_rule: u8,
+    cost_rule: u8,
+    encoding: Option<String>,
+    excerpt_tokens: u64,
+    costs: Vec<u64>,
+}
+
+/// A snapshot's masked costs as read ([`MaskMemo::from_section`]).
+#[derive(Debug)]
+pub enum MaskSection {
+    /// Loaded (a memo with no masked cost when the snapshot had none).
+    Loaded(MaskMemo),
+    /// Counted under other rules: not reused (why).
+    Dropped(&'static str),
+}
+
 impl MaskMemo {
     pub fn new() -> MaskMemo {
         MaskMemo::default()
+    }
+
+    /// The encoding and `excerpt_tokens` the masked costs are counted under (`None`: none
+    /// counted yet).
+    pub fn key(&self) -> Option<(Encoding, u64)> {
+        self.key
     }
 
     /// The masked cost of `position` under `encoding` and `excerpt_tokens`, if counted.
@@ -562,15 +616,31 @@ impl MaskMemo {
         self.fields.get(&position)
     }
 
+    /// Count under `encoding` and `excerpt_tokens` from now on, if the memo counts under
+    /// others (forgetting what it counted): returns what it held, for
+    /// [`MaskMemo::restore`] (`None`: nothing changed).
+    pub fn switch(&mut self, encoding: Encoding, excerpt_tokens: u64) -> Option<SwitchedMasks> {
+        if self.key == Some((encoding, excerpt_tokens)) {
+            return None;
+        }
+        let fresh = MaskMemo {
+            key: Some((encoding, excerpt_tokens)),
+            ..MaskMemo::default()
+        };
+        Some(SwitchedMasks(std::mem::replace(self, fresh)))
+    }
+
+    /// Put back what a [`MaskMemo::switch`] replaced (if anything).
+    pub fn restore(&mut self, switched: Option<SwitchedMasks>) {
+        if let Some(SwitchedMasks(before)) = switched {
+            *self = before;
+        }
+    }
+
     /// Count under `encoding` and `excerpt_tokens` for `len` positions (forgetting what was
     /// counted under anything else).
     fn prepare(&mut self, encoding: Encoding, excerpt_tokens: u64, len: usize) {
-        if self.key != Some((encoding, excerpt_tokens)) {
-            self.key = Some((encoding, excerpt_tokens));
-            self.costs.clear();
-            self.fields.clear();
-            self.field_bytes = 0;
-        }
+        self.switch(encoding, excerpt_tokens);
         if self.costs.len() < len {
             self.costs.resize(len, UNCOUNTED);
         }
@@ -633,7 +703,86 @@ impl MaskMemo {
             + self.fields.capacity() * 16
             + self.field_bytes
     }
+
+    /// What a snapshot stores for this memo (its masked costs; the masked fields are made
+    /// again from the items when a pack needs them).
+    pub fn payload(&self) -> MaskPayload {
+        MaskPayload {
+            mask_rule: MASK_RULE,
+            cost_rule: COST_RULE,
+            encoding: self.key.map(|(e, _)| e.name().to_string()),
+            excerpt_tokens: self.key.map_or(0, |(_, x)| x),
+            costs: match self.key {
+                Some(_) => self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// The memo a snapshot's masked section `bytes` (a [`MaskPayload`], possibly followed by
+    /// sections of later versions, ignored) stored for an index of `kinds.len()` positions
+    /// whose whole costs are `whole`. Empty `bytes` (a snapshot written before masked costs
+    /// were stored) load as no masked cost; masked costs counted under another
+    /// [`MASK_RULE`] or [`COST_RULE`] are dropped ([`MaskSection::Dropped`]). `Err` says how
+    /// the section is damaged — it is never trusted in part: it cannot be decoded, names an
+    /// unknown encoding or an `excerpt_tokens` below [`MIN_EXCERPT_TOKENS`], covers more
+    /// positions than the index, or holds a masked cost for an item that is not a tool
+    /// output, below an item's overhead or above the item's whole cost.
+    pub fn from_section(
+        bytes: &[u8],
+        kinds: &dyn Fn(usize) -> ItemKind,
+        items: usize,
+        whole: &CostMemo,
+    ) -> Result<MaskSection, String> {
+        if bytes.is_empty() {
+            return Ok(MaskSection::Loaded(MaskMemo::new()));
+        }
+        let damaged = |e: postcard::Error| format!("masked costs cannot be decoded: {e}");
+        let (rules, _) = postcard::take_from_bytes::<(u8, u8)>(bytes).map_err(damaged)?;
+        if rules != (MASK_RULE, COST_RULE) {
+            return Ok(MaskSection::Dropped(OTHER_MASK_RULE));
+        }
+        let (payload, _later) = postcard::take_from_bytes::<MaskPayload>(bytes).map_err(damaged)?;
+        let Some(name) = payload.encoding.as_deref() else {
+            if payload.costs.is_empty() {
+                return Ok(MaskSection::Loaded(MaskMemo::new()));
+            }
+            return Err("masked costs without an encoding".to_string());
+        };
+        let encoding = Encoding::from_name(name).map_err(|_| "masked costs: unknown encoding")?;
+        if payload.excerpt_tokens < MIN_EXCERPT_TOKENS {
+            return Err("masked costs: excerpt_tokens out of bounds".to_string());
+        }
+        if payload.costs.len() > items {
+            return Err("masked costs do not match the items".to_string());
+        }
+        let costs: Vec<u64> = payload.costs.iter().map(|c| c.wrapping_sub(1)).collect();
+        let whole_of = |p: usize| whole.get(p).filter(|_| whole.encoding() == Some(encoding));
+        for (p, &c) in costs.iter().enumerate() {
+            if c == UNCOUNTED {
+                continue;
+            }
+            if !maskable(kinds(p)) {
+                return Err(format!(
+                    "item {p} has a masked cost but is not a tool output"
+                ));
+            }
+            if c < ITEM_OVERHEAD || whole_of(p).is_some_and(|w| c > w) {
+                return Err(format!("item {p}'s masked cost is out of bounds"));
+            }
+        }
+        Ok(MaskSection::Loaded(MaskMemo {
+            key: Some((encoding, payload.excerpt_tokens)),
+            costs,
+            fields: FxHashMap::default(),
+            field_bytes: 0,
+        }))
+    }
 }
+
+/// Why a snapshot's masked costs were not reused ([`MaskSection::Dropped`]).
+pub const OTHER_MASK_RULE: &str =
+    "masked costs counted under another masking or cost rule: counted again";
 
 /// Supplies the items of a pack as JSON values (to make their masked copies).
 pub trait ValueSource {
@@ -651,8 +800,8 @@ impl<F: crate::costs::ItemSource, S: crate::costs::CountStore> ValueSource
 
 /// A [`CostSource`] that also costs units masked: the wrapped source's costs, plus
 /// [`CostSource::masked_costs`] from the masked copies of the unit's items (see the module
-/// note), kept with their masked fields in a [`MaskMemo`] when one is given (history
-/// positions below its length).
+/// note), kept with their masked fields in a [`MaskMemo`] when one is given (tool outputs
+/// among the history positions below its length).
 pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
     inner: &'a mut C,
     encoding: Encoding,
@@ -705,7 +854,9 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         })
     }
 
-    /// Keep the masked costs of history positions `0..n_history` in `memo` across calls.
+    /// Keep the masked costs of the tool outputs among history positions `0..n_history` in
+    /// `memo` across calls (only positions [`MaskedCosts::with_kinds`] tells are tool
+    /// outputs: without the kinds, nothing is kept there).
     pub fn with_memo(mut self, memo: &'a mut MaskMemo, n_history: usize) -> Self {
         memo.prepare(self.encoding, self.excerpt_tokens, n_history);
         self.memo = Some(memo);
@@ -738,13 +889,32 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
             .cloned()
     }
 
+    /// Whether the item at `position` is known to be a tool output (the kinds are given).
+    fn known_output(&self, position: usize) -> bool {
+        self.kinds.is_some_and(|k| maskable(k(position)))
+    }
+
+    /// Keep what `position` costs masked: in the memo for a history position known to be a
+    /// tool output (see [`MaskMemo`]), for this call otherwise.
     fn remember(&mut self, position: usize, made: Made) {
+        let output = self.known_output(position);
         match self.memo.as_deref_mut() {
-            Some(m) if position < m.costs.len() => m.set(position, made.0, made.1),
+            Some(m) if output && position < m.costs.len() => m.set(position, made.0, made.1),
             _ => {
                 self.cache.insert(position, made);
             }
         }
+    }
+
+    /// What `position` costs as sent in a masked unit, if known: its masked cost, or for an
+    /// item known not to be a tool output its whole cost.
+    fn known_sent(&self, position: usize) -> Option<u64> {
+        self.known_masked(position).or_else(|| {
+            self.kinds
+                .is_some_and(|k| !maskable(k(position)))
+                .then(|| self.inner.known(position))
+                .flatten()
+        })
     }
 
     fn failure(&mut self, position: usize, e: TokenError) -> CostFailure {
@@ -855,10 +1025,10 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
     }
 
     fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        if members.iter().all(|&p| self.known_masked(p).is_some()) {
+        if members.iter().all(|&p| self.known_sent(p).is_some()) {
             return Ok(members
                 .iter()
-                .map(|&p| self.known_masked(p).unwrap_or(0))
+                .map(|&p| self.known_sent(p).unwrap_or(0))
                 .collect());
         }
         let made = self.make(members)?;

@@ -159,8 +159,9 @@ impl PyHistoryIndex {
         py.detach(|| inner.truncate(length));
     }
 
-    /// The index as bytes, token costs included, for `HistoryIndex.from_snapshot` with the
-    /// same `bound_to` (see `IndexedHistory::snapshot`; serialised with the GIL released).
+    /// The index as bytes, token costs and masked costs included, for
+    /// `HistoryIndex.from_snapshot` with the same `bound_to` (see `IndexedHistory::snapshot`;
+    /// serialised with the GIL released).
     #[pyo3(signature = (*, bound_to=None))]
     pub(crate) fn snapshot<'py>(
         &self,
@@ -194,10 +195,14 @@ impl PyHistoryIndex {
         self.inner.costs().counted()
     }
 
-    /// Positions whose masked cost the index holds, and those with a masked copy's field
-    /// kept (for tests and debugging).
-    pub(crate) fn _masked_counted(&self) -> (usize, usize) {
-        self.inner.masked_costs().counted()
+    /// Tool outputs whose masked cost the index holds, those with a masked copy's field
+    /// kept, and the encoding and excerpt size they are counted under (for tests and
+    /// debugging).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn _masked_counted(&self) -> (usize, usize, Option<(&'static str, u64)>) {
+        let masked = self.inner.masked_costs();
+        let (costs, fields) = masked.counted();
+        (costs, fields, masked.key().map(|(e, x)| (e.name(), x)))
     }
 
     /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
@@ -307,6 +312,10 @@ impl PyHistoryIndex {
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mut mark = self.inner.mark();
         self.inner.switch_costs(basis, &mut mark);
+        if let Some(m) = masking {
+            self.inner
+                .switch_masks(basis.encoding, m.excerpt_tokens, &mut mark);
+        }
         let call = Call {
             basis,
             opts,
@@ -421,8 +430,10 @@ impl PyHistoryIndex {
                 None,
             ),
             Some(m) => {
+                let kinds = |p: usize| index.kind(p);
                 let mut masked = MaskedCosts::new(&mut source, basis.encoding, m.excerpt_tokens)
-                    .with_memo(masks, n);
+                    .with_memo(masks, n)
+                    .with_kinds(&kinds);
                 let walked =
                     py.detach(|| counted_masked_window_start(index, &mut masked, budget, offset));
                 (walked, masked_failure(py, n, &masked))
