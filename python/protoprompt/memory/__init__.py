@@ -4,6 +4,6 @@ See :mod:`protoprompt.memory.scope` for the isolation rule.
 """
 
 from .scope import MemoryScope
-from .store import MemoryHit, MemoryStore
+from .store import HistoryRecord, MemoryHit, MemoryStore
 
-__all__ = ["MemoryHit", "MemoryScope", "MemoryStore"]
+__all__ = ["HistoryRecord", "MemoryHit", "MemoryScope", "MemoryStore"]
