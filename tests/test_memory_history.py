@@ -83,7 +83,9 @@ def test_sessions_and_scopes_are_kept_apart(store: MemoryStore) -> None:
     store.index_document("doc", "walrus facts", scope=SCOPE)
     assert [h.kind for h in store.search("walrus", scope=SCOPE)] == ["document"]
     assert all(h.kind == "history" for h in store.search_history("walrus", scope=SCOPE))
-    assert store.history_rows("s2", scope=SCOPE) == {1: history_digest("user: the walrus likes fish")}
+    assert store.history_rows("s2", scope=SCOPE) == {
+        1: history_digest("user: the walrus likes fish")
+    }
 
 
 def test_forget_history_by_session_and_from_a_row(store: MemoryStore) -> None:
@@ -123,7 +125,11 @@ def test_hybrid_ranking_with_an_embedder(new_db: NewDb) -> None:
         (lambda s: s.index_history("s", [("x", 1)], scope=SCOPE), TypeError, "records[0]"),
         (lambda s: s.index_history("s", "text", scope=SCOPE), TypeError, "records"),
         (lambda s: s.index_history("s", [HistoryRecord(-1, "x")], scope=SCOPE), ValueError, "row"),
-        (lambda s: s.index_history("s", [HistoryRecord(1, "a\x00")], scope=SCOPE), ValueError, "text"),
+        (
+            lambda s: s.index_history("s", [HistoryRecord(1, "a\x00")], scope=SCOPE),
+            ValueError,
+            "text",
+        ),
         (
             lambda s: s.index_history("s", [HistoryRecord(1, "x", {"o": object()})], scope=SCOPE),
             TypeError,

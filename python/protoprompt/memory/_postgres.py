@@ -533,7 +533,6 @@ class PostgresBackend:
         rows = self._read(sql, params)
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
 
-
     # ------------------------------------------------------------------ history layer
 
     def replace_history(

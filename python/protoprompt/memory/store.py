@@ -634,9 +634,7 @@ class MemoryStore:
             try:
                 meta_json = json.dumps(meta, ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"records[{i}].metadata must be JSON-serialisable: {exc}"
-                ) from None
+                raise TypeError(f"records[{i}].metadata must be JSON-serialisable: {exc}") from None
             if row in seen:  # the last record of a row wins, as in separate calls
                 prepared[seen[row]] = (row, "", "", [])
             seen[row] = len(prepared)
@@ -648,9 +646,7 @@ class MemoryStore:
         for row, text, meta_json, spans in prepared:
             if not meta_json:
                 continue
-            passages = [
-                Chunk(n, a, b, text[a:b], next(blobs)) for n, (a, b) in enumerate(spans)
-            ]
+            passages = [Chunk(n, a, b, text[a:b], next(blobs)) for n, (a, b) in enumerate(spans)]
             entries.append(HistoryEntry(row, history_digest(text), meta_json, passages))
         if entries:
             self._backend.replace_history(_scope_params(scope), session_id, entries, time.time())
@@ -752,9 +748,7 @@ class MemoryStore:
             _created_at,
         ) = row[:14]
         meta = json.loads(metadata)
-        meta.update(
-            session_id=session_id, row=int(row_key), passage=int(passage), digest=digest
-        )
+        meta.update(session_id=session_id, row=int(row_key), passage=int(passage), digest=digest)
         return MemoryHit(
             kind="history",
             text=text,
