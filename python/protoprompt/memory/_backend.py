@@ -187,10 +187,16 @@ class Backend(Protocol):
         the entry's (one transaction for all; a row indexed twice at once is stored once)."""
 
     def history_digests(
-        self, scope: ScopeParams, session_id: str, start: int | None, end: int | None
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        start: int | None,
+        end: int | None,
+        digest: str | None = None,
     ) -> list[tuple[int, str]]:
         """``(row_key, digest)`` of the rows of ``session_id`` in exactly ``scope`` that have
-        passages, with ``start <= row_key < end`` (``None``: unbounded), by row key."""
+        passages, with ``start <= row_key < end`` (``None``: unbounded) and that ``digest``
+        (``None``: any), by row key."""
 
     def forget_history(
         self, scope: ScopeParams, session_id: str | None, from_row: int | None

@@ -580,7 +580,12 @@ class PostgresBackend:
                 )
 
     def history_digests(
-        self, scope: ScopeParams, session_id: str, start: int | None, end: int | None
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        start: int | None,
+        end: int | None,
+        digest: str | None = None,
     ) -> list[tuple[int, str]]:
         sql = (
             f"SELECT row_key, digest FROM pp_mem_history WHERE {_SCOPE_EQ}"
@@ -593,6 +598,9 @@ class PostgresBackend:
         if end is not None:
             sql += " AND row_key < %s"
             params.append(end)
+        if digest is not None:
+            sql += " AND digest = %s"
+            params.append(digest)
         rows = self._read(sql + " ORDER BY row_key", params, history=True)
         return [(int(r), str(d)) for r, d in rows]
 

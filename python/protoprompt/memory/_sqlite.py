@@ -409,7 +409,12 @@ class SQLiteBackend:
             )
 
     def history_digests(
-        self, scope: ScopeParams, session_id: str, start: int | None, end: int | None
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        start: int | None,
+        end: int | None,
+        digest: str | None = None,
     ) -> list[tuple[int, str]]:
         if not self._has_history():
             return []
@@ -424,6 +429,9 @@ class SQLiteBackend:
         if end is not None:
             sql += " AND row_key < ?"
             params.append(end)
+        if digest is not None:
+            sql += " AND digest = ?"
+            params.append(digest)
         return [(int(r), str(d)) for r, d in self._read(sql + " ORDER BY row_key", params)]
 
     def forget_history(

@@ -101,6 +101,9 @@ class HistoryRecord(NamedTuple):
     metadata: Mapping[str, Any] = {}
     """JSON-serialisable facts about the row returned with each of its passages (e.g. its
     ``turn`` and ``label``)."""
+    digest: str | None = None
+    """What identifies the row's content (returned by :meth:`MemoryStore.history_rows` and
+    with each hit); default: :func:`history_digest` of ``text``."""
 
 
 def history_digest(text: str) -> str:
@@ -608,46 +611,43 @@ class MemoryStore:
         """
         scope = _check_scope(scope)
         _check_str("session_id", session_id, non_empty=True)
-        if isinstance(records, (str, bytes)) or not isinstance(records, Iterable):
+        given: object = records
+        if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
             raise TypeError("records must be an iterable of HistoryRecord")
-        prepared: list[tuple[int, str, str, list[tuple[int, int]]]] = []
-        texts: list[str] = []
-        seen: dict[int, int] = {}
+        prepared: dict[int, tuple[str, str, str, list[tuple[int, int]]]] = {}
         for i, record in enumerate(records):
             if not isinstance(record, HistoryRecord):
                 raise TypeError(
                     f"records[{i}] must be a HistoryRecord, got {type(record).__name__}"
                 )
-            row, text, metadata = record
+            row, text, metadata, digest = record
             if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= _MAX_INT:
                 raise ValueError(f"records[{i}].row must be an int in [0, 2**63), got {row!r}")
             _check_str(f"records[{i}].text", text)
             if not isinstance(metadata, Mapping):
                 raise TypeError(f"records[{i}].metadata must be a mapping")
+            if digest is None:
+                digest = history_digest(text)
+            _check_str(f"records[{i}].digest", digest, non_empty=True)
             spans = chunk_spans(text, self._chunk_words, self._chunk_overlap)
-            meta = {
-                **metadata,
-                "session_id": session_id,
-                "row": row,
-                "passages": len(spans),
-            }
+            meta = {**metadata, "session_id": session_id, "row": row, "passages": len(spans)}
             try:
                 meta_json = json.dumps(meta, ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"records[{i}].metadata must be JSON-serialisable: {exc}") from None
-            if row in seen:  # the last record of a row wins, as in separate calls
-                prepared[seen[row]] = (row, "", "", [])
-            seen[row] = len(prepared)
-            prepared.append((row, text, meta_json, spans))
-        for _, text, _, spans in prepared:
-            texts.extend(text[a:b] for a, b in spans)
+            prepared.pop(row, None)  # the last record of a row wins, as in separate calls
+            prepared[row] = (text, meta_json, digest, spans)
+        texts = [text[a:b] for text, _, _, spans in prepared.values() for a, b in spans]
         blobs = iter(self._embed(texts))  # before the transaction: embedders can be slow
-        entries = []
-        for row, text, meta_json, spans in prepared:
-            if not meta_json:
-                continue
-            passages = [Chunk(n, a, b, text[a:b], next(blobs)) for n, (a, b) in enumerate(spans)]
-            entries.append(HistoryEntry(row, history_digest(text), meta_json, passages))
+        entries = [
+            HistoryEntry(
+                row,
+                digest,
+                meta_json,
+                [Chunk(n, a, b, text[a:b], next(blobs)) for n, (a, b) in enumerate(spans)],
+            )
+            for row, (text, meta_json, digest, spans) in prepared.items()
+        ]
         if entries:
             self._backend.replace_history(_scope_params(scope), session_id, entries, time.time())
         return sum(len(e.passages) for e in entries)
@@ -659,16 +659,21 @@ class MemoryStore:
         scope: MemoryScope,
         start: int | None = None,
         end: int | None = None,
+        digest: str | None = None,
     ) -> dict[int, str]:
         """The rows of ``session_id`` indexed in the ``history`` layer of exactly ``scope``
-        (with ``start <= row < end`` when given), each with the :func:`history_digest` of
-        the text it was indexed from."""
+        (with ``start <= row < end`` and that ``digest`` when given), each with its
+        record's ``digest``."""
         scope = _check_scope(scope)
         _check_str("session_id", session_id, non_empty=True)
         for name, value in (("start", start), ("end", end)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-        return dict(self._backend.history_digests(_scope_params(scope), session_id, start, end))
+        if digest is not None:
+            _check_str("digest", digest, non_empty=True)
+        return dict(
+            self._backend.history_digests(_scope_params(scope), session_id, start, end, digest)
+        )
 
     def forget_history(
         self,

@@ -455,3 +455,86 @@ pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
         }))
     })
 }
+
+/// What the history of `total` positions costs, summed newest first from `source` in chunks,
+/// stopping once the sum exceeds `limit`: `(sum so far, whether it exceeds limit)`. Costs
+/// the source already knows (an index's memo) are not counted again; the others are, and
+/// a walk that stops early never counts the older positions. Answers "does the history cost
+/// more than `limit`" (a token-aware compaction trigger) without reading every item.
+pub fn cost_over(
+    source: &mut dyn CostSource,
+    total: usize,
+    limit: u64,
+) -> Result<(u64, bool), CostFailure> {
+    const CHUNK: usize = 256;
+    let mut sum = 0u64;
+    let mut end = total;
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let positions: Vec<usize> = (start..end).rev().collect();
+        for cost in source.costs(&positions)? {
+            sum = sum.saturating_add(cost);
+            if sum > limit {
+                return Ok((sum, true));
+            }
+        }
+        end = start;
+    }
+    Ok((sum, false))
+}
+
+impl IndexedHistory {
+    /// Positions of the user messages (turn boundaries) in `start..end` of the index.
+    pub fn user_positions(&self, start: usize, end: usize) -> Vec<usize> {
+        let end = end.min(self.len());
+        (start.min(end)..end)
+            .filter(|&p| self.graph.is_user_message(p))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod cost_over_tests {
+    use super::*;
+
+    struct Fixed {
+        costs: Vec<u64>,
+        asked: Vec<usize>,
+    }
+
+    impl CostSource for Fixed {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.asked.extend_from_slice(positions);
+            Ok(positions.iter().map(|&p| self.costs[p]).collect())
+        }
+    }
+
+    #[test]
+    fn stops_at_the_first_chunk_that_passes_the_limit() {
+        let mut source = Fixed {
+            costs: vec![10; 1000],
+            asked: Vec::new(),
+        };
+        assert_eq!(cost_over(&mut source, 1000, 500).unwrap(), (510, true));
+        // Newest first, one chunk only: the older 744 positions were never asked.
+        assert_eq!(source.asked.len(), 256);
+        assert_eq!(source.asked[0], 999);
+        let mut source = Fixed {
+            costs: vec![10; 1000],
+            asked: Vec::new(),
+        };
+        assert_eq!(cost_over(&mut source, 1000, 10_000).unwrap(), (10_000, false));
+        assert_eq!(source.asked.len(), 1000);
+        assert_eq!(cost_over(&mut source, 0, 0).unwrap(), (0, false));
+    }
+
+    #[test]
+    fn a_limit_equal_to_the_cost_is_not_exceeded() {
+        let mut source = Fixed {
+            costs: vec![7, 3],
+            asked: Vec::new(),
+        };
+        assert_eq!(cost_over(&mut source, 2, 10).unwrap(), (10, false));
+        assert_eq!(cost_over(&mut source, 2, 9).unwrap(), (10, true));
+    }
+}
