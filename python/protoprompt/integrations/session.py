@@ -179,9 +179,12 @@ async def _pop_item_with_validation(
     state = self._index_state
     state.bump()
     try:
-        return await self._inner._pop_item_with_validation(validate)
+        item = await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
+    if item is not None:
+        await self._popped(item)
+    return item
 
 
 def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
