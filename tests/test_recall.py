@@ -423,3 +423,66 @@ def test_records_of_a_session_without_row_ids_are_keyed_by_position() -> None:
     plan = asyncio.run(run())
     assert _recalls_fact(plan)
     chat.session.close()
+
+
+class ListSession:
+    """A session store without atomic replacement (compaction clears, then adds)."""
+
+    session_settings = None
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.items: list[Any] = []
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        return list(self.items if limit is None else self.items[-limit:])
+
+    async def add_items(self, items: list[Any]) -> None:
+        self.items.extend(items)
+
+    async def pop_item(self) -> Any:
+        return self.items.pop() if self.items else None
+
+    async def clear_session(self) -> None:
+        self.items.clear()
+
+
+@pytest.mark.usefixtures("planted")
+def test_a_compaction_rewrite_keeps_the_records_a_clear_takes() -> None:
+    from types import SimpleNamespace
+    from unittest.mock import AsyncMock, MagicMock
+
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    client = MagicMock()
+    client.responses.compact = AsyncMock(
+        return_value=SimpleNamespace(
+            output=[{"role": "assistant", "content": "compacted"}], usage=None
+        )
+    )
+    store = MemoryStore(chunk_words=60, chunk_overlap=10)
+    chat = Chat(":memory:", store, inner_session=ListSession("chat"), incremental=True)
+    outer = OpenAIResponsesCompactionSession(
+        "chat", chat.session, client=client, should_trigger_compaction=lambda ctx: False
+    )
+
+    async def run() -> None:
+        for i in range(10):
+            model = ScriptedModel([[assistant_message(f"answer {i} " + "ok " * 80)]])
+            await Runner.run(
+                Agent(name="a", model=model),
+                f"question {i} " + "why " * 60,
+                session=outer,
+                run_config=chat.config,
+            )
+            assert await chat.builder.wait_for_background(30)
+        before = store.history_rows("chat", scope=SCOPE)
+        assert before
+        await outer.run_compaction({"force": True, "compaction_mode": "input"})
+        assert client.responses.compact.await_count == 1
+        assert chat.session.inner_session.items[0]["content"] == "compacted"
+        assert store.history_rows("chat", scope=SCOPE) == before  # a rewrite keeps them
+        await outer.clear_session()  # the user's clear takes them
+        assert store.history_rows("chat", scope=SCOPE) == {}
+
+    asyncio.run(run())

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,26 @@ if TYPE_CHECKING:
 _log = logging.getLogger("protoprompt")
 
 _FETCH_CHUNK = 500
+_COMPACTION_FILE = "openai_responses_compaction_session.py"
+_COMPACTION_REWRITES = frozenset(
+    {"_replace_underlying_session_items", "_restore_underlying_session_items"}
+)
+
+
+def called_by_compaction_rewrite(depth: int = 4) -> bool:
+    """Whether the caller of the function calling this (a session's ``clear_session``) runs
+    inside ``OpenAIResponsesCompactionSession``'s replacement of the history (clear, then
+    add the compacted items; 0.22.3 to 0.24.0): a rewrite, not the user's clear, so what
+    the session evicted stays reachable."""
+    frame = sys._getframe(1).f_back
+    for _ in range(depth):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _COMPACTION_REWRITES and code.co_filename.endswith(_COMPACTION_FILE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def read_rows(db_path: str, table: str, session_id: str, ids: list[int]) -> dict[int, Any]:

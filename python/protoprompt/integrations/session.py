@@ -44,7 +44,7 @@ from ._context import (
     context_key,
     is_encrypted_envelope,
 )
-from ._evicted import SessionMemory
+from ._evicted import SessionMemory, called_by_compaction_rewrite
 from ._sdk import (
     OpenAIConversationsSession,
     RunConfig,
@@ -70,6 +70,7 @@ from ._window import (
     runner_turn,
     window_keep,
 )
+from .compaction import REWRITING
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -640,7 +641,11 @@ class ProtoPromptSession:
         return memory
 
     async def clear_session(self, wrapper: Any = None) -> None:
-        """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
+        """Remove this session's history. Long-term memory (the MemoryStore) is untouched,
+        except the recall records and summary of what this session evicted (builders with
+        ``recall_evicted`` or a ``summarizer`` it served), which go with it; a compaction
+        session's clear-and-add rewrite keeps them."""
+        rewrite = called_by_compaction_rewrite()  # before the first await: the caller's frame
         with self._pending_lock:
             self._pending.clear()
             self._pending_masked.clear()
@@ -652,7 +657,10 @@ class ProtoPromptSession:
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
         for memory in self._memories:  # the session's recall records and summary go too
-            await _quietly("forgetting the evicted turns", asyncio.to_thread(memory.cleared))
+            if rewrite:
+                memory.rewritten()
+            else:
+                await _quietly("forgetting the evicted turns", asyncio.to_thread(memory.cleared))
 
     def close(self) -> None:
         """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner).
@@ -735,11 +743,13 @@ class ProtoPromptSession:
         state = self._index_state
 
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            running = REWRITING.set((state, state.epoch))  # for compaction_trigger
             state.bump()
             try:
                 return await call(method, *args, **kwargs)
             finally:
                 state.bump()
+                REWRITING.reset(running)
                 for memory in self._memories:
                     memory.rewritten()
 
