@@ -486,3 +486,19 @@ def test_a_compaction_rewrite_keeps_the_records_a_clear_takes() -> None:
         assert store.history_rows("chat", scope=SCOPE) == {}
 
     asyncio.run(run())
+
+
+def test_planted_facts_reach_the_request_with_recall() -> None:
+    """The retention benchmark (benches/retention.py) on a shorter session: facts planted
+    in early user messages and mid tool output reach the request at 5% and 10% budgets
+    with recall, and not without it."""
+    import retention
+
+    rows = retention.measure(n_items=1_200)
+    by = {(r["share"], r["mode"]): r for r in rows}
+    assert retention.target_met(rows)
+    for share in retention.SHARES:
+        recalled = by[(share, "masking + recall")]
+        assert recalled["reached"] >= retention.TARGET * recalled["facts"]
+        assert recalled["user"] and recalled["output"]
+        assert by[(share, "drop-only")]["reached"] < recalled["reached"]
