@@ -1,4 +1,5 @@
-"""Scoped long-term memory for protoprompt: documents, facts and profiles in SQLite.
+"""Scoped long-term memory for protoprompt: documents, facts, profiles and the passages of
+evicted session turns (the ``history`` layer), in SQLite or PostgreSQL.
 
 See :mod:`protoprompt.memory.scope` for the isolation rule.
 """
