@@ -211,3 +211,23 @@ def test_a_postgres_database_of_an_older_store_gets_the_history_table(
     assert version == ("1",)  # older stores still open the database
     for s in stores:
         s.close()
+
+
+def test_words_in_most_passages_do_not_decide_the_ranking(store: MemoryStore, engine: str) -> None:
+    """bm25 gives a word found in most passages (almost) no weight: SQLite does not match
+    on it when a rarer word of the query matches (it would rank every passage), and still
+    does when nothing else matches."""
+    rows = [HistoryRecord(r, f"assistant: the answer number {r} is here") for r in range(40)]
+    rows.append(HistoryRecord(40, "tool output of lookup: the walrus sleeps"))
+    store.index_history("s", rows, scope=SCOPE)
+    if engine == "postgresql":  # what autovacuum does in time: the column's statistics
+        import psycopg
+
+        with psycopg.connect(store._backend._url, autocommit=True) as conn:  # type: ignore[attr-defined]
+            conn.execute("ANALYZE pp_mem_history")
+    hits = store.search_history("where is the walrus", scope=SCOPE, limit=50)
+    assert [h.metadata["row"] for h in hits] == [40]
+    # A query of common words alone still matches them; one whose rarer words match
+    # nothing falls back to the common ones.
+    assert len(store.search_history("the answer", scope=SCOPE, limit=50)) == 41
+    assert len(store.search_history("the answer to everything", scope=SCOPE, limit=50)) == 41

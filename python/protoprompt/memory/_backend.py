@@ -204,6 +204,12 @@ class Backend(Protocol):
         """Delete the passages of ``session_id`` (``None``: of every session) in exactly
         ``scope`` whose row key is at least ``from_row`` (``None``: all); the rows deleted."""
 
+    def history_common_words(self, words: Sequence[str]) -> set[str]:
+        """Those of ``words`` (as :func:`._ranking.words` makes them) that occur in more
+        than half of the history passages, as far as the engine knows without a scan
+        (SQLite: its full-text vocabulary; PostgreSQL: the column's statistics; an empty
+        set when it does not know)."""
+
     def history_search(
         self,
         pieces: Sequence[str],

@@ -39,7 +39,6 @@ import hashlib
 import os
 import re
 import threading
-import unicodedata
 import weakref
 from array import array
 from collections.abc import Iterator, Sequence
@@ -49,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MemoryStoreError
 from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, Chunk, HistoryEntry, Row, ScopeParams
+from ._ranking import words
 
 if TYPE_CHECKING:
     import psycopg
@@ -142,18 +142,9 @@ stores neither read nor write it, so the version stays)."""
 _COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
 _HISTORY = ", ".join(f"h.{column}" for column in HISTORY_COLUMNS)
 _SCOPE_EQ = "s_tenant = %s AND s_user = %s AND s_thread = %s AND s_kind = %s"
-_WORD = re.compile(r"[^\W_]+")
 
 
 # --------------------------------------------------------------------------- words
-
-
-def words(text: str) -> list[str]:
-    """The words of ``text`` as this engine indexes and matches them: runs of letters and
-    digits after NFKD decomposition, combining marks dropped, lower-cased."""
-    decomposed = unicodedata.normalize("NFKD", text)
-    folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
-    return _WORD.findall(folded)
 
 
 def _quote(word: str) -> str:
@@ -618,6 +609,26 @@ class PostgresBackend:
         with self._transaction() as cur:
             cur.execute(sql, params)
             return cur.rowcount
+
+    def history_common_words(self, words: Sequence[str]) -> set[str]:
+        # The server's statistics of the tsv column (ANALYZE, run by autovacuum): the
+        # lexemes found in most rows and the share of rows holding each, without a scan.
+        rows = self._read(
+            "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats"
+            " WHERE schemaname = current_schema() AND tablename = 'pp_mem_history'"
+            " AND attname = 'tsv'",
+            (),
+            history=True,
+        )
+        wanted = set(words)
+        common: set[str] = set()
+        for elems, freqs in rows:
+            if elems is None or freqs is None:
+                continue
+            common.update(
+                str(e) for e, f in zip(elems, freqs, strict=False) if e in wanted and f > 0.5
+            )
+        return common
 
     def history_search(
         self,

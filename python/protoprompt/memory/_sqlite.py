@@ -81,6 +81,9 @@ CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_fts USING fts5(
     content_rowid = 'id',
     tokenize = 'unicode61 remove_diacritics 2'
 );
+CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_vocab USING fts5vocab(
+    'pp_mem_history_fts', 'row'
+);
 CREATE TRIGGER IF NOT EXISTS pp_mem_history_ai AFTER INSERT ON pp_mem_history BEGIN
     INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
 END;
@@ -448,6 +451,19 @@ class SQLiteBackend:
         with self._transaction() as conn:
             deleted: int = conn.execute(sql, params).rowcount
         return deleted
+
+    def history_common_words(self, words: Sequence[str]) -> set[str]:
+        if not words or not self._has_history():
+            return set()
+        marks = ", ".join("?" for _ in words)
+        try:
+            counts = self._read(
+                f"SELECT term, doc FROM pp_mem_history_vocab WHERE term IN ({marks})", words
+            )
+            (total,) = self._read("SELECT count(*) FROM pp_mem_history", ())[0]
+        except sqlite3.OperationalError:  # a database without the vocabulary table
+            return set()
+        return {str(term) for term, doc in counts if 2 * int(doc) > total}
 
     def history_search(
         self,

@@ -33,6 +33,7 @@ from ._backend import (
     open_backend,
 )
 from ._ranking import WORD, cosine, fuse, query_pieces
+from ._ranking import words as _words
 from ._sqlite import fts5_match
 from .scope import MemoryScope
 
@@ -716,7 +717,7 @@ class MemoryStore:
         if not pieces:
             return []
         pool = min(max(limit * 4, _MIN_POOL), _MAX_INT)
-        text_rows = self._backend.history_search(pieces, scopes, session_id, pool)
+        text_rows = self._history_text(pieces, scopes, session_id, pool)
         rows_by_id = {row[0]: row for row, _ in text_rows}
         text_ranked = [(row[0], score) for row, score in text_rows]
         vec_ranked: list[tuple[int, float]] = []
@@ -733,6 +734,24 @@ class MemoryStore:
                 del vec_ranked[pool:]
         best = fuse(text_ranked, vec_ranked, limit)
         return [self._history_hit(rows_by_id[rid], score) for rid, score in best]
+
+    def _history_text(
+        self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
+    ) -> list[tuple[Row, float]]:
+        """The full-text ranking of the history layer. Query pieces whose words all occur in
+        more than half of the passages are left out while the others match something:
+        bm25 weighs such words (almost) nothing, and matching them ranks every passage (a
+        turn's recall would cost a scan of the whole evicted history)."""
+        words = {p: _words(p) for p in pieces}
+        common = self._backend.history_common_words(
+            sorted({w for ws in words.values() for w in ws})
+        )
+        rare = [p for p in pieces if not all(w in common for w in words[p])]
+        if rare and len(rare) < len(pieces):
+            found = self._backend.history_search(rare, scopes, session_id, pool)
+            if found:
+                return found
+        return self._backend.history_search(pieces, scopes, session_id, pool)
 
     @staticmethod
     def _history_hit(row: Row, score: float) -> MemoryHit:
