@@ -57,11 +57,11 @@ class Recorder:
 
 
 class Chat:
-    def __init__(self, db: str, summarizer: Any, **options: Any) -> None:
+    def __init__(self, db: str, summarizer: Any, *, memory: bool = True, **options: Any) -> None:
         self.builder = TokenBudgetedContextBuilder(
-            MemoryStore(),
+            MemoryStore() if memory else None,
             max_tokens=1500,
-            scope=SCOPE,
+            scope=SCOPE if memory else None,
             output_reserve=100,
             summarizer=summarizer,
             **{"summarize_every": 150, "summary_tokens": 60, **options},
@@ -276,4 +276,17 @@ def test_model_summarizer_end_to_end_with_a_session(tmp_path: Path) -> None:
     assert "user: question 0, look it up" in model.calls[0].input[0]["content"]
     summary = next(b for b in plan.blocks if b.layer == "summary")
     assert summary.text.startswith("they discussed invoices")
+    chat.session.close()
+
+
+def test_a_builder_without_memory_keeps_a_summary_too(tmp_path: Path) -> None:
+    summarizer = Recorder()
+    chat = Chat(str(tmp_path / "s.db"), summarizer, memory=False)
+
+    async def run() -> Any:
+        return [await chat.turn(i) for i in range(14)][-1]
+
+    plan = asyncio.run(run())
+    assert summarizer.calls
+    assert [b.layer for b in plan.blocks if b.layer == "summary"] == ["summary"]
     chat.session.close()

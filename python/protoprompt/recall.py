@@ -44,7 +44,7 @@ import time
 import weakref
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import ProtoPromptError
@@ -162,7 +162,8 @@ class TurnRows:
     """What a session turn hands over after its pack (see :meth:`Evictions.observe`)."""
 
     session_id: str
-    scope: MemoryScope
+    scope: MemoryScope | None
+    """The memory scope the rows are indexed in (``None``: no recall, a summary only)."""
     n_history: int
     offset: int
     """``items`` hold the history from this position on (a token window)."""
@@ -369,7 +370,8 @@ class Evictions:
             ledger.anchor = self._anchor(rows, n - 1) if n else None
             users = tuple(ledger.users) if ledger.users_upto >= n else None
         index_job = None
-        if self.builder.recall_evicted and (step.evicted or step.start < n):
+        scope = rows.scope
+        if self.builder.recall_evicted and scope is not None and (step.evicted or step.start < n):
             # Copies: the history list is the SDK's, and the session's row ids grow.
             job_ids = None
             if ids is not None:
@@ -380,7 +382,7 @@ class Evictions:
                 self,
                 ledger,
                 rows.session_id,
-                rows.scope,
+                scope,
                 step.evicted,
                 (step.start, n, kept),
                 offset,
@@ -427,7 +429,11 @@ class Evictions:
     def _summary_job(self, ledger: Ledger, rows: TurnRows) -> _SummaryJob | None:
         kept = set(rows.kept) - set(rows.dependency)
         end = min(kept) if kept else rows.n_history  # the evicted prefix is [0, end)
-        return _SummaryJob(self, ledger, rows, end) if end > 0 else None
+        if end <= 0:
+            return None
+        # Copies: the history list is the SDK's, and the session's row ids change.
+        ids = None if rows.row_ids is None else array("q", rows.row_ids)
+        return _SummaryJob(self, ledger, replace(rows, items=list(rows.items), row_ids=ids), end)
 
     def _start(self, job: _SummaryJob, ledger: Ledger) -> None:
         """Start ``job`` as a task on the running loop, unless one of the session runs."""

@@ -176,7 +176,7 @@ class SessionMemory:
         row id of every history position when the session reads its rows (``None``: not
         known this turn, or the rows are keyed by position)."""
         scope = self.scope
-        if scope is None:
+        if scope is None and self.builder.summarizer is None:
             return None
         if self.by_row_id and row_ids is None:
             return None  # a turn packed without the rows' ids: a later turn hands them over
