@@ -374,9 +374,8 @@ class Evictions:
         if self.builder.recall_evicted and scope is not None and (step.evicted or step.start < n):
             # Copies: the history list is the SDK's, and the session's row ids grow.
             job_ids = None
-            if ids is not None:
-                job_ids = {p: int(ids[p]) for p in step.evicted}
-                job_ids.update((p, int(ids[p])) for p in range(step.start, n))
+            if ids is not None:  # the held ones by position, the rest as one slice
+                job_ids = ({p: int(ids[p]) for p in step.evicted}, array("q", ids[step.start : n]))
             kept = set(rows.kept)
             index_job = _IndexJob(
                 self,
@@ -460,13 +459,6 @@ class Evictions:
         store = self.builder.store
         return int(store.forget_history(session_id, scope=scope, from_row=from_row))
 
-    def has_records(self, scope: MemoryScope, session_id: str, start: int) -> bool:
-        """Whether the session has recall records from row ``start`` on."""
-        if not self.builder.recall_evicted:
-            return False
-        self._worker.wait_idle(30.0)
-        return bool(self.builder.store.history_rows(session_id, scope=scope, start=start))
-
     async def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._tasks:
@@ -500,7 +492,7 @@ class _IndexJob:
         span: tuple[int, int, set[int]],
         offset: int,
         items: list[Any],
-        ids: dict[int, int] | None,
+        ids: tuple[dict[int, int], array[int]] | None,
         fetch: Callable[[list[int]], dict[int, Any]] | None,
         users: Sequence[int] | None,
     ) -> None:
@@ -531,8 +523,12 @@ class _IndexJob:
         positions = self.positions()
         if not positions:
             return
-        row = (lambda p: self.ids[p]) if self.ids is not None else (lambda p: p)
-        keys = [row(p) for p in positions]
+        if self.ids is None:
+            keys = positions  # rows keyed by position
+        else:
+            held, span = self.ids
+            start = self.span[0]
+            keys = [held[p] if p in held else int(span[p - start]) for p in positions]
         stored = store.history_rows(
             self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
         )
