@@ -1031,6 +1031,48 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         )
         return HistoryWindow(int(start), bool(fits), tie, reason, int(reach))
 
+    def user_positions(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Positions of the user messages (where turns start) among the indexed positions
+        ``start`` to ``end`` (default: the end of the index)."""
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        return self._index.user_positions(start, len(self) if end is None else end)
+
+    def cost_over(
+        self,
+        history: Iterable[Item],
+        limit: int,
+        *,
+        appended: Iterable[Item] = (),
+        model: str | None = None,
+        encoding: str | None = None,
+        opaque_scale: float = 1.0,
+    ) -> tuple[int, bool]:
+        """Whether ``history`` -- exactly the items this index holds -- followed by
+        ``appended`` (items stored since) costs more than ``limit`` tokens, and what the
+        newest items cost up to where that was decided: ``(tokens, exceeded)``.
+
+        Summed newest first under the same rule as :meth:`pack` (``opaque_scale`` as
+        there); costs the index has counted are reused and the others counted (and kept),
+        and the walk stops once past ``limit``: a long history costs what its newest
+        ``limit`` tokens cost, not all of it. Raises ``ValueError`` when ``history`` does not
+        have the index's length, and :func:`pack`'s item errors."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+        if not 0 <= limit <= _MAX_TOKENS:
+            raise ValueError(f"limit must be between 0 and 2**64 - 1 tokens, got {limit}")
+        return self._index.cost_over(
+            _as_list(history, "history"),
+            _as_list(appended, "appended"),
+            limit,
+            model=model,
+            encoding=encoding,
+            opaque_scale=_check_opaque_scale(opaque_scale),
+        )
+
     def count_window(
         self,
         history: Iterable[Item],

@@ -44,6 +44,7 @@ from ._context import (
     context_key,
     is_encrypted_envelope,
 )
+from ._evicted import SessionMemory, called_by_compaction_rewrite
 from ._sdk import (
     OpenAIConversationsSession,
     RunConfig,
@@ -69,6 +70,7 @@ from ._window import (
     runner_turn,
     window_keep,
 )
+from .compaction import REWRITING
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -178,9 +180,12 @@ async def _pop_item_with_validation(
     state = self._index_state
     state.bump()
     try:
-        return await self._inner._pop_item_with_validation(validate)
+        item = await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
+    if item is not None:
+        await self._popped(item)
+    return item
 
 
 def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
@@ -193,6 +198,43 @@ def _check_callback_args(builder: object, system_prompt: object, on_plan: object
         raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
     if on_plan is not None and not callable(on_plan):
         raise TypeError("on_plan must be callable or None")
+
+
+def _remembered(
+    memory: SessionMemory | None, kwargs: dict[str, Any], history: list[Item], offset: int
+) -> dict[str, Any]:
+    """``kwargs`` of a turn's ``build`` with what ``memory`` adds (the session, the turn's
+    number, the summary); a failure there only loses the addition."""
+    if memory is None:
+        return kwargs
+    try:
+        return {**kwargs, **memory.prepare(history, offset)}
+    except Exception as exc:  # noqa: BLE001 - recall is never worth a failed turn
+        _log.warning("protoprompt: evicted turns not recalled this turn: %s", exc)
+        return {**kwargs, "session_id": memory.session.session_id}
+
+
+def _observed(
+    memory: SessionMemory,
+    plan: ContextPlan,
+    history: list[Item],
+    offset: int,
+    row_ids: Sequence[int] | None,
+) -> Callable[[], None] | None:
+    """What starts the background work on what the turn evicted (never raises)."""
+    try:
+        return memory.observe(plan, history, offset, row_ids)
+    except Exception as exc:  # noqa: BLE001 - a later turn hands the rows over
+        _log.warning("protoprompt: the rows this turn evicted are left to a later turn: %s", exc)
+        return None
+
+
+async def _quietly(what: str, work: Awaitable[Any]) -> None:
+    """Await ``work``; a failure is logged (the session's own change already happened)."""
+    try:
+        await work
+    except Exception as exc:  # noqa: BLE001 - memory upkeep never fails a session call
+        _log.warning("protoprompt: %s failed: %s", what, exc)
 
 
 class ProtoPromptSession:
@@ -415,6 +457,8 @@ class ProtoPromptSession:
         self._last_window_offset: int | None = None
         self._calibration: Calibration | None = None
         self._calibration_lock = threading.Lock()
+        # Builders with recall of evicted turns or a summarizer this session served.
+        self._memories: list[SessionMemory] = []
 
     @property
     def calibration(self) -> Calibration:
@@ -558,15 +602,50 @@ class ProtoPromptSession:
         await call(self._inner.add_items, kept, wrapper=wrapper)
 
     async def pop_item(self, wrapper: Any = None) -> Item | None:
-        """Remove and return the newest item (``None`` when the session is empty)."""
+        """Remove and return the newest item (``None`` when the session is empty); the
+        recall record of its row, if any, goes too."""
         self._index_state.bump()
         try:
-            return await call(self._inner.pop_item, wrapper=wrapper)
+            item = await call(self._inner.pop_item, wrapper=wrapper)
         finally:
             self._index_state.bump()
+        if item is not None:
+            await self._popped(item)
+        return item
+
+    async def _popped(self, item: Item) -> None:
+        """Forget the recall record of a popped row (every builder this session served)."""
+        loop = asyncio.get_running_loop()
+
+        def length() -> int:
+            items = asyncio.run_coroutine_threadsafe(call(self._inner.get_items), loop).result()
+            return len(items)
+
+        for memory in self._memories:
+            await _quietly(
+                "forgetting a popped row", asyncio.to_thread(memory.popped, item, length)
+            )
+
+    def _session_memory(
+        self, builder: TokenBudgetedContextBuilder, scope: MemoryScope | None
+    ) -> SessionMemory | None:
+        """The seam to ``builder``'s evictions for this session (``None``: it has none)."""
+        evictions = getattr(builder, "_evictions", None)
+        if evictions is None:
+            return None
+        for memory in self._memories:
+            if memory.builder is builder and memory._scope == scope:
+                return memory
+        memory = SessionMemory(self, builder, evictions, scope)
+        self._memories.append(memory)
+        return memory
 
     async def clear_session(self, wrapper: Any = None) -> None:
-        """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
+        """Remove this session's history. Long-term memory (the MemoryStore) is untouched,
+        except the recall records and summary of what this session evicted (builders with
+        ``recall_evicted`` or a ``summarizer`` it served), which go with it; a compaction
+        session's clear-and-add rewrite keeps them."""
+        rewrite = called_by_compaction_rewrite()  # before the first await: the caller's frame
         with self._pending_lock:
             self._pending.clear()
             self._pending_masked.clear()
@@ -577,6 +656,11 @@ class ProtoPromptSession:
             self._index_state.bump()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
+        for memory in self._memories:  # the session's recall records and summary go too
+            if rewrite:
+                memory.rewritten()
+            else:
+                await _quietly("forgetting the evicted turns", asyncio.to_thread(memory.cleared))
 
     def close(self) -> None:
         """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner).
@@ -659,11 +743,15 @@ class ProtoPromptSession:
         state = self._index_state
 
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            running = REWRITING.set((state, state.epoch))  # for compaction_trigger
             state.bump()
             try:
                 return await call(method, *args, **kwargs)
             finally:
                 state.bump()
+                REWRITING.reset(running)
+                for memory in self._memories:
+                    memory.rewritten()
 
         return rewriting
 
@@ -884,17 +972,20 @@ class ProtoPromptSession:
         new_input: list[Item],
         read: Read | None,
         kwargs: dict[str, Any],
-    ) -> ContextPlan:
+        memory: SessionMemory | None = None,
+    ) -> tuple[ContextPlan, Callable[[], None] | None]:
         """The plan of one turn (in a worker thread), with its report (``plan.turn``): through
         the index when ``read`` — the last read of this task — returned ``history`` and the
         index holds for it (see ``_sync.plan``), else packed without the index, which is then
-        left as it is."""
+        left as it is. With ``memory`` (the builder recalls evicted turns or summarises
+        them), also what starts the background work on what the turn evicted."""
         state = self._index_state
         facts = read.facts if read is not None and read.session is self else None
         store = state.index.count_store
         failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
         held = 0
         plan: ContextPlan | None = None
+        evicted: Callable[[], None] | None = None
         index: tuple[IndexMode, str | None] = ("unused", "no_index")
         kept = 0
         if self._incremental:
@@ -905,19 +996,34 @@ class ProtoPromptSession:
                 if decision.use_index and facts is not None:
                     kept = min(decision.keep, held)
                     plan = self._build_indexed(
-                        builder, history, new_input, facts, decision.keep, kwargs
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        decision.keep,
+                        _remembered(memory, kwargs, history, facts.offset),
                     )
                     index = index_outcome(decision.code, True, held, kept)
                 elif facts is not None and facts.offset and facts.count == len(history):
                     kept, rest = self._window_kept(facts)
                     plan = self._build_indexed(
-                        builder, history, new_input, facts, kept, kwargs, new_ids=rest
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        kept,
+                        _remembered(memory, kwargs, history, facts.offset),
+                        new_ids=rest,
                     )
                     index = index_outcome("compared", True, held, min(kept, held))
+                if plan is not None and memory is not None and facts is not None:
+                    evicted = _observed(memory, plan, history, facts.offset, state.row_ids)
         if plan is None:
             # Not the history our last read returned (a limit, a direct call, or the rows
             # could not be compared): packed without the index, which is left as it is.
-            plan = builder.build(history, new_input, **kwargs)
+            plan = builder.build(history, new_input, **_remembered(memory, kwargs, history, 0))
+            if memory is not None:
+                evicted = _observed(memory, plan, history, 0, None)
         report = self._turn_report(
             plan,
             facts if facts is not None and facts.count == len(history) else None,
@@ -930,7 +1036,7 @@ class ProtoPromptSession:
         turned = dataclasses.replace(plan, turn=report)
         if builder.last_plan is plan:
             builder.last_plan = turned
-        return turned
+        return turned, evicted
 
     def _window_kept(self, facts: _sync.Read) -> tuple[int, _sync.RowIds]:
         """For a token window whose index changed after the read (caller holds the state's
@@ -1121,6 +1227,7 @@ class ProtoPromptSession:
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
         _check_callback_args(builder, system_prompt, on_plan)
+        memory = self._session_memory(builder, scope)
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):
             # Build the tokenizer while the SDK reads the history, not in the first callback.
@@ -1136,9 +1243,11 @@ class ProtoPromptSession:
         ) -> list[Item]:
             by_runner = called_by_runner()  # before the first await: the caller's frame
             read = LAST_READ.get()
-            plan = await asyncio.to_thread(
-                self._build_turn, builder, history, new_input, read, kwargs
+            plan, evicted = await asyncio.to_thread(
+                self._build_turn, builder, history, new_input, read, kwargs, memory
             )
+            if evicted is not None:
+                evicted()  # background work on what the turn evicted; never raises
             return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
 
         setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
