@@ -1,0 +1,476 @@
+"""The history store of a ``RedisSession``.
+
+A ``RedisSession`` keeps a session's items in a list (``{prefix}:{id}:messages``, one JSON
+text per item, appended with ``RPUSH``, popped with ``RPOP``), beside a hash of metadata
+(``{prefix}:{id}``) -- the same in openai-agents 0.22.3, 0.23.1 and 0.24.0. Appends, clears
+and (0.24) compaction's replacement are ``MULTI`` transactions over both keys; a clear or a
+replacement deletes the hash.
+
+**Keys of items.** A list has no row ids. An item's key is a 64-bit digest of its stored
+bytes, keyed with a secret of the database (BLAKE2b), so equal keys mean equal items -- and
+an index whose items' keys equal the read's items' keys describes them, wherever the bytes
+came from. A full read compares every key (``_sync.kept_prefix(monotone=False)``).
+
+**Why a window can be trusted.** A window reads only the items from its first one on
+(``LRANGE`` from the end), and checks their keys against the index; the items before it
+change only when the list is cut below them and written again. protoprompt keeps a
+*generation tag* in the session's hash (field ``protoprompt_generation``): a new random
+value before and after every pop through a :class:`ProtoPromptSession`, and gone with the
+hash when the SDK clears or replaces the history (or the session expires). An index is
+bound to the tag of the read it was synced with (and a snapshot to it too); a window is
+read only while the tag is the same. A pop by a process that does not use protoprompt (a
+plain ``RedisSession.pop_item`` or ``RPOP``) does not change the tag: it is noticed when it
+changed any item the window reads, not when it only changed items before the window that
+were then written again -- pop through ``ProtoPromptSession`` (or use windows only where
+every worker does).
+
+**protoprompt's own keys**, under the session's key prefix, used through a client cloned
+from the inner session's (same connection class and arguments, on protoprompt's I/O loop):
+``{prefix}:protoprompt:meta`` (a hash: the database id and the secret of counts and keys),
+``{prefix}:protoprompt:counts`` (a hash of token counts, at most ``max_entries``, random
+ones evicted beyond) and ``{prefix}:{id}:protoprompt:snapshot`` (the session's index
+snapshot, expiring with the session's list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import uuid
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..count_store import CountStore, RemoteCountStore
+from . import _sync, pool
+from ._io import io_loop
+from ._snapshots import SnapshotStore, binding
+from ._store import StoreReadError, Unsupported, WindowRows, unsupported_override
+
+T = TypeVar("T")
+
+_log = logging.getLogger("protoprompt")
+
+FIELD = "protoprompt_generation"
+"""The field of the session's hash holding its generation tag."""
+SKIP = (json.JSONDecodeError, UnicodeDecodeError)
+"""What ``RedisSession.get_items`` skips when it decodes an item."""
+_TIMEOUT = 5.0
+_BUMP_TRIES = 5
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import RedisError
+
+    return (RedisError, OSError, asyncio.TimeoutError, TimeoutError, UnicodeDecodeError)
+
+
+def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Unsupported:
+    """The store of a ``RedisSession``, or why it has none."""
+    override = unsupported_override(inner, base)
+    if override is not None:
+        return override
+    needed = ("_redis", "_session_key", "_messages_key", "_key_prefix")
+    if not all(hasattr(inner, name) for name in needed):
+        return Unsupported("inner_session", "this RedisSession is not one protoprompt knows")
+    try:
+        from redis.asyncio.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis without cluster support
+        RedisCluster = ()  # type: ignore[assignment,misc]  # noqa: N806
+    if isinstance(inner._redis, RedisCluster):
+        return Unsupported("inner_session", "RedisSession over a RedisCluster client")
+    if not hasattr(inner._redis, "pipeline") or not hasattr(inner._redis, "connection_pool"):
+        return Unsupported("inner_session", "RedisSession over a client protoprompt cannot read")
+    return RedisStore(inner, session_id)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+class RedisStore:
+    """See the module note."""
+
+    kind = "redis"
+    monotone = False
+
+    def __init__(self, inner: Any, session_id: str) -> None:
+        self._inner = inner
+        self._session_id = session_id
+        self._client = inner._redis
+        self._hash = str(inner._session_key)
+        self._list = str(inner._messages_key)
+        self._prefix = str(inner._key_prefix)
+        self.key: pool.Key | None = None
+        self.snapshots: SnapshotStore | None = None
+        self.no_store = "not opened yet"
+        self._count_store: CountStore | None = None
+        # Until the database's secret is known: this process's own (keys then do not match
+        # another process's, and nothing is shared).
+        self._digest_key = secrets.token_bytes(16)
+        self._opened = False
+        self._open_lock = threading.Lock()
+
+    # -------------------------------------------------------------- protoprompt's keys
+
+    async def open(self) -> None:
+        if not self._opened:
+            await asyncio.to_thread(self._open)
+
+    def _open(self) -> None:
+        with self._open_lock:
+            if self._opened:
+                return
+            self._opened = True
+            try:
+                server = _server(self._client, self._prefix)
+                server.ready()
+            except Exception as exc:  # noqa: BLE001 - without our keys the list still works
+                _log.debug("protoprompt: no protoprompt keys under %r: %s", self._prefix, exc)
+                self.no_store = f"protoprompt's keys could not be used: {exc}"
+                return
+            assert server.database_id is not None and server.secret is not None
+            self._digest_key = hashlib.blake2b(
+                b"protoprompt item key", key=server.secret, digest_size=16
+            ).digest()
+            self.key = (server.database_id, server.location, self._list, self._session_id)
+            self.snapshots = RedisSnapshots(server, self._list, self._session_id)
+            self._count_store = server.count_store
+            self.no_store = "its database could not be opened for counts"
+
+    def count_store(self, max_open_readers: int) -> CountStore | None:
+        return self._count_store
+
+    # -------------------------------------------------------------- the history
+
+    def _rows(self, raw: Sequence[Any], tag: str | None) -> tuple[list[Any], _sync.Rows]:
+        """Items as ``RedisSession.get_items`` decodes them, keyed by their digests."""
+        key = self._digest_key
+        blake2b = hashlib.blake2b
+        keyed = []
+        for value in raw:
+            data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+            digest = blake2b(data, digest_size=8, key=key).digest()
+            keyed.append((int.from_bytes(digest, "little", signed=True), value))
+        items: list[Any] = []
+        skipped: list[int] = []
+        for p, (_, value) in enumerate(keyed):
+            try:
+                text = value.decode("utf-8") if isinstance(value, bytes) else value
+                items.append(json.loads(text))
+            except SKIP:
+                skipped.append(p)
+        # A list with items that do not decode is compared item by item, never windowed:
+        # its positions are not the items' (no tag, so no window is read on its index).
+        return items, _sync.Rows(keyed, skipped, tag if not skipped else None)
+
+    async def _transaction(self, *commands: tuple[str, tuple[Any, ...]]) -> list[Any]:
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                for name, args in commands:
+                    getattr(pipe, name)(*args)
+                return list(await pipe.execute())
+        except _errors() as exc:
+            raise StoreReadError(str(exc) or type(exc).__name__) from exc
+
+    async def read(self, look: Callable[[_sync.Rows], T]) -> tuple[list[Any], T]:
+        tag_value, raw = await self._transaction(
+            ("hget", (self._hash, FIELD)), ("lrange", (self._list, 0, -1))
+        )
+        tag = _text(tag_value)
+
+        def decode() -> tuple[list[Any], T]:
+            items, rows = self._rows(raw, tag)
+            return items, look(rows)
+
+        try:
+            items, seen = await asyncio.to_thread(decode)
+        except UnicodeDecodeError as exc:  # pragma: no cover - str clients decode on read
+            raise StoreReadError(str(exc)) from exc
+        if tag is None and raw:
+            await self._tag_session()
+        return items, seen
+
+    async def _tag_session(self) -> None:
+        """Give the session a generation tag if it has none (while its hash exists: never
+        create a hash of a session that has none). The read that found none is not bound
+        to it: the next one is."""
+        from redis.exceptions import WatchError
+
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                await pipe.watch(self._hash)
+                if await pipe.exists(self._hash):
+                    pipe.multi()
+                    pipe.hsetnx(self._hash, FIELD, uuid.uuid4().hex)
+                    await pipe.execute()
+        except WatchError:
+            pass  # changed meanwhile: the next read tags it
+        except _errors() as exc:
+            _log.debug("protoprompt: session %r not tagged: %s", self._session_id, exc)
+
+    async def read_window(
+        self, view: _sync.WindowView, choose: _sync.Chooser
+    ) -> WindowRows | _sync.Gone:
+        n = view.length
+        tag1, length1, tail_raw = await self._transaction(
+            ("hget", (self._hash, FIELD)),
+            ("llen", (self._list,)),
+            ("lrange", (self._list, n - 1, -1)),
+        )
+        if view.tag is None or _text(tag1) != view.tag:
+            return _sync.Gone(
+                "rewritten", "the history was popped, cleared or rewritten since the index"
+            )
+        tail_items, tail = await asyncio.to_thread(self._rows, tail_raw, view.tag)
+        if not tail_items or tail.rows[0][0] != view.last_id or int(length1) < n:
+            return _sync.Gone("popped", "the index's last item is gone")
+        if tail.skipped:
+            return _sync.Gone("rewritten", "an item after the index does not decode")
+        chosen = await asyncio.to_thread(choose, tail_items[1:], tail)
+        if chosen is None:
+            return _sync.Gone("", None)
+        w = chosen[0]
+        tag2, length2, window_raw = await self._transaction(
+            ("hget", (self._hash, FIELD)),
+            ("llen", (self._list,)),
+            ("lrange", (self._list, w, -1)),
+        )
+        if _text(tag2) != view.tag:
+            return _sync.Gone("changed", "the history was popped while the window was read")
+        if int(length2) != int(length1) or len(window_raw) != n - w + len(tail_raw) - 1:
+            return _sync.Gone("changed", "items were appended while the window was read")
+        head_items, head = await asyncio.to_thread(self._rows, window_raw[: n - 1 - w], view.tag)
+        rest = [self._key_of(v) for v in window_raw[n - 1 - w :]]
+        if head.skipped or rest != [k for k, _ in tail.rows]:
+            return _sync.Gone("changed", "the newest items changed while the window was read")
+        return head_items, tail_items, tail, array("q", (k for k, _ in head.rows))
+
+    def _key_of(self, value: Any) -> int:
+        data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        digest = hashlib.blake2b(data, digest_size=8, key=self._digest_key).digest()
+        return int.from_bytes(digest, "little", signed=True)
+
+    async def _bump(self) -> None:
+        """A new generation tag, if the session has a hash (see the module note)."""
+        from redis.exceptions import WatchError
+
+        tag = uuid.uuid4().hex
+        for _ in range(_BUMP_TRIES):
+            try:
+                async with self._client.pipeline(transaction=True) as pipe:
+                    await pipe.watch(self._hash)
+                    if not await pipe.exists(self._hash):
+                        return  # no history: nothing indexed to protect
+                    pipe.multi()
+                    pipe.hset(self._hash, FIELD, tag)
+                    await pipe.execute()
+                    return
+            except WatchError:
+                continue  # an append touched the hash meanwhile: again
+        await self._client.hset(self._hash, FIELD, tag)
+
+    async def before_pop(self) -> None:
+        await self._bump()
+
+    async def after_pop(self) -> None:
+        try:
+            await self._bump()
+        except _errors() as exc:  # the tag set before the pop already protects the index
+            _log.debug(
+                "protoprompt: session %r not re-tagged after a pop: %s", self._session_id, exc
+            )
+
+    def close(self) -> None:
+        return None
+
+
+# ------------------------------------------------------------------ protoprompt's keys
+
+
+def _clone(client: Any) -> Any:
+    """A client of the same server with a pool of its own (for protoprompt's I/O loop),
+    answering bytes."""
+    from redis.asyncio import Redis
+
+    pool_ = client.connection_pool
+    kwargs = dict(pool_.connection_kwargs)
+    kwargs["decode_responses"] = False
+    new_pool = type(pool_)(connection_class=pool_.connection_class, max_connections=4, **kwargs)
+    return Redis(connection_pool=new_pool)
+
+
+def _location(client: Any) -> str:
+    kw = client.connection_pool.connection_kwargs
+    if kw.get("path"):
+        return f"redis+unix://{kw['path']}/{kw.get('db', 0)}"
+    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+class _Server:
+    """protoprompt's keys under one key prefix of one Redis database."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = _clone(client)
+        self.prefix = prefix
+        self.location = _location(client) + f" {prefix}"
+        self.meta_key = f"{prefix}:protoprompt:meta"
+        self.counts_key = f"{prefix}:protoprompt:counts"
+        self.database_id: str | None = None
+        self.secret: bytes | None = None
+        self.count_store: RemoteCountStore | None = None
+        self._lock = threading.Lock()
+        self.generation = io_loop().generation
+
+    def run(self, make: Callable[[], Any]) -> Any:
+        return io_loop().run(make, _TIMEOUT)
+
+    def ready(self) -> None:
+        with self._lock:
+            if self.database_id is not None:
+                return
+
+            async def meta() -> list[Any]:
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.hsetnx(self.meta_key, "database_id", uuid.uuid4().hex)
+                    pipe.hsetnx(self.meta_key, "count_secret", secrets.token_hex(16))
+                    pipe.hmget(self.meta_key, ["database_id", "count_secret"])
+                    return list(await pipe.execute())
+
+            found = self.run(meta)[-1]
+            db_id, secret_hex = _text(found[0]), _text(found[1])
+            try:
+                secret = bytes.fromhex(secret_hex or "")
+            except ValueError:
+                secret = b""
+            if not db_id or len(secret) != 16:
+                raise ValueError(f"{self.meta_key} holds no database id or count secret")
+            self.secret = secret
+            self.count_store = RemoteCountStore(RedisCounts(self), secret, io_loop(), self.location)
+            self.database_id = db_id
+
+
+_SERVERS: dict[tuple[str, ...], _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+_INHERITED: list[_Server] = []
+
+
+def _server(client: Any, prefix: str) -> _Server:
+    pool_ = client.connection_pool
+    kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
+    key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
+    generation = io_loop().generation
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key)
+        if server is None or server.generation != generation:
+            if server is not None:
+                _INHERITED.append(server)
+            server = _SERVERS[key] = _Server(client, prefix)
+        return server
+
+
+class RedisSnapshots:
+    """The snapshot of one session: a hash ``{prefix}:{id}:protoprompt:snapshot`` (fields
+    ``ids``, ``data``, ``tag``) that expires with the session's list (never raises)."""
+
+    def __init__(self, server: _Server, list_key: str, session_id: str) -> None:
+        self._server = server
+        self.list_key = list_key
+        self.session_id = session_id
+        self.key = f"{list_key.removesuffix(':messages')}:protoprompt:snapshot"
+
+    def load(self) -> tuple[bytes, bytes, str | None] | None:
+        async def read() -> Any:
+            return await self._server.client.hmget(self.key, ["ids", "data", "tag"])
+
+        try:
+            ids, data, tag = self._server.run(read)
+        except Exception as exc:  # noqa: BLE001 - an unreadable snapshot is absent
+            _log.debug("protoprompt: snapshot of %r not read: %s", self.session_id, exc)
+            return None
+        if type(ids) is not bytes or type(data) is not bytes or _text(tag) is None:
+            return None
+        return ids, data, _text(tag)
+
+    def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
+        if tag is None:
+            return "the session has no generation tag yet"
+
+        async def write() -> None:
+            client = self._server.client
+            ttl = int(await client.pttl(self.list_key))
+            if ttl == -2:
+                await client.delete(self.key)  # the history is gone: no snapshot of it
+                return
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hset(self.key, mapping={"ids": row_ids, "data": data, "tag": tag})
+                if ttl > 0:
+                    pipe.pexpire(self.key, ttl)
+                else:
+                    pipe.persist(self.key)
+                await pipe.execute()
+
+        try:
+            self._server.run(write)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a lost snapshot only costs a full read
+            _log.debug("protoprompt: snapshot of %r not written: %s", self.session_id, exc)
+            return str(exc) or type(exc).__name__
+
+    def delete(self) -> None:
+        async def delete() -> None:
+            await self._server.client.delete(self.key)
+
+        try:
+            self._server.run(delete)
+        except Exception as exc:  # noqa: BLE001 - its items are gone: nothing of it is kept
+            _log.debug("protoprompt: snapshot of %r not deleted: %s", self.session_id, exc)
+
+    def binding(self, row_ids: bytes, tag: str | None) -> bytes:
+        assert self._server.database_id is not None
+        return binding(self._server.database_id, self.list_key, self.session_id, row_ids, tag)
+
+
+class RedisCounts:
+    """The hash ``{prefix}:protoprompt:counts`` (a :class:`RemoteCountStore`'s backend):
+    field = key, value = the count (8 bytes, little-endian) and its check (8 bytes)."""
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+
+    async def fetch(self, keys: Sequence[bytes]) -> dict[bytes, tuple[object, object]]:
+        values = await self._server.client.hmget(self._server.counts_key, list(keys))
+        found: dict[bytes, tuple[object, object]] = {}
+        for k, v in zip(keys, values, strict=True):
+            if v is None:
+                continue
+            if type(v) is bytes and len(v) == 16:
+                found[k] = (int.from_bytes(v[:8], "little"), v[8:])
+            else:
+                found[k] = ("damaged", None)
+        return found
+
+    async def write(self, rows: Sequence[tuple[bytes, int, bytes]], max_entries: int) -> None:
+        client = self._server.client
+        key = self._server.counts_key
+        await client.hset(key, mapping={k: n.to_bytes(8, "little") + m for k, n, m in rows})
+        extra = int(await client.hlen(key)) - max_entries
+        if extra > 0:
+            victims = await client.hrandfield(key, extra)
+            if victims:
+                await client.hdel(key, *victims)
+
+    async def delete_all(self) -> None:
+        await self._server.client.delete(self._server.counts_key)
+
+    async def size(self) -> int:
+        return int(await self._server.client.hlen(self._server.counts_key))
