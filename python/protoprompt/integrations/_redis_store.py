@@ -16,7 +16,12 @@ came from. A full read compares every key (``_sync.kept_prefix(monotone=False)``
 change only when the list is cut below them and written again. protoprompt keeps a
 *generation tag* in the session's hash (field ``protoprompt_generation``): a new random
 value before and after every pop through a :class:`ProtoPromptSession`, and gone with the
-hash when the SDK clears or replaces the history (or the session expires). An index is
+hash when the SDK clears or replaces the history (or the session expires). A read takes the
+tag *before* the items (so its items are never older than its tag) and a window checks it
+again *after* its items; a pop that set a new tag before the read and popped after it is
+the only one the tag does not cover, and it removed the newest item -- which the window's
+check of the index's last item finds. So the reads need no transaction, and they are the
+commands the SDK's ``get_items`` uses (``HGET``, ``LRANGE``). An index is
 bound to the tag of the read it was synced with (and a snapshot to it too); a window is
 read only while the tag is the same. A pop by a process that does not use protoprompt (a
 plain ``RedisSession.pop_item`` or ``RPOP``) does not change the tag: it is noticed when it
@@ -38,6 +43,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import secrets
 import threading
 import uuid
@@ -60,13 +66,17 @@ FIELD = "protoprompt_generation"
 SKIP = (json.JSONDecodeError, UnicodeDecodeError)
 """What ``RedisSession.get_items`` skips when it decodes an item."""
 _TIMEOUT = 5.0
-_BUMP_TRIES = 5
 
 
 def _errors() -> tuple[type[BaseException], ...]:
     from redis.exceptions import RedisError
 
     return (RedisError, OSError, asyncio.TimeoutError, TimeoutError, UnicodeDecodeError)
+
+
+def _servers_after_fork() -> None:
+    global _SERVERS_LOCK
+    _SERVERS_LOCK = threading.Lock()
 
 
 def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Unsupported:
@@ -173,20 +183,22 @@ class RedisStore:
         # its positions are not the items' (no tag, so no window is read on its index).
         return items, _sync.Rows(keyed, skipped, tag if not skipped else None)
 
-    async def _transaction(self, *commands: tuple[str, tuple[Any, ...]]) -> list[Any]:
+    async def _command(self, name: str, *args: Any) -> Any:
+        """One command on the inner session's client (the commands its ``get_items`` uses,
+        so whatever stands in for the client sees the same calls)."""
         try:
-            async with self._client.pipeline(transaction=True) as pipe:
-                for name, args in commands:
-                    getattr(pipe, name)(*args)
-                return list(await pipe.execute())
+            return await getattr(self._client, name)(*args)
         except _errors() as exc:
             raise StoreReadError(str(exc) or type(exc).__name__) from exc
 
+    async def _tag(self) -> str | None:
+        return _text(await self._command("hget", self._hash, FIELD))
+
     async def read(self, look: Callable[[_sync.Rows], T]) -> tuple[list[Any], T]:
-        tag_value, raw = await self._transaction(
-            ("hget", (self._hash, FIELD)), ("lrange", (self._list, 0, -1))
-        )
-        tag = _text(tag_value)
+        # The tag first: a pop through a ProtoPromptSession changes it before it pops, so
+        # rows read after the tag are never older than the tag says (see the module note).
+        tag = await self._tag()
+        raw = await self._command("lrange", self._list, 0, -1)
 
         def decode() -> tuple[list[Any], T]:
             items, rows = self._rows(raw, tag)
@@ -201,20 +213,12 @@ class RedisStore:
         return items, seen
 
     async def _tag_session(self) -> None:
-        """Give the session a generation tag if it has none (while its hash exists: never
-        create a hash of a session that has none). The read that found none is not bound
-        to it: the next one is."""
-        from redis.exceptions import WatchError
-
+        """Give the session a generation tag if it has none, while its hash exists (a
+        session without one gets none). The read that found none is not bound to it: the
+        next one is."""
         try:
-            async with self._client.pipeline(transaction=True) as pipe:
-                await pipe.watch(self._hash)
-                if await pipe.exists(self._hash):
-                    pipe.multi()
-                    pipe.hsetnx(self._hash, FIELD, uuid.uuid4().hex)
-                    await pipe.execute()
-        except WatchError:
-            pass  # changed meanwhile: the next read tags it
+            if await self._client.exists(self._hash):
+                await self._client.hsetnx(self._hash, FIELD, uuid.uuid4().hex)
         except _errors() as exc:
             _log.debug("protoprompt: session %r not tagged: %s", self._session_id, exc)
 
@@ -222,17 +226,13 @@ class RedisStore:
         self, view: _sync.WindowView, choose: _sync.Chooser
     ) -> WindowRows | _sync.Gone:
         n = view.length
-        tag1, length1, tail_raw = await self._transaction(
-            ("hget", (self._hash, FIELD)),
-            ("llen", (self._list,)),
-            ("lrange", (self._list, n - 1, -1)),
-        )
-        if view.tag is None or _text(tag1) != view.tag:
+        if view.tag is None or await self._tag() != view.tag:
             return _sync.Gone(
                 "rewritten", "the history was popped, cleared or rewritten since the index"
             )
+        tail_raw = await self._command("lrange", self._list, n - 1, -1)
         tail_items, tail = await asyncio.to_thread(self._rows, tail_raw, view.tag)
-        if not tail_items or tail.rows[0][0] != view.last_id or int(length1) < n:
+        if not tail_items or tail.rows[0][0] != view.last_id:
             return _sync.Gone("popped", "the index's last item is gone")
         if tail.skipped:
             return _sync.Gone("rewritten", "an item after the index does not decode")
@@ -240,15 +240,12 @@ class RedisStore:
         if chosen is None:
             return _sync.Gone("", None)
         w = chosen[0]
-        tag2, length2, window_raw = await self._transaction(
-            ("hget", (self._hash, FIELD)),
-            ("llen", (self._list,)),
-            ("lrange", (self._list, w, -1)),
-        )
-        if _text(tag2) != view.tag:
+        window_raw = await self._command("lrange", self._list, w, -1)
+        # The tag last: no pop through a ProtoPromptSession began since the index's read.
+        if await self._tag() != view.tag:
             return _sync.Gone("changed", "the history was popped while the window was read")
-        if int(length2) != int(length1) or len(window_raw) != n - w + len(tail_raw) - 1:
-            return _sync.Gone("changed", "items were appended while the window was read")
+        if len(window_raw) != n - 1 - w + len(tail_raw):
+            return _sync.Gone("changed", "items were added or popped while the window was read")
         head_items, head = await asyncio.to_thread(self._rows, window_raw[: n - 1 - w], view.tag)
         rest = [self._key_of(v) for v in window_raw[n - 1 - w :]]
         if head.skipped or rest != [k for k, _ in tail.rows]:
@@ -261,23 +258,11 @@ class RedisStore:
         return int.from_bytes(digest, "little", signed=True)
 
     async def _bump(self) -> None:
-        """A new generation tag, if the session has a hash (see the module note)."""
-        from redis.exceptions import WatchError
-
-        tag = uuid.uuid4().hex
-        for _ in range(_BUMP_TRIES):
-            try:
-                async with self._client.pipeline(transaction=True) as pipe:
-                    await pipe.watch(self._hash)
-                    if not await pipe.exists(self._hash):
-                        return  # no history: nothing indexed to protect
-                    pipe.multi()
-                    pipe.hset(self._hash, FIELD, tag)
-                    await pipe.execute()
-                    return
-            except WatchError:
-                continue  # an append touched the hash meanwhile: again
-        await self._client.hset(self._hash, FIELD, tag)
+        """A new generation tag, if the session has a hash (see the module note). Not
+        atomic: a clear between the two commands leaves a hash of the tag alone, which the
+        session's next write or clear takes over (a few bytes)."""
+        if await self._client.exists(self._hash):
+            await self._client.hset(self._hash, FIELD, uuid.uuid4().hex)
 
     async def before_pop(self) -> None:
         await self._bump()
@@ -376,6 +361,10 @@ def _server(client: Any, prefix: str) -> _Server:
                 _INHERITED.append(server)
             server = _SERVERS[key] = _Server(client, prefix)
         return server
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_servers_after_fork)
 
 
 class RedisSnapshots:
