@@ -14,9 +14,10 @@ came from. A full read compares every key (``_sync.kept_prefix(monotone=False)``
 **Why a window can be trusted.** A window reads only the items from its first one on
 (``LRANGE`` from the end), and checks their keys against the index; the items before it
 change only when the list is cut below them and written again. protoprompt keeps a
-*generation tag* in the session's hash (field ``protoprompt_generation``): a new random
-value before and after every pop through a :class:`ProtoPromptSession`, and gone with the
-hash when the SDK clears or replaces the history (or the session expires). A read takes the
+*generation tag* of the session (key ``{prefix}:{id}:protoprompt:generation``, with the
+``created_at`` of the SDK's hash): a new random value before and after every pop, clear or
+compaction rewrite through a :class:`ProtoPromptSession`, and a new ``created_at`` when the
+SDK clears or replaces the history (or the session expires) and writes it again. A read takes the
 tag *before* the items (so its items are never older than its tag) and a window checks it
 again *after* its items; a pop that set a new tag before the read and popped after it is
 the only one the tag does not cover, and it removed the newest item -- which the window's
@@ -27,14 +28,19 @@ read only while the tag is the same. A pop by a process that does not use protop
 plain ``RedisSession.pop_item`` or ``RPOP``) does not change the tag: it is noticed when it
 changed any item the window reads, not when it only changed items before the window that
 were then written again -- pop through ``ProtoPromptSession`` (or use windows only where
-every worker does).
+every worker does). A clear or replacement by such a process deletes the session's hash,
+whose ``created_at`` (seconds) is part of the tag: noticed unless the history was written
+again within the same second.
 
 **protoprompt's own keys**, under the session's key prefix, used through a client cloned
 from the inner session's (same connection class and arguments, on protoprompt's I/O loop):
 ``{prefix}:protoprompt:meta`` (a hash: the database id and the secret of counts and keys),
 ``{prefix}:protoprompt:counts`` (a hash of token counts, at most ``max_entries``, random
-ones evicted beyond) and ``{prefix}:{id}:protoprompt:snapshot`` (the session's index
-snapshot, expiring with the session's list).
+ones evicted beyond), and per session ``{prefix}:{id}:protoprompt:generation`` (the tag)
+and ``{prefix}:{id}:protoprompt:snapshot`` (the index snapshot), both expiring with the
+session's list as it was when they were written (a session whose ``ttl`` keeps extending
+it gets a new tag, and reads its history once, after each such period). The SDK's own keys
+are never written.
 """
 
 from __future__ import annotations
@@ -61,8 +67,6 @@ T = TypeVar("T")
 
 _log = logging.getLogger("protoprompt")
 
-FIELD = "protoprompt_generation"
-"""The field of the session's hash holding its generation tag."""
 SKIP = (json.JSONDecodeError, UnicodeDecodeError)
 """What ``RedisSession.get_items`` skips when it decodes an item."""
 _TIMEOUT = 5.0
@@ -119,6 +123,7 @@ class RedisStore:
         self._client = inner._redis
         self._hash = str(inner._session_key)
         self._list = str(inner._messages_key)
+        self._tag_key = f"{self._hash}:protoprompt:generation"
         self._prefix = str(inner._key_prefix)
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
@@ -192,12 +197,24 @@ class RedisStore:
             raise StoreReadError(str(exc) or type(exc).__name__) from exc
 
     async def _tag(self) -> str | None:
-        return _text(await self._command("hget", self._hash, FIELD))
+        """The session's generation tag: protoprompt's random value and the SDK hash's
+        ``created_at`` (``None`` without the first)."""
+        value = await self._command("get", self._tag_key)
+        if value is None:
+            return None
+        born = _text(await self._command("hget", self._hash, "created_at"))
+        return f"{_text(value)}/{born}"
 
     async def read(self, look: Callable[[_sync.Rows], T]) -> tuple[list[Any], T]:
         # The tag first: a pop through a ProtoPromptSession changes it before it pops, so
         # rows read after the tag are never older than the tag says (see the module note).
         tag = await self._tag()
+        if tag is None and await self._command("exists", self._list):
+            try:
+                await self._new_tag(replace=False)
+            except _errors() as exc:  # no tag: the history is read whole, never windowed
+                _log.debug("protoprompt: session %r not tagged: %s", self._session_id, exc)
+            tag = await self._tag()
         raw = await self._command("lrange", self._list, 0, -1)
 
         def decode() -> tuple[list[Any], T]:
@@ -205,22 +222,24 @@ class RedisStore:
             return items, look(rows)
 
         try:
-            items, seen = await asyncio.to_thread(decode)
+            return await asyncio.to_thread(decode)
         except UnicodeDecodeError as exc:  # pragma: no cover - str clients decode on read
             raise StoreReadError(str(exc)) from exc
-        if tag is None and raw:
-            await self._tag_session()
-        return items, seen
 
-    async def _tag_session(self) -> None:
-        """Give the session a generation tag if it has none, while its hash exists (a
-        session without one gets none). The read that found none is not bound to it: the
-        next one is."""
-        try:
-            if await self._client.exists(self._hash):
-                await self._client.hsetnx(self._hash, FIELD, uuid.uuid4().hex)
-        except _errors() as exc:
-            _log.debug("protoprompt: session %r not tagged: %s", self._session_id, exc)
+    async def _new_tag(self, *, replace: bool) -> None:
+        """A new generation tag (``replace=False``: only if there is none) expiring with the
+        session's list; none while the list does not exist."""
+        client = self._client
+        ttl = int(await client.pttl(self._list))
+        if ttl == -2:
+            await client.delete(self._tag_key)
+            return
+        if _text(await client.type(self._tag_key)) not in ("none", "string"):
+            return  # another session's key (ids that collide): never overwritten
+        expires: dict[str, int] = {}
+        if ttl > 0:  # the list's own expiry time, as it is now
+            expires["pxat"] = int(await client.pexpiretime(self._list))
+        await client.set(self._tag_key, uuid.uuid4().hex, nx=not replace, **expires)
 
     async def read_window(
         self, view: _sync.WindowView, choose: _sync.Chooser
@@ -257,23 +276,14 @@ class RedisStore:
         digest = hashlib.blake2b(data, digest_size=8, key=self._digest_key).digest()
         return int.from_bytes(digest, "little", signed=True)
 
-    async def _bump(self) -> None:
-        """A new generation tag, if the session has a hash (see the module note). Not
-        atomic: a clear between the two commands leaves a hash of the tag alone, which the
-        session's next write or clear takes over (a few bytes)."""
-        if await self._client.exists(self._hash):
-            await self._client.hset(self._hash, FIELD, uuid.uuid4().hex)
+    async def before_rewrite(self) -> None:
+        await self._new_tag(replace=True)
 
-    async def before_pop(self) -> None:
-        await self._bump()
-
-    async def after_pop(self) -> None:
+    async def after_rewrite(self) -> None:
         try:
-            await self._bump()
+            await self._new_tag(replace=True)
         except _errors() as exc:  # the tag set before the pop already protects the index
-            _log.debug(
-                "protoprompt: session %r not re-tagged after a pop: %s", self._session_id, exc
-            )
+            _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
 
     def close(self) -> None:
         return None
@@ -396,14 +406,14 @@ class RedisSnapshots:
 
         async def write() -> None:
             client = self._server.client
-            ttl = int(await client.pttl(self.list_key))
-            if ttl == -2:
+            at = int(await client.pexpiretime(self.list_key))
+            if at == -2:
                 await client.delete(self.key)  # the history is gone: no snapshot of it
                 return
             async with client.pipeline(transaction=True) as pipe:
                 pipe.hset(self.key, mapping={"ids": row_ids, "data": data, "tag": tag})
-                if ttl > 0:
-                    pipe.pexpire(self.key, ttl)
+                if at > 0:
+                    pipe.pexpireat(self.key, at)
                 else:
                     pipe.persist(self.key)
                 await pipe.execute()

@@ -266,10 +266,10 @@ class SQLAlchemyStore:
         head_items, head = _sync.decoded([(r[0], r[1]) for r in rows[:at]], SKIP)
         return head_items, tail_items, tail, head.ids_from(0)
 
-    async def before_pop(self) -> None:
+    async def before_rewrite(self) -> None:
         return None
 
-    async def after_pop(self) -> None:
+    async def after_rewrite(self) -> None:
         return None
 
     def close(self) -> None:

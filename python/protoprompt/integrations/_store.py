@@ -101,12 +101,12 @@ class HistoryStore(Protocol):
         """The database's count store (one per database, shared by its sessions)."""
         ...
 
-    async def before_pop(self) -> None:
-        """Called before a pop through the session (a ``RedisSession`` marks the session's
-        history as changed, so no window is read on a stale index)."""
+    async def before_rewrite(self) -> None:
+        """Called before a pop, clear or compaction rewrite through the session (a
+        ``RedisSession`` marks its history as changed: no window is read on a stale index)."""
         ...
 
-    async def after_pop(self) -> None: ...
+    async def after_rewrite(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -153,10 +153,10 @@ class SQLiteStore:
     def count_store(self, max_open_readers: int) -> CountStore | None:
         return None if self.key is None else pool.count_store(self.key, max_open_readers)
 
-    async def before_pop(self) -> None:
+    async def before_rewrite(self) -> None:
         return None
 
-    async def after_pop(self) -> None:
+    async def after_rewrite(self) -> None:
         return None
 
     def close(self) -> None:

@@ -588,13 +588,13 @@ class ProtoPromptSession:
         state = self._index_state
         state.bump()
         if self._store is not None:
-            await self._store.before_pop()
+            await self._store.before_rewrite()
         try:
             return await call(self._inner.pop_item, wrapper=wrapper)
         finally:
             state.bump()
             if self._store is not None:
-                await self._store.after_pop()
+                await self._store.after_rewrite()
 
     async def clear_session(self, wrapper: Any = None) -> None:
         """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
@@ -603,10 +603,14 @@ class ProtoPromptSession:
             self._pending.clear()
             self._pending_masked.clear()
         self._index_state.bump()
+        if self._store is not None:
+            await self._store.before_rewrite()
         try:
             await call(self._inner.clear_session, wrapper=wrapper)
         finally:
             self._index_state.bump()
+            if self._store is not None:
+                await self._store.after_rewrite()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
 
@@ -688,16 +692,31 @@ class ProtoPromptSession:
 
     def _rewrites(self, method: Any) -> Any:
         """``method`` (which rewrites the stored history) with the index reset around it."""
-        state = self._index_state
 
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            await self._attach()
+            state, store = self._index_state, self._store
             state.bump()
+            if store is not None:
+                await store.before_rewrite()
             try:
                 return await call(method, *args, **kwargs)
             finally:
                 state.bump()
+                if store is not None:
+                    await store.after_rewrite()
 
         return rewriting
+
+    def _overrides_storage(self) -> bool:
+        """Whether a subclass changes how the history is read or written: the inner
+        session's compaction shortcuts would then bypass it (the SDK's own sessions refuse
+        them for their subclasses alike)."""
+        cls = type(self)
+        return any(
+            getattr(cls, name) is not getattr(ProtoPromptSession, name)
+            for name in ("get_items", "add_items", "clear_session")
+        )
 
     async def _get_compaction_snapshot(
         self, limit: int, *, prune_prefix: Callable[[Item], bool] | None = None
@@ -706,7 +725,7 @@ class ProtoPromptSession:
         replaces its suffix atomically), or ``None`` when the inner has none. The replacement
         resets this session's index: a ``:memory:`` database has no row check to notice it."""
         reader = getattr(self._inner, "_get_compaction_snapshot", None)
-        if reader is None:
+        if reader is None or self._overrides_storage():
             return None
         if prune_prefix is not None and accepts_keyword(reader, "prune_prefix"):
             raw = await reader(limit, prune_prefix=prune_prefix)
@@ -721,7 +740,7 @@ class ProtoPromptSession:
         """Replace the whole history atomically if the inner session can (``RedisSession``);
         ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
         replace = getattr(type(self._inner), "_atomic_replace_items", None)
-        if replace is None:
+        if replace is None or self._overrides_storage():
             return False
         return bool(await self._rewrites(replace)(self._inner, items))
 
