@@ -18,6 +18,10 @@ is a transaction that began before them and committed after (PostgreSQL stamps
 deleted prefix. The count is an index-only scan of the SDK's ``(session_id, created_at)``
 index (about 4 ms per 100k rows on PostgreSQL).
 
+**Identity.** Ids start over in a table dropped and created again: on PostgreSQL a stored
+session is the database's id, the table's oid and the session id (the index pool's key, the
+snapshots' binding).
+
 **protoprompt's own state** (database id, index snapshots, token counts) lives in tables of
 the same database: for PostgreSQL ``protoprompt_meta``, ``protoprompt_index_snapshots``
 and ``protoprompt_token_counts``, created on first use under an advisory lock and used
@@ -124,6 +128,10 @@ class SQLAlchemyStore:
     async def open(self) -> None:
         if self._opened or self.memory:
             return
+        try:
+            await self._inner._ensure_tables()  # the table's identity is part of the key
+        except _errors() as exc:
+            _log.debug("protoprompt: tables of %r not ensured: %s", self._session_id, exc)
         await asyncio.to_thread(self._open)
 
     def _open(self) -> None:
@@ -151,8 +159,15 @@ class SQLAlchemyStore:
                 self.no_store = f"protoprompt's tables could not be used: {exc}"
                 return
             assert server.database_id is not None
-            self.key = (server.database_id, server.location, self.table_name, self._session_id)
-            self.snapshots = PostgresSnapshots(server, self.table_name, self._session_id)
+            # A table dropped and created again starts its ids over: its rows are bound to
+            # the table's own identity as well (its oid).
+            try:
+                table = f"{self.table_name}#{server.table_oid(self.table_name)}"
+            except Exception as exc:  # noqa: BLE001 - no identity: nothing shared or stored
+                self.no_store = f"the table's identity could not be read: {exc}"
+                return
+            self.key = (server.database_id, server.location, table, self._session_id)
+            self.snapshots = PostgresSnapshots(server, table, self._session_id)
             self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
 
@@ -317,6 +332,18 @@ class _Server:
                 PostgresCounts(self), secret, io_loop(), self.location
             )
             self.database_id = db_id
+
+    def table_oid(self, table: str) -> int | None:
+        """The oid of the table ``table`` names on the search path (``None``: none yet)."""
+        from sqlalchemy import text
+
+        async def read() -> Any:
+            async with self.engine.connect() as conn:
+                result = await conn.execute(text("SELECT to_regclass(:t)::oid"), {"t": table})
+                return result.scalar()
+
+        found = self.run(read)
+        return None if found is None else int(found)
 
     async def _create(self) -> dict[str, str]:
         from sqlalchemy import text
