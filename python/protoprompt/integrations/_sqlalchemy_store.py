@@ -188,9 +188,20 @@ class SQLAlchemyStore:
         opener = getattr(inner, "_session", None)
         return opener() if opener is not None else inner._session_factory()
 
-    async def _rows(self, statement: Any) -> list[tuple[Any, ...]]:
+    async def _rows(self, statement: Any, *, one_statement: bool = False) -> list[tuple[Any, ...]]:
+        """The rows of ``statement``, read the way the inner session reads (its
+        ``AsyncSession``). ``one_statement``: a read that needs no transaction around it
+        (one statement is one snapshot) on a connection of the engine's pool in autocommit
+        mode -- half the round trips -- unless the inner session guards a shared connection
+        (0.24 over a ``StaticPool``)."""
+        inner = self._inner
         try:
-            await self._inner._ensure_tables()
+            await inner._ensure_tables()
+            if one_statement and getattr(inner, "_connection_lock", None) is None:
+                async with inner.engine.connect() as conn:
+                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    result = await conn.execute(statement)
+                    return [tuple(row) for row in result.all()]
             async with self._sa() as sess:
                 result = await sess.execute(statement)
                 return [tuple(row) for row in result.all()]
@@ -240,7 +251,8 @@ class SQLAlchemyStore:
 
         m, sid = self._table, self._session_id
         tail_rows = await self._rows(
-            self._ordered(select(m.c.id, m.c.message_data).where(self._from(view.last_id)))
+            self._ordered(select(m.c.id, m.c.message_data).where(self._from(view.last_id))),
+            one_statement=True,
         )
         tail_items, tail = _sync.decoded(tail_rows, SKIP)
         if not tail_items or tail.id_at(0) != view.last_id:
@@ -259,7 +271,8 @@ class SQLAlchemyStore:
                     total.scalar_subquery(),
                     first.scalar_subquery(),
                 ).where(self._from(w_id))
-            )
+            ),
+            one_statement=True,
         )
         if not rows:
             return _sync.Gone("popped", "a row of the window is gone")
