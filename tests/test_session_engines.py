@@ -533,3 +533,48 @@ async def test_redis_keys_stay_under_the_prefix_and_expire_with_the_session(
     finally:
         await client.aclose()
         await inner.close()
+
+
+async def test_a_forked_worker_uses_connections_of_its_own(session_engine: Any) -> None:
+    """A server that forks its workers after serving (gunicorn with a preloaded app): the
+    child's turns go through the index and count store it inherited, on connections of its
+    own (protoprompt's I/O loop and its engines are made again; the parent's are left
+    alone), and the parent goes on unharmed."""
+    import asyncio
+    import multiprocessing
+    import os
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(16):
+        await worker.turn(i)
+
+    def child() -> list[str]:
+        out: list[str] = []
+
+        async def turns() -> None:
+            forked = Worker(session_engine, sid)  # a new inner session: the child's own
+            for i in (16, 17):
+                report = await forked.turn(i)
+                out.append(f"{report.read} {report.count_store} {report.index}")
+            forked.session.close()
+
+        # In a thread of its own: the forked thread still looks like it runs the test's loop.
+        thread = threading.Thread(target=lambda: asyncio.run(turns()))
+        thread.start()
+        thread.join(120)
+        return out
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=lambda: queue.put(child()))
+    proc.start()
+    got = await asyncio.to_thread(queue.get, True, 180)
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert got == ["window on incremental", "window on incremental"], got
+    report = await worker.turn(18)  # the parent's connections still work
+    assert report.count_store == "on" and report.index == "incremental", report.lines()

@@ -79,8 +79,12 @@ def _errors() -> tuple[type[BaseException], ...]:
 
 
 def _servers_after_fork() -> None:
+    """A lock held at the fork belonged to a thread that is gone: new ones."""
     global _SERVERS_LOCK
     _SERVERS_LOCK = threading.Lock()
+    for server in _SERVERS.values():
+        server._lock = threading.Lock()
+        server._make_lock = threading.Lock()
 
 
 def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Unsupported:
@@ -315,7 +319,11 @@ class _Server:
     """protoprompt's keys under one key prefix of one Redis database."""
 
     def __init__(self, client: Any, prefix: str) -> None:
-        self.client = _clone(client)
+        self._source = client
+        self._client: Any = None
+        self._generation = -1
+        self._inherited: list[Any] = []
+        self._make_lock = threading.Lock()
         self.prefix = prefix
         self.location = _location(client) + f" {prefix}"
         self.meta_key = f"{prefix}:protoprompt:meta"
@@ -324,7 +332,19 @@ class _Server:
         self.secret: bytes | None = None
         self.count_store: RemoteCountStore | None = None
         self._lock = threading.Lock()
-        self.generation = io_loop().generation
+
+    @property
+    def client(self) -> Any:
+        """A client of protoprompt's I/O loop (see :func:`_clone`), made again in a forked
+        child (whose parent's connections are left alone)."""
+        generation = io_loop().generation
+        with self._make_lock:
+            if self._client is None or self._generation != generation:
+                if self._client is not None:
+                    self._inherited.append(self._client)
+                self._client = _clone(self._source)
+                self._generation = generation
+            return self._client
 
     def run(self, make: Callable[[], Any]) -> Any:
         return io_loop().run(make, _TIMEOUT)
@@ -356,19 +376,15 @@ class _Server:
 
 _SERVERS: dict[tuple[str, ...], _Server] = {}
 _SERVERS_LOCK = threading.Lock()
-_INHERITED: list[_Server] = []
 
 
 def _server(client: Any, prefix: str) -> _Server:
     pool_ = client.connection_pool
     kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
     key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
-    generation = io_loop().generation
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
-        if server is None or server.generation != generation:
-            if server is not None:
-                _INHERITED.append(server)
+        if server is None:
             server = _SERVERS[key] = _Server(client, prefix)
         return server
 

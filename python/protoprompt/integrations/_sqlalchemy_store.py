@@ -312,17 +312,33 @@ class _Server:
     the I/O loop (one per database URL and process)."""
 
     def __init__(self, engine: Any) -> None:
-        from sqlalchemy.ext.asyncio import create_async_engine
-
         self.location = engine.url.render_as_string(hide_password=True)
-        # The inner engine's pool, recreated: the same connection arguments, new connections
-        # made on protoprompt's loop.
-        self.engine = create_async_engine(engine.url, pool=engine.sync_engine.pool.recreate())
+        self._source = engine
+        self._engine: Any = None
+        self._generation = -1
+        self._inherited: list[Any] = []
+        self._make_lock = threading.Lock()
         self.database_id: str | None = None
         self.secret: bytes | None = None
         self.count_store: RemoteCountStore | None = None
         self._lock = threading.Lock()
-        self.generation = io_loop().generation
+
+    @property
+    def engine(self) -> Any:
+        """An engine of protoprompt's I/O loop: the inner engine's pool recreated (the same
+        connection arguments, new connections), made again in a forked child (whose
+        parent's connections are left alone)."""
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        generation = io_loop().generation
+        with self._make_lock:
+            if self._engine is None or self._generation != generation:
+                if self._engine is not None:
+                    self._inherited.append(self._engine)
+                pool = self._source.sync_engine.pool.recreate()
+                self._engine = create_async_engine(self._source.url, pool=pool)
+                self._generation = generation
+            return self._engine
 
     def run(self, make: Callable[[], Any]) -> Any:
         return io_loop().run(make, _TIMEOUT)
@@ -383,24 +399,24 @@ class _Server:
 
 _SERVERS: dict[str, _Server] = {}
 _SERVERS_LOCK = threading.Lock()
-_INHERITED: list[_Server] = []  # a fork parent's: their connections are not ours to close
 
 
 def _server(engine: Any) -> _Server:
     key = engine.url.render_as_string(hide_password=False)
-    generation = io_loop().generation
     with _SERVERS_LOCK:
         server = _SERVERS.get(key)
-        if server is None or server.generation != generation:
-            if server is not None:
-                _INHERITED.append(server)
+        if server is None:
             server = _SERVERS[key] = _Server(engine)
         return server
 
 
 def _servers_after_fork() -> None:
+    """A lock held at the fork belonged to a thread that is gone: new ones."""
     global _SERVERS_LOCK
     _SERVERS_LOCK = threading.Lock()
+    for server in _SERVERS.values():
+        server._lock = threading.Lock()
+        server._make_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
