@@ -134,12 +134,15 @@ step_dist() {
 
 # ---------------------------------------------------------------------------- SDK conformance
 # The SDK's own session tests (tests/memory/, tests/extensions/memory/test_encrypt_session.py,
-# tests/deferred_session_writes/, tests/test_hitl_session_scenario.py and the session tests of
-# the runner test files), taken from the sdist of the openai-agents version installed in the
-# venv, run with every SQLiteSession they build replaced by ProtoPromptSession
-# (tests/sdk_conformance/protoprompt_conformance.py), without and with our input callback.
-# Skipped tests are listed with their reason at the end of each run. Both modes together take
-# 2-4 min for 0.24.0 and 1.5-2 min for 0.22.3 on the 2-core machine.
+# test_sqlalchemy_session.py and test_redis_session.py, tests/deferred_session_writes/,
+# tests/test_hitl_session_scenario.py and the session tests of the runner test files), taken
+# from the sdist of the openai-agents version installed in the venv, run with every
+# SQLiteSession, SQLAlchemySession and RedisSession they build replaced by ProtoPromptSession
+# over one (tests/sdk_conformance/protoprompt_conformance.py), without and with our input
+# callback: as upstream runs them (SQLite in memory, fakeredis), then the SQLAlchemy and Redis
+# tests once more against the services' PostgreSQL (asyncpg) and redis-server, where the tests
+# allow a real server. Skipped tests are listed with their reason at the end of each run. All
+# modes together take 3-5 min for 0.24.0 and 2-3 min for 0.22.3 on the 2-core machine.
 sdk_conformance() {
   local venv=$1 version src dist
   version=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('openai-agents'))")
@@ -155,7 +158,8 @@ sdk_conformance() {
   rm -rf "$src"
   tar -xzf "$dist/openai_agents-$version.tar.gz" -C "$WORK/sdk-src"
   local tests=()
-  for t in tests/memory tests/extensions/memory/test_encrypt_session.py \
+  local servers=(tests/extensions/memory/test_sqlalchemy_session.py tests/extensions/memory/test_redis_session.py)
+  for t in tests/memory tests/extensions/memory/test_encrypt_session.py "${servers[@]}" \
            tests/deferred_session_writes tests/test_hitl_session_scenario.py \
            tests/test_agent_runner.py tests/test_agent_runner_streamed.py; do
     [ -e "$src/$t" ] && tests+=("$t")
@@ -167,6 +171,13 @@ sdk_conformance() {
       PYTHONPATH="$ROOT/tests/sdk_conformance" \
       "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \
       "${tests[@]}")
+    echo "-- callback $([ $callback = 1 ] && echo on || echo off), on PostgreSQL and redis-server"
+    (cd "$src" && PROTOPROMPT_CONFORMANCE_CALLBACK=$callback \
+      PROTOPROMPT_CONFORMANCE_POSTGRES="${PROTOPROMPT_TEST_POSTGRES_URL/postgresql:/postgresql+asyncpg:}" \
+      PROTOPROMPT_CONFORMANCE_REDIS="${PROTOPROMPT_TEST_REDIS_URL%/*}/15" \
+      PYTHONPATH="$ROOT/tests/sdk_conformance" \
+      "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \
+      "${servers[@]}")
   done
 }
 

@@ -251,14 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser(
         "inspect",
         help="show what the next request of a stored session keeps and drops",
-        description="Read an Agents SDK SQLiteSession database (read-only) and show, for one "
-        "session, what the next request would keep and drop under a token "
-        "budget: one row per atomic unit (its items, kinds, tokens, decision and "
-        "the reason), then the totals. Without --session, list the sessions.",
+        description="Read an Agents SDK session store (read-only: a SQLiteSession database "
+        "file, or the PostgreSQL database of a SQLAlchemySession or the Redis server of a "
+        "RedisSession by URL) and show, for one session, what the next request would keep "
+        "and drop under a token budget: one row per atomic unit (its items, kinds, tokens, "
+        "decision and the reason), then the totals. Without --session, list the sessions.",
         epilog=f"example: {PROG} inspect agents.db --session legal-chat --budget 128000 "
         "--model gpt-5 --output-reserve 8000",
     )
-    inspect.add_argument("db", metavar="DB", help="the SQLiteSession database file")
+    inspect.add_argument(
+        "db",
+        metavar="DB",
+        help="a SQLiteSession database file, or a URL: postgresql://... (SQLAlchemySession "
+        "on PostgreSQL), sqlite+aiosqlite:///FILE (SQLAlchemySession on SQLite), "
+        "redis://... (RedisSession)",
+    )
     inspect.add_argument("--session", metavar="ID", type=_text, help="session id to inspect")
     inspect.add_argument(
         "--budget",
@@ -325,7 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="agent_messages",
         type=_text,
         metavar="NAME",
-        help="the SQLiteSession messages table (default agent_messages)",
+        help="the messages table of a SQL store (default agent_messages)",
+    )
+    inspect.add_argument(
+        "--key-prefix",
+        default="agents:session",
+        type=_text,
+        metavar="PREFIX",
+        help="the RedisSession key prefix (default agents:session)",
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(run=_run_inspect)
@@ -428,19 +442,23 @@ def _run_mcp(args: argparse.Namespace) -> int:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from . import _inspect as ins
-    from ._next_turn import next_turn_window, render_next_turn, stored_snapshot_items
+    from ._next_turn import next_turn_window, render_next_turn
+    from ._stored import open_stored
 
     try:
-        conn = ins.connect_read_only(args.db)
+        stored = open_stored(
+            args.db, messages_table=args.messages_table, key_prefix=args.key_prefix
+        )
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
+    name = stored.name
     try:
         if args.session is None:
-            sessions = ins.list_sessions(conn, args.messages_table, args.db)
+            sessions = stored.list_sessions()
             if args.json:
-                _print_json({"database": args.db, "sessions": sessions})
+                _print_json({"database": name, "sessions": sessions})
             elif not sessions:
-                print(f"{args.db}: no sessions")
+                print(f"{terminal_safe(name)}: no sessions")
             else:
                 names = [terminal_safe(str(s["session"])) for s in sessions]
                 width = max(len(n) for n in names)
@@ -450,14 +468,12 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 n = len(sessions)
                 print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
-        rows = ins.read_session(
-            conn, args.session, messages_table=args.messages_table, path=args.db, limit=args.limit
-        )
-        snapshot_items = stored_snapshot_items(conn, args.messages_table, args.session)
+        rows = stored.read_session(args.session, args.limit)
+        snapshot_items = stored.snapshot_items(args.session)
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
     finally:
-        conn.close()
+        stored.close()
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
     if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
         raise _CommandError("--excerpt-tokens and --mask-after-turns need --masking")
@@ -487,7 +503,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             except (ValueError, IndexError):
                 hint = ""
         raise _CommandError(f"{exc}{hint}") from None
-    report = ins.report_json(args.db, args.session, rows, result, new_input)
+    report = ins.report_json(name, args.session, rows, result, new_input)
     report["next_turn"] = next_turn_window(
         rows.items,
         rows.row_ids,

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..calibration import Calibration
-from ..count_store import CountStore, SQLiteCountStore
+from ..count_store import CountStore, RemoteCountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import canonical_text, preload
 from ..turn_report import (
@@ -61,6 +61,7 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
+from ._store import HistoryStore, StoreReadError, Unsupported, open_store
 from ._window import (
     TURN_ATTR,
     Refused,
@@ -396,55 +397,41 @@ class ProtoPromptSession:
             isinstance(self._inner, SQLiteSession)
             and type(self._inner).get_items is SQLiteSession.get_items
         )
-        self._incremental = sqlite_inner if incremental is None else incremental
-        self._reader: _sync.RowReader | None = None
-        self._shared_key: pool.Key | None = None
-        snapshot_at: tuple[str, str, str, str] | None = None
-        if self._incremental and sqlite_inner:
-            db = os.fspath(self._inner.db_path)
-            if db != ":memory:":  # a memory database has no other writer
-                table = self._inner.messages_table
-                # get_items reads the rows itself, with their ids, so the index is compared
-                # with exactly the rows the SDK hands over (see `_sync`).
-                self._reader = _sync.RowReader(db, table, session_id)
-                # That comparison makes sharing the index between objects safe, keyed by
-                # the database's own identity and its file (see `_Key`).
-                db_id = pool.database_id(db)
-                if db_id is not None:
-                    self._shared_key = (db_id, os.path.realpath(db), table, session_id)
-                    snapshot_at = (db, db_id, table, session_id)
-        self._index_state = (
-            pool.shared_state(self._shared_key, snapshot_at) if self._shared_key else IndexState()
+        # The history store: reads the rows the way the inner session does, with their keys,
+        # so the index is compared with exactly the rows the SDK hands over (see _store).
+        opened = open_store(self._inner, session_id)
+        self._store: HistoryStore | None = None if isinstance(opened, Unsupported) else opened
+        # A memory SQLiteSession has no other writer: its index is trusted between pops.
+        self._incremental = (
+            (self._store is not None or sqlite_inner) if incremental is None else incremental
         )
-        if self._shared_key is not None:
-            # Token counts outlive the process in the same database (SQLiteCountStore).
-            store = self._index_state.index.count_store
-            if store is None:
-                self._index_state.index.count_store = pool.count_store(
-                    self._shared_key, max_open_readers
-                )
-            elif isinstance(store, SQLiteCountStore):
-                store.max_open_readers = max_open_readers
-        # Token windows need the rows with their ids (a database file) and the index.
-        self._windowed_reads = windowed_reads and self._reader is not None
+        if not self._incremental and self._store is not None:
+            self._store.close()
+            self._store = None
+        self._shared_key: pool.Key | None = None
+        self._max_open_readers = max_open_readers
+        self._attached = self._store is None
+        self._index_state = IndexState()
+        if self._store is not None and self._store.kind == "sqlite":
+            self._attach_state()  # no I/O of its own: at once
+        # Token windows need the rows with their keys (a store) and the index.
+        self._windowed_reads = windowed_reads and self._store is not None
         # Why a fast path is off for good, for the turn reports (turn_report's tables).
-        memory_db = sqlite_inner and os.fspath(self._inner.db_path) == ":memory:"
+        self._no_window_detail: str | None = None
         if not windowed_reads:
             self._no_window = "windowed_reads_off"
-        elif not sqlite_inner:
-            self._no_window = "inner_session"
-        elif memory_db:
-            self._no_window = "memory_database"
+        elif isinstance(opened, Unsupported):
+            self._no_window, self._no_window_detail = opened
         else:
             self._no_window = "no_index"
-        if self._shared_key is not None:
-            self._no_store = "its database could not be opened for counts"
-        elif memory_db:
-            self._no_store = "memory database"
-        elif sqlite_inner:
-            self._no_store = "the database has no id of its own (read-only?)"
+        if isinstance(opened, Unsupported):
+            self._no_store = (
+                "memory database"
+                if opened.code == "memory_database"
+                else f"the history lives in an inner session ({opened.detail})"
+            )
         else:
-            self._no_store = "the history lives in an inner session"
+            self._no_store = "the history is not indexed (incremental=False)"
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
         # Masked copies handed out by direct calls of the callback, with their canonical
         # text: add_items keeps them out of the history like the context message.
@@ -502,23 +489,22 @@ class ProtoPromptSession:
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
+        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
+        closed = getattr(self._inner, "_closed", False)
+        # Before the first await: the runner's frame is found on the stack.
+        turn = runner_turn(self) if self._windowed_reads and not windowed and not closed else None
+        await self._attach()
         state = self._index_state
         epoch = state.epoch
-        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
-        refused = Refused("session_limit") if windowed else Refused(self._no_window)
-        closed = getattr(self._inner, "_closed", False)
-        if self._windowed_reads and not windowed and not closed:
+        store = self._store
+        refused = Refused("session_limit") if windowed else self._refused_window()
+        if turn is not None:
             # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
             # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
-            turn = runner_turn(self)
             if isinstance(turn, Refused):
                 refused = turn
             else:
-                try:
-                    found = await asyncio.to_thread(self._read_window, *turn)
-                except sqlite3.Error as exc:
-                    _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
-                    found = Refused("read_failed", str(exc))
+                found = await self._read_window(*turn)
                 if not isinstance(found, Refused):
                     items, facts = found
                     self._window_reads += 1
@@ -538,15 +524,17 @@ class ProtoPromptSession:
             restorer.start()
         seen: _sync.Seen | None = None
         try:
-            if self._reader is not None and not windowed and not closed:
-                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
-                # compared with the index while the rows are at hand.
+            if store is not None and not windowed and not closed:
+                # The inner session's own read, with the keys of the rows (see _sync),
+                # compared with the index while the rows are at hand (in a worker thread).
+                monotone = store.monotone
+
                 def look(rows: _sync.Rows) -> _sync.Seen | None:
-                    return state.compare(rows, restorer) if self._incremental else None
+                    return state.compare(rows, restorer, monotone=monotone)
 
                 try:
-                    items, seen = await asyncio.to_thread(self._reader.read, look)
-                except sqlite3.Error as exc:
+                    items, seen = await store.read(look)
+                except StoreReadError as exc:
                     _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
                     refused = Refused("read_failed", str(exc), refused.snapshot)
                     items = await call(self._inner.get_items, wrapper=wrapper)
@@ -562,7 +550,7 @@ class ProtoPromptSession:
             len(items),
             windowed,
             epoch,
-            self._reader is not None,
+            store is not None,
             seen,
             not_windowed=(refused.code, refused.detail),
             snapshot=snapshot,
@@ -570,13 +558,50 @@ class ProtoPromptSession:
         LAST_READ.set(Read(self, facts))
         return items
 
-    def _read_window(
+    def _refused_window(self) -> Refused:
+        """Why a read is not a window when nothing else says so: windows are off for this
+        session, or (with a store) the index does not know the rows yet."""
+        return Refused(self._no_window, self._no_window_detail)
+
+    async def _read_window(
         self, turn: Turn, new_items: list[Any]
     ) -> tuple[list[Any], _sync.Read] | Refused:
         """The token window of this read (see ``_window.read_window``), or why not."""
-        if self._reader is None:  # pragma: no cover - windowed reads need the reader
-            return Refused(self._no_window)
-        return read_window(self._index_state, self._reader, self.session_id, turn, new_items)
+        if self._store is None:  # pragma: no cover - windowed reads need a store
+            return self._refused_window()
+        try:
+            return await read_window(
+                self._index_state, self._store, self.session_id, turn, new_items
+            )
+        except StoreReadError as exc:
+            _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
+            return Refused("read_failed", str(exc))
+
+    def _attach_state(self) -> None:
+        """Take this stored session's index from the process's pool, and its database's
+        count store (once the store knows the database's id; else an index of its own)."""
+        store = self._store
+        self._attached = True
+        if store is None or store.key is None:
+            return
+        self._shared_key = store.key
+        state = pool.shared_state(store.key, store.snapshots)
+        counts = state.index.count_store
+        if counts is None:
+            # Token counts outlive the process in the same database.
+            state.index.count_store = store.count_store(self._max_open_readers)
+        elif isinstance(counts, SQLiteCountStore):
+            counts.max_open_readers = self._max_open_readers
+        self._index_state = state
+
+    async def _attach(self) -> None:
+        """On the first call that reaches the database: open the store (the database's id,
+        protoprompt's tables) and take the pooled index (see :meth:`_attach_state`)."""
+        if self._attached or self._store is None:
+            return
+        await self._store.open()
+        if not self._attached:
+            self._attach_state()
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
@@ -604,11 +629,17 @@ class ProtoPromptSession:
     async def pop_item(self, wrapper: Any = None) -> Item | None:
         """Remove and return the newest item (``None`` when the session is empty); the
         recall record of its row, if any, goes too."""
-        self._index_state.bump()
+        await self._attach()
+        state = self._index_state
+        state.bump()
+        if self._store is not None:
+            await self._store.before_rewrite()
         try:
             item = await call(self._inner.pop_item, wrapper=wrapper)
         finally:
-            self._index_state.bump()
+            state.bump()
+            if self._store is not None:
+                await self._store.after_rewrite()
         if item is not None:
             await self._popped(item)
         return item
@@ -646,14 +677,19 @@ class ProtoPromptSession:
         ``recall_evicted`` or a ``summarizer`` it served), which go with it; a compaction
         session's clear-and-add rewrite keeps them."""
         rewrite = called_by_compaction_rewrite()  # before the first await: the caller's frame
+        await self._attach()
         with self._pending_lock:
             self._pending.clear()
             self._pending_masked.clear()
         self._index_state.bump()
+        if self._store is not None:
+            await self._store.before_rewrite()
         try:
             await call(self._inner.clear_session, wrapper=wrapper)
         finally:
             self._index_state.bump()
+            if self._store is not None:
+                await self._store.after_rewrite()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
         for memory in self._memories:  # the session's recall records and summary go too
@@ -673,10 +709,10 @@ class ProtoPromptSession:
         if len(state.index) >= self._snapshot_min_items:
             state.save()
         store = state.index.count_store
-        if isinstance(store, SQLiteCountStore):
+        if isinstance(store, (SQLiteCountStore, RemoteCountStore)):
             store.flush(timeout=5.0)
-        if self._reader is not None:
-            self._reader.close()
+        if self._store is not None:
+            self._store.close()
         if self._owns_inner:
             self._inner.close()
 
@@ -689,7 +725,7 @@ class ProtoPromptSession:
             state.wait_for_save()
         return DebugState(
             incremental=self._incremental,
-            reads_rows=self._reader is not None,
+            reads_rows=self._store is not None,
             windowed_reads=self._windowed_reads,
             index_id=state.serial,
             shared=self._shared_key is not None and pool.is_shared(self._shared_key, state),
@@ -740,20 +776,35 @@ class ProtoPromptSession:
 
     def _rewrites(self, method: Any) -> Any:
         """``method`` (which rewrites the stored history) with the index reset around it."""
-        state = self._index_state
 
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            await self._attach()
+            state, store = self._index_state, self._store
             running = REWRITING.set((state, state.epoch))  # for compaction_trigger
             state.bump()
+            if store is not None:
+                await store.before_rewrite()
             try:
                 return await call(method, *args, **kwargs)
             finally:
                 state.bump()
+                if store is not None:
+                    await store.after_rewrite()
                 REWRITING.reset(running)
                 for memory in self._memories:
                     memory.rewritten()
 
         return rewriting
+
+    def _overrides_storage(self) -> bool:
+        """Whether a subclass changes how the history is read or written: the inner
+        session's compaction shortcuts would then bypass it (the SDK's own sessions refuse
+        them for their subclasses alike)."""
+        cls = type(self)
+        return any(
+            getattr(cls, name) is not getattr(ProtoPromptSession, name)
+            for name in ("get_items", "add_items", "clear_session")
+        )
 
     async def _get_compaction_snapshot(
         self, limit: int, *, prune_prefix: Callable[[Item], bool] | None = None
@@ -762,7 +813,7 @@ class ProtoPromptSession:
         replaces its suffix atomically), or ``None`` when the inner has none. The replacement
         resets this session's index: a ``:memory:`` database has no row check to notice it."""
         reader = getattr(self._inner, "_get_compaction_snapshot", None)
-        if reader is None:
+        if reader is None or self._overrides_storage():
             return None
         if prune_prefix is not None and accepts_keyword(reader, "prune_prefix"):
             raw = await reader(limit, prune_prefix=prune_prefix)
@@ -777,7 +828,7 @@ class ProtoPromptSession:
         """Replace the whole history atomically if the inner session can (``RedisSession``);
         ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
         replace = getattr(type(self._inner), "_atomic_replace_items", None)
-        if replace is None:
+        if replace is None or self._overrides_storage():
             return False
         return bool(await self._rewrites(replace)(self._inner, items))
 
@@ -946,6 +997,7 @@ class ProtoPromptSession:
             if state.row_ids is None:
                 state.row_ids = array("q")
             state.row_ids.extend(facts.seen.new_ids if new_ids is None else new_ids)
+            state.tag = facts.seen.tag  # the rows were read at this generation (Redis)
             state.nbytes += state.row_ids.itemsize * len(state.row_ids)
         state.generation = facts.epoch
         state.version += 1
@@ -1078,7 +1130,10 @@ class ProtoPromptSession:
             read_items = facts.count
             n_items = facts.offset + facts.count
             if facts.offset and facts.window_ids is not None:
-                read, row = "window", int(facts.window_ids[0])
+                read = "window"
+                # A list has no row ids: its window starts at a position (Redis).
+                keyed = self._store is not None and self._store.kind == "redis"
+                row = facts.offset if keyed else int(facts.window_ids[0])
                 detail = facts.widened
             else:
                 read = "limit" if facts.windowed else "full"
@@ -1087,7 +1142,7 @@ class ProtoPromptSession:
             snapshot = ("in_memory", f"the last snapshot write failed: {state.save_failure}")
         if snapshot is None:
             if state.snapshot_at is None:
-                snapshot = ("off", self._no_store if self._reader is None else "no database id")
+                snapshot = ("off", self._no_store if self._store is None else self._store.no_store)
             elif held or plan.pack.index is not None:
                 snapshot = ("in_memory", None)
             else:
@@ -1096,7 +1151,8 @@ class ProtoPromptSession:
         store_state: StoreState = "on"
         store_detail: str | None = None
         if store is None:
-            store_state, store_detail = "off", self._no_store
+            store_state = "off"
+            store_detail = self._no_store if self._store is None else self._store.no_store
         elif getattr(store, "read_failures", 0) > failures[0]:
             store_state = "failing"
             store_detail = getattr(store, "last_failure", None) or "its reads failed"
