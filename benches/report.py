@@ -1065,6 +1065,8 @@ def retention_only(args) -> int:
     if args.markdown:
         replace_section(args.markdown, retention_section(rows))
     return 0 if retention.target_met(rows) else 1
+
+
 ENGINES_INTRO = """## Whole SDK turns on PostgreSQL and Redis
 
 `benches/session_engines.py` (`report.py --engines-only`): one session of the agentic mix in
