@@ -66,6 +66,14 @@ SECTIONS: tuple[str, ...] = tuple(SECTION_LABELS)
 """The section names, in order."""
 
 
+NO_CONTEXT = "empty: no system prompt and nothing recalled"
+NO_RUN_INPUT = "empty: the run has no input"
+NO_STEP = "empty: a run's first model call has no newest step"
+NO_EARLIER_STEPS = "empty: no earlier steps"
+NO_HISTORY = "empty: no history before the run"
+_KEPT = ("mandatory", "kept", "masked")
+
+
 @dataclass(frozen=True)
 class RequestCost:
     """What a model call sends besides its input items, in tokens: the agent's instructions,
@@ -204,22 +212,15 @@ def request_sections(
     if call is None:
         tokens, items = context or (0, 0)
         sections += [
-            Section(
-                "context_message",
-                tokens,
-                items,
-                None if items else "empty: no system prompt and nothing recalled",
-            ),
+            Section("context_message", tokens, items, None if items else NO_CONTEXT),
             Section(
                 "run_input",
                 pack.new_input_tokens,
                 pack.run_input_items,
-                None if pack.run_input_items else "empty",
+                None if pack.run_input_items else NO_RUN_INPUT,
             ),
-            Section("newest_step", 0, 0, "empty: a turn is planned before its first model call"),
-            Section(
-                "earlier_steps", 0, 0, "empty: a turn is planned before its first model call"
-            ),
+            Section("newest_step", 0, 0, NO_STEP),
+            Section("earlier_steps", 0, 0, NO_EARLIER_STEPS),
             pack.history_section(),
         ]
     else:
@@ -275,7 +276,7 @@ def _call_sections(
     call: each unit counts in the part that holds its newest item."""
     step_start = call.step[0]
     a, b = call.run_input if call.run_input is not None else (step_start, step_start)
-    # tokens, items, dropped units
+    # tokens, items, dropped items
     regions = {"run_input": [0, 0, 0], "earlier_steps": [0, 0, 0]}
     decisions = pack.decisions
     for d in reversed(decisions):
@@ -285,8 +286,9 @@ def _call_sections(
         if d.kept:
             region[0] += d.sent_tokens or 0
             region[1] += len(d.positions)
-        else:
-            region[2] += 1
+        elif d.decision not in _KEPT:
+            region[2] += len(d.positions)
+    dropped_in_run = regions["run_input"][2] + regions["earlier_steps"][2]
     history_tokens = pack.history_tokens + pack.dependency_tokens
     history_items = len(pack.kept_history)
     context_tokens, context_items = context or (0, 0)
@@ -303,37 +305,39 @@ def _call_sections(
     earlier_tokens, earlier_items, earlier_dropped = regions["earlier_steps"]
     step_note = None
     if not pack.run_input_items:
-        step_note = "empty: the first model call of a run has no newest step"
+        step_note = NO_STEP
     elif call.truncated:
         step_note = f"{call.truncated} tool outputs cut to fit"
-    if earlier_items:
-        earlier_note = f"{earlier_dropped} units dropped" if earlier_dropped else None
-    elif earlier_dropped:
-        earlier_note = f"empty: {earlier_dropped} units dropped"
-    else:
-        earlier_note = "empty: the run has no steps before the newest one"
+    dropped_items = sum(n for k, n in pack.decision_counts().items() if k not in _KEPT)
     return [
         Section(
-            "context_message",
-            context_tokens,
-            context_items,
-            None if context_items else "empty: no context message",
+            "context_message", context_tokens, context_items, None if context_items else NO_CONTEXT
         ),
-        Section(
-            "run_input",
-            run_tokens,
-            run_items,
-            None if run_items else "empty: no run input found in the input",
-        ),
+        Section("run_input", run_tokens, run_items, None if run_items else NO_RUN_INPUT),
         Section("newest_step", pack.new_input_tokens, pack.run_input_items, step_note),
-        Section("earlier_steps", earlier_tokens, earlier_items, earlier_note),
+        Section(
+            "earlier_steps",
+            earlier_tokens,
+            earlier_items,
+            dropped_note(earlier_items, earlier_dropped, NO_EARLIER_STEPS),
+        ),
         Section(
             "kept_history",
             history_tokens,
             history_items,
-            None if history_items else "empty: no history from before the run is sent",
+            dropped_note(history_items, dropped_items - dropped_in_run, NO_HISTORY),
         ),
     ]
+
+
+def dropped_note(items: int, dropped: int, none: str) -> str | None:
+    """The note of an optional section: how many of its items were dropped, or why it is
+    empty (``none``: nothing was there)."""
+    if dropped and not items:
+        return f"empty: {dropped:,} items dropped"
+    if dropped:
+        return f"{dropped:,} items dropped"
+    return None if items else none
 
 
 def _positions(prefix: str) -> Callable[[Sequence[int]], str]:
@@ -434,7 +438,9 @@ def unit_reason(
             )
         return f"dropped with its turn: {at} of the same turn did not fit"
     if policy == "contiguous" or d.unit > stop.unit:
-        return f"not tried: the fill stopped at {at} (policy contiguous sends an unbroken newest part)"
+        return (
+            f"not tried: the fill stopped at {at} (policy contiguous sends an unbroken newest part)"
+        )
     if d.tokens is None:
         return "its turn cannot fit whole in what was left (policy greedy: not counted)"
     return "its turn did not fit whole in what was left (policy greedy)"
