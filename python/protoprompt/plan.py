@@ -462,6 +462,11 @@ def _stop_reason(stop: StopLike, policy: str) -> str:
             if masked is not None
             else "cannot fit even with its tool outputs masked"
         )
+    elif stop.tokens is not None:
+        return (
+            f"the fill stopped here: needs {_tokens(stop.tokens)}, {left}, and masking tool "
+            f"outputs cannot make its turn fit; {after}"
+        )
     else:
-        need = "its turn cannot fit even with its tool outputs masked"
+        need = "masking tool outputs cannot make its turn fit"
     return f"the fill stopped here: {need}, {left}; {after}"
