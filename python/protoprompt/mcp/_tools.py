@@ -20,8 +20,6 @@ from ..packing import count_tokens, encoding_for_model
 
 __all__ = ["MemoryLimits", "MemoryToolError", "MemoryTools"]
 
-# The builder's layer names: what a hit would be recalled as (see protoprompt.context).
-_LAYER_OF_KIND = {"fact": "session", "document": "rag"}
 _DOC_PREFIX = "doc:"
 _FACT_PREFIX = "fact:"
 
@@ -290,20 +288,19 @@ class MemoryTools:
     # ------------------------------------------------------------------ helpers
 
     def _hit(self, rank: int, hit: MemoryHit) -> dict[str, Any]:
+        """A hit as JSON, with :class:`~protoprompt.memory.MemoryHit`'s names (``kind`` is
+        the earlier name of ``layer``, kept for compatibility)."""
         result: dict[str, Any] = {
             "rank": rank,
-            "layer": _LAYER_OF_KIND[hit.kind],
+            "layer": hit.layer,
             "kind": hit.kind,
             "score": hit.score,
             "text": hit.text,
             "inherited": hit.scope != self.scope,
+            "source": hit.source,
+            "memory_id": hit.memory_id,
         }
-        if hit.kind == "fact":
-            result["source"] = f"{_FACT_PREFIX}{hit.fact_id}"
-            result["memory_id"] = hit.fact_id
-        else:
-            result["source"] = f"{hit.doc_id}#{hit.chunk_index}"
-            result["memory_id"] = _DOC_PREFIX + str(hit.doc_id)
+        if hit.kind != "fact":
             result["doc_id"] = hit.doc_id
             result["chunk_index"] = hit.chunk_index
             result["span"] = list(hit.span) if hit.span is not None else None

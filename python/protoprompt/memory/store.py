@@ -39,23 +39,31 @@ _RECORD_KINDS = ("document", "fact")
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 
 
+_LAYER_OF_KIND = {"fact": "session", "document": "rag"}
+
+
 @dataclass(frozen=True)
 class MemoryHit:
-    """One search or listing result.
+    """One search or listing result, named as the builder's context blocks and the MCP
+    server's ``memory_search`` results name it: :attr:`layer`, :attr:`source`,
+    :attr:`memory_id`, :attr:`score`, :attr:`text` (and for a document chunk
+    :attr:`doc_id`, :attr:`chunk_index`, :attr:`span`).
 
-    ``score`` is *higher is better* and only comparable within one result list:
-
-    * full-text-only ranking: the engine's relevance, positive, larger is more relevant
-      (``-bm25`` on SQLite, ``ts_rank`` normalised by record length on PostgreSQL);
-    * vector-only ranking: cosine similarity in ``(0, 1]``;
-    * hybrid ranking (both signals had hits): reciprocal-rank-fusion score
-      ``sum(1 / (60 + rank))`` over the FTS and vector rankings;
-    * :meth:`MemoryStore.facts`: the fact's ``importance``.
+    ``score`` (:meth:`MemoryStore.search`) is the hit's relevance relative to the best hit of
+    the same list: the best has 1.0, the others their share of its relevance, in ``(0, 1]``
+    (the engine's relevance: full text, bm25 on SQLite or ``ts_rank`` on PostgreSQL; with an
+    embedder, cosine similarity, or the reciprocal-rank fusion of both rankings). It ranks
+    hits of one list; it is not comparable across queries. :meth:`MemoryStore.facts` lists
+    facts with their ``importance`` as the score.
 
     ``span`` is the ``(start, end)`` character range of a document chunk inside the
     originally indexed text (``text == original[start:end]``); ``None`` for facts.
     Document hits carry the document's metadata; fact hits carry
     ``{"importance": ..., "created_at": ...}``.
+
+    ``kind`` (``"fact"`` / ``"document"``, the same as :attr:`layer`) and ``fact_id`` (a
+    fact's :attr:`memory_id`) are the names of earlier versions, kept for compatibility
+    (soft-deprecated: prefer :attr:`layer` and :attr:`memory_id`).
     """
 
     kind: str
@@ -67,6 +75,28 @@ class MemoryHit:
     scope: MemoryScope
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     span: tuple[int, int] | None = None
+
+    @property
+    def layer(self) -> str:
+        """The context layer the hit is recalled into: ``"session"`` (a fact) or ``"rag"``
+        (a document chunk)."""
+        return _LAYER_OF_KIND.get(self.kind, self.kind)
+
+    @property
+    def source(self) -> str:
+        """Where the hit comes from, as a context block names it: ``"fact:<fact id>"`` or
+        ``"<doc_id>#<chunk_index>"``."""
+        if self.kind == "fact":
+            return f"fact:{self.fact_id}"
+        return f"{self.doc_id}#{self.chunk_index}"
+
+    @property
+    def memory_id(self) -> str:
+        """What :meth:`MemoryStore.forget` (and the MCP ``memory_forget`` tool) deletes it
+        by: the fact's id, or ``"doc:<doc_id>"`` for the whole document of a chunk."""
+        if self.kind == "fact":
+            return str(self.fact_id)
+        return f"doc:{self.doc_id}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -511,7 +541,11 @@ class MemoryStore:
                 del vec_ranked[pool:]
 
         best = fuse(text_ranked, vec_ranked, limit)
-        return [self._hit(rows_by_id[rid], score) for rid, score in best]
+        top = best[0][1] if best else 0.0
+        # Relative to the best hit: one scale for every engine and ranking, in (0, 1].
+        return [
+            self._hit(rows_by_id[rid], score / top if top > 0.0 else 1.0) for rid, score in best
+        ]
 
     @staticmethod
     def _hit(row: Row, score: float) -> MemoryHit:
