@@ -28,7 +28,7 @@ The sections add up to the plan's ``used`` tokens; a section with nothing in it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,11 +38,13 @@ if TYPE_CHECKING:
 __all__ = [
     "SECTIONS",
     "SECTION_LABELS",
+    "TOOLS_OVERHEAD",
     "CallLayout",
     "RequestCost",
     "RequestSections",
     "Section",
     "StopLike",
+    "count_request",
     "history_at",
     "input_at",
     "request_sections",
@@ -89,6 +91,36 @@ class RequestCost:
     @property
     def total(self) -> int:
         return self.instructions + self.tools + self.output_schema
+
+
+TOOLS_OVERHEAD = 12
+"""Tokens added once per request that carries tool definitions (the tools section's
+framing), besides each definition's own cost."""
+
+
+def count_request(
+    *,
+    instructions: str | None = None,
+    tools: Sequence[Mapping[str, object]] = (),
+    output_format: Mapping[str, object] | None = None,
+    model: str | None = None,
+    encoding: str | None = None,
+) -> RequestCost:
+    """What a request sends besides its input items, in tokens, by the rules the per-call
+    filter counts with: ``instructions`` as a system message, each tool definition (as the
+    Responses API takes it, e.g. ``{"type": "function", "name": ..., "parameters": ...}``)
+    like an item plus :data:`TOOLS_OVERHEAD` once, and the ``text`` parameter of a
+    structured output (``{"format": {"type": "json_schema", ...}}``) like an item."""
+    from .packing import item_tokens  # (packing imports this module)
+
+    def cost(item: Mapping[str, object]) -> int:
+        return item_tokens(item, model=model, encoding=encoding).total
+
+    return RequestCost(
+        instructions=cost({"role": "system", "content": instructions}) if instructions else 0,
+        tools=TOOLS_OVERHEAD + sum(cost(t) for t in tools) if tools else 0,
+        output_schema=cost(output_format) if output_format else 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -198,6 +230,7 @@ def request_sections(
     reserved: int,
     context: tuple[int, int] | None,
     call: CallLayout | None,
+    unknown: str = "not known to a turn's plan: each model call's plan counts it",
 ) -> RequestSections:
     """The sections of a request packed as ``pack``, adding up to ``pack.used``.
 
@@ -206,9 +239,10 @@ def request_sections(
     tokens and items of a context message in front of the packed items (``None``: none, or
     it is in the list at ``call.context_position``). ``call``: the layout of a model call
     (``None``: a turn planned before its first model call, whose ``new_input`` is the run
-    input).
+    input). ``unknown``: the note of instructions, tools and output schema when neither
+    ``request`` nor ``reserved`` tells them.
     """
-    sections = list(_fixed_sections(request, reserved))
+    sections = list(_fixed_sections(request, reserved, unknown))
     if call is None:
         tokens, items = context or (0, 0)
         sections += [
@@ -229,7 +263,9 @@ def request_sections(
     return RequestSections(pack.budget, tuple(sections), pack.encoding)
 
 
-def _fixed_sections(request: RequestCost | None, reserved: int) -> tuple[Section, ...]:
+def _fixed_sections(
+    request: RequestCost | None, reserved: int, unknown: str
+) -> tuple[Section, ...]:
     """The instructions, tools and output schema sections of a plan that reserved
     ``reserved`` tokens besides its items, of which ``request`` (if known) is the part."""
     if request is not None:
@@ -261,7 +297,6 @@ def _fixed_sections(request: RequestCost | None, reserved: int) -> tuple[Section
             Section("tools", 0, note="in the instructions' reserve", counted=False),
             Section("output_schema", 0, note="in the instructions' reserve", counted=False),
         )
-    unknown = "not known to a turn's plan: each model call's plan counts it"
     return (
         Section("instructions", 0, note=unknown, counted=False),
         Section("tools", 0, note=unknown, counted=False),

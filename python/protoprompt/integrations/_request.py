@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _core
 from ..packing import item_tokens
-from ..plan import RequestCost
+from ..plan import TOOLS_OVERHEAD, RequestCost
 from ._sdk import (
     RESPONSES_CONVERTER,
     Agent,
@@ -40,10 +40,6 @@ __all__ = [
     "output_format",
     "tool_definitions",
 ]
-
-TOOLS_OVERHEAD = 12
-"""Tokens added once per request that carries tool definitions (the tools section's
-framing), besides each definition's own cost; see :func:`tool_definitions`."""
 
 
 def _json_like(value: Any, depth: int = 0) -> Any:
