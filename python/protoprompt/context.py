@@ -203,6 +203,14 @@ class ContextPlan:
     def dropped_blocks(self) -> list[ContextBlock]:
         return [b for b in self.blocks if not b.kept]
 
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: a bar of the budget by section, the
+        units along the history as kept / masked / dropped with their reasons on hover, and
+        the context message's blocks (:mod:`protoprompt.plan_html`)."""
+        from .plan_html import plans_to_html
+
+        return plans_to_html(self)
+
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account: for a session turn how the history was read and packed (see
         :class:`~protoprompt.TurnReport`), the request by section (:attr:`sections`), the

@@ -456,7 +456,8 @@ class PackResult:
                 "what the run input answers"
             )
         if self.masked:
-            notes.append(f"{len(self.masked):,} tool outputs masked")
+            n = len(self.masked)
+            notes.append(f"{n:,} tool output{'s' if n != 1 else ''} masked")
         note = dropped_note(items, dropped, NO_HISTORY)
         if note:
             notes.append(note)
@@ -485,6 +486,14 @@ class PackResult:
             where=where or history_at,
             mandatory=mandatory,
         )
+
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: a bar of the budget by section and the
+        units along the history as kept / masked / dropped, with their reasons on hover
+        (:mod:`protoprompt.plan_html`)."""
+        from .plan_html import plans_to_html
+
+        return plans_to_html(self)
 
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account of the packing: the request by section (:attr:`sections`),

@@ -87,6 +87,9 @@ class RequestCost:
     output_schema: int
     not_counted: tuple[str, ...] = ()
     """What the call sends that cannot be counted here (a stored prompt template)."""
+    unknown: tuple[str, ...] = ()
+    """Parts this cost does not know (``"instructions"``, ``"tools"``, ``"output_schema"``;
+    their tokens are 0 here): a plan shows them as not counted."""
 
     @property
     def total(self) -> int:
@@ -273,19 +276,19 @@ def _fixed_sections(
         notes = list(request.not_counted)
         if other > 0:
             notes.append(f"with {other:,} more reserved by context_tokens")
-        return (
-            Section(
-                "instructions",
-                request.instructions + max(other, 0),
-                note="; ".join(notes) or (None if request.instructions else "empty: none"),
-            ),
-            Section("tools", request.tools, note=None if request.tools else "empty: no tools"),
-            Section(
-                "output_schema",
-                request.output_schema,
-                note=None if request.output_schema else "empty: plain-text output",
-            ),
+        parts = (
+            ("instructions", request.instructions + max(other, 0), "empty: none"),
+            ("tools", request.tools, "empty: no tools"),
+            ("output_schema", request.output_schema, "empty: plain-text output"),
         )
+        out = []
+        for name, tokens, empty in parts:
+            note = "; ".join(notes) if name == "instructions" and notes else None
+            if name in request.unknown:
+                out.append(Section(name, tokens, note=note or unknown, counted=tokens > 0))
+            else:
+                out.append(Section(name, tokens, note=note or (None if tokens else empty)))
+        return tuple(out)
     if reserved:
         return (
             Section(

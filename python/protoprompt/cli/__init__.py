@@ -521,11 +521,18 @@ def _run_inspect(args: argparse.Namespace) -> int:
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
     )
+    next_lines = render_next_turn(report["next_turn"], len(rows.items))
+    if args.html is not None:
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(ins.report_html(report, next_lines))
+        except OSError as exc:
+            raise _CommandError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     if args.json:
         _print_json(report)
     else:
         print(ins.render_report(report, dropped_only=args.dropped))
-        print("\n".join(render_next_turn(report["next_turn"], len(rows.items))))
+        print("\n".join(next_lines))
     return 0
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "read_request",
     "read_session",
     "render_report",
+    "report_html",
     "report_json",
     "sections_of",
 ]
@@ -190,8 +191,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--html",
         metavar="FILE",
-        help="also write the plan as one self-contained HTML page (the budget by section, "
-        "every unit kept, masked or dropped, with its reason); '-' prints it",
+        help="also write the plan as one self-contained HTML page to FILE (the budget by "
+        "section, every unit kept, masked or dropped, with its reason on hover)",
     )
 
 
@@ -258,7 +259,7 @@ def read_request(
             raise InspectError("--request: input must be a string or an array of items")
     if tools is not None:
         tool_defs = _tool_list(_read_file_json(tools, "--tools"), "--tools")
-    if instructions is None and not tool_defs and output_format is None:
+    if request is None and instructions is None and tools is None:
         return None, new_input
     cost = count_request(
         instructions=instructions,
@@ -267,6 +268,19 @@ def read_request(
         model=model,
         encoding=encoding,
     )
+    if request is None:  # what the options did not give is not known
+        cost = dataclasses.replace(
+            cost,
+            unknown=tuple(
+                part
+                for part, given in (
+                    ("instructions", instructions),
+                    ("tools", tools),
+                    ("output_schema", None),
+                )
+                if given is None
+            ),
+        )
     return cost, new_input
 
 
@@ -530,9 +544,10 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         why = str(stop["reason"]).removeprefix("the fill stopped here: ")
         lines.append(f"the fill stopped at unit {stop['unit']} ({where}): {terminal_safe(why)}")
     if report.get("masked_units"):
+        items, units = report["masked_items"], report["masked_units"]
         lines.append(
-            f"masked {report['masked_items']} tool outputs in {report['masked_units']} units, "
-            f"saving {report['masking_saved']} tokens"
+            f"masked {items} tool output{'s' if items != 1 else ''} in {units} "
+            f"unit{'s' if units != 1 else ''}, saving {report['masking_saved']} tokens"
         )
     return "\n".join(lines)
 
@@ -557,3 +572,52 @@ def _tokens(unit: Mapping[str, Any]) -> str:
     if unit["decision"] == "masked":
         return f"{unit['tokens']}->{unit['masked_tokens']}"
     return str(unit["tokens"])
+
+
+def report_html(report: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
+    """The report as one self-contained HTML page (``--html``): the budget bar by section,
+    the units along the session with their rows, content and reasons (escaped: the database
+    is not trusted), and ``notes`` (whether the next turn is windowed)."""
+    from ..plan_html import PlanView, UnitView, render
+
+    units = [
+        UnitView(
+            label=f"history[{_span(u['positions'])}] (row{'s' if len(u['rows']) > 1 else ''} "
+            f"{_span(u['rows'])})",
+            kinds="+".join(u["kinds"]),
+            tokens=u["tokens"],
+            decision=u["decision"],
+            reason=u["reason"],
+            sent_tokens=u["masked_tokens"] if u["decision"] == "masked" else u["tokens"],
+            preview=u["preview"],
+        )
+        for u in report["units"]
+    ]
+    run_input = next(x for x in report["sections"] if x["name"] == "run_input")
+    if run_input["items"]:
+        units.append(
+            UnitView(
+                label="the next turn's input",
+                kinds=f"{run_input['items']} items",
+                tokens=run_input["tokens"],
+                decision="mandatory",
+                reason="mandatory: the run input",
+                sent_tokens=run_input["tokens"],
+                region="run_input",
+            )
+        )
+    sections = RequestSections(
+        report["budget"],
+        tuple(
+            Section(x["name"], x["tokens"], x["items"], x["note"], x["counted"])
+            for x in report["sections"]
+        ),
+        report["encoding"],
+    )
+    view = PlanView(
+        title=f"session {report['session']!r}, next request",
+        sections=sections,
+        units=units,
+        notes=list(notes),
+    )
+    return render([view], title=f"protoprompt inspect: {report['database']}")

@@ -47,5 +47,7 @@ async def agent_request(agent: Agent[Any], encoding: str, costs: RequestCosts) -
         instructions, dynamic = None, (_DYNAMIC,)
     extras = await costs.extras(agent, None, instructions, encoding)
     if dynamic:
-        extras = dataclasses.replace(extras, not_counted=extras.not_counted + dynamic)
+        extras = dataclasses.replace(
+            extras, not_counted=dynamic + extras.not_counted, unknown=("instructions",)
+        )
     return extras

@@ -239,6 +239,14 @@ CallLayout`)."""
         """Units of the input that were not sent."""
         return self.pack.dropped
 
+    def to_html(self) -> str:
+        """The call as one self-contained HTML page: a bar of the budget by section and the
+        units of its input as kept / masked / dropped with their reasons on hover. A run's
+        calls on one page: :func:`protoprompt.plans_to_html` (``on_call``'s plans)."""
+        from ..plan_html import plans_to_html
+
+        return plans_to_html(self)
+
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account of the call: the request by section (:attr:`sections`), what
         the run's index reused, the cut tool outputs, then the masked and dropped units
