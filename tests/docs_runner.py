@@ -138,6 +138,10 @@ def _field(item: Any, name: str) -> Any:
     return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
+_CALLS = [0]
+"""Model calls since :func:`offline_models` began (ids of items stay unique within a page)."""
+
+
 def make_offline_model(name: str | None) -> Any:
     from agents.items import ModelResponse
     from agents.models.interface import Model
@@ -147,8 +151,6 @@ def make_offline_model(name: str | None) -> Any:
 
     class OfflineModel(Model):
         """An offline stand-in for a named model (see the module doc)."""
-
-        calls = 0
 
         async def get_response(
             self,
@@ -161,8 +163,8 @@ def make_offline_model(name: str | None) -> Any:
             tracing: Any,
             **_: Any,
         ) -> Any:
-            OfflineModel.calls += 1
-            n = OfflineModel.calls
+            _CALLS[0] += 1
+            n = _CALLS[0]
             items = [{"role": "user", "content": input}] if isinstance(input, str) else input
             last_user = max(
                 (i for i, x in enumerate(items) if _field(x, "role") == "user"), default=-1
@@ -199,6 +201,7 @@ def offline_models() -> Iterator[None]:
     from agents.models.multi_provider import MultiProvider
 
     original = MultiProvider.get_model
+    _CALLS[0] = 0
     MultiProvider.get_model = lambda self, name: make_offline_model(name)  # type: ignore[method-assign]
     set_tracing_disabled(True)
     try:
