@@ -121,7 +121,7 @@ step_dist() {
   step "check the sdist: what its build and its tests need is in it"
   local name=protoprompt-$VERSION listing
   listing=$(tar -tzf "$SDIST")
-  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
+  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md DEVELOPING.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
            rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
            benches/reference_tokenizer.py examples/openai_agents_session.py; do

@@ -10,6 +10,7 @@ and ``toml`` are not run. A comment right before a block says more:
   that runs until stopped, builds the project...); the reason is required.
 * ``<!-- doc: output -->``: the block (``text``) is what the previous block printed; a line
   ``...`` stands for any number of lines.
+* ``json`` blocks hold one JSON document, or one per line (JSONL).
 * ``<!-- doc: needs postgres -->``: runs with ``DATABASE_URL`` set to the test PostgreSQL
   server (skipped without one, failed under ``PROTOPROMPT_REQUIRE_SERVICES=1``).
 
@@ -246,6 +247,21 @@ def shell_env(extra: dict[str, str]) -> dict[str, str]:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.update(extra)
     return env
+
+
+def check_json(block: Block) -> None:
+    """A ``json`` block holds one JSON document, or one per line."""
+    try:
+        json.loads(block.code)
+    except json.JSONDecodeError:
+        for n, line in enumerate(block.code.splitlines()):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise AssertionError(
+                        f"{block.where}: line {n + 1} is not JSON: {exc}"
+                    ) from None
 
 
 def matches(expected: str, got: str) -> bool:

@@ -4,8 +4,8 @@ snippet cannot rot: a page whose snippet breaks fails here."""
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from docs_runner import (  # noqa: E402
     SHOWN,
     Block,
     blocks,
+    check_json,
     matches,
     offline_models,
     run_python,
@@ -69,7 +70,7 @@ def run_page(page: str | Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
                 last = run_shell(b, tmp_path, shell_env(env))
             else:
                 if b.language == "json":
-                    json.loads(b.code)
+                    check_json(b)
                 last = None
     return not_run
 
@@ -145,3 +146,41 @@ def test_every_page_is_tested() -> None:
         f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")
     }
     assert set(PAGES) == pages
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _prose(path: Path) -> str:
+    """The page without its fenced blocks."""
+    out, fenced = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_resolve(page: str) -> None:
+    """Every relative link of the page points to a file, and an anchor to a heading."""
+    path = ROOT / page
+    for target in _LINK.findall(_prose(path)):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.exists(), f"{page}: the link {target} goes nowhere"
+        if anchor and dest.suffix == ".md":
+            headings = {
+                _slug(line.lstrip("#"))
+                for line in _prose(dest).splitlines()
+                if line.startswith("#")
+            }
+            assert anchor in headings, f"{page}: no heading #{anchor} in {file or page}"

@@ -556,9 +556,10 @@ class PackResult:
     ) -> list[str]:
         """The masked units, newest first (at most ``max_units``)."""
         masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
+        units, outputs = len(masked), len(self.masked)
         lines = [
-            f"masked: {len(masked):,} units ({len(self.masked):,} tool outputs), "
-            f"{self.masking_saved:,} tokens saved"
+            f"masked: {units:,} unit{'s' if units != 1 else ''} ({outputs:,} tool "
+            f"output{'s' if outputs != 1 else ''}), {self.masking_saved:,} tokens saved"
         ]
         shown = masked if max_units is None else masked[:max_units]
         lines.extend(
