@@ -167,6 +167,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                 f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
                 f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
             )
+        if k[0] == "filter_masking":
+            tr.write_line(
+                f"model filter per call ({k[1][0]}), masking on / off: "
+                f"{v['on'] * 1e3:.2f} / {v['off'] * 1e3:.2f} ms, ratio {v['ratio']:.2f}"
+            )
         if k[0] == "memory_search" and {"sqlite", "postgresql"} <= set(v):
             lite, pg = v["sqlite"], v["postgresql"]
             tr.write_line(

@@ -10,17 +10,21 @@ Same job as ``protoprompt.pack``, written the obvious way:
    real ``tiktoken`` (``benches/reference_tokenizer.py``) on protoprompt's canonical text,
    plus the decoded-size cost of its opaque payload (the base64 ``encrypted_content`` of
    reasoning and compaction items, decoded here with the standard library);
-3. reserve ``new_input``, the history units it depends on, ``output_reserve`` and
-   ``context_tokens`` (all or nothing), then add valid history units newest first and stop
-   at the first one that does not fit, dropping what was taken of that unit's turn unless
-   the turn's user message is mandatory (the kept history starts at a user message);
+3. reserve ``new_input``, the history units it depends on and those holding a ``pinned``
+   position, ``output_reserve`` and ``context_tokens`` (all or nothing), then add valid
+   history units newest first and stop at the first one that does not fit, dropping what
+   was taken of that unit's turn unless the turn's user message is mandatory (the kept
+   history starts at a user message);
    ``policy="greedy"`` then drops the rest of that turn and takes older turns whole or not
    at all;
 4. with ``masking`` (``protoprompt.Masking``), the same masking rule as the core, written
    again from its description (``docs/masking.md``): the masked copy of every tool output
    (a token-exact excerpt around a marker, computed here with the real ``tiktoken``), the
    switch from whole to masked units, the masking of the taken units of the turn that did
-   not fit whole, and ``after_turns``.
+   not fit whole, ``after_turns``, and a turn whose user message is mandatory (``pinned``,
+   as the per-call model filter pins a run's input) masked before any of its units is
+   dropped: the most of its units that fit masked, the newest of them whole as far as the
+   room allows.
 
 It implements only the rules that the generated histories exercise plus the common invalid
 cases (call without output, output without/before its call, unmatched anonymous search,
@@ -802,8 +806,10 @@ class ReferencePacker:
         context_tokens: int = 0,
         policy: str = "contiguous",
         masking: Any = None,
+        pinned: Iterable[int] = (),
     ) -> ReferenceResult:
         history = list(history)
+        pins = set(pinned)
         new_input = list(new_input)
         nh = len(history)
         items = history + new_input
@@ -826,7 +832,7 @@ class ReferencePacker:
             hist = [p for p in u.members if p < nh]
             if not hist:
                 continue
-            if u.contains_new:
+            if u.contains_new or pins & set(hist):
                 dependency += hist
                 dependency_tokens += cost(hist)
             elif u.valid and not u.input_only:
@@ -952,7 +958,34 @@ class _Fill:
         self.history_tokens += t.cost
         self.taken.append(t)
 
-    def try_take(self, hist: list[int]) -> _Taken | None:
+    def mask(self, t: _Taken) -> None:
+        """Mask a unit taken whole."""
+        t_cost, t.copies = self.masked(t.hist)
+        self.remaining += t.cost - t_cost
+        self.history_tokens -= t.cost - t_cost
+        t.cost = t_cost
+
+    def make_room_in_anchored_turn(self, turn: list[_Taken], rest: list[list[int]]) -> None:
+        """An anchored turn is masked before any of its units is dropped: ``t`` = the most
+        units of the turn (``turn`` taken whole, newest first, then ``rest``: the unit that
+        did not fit whole and the turn's older ones) that fit with every one masked; the
+        newest ``k`` stay whole, ``k`` the most for which they and the next ``t - k`` masked
+        fit."""
+        room = self.remaining + sum(t.cost for t in turn)
+        units = [t.hist for t in turn] + rest
+        wholes = [self.cost(h) for h in units]
+        masked = [self.masked(h)[0] for h in units]
+        t = 0
+        while t < len(units) and sum(masked[: t + 1]) <= room:
+            t += 1
+        k = max(
+            (k for k in range(min(t, len(turn)) + 1) if sum(wholes[:k]) + sum(masked[k:t]) <= room),
+            default=0,
+        )
+        for taken in turn[k:]:
+            self.mask(taken)
+
+    def try_take(self, hist: list[int], rest: list[list[int]]) -> _Taken | None:
         label, m = self.label(hist), self.masking
         whole = self.cost(hist)
         young = m is None or m.after_turns is None or label < m.after_turns
@@ -961,21 +994,20 @@ class _Fill:
                 return _Taken(hist, label, whole, whole)
             if m is None:
                 return None
-            if not self.anchored(hist):  # the turn's units taken whole are masked too
-                for t in reversed(self.taken):
-                    if t.label != label:
-                        break
-                    t_cost, t.copies = self.masked(t.hist)
-                    self.remaining += t.cost - t_cost
-                    self.history_tokens -= t.cost - t_cost
-                    t.cost = t_cost
+            turn = [t for t in self.taken if t.label == label]
+            if self.anchored(hist):
+                self.make_room_in_anchored_turn(turn, rest)
+            else:  # the turn's units taken whole are masked too
+                for t in turn:
+                    self.mask(t)
         self.masked_phase = True
         cost, copies = self.masked(hist)
         return _Taken(hist, label, cost, whole, copies) if cost <= self.remaining else None
 
     def run(self, candidates: list[list[int]], policy: str) -> None:
         for i, hist in enumerate(candidates):
-            t = self.try_take(hist)
+            label = self.label(hist)
+            t = self.try_take(hist, [h for h in candidates[i:] if self.label(h) == label])
             if t is not None:
                 self.take(t)
                 continue
@@ -1019,6 +1051,7 @@ def reference_pack(
     encoding="o200k_base",
     policy="contiguous",
     masking=None,
+    pinned=(),
 ) -> ReferenceResult:
     """One-shot convenience wrapper (no memo)."""
     return ReferencePacker(encoding, warm=False).pack(
@@ -1029,4 +1062,5 @@ def reference_pack(
         context_tokens=context_tokens,
         policy=policy,
         masking=masking,
+        pinned=pinned,
     )

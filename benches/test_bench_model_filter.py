@@ -10,6 +10,13 @@
   history in the same run; with ``--bench-100k`` also at 100k items (target: the 100k
   per-call cost <= 2x the 10k one).
 
+* ``test_filter_masking_per_call``: the filter's cost per call with the builder's masking
+  (the default, ``Masking()``) against ``masking=None``, interleaved in one run, in two
+  scenarios: ``history`` (``test_filter_per_call``'s 10k-item history, whose older turns
+  are masked) and ``loop`` (a 50-step tool loop with ~4k-token outputs, whose middle steps
+  are masked from about the 30th call on: every call stays in the request, which without
+  masking drops them). The ratio is what masking adds per call.
+
 No wall-clock target is asserted; the tests assert correctness (every call fits the budget,
 the run completes); timings and ratios go to ``benchmark.extra_info`` and the summary.
 """
@@ -71,10 +78,14 @@ def _script() -> list[list[Any]]:
     ]
 
 
-def _builder() -> Any:
+def _builder(masking: Any = "default") -> Any:
     from protoprompt import TokenBudgetedContextBuilder
 
-    return TokenBudgetedContextBuilder(None, max_tokens=BUDGET, output_reserve=RESERVE)
+    if masking == "default":
+        return TokenBudgetedContextBuilder(None, max_tokens=BUDGET, output_reserve=RESERVE)
+    return TokenBudgetedContextBuilder(
+        None, max_tokens=BUDGET, output_reserve=RESERVE, masking=masking
+    )
 
 
 def _question() -> dict[str, Any]:
@@ -148,13 +159,19 @@ def test_filter_tool_loop(benchmark, cases, results):
     )
 
 
-def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
-    """Time the standalone filter over ``calls`` model calls of one run."""
+def _call_times(
+    items_json: str,
+    calls: int,
+    masking: Any = "default",
+    output: str = "lorem ipsum dolor sit amet " * 40,
+) -> tuple[list[float], Any]:
+    """Time the standalone filter over ``calls`` model calls of one run (each step a call
+    and its ``output``)."""
     import protoprompt as pp
     from protoprompt.integrations import model_input_filter
 
     pp.preload()
-    flt = model_input_filter(_builder())
+    flt = model_input_filter(_builder(masking))
     agent = Agent(name="bench", tools=[lookup], instructions="Use the tool.")
     from agents.tracing import agent_span
 
@@ -183,11 +200,7 @@ def _call_times(items_json: str, calls: int) -> tuple[list[float], Any]:
                     "name": "lookup",
                     "arguments": "{}",
                 },
-                {
-                    "type": "function_call_output",
-                    "call_id": f"c{k}",
-                    "output": "lorem ipsum dolor sit amet " * 40,
-                },
+                {"type": "function_call_output", "call_id": f"c{k}", "output": f"{k}: {output}"},
             ]
         span.finish(reset_current=True)
     finally:
@@ -243,4 +256,51 @@ def test_filter_per_call(benchmark, cases, results, request, filter_size):
         f"\nfilter per call at {filter_size} items: first {times[0] * 1e3:.1f} ms, "
         f"then median {per_call * 1e3:.2f} ms (warm HistoryIndex turn "
         f"{index_turn * 1e3:.2f} ms){vs}"
+    )
+
+
+LOOP_OUTPUT = "\n".join(f"row {i}: " + " ".join(f"v{i}_{j}" for j in range(6)) for i in range(160))
+"""A ~4k-token tool output: 50 steps of it are ~1.6x the budget."""
+
+
+@pytest.mark.parametrize("scenario", ["history", "loop"])
+def test_filter_masking_per_call(benchmark, cases, results, scenario):
+    import protoprompt as pp
+
+    if scenario == "history":
+        case = cases.get(10_000, "agentic")
+        items_json, calls, output = json.dumps([*case.history(), _question()]), 8, None
+    else:
+        items_json, calls, output = json.dumps([_question()]), 50, LOOP_OUTPUT
+    kw = {"output": output} if output else {}
+    times: dict[str, list[list[float]]] = {"on": [], "off": []}
+    plans: dict[str, Any] = {}
+
+    def one_round() -> None:
+        for kind, masking in (("off", None), ("on", pp.Masking())):
+            t, plans[kind] = _call_times(items_json, calls, masking, **kw)
+            times[kind].append(t)
+
+    benchmark.pedantic(one_round, rounds=5, iterations=1)
+    # Per call: the fastest round of each call (the machine's noise only adds), then the
+    # median over calls 2.. (the first call reads the whole input).
+    per_call = {
+        kind: statistics.median(min(c) for c in list(zip(*ts))[1:]) for kind, ts in times.items()
+    }
+    on, off = plans["on"], plans["off"]
+    assert on.call == off.call == calls
+    if scenario == "loop":
+        sent = [i for i in on.items if i.get("type") == "function_call"]
+        assert len(sent) == calls - 1, "with masking every call of the loop is in the request"
+        assert on.pack.masked and not off.pack.masked
+        assert len([i for i in off.items if i.get("type") == "function_call"]) < calls - 1
+    ratio = per_call["on"] / per_call["off"]
+    row = {"on": per_call["on"], "off": per_call["off"], "ratio": ratio}
+    results[("filter_masking", (scenario,))] = row
+    benchmark.extra_info.update(
+        on_ms=per_call["on"] * 1e3, off_ms=per_call["off"] * 1e3, ratio=ratio
+    )
+    print(
+        f"\nfilter per call ({scenario}): masking on {per_call['on'] * 1e3:.2f} ms, off "
+        f"{per_call['off'] * 1e3:.2f} ms, ratio {ratio:.2f}"
     )

@@ -239,36 +239,50 @@ def _check_request(history: list[dict], new_input: list[dict], r: pp.PackResult)
     st.floats(0, 1.2),
     st.sampled_from(["contiguous", "greedy"]),
     maskings,
+    st.sampled_from(["none", "last_user", "a_user"]),
+    st.randoms(use_true_random=False),
 )
 def test_masked_requests_hold_every_rule_and_equal_the_reference(
-    reference, session, share, policy, masking
+    reference, session, share, policy, masking, pin, rnd
 ) -> None:
+    """Also with a user message pinned (the per-call model filter pins the run's input;
+    ``last_user``: its shape, a run's steps after it), whose turn is masked before any of
+    its units is dropped."""
     history, new_input = session
+    users = [p for p, it in enumerate(history) if set(it) == {"role", "content"}]
+    users = [p for p in users if history[p]["role"] == "user"]
+    pinned = (
+        []
+        if pin == "none" or not users
+        else [users[-1] if pin == "last_user" else rnd.choice(users)]
+    )
     budget = _budget(history, new_input, share, 50)
     before = copy.deepcopy((history, new_input))
+    kw: dict[str, Any] = {"output_reserve": 50, "policy": policy, "pinned": pinned}
     try:
-        r = pp.pack(history, new_input, budget, output_reserve=50, policy=policy, masking=masking)
+        r = pp.pack(history, new_input, budget, masking=masking, **kw)
     except (pp.TokenBudgetExceededError, pp.InvalidNewInputError) as err:
         event(type(err).__name__)
         with pytest.raises(type(err)):
-            pp.pack(history, new_input, budget, output_reserve=50, policy=policy)
+            pp.pack(history, new_input, budget, **kw)
         assert (history, new_input) == before
         return
     assert (history, new_input) == before
     assert r.used <= budget
     event("masked" if r.masked else "nothing masked")
+    if pinned:
+        event("pinned, masked" if r.masked else "pinned, nothing masked")
+        assert set(pinned) <= set(r.kept_history) and not set(pinned) & set(r.masked)
     _check_request(history, new_input, r)
     if policy == "contiguous":
-        plain = pp.pack(history, new_input, budget, output_reserve=50)
+        plain = pp.pack(history, new_input, budget, **kw)
         assert set(plain.kept_history) <= set(r.kept_history)
     ours = sorted((u.members, u.valid) for u in units_of(history, new_input))
     theirs = sorted((u.positions, u.valid) for u in pp.analyze(history, new_input).units)
     if ours != theirs:
         event("reference groups differently: not compared")
         return
-    ref = reference.pack(
-        history, new_input, budget, output_reserve=50, policy=policy, masking=masking
-    )
+    ref = reference.pack(history, new_input, budget, masking=masking, **kw)
     assert r.kept_history == ref.kept_history
     assert r.masked == ref.masked
     assert r.items == ref.items
@@ -313,3 +327,124 @@ def test_index_and_window_packs_mask_exactly_like_pack(session, cuts, share, mas
     assert list(got.decisions) == list(want.decisions)
     plain_w = index.window_start(new_input, budget - 20)
     assert w <= plain_w, "a masked window reaches at least as far back"
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[list[dict], list[dict], int]:
+    """The per-call model filter's shape: older history, the run's input (a user message,
+    pinned), the run's steps (tool calls and their outputs of every kind, with reasoning
+    and messages between), and the newest step as the new input."""
+    history, _ = draw(sessions())
+    ids = itertools.count(10_000)
+    words = st.text(alphabet="abc xyz\n🙂", min_size=1, max_size=30)
+    pin = len(history)
+    history.append({"role": "user", "content": draw(words)})
+    step_kinds = st.sampled_from(OUTPUT_FRAGMENTS * 3 + ["call_pair", "reasoning_answer"])
+    for kind in draw(st.lists(step_kinds, max_size=25)):
+        text = draw(words) + " line of output 7\n"
+        size = draw(st.integers(1, 40))
+        if kind in OUTPUT_FRAGMENTS:
+            history += _output_fragment(kind, next(ids), text * size)
+        else:
+            history += _fragment(kind, ids, text * size)
+    newest = _output_fragment(draw(st.sampled_from(OUTPUT_FRAGMENTS)), next(ids), "newest " * 30)
+    return history, newest, pin
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(runs(), st.floats(0, 1.1), st.sampled_from(["contiguous", "greedy"]), maskings)
+def test_a_pinned_turn_is_masked_before_any_of_its_units_is_dropped(
+    reference, run, share, policy, masking
+) -> None:
+    """A model call inside a run: every rule holds, the request equals the reference's,
+    and the run's turn keeps the most of its units that fit masked, then the newest of them
+    whole as far as the room allows: a unit of the turn is dropped only when every kept one
+    is masked, and a masked one could not be sent whole (checked by the request's own
+    costs). The pinned run input and the newest step are never masked."""
+    history, new_input, pin = run
+    kw: dict[str, Any] = {"output_reserve": 50, "policy": policy, "pinned": [pin]}
+    whole = pp.pack(history, new_input, 2**40, pinned=[pin])
+    mandatory = whole.new_input_tokens + whole.dependency_tokens
+    budget = 50 + mandatory + int(share * whole.history_tokens)
+    before = copy.deepcopy((history, new_input))
+    try:
+        r = pp.pack(history, new_input, budget, masking=masking, **kw)
+    except pp.TokenBudgetExceededError:
+        event("mandatory part over budget")
+        return
+    assert (history, new_input) == before
+    assert r.used <= budget and pin in r.kept_history and pin not in r.masked
+    _check_request(history, new_input, r)
+    ours = sorted((u.members, u.valid) for u in units_of(history, new_input))
+    theirs = sorted((u.positions, u.valid) for u in pp.analyze(history, new_input).units)
+    if ours == theirs:
+        ref = reference.pack(history, new_input, budget, masking=masking, **kw)
+        assert r.kept_history == ref.kept_history
+        assert r.masked == ref.masked
+        assert r.items == ref.items
+        assert (r.history_tokens, r.masking_saved) == (ref.history_tokens, ref.masking_saved)
+    else:
+        event("reference groups differently: not compared")
+    # The run's turn: its units after the pinned input, newest first.
+    turn = sorted(
+        (d for d in r.decisions if min(d.positions) > pin and d.decision != "mandatory"),
+        key=lambda d: max(d.positions),
+        reverse=True,
+    )
+    turn = [d for d in turn if d.decision in ("kept", "masked", "over_budget")]
+    kept = [d for d in turn if d.decision in ("kept", "masked")]
+    dropped = [d for d in turn if d.decision == "over_budget"]
+    assert turn[: len(kept)] == kept, "the kept units are the newest ones"
+    if masking.after_turns == 0:
+        return  # every optional unit is masked by age
+    # Each unit's masked cost, counted apart: every optional unit masked, room for all.
+    every = pp.Masking(excerpt_tokens=masking.excerpt_tokens, after_turns=0)
+    apart = pp.pack(history, new_input, 2**40, masking=every, **kw).decisions
+    masked_cost = {tuple(d.positions): d.sent_tokens for d in apart}
+    older = sum(
+        d.sent_tokens
+        for d in r.decisions
+        if d.decision in ("kept", "masked") and max(d.positions) < pin
+    )
+    at_miss = r.used - older  # what the request held when the fill left the run's turn
+    if dropped:
+        event("pinned turn: dropped")
+        saving = sum(
+            d.tokens - masked_cost[tuple(d.positions)] for d in kept if d.decision == "kept"
+        )
+        miss = dropped[0]
+        assert at_miss - saving + masked_cost[tuple(miss.positions)] > budget, (
+            "masked before dropped"
+        )
+    masked = [d for d in kept if d.decision == "masked"]
+    if masked:
+        event("pinned turn: masked")
+        whole = kept[: kept.index(masked[0])]
+        assert all(d.decision == "kept" for d in whole), "the newest units are the whole ones"
+        newest = masked[0]
+        assert at_miss - newest.masked_tokens + newest.tokens > budget, "could not be whole"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), maskings)
+def test_a_masked_copy_is_not_masked_again(session, masking) -> None:
+    """What the session callback sends masked reaches the per-call filter as history, where
+    the same masking meets it again: a masked copy of every tool-output shape is too short
+    to be masked again (packing the masked request with every unit masked changes nothing)."""
+    history, new_input = session
+    every = pp.Masking(excerpt_tokens=masking.excerpt_tokens, after_turns=0)
+    try:
+        r = pp.pack(history, new_input, 2**40, masking=every)
+    except pp.InvalidNewInputError:
+        return
+    sent = r.items[: len(r.kept_history)]
+    again = pp.pack(sent, new_input, 2**40, masking=every)
+    event("masked" if r.masked else "nothing masked")
+    copies = {p for p, q in enumerate(r.kept_history) if q in set(r.masked)}
+    assert not copies & set(again.masked), "a masked copy was masked again"
+    for p in copies:
+        assert again.items[again.kept_history.index(p)] is sent[p]

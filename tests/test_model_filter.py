@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
@@ -58,10 +58,14 @@ def get_table(name: str) -> str:
     return TABLE
 
 
+def lookup_output(q: str) -> str:
+    return f"result for {q}: " + "lorem ipsum dolor sit amet " * 100
+
+
 @function_tool
 def lookup(q: str) -> str:
     """Look something up (a ~600-token answer)."""
-    return f"result for {q}: " + "lorem ipsum dolor sit amet " * 100
+    return lookup_output(q)
 
 
 def request_tokens(call: Any) -> int:
@@ -156,8 +160,10 @@ async def test_a_tool_loop_with_huge_outputs_never_overflows(tmp_path: Any, mode
 
 
 async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps() -> None:
+    """Masking off: a long run drops its middle steps whole (with masking, the default, they
+    are masked first: ``test_a_fifty_step_loop_keeps_every_call_visible...``)."""
     budget = 6_000
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500, masking=None)
     session = ProtoPromptSession("loop")
     steps = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(30)]
     model = ScriptedModel([*steps, [assistant_message("all done", item_id="m1")]])
@@ -421,7 +427,10 @@ async def test_standalone_filter_over_a_to_input_list_history() -> None:
     store.close()
 
 
-async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("masking", [pp.Masking(), None], ids=["masking", "no_masking"])
+async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(
+    monkeypatch: Any, masking: pp.Masking | None
+) -> None:
     """The per-run index never changes a result: each call's request is exactly a fresh
     ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
     alive meanwhile, and none of them makes the run's index copy its item graph when the
@@ -440,7 +449,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
     monkeypatch.setattr(runs, "HistoryIndex", RecordedIndex)
     seen: list[tuple[list[Any], ModelCallPlan]] = []
     builder = TokenBudgetedContextBuilder(
-        None, max_tokens=5_000, output_reserve=300, policy="greedy"
+        None, max_tokens=5_000, output_reserve=300, policy="greedy", masking=masking
     )
     flt = model_input_filter(builder)
     original = flt.__call__
@@ -471,12 +480,16 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(monkeypat
             policy="greedy",
             context_tokens=plan.instructions_tokens + plan.tools_tokens,
             pinned=plan.pinned,
+            masking=masking,
         )
         assert plan.pack.items == fresh.items
+        assert plan.pack.masked == fresh.masked
         assert (plan.pack.used, plan.pack.history_tokens) == (fresh.used, fresh.history_tokens)
         assert plan.pack.decisions.item_counts() == fresh.decisions.item_counts()
     assert len(indexes) == 1 and len(indexes[0]) > 0  # the run's index, used for every call
     assert indexes[0]._index._graph_copies() == 0  # the kept plans pinned nothing
+    if masking is not None:
+        assert seen[-1][1].pack.masked, "late calls masked middle steps"
 
 
 # ------------------------------------------------------------------ persistence unchanged
@@ -1274,7 +1287,7 @@ def _filter_scenarios(draw: Any) -> dict[str, Any]:
         "reserve": draw(st.sampled_from([0, 200, 800])),
         "runs": draw(st.integers(1, 3)),
         "rounds": draw(st.integers(1, 2)),
-        "steps": draw(st.integers(0, 4)),
+        "steps": draw(st.integers(0, 7)),
         "parts": draw(st.sampled_from([1, 1, 40, 300])),
         "text_tokens": draw(st.sampled_from([50, 400, 3_000, 20_000])),
         "images": draw(st.sampled_from([0, 0, 2])),
@@ -1285,6 +1298,17 @@ def _filter_scenarios(draw: Any) -> dict[str, Any]:
         "scratchpad": draw(st.booleans()),
         "edit_schema": draw(st.booleans()),
         "system_prompt": draw(st.sampled_from(["", "Use the recalled facts. " * 10])),
+        "masking": draw(
+            st.sampled_from(
+                [
+                    None,
+                    pp.Masking(),
+                    pp.Masking(excerpt_tokens=16),
+                    pp.Masking(excerpt_tokens=120, after_turns=1),
+                    pp.Masking(after_turns=0),
+                ]
+            )
+        ),
     }
 
 
@@ -1297,7 +1321,8 @@ def test_every_call_of_every_run_fits_whatever_the_agent_sends(sc: dict[str, Any
     filter's scratchpad), structured outputs of every size, many-part outputs with images.
     Every model call the SDK made is checked against an independent count (``tiktoken`` over
     every string of the request the SDK's Responses model builds: a lower bound), the exact
-    cost model, and the SDK's own ``drop_orphan_function_calls``."""
+    cost model, and the SDK's own ``drop_orphan_function_calls``; with masking drawn on and
+    off (the builder's), the SDK's items and the caller's are left as they were."""
     asyncio.run(_run_scenario(sc))
 
 
@@ -1305,7 +1330,9 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
     from pydantic import Field, create_model
 
     budget, reserve = sc["budget"], sc["reserve"]
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=budget, output_reserve=reserve, masking=sc["masking"]
+    )
     flt = model_input_filter(
         builder, oversized_output="truncate", system_prompt=sc["system_prompt"]
     )
@@ -1320,7 +1347,12 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
             )
             pad["content"][0]["text"] += " note" * 150  # grows in place on every call
             data.model_data.input = [*items[:1], pad, *items[1:]]
-        return await flt(data)
+        before = copy.deepcopy(data.model_data.input)
+        out = await flt(data)
+        assert data.model_data.input == before, "the filter changed the SDK's items"
+        if flt.last_plan is not None and flt.last_plan.pack.masked:
+            event("masked")
+        return out
 
     output_type: Any = None
     answer = "the answer"
@@ -1358,13 +1390,15 @@ async def _run_scenario(sc: dict[str, Any]) -> None:
         async def one(r: int) -> Any:
             text = f"run {r} round {round_}: fetch the documents " + "please " * (r * 400)
             question = user_parts(text) if sc["list_content"] else {"role": "user", "content": text}
+            given = [*histories[r], question]
+            kept = copy.deepcopy(given)
             try:
-                return await Runner.run(
-                    agent, [*histories[r], question], run_config=config, max_turns=20
-                )
+                return await Runner.run(agent, given, run_config=config, max_turns=20)
             except TokenBudgetExceededError:
                 refused.append(r)  # the mandatory part did not fit: refused before sending
                 return None
+            finally:
+                assert given == kept, "the caller's items are unchanged"
 
         results = await asyncio.gather(*(one(r) for r in range(sc["runs"])))
         for r, result in enumerate(results):
@@ -1436,3 +1470,208 @@ def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: 
         assert out.position(i) == stands.index(i if key is None else anchor[key])
     s = min(start, len(items))
     assert out.start(s) == bisect.bisect_left(stands, s)
+
+
+# ------------------------------------------------------------------ issue 25: masking
+
+
+LOOP_STEPS = 50
+
+
+def _loop_steps(steps: int) -> list[Any]:
+    return [
+        *(
+            [function_call("lookup", {"q": f"thing number {i}"}, call_id=f"c{i}")]
+            for i in range(steps)
+        ),
+        [assistant_message("all done", item_id="m_done")],
+    ]
+
+
+def _spying(flt: Any, seen: list[dict[str, Any]]) -> Any:
+    """Wrap a filter: each call's SDK input is checked unchanged by the filter, and what it
+    returned, its plan and the run's index are recorded."""
+
+    async def spy(data: Any) -> Any:
+        items = data.model_data.input
+        before = copy.deepcopy(items)
+        objects = [id(x) for x in items]
+        out = await flt(data)
+        assert items == before and [id(x) for x in items] == objects, "the SDK's items"
+        plan = flt.last_plan
+        [run] = [r for r in flt._runs.values() if r.span is not None][-1:]
+        seen.append({"input": items, "sent": out.input, "plan": plan, "index": run.index})
+        return out
+
+    return spy
+
+
+def _visible(request: list[Any]) -> dict[str, dict[str, Any]]:
+    """Every step of the request by call id: its arguments and its output as sent."""
+    steps: dict[str, dict[str, Any]] = {}
+    for item in request:
+        if item.get("type") == "function_call":
+            steps[item["call_id"]] = {"arguments": item["arguments"], "output": None}
+        elif item.get("type") == "function_call_output":
+            steps[item["call_id"]]["output"] = item["output"]
+    return steps
+
+
+@pytest.mark.parametrize("mode", ["session", "standalone"])
+async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps_fit(
+    mode: str,
+) -> None:
+    """Issue 25 #5: the per-call filter masks a run's middle steps before it drops any, so
+    every call of a 50-step tool loop and its arguments stay in every request while the
+    masked steps fit, the newest steps whole. Every request is within the budget by an
+    independent count (``tiktoken`` over the request the SDK's Responses model builds, and
+    the exact cost model), a fixed point of the SDK's ``drop_orphan_function_calls``, leaves
+    the SDK's items (and the caller's) as they were; the session stores exactly what it
+    stores without the filter. The run's index keeps its masked costs between calls."""
+    budget, reserve = 9_000, 500
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=reserve)
+    assert builder.masking == pp.Masking(), "the builder masks by default"
+    model = _RequestRecorder(_loop_steps(LOOP_STEPS))
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    seen: list[dict[str, Any]] = []
+    question = "look up fifty things"
+    if mode == "session":
+        session = ProtoPromptSession("fifty")
+        config = run_config(session, builder)
+        config.call_model_input_filter = _spying(config.call_model_input_filter, seen)
+        result = await Runner.run(
+            agent, question, session=session, run_config=config, max_turns=LOOP_STEPS + 5
+        )
+    else:
+        flt = model_input_filter(builder)
+        history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+        given = [*history, {"role": "user", "content": question}]
+        kept = copy.deepcopy(given)
+        config = RunConfig(call_model_input_filter=_spying(flt, seen), tracing_disabled=True)
+        result = await Runner.run(agent, given, run_config=config, max_turns=LOOP_STEPS + 5)
+        assert given == kept, "the caller's items are unchanged"
+    assert result.final_output == "all done"
+    assert len(model.requests) == len(seen) == LOOP_STEPS + 1
+    masked_calls = 0
+    for n, (request, call) in enumerate(zip(model.requests, seen)):
+        sent = request["input"]
+        # Within the budget, counted independently of the filter.
+        lower = _reference_tokens(
+            [request["instructions"], sent, request["tools"], request["text"]]
+        )
+        assert lower + reserve <= budget and request["exact"] + reserve <= budget, f"call {n}"
+        assert request["exact"] == call["plan"].request_tokens
+        assert drop_orphan_function_calls(copy.deepcopy(sent)) == sent
+        # Every call of the run so far, with its arguments; the newest steps whole.
+        steps = _visible(sent)
+        assert list(steps) == [f"c{i}" for i in range(n)], f"call {n}: every call is visible"
+        for i in range(n):
+            assert steps[f"c{i}"]["arguments"] == json.dumps(
+                {"q": f"thing number {i}"}, separators=(",", ":")
+            )
+        outputs = [steps[f"c{i}"]["output"] for i in range(n)]
+        whole = [o == lookup_output(f"thing number {i}") for i, o in enumerate(outputs)]
+        if n:
+            assert whole[-1], "the newest step is whole"
+            first_whole = whole.index(True)
+            assert all(whole[first_whole:]), "the whole steps are the newest ones"
+        for i, (o, w) in enumerate(zip(outputs, whole)):
+            if not w:
+                assert f"lookup output (call c{i}) masked by protoprompt" in o
+                assert pp.count_tokens(o) <= 64
+        masked = sum(1 for w in whole if not w)
+        plan = call["plan"]
+        assert len(plan.pack.masked) == masked
+        masked_calls += bool(masked)
+        if masked:
+            assert plan.pack.masking_saved > 0
+            assert f"masked: {masked} units ({masked} tool outputs)" in plan.explain()
+            # Not one more step could have been sent whole.
+            step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
+            newest_masked = max(i for i, w in enumerate(whole) if not w)
+            masked_cost = sum(
+                item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
+            )
+            assert plan.used - masked_cost + step_whole > budget
+        # The masked outputs are new objects; the SDK's own are sent as they are.
+        sdk = {id(x) for x in call["input"]}
+        for item in call["sent"]:
+            copied = id(item) not in sdk
+            is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
+            assert copied == is_masked
+    assert masked_calls > LOOP_STEPS // 2, "late calls mask their middle steps"
+    # The run's index is one and keeps its masked costs between calls.
+    indexes = {id(c["index"]) for c in seen}
+    assert len(indexes) == 1
+    memo = [c["index"]._index._masked_counted()[1] for c in seen]
+    assert memo == sorted(memo) and memo[-1] >= seen[-1]["plan"].pack.masked.__len__()
+    if mode == "session":
+        stored = await session.get_items()
+        assert not any("masked by protoprompt" in json.dumps(i) for i in stored)
+        plain = ProtoPromptSession("plain")
+        await Runner.run(
+            Agent(name="a", model=ScriptedModel(_loop_steps(LOOP_STEPS)), tools=[lookup]),
+            question,
+            session=plain,
+            run_config=RunConfig(tracing_disabled=True),
+            max_turns=LOOP_STEPS + 5,
+        )
+        assert stored == await plain.get_items(), "stored exactly as without the filter"
+
+
+def _loop(prefix: str, steps: int) -> list[Any]:
+    return [
+        *(
+            [function_call("lookup", {"q": f"{prefix} {i}"}, call_id=f"{prefix}{i}")]
+            for i in range(steps)
+        ),
+        [assistant_message(f"{prefix} done", item_id=f"m_{prefix}")],
+    ]
+
+
+async def test_the_callbacks_masked_copies_are_sent_as_they_are_and_never_stored() -> None:
+    """Session mode, turn after turn: the callback masks the older turn's steps; those
+    copies reach the filter in the SDK's input and are too short to be masked again (sent as
+    the same objects), while the filter masks the new run's own middle steps. The session
+    stores exactly what it stores without either hook."""
+    budget = 9_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("turns")
+    callback_copies: list[Any] = []
+    config = run_config(
+        session, builder, on_plan=lambda plan: callback_copies.extend(plan.masked_items)
+    )
+    seen: list[dict[str, Any]] = []
+    config.call_model_input_filter = _spying(config.call_model_input_filter, seen)
+    agent = Agent(name="a", model=ScriptedModel(_loop("a", 20)), tools=[lookup])
+    await Runner.run(agent, "first", session=session, run_config=config, max_turns=30)
+    assert not callback_copies, "the first turn's history is empty"
+    first_run = len(seen)
+    agent.model = ScriptedModel(_loop("b", 18))
+    await Runner.run(agent, "second", session=session, run_config=config, max_turns=30)
+    assert callback_copies, "the callback masked the first turn's steps"
+    filter_masked = sent_older = 0
+    for call in seen[first_run:]:
+        plan = call["plan"]
+        assert plan.deduplicated == 0 and plan.used <= budget
+        assert drop_orphan_function_calls(copy.deepcopy(call["sent"])) == call["sent"]
+        sdk = {id(x) for x in call["input"]}
+        older = [x for x in call["sent"] if str(x.get("call_id", "")).startswith("a")]
+        for x in older:  # the first turn's steps sent: the callback's copies, as they are
+            assert id(x) in sdk, "the SDK's object, not masked again"
+            if x.get("type") == "function_call_output":
+                assert x in callback_copies and x["output"].count("masked by protoprompt") == 1
+        sent_older += len(older)
+        for p in plan.pack.masked:
+            assert call["input"][p]["call_id"].startswith("b"), "only the run's own steps"
+        filter_masked += len(plan.pack.masked)
+    assert filter_masked, "the filter masked the second run's middle steps"
+    assert sent_older, "the first turn's masked steps were sent"
+    stored = await session.get_items()
+    plain = ProtoPromptSession("plain")
+    for prefix, steps, q in (("a", 20, "first"), ("b", 18, "second")):
+        bare = Agent(name="a", model=ScriptedModel(_loop(prefix, steps)), tools=[lookup])
+        await Runner.run(
+            bare, q, session=plain, run_config=RunConfig(tracing_disabled=True), max_turns=30
+        )
+    assert stored == await plain.get_items()

@@ -309,21 +309,28 @@ async def test_a_tool_loop_names_its_newest_and_earlier_steps(tmp_path: Any) -> 
         assert "new input" not in text and "dependency" not in text
 
 
-async def test_a_call_that_drops_earlier_steps_says_how_many(tmp_path: Any) -> None:
+@pytest.mark.parametrize("masking", [None, pp.Masking()])
+async def test_a_call_that_masks_or_drops_earlier_steps_says_how_many(
+    tmp_path: Any, masking: pp.Masking | None
+) -> None:
     model = ScriptedModel(loop(4))
     agent = Agent(name="a", model=model, tools=[lookup])
     session = ProtoPromptSession("loop", str(tmp_path / "s.db"))
     calls: list[ModelCallPlan] = []
-    config = session.run_config(
-        agent=agent, model="gpt-5", max_tokens=900, on_call=calls.append, tracing_disabled=True
-    )
+    builder = TokenBudgetedContextBuilder(None, max_tokens=900, model="gpt-5", masking=masking)
+    config = session.run_config(builder, agent=agent, on_call=calls.append, tracing_disabled=True)
     await Runner.run(agent, "look up four clauses", session=session, run_config=config)
     last = calls[-1]
     check_call(last, model.calls[-1])
     earlier = last.sections["earlier_steps"]
-    assert earlier.note is not None and "items dropped" in earlier.note
+    assert earlier.note is not None
+    if masking is None:
+        assert "items dropped" in earlier.note and not last.pack.masked
+    else:
+        assert last.pack.masked
+        assert f"{len(last.pack.masked)} tool output" in earlier.note
     dropped = [d for d in last.pack.dropped]
-    assert dropped and all(last.pack.reason(d) for d in dropped)
+    assert all(last.pack.reason(d) for d in dropped)
     assert "input[" in last.explain()
 
 

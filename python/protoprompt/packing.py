@@ -8,7 +8,15 @@ from typing import Any, Literal, overload
 
 from . import _core
 from .count_store import CountStore
-from .plan import NO_HISTORY, RequestSections, Section, dropped_note, history_at, unit_reason
+from .plan import (
+    NO_HISTORY,
+    RequestSections,
+    Section,
+    dropped_note,
+    history_at,
+    masked_note,
+    unit_reason,
+)
 
 __all__ = [
     "OPAQUE_SCALE_MAX",
@@ -455,9 +463,9 @@ class PackResult:
                 f"{len(self.dependency):,} mandatory, {self.dependency_tokens:,} tokens: "
                 "what the run input answers"
             )
-        if self.masked:
-            n = len(self.masked)
-            notes.append(f"{n:,} tool output{'s' if n != 1 else ''} masked")
+        note = masked_note(len(self.masked))
+        if note:
+            notes.append(note)
         note = dropped_note(items, dropped, NO_HISTORY)
         if note:
             notes.append(note)

@@ -314,8 +314,9 @@ def _call_sections(
     call: each unit counts in the part that holds its newest item."""
     step_start = call.step[0]
     a, b = call.run_input if call.run_input is not None else (step_start, step_start)
-    # tokens, items, dropped items
-    regions = {"run_input": [0, 0, 0], "earlier_steps": [0, 0, 0]}
+    # tokens, items, dropped items, masked items
+    regions = {"run_input": [0, 0, 0, 0], "earlier_steps": [0, 0, 0, 0]}
+    masked = set(pack.masked)
     decisions = pack.decisions
     for d in reversed(decisions):
         if not d.positions or d.positions[-1] < a:
@@ -324,9 +325,12 @@ def _call_sections(
         if d.kept:
             region[0] += d.sent_tokens or 0
             region[1] += len(d.positions)
+            if d.decision == "masked":
+                region[3] += sum(1 for p in d.positions if p in masked)
         elif d.decision not in _KEPT:
             region[2] += len(d.positions)
     dropped_in_run = regions["run_input"][2] + regions["earlier_steps"][2]
+    masked_in_run = regions["run_input"][3] + regions["earlier_steps"][3]
     history_tokens = pack.history_tokens + pack.dependency_tokens
     history_items = len(pack.kept_history)
     context_tokens, context_items = context or (0, 0)
@@ -336,11 +340,11 @@ def _call_sections(
             context_tokens, context_items = first.tokens or 0, len(first.positions)
             history_tokens -= context_tokens
             history_items -= context_items
-    for tokens, items, _ in regions.values():
+    for tokens, items, _, _ in regions.values():
         history_tokens -= tokens
         history_items -= items
-    run_tokens, run_items, _ = regions["run_input"]
-    earlier_tokens, earlier_items, earlier_dropped = regions["earlier_steps"]
+    run_tokens, run_items, _, _ = regions["run_input"]
+    earlier_tokens, earlier_items, earlier_dropped, earlier_masked = regions["earlier_steps"]
     step_note = None
     if not pack.run_input_items:
         step_note = NO_STEP
@@ -357,15 +361,30 @@ def _call_sections(
             "earlier_steps",
             earlier_tokens,
             earlier_items,
-            dropped_note(earlier_items, earlier_dropped, NO_EARLIER_STEPS),
+            _joined(
+                masked_note(earlier_masked),
+                dropped_note(earlier_items, earlier_dropped, NO_EARLIER_STEPS),
+            ),
         ),
         Section(
             "kept_history",
             history_tokens,
             history_items,
-            dropped_note(history_items, dropped_items - dropped_in_run, NO_HISTORY),
+            _joined(
+                masked_note(len(masked) - masked_in_run),
+                dropped_note(history_items, dropped_items - dropped_in_run, NO_HISTORY),
+            ),
         ),
     ]
+
+
+def masked_note(n: int) -> str | None:
+    """How many tool outputs of a section are sent masked (``None``: none)."""
+    return f"{n:,} tool output{'s' if n != 1 else ''} masked" if n else None
+
+
+def _joined(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None
 
 
 def dropped_note(items: int, dropped: int, none: str) -> str | None:

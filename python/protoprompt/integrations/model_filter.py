@@ -20,6 +20,18 @@ an unbroken newest suffix, so once an earlier step does not fit, nothing older i
 ``policy="greedy"`` skips it and keeps older whole turns that fit. A long run therefore
 loses its *middle* steps first, never its input or its newest step.
 
+With the builder's ``masking`` (``Masking()`` by default; see ``docs/masking.md``) the middle
+steps are masked before any is dropped: the run's steps are kept, as far back as they fit
+with their tool outputs cut to short excerpts, and the newest of them whole as far as the
+room left allows. So a long tool loop keeps every call and its arguments in every request
+while its masked steps fit, and drops the oldest only when they no longer do. The context
+message, the run's input and the newest step are mandatory, never masked; the masked copies
+are new objects, sent and never stored. Masked copies the session
+callback already put in the input are too short to be masked again and are sent as they are.
+The run's index keeps each step's masked cost and excerpt between calls, so each step is
+masked at most once per run. ``ModelCallPlan.pack`` reports what was masked
+(``pack.masked``, ``pack.masking_saved``, decisions ``"masked"``), and ``explain()`` lists it.
+
 When the mandatory part does not fit, ``oversized_output="error"`` raises
 :class:`~protoprompt.errors.TokenBudgetExceededError` (``section="tool_output"``, the
 ``detail`` names the output and its call) before anything is sent;
@@ -146,7 +158,8 @@ class ModelCallPlan:
     call: int
     """1 for the first model call of a run (as seen by this filter), 2 for the next…"""
     items: list[Any]
-    """The input items sent (the SDK's objects, truncated copies where cut)."""
+    """The input items sent (the SDK's objects; truncated copies where cut, masked copies of
+    the tool outputs of steps kept masked)."""
     instructions_tokens: int
     """Cost of the agent's instructions (counted like a system message)."""
     tools_tokens: int
@@ -169,7 +182,8 @@ class ModelCallPlan:
     reuse: str
     """Why the run's index was or was not (fully) reused."""
     pack: PackResult
-    """The core's packing: decisions for every unit of the optional part."""
+    """The core's packing: decisions for every unit of the optional part (``"masked"`` for a
+    step sent with its tool outputs masked; ``pack.masked``, ``pack.masking_saved``)."""
     truncated: list[TruncatedOutput] = field(default_factory=list)
     context: ContextPlan | None = None
     """Standalone filter: the builder's plan, with the recalled context message."""
@@ -585,6 +599,7 @@ class ModelInputFilter:
                 pinned=pinned,
                 history_len=step_start,
                 opaque_scale=b.opaque_scale(),
+                masking=b.masking,
             )
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message
@@ -603,6 +618,7 @@ class ModelInputFilter:
             context_tokens=fixed,
             pool=run.pool[1],
             history_len=step_start,
+            masking=b.masking,
         )
         return plan.pack, plan
 
@@ -780,7 +796,8 @@ def model_input_filter(
     — instructions and tool definitions included — with the builder's recalled memory
     (profile, facts, documents for the latest user message) in a context message in front.
     Mandatory on each call: that context's ``system_prompt``, the latest user message (the
-    run's input) and the newest step; older history and earlier steps are filled newest first.
+    run's input) and the newest step; older history and earlier steps are filled newest first
+    (with ``builder.masking``, the default, earlier steps are masked before any is dropped).
     Nothing the filter returns is stored anywhere.
 
     Example::

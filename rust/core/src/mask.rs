@@ -620,6 +620,13 @@ impl MaskMemo {
         self.costs.capacity()
     }
 
+    /// Positions whose masked cost is counted, and those with a masked field kept (a copy
+    /// cheaper than the item).
+    pub fn counted(&self) -> (usize, usize) {
+        let costs = self.costs.iter().filter(|&&c| c != UNCOUNTED).count();
+        (costs, self.fields.len())
+    }
+
     /// Bytes of memory held (the masked fields approximately).
     pub fn heap_bytes(&self) -> usize {
         self.costs.capacity() * std::mem::size_of::<u64>()

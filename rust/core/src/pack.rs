@@ -59,7 +59,12 @@
 //!   turns masked, whole or not at all). The units of the turn that did not fit whole that
 //!   were already taken whole are masked too (`Fill::mask_taken_turn`), unless the turn's
 //!   opening user message is mandatory: a turn is kept masked rather than dropped for want
-//!   of room for its own user message. Before masking any unit of a turn the fill checks by
+//!   of room for its own user message. A turn whose opening user message is mandatory (an
+//!   *anchored* turn: a model call inside a run, the run's input pinned) is masked before
+//!   any of its units is dropped (`Fill::make_room_in_anchored_turn`): it keeps the most of
+//!   its units, newest first, that fit masked, and of those the newest stay whole as far as
+//!   the room allows, so a long tool loop keeps every call while its steps fit masked.
+//!   Before masking any unit of a turn the fill checks by
 //!   the units' masked floors that the rest of the turn can fit (`Fill::turn_cannot_fit`):
 //!   if not, the turn is dropped as the rule drops it, without an excerpt made (the result
 //!   is the same; only the work differs). A mandatory unit is never masked. A unit kept masked
@@ -839,14 +844,18 @@ impl Fill<'_> {
                 return Ok(None);
             }
             self.masked_phase = true;
-            // Masking the turn's units taken whole frees at most their outputs' tokens: if
-            // even that cannot make room for the rest of the turn, the turn is dropped (the
-            // coherent start would drop it) without masking anything.
-            let room = self.remaining.saturating_add(self.freeable(label, taken)?);
-            if self.turn_cannot_fit(label, room)? {
-                return Ok(None);
+            if self.opener_mandatory() {
+                self.make_room_in_anchored_turn(members, label, taken)?;
+            } else {
+                // Masking the turn's units taken whole frees at most their outputs' tokens:
+                // if even that cannot make room for the rest of the turn, the turn is dropped
+                // (the coherent start would drop it) without masking anything.
+                let room = self.remaining.saturating_add(self.freeable(label, taken)?);
+                if self.turn_cannot_fit(label, room)? {
+                    return Ok(None);
+                }
+                self.mask_taken_turn(label, taken)?;
             }
-            self.mask_taken_turn(label, taken)?;
         } else if self.checked_turn != Some(label) && self.turn_cannot_fit(label, self.remaining)? {
             return Ok(None);
         }
@@ -857,6 +866,100 @@ impl Fill<'_> {
         }
         let (cost, state) = self.count_masked(u)?;
         Ok((cost <= self.remaining).then_some((cost, state)))
+    }
+
+    /// Whether the user message opening the turn of the scan position is mandatory (the
+    /// turn is *anchored*: a model call inside a run, whose input is pinned).
+    fn opener_mandatory(&self) -> bool {
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        opener.is_some_and(|q| self.is_mandatory(self.packer.graph.unit_of(q)))
+    }
+
+    /// The candidates of the scan position's turn from the scan position down to its
+    /// opening user message, newest first (what the fill visits next in this turn).
+    fn rest_of_turn(&self) -> Vec<usize> {
+        let graph = self.packer.graph;
+        let opener = (0..=self.scan).rev().find(|&q| (self.is_user)(q));
+        (opener.unwrap_or(0)..=self.scan)
+            .rev()
+            .filter_map(|p| {
+                let u = graph.unit_of(p);
+                let unit = graph.unit(u);
+                (unit.members.last() == Some(&p)
+                    && !self.is_mandatory(u)
+                    && !unit.is_input_only()
+                    && unit.is_valid())
+                .then_some(u)
+            })
+            .collect()
+    }
+
+    /// An anchored turn is masked before any of its units is dropped. Called at its first
+    /// unit that does not fit whole (`members`, at the scan position), with its newer units
+    /// taken whole (the last entries of `taken` with turn `label`): `t` = the most units of
+    /// the turn, newest first, that fit with every one masked; then the newest `k` of the
+    /// taken units stay whole, `k` the most for which they and the next `t - k` units masked
+    /// fit. The taken units after the `k`th are masked here; the fill then takes the rest
+    /// masked and misses after the `t`th. Nothing changes when masking the taken units
+    /// cannot make room for this unit (`t` is then the units taken). Work: masked floors
+    /// first; units are masked only while they may fit.
+    fn make_room_in_anchored_turn(
+        &mut self,
+        members: &[usize],
+        label: usize,
+        taken: &mut [(usize, usize, u64)],
+    ) -> Result<(), PackError> {
+        let graph = self.packer.graph;
+        let n = taken.iter().rev().take_while(|e| e.1 == label).count();
+        if n == 0 {
+            return Ok(());
+        }
+        let first = taken.len() - n;
+        let whole_taken = taken[first..]
+            .iter()
+            .fold(0u64, |a, e| a.saturating_add(e.2));
+        let room = self.remaining.saturating_add(whole_taken);
+        let mut floor = self.masked_floor(members)?;
+        for e in &taken[first..] {
+            floor = floor.saturating_add(self.masked_floor(&graph.unit(e.0).members)?);
+        }
+        if floor > room {
+            return Ok(());
+        }
+        let mut masked_taken = Vec::with_capacity(n);
+        for e in &taken[first..] {
+            masked_taken.push(self.count_masked(e.0)?);
+        }
+        let all_taken = masked_taken.iter().fold(0u64, |a, m| a.saturating_add(m.0));
+        // The rest of the turn, masked, newest first while it fits with the taken masked.
+        let mut rest = 0u64;
+        for u in self.rest_of_turn() {
+            let members = &graph.unit(u).members;
+            let sum = all_taken.saturating_add(rest);
+            if sum.saturating_add(self.masked_floor(members)?) > room {
+                break;
+            }
+            let (m, _) = self.count_masked(u)?;
+            if sum.saturating_add(m) > room {
+                break;
+            }
+            rest = rest.saturating_add(m);
+        }
+        // The newest taken units stay whole while they and that rest (masked) fit.
+        let mut total = whole_taken.saturating_add(rest);
+        let mut k = n;
+        while total > room && k > 0 {
+            k -= 1;
+            total -= taken[first + k].2 - masked_taken[k].0;
+        }
+        for (entry, &(cost, state)) in taken[first + k..].iter_mut().zip(&masked_taken[k..]) {
+            let freed = entry.2 - cost; // a masked cost never exceeds the whole one
+            self.remaining += freed;
+            self.history_tokens -= freed;
+            entry.2 = cost;
+            self.state.insert(entry.0, state);
+        }
+        Ok(())
     }
 
     /// Whether the rest of turn `label` (the candidate at the scan position and the older
@@ -1203,6 +1306,18 @@ pub fn pack_values_masked(
     opts: &PackOptions,
     masking: Option<Masking>,
 ) -> Result<(crate::graph::Graph, PackResult, MaskedCopies), PackError> {
+    pack_values_pinned(history, new_input, encoding, opts, masking, &[])
+}
+
+/// [`pack_values_masked`] with `pinned` history positions (mandatory, see [`pack_view`]).
+pub fn pack_values_pinned(
+    history: &[serde_json::Value],
+    new_input: &[serde_json::Value],
+    encoding: crate::tokens::Encoding,
+    opts: &PackOptions,
+    masking: Option<Masking>,
+    pinned: &[usize],
+) -> Result<(crate::graph::Graph, PackResult, MaskedCopies), PackError> {
     let n_history = history.len();
     let all: Vec<&serde_json::Value> = history.iter().chain(new_input.iter()).collect();
     let mut metas = Vec::with_capacity(all.len());
@@ -1217,16 +1332,16 @@ pub fn pack_values_masked(
     }
     let graph = crate::graph::build_graph(&metas[..n_history], &metas[n_history..]);
     let mut source = JsonCostSource::new(all, encoding);
+    let is_user = |p: usize| metas[p].is_user_message();
+    let view = GraphView::whole(&graph);
     let Some(m) = masking else {
-        let result = pack(&graph, &metas, &mut source, opts, None)?;
+        let result = pack_view(view, &is_user, &mut source, opts, pinned, None)?;
         return Ok((graph, result, Vec::new()));
     };
     let kinds = |p: usize| metas[p].kind;
     let mut masked =
         crate::mask::MaskedCosts::new(&mut source, encoding, m.excerpt_tokens).with_kinds(&kinds);
-    let is_user = |p: usize| metas[p].is_user_message();
-    let view = GraphView::whole(&graph);
-    let result = pack_view_masked(view, &is_user, &mut masked, opts, masking, &[], None)?;
+    let result = pack_view_masked(view, &is_user, &mut masked, opts, masking, pinned, None)?;
     let units: Vec<&[usize]> = result
         .masked_units
         .iter()

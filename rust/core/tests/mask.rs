@@ -7,8 +7,8 @@ use protoprompt_core::graph::{build_graph, Graph, GraphView};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{
-    pack_values, pack_values_masked, Decision, PackOptions, PackResult, Policy, StopCause,
-    UnitDecision,
+    pack_values, pack_values_masked, pack_values_pinned, Decision, PackOptions, PackResult, Policy,
+    StopCause, UnitDecision,
 };
 use protoprompt_core::tokens::{item_cost, Encoding};
 use serde_json::{json, Value};
@@ -357,6 +357,82 @@ fn greedy_takes_older_turns_masked_whole_or_not_at_all() {
                 assert!((t * 5..t * 5 + 5).all(|p| r.kept_history.contains(&p)));
             }
         }
+    }
+}
+
+/// A model call inside a tool loop: the run's input (pinned), `steps` finished steps (a
+/// call and its long output each), the newest step as new input.
+fn tool_loop(steps: usize) -> (Vec<Value>, Vec<Value>) {
+    let step = |i: usize| {
+        vec![
+            json!({"type": "function_call", "call_id": format!("c{i}"), "name": "lookup",
+                   "arguments": format!("{{\"q\": \"thing {i}\"}}")}),
+            json!({"type": "function_call_output", "call_id": format!("c{i}"),
+                   "output": big(60)}),
+        ]
+    };
+    let mut h = vec![user("look up many things")];
+    for i in 0..steps {
+        h.extend(step(i));
+    }
+    (h, step(steps))
+}
+
+#[test]
+fn a_pinned_turn_is_masked_before_any_of_its_steps_is_dropped() {
+    let (h, n) = tool_loop(12);
+    let step_whole = cost(&h[1]) + cost(&h[2]);
+    let mandatory = cost(&h[0]) + n.iter().map(cost).sum::<u64>();
+    let pinned = [0];
+    let run = |budget: u64, policy: Policy, pins: &[usize]| {
+        let (g, r, copies) =
+            pack_values_pinned(&h, &n, ENC, &opts(budget, policy), masking(None), pins).unwrap();
+        check(&h, &n, budget, &g, &r, &copies);
+        let d = decisions(&g, &r);
+        let of = |want: Decision| -> Vec<usize> {
+            // steps (by their call's position) with this decision, newest first
+            let mut v: Vec<usize> = d
+                .iter()
+                .filter(|x| x.decision == want && g.units[x.unit].members[0] > 0)
+                .map(|x| (g.units[x.unit].members[0] - 1) / 2)
+                .collect();
+            v.sort_unstable_by(|a, b| b.cmp(a));
+            v
+        };
+        (
+            r.clone(),
+            of(Decision::Kept),
+            of(Decision::Masked),
+            d.iter()
+                .find(|x| x.decision == Decision::Masked)
+                .and_then(|x| x.masked_tokens)
+                .unwrap_or(0),
+        )
+    };
+    // Everything fits whole: nothing is masked.
+    let (r, whole, masked, _) = run(mandatory + 12 * step_whole, Policy::Contiguous, &pinned);
+    assert_eq!((whole.len(), masked.len()), (12, 0));
+    assert!(r.masked_units.is_empty());
+    for policy in [Policy::Contiguous, Policy::Greedy] {
+        // Room for five steps whole: every step is kept, the newest whole as far as the
+        // room allows, the others masked.
+        let budget = mandatory + 5 * step_whole;
+        let (r, whole, masked, step_masked) = run(budget, policy, &pinned);
+        assert_eq!(whole.len() + masked.len(), 12, "every call is kept");
+        assert_eq!(whole, (12 - whole.len()..12).rev().collect::<Vec<_>>());
+        assert!(!whole.is_empty() && whole.len() < 5);
+        // Not one more step could be whole.
+        assert!(r.used() - step_masked + step_whole > budget);
+        // Room for six steps masked and a half: the six newest, all masked.
+        let budget = mandatory + 6 * step_masked + step_masked / 2;
+        let (r, whole, masked, _) = run(budget, policy, &pinned);
+        assert!(whole.is_empty(), "{whole:?}");
+        assert_eq!(
+            masked,
+            (6..12).rev().collect::<Vec<_>>(),
+            "the newest, masked"
+        );
+        assert!(r.used() <= budget);
     }
 }
 

@@ -194,6 +194,12 @@ impl PyHistoryIndex {
         self.inner.costs().counted()
     }
 
+    /// Positions whose masked cost the index holds, and those with a masked copy's field
+    /// kept (for tests and debugging).
+    pub(crate) fn _masked_counted(&self) -> (usize, usize) {
+        self.inner.masked_costs().counted()
+    }
+
     /// Why the costs of the snapshot this index was loaded from were not reused (`None`:
     /// they were, or it was not loaded from one).
     #[getter]
