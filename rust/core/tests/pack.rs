@@ -236,7 +236,8 @@ fn the_fill_reports_the_unit_it_stopped_at_and_the_tokens_left_then() {
     let step = cost(&h[1]) + cost(&h[2]);
     let budget = cost(&n[0]) + tail + step + 5;
     // (policy, budget) -> (stop at position, tokens left then, remaining after the fill)
-    let table: [(Policy, u64, Option<(usize, u64, u64)>); 4] = [
+    type Expected = Option<(usize, u64, u64)>;
+    let table: [(Policy, u64, Expected); 4] = [
         (Policy::Contiguous, budget, Some((0, 5, 5 + step))),
         (Policy::Greedy, budget, Some((0, 5, 5 + step))),
         (Policy::Contiguous, budget + 1000, None),
