@@ -200,6 +200,7 @@ async def main(db: str) -> None:
     # per-call filter (every model call of the run, instructions and tools counted).
     config: RunConfig = session.run_config(
         builder,
+        agent=agent,  # its instructions and tools are counted in each turn's plan too
         system_prompt="Answer from the recalled contract.",
         on_call=calls.append,
         tracing_disabled=True,

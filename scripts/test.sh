@@ -11,7 +11,8 @@
 #           session tests on ProtoPromptSession (the conformance job), plus stubtest
 #           (scripts/lint.sh, on the installed wheel) and the benchmarks with the first line;
 #           against PostgreSQL and redis-server that scripts/services.sh installs (apt-get,
-#           when missing) and starts on 127.0.0.1 for this run (also for the sdist step)
+#           when missing) and starts on 127.0.0.1 for this run (also for the sdist step), and
+#           with headless Chromium for the HTML plan's screenshot (apt-get, when missing)
 #   smoke   the same wheel in fresh venvs of CPython 3.10, 3.12 and 3.13 with no Rust
 #           toolchain on PATH: imports, counts, packs, runs the offline example
 #   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
@@ -120,7 +121,7 @@ step_dist() {
   step "check the sdist: what its build and its tests need is in it"
   local name=protoprompt-$VERSION listing
   listing=$(tar -tzf "$SDIST")
-  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
+  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md DEVELOPING.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
            rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
            benches/reference_tokenizer.py examples/openai_agents_session.py; do
@@ -200,9 +201,30 @@ start_services() {
   SERVICES_STARTED=1
 }
 
+# The browser the HTML plan's test loads its page in (tests/test_plan_html.py): Debian's
+# chromium, installed through apt-get when missing (as root; ~35 s and 124 MB of packages on a
+# fresh Debian 12 machine, nothing when it is there). PROTOPROMPT_REQUIRE_BROWSER=1 turns the
+# test's skip for a missing browser into a failure.
+ensure_browser() {
+  if ! command -v chromium > /dev/null; then
+    step "browser: apt-get install chromium (for the HTML plan's screenshot test)"
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium > /dev/null
+    else
+      echo "chromium is missing and this is not root: install Debian's chromium" >&2
+      return 1
+    fi
+  fi
+  export PROTOPROMPT_BROWSER
+  PROTOPROMPT_BROWSER=$(command -v chromium)
+  export PROTOPROMPT_REQUIRE_BROWSER=1
+}
+
 step_python() {
   wheel_path
   start_services
+  ensure_browser
   local sdk venv first=1
   for sdk in $SDK_VERSIONS; do
     venv="$WORK/venv-agents-$sdk"
@@ -245,6 +267,7 @@ step_smoke() {
 step_sdist() {
   wheel_path
   start_services
+  ensure_browser
   local py venv="$WORK/venv-sdist" src="$WORK/sdist-src" sdk=${SDK_VERSIONS%% *}
   py=$(python_for "$SDIST_PYTHON")
   step "sdist: build from source into a fresh venv (CPython $SDIST_PYTHON, Rust on PATH)"

@@ -54,6 +54,7 @@ from .packing import (
     item_tokens,
     pack,
 )
+from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
 from .turn_report import TurnReport
 
 if TYPE_CHECKING:
@@ -153,11 +154,41 @@ class ContextPlan:
     """For a turn of a :class:`~protoprompt.integrations.ProtoPromptSession`: how its
     history was read and packed (window or full read and why, index, snapshot, count
     store); ``None`` for a plain :meth:`TokenBudgetedContextBuilder.build`."""
+    reserved_tokens: int = 0
+    """Tokens reserved besides the items (the ``context_tokens`` and ``request`` of
+    :meth:`TokenBudgetedContextBuilder.build`: the agent's instructions, tools and output
+    schema)."""
+    request: RequestCost | None = None
+    """What ``reserved_tokens`` is made of, when the builder was told (a session callback
+    made by ``run_config(agent=...)``, the per-call filter); ``None`` otherwise."""
 
     @property
     def context_tokens(self) -> int:
-        """Tokens of the context message (equal to ``item_tokens(context_message).total``)."""
-        return self.pack.context_tokens
+        """Tokens of the context message (equal to ``item_tokens(context_message).total``;
+        0 without one)."""
+        return self.pack.context_tokens - self.reserved_tokens
+
+    layout: CallLayout | None = None
+    """For the plan of a model call made by the standalone per-call filter: where the run
+    input and the newest step are in the items packed (``None``: a turn planned before its
+    first model call, whose new input is the run input)."""
+
+    @property
+    def sections(self) -> RequestSections:
+        """The request by section (see :mod:`protoprompt.plan`), adding up to :attr:`used`.
+
+        A turn plan is made before the run's first model call: its newest step and earlier
+        steps are empty. The agent's instructions, tools and output schema are counted
+        when the builder was told them (``request``), else they are reserved as a lump
+        (``context_tokens``) or not known here (the per-call filter counts them on every
+        call)."""
+        return request_sections(
+            self.pack,
+            request=self.request,
+            reserved=self.reserved_tokens,
+            context=(self.context_tokens, 1 if self.context_message is not None else 0),
+            call=self.layout,
+        )
 
     @property
     def budget(self) -> int:
@@ -195,18 +226,29 @@ class ContextPlan:
     def dropped_blocks(self) -> list[ContextBlock]:
         return [b for b in self.blocks if not b.kept]
 
-    def explain(self) -> str:
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: a bar of the budget by section, the
+        units along the history as kept / masked / dropped with their reasons on hover, and
+        the context message's blocks (:mod:`protoprompt.plan_html`)."""
+        from .plan_html import plans_to_html
+
+        return plans_to_html(self)
+
+    def explain(self, max_units: int | None = 20) -> str:
         """A readable account: for a session turn how the history was read and packed (see
-        :class:`~protoprompt.TurnReport`), the context blocks, then
-        :meth:`PackResult.explain`."""
+        :class:`~protoprompt.TurnReport`), the request by section (:attr:`sections`), the
+        context message's blocks, then the masked and dropped history units with their
+        reasons (at most ``max_units`` of each; ``None`` lists all)."""
         kept = sum(1 for b in self.blocks if b.kept)
-        role = self.context_message["role"] if self.context_message else "none"
         lines = [] if self.turn is None else self.turn.lines()
-        lines += [
-            f"context: {self.context_tokens} tokens in one {role} message "
-            f"(room {self.context_limit}); {kept} blocks kept, "
-            f"{len(self.blocks) - kept} dropped",
-        ]
+        lines += self.sections.lines()
+        role = self.context_message["role"] if self.context_message else None
+        lines.append(
+            f"context message: {self.context_tokens:,} tokens"
+            + (f" in one {role} message" if role else " (none)")
+            + f", room {self.context_limit:,}; {kept} blocks kept, "
+            f"{len(self.blocks) - kept} dropped"
+        )
         if self.scope is not None:
             lines.append(
                 f"  scope {'/'.join(p for p in self.scope.key() if p)}"
@@ -221,7 +263,8 @@ class ContextPlan:
                 lines.append(f"{'':<12}{_shorten(b.text, 66)!r}")
         if self.calibration is not None:
             lines.append(self.calibration.explain())
-        lines.append(self.pack.explain())
+        where = input_at if self.layout is not None else None
+        lines.extend(self.pack.explain_units(max_units, where=where))
         return "\n".join(lines)
 
 
@@ -699,6 +742,7 @@ class TokenBudgetedContextBuilder:
         session_id: str | None = None,
         turn: int | None = None,
         summary: str | None = None,
+        request: RequestCost | None = None,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -732,6 +776,9 @@ class TokenBudgetedContextBuilder:
                 for "N turns ago" in recalled passages.
             summary: the session's rolling summary of what it evicted (layer
                 ``summary``, within ``summary_tokens``).
+            request: the agent's instructions, tools and output schema in tokens (a
+                :class:`~protoprompt.plan.RequestCost`): reserved like ``context_tokens``
+                (in addition to it) and reported by section in the plan.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -751,6 +798,8 @@ class TokenBudgetedContextBuilder:
             _check_int("turn", turn, minimum=1)
         if summary is not None and not isinstance(summary, str):
             raise TypeError(f"summary must be a str or None, got {type(summary).__name__}")
+        if request is not None and not isinstance(request, RequestCost):
+            raise TypeError(f"request must be a RequestCost or None, got {type(request).__name__}")
         reserve = (
             self.output_reserve
             if output_reserve is None
@@ -779,6 +828,7 @@ class TokenBudgetedContextBuilder:
                 history_offset=history_offset,
                 opaque_scale=opaque_scale,
                 masking=self.masking,
+                request=request,
             )
 
         plan = build_with(pool)
@@ -863,6 +913,7 @@ class TokenBudgetedContextBuilder:
         history_offset: int = 0,
         opaque_scale: float | None = None,
         masking: Masking | None = None,
+        request: RequestCost | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run). ``masking`` is what the pack masks with (``build``
@@ -879,6 +930,8 @@ class TokenBudgetedContextBuilder:
 
         if history_offset and index is None:
             raise ValueError("history_offset needs an index that holds the earlier positions")
+        if request is not None:
+            context_tokens += request.total
         extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
         calibration = self.calibration_state()
         if opaque_scale is not None:
@@ -914,6 +967,8 @@ class TokenBudgetedContextBuilder:
             scope=scope,
             context_limit=assembly.limit,
             calibration=calibration,
+            reserved_tokens=context_tokens,
+            request=request,
         )
         self.last_plan = plan
         return plan

@@ -342,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the RedisSession key prefix (default agents:session)",
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    from ._inspect import add_request_arguments
+
+    add_request_arguments(inspect)
     inspect.set_defaults(run=_run_inspect)
 
     # ---------------------------------------------------------------- count
@@ -474,7 +477,17 @@ def _run_inspect(args: argparse.Namespace) -> int:
         raise _CommandError(str(exc)) from None
     finally:
         stored.close()
+    try:
+        request, request_input = ins.read_request(
+            args.instructions, args.tools, args.request, model=args.model, encoding=args.encoding
+        )
+    except ins.InspectError as exc:
+        raise _CommandError(str(exc)) from None
+    if args.input is not None and request_input is not None:
+        raise _UsageError("give the next turn's input once: --input or the input of --request")
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
+    if request_input is not None:
+        new_input = request_input
     if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
         raise _CommandError("--excerpt-tokens and --mask-after-turns need --masking")
     masking = (
@@ -487,7 +500,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             rows,
             budget=args.budget,
             output_reserve=args.output_reserve,
-            context_tokens=args.context_tokens,
+            context_tokens=args.context_tokens + (request.total if request else 0),
             model=args.model,
             encoding=args.encoding,
             policy=args.policy,
@@ -503,7 +516,15 @@ def _run_inspect(args: argparse.Namespace) -> int:
             except (ValueError, IndexError):
                 hint = ""
         raise _CommandError(f"{exc}{hint}") from None
-    report = ins.report_json(name, args.session, rows, result, new_input)
+    report = ins.report_json(
+        name,
+        args.session,
+        rows,
+        result,
+        new_input,
+        request=request,
+        context_tokens=args.context_tokens,
+    )
     report["next_turn"] = next_turn_window(
         rows.items,
         rows.row_ids,
@@ -516,11 +537,18 @@ def _run_inspect(args: argparse.Namespace) -> int:
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
     )
+    next_lines = render_next_turn(report["next_turn"], len(rows.items))
+    if args.html is not None:
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(ins.report_html(report, next_lines))
+        except OSError as exc:
+            raise _CommandError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     if args.json:
         _print_json(report)
     else:
         print(ins.render_report(report, dropped_only=args.dropped))
-        print("\n".join(render_next_turn(report["next_turn"], len(rows.items))))
+        print("\n".join(next_lines))
     return 0
 
 

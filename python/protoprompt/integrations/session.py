@@ -33,7 +33,8 @@ from ..turn_report import (
     fallback_cost,
     index_outcome,
 )
-from . import _sync, pool
+from . import _sdk, _sync, pool
+from ._agent import agent_request, model_name
 from ._context import (
     LAST_READ,
     MAX_PENDING_CONTEXTS,
@@ -45,6 +46,7 @@ from ._context import (
     is_encrypted_envelope,
 )
 from ._evicted import SessionMemory, called_by_compaction_rewrite
+from ._request import RequestCosts
 from ._sdk import (
     OpenAIConversationsSession,
     RunConfig,
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
 
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from ._sdk import Agent
     from .audit import BudgetAudit
     from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
 
@@ -236,6 +239,34 @@ async def _quietly(what: str, work: Awaitable[Any]) -> None:
         await work
     except Exception as exc:  # noqa: BLE001 - memory upkeep never fails a session call
         _log.warning("protoprompt: %s failed: %s", what, exc)
+
+
+def _default_builder(
+    agent: Any, max_tokens: int | None, model: str | None, output_reserve: int | None
+) -> TokenBudgetedContextBuilder:
+    """``run_config``'s builder without memory, from ``max_tokens`` and the model's name
+    (``model``, else ``agent``'s)."""
+    from ..context import TokenBudgetedContextBuilder
+
+    if max_tokens is None:
+        raise TypeError("run_config() needs a builder, or max_tokens (the budget) to make one")
+    if model is None and agent is not None:
+        if not isinstance(agent, _sdk.Agent):
+            raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
+        model = model_name(agent)
+        if model is None:
+            raise TypeError(
+                f"the model of agent {agent.name!r} has no name to choose a tokenizer by: "
+                "pass model= (e.g. model='gpt-5')"
+            )
+    if model is None:
+        raise TypeError("run_config() needs model= (or agent=) to choose the tokenizer")
+    return TokenBudgetedContextBuilder(
+        None,
+        max_tokens=max_tokens,
+        model=model,
+        output_reserve=0 if output_reserve is None else output_reserve,
+    )
 
 
 class ProtoPromptSession:
@@ -1259,6 +1290,7 @@ class ProtoPromptSession:
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
         on_plan: Callable[[ContextPlan], None] | None = None,
+        agent: Agent[Any] | None = None,
     ) -> SessionInputCallback:
         """A ``session_input_callback`` for ``RunConfig`` that budgets every request.
 
@@ -1278,12 +1310,19 @@ class ProtoPromptSession:
             output_reserve: overrides ``builder.output_reserve``.
             scope: overrides ``builder.scope`` (e.g. one scope per user).
             on_plan: called with each plan (besides ``builder.last_plan``).
+            agent: the agent the runs use: its instructions, tool definitions and output
+                schema are counted (as the per-call filter counts them) and reserved, so the
+                turn's plan is that of the run's first model call (``plan.request``;
+                instructions made per run from its context are left to the filter, and the
+                plan says so). Without it the turn's plan does not know them.
 
         Raises (from the callback, before the model is called):
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
         _check_callback_args(builder, system_prompt, on_plan)
         memory = self._session_memory(builder, scope)
+        if agent is not None and not isinstance(agent, _sdk.Agent):
+            raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):
             # Build the tokenizer while the SDK reads the history, not in the first callback.
@@ -1293,14 +1332,19 @@ class ProtoPromptSession:
             "scope": scope,
             "output_reserve": output_reserve,
         }
+        costs = RequestCosts()
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
             by_runner = called_by_runner()  # before the first await: the caller's frame
             read = LAST_READ.get()
+            call_kwargs = kwargs
+            if agent is not None:
+                request = await agent_request(agent, builder.encoding, costs)
+                call_kwargs = {**kwargs, "request": request}
             plan, evicted = await asyncio.to_thread(
-                self._build_turn, builder, history, new_input, read, kwargs, memory
+                self._build_turn, builder, history, new_input, read, call_kwargs, memory
             )
             if evicted is not None:
                 evicted()  # background work on what the turn evicted; never raises
@@ -1353,8 +1397,11 @@ class ProtoPromptSession:
 
     def run_config(
         self,
-        builder: TokenBudgetedContextBuilder,
+        builder: TokenBudgetedContextBuilder | None = None,
         *,
+        agent: Agent[Any] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
         system_prompt: str = "",
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
@@ -1369,22 +1416,48 @@ class ProtoPromptSession:
         ``session_input_callback`` is :meth:`input_callback` (recalled memory, packed
         history, once per run) and ``call_model_input_filter`` is :meth:`model_input_filter`
         (every model call of the run fits, instructions and tools included). Other
-        ``RunConfig`` fields pass through::
+        ``RunConfig`` fields pass through. Without long-term memory, the budget alone::
 
-            config = session.run_config(builder, system_prompt="Answer from the contract.",
-                                        tracing_disabled=True)
+            config = session.run_config(agent=agent, max_tokens=128_000, output_reserve=8_000)
             result = await Runner.run(agent, question, session=session, run_config=config)
-            config.call_model_input_filter.last_plan.explain()
+            print(config.call_model_input_filter.last_plan.explain())
 
-        ``audit``: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
-        call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
-        ``audit.add_result(result)``, to pair each with the provider's count); with
-        ``builder.calibration`` set, the audit also teaches it.
+        With a :class:`~protoprompt.TokenBudgetedContextBuilder` (memory, masking, policy)::
+
+            config = session.run_config(builder, system_prompt="Answer from the contract.")
+
+        Args:
+            builder: the budget, tokenizer and memory; or leave it out and give
+                ``max_tokens`` (and ``model``, or an ``agent`` whose model is named): a
+                builder without memory is made, with the builder's defaults.
+            agent: the agent the runs use: the model's name is read from it when ``model``
+                is not given, and its instructions, tools and output schema are counted into
+                each turn's plan (see :meth:`input_callback`).
+            max_tokens, model: the budget and the model's name (its tokenizer) of the builder
+                made when ``builder`` is not given.
+            output_reserve: tokens kept free for the answer (overrides the builder's).
+            system_prompt, scope, on_plan: see :meth:`input_callback`.
+            oversized_output, on_call: see :meth:`model_input_filter`.
+            audit: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
+                call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
+                ``audit.add_result(result)``, to pair each with the provider's count); with
+                ``builder.calibration`` set, the audit also teaches it.
 
         Raises:
             TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
-                ``audit`` is not a ``BudgetAudit``.
+                both ``builder`` and ``max_tokens`` / ``model`` are given, or neither a
+                builder nor ``max_tokens``; no model name is given or readable from
+                ``agent``; ``audit`` is not a ``BudgetAudit``.
+            UnknownModelError: ``model`` has no known tokenizer (pass a builder with
+                ``encoding=``).
         """
+        if builder is None:
+            builder = _default_builder(agent, max_tokens, model, output_reserve)
+            output_reserve = None
+        elif max_tokens is not None or model is not None:
+            raise TypeError(
+                "pass either a builder or max_tokens and model (which make one), not both"
+            )
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
                 raise TypeError(
@@ -1396,6 +1469,7 @@ class ProtoPromptSession:
             output_reserve=output_reserve,
             scope=scope,
             on_plan=on_plan,
+            agent=agent,
         )
         if audit is not None:
             from .audit import BudgetAudit

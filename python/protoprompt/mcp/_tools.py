@@ -20,8 +20,6 @@ from ..packing import count_tokens, encoding_for_model
 
 __all__ = ["MemoryLimits", "MemoryToolError", "MemoryTools"]
 
-# The builder's layer names: what a hit would be recalled as (see protoprompt.context).
-_LAYER_OF_KIND = {"fact": "session", "document": "rag", "history": "history"}
 SEARCH_LAYERS = ("memory", "history")
 """What ``memory_search`` searches: ``"memory"`` (facts and document chunks) or
 ``"history"`` (passages of the turns sessions of the scope evicted)."""
@@ -310,28 +308,22 @@ class MemoryTools:
     # ------------------------------------------------------------------ helpers
 
     def _hit(self, rank: int, hit: MemoryHit) -> dict[str, Any]:
+        """A hit as JSON, with :class:`~protoprompt.memory.MemoryHit`'s names (``kind`` is
+        the earlier name of ``layer``, kept for compatibility)."""
         result: dict[str, Any] = {
             "rank": rank,
-            "layer": _LAYER_OF_KIND[hit.kind],
+            "layer": hit.layer,
             "kind": hit.kind,
             "score": hit.score,
             "text": hit.text,
             "inherited": hit.scope != self.scope,
+            "source": hit.source,
+            "memory_id": hit.memory_id,
         }
-        if hit.kind == "fact":
-            result["source"] = f"{_FACT_PREFIX}{hit.fact_id}"
-            result["memory_id"] = hit.fact_id
-        elif hit.kind == "history":
-            meta = hit.metadata
-            result["source"] = (
-                f"history:{meta.get('session_id')}/{meta.get('row')}#{hit.chunk_index}"
-            )
-            result["memory_id"] = None  # kept by the sessions; cleared with them
+        if hit.kind == "history":
             for key in ("session_id", "row", "passage", "turn", "label"):
-                result[key] = meta.get(key)
-        else:
-            result["source"] = f"{hit.doc_id}#{hit.chunk_index}"
-            result["memory_id"] = _DOC_PREFIX + str(hit.doc_id)
+                result[key] = hit.metadata.get(key)
+        elif hit.kind != "fact":
             result["doc_id"] = hit.doc_id
             result["chunk_index"] = hit.chunk_index
             result["span"] = list(hit.span) if hit.span is not None else None

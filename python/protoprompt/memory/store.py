@@ -57,26 +57,35 @@ _RECORD_KINDS = ("document", "fact")
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 
 
+_LAYER_OF_KIND = {"fact": "session", "document": "rag", "history": "history"}
+
+
 @dataclass(frozen=True)
 class MemoryHit:
-    """One search or listing result.
+    """One search or listing result, named as the builder's context blocks and the MCP
+    server's ``memory_search`` results name it: :attr:`layer`, :attr:`source`,
+    :attr:`memory_id`, :attr:`score`, :attr:`text` (and for a document chunk
+    :attr:`doc_id`, :attr:`chunk_index`, :attr:`span`).
 
-    ``score`` is *higher is better* and only comparable within one result list:
-
-    * full-text-only ranking: the engine's relevance, positive, larger is more relevant
-      (``-bm25`` on SQLite, ``ts_rank`` normalised by record length on PostgreSQL);
-    * vector-only ranking: cosine similarity in ``(0, 1]``;
-    * hybrid ranking (both signals had hits): reciprocal-rank-fusion score
-      ``sum(1 / (60 + rank))`` over the FTS and vector rankings;
-    * :meth:`MemoryStore.facts`: the fact's ``importance``.
+    ``score`` (:meth:`MemoryStore.search`) is the hit's relevance relative to the best hit of
+    the same list: the best has 1.0, the others their share of its relevance, in ``(0, 1]``
+    (the engine's relevance: full text, bm25 on SQLite or ``ts_rank`` on PostgreSQL; with an
+    embedder, cosine similarity, or the reciprocal-rank fusion of both rankings). It ranks
+    hits of one list; it is not comparable across queries. :meth:`MemoryStore.facts` lists
+    facts with their ``importance`` as the score.
 
     ``span`` is the ``(start, end)`` character range of a document chunk (or history
     passage) inside the originally indexed text (``text == original[start:end]``); ``None``
     for facts. Document hits carry the document's metadata; fact hits carry
-    ``{"importance": ..., "created_at": ...}``; history hits (``kind == "history"``, see
+    ``{"importance": ..., "created_at": ...}``; history hits (layer ``"history"``, see
     :meth:`MemoryStore.search_history`) carry their row's metadata with ``session_id``,
     ``row``, ``passage``, ``passages`` (of the row) and ``digest``, and the passage number as
     ``chunk_index``.
+
+    ``kind`` (``"fact"`` / ``"document"`` / ``"history"``, the same as :attr:`layer` but for
+    the names of the first two) and ``fact_id`` (a fact's :attr:`memory_id`) are the names of
+    earlier versions, kept for compatibility (soft-deprecated: prefer :attr:`layer` and
+    :attr:`memory_id`).
     """
 
     kind: str
@@ -88,6 +97,35 @@ class MemoryHit:
     scope: MemoryScope
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     span: tuple[int, int] | None = None
+
+    @property
+    def layer(self) -> str:
+        """The context layer the hit is recalled into: ``"session"`` (a fact), ``"rag"``
+        (a document chunk) or ``"history"`` (a passage of an evicted turn)."""
+        return _LAYER_OF_KIND.get(self.kind, self.kind)
+
+    @property
+    def source(self) -> str:
+        """Where the hit comes from, as a context block names it: ``"fact:<fact id>"``,
+        ``"<doc_id>#<chunk_index>"`` or, for a history passage,
+        ``"history:<session_id>/<row>#<passage>"``."""
+        if self.kind == "fact":
+            return f"fact:{self.fact_id}"
+        if self.kind == "history":
+            meta = self.metadata
+            return f"history:{meta.get('session_id')}/{meta.get('row')}#{self.chunk_index}"
+        return f"{self.doc_id}#{self.chunk_index}"
+
+    @property
+    def memory_id(self) -> str | None:
+        """What :meth:`MemoryStore.forget` (and the MCP ``memory_forget`` tool) deletes it
+        by: the fact's id, or ``"doc:<doc_id>"`` for the whole document of a chunk; ``None``
+        for a history passage (kept by its session, cleared with it)."""
+        if self.kind == "fact":
+            return str(self.fact_id)
+        if self.kind == "history":
+            return None
+        return f"doc:{self.doc_id}"
 
 
 class HistoryRecord(NamedTuple):
@@ -555,7 +593,11 @@ class MemoryStore:
                 del vec_ranked[pool:]
 
         best = fuse(text_ranked, vec_ranked, limit)
-        return [self._hit(rows_by_id[rid], score) for rid, score in best]
+        top = best[0][1] if best else 0.0
+        # Relative to the best hit: one scale for every engine and ranking, in (0, 1].
+        return [
+            self._hit(rows_by_id[rid], score / top if top > 0.0 else 1.0) for rid, score in best
+        ]
 
     @staticmethod
     def _hit(row: Row, score: float) -> MemoryHit:
