@@ -115,7 +115,10 @@ class SessionMemory:
             and os.fspath(db) != ":memory:"
         ):
             self._file = (os.fspath(db), str(inner.messages_table))
-        self.by_row_id = session._reader is not None
+        # Rows keyed by their SQLite row id when the session reads them from a file (the
+        # ids only grow); other stores' rows are keyed by position.
+        store = session._store
+        self.by_row_id = store is not None and store.kind == "sqlite" and self._file is not None
         self._summaries: SummaryStore | None = None
         if builder.summarizer is not None and self._file is not None:
             self._summaries = SQLiteSummaryStore(
