@@ -239,6 +239,47 @@ class IndexState:
             self.tag = None
         self.version += 1
 
+    def begin_build(self, keep: int, epoch: int) -> None:
+        """Before a turn builds through the index: keep its first ``keep`` items, the ones
+        that hold for the turn's history (synced at ``epoch``; caller holds the lock)."""
+        if keep < len(self.index) or keep == 0:
+            self.keep(keep)
+            self.generation = epoch
+
+    def measure(self) -> None:
+        """Note the index's size after a build (also a failed one; caller holds the lock)."""
+        self.nbytes = self.index.nbytes
+
+    def end_build(
+        self, epoch: int, added: _sync.RowIds | None, tag: str | None, length: int
+    ) -> bool:
+        """After a turn built through the index: the rows ``added`` to it (``None``: rows
+        not compared) read at ``tag``, synced at ``epoch``. ``False`` when the index does
+        not hold ``length`` items with their row ids: it is then dropped (never reached;
+        caller holds the lock)."""
+        if added is not None:
+            if self.row_ids is None:
+                self.row_ids = array("q")
+            self.row_ids.extend(added)
+            self.tag = tag  # the rows were read at this generation (Redis)
+            self.nbytes += self.row_ids.itemsize * len(self.row_ids)
+        self.generation = epoch
+        self.version += 1
+        if len(self.index) != length or (
+            self.row_ids is not None and len(self.row_ids) != len(self.index)
+        ):
+            self.reset(epoch)
+            return False
+        return True
+
+    def log_once(self, key: str) -> bool:
+        """Whether the fallback ``key`` is logged now: once per stored session."""
+        with self.lock:
+            if key in self.logged:
+                return False
+            self.logged.add(key)
+            return True
+
     def synced(self) -> _sync.Synced:
         return _sync.Synced(len(self.index), self.version, self.generation)
 

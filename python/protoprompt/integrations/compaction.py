@@ -107,7 +107,7 @@ class CompactionTrigger:
         session = self.session
         if session is None:
             run = RUN_INPUT.get()
-            session = run.session if run is not None else None
+            session = run.ledger.session if run is not None else None
         b = self.builder
         scale = b.opaque_scale()
         why: str | None = "no session of this run"

@@ -407,6 +407,8 @@ class ModelInputFilter:
         self.oversized_output: OversizedOutput = oversized_output
         self.output_reserve = builder.output_reserve if output_reserve is None else output_reserve
         self.session = session
+        # The session callback's record of each run: its context message and new input.
+        self._ledger = session.run_ledger if session is not None else None
         self.system_prompt = system_prompt
         self.on_call = on_call
         self.last_plan: ModelCallPlan | None = None
@@ -455,7 +457,7 @@ class ModelInputFilter:
         extras = await self._request.extras(
             data.agent, data.context, instructions, self.builder.encoding
         )
-        token = self.session._current_run() if self.session is not None else None
+        token = self._ledger.current() if self._ledger is not None else None
         run = self._claim(run_span(), data.agent, token)  # a failed call puts no state back
 
         def work() -> ModelCallPlan:
@@ -485,7 +487,7 @@ class ModelInputFilter:
         if extends:
             located = run.run_input
         else:
-            located = self.session._locate_run_input(items) if self.session is not None else None
+            located = self._ledger.locate(items) if self._ledger is not None else None
             if located is None:
                 u = _last_user_message(items, lo)
                 located = (u, u + 1) if u is not None else None
@@ -500,7 +502,7 @@ class ModelInputFilter:
         return pinned, _newest_step_start(items, lo)
 
     def _is_context(self, items: list[Any]) -> bool:
-        return bool(items) and self.session is not None and self.session._is_own_context(items[0])
+        return bool(items) and self._ledger is not None and self._ledger.is_context(items[0])
 
     def _plan(self, items: list[Any], run: Run, extras: RequestExtras) -> ModelCallPlan:
         digests, extends = run.observe(items)
