@@ -18,10 +18,10 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._process import sqlite_gate
 from ..recall import Evictions, Ledger, TurnRows, item_digest
 from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
 from ._sdk import SQLiteSession
@@ -34,61 +34,41 @@ if TYPE_CHECKING:
 _log = logging.getLogger("protoprompt")
 
 _FETCH_CHUNK = 500
-_COMPACTION_FILE = "openai_responses_compaction_session.py"
-_COMPACTION_REWRITES = frozenset(
-    {"_replace_underlying_session_items", "_restore_underlying_session_items"}
-)
-
-
-def called_by_compaction_rewrite(depth: int = 4) -> bool:
-    """Whether the caller of the function calling this (a session's ``clear_session``) runs
-    inside ``OpenAIResponsesCompactionSession``'s replacement of the history (clear, then
-    add the compacted items; 0.22.3 to 0.24.0): a rewrite, not the user's clear, so what
-    the session evicted stays reachable."""
-    frame = sys._getframe(1).f_back
-    for _ in range(depth):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code.co_name in _COMPACTION_REWRITES and code.co_filename.endswith(_COMPACTION_FILE):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def read_rows(db_path: str, table: str, session_id: str, ids: list[int]) -> dict[int, Any]:
     """Items by row id, as ``SQLiteSession.get_items`` decodes them (rows that are not JSON
     are left out), from one read transaction."""
     found: dict[int, Any] = {}
-    conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        for i in range(0, len(ids), _FETCH_CHUNK):
-            chunk = ids[i : i + _FETCH_CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            rows = conn.execute(
-                f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id IN ({marks})',
-                (session_id, *chunk),
-            ).fetchall()
-            for row_id, data in rows:
-                try:
-                    found[int(row_id)] = json.loads(data)
-                except (json.JSONDecodeError, TypeError):
-                    continue
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    with sqlite_gate():  # no fork inside SQLite work (see protoprompt._process)
+        conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            for i in range(0, len(ids), _FETCH_CHUNK):
+                chunk = ids[i : i + _FETCH_CHUNK]
+                marks = ", ".join("?" for _ in chunk)
+                sql = f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id IN '
+                rows = conn.execute(f"{sql}({marks})", (session_id, *chunk)).fetchall()
+                for row_id, data in rows:
+                    try:
+                        found[int(row_id)] = json.loads(data)
+                    except (json.JSONDecodeError, TypeError):
+                        continue
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
     return found
 
 
 def _last_row(db_path: str, table: str, session_id: str) -> int | None:
-    conn = sqlite3.connect(db_path, timeout=5.0)
-    try:
-        row = conn.execute(
-            f'SELECT max(id) FROM "{table}" WHERE session_id = ?', (session_id,)
-        ).fetchone()
-    finally:
-        conn.close()
+    with sqlite_gate():
+        conn = sqlite3.connect(db_path, timeout=5.0)
+        try:
+            row = conn.execute(
+                f'SELECT max(id) FROM "{table}" WHERE session_id = ?', (session_id,)
+            ).fetchone()
+        finally:
+            conn.close()
     return None if row is None or row[0] is None else int(row[0])
 
 

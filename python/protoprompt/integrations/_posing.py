@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from .. import _process
 from ._sdk import SQLiteSession
 
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 _S = TypeVar("_S")
 
-_SQLITE_BACKED: dict[type[Any], type[Any]] = {}
+_SQLITE_BACKED: dict[type[Any], type[Any]] = _process.SQLITE_BACKED.items
 
 
 def sqlite_backed(cls: type[_S], base: type[Any]) -> type[_S]:

@@ -12,10 +12,11 @@ from ..packing import preload
 from . import _sdk
 from ._agent import agent_request, model_name
 from ._context import LAST_READ
+from ._probes import called_by_runner
 from ._request import RequestCosts
 from ._sdk import RunConfig
 from ._turn import build_turn
-from ._window import TURN_ATTR, Turn, called_by_runner
+from ._window import TURN_ATTR, Turn
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder

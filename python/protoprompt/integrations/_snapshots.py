@@ -19,18 +19,17 @@ failed turn.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
-import os
 import sqlite3
 import sys
 import threading
-import weakref
 from array import array
 from typing import Protocol
 
+from .. import _process
+from .._process import sqlite_gate
 from ..errors import SnapshotError
 from ..packing import HistoryIndex
 from . import _sync
@@ -87,7 +86,7 @@ def ids_from_bytes(data: bytes) -> array[int] | None:
 def load(db_path: str, table: str, session_id: str) -> tuple[bytes, bytes] | None:
     """``(row_ids, data)`` of the session's snapshot, or ``None``."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn:
             row = conn.execute(
                 f"SELECT row_ids, data FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
                 (table, session_id),
@@ -111,7 +110,7 @@ def _ensure_table(conn: sqlite3.Connection) -> None:
 def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> str | None:
     """Replace the session's snapshot; why it could not be written, or ``None``."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn, conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
             _ensure_table(conn)
             conn.execute(
                 f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
@@ -126,7 +125,7 @@ def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes)
 def delete(db_path: str, table: str, session_id: str) -> None:
     """Remove the session's snapshot (after ``clear_session``), if there is one."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn, conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
             conn.execute(
                 f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
                 (table, session_id),
@@ -186,7 +185,6 @@ DEFAULT_SNAPSHOT_MIN_ITEMS = 512
 """Default of ``ProtoPromptSession(snapshot_min_items=...)``: histories shorter than this are
 not snapshotted (reading them again takes a few ms)."""
 
-_STATES: weakref.WeakSet[IndexState] = weakref.WeakSet()  # for fork and exit handling
 _SERIALS = itertools.count(1)  # IndexState.serial: never reused in a process
 
 
@@ -216,7 +214,7 @@ class IndexState:
         self.serial = next(_SERIALS)  # tells states apart (ProtoPromptSession._debug_state)
         self.logged: set[str] = set()  # fallbacks logged for this stored session (turn reports)
         self.save_failure: str | None = None  # why the last snapshot write failed (reports)
-        _STATES.add(self)
+        _process.INDEX_STATES.add(self)
 
     def bump(self) -> None:
         self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
@@ -404,17 +402,8 @@ class IndexState:
         self.saver = None
 
 
-def _states_after_fork() -> None:
-    for state in list(_STATES):
-        state.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_states_after_fork)
-
-
-@atexit.register
-def _finish_saves_at_exit() -> None:
-    """Snapshot writers are daemon threads: let one in flight finish (at most 5 s each)."""
-    for state in list(_STATES):
-        state.wait_for_save(timeout=5.0)
+_process.INDEX_STATES.handle(
+    after_fork=IndexState.after_fork,
+    # Snapshot writers are daemon threads: let one in flight finish (at most 5 s each).
+    at_exit=lambda state: state.wait_for_save(timeout=5.0),
+)

@@ -63,19 +63,19 @@ import asyncio
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import _core
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
-from ..packing import PackResult, item_tokens
+from ..packing import PackResult
 from ..plan import CallLayout
 from ._call_plan import ModelCallPlan, TruncatedOutput
+from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._runs import Collapsed, Run, collapse_groups, run_span
 from ._sdk import CallModelData, ModelInputData
-from ._steps import is_model_side, item_field, last_user_message, newest_step_start, water_level
+from ._steps import last_user_message, newest_step_start, water_level
 
 if TYPE_CHECKING:
     from .session import ProtoPromptSession
@@ -375,79 +375,20 @@ class ModelInputFilter:
 
     # ------------------------------------------------------------------ oversized outputs
 
-    def _costs(self, items: Sequence[Any]) -> list[int]:
-        return [item_tokens(x, encoding=self.builder.encoding).total for x in items]
-
-    def _outputs(self, step: list[Any]) -> list[int]:
-        """Indexes (in ``step``) of the tool outputs that may be cut."""
-        return [
-            i
-            for i, x in enumerate(step)
-            if isinstance(x, Mapping)
-            and not is_model_side(x)
-            and "output" in x
-            and str(x.get("type", "")).endswith("_output")
-        ]
-
-    @staticmethod
-    def _tool_name(items: Sequence[Any], call_id: Any) -> str | None:
-        if call_id is None:
-            return None
-        for x in reversed(items):
-            if is_model_side(x) and item_field(x, "call_id") == call_id:
-                name = item_field(x, "name")
-                return name if isinstance(name, str) else item_field(x, "type")
-        return None
-
     def _explained(
         self, exc: TokenBudgetExceededError, items: list[Any], step_start: int, fixed: int
     ) -> TokenBudgetExceededError:
-        """The core's error with the part of the request that overflowed named, in
-        allocation order: instructions and tools, output reserve, context message and run
-        input (``new_input``), then the newest step (``tool_output`` names its largest
-        output and the call it answers)."""
-        if exc.section == "system_prompt":
-            return exc
-        step = items[step_start:]
-        step_costs = self._costs(step)
-        pinned_part = exc.used - sum(step_costs) - fixed - self.output_reserve
-        budget = exc.budget
-        if fixed > budget:
-            return TokenBudgetExceededError(
-                exc.used,
-                budget,
-                "instructions_and_tools",
-                f"the agent's instructions, tool definitions and output schema alone need "
-                f"{fixed} tokens",
-            )
-        if fixed + self.output_reserve > budget:
-            return TokenBudgetExceededError(exc.used, budget, "output_reserve")
-        if fixed + self.output_reserve + pinned_part > budget:
-            return TokenBudgetExceededError(
-                exc.used,
-                budget,
-                "new_input",
-                f"the context message and the run's input need {pinned_part} tokens",
-            )
-        outs = self._outputs(step)
-        if not outs:
-            return TokenBudgetExceededError(
-                exc.used, budget, "step", f"the newest model output needs {sum(step_costs)} tokens"
-            )
-        big = max(outs, key=lambda i: step_costs[i])
-        item = step[big]
-        cid = item_field(item, "call_id")
-        name = self._tool_name(items, cid)
-        detail = (
-            f"{item_field(item, 'type')} at input[{step_start + big}] for call {cid}"
-            f"{' (' + name + ')' if name else ''} needs {step_costs[big]} tokens"
-            + (
-                "; oversized_output='truncate' sends a cut copy"
-                if self.oversized_output == "error"
-                else " and cannot be cut to fit"
-            )
+        """The core's error with the part of the request that overflowed named (see
+        ``_oversized.explained``)."""
+        return explained(
+            exc,
+            items,
+            step_start,
+            fixed,
+            self.output_reserve,
+            self.builder.encoding,
+            self.oversized_output != "error",
         )
-        return TokenBudgetExceededError(exc.used, budget, "tool_output", detail)
 
     def _context_floor(self) -> int:
         """What the standalone filter's context message costs at least: its system prompt
@@ -471,8 +412,8 @@ class ModelInputFilter:
         still overflows. Raises the explained error when they cannot be cut to fit."""
         fixed = extras.total
         step = items[step_start:]
-        outs = self._outputs(step)
-        costs = self._costs(step)
+        outs = tool_outputs(step)
+        costs = step_costs(step, self.builder.encoding)
         out_costs = [costs[i] for i in outs]
         used = exc.used + (self._context_floor() if exc.section != "system_prompt" else 0)
         room = exc.budget - (used - sum(out_costs))
@@ -480,7 +421,7 @@ class ModelInputFilter:
             cap = water_level(out_costs, room) if outs else None
             if cap is None:
                 break
-            cut = self._cut_outputs(items, step_start, step, outs, costs, cap)
+            cut = cut_outputs(items, step_start, step, outs, costs, cap, self.builder.encoding)
             if cut is None:
                 break
             new_step, truncated = cut
@@ -494,42 +435,6 @@ class ModelInputFilter:
                 continue
             return result, context, truncated
         raise self._explained(exc, items, step_start, fixed) from None
-
-    def _cut_outputs(
-        self,
-        items: list[Any],
-        step_start: int,
-        step: list[Any],
-        outs: list[int],
-        costs: list[int],
-        cap: int,
-    ) -> tuple[list[Any], list[TruncatedOutput]] | None:
-        """The step with every output over ``cap`` tokens cut to it (``None``: one cannot
-        be)."""
-        new_step = list(step)
-        cuts: list[TruncatedOutput] = []
-        for i in outs:
-            if costs[i] <= cap:
-                continue
-            fit = _core.fit_output(step[i], cap, encoding=self.builder.encoding)
-            if fit is None:
-                return None
-            copy, tokens, parts_removed, media_removed = fit
-            new_step[i] = copy
-            cid = item_field(step[i], "call_id")
-            cuts.append(
-                TruncatedOutput(
-                    position=step_start + i,
-                    item_type=str(item_field(step[i], "type")),
-                    call_id=cid if isinstance(cid, str) else None,
-                    tool=self._tool_name(items, cid),
-                    original_tokens=costs[i],
-                    sent_tokens=tokens,
-                    parts_removed=parts_removed,
-                    media_removed=media_removed,
-                )
-            )
-        return new_step, cuts
 
 
 def model_input_filter(

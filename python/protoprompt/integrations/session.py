@@ -1,9 +1,14 @@
-"""The session: :class:`ProtoPromptSession`, its budgeted input callback and its model filter.
+"""The session: :class:`ProtoPromptSession`, the SDK's ``Session`` protocol over an inner
+session, with its index of the stored history.
 
-See :mod:`protoprompt.integrations.agents` for the overview; the jobs it relies on live in
-``_context`` (context messages, the hand-off to the callback), ``_sync`` (the row reads and
-the index-sync decision), ``_snapshots`` (the index state and its snapshots), ``pool`` (the
-process-wide index pool), ``_window`` (token windows) and ``_shims`` (inner-session calls).
+See :mod:`protoprompt.integrations.agents` for the overview. The session's other jobs live in
+``_run_hooks`` (its input callback, model filter and ``RunConfig``), ``_turn`` (one turn's
+plan and report), ``_context`` (context messages; the run ledger the callback writes and the
+model filter reads), ``_reads`` and ``_window`` (whole reads and token windows), ``_sync``
+(the row reads and the index-sync decision), ``_snapshots`` (the index state and its
+snapshots), ``pool`` (the process-wide index pool), ``_hooks`` (the optional SDK hooks),
+``_posing`` (posing as an ``SQLiteSession``), ``_options`` (argument checks) and ``_shims``
+(inner-session calls).
 """
 
 from __future__ import annotations
@@ -23,18 +28,19 @@ from ..count_store import RemoteCountStore, SQLiteCountStore
 from . import _sync, pool
 from ._context import LAST_READ, ContextBook, Read, RunLedger, is_encrypted_envelope
 from ._debug import DebugState
-from ._evicted import SessionMemory, called_by_compaction_rewrite
+from ._evicted import SessionMemory
 from ._hooks import InnerHooks
+from ._options import check_inner_session, non_negative_int, off_reasons, positive_int
 from ._posing import sqlite_backed
+from ._probes import SQLITE_VALIDATED_POP, called_by_compaction_rewrite
+from ._reads import read_history
 from ._run_hooks import RunHooks, SessionInputCallback
 from ._sdk import (
-    OpenAIConversationsSession,
     Session,
     SessionSettings,
     SQLiteSession,
 )
 from ._shims import (
-    SQLITE_VALIDATED_POP,
     call,
     coerce_settings,
 )
@@ -61,22 +67,6 @@ Item = Any
 """An input item as the SDK hands it over (a dict in practice)."""
 
 _log = logging.getLogger("protoprompt")
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be at least 0, got {value}")
-    return value
 
 
 async def _quietly(what: str, work: Awaitable[Any]) -> None:
@@ -194,9 +184,9 @@ class ProtoPromptSession(RunHooks, InnerHooks):
     ) -> None:
         if not isinstance(windowed_reads, bool):
             raise TypeError(f"windowed_reads must be a bool, got {type(windowed_reads).__name__}")
-        self._snapshot_min_items = _positive_int("snapshot_min_items", snapshot_min_items)
-        self._shared_index_bytes = _non_negative_int("shared_index_bytes", shared_index_bytes)
-        max_open_readers = _positive_int("max_open_readers", max_open_readers)
+        self._snapshot_min_items = positive_int("snapshot_min_items", snapshot_min_items)
+        self._shared_index_bytes = non_negative_int("shared_index_bytes", shared_index_bytes)
+        max_open_readers = positive_int("max_open_readers", max_open_readers)
         if not isinstance(session_id, str):
             raise TypeError(f"session_id must be a str, got {type(session_id).__name__}")
         if not session_id.strip():
@@ -214,29 +204,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
             self._owns_inner = True
             self._settings: SessionSettings | None = None
         else:
-            if not isinstance(inner_session, Session):
-                raise TypeError(
-                    "inner_session must implement agents.memory.Session, "
-                    f"got {type(inner_session).__name__}"
-                )
-            if isinstance(inner_session, OpenAIConversationsSession):
-                raise ValueError(
-                    "inner_session cannot be an OpenAIConversationsSession: its history lives "
-                    "on the server and the SDK treats that session specially (it would not "
-                    "recognise it behind a wrapper)"
-                )
-            if os.fspath(db_path) != ":memory:":
-                raise ValueError("pass either db_path or inner_session, not both")
-            if (sessions_table, messages_table) != ("agent_sessions", "agent_messages"):
-                raise ValueError(
-                    "sessions_table and messages_table name the tables of the "
-                    "default SQLiteSession; pass them to your inner_session"
-                )
-            inner_id = getattr(inner_session, "session_id", None)
-            if inner_id != session_id:
-                raise ValueError(
-                    f"inner_session.session_id is {inner_id!r} but session_id is {session_id!r}"
-                )
+            check_inner_session(inner_session, session_id, db_path, sessions_table, messages_table)
             self._inner = inner_session
             self._owns_inner = False
             self._settings = settings
@@ -266,21 +234,9 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         # Token windows need the rows with their keys (a store) and the index.
         self._windowed_reads = windowed_reads and self._store is not None
         # Why a fast path is off for good, for the turn reports (turn_report's tables).
-        self._no_window_detail: str | None = None
-        if not windowed_reads:
-            self._no_window = "windowed_reads_off"
-        elif isinstance(opened, Unsupported):
-            self._no_window, self._no_window_detail = opened
-        else:
-            self._no_window = "no_index"
-        if isinstance(opened, Unsupported):
-            self._no_store = (
-                "memory database"
-                if opened.code == "memory_database"
-                else f"the history lives in an inner session ({opened.detail})"
-            )
-        else:
-            self._no_store = "the history is not indexed (incremental=False)"
+        self._no_window, self._no_window_detail, self._no_store = off_reasons(
+            windowed_reads, opened
+        )
         # What the callback produced and the SDK must not store; the runs it starts.
         self._book = ContextBook()
         self._ledger = RunLedger(self, self._book)
@@ -357,48 +313,17 @@ class ProtoPromptSession(RunHooks, InnerHooks):
                     LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
                     return items
                 refused = found
-        restorer: threading.Thread | None = None
-        restored: list[tuple[str, str | None] | None] = []
-        if not state.restore_tried and not windowed:
-            # A stored index snapshot loads while the history is read (another thread).
-            restorer = threading.Thread(
-                target=lambda: restored.append(state.restore()),
-                name="protoprompt-restore",
-                daemon=True,
-            )
-            restorer.start()
-        seen: _sync.Seen | None = None
-        try:
-            if store is not None and not windowed and not closed:
-                # The inner session's own read, with the keys of the rows (see _sync),
-                # compared with the index while the rows are at hand (in a worker thread).
-                monotone = store.monotone
-
-                def look(rows: _sync.Rows) -> _sync.Seen | None:
-                    return state.compare(rows, restorer, monotone=monotone)
-
-                try:
-                    items, seen = await store.read(look)
-                except StoreReadError as exc:
-                    _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
-                    refused = Refused("read_failed", str(exc), refused.snapshot)
-                    items = await call(self._inner.get_items, wrapper=wrapper)
-            elif limit is None:
-                items = await call(self._inner.get_items, wrapper=wrapper)
-            else:
-                items = await call(self._inner.get_items, limit, wrapper=wrapper)
-        finally:
-            if restorer is not None and restorer.is_alive():
-                await asyncio.to_thread(restorer.join)
-        snapshot = refused.snapshot or next((r for r in restored if r is not None), None)
-        facts = _sync.Read(
-            len(items),
-            windowed,
-            epoch,
-            store is not None,
-            seen,
-            not_windowed=(refused.code, refused.detail),
-            snapshot=snapshot,
+        items, facts = await read_history(
+            state,
+            store if not windowed and not closed else None,
+            self._inner,
+            self.session_id,
+            limit=limit,
+            wrapper=wrapper,
+            windowed=windowed,
+            refused=refused,
+            epoch=epoch,
+            has_store=store is not None,
         )
         LAST_READ.set(Read(self, facts))
         return items
