@@ -180,12 +180,12 @@ class ContextBook:
             return len(self._pending)
 
 
-class Read:
+class SessionRead:
     """What one ``get_items`` call returned, for the callback that follows it in the task."""
 
     __slots__ = ("facts", "session")
 
-    def __init__(self, session: ProtoPromptSession, facts: _sync.Read) -> None:
+    def __init__(self, session: ProtoPromptSession, facts: _sync.ReadFacts) -> None:
         self.session = session
         self.facts = facts
 
@@ -252,7 +252,7 @@ RUN_INPUT: contextvars.ContextVar[RunInput | None] = contextvars.ContextVar(
 )
 """Set by the session callback; read by the session's model filter in the same task."""
 
-LAST_READ: contextvars.ContextVar[Read | None] = contextvars.ContextVar(
+LAST_READ: contextvars.ContextVar[SessionRead | None] = contextvars.ContextVar(
     "protoprompt_last_read", default=None
 )
 """Set by ``ProtoPromptSession.get_items``; the SDK calls the input callback next, in the

@@ -29,18 +29,18 @@ async def read_history(
     *,
     limit: int | None,
     wrapper: Any,
-    windowed: bool,
+    limited: bool,
     refused: Refused,
     epoch: int,
     has_store: bool,
-) -> tuple[list[Any], _sync.Read]:
-    """The items and the facts of the read (see ``_sync.Read``). ``store``: read the rows
+) -> tuple[list[Any], _sync.ReadFacts]:
+    """The items and the facts of the read (see ``_sync.ReadFacts``). ``store``: read the rows
     through it (``None``: through ``inner.get_items``, with ``limit``); ``has_store``: the
     session has one; ``refused``: why the read is not a token window; ``epoch``: the
     state's epoch before the read."""
     restorer: threading.Thread | None = None
     restored: list[tuple[str, str | None] | None] = []
-    if not state.restore_tried and not windowed:
+    if not state.restore_tried and not limited:
         # A stored index snapshot loads while the history is read (another thread).
         restorer = threading.Thread(
             target=lambda: restored.append(state.restore()),
@@ -72,13 +72,13 @@ async def read_history(
         if restorer is not None and restorer.is_alive():
             await asyncio.to_thread(restorer.join)
     snapshot = refused.snapshot or next((r for r in restored if r is not None), None)
-    facts = _sync.Read(
+    facts = _sync.ReadFacts(
         len(items),
-        windowed,
+        limited,
         epoch,
         has_store,
         seen,
-        not_windowed=(refused.code, refused.detail),
+        no_window=(refused.code, refused.detail),
         snapshot=snapshot,
     )
     return items, facts

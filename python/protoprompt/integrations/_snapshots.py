@@ -199,7 +199,7 @@ class IndexState:
 
     def __init__(self, snapshot_at: SnapshotStore | None = None) -> None:
         self.index = HistoryIndex()
-        self.generation = -1  # the epoch the index was synced at
+        self.synced_epoch = -1  # the epoch the index was synced at
         self.row_ids: _sync.RowIds | None = None
         self.tag: str | None = None
         self.version = 0
@@ -219,9 +219,9 @@ class IndexState:
     def bump(self) -> None:
         self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
 
-    def reset(self, generation: int) -> None:
+    def reset(self, synced_epoch: int) -> None:
         self.keep(0)
-        self.generation = generation
+        self.synced_epoch = synced_epoch
 
     def keep(self, length: int) -> None:
         """Keep the first ``length`` items of the index (and of ``row_ids``)."""
@@ -242,7 +242,7 @@ class IndexState:
         that hold for the turn's history (synced at ``epoch``; caller holds the lock)."""
         if keep < len(self.index) or keep == 0:
             self.keep(keep)
-            self.generation = epoch
+            self.synced_epoch = epoch
 
     def measure(self) -> None:
         """Note the index's size after a build (also a failed one; caller holds the lock)."""
@@ -261,7 +261,7 @@ class IndexState:
             self.row_ids.extend(added)
             self.tag = tag  # the rows were read at this generation (Redis)
             self.nbytes += self.row_ids.itemsize * len(self.row_ids)
-        self.generation = epoch
+        self.synced_epoch = epoch
         self.version += 1
         if len(self.index) != length or (
             self.row_ids is not None and len(self.row_ids) != len(self.index)
@@ -279,7 +279,7 @@ class IndexState:
             return True
 
     def synced(self) -> _sync.Synced:
-        return _sync.Synced(len(self.index), self.version, self.generation)
+        return _sync.Synced(len(self.index), self.version, self.synced_epoch)
 
     def compare(
         self,
@@ -333,7 +333,7 @@ class IndexState:
             self.row_ids = row_ids
             self.tag = tag
             self.version += 1
-            self.generation = self.epoch
+            self.synced_epoch = self.epoch
             self.saved_len = len(index)
             self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
             return ("loaded", f"{len(index):,} items")
@@ -397,7 +397,7 @@ class IndexState:
             self.row_ids = None
             self.tag = None
             self.version += 1
-            self.generation = -1
+            self.synced_epoch = -1
         self.lock = threading.Lock()
         self.saver = None
 

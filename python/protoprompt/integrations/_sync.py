@@ -317,12 +317,12 @@ class Seen:
 
 
 @dataclass(frozen=True)
-class Read:
+class ReadFacts:
     """What one ``get_items`` returned."""
 
     count: int
     """Items returned."""
-    windowed: bool
+    limited: bool
     """Only the latest items (a ``limit``, ours or the inner session's)."""
     epoch: int
     """The session's epoch when the read began (pops and clears through session objects)."""
@@ -338,7 +338,7 @@ class Read:
     opaque_scale: float = 1.0
     """For a token window, the calibration of opaque payloads it was found under: the
     turn is packed with the same one (a smaller one could need items before the window)."""
-    not_windowed: tuple[str, str | None] | None = None
+    no_window: tuple[str, str | None] | None = None
     """Why this read is not a token window: a code of ``protoprompt.turn_report.READ_REASONS``
     and more detail (``None`` for a window)."""
     snapshot: tuple[str, str | None] | None = None
@@ -375,7 +375,7 @@ class Plan:
     not used)."""
 
 
-def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Plan:
+def plan(read: ReadFacts | None, synced: Synced, history_len: int, epoch: int) -> Plan:
     """How the callback packs ``history`` (``history_len`` items) after ``read``, with the
     index ``synced`` and the session's current ``epoch``."""
     leave = synced.length
@@ -385,7 +385,7 @@ def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Pla
         if read.seen.version != synced.version:
             return Plan(False, leave, "the index changed after the read", "changed")
         return Plan(True, read.seen.keep, "token window, rows compared", "compared")
-    if read is None or read.windowed or read.count != history_len:
+    if read is None or read.limited or read.count != history_len:
         return Plan(
             False, leave, "not the whole history that the last read returned", "not_the_read"
         )

@@ -51,7 +51,7 @@ class TurnSetup:
     store: HistoryStore | None
     no_store: str
     """Why nothing outlives the process, when there is no store."""
-    window_keep: Callable[[_sync.Read], tuple[int, _sync.RowIds] | None]
+    window_keep: Callable[[_sync.ReadFacts], tuple[int, _sync.RowIds] | None]
     """What of the index still holds for a token window (``_window.window_keep``)."""
 
 
@@ -117,7 +117,7 @@ def _build_indexed(
     builder: TokenBudgetedContextBuilder,
     history: list[Item],
     new_input: list[Item],
-    facts: _sync.Read,
+    facts: _sync.ReadFacts,
     keep: int,
     kwargs: dict[str, Any],
     new_ids: _sync.RowIds | None = None,
@@ -156,7 +156,7 @@ def _build_indexed(
     return plan
 
 
-def _window_kept(setup: TurnSetup, facts: _sync.Read) -> tuple[int, _sync.RowIds]:
+def _window_kept(setup: TurnSetup, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds]:
     """For a token window whose index changed after the read (caller holds the state's
     lock): how much of the index still holds and the ids of the window's rows after it.
     The window holds only the newest items: the index must hold the rest, also when
@@ -176,7 +176,7 @@ def build_turn(
     builder: TokenBudgetedContextBuilder,
     history: list[Item],
     new_input: list[Item],
-    facts: _sync.Read | None,
+    facts: _sync.ReadFacts | None,
     kwargs: dict[str, Any],
     memory: SessionMemory | None = None,
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
@@ -248,7 +248,7 @@ def build_turn(
 
 
 def _read_mode(
-    setup: TurnSetup, facts: _sync.Read
+    setup: TurnSetup, facts: _sync.ReadFacts
 ) -> tuple[ReadMode, str | None, str | None, int | None]:
     """How the read behind a turn went: its mode, reason, detail and the window's row."""
     if facts.offset and facts.window_ids is not None:
@@ -256,8 +256,8 @@ def _read_mode(
         keyed = setup.store is not None and setup.store.kind == "redis"
         row = facts.offset if keyed else int(facts.window_ids[0])
         return "window", None, facts.widened, row
-    reason, detail = facts.not_windowed or (None, None)
-    return ("limit" if facts.windowed else "full"), reason, detail, None
+    reason, detail = facts.no_window or (None, None)
+    return ("limit" if facts.limited else "full"), reason, detail, None
 
 
 def _store_state(
@@ -277,7 +277,7 @@ def _store_state(
 def turn_report(
     setup: TurnSetup,
     plan: ContextPlan,
-    facts: _sync.Read | None,
+    facts: _sync.ReadFacts | None,
     history_len: int,
     index: tuple[IndexMode, str | None],
     held_kept: tuple[int, int],

@@ -87,7 +87,7 @@ def opaque_scale_of(builder: Any) -> float:
 
 async def read_window(
     state: IndexState, store: HistoryStore, session_id: str, turn: Turn, new_items: list[Any]
-) -> tuple[list[Any], _sync.Read] | Refused:
+) -> tuple[list[Any], _sync.ReadFacts] | Refused:
     """The newest items the turn's budget can reach and what the callback needs to pack
     them as the whole history, or why the whole history must be read (``Refused``): no
     index synced with the rows, the greedy policy, a gone row, rows changed before the
@@ -178,7 +178,7 @@ async def read_window(
     window_ids = array("q", expected)
     window_ids.append(view.last_id)
     seen = _sync.Seen(version, n, tail_rows.ids_from(1), view.tag)
-    facts = _sync.Read(
+    facts = _sync.ReadFacts(
         len(window),
         False,
         0,
@@ -194,7 +194,7 @@ async def read_window(
     return window, facts
 
 
-def window_keep(state: IndexState, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+def window_keep(state: IndexState, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds] | None:
     """For a token window whose index changed after the read (another turn on a shared
     index ran in between): how many index items still hold for the window's history and
     the ids of the window's rows after them, or ``None`` when the rows before the window

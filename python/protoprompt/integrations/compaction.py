@@ -119,7 +119,7 @@ class CompactionTrigger:
                     why = "the session keeps no index"
                 elif n == 0:
                     why = "the session's index is empty"
-                elif state.generation != state.epoch and not _rewrite_pending(state):
+                elif state.synced_epoch != state.epoch and not _rewrite_pending(state):
                     why = "a pop, clear or rewrite since the session's last turn"
                 elif n > len(items):
                     why = "the history is shorter than the session's index"
@@ -148,7 +148,7 @@ def _rewrite_pending(state: Any) -> bool:
     return (
         running is not None
         and running[0] is state
-        and state.generation == running[1]
+        and state.synced_epoch == running[1]
         and state.epoch == running[1] + 1
     )
 

@@ -355,8 +355,8 @@ class ModelInputFilter:
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message
         key = (query, b.scope)
-        if run.pool is None or run.pool[0] != key:
-            run.pool = (key, b._candidates(query, b.scope))
+        if run.candidates is None or run.candidates[0] != key:
+            run.candidates = (key, b._candidates(query, b.scope))
         plan = b._build(
             items,
             step,
@@ -367,7 +367,7 @@ class ModelInputFilter:
             index=run.index,
             pinned=pinned,
             context_tokens=fixed,
-            pool=run.pool[1],
+            pool=run.candidates[1],
             history_len=step_start,
             masking=b.masking,
         )

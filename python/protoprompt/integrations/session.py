@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..calibration import Calibration
 from ..count_store import RemoteCountStore, SQLiteCountStore
 from . import _sync, pool
-from ._context import LAST_READ, ContextBook, Read, RunLedger, is_encrypted_envelope
+from ._context import LAST_READ, ContextBook, RunLedger, SessionRead, is_encrypted_envelope
 from ._debug import DebugState
 from ._evicted import SessionMemory
 from ._hooks import InnerHooks
@@ -290,15 +290,15 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
-        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
+        limited = limit is not None or getattr(self.session_settings, "limit", None) is not None
         closed = getattr(self._inner, "_closed", False)
         # Before the first await: the runner's frame is found on the stack.
-        turn = runner_turn(self) if self._windowed_reads and not windowed and not closed else None
+        turn = runner_turn(self) if self._windowed_reads and not limited and not closed else None
         await self._attach()
         state = self._index_state
         epoch = state.epoch
         store = self._store
-        refused = Refused("session_limit") if windowed else self._refused_window()
+        refused = Refused("session_limit") if limited else self._refused_window()
         if turn is not None:
             # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
             # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
@@ -310,22 +310,22 @@ class ProtoPromptSession(RunHooks, InnerHooks):
                     items, facts = found
                     self._window_reads += 1
                     self._last_window_offset = facts.offset
-                    LAST_READ.set(Read(self, dataclasses.replace(facts, epoch=epoch)))
+                    LAST_READ.set(SessionRead(self, dataclasses.replace(facts, epoch=epoch)))
                     return items
                 refused = found
         items, facts = await read_history(
             state,
-            store if not windowed and not closed else None,
+            store if not limited and not closed else None,
             self._inner,
             self.session_id,
             limit=limit,
             wrapper=wrapper,
-            windowed=windowed,
+            limited=limited,
             refused=refused,
             epoch=epoch,
             has_store=store is not None,
         )
-        LAST_READ.set(Read(self, facts))
+        LAST_READ.set(SessionRead(self, facts))
         return items
 
     def _refused_window(self) -> Refused:
@@ -335,7 +335,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
 
     async def _read_window(
         self, turn: Turn, new_items: list[Any]
-    ) -> tuple[list[Any], _sync.Read] | Refused:
+    ) -> tuple[list[Any], _sync.ReadFacts] | Refused:
         """The token window of this read (see ``_window.read_window``), or why not."""
         if self._store is None:  # pragma: no cover - windowed reads need a store
             return self._refused_window()
@@ -531,7 +531,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
 
     # ------------------------------------------------------------------ the callback
 
-    def _window_keep(self, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+    def _window_keep(self, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds] | None:
         """What of the index still holds for a token window read before the index changed
         (see ``_window.window_keep``; caller holds the state's lock)."""
         return window_keep(self._index_state, facts)
