@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProtoPromptError
@@ -15,6 +15,7 @@ from ..packing import canonical_text
 
 if TYPE_CHECKING:
     from . import _sync
+    from ._snapshots import IndexState
     from .session import ProtoPromptSession
 
 MAX_PENDING_CONTEXTS = 64
@@ -214,11 +215,21 @@ class RunLedger:
     the run now starting in this task (its context message and new input) and the context
     messages the callback produced lately."""
 
-    __slots__ = ("_book", "session")
+    __slots__ = ("_book", "_index", "session")
 
-    def __init__(self, session: ProtoPromptSession, book: ContextBook) -> None:
+    def __init__(
+        self,
+        session: ProtoPromptSession,
+        book: ContextBook,
+        index: Callable[[], tuple[IndexState, bool]],
+    ) -> None:
         self.session = session
         self._book = book
+        self._index = index
+
+    def index(self) -> tuple[IndexState, bool]:
+        """The session's index state now, and whether it keeps one (``incremental``)."""
+        return self._index()
 
     def record(self, key: tuple[str, str] | None, new_input: list[Any], n_items: int) -> None:
         """The callback returned ``n_items`` items for the run starting in this task, ending

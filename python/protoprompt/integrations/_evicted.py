@@ -85,7 +85,8 @@ class SessionMemory:
         self.session = session
         self.builder = builder
         self.evictions = evictions
-        self._scope = scope
+        self.given_scope = scope
+        """The scope the session callback was given (``None``: the builder's)."""
         inner = session.inner_session
         db = getattr(inner, "db_path", None)
         self._file: tuple[str, str] | None = None
@@ -110,7 +111,7 @@ class SessionMemory:
 
     @property
     def scope(self) -> MemoryScope | None:
-        return self._scope if self._scope is not None else self.builder.scope
+        return self.given_scope if self.given_scope is not None else self.builder.scope
 
     def _ledger(self) -> Ledger:
         return self.evictions.ledger(self.session._index_state)

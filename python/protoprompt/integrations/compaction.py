@@ -104,18 +104,18 @@ class CompactionTrigger:
                 "should_trigger_compaction expects the SDK's context with a 'session_items' list"
             )
         limit = self.limit
-        session = self.session
-        if session is None:
+        ledger = self.session.run_ledger if self.session is not None else None
+        if ledger is None:
             run = RUN_INPUT.get()
-            session = run.ledger.session if run is not None else None
+            ledger = run.ledger if run is not None else None
         b = self.builder
         scale = b.opaque_scale()
         why: str | None = "no session of this run"
-        if session is not None:
-            state = session._index_state
+        if ledger is not None:
+            state, incremental = ledger.index()
             with state.lock:
                 n = len(state.index)
-                if not session._incremental:
+                if not incremental:
                     why = "the session keeps no index"
                 elif n == 0:
                     why = "the session's index is empty"

@@ -239,7 +239,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         )
         # What the callback produced and the SDK must not store; the runs it starts.
         self._book = ContextBook()
-        self._ledger = RunLedger(self, self._book)
+        self._ledger = RunLedger(self, self._book, lambda: (self._index_state, self._incremental))
         self._warned_wrapped = False
         self._window_reads = 0
         self._last_window_offset: int | None = None
@@ -435,7 +435,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         if evictions is None:
             return None
         for memory in self._memories:
-            if memory.builder is builder and memory._scope == scope:
+            if memory.builder is builder and memory.given_scope == scope:
                 return memory
         memory = SessionMemory(self, builder, evictions, scope)
         self._memories.append(memory)
