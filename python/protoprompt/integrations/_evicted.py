@@ -29,6 +29,7 @@ from ._sdk import SQLiteSession
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from ._snapshots import IndexState
     from .session import ProtoPromptSession
 
 _log = logging.getLogger("protoprompt")
@@ -81,8 +82,14 @@ class SessionMemory:
         builder: TokenBudgetedContextBuilder,
         evictions: Evictions,
         scope: MemoryScope | None,
+        *,
+        index_state: Callable[[], IndexState],
+        store_kind: str | None,
     ) -> None:
+        """``index_state``: the session's index state now; ``store_kind``: the kind of its
+        history store (``None``: it reads through the inner session)."""
         self.session = session
+        self._index_state = index_state
         self.builder = builder
         self.evictions = evictions
         self.given_scope = scope
@@ -98,8 +105,7 @@ class SessionMemory:
             self._file = (os.fspath(db), str(inner.messages_table))
         # Rows keyed by their SQLite row id when the session reads them from a file (the
         # ids only grow); other stores' rows are keyed by position.
-        store = session._store
-        self.by_row_id = store is not None and store.kind == "sqlite" and self._file is not None
+        self.by_row_id = store_kind == "sqlite" and self._file is not None
         self._summaries: SummaryStore | None = None
         if builder.summarizer is not None and self._file is not None:
             self._summaries = SQLiteSummaryStore(
@@ -114,7 +120,7 @@ class SessionMemory:
         return self.given_scope if self.given_scope is not None else self.builder.scope
 
     def _ledger(self) -> Ledger:
-        return self.evictions.ledger(self.session._index_state)
+        return self.evictions.ledger(self._index_state())
 
     def _summary_store(self, ledger: Ledger) -> SummaryStore | None:
         if self.builder.summarizer is None:
@@ -131,7 +137,7 @@ class SessionMemory:
     def prepare(self, history: Sequence[Any], offset: int) -> dict[str, Any]:
         """The ``build`` keywords of this turn (caller holds the index state's lock when
         the session has an index)."""
-        state = self.session._index_state
+        state = self._index_state()
         ledger = self._ledger()
         index = state.index
 
@@ -184,7 +190,7 @@ class SessionMemory:
             row_ids=row_ids if self.by_row_id else None,
             fetch=fetch,
             summaries=self._summary_store(ledger),
-            epoch=self.session._index_state.epoch,
+            epoch=self._index_state().epoch,
         )
         return self.evictions.observe(ledger, rows)
 

@@ -437,7 +437,14 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         for memory in self._memories:
             if memory.builder is builder and memory.given_scope == scope:
                 return memory
-        memory = SessionMemory(self, builder, evictions, scope)
+        memory = SessionMemory(
+            self,
+            builder,
+            evictions,
+            scope,
+            index_state=lambda: self._index_state,
+            store_kind=None if self._store is None else self._store.kind,
+        )
         self._memories.append(memory)
         return memory
 
