@@ -137,8 +137,9 @@ fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
 pub struct MaskedField {
     /// `"output"` or `"tools"`.
     pub field: &'static str,
-    /// The field's masked value.
-    pub value: Value,
+    /// The field's masked value (shared by every copy of the field: see
+    /// [`MaskedField::detached`]).
+    pub value: Arc<Value>,
     /// The length of the item's own value of the field: characters of a string, elements
     /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
     /// guard against an item changed behind an index).
@@ -164,16 +165,16 @@ impl MaskedField {
     pub fn apply(&self, item: &Value) -> Value {
         let mut copy = item.clone();
         if let Value::Object(map) = &mut copy {
-            map.insert(self.field.to_string(), self.value.clone());
+            map.insert(self.field.to_string(), Value::clone(&self.value));
         }
         copy
     }
 
-    /// A copy of its own (nothing converted yet).
+    /// A copy of its own: the value shared, nothing converted yet.
     pub fn detached(&self) -> MaskedField {
         MaskedField {
             field: self.field,
-            value: self.value.clone(),
+            value: Arc::clone(&self.value),
             original_len: self.original_len,
             cost: self.cost,
             converted: std::sync::OnceLock::new(),
@@ -372,7 +373,7 @@ fn mask_item(
     if ty == "tool_search_output" {
         return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
             field: "tools",
-            value,
+            value: Arc::new(value),
             original_len: map.get("tools").map_or(0, value_len),
             cost: None,
             converted: std::sync::OnceLock::new(),
@@ -419,7 +420,7 @@ fn mask_item(
     };
     Ok(replaced.map(|(value, cost)| MaskedField {
         field: "output",
-        value,
+        value: Arc::new(value),
         original_len: original.as_ref().map_or(0, value_len),
         cost,
         converted: std::sync::OnceLock::new(),
@@ -1277,7 +1278,7 @@ mod tests {
         );
         // The fast path is taken: a planted field under the key is what the next mask gives.
         let planted = MaskedField {
-            value: json!("planted"),
+            value: Arc::new(json!("planted")),
             ..kept.detached()
         };
         MASKED_FIELD_CACHE.insert(key, Some(Arc::new(planted)));

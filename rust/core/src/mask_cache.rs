@@ -174,7 +174,7 @@ mod tests {
     fn field(text: &str) -> Entry {
         Some(Arc::new(MaskedField {
             field: "output",
-            value: Value::String(text.to_string()),
+            value: Arc::new(Value::String(text.to_string())),
             original_len: 100,
             cost: Some(20),
             converted: std::sync::OnceLock::new(),
