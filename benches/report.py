@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 import masking  # noqa: E402
+import retention  # noqa: E402
 
 
 class Progress:
@@ -687,11 +688,13 @@ def write_markdown(
         text = io.StringIO()
         print_counting(counting, out=text)
         parts += ["## Token counting\n", "```\n" + text.getvalue() + "```\n"]
-    # benches/memory_search.py's section is written by that script: keep it.
+    # The sections written by their own runs (benches/memory_search.py, --engines-only):
+    # kept as they are.
     old = Path(path).read_text() if Path(path).exists() else ""
-    begin, end = old.find("<!-- memory-search -->"), old.find("<!-- /memory-search -->")
-    if 0 <= begin < end:
-        parts.append(old[begin : end + len("<!-- /memory-search -->")] + "\n")
+    for marker in ("session-engines", "memory-search"):
+        begin, end = old.find(f"<!-- {marker} -->"), old.find(f"<!-- /{marker} -->")
+        if 0 <= begin < end:
+            parts.append(old[begin : end + len(f"<!-- /{marker} -->")] + "\n")
     Path(path).write_text("\n".join(p.rstrip("\n") + "\n" for p in parts))
 
 
@@ -825,6 +828,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure the masking table only; with --markdown, replace just that section",
     )
+    p.add_argument(
+        "--no-retention",
+        action="store_true",
+        help="skip the retention table (planted facts reaching the request)",
+    )
+    p.add_argument(
+        "--retention-only",
+        action="store_true",
+        help="measure the retention table only; with --markdown, replace just that section",
+    )
+    p.add_argument(
+        "--engines-only",
+        action="store_true",
+        help="measure whole turns on PostgreSQL and Redis only (benches/session_engines.py, "
+        "--sizes; the servers of scripts/services.sh); with --markdown, replace just that "
+        "section",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--markdown", metavar="PATH", help="also write the tables as markdown (benches/README.md)"
@@ -842,6 +862,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.masking_only:
         return masking_only(args)
+    if args.retention_only:
+        return retention_only(args)
+    if args.engines_only:
+        return engines_only(args)
     n_cases = 1 if args.db else len(args.sizes)
     total = (
         n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2))
@@ -850,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
         + (0 if args.no_turns or args.db else n_cases)
         + (0 if args.no_costs else 1)
         + (0 if args.no_masking else n_cases)
+        + (0 if args.no_retention else 1)
     )  # 2 engines x (1, 2 threads, 2 procs)
     progress = Progress(total, enabled=not args.quiet)
     rows: list[dict] = []
@@ -884,6 +909,10 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 progress.step(f"{case.label}: masking, budgets of 5%, 10%, 25% of the history")
                 masked += masking.measure(case, rounds=max(args.rounds, 5))
+        retained: list[dict] = []
+        if not args.no_retention:
+            progress.step(f"retention of planted facts, {retention.N_ITEMS:,} items")
+            retained = retention.measure()
         counting = [] if args.no_counting else measure_counting(args, progress)
         costs = None if args.no_costs else measure_opaque_costs(args, progress)
         sizes = measure_index_sizes(cases)
@@ -934,6 +963,9 @@ def main(argv: list[str] | None = None) -> int:
     if masked:
         print("\nmasking: user turns / tool calls / masked outputs in the request")
         masking.print_rows(masked)
+    if retained:
+        print()
+        retention.print_rows(retained)
     if counting:
         print()
         print_counting(counting)
@@ -950,10 +982,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.markdown:
         write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs, masked)
+        if retained:
+            replace_section(args.markdown, retention_section(retained))
     if args.readme and rows:
         update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
     same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
     met = all(v[2] for t in turns for v in harness.turn_targets(t).values())
+    met = met and retention.target_met(retained)
     return 0 if same and met else 1
 
 
@@ -994,6 +1029,110 @@ def masking_only(args) -> int:
             args.markdown, MASKING_INTRO + "\n" + when + "\n\n" + masking.markdown(rows)
         )
     return 0
+
+
+RETENTION_INTRO = """## Retention of evicted turns
+
+`benches/retention.py`: a generated agentic session of 2,400 items with 20 facts planted in
+its first quarter (10 in user messages, 10 in the middle of tool outputs longer than 2,000
+characters), each asked about by a late question that shares words with it (the next
+turn's new input over the whole history). A fact *reaches the request* when its code is in
+what is sent: kept items (masked copies as sent) or the context message. Budgets: 5% and
+10% of the history's cost plus the question, no output reserve. *drop-only* =
+`masking=None`; *masking* = the builder's default `Masking()`; *masking + recall* = the
+default masking with `recall_evicted=True` through a `ProtoPromptSession` (a first turn
+evicts and indexes in the background; recall within the history layer's default 2,000
+tokens). Target: at least 90% with recall at 10%. Deterministic (seeded history and codes,
+BM25 ranking, no timing).
+"""
+
+
+def retention_section(rows: list[dict]) -> str:
+    import protoprompt
+
+    when = (
+        f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+        f"Python {platform.python_version()}; target "
+        f"{'met' if retention.target_met(rows) else 'MISSED'}."
+    )
+    return RETENTION_INTRO + "\n" + when + "\n\n" + retention.markdown(rows)
+
+
+def retention_only(args) -> int:
+    """``--retention-only``: the retention table (with ``--markdown``, that section only)."""
+    rows = retention.measure()
+    retention.print_rows(rows)
+    if args.markdown:
+        replace_section(args.markdown, retention_section(rows))
+    return 0 if retention.target_met(rows) else 1
+
+
+ENGINES_INTRO = """## Whole SDK turns on PostgreSQL and Redis
+
+`benches/session_engines.py` (`report.py --engines-only`): one session of the agentic mix in
+PostgreSQL (`SQLAlchemySession` through asyncpg) and in Redis (`RedisSession`), on the test
+servers of `scripts/services.sh` (loopback; fsync off), budget 128k. *SDK alone* = the SDK's
+own session and a pass-through callback (`prepare_input_with_session`; *first* from the
+session's construction on); *windowed* = `ProtoPromptSession(inner_session=...,
+windowed_reads=True)`: *first ever* reads and classifies the whole history, *restart* = the
+first turn of a new worker process (the index snapshot and token counts the first one kept
+beside the history), *next* = the turns after it. Each number from a fresh process; the
+SDK's next turn and the restart are medians of 3 processes from 50k items on. *Same
+requests*: every windowed request equals a fresh pack of what the SDK's session returns.
+Targets (issue 26): at 100k items, next >= 50x and restart >= 20x the SDK alone's next turn.
+"""
+
+
+def engines_only(args) -> int:
+    """``--engines-only``: whole turns on PostgreSQL and Redis (``--sizes``)."""
+    import protoprompt
+    import session_engines
+
+    found = session_engines.urls()
+    if not found:
+        print(
+            "no servers: set PROTOPROMPT_TEST_POSTGRES_URL / PROTOPROMPT_TEST_REDIS_URL "
+            '(scripts/services.sh start && eval "$(scripts/services.sh env)")',
+            file=sys.stderr,
+        )
+        return 2
+    rows = session_engines.measure(args.sizes, args.mix, args.seed)
+    session_engines.print_rows(rows)
+    if args.markdown:
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        when = (
+            f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+            f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+            + (f", load average {load[0]:.2f}" if load else "")
+            + f"; {args.mix} mix."
+        )
+        section = (
+            "<!-- session-engines -->\n"
+            + ENGINES_INTRO
+            + "\n"
+            + when
+            + "\n\n"
+            + session_engines.markdown(rows)
+            + "<!-- /session-engines -->\n"
+        )
+        _replace_marked(args.markdown, "session-engines", section)
+    met = all(v[2] for r in rows for v in session_engines.targets(r).values())
+    return 0 if met and all(r["same"] for r in rows) else 1
+
+
+def _replace_marked(path: str, marker: str, section: str) -> None:
+    """Put ``section`` in place of the file's ``<!-- marker -->`` block, or before the
+    memory-search block (or at the end) when it has none."""
+    text = Path(path).read_text()
+    begin, end = text.find(f"<!-- {marker} -->"), text.find(f"<!-- /{marker} -->")
+    if 0 <= begin < end:
+        stop = end + len(f"<!-- /{marker} -->")
+        text = text[:begin] + section.rstrip("\n") + text[stop:]
+    else:
+        at = text.find("<!-- memory-search -->")
+        at = len(text) if at < 0 else at
+        text = text[:at] + section.rstrip("\n") + "\n\n" + text[at:]
+    Path(path).write_text(text)
 
 
 if __name__ == "__main__":

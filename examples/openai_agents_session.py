@@ -10,6 +10,11 @@ profile, session facts and contract clauses, then as much recent history as fits
 new input. Every model call of the turn's tool loop goes through the per-call filter, which
 keeps the whole request — items, the agent's instructions and its tool definitions — within
 the same budget. The session itself stores only what was said — compare the two views below.
+
+What no longer fits stays reachable: the turns a request drops are indexed for recall
+(``recall_evicted``) and folded into a rolling summary by a summarizing model (here another
+scripted model), both in the background; later context messages carry the summary and the
+dropped turns that match the new question.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from openai.types.responses.response_reasoning_item import Summary
 
 from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder, item_tokens
 from protoprompt.integrations import ModelCallPlan, ProtoPromptSession
+from protoprompt.summaries import ModelSummarizer
 
 CONTRACT = """\
 1. Term. This services agreement starts on 1 March 2024 and runs for one year.
@@ -126,7 +132,16 @@ TURNS: list[tuple[str, list[list[Any]]]] = [
             ]
         ],
     ),
+    (
+        "Remind me: how much do we pay per year?",
+        [[assistant_message("12,000 EUR a year, invoiced quarterly.", item_id="msg_6")]],
+    ),
 ]
+
+SUMMARY = (
+    "Alice reviewed the contract: it renews every 1 March unless notice is given 90 days "
+    "before; it costs 12,000 EUR a year, invoiced quarterly, at most +3% per renewal."
+)
 
 
 def short(item: dict[str, Any]) -> str:
@@ -166,7 +181,11 @@ async def main(db: str) -> None:
         model="gpt-5",
         scope=scope,
         output_reserve=150,
-        max_context_tokens=320,
+        max_context_tokens=420,
+        recall_evicted=True,  # dropped turns are indexed and recalled when relevant
+        summarizer=ModelSummarizer(model=ScriptedModel([[assistant_message(SUMMARY)]] * 8)),
+        summarize_every=150,  # tokens of dropped turns that start a summary update
+        summary_tokens=80,
     )
     session = ProtoPromptSession("legal-chat", db, windowed_reads=True)
     model = ScriptedModel([step for _, steps in TURNS for step in steps])
@@ -181,6 +200,7 @@ async def main(db: str) -> None:
     # per-call filter (every model call of the run, instructions and tools counted).
     config: RunConfig = session.run_config(
         builder,
+        agent=agent,  # its instructions and tools are counted in each turn's plan too
         system_prompt="Answer from the recalled contract.",
         on_call=calls.append,
         tracing_disabled=True,
@@ -193,6 +213,7 @@ async def main(db: str) -> None:
     for n, (question, _) in enumerate(TURNS, 1):
         calls.clear()
         result = await Runner.run(agent, question, session=session, run_config=config)
+        await builder.wait_for_background()  # indexing and summary: done off the request
         plan = builder.last_plan
         assert plan is not None
         print(

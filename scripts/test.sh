@@ -11,7 +11,8 @@
 #           session tests on ProtoPromptSession (the conformance job), plus stubtest
 #           (scripts/lint.sh, on the installed wheel) and the benchmarks with the first line;
 #           against PostgreSQL and redis-server that scripts/services.sh installs (apt-get,
-#           when missing) and starts on 127.0.0.1 for this run (also for the sdist step)
+#           when missing) and starts on 127.0.0.1 for this run (also for the sdist step), and
+#           with headless Chromium for the HTML plan's screenshot (apt-get, when missing)
 #   smoke   the same wheel in fresh venvs of CPython 3.10, 3.12 and 3.13 with no Rust
 #           toolchain on PATH: imports, counts, packs, runs the offline example
 #   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
@@ -120,7 +121,7 @@ step_dist() {
   step "check the sdist: what its build and its tests need is in it"
   local name=protoprompt-$VERSION listing
   listing=$(tar -tzf "$SDIST")
-  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md \
+  for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md DEVELOPING.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
            rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
            benches/reference_tokenizer.py examples/openai_agents_session.py; do
@@ -134,12 +135,15 @@ step_dist() {
 
 # ---------------------------------------------------------------------------- SDK conformance
 # The SDK's own session tests (tests/memory/, tests/extensions/memory/test_encrypt_session.py,
-# tests/deferred_session_writes/, tests/test_hitl_session_scenario.py and the session tests of
-# the runner test files), taken from the sdist of the openai-agents version installed in the
-# venv, run with every SQLiteSession they build replaced by ProtoPromptSession
-# (tests/sdk_conformance/protoprompt_conformance.py), without and with our input callback.
-# Skipped tests are listed with their reason at the end of each run. Both modes together take
-# 2-4 min for 0.24.0 and 1.5-2 min for 0.22.3 on the 2-core machine.
+# test_sqlalchemy_session.py and test_redis_session.py, tests/deferred_session_writes/,
+# tests/test_hitl_session_scenario.py and the session tests of the runner test files), taken
+# from the sdist of the openai-agents version installed in the venv, run with every
+# SQLiteSession, SQLAlchemySession and RedisSession they build replaced by ProtoPromptSession
+# over one (tests/sdk_conformance/protoprompt_conformance.py), without and with our input
+# callback: as upstream runs them (SQLite in memory, fakeredis), then the SQLAlchemy and Redis
+# tests once more against the services' PostgreSQL (asyncpg) and redis-server, where the tests
+# allow a real server. Skipped tests are listed with their reason at the end of each run. All
+# modes together take 3-5 min for 0.24.0 and 2-3 min for 0.22.3 on the 2-core machine.
 sdk_conformance() {
   local venv=$1 version src dist
   version=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('openai-agents'))")
@@ -155,7 +159,8 @@ sdk_conformance() {
   rm -rf "$src"
   tar -xzf "$dist/openai_agents-$version.tar.gz" -C "$WORK/sdk-src"
   local tests=()
-  for t in tests/memory tests/extensions/memory/test_encrypt_session.py \
+  local servers=(tests/extensions/memory/test_sqlalchemy_session.py tests/extensions/memory/test_redis_session.py)
+  for t in tests/memory tests/extensions/memory/test_encrypt_session.py "${servers[@]}" \
            tests/deferred_session_writes tests/test_hitl_session_scenario.py \
            tests/test_agent_runner.py tests/test_agent_runner_streamed.py; do
     [ -e "$src/$t" ] && tests+=("$t")
@@ -167,6 +172,13 @@ sdk_conformance() {
       PYTHONPATH="$ROOT/tests/sdk_conformance" \
       "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \
       "${tests[@]}")
+    echo "-- callback $([ $callback = 1 ] && echo on || echo off), on PostgreSQL and redis-server"
+    (cd "$src" && PROTOPROMPT_CONFORMANCE_CALLBACK=$callback \
+      PROTOPROMPT_CONFORMANCE_POSTGRES="${PROTOPROMPT_TEST_POSTGRES_URL/postgresql:/postgresql+asyncpg:}" \
+      PROTOPROMPT_CONFORMANCE_REDIS="${PROTOPROMPT_TEST_REDIS_URL%/*}/15" \
+      PYTHONPATH="$ROOT/tests/sdk_conformance" \
+      "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \
+      "${servers[@]}")
   done
 }
 
@@ -189,9 +201,30 @@ start_services() {
   SERVICES_STARTED=1
 }
 
+# The browser the HTML plan's test loads its page in (tests/test_plan_html.py): Debian's
+# chromium, installed through apt-get when missing (as root; ~35 s and 124 MB of packages on a
+# fresh Debian 12 machine, nothing when it is there). PROTOPROMPT_REQUIRE_BROWSER=1 turns the
+# test's skip for a missing browser into a failure.
+ensure_browser() {
+  if ! command -v chromium > /dev/null; then
+    step "browser: apt-get install chromium (for the HTML plan's screenshot test)"
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium > /dev/null
+    else
+      echo "chromium is missing and this is not root: install Debian's chromium" >&2
+      return 1
+    fi
+  fi
+  export PROTOPROMPT_BROWSER
+  PROTOPROMPT_BROWSER=$(command -v chromium)
+  export PROTOPROMPT_REQUIRE_BROWSER=1
+}
+
 step_python() {
   wheel_path
   start_services
+  ensure_browser
   local sdk venv first=1
   for sdk in $SDK_VERSIONS; do
     venv="$WORK/venv-agents-$sdk"
@@ -234,6 +267,7 @@ step_smoke() {
 step_sdist() {
   wheel_path
   start_services
+  ensure_browser
   local py venv="$WORK/venv-sdist" src="$WORK/sdist-src" sdk=${SDK_VERSIONS%% *}
   py=$(python_for "$SDIST_PYTHON")
   step "sdist: build from source into a fresh venv (CPython $SDIST_PYTHON, Rust on PATH)"

@@ -254,3 +254,112 @@ def session_sides() -> Iterator[Callable[..., SessionSide]]:
     yield make
     for side in made:
         side.close()
+
+
+# ---------------------------------------------------------------------- inner-session engines
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The test redis-server's URL."""
+    return service_url("PROTOPROMPT_TEST_REDIS_URL", "redis-server")
+
+
+SESSION_ENGINES = ["sqlite", "sqlalchemy-sqlite", "postgres-asyncpg", "postgres-psycopg", "redis"]
+"""Where a ProtoPromptSession's history can live with the whole fast path: a SQLite file
+(``SQLiteSession``), ``SQLAlchemySession`` on a SQLite file (aiosqlite) and on PostgreSQL
+(asyncpg and psycopg), and ``RedisSession``."""
+
+
+class SessionEngine:
+    """Inner sessions of one engine for one test: ``proto(sid)`` a ProtoPromptSession over a
+    new inner session (as one worker makes it), ``plain(sid)`` the SDK's own session of the
+    same stored session (another worker without protoprompt). Session ids are unique per
+    test (``sid(name)``); ``close()`` disposes of every engine and client made."""
+
+    def __init__(self, kind: str, tmp_path: Path, url: str) -> None:
+        self.kind = kind
+        self.url = url
+        self.db = str(tmp_path / "sessions.db")
+        self.prefix = f"pp-test-{uuid.uuid4().hex[:12]}"
+        self.tag = uuid.uuid4().hex[:8]
+        self._inners: list[Any] = []
+        self._protos: list[Any] = []
+
+    def sid(self, name: str = "chat") -> str:
+        return f"{name}-{self.tag}"
+
+    def plain(self, sid: str) -> Any:
+        """The SDK's session for ``sid`` (a new engine or client: another worker)."""
+        if self.kind == "sqlite":
+            from agents.memory import SQLiteSession
+
+            inner: Any = SQLiteSession(sid, self.db)
+        elif self.kind == "redis":
+            from agents.extensions.memory import RedisSession
+
+            inner = RedisSession.from_url(sid, url=self.url, key_prefix=self.prefix)
+        else:
+            from agents.extensions.memory import SQLAlchemySession
+
+            inner = SQLAlchemySession.from_url(sid, url=self.url, create_tables=True)
+        self._inners.append(inner)
+        return inner
+
+    def proto(self, sid: str, **options: Any) -> Any:
+        """A ProtoPromptSession for ``sid`` over a new inner session."""
+        from protoprompt.integrations import ProtoPromptSession
+
+        if self.kind == "sqlite":
+            session = ProtoPromptSession(sid, self.db, **options)
+        else:
+            session = ProtoPromptSession(sid, inner_session=self.plain(sid), **options)
+        self._protos.append(session)
+        return session
+
+    async def close(self) -> None:
+        for session in self._protos:
+            session.close()
+        for inner in self._inners:
+            if self.kind == "sqlite":
+                inner.close()
+            elif self.kind == "redis":
+                await inner.close()
+            else:
+                await inner.engine.dispose()
+        if self.kind == "redis":
+            import redis.asyncio as redis
+
+            client = redis.from_url(self.url)
+            try:
+                keys = [k async for k in client.scan_iter(match=f"{self.prefix}:*")]
+                if keys:
+                    await client.delete(*keys)
+            finally:
+                await client.aclose()
+
+
+@pytest.fixture(params=SESSION_ENGINES)
+async def session_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """Each session test runs on every engine of :data:`SESSION_ENGINES` (PostgreSQL and
+    Redis: the test servers of scripts/services.sh)."""
+    pytest.importorskip("agents")
+    kind = str(request.param)
+    if kind == "sqlite":
+        url = ""
+    elif kind == "sqlalchemy-sqlite":
+        pytest.importorskip("aiosqlite")
+        url = f"sqlite+aiosqlite:///{tmp_path / 'sessions.db'}"
+    elif kind == "redis":
+        pytest.importorskip("redis")
+        url = request.getfixturevalue("redis_url")
+    else:
+        driver = kind.removeprefix("postgres-")
+        pytest.importorskip(driver)
+        base = request.getfixturevalue("postgres_url")
+        url = base.replace("postgresql://", f"postgresql+{driver}://", 1)
+    engine = SessionEngine(kind, tmp_path, url)
+    try:
+        yield engine
+    finally:
+        await engine.close()

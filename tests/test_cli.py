@@ -184,9 +184,12 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
         assert ("-" if d.tokens is None else str(d.tokens)) in cells
     assert any("user: Question 3" in row for row in rows)
     assert any("lookup_clause(" in row for row in rows)
-    assert f"budget {budget} tokens (o200k_base, policy contiguous): used {expected.used}" in out
+    assert f"request: {expected.used:,} of {budget:,} tokens (o200k_base)" in out
     kept = len(expected.kept_history)
-    assert f"kept {kept} of {len(history)} history items; dropped {len(history) - kept}" in out
+    assert (
+        f"policy contiguous: kept {kept} of {len(history)} history items; "
+        f"dropped {len(history) - kept}"
+    ) in out
 
     code, out, _ = run_cli(
         capsys,
@@ -199,7 +202,7 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
         "--dropped",
     )
     assert code == 0
-    assert " kept " not in out.split("budget ")[0]
+    assert " kept " not in out.split("request: ")[0]
     assert "over_budget" in out
 
 

@@ -1,21 +1,19 @@
 """ProtoPromptSession over the SDK's other sessions: AdvancedSQLiteSession, SQLAlchemySession
-(SQLite through aiosqlite), EncryptedSession, and RedisSession against a real redis-server
-that the fixture starts on 127.0.0.1 and stops.
+(SQLite through aiosqlite, PostgreSQL through asyncpg), EncryptedSession, and RedisSession
+(PostgreSQL and redis-server: the test servers of scripts/services.sh).
 
-Over these the session takes the plain path (``incremental`` is off: their rows cannot be
-checked the way SQLiteSession's can), so every request is a fresh pack of what the inner
-session returns — also after another writer changed it, or a branch switch.
+Over SQLAlchemySession and RedisSession the session takes the fast path (its store reads
+the rows with their keys, see tests/test_session_engines.py); over the others the plain
+path (``incremental`` is off: their rows cannot be read the way they read them). Either
+way every request is a fresh pack of what the inner session returns — also after another
+writer changed it, or a branch switch.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
+import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,67 +39,10 @@ def lookup(name: str) -> str:
     return f"{name}: " + "found " * 30
 
 
-# ------------------------------------------------------------------ a real redis-server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """A throw-away redis-server on 127.0.0.1 (no persistence), stopped after the module."""
-    server = shutil.which("redis-server")
-    if server is None:
-        if os.environ.get("PROTOPROMPT_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server is not installed (scripts/test.sh installs it)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            server,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "yes",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 # ------------------------------------------------------------------ the inner sessions
 
 
-async def make_inner(kind: str, sid: str, tmp_path: Path, redis_url: str | None) -> Any:
+async def make_inner(kind: str, sid: str, tmp_path: Path, url: str | None) -> Any:
     if kind == "advanced":
         from agents.extensions.memory import AdvancedSQLiteSession
 
@@ -115,22 +56,31 @@ async def make_inner(kind: str, sid: str, tmp_path: Path, redis_url: str | None)
         return SQLAlchemySession.from_url(
             sid, url=f"sqlite+aiosqlite:///{tmp_path}/sa.db", create_tables=True
         )
+    if kind == "postgres":
+        pytest.importorskip("asyncpg")
+        from agents.extensions.memory import SQLAlchemySession
+
+        assert url is not None
+        return SQLAlchemySession.from_url(
+            sid, url=url.replace("postgresql://", "postgresql+asyncpg://", 1), create_tables=True
+        )
     if kind == "encrypted":
         pytest.importorskip("cryptography")
         from agents.extensions.memory import EncryptedSession
 
         return EncryptedSession(sid, SQLiteSession(sid, tmp_path / "enc.db"), "a-key", ttl=600)
-    assert kind == "redis" and redis_url is not None
+    assert kind == "redis" and url is not None
     pytest.importorskip("redis")
     from agents.extensions.memory import RedisSession
 
-    session = RedisSession.from_url(sid, url=redis_url)
+    session = RedisSession.from_url(sid, url=url)
     await session.clear_session()
     return session
 
 
 async def close_inner(kind: str, inner: Any) -> None:
-    if kind == "sqlalchemy":
+    if kind in ("sqlalchemy", "postgres"):
+        await inner.clear_session()
         await inner.engine.dispose()
     elif kind == "redis":
         await inner.clear_session()
@@ -141,14 +91,21 @@ async def close_inner(kind: str, inner: Any) -> None:
         inner.close()
 
 
-KINDS = ["advanced", "sqlalchemy", "encrypted", "redis"]
+KINDS = ["advanced", "sqlalchemy", "postgres", "encrypted", "redis"]
+STORES = {"sqlalchemy", "postgres", "redis"}
+"""The inner sessions whose rows protoprompt reads (the fast path)."""
 
 
 @pytest.fixture
 async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     kind = request.param
-    url = request.getfixturevalue("redis_url") if kind == "redis" else None
-    session = await make_inner(kind, f"chat-{kind}", tmp_path, url)
+    url = None
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_url")
+    session = await make_inner(kind, f"chat-{kind}-{uuid.uuid4().hex[:8]}", tmp_path, url)
+    session._protoprompt_kind = kind
     try:
         yield session
     finally:
@@ -182,9 +139,8 @@ def fresh_request(history: list[Any], text: str, builder: TokenBudgetedContextBu
 @pytest.mark.parametrize("inner", KINDS, indirect=True)
 async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) -> None:
     session = ProtoPromptSession(inner.session_id, inner_session=inner)
-    assert (
-        session._debug_state().incremental is False
-    )  # the plain path: nothing to check rows against
+    # The fast path where protoprompt reads the rows, the plain one elsewhere.
+    assert session._debug_state().incremental is (inner._protoprompt_kind in STORES)
     builder = TokenBudgetedContextBuilder(None, max_tokens=BUDGET)
     callback = session.input_callback(builder, system_prompt=SYSTEM)
     model = ScriptedModel(script())
@@ -250,17 +206,18 @@ async def test_redis_session_keeps_its_data_in_the_server(redis_url: str) -> Non
     pytest.importorskip("redis")
     from agents.extensions.memory import RedisSession
 
-    inner = RedisSession.from_url("durable", url=redis_url)
+    sid = f"durable-{uuid.uuid4().hex[:8]}"
+    inner = RedisSession.from_url(sid, url=redis_url)
     await inner.clear_session()
     try:
-        session = ProtoPromptSession("durable", inner_session=inner)
+        session = ProtoPromptSession(sid, inner_session=inner)
         builder = TokenBudgetedContextBuilder(None, max_tokens=100_000)
         model = ScriptedModel([[assistant_message("stored")]])
         await turn(
             Agent(name="a", model=model), session, session.input_callback(builder), "remember me"
         )
         # A second client of the same server (another worker) sees the turn.
-        other = RedisSession.from_url("durable", url=redis_url)
+        other = RedisSession.from_url(sid, url=redis_url)
         try:
             items = await other.get_items()
             assert items[0] == {"role": "user", "content": "remember me"}

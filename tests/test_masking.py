@@ -63,9 +63,9 @@ def test_masking_keeps_more_turns_within_the_budget_and_explains_it() -> None:
     assert totals.history == r.history_tokens and totals.used == r.used
     assert plain.totals.masked_units == 0 and plain.totals.masking_saved == 0
     text = r.explain()
-    assert f"masked: 5 units (5 tool outputs), {r.masking_saved} tokens saved" in text
+    assert f"masked: 5 units (5 tool outputs), {r.masking_saved:,} tokens saved" in text
     newest = masked[-1]
-    assert f"({newest.tokens} -> {newest.masked_tokens} tokens) -> masked" in text
+    assert f"({newest.tokens:,} -> {newest.masked_tokens:,} tokens): masked" in text
     # The request: the same objects where not masked, new copies of the masked outputs.
     for k, p in enumerate(r.kept_history):
         if p in r.masked:

@@ -663,3 +663,37 @@ def test_the_cli_reads_the_same_token_variable() -> None:
     from protoprompt.mcp import _guard
 
     assert TOKEN_ENV == _guard.TOKEN_ENV == "PROTOPROMPT_MCP_TOKEN"
+
+
+async def test_memory_search_reads_the_history_layer_of_its_scope(store: MemoryStore) -> None:
+    from protoprompt.memory import HistoryRecord
+
+    bob = MemoryScope("acme", user="bob")
+    store.index_history(
+        "chat-1",
+        [
+            HistoryRecord(
+                7,
+                "tool output of lookup: the vault code is 48213",
+                {"turn": 2, "label": "tool output of lookup"},
+            )
+        ],
+        scope=ALICE,
+    )
+    store.index_history("chat-2", [HistoryRecord(1, "user: vault code of bob")], scope=bob)
+    store.remember("the vault is in Zurich", scope=ALICE)
+    async with connect(create_server(store, ALICE, read_only=True)) as client:
+        found = (
+            await client.call("memory_search", {"query": "vault code", "layer": "history"})
+        ).data
+        assert found["layer"] == "history"
+        (hit,) = found["hits"]  # never bob's: the server's scope only
+        assert hit["layer"] == hit["kind"] == "history"
+        assert hit["source"] == "history:chat-1/7#0" and hit["memory_id"] is None
+        assert (hit["session_id"], hit["row"], hit["turn"]) == ("chat-1", 7, 2)
+        assert hit["label"] == "tool output of lookup" and "48213" in hit["text"]
+        # The default searches facts and documents only, as before.
+        plain = (await client.call("memory_search", {"query": "vault code"})).data["hits"]
+        assert [h["kind"] for h in plain] == ["fact"]
+        reply = await client.call("memory_search", {"query": "vault", "layer": "diary"})
+        assert reply.is_error

@@ -141,13 +141,14 @@ def test_the_store_runs_on_postgres_and_redacts_its_url(postgres_schema: NewDb) 
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
             )
         }
-        assert tables == {"pp_mem_meta", "pp_mem_records", "pp_mem_profiles"}
+        assert tables == {"pp_mem_meta", "pp_mem_records", "pp_mem_profiles", "pp_mem_history"}
         indexes = dict(
             conn.execute(
                 "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
             ).fetchall()
         )
         assert "USING gin (tsv)" in indexes["pp_mem_records_tsv"]
+        assert "USING gin (tsv)" in indexes["pp_mem_history_tsv"]
         assert conn.execute("SELECT value FROM pp_mem_meta WHERE key = 'schema'").fetchone() == (
             SCHEMA_VERSION,
         )

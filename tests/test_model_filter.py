@@ -1585,7 +1585,8 @@ async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps
         masked_calls += bool(masked)
         if masked:
             assert plan.pack.masking_saved > 0
-            assert f"masked: {masked} units ({masked} tool outputs)" in plan.explain()
+            units, outputs = ("unit", "output") if masked == 1 else ("units", "outputs")
+            assert f"masked: {masked} {units} ({masked} tool {outputs})" in plan.explain()
             # Not one more step could have been sent whole.
             step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
             newest_masked = max(i for i, w in enumerate(whole) if not w)

@@ -493,7 +493,10 @@ def test_snapshot_ignored_and_index_rebuilt_says_why(tmp_path, new_process) -> N
     t.close()
     with sqlite3.connect(db) as conn:
         data = conn.execute("SELECT data FROM protoprompt_index_snapshots").fetchone()[0]
-        damaged = data[:-10] + bytes(10)
+        # The middle of the index's own section (the end holds the masked costs, an
+        # extension whose damage only drops it).
+        mid = len(data) // 3
+        damaged = data[:mid] + bytes(10) + data[mid + 10 :]
         conn.execute("UPDATE protoprompt_index_snapshots SET data = ?", (damaged,))
     new_process()
     t = Turns(db, max_tokens=3000, windowed_reads=True)

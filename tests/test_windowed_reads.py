@@ -372,8 +372,8 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(
     new_input = [{"role": "user", "content": "what now? " * 5}]
     turn = win.callback._protoprompt_turn  # type: ignore[attr-defined]
 
-    def read() -> tuple[list[Any], Any]:
-        got = win.session._read_window(turn, new_input)
+    async def read() -> tuple[list[Any], Any]:
+        got = await win.session._read_window(turn, new_input)
         assert got is not None and got[1].offset > 0
         return got
 
@@ -389,7 +389,7 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(
         return rechecks[-1]
 
     win.session._window_keep = keep  # type: ignore[method-assign]
-    window, facts = read()
+    window, facts = await read()
     await other.turn(20)  # the shared index now holds more rows, with a new version
     full = json.loads(json.dumps(await win.session.get_items()))[: facts.offset + len(window)]
     sent = await callback(window, facts)
@@ -401,7 +401,7 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(
     ]
     assert len(rechecks) == 1 and rechecks[0] is not None
 
-    window, facts = read()
+    window, facts = await read()
     for _ in range(len(window) + 6):  # past the window's start
         await other.session.pop_item()
     await other.turn(21)

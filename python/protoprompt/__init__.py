@@ -31,6 +31,7 @@ from .errors import (
 from .memory import MemoryHit, MemoryScope, MemoryStore
 from .packing import (
     Decisions,
+    FillStop,
     GraphReport,
     HistoryIndex,
     HistoryWindow,
@@ -53,6 +54,8 @@ from .packing import (
     preload,
     truncate_text,
 )
+from .plan import RequestCost, RequestSections, Section
+from .plan_html import plans_to_html
 from .turn_report import TurnReport
 
 try:
@@ -70,6 +73,7 @@ __all__ = [
     "ContextPlan",
     "CountStore",
     "Decisions",
+    "FillStop",
     "GraphReport",
     "HistoryIndex",
     "HistoryMismatchError",
@@ -88,7 +92,10 @@ __all__ = [
     "Problem",
     "ProtoPromptError",
     "ProtoPromptWarning",
+    "RequestCost",
+    "RequestSections",
     "SQLiteCountStore",
+    "Section",
     "SnapshotError",
     "TokenBudgetExceededError",
     "TokenBudgetedContextBuilder",
@@ -106,6 +113,7 @@ __all__ = [
     "encoding_for_model",
     "item_tokens",
     "pack",
+    "plans_to_html",
     "preload",
     "truncate_text",
 ]

@@ -181,6 +181,17 @@ class HistoryIndex:
         opaque_scale: float = 1.0,
         masking: Masking | None = None,
     ) -> tuple[int, bool, str | None, str | None, int]: ...
+    def user_positions(self, start: int, end: int) -> list[int]: ...
+    def cost_over(
+        self,
+        history: list[Any],
+        appended: Iterable[Mapping[str, Any]],
+        limit: int,
+        *,
+        model: str | None = None,
+        encoding: str | None = None,
+        opaque_scale: float = 1.0,
+    ) -> tuple[int, bool]: ...
     def count_window(
         self,
         history: list[Any],

@@ -14,11 +14,17 @@ The order of allocation is fixed (see ``DESIGN.md``):
    * ``system`` — the system prompt, mandatory: if it alone does not fit,
      :class:`~protoprompt.errors.TokenBudgetExceededError` with ``section="system_prompt"``;
    * ``profile`` — the user profile of the scope, kept whole or dropped whole;
+   * ``summary`` — for a session turn with a ``summarizer``, the rolling summary of the
+     turns the session evicted, within ``summary_tokens``;
    * ``session`` — session facts (``MemoryStore.remember``), relevant ones first;
    * ``rag`` — document chunks ranked against the query;
+   * ``history`` — for a session turn with ``recall_evicted``, passages of the turns the
+     session evicted earlier, ranked against the query, within ``recall_tokens`` and never
+     a row that is in the request (see ``docs/recall.md``);
 
-   profile, facts and chunks are pooled by layer priority, then by relevance, and accepted
-   while they fit; the last accepted fact or chunk may be cut at a word boundary;
+   blocks are pooled by layer priority, then by relevance, and accepted while they fit
+   (and while their layer's own limit allows); the last accepted fact, chunk, summary or
+   passage may be cut at a word boundary;
 3. the newest history units, by the Rust core, in the room that is still left: whole while
    they fit, then (with the builder's ``masking``, on by default) older units with their tool
    outputs cut to short excerpts, then nothing.
@@ -30,8 +36,8 @@ Every decision is recorded in a :class:`ContextPlan` (``builder.last_plan``), wh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _core
 from .calibration import Calibration, CalibrationState
@@ -48,7 +54,12 @@ from .packing import (
     item_tokens,
     pack,
 )
+from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
 from .turn_report import TurnReport
+
+if TYPE_CHECKING:
+    from .recall import Evictions
+    from .summaries import Summarizer
 
 __all__ = [
     "DEFAULT_MASKING",
@@ -59,8 +70,8 @@ __all__ = [
     "latest_user_text",
 ]
 
-Layer = Literal["system", "profile", "session", "rag"]
-LAYERS: tuple[str, ...] = ("system", "profile", "session", "rag")
+Layer = Literal["system", "profile", "summary", "session", "rag", "history"]
+LAYERS: tuple[str, ...] = ("system", "profile", "summary", "session", "rag", "history")
 """The context layers, in their default priority order."""
 
 Embedder = Callable[[list[str]], list[list[float]]]
@@ -71,7 +82,16 @@ DEFAULT_MASKING = Masking()
 TRUNCATION_MARK = " …"
 """Appended to a block that was cut at a word boundary, so the model can tell."""
 
-_SECTION_TAGS = {"profile": "user_profile", "session": "session_facts", "rag": "recalled_documents"}
+_SECTION_TAGS = {
+    "profile": "user_profile",
+    "summary": "summary_of_earlier_turns",
+    "session": "session_facts",
+    "rag": "recalled_documents",
+    "history": "recalled_turns",
+}
+_CAP_NAMES = {"history": "recall_tokens", "summary": "summary_tokens"}
+_EXCLUSION_ROUNDS = 4
+"""Builds at most of one turn that leave out recalled passages found in the request."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +99,13 @@ class ContextBlock:
     """What the builder did with one block of one layer."""
 
     layer: str
-    """``"system"``, ``"profile"``, ``"session"`` or ``"rag"``."""
+    """``"system"``, ``"profile"``, ``"summary"``, ``"session"``, ``"rag"`` or
+    ``"history"``."""
     source: str
-    """Where the block comes from: ``"system_prompt"``, ``"profile"``,
-    ``"fact:<fact_id>"`` or ``"<doc_id>#<chunk_index>"``."""
+    """Where the block comes from: ``"system_prompt"``, ``"profile"``, ``"summary"``,
+    ``"fact:<fact_id>"``, ``"<doc_id>#<chunk_index>"``, or for a recalled passage
+    ``"history:<row>#<passage>"`` (``"history:<session_id>/<row>#<passage>"`` from another
+    session of the scope)."""
     status: str
     """``"kept"``, ``"truncated"`` (kept, cut at a word boundary) or ``"dropped"``."""
     reason: str
@@ -131,11 +154,41 @@ class ContextPlan:
     """For a turn of a :class:`~protoprompt.integrations.ProtoPromptSession`: how its
     history was read and packed (window or full read and why, index, snapshot, count
     store); ``None`` for a plain :meth:`TokenBudgetedContextBuilder.build`."""
+    reserved_tokens: int = 0
+    """Tokens reserved besides the items (the ``context_tokens`` and ``request`` of
+    :meth:`TokenBudgetedContextBuilder.build`: the agent's instructions, tools and output
+    schema)."""
+    request: RequestCost | None = None
+    """What ``reserved_tokens`` is made of, when the builder was told (a session callback
+    made by ``run_config(agent=...)``, the per-call filter); ``None`` otherwise."""
 
     @property
     def context_tokens(self) -> int:
-        """Tokens of the context message (equal to ``item_tokens(context_message).total``)."""
-        return self.pack.context_tokens
+        """Tokens of the context message (equal to ``item_tokens(context_message).total``;
+        0 without one)."""
+        return self.pack.context_tokens - self.reserved_tokens
+
+    layout: CallLayout | None = None
+    """For the plan of a model call made by the standalone per-call filter: where the run
+    input and the newest step are in the items packed (``None``: a turn planned before its
+    first model call, whose new input is the run input)."""
+
+    @property
+    def sections(self) -> RequestSections:
+        """The request by section (see :mod:`protoprompt.plan`), adding up to :attr:`used`.
+
+        A turn plan is made before the run's first model call: its newest step and earlier
+        steps are empty. The agent's instructions, tools and output schema are counted
+        when the builder was told them (``request``), else they are reserved as a lump
+        (``context_tokens``) or not known here (the per-call filter counts them on every
+        call)."""
+        return request_sections(
+            self.pack,
+            request=self.request,
+            reserved=self.reserved_tokens,
+            context=(self.context_tokens, 1 if self.context_message is not None else 0),
+            call=self.layout,
+        )
 
     @property
     def budget(self) -> int:
@@ -165,25 +218,37 @@ class ContextPlan:
 
     @property
     def recalled(self) -> list[ContextBlock]:
-        """Memory blocks (profile, facts, chunks) that made it into the context message."""
+        """Memory blocks (profile, summary, facts, chunks, recalled passages) that made it
+        into the context message."""
         return [b for b in self.blocks if b.kept and b.layer != "system"]
 
     @property
     def dropped_blocks(self) -> list[ContextBlock]:
         return [b for b in self.blocks if not b.kept]
 
-    def explain(self) -> str:
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: a bar of the budget by section, the
+        units along the history as kept / masked / dropped with their reasons on hover, and
+        the context message's blocks (:mod:`protoprompt.plan_html`)."""
+        from .plan_html import plans_to_html
+
+        return plans_to_html(self)
+
+    def explain(self, max_units: int | None = 20) -> str:
         """A readable account: for a session turn how the history was read and packed (see
-        :class:`~protoprompt.TurnReport`), the context blocks, then
-        :meth:`PackResult.explain`."""
+        :class:`~protoprompt.TurnReport`), the request by section (:attr:`sections`), the
+        context message's blocks, then the masked and dropped history units with their
+        reasons (at most ``max_units`` of each; ``None`` lists all)."""
         kept = sum(1 for b in self.blocks if b.kept)
-        role = self.context_message["role"] if self.context_message else "none"
         lines = [] if self.turn is None else self.turn.lines()
-        lines += [
-            f"context: {self.context_tokens} tokens in one {role} message "
-            f"(room {self.context_limit}); {kept} blocks kept, "
-            f"{len(self.blocks) - kept} dropped",
-        ]
+        lines += self.sections.lines()
+        role = self.context_message["role"] if self.context_message else None
+        lines.append(
+            f"context message: {self.context_tokens:,} tokens"
+            + (f" in one {role} message" if role else " (none)")
+            + f", room {self.context_limit:,}; {kept} blocks kept, "
+            f"{len(self.blocks) - kept} dropped"
+        )
         if self.scope is not None:
             lines.append(
                 f"  scope {'/'.join(p for p in self.scope.key() if p)}"
@@ -198,7 +263,8 @@ class ContextPlan:
                 lines.append(f"{'':<12}{_shorten(b.text, 66)!r}")
         if self.calibration is not None:
             lines.append(self.calibration.explain())
-        lines.append(self.pack.explain())
+        where = input_at if self.layout is not None else None
+        lines.extend(self.pack.explain_units(max_units, where=where))
         return "\n".join(lines)
 
 
@@ -269,6 +335,12 @@ class _Candidate:
     text: str
     score: float | None
     truncatable: bool
+    header: str = ""
+    """For a recalled passage: where it came from (rendered before its text)."""
+    digest: str | None = None
+    """For a recalled passage: the digest of its row's rendered text."""
+    row: tuple[str, int] | None = field(default=None, compare=False)
+    """For a recalled passage: (session id, row)."""
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:
@@ -317,6 +389,25 @@ class TokenBudgetedContextBuilder:
             whole units as :func:`protoprompt.pack` does by default. Masked outputs are
             copies in the request only: ``ProtoPromptSession`` never stores them (why this
             default: ``docs/masking.md``).
+        recall_evicted: when a :class:`~protoprompt.integrations.ProtoPromptSession` turn
+            drops history units, index their text in ``store``'s ``history`` layer under the
+            scope (in the background, once per row), and recall the evicted turns of the
+            same session most relevant to each new input into the context message (layer
+            ``history``; see ``docs/recall.md``). Needs a
+            :class:`~protoprompt.memory.MemoryStore` and a scope.
+        recall_limit: most passages recalled per turn.
+        recall_tokens: the ``history`` layer's own limit in the context message (the
+            passages also fit in the room the layers before them leave).
+        recall_other_sessions: also recall evicted turns of the scope's other sessions.
+        summarizer: a :class:`~protoprompt.summaries.Summarizer` (e.g.
+            :class:`~protoprompt.summaries.ModelSummarizer`): a session keeps a rolling
+            summary of the turns it evicted, updated in the background once
+            ``summarize_every`` new tokens were evicted, and each turn's context message
+            carries it (layer ``summary``).
+        summary_tokens: the summary's token limit (asked of the summarizer, and the
+            ``summary`` layer's limit in the context message).
+        summarize_every: tokens of newly evicted text (as rendered for the summarizer)
+            that start a summary update.
 
     Example::
 
@@ -346,6 +437,13 @@ class TokenBudgetedContextBuilder:
         include_parents: bool = False,
         calibration: Calibration | None = None,
         masking: Masking | None = DEFAULT_MASKING,
+        recall_evicted: bool = False,
+        recall_limit: int = 6,
+        recall_tokens: int = 2_000,
+        recall_other_sessions: bool = False,
+        summarizer: Summarizer | None = None,
+        summary_tokens: int = 500,
+        summarize_every: int = 4_000,
     ) -> None:
         if store is not None:
             missing = [
@@ -411,9 +509,54 @@ class TokenBudgetedContextBuilder:
         if masking is not None and not isinstance(masking, Masking):
             raise TypeError(f"masking must be a Masking or None, got {type(masking).__name__}")
         self.masking: Masking | None = masking
+        for name, flag in (
+            ("recall_evicted", recall_evicted),
+            ("recall_other_sessions", recall_other_sessions),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if recall_evicted:
+            for method in ("search_history", "index_history", "history_rows", "forget_history"):
+                if not callable(getattr(store, method, None)):
+                    raise TypeError(
+                        f"recall_evicted needs a MemoryStore (with {method}), "
+                        f"got {type(store).__name__}"
+                    )
+            if "history" not in self.priorities:
+                raise ValueError("recall_evicted needs the 'history' layer in priorities")
+        self.recall_evicted = recall_evicted
+        self.recall_limit = _check_int("recall_limit", recall_limit, minimum=1)
+        self.recall_tokens = _check_int("recall_tokens", recall_tokens, minimum=1)
+        self.recall_other_sessions = recall_other_sessions
+        if summarizer is not None:
+            if not callable(summarizer):
+                raise TypeError(
+                    "summarizer must be an async callable (items, previous summary, token "
+                    f"limit) -> str, got {type(summarizer).__name__}"
+                )
+            if "summary" not in self.priorities:
+                raise ValueError("a summarizer needs the 'summary' layer in priorities")
+        self.summarizer = summarizer
+        self.summary_tokens = _check_int("summary_tokens", summary_tokens, minimum=1)
+        self.summarize_every = _check_int("summarize_every", summarize_every, minimum=1)
+        self._evictions: Evictions | None = None
+        if recall_evicted or summarizer is not None:
+            from .recall import Evictions
+
+            self._evictions = Evictions(self)
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
         that raised)."""
+
+    async def wait_for_background(self, timeout: float | None = None) -> bool:
+        """Wait until the background work on evicted turns started so far is done:
+        indexing for recall (``recall_evicted``) and summary updates (``summarizer``).
+        Returns ``False`` when ``timeout`` seconds passed first. Turns never wait for it;
+        call it before a process or an event loop ends to keep what is in flight (index
+        jobs left over are done by a later turn; a summary update, by a later one)."""
+        if self._evictions is None:
+            return True
+        return await self._evictions.wait(timeout)
 
     @staticmethod
     def _check_priorities(priorities: Iterable[str]) -> tuple[str, ...]:
@@ -461,11 +604,7 @@ class TokenBudgetedContextBuilder:
         """The context text: the system prompt, then one tagged section per layer."""
         parts = [system_prompt] if system_prompt else []
         for layer in self.priorities[1:]:
-            rendered = [
-                _render_block(layer, cand.source, text)
-                for cand, text in accepted
-                if cand.layer == layer
-            ]
+            rendered = [_render_block(cand, text) for cand, text in accepted if cand.layer == layer]
             if not rendered:
                 continue
             tag = _SECTION_TAGS[layer]
@@ -475,12 +614,27 @@ class TokenBudgetedContextBuilder:
 
     # ------------------------------------------------------------------ recall
 
-    def _candidates(self, query: str, scope: MemoryScope | None) -> list[_Candidate]:
-        """Recall candidates from the store, in pool order (priority, then relevance)."""
-        if self.store is None or scope is None:
-            return []
+    def _candidates(
+        self,
+        query: str,
+        scope: MemoryScope | None,
+        *,
+        session_id: str | None = None,
+        turn: int | None = None,
+        summary: str | None = None,
+    ) -> list[_Candidate]:
+        """Recall candidates from the store, in pool order (priority, then relevance); with
+        ``session_id``, the summary and the evicted turns of that session too."""
         by_layer: dict[str, list[_Candidate]] = {}
+        if summary and summary.strip() and "summary" in self.priorities:
+            by_layer["summary"] = [_Candidate("summary", "summary", summary, None, True)]
+        if self.store is None or scope is None:
+            return by_layer.get("summary", [])
         has_terms = any(ch.isalnum() for ch in query)
+        if self.recall_evicted and session_id is not None and has_terms:
+            by_layer["history"] = self._rerank(
+                query, self._recalled(query, scope, session_id, turn)
+            )
         if "profile" in self.priorities:
             profile = self.store.get_profile(scope=scope, include_parents=self.include_parents)
             if profile and profile.strip():
@@ -523,6 +677,36 @@ class TokenBudgetedContextBuilder:
             by_layer["rag"] = self._rerank(query, chunks)
         return [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
 
+    def _recalled(
+        self, query: str, scope: MemoryScope, session_id: str, turn: int | None
+    ) -> list[_Candidate]:
+        """Passages of the evicted turns (of ``session_id``, or of every session of the
+        scope with ``recall_other_sessions``) most relevant to ``query``."""
+        hits = self.store.search_history(
+            query,
+            scope=scope,
+            session_id=None if self.recall_other_sessions else session_id,
+            limit=self.recall_limit,
+            include_parents=self.include_parents,
+        )
+        found = []
+        for h in hits:
+            sid, row = str(h.metadata.get("session_id")), h.metadata.get("row")
+            where = f"{row}" if sid == session_id else f"{sid}/{row}"
+            found.append(
+                _Candidate(
+                    "history",
+                    f"history:{where}#{h.chunk_index}",
+                    h.text,
+                    h.score,
+                    True,
+                    header=_when(h, session_id, turn),
+                    digest=h.metadata.get("digest"),
+                    row=(sid, row) if isinstance(row, int) else None,
+                )
+            )
+        return found
+
     def _rerank(self, query: str, candidates: list[_Candidate]) -> list[_Candidate]:
         """Fuse the store's order with cosine similarity to the query (when an embedder is set)."""
         if self.embedder is None or len(candidates) < 2 or not query.strip():
@@ -555,6 +739,10 @@ class TokenBudgetedContextBuilder:
         context_tokens: int = 0,
         history_offset: int = 0,
         opaque_scale: float | None = None,
+        session_id: str | None = None,
+        turn: int | None = None,
+        summary: str | None = None,
+        request: RequestCost | None = None,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -580,6 +768,17 @@ class TokenBudgetedContextBuilder:
             opaque_scale: the factor of the opaque part of item costs for this build
                 (default: what the builder's calibration says now, 1.0 without one); a
                 token window must be packed with the one it was found under.
+            session_id: the session this turn belongs to: with ``recall_evicted``, its
+                evicted turns are recalled (layer ``history``), never one whose row is in
+                the request (a passage found there is left out and the turn built again).
+                :class:`~protoprompt.integrations.ProtoPromptSession` passes its own.
+            turn: this turn's number in the session (its user messages so far plus one),
+                for "N turns ago" in recalled passages.
+            summary: the session's rolling summary of what it evicted (layer
+                ``summary``, within ``summary_tokens``).
+            request: the agent's instructions, tools and output schema in tokens (a
+                :class:`~protoprompt.plan.RequestCost`): reserved like ``context_tokens``
+                (in addition to it) and reported by section in the plan.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -593,6 +792,14 @@ class TokenBudgetedContextBuilder:
             raise TypeError(f"query must be a str or None, got {type(query).__name__}")
         if scope is not None and not isinstance(scope, MemoryScope):
             raise TypeError(f"scope must be a MemoryScope or None, got {type(scope).__name__}")
+        if session_id is not None and (not isinstance(session_id, str) or not session_id):
+            raise TypeError("session_id must be a non-empty str or None")
+        if turn is not None:
+            _check_int("turn", turn, minimum=1)
+        if summary is not None and not isinstance(summary, str):
+            raise TypeError(f"summary must be a str or None, got {type(summary).__name__}")
+        if request is not None and not isinstance(request, RequestCost):
+            raise TypeError(f"request must be a RequestCost or None, got {type(request).__name__}")
         reserve = (
             self.output_reserve
             if output_reserve is None
@@ -604,21 +811,90 @@ class TokenBudgetedContextBuilder:
         scope = scope if scope is not None else self.scope
         if query is None:
             query = latest_user_text(new_list, history_list)
-        return self._build(
-            history_list,
-            new_list,
-            system_prompt=system_prompt,
-            query=query,
-            scope=scope,
-            reserve=reserve,
-            index=index,
-            pinned=pinned,
-            context_tokens=context_tokens,
-            pool=self._candidates(query, scope),
-            history_offset=history_offset,
-            opaque_scale=opaque_scale,
-            masking=self.masking,
+        pool = self._candidates(query, scope, session_id=session_id, turn=turn, summary=summary)
+
+        def build_with(pool: list[_Candidate]) -> ContextPlan:
+            return self._build(
+                history_list,
+                new_list,
+                system_prompt=system_prompt,
+                query=query,
+                scope=scope,
+                reserve=reserve,
+                index=index,
+                pinned=pinned,
+                context_tokens=context_tokens,
+                pool=pool,
+                history_offset=history_offset,
+                opaque_scale=opaque_scale,
+                masking=self.masking,
+                request=request,
+            )
+
+        plan = build_with(pool)
+        if any(c.layer == "history" for c in pool):
+            plan = self._without_repeats(plan, pool, build_with, history_list, history_offset)
+            self.last_plan = plan
+        return plan
+
+    def _without_repeats(
+        self,
+        plan: ContextPlan,
+        pool: list[_Candidate],
+        build_with: Callable[[list[_Candidate]], ContextPlan],
+        history: list[Any],
+        offset: int,
+    ) -> ContextPlan:
+        """``plan`` built again without the recalled passages whose row is in the request
+        (kept history or new input: compared by the digest of the item's canonical text),
+        until none is; they are reported as dropped blocks."""
+        from .recall import item_digest
+
+        present: dict[int, str | None] = {}  # digest by position
+        new_input = plan.pack.items[len(plan.pack.kept_history) :]
+        new_digests = {item_digest(item) for item in new_input}
+        left_out: dict[str, tuple[_Candidate, str]] = {}
+        rounds = 0
+        while True:
+            recalled = {b.source for b in plan.blocks if b.layer == "history" and b.kept}
+            if not recalled:
+                break
+            digests = set(new_digests)
+            for p in plan.pack.kept_history:
+                if p not in present:
+                    present[p] = item_digest(history[p - offset])
+                digests.add(present[p])
+            repeats = [
+                (c, "its turn is in the request")
+                for c in pool
+                if c.layer == "history" and c.source in recalled and c.digest in digests
+            ]
+            if not repeats:
+                break
+            rounds += 1
+            if rounds > _EXCLUSION_ROUNDS:  # never reached in practice: give the layer up
+                named = {c.source for c, _ in repeats}
+                repeats += [
+                    (c, "left out: recalled turns kept coming back into the request")
+                    for c in pool
+                    if c.layer == "history" and c.source not in named
+                ]
+            for c, why in repeats:
+                left_out[c.source] = (c, why)
+            pool = [c for c in pool if c.source not in left_out]
+            plan = build_with(pool)
+        if not left_out:
+            return plan
+        counts = count_tokens_batch(
+            [_render_block(c, c.text) for c, _ in left_out.values()],
+            model=self.model,
+            encoding=self.encoding,
         )
+        extra = [
+            ContextBlock(c.layer, c.source, "dropped", why, tokens, c.text, c.score)
+            for (c, why), tokens in zip(left_out.values(), counts, strict=True)
+        ]
+        return replace(plan, blocks=[*plan.blocks, *extra])
 
     def _build(
         self,
@@ -637,6 +913,7 @@ class TokenBudgetedContextBuilder:
         history_offset: int = 0,
         opaque_scale: float | None = None,
         masking: Masking | None = None,
+        request: RequestCost | None = None,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run). ``masking`` is what the pack masks with (``build``
@@ -653,6 +930,8 @@ class TokenBudgetedContextBuilder:
 
         if history_offset and index is None:
             raise ValueError("history_offset needs an index that holds the earlier positions")
+        if request is not None:
+            context_tokens += request.total
         extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
         calibration = self.calibration_state()
         if opaque_scale is not None:
@@ -688,6 +967,8 @@ class TokenBudgetedContextBuilder:
             scope=scope,
             context_limit=assembly.limit,
             calibration=calibration,
+            reserved_tokens=context_tokens,
+            request=request,
         )
         self.last_plan = plan
         return plan
@@ -711,53 +992,68 @@ class TokenBudgetedContextBuilder:
             blocks.append(
                 ContextBlock("system", "system_prompt", "kept", "mandatory", cost, system_prompt)
             )
+        caps = {"history": self.recall_tokens, "summary": self.summary_tokens}
+        used: dict[str, int] = {}
         exhausted: str | None = None
-        untried: list[tuple[int, _Candidate]] = []
+        layer_full: dict[str, str] = {}  # layers whose own limit is used up, and why
+        untried: list[tuple[int, _Candidate, str]] = []
         slots: list[ContextBlock | None] = []
         for cand in pool:
-            if exhausted is not None:
-                untried.append((len(slots), cand))
+            full = exhausted or layer_full.get(cand.layer)
+            if full is not None:
+                untried.append((len(slots), cand, full))
                 slots.append(None)
                 continue
+            # A layer with a limit of its own fits within it and within the message's.
+            layer_cap = caps.get(cand.layer)
+            room = limit
+            note = ""
+            if layer_cap is not None and cost + layer_cap - used.get(cand.layer, 0) < limit:
+                room = cost + layer_cap - used.get(cand.layer, 0)
+                note = f" ({_CAP_NAMES[cand.layer]} {layer_cap})"
             trial = self._cost(self._render(system_prompt, [*accepted, (cand, cand.text)]))
             need = trial - cost
-            if trial <= limit:
+            if trial <= room:
                 accepted.append((cand, cand.text))
                 slots.append(
                     ContextBlock(
                         cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score
                     )
                 )
+                used[cand.layer] = used.get(cand.layer, 0) + need
                 cost = trial
                 continue
-            left = limit - cost
+            left = room - cost
             if not cand.truncatable:
                 slots.append(
                     ContextBlock(
                         cand.layer,
                         cand.source,
                         "dropped",
-                        f"does not fit whole: needs {need}, {left} left",
+                        f"does not fit whole: needs {need}, {left} left{note}",
                         need,
                         cand.text,
                         cand.score,
                     )
                 )
                 continue
-            cut = self._truncate(system_prompt, accepted, cand, limit)
+            cut = self._truncate(system_prompt, accepted, cand, room)
             if cut is None:
                 slots.append(
                     ContextBlock(
                         cand.layer,
                         cand.source,
                         "dropped",
-                        f"not even one word fits: {left} tokens left",
+                        f"not even one word fits: {left} tokens left{note}",
                         need,
                         cand.text,
                         cand.score,
                     )
                 )
-                exhausted = "no room left after higher-ranked blocks"
+                if note:
+                    layer_full[cand.layer] = f"no room left in the layer{note}"
+                else:
+                    exhausted = "no room left after higher-ranked blocks"
                 continue
             text, words, total_words, new_cost = cut
             accepted.append((cand, text))
@@ -766,26 +1062,27 @@ class TokenBudgetedContextBuilder:
                     cand.layer,
                     cand.source,
                     "truncated",
-                    f"cut at a word boundary: {words} of {total_words} words fit in {left} tokens",
+                    f"cut at a word boundary: {words} of {total_words} words fit in "
+                    f"{left} tokens{note}",
                     new_cost - cost,
                     text,
                     cand.score,
                 )
             )
+            used[cand.layer] = used.get(cand.layer, 0) + new_cost - cost
             cost = new_cost
-            exhausted = "no room left after the truncated block"
+            if note:
+                layer_full[cand.layer] = (
+                    f"no room left in the layer after the truncated block{note}"
+                )
+            else:
+                exhausted = "no room left after the truncated block"
         if untried:
-            rendered = [_render_block(c.layer, c.source, c.text) for _, c in untried]
+            rendered = [_render_block(c, c.text) for _, c, _ in untried]
             counts = count_tokens_batch(rendered, model=self.model, encoding=self.encoding)
-            for (slot, cand), tokens in zip(untried, counts, strict=True):
+            for (slot, cand, why), tokens in zip(untried, counts, strict=True):
                 slots[slot] = ContextBlock(
-                    cand.layer,
-                    cand.source,
-                    "dropped",
-                    exhausted or "",
-                    tokens,
-                    cand.text,
-                    cand.score,
+                    cand.layer, cand.source, "dropped", why, tokens, cand.text, cand.score
                 )
         blocks.extend(b for b in slots if b is not None)
         text = self._render(system_prompt, accepted)
@@ -818,9 +1115,29 @@ class TokenBudgetedContextBuilder:
         return best
 
 
-def _render_block(layer: str, source: str, text: str) -> str:
-    if layer == "session":
+def _render_block(cand: _Candidate, text: str) -> str:
+    if cand.layer == "session":
         return f"- {text}"
-    if layer == "rag":
-        return f'<chunk source="{source}">\n{text}\n</chunk>'
+    if cand.layer == "rag":
+        return f'<chunk source="{cand.source}">\n{text}\n</chunk>'
+    if cand.layer == "history":
+        return f"<turn {cand.header}>\n{text}\n</turn>"
     return text
+
+
+def _when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
+    """Where a recalled passage came from, as the attributes of its ``<turn>`` tag."""
+    meta = hit.metadata
+    label = meta.get("label")
+    what = f' what="{_attr(label)}"' if isinstance(label, str) and label else ""
+    if meta.get("session_id") != session_id:
+        return f'when="earlier, in session {_attr(str(meta.get("session_id")))}"{what}'
+    then = meta.get("turn")
+    if turn is None or isinstance(then, bool) or not isinstance(then, int) or then >= turn:
+        return f'when="earlier in this session"{what}'
+    ago = turn - then
+    return f'when="earlier in this session, {ago} turn{"s" if ago != 1 else ""} ago"{what}'
+
+
+def _attr(text: str) -> str:
+    return " ".join(text.split()).replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")

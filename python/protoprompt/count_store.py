@@ -39,12 +39,12 @@ import sqlite3
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import Protocol, TypeGuard, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from ._meta import meta_value
 
-__all__ = ["CountStore", "SQLiteCountStore"]
+__all__ = ["CountStore", "RemoteCountStore", "SQLiteCountStore"]
 
 _log = logging.getLogger("protoprompt")
 
@@ -464,3 +464,210 @@ class SQLiteCountStore:
 
     def __repr__(self) -> str:
         return f"<SQLiteCountStore {self.path!r} max_entries={self.max_entries}>"
+
+
+# ------------------------------------------------------------------ counts on a server
+
+_T = TypeVar("_T")
+
+
+class CountIO(Protocol):
+    """Where a :class:`RemoteCountStore` runs its I/O: an event loop of its own (see
+    ``protoprompt.integrations._io``) that threads can wait on."""
+
+    def run(self, make: Callable[[], Awaitable[_T]], timeout: float) -> _T: ...
+
+    def submit(self, make: Callable[[], Awaitable[_T]]) -> Any: ...
+
+
+class CountBackend(Protocol):
+    """A server's table or hash of counts, for :class:`RemoteCountStore` (coroutines run on
+    the store's I/O loop; a failure raises)."""
+
+    async def fetch(self, keys: Sequence[bytes]) -> dict[bytes, tuple[object, object]]:
+        """The stored ``(tokens, mac)`` of those of ``keys`` that are stored."""
+        ...
+
+    async def write(self, rows: Sequence[tuple[bytes, int, bytes]], max_entries: int) -> None:
+        """Store ``(key, tokens, mac)`` rows, then keep at most ``max_entries``."""
+        ...
+
+    async def delete_all(self) -> None: ...
+
+    async def size(self) -> int: ...
+
+
+class RemoteCountStore:
+    """Token counts kept on a database server (PostgreSQL, Redis) beside a session's history:
+    the :class:`SQLiteCountStore` of a deployment with many hosts, made by
+    :class:`~protoprompt.integrations.ProtoPromptSession` for its inner session's engine.
+
+    The same keys, checks and bounds as :class:`SQLiteCountStore` (keyed hashes and counts
+    only, never text; each count stored with a keyed check, a damaged one is a miss; at most
+    ``max_entries``). Reads wait for the server at most ``timeout`` seconds (a failed or slow
+    read counts as misses: the turn counts those items itself); writes are queued and done in
+    the background.
+    """
+
+    DEFAULT_MAX_ENTRIES = SQLiteCountStore.DEFAULT_MAX_ENTRIES
+
+    def __init__(
+        self,
+        backend: CountBackend,
+        secret: bytes,
+        io: CountIO,
+        description: str,
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        timeout: float = 5.0,
+    ) -> None:
+        if len(secret) != 16:
+            raise ValueError("a count store's secret is 16 bytes")
+        self._backend = backend
+        self._secret = bytes(secret)
+        self._io = io
+        self.description = description
+        self.max_entries = max_entries
+        self.timeout = timeout
+        self._pending: list[tuple[bytes, int]] = []
+        self._written: dict[bytes, int] = {}
+        self._writing = threading.Condition()
+        self._busy = False
+        self.read_failures = 0
+        """Reads that failed (their counts were then all made in the process)."""
+        self.write_failures = 0
+        """Writes that failed (those counts are queued again by a later turn)."""
+        self.ignored_counts = 0
+        """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
+        self.last_failure: str | None = None
+        _REMOTE.add(self)
+
+    @property
+    def secret(self) -> bytes:
+        """The database's 16-byte hashing key (read by the core; keep it private)."""
+        return self._secret
+
+    def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
+        if not keys:
+            return []
+        wanted = list(dict.fromkeys(bytes(k) for k in keys))
+        try:
+            found = self._io.run(lambda: self._backend.fetch(wanted), self.timeout)
+        except Exception as e:  # noqa: BLE001 - any failure of the server is a miss
+            _log.debug("protoprompt count store %s: read failed: %s", self.description, e)
+            self.read_failures += 1
+            self.last_failure = f"read failed: {e or type(e).__name__}"
+            return [None] * len(keys)
+        out: list[int | None] = []
+        bad = 0
+        for k in keys:
+            n, mac = found.get(bytes(k), (None, None))
+            if n is None:
+                out.append(None)
+            elif _is_count(n) and type(mac) is bytes and mac == _mac(self._secret, k, n):
+                out.append(n)
+            else:
+                out.append(None)
+                bad += 1
+        if bad:
+            self.ignored_counts += bad
+            self.last_failure = f"{bad} damaged counts ignored"
+        return out
+
+    def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
+        """Queue ``(key, tokens)`` pairs; they are written soon, in the background."""
+        batch = [(bytes(k), int(n)) for k, n in pairs]
+        for k, n in batch:
+            if len(k) != 16 or not _is_count(n):
+                raise ValueError(
+                    f"count store entries are (16-byte key, int >= 0), got ({k!r}, {n!r})"
+                )
+        with self._writing:
+            batch = [(k, n) for k, n in batch if self._written.get(k) != n]
+            if not batch:
+                return
+            for k, n in batch:
+                self._written[k] = n
+            while len(self._written) > min(_REMEMBER_WRITTEN, self.max_entries // 2):
+                del self._written[next(iter(self._written))]
+            self._pending.extend(batch)
+            if self._busy:
+                return
+            self._busy = True
+        try:
+            self._io.submit(self._drain)
+        except Exception:  # noqa: BLE001 - no loop (interpreter exiting): nothing written
+            with self._writing:
+                self._busy = False
+                self._pending.clear()
+                self._writing.notify_all()
+
+    async def _drain(self) -> None:
+        try:
+            while True:
+                with self._writing:
+                    batch, self._pending = self._pending, []
+                    if not batch:
+                        return
+                rows = [(k, n, _mac(self._secret, k, n)) for k, n in batch]
+                try:
+                    await self._backend.write(rows, self.max_entries)
+                except Exception as e:  # noqa: BLE001 - a lost write only costs a recount
+                    _log.debug("protoprompt count store %s: write failed: %s", self.description, e)
+                    self.write_failures += 1
+                    self.last_failure = f"write failed: {e or type(e).__name__}"
+                    with self._writing:
+                        for k, n in batch:
+                            if self._written.get(k) == n:
+                                del self._written[k]
+        finally:
+            with self._writing:
+                self._busy = False
+                self._writing.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued counts are written; ``False`` if ``timeout`` passed first."""
+        with self._writing:
+            return self._writing.wait_for(lambda: not self._busy, timeout)
+
+    def clear(self) -> None:
+        """Delete every stored count of this database (queued ones first written)."""
+        self.flush(timeout=self.timeout)
+        self._io.run(self._backend.delete_all, self.timeout)
+        with self._writing:
+            self._written.clear()
+
+    def entry_count(self) -> int:
+        """Number of stored counts (after :meth:`flush`, including this process's)."""
+        return int(self._io.run(self._backend.size, self.timeout))
+
+    def close(self) -> None:
+        """Write what is queued (up to 5 s)."""
+        self.flush(timeout=5.0)
+
+    def _reset_after_fork(self) -> None:
+        self._writing = threading.Condition()
+        self._pending = []  # the parent writes what it queued
+        self._busy = False
+
+    def __repr__(self) -> str:
+        return f"<RemoteCountStore {self.description} max_entries={self.max_entries}>"
+
+
+_REMOTE: weakref.WeakSet[RemoteCountStore] = weakref.WeakSet()
+
+
+def _remote_after_fork() -> None:
+    for store in list(_REMOTE):
+        store._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_remote_after_fork)
+
+
+@atexit.register
+def _flush_remote_at_exit() -> None:
+    for store in list(_REMOTE):
+        store.flush(timeout=2.0)

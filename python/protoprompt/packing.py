@@ -8,12 +8,22 @@ from typing import Any, Literal, overload
 
 from . import _core
 from .count_store import CountStore
+from .plan import (
+    NO_HISTORY,
+    RequestSections,
+    Section,
+    dropped_note,
+    history_at,
+    masked_note,
+    unit_reason,
+)
 
 __all__ = [
     "OPAQUE_SCALE_MAX",
     "OPAQUE_SCALE_MIN",
     "TRUNCATION_MARKER",
     "Decisions",
+    "FillStop",
     "GraphReport",
     "HistoryIndex",
     "HistoryWindow",
@@ -244,6 +254,33 @@ class ItemCost:
 
 
 @dataclass(frozen=True)
+class FillStop:
+    """The unit at which the newest-first fill first missed (:attr:`PackResult.stop`).
+
+    Under ``policy="contiguous"`` nothing older than it is sent (and nothing older is even
+    counted); under ``"greedy"`` the rest of its turn is dropped and older turns are sent
+    whole when they fit. Newer units of its turn that the fill had taken are dropped after it
+    (``turn_incomplete``), which gives their tokens back: :attr:`PackResult.remaining` can be
+    larger than :attr:`left`.
+    """
+
+    unit: int
+    positions: list[int]
+    """History positions of the unit."""
+    tokens: int | None
+    """Tokens of the unit whole (``None``: not counted, e.g. the fill was already masking)."""
+    masked_tokens: int | None
+    """Tokens of the unit with its tool outputs masked, when that was counted."""
+    left: int
+    """Tokens the fill had left for history when it tried the unit (after the newer units it
+    had taken)."""
+    cause: str
+    """``"whole"`` (the unit whole did not fit), ``"masked"`` (not even masked) or
+    ``"turn_masked"`` (the rest of its turn could not fit even masked, so none of it was
+    masked)."""
+
+
+@dataclass(frozen=True)
 class PackTotals:
     """The token totals of a pack (:attr:`PackResult.totals`)."""
 
@@ -342,6 +379,9 @@ class PackResult:
     """Token counts read from the count store (``None`` without a store)."""
     count_store_writes: int | None = None
     """Token counts handed to the count store to keep (``None`` without a store)."""
+    stop: FillStop | None = None
+    """The unit the fill first missed at, with the tokens it had left then (``None``: every
+    unit that could be sent fit)."""
 
     @property
     def totals(self) -> PackTotals:
@@ -388,77 +428,157 @@ class PackResult:
         """Tokens of the request itself (without the output reserve)."""
         return self.used - self.output_reserve
 
+    @property
+    def run_input_items(self) -> int:
+        """Items of ``new_input`` (the run input), all sent."""
+        return len(self.items) - len(self.kept_history)
+
+    @property
+    def sections(self) -> RequestSections:
+        """The request by section (:mod:`protoprompt.plan`): the context (``context_tokens``
+        and what a ``context`` hook took), the run input (``new_input``), the kept history
+        and the output reserve. They add up to :attr:`used`."""
+        return RequestSections(
+            self.budget,
+            (
+                Section(
+                    "context_message",
+                    self.context_tokens,
+                    note=None if self.context_tokens else "empty: no context was reserved",
+                ),
+                Section("run_input", self.new_input_tokens, self.run_input_items),
+                self.history_section(),
+                Section("output_reserve", self.output_reserve),
+            ),
+            self.encoding,
+        )
+
+    def history_section(self) -> Section:
+        """The history this pack sends (mandatory and optional units) as one section."""
+        items = len(self.kept_history)
+        dropped = sum(n for k, n in self.decision_counts().items() if k not in _KEPT)
+        notes = []
+        if self.dependency:
+            notes.append(
+                f"{len(self.dependency):,} mandatory, {self.dependency_tokens:,} tokens: "
+                "what the run input answers"
+            )
+        note = masked_note(len(self.masked))
+        if note:
+            notes.append(note)
+        note = dropped_note(items, dropped, NO_HISTORY)
+        if note:
+            notes.append(note)
+        return Section(
+            "kept_history",
+            self.history_tokens + self.dependency_tokens,
+            items,
+            "; ".join(notes) or None,
+        )
+
+    def reason(
+        self,
+        decision: UnitDecision,
+        *,
+        where: Callable[[Sequence[int]], str] | None = None,
+        mandatory: str = "the run input depends on it",
+    ) -> str:
+        """Why ``decision``'s unit was kept or dropped, as a phrase for a person: the unit
+        the fill stopped at says what it needed and what was left then; units dropped
+        because of it name it (see :func:`protoprompt.plan.unit_reason`). ``where`` names
+        positions (default ``history[a..b]``)."""
+        return unit_reason(
+            decision,
+            stop=self.stop,
+            policy=self.policy,
+            where=where or history_at,
+            mandatory=mandatory,
+        )
+
+    def to_html(self) -> str:
+        """The plan as one self-contained HTML page: a bar of the budget by section and the
+        units along the history as kept / masked / dropped, with their reasons on hover
+        (:mod:`protoprompt.plan_html`)."""
+        from .plan_html import plans_to_html
+
+        return plans_to_html(self)
+
     def explain(self, max_units: int | None = 20) -> str:
-        """A readable account of the packing: totals, then the dropped units (newest first,
-        at most ``max_units`` of them; ``None`` lists all)."""
-        lines = [
-            f"budget {self.budget} tokens ({self.encoding}, policy {self.policy}): "
-            f"used {self.used}, remaining {self.remaining}",
-            f"  new input      {self.new_input_tokens:>8}",
-            f"  dependency     {self.dependency_tokens:>8}  ({len(self.dependency)} items)",
-            f"  output reserve {self.output_reserve:>8}",
-            f"  context        {self.context_tokens:>8}",
-            f"  history        {self.history_tokens:>8}  "
-            f"({len(self.kept_history) - len(self.dependency)} items kept)",
-        ]
+        """A readable account of the packing: the request by section (:attr:`sections`),
+        then the masked and dropped units, newest first, with their reasons (at most
+        ``max_units`` of each; ``None`` lists all)."""
+        lines = self.sections.lines()
+        lines.extend(self.explain_units(max_units))
+        return "\n".join(lines)
+
+    def explain_units(
+        self,
+        max_units: int | None = 20,
+        *,
+        where: Callable[[Sequence[int]], str] | None = None,
+    ) -> list[str]:
+        """The lines of :meth:`explain` after the sections: the policy and calibration, the
+        masked units and the dropped units (newest first, at most ``max_units`` each) with
+        their reasons. ``where`` names positions (default ``history[a..b]``)."""
+        name = where or history_at
+        lines = [f"policy {self.policy}"]
         if self.opaque_scale != 1.0:
-            lines.append(
-                f"  opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
+            lines[0] += (
+                f"; opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
                 "(calibrated; text, media and overhead at the rule)"
             )
         if self.masked:
-            lines.append(self._explain_masked(max_units))
+            lines.extend(self._explain_masked(max_units, name))
         counts = {k: n for k, n in self.decision_counts().items() if k not in _KEPT}
-        if counts:
-            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-            lines.append(f"dropped items: {summary}")
-            decisions = self.decisions
-            shown: list[UnitDecision] = []
-            if isinstance(decisions, Decisions):
-                # Counted in the core; only the shown units become objects (newest first).
-                n_dropped = sum(n for k, n in decisions.unit_counts().items() if k not in _KEPT)
-                for d in reversed(decisions):
-                    if max_units is not None and len(shown) >= max_units:
-                        break
-                    if not d.kept:
-                        shown.append(d)
-            else:
-                dropped = [d for d in reversed(decisions) if not d.kept]
-                n_dropped = len(dropped)
-                shown = dropped if max_units is None else dropped[:max_units]
-            for d in shown:
-                where = _span(d.positions)
-                tokens = "uncounted" if d.tokens is None else f"{d.tokens} tokens"
-                why = d.decision
-                if d.problems:
-                    why += ": " + "; ".join(sorted({p.message for p in d.problems}))
-                lines.append(f"  history{where} {'+'.join(d.kinds)} ({tokens}) -> {why}")
-            if len(shown) < n_dropped:
-                lines.append(f"  ... and {n_dropped - len(shown)} older dropped units")
-        return "\n".join(lines)
+        if not counts:
+            lines.append("dropped: nothing")
+            return lines
+        summary = ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items()))
+        lines.append(f"dropped items: {summary}")
+        decisions = self.decisions
+        shown: list[UnitDecision] = []
+        if isinstance(decisions, Decisions):
+            # Counted in the core; only the shown units become objects (newest first).
+            n_dropped = sum(n for k, n in decisions.unit_counts().items() if k not in _KEPT)
+            for d in reversed(decisions):
+                if max_units is not None and len(shown) >= max_units:
+                    break
+                if not d.kept:
+                    shown.append(d)
+        else:
+            dropped = [d for d in reversed(decisions) if not d.kept]
+            n_dropped = len(dropped)
+            shown = dropped if max_units is None else dropped[:max_units]
+        for d in shown:
+            tokens = "uncounted" if d.tokens is None else f"{d.tokens:,} tokens"
+            lines.append(
+                f"  {name(d.positions)} {'+'.join(d.kinds)} ({tokens}): "
+                f"{self.reason(d, where=name)}"
+            )
+        if len(shown) < n_dropped:
+            lines.append(f"  ... and {n_dropped - len(shown):,} older dropped units")
+        return lines
 
-    def _explain_masked(self, max_units: int | None) -> str:
+    def _explain_masked(
+        self, max_units: int | None, name: Callable[[Sequence[int]], str]
+    ) -> list[str]:
         """The masked units, newest first (at most ``max_units``)."""
         masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
+        units, outputs = len(masked), len(self.masked)
         lines = [
-            f"masked: {len(masked)} units ({len(self.masked)} tool outputs), "
-            f"{self.masking_saved} tokens saved"
+            f"masked: {units:,} unit{'s' if units != 1 else ''} ({outputs:,} tool "
+            f"output{'s' if outputs != 1 else ''}), {self.masking_saved:,} tokens saved"
         ]
         shown = masked if max_units is None else masked[:max_units]
         lines.extend(
-            f"  history{_span(d.positions)} {'+'.join(d.kinds)} "
-            f"({d.tokens} -> {d.masked_tokens} tokens) -> masked"
+            f"  {name(d.positions)} {'+'.join(d.kinds)} "
+            f"({d.tokens:,} -> {d.masked_tokens:,} tokens): masked"
             for d in shown
+            if d.tokens is not None and d.masked_tokens is not None
         )
         if len(shown) < len(masked):
-            lines.append(f"  ... and {len(masked) - len(shown)} older masked units")
-        return "\n".join(lines)
-
-
-def _span(positions: Sequence[int]) -> str:
-    if len(positions) == 1:
-        return f"[{positions[0]}]"
-    return f"[{positions[0]}..{positions[-1]}]"
+            lines.append(f"  ... and {len(masked) - len(shown):,} older masked units")
+        return lines
 
 
 def _as_list(items: Iterable[Item], name: str) -> list[Any]:
@@ -768,6 +888,7 @@ def _run(
     if count_store is not None and raw["new_counts"]:
         count_store.put_many(raw["new_counts"])
     held, appended, regrouped_from, why = raw["index"]
+    decisions = Decisions(raw["decisions"])
     return PackResult(
         # The objects the core read, classified and counted (not positions looked up again
         # in a list another thread may have changed meanwhile).
@@ -784,14 +905,23 @@ def _run(
         remaining=raw["remaining"],
         encoding=raw["encoding"],
         policy=raw["policy"],
-        decisions=Decisions(raw["decisions"]),
+        decisions=decisions,
         opaque_scale=raw["opaque_scale"],
         masked=raw["masked"],
         masking_saved=raw["masking_saved"],
         index=IndexUse(held, appended, regrouped_from, why) if indexed else None,
         count_store_hits=raw.get("store_hits") if count_store is not None else None,
         count_store_writes=len(raw["new_counts"]) if count_store is not None else None,
+        stop=_stop(decisions, raw["stop"]),
     )
+
+
+def _stop(decisions: Decisions, raw: tuple[int, int, str] | None) -> FillStop | None:
+    if raw is None:
+        return None
+    unit, left, cause = raw
+    d = decisions[unit]
+    return FillStop(unit, d.positions, d.tokens, d.masked_tokens, left, cause)
 
 
 class HistoryIndex:
@@ -1030,6 +1160,48 @@ ProtoPromptSession` keeps its index in step with the session store for you.
             masking=_check_masking(masking),
         )
         return HistoryWindow(int(start), bool(fits), tie, reason, int(reach))
+
+    def user_positions(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Positions of the user messages (where turns start) among the indexed positions
+        ``start`` to ``end`` (default: the end of the index)."""
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        return self._index.user_positions(start, len(self) if end is None else end)
+
+    def cost_over(
+        self,
+        history: Iterable[Item],
+        limit: int,
+        *,
+        appended: Iterable[Item] = (),
+        model: str | None = None,
+        encoding: str | None = None,
+        opaque_scale: float = 1.0,
+    ) -> tuple[int, bool]:
+        """Whether ``history`` -- exactly the items this index holds -- followed by
+        ``appended`` (items stored since) costs more than ``limit`` tokens, and what the
+        newest items cost up to where that was decided: ``(tokens, exceeded)``.
+
+        Summed newest first under the same rule as :meth:`pack` (``opaque_scale`` as
+        there); costs the index has counted are reused and the others counted (and kept),
+        and the walk stops once past ``limit``: a long history costs what its newest
+        ``limit`` tokens cost, not all of it. Raises ``ValueError`` when ``history`` does not
+        have the index's length, and :func:`pack`'s item errors."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+        if not 0 <= limit <= _MAX_TOKENS:
+            raise ValueError(f"limit must be between 0 and 2**64 - 1 tokens, got {limit}")
+        return self._index.cost_over(
+            _as_list(history, "history"),
+            _as_list(appended, "appended"),
+            limit,
+            model=model,
+            encoding=encoding,
+            opaque_scale=_check_opaque_scale(opaque_scale),
+        )
 
     def count_window(
         self,

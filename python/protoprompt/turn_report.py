@@ -40,10 +40,11 @@ READ_REASONS: dict[str, str] = {
     "no_index": "no index",
     "windowed_reads_off": "windowed reads off",
     "memory_database": "memory database",
-    "inner_session": "the history lives in an inner session",
+    "inner_session": "an inner session whose rows protoprompt does not read",
     "greedy_policy": "greedy policy",
     "fits": "the history fits whole",
     "popped": "rows popped past the index",
+    "rewritten": "rows changed before the window",
     "another_callback": "another callback",
     "not_runner": "not the runner's read",
     "no_window": "no window provable",
@@ -167,7 +168,8 @@ class TurnReport:
     read_items: int
     """Items the read returned (the window's, or the history's)."""
     window_row: int | None
-    """Row id of the window's first item (``None`` unless ``read == "window"``)."""
+    """Row id of the window's first item -- for a ``RedisSession``, its position in the
+    list -- (``None`` unless ``read == "window"``)."""
     window_reach: int | None
     """Items the budget alone reaches (a window reads more when units or relations span
     further back; ``read_detail`` then names the relation when that made it

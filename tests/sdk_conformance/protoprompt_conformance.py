@@ -2,10 +2,21 @@
 
 Loaded with ``-p protoprompt_conformance`` from inside an unpacked openai-agents sdist (see
 ``scripts/test.sh``, step "SDK conformance"). After collection it replaces, in every test
-module of the sdist, the name ``SQLiteSession`` by :class:`ConformanceSQLiteSession` — a
-``ProtoPromptSession`` that takes ``SQLiteSession``'s constructor arguments and stores the
-history in a real ``SQLiteSession`` — so every session the tests build is ours, while the
-SDK's own code (runner, compaction and encryption wrappers) is left untouched.
+module of the sdist, the names ``SQLiteSession``, ``SQLAlchemySession`` and ``RedisSession``
+by :class:`ConformanceSQLiteSession`, :class:`ConformanceSQLAlchemySession` and
+:class:`ConformanceRedisSession` — ``ProtoPromptSession`` subclasses that take the SDK
+session's constructor arguments (and ``from_url``) and store the history in a real one of
+it — so every session the tests build is ours, while the SDK's own code (runner,
+compaction and encryption wrappers) is left untouched. The SQLAlchemy and Redis ones read
+and write the private attributes the SDK's tests inspect or patch (``_session_factory``,
+``_redis``...) through to the inner session, and their ``close`` is the inner's.
+
+``PROTOPROMPT_CONFORMANCE_POSTGRES=<url>`` runs the SQLAlchemy session tests against that
+PostgreSQL database (``postgresql+asyncpg://``) instead of an in-memory SQLite one: the
+module's ``DB_URL`` is replaced and every test starts from empty SDK tables (tests that
+name a SQLite file keep it). ``PROTOPROMPT_CONFORMANCE_REDIS=<url>`` runs the Redis session
+tests against that server instead of fakeredis (tests that need fakeredis then skip, as
+they do upstream without it).
 
 ``PROTOPROMPT_CONFORMANCE_CALLBACK=1`` also gives every run that has a session and no
 ``session_input_callback`` of its own our budgeted callback (1M-token budget, no memory
@@ -30,6 +41,15 @@ import pytest
 from agents.memory.sqlite_session import SQLiteSession
 from protoprompt import TokenBudgetedContextBuilder
 from protoprompt.integrations import ProtoPromptSession
+
+try:
+    from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+except ImportError:  # SQLAlchemy not installed: its tests skip themselves
+    SQLAlchemySession = None  # type: ignore[assignment,misc]
+try:
+    from agents.extensions.memory.redis_session import RedisSession
+except ImportError:  # redis not installed: its tests skip themselves
+    RedisSession = None  # type: ignore[assignment,misc]
 
 CALLBACK = os.environ.get("PROTOPROMPT_CONFORMANCE_CALLBACK", "0") == "1"
 BUDGET = 1_000_000
@@ -82,6 +102,169 @@ class ConformanceSQLiteSession(ProtoPromptSession):
             session_settings=session_settings,
             windowed_reads=CALLBACK,
         )
+
+
+class _ThroughToInner:
+    """Attributes this object does not have are read and written on the inner session:
+    the SDK's tests inspect and patch the private attributes of the session they built."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(cls)  # never the SQLiteSession-backed variant
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        inner = self.__dict__.get("_inner")
+        if (
+            inner is not None
+            and name not in self.__dict__
+            and not hasattr(type(self), name)
+            and hasattr(inner, name)
+        ):
+            setattr(inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        inner = self.__dict__.get("_inner")
+        if name not in self.__dict__ and inner is not None:
+            delattr(inner, name)
+        else:
+            object.__delattr__(self, name)
+
+
+def _class_attributes(base: Any) -> dict[str, Any]:
+    """The private class-level data of an SDK session class (locks, registries): the same
+    objects, so a test that reads them on the replaced name sees the SDK's."""
+    if base is None:
+        return {}
+    return {
+        name: value
+        for name, value in vars(base).items()
+        if name.startswith("_")
+        and not name.startswith("__")
+        and not callable(value)
+        and not isinstance(value, (classmethod, staticmethod, property))
+    }
+
+
+class ConformanceSQLAlchemySession(_ThroughToInner, ProtoPromptSession):
+    """A ``ProtoPromptSession`` constructed like ``SQLAlchemySession``."""
+
+    def __init__(self, session_id: str, *, engine: Any, **kwargs: Any) -> None:
+        inner = SQLAlchemySession(session_id, engine=engine, **kwargs)
+        super().__init__(session_id, inner_session=inner, windowed_reads=CALLBACK)
+
+    @classmethod
+    def from_url(
+        cls,
+        session_id: str,
+        *,
+        url: str,
+        engine_kwargs: dict[str, Any] | None = None,
+        session_settings: Any = None,
+        **kwargs: Any,
+    ) -> ConformanceSQLAlchemySession:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(url, **(engine_kwargs or {}))
+        return cls(session_id, engine=engine, session_settings=session_settings, **kwargs)
+
+
+class ConformanceRedisSession(_ThroughToInner, ProtoPromptSession):
+    """A ``ProtoPromptSession`` constructed like ``RedisSession``; ``close`` closes it."""
+
+    def __init__(self, session_id: str, *, redis_client: Any, **kwargs: Any) -> None:
+        inner = RedisSession(session_id, redis_client=redis_client, **kwargs)
+        super().__init__(session_id, inner_session=inner, windowed_reads=CALLBACK)
+
+    @classmethod
+    def from_url(cls, session_id: str, *, url: str, **kwargs: Any) -> ConformanceRedisSession:
+        inner = RedisSession.from_url(session_id, url=url, **kwargs)
+        session = cls.__new__(cls)
+        ProtoPromptSession.__init__(
+            session, session_id, inner_session=inner, windowed_reads=CALLBACK
+        )
+        return session
+
+    async def close(self) -> None:  # type: ignore[override]
+        ProtoPromptSession.close(self)
+        await self._inner.close()
+
+
+for _cls, _base in (
+    (ConformanceSQLAlchemySession, SQLAlchemySession),
+    (ConformanceRedisSession, RedisSession),
+):
+    for _name, _value in _class_attributes(_base).items():
+        setattr(_cls, _name, _value)
+
+REPLACED = {
+    SQLiteSession: ConformanceSQLiteSession,
+    SQLAlchemySession: ConformanceSQLAlchemySession,
+    RedisSession: ConformanceRedisSession,
+}
+REPLACED.pop(None, None)  # type: ignore[call-overload]
+
+WRAP = os.environ.get("PROTOPROMPT_CONFORMANCE_WRAP", "1") == "1"
+"""``0``: leave the SDK's sessions alone (a baseline run of the same tests, same servers)."""
+POSTGRES = os.environ.get("PROTOPROMPT_CONFORMANCE_POSTGRES", "")
+REDIS = os.environ.get("PROTOPROMPT_CONFORMANCE_REDIS", "")
+SQLALCHEMY_TESTS = "tests/extensions/memory/test_sqlalchemy_session.py"
+REDIS_TESTS = "tests/extensions/memory/test_redis_session.py"
+
+
+# Against PostgreSQL: the SQLAlchemy tests written for SQLite only; they fail there with the
+# SDK's own SQLAlchemySession too (a baseline run: PROTOPROMPT_CONFORMANCE_WRAP=0).
+POSTGRES_SKIPS: dict[str, str] = {
+    f"{SQLALCHEMY_TESTS}::test_pop_item_returns_none_after_dropping_only_corrupt_rows": (
+        "SQLite only: inserts rows without their session row, which PostgreSQL's foreign key "
+        "refuses (also without protoprompt)"
+    ),
+    f"{SQLALCHEMY_TESTS}::test_pop_item_same_timestamp_returns_latest": (
+        "SQLite only: binds a timestamp as text, which asyncpg refuses for a TIMESTAMP "
+        "column (also without protoprompt)"
+    ),
+}
+
+
+def _use_servers(module: Any, path: str) -> None:
+    """Point the SQLAlchemy and Redis test modules at the services' servers (see the module
+    note)."""
+    if POSTGRES and path.endswith(SQLALCHEMY_TESTS) and hasattr(module, "DB_URL"):
+        module.DB_URL = POSTGRES
+    if REDIS and path.endswith(REDIS_TESTS) and hasattr(module, "USE_FAKE_REDIS"):
+        module.USE_FAKE_REDIS = False
+        module.REDIS_URL = REDIS
+
+
+@pytest.fixture(autouse=True)
+def _empty_postgres_tables(request: pytest.FixtureRequest) -> None:
+    """Against PostgreSQL, every SQLAlchemy session test starts from empty SDK tables."""
+    if not (POSTGRES and request.node.nodeid.startswith(SQLALCHEMY_TESTS)):
+        return
+    import asyncio
+    import threading
+
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def drop() -> None:
+        engine = create_async_engine(POSTGRES)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text("DROP TABLE IF EXISTS agent_messages, agent_sessions"))
+        finally:
+            await engine.dispose()
+
+    # In a thread of its own: the test's event loop may be running already.
+    thread = threading.Thread(target=lambda: asyncio.run(drop()))
+    thread.start()
+    thread.join()
 
 
 # Tests whose history is a graph the Responses API rejects, which the callback repairs by
@@ -181,13 +364,17 @@ def pytest_collection_modifyitems(
         path = getattr(module, "__file__", None) or ""
         if not os.path.abspath(path).startswith(tests_dir):
             continue
+        _use_servers(module, path)
         for attr, value in list(vars(module).items()):
-            if value is SQLiteSession:
-                setattr(module, attr, ConformanceSQLiteSession)
+            replacement = REPLACED.get(value) if isinstance(value, type) and WRAP else None
+            if replacement is not None:
+                setattr(module, attr, replacement)
                 replaced += 1
     for item in items:
         base = item.nodeid.split("[", 1)[0]
         reason = SKIPS.get(item.nodeid) or SKIPS.get(base)
+        if reason is None and POSTGRES:
+            reason = POSTGRES_SKIPS.get(base)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"protoprompt conformance: {reason}"))
         reason = CALLBACK_DIFFERENCES.get(item.nodeid) or CALLBACK_DIFFERENCES.get(base)
@@ -205,8 +392,10 @@ _REPLACED = pytest.StashKey[int]()
 
 def pytest_report_header(config: pytest.Config) -> str:
     return (
-        f"protoprompt conformance: SQLiteSession -> ProtoPromptSession; "
-        f"callback {'on' if CALLBACK else 'off'}"
+        "protoprompt conformance: SQLiteSession, SQLAlchemySession, RedisSession -> "
+        f"ProtoPromptSession; callback {'on' if CALLBACK else 'off'}"
+        + (f"; SQLAlchemy tests on {POSTGRES.split('@')[-1]}" if POSTGRES else "")
+        + (f"; Redis tests on {REDIS}" if REDIS else "")
     )
 
 
@@ -226,6 +415,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         else ""
     )
     terminalreporter.write_line(
-        f"protoprompt conformance: SQLiteSession replaced in {replaced} module bindings; "
+        f"protoprompt conformance: SDK sessions replaced in {replaced} module bindings; "
         f"callback {'on' if CALLBACK else 'off'}{runs}"
     )

@@ -251,14 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser(
         "inspect",
         help="show what the next request of a stored session keeps and drops",
-        description="Read an Agents SDK SQLiteSession database (read-only) and show, for one "
-        "session, what the next request would keep and drop under a token "
-        "budget: one row per atomic unit (its items, kinds, tokens, decision and "
-        "the reason), then the totals. Without --session, list the sessions.",
+        description="Read an Agents SDK session store (read-only: a SQLiteSession database "
+        "file, or the PostgreSQL database of a SQLAlchemySession or the Redis server of a "
+        "RedisSession by URL) and show, for one session, what the next request would keep "
+        "and drop under a token budget: one row per atomic unit (its items, kinds, tokens, "
+        "decision and the reason), then the totals. Without --session, list the sessions.",
         epilog=f"example: {PROG} inspect agents.db --session legal-chat --budget 128000 "
         "--model gpt-5 --output-reserve 8000",
     )
-    inspect.add_argument("db", metavar="DB", help="the SQLiteSession database file")
+    inspect.add_argument(
+        "db",
+        metavar="DB",
+        help="a SQLiteSession database file, or a URL: postgresql://... (SQLAlchemySession "
+        "on PostgreSQL), sqlite+aiosqlite:///FILE (SQLAlchemySession on SQLite), "
+        "redis://... (RedisSession)",
+    )
     inspect.add_argument("--session", metavar="ID", type=_text, help="session id to inspect")
     inspect.add_argument(
         "--budget",
@@ -325,9 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="agent_messages",
         type=_text,
         metavar="NAME",
-        help="the SQLiteSession messages table (default agent_messages)",
+        help="the messages table of a SQL store (default agent_messages)",
+    )
+    inspect.add_argument(
+        "--key-prefix",
+        default="agents:session",
+        type=_text,
+        metavar="PREFIX",
+        help="the RedisSession key prefix (default agents:session)",
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    from ._inspect import add_request_arguments
+
+    add_request_arguments(inspect)
     inspect.set_defaults(run=_run_inspect)
 
     # ---------------------------------------------------------------- count
@@ -428,19 +445,23 @@ def _run_mcp(args: argparse.Namespace) -> int:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from . import _inspect as ins
-    from ._next_turn import next_turn_window, render_next_turn, stored_snapshot_items
+    from ._next_turn import next_turn_window, render_next_turn
+    from ._stored import open_stored
 
     try:
-        conn = ins.connect_read_only(args.db)
+        stored = open_stored(
+            args.db, messages_table=args.messages_table, key_prefix=args.key_prefix
+        )
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
+    name = stored.name
     try:
         if args.session is None:
-            sessions = ins.list_sessions(conn, args.messages_table, args.db)
+            sessions = stored.list_sessions()
             if args.json:
-                _print_json({"database": args.db, "sessions": sessions})
+                _print_json({"database": name, "sessions": sessions})
             elif not sessions:
-                print(f"{args.db}: no sessions")
+                print(f"{terminal_safe(name)}: no sessions")
             else:
                 names = [terminal_safe(str(s["session"])) for s in sessions]
                 width = max(len(n) for n in names)
@@ -450,15 +471,23 @@ def _run_inspect(args: argparse.Namespace) -> int:
                 n = len(sessions)
                 print(f"\n{n} session{'s' if n != 1 else ''}; inspect one with --session ID")
             return 0
-        rows = ins.read_session(
-            conn, args.session, messages_table=args.messages_table, path=args.db, limit=args.limit
-        )
-        snapshot_items = stored_snapshot_items(conn, args.messages_table, args.session)
+        rows = stored.read_session(args.session, args.limit)
+        snapshot_items = stored.snapshot_items(args.session)
     except ins.InspectError as exc:
         raise _CommandError(str(exc)) from None
     finally:
-        conn.close()
+        stored.close()
+    try:
+        request, request_input = ins.read_request(
+            args.instructions, args.tools, args.request, model=args.model, encoding=args.encoding
+        )
+    except ins.InspectError as exc:
+        raise _CommandError(str(exc)) from None
+    if args.input is not None and request_input is not None:
+        raise _UsageError("give the next turn's input once: --input or the input of --request")
     new_input = [] if args.input is None else [{"role": "user", "content": args.input}]
+    if request_input is not None:
+        new_input = request_input
     if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
         raise _CommandError("--excerpt-tokens and --mask-after-turns need --masking")
     masking = (
@@ -471,7 +500,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             rows,
             budget=args.budget,
             output_reserve=args.output_reserve,
-            context_tokens=args.context_tokens,
+            context_tokens=args.context_tokens + (request.total if request else 0),
             model=args.model,
             encoding=args.encoding,
             policy=args.policy,
@@ -487,7 +516,15 @@ def _run_inspect(args: argparse.Namespace) -> int:
             except (ValueError, IndexError):
                 hint = ""
         raise _CommandError(f"{exc}{hint}") from None
-    report = ins.report_json(args.db, args.session, rows, result, new_input)
+    report = ins.report_json(
+        name,
+        args.session,
+        rows,
+        result,
+        new_input,
+        request=request,
+        context_tokens=args.context_tokens,
+    )
     report["next_turn"] = next_turn_window(
         rows.items,
         rows.row_ids,
@@ -500,11 +537,18 @@ def _run_inspect(args: argparse.Namespace) -> int:
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
     )
+    next_lines = render_next_turn(report["next_turn"], len(rows.items))
+    if args.html is not None:
+        try:
+            with open(args.html, "w", encoding="utf-8") as fh:
+                fh.write(ins.report_html(report, next_lines))
+        except OSError as exc:
+            raise _CommandError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     if args.json:
         _print_json(report)
     else:
         print(ins.render_report(report, dropped_only=args.dropped))
-        print("\n".join(render_next_turn(report["next_turn"], len(rows.items))))
+        print("\n".join(next_lines))
     return 0
 
 

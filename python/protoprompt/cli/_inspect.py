@@ -7,6 +7,8 @@ turn would, and reports every history unit's decision. Nothing is written to the
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import sqlite3
@@ -17,18 +19,23 @@ from typing import Any
 from urllib.parse import quote
 
 from ..packing import Masking, PackResult, Policy, UnitDecision, pack
+from ..plan import RequestCost, RequestSections, Section, count_request, request_sections
 from ._text import JsonReadError, read_json, terminal_safe
 
 __all__ = [
     "InspectError",
     "SessionRows",
+    "add_request_arguments",
     "decision_reason",
     "inspect_session",
     "list_sessions",
     "preview",
+    "read_request",
     "read_session",
     "render_report",
+    "report_html",
     "report_json",
+    "sections_of",
 ]
 
 
@@ -142,25 +149,166 @@ def read_session(
     return SessionRows(items, row_ids, skipped)
 
 
-_REASONS = {
-    "mandatory": "the new input depends on it",
-    "kept": "fits in the budget",
-    "masked": "fits with its tool outputs masked (cut to excerpts in the request only)",
-    "turn_incomplete": "a newer unit of its turn did not fit, so the rest of the turn is dropped",
-    "input_only": "an input-only control item: never sent from history",
-}
+def decision_reason(decision: UnitDecision, result: PackResult | None = None) -> str:
+    """Why a unit was kept or dropped, as a phrase for a person (``result.reason``; without
+    the result, the decision's code as words)."""
+    if result is not None:
+        return result.reason(decision)
+    return decision.decision.replace("_", " ")
 
 
-def decision_reason(decision: UnitDecision) -> str:
-    """Why a unit was kept or dropped, as a phrase for a person."""
-    if decision.decision == "over_budget":
-        if decision.tokens is None:
-            return "the budget was full before this unit (not counted)"
-        return "does not fit in what is left of the budget"
-    if decision.decision == "invalid_unit":
-        rules = sorted({p.message for p in decision.problems})
-        return "breaks an item rule: " + ("; ".join(rules) if rules else "invalid")
-    return _REASONS.get(decision.decision, decision.decision)
+# --------------------------------------------------------------------------- the request
+
+_NOT_GIVEN = "not given: pass --instructions, --tools or --request"
+_REQUEST_KEYS = ("instructions", "tools", "text", "input")
+MAX_REQUEST_BYTES = 64 * 2**20
+"""The largest ``--request`` / ``--tools`` file read."""
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """``inspect``'s options for the rest of the request (instructions, tools, output schema,
+    from a Responses request file) and its picture (``--html``)."""
+    group = parser.add_argument_group(
+        "the rest of the request (what each model call sends besides the items)"
+    )
+    group.add_argument(
+        "--instructions",
+        metavar="TEXT",
+        help="the agent's instructions (counted as a system message)",
+    )
+    group.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="a JSON array of the tool definitions the model gets (as the Responses API "
+        'takes them: {"type": "function", "name": ..., "parameters": ...})',
+    )
+    group.add_argument(
+        "--request",
+        metavar="FILE",
+        help="a Responses request as JSON: its instructions, tools, text (the output "
+        "schema) and input (the next turn's input) are used",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the plan as one self-contained HTML page to FILE (the budget by "
+        "section, every unit kept, masked or dropped, with its reason on hover)",
+    )
+
+
+def _read_file_json(path: str, what: str) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_REQUEST_BYTES + 1)
+    except OSError as exc:
+        raise InspectError(f"cannot read {what} {path!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_REQUEST_BYTES:
+        raise InspectError(f"{what} {path!r} is larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        return read_json(data)
+    except (json.JSONDecodeError, JsonReadError) as exc:
+        raise InspectError(f"{what} {path!r} is not JSON: {exc}") from None
+
+
+def _tool_list(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise InspectError(f"{where} must be a JSON array of tool definitions (objects)")
+    return value
+
+
+def read_request(
+    instructions: str | None,
+    tools: str | None,
+    request: str | None,
+    *,
+    model: str | None,
+    encoding: str | None,
+) -> tuple[RequestCost | None, list[Any] | None]:
+    """The request's cost besides the items from ``--instructions``, ``--tools`` and a
+    ``--request`` file (``None``: none given), and the ``input`` of that file as the next
+    turn's input (``None``: it has none)."""
+    tool_defs: list[dict[str, Any]] = []
+    output_format: dict[str, Any] | None = None
+    new_input: list[Any] | None = None
+    if request is not None:
+        body = _read_file_json(request, "--request")
+        if not isinstance(body, dict):
+            raise InspectError("--request must hold a JSON object (a Responses request)")
+        if instructions is not None and body.get("instructions") is not None:
+            raise InspectError("give the instructions once: --instructions or in --request")
+        if tools is not None and body.get("tools") is not None:
+            raise InspectError("give the tools once: --tools or in --request")
+        found = body.get("instructions")
+        if found is not None and not isinstance(found, str):
+            raise InspectError("--request: instructions must be a string")
+        instructions = found if instructions is None else instructions
+        if body.get("tools") is not None:
+            tool_defs = _tool_list(body["tools"], "--request: tools")
+        text = body.get("text")
+        if text is not None:
+            if not isinstance(text, dict):
+                raise InspectError('--request: text must be an object ({"format": ...})')
+            if text.get("format") is not None and text["format"].get("type") != "text":
+                output_format = text
+        raw = body.get("input")
+        if isinstance(raw, str):
+            new_input = [{"role": "user", "content": raw}]
+        elif isinstance(raw, list):
+            new_input = raw
+        elif raw is not None:
+            raise InspectError("--request: input must be a string or an array of items")
+    if tools is not None:
+        tool_defs = _tool_list(_read_file_json(tools, "--tools"), "--tools")
+    if request is None and instructions is None and tools is None:
+        return None, new_input
+    cost = count_request(
+        instructions=instructions,
+        tools=tool_defs,
+        output_format=output_format,
+        model=model,
+        encoding=encoding,
+    )
+    if request is None:  # what the options did not give is not known
+        cost = dataclasses.replace(
+            cost,
+            unknown=tuple(
+                part
+                for part, given in (
+                    ("instructions", instructions),
+                    ("tools", tools),
+                    ("output_schema", None),
+                )
+                if given is None
+            ),
+        )
+    return cost, new_input
+
+
+def sections_of(
+    result: PackResult, request: RequestCost | None, context_tokens: int
+) -> RequestSections:
+    """The request by section for ``inspect``: ``request`` (reserved in the pack besides
+    ``context_tokens``, the context message) as its instructions, tools and output schema."""
+    sections = request_sections(
+        result,
+        request=request,
+        reserved=request.total if request is not None else 0,
+        context=(context_tokens, 1 if context_tokens else 0),
+        call=None,
+        unknown=_NOT_GIVEN,
+    )
+    given = {
+        "context_message": "empty: none given (--context-tokens)",
+        "run_input": "empty: none given (--input, or the input of --request)",
+    }
+    return RequestSections(
+        sections.budget,
+        tuple(
+            dataclasses.replace(x, note=given[x.name]) if x.name in given and not x.items else x
+            for x in sections
+        ),
+        sections.encoding,
+    )
 
 
 def _field(item: Any, name: str) -> Any:
@@ -250,8 +398,14 @@ def report_json(
     rows: SessionRows,
     result: PackResult,
     new_input: list[dict[str, Any]],
+    *,
+    request: RequestCost | None = None,
+    context_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The whole report as JSON-able data (``--json``)."""
+    """The whole report as JSON-able data (``--json``). ``context_tokens``: the context
+    message's part of the pack's reserve (default: all of it), ``request`` the rest."""
+    if context_tokens is None:
+        context_tokens = result.context_tokens - (request.total if request else 0)
     units = [
         {
             "unit": d.unit,
@@ -262,7 +416,7 @@ def report_json(
             "masked_tokens": d.masked_tokens,
             "decision": d.decision,
             "kept": d.kept,
-            "reason": decision_reason(d),
+            "reason": result.reason(d),
             "problems": [
                 {"code": p.code, "message": p.message, "location": p.location} for p in d.problems
             ],
@@ -273,6 +427,8 @@ def report_json(
     counts = result.decision_counts()
     kept_items = sum(n for k, n in counts.items() if k in ("kept", "mandatory", "masked"))
     totals = result.totals
+    sections = sections_of(result, request, context_tokens)
+    stop = result.stop
     return {
         "database": path,
         "session": session_id,
@@ -283,7 +439,7 @@ def report_json(
         "encoding": result.encoding,
         "policy": result.policy,
         "output_reserve": result.output_reserve,
-        "context_tokens": result.context_tokens,
+        "context_tokens": context_tokens,
         "new_input_tokens": result.new_input_tokens,
         "dependency_tokens": result.dependency_tokens,
         "history_tokens": result.history_tokens,
@@ -296,12 +452,42 @@ def report_json(
         "masked_items": totals.masked_items,
         "masking_saved": totals.masking_saved,
         "decision_counts": counts,
+        "sections": [
+            {
+                "name": x.name,
+                "label": x.label,
+                "tokens": x.tokens,
+                "items": x.items,
+                "note": x.note,
+                "counted": x.counted,
+            }
+            for x in sections
+        ],
+        "request": None
+        if request is None
+        else {
+            "instructions": request.instructions,
+            "tools": request.tools,
+            "output_schema": request.output_schema,
+        },
+        "stop": None
+        if stop is None
+        else {
+            "unit": stop.unit,
+            "positions": list(stop.positions),
+            "rows": [rows.row_ids[p] for p in stop.positions],
+            "tokens": stop.tokens,
+            "masked_tokens": stop.masked_tokens,
+            "left": stop.left,
+            "cause": stop.cause,
+            "reason": result.reason(result.decisions[stop.unit]),
+        },
         "units": units,
     }
 
 
 def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> str:
-    """The report as a table per unit and the totals, for a terminal."""
+    """The report as a table per unit and the request by section, for a terminal."""
     lines = [
         f"session {terminal_safe(repr(report['session']))} in "
         f"{terminal_safe(str(report['database']))}: {report['items']} items"
@@ -312,7 +498,7 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
         )
     ]
     units = [u for u in report["units"] if not (dropped_only and u["kept"])]
-    header = ("unit", "items", "kinds", "tokens", "decision", "reason", "content")
+    header = ("unit", "items", "kinds", "tokens", "decision", "content", "reason")
     table = [header]
     for u in units:
         kinds = terminal_safe("+".join(u["kinds"]))
@@ -323,8 +509,8 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
                 kinds if len(kinds) <= 40 else kinds[:39] + "…",
                 _tokens(u),
                 u["decision"],
-                terminal_safe(u["reason"]),
                 terminal_safe(u["preview"]),
+                terminal_safe(u["reason"]),
             )
         )
     if len(table) > 1:
@@ -340,28 +526,43 @@ def render_report(report: Mapping[str, Any], *, dropped_only: bool = False) -> s
     elif dropped_only:
         lines.append("")
         lines.append("no unit is dropped")
+    lines.append("")
+    lines.extend(_section_lines(report))
     counts = report["decision_counts"]
     dropped = ", ".join(
         f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("kept", "mandatory", "masked")
     )
-    lines += [
-        "",
-        f"budget {report['budget']} tokens ({report['encoding']}, policy {report['policy']}): "
-        f"used {report['used']}, remaining {report['remaining']}",
-        f"  new input      {report['new_input_tokens']:>8}  ({report['new_input_items']} items)",
-        f"  dependency     {report['dependency_tokens']:>8}",
-        f"  output reserve {report['output_reserve']:>8}",
-        f"  context        {report['context_tokens']:>8}",
-        f"  history        {report['history_tokens']:>8}",
-        f"kept {report['kept_items']} of {report['items']} history items; "
-        + (f"dropped {report['dropped_items']} ({dropped})" if dropped else "nothing dropped"),
-    ]
+    lines.append(
+        f"policy {report['policy']}: kept {report['kept_items']} of {report['items']} history "
+        "items; "
+        + (f"dropped {report['dropped_items']} ({dropped})" if dropped else "nothing dropped")
+    )
+    stop = report.get("stop")
+    if stop:
+        rows = stop["rows"]
+        where = f"row {rows[0]}" if len(rows) == 1 else f"rows {rows[0]}-{rows[-1]}"
+        why = str(stop["reason"]).removeprefix("the fill stopped here: ")
+        lines.append(f"the fill stopped at unit {stop['unit']} ({where}): {terminal_safe(why)}")
     if report.get("masked_units"):
+        items, units = report["masked_items"], report["masked_units"]
         lines.append(
-            f"masked {report['masked_items']} tool outputs in {report['masked_units']} units, "
-            f"saving {report['masking_saved']} tokens"
+            f"masked {items} tool output{'s' if items != 1 else ''} in {units} "
+            f"unit{'s' if units != 1 else ''}, saving {report['masking_saved']} tokens"
         )
     return "\n".join(lines)
+
+
+def _section_lines(report: Mapping[str, Any]) -> list[str]:
+    """The request by section, from the report (as ``explain()`` prints a plan's)."""
+    sections = RequestSections(
+        report["budget"],
+        tuple(
+            Section(x["name"], x["tokens"], x["items"], x["note"], x["counted"])
+            for x in report["sections"]
+        ),
+        report["encoding"],
+    )
+    return sections.lines()
 
 
 def _tokens(unit: Mapping[str, Any]) -> str:
@@ -371,3 +572,52 @@ def _tokens(unit: Mapping[str, Any]) -> str:
     if unit["decision"] == "masked":
         return f"{unit['tokens']}->{unit['masked_tokens']}"
     return str(unit["tokens"])
+
+
+def report_html(report: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
+    """The report as one self-contained HTML page (``--html``): the budget bar by section,
+    the units along the session with their rows, content and reasons (escaped: the database
+    is not trusted), and ``notes`` (whether the next turn is windowed)."""
+    from ..plan_html import PlanView, UnitView, render
+
+    units = [
+        UnitView(
+            label=f"history[{_span(u['positions'])}] (row{'s' if len(u['rows']) > 1 else ''} "
+            f"{_span(u['rows'])})",
+            kinds="+".join(u["kinds"]),
+            tokens=u["tokens"],
+            decision=u["decision"],
+            reason=u["reason"],
+            sent_tokens=u["masked_tokens"] if u["decision"] == "masked" else u["tokens"],
+            preview=u["preview"],
+        )
+        for u in report["units"]
+    ]
+    run_input = next(x for x in report["sections"] if x["name"] == "run_input")
+    if run_input["items"]:
+        units.append(
+            UnitView(
+                label="the next turn's input",
+                kinds=f"{run_input['items']} items",
+                tokens=run_input["tokens"],
+                decision="mandatory",
+                reason="mandatory: the run input",
+                sent_tokens=run_input["tokens"],
+                region="run_input",
+            )
+        )
+    sections = RequestSections(
+        report["budget"],
+        tuple(
+            Section(x["name"], x["tokens"], x["items"], x["note"], x["counted"])
+            for x in report["sections"]
+        ),
+        report["encoding"],
+    )
+    view = PlanView(
+        title=f"session {report['session']!r}, next request",
+        sections=sections,
+        units=units,
+        notes=list(notes),
+    )
+    return render([view], title=f"protoprompt inspect: {report['database']}")

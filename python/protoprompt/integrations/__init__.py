@@ -13,16 +13,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .agents import ProtoPromptSession
     from .audit import AuditedCall, AuditSummary, BudgetAudit
+    from .compaction import CompactionCheck, CompactionTrigger, compaction_trigger
     from .model_filter import ModelCallPlan, ModelInputFilter, TruncatedOutput, model_input_filter
 
 __all__ = [
     "AuditSummary",
     "AuditedCall",
     "BudgetAudit",
+    "CompactionCheck",
+    "CompactionTrigger",
     "ModelCallPlan",
     "ModelInputFilter",
     "ProtoPromptSession",
     "TruncatedOutput",
+    "compaction_trigger",
     "model_input_filter",
 ]
 
@@ -30,6 +34,9 @@ _MODULES = {
     "AuditSummary": "audit",
     "AuditedCall": "audit",
     "BudgetAudit": "audit",
+    "CompactionCheck": "compaction",
+    "CompactionTrigger": "compaction",
+    "compaction_trigger": "compaction",
     "ProtoPromptSession": "agents",
     "ModelCallPlan": "model_filter",
     "ModelInputFilter": "model_filter",

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import _core
 from ..packing import item_tokens
+from ..plan import TOOLS_OVERHEAD, RequestCost
 from ._sdk import (
     RESPONSES_CONVERTER,
     Agent,
@@ -40,10 +40,6 @@ __all__ = [
     "output_format",
     "tool_definitions",
 ]
-
-TOOLS_OVERHEAD = 12
-"""Tokens added once per request that carries tool definitions (the tools section's
-framing), besides each definition's own cost; see :func:`tool_definitions`."""
 
 
 def _json_like(value: Any, depth: int = 0) -> Any:
@@ -157,18 +153,9 @@ async def _agent_tools(agent: Agent[Any], context: Any) -> list[Any]:
     return tools
 
 
-@dataclass(frozen=True)
-class RequestExtras:
-    """The costs of what a call sends besides its input items."""
-
-    instructions: int
-    tools: int
-    output_schema: int
-    not_counted: tuple[str, ...] = ()
-
-    @property
-    def total(self) -> int:
-        return self.instructions + self.tools + self.output_schema
+RequestExtras = RequestCost
+"""The costs of what a call sends besides its input items (:class:`~protoprompt.plan.\
+RequestCost`)."""
 
 
 class RequestCosts:

@@ -1,15 +1,18 @@
-"""Index snapshots kept in a session's SQLite database (table ``protoprompt_index_snapshots``).
+"""Index snapshots kept beside a session's history (in SQLite: table
+``protoprompt_index_snapshots``; PostgreSQL and Redis: see ``_sqlalchemy_store`` and
+``_redis_store``, which implement :class:`SnapshotStore` the same way).
 
 A restarted process would otherwise read and classify the whole history on its first turn
 (100k items: ~75 ms of the callback). :class:`~protoprompt.HistoryIndex` snapshots hold the
 classified items (graph fields only: ids, call ids, types, statuses — no text), the item graph
 and the token costs counted so far; loading one costs a fraction of that.
 
-A snapshot is stored with the ids of the rows its items came from, and *bound* to them, to
-the database (its random id in ``protoprompt_meta``) and to the session
-(:func:`binding`): loaded anywhere else — another session's row, another database, rows
-edited in the table — the core refuses it. The caller then compares those row ids with the
-rows a read returns, exactly as for a live index, and keeps the prefix that still holds.
+A snapshot is stored with the keys of the rows its items came from, and *bound* to them, to
+the database (its random id in ``protoprompt_meta``), to the session and, for a
+``RedisSession``, to the session's generation tag (:func:`binding`): loaded anywhere else —
+another session's row, another database, rows edited in the table — the core refuses it.
+The caller then compares those row keys with the rows a read returns, exactly as for a
+live index, and keeps the prefix that still holds.
 Every value is checked for its type when read; any error makes a snapshot absent, never a
 failed turn.
 """
@@ -26,6 +29,7 @@ import sys
 import threading
 import weakref
 from array import array
+from typing import Protocol
 
 from ..errors import SnapshotError
 from ..packing import HistoryIndex
@@ -46,10 +50,15 @@ def _connect(db_path: str) -> sqlite3.Connection:
     return sqlite3.connect(db_path, timeout=5.0, check_same_thread=False)
 
 
-def binding(database_id: str, table: str, session_id: str, row_ids: bytes) -> bytes:
+def binding(
+    database_id: str, table: str, session_id: str, row_ids: bytes, tag: str | None = None
+) -> bytes:
     """What a snapshot of a session's index is bound to (see the module note)."""
     out = bytearray()
-    for part in ("protoprompt index snapshot 1", database_id, table, session_id):
+    parts = ["protoprompt index snapshot 1", database_id, table, session_id]
+    if tag is not None:
+        parts.append(tag)
+    for part in parts:
         raw = part.encode("utf-8", "surrogatepass")
         out += len(raw).to_bytes(8, "little") + raw  # length-prefixed: never ambiguous
     return bytes(out) + row_ids
@@ -127,6 +136,50 @@ def delete(db_path: str, table: str, session_id: str) -> None:
         # are gone, of which the row comparison then keeps nothing
 
 
+class SnapshotStore(Protocol):
+    """Where a stored session's index snapshot is kept. Nothing raises: a snapshot that
+    cannot be read is absent, a failed write says why."""
+
+    def load(self) -> tuple[bytes, bytes, str | None] | None:
+        """``(row keys, data, tag)`` of the session's snapshot, or ``None``."""
+        ...
+
+    def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
+        """Replace the session's snapshot; why it could not be written, or ``None``."""
+        ...
+
+    def delete(self) -> None:
+        """Remove the session's snapshot, if there is one."""
+        ...
+
+    def binding(self, row_ids: bytes, tag: str | None) -> bytes:
+        """What a snapshot of these rows is bound to (:func:`binding`)."""
+        ...
+
+
+class SQLiteSnapshots:
+    """The snapshots of one session of a SQLite database file."""
+
+    def __init__(self, db_path: str, database_id: str, table: str, session_id: str) -> None:
+        self.db_path = db_path
+        self.database_id = database_id
+        self.table = table
+        self.session_id = session_id
+
+    def load(self) -> tuple[bytes, bytes, str | None] | None:
+        found = load(self.db_path, self.table, self.session_id)
+        return None if found is None else (found[0], found[1], None)
+
+    def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
+        return save(self.db_path, self.table, self.session_id, row_ids, data)
+
+    def delete(self) -> None:
+        delete(self.db_path, self.table, self.session_id)
+
+    def binding(self, row_ids: bytes, tag: str | None) -> bytes:
+        return binding(self.database_id, self.table, self.session_id, row_ids, tag)
+
+
 # ------------------------------------------------------------------ a session's index state
 
 DEFAULT_SNAPSHOT_MIN_ITEMS = 512
@@ -141,15 +194,16 @@ class IndexState:
     """A stored session's HistoryIndex, what it describes, and the session's epoch (bumped
     around every pop and clear made through any object sharing this state).
 
-    ``row_ids`` are the ids of the rows behind the index's items when the rows are compared
-    before every use (see ``_sync``); ``version`` changes with every change of the index or
-    of ``row_ids``. ``snapshot_at`` = ``(db path, database id, messages table, session id)``
-    when the index is saved to and restored from the database."""
+    ``row_ids`` are the keys of the rows behind the index's items when the rows are compared
+    before every use (see ``_sync``), ``tag`` the generation tag of a ``RedisSession`` they
+    were read at; ``version`` changes with every change of the index or of ``row_ids``.
+    ``snapshot_at``: where the index is saved to and restored from (``None``: nowhere)."""
 
-    def __init__(self, snapshot_at: tuple[str, str, str, str] | None = None) -> None:
+    def __init__(self, snapshot_at: SnapshotStore | None = None) -> None:
         self.index = HistoryIndex()
         self.generation = -1  # the epoch the index was synced at
         self.row_ids: _sync.RowIds | None = None
+        self.tag: str | None = None
         self.version = 0
         self.nbytes = 0  # index.nbytes after the last build (read without the index)
         self.lock = threading.Lock()
@@ -182,26 +236,28 @@ class IndexState:
             del self.row_ids[length:]
         if not length:
             self.row_ids = None
+            self.tag = None
         self.version += 1
 
     def synced(self) -> _sync.Synced:
         return _sync.Synced(len(self.index), self.version, self.generation)
 
-    def compare(self, rows: _sync.Rows, after: threading.Thread | None = None) -> _sync.Seen:
+    def compare(
+        self,
+        rows: _sync.Rows,
+        after: threading.Thread | None = None,
+        *,
+        monotone: bool = True,
+    ) -> _sync.Seen:
         """What ``rows`` (a read's rows) keep of the index, once ``after`` (the snapshot's
-        restore) has finished (caller: no lock)."""
+        restore) has finished (caller: no lock). ``monotone``: see ``_sync.kept_prefix``."""
         if after is not None:
             after.join()
         with self.lock:
-            keep = _sync.kept_prefix(self.row_ids, rows)
-            return _sync.Seen(self.version, keep, rows.ids_from(keep))
+            keep = _sync.kept_prefix(self.row_ids, rows, monotone=monotone)
+            return _sync.Seen(self.version, keep, rows.ids_from(keep), rows.tag)
 
     # -------------------------------------------------------------- snapshots (caller: no lock)
-
-    def _binding(self, row_ids: bytes) -> bytes:
-        assert self.snapshot_at is not None
-        _, database_id, table, session_id = self.snapshot_at
-        return binding(database_id, table, session_id, row_ids)
 
     def restore(self) -> tuple[str, str | None] | None:
         """Load the stored snapshot into a state that has never synced (once per state).
@@ -216,24 +272,27 @@ class IndexState:
             self.restore_tried = True
             if len(self.index) or self.row_ids is not None:
                 return None
-            db_path, _, table, session_id = self.snapshot_at
+            where = self.snapshot_at
             try:
-                found = load(db_path, table, session_id)
+                found = where.load()
                 if found is None:
                     return ("none_stored", None)
-                ids_blob, data = found
+                ids_blob, data, tag = found
                 row_ids = ids_from_bytes(ids_blob)
                 index = HistoryIndex.from_snapshot(
-                    data, count_store=self.index.count_store, bound_to=self._binding(ids_blob)
+                    data,
+                    count_store=self.index.count_store,
+                    bound_to=where.binding(ids_blob, tag),
                 )
                 if row_ids is None or len(row_ids) != len(index):
                     raise SnapshotError("its row ids do not match its items")
             except Exception as exc:  # noqa: BLE001 - stored state never fails a turn
                 # Another version, damaged, or taken for other rows: read the history.
-                _log.debug("protoprompt: index snapshot of %r not used: %s", session_id, exc)
+                _log.debug("protoprompt: index snapshot not used: %s", exc)
                 return ("ignored", str(exc) or type(exc).__name__)
             self.index = index
             self.row_ids = row_ids
+            self.tag = tag
             self.version += 1
             self.generation = self.epoch
             self.saved_len = len(index)
@@ -271,10 +330,11 @@ class IndexState:
             ):
                 return
             ids_blob = ids_to_bytes(self.row_ids)
-            data = self.index.snapshot(bound_to=self._binding(ids_blob))
+            tag = self.tag
+            where = self.snapshot_at
+            data = self.index.snapshot(bound_to=where.binding(ids_blob, tag))
             self.saved_len = n  # also when the write fails: retried after more growth
-        db_path, _, table, session_id = self.snapshot_at
-        self.save_failure = save(db_path, table, session_id, ids_blob, data)
+        self.save_failure = where.save(ids_blob, data, tag)
 
     def wait_for_save(self, timeout: float | None = None) -> None:
         saver = self.saver
@@ -288,8 +348,7 @@ class IndexState:
             self.reset(self.epoch)  # describes the cleared rows: never to be saved again
             self.saved_len = 0
         if self.snapshot_at is not None:
-            db_path, _, table, session_id = self.snapshot_at
-            delete(db_path, table, session_id)
+            self.snapshot_at.delete()
 
     def after_fork(self) -> None:
         """In a forked child: a lock held at the fork belonged to a thread that is gone, and
@@ -297,6 +356,7 @@ class IndexState:
         if self.lock.locked():
             self.index = HistoryIndex(count_store=self.index.count_store)
             self.row_ids = None
+            self.tag = None
             self.version += 1
             self.generation = -1
         self.lock = threading.Lock()

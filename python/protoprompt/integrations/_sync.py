@@ -3,18 +3,27 @@ that the SDK hands to the input callback.
 
 The index may only be used for a history it describes item for item. Several processes and
 session objects may write one session's rows, so before every turn the index is compared
-with the rows *that the read returned*, never with rows looked at in another transaction:
+with the rows *that the read returned*, never with rows looked at in another transaction.
+Each item of the index keeps the *key* of the row it came from; how a read gets the keys
+depends on the engine (the stores of ``_store``, ``_sqlalchemy_store``, ``_redis_store``):
 
-* For an ``SQLiteSession`` in a database file, :meth:`RowReader.read` reads the rows itself,
+* ``SQLiteSession`` in a database file: :meth:`RowReader.read` reads the rows itself,
   exactly as ``SQLiteSession.get_items`` does (one ``SELECT`` in id order, rows that are not
-  JSON skipped), but with their ids. The index keeps the row id behind each of its items.
-* ``SQLiteSession`` rows are never changed in place and ids only grow (``AUTOINCREMENT``):
-  rows are appended, popped newest first, cleared, or a suffix is replaced by new rows
-  (compaction), and a row that does not decode never will. So if the index's item ``p - 1``
-  and the read's item ``p - 1`` come from the same row, the first ``p`` items are the same
-  rows on both sides (no row with a smaller id can have appeared since), and that is
-  monotone in ``p``: :func:`kept_prefix` finds the longest prefix that still holds with one
-  comparison when only rows were appended, and a binary search otherwise.
+  JSON skipped), but with their ids. Its rows are never changed in place and ids only grow
+  (``AUTOINCREMENT``, one writer at a time): rows are appended, popped newest first,
+  cleared, or a suffix is replaced by new rows (compaction, which may also delete a prefix).
+  So if the index's item ``p - 1`` and the read's item ``p - 1`` come from the same row, the
+  first ``p`` items are the same rows on both sides, and that is monotone in ``p``:
+  :func:`kept_prefix` finds the longest prefix that still holds with one comparison when
+  only rows were appended, and a binary search otherwise.
+* ``SQLAlchemySession`` orders its rows by ``(created_at, id)``; ids are never reused but a
+  row written by a transaction that started earlier can appear *before* rows already read
+  (PostgreSQL stamps ``created_at`` at the start of a transaction). So the keys (ids) are
+  compared one by one (:func:`kept_prefix` with ``monotone=False``; a C-speed comparison of
+  two arrays).
+* ``RedisSession`` keeps a list without ids: an item's key is a keyed 64-bit digest of its
+  stored bytes, so equal keys mean equal items, and the prefix that still holds is compared
+  item by item as well.
 * Other sessions (a memory database, an ``inner_session`` with ``incremental=True``) have no
   rows to compare: their index is trusted while no pop or clear ran through a session object
   sharing it (the epoch).
@@ -33,7 +42,7 @@ import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -45,14 +54,19 @@ else:  # array is subscriptable at run time from Python 3.12 on
 
 
 class Rows:
-    """The rows one read saw, in id order (``(id, message_data)``), and the positions among
-    them of the rows that did not decode (``SQLiteSession.get_items`` skips those)."""
+    """The rows one read saw, in the session's order (``(key, data)``), the positions among
+    them of the rows that did not decode (the SDK's ``get_items`` skips those), and for a
+    ``RedisSession`` the session's generation tag the read saw with them (see
+    ``_redis_store``)."""
 
-    __slots__ = ("rows", "skipped")
+    __slots__ = ("rows", "skipped", "tag")
 
-    def __init__(self, rows: list[tuple[Any, ...]], skipped: list[int]) -> None:
+    def __init__(
+        self, rows: list[tuple[Any, ...]], skipped: list[int], tag: str | None = None
+    ) -> None:
         self.rows = rows
         self.skipped = skipped
+        self.tag = tag
 
     def __len__(self) -> int:
         return len(self.rows) - len(self.skipped)
@@ -95,18 +109,26 @@ def read_rows(
     return items, look(seen)
 
 
-def _decoded(rows: list[tuple[Any, ...]]) -> tuple[list[Any], Rows]:
-    """The items of ``(id, message_data)`` rows as ``SQLiteSession.get_items`` decodes them
-    (rows that are not JSON skipped), and the rows behind them."""
+def _decoded(
+    rows: list[tuple[Any, ...]],
+    skip: tuple[type[Exception], ...] = (json.JSONDecodeError, TypeError),
+    tag: str | None = None,
+) -> tuple[list[Any], Rows]:
+    """The items of ``(key, message_data)`` rows as the SDK's ``get_items`` decodes them
+    (rows whose decoding raises one of ``skip`` skipped: ``SQLiteSession``'s by default),
+    and the rows behind them."""
     items: list[Any] = []
     skipped: list[int] = []
     loads = json.loads
     for _, data in rows:
         try:
             items.append(loads(data))
-        except (json.JSONDecodeError, TypeError):  # what the SDK skips, and nothing else
+        except skip:  # what the SDK skips, and nothing else
             skipped.append(len(items) + len(skipped))
-    return items, Rows(rows, skipped)
+    return items, Rows(rows, skipped, tag)
+
+
+decoded = _decoded
 
 
 _READERS: weakref.WeakSet[RowReader] = weakref.WeakSet()
@@ -148,21 +170,23 @@ class RowReader:
             return read_rows(self._conn, self._table, self._session_id, look)
 
     def read_window(
-        self, last_id: int, choose: Callable[[list[Any], Rows], int | None]
-    ) -> tuple[list[Any], list[Any], Rows, RowIds] | None:
-        """The newest rows of a session whose index ends at row ``last_id``, in one read
+        self, view: WindowView, choose: Chooser
+    ) -> tuple[list[Any], list[Any], Rows, RowIds] | Gone:
+        """The newest rows of a session whose index ends at row ``view.last_id``, in one read
         transaction, by indexed range queries on ``(session_id, id)`` (never a full scan):
 
         1. the rows from ``last_id`` on (the rows appended since, after the index's last
-           one); ``None`` when ``last_id`` is not the first of them (the row is gone:
-           popped or replaced);
-        2. ``choose(appended items, their rows)`` returns the first row id of the window
-           (``None``: read no window), and the rows from there up to ``last_id`` are read.
+           one); :class:`Gone` when ``last_id`` is not the first of them (the row is gone:
+           popped or replaced), or when the session's first row is not the index's (a
+           compaction pruned it);
+        2. ``choose(appended items, their rows)`` returns the position and id of the window's
+           first row (``None``: read no window), and the rows from there up to ``last_id``
+           are read.
 
         Returns ``(window items before last_id's, items from last_id's on, rows from
         last_id on, ids of the earlier window rows)``. Raises ``sqlite3.Error`` if the
         database cannot be read."""
-        table, sid = self._table, self._session_id
+        table, sid, last_id = self._table, self._session_id, view.last_id
         with self._lock:
             if self._conn is None:
                 self._conn = sqlite3.connect(
@@ -179,15 +203,20 @@ class RowReader:
                     ).fetchall()
                 )
                 if not tail_items or tail.id_at(0) != last_id:
-                    return None
-                first_id = choose(tail_items[1:], tail)
-                if first_id is None:
-                    return None
+                    return Gone("popped", "the index's last row is gone")
+                first = conn.execute(
+                    f'SELECT MIN(id) FROM "{table}" WHERE session_id = ?', (sid,)
+                ).fetchone()
+                if first is None or first[0] != view.first_id:
+                    return Gone("rewritten", "the session's first row is not the index's")
+                chosen = choose(tail_items[1:], tail)
+                if chosen is None:
+                    return Gone("", None)
                 head_items, head = _decoded(
                     conn.execute(
                         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
                         "AND id < ? ORDER BY id ASC",
-                        (sid, first_id, last_id),
+                        (sid, chosen[1], last_id),
                     ).fetchall()
                 )
             finally:
@@ -207,14 +236,17 @@ class RowReader:
                 self._conn = None
 
 
-def kept_prefix(synced: Sequence[int] | None, rows: Rows) -> int:
+def kept_prefix(synced: Sequence[int] | None, rows: Rows, *, monotone: bool = True) -> int:
     """How many of the index's first items (whose rows are ``synced``) are the first items
-    of the read (``rows``): see the module note for why one comparison per probe suffices."""
+    of the read (``rows``): see the module note for why one comparison per probe suffices
+    when keys are ``monotone`` (SQLite), and why they are compared one by one otherwise."""
     if not synced:
         return 0
     n = min(len(synced), len(rows))
     if n == 0:
         return 0
+    if not monotone:
+        return common_prefix(synced, rows.ids_from(0), n)
     if synced[n - 1] == rows.id_at(n - 1):
         return n
     lo, hi = 0, n - 1  # the prefix of lo holds, the one of hi + 1 does not
@@ -227,6 +259,48 @@ def kept_prefix(synced: Sequence[int] | None, rows: Rows) -> int:
     return lo
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int], n: int) -> int:
+    """The length of the longest common prefix of ``a[:n]`` and ``b[:n]``: slices of
+    ``array('q')`` compared in C, a block at a time, then one by one inside the block that
+    differs."""
+    block = 4096
+    start = 0
+    while start < n:
+        end = min(start + block, n)
+        if a[start:end] != b[start:end]:
+            for p in range(start, end):
+                if a[p] != b[p]:
+                    return p
+        start = end
+    return n
+
+
+class WindowView(NamedTuple):
+    """What a store needs to know of an index to read a token window after it."""
+
+    first_id: int
+    """The key of the index's first item."""
+    last_id: int
+    """The key of the index's last item."""
+    length: int
+    """Items the index holds."""
+    tag: str | None
+    """The generation tag the index was synced at (``RedisSession``)."""
+
+
+class Gone(NamedTuple):
+    """Why a store read no window: a code of ``protoprompt.turn_report.READ_REASONS`` and
+    detail (an empty code: ``choose`` declined, it says why itself)."""
+
+    code: str
+    detail: str | None
+
+
+Chooser = Callable[[list[Any], Rows], "tuple[int, int] | None"]
+"""``choose(appended items, their rows)``: the position and key of a window's first item,
+or ``None``."""
+
+
 @dataclass(frozen=True)
 class Seen:
     """What a read of rows found, compared with the index as it was then."""
@@ -237,6 +311,8 @@ class Seen:
     """Items of the index that are the read's first items."""
     new_ids: RowIds
     """Row ids of the read's items after those."""
+    tag: str | None = None
+    """The generation tag the read saw (``RedisSession``; ``None`` for other engines)."""
 
 
 @dataclass(frozen=True)

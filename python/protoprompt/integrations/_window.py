@@ -4,6 +4,7 @@ needs to pack them as the whole history."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from array import array
@@ -16,6 +17,7 @@ from ._sdk import PREPARE_CODE, ItemHelpers
 
 if TYPE_CHECKING:
     from ._snapshots import IndexState
+    from ._store import HistoryStore
     from .session import ProtoPromptSession
 
 _log = logging.getLogger("protoprompt")
@@ -106,17 +108,20 @@ def opaque_scale_of(builder: Any) -> float:
     return float(scale()) if callable(scale) else 1.0
 
 
-def read_window(
-    state: IndexState, reader: _sync.RowReader, session_id: str, turn: Turn, new_items: list[Any]
+async def read_window(
+    state: IndexState, store: HistoryStore, session_id: str, turn: Turn, new_items: list[Any]
 ) -> tuple[list[Any], _sync.Read] | Refused:
     """The newest items the turn's budget can reach and what the callback needs to pack
     them as the whole history, or why the whole history must be read (``Refused``): no
-    index synced with the rows, the greedy policy, a gone row, no window smaller than the
-    history (and which relation ties it together), no user message to recall from.
+    index synced with the rows, the greedy policy, a gone row, rows changed before the
+    window, no window smaller than the history (and which relation ties it together), no
+    user message to recall from.
 
     The window comes from the index (in memory or its snapshot) and the rows appended
     after its last row, classified before anything is trusted (``HistoryIndex.window``);
-    see ``_sync.RowReader.read_window`` for the reads."""
+    the store reads the rows and proves that the rows before the window are the index's
+    (see ``_store``). The state's lock is only taken in worker threads, never on the event
+    loop (which would stall every other session of the loop while a turn packs)."""
     builder = turn.builder
     if getattr(builder, "policy", None) != "contiguous":
         return Refused("greedy_policy")
@@ -124,21 +129,30 @@ def read_window(
     budget = max(int(builder.max_tokens) - int(reserve), 0)
     model, encoding = builder.model, builder.encoding
     scale = opaque_scale_of(builder)
-    snapshot = state.restore()
-    with state.lock:
-        row_ids = state.row_ids
-        n = len(state.index)
-        if n < 2 or row_ids is None or len(row_ids) != n:
-            detail = snapshot[1] if snapshot is not None and snapshot[0] == "ignored" else None
-            return Refused("first_turn", detail and f"snapshot ignored: {detail}", snapshot)
-        version = state.version
-        last_id = row_ids[-1]
+
+    def synced() -> tuple[tuple[str, str | None] | None, Any]:
+        snapshot = state.restore()
+        with state.lock:
+            row_ids = state.row_ids
+            n = len(state.index)
+            if n < 2 or row_ids is None or len(row_ids) != n:
+                return snapshot, None
+            view = _sync.WindowView(row_ids[0], row_ids[-1], n, state.tag)
+            return snapshot, (state.version, view)
+
+    snapshot, found = await asyncio.to_thread(synced)
+    if found is None:
+        detail = snapshot[1] if snapshot is not None and snapshot[0] == "ignored" else None
+        return Refused("first_turn", detail and f"snapshot ignored: {detail}", snapshot)
+    version, view = found
+    n = view.length
     chosen: list[Any] = []
     refused: list[Refused] = []
 
-    def choose(appended: list[Any], rows: _sync.Rows) -> int | None:
+    def choose(appended: list[Any], rows: _sync.Rows) -> tuple[int, int] | None:
         with state.lock:
-            if state.version != version:
+            row_ids = state.row_ids
+            if state.version != version or row_ids is None:
                 refused.append(Refused("changed", None, snapshot))
                 return None
             try:
@@ -168,13 +182,13 @@ def read_window(
             chosen.append(w)
             chosen.append(array("q", row_ids[w : n - 1]))
             chosen.append((total - window.reach, widened))
-            return int(row_ids[w])
+            return w, int(row_ids[w])
 
-    got = reader.read_window(last_id, choose)
-    if got is None:
+    got = await store.read_window(view, choose)
+    if isinstance(got, _sync.Gone):
         if refused:
             return refused[0]
-        return Refused("popped", "the index's last row is gone", snapshot)
+        return Refused(got.code or "popped", got.detail, snapshot)
     head_items, tail_items, tail_rows, head_ids = got
     w, expected, (reached, widened) = chosen
     if head_ids != expected:  # a row of the window is gone: the index does not hold
@@ -185,8 +199,8 @@ def read_window(
     ):
         return Refused("no_user_text", None, snapshot)  # the recall query is before it
     window_ids = array("q", expected)
-    window_ids.append(last_id)
-    seen = _sync.Seen(version, n, tail_rows.ids_from(1))
+    window_ids.append(view.last_id)
+    seen = _sync.Seen(version, n, tail_rows.ids_from(1), view.tag)
     facts = _sync.Read(
         len(window),
         False,

@@ -60,6 +60,7 @@ will send: its de-duplication of reused ids is applied first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +71,7 @@ from .. import _core
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
 from ..packing import PackResult, UnitDecision, item_tokens
+from ..plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._runs import Collapsed, Run, collapse_groups, run_span
 from ._sdk import CallModelData, ModelInputData
@@ -190,6 +192,41 @@ class ModelCallPlan:
     packed as the SDK sends it, without them."""
     not_counted: tuple[str, ...] = ()
     """What the call sends that cannot be counted here (a stored prompt template)."""
+    context_position: int | None = None
+    """Position of the session callback's context message in the list packed (``None``:
+    none there; the standalone filter's context message is :attr:`context`'s, in front)."""
+    run_input: tuple[int, int] | None = None
+    """``[start, end)`` positions of the run's input in the list packed (``None``: no run
+    input was found, e.g. a run whose input holds no user message)."""
+
+    @property
+    def sections(self) -> RequestSections:
+        """The request by section (see :mod:`protoprompt.plan`), adding up to :attr:`used`:
+        the agent's instructions, tools and output schema, the context message, the run
+        input, the newest step, the run's earlier steps, the history kept from before the
+        run, and the output reserve."""
+        context = None
+        if self.context is not None:  # the standalone filter's message, in front
+            message = self.context.context_message
+            context = (self.context.context_tokens, 1 if message is not None else 0)
+        return request_sections(
+            self.pack,
+            request=RequestCost(
+                self.instructions_tokens,
+                self.tools_tokens,
+                self.output_schema_tokens,
+                self.not_counted,
+            ),
+            reserved=self.instructions_tokens + self.tools_tokens + self.output_schema_tokens,
+            context=context,
+            call=self.layout,
+        )
+
+    @property
+    def layout(self) -> CallLayout:
+        """Where the call's parts are in the list packed (:class:`~protoprompt.plan.\
+CallLayout`)."""
+        return CallLayout(self.step, self.run_input, self.context_position, len(self.truncated))
 
     @property
     def items_tokens(self) -> int:
@@ -216,38 +253,46 @@ class ModelCallPlan:
         """Units of the input that were not sent."""
         return self.pack.dropped
 
-    def explain(self) -> str:
-        """A readable account of the call: totals, cuts, then the core's decisions."""
+    def to_html(self) -> str:
+        """The call as one self-contained HTML page: a bar of the budget by section and the
+        units of its input as kept / masked / dropped with their reasons on hover. A run's
+        calls on one page: :func:`protoprompt.plans_to_html` (``on_call``'s plans)."""
+        from ..plan_html import plans_to_html
+
+        return plans_to_html(self)
+
+    def explain(self, max_units: int | None = 20) -> str:
+        """A readable account of the call: the request by section (:attr:`sections`), what
+        the run's index reused, the cut tool outputs, then the masked and dropped units
+        (positions ``input[i]`` in the SDK's input list) with their reasons."""
+        sent = len(self.items) - (
+            1 if self.context is not None and self.context.context_message is not None else 0
+        )
         lines = [
-            f"model call {self.call}: {self.used} of {self.budget} tokens = items "
-            f"{self.items_tokens} + instructions {self.instructions_tokens} + tools "
-            f"{self.tools_tokens} + output schema {self.output_schema_tokens} + output "
-            f"reserve {self.output_reserve}; "
-            f"{len(self.items)} of {self.input_items} input items sent"
+            f"model call {self.call} of the run: {sent} of {self.input_items} input items sent"
             + (
-                " (plus the recalled context)"
-                if self.context and self.context.context_message
+                ", plus the context message"
+                if self.context is not None and self.context.context_message is not None
                 else ""
-            ),
-            f"  mandatory: context/run input at {self.pinned or 'none'}, newest step "
-            f"{self.step[0]}..{self.step[1]}",
-            f"  index: {self.reused} of {self.input_items} items reused ({self.reuse})",
+            )
         ]
+        lines += self.sections.lines()
+        lines.extend(f"not counted: {note}" for note in self.not_counted)
+        lines.append(f"index: {self.reused} of {self.input_items} items reused ({self.reuse})")
         if self.deduplicated:
             lines.append(
-                f"  {self.deduplicated} items collapsed by the SDK's de-duplication (reused "
+                f"{self.deduplicated} items collapsed by the SDK's de-duplication (reused "
                 "ids): packed as sent"
             )
-        lines.extend(f"  not counted: {note}" for note in self.not_counted)
         lines.extend(
-            f"  truncated {t.item_type} at {t.position} (call {t.call_id}"
-            f"{', ' + t.tool if t.tool else ''}): {t.original_tokens} -> "
-            f"{t.sent_tokens} tokens"
+            f"truncated {t.item_type} at input[{t.position}] (call {t.call_id}"
+            f"{', ' + t.tool if t.tool else ''}): {t.original_tokens:,} -> "
+            f"{t.sent_tokens:,} tokens"
             + (f", {t.parts_removed} parts removed" if t.parts_removed else "")
             + (f", {t.media_removed} media parts removed" if t.media_removed else "")
             for t in self.truncated
         )
-        lines.append(self.pack.explain())
+        lines.extend(self.pack.explain_units(max_units, where=input_at))
         return "\n".join(lines)
 
 
@@ -469,12 +514,16 @@ class ModelInputFilter:
         layout_start = step_start
         packed, packed_digests = items, digests
         collapsed: Collapsed | None = None
+        context_at = 0 if self._is_context(items) else None
+        run_input = run.run_input
         if run.groups:
             collapsed = collapse_groups(items, run.groups, digests)
             packed, packed_digests = collapsed.items, collapsed.digests
             step_start = collapsed.start(layout_start)
             moved = {collapsed.position(p) for p in pinned}
             pinned = sorted(p for p in moved if p < step_start)
+            if run_input is not None:
+                run_input = (collapsed.start(run_input[0]), collapsed.start(run_input[1]))
         indexed = len(run.index)
         run.sync_index(packed_digests)
         reused = len(run.index)
@@ -498,6 +547,13 @@ class ModelInputFilter:
         sent = (
             [context.context_message] if context and context.context_message else []
         ) + result.items
+        layout = CallLayout((step_start, len(packed)), run_input, context_at, len(truncated))
+        if context is not None:
+            # The builder's plan of this call, with where its parts are (same sections).
+            framed = dataclasses.replace(context, layout=layout, request=extras)
+            if self.builder.last_plan is context:
+                self.builder.last_plan = framed
+            context = framed
         return ModelCallPlan(
             call=run.calls,
             items=sent,
@@ -516,6 +572,8 @@ class ModelInputFilter:
             context=context,
             deduplicated=len(items) - len(packed),
             not_counted=extras.not_counted,
+            context_position=context_at,
+            run_input=run_input,
         )
 
     def _pack(

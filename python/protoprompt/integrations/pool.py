@@ -1,7 +1,7 @@
-"""The process-wide pool of session indexes, and the count store of each database file.
+"""The process-wide pool of session indexes, and the count store of each SQLite database file.
 
 A server that builds a ``ProtoPromptSession`` per request still gets warm turns: objects for
-the same stored session (same database file, table and session id) share one index, and the
+the same stored session (same database, table or key, and session id) share one index, and the
 most recently used ones are kept up to ``ProtoPromptSession(shared_index_bytes=...)`` bytes
 (about 0.23 KB per history item). An index dropped from the pool stays with the objects that
 hold it and is rebuilt by new ones.
@@ -17,16 +17,17 @@ from collections import OrderedDict
 
 from .._meta import meta_value
 from ..count_store import SQLiteCountStore
-from ._snapshots import IndexState
+from ._snapshots import IndexState, SnapshotStore
 
 DEFAULT_SHARED_INDEX_BYTES = 256 * 2**20
 """Default of ``ProtoPromptSession(shared_index_bytes=...)``."""
 
 Key = tuple[str, str, str, str]
-"""A stored session: (database id, resolved file path, messages table, session id). The id
-tells a database deleted and created again at one path (its row ids start over) from the
-first; the path tells apart copies of one database file (they share the id, and their row
-ids go on from the same point with different rows)."""
+"""A stored session: (database id, location, messages table or list key, session id). The
+id tells a database deleted and created again at one path (its row ids start over) from the
+first; the location (a resolved file path, a server URL without its password) tells apart
+copies of one database (they share the id, and their row ids go on from the same point with
+different rows). Made by the history stores (``_store``)."""
 
 _SHARED: OrderedDict[Key, IndexState] = OrderedDict()
 _SHARED_LOCK = threading.Lock()
@@ -68,7 +69,7 @@ def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
         return store
 
 
-def shared_state(key: Key, snapshot_at: tuple[str, str, str, str] | None) -> IndexState:
+def shared_state(key: Key, snapshot_at: SnapshotStore | None) -> IndexState:
     with _SHARED_LOCK:
         state = _SHARED.get(key)
         if state is None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..calibration import Calibration
-from ..count_store import CountStore, SQLiteCountStore
+from ..count_store import CountStore, RemoteCountStore, SQLiteCountStore
 from ..errors import ProtoPromptError
 from ..packing import canonical_text, preload
 from ..turn_report import (
@@ -33,7 +33,8 @@ from ..turn_report import (
     fallback_cost,
     index_outcome,
 )
-from . import _sync, pool
+from . import _sdk, _sync, pool
+from ._agent import agent_request, model_name
 from ._context import (
     LAST_READ,
     MAX_PENDING_CONTEXTS,
@@ -44,6 +45,8 @@ from ._context import (
     context_key,
     is_encrypted_envelope,
 )
+from ._evicted import SessionMemory, called_by_compaction_rewrite
+from ._request import RequestCosts
 from ._sdk import (
     OpenAIConversationsSession,
     RunConfig,
@@ -60,6 +63,7 @@ from ._shims import (
     coerce_settings,
 )
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
+from ._store import HistoryStore, StoreReadError, Unsupported, open_store
 from ._window import (
     TURN_ATTR,
     Refused,
@@ -69,12 +73,14 @@ from ._window import (
     runner_turn,
     window_keep,
 )
+from .compaction import REWRITING
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from ._sdk import Agent
     from .audit import BudgetAudit
     from .model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
 
@@ -178,9 +184,12 @@ async def _pop_item_with_validation(
     state = self._index_state
     state.bump()
     try:
-        return await self._inner._pop_item_with_validation(validate)
+        item = await self._inner._pop_item_with_validation(validate)
     finally:
         state.bump()
+    if item is not None:
+        await self._popped(item)
+    return item
 
 
 def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
@@ -193,6 +202,71 @@ def _check_callback_args(builder: object, system_prompt: object, on_plan: object
         raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
     if on_plan is not None and not callable(on_plan):
         raise TypeError("on_plan must be callable or None")
+
+
+def _remembered(
+    memory: SessionMemory | None, kwargs: dict[str, Any], history: list[Item], offset: int
+) -> dict[str, Any]:
+    """``kwargs`` of a turn's ``build`` with what ``memory`` adds (the session, the turn's
+    number, the summary); a failure there only loses the addition."""
+    if memory is None:
+        return kwargs
+    try:
+        return {**kwargs, **memory.prepare(history, offset)}
+    except Exception as exc:  # noqa: BLE001 - recall is never worth a failed turn
+        _log.warning("protoprompt: evicted turns not recalled this turn: %s", exc)
+        return {**kwargs, "session_id": memory.session.session_id}
+
+
+def _observed(
+    memory: SessionMemory,
+    plan: ContextPlan,
+    history: list[Item],
+    offset: int,
+    row_ids: Sequence[int] | None,
+) -> Callable[[], None] | None:
+    """What starts the background work on what the turn evicted (never raises)."""
+    try:
+        return memory.observe(plan, history, offset, row_ids)
+    except Exception as exc:  # noqa: BLE001 - a later turn hands the rows over
+        _log.warning("protoprompt: the rows this turn evicted are left to a later turn: %s", exc)
+        return None
+
+
+async def _quietly(what: str, work: Awaitable[Any]) -> None:
+    """Await ``work``; a failure is logged (the session's own change already happened)."""
+    try:
+        await work
+    except Exception as exc:  # noqa: BLE001 - memory upkeep never fails a session call
+        _log.warning("protoprompt: %s failed: %s", what, exc)
+
+
+def _default_builder(
+    agent: Any, max_tokens: int | None, model: str | None, output_reserve: int | None
+) -> TokenBudgetedContextBuilder:
+    """``run_config``'s builder without memory, from ``max_tokens`` and the model's name
+    (``model``, else ``agent``'s)."""
+    from ..context import TokenBudgetedContextBuilder
+
+    if max_tokens is None:
+        raise TypeError("run_config() needs a builder, or max_tokens (the budget) to make one")
+    if model is None and agent is not None:
+        if not isinstance(agent, _sdk.Agent):
+            raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
+        model = model_name(agent)
+        if model is None:
+            raise TypeError(
+                f"the model of agent {agent.name!r} has no name to choose a tokenizer by: "
+                "pass model= (e.g. model='gpt-5')"
+            )
+    if model is None:
+        raise TypeError("run_config() needs model= (or agent=) to choose the tokenizer")
+    return TokenBudgetedContextBuilder(
+        None,
+        max_tokens=max_tokens,
+        model=model,
+        output_reserve=0 if output_reserve is None else output_reserve,
+    )
 
 
 class ProtoPromptSession:
@@ -354,55 +428,41 @@ class ProtoPromptSession:
             isinstance(self._inner, SQLiteSession)
             and type(self._inner).get_items is SQLiteSession.get_items
         )
-        self._incremental = sqlite_inner if incremental is None else incremental
-        self._reader: _sync.RowReader | None = None
-        self._shared_key: pool.Key | None = None
-        snapshot_at: tuple[str, str, str, str] | None = None
-        if self._incremental and sqlite_inner:
-            db = os.fspath(self._inner.db_path)
-            if db != ":memory:":  # a memory database has no other writer
-                table = self._inner.messages_table
-                # get_items reads the rows itself, with their ids, so the index is compared
-                # with exactly the rows the SDK hands over (see `_sync`).
-                self._reader = _sync.RowReader(db, table, session_id)
-                # That comparison makes sharing the index between objects safe, keyed by
-                # the database's own identity and its file (see `_Key`).
-                db_id = pool.database_id(db)
-                if db_id is not None:
-                    self._shared_key = (db_id, os.path.realpath(db), table, session_id)
-                    snapshot_at = (db, db_id, table, session_id)
-        self._index_state = (
-            pool.shared_state(self._shared_key, snapshot_at) if self._shared_key else IndexState()
+        # The history store: reads the rows the way the inner session does, with their keys,
+        # so the index is compared with exactly the rows the SDK hands over (see _store).
+        opened = open_store(self._inner, session_id)
+        self._store: HistoryStore | None = None if isinstance(opened, Unsupported) else opened
+        # A memory SQLiteSession has no other writer: its index is trusted between pops.
+        self._incremental = (
+            (self._store is not None or sqlite_inner) if incremental is None else incremental
         )
-        if self._shared_key is not None:
-            # Token counts outlive the process in the same database (SQLiteCountStore).
-            store = self._index_state.index.count_store
-            if store is None:
-                self._index_state.index.count_store = pool.count_store(
-                    self._shared_key, max_open_readers
-                )
-            elif isinstance(store, SQLiteCountStore):
-                store.max_open_readers = max_open_readers
-        # Token windows need the rows with their ids (a database file) and the index.
-        self._windowed_reads = windowed_reads and self._reader is not None
+        if not self._incremental and self._store is not None:
+            self._store.close()
+            self._store = None
+        self._shared_key: pool.Key | None = None
+        self._max_open_readers = max_open_readers
+        self._attached = self._store is None
+        self._index_state = IndexState()
+        if self._store is not None and self._store.kind == "sqlite":
+            self._attach_state()  # no I/O of its own: at once
+        # Token windows need the rows with their keys (a store) and the index.
+        self._windowed_reads = windowed_reads and self._store is not None
         # Why a fast path is off for good, for the turn reports (turn_report's tables).
-        memory_db = sqlite_inner and os.fspath(self._inner.db_path) == ":memory:"
+        self._no_window_detail: str | None = None
         if not windowed_reads:
             self._no_window = "windowed_reads_off"
-        elif not sqlite_inner:
-            self._no_window = "inner_session"
-        elif memory_db:
-            self._no_window = "memory_database"
+        elif isinstance(opened, Unsupported):
+            self._no_window, self._no_window_detail = opened
         else:
             self._no_window = "no_index"
-        if self._shared_key is not None:
-            self._no_store = "its database could not be opened for counts"
-        elif memory_db:
-            self._no_store = "memory database"
-        elif sqlite_inner:
-            self._no_store = "the database has no id of its own (read-only?)"
+        if isinstance(opened, Unsupported):
+            self._no_store = (
+                "memory database"
+                if opened.code == "memory_database"
+                else f"the history lives in an inner session ({opened.detail})"
+            )
         else:
-            self._no_store = "the history lives in an inner session"
+            self._no_store = "the history is not indexed (incremental=False)"
         self._pending: deque[tuple[Any, tuple[str, str]]] = deque(maxlen=MAX_PENDING_CONTEXTS)
         # Masked copies handed out by direct calls of the callback, with their canonical
         # text: add_items keeps them out of the history like the context message.
@@ -415,6 +475,8 @@ class ProtoPromptSession:
         self._last_window_offset: int | None = None
         self._calibration: Calibration | None = None
         self._calibration_lock = threading.Lock()
+        # Builders with recall of evicted turns or a summarizer this session served.
+        self._memories: list[SessionMemory] = []
 
     @property
     def calibration(self) -> Calibration:
@@ -458,23 +520,22 @@ class ProtoPromptSession:
         """The history, or its latest ``limit`` items in chronological order."""
         if limit is None and self._settings is not None:
             limit = self._settings.limit
+        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
+        closed = getattr(self._inner, "_closed", False)
+        # Before the first await: the runner's frame is found on the stack.
+        turn = runner_turn(self) if self._windowed_reads and not windowed and not closed else None
+        await self._attach()
         state = self._index_state
         epoch = state.epoch
-        windowed = limit is not None or getattr(self.session_settings, "limit", None) is not None
-        refused = Refused("session_limit") if windowed else Refused(self._no_window)
-        closed = getattr(self._inner, "_closed", False)
-        if self._windowed_reads and not windowed and not closed:
+        store = self._store
+        refused = Refused("session_limit") if windowed else self._refused_window()
+        if turn is not None:
             # Not told apart by `wrapper`: the SDK passes it only when every method takes it,
             # and a pop_item inherited from SQLiteSession (0.24) does not, so it is None here.
-            turn = runner_turn(self)
             if isinstance(turn, Refused):
                 refused = turn
             else:
-                try:
-                    found = await asyncio.to_thread(self._read_window, *turn)
-                except sqlite3.Error as exc:
-                    _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
-                    found = Refused("read_failed", str(exc))
+                found = await self._read_window(*turn)
                 if not isinstance(found, Refused):
                     items, facts = found
                     self._window_reads += 1
@@ -494,15 +555,17 @@ class ProtoPromptSession:
             restorer.start()
         seen: _sync.Seen | None = None
         try:
-            if self._reader is not None and not windowed and not closed:
-                # SQLiteSession.get_items' own read, with the ids of the rows (see _sync),
-                # compared with the index while the rows are at hand.
+            if store is not None and not windowed and not closed:
+                # The inner session's own read, with the keys of the rows (see _sync),
+                # compared with the index while the rows are at hand (in a worker thread).
+                monotone = store.monotone
+
                 def look(rows: _sync.Rows) -> _sync.Seen | None:
-                    return state.compare(rows, restorer) if self._incremental else None
+                    return state.compare(rows, restorer, monotone=monotone)
 
                 try:
-                    items, seen = await asyncio.to_thread(self._reader.read, look)
-                except sqlite3.Error as exc:
+                    items, seen = await store.read(look)
+                except StoreReadError as exc:
                     _log.debug("protoprompt: rows of %r not read: %s", self.session_id, exc)
                     refused = Refused("read_failed", str(exc), refused.snapshot)
                     items = await call(self._inner.get_items, wrapper=wrapper)
@@ -518,7 +581,7 @@ class ProtoPromptSession:
             len(items),
             windowed,
             epoch,
-            self._reader is not None,
+            store is not None,
             seen,
             not_windowed=(refused.code, refused.detail),
             snapshot=snapshot,
@@ -526,13 +589,50 @@ class ProtoPromptSession:
         LAST_READ.set(Read(self, facts))
         return items
 
-    def _read_window(
+    def _refused_window(self) -> Refused:
+        """Why a read is not a window when nothing else says so: windows are off for this
+        session, or (with a store) the index does not know the rows yet."""
+        return Refused(self._no_window, self._no_window_detail)
+
+    async def _read_window(
         self, turn: Turn, new_items: list[Any]
     ) -> tuple[list[Any], _sync.Read] | Refused:
         """The token window of this read (see ``_window.read_window``), or why not."""
-        if self._reader is None:  # pragma: no cover - windowed reads need the reader
-            return Refused(self._no_window)
-        return read_window(self._index_state, self._reader, self.session_id, turn, new_items)
+        if self._store is None:  # pragma: no cover - windowed reads need a store
+            return self._refused_window()
+        try:
+            return await read_window(
+                self._index_state, self._store, self.session_id, turn, new_items
+            )
+        except StoreReadError as exc:
+            _log.debug("protoprompt: window of %r not read: %s", self.session_id, exc)
+            return Refused("read_failed", str(exc))
+
+    def _attach_state(self) -> None:
+        """Take this stored session's index from the process's pool, and its database's
+        count store (once the store knows the database's id; else an index of its own)."""
+        store = self._store
+        self._attached = True
+        if store is None or store.key is None:
+            return
+        self._shared_key = store.key
+        state = pool.shared_state(store.key, store.snapshots)
+        counts = state.index.count_store
+        if counts is None:
+            # Token counts outlive the process in the same database.
+            state.index.count_store = store.count_store(self._max_open_readers)
+        elif isinstance(counts, SQLiteCountStore):
+            counts.max_open_readers = self._max_open_readers
+        self._index_state = state
+
+    async def _attach(self) -> None:
+        """On the first call that reaches the database: open the store (the database's id,
+        protoprompt's tables) and take the pooled index (see :meth:`_attach_state`)."""
+        if self._attached or self._store is None:
+            return
+        await self._store.open()
+        if not self._attached:
+            self._attach_state()
 
     async def add_items(self, items: list[Item], wrapper: Any = None) -> None:
         """Append ``items``, except the context messages this session's callback produced."""
@@ -558,25 +658,76 @@ class ProtoPromptSession:
         await call(self._inner.add_items, kept, wrapper=wrapper)
 
     async def pop_item(self, wrapper: Any = None) -> Item | None:
-        """Remove and return the newest item (``None`` when the session is empty)."""
-        self._index_state.bump()
+        """Remove and return the newest item (``None`` when the session is empty); the
+        recall record of its row, if any, goes too."""
+        await self._attach()
+        state = self._index_state
+        state.bump()
+        if self._store is not None:
+            await self._store.before_rewrite()
         try:
-            return await call(self._inner.pop_item, wrapper=wrapper)
+            item = await call(self._inner.pop_item, wrapper=wrapper)
         finally:
-            self._index_state.bump()
+            state.bump()
+            if self._store is not None:
+                await self._store.after_rewrite()
+        if item is not None:
+            await self._popped(item)
+        return item
+
+    async def _popped(self, item: Item) -> None:
+        """Forget the recall record of a popped row (every builder this session served)."""
+        loop = asyncio.get_running_loop()
+
+        def length() -> int:
+            items = asyncio.run_coroutine_threadsafe(call(self._inner.get_items), loop).result()
+            return len(items)
+
+        for memory in self._memories:
+            await _quietly(
+                "forgetting a popped row", asyncio.to_thread(memory.popped, item, length)
+            )
+
+    def _session_memory(
+        self, builder: TokenBudgetedContextBuilder, scope: MemoryScope | None
+    ) -> SessionMemory | None:
+        """The seam to ``builder``'s evictions for this session (``None``: it has none)."""
+        evictions = getattr(builder, "_evictions", None)
+        if evictions is None:
+            return None
+        for memory in self._memories:
+            if memory.builder is builder and memory._scope == scope:
+                return memory
+        memory = SessionMemory(self, builder, evictions, scope)
+        self._memories.append(memory)
+        return memory
 
     async def clear_session(self, wrapper: Any = None) -> None:
-        """Remove this session's history. Long-term memory (the MemoryStore) is untouched."""
+        """Remove this session's history. Long-term memory (the MemoryStore) is untouched,
+        except the recall records and summary of what this session evicted (builders with
+        ``recall_evicted`` or a ``summarizer`` it served), which go with it; a compaction
+        session's clear-and-add rewrite keeps them."""
+        rewrite = called_by_compaction_rewrite()  # before the first await: the caller's frame
+        await self._attach()
         with self._pending_lock:
             self._pending.clear()
             self._pending_masked.clear()
         self._index_state.bump()
+        if self._store is not None:
+            await self._store.before_rewrite()
         try:
             await call(self._inner.clear_session, wrapper=wrapper)
         finally:
             self._index_state.bump()
+            if self._store is not None:
+                await self._store.after_rewrite()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
+        for memory in self._memories:  # the session's recall records and summary go too
+            if rewrite:
+                memory.rewritten()
+            else:
+                await _quietly("forgetting the evicted turns", asyncio.to_thread(memory.cleared))
 
     def close(self) -> None:
         """Close the default ``SQLiteSession`` (an ``inner_session`` is left to its owner).
@@ -589,10 +740,10 @@ class ProtoPromptSession:
         if len(state.index) >= self._snapshot_min_items:
             state.save()
         store = state.index.count_store
-        if isinstance(store, SQLiteCountStore):
+        if isinstance(store, (SQLiteCountStore, RemoteCountStore)):
             store.flush(timeout=5.0)
-        if self._reader is not None:
-            self._reader.close()
+        if self._store is not None:
+            self._store.close()
         if self._owns_inner:
             self._inner.close()
 
@@ -605,7 +756,7 @@ class ProtoPromptSession:
             state.wait_for_save()
         return DebugState(
             incremental=self._incremental,
-            reads_rows=self._reader is not None,
+            reads_rows=self._store is not None,
             windowed_reads=self._windowed_reads,
             index_id=state.serial,
             shared=self._shared_key is not None and pool.is_shared(self._shared_key, state),
@@ -656,16 +807,35 @@ class ProtoPromptSession:
 
     def _rewrites(self, method: Any) -> Any:
         """``method`` (which rewrites the stored history) with the index reset around it."""
-        state = self._index_state
 
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
+            await self._attach()
+            state, store = self._index_state, self._store
+            running = REWRITING.set((state, state.epoch))  # for compaction_trigger
             state.bump()
+            if store is not None:
+                await store.before_rewrite()
             try:
                 return await call(method, *args, **kwargs)
             finally:
                 state.bump()
+                if store is not None:
+                    await store.after_rewrite()
+                REWRITING.reset(running)
+                for memory in self._memories:
+                    memory.rewritten()
 
         return rewriting
+
+    def _overrides_storage(self) -> bool:
+        """Whether a subclass changes how the history is read or written: the inner
+        session's compaction shortcuts would then bypass it (the SDK's own sessions refuse
+        them for their subclasses alike)."""
+        cls = type(self)
+        return any(
+            getattr(cls, name) is not getattr(ProtoPromptSession, name)
+            for name in ("get_items", "add_items", "clear_session")
+        )
 
     async def _get_compaction_snapshot(
         self, limit: int, *, prune_prefix: Callable[[Item], bool] | None = None
@@ -674,7 +844,7 @@ class ProtoPromptSession:
         replaces its suffix atomically), or ``None`` when the inner has none. The replacement
         resets this session's index: a ``:memory:`` database has no row check to notice it."""
         reader = getattr(self._inner, "_get_compaction_snapshot", None)
-        if reader is None:
+        if reader is None or self._overrides_storage():
             return None
         if prune_prefix is not None and accepts_keyword(reader, "prune_prefix"):
             raw = await reader(limit, prune_prefix=prune_prefix)
@@ -689,7 +859,7 @@ class ProtoPromptSession:
         """Replace the whole history atomically if the inner session can (``RedisSession``);
         ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
         replace = getattr(type(self._inner), "_atomic_replace_items", None)
-        if replace is None:
+        if replace is None or self._overrides_storage():
             return False
         return bool(await self._rewrites(replace)(self._inner, items))
 
@@ -858,6 +1028,7 @@ class ProtoPromptSession:
             if state.row_ids is None:
                 state.row_ids = array("q")
             state.row_ids.extend(facts.seen.new_ids if new_ids is None else new_ids)
+            state.tag = facts.seen.tag  # the rows were read at this generation (Redis)
             state.nbytes += state.row_ids.itemsize * len(state.row_ids)
         state.generation = facts.epoch
         state.version += 1
@@ -884,17 +1055,20 @@ class ProtoPromptSession:
         new_input: list[Item],
         read: Read | None,
         kwargs: dict[str, Any],
-    ) -> ContextPlan:
+        memory: SessionMemory | None = None,
+    ) -> tuple[ContextPlan, Callable[[], None] | None]:
         """The plan of one turn (in a worker thread), with its report (``plan.turn``): through
         the index when ``read`` — the last read of this task — returned ``history`` and the
         index holds for it (see ``_sync.plan``), else packed without the index, which is then
-        left as it is."""
+        left as it is. With ``memory`` (the builder recalls evicted turns or summarises
+        them), also what starts the background work on what the turn evicted."""
         state = self._index_state
         facts = read.facts if read is not None and read.session is self else None
         store = state.index.count_store
         failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
         held = 0
         plan: ContextPlan | None = None
+        evicted: Callable[[], None] | None = None
         index: tuple[IndexMode, str | None] = ("unused", "no_index")
         kept = 0
         if self._incremental:
@@ -905,19 +1079,34 @@ class ProtoPromptSession:
                 if decision.use_index and facts is not None:
                     kept = min(decision.keep, held)
                     plan = self._build_indexed(
-                        builder, history, new_input, facts, decision.keep, kwargs
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        decision.keep,
+                        _remembered(memory, kwargs, history, facts.offset),
                     )
                     index = index_outcome(decision.code, True, held, kept)
                 elif facts is not None and facts.offset and facts.count == len(history):
                     kept, rest = self._window_kept(facts)
                     plan = self._build_indexed(
-                        builder, history, new_input, facts, kept, kwargs, new_ids=rest
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        kept,
+                        _remembered(memory, kwargs, history, facts.offset),
+                        new_ids=rest,
                     )
                     index = index_outcome("compared", True, held, min(kept, held))
+                if plan is not None and memory is not None and facts is not None:
+                    evicted = _observed(memory, plan, history, facts.offset, state.row_ids)
         if plan is None:
             # Not the history our last read returned (a limit, a direct call, or the rows
             # could not be compared): packed without the index, which is left as it is.
-            plan = builder.build(history, new_input, **kwargs)
+            plan = builder.build(history, new_input, **_remembered(memory, kwargs, history, 0))
+            if memory is not None:
+                evicted = _observed(memory, plan, history, 0, None)
         report = self._turn_report(
             plan,
             facts if facts is not None and facts.count == len(history) else None,
@@ -930,7 +1119,7 @@ class ProtoPromptSession:
         turned = dataclasses.replace(plan, turn=report)
         if builder.last_plan is plan:
             builder.last_plan = turned
-        return turned
+        return turned, evicted
 
     def _window_kept(self, facts: _sync.Read) -> tuple[int, _sync.RowIds]:
         """For a token window whose index changed after the read (caller holds the state's
@@ -972,7 +1161,10 @@ class ProtoPromptSession:
             read_items = facts.count
             n_items = facts.offset + facts.count
             if facts.offset and facts.window_ids is not None:
-                read, row = "window", int(facts.window_ids[0])
+                read = "window"
+                # A list has no row ids: its window starts at a position (Redis).
+                keyed = self._store is not None and self._store.kind == "redis"
+                row = facts.offset if keyed else int(facts.window_ids[0])
                 detail = facts.widened
             else:
                 read = "limit" if facts.windowed else "full"
@@ -981,7 +1173,7 @@ class ProtoPromptSession:
             snapshot = ("in_memory", f"the last snapshot write failed: {state.save_failure}")
         if snapshot is None:
             if state.snapshot_at is None:
-                snapshot = ("off", self._no_store if self._reader is None else "no database id")
+                snapshot = ("off", self._no_store if self._store is None else self._store.no_store)
             elif held or plan.pack.index is not None:
                 snapshot = ("in_memory", None)
             else:
@@ -990,7 +1182,8 @@ class ProtoPromptSession:
         store_state: StoreState = "on"
         store_detail: str | None = None
         if store is None:
-            store_state, store_detail = "off", self._no_store
+            store_state = "off"
+            store_detail = self._no_store if self._store is None else self._store.no_store
         elif getattr(store, "read_failures", 0) > failures[0]:
             store_state = "failing"
             store_detail = getattr(store, "last_failure", None) or "its reads failed"
@@ -1097,6 +1290,7 @@ class ProtoPromptSession:
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
         on_plan: Callable[[ContextPlan], None] | None = None,
+        agent: Agent[Any] | None = None,
     ) -> SessionInputCallback:
         """A ``session_input_callback`` for ``RunConfig`` that budgets every request.
 
@@ -1116,11 +1310,19 @@ class ProtoPromptSession:
             output_reserve: overrides ``builder.output_reserve``.
             scope: overrides ``builder.scope`` (e.g. one scope per user).
             on_plan: called with each plan (besides ``builder.last_plan``).
+            agent: the agent the runs use: its instructions, tool definitions and output
+                schema are counted (as the per-call filter counts them) and reserved, so the
+                turn's plan is that of the run's first model call (``plan.request``;
+                instructions made per run from its context are left to the filter, and the
+                plan says so). Without it the turn's plan does not know them.
 
         Raises (from the callback, before the model is called):
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
         _check_callback_args(builder, system_prompt, on_plan)
+        memory = self._session_memory(builder, scope)
+        if agent is not None and not isinstance(agent, _sdk.Agent):
+            raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):
             # Build the tokenizer while the SDK reads the history, not in the first callback.
@@ -1130,15 +1332,22 @@ class ProtoPromptSession:
             "scope": scope,
             "output_reserve": output_reserve,
         }
+        costs = RequestCosts()
 
         async def protoprompt_session_input(
             history: list[Item], new_input: list[Item]
         ) -> list[Item]:
             by_runner = called_by_runner()  # before the first await: the caller's frame
             read = LAST_READ.get()
-            plan = await asyncio.to_thread(
-                self._build_turn, builder, history, new_input, read, kwargs
+            call_kwargs = kwargs
+            if agent is not None:
+                request = await agent_request(agent, builder.encoding, costs)
+                call_kwargs = {**kwargs, "request": request}
+            plan, evicted = await asyncio.to_thread(
+                self._build_turn, builder, history, new_input, read, call_kwargs, memory
             )
+            if evicted is not None:
+                evicted()  # background work on what the turn evicted; never raises
             return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
 
         setattr(protoprompt_session_input, TURN_ATTR, Turn(self, builder, output_reserve))
@@ -1188,8 +1397,11 @@ class ProtoPromptSession:
 
     def run_config(
         self,
-        builder: TokenBudgetedContextBuilder,
+        builder: TokenBudgetedContextBuilder | None = None,
         *,
+        agent: Agent[Any] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
         system_prompt: str = "",
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
@@ -1204,22 +1416,48 @@ class ProtoPromptSession:
         ``session_input_callback`` is :meth:`input_callback` (recalled memory, packed
         history, once per run) and ``call_model_input_filter`` is :meth:`model_input_filter`
         (every model call of the run fits, instructions and tools included). Other
-        ``RunConfig`` fields pass through::
+        ``RunConfig`` fields pass through. Without long-term memory, the budget alone::
 
-            config = session.run_config(builder, system_prompt="Answer from the contract.",
-                                        tracing_disabled=True)
+            config = session.run_config(agent=agent, max_tokens=128_000, output_reserve=8_000)
             result = await Runner.run(agent, question, session=session, run_config=config)
-            config.call_model_input_filter.last_plan.explain()
+            print(config.call_model_input_filter.last_plan.explain())
 
-        ``audit``: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
-        call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
-        ``audit.add_result(result)``, to pair each with the provider's count); with
-        ``builder.calibration`` set, the audit also teaches it.
+        With a :class:`~protoprompt.TokenBudgetedContextBuilder` (memory, masking, policy)::
+
+            config = session.run_config(builder, system_prompt="Answer from the contract.")
+
+        Args:
+            builder: the budget, tokenizer and memory; or leave it out and give
+                ``max_tokens`` (and ``model``, or an ``agent`` whose model is named): a
+                builder without memory is made, with the builder's defaults.
+            agent: the agent the runs use: the model's name is read from it when ``model``
+                is not given, and its instructions, tools and output schema are counted into
+                each turn's plan (see :meth:`input_callback`).
+            max_tokens, model: the budget and the model's name (its tokenizer) of the builder
+                made when ``builder`` is not given.
+            output_reserve: tokens kept free for the answer (overrides the builder's).
+            system_prompt, scope, on_plan: see :meth:`input_callback`.
+            oversized_output, on_call: see :meth:`model_input_filter`.
+            audit: a :class:`~protoprompt.integrations.BudgetAudit` that gets every model
+                call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
+                ``audit.add_result(result)``, to pair each with the provider's count); with
+                ``builder.calibration`` set, the audit also teaches it.
 
         Raises:
             TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
-                ``audit`` is not a ``BudgetAudit``.
+                both ``builder`` and ``max_tokens`` / ``model`` are given, or neither a
+                builder nor ``max_tokens``; no model name is given or readable from
+                ``agent``; ``audit`` is not a ``BudgetAudit``.
+            UnknownModelError: ``model`` has no known tokenizer (pass a builder with
+                ``encoding=``).
         """
+        if builder is None:
+            builder = _default_builder(agent, max_tokens, model, output_reserve)
+            output_reserve = None
+        elif max_tokens is not None or model is not None:
+            raise TypeError(
+                "pass either a builder or max_tokens and model (which make one), not both"
+            )
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
                 raise TypeError(
@@ -1231,6 +1469,7 @@ class ProtoPromptSession:
             output_reserve=output_reserve,
             scope=scope,
             on_plan=on_plan,
+            agent=agent,
         )
         if audit is not None:
             from .audit import BudgetAudit

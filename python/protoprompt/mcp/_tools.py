@@ -20,8 +20,9 @@ from ..packing import count_tokens, encoding_for_model
 
 __all__ = ["MemoryLimits", "MemoryToolError", "MemoryTools"]
 
-# The builder's layer names: what a hit would be recalled as (see protoprompt.context).
-_LAYER_OF_KIND = {"fact": "session", "document": "rag"}
+SEARCH_LAYERS = ("memory", "history")
+"""What ``memory_search`` searches: ``"memory"`` (facts and document chunks) or
+``"history"`` (passages of the turns sessions of the scope evicted)."""
 _DOC_PREFIX = "doc:"
 _FACT_PREFIX = "fact:"
 
@@ -160,14 +161,31 @@ class MemoryTools:
 
     # ------------------------------------------------------------------ reads
 
-    def search(self, query: object, top_k: object = 5) -> dict[str, Any]:
-        """Rank facts and document chunks of the scope against ``query``."""
+    def search(self, query: object, top_k: object = 5, layer: object = "memory") -> dict[str, Any]:
+        """Rank facts and document chunks of the scope against ``query``, or with
+        ``layer="history"`` the passages of the turns the scope's sessions evicted (see
+        ``TokenBudgetedContextBuilder(recall_evicted=True)``)."""
         query = _text("query", query, self.limits.max_query_chars)
         top_k = _integer("top_k", top_k, 1, self.limits.max_top_k)
-        hits = self.store.search(
-            query, scope=self.scope, limit=top_k, include_parents=self.include_parents
-        )
-        return {"query": query, "hits": [self._hit(rank, h) for rank, h in enumerate(hits, 1)]}
+        if layer not in SEARCH_LAYERS:
+            raise MemoryToolError(f"layer must be one of {', '.join(SEARCH_LAYERS)}, got {layer!r}")
+        if layer == "history":
+            if not callable(getattr(self.store, "search_history", None)):
+                raise MemoryToolError("this memory has no history layer")
+            hits = self.store.search_history(
+                query, scope=self.scope, limit=top_k, include_parents=self.include_parents
+            )
+        else:
+            hits = self.store.search(
+                query, scope=self.scope, limit=top_k, include_parents=self.include_parents
+            )
+        result: dict[str, Any] = {
+            "query": query,
+            "hits": [self._hit(rank, h) for rank, h in enumerate(hits, 1)],
+        }
+        if layer == "history":
+            result["layer"] = "history"
+        return result
 
     def get_profile(self) -> dict[str, Any]:
         """The scope's profile text, or ``None`` when none is set."""
@@ -290,20 +308,22 @@ class MemoryTools:
     # ------------------------------------------------------------------ helpers
 
     def _hit(self, rank: int, hit: MemoryHit) -> dict[str, Any]:
+        """A hit as JSON, with :class:`~protoprompt.memory.MemoryHit`'s names (``kind`` is
+        the earlier name of ``layer``, kept for compatibility)."""
         result: dict[str, Any] = {
             "rank": rank,
-            "layer": _LAYER_OF_KIND[hit.kind],
+            "layer": hit.layer,
             "kind": hit.kind,
             "score": hit.score,
             "text": hit.text,
             "inherited": hit.scope != self.scope,
+            "source": hit.source,
+            "memory_id": hit.memory_id,
         }
-        if hit.kind == "fact":
-            result["source"] = f"{_FACT_PREFIX}{hit.fact_id}"
-            result["memory_id"] = hit.fact_id
-        else:
-            result["source"] = f"{hit.doc_id}#{hit.chunk_index}"
-            result["memory_id"] = _DOC_PREFIX + str(hit.doc_id)
+        if hit.kind == "history":
+            for key in ("session_id", "row", "passage", "turn", "label"):
+                result[key] = hit.metadata.get(key)
+        elif hit.kind != "fact":
             result["doc_id"] = hit.doc_id
             result["chunk_index"] = hit.chunk_index
             result["span"] = list(hit.span) if hit.span is not None else None

@@ -66,14 +66,25 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
             int,
             Field(description="How many hits to return.", ge=1, le=limits.max_top_k, strict=True),
         ] = 5,
+        layer: Annotated[
+            Literal["memory", "history"],
+            Field(
+                description='"memory": remembered facts and indexed documents; "history": '
+                "passages of earlier conversation turns that no longer fit in the agents' "
+                "context (every session of this memory)."
+            ),
+        ] = "memory",
     ) -> dict[str, Any]:
-        """Search the remembered facts and indexed documents of this memory.
+        """Search the remembered facts and indexed documents of this memory, or (layer
+        "history") the earlier turns of its conversations that agents no longer see.
 
         Returns ranked hits, best first: layer ("session" for facts, "rag" for document
-        chunks), source (as memory_context names it), memory_id (for memory_forget), score
-        (higher is better, comparable within one result) and text.
+        chunks, "history" for passages of earlier turns), source (as memory_context names
+        it), memory_id (for memory_forget; none for history), score (higher is better,
+        comparable within one result) and text; history hits also name their session_id,
+        row, turn and label (what the passage was: a user message, a tool output...).
         """
-        return await call(tools.search, query, top_k)
+        return await call(tools.search, query, top_k, layer)
 
     async def memory_get_profile() -> dict[str, Any]:
         """Return the user profile of this memory ({"profile": null} when none is set)."""

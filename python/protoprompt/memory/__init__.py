@@ -1,9 +1,10 @@
-"""Scoped long-term memory for protoprompt: documents, facts and profiles in SQLite.
+"""Scoped long-term memory for protoprompt: documents, facts, profiles and the passages of
+evicted session turns (the ``history`` layer), in SQLite or PostgreSQL.
 
 See :mod:`protoprompt.memory.scope` for the isolation rule.
 """
 
 from .scope import MemoryScope
-from .store import MemoryHit, MemoryStore
+from .store import HistoryRecord, MemoryHit, MemoryStore
 
-__all__ = ["MemoryHit", "MemoryScope", "MemoryStore"]
+__all__ = ["HistoryRecord", "MemoryHit", "MemoryScope", "MemoryStore"]

@@ -17,9 +17,11 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 __all__ = [
+    "HISTORY_COLUMNS",
     "RECORD_COLUMNS",
     "Backend",
     "Chunk",
+    "HistoryEntry",
     "Row",
     "ScopeParams",
     "is_postgres_url",
@@ -51,6 +53,25 @@ RECORD_COLUMNS = (
 )
 """The columns of a record row, in the order every backend returns them."""
 
+HISTORY_COLUMNS = (
+    "id",
+    "s_tenant",
+    "s_user",
+    "s_thread",
+    "s_kind",
+    "session_id",
+    "row_key",
+    "passage",
+    "char_start",
+    "char_end",
+    "digest",
+    "text",
+    "metadata",
+    "created_at",
+)
+"""The columns of a history passage row (the ``history`` layer: passages of the turns a
+session evicted), in the order every backend returns them."""
+
 
 class Chunk(NamedTuple):
     """One chunk of a document to store."""
@@ -60,6 +81,20 @@ class Chunk(NamedTuple):
     end: int
     text: str
     embedding: bytes | None
+
+
+class HistoryEntry(NamedTuple):
+    """One stored history row (an item of a session) to index, as its passages."""
+
+    row_key: int
+    """The row's key in its session: its row id, or its position (see
+    ``MemoryStore.index_history``)."""
+    digest: str
+    """Digest of the row's rendered text (what was indexed)."""
+    metadata: str
+    """JSON of the row's metadata, returned with each of its passages."""
+    passages: Sequence[Chunk]
+    """The passages, in order (none: the row is forgotten)."""
 
 
 class Backend(Protocol):
@@ -140,6 +175,58 @@ class Backend(Protocol):
         """Records of ``kinds`` in ``scopes`` that the server ranks by cosine similarity to
         ``query`` (vectors of its length only), best first and by id on ties, at most
         ``pool``; ``[]`` when vectors are ranked in the client."""
+
+    def replace_history(
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        entries: Sequence[HistoryEntry],
+        created_at: float,
+    ) -> None:
+        """Replace the passages of each entry's row of ``session_id`` in exactly ``scope`` by
+        the entry's (one transaction for all; a row indexed twice at once is stored once)."""
+
+    def history_digests(
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        start: int | None,
+        end: int | None,
+        digest: str | None = None,
+    ) -> list[tuple[int, str]]:
+        """``(row_key, digest)`` of the rows of ``session_id`` in exactly ``scope`` that have
+        passages, with ``start <= row_key < end`` (``None``: unbounded) and that ``digest``
+        (``None``: any), by row key."""
+
+    def forget_history(
+        self, scope: ScopeParams, session_id: str | None, from_row: int | None
+    ) -> int:
+        """Delete the passages of ``session_id`` (``None``: of every session) in exactly
+        ``scope`` whose row key is at least ``from_row`` (``None``: all); the rows deleted."""
+
+    def history_common_words(self, words: Sequence[str]) -> set[str]:
+        """Those of ``words`` (as :func:`._ranking.words` makes them) that occur in more
+        than half of the history passages, as far as the engine knows without a scan
+        (SQLite: its full-text vocabulary; PostgreSQL: the column's statistics; an empty
+        set when it does not know)."""
+
+    def history_search(
+        self,
+        pieces: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        """History passages in ``scopes`` (of ``session_id`` only, unless ``None``) that
+        contain any of the query ``pieces``, as :data:`HISTORY_COLUMNS` rows with the
+        engine's relevance (the ranking of :meth:`text_search`), best first, by id on ties,
+        at most ``pool``."""
+
+    def history_embedded(
+        self, scopes: Sequence[ScopeParams], session_id: str | None
+    ) -> list[tuple[Row, bytes]]:
+        """History passages in ``scopes`` (of ``session_id`` only, unless ``None``) with an
+        embedding (float32), ranked in the client."""
 
     def close(self) -> None:
         """Release the connections; idempotent. Later calls raise ``RuntimeError``."""

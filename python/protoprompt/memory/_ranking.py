@@ -8,15 +8,30 @@
   embedder, records are also ranked by cosine similarity to the query's vector, and the two
   rankings are fused by reciprocal rank fusion with one constant (:func:`fuse`); ties go to
   the older record (the smaller id).
+* The history layer (passages of evicted turns) leaves out the query pieces whose words all
+  occur in more than half of its passages, as far as the engine knows without a scan
+  (SQLite's full-text vocabulary, PostgreSQL's column statistics), while the other pieces
+  match something: bm25 weighs such words (almost) nothing, and matching them would rank
+  every passage of a long session on every turn.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["MAX_QUERY_TERMS", "RRF_K", "WORD", "cosine", "fuse", "query_pieces", "rrf_weight"]
+__all__ = [
+    "MAX_QUERY_TERMS",
+    "RRF_K",
+    "WORD",
+    "cosine",
+    "fuse",
+    "query_pieces",
+    "rrf_weight",
+    "words",
+]
 
 WORD = re.compile(r"\S+")
 """A word: a run of non-whitespace (chunking, truncation at word boundaries)."""
@@ -26,6 +41,18 @@ RRF_K = 60
 
 MAX_QUERY_TERMS = 64
 """At most this many pieces of a query are matched (the first ones)."""
+
+
+_LETTERS_DIGITS = re.compile(r"[^\W_]+")
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text`` as the engines match them: runs of letters and digits after
+    NFKD decomposition, combining marks dropped, lower-cased (SQLite's ``unicode61
+    remove_diacritics 2`` tokenizer; the PostgreSQL engine indexes exactly these)."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
+    return _LETTERS_DIGITS.findall(folded)
 
 
 def rrf_weight(rank: int) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ._backend import RECORD_COLUMNS, Chunk, Row, ScopeParams
+from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, Chunk, HistoryEntry, Row, ScopeParams
 
 __all__ = ["SQLiteBackend", "fts5_match"]
 
@@ -57,6 +57,45 @@ CREATE TRIGGER IF NOT EXISTS pp_mem_records_au AFTER UPDATE OF text ON pp_mem_re
     INSERT INTO pp_mem_fts (pp_mem_fts, rowid, text) VALUES ('delete', old.id, old.text);
     INSERT INTO pp_mem_fts (rowid, text) VALUES (new.id, new.text);
 END;
+CREATE TABLE IF NOT EXISTS pp_mem_history (
+    id          INTEGER PRIMARY KEY,
+    s_tenant    TEXT NOT NULL,
+    s_user      TEXT NOT NULL,
+    s_thread    TEXT NOT NULL,
+    s_kind      TEXT NOT NULL,
+    session_id  TEXT NOT NULL,
+    row_key     INTEGER NOT NULL,
+    passage     INTEGER NOT NULL,
+    char_start  INTEGER NOT NULL,
+    char_end    INTEGER NOT NULL,
+    digest      TEXT NOT NULL,
+    text        TEXT NOT NULL,
+    metadata    TEXT NOT NULL DEFAULT '{}',
+    created_at  REAL NOT NULL,
+    embedding   BLOB,
+    UNIQUE (s_tenant, s_user, s_thread, s_kind, session_id, row_key, passage)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_fts USING fts5(
+    text,
+    content = 'pp_mem_history',
+    content_rowid = 'id',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_vocab USING fts5vocab(
+    'pp_mem_history_fts', 'row'
+);
+CREATE TRIGGER IF NOT EXISTS pp_mem_history_ai AFTER INSERT ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS pp_mem_history_ad AFTER DELETE ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
+        VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS pp_mem_history_au AFTER UPDATE OF text ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
+        VALUES ('delete', old.id, old.text);
+    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
+END;
 CREATE TABLE IF NOT EXISTS pp_mem_profiles (
     s_tenant   TEXT NOT NULL,
     s_user     TEXT NOT NULL,
@@ -69,6 +108,7 @@ CREATE TABLE IF NOT EXISTS pp_mem_profiles (
 """
 
 _COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
+_HISTORY = ", ".join(f"h.{column}" for column in HISTORY_COLUMNS)
 _SCOPE_EQ = "s_tenant = ? AND s_user = ? AND s_thread = ? AND s_kind = ?"
 
 
@@ -112,6 +152,7 @@ class SQLiteBackend:
         self._lock = threading.RLock()
         self._read_only = read_only
         self._tables = not read_only  # a read-only store checks (until they exist)
+        self._history = not read_only  # the history table (added later than the others)
         if read_only:
             conn = _connect_read_only(path)
         else:
@@ -156,6 +197,22 @@ class SQLiteBackend:
                 )
             self._tables = found[0] == 3
         return self._tables
+
+    def _has_history(self) -> bool:
+        """Whether the history table exists (always, unless opened read-only on a database
+        written by a store that did not have it: then the history layer reads as empty)."""
+        if not self._history:
+            with self._lock:
+                found = (
+                    self._connection()
+                    .execute(
+                        "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                        " AND name IN ('pp_mem_history', 'pp_mem_history_fts')"
+                    )
+                    .fetchone()
+                )
+            self._history = found[0] == 2
+        return self._history
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -242,7 +299,7 @@ class SQLiteBackend:
         deleted = 0
         with self._transaction() as conn:
             if doc_id is None and fact_id is None:
-                for table in ("pp_mem_records", "pp_mem_profiles"):
+                for table in ("pp_mem_records", "pp_mem_profiles", "pp_mem_history"):
                     deleted += conn.execute(
                         f"DELETE FROM {table} WHERE {_SCOPE_EQ}", scope
                     ).rowcount
@@ -325,5 +382,124 @@ class SQLiteBackend:
             f"SELECT {_COLUMNS}, r.embedding FROM pp_mem_records AS r"
             f" WHERE r.embedding IS NOT NULL AND r.rtype IN ({kind_sql}) AND {where}",
             (*kinds, *params),
+        )
+        return [(tuple(row[:-1]), row[-1]) for row in rows]
+
+    # ------------------------------------------------------------------ history layer
+
+    def replace_history(
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        entries: Sequence[HistoryEntry],
+        created_at: float,
+    ) -> None:
+        rows = [
+            (*scope, session_id, e.row_key, *c[:4], e.digest, e.metadata, created_at, c.embedding)
+            for e in entries
+            for c in e.passages
+        ]
+        with self._transaction() as conn:
+            conn.executemany(
+                f"DELETE FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key = ?",
+                [(*scope, session_id, e.row_key) for e in entries],
+            )
+            conn.executemany(
+                "INSERT INTO pp_mem_history (s_tenant, s_user, s_thread, s_kind, session_id,"
+                " row_key, passage, char_start, char_end, text, digest, metadata, created_at,"
+                " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def history_digests(
+        self,
+        scope: ScopeParams,
+        session_id: str,
+        start: int | None,
+        end: int | None,
+        digest: str | None = None,
+    ) -> list[tuple[int, str]]:
+        if not self._has_history():
+            return []
+        sql = (
+            f"SELECT row_key, digest FROM pp_mem_history WHERE {_SCOPE_EQ}"
+            " AND session_id = ? AND passage = 0"
+        )
+        params: list[Any] = [*scope, session_id]
+        if start is not None:
+            sql += " AND row_key >= ?"
+            params.append(start)
+        if end is not None:
+            sql += " AND row_key < ?"
+            params.append(end)
+        if digest is not None:
+            sql += " AND digest = ?"
+            params.append(digest)
+        return [(int(r), str(d)) for r, d in self._read(sql + " ORDER BY row_key", params)]
+
+    def forget_history(
+        self, scope: ScopeParams, session_id: str | None, from_row: int | None
+    ) -> int:
+        sql = f"DELETE FROM pp_mem_history WHERE {_SCOPE_EQ}"
+        params: list[Any] = list(scope)
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            params.append(session_id)
+        if from_row is not None:
+            sql += " AND row_key >= ?"
+            params.append(from_row)
+        with self._transaction() as conn:
+            deleted: int = conn.execute(sql, params).rowcount
+        return deleted
+
+    def history_common_words(self, words: Sequence[str]) -> set[str]:
+        if not words or not self._has_history():
+            return set()
+        marks = ", ".join("?" for _ in words)
+        try:
+            counts = self._read(
+                f"SELECT term, doc FROM pp_mem_history_vocab WHERE term IN ({marks})", words
+            )
+            (total,) = self._read("SELECT count(*) FROM pp_mem_history", ())[0]
+        except sqlite3.OperationalError:  # a database without the vocabulary table
+            return set()
+        return {str(term) for term, doc in counts if 2 * int(doc) > total}
+
+    def history_search(
+        self,
+        pieces: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+        pool: int,
+    ) -> list[tuple[Row, float]]:
+        match = fts5_match(pieces)
+        if match is None or not self._has_history():
+            return []
+        where, params = _scope_filter(scopes, alias="h")
+        if session_id is not None:
+            where += " AND h.session_id = ?"
+            params.append(session_id)
+        rows = self._read(
+            f"SELECT {_HISTORY}, bm25(pp_mem_history_fts) AS rank FROM pp_mem_history_fts"
+            " JOIN pp_mem_history AS h ON h.id = pp_mem_history_fts.rowid"
+            f" WHERE pp_mem_history_fts MATCH ? AND {where}"
+            " ORDER BY rank, h.id LIMIT ?",
+            (match, *params, pool),
+        )
+        return [(tuple(row[:-1]), -float(row[-1])) for row in rows]
+
+    def history_embedded(
+        self, scopes: Sequence[ScopeParams], session_id: str | None
+    ) -> list[tuple[Row, bytes]]:
+        if not self._has_history():
+            return []
+        where, params = _scope_filter(scopes, alias="h")
+        if session_id is not None:
+            where += " AND h.session_id = ?"
+            params.append(session_id)
+        rows = self._read(
+            f"SELECT {_HISTORY}, h.embedding FROM pp_mem_history AS h"
+            f" WHERE h.embedding IS NOT NULL AND {where}",
+            params,
         )
         return [(tuple(row[:-1]), row[-1]) for row in rows]

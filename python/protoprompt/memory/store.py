@@ -10,6 +10,7 @@ SDK's session tables. See :mod:`protoprompt.memory.scope` for the scope (isolati
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -20,17 +21,34 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._backend import Backend, Chunk, Row, ScopeParams, is_postgres_url, open_backend
+from ._backend import (
+    Backend,
+    Chunk,
+    HistoryEntry,
+    Row,
+    ScopeParams,
+    is_postgres_url,
+    open_backend,
+)
 from ._ranking import WORD, cosine, fuse, query_pieces
+from ._ranking import words as _words
 from ._sqlite import fts5_match
 from .scope import MemoryScope
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["Embedder", "MemoryHit", "MemoryStore", "chunk_spans", "fts_query"]
+__all__ = [
+    "Embedder",
+    "HistoryRecord",
+    "MemoryHit",
+    "MemoryStore",
+    "chunk_spans",
+    "fts_query",
+    "history_digest",
+]
 
 Embedder = Callable[[list[str]], list[list[float]]]
 """Maps a batch of texts to one embedding vector per text."""
@@ -39,23 +57,35 @@ _RECORD_KINDS = ("document", "fact")
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 
 
+_LAYER_OF_KIND = {"fact": "session", "document": "rag", "history": "history"}
+
+
 @dataclass(frozen=True)
 class MemoryHit:
-    """One search or listing result.
+    """One search or listing result, named as the builder's context blocks and the MCP
+    server's ``memory_search`` results name it: :attr:`layer`, :attr:`source`,
+    :attr:`memory_id`, :attr:`score`, :attr:`text` (and for a document chunk
+    :attr:`doc_id`, :attr:`chunk_index`, :attr:`span`).
 
-    ``score`` is *higher is better* and only comparable within one result list:
+    ``score`` (:meth:`MemoryStore.search`) is the hit's relevance relative to the best hit of
+    the same list: the best has 1.0, the others their share of its relevance, in ``(0, 1]``
+    (the engine's relevance: full text, bm25 on SQLite or ``ts_rank`` on PostgreSQL; with an
+    embedder, cosine similarity, or the reciprocal-rank fusion of both rankings). It ranks
+    hits of one list; it is not comparable across queries. :meth:`MemoryStore.facts` lists
+    facts with their ``importance`` as the score.
 
-    * full-text-only ranking: the engine's relevance, positive, larger is more relevant
-      (``-bm25`` on SQLite, ``ts_rank`` normalised by record length on PostgreSQL);
-    * vector-only ranking: cosine similarity in ``(0, 1]``;
-    * hybrid ranking (both signals had hits): reciprocal-rank-fusion score
-      ``sum(1 / (60 + rank))`` over the FTS and vector rankings;
-    * :meth:`MemoryStore.facts`: the fact's ``importance``.
+    ``span`` is the ``(start, end)`` character range of a document chunk (or history
+    passage) inside the originally indexed text (``text == original[start:end]``); ``None``
+    for facts. Document hits carry the document's metadata; fact hits carry
+    ``{"importance": ..., "created_at": ...}``; history hits (layer ``"history"``, see
+    :meth:`MemoryStore.search_history`) carry their row's metadata with ``session_id``,
+    ``row``, ``passage``, ``passages`` (of the row) and ``digest``, and the passage number as
+    ``chunk_index``.
 
-    ``span`` is the ``(start, end)`` character range of a document chunk inside the
-    originally indexed text (``text == original[start:end]``); ``None`` for facts.
-    Document hits carry the document's metadata; fact hits carry
-    ``{"importance": ..., "created_at": ...}``.
+    ``kind`` (``"fact"`` / ``"document"`` / ``"history"``, the same as :attr:`layer` but for
+    the names of the first two) and ``fact_id`` (a fact's :attr:`memory_id`) are the names of
+    earlier versions, kept for compatibility (soft-deprecated: prefer :attr:`layer` and
+    :attr:`memory_id`).
     """
 
     kind: str
@@ -67,6 +97,58 @@ class MemoryHit:
     scope: MemoryScope
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     span: tuple[int, int] | None = None
+
+    @property
+    def layer(self) -> str:
+        """The context layer the hit is recalled into: ``"session"`` (a fact), ``"rag"``
+        (a document chunk) or ``"history"`` (a passage of an evicted turn)."""
+        return _LAYER_OF_KIND.get(self.kind, self.kind)
+
+    @property
+    def source(self) -> str:
+        """Where the hit comes from, as a context block names it: ``"fact:<fact id>"``,
+        ``"<doc_id>#<chunk_index>"`` or, for a history passage,
+        ``"history:<session_id>/<row>#<passage>"``."""
+        if self.kind == "fact":
+            return f"fact:{self.fact_id}"
+        if self.kind == "history":
+            meta = self.metadata
+            return f"history:{meta.get('session_id')}/{meta.get('row')}#{self.chunk_index}"
+        return f"{self.doc_id}#{self.chunk_index}"
+
+    @property
+    def memory_id(self) -> str | None:
+        """What :meth:`MemoryStore.forget` (and the MCP ``memory_forget`` tool) deletes it
+        by: the fact's id, or ``"doc:<doc_id>"`` for the whole document of a chunk; ``None``
+        for a history passage (kept by its session, cleared with it)."""
+        if self.kind == "fact":
+            return str(self.fact_id)
+        if self.kind == "history":
+            return None
+        return f"doc:{self.doc_id}"
+
+
+class HistoryRecord(NamedTuple):
+    """One row of a session's history to index in the ``history`` layer
+    (:meth:`MemoryStore.index_history`)."""
+
+    row: int
+    """The row's key in its session: its row id in the session's database, or its position
+    in the history when the session has no row ids (a non-negative int)."""
+    text: str
+    """The row rendered as text (never the raw item)."""
+    metadata: Mapping[str, Any] = {}
+    """JSON-serialisable facts about the row returned with each of its passages (e.g. its
+    ``turn`` and ``label``)."""
+    digest: str | None = None
+    """What identifies the row's content (returned by :meth:`MemoryStore.history_rows` and
+    with each hit); default: :func:`history_digest` of ``text``."""
+
+
+def history_digest(text: str) -> str:
+    """The digest a history row is stored with: BLAKE2b-128 of its rendered text (hex),
+    so a caller can tell whether a stored row holds the text it has."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -425,9 +507,9 @@ class MemoryStore:
         """Delete from exactly ``scope`` (never narrower or wider scopes).
 
         With ``doc_id`` and/or ``fact_id``: delete that document (all its chunks)
-        and/or that fact.  With neither: delete every document chunk, fact and the
-        profile of the scope.  Returns the number of rows deleted (chunks, facts
-        and profile rows).
+        and/or that fact.  With neither: delete every document chunk, fact, history passage
+        and the profile of the scope.  Returns the number of rows deleted (chunks, facts,
+        passages and profile rows).
         """
         scope = _check_scope(scope)
         if doc_id is not None:
@@ -511,7 +593,11 @@ class MemoryStore:
                 del vec_ranked[pool:]
 
         best = fuse(text_ranked, vec_ranked, limit)
-        return [self._hit(rows_by_id[rid], score) for rid, score in best]
+        top = best[0][1] if best else 0.0
+        # Relative to the best hit: one scale for every engine and ranking, in (0, 1].
+        return [
+            self._hit(rows_by_id[rid], score / top if top > 0.0 else 1.0) for rid, score in best
+        ]
 
     @staticmethod
     def _hit(row: Row, score: float) -> MemoryHit:
@@ -548,4 +634,195 @@ class MemoryStore:
             scope=_row_scope(tenant, user, thread, kind),
             metadata=meta,
             span=span,
+        )
+
+    # ------------------------------------------------------------------ history layer
+
+    def index_history(
+        self, session_id: str, records: Iterable[HistoryRecord], *, scope: MemoryScope
+    ) -> int:
+        """Index rows of session ``session_id``'s history in the ``history`` layer of
+        exactly ``scope``, each as passages (chunked like documents, so a fact in the middle
+        of a long row is found by the passage that holds it); return the passages stored.
+
+        Idempotent by row: a row indexed again (by this or another process, at the same
+        time or later) replaces its passages, so each row is stored once. A record whose
+        text is blank removes the row. All records are written in one transaction.
+        :class:`~protoprompt.integrations.ProtoPromptSession` turns with
+        ``TokenBudgetedContextBuilder(..., recall_evicted=True)`` index the rows they
+        evict here (see ``docs/recall.md``).
+        """
+        scope = _check_scope(scope)
+        _check_str("session_id", session_id, non_empty=True)
+        given: object = records
+        if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+            raise TypeError("records must be an iterable of HistoryRecord")
+        prepared: dict[int, tuple[str, str, str, list[tuple[int, int]]]] = {}
+        for i, record in enumerate(records):
+            if not isinstance(record, HistoryRecord):
+                raise TypeError(
+                    f"records[{i}] must be a HistoryRecord, got {type(record).__name__}"
+                )
+            row, text, metadata, digest = record
+            if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= _MAX_INT:
+                raise ValueError(f"records[{i}].row must be an int in [0, 2**63), got {row!r}")
+            _check_str(f"records[{i}].text", text)
+            if not isinstance(metadata, Mapping):
+                raise TypeError(f"records[{i}].metadata must be a mapping")
+            if digest is None:
+                digest = history_digest(text)
+            _check_str(f"records[{i}].digest", digest, non_empty=True)
+            spans = chunk_spans(text, self._chunk_words, self._chunk_overlap)
+            meta = {**metadata, "session_id": session_id, "row": row, "passages": len(spans)}
+            try:
+                meta_json = json.dumps(meta, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"records[{i}].metadata must be JSON-serialisable: {exc}") from None
+            prepared.pop(row, None)  # the last record of a row wins, as in separate calls
+            prepared[row] = (text, meta_json, digest, spans)
+        texts = [text[a:b] for text, _, _, spans in prepared.values() for a, b in spans]
+        blobs = iter(self._embed(texts))  # before the transaction: embedders can be slow
+        entries = [
+            HistoryEntry(
+                row,
+                digest,
+                meta_json,
+                [Chunk(n, a, b, text[a:b], next(blobs)) for n, (a, b) in enumerate(spans)],
+            )
+            for row, (text, meta_json, digest, spans) in prepared.items()
+        ]
+        if entries:
+            self._backend.replace_history(_scope_params(scope), session_id, entries, time.time())
+        return sum(len(e.passages) for e in entries)
+
+    def history_rows(
+        self,
+        session_id: str,
+        *,
+        scope: MemoryScope,
+        start: int | None = None,
+        end: int | None = None,
+        digest: str | None = None,
+    ) -> dict[int, str]:
+        """The rows of ``session_id`` indexed in the ``history`` layer of exactly ``scope``
+        (with ``start <= row < end`` and that ``digest`` when given), each with its
+        record's ``digest``."""
+        scope = _check_scope(scope)
+        _check_str("session_id", session_id, non_empty=True)
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+        if digest is not None:
+            _check_str("digest", digest, non_empty=True)
+        return dict(
+            self._backend.history_digests(_scope_params(scope), session_id, start, end, digest)
+        )
+
+    def forget_history(
+        self,
+        session_id: str | None = None,
+        *,
+        scope: MemoryScope,
+        from_row: int | None = None,
+    ) -> int:
+        """Delete history passages of exactly ``scope``: of ``session_id`` (``None``: of
+        every session), of the rows from ``from_row`` on (``None``: all). Returns the
+        passages deleted. ``ProtoPromptSession.clear_session`` and ``pop_item`` call it
+        for the stores of the builders the session served."""
+        scope = _check_scope(scope)
+        if session_id is not None:
+            _check_str("session_id", session_id, non_empty=True)
+        if from_row is not None and (isinstance(from_row, bool) or not isinstance(from_row, int)):
+            raise TypeError(f"from_row must be an int or None, got {type(from_row).__name__}")
+        return self._backend.forget_history(_scope_params(scope), session_id, from_row)
+
+    def search_history(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope,
+        session_id: str | None = None,
+        limit: int = 8,
+        include_parents: bool = False,
+    ) -> list[MemoryHit]:
+        """Rank the passages of the ``history`` layer of ``scope`` against ``query``: of
+        session ``session_id`` only, or of every session of the scope (``None``). The
+        ranking is :meth:`search`'s (full text, hybrid with an embedder); hits have
+        ``kind == "history"``."""
+        scope = _check_scope(scope)
+        _check_str("query", query, stored=False)
+        _check_limit(limit)
+        if session_id is not None:
+            _check_str("session_id", session_id, non_empty=True)
+        scopes = [_scope_params(s) for s in _visible_scopes(scope, include_parents)]
+        pieces = query_pieces(query)
+        if not pieces:
+            return []
+        pool = min(max(limit * 4, _MIN_POOL), _MAX_INT)
+        text_rows = self._history_text(pieces, scopes, session_id, pool)
+        rows_by_id = {row[0]: row for row, _ in text_rows}
+        text_ranked = [(row[0], score) for row, score in text_rows]
+        vec_ranked: list[tuple[int, float]] = []
+        if self._embedder is not None:
+            (query_vec,) = self._vectors([query])
+            query_norm = math.sqrt(sum(x * x for x in query_vec))
+            if query_norm > 0.0:
+                for row, blob in self._backend.history_embedded(scopes, session_id):
+                    sim = _cosine(query_vec, query_norm, blob)
+                    if sim > 0.0:
+                        vec_ranked.append((row[0], sim))
+                        rows_by_id.setdefault(row[0], row)
+                vec_ranked.sort(key=lambda item: (-item[1], item[0]))
+                del vec_ranked[pool:]
+        best = fuse(text_ranked, vec_ranked, limit)
+        return [self._history_hit(rows_by_id[rid], score) for rid, score in best]
+
+    def _history_text(
+        self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
+    ) -> list[tuple[Row, float]]:
+        """The full-text ranking of the history layer. Query pieces whose words all occur in
+        more than half of the passages are left out while the others match something:
+        bm25 weighs such words (almost) nothing, and matching them ranks every passage (a
+        turn's recall would cost a scan of the whole evicted history)."""
+        words = {p: _words(p) for p in pieces}
+        common = self._backend.history_common_words(
+            sorted({w for ws in words.values() for w in ws})
+        )
+        rare = [p for p in pieces if not all(w in common for w in words[p])]
+        if rare and len(rare) < len(pieces):
+            found = self._backend.history_search(rare, scopes, session_id, pool)
+            if found:
+                return found
+        return self._backend.history_search(pieces, scopes, session_id, pool)
+
+    @staticmethod
+    def _history_hit(row: Row, score: float) -> MemoryHit:
+        (
+            _,
+            tenant,
+            user,
+            thread,
+            kind,
+            session_id,
+            row_key,
+            passage,
+            start,
+            end,
+            digest,
+            text,
+            metadata,
+            _created_at,
+        ) = row[:14]
+        meta = json.loads(metadata)
+        meta.update(session_id=session_id, row=int(row_key), passage=int(passage), digest=digest)
+        return MemoryHit(
+            kind="history",
+            text=text,
+            score=float(score),
+            doc_id=None,
+            chunk_index=int(passage),
+            fact_id=None,
+            scope=_row_scope(tenant, user, thread, kind),
+            metadata=meta,
+            span=(int(start), int(end)),
         )

@@ -493,3 +493,137 @@ pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
         }))
     })
 }
+
+/// What the history of `total` positions costs, summed newest first from `source`, stopping
+/// once the sum exceeds `limit`: `(sum so far, whether it exceeds limit)`. Costs the source
+/// already knows (an index's memo) are taken as they are; a run of unknown ones is counted
+/// in chunks that start small and double (16 to 1024 positions), so a walk that stops early
+/// counts little past where it stopped and never counts the older positions. Answers "does
+/// the history cost more than `limit`" (a token-aware compaction trigger) without reading
+/// every item.
+pub fn cost_over(
+    source: &mut dyn CostSource,
+    total: usize,
+    limit: u64,
+) -> Result<(u64, bool), CostFailure> {
+    let mut sum = 0u64;
+    let mut end = total;
+    let mut chunk = 16usize;
+    while end > 0 {
+        while end > 0 {
+            let Some(cost) = source.known(end - 1) else {
+                break;
+            };
+            sum = sum.saturating_add(cost);
+            end -= 1;
+            if sum > limit {
+                return Ok((sum, true));
+            }
+        }
+        if end == 0 {
+            break;
+        }
+        let start = end.saturating_sub(chunk);
+        let positions: Vec<usize> = (start..end).rev().collect();
+        for cost in source.costs(&positions)? {
+            sum = sum.saturating_add(cost);
+            if sum > limit {
+                return Ok((sum, true));
+            }
+        }
+        end = start;
+        chunk = (chunk * 2).min(1024);
+    }
+    Ok((sum, false))
+}
+
+impl IndexedHistory {
+    /// Positions of the user messages (turn boundaries) in `start..end` of the index.
+    pub fn user_positions(&self, start: usize, end: usize) -> Vec<usize> {
+        let end = end.min(self.len());
+        (start.min(end)..end)
+            .filter(|&p| self.graph.is_user_message(p))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod cost_over_tests {
+    use super::*;
+
+    struct Fixed {
+        costs: Vec<u64>,
+        asked: Vec<usize>,
+    }
+
+    impl CostSource for Fixed {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.asked.extend_from_slice(positions);
+            Ok(positions.iter().map(|&p| self.costs[p]).collect())
+        }
+    }
+
+    /// A source that knows the costs of the newest `known` positions.
+    struct Memo {
+        inner: Fixed,
+        known_from: usize,
+    }
+
+    impl CostSource for Memo {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.inner.costs(positions)
+        }
+
+        fn known(&self, position: usize) -> Option<u64> {
+            (position >= self.known_from).then(|| self.inner.costs[position])
+        }
+    }
+
+    #[test]
+    fn known_costs_are_taken_without_counting() {
+        let mut source = Memo {
+            inner: Fixed {
+                costs: vec![10; 100],
+                asked: Vec::new(),
+            },
+            known_from: 90,
+        };
+        assert_eq!(cost_over(&mut source, 100, 55).unwrap(), (60, true));
+        assert!(source.inner.asked.is_empty());
+        assert_eq!(cost_over(&mut source, 100, 105).unwrap(), (110, true));
+        assert_eq!(source.inner.asked, (74..90).rev().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn stops_at_the_first_chunk_that_passes_the_limit() {
+        let mut source = Fixed {
+            costs: vec![10; 1000],
+            asked: Vec::new(),
+        };
+        assert_eq!(cost_over(&mut source, 1000, 500).unwrap(), (510, true));
+        // Newest first, in chunks of 16, 32...: 51 were needed, 16 + 32 + 64 were asked,
+        // the older 888 positions never.
+        assert_eq!(source.asked.len(), 112);
+        assert_eq!(source.asked[0], 999);
+        let mut source = Fixed {
+            costs: vec![10; 1000],
+            asked: Vec::new(),
+        };
+        assert_eq!(
+            cost_over(&mut source, 1000, 10_000).unwrap(),
+            (10_000, false)
+        );
+        assert_eq!(source.asked.len(), 1000);
+        assert_eq!(cost_over(&mut source, 0, 0).unwrap(), (0, false));
+    }
+
+    #[test]
+    fn a_limit_equal_to_the_cost_is_not_exceeded() {
+        let mut source = Fixed {
+            costs: vec![7, 3],
+            asked: Vec::new(),
+        };
+        assert_eq!(cost_over(&mut source, 2, 10).unwrap(), (10, false));
+        assert_eq!(cost_over(&mut source, 2, 9).unwrap(), (10, true));
+    }
+}

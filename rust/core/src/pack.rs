@@ -200,6 +200,42 @@ pub struct UnitDecision {
     pub masked_tokens: Option<u64>,
 }
 
+/// Why the fill stopped at a unit ([`FillStop::cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// The unit whole needed more than was left (no masking, or its turn was young enough
+    /// to be taken whole only).
+    Whole,
+    /// The unit with its tool outputs masked still needed more than was left.
+    Masked,
+    /// The rest of the unit's turn could not fit even masked (by the units' masked floors),
+    /// so the turn was dropped without masking any of it.
+    TurnMasked,
+}
+
+impl StopCause {
+    pub fn code(self) -> &'static str {
+        match self {
+            StopCause::Whole => "whole",
+            StopCause::Masked => "masked",
+            StopCause::TurnMasked => "turn_masked",
+        }
+    }
+}
+
+/// The unit at which the newest-first fill first missed: what stopped the contiguous fill
+/// (every older unit is dropped uncounted) and made the greedy fill drop the rest of its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillStop {
+    /// Index of the unit in the graph (or [`GraphView`]) the pack ran on.
+    pub unit: usize,
+    /// Tokens the fill had left for it when it was tried: after the newer units it had taken
+    /// (those of its own turn included, which the coherent start may then drop as
+    /// `TurnIncomplete`, giving their tokens back to [`PackResult::remaining`]).
+    pub left: u64,
+    pub cause: StopCause,
+}
+
 /// Result of [`pack`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PackResult {
@@ -224,6 +260,9 @@ pub struct PackResult {
     pub masked_units: Vec<usize>,
     /// Tokens the masked units would have cost more whole (included in nothing else).
     pub masking_saved: u64,
+    /// The unit the fill first missed at, with the tokens it had left then (`None`: every
+    /// candidate fit).
+    pub stop: Option<FillStop>,
 }
 
 impl PackResult {
@@ -539,6 +578,8 @@ pub fn pack_view_masked(
         history_tokens: 0,
         scan: graph.n_history(),
         users_after: 0,
+        stop: None,
+        refused: StopCause::Whole,
     };
     let reserved = fill.reserve(opts, context)?;
     if let Some(miss_turn) = fill.fill_newest()? {
@@ -634,6 +675,10 @@ struct Fill<'a> {
     scan: usize,
     /// User messages at or after `scan` (the turn label of the positions visited next).
     users_after: usize,
+    /// Where the fill first missed, and why.
+    stop: Option<FillStop>,
+    /// Why the last [`Fill::try_take`] that returned `None` refused its unit.
+    refused: StopCause,
 }
 
 impl Fill<'_> {
@@ -787,6 +832,7 @@ impl Fill<'_> {
         taken: &mut [(usize, usize, u64)],
     ) -> Result<Option<(u64, FillState)>, PackError> {
         let members = &self.packer.graph.unit(u).members;
+        self.refused = StopCause::TurnMasked;
         if self.whole_allowed(label) {
             let whole = self.packer.sum(members)?;
             self.unit_tokens.insert(u, whole);
@@ -794,6 +840,7 @@ impl Fill<'_> {
                 return Ok(Some((whole, FillState::Kept)));
             }
             if self.masking.is_none() {
+                self.refused = StopCause::Whole;
                 return Ok(None);
             }
             self.masked_phase = true;
@@ -813,6 +860,7 @@ impl Fill<'_> {
             return Ok(None);
         }
         self.masked_phase = true;
+        self.refused = StopCause::Masked;
         if self.masked_floor(members)? > self.remaining {
             return Ok(None);
         }
@@ -1016,6 +1064,11 @@ impl Fill<'_> {
         let mut miss_turn = None;
         while let Some((u, label)) = self.next_candidate() {
             let Some((cost, state)) = self.try_take(u, label, &mut taken)? else {
+                self.stop = Some(FillStop {
+                    unit: u,
+                    left: self.remaining,
+                    cause: self.refused,
+                });
                 miss_turn = Some(label);
                 break;
             };
@@ -1165,6 +1218,7 @@ impl Fill<'_> {
             touched,
             masked_units,
             masking_saved,
+            stop: self.stop,
         }
     }
 }

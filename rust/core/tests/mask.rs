@@ -8,7 +8,7 @@ use protoprompt_core::items::ItemMeta;
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{
     pack_values, pack_values_masked, pack_values_pinned, Decision, PackOptions, PackResult, Policy,
-    UnitDecision,
+    StopCause, UnitDecision,
 };
 use protoprompt_core::tokens::{item_cost, Encoding};
 use serde_json::{json, Value};
@@ -141,6 +141,27 @@ fn check(
         .map(|d| d.tokens.unwrap() - d.masked_tokens.unwrap())
         .sum();
     assert_eq!(saved, r.masking_saved);
+    // The unit the fill stopped at was dropped, and did not fit in what was left then.
+    if let Some(stop) = r.stop {
+        let d = r.decision_of(GraphView::whole(g), stop.unit).unwrap();
+        assert_eq!(d.decision, Decision::OverBudget);
+        let older_kept = decisions(g, r)
+            .iter()
+            .any(|o| o.unit < stop.unit && o.decision.is_kept());
+        if !older_kept {
+            // Contiguous (or greedy that took no older turn): what was left then is still left.
+            assert!(stop.left <= r.remaining());
+        }
+        match stop.cause {
+            StopCause::Whole => assert!(d.tokens.unwrap() > stop.left),
+            StopCause::Masked => assert!(d.masked_tokens.is_none_or(|m| m > stop.left)),
+            StopCause::TurnMasked => assert_eq!(d.masked_tokens, None),
+        }
+    } else {
+        assert!(decisions(g, r)
+            .iter()
+            .all(|d| d.decision != Decision::OverBudget));
+    }
 }
 
 #[test]
@@ -225,6 +246,10 @@ fn a_masked_unit_that_does_not_fit_is_dropped_with_its_turn_start() {
             .any(|d| d.decision == Decision::OverBudget && d.masked_tokens.is_some()),
         "the miss was counted masked"
     );
+    let stop = r.stop.expect("the fill stopped");
+    assert_eq!(stop.cause, StopCause::Masked);
+    let missed = d.iter().find(|d| d.unit == stop.unit).unwrap();
+    assert!(missed.masked_tokens.unwrap() > stop.left);
     assert!(d.iter().any(|d| d.decision == Decision::Masked));
 }
 
@@ -586,6 +611,13 @@ fn a_unit_whose_masked_lower_bound_cannot_fit_is_not_masked_at_all() {
     assert_eq!(skipped.decision, Decision::OverBudget);
     assert!(skipped.tokens.is_some());
     assert_eq!(skipped.masked_tokens, None, "never counted masked");
+    let stop = r.stop.expect("the fill stopped");
+    assert_eq!(stop.unit, skipped.unit);
+    assert_eq!(
+        stop.cause,
+        StopCause::TurnMasked,
+        "its turn cannot fit even masked"
+    );
     // Without the huge reasoning the same unit is counted masked (and kept).
     let mut h2 = h.clone();
     h2[1] = json!({"type": "reasoning", "id": "rs_0", "summary": []});

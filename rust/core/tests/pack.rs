@@ -3,8 +3,8 @@
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::{
-    pack, pack_values, CostFailure, CostSource, Decision, PackError, PackOptions, PackResult,
-    Policy, Section, UnitDecision,
+    pack, pack_values, CostFailure, CostSource, Decision, FillStop, PackError, PackOptions,
+    PackResult, Policy, Section, StopCause, UnitDecision,
 };
 use protoprompt_core::tokens::{item_cost, Encoding};
 use serde_json::{json, Value};
@@ -216,6 +216,68 @@ fn contiguous_keeps_an_unbroken_newest_suffix() {
         .iter()
         .filter(|d| g.units[d.unit].members[0] < 5)
         .all(|d| d.tokens.is_none()));
+}
+
+/// The unit the fill stopped at is the one that missed, with the tokens left when it was
+/// tried; the newer units of its turn it had taken are dropped after it (turn_incomplete)
+/// and give their tokens back to `remaining`. Both policies, and a history that fits.
+#[test]
+fn the_fill_reports_the_unit_it_stopped_at_and_the_tokens_left_then() {
+    // An older turn whose opening user message is big; the newer unit of that turn fits.
+    let h = vec![
+        user(&"word ".repeat(200)),
+        call("c1"),
+        output("c1", "ok"),
+        user("small"),
+        answer("m1", "done"),
+    ];
+    let n = vec![user("next")];
+    let tail: u64 = cost(&h[3]) + cost(&h[4]);
+    let step = cost(&h[1]) + cost(&h[2]);
+    let budget = cost(&n[0]) + tail + step + 5;
+    // (policy, budget) -> (stop at position, tokens left then, remaining after the fill)
+    type Expected = Option<(usize, u64, u64)>;
+    let table: [(Policy, u64, Expected); 4] = [
+        (Policy::Contiguous, budget, Some((0, 5, 5 + step))),
+        (Policy::Greedy, budget, Some((0, 5, 5 + step))),
+        (Policy::Contiguous, budget + 1000, None),
+        (Policy::Greedy, budget + 1000, None),
+    ];
+    for (policy, budget, expected) in table {
+        let o = PackOptions {
+            budget,
+            policy,
+            ..PackOptions::default()
+        };
+        let (g, r) = pack_values(&h, &n, ENC, &o).unwrap();
+        let view = GraphView::whole(&g);
+        match expected {
+            None => {
+                assert_eq!(r.stop, None, "{policy:?}");
+                assert_eq!(r.kept_history, (0..5).collect::<Vec<_>>());
+            }
+            Some((at, left, remaining)) => {
+                assert_eq!(
+                    r.stop,
+                    Some(FillStop {
+                        unit: view.unit_of(at),
+                        left,
+                        cause: StopCause::Whole,
+                    }),
+                    "{policy:?}"
+                );
+                let stopped = decision_at(&g, &r, at);
+                assert_eq!(stopped.decision, Decision::OverBudget);
+                assert!(
+                    stopped.tokens.unwrap() > left,
+                    "it did not fit in what was left"
+                );
+                assert_eq!(decision_at(&g, &r, 1).decision, Decision::TurnIncomplete);
+                assert_eq!(r.remaining(), remaining);
+                assert_eq!(r.kept_history, vec![3, 4]);
+            }
+        }
+    }
 }
 
 /// The decision of the unit holding history position `p`.

@@ -9,7 +9,7 @@ use crate::errors::{classes, pack_error, raise, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions, Preload};
 use protoprompt_core::incremental::{Cut, TailGraph};
 use protoprompt_core::indexed::{
-    counted_masked_window_start, counted_window_start, IndexedHistory,
+    cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
 };
 use protoprompt_core::items::{ItemKind, ItemMeta};
 use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
@@ -371,6 +371,71 @@ impl PyHistoryIndex {
         let tie = w.pull.map(|p| p.tie.code());
         let why = w.pull.map(|p| p.describe(n_history));
         Ok((w.start, w.fits, tie, why, w.reach))
+    }
+
+    /// Positions of the user messages (turn boundaries) among the indexed positions
+    /// `start..end` (clamped to the index).
+    pub(crate) fn user_positions(&self, py: Python<'_>, start: usize, end: usize) -> Vec<usize> {
+        let inner = &self.inner;
+        py.detach(|| inner.user_positions(start, end))
+    }
+
+    /// Whether the indexed history (`history`, exactly its items) followed by `appended`
+    /// costs more than `limit` tokens, summed newest first (`indexed::cost_over`): costs
+    /// the index knows are reused, the others counted (and kept for the indexed positions);
+    /// the walk stops once past `limit`. Returns `(sum so far, exceeded)`.
+    #[pyo3(signature = (history, appended, limit, *, model=None, encoding=None, opaque_scale=1.0))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cost_over<'py>(
+        &mut self,
+        py: Python<'py>,
+        history: &Bound<'py, PyList>,
+        appended: &Bound<'py, PyAny>,
+        limit: u64,
+        model: Option<&str>,
+        encoding: Option<&str>,
+        opaque_scale: f64,
+    ) -> PyResult<(u64, bool)> {
+        let basis = basis_of(py, model, encoding, opaque_scale)?;
+        let n = self.inner.len();
+        if history.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "the history list must hold exactly the {n} indexed items, got {}",
+                history.len()
+            )));
+        }
+        let tail = item_seq(appended, "appended")?;
+        let total = n + tail.len();
+        let items = PyItems::new(
+            history.clone().unbind(),
+            PyList::empty(py).unbind(),
+            n,
+            n,
+            tail,
+        );
+        let (_, costs) = self.inner.graph_and_costs();
+        let mut source = PyCosts::new(items, basis).with_memo(costs, n);
+        let walked = py.detach(|| cost_over(&mut source, total, limit));
+        let tokenizer_failed = tokenizer_failure(py, total, &source);
+        let (mut items, _) = source.finish();
+        if let (Err(_), Some(e)) = (&walked, tokenizer_failed) {
+            return Err(e);
+        }
+        walked.map_err(|f: CostFailure| {
+            let e = pack_error(
+                py,
+                PackError::Item {
+                    label: label(total, f.position),
+                    position: f.position,
+                    field: f.field,
+                    message: f.message,
+                },
+            );
+            if let Some(cause) = items.cause.take() {
+                e.set_cause(py, Some(cause));
+            }
+            e
+        })
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the

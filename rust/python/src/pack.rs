@@ -159,5 +159,7 @@ pub(crate) fn result_dict<'py>(
     out.set_item("policy", policy.name())?;
     out.set_item("decisions", Bound::new(py, decisions)?)?;
     out.set_item("masking_saved", result.masking_saved)?;
+    let stop = result.stop.map(|s| (s.unit, s.left, s.cause.code()));
+    out.set_item("stop", stop)?;
     Ok(out)
 }

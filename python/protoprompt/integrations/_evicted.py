@@ -1,0 +1,243 @@
+"""The seam between a :class:`ProtoPromptSession` and its builder's evictions (recall of
+evicted turns, the rolling summary; see :mod:`protoprompt.recall`).
+
+The session calls, per turn: :meth:`SessionMemory.prepare` before the build (the turn's
+number and summary, as ``build`` keywords) and :meth:`SessionMemory.observe` after it
+(what the turn evicted, with the rows' ids), then the callable ``observe`` returned, on the
+event loop, to start the background work. Its ``clear_session``, ``pop_item`` and history
+rewrites call :meth:`cleared`, :meth:`popped` and :meth:`rewritten`.
+
+Rows are keyed by their row id when the session reads its rows with their ids (an
+``SQLiteSession`` in a database file): rows before a token window are then read back from
+the database by id when they need indexing. Otherwise rows are keyed by their position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..recall import Evictions, Ledger, TurnRows, item_digest
+from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
+from ._sdk import SQLiteSession
+
+if TYPE_CHECKING:
+    from ..context import ContextPlan, TokenBudgetedContextBuilder
+    from ..memory import MemoryScope
+    from .session import ProtoPromptSession
+
+_log = logging.getLogger("protoprompt")
+
+_FETCH_CHUNK = 500
+_COMPACTION_FILE = "openai_responses_compaction_session.py"
+_COMPACTION_REWRITES = frozenset(
+    {"_replace_underlying_session_items", "_restore_underlying_session_items"}
+)
+
+
+def called_by_compaction_rewrite(depth: int = 4) -> bool:
+    """Whether the caller of the function calling this (a session's ``clear_session``) runs
+    inside ``OpenAIResponsesCompactionSession``'s replacement of the history (clear, then
+    add the compacted items; 0.22.3 to 0.24.0): a rewrite, not the user's clear, so what
+    the session evicted stays reachable."""
+    frame = sys._getframe(1).f_back
+    for _ in range(depth):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _COMPACTION_REWRITES and code.co_filename.endswith(_COMPACTION_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def read_rows(db_path: str, table: str, session_id: str, ids: list[int]) -> dict[int, Any]:
+    """Items by row id, as ``SQLiteSession.get_items`` decodes them (rows that are not JSON
+    are left out), from one read transaction."""
+    found: dict[int, Any] = {}
+    conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        for i in range(0, len(ids), _FETCH_CHUNK):
+            chunk = ids[i : i + _FETCH_CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            rows = conn.execute(
+                f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id IN ({marks})',
+                (session_id, *chunk),
+            ).fetchall()
+            for row_id, data in rows:
+                try:
+                    found[int(row_id)] = json.loads(data)
+                except (json.JSONDecodeError, TypeError):
+                    continue
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return found
+
+
+def _last_row(db_path: str, table: str, session_id: str) -> int | None:
+    conn = sqlite3.connect(db_path, timeout=5.0)
+    try:
+        row = conn.execute(
+            f'SELECT max(id) FROM "{table}" WHERE session_id = ?', (session_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+class SessionMemory:
+    """What one session hands one builder's :class:`~protoprompt.recall.Evictions`."""
+
+    def __init__(
+        self,
+        session: ProtoPromptSession,
+        builder: TokenBudgetedContextBuilder,
+        evictions: Evictions,
+        scope: MemoryScope | None,
+    ) -> None:
+        self.session = session
+        self.builder = builder
+        self.evictions = evictions
+        self._scope = scope
+        inner = session.inner_session
+        db = getattr(inner, "db_path", None)
+        self._file: tuple[str, str] | None = None
+        if (
+            isinstance(inner, SQLiteSession)
+            and isinstance(db, (str, os.PathLike))
+            and os.fspath(db) != ":memory:"
+        ):
+            self._file = (os.fspath(db), str(inner.messages_table))
+        # Rows keyed by their SQLite row id when the session reads them from a file (the
+        # ids only grow); other stores' rows are keyed by position.
+        store = session._store
+        self.by_row_id = store is not None and store.kind == "sqlite" and self._file is not None
+        self._summaries: SummaryStore | None = None
+        if builder.summarizer is not None and self._file is not None:
+            self._summaries = SQLiteSummaryStore(
+                self._file[0],
+                self._file[1],
+                session.session_id,
+                keyed="row" if self.by_row_id else "position",
+            )
+
+    @property
+    def scope(self) -> MemoryScope | None:
+        return self._scope if self._scope is not None else self.builder.scope
+
+    def _ledger(self) -> Ledger:
+        return self.evictions.ledger(self.session._index_state)
+
+    def _summary_store(self, ledger: Ledger) -> SummaryStore | None:
+        if self.builder.summarizer is None:
+            return None
+        if self._summaries is not None:
+            return self._summaries
+        if ledger.summary_store is None:
+            ledger.summary_store = MemorySummaryStore()
+        store: SummaryStore = ledger.summary_store
+        return store
+
+    # ------------------------------------------------------------------ a turn
+
+    def prepare(self, history: Sequence[Any], offset: int) -> dict[str, Any]:
+        """The ``build`` keywords of this turn (caller holds the index state's lock when
+        the session has an index)."""
+        state = self.session._index_state
+        ledger = self._ledger()
+        index = state.index
+
+        def user_positions(start: int, end: int) -> list[int]:
+            if len(index) < end:
+                raise LookupError("the index does not hold the rows before the window")
+            return index.user_positions(start, end)
+
+        memory = self.evictions.prepare(
+            ledger, history, offset, state.epoch, user_positions, self._summary_store(ledger)
+        )
+        return {
+            "session_id": self.session.session_id,
+            "turn": memory.turn,
+            "summary": memory.summary,
+        }
+
+    def observe(
+        self,
+        plan: ContextPlan,
+        history: Sequence[Any],
+        offset: int,
+        row_ids: Sequence[int] | None,
+    ) -> Callable[[], None] | None:
+        """Hand the turn's evictions over (see :meth:`Evictions.observe`); ``row_ids``: the
+        row id of every history position when the session reads its rows (``None``: not
+        known this turn, or the rows are keyed by position)."""
+        scope = self.scope
+        if scope is None and self.builder.summarizer is None:
+            return None
+        if self.by_row_id and row_ids is None:
+            return None  # a turn packed without the rows' ids: a later turn hands them over
+        fetch = None
+        if self._file is not None and row_ids is not None:
+            db, table = self._file
+            sid = self.session.session_id
+
+            def fetch(ids: list[int]) -> dict[int, Any]:
+                return read_rows(db, table, sid, ids)
+
+        ledger = self._ledger()
+        rows = TurnRows(
+            session_id=self.session.session_id,
+            scope=scope,
+            n_history=offset + len(history),
+            offset=offset,
+            items=history,
+            kept=plan.pack.kept_history,
+            dependency=plan.pack.dependency,
+            row_ids=row_ids if self.by_row_id else None,
+            fetch=fetch,
+            summaries=self._summary_store(ledger),
+            epoch=self.session._index_state.epoch,
+        )
+        return self.evictions.observe(ledger, rows)
+
+    # ------------------------------------------------------------------ changes of the history
+
+    def cleared(self) -> None:
+        """The session's history was cleared: its recall records and summary go too."""
+        self._ledger().reset()
+        scope = self.scope
+        if scope is not None:
+            self.evictions.forget(scope, self.session.session_id)
+        store = self._summary_store(self._ledger())
+        if store is not None:
+            store.clear()
+
+    def popped(self, item: Any, length: Callable[[], int]) -> None:
+        """``item`` was popped: the record of its row goes. ``length()`` reads the
+        history's length (only for rows keyed by position, and only when a record may be
+        the popped row's)."""
+        self._ledger().reset()
+        scope = self.scope
+        if scope is None or not self.builder.recall_evicted:
+            return
+        sid = self.session.session_id
+        if self.by_row_id and self._file is not None:
+            last = _last_row(self._file[0], self._file[1], sid)
+            self.evictions.forget(scope, sid, from_row=0 if last is None else last + 1)
+            return
+        digest = item_digest(item)
+        if digest is None or not self.builder.store.history_rows(sid, scope=scope, digest=digest):
+            return
+        self.evictions.forget(scope, sid, from_row=length())
+
+    def rewritten(self) -> None:
+        """The history was rewritten (compaction): positions mean other rows now. Records
+        of rows that are gone stay (what they said was evicted)."""
+        self._ledger().reset()

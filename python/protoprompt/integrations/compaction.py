@@ -1,0 +1,183 @@
+"""A token-aware trigger for the Agents SDK's ``OpenAIResponsesCompactionSession``.
+
+The SDK's compaction session decides when to compact with a hook,
+``should_trigger_compaction(context) -> bool``; its default counts items (10 candidate
+items). :func:`compaction_trigger` makes one that counts tokens: it is true when the
+session's history costs more than ``at`` times the room a request has for it
+(``builder.max_tokens - builder.output_reserve``), counted exactly as the packer counts --
+so compaction runs before the packer has to drop anything::
+
+    session = OpenAIResponsesCompactionSession(
+        "chat",
+        ProtoPromptSession("chat", "agents.db"),
+        should_trigger_compaction=compaction_trigger(builder, at=0.8),
+    )
+
+It works wrapped either way: around a :class:`~protoprompt.integrations.ProtoPromptSession`
+(as above) or inside one (``ProtoPromptSession("chat", inner_session=compaction_session)``).
+The costs come from the session's index -- what the last turn counted -- for the items it
+holds, and only the items stored since are counted; the rows are never read again, and the
+count stops as soon as the answer is known (newest items first). Without an index that
+describes the items (no turn of a ``ProtoPromptSession`` ran in this task, or a pop, clear
+or rewrite happened since), the items the SDK hands to the hook are counted, with the same
+result. :attr:`CompactionTrigger.last` says which way the last decision was counted, and
+why.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..packing import HistoryIndex
+from ._context import RUN_INPUT
+
+if TYPE_CHECKING:
+    from ..context import TokenBudgetedContextBuilder
+    from .session import ProtoPromptSession
+
+__all__ = ["CompactionCheck", "CompactionTrigger", "compaction_trigger"]
+
+REWRITING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
+    "protoprompt_rewriting", default=None
+)
+"""Set by a ``ProtoPromptSession`` while a call that may rewrite its history runs (a
+compaction session inside it): ``(its index state, the epoch before the call)``. The
+trigger runs inside that call, before any rewrite: the index still holds then."""
+
+
+@dataclass(frozen=True)
+class CompactionCheck:
+    """One decision of a :class:`CompactionTrigger`."""
+
+    trigger: bool
+    """Whether the history costs more than ``limit``."""
+    tokens: int
+    """What the history's newest items cost, counted until the decision was known: the
+    whole history's cost when it is ``limit`` or less, else more than ``limit``."""
+    limit: int
+    items: int
+    """Items of the history the SDK handed to the hook."""
+    from_index: int
+    """Items whose costs came from the session's index (0: none)."""
+    why_not_index: str | None
+    """Why the index was not used (``None`` when it was)."""
+
+    def explain(self) -> str:
+        verdict = "compact" if self.trigger else "do not compact"
+        relation = ">" if self.trigger else "<="
+        where = (
+            f"{self.from_index} of {self.items} items costed from the session's index"
+            if self.why_not_index is None
+            else f"{self.items} items counted ({self.why_not_index})"
+        )
+        return f"{verdict}: history {self.tokens} {relation} {self.limit} tokens; {where}"
+
+
+class CompactionTrigger:
+    """A ``should_trigger_compaction`` hook (see :func:`compaction_trigger`)."""
+
+    def __init__(
+        self,
+        builder: TokenBudgetedContextBuilder,
+        at: float,
+        session: ProtoPromptSession | None,
+    ) -> None:
+        self.builder = builder
+        self.at = at
+        self.session = session
+        self.last: CompactionCheck | None = None
+        """The latest decision, with how it was counted."""
+
+    @property
+    def limit(self) -> int:
+        """Tokens of history above which compaction is triggered."""
+        room = int(self.builder.max_tokens) - int(self.builder.output_reserve)
+        return max(math.floor(self.at * room), 0)
+
+    def __call__(self, context: dict[str, Any]) -> bool:
+        items = context.get("session_items") if isinstance(context, dict) else None
+        if not isinstance(items, list):
+            raise TypeError(
+                "should_trigger_compaction expects the SDK's context with a 'session_items' list"
+            )
+        limit = self.limit
+        session = self.session
+        if session is None:
+            run = RUN_INPUT.get()
+            session = run.session if run is not None else None
+        b = self.builder
+        scale = b.opaque_scale()
+        why: str | None = "no session of this run"
+        if session is not None:
+            state = session._index_state
+            with state.lock:
+                n = len(state.index)
+                if not session._incremental:
+                    why = "the session keeps no index"
+                elif n == 0:
+                    why = "the session's index is empty"
+                elif state.generation != state.epoch and not _rewrite_pending(state):
+                    why = "a pop, clear or rewrite since the session's last turn"
+                elif n > len(items):
+                    why = "the history is shorter than the session's index"
+                else:
+                    tokens, over = state.index.cost_over(
+                        items[:n],
+                        limit,
+                        appended=items[n:],
+                        model=b.model,
+                        encoding=b.encoding,
+                        opaque_scale=scale,
+                    )
+                    self.last = CompactionCheck(over, tokens, limit, len(items), n, None)
+                    return over
+        tokens, over = HistoryIndex().cost_over(
+            [], limit, appended=items, model=b.model, encoding=b.encoding, opaque_scale=scale
+        )
+        self.last = CompactionCheck(over, tokens, limit, len(items), 0, why)
+        return over
+
+
+def _rewrite_pending(state: Any) -> bool:
+    """Whether the only change since the index was synced is the start of the call that
+    asks the trigger (the compaction, which has not rewritten anything yet)."""
+    running = REWRITING.get()
+    return (
+        running is not None
+        and running[0] is state
+        and state.generation == running[1]
+        and state.epoch == running[1] + 1
+    )
+
+
+def compaction_trigger(
+    builder: TokenBudgetedContextBuilder,
+    *,
+    at: float = 0.8,
+    session: ProtoPromptSession | None = None,
+) -> CompactionTrigger:
+    """A ``should_trigger_compaction`` for ``OpenAIResponsesCompactionSession`` that is
+    true when the session's history costs more than ``at`` x (``builder.max_tokens`` -
+    ``builder.output_reserve``) tokens, by protoprompt's exact counts (see the module note).
+
+    Args:
+        builder: the budget and tokenizer of the session's requests.
+        at: the share of the room for history at which to compact (``0 < at <= 1``).
+        session: the :class:`~protoprompt.integrations.ProtoPromptSession` whose index
+            holds the costs; default: the one whose callback ran in this run.
+
+    Raises:
+        TypeError, ValueError: ``at`` is not a number in ``(0, 1]``.
+    """
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        raise TypeError(f"at must be a number, got {type(at).__name__}")
+    if not (0 < at <= 1):
+        raise ValueError(f"at must be in (0, 1], got {at!r}")
+    if not callable(getattr(builder, "build", None)):
+        raise TypeError(
+            f"builder must be a TokenBudgetedContextBuilder, got {type(builder).__name__}"
+        )
+    return CompactionTrigger(builder, float(at), session)

@@ -1,0 +1,430 @@
+"""A picture of the budget: one self-contained HTML page for one plan or a run's plans.
+
+:func:`plans_to_html` (and ``plan.to_html()`` on a :class:`~protoprompt.PackResult`, a
+:class:`~protoprompt.ContextPlan` or a :class:`~protoprompt.integrations.ModelCallPlan`; and
+``protoprompt inspect --html FILE``) writes, per plan:
+
+* a bar of the budget by section (:mod:`protoprompt.plan`), each section in its own colour,
+  with the tokens left at the end; hovering a segment names it with its tokens and items;
+* the units along the session, oldest first, as small boxes coloured kept / mandatory /
+  masked / dropped / invalid, each with its items, kinds, tokens and the reason on hover,
+  and the same as a table (the newest :data:`MAX_UNITS` units; older ones are counted);
+* for a turn's plan, the blocks of its context message.
+
+The page needs nothing else: the style is inline, there is no script and no link, so it
+opens offline and from a file. Everything that comes from items, memory or a database
+(previews, tool names, sources, ids) is untrusted: it is HTML-escaped wherever it goes (text
+and attributes).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .plan import SECTION_LABELS, RequestSections, history_at, input_at
+
+if TYPE_CHECKING:
+    from .context import ContextPlan
+    from .packing import PackResult
+
+__all__ = [
+    "FREE_COLOUR",
+    "MAX_UNITS",
+    "OPEN_TABLE",
+    "SECTION_COLOURS",
+    "STATUS_COLOURS",
+    "BlockView",
+    "PlanView",
+    "UnitView",
+    "plan_view",
+    "plans_to_html",
+    "render",
+]
+
+SECTION_COLOURS: dict[str, str] = {
+    "instructions": "#4e79a7",
+    "tools": "#f28e2b",
+    "output_schema": "#e15759",
+    "context_message": "#76b7b2",
+    "run_input": "#59a14f",
+    "newest_step": "#edc948",
+    "earlier_steps": "#b07aa1",
+    "kept_history": "#ff9da7",
+    "output_reserve": "#9c755f",
+}
+"""The colour of each section in the budget bar."""
+FREE_COLOUR = "#e8e8e8"
+"""The colour of the tokens left."""
+STATUS_COLOURS: dict[str, str] = {
+    "mandatory": "#1f5fa8",
+    "kept": "#3f9b47",
+    "masked": "#f0a202",
+    "dropped": "#d1423a",
+    "invalid": "#555555",
+}
+"""The colour of a unit by what happened to it."""
+MAX_UNITS = 5000
+"""Units shown one by one (the newest); older ones are counted by decision."""
+BAR_WIDTH = 960
+"""The budget bar's width in CSS pixels."""
+OPEN_TABLE = 60
+"""Up to this many units, the table of units is shown open."""
+
+
+@dataclass(frozen=True)
+class UnitView:
+    """One unit along the session, as the page shows it."""
+
+    label: str
+    """Where it is, e.g. ``history[3..5]`` or ``rows 12-14``."""
+    kinds: str
+    tokens: int | None
+    decision: str
+    reason: str
+    sent_tokens: int | None = None
+    preview: str = ""
+    """A glimpse of its content (untrusted: escaped when shown)."""
+    region: str = "kept_history"
+    """The section it belongs to (:data:`~protoprompt.plan.SECTIONS`)."""
+
+    @property
+    def status(self) -> str:
+        """``"mandatory"``, ``"kept"``, ``"masked"``, ``"dropped"`` or ``"invalid"``."""
+        if self.decision in ("mandatory", "kept", "masked"):
+            return self.decision
+        if self.decision in ("invalid_unit", "input_only"):
+            return "invalid"
+        return "dropped"
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One block of a context message (profile, fact, chunk)."""
+
+    layer: str
+    source: str
+    status: str
+    tokens: int | None
+    reason: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """What one plan's part of the page shows."""
+
+    title: str
+    sections: RequestSections
+    units: list[UnitView]
+    hidden: dict[str, int] = field(default_factory=dict)
+    """Older units not shown one by one: their number per decision."""
+    notes: list[str] = field(default_factory=list)
+    """Lines of the plan's own account (how the history was read, the index...)."""
+    blocks: list[BlockView] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- views
+
+
+def _pack_units(
+    pack: PackResult, *, where: Any, regions: Any = None, max_units: int = MAX_UNITS
+) -> tuple[list[UnitView], dict[str, int]]:
+    """The newest ``max_units`` units of ``pack`` (oldest first) and the count of the older
+    ones by decision."""
+    decisions = pack.decisions
+    n = len(decisions)
+    start = max(n - max_units, 0)
+    hidden: dict[str, int] = {}
+    if start:
+        for d in decisions[:start]:
+            hidden[d.decision] = hidden.get(d.decision, 0) + 1
+    units = [
+        UnitView(
+            label=where(d.positions),
+            kinds="+".join(d.kinds),
+            tokens=d.tokens,
+            decision=d.decision,
+            reason=pack.reason(d, where=where),
+            sent_tokens=d.sent_tokens,
+            region=regions(d.positions) if regions is not None else "kept_history",
+        )
+        for d in decisions[start:]
+    ]
+    return units, hidden
+
+
+def _tail_unit(name: str, tokens: int, items: int, label: str) -> UnitView:
+    """The run input (or newest step) as one mandatory box at the end of the session."""
+    return UnitView(
+        label=label,
+        kinds=f"{items} item{'s' if items != 1 else ''}",
+        tokens=tokens,
+        decision="mandatory",
+        reason=f"mandatory: the {SECTION_LABELS[name]}",
+        sent_tokens=tokens,
+        region=name,
+    )
+
+
+def _blocks(plan: ContextPlan | None) -> list[BlockView]:
+    if plan is None:
+        return []
+    return [BlockView(b.layer, b.source, b.status, b.tokens, b.reason, b.text) for b in plan.blocks]
+
+
+def plan_view(plan: Any, *, title: str | None = None) -> PlanView:
+    """The page's view of a :class:`~protoprompt.PackResult`, a
+    :class:`~protoprompt.ContextPlan` or a :class:`~protoprompt.integrations.ModelCallPlan`."""
+    from .context import ContextPlan
+    from .packing import PackResult
+
+    if isinstance(plan, PackResult):
+        units, hidden = _pack_units(plan, where=history_at)
+        if plan.run_input_items:
+            units.append(
+                _tail_unit("run_input", plan.new_input_tokens, plan.run_input_items, "new_input")
+            )
+        return PlanView(title or "pack", plan.sections, units, hidden)
+    if isinstance(plan, ContextPlan):
+        layout = plan.layout
+        if layout is None:
+            units, hidden = _pack_units(plan.pack, where=history_at)
+            tail = ("run_input", "new_input")
+            notes = plan.turn.lines() if plan.turn is not None else []
+        else:
+            units, hidden = _pack_units(
+                plan.pack, where=input_at, regions=_regions(layout.run_input, layout.step[0])
+            )
+            tail = ("newest_step", "newest step")
+            notes = []
+        s = plan.sections
+        if s[tail[0]].items:
+            units.append(_tail_unit(tail[0], s[tail[0]].tokens, s[tail[0]].items or 0, tail[1]))
+        return PlanView(title or "turn plan", s, units, hidden, notes, _blocks(plan))
+    call = getattr(plan, "call", None)
+    pack = getattr(plan, "pack", None)
+    if isinstance(call, int) and isinstance(pack, PackResult):  # a ModelCallPlan
+        units, hidden = _pack_units(
+            pack, where=input_at, regions=_regions(plan.run_input, plan.step[0])
+        )
+        s = plan.sections
+        if s["newest_step"].items:
+            units.append(
+                _tail_unit(
+                    "newest_step",
+                    s["newest_step"].tokens,
+                    s["newest_step"].items or 0,
+                    "newest step",
+                )
+            )
+        notes = [f"index: {plan.reused} of {plan.input_items} items reused ({plan.reuse})"]
+        notes += [
+            f"truncated {t.item_type} at input[{t.position}] (call {t.call_id}): "
+            f"{t.original_tokens:,} -> {t.sent_tokens:,} tokens"
+            for t in plan.truncated
+        ]
+        return PlanView(
+            title or f"model call {call}", s, units, hidden, notes, _blocks(plan.context)
+        )
+    raise TypeError(
+        "expected a PackResult, a ContextPlan or a ModelCallPlan, got " + type(plan).__name__
+    )
+
+
+def _regions(run_input: tuple[int, int] | None, step_start: int) -> Any:
+    """A model call's region of a unit, by its newest position."""
+    a, b = run_input if run_input is not None else (step_start, step_start)
+
+    def region(positions: Sequence[int]) -> str:
+        newest = positions[-1] if positions else 0
+        if newest >= b:
+            return "earlier_steps"
+        if newest >= a:
+            return "run_input"
+        return "kept_history"
+
+    return region
+
+
+# --------------------------------------------------------------------------- the page
+
+_STYLE = f"""
+body {{ margin: 0; padding: 16px 24px; font: 14px/1.4 system-ui, sans-serif; color: #222;
+       background: #fff; }}
+h1 {{ font-size: 20px; margin: 0 0 12px; }}
+h2 {{ font-size: 16px; margin: 20px 0 6px; }}
+section.plan {{ margin-bottom: 28px; }}
+.bar {{ display: flex; width: {BAR_WIDTH}px; height: 36px; border: 0; margin: 0;
+        overflow: hidden; }}
+.bar span {{ display: block; height: 36px; flex: none; }}
+.legend {{ display: flex; flex-wrap: wrap; gap: 4px 16px; margin: 8px 0;
+           max-width: {BAR_WIDTH}px; }}
+.legend span {{ white-space: nowrap; }}
+.sw {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
+       vertical-align: -1px; }}
+.units {{ display: flex; flex-wrap: wrap; gap: 2px; max-width: {BAR_WIDTH}px; }}
+.units span {{ display: block; width: 10px; height: 16px; }}
+.units span.region {{ width: 2px; background: #222; }}
+table {{ border-collapse: collapse; margin: 6px 0; }}
+td, th {{ border-bottom: 1px solid #ddd; padding: 2px 8px; text-align: left;
+          vertical-align: top; }}
+td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+pre {{ margin: 4px 0; color: #555; }}
+.note {{ color: #666; }}
+"""
+
+
+def _e(value: object) -> str:
+    """Text made safe for HTML content and attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _bar(sections: RequestSections) -> str:
+    budget = max(sections.budget, 1)
+    parts = []
+    for s in sections:
+        if s.tokens <= 0:
+            continue
+        width = BAR_WIDTH * s.tokens / budget
+        items = f", {s.items:,} items" if s.items else ""
+        parts.append(
+            f'<span class="seg" data-section="{_e(s.name)}" '
+            f'style="width:{width:.3f}px;background:{SECTION_COLOURS[s.name]}" '
+            f'title="{_e(s.label)}: {s.tokens:,} tokens{_e(items)}"></span>'
+        )
+    left = sections.remaining
+    if left > 0:
+        parts.append(
+            f'<span class="seg" data-section="left" '
+            f'style="width:{BAR_WIDTH * left / budget:.3f}px;background:{FREE_COLOUR}" '
+            f'title="left: {left:,} tokens"></span>'
+        )
+    return f'<div class="bar">{"".join(parts)}</div>'
+
+
+def _legend(sections: RequestSections) -> str:
+    entries = []
+    for s in sections:
+        tokens = f"{s.tokens:,}" if s.counted else "-"
+        note = f" ({s.note})" if s.note else ""
+        entries.append(
+            f'<span title="{_e(s.label + note)}"><i class="sw" '
+            f'style="background:{SECTION_COLOURS[s.name]}"></i>{_e(s.label)} {tokens}</span>'
+        )
+    entries.append(
+        f'<span><i class="sw" style="background:{FREE_COLOUR}"></i>left {sections.remaining:,}'
+        "</span>"
+    )
+    return f'<div class="legend">{"".join(entries)}</div>'
+
+
+def _unit_title(u: UnitView) -> str:
+    tokens = "uncounted" if u.tokens is None else f"{u.tokens:,} tokens"
+    if u.decision == "masked" and u.sent_tokens is not None:
+        tokens += f", {u.sent_tokens:,} sent"
+    text = f"{u.label} {u.kinds} ({tokens}): {u.decision}: {u.reason}"
+    if u.preview:
+        text += f"\n{u.preview}"
+    return text
+
+
+def _units(view: PlanView) -> str:
+    boxes = []
+    if view.hidden:
+        counts = ", ".join(f"{n:,} {k}" for k, n in sorted(view.hidden.items()))
+        older = f"{sum(view.hidden.values()):,} older units: {counts}"
+        boxes.append(f'<span class="region" title="{_e(older)}"></span>')
+    region = None
+    for u in view.units:
+        if region is not None and u.region != region:
+            boxes.append(f'<span class="region" title="{_e(SECTION_LABELS[u.region])}"></span>')
+        region = u.region
+        boxes.append(
+            f'<span class="u {u.status}" style="background:{STATUS_COLOURS[u.status]}" '
+            f'title="{_e(_unit_title(u))}"></span>'
+        )
+    legend = "".join(
+        f'<span><i class="sw" style="background:{c}"></i>{s}</span>'
+        for s, c in STATUS_COLOURS.items()
+    )
+    return f'<div class="units">{"".join(boxes)}</div><div class="legend">{legend}</div>'
+
+
+def _unit_table(view: PlanView) -> str:
+    rows = "".join(
+        "<tr>"
+        f"<td>{_e(u.label)}</td><td>{_e(SECTION_LABELS[u.region])}</td><td>{_e(u.kinds)}</td>"
+        f'<td class="n">{_n(u.tokens)}</td><td class="n">{_n(u.sent_tokens)}</td>'
+        f"<td>{_e(u.decision)}</td><td>{_e(u.reason)}</td><td>{_e(u.preview)}</td>"
+        "</tr>"
+        for u in reversed(view.units)
+    )
+    shown = " open" if len(view.units) <= OPEN_TABLE else ""
+    return (
+        f"<details{shown}><summary>{len(view.units):,} units, newest first</summary><table>"
+        "<tr><th>where</th><th>section</th><th>kinds</th><th>tokens</th><th>sent</th>"
+        "<th>decision</th><th>reason</th><th>content</th></tr>"
+        f"{rows}</table></details>"
+    )
+
+
+def _blocks_table(blocks: list[BlockView]) -> str:
+    if not blocks:
+        return ""
+    rows = "".join(
+        "<tr>"
+        f"<td>{_e(b.layer)}</td><td>{_e(b.source)}</td><td>{_e(b.status)}</td>"
+        f'<td class="n">{_n(b.tokens)}</td><td>{_e(b.reason)}</td>'
+        f"<td>{_e(b.text[:200])}</td></tr>"
+        for b in blocks
+    )
+    return (
+        "<h2>context message</h2><table><tr><th>layer</th><th>source</th><th>status</th>"
+        f"<th>tokens</th><th>reason</th><th>text</th></tr>{rows}</table>"
+    )
+
+
+def _section(view: PlanView) -> str:
+    s = view.sections
+    notes = "".join(f"<pre>{_e(line)}</pre>" for line in view.notes)
+    return (
+        '<section class="plan">'
+        f"<h2>{_e(view.title)}: {s.used:,} of {s.budget:,} tokens ({_e(s.encoding)}), "
+        f"{s.remaining:,} left</h2>"
+        f"{_bar(s)}{_legend(s)}"
+        f"<h2>units along the session</h2>{_units(view)}{_unit_table(view)}"
+        f"{_blocks_table(view.blocks)}{notes}"
+        "</section>"
+    )
+
+
+def render(views: Sequence[PlanView], *, title: str = "protoprompt plan") -> str:
+    """The page for ``views`` (one section each, in order)."""
+    body = "".join(_section(v) for v in views)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\">"
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head>"
+        f"<body><h1>{_e(title)}</h1>{body}</body></html>\n"
+    )
+
+
+def plans_to_html(plans: Sequence[Any] | Any, *, title: str | None = None) -> str:
+    """One self-contained HTML page for a plan or a run's plans (e.g. every
+    :class:`~protoprompt.integrations.ModelCallPlan` an ``on_call`` collected): per plan a
+    bar of the budget by section and its units as kept / masked / dropped with their
+    reasons (see the module doc)."""
+    items = plans if isinstance(plans, Sequence) else [plans]
+    views = [plan_view(p) for p in items]
+    if title is None:
+        title = "protoprompt: " + (views[0].title if len(views) == 1 else f"{len(views)} plans")
+    return render(views, title=title)

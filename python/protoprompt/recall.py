@@ -1,0 +1,698 @@
+"""What a session turn evicted, kept reachable: its rows indexed for recall and folded into a
+rolling summary, off the request's path.
+
+A :class:`~protoprompt.TokenBudgetedContextBuilder` with ``recall_evicted`` or a
+``summarizer`` has one :class:`Evictions`. Each turn of a
+:class:`~protoprompt.integrations.ProtoPromptSession` built with it:
+
+1. before the build, :meth:`Evictions.prepare` says which turn this is (for "N turns ago")
+   and reads the session's summary (for the ``summary`` layer);
+2. after the build, :meth:`Evictions.observe` works out, in time proportional to what the
+   turn kept and what was added since the last turn, which rows the turn evicted that no
+   earlier turn handed over (:func:`eviction_step`, a pure function);
+3. :meth:`Evictions.schedule` hands them to a background thread that renders and indexes
+   them in the store's ``history`` layer, and (with a summarizer) starts a summary update as
+   a task on the running event loop. The request was returned before either runs.
+
+**What "evicted" means.** A row is evicted by a turn when the turn's pack did not send it
+(dropped units; masked units are sent and are not evicted). Under windowed reads the rows
+before the window are not even read: they were evicted by earlier turns, which indexed
+them -- or, when that did not happen (a restarted process, a turn that kept them, a failed
+or dropped background job), the background job reads them from the session's database by
+row id. The store is the truth of what is indexed: a job indexes only rows the store does
+not hold with the same content (a row's digest is that of its canonical text), so several
+workers, restarts and repeated hand-overs never store a row twice and never lose one.
+
+**Ledger.** Per stored session, what its turns handed over: the positions below
+``frontier`` were looked at, and ``held`` lists those of them the turn kept (to look at
+again). A pop, clear or rewrite of the history (the session's epoch), or rows that are not
+the ones seen before (another process), start it again from position 0; a background job
+that failed for good does too, so its rows are looked at again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import bisect
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .errors import ProtoPromptError
+from .memory import HistoryRecord, MemoryScope
+from .packing import canonical_text, count_tokens_batch
+from .transcript import render_item, tool_names
+
+if TYPE_CHECKING:
+    from .context import TokenBudgetedContextBuilder
+    from .summaries import SummaryState, SummaryStore
+
+__all__ = [
+    "EvictionStep",
+    "Evictions",
+    "Ledger",
+    "TurnMemory",
+    "TurnRows",
+    "eviction_step",
+    "item_digest",
+]
+
+_log = logging.getLogger("protoprompt")
+
+RETRY_DELAYS: tuple[float, ...] = (0.2, 1.0)
+"""Seconds before the second and third attempt of a background job (then it is given up,
+logged, and its rows are looked at again by a later turn)."""
+MAX_QUEUED_JOBS = 64
+"""Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
+_BATCH = 256
+"""Rows indexed per store call."""
+SUMMARY_BATCH_FACTOR = 8
+"""One summary update folds in at most this many times ``summarize_every`` tokens (the rest
+waits for the next update), so a long evicted prefix is summarised in bounded steps."""
+
+
+def item_digest(item: Any) -> str | None:
+    """What identifies an item's content: BLAKE2b-128 of its canonical text (hex), or
+    ``None`` for an item protoprompt cannot read."""
+    try:
+        text = canonical_text(item)
+    except (ProtoPromptError, TypeError, ValueError):
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+@dataclass(frozen=True)
+class EvictionStep:
+    """One turn's hand-over (see :func:`eviction_step`)."""
+
+    evicted: list[int]
+    """Positions evicted that were held (kept by an earlier turn), in order."""
+    start: int
+    """Every position in ``[start, n)`` that the turn did not keep is evicted too."""
+    held: list[int]
+    """Positions below ``n`` the turn kept (to look at again next turn)."""
+
+
+def eviction_step(frontier: int, held: Sequence[int], n: int, kept: Sequence[int]) -> EvictionStep:
+    """Which rows a turn evicted that no earlier turn handed over.
+
+    ``frontier`` and ``held``: the ledger before the turn (positions below ``frontier`` were
+    handed over unless listed in ``held``); ``n``: the history's length; ``kept``: the
+    positions the turn sent (sorted). Costs ``O(len(held) + len(kept))``; the positions of
+    ``[start, n)`` are enumerated by whoever indexes them. A ledger ahead of the history
+    (it shrank) starts again from 0."""
+    if frontier > n:
+        frontier, held = 0, ()
+    kept_set = set(kept)
+    evicted = [p for p in held if p < n and p not in kept_set]
+    in_range = set(held)
+    new_held = [p for p in kept if p < n and (p >= frontier or p in in_range)]
+    return EvictionStep(evicted, frontier, new_held)
+
+
+@dataclass
+class Ledger:
+    """What one stored session's turns handed over to one builder (see the module note)."""
+
+    frontier: int = 0
+    held: list[int] = field(default_factory=list)
+    anchor: int | str | None = None
+    """The row id (or item digest) at ``frontier - 1`` when it was handed over."""
+    epoch: int | None = None
+    users: array[int] = field(default_factory=lambda: array("q"))
+    """Positions of the user messages below ``users_upto``."""
+    users_upto: int = 0
+    summarizing: bool = False
+    pending: tuple[int, int, int] | None = None
+    """Evicted prefix counted but not yet summarised: (first position, end, tokens)."""
+    summary_store: Any = None
+    """The summary of a session without a database file (kept here, by this process)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        self.frontier, self.held, self.anchor = 0, [], None
+        self.users, self.users_upto = array("q"), 0
+        self.pending = None
+
+
+@dataclass(frozen=True)
+class TurnMemory:
+    """What :meth:`Evictions.prepare` found for a turn (passed to ``builder.build``)."""
+
+    turn: int | None
+    """This turn's number: the user messages in the history plus one (``None``: unknown)."""
+    summary: str | None
+    """The session's summary of what it evicted (``None``: none yet)."""
+
+
+@dataclass(frozen=True)
+class TurnRows:
+    """What a session turn hands over after its pack (see :meth:`Evictions.observe`)."""
+
+    session_id: str
+    scope: MemoryScope | None
+    """The memory scope the rows are indexed in (``None``: no recall, a summary only)."""
+    n_history: int
+    offset: int
+    """``items`` hold the history from this position on (a token window)."""
+    items: Sequence[Any]
+    kept: Sequence[int]
+    """History positions the request sent (``plan.pack.kept_history``)."""
+    dependency: Sequence[int]
+    row_ids: Sequence[int] | None
+    """The row id of every position ``[0, n_history)``, ascending; ``None``: rows are keyed
+    by position (a session without row ids)."""
+    fetch: Callable[[list[int]], dict[int, Any]] | None
+    """Items by row id, for rows before the window (``None``: there are none)."""
+    summaries: SummaryStore | None
+    epoch: int
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+class _Worker:
+    """One daemon thread running index jobs in order, with retries; bounded queue."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(MAX_QUEUED_JOBS)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0
+        _WORKERS.add(self)
+
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue ``job`` (``False``: the queue is full)."""
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+                self._pid = os.getpid()
+                self._queue = queue.Queue(MAX_QUEUED_JOBS)
+                self._thread, self._busy = None, 0
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                return False
+            self._busy += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="protoprompt-evictions", daemon=True
+                )
+                self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            try:
+                job = q.get(timeout=30.0)
+            except queue.Empty:
+                with self._lock:
+                    if q.empty() and self._queue is q:
+                        self._thread = None
+                        return
+                continue
+            try:
+                if job is not None:
+                    job()
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job ran (``False``: ``timeout`` seconds passed first)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._busy > 0 and self._pid == os.getpid():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+
+_WORKERS: weakref.WeakSet[_Worker] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
+    for worker in list(_WORKERS):
+        worker.wait_idle(5.0)
+
+
+def _retried(what: str, attempt: Callable[[], None]) -> bool:
+    """Run ``attempt`` up to ``1 + len(RETRY_DELAYS)`` times; log each failure."""
+    for n in range(len(RETRY_DELAYS) + 1):
+        try:
+            attempt()
+            return True
+        except Exception as exc:  # noqa: BLE001 - logged; the rows are looked at again
+            last = n == len(RETRY_DELAYS)
+            _log.log(
+                logging.WARNING if last else logging.INFO,
+                "protoprompt: %s failed (attempt %d of %d): %s",
+                what,
+                n + 1,
+                len(RETRY_DELAYS) + 1,
+                exc,
+            )
+            if not last:
+                time.sleep(RETRY_DELAYS[n])
+    return False
+
+
+# --------------------------------------------------------------------------- evictions
+
+
+def _is_user(item: Any) -> bool:
+    from .context import _message_text
+
+    return _message_text(item) is not None
+
+
+class Evictions:
+    """The evicted rows of the sessions a builder serves (see the module note)."""
+
+    def __init__(self, builder: TokenBudgetedContextBuilder) -> None:
+        self._builder = weakref.ref(builder)
+        self._ledgers: weakref.WeakKeyDictionary[Any, Ledger] = weakref.WeakKeyDictionary()
+        self._ledgers_lock = threading.Lock()
+        self._worker = _Worker()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def builder(self) -> TokenBudgetedContextBuilder:
+        builder = self._builder()
+        if builder is None:  # pragma: no cover - the builder owns this object
+            raise RuntimeError("the builder of these evictions is gone")
+        return builder
+
+    def ledger(self, key: Any) -> Ledger:
+        """The ledger of the stored session ``key`` stands for (weakly referenced)."""
+        with self._ledgers_lock:
+            found = self._ledgers.get(key)
+            if found is None:
+                found = self._ledgers[key] = Ledger()
+            return found
+
+    # ------------------------------------------------------------------ before the build
+
+    def prepare(
+        self,
+        ledger: Ledger,
+        items: Sequence[Any],
+        offset: int,
+        epoch: int,
+        user_positions: Callable[[int, int], list[int]] | None,
+        summaries: SummaryStore | None,
+    ) -> TurnMemory:
+        """This turn's number and the session's summary. ``items`` hold the history from
+        ``offset`` on; ``user_positions(a, b)`` lists the user messages among the earlier
+        positions (from the session's index)."""
+        n = offset + len(items)
+        with ledger.lock:
+            if ledger.epoch is not None and ledger.epoch != epoch:
+                ledger.reset()  # a pop, clear or rewrite: positions mean other rows now
+            ledger.epoch = epoch
+            if ledger.users_upto > n:
+                ledger.users, ledger.users_upto = array("q"), 0
+            start = ledger.users_upto
+            turn: int | None = None
+            try:
+                if start < offset:
+                    if user_positions is None:
+                        raise LookupError("no index for the rows before the window")
+                    ledger.users.extend(user_positions(start, offset))
+                    start = offset
+                ledger.users.extend(p for p in range(start, n) if _is_user(items[p - offset]))
+                ledger.users_upto = n
+                turn = len(ledger.users) + 1
+            except Exception as exc:  # noqa: BLE001 - the turn number is cosmetic
+                _log.debug("protoprompt: turn number unknown: %s", exc)
+                ledger.users, ledger.users_upto = array("q"), 0
+        summary: str | None = None
+        if summaries is not None and self.builder.summarizer is not None:
+            state = summaries.load()
+            summary = state.text if state is not None else None
+        return TurnMemory(turn, summary)
+
+    # ------------------------------------------------------------------ after the build
+
+    def observe(self, ledger: Ledger, rows: TurnRows) -> Callable[[], None] | None:
+        """What this turn evicted, as a callable that schedules its background work
+        (``None``: nothing to do). Costs ``O(kept + held + rows added since)``."""
+        n, offset = rows.n_history, rows.offset
+        ids = rows.row_ids
+        if ids is not None and len(ids) != n:
+            return None  # the rows are not known for every position: a later turn
+        with ledger.lock:
+            if ledger.epoch != rows.epoch:
+                ledger.reset()
+                ledger.epoch = rows.epoch
+            if ledger.frontier and not self._anchored(ledger, rows):
+                ledger.reset()  # not the rows handed over before (another process)
+            step = eviction_step(ledger.frontier, ledger.held, n, rows.kept)
+            ledger.frontier, ledger.held = n, step.held
+            ledger.anchor = self._anchor(rows, n - 1) if n else None
+            users = tuple(ledger.users) if ledger.users_upto >= n else None
+        index_job = None
+        scope = rows.scope
+        if self.builder.recall_evicted and scope is not None and (step.evicted or step.start < n):
+            # Copies: the history list is the SDK's, and the session's row ids grow.
+            job_ids = None
+            if ids is not None:  # the held ones by position, the rest as one slice
+                job_ids = ({p: int(ids[p]) for p in step.evicted}, array("q", ids[step.start : n]))
+            kept = set(rows.kept)
+            index_job = _IndexJob(
+                self,
+                ledger,
+                rows.session_id,
+                scope,
+                step.evicted,
+                (step.start, n, kept),
+                offset,
+                list(rows.items),
+                job_ids,
+                rows.fetch,
+                users,
+            )
+        summary_job = None
+        if self.builder.summarizer is not None and rows.summaries is not None:
+            summary_job = self._summary_job(ledger, rows)
+        if index_job is None and summary_job is None:
+            return None
+
+        def schedule() -> None:
+            if index_job is not None and not self._worker.submit(index_job):
+                _log.info(
+                    "protoprompt: %d index jobs are waiting: the rows evicted by this turn "
+                    "of session %r are left to a later turn",
+                    MAX_QUEUED_JOBS,
+                    rows.session_id,
+                )
+                with ledger.lock:
+                    ledger.reset()
+            if summary_job is not None:
+                self._start(summary_job, ledger)
+
+        return schedule
+
+    @staticmethod
+    def _anchor(rows: TurnRows, p: int) -> int | str | None:
+        if rows.row_ids is not None:
+            return int(rows.row_ids[p])
+        if p >= rows.offset:
+            return item_digest(rows.items[p - rows.offset])
+        return None
+
+    def _anchored(self, ledger: Ledger, rows: TurnRows) -> bool:
+        p = ledger.frontier - 1
+        return p < rows.n_history and self._anchor(rows, p) == ledger.anchor
+
+    # ------------------------------------------------------------------ summaries
+
+    def _summary_job(self, ledger: Ledger, rows: TurnRows) -> _SummaryJob | None:
+        kept = set(rows.kept) - set(rows.dependency)
+        end = min(kept) if kept else rows.n_history  # the evicted prefix is [0, end)
+        if end <= 0:
+            return None
+        # Copies: the history list is the SDK's, and the session's row ids change.
+        ids = None if rows.row_ids is None else array("q", rows.row_ids)
+        return _SummaryJob(self, ledger, replace(rows, items=list(rows.items), row_ids=ids), end)
+
+    def _start(self, job: _SummaryJob, ledger: Ledger) -> None:
+        """Start ``job`` as a task on the running loop, unless one of the session runs."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        with ledger.lock:
+            if ledger.summarizing:
+                return
+            ledger.summarizing = True
+        task = loop.create_task(job.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def forget(self, scope: MemoryScope, session_id: str, from_row: int | None = None) -> int:
+        """Delete the session's recall records (from ``from_row`` on), waiting first for
+        index jobs already queued (so none writes them back)."""
+        if not self.builder.recall_evicted:
+            return 0
+        self._worker.wait_idle(30.0)
+        store = self.builder.store
+        return int(store.forget_history(session_id, scope=scope, from_row=from_row))
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._tasks:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            done, _ = await asyncio.wait(set(self._tasks), timeout=left)
+            if not done:
+                return False
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return await asyncio.to_thread(self._worker.wait_idle, left)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _turn_of(users: Sequence[int] | None, p: int) -> int | None:
+    return None if users is None else bisect.bisect_right(users, p)
+
+
+class _IndexJob:
+    """Render and index the rows one turn evicted (in the worker thread)."""
+
+    def __init__(
+        self,
+        owner: Evictions,
+        ledger: Ledger,
+        session_id: str,
+        scope: MemoryScope,
+        evicted: list[int],
+        span: tuple[int, int, set[int]],
+        offset: int,
+        items: list[Any],
+        ids: tuple[dict[int, int], array[int]] | None,
+        fetch: Callable[[list[int]], dict[int, Any]] | None,
+        users: Sequence[int] | None,
+    ) -> None:
+        self.owner = owner
+        self.ledger = ledger
+        self.session_id = session_id
+        self.scope = scope
+        self.evicted = evicted
+        self.span = span
+        self.offset = offset
+        self.items = items
+        self.ids = ids
+        self.fetch = fetch
+        self.users = users
+
+    def positions(self) -> list[int]:
+        start, end, kept = self.span
+        return sorted({*self.evicted, *(p for p in range(start, end) if p not in kept)})
+
+    def __call__(self) -> None:
+        if not _retried(f"indexing the evicted rows of session {self.session_id!r}", self.run):
+            with self.ledger.lock:
+                self.ledger.reset()  # looked at again by the next turn
+
+    def run(self) -> None:
+        builder = self.owner.builder
+        store = builder.store
+        positions = self.positions()
+        if not positions:
+            return
+        if self.ids is None:
+            keys = positions  # rows keyed by position
+        else:
+            held, span = self.ids
+            start = self.span[0]
+            keys = [held[p] if p in held else int(span[p - start]) for p in positions]
+        stored = store.history_rows(
+            self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
+        )
+        names = tool_names(self.items)
+        todo: list[tuple[int, int, Any, str | None]] = []
+        missing: list[tuple[int, int]] = []
+        for p, key in zip(positions, keys, strict=True):
+            if p >= self.offset:
+                item = self.items[p - self.offset]
+                digest = item_digest(item)
+                if stored.get(key) != digest:
+                    todo.append((p, key, item, digest))
+            elif key not in stored:  # a row id's content never changes
+                missing.append((p, key))
+        if missing:
+            if self.fetch is None:
+                raise RuntimeError("rows before the window cannot be read")
+            found = self.fetch([key for _, key in missing])
+            names.update(tool_names(found.values()))
+            todo.extend(
+                (p, key, found[key], item_digest(found[key])) for p, key in missing if key in found
+            )
+            todo.sort(key=lambda t: t[0])
+        records = []
+        for p, key, item, digest in todo:
+            rendered = render_item(item, names)
+            if rendered is None or not rendered.text.strip():
+                continue
+            meta: dict[str, Any] = {"label": rendered.label, "position": p}
+            turn = _turn_of(self.users, p)
+            if turn is not None:
+                meta["turn"] = turn
+            records.append(HistoryRecord(key, rendered.text, meta, digest))
+        for i in range(0, len(records), _BATCH):
+            store.index_history(self.session_id, records[i : i + _BATCH], scope=self.scope)
+
+
+class _SummaryJob:
+    """Fold the newly evicted prefix into the session's summary (a task on the loop)."""
+
+    def __init__(self, owner: Evictions, ledger: Ledger, rows: TurnRows, end: int) -> None:
+        self.owner = owner
+        self.ledger = ledger
+        self.rows = rows
+        self.end = end
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the previous summary stays
+            _log.warning(
+                "protoprompt: the summary of session %r was not updated: %s",
+                self.rows.session_id,
+                exc,
+            )
+        finally:
+            with self.ledger.lock:
+                self.ledger.summarizing = False
+
+    def _key(self, p: int) -> int:
+        ids = self.rows.row_ids
+        return p if ids is None else int(ids[p])
+
+    def _first(self, state: SummaryState | None) -> int:
+        """The first position the summary does not cover."""
+        if state is None:
+            return 0
+        ids = self.rows.row_ids
+        if ids is None:
+            return min(state.upto, self.rows.n_history)
+        return bisect.bisect_left(ids, state.upto)
+
+    async def _run(self) -> None:
+        builder = self.owner.builder
+        rows = self.rows
+        store = rows.summaries
+        summarizer = builder.summarizer
+        assert store is not None and summarizer is not None
+        state = await asyncio.to_thread(store.load)
+        first = self._first(state)
+        if first >= self.end:
+            return
+        items, tokens = await asyncio.to_thread(self._gather, first)
+        if tokens < builder.summarize_every:
+            return
+        previous = state.text if state is not None else None
+        limit = builder.summary_tokens
+        text: str | None = None
+        for n in range(len(RETRY_DELAYS) + 1):
+            try:
+                out = await summarizer(list(items), previous, limit)
+                if not isinstance(out, str):
+                    raise TypeError(f"the summarizer returned {type(out).__name__}, not a str")
+                text = out
+                break
+            except Exception as exc:  # noqa: BLE001 - retried, then the summary stays
+                last = n == len(RETRY_DELAYS)
+                _log.log(
+                    logging.WARNING if last else logging.INFO,
+                    "protoprompt: summarizing session %r failed (attempt %d of %d): %s",
+                    rows.session_id,
+                    n + 1,
+                    len(RETRY_DELAYS) + 1,
+                    exc,
+                )
+                if last:
+                    return
+                await asyncio.sleep(RETRY_DELAYS[n])
+        if text is None or not text.strip():
+            return
+        from .packing import truncate_text
+
+        text = truncate_text(text, limit, model=builder.model, encoding=builder.encoding)
+        upto = self._key(first + len(items) - 1) + 1
+        await asyncio.to_thread(store.save, state, text, upto)
+        with self.ledger.lock:
+            self.ledger.pending = None
+
+    def _gather(self, first: int) -> tuple[list[Any], int]:
+        """The evicted prefix from ``first`` on, oldest first, up to a batch's tokens
+        (``SUMMARY_BATCH_FACTOR``), and their tokens as rendered text."""
+        builder = self.owner.builder
+        cap = builder.summarize_every * SUMMARY_BATCH_FACTOR
+        end = self.end
+        with self.ledger.lock:
+            pending = self.ledger.pending
+        if (
+            pending is not None
+            and pending[:2] == (first, end)
+            and pending[2] < builder.summarize_every
+        ):
+            return [], pending[2]  # counted before, nothing new since
+        items: list[Any] = []
+        total = 0
+        p = first
+        while p < end:
+            q = min(end, p + _BATCH)
+            chunk = self._items(p, q)
+            names = tool_names(chunk)
+            texts = [r.text if (r := render_item(i, names)) is not None else "" for i in chunk]
+            counts = count_tokens_batch(texts, model=builder.model, encoding=builder.encoding)
+            for item, c in zip(chunk, counts, strict=True):
+                items.append(item)
+                total += c
+                if total >= cap:
+                    return items, total
+            p = q
+        with self.ledger.lock:
+            self.ledger.pending = (first, end, total)
+        return items, total
+
+    def _items(self, first: int, end: int) -> list[Any]:
+        rows = self.rows
+        before = list(range(first, min(end, rows.offset)))
+        found: dict[int, Any] = {}
+        if before:
+            if rows.fetch is None or rows.row_ids is None:
+                raise RuntimeError("rows before the window cannot be read")
+            found = rows.fetch([int(rows.row_ids[p]) for p in before])
+        items = [found[int(rows.row_ids[p])] for p in before if rows.row_ids is not None]
+        if len(items) != len(before):
+            raise RuntimeError("rows of the evicted prefix are gone")
+        start = max(first, rows.offset)
+        items.extend(rows.items[p - rows.offset] for p in range(start, end))
+        return items

@@ -1,0 +1,349 @@
+"""Rolling summaries of what a session evicted.
+
+With ``TokenBudgetedContextBuilder(..., summarizer=...)``, each
+:class:`~protoprompt.integrations.ProtoPromptSession` keeps one summary of the prefix of its
+history that its turns no longer send. After a turn that evicted at least
+``summarize_every`` new tokens (counted as rendered text), the newly evicted items and the
+previous summary go to the summarizer, in the background (a task on the running event
+loop, never on the request's path); its answer, cut to ``summary_tokens``, replaces the
+summary. A failed call is retried (:data:`protoprompt.recall.RETRY_DELAYS`), then logged:
+the previous summary stays. Each turn's context message carries the summary as layer
+``summary`` (see ``docs/recall.md``).
+
+* :class:`Summarizer` -- what a summarizer is: an async callable
+  ``(items, previous summary, token limit) -> text``;
+* :class:`ModelSummarizer` -- a summarizer that asks any Agents SDK ``Model`` (OpenAI,
+  LiteLLM, a scripted test model...);
+* :class:`SQLiteSummaryStore` / :class:`MemorySummaryStore` -- where a session keeps its
+  summary: in its SQLite database file (table ``protoprompt_summaries``, shared by every
+  process serving the session; a damaged or foreign row is ignored), else in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .packing import count_tokens_batch
+from .transcript import render_items
+
+if TYPE_CHECKING:
+    from agents.model_settings import ModelSettings
+    from agents.models.interface import Model
+
+__all__ = [
+    "DEFAULT_INSTRUCTIONS",
+    "MemorySummaryStore",
+    "ModelSummarizer",
+    "SQLiteSummaryStore",
+    "Summarizer",
+    "SummaryState",
+    "SummaryStore",
+]
+
+_log = logging.getLogger("protoprompt")
+
+TABLE = "protoprompt_summaries"
+
+DEFAULT_INSTRUCTIONS = (
+    "You keep the running summary of a conversation between a user and an AI agent whose "
+    "earlier turns no longer fit in the agent's context. Update the previous summary with "
+    "the new turns: keep every fact, number, name, decision, commitment and open question "
+    "a later turn may need (including what tools returned); drop chit-chat; write plain "
+    "prose or short bullet points, no preamble. Stay within the token limit you are given."
+)
+"""The instructions :class:`ModelSummarizer` gives its model by default."""
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Summarises the turns a session evicted.
+
+    Called with the newly evicted items (the SDK's stored items, oldest first), the previous
+    summary (``None`` for the first one) and the summary's token limit; returns the updated
+    summary of everything evicted so far (text longer than the limit is cut). It runs in the
+    background; raising keeps the previous summary (after retries)."""
+
+    async def __call__(
+        self, items: Sequence[Any], previous: str | None, max_tokens: int
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class SummaryState:
+    """A session's stored summary."""
+
+    text: str
+    upto: int
+    """The summary covers the rows below this key (row id, or position for a session
+    without row ids)."""
+    version: int
+    """Bumped by each update (an update made from an older state is not stored)."""
+
+
+class SummaryStore(Protocol):
+    """Where one session keeps its summary."""
+
+    def load(self) -> SummaryState | None:
+        """The summary (``None``: none, or a stored one that cannot be trusted)."""
+
+    def save(self, previous: SummaryState | None, text: str, upto: int) -> bool:
+        """Replace ``previous`` (what :meth:`load` returned) by ``text`` covering the rows
+        below ``upto``; ``False`` (nothing changed) when the stored summary is not
+        ``previous`` any more (another worker updated it) or covers more."""
+
+    def clear(self) -> None:
+        """Forget the summary (the session was cleared)."""
+
+
+class MemorySummaryStore:
+    """A summary kept by this process (a session without a database file)."""
+
+    def __init__(self) -> None:
+        self._state: SummaryState | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> SummaryState | None:
+        with self._lock:
+            return self._state
+
+    def save(self, previous: SummaryState | None, text: str, upto: int) -> bool:
+        with self._lock:
+            if self._state != previous or (previous is not None and upto <= previous.upto):
+                return False
+            version = 1 if previous is None else previous.version + 1
+            self._state = SummaryState(text, upto, version)
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._state = None
+
+
+def _checksum(table: str, session_id: str, keyed: str, upto: int, version: int, text: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in ("protoprompt summary 1", table, session_id, keyed, str(upto), str(version), text):
+        raw = part.encode("utf-8", "surrogatepass")
+        h.update(len(raw).to_bytes(8, "little") + raw)  # length-prefixed: never ambiguous
+    return h.hexdigest()
+
+
+class SQLiteSummaryStore:
+    """A session's summary in its SQLite database file (table ``protoprompt_summaries``).
+
+    One row per (messages table, session), behind a checksum of its fields: a row that is
+    damaged, of another kind of key (``keyed``), or not written by protoprompt is ignored
+    (read as no summary, replaced by the next update). An update is a compare-and-set
+    in one ``BEGIN IMMEDIATE`` transaction, so workers never go back to an older summary."""
+
+    def __init__(self, db_path: str, messages_table: str, session_id: str, *, keyed: str) -> None:
+        self._db = db_path
+        self._table = messages_table
+        self._session = session_id
+        self._keyed = keyed
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._db, timeout=5.0, isolation_level=None)
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (messages_table TEXT NOT NULL, "
+            "session_id TEXT NOT NULL, keyed TEXT NOT NULL, upto INTEGER NOT NULL, "
+            "version INTEGER NOT NULL, summary TEXT NOT NULL, updated_at REAL NOT NULL, "
+            "checksum TEXT NOT NULL, PRIMARY KEY (messages_table, session_id))"
+        )
+        return conn
+
+    def _read(self, conn: sqlite3.Connection) -> SummaryState | None:
+        row = conn.execute(
+            f"SELECT keyed, upto, version, summary, checksum FROM {TABLE}"
+            " WHERE messages_table = ? AND session_id = ?",
+            (self._table, self._session),
+        ).fetchone()
+        if row is None:
+            return None
+        keyed, upto, version, text, checksum = row
+        if (
+            keyed != self._keyed
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in (upto, version))
+            or not isinstance(text, str)
+            or checksum != _checksum(self._table, self._session, keyed, upto, version, text)
+        ):
+            return None  # damaged or foreign: never trusted
+        return SummaryState(text, upto, version)
+
+    def load(self) -> SummaryState | None:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            _log.debug("protoprompt: summary of %r not read: %s", self._session, exc)
+            return None
+        try:
+            return self._read(conn)
+        except sqlite3.Error as exc:
+            _log.debug("protoprompt: summary of %r not read: %s", self._session, exc)
+            return None
+        finally:
+            conn.close()
+
+    def save(self, previous: SummaryState | None, text: str, upto: int) -> bool:
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = self._read(conn)
+                if current != previous or (previous is not None and upto <= previous.upto):
+                    conn.execute("ROLLBACK")
+                    return False
+                version = 1 if previous is None else previous.version + 1
+                conn.execute(
+                    f"INSERT OR REPLACE INTO {TABLE} (messages_table, session_id, keyed, upto,"
+                    " version, summary, updated_at, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        self._table,
+                        self._session,
+                        self._keyed,
+                        upto,
+                        version,
+                        text,
+                        time.time(),
+                        _checksum(self._table, self._session, self._keyed, upto, version, text),
+                    ),
+                )
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return True
+        finally:
+            conn.close()
+
+    def clear(self) -> None:
+        conn = self._connect()
+        try:
+            conn.execute(
+                f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
+                (self._table, self._session),
+            )
+        finally:
+            conn.close()
+
+
+class ModelSummarizer:
+    """A :class:`Summarizer` that asks an Agents SDK ``Model`` (any: OpenAI, LiteLLM, ...).
+
+    The items are rendered as text (:mod:`protoprompt.transcript`: messages, tool calls with
+    their arguments, tool outputs; never raw items) and sent in batches of at most
+    ``max_input_tokens`` tokens, each with the summary so far: a long evicted prefix is
+    folded in step by step.
+
+    Args:
+        model: the ``agents.models.interface.Model`` to ask (e.g.
+            ``OpenAIResponsesModel(...)``, or ``agents.testing.ScriptedModel`` offline).
+        instructions: its system instructions (default :data:`DEFAULT_INSTRUCTIONS`).
+        model_settings: ``ModelSettings`` for its calls (``max_tokens`` is set to the
+            summary's token limit unless given).
+        max_input_tokens: most tokens of rendered items per call.
+        encoding: the tokenizer the batches are measured with.
+
+    Example::
+
+        builder = TokenBudgetedContextBuilder(
+            store, max_tokens=128_000, model="gpt-5", scope=scope,
+            summarizer=ModelSummarizer(model=OpenAIResponsesModel("gpt-5-mini", client)),
+        )
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        model_settings: ModelSettings | None = None,
+        max_input_tokens: int = 32_000,
+        encoding: str = "o200k_base",
+    ) -> None:
+        from agents.model_settings import ModelSettings
+        from agents.models.interface import Model
+
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be an agents Model, got {type(model).__name__}")
+        if not isinstance(instructions, str):
+            raise TypeError(f"instructions must be a str, got {type(instructions).__name__}")
+        if model_settings is not None and not isinstance(model_settings, ModelSettings):
+            raise TypeError("model_settings must be an agents ModelSettings or None")
+        if isinstance(max_input_tokens, bool) or not isinstance(max_input_tokens, int):
+            raise TypeError("max_input_tokens must be an int")
+        if max_input_tokens < 1:
+            raise ValueError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
+        count_tokens_batch([], encoding=encoding)  # UnknownEncodingError now
+        self.model = model
+        self.instructions = instructions
+        self.model_settings = model_settings or ModelSettings()
+        self.max_input_tokens = max_input_tokens
+        self.encoding = encoding
+
+    def batches(self, items: Sequence[Any]) -> list[str]:
+        """The rendered items, in batches of at most ``max_input_tokens`` tokens (an item
+        larger than that is a batch of its own)."""
+        lines = [r.text for r in render_items(items) if r is not None and r.text.strip()]
+        counts = count_tokens_batch(lines, encoding=self.encoding)
+        batches: list[str] = []
+        current: list[str] = []
+        size = 0
+        for line, n in zip(lines, counts, strict=True):
+            if current and size + n > self.max_input_tokens:
+                batches.append("\n\n".join(current))
+                current, size = [], 0
+            current.append(line)
+            size += n
+        if current:
+            batches.append("\n\n".join(current))
+        return batches
+
+    async def __call__(self, items: Sequence[Any], previous: str | None, max_tokens: int) -> str:
+        from agents.models.interface import ModelTracing
+
+        settings = self.model_settings
+        if settings.max_tokens is None:
+            settings = settings.resolve(type(settings)(max_tokens=max_tokens))
+        summary = previous
+        for batch in self.batches(items):
+            prompt = (
+                f"Previous summary:\n{summary or '(none yet)'}\n\n"
+                f"New turns (oldest first):\n{batch}\n\n"
+                f"Write the updated summary, at most {max_tokens} tokens."
+            )
+            response = await self.model.get_response(
+                self.instructions,
+                [{"role": "user", "content": prompt}],
+                settings,
+                [],
+                None,
+                [],
+                ModelTracing.DISABLED,
+                previous_response_id=None,
+                conversation_id=None,
+                prompt=None,
+            )
+            text = _output_text(response.output)
+            if not text.strip():
+                raise ValueError("the summarizing model returned no text")
+            summary = text.strip()
+        return summary or ""
+
+
+def _output_text(output: Sequence[Any]) -> str:
+    """The text of a model response's output messages."""
+    return "".join(
+        part.text
+        for item in output
+        if getattr(item, "type", None) == "message"
+        for part in getattr(item, "content", ()) or ()
+        if getattr(part, "type", None) == "output_text"
+        and isinstance(getattr(part, "text", None), str)
+    )

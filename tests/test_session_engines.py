@@ -1,0 +1,580 @@
+"""ProtoPromptSession's fast path on every engine its history can live in: a SQLite file,
+``SQLAlchemySession`` on SQLite (aiosqlite) and PostgreSQL (asyncpg, psycopg), and
+``RedisSession`` -- token windows, the incremental index, snapshots and token counts kept
+beside the history, shared by workers, with the same trust rules.
+
+Every turn's request is checked against a fresh pack of what the SDK's own session returns
+at that moment, and every test asserts that the fast path it is about was taken (or, where
+it must not be, that the turn report says why). PostgreSQL and Redis are the servers of
+scripts/services.sh (conftest.py: ``session_engine``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from conftest import lookup  # noqa: E402
+from protoprompt import TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt.turn_report import TurnReport  # noqa: E402
+
+SYSTEM = "Be brief."
+
+
+def question(i: int) -> str:
+    return f"question {i} " + "please " * 20
+
+
+def answer(i: int) -> Any:
+    return assistant_message(f"answer {i} " + "details " * 40, item_id=f"msg_{i}")
+
+
+class Worker:
+    """One worker serving a stored session: a ProtoPromptSession over a new inner session
+    with a budgeted callback; ``turn(i)`` runs a turn through ``Runner.run`` and checks its
+    request against a fresh pack of the history the SDK's own session reads just before."""
+
+    def __init__(self, engine: Any, sid: str, budget: int = 700, **options: Any) -> None:
+        options.setdefault("windowed_reads", True)
+        options.setdefault("snapshot_min_items", 16)
+        self.session = engine.proto(sid, **options)
+        self.builder = TokenBudgetedContextBuilder(None, max_tokens=budget)
+        self.fresh = TokenBudgetedContextBuilder(None, max_tokens=budget)
+        self.callback = self.session.input_callback(self.builder, system_prompt=SYSTEM)
+        self.reference = engine.plain(sid)
+
+    async def turn(self, i: int, script: list[list[Any]] | None = None) -> TurnReport:
+        """Turn ``i``; ``script``: the model's outputs, one list per call (default: an
+        answer)."""
+        history = await self.reference.get_items()
+        model = ScriptedModel(script or [[answer(i)]])
+        await Runner.run(
+            Agent(name="a", model=model, tools=[lookup()]),
+            question(i),
+            session=self.session,
+            run_config=RunConfig(session_input_callback=self.callback, tracing_disabled=True),
+        )
+        expected = self.fresh.build(
+            history, [{"content": question(i), "role": "user"}], system_prompt=SYSTEM
+        )
+        assert model.calls[0].input == [dict(x) for x in expected.items], f"turn {i}"
+        plan = self.builder.last_plan
+        assert plan is not None and plan.turn is not None
+        return plan.turn
+
+
+def tool_turn(i: int) -> list[list[Any]]:
+    """A turn whose answer calls a tool first."""
+    return [[function_call("lookup", {"name": f"n{i}"}, call_id=f"c{i}")], [answer(i)]]
+
+
+# ------------------------------------------------------------------ raw access per engine
+
+
+async def execute(engine: Any, statement: str, params: dict[str, Any] | None = None) -> Any:
+    """Run SQL on the engine's database directly (as a tool outside the SDK would)."""
+    if engine.kind == "sqlite":
+        with sqlite3.connect(engine.db) as conn:
+            return conn.execute(statement, params or {}).fetchall()
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    db = create_async_engine(engine.url)
+    try:
+        async with db.begin() as conn:
+            result = await conn.execute(text(statement), params or {})
+            return result.all() if result.returns_rows else None
+    finally:
+        await db.dispose()
+
+
+async def redis(engine: Any) -> Any:
+    import redis.asyncio as redis_
+
+    return redis_.from_url(engine.url)
+
+
+# ------------------------------------------------------------------ the fast path
+
+
+async def test_turns_read_windows_and_equal_fresh_packs(session_engine: Any) -> None:
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    other = session_engine.plain(sid)  # another worker, without protoprompt, appends
+    reports = []
+    for i in range(24):
+        if i % 5 == 3:
+            await other.add_items(
+                [{"role": "user", "content": f"written elsewhere {i} " + "words " * 30}]
+            )
+        reports.append(await worker.turn(i, tool_turn(i) if i % 4 == 1 else None))
+    windows = [r for r in reports if r.read == "window"]
+    assert len(windows) >= 15, [r.read_line() for r in reports]
+    assert all(r.index == "incremental" for r in reports[3:]), [r.index_line() for r in reports]
+    assert all(r.count_store == "on" for r in reports), reports[-1].count_store_line()
+    assert windows[-1].read_items < windows[-1].history_items / 3
+    state = worker.session._debug_state(wait_for_save=True)
+    assert state.reads_rows and state.windowed_reads and state.snapshot_items >= 16
+
+
+async def test_a_new_worker_starts_from_the_snapshot(session_engine: Any, new_process: Any) -> None:
+    sid = session_engine.sid()
+    first = Worker(session_engine, sid)
+    for i in range(30):
+        await first.turn(i)
+    first.session.close()  # writes the snapshot
+    new_process()
+    second = Worker(session_engine, sid)
+    report = await second.turn(30)
+    assert report.snapshot == "loaded", report.snapshot_line()
+    assert report.read == "window", report.read_line()
+    assert report.index == "incremental", report.index_line()
+    report = await second.turn(31)
+    assert report.read == "window" and report.snapshot == "in_memory"
+
+
+async def test_a_new_worker_reads_the_stored_counts(session_engine: Any, new_process: Any) -> None:
+    """Without a snapshot (too short a history for one) a new worker classifies the whole
+    history, and its token counts come from the count store."""
+    sid = session_engine.sid()
+    options = {"windowed_reads": False, "snapshot_min_items": 10**9}
+    first = Worker(session_engine, sid, budget=3000, **options)
+    for i in range(10):
+        report = await first.turn(i)
+    assert (report.count_store_writes or 0) > 0, report.count_store_line()
+    first.session.close()  # writes the queued counts
+    new_process()
+    report = await Worker(session_engine, sid, budget=3000, **options).turn(10)
+    assert report.index == "rebuilt" and report.snapshot == "none_stored", report.lines()
+    assert (report.count_store_hits or 0) >= 8, report.count_store_line()
+
+
+async def test_pops_and_clears_by_another_worker_are_noticed(
+    session_engine: Any, new_process: Any
+) -> None:
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(20):
+        await worker.turn(i)
+    assert (await worker.turn(20)).read == "window"
+    new_process()  # the other worker has an index of its own
+    popper = session_engine.proto(sid)
+    for _ in range(3):
+        await popper.pop_item()
+    writer = session_engine.plain(sid)
+    await writer.add_items([{"role": "user", "content": f"instead {k}"} for k in range(3)])
+    report = await worker.turn(21)
+    assert report.read == "full", report.read_line()
+    assert report.read_reason in ("popped", "rewritten"), report.read_line()
+    assert (await worker.turn(22)).read == "window"  # synced again: windows again
+    await popper.clear_session()
+    await writer.add_items([{"role": "user", "content": "a new start " + "words " * 30}])
+    report = await worker.turn(23)
+    assert report.read != "window" and report.index == "rebuilt", report.lines()
+
+
+async def test_rows_that_appear_or_vanish_before_the_window_are_noticed(
+    session_engine: Any,
+) -> None:
+    """A transaction that began before rows already read and committed after them puts its
+    row *between* them (PostgreSQL stamps ``created_at`` when a transaction begins; a
+    clock set back does it on SQLite); a compaction may prune the oldest rows. Neither is in
+    the window: the window is not read then."""
+    if session_engine.kind == "redis":
+        pytest.skip("a list changes only at its end (the tag test covers Redis)")
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(20):
+        await worker.turn(i)
+    assert (await worker.turn(20)).read == "window"
+    if session_engine.kind != "sqlite":  # SQLiteSession orders by id: no row can go between
+        # One turn a second (the rows of a fast test share SQLite's one-second timestamps).
+        rows = await execute(
+            session_engine,
+            "SELECT id FROM agent_messages WHERE session_id = :s ORDER BY created_at, id",
+            {"s": sid},
+        )
+        for n, (row_id,) in enumerate(rows):
+            await execute(
+                session_engine,
+                "UPDATE agent_messages SET created_at = :t WHERE id = :i",
+                {"t": datetime(2020, 1, 1) + timedelta(seconds=n), "i": row_id},
+            )
+        rows = await execute(
+            session_engine,
+            "SELECT id, created_at FROM agent_messages WHERE session_id = :s "
+            "ORDER BY created_at, id",
+            {"s": sid},
+        )
+        await execute(
+            session_engine,
+            "INSERT INTO agent_messages (session_id, message_data, created_at) VALUES (:s, :d, :t)",
+            {"s": sid, "d": '{"role": "user", "content": "late"}', "t": rows[3][1]},
+        )
+        report = await worker.turn(21)
+        assert (report.read, report.read_reason) == ("full", "rewritten"), report.read_line()
+        assert (await worker.turn(22)).read == "window"
+    first = await execute(
+        session_engine,
+        "SELECT id FROM agent_messages WHERE session_id = :s ORDER BY id LIMIT 2",
+        {"s": sid},
+    )
+    await execute(
+        session_engine,
+        f"DELETE FROM agent_messages WHERE id IN ({first[0][0]}, {first[1][0]})",
+    )
+    report = await worker.turn(23)
+    assert (report.read, report.read_reason) == ("full", "rewritten"), report.read_line()
+    assert report.index_kept is None and report.index == "rebuilt", report.index_line()
+
+
+async def test_a_worker_s_own_pop_is_read_whole_and_windows_follow(session_engine: Any) -> None:
+    """The correction workflow through the session itself: pop twice, run again."""
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(18):
+        await worker.turn(i)
+    # The index holds the history up to the last turn's read: two pops take that turn's
+    # items only, two more reach into the index. (On Redis any pop changes the session's
+    # generation tag: the next turn reads the whole list once.)
+    await worker.session.pop_item()
+    await worker.session.pop_item()
+    report = await worker.turn(18)
+    if session_engine.kind == "redis":
+        assert (report.read, report.read_reason) == ("full", "rewritten"), report.read_line()
+    else:
+        assert report.read == "window", report.read_line()
+    for _ in range(4):
+        await worker.session.pop_item()
+    report = await worker.turn(19)
+    assert report.read == "full" and report.read_reason in ("popped", "rewritten"), report.lines()
+    assert (await worker.turn(20)).read == "window"
+
+
+# ------------------------------------------------------------------ stored state and trust
+
+
+async def snapshot_of(engine: Any, sid: str) -> tuple[bytes, bytes]:
+    if engine.kind == "redis":
+        client = await redis(engine)
+        try:
+            ids, data = await client.hmget(
+                f"{engine.prefix}:{sid}:protoprompt:snapshot", ["ids", "data"]
+            )
+        finally:
+            await client.aclose()
+        return ids, data
+    rows = await execute(
+        engine,
+        "SELECT row_ids, data FROM protoprompt_index_snapshots WHERE session_id = :s",
+        {"s": sid},
+    )
+    assert len(rows) == 1
+    return bytes(rows[0][0]), bytes(rows[0][1])
+
+
+async def set_snapshot(engine: Any, sid: str, ids: bytes, data: bytes) -> None:
+    if engine.kind == "redis":
+        client = await redis(engine)
+        try:
+            await client.hset(
+                f"{engine.prefix}:{sid}:protoprompt:snapshot", mapping={"ids": ids, "data": data}
+            )
+        finally:
+            await client.aclose()
+        return
+    await execute(
+        engine,
+        "UPDATE protoprompt_index_snapshots SET row_ids = :i, data = :d WHERE session_id = :s",
+        {"s": sid, "i": ids, "d": data},
+    )
+
+
+async def test_damaged_and_foreign_snapshots_are_ignored(
+    session_engine: Any, new_process: Any
+) -> None:
+    a, b = session_engine.sid("a"), session_engine.sid("b")
+    for sid in (a, b):
+        worker = Worker(session_engine, sid)
+        for i in range(24):
+            await worker.turn(i)
+        worker.session.close()
+    ids_a, data_a = await snapshot_of(session_engine, a)
+    await set_snapshot(session_engine, b, ids_a, data_a)  # a's snapshot where b's belongs
+    damaged = bytearray(data_a)
+    damaged[len(damaged) // 2] ^= 0x55
+    await set_snapshot(session_engine, a, ids_a, bytes(damaged))
+    new_process()
+    for sid in (a, b):
+        report = await Worker(session_engine, sid).turn(24)
+        assert report.snapshot == "ignored", report.snapshot_line()
+        assert report.index == "rebuilt" and report.read == "full", report.lines()
+
+
+async def test_damaged_counts_are_ignored_and_counted_again(
+    session_engine: Any, new_process: Any
+) -> None:
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid, budget=2000, windowed_reads=False)
+    for i in range(8):
+        await worker.turn(i)
+    worker.session.close()
+    if session_engine.kind == "redis":
+        client = await redis(engine=session_engine)
+        key = f"{session_engine.prefix}:protoprompt:counts"
+        try:
+            for field, value in (await client.hgetall(key)).items():
+                n = int.from_bytes(value[:8], "little") + 1
+                await client.hset(key, field, n.to_bytes(8, "little") + value[8:])
+        finally:
+            await client.aclose()
+    else:
+        await execute(session_engine, "UPDATE protoprompt_token_counts SET tokens = tokens + 1")
+    new_process()
+    report = await Worker(session_engine, sid, budget=2000, windowed_reads=False).turn(8)
+    assert report.count_store == "on" and report.count_store_detail, report.count_store_line()
+    assert "damaged counts ignored" in report.count_store_line()
+    assert report.count_store_hits == 0
+
+
+async def test_a_table_dropped_and_created_again_is_another_table(session_engine: Any) -> None:
+    """Its ids start over: an index of the old rows must not be taken for the new ones."""
+    if session_engine.kind not in ("postgres-asyncpg", "postgres-psycopg"):
+        pytest.skip("PostgreSQL tables are bound by their oid")
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(10):
+        await worker.turn(i)
+    worker.session.close()
+    await execute(session_engine, "DROP TABLE agent_messages, agent_sessions")
+    again = Worker(session_engine, sid)  # the same process: the same pool
+    report = await again.turn(0, [[assistant_message("a different answer " * 20)]])
+    assert report.index == "rebuilt" and report.index_held == 0, report.lines()
+    for i in range(1, 6):
+        await again.turn(i)
+
+
+# ------------------------------------------------------------------ when a fast path is off
+
+
+async def test_windowed_reads_off_is_said_on_every_engine(session_engine: Any) -> None:
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid, windowed_reads=False)
+    for i in range(3):
+        report = await worker.turn(i)
+    assert (report.read, report.read_reason) == ("full", "windowed_reads_off")
+    assert report.index == "incremental" and report.count_store == "on"
+
+
+async def test_a_memory_database_keeps_no_snapshots_or_counts(tmp_path) -> None:
+    pytest.importorskip("aiosqlite")
+    from agents.extensions.memory import SQLAlchemySession
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    inner = SQLAlchemySession.from_url("m", url="sqlite+aiosqlite://", create_tables=True)
+    session = ProtoPromptSession("m", inner_session=inner, windowed_reads=True)
+    builder = TokenBudgetedContextBuilder(None, max_tokens=600)
+    callback = session.input_callback(builder, system_prompt=SYSTEM)
+    try:
+        for i in range(16):
+            model = ScriptedModel([[answer(i)]])
+            await Runner.run(
+                Agent(name="a", model=model),
+                question(i),
+                session=session,
+                run_config=RunConfig(session_input_callback=callback, tracing_disabled=True),
+            )
+        report = builder.last_plan.turn
+        assert report.read == "window", report.read_line()
+        assert report.snapshot_line() == "snapshot: off (memory database)"
+        assert report.count_store_line() == "count store: off (memory database)"
+    finally:
+        await inner.engine.dispose()
+
+
+async def test_inner_sessions_it_cannot_read_say_why(tmp_path) -> None:
+    pytest.importorskip("aiosqlite")
+    pytest.importorskip("redis")
+    from agents.extensions.memory import RedisSession, SQLAlchemySession
+    from redis.asyncio.cluster import RedisCluster
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    class Decorated(SQLAlchemySession):
+        async def get_items(self, limit: int | None = None) -> list[Any]:
+            return [{"role": "user", "content": "decorated"}, *await super().get_items(limit)]
+
+    inner = Decorated.from_url(
+        "d", url=f"sqlite+aiosqlite:///{tmp_path / 'd.db'}", create_tables=True
+    )
+    cluster = RedisSession("c", redis_client=RedisCluster(host="localhost", port=6379))
+    try:
+        for session, detail in (
+            (
+                ProtoPromptSession("d", inner_session=inner, windowed_reads=True),
+                "overrides get_items",
+            ),
+            (
+                ProtoPromptSession("c", inner_session=cluster, windowed_reads=True),
+                "RedisSession over a RedisCluster client",
+            ),
+        ):
+            assert session._debug_state().incremental is False
+            assert session._no_window == "inner_session"
+            assert detail in (session._no_window_detail or "")
+        session = ProtoPromptSession("d", inner_session=inner, windowed_reads=True)
+        builder = TokenBudgetedContextBuilder(None, max_tokens=600)
+        model = ScriptedModel([[answer(0)]])
+        await Runner.run(
+            Agent(name="a", model=model),
+            question(0),
+            session=session,
+            run_config=RunConfig(
+                session_input_callback=session.input_callback(builder), tracing_disabled=True
+            ),
+        )
+        report = builder.last_plan.turn
+        assert report.read_reason == "inner_session" and "overrides get_items" in report.read_line()
+        assert model.calls[0].input[0] == {"role": "user", "content": "decorated"}
+    finally:
+        await inner.engine.dispose()
+
+
+async def test_without_protoprompt_s_own_tables_the_rows_still_go_fast(
+    session_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database user that may not create tables (or a Redis ACL): no snapshots or
+    counts, and the turn report says why; windows and the index still work."""
+    if session_engine.kind not in ("postgres-asyncpg", "redis"):
+        pytest.skip("the SQLite tables are the SQLite fast path's")
+    from protoprompt.integrations import _redis_store, _sqlalchemy_store
+
+    module = _redis_store if session_engine.kind == "redis" else _sqlalchemy_store
+
+    def refused(self: Any) -> None:
+        raise PermissionError("permission denied for schema public")
+
+    monkeypatch.setattr(module._Server, "ready", refused)
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(16):
+        report = await worker.turn(i)
+    assert report.read == "window" and report.index == "incremental", report.lines()
+    assert "permission denied" in report.snapshot_line(), report.snapshot_line()
+    assert "permission denied" in report.count_store_line(), report.count_store_line()
+
+
+# ------------------------------------------------------------------ Redis keys
+
+
+async def test_redis_keys_stay_under_the_prefix_and_expire_with_the_session(
+    session_engine: Any,
+) -> None:
+    if session_engine.kind != "redis":
+        pytest.skip("Redis only")
+    from agents.extensions.memory import RedisSession
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    sid = session_engine.sid()
+    inner = RedisSession.from_url(
+        sid, url=session_engine.url, key_prefix=session_engine.prefix, ttl=600
+    )
+    session = ProtoPromptSession(
+        sid, inner_session=inner, windowed_reads=True, snapshot_min_items=8
+    )
+    builder = TokenBudgetedContextBuilder(None, max_tokens=600)
+    callback = session.input_callback(builder, system_prompt=SYSTEM)
+    client = await redis(session_engine)
+    try:
+        for i in range(12):
+            await Runner.run(
+                Agent(name="a", model=ScriptedModel([[answer(i)]])),
+                question(i),
+                session=session,
+                run_config=RunConfig(session_input_callback=callback, tracing_disabled=True),
+            )
+        session.close()
+        assert builder.last_plan.turn.read == "window"
+        prefix = session_engine.prefix
+        keys = sorted([k.decode() async for k in client.scan_iter(match=f"{prefix}:*")])
+        assert keys == sorted(
+            [
+                f"{prefix}:{sid}",
+                f"{prefix}:{sid}:messages",
+                f"{prefix}:{sid}:protoprompt:generation",
+                f"{prefix}:{sid}:protoprompt:snapshot",
+                f"{prefix}:protoprompt:counts",
+                f"{prefix}:protoprompt:meta",
+            ]
+        )
+        # The SDK's own hash holds the SDK's fields only.
+        assert sorted(await client.hkeys(f"{prefix}:{sid}")) == [
+            b"created_at",
+            b"session_id",
+            b"updated_at",
+        ]
+        expires = await client.pexpiretime(f"{prefix}:{sid}:messages")
+        for key in ("generation", "snapshot"):
+            at = await client.pexpiretime(f"{prefix}:{sid}:protoprompt:{key}")
+            assert 0 < at <= expires, key
+        await session.clear_session()
+        left = [k async for k in client.scan_iter(match=f"{prefix}:{sid}*")]
+        assert left == []
+    finally:
+        await client.aclose()
+        await inner.close()
+
+
+async def test_a_forked_worker_uses_connections_of_its_own(session_engine: Any) -> None:
+    """A server that forks its workers after serving (gunicorn with a preloaded app): the
+    child's turns go through the index and count store it inherited, on connections of its
+    own (protoprompt's I/O loop and its engines are made again; the parent's are left
+    alone), and the parent goes on unharmed."""
+    import asyncio
+    import multiprocessing
+    import os
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    sid = session_engine.sid()
+    worker = Worker(session_engine, sid)
+    for i in range(16):
+        await worker.turn(i)
+
+    def child() -> list[str]:
+        out: list[str] = []
+
+        async def turns() -> None:
+            forked = Worker(session_engine, sid)  # a new inner session: the child's own
+            for i in (16, 17):
+                report = await forked.turn(i)
+                out.append(f"{report.read} {report.count_store} {report.index}")
+            forked.session.close()
+
+        # In a thread of its own: the forked thread still looks like it runs the test's loop.
+        thread = threading.Thread(target=lambda: asyncio.run(turns()))
+        thread.start()
+        thread.join(120)
+        return out
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=lambda: queue.put(child()))
+    proc.start()
+    got = await asyncio.to_thread(queue.get, True, 180)
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert got == ["window on incremental", "window on incremental"], got
+    report = await worker.turn(18)  # the parent's connections still work
+    assert report.count_store == "on" and report.index == "incremental", report.lines()

@@ -1,0 +1,292 @@
+"""Rolling summaries: a session keeps one summary of what it evicted, updated in the
+background by a Summarizer (ModelSummarizer over a scripted Agents SDK model here), and
+each turn's context message carries it as layer ``summary`` within its own limit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt import recall as recall_module  # noqa: E402
+from protoprompt.integrations import ProtoPromptSession  # noqa: E402
+from protoprompt.summaries import (  # noqa: E402
+    TABLE,
+    MemorySummaryStore,
+    ModelSummarizer,
+    SQLiteSummaryStore,
+    Summarizer,
+    SummaryState,
+)
+
+SCOPE = MemoryScope("acme", user="alice")
+
+
+@function_tool
+def lookup(name: str) -> str:
+    """Look something up."""
+    return f"result {name}: the invoice number is INV-{name}00 " + "details " * 60
+
+
+class Recorder:
+    """A Summarizer that records its calls; fails the first ``fail`` calls."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[tuple[list[Any], str | None, int]] = []
+        self.fail = fail
+
+    async def __call__(self, items: Sequence[Any], previous: str | None, max_tokens: int) -> str:
+        self.calls.append((list(items), previous, max_tokens))
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("the summarizing model is unreachable")
+        return f"summary {len(self.calls)} of {len(items)} items"
+
+
+class Chat:
+    def __init__(self, db: str, summarizer: Any, *, memory: bool = True, **options: Any) -> None:
+        self.builder = TokenBudgetedContextBuilder(
+            MemoryStore() if memory else None,
+            max_tokens=1500,
+            scope=SCOPE if memory else None,
+            output_reserve=100,
+            summarizer=summarizer,
+            **{"summarize_every": 150, "summary_tokens": 60, **options},
+        )
+        self.session = ProtoPromptSession("chat", db)
+        self.config = RunConfig(
+            session_input_callback=self.session.input_callback(self.builder, system_prompt="Hi."),
+            tracing_disabled=True,
+        )
+
+    async def turn(self, i: int) -> Any:
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        await Runner.run(
+            Agent(name="a", model=model, tools=[lookup]),
+            f"question {i}, look it up",
+            session=self.session,
+            run_config=self.config,
+        )
+        assert await self.builder.wait_for_background(30)
+        return self.builder.last_plan
+
+
+def test_a_recorder_is_a_summarizer() -> None:
+    assert isinstance(Recorder(), Summarizer)
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_the_summary_follows_evictions_in_the_background(tmp_path: Path, where: str) -> None:
+    db = str(tmp_path / "s.db") if where == "file" else ":memory:"
+    summarizer = Recorder()
+    chat = Chat(db, summarizer)
+
+    made: list[int] = []  # summaries made before each turn
+
+    async def run() -> list[Any]:
+        plans = []
+        for i in range(14):
+            made.append(len(summarizer.calls))
+            plans.append(await chat.turn(i))
+        return plans
+
+    plans = asyncio.run(run())
+    assert summarizer.calls, "evictions were summarised"
+    first_items, previous, limit = summarizer.calls[0]
+    assert previous is None and limit == 60
+    # The items are the SDK's stored items of the evicted prefix, oldest first.
+    assert first_items[0] == {"content": "question 0, look it up", "role": "user"}
+    if len(summarizer.calls) > 1:
+        assert summarizer.calls[1][1] == "summary 1 of %d items" % len(first_items)
+        assert summarizer.calls[1][0][0] not in first_items  # only what is new
+    last = plans[-1]
+    n = made[-1]  # the last turn carried the summary made before it
+    assert n >= 1
+    block = next(b for b in last.blocks if b.layer == "summary")
+    assert block.kept and block.source == "summary"
+    assert block.text == f"summary {n} of {len(summarizer.calls[n - 1][0])} items"
+    assert "<summary_of_earlier_turns>" in last.context_message["content"]
+    # Before anything was evicted there was no summary block.
+    assert not [b for b in plans[0].blocks if b.layer == "summary"]
+    latest = f"summary {len(summarizer.calls)} of {len(summarizer.calls[-1][0])} items"
+    if where == "file":
+        conn = sqlite3.connect(db)
+        (row,) = conn.execute(f"SELECT session_id, summary FROM {TABLE}").fetchall()
+        conn.close()
+        assert row == ("chat", latest)
+    chat.session.close()
+
+
+def test_a_failing_summarizer_keeps_the_previous_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(recall_module, "RETRY_DELAYS", (0.0, 0.0))
+    caplog.set_level(logging.INFO, "protoprompt")
+    summarizer = Recorder(fail=2)  # the first update succeeds on its third attempt
+    chat = Chat(str(tmp_path / "s.db"), summarizer)
+
+    async def run() -> Any:
+        i = 0
+        while len(summarizer.calls) < 3:
+            await chat.turn(i)
+            i += 1
+        return await chat.turn(i)  # carries the summary made after the last one
+
+    plan = asyncio.run(run())
+    assert len(summarizer.calls) >= 3 and "attempt 1 of 3" in caplog.text
+    summary = next(b for b in plan.blocks if b.layer == "summary").text
+    assert summary.startswith("summary 3 of")
+    # Now it fails for good: the summary stays as it was.
+    summarizer.fail = 10**6
+    before = len(summarizer.calls)
+
+    async def more() -> Any:
+        return [await chat.turn(i) for i in range(20, 28)][-1]
+
+    plan = asyncio.run(more())
+    assert len(summarizer.calls) > before and "attempt 3 of 3" in caplog.text
+    assert next(b for b in plan.blocks if b.layer == "summary").text == summary
+    chat.session.close()
+
+
+def test_the_summary_layer_keeps_to_its_limit() -> None:
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=5000, summarizer=Recorder(), summary_tokens=40
+    )
+    plan = builder.build([], [{"role": "user", "content": "hi"}], summary="word " * 500)
+    (block,) = [b for b in plan.blocks if b.layer == "summary"]
+    assert block.status == "truncated" and "summary_tokens 40" in block.reason
+    assert block.tokens is not None and 20 < block.tokens <= 40
+    assert re.search(r"summary\s+truncated\s+\d+ tokens\s+summary: cut at a word", plan.explain())
+
+
+def test_a_damaged_or_foreign_summary_row_is_ignored(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    store = SQLiteSummaryStore(db, "agent_messages", "chat", keyed="row")
+    assert store.load() is None
+    assert store.save(None, "the summary", 10)
+    state = store.load()
+    assert state == SummaryState("the summary", 10, 1)
+    conn = sqlite3.connect(db)
+    conn.execute(f"UPDATE {TABLE} SET summary = 'tampered'")
+    conn.commit()
+    assert store.load() is None  # damaged: never trusted
+    assert store.save(None, "rewritten", 12)  # and replaced by the next update
+    assert store.load() == SummaryState("rewritten", 12, 1)
+    conn.execute(f"UPDATE {TABLE} SET upto = 'x'")
+    conn.commit()
+    assert store.load() is None
+    conn.close()
+    # Another kind of key (positions) is another summary.
+    assert SQLiteSummaryStore(db, "agent_messages", "chat", keyed="position").load() is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_an_update_from_an_older_state_is_not_stored(tmp_path: Path, kind: str) -> None:
+    store: Any = (
+        SQLiteSummaryStore(str(tmp_path / "s.db"), "m", "chat", keyed="row")
+        if kind == "sqlite"
+        else MemorySummaryStore()
+    )
+    assert store.save(None, "one", 5)
+    first = store.load()
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(store.save(first, f"two {i}", 9)))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]  # one worker wins
+    assert store.load().version == 2
+    assert not store.save(first, "stale", 20)
+    assert not store.save(store.load(), "behind", 3)  # never covers less
+    store.clear()
+    assert store.load() is None
+
+
+def test_model_summarizer_asks_the_model_in_batches() -> None:
+    model = ScriptedModel([[assistant_message("first half")], [assistant_message("all of it")]])
+    summarizer = ModelSummarizer(model=model, max_input_tokens=60)
+    items = [
+        {"role": "user", "content": "my order number is 4711 " + "please " * 20},
+        {"type": "function_call", "name": "lookup", "arguments": '{"id": 4711}', "call_id": "c1"},
+        {"type": "function_call_output", "call_id": "c1", "output": "shipped " * 25},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"},
+    ]
+    assert len(summarizer.batches(items)) == 2
+    text = asyncio.run(summarizer(items, "earlier summary", 80))
+    assert text == "all of it"
+    first, second = model.calls
+    prompt = first.input[0]["content"]
+    assert "earlier summary" in prompt and "user: my order number is 4711" in prompt
+    assert "at most 80 tokens" in prompt
+    assert "gAAAA" not in prompt + second.input[0]["content"]  # never raw items
+    assert "tool output of lookup: shipped" in second.input[0]["content"]
+    assert "first half" in second.input[0]["content"]  # folded step by step
+    assert first.model_settings.max_tokens == 80
+    assert first.system_instructions == summarizer.instructions
+
+
+def test_model_summarizer_checks_its_arguments() -> None:
+    with pytest.raises(TypeError, match="Model"):
+        ModelSummarizer(model="gpt-5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_input_tokens"):
+        ModelSummarizer(model=ScriptedModel([]), max_input_tokens=0)
+
+
+def test_a_model_that_answers_nothing_is_a_failure() -> None:
+    summarizer = ModelSummarizer(model=ScriptedModel([[]]))
+    with pytest.raises(ValueError, match="no text"):
+        asyncio.run(summarizer([{"role": "user", "content": "x"}], None, 10))
+
+
+def test_model_summarizer_end_to_end_with_a_session(tmp_path: Path) -> None:
+    """The offline example's set-up: a scripted model summarises for a real session."""
+    model = ScriptedModel(
+        [[assistant_message(f"they discussed invoices ({i})")] for i in range(40)]
+    )
+    chat = Chat(str(tmp_path / "s.db"), ModelSummarizer(model=model))
+
+    async def run() -> Any:
+        return [await chat.turn(i) for i in range(12)][-1]
+
+    plan = asyncio.run(run())
+    assert model.calls
+    assert "user: question 0, look it up" in model.calls[0].input[0]["content"]
+    summary = next(b for b in plan.blocks if b.layer == "summary")
+    assert summary.text.startswith("they discussed invoices")
+    chat.session.close()
+
+
+def test_a_builder_without_memory_keeps_a_summary_too(tmp_path: Path) -> None:
+    summarizer = Recorder()
+    chat = Chat(str(tmp_path / "s.db"), summarizer, memory=False)
+
+    async def run() -> Any:
+        return [await chat.turn(i) for i in range(14)][-1]
+
+    plan = asyncio.run(run())
+    assert summarizer.calls
+    assert [b.layer for b in plan.blocks if b.layer == "summary"] == ["summary"]
+    chat.session.close()
