@@ -1517,6 +1517,35 @@ def _visible(request: list[Any]) -> dict[str, dict[str, Any]]:
     return steps
 
 
+def _assert_masked_steps(
+    sent: list[dict[str, Any]], call: dict[str, Any], whole: list[bool], budget: int
+) -> int:
+    """One call of the fifty-step loop: its plan names the masked steps, not one more step
+    could have been sent whole, and only the masked outputs are copies. Returns how many
+    steps were masked."""
+    masked = sum(1 for w in whole if not w)
+    plan = call["plan"]
+    assert len(plan.pack.masked) == masked
+    if masked:
+        assert plan.pack.masking_saved > 0
+        units, outputs = ("unit", "output") if masked == 1 else ("units", "outputs")
+        assert f"masked: {masked} {units} ({masked} tool {outputs})" in plan.explain()
+        # Not one more step could have been sent whole.
+        step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
+        newest_masked = max(i for i, w in enumerate(whole) if not w)
+        masked_cost = sum(
+            item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
+        )
+        assert plan.used - masked_cost + step_whole > budget
+    # The masked outputs are new objects; the SDK's own are sent as they are.
+    sdk = {id(x) for x in call["input"]}
+    for item in call["sent"]:
+        copied = id(item) not in sdk
+        is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
+        assert copied == is_masked
+    return masked
+
+
 @pytest.mark.parametrize("mode", ["session", "standalone"])
 async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps_fit(
     mode: str,
@@ -1579,27 +1608,8 @@ async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps
             if not w:
                 assert f"lookup output (call c{i}) masked by protoprompt" in o
                 assert pp.count_tokens(o) <= 64
-        masked = sum(1 for w in whole if not w)
-        plan = call["plan"]
-        assert len(plan.pack.masked) == masked
+        masked = _assert_masked_steps(sent, call, whole, budget)
         masked_calls += bool(masked)
-        if masked:
-            assert plan.pack.masking_saved > 0
-            units, outputs = ("unit", "output") if masked == 1 else ("units", "outputs")
-            assert f"masked: {masked} {units} ({masked} tool {outputs})" in plan.explain()
-            # Not one more step could have been sent whole.
-            step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
-            newest_masked = max(i for i, w in enumerate(whole) if not w)
-            masked_cost = sum(
-                item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
-            )
-            assert plan.used - masked_cost + step_whole > budget
-        # The masked outputs are new objects; the SDK's own are sent as they are.
-        sdk = {id(x) for x in call["input"]}
-        for item in call["sent"]:
-            copied = id(item) not in sdk
-            is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
-            assert copied == is_masked
     assert masked_calls > LOOP_STEPS // 2, "late calls mask their middle steps"
     # The run's index is one and keeps its masked costs between calls.
     indexes = {id(c["index"]) for c in seen}
