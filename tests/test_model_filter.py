@@ -673,19 +673,6 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
     assert fit(screenshot, 100) is None, "a screenshot cannot be cut"
 
 
-def test_truncate_text_is_token_exact() -> None:
-    for limit in (0, 1, 10, 50, 500, 5_000):
-        cut = pp.truncate_text(TABLE, limit)
-        assert pp.count_tokens(cut) <= limit
-        if limit >= 50:
-            assert cut.startswith("row 0:") and "tokens removed by protoprompt" in cut
-    assert pp.truncate_text("short", 10) == "short"
-    with pytest.raises(ValueError):
-        pp.truncate_text("x", -1)
-    with pytest.raises(ValueError, match="removed"):
-        pp.truncate_text("x", 5, marker="[cut]")
-
-
 # ------------------------------------------------------------------ tools of every kind
 
 
