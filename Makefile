@@ -22,7 +22,8 @@ test-rust: ## the core's tests (cargo test -p protoprompt-core)
 	nice -n 10 cargo test -p protoprompt-core
 
 test-python: dev ## the Python suite on target/dev in parallel (pytest-xdist); server tests skip without services
-	target/dev/bin/python -m pytest -q -n auto -p no:cacheprovider tests
+	target/dev/bin/python -m pytest -q -n auto -m "not serial" -p no:cacheprovider tests
+	target/dev/bin/python -m pytest -q -m serial -p no:cacheprovider tests
 
 lint: ## every lint gate: cargo fmt, clippy, ruff, mypy --strict, stubtest (scripts/lint.sh)
 	bash scripts/lint.sh
