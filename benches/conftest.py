@@ -73,6 +73,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
         return
     tr = terminalreporter
     tr.section("protoprompt benchmark ratios")
+    _write_pack_rows(tr)
+    for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
+        _write_result(tr, k, v)
+
+
+def _write_pack_rows(tr) -> None:
+    """The packing cases: the SDK, protoprompt and the reference, and the sessions."""
     sdk = {k[1]: v for k, v in RESULTS.items() if k[0] == "sdk"}
     rows = sorted((k[1], v) for k, v in RESULTS.items() if k[0] == "pack")
     if rows:
@@ -116,78 +123,92 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                 f"{v['session_restart'] * 1e3:.1f} ms{vs}, next turn "
                 f"{v['session_warm'] * 1e3:.2f} ms"
             )
-    for k, v in sorted(RESULTS.items(), key=lambda kv: repr(kv[0])):
-        if k[0] == "threads":
-            tr.write_line(
-                f"pack two 10k sessions ({k[1][0]}): sequential "
-                f"{v['sequential'] * 1e3:.1f} ms, "
-                f"two threads {v['threaded'] * 1e3:.1f} ms, "
-                f"scaling {v['sequential'] / v['threaded']:.2f}x"
-            )
-        if k[0] == "turn":
-            size, mix = k[1]
-            tr.write_line(
-                f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
-                f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms"
-            )
-        if k[0] == "whole_turn":
-            size = k[1][0]
-            small = RESULTS.get(("whole_turn", (10_000,)))
-            grow = (
-                f"; windowed next turn {v['windowed_next'] / small['windowed_next']:.2f}x "
-                f"the 10k one"
-                if small and size > 10_000
-                else ""
-            )
-            tr.write_line(
-                f"whole turn agentic-{size} (128k, seconds, first / next / restart): SDK alone "
-                f"{v['sdk_first']:.2f} / {v['sdk_next']:.2f}; full read {v['full_first']:.2f} / "
-                f"{v['full_next']:.2f} / {v['full_restart']:.2f}; windowed "
-                f"{v['windowed_first']:.2f} / {v['windowed_next']:.3f} / "
-                f"{v['windowed_restart']:.2f}; windowed next {v['next_vs_sdk']:.0f}x and "
-                f"restart {v['restart_vs_sdk']:.1f}x faster than the SDK's turn, first turn "
-                f"{v['first_vs_sdk_first']:.2f}x the SDK's first{grow}"
-            )
-        if k[0] == "filter_loop":
-            tr.write_line(
-                f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
-                f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "
-                f"inside the filter {v['inside'] * 1e3:.0f} ms "
-                f"({100 * v['inside'] / v['pass']:.2f}% of the run)"
-            )
-        if k[0] == "filter_call":
-            small = RESULTS.get(("filter_call", (10_000,)))
-            vs = (
-                f", {v['per_call'] / small['per_call']:.2f}x the 10k call"
-                if small and k[1][0] > 10_000
-                else ""
-            )
-            tr.write_line(
-                f"model filter per call, {k[1][0]} items: "
-                f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
-                f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
-            )
-        if k[0] == "filter_masking":
-            tr.write_line(
-                f"model filter per call ({k[1][0]}), masking on / off: "
-                f"{v['on'] * 1e3:.2f} / {v['off'] * 1e3:.2f} ms, ratio {v['ratio']:.2f}"
-            )
-        if k[0] == "memory_search" and {"sqlite", "postgresql"} <= set(v):
-            lite, pg = v["sqlite"], v["postgresql"]
-            tr.write_line(
-                f"memory search, {k[1][0]:,} records over {k[1][1]:,} scopes (ms, p50 / p95): "
-                f"SQLite {lite['p50']:.2f} / {lite['p95']:.2f}, PostgreSQL {pg['p50']:.2f} / "
-                f"{pg['p95']:.2f}; PostgreSQL p50 {pg['p50'] / lite['p50']:.2f}x SQLite's"
-            )
-        if k[0] == "count":
-            engine, threads = k[1]
-            workers = threads if isinstance(threads, str) else f"{threads} thread(s)"
-            tr.write_line(
-                f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
-                f"{v['tok_s'] / 1e6:8.2f} Mtok/s"
-            )
-        if k[0] == "count-pathological":
-            tr.write_line(
-                f"count {k[1][0]:<24}: {v['mb_s']:8.2f} MB/s, {v['slower']:.2f}x "
-                "the corpus' time per byte"
-            )
+
+
+def _write_result(tr, k, v) -> None:
+    """One line for each other kind of result."""
+    _write_turn_result(tr, k, v)
+    _write_filter_result(tr, k, v)
+    _write_store_result(tr, k, v)
+
+
+def _write_turn_result(tr, k, v) -> None:
+    if k[0] == "threads":
+        tr.write_line(
+            f"pack two 10k sessions ({k[1][0]}): sequential "
+            f"{v['sequential'] * 1e3:.1f} ms, "
+            f"two threads {v['threaded'] * 1e3:.1f} ms, "
+            f"scaling {v['sequential'] / v['threaded']:.2f}x"
+        )
+    if k[0] == "turn":
+        size, mix = k[1]
+        tr.write_line(
+            f"SDK turn {mix}-{size} (128k budget): with ProtoPromptSession "
+            f"{v['pp'] * 1e3:.1f} ms, pass-through callback {v['sdk'] * 1e3:.1f} ms"
+        )
+
+
+def _write_filter_result(tr, k, v) -> None:
+    if k[0] == "whole_turn":
+        size = k[1][0]
+        small = RESULTS.get(("whole_turn", (10_000,)))
+        grow = (
+            f"; windowed next turn {v['windowed_next'] / small['windowed_next']:.2f}x the 10k one"
+            if small and size > 10_000
+            else ""
+        )
+        tr.write_line(
+            f"whole turn agentic-{size} (128k, seconds, first / next / restart): SDK alone "
+            f"{v['sdk_first']:.2f} / {v['sdk_next']:.2f}; full read {v['full_first']:.2f} / "
+            f"{v['full_next']:.2f} / {v['full_restart']:.2f}; windowed "
+            f"{v['windowed_first']:.2f} / {v['windowed_next']:.3f} / "
+            f"{v['windowed_restart']:.2f}; windowed next {v['next_vs_sdk']:.0f}x and "
+            f"restart {v['restart_vs_sdk']:.1f}x faster than the SDK's turn, first turn "
+            f"{v['first_vs_sdk_first']:.2f}x the SDK's first{grow}"
+        )
+    if k[0] == "filter_loop":
+        tr.write_line(
+            f"20-step tool loop over {k[1][0]} items: filter {v['filter']:.2f} s, "
+            f"pass-through {v['pass']:.2f} s, ratio {v['filter'] / v['pass']:.3f}; "
+            f"inside the filter {v['inside'] * 1e3:.0f} ms "
+            f"({100 * v['inside'] / v['pass']:.2f}% of the run)"
+        )
+    if k[0] == "filter_call":
+        small = RESULTS.get(("filter_call", (10_000,)))
+        vs = (
+            f", {v['per_call'] / small['per_call']:.2f}x the 10k call"
+            if small and k[1][0] > 10_000
+            else ""
+        )
+        tr.write_line(
+            f"model filter per call, {k[1][0]} items: "
+            f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
+            f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
+        )
+    if k[0] == "filter_masking":
+        tr.write_line(
+            f"model filter per call ({k[1][0]}), masking on / off: "
+            f"{v['on'] * 1e3:.2f} / {v['off'] * 1e3:.2f} ms, ratio {v['ratio']:.2f}"
+        )
+
+
+def _write_store_result(tr, k, v) -> None:
+    if k[0] == "memory_search" and {"sqlite", "postgresql"} <= set(v):
+        lite, pg = v["sqlite"], v["postgresql"]
+        tr.write_line(
+            f"memory search, {k[1][0]:,} records over {k[1][1]:,} scopes (ms, p50 / p95): "
+            f"SQLite {lite['p50']:.2f} / {lite['p95']:.2f}, PostgreSQL {pg['p50']:.2f} / "
+            f"{pg['p95']:.2f}; PostgreSQL p50 {pg['p50'] / lite['p50']:.2f}x SQLite's"
+        )
+    if k[0] == "count":
+        engine, threads = k[1]
+        workers = threads if isinstance(threads, str) else f"{threads} thread(s)"
+        tr.write_line(
+            f"count {engine:<12} {workers:<11}: {v['mb_s']:8.2f} MB/s "
+            f"{v['tok_s'] / 1e6:8.2f} Mtok/s"
+        )
+    if k[0] == "count-pathological":
+        tr.write_line(
+            f"count {k[1][0]:<24}: {v['mb_s']:8.2f} MB/s, {v['slower']:.2f}x "
+            "the corpus' time per byte"
+        )

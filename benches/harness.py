@@ -567,28 +567,65 @@ def run_session_child(
     return _spawn_child(spec, timeout)
 
 
-def _session_child(spec: dict[str, Any]) -> None:
+def _restore_peak(session: Any) -> int | None:
+    """Peak memory growth of loading the session's index snapshot on a fresh state."""
+    from protoprompt.integrations._snapshots import IndexState
+
+    state = session._index_state
+    if state.snapshot_at is None or not state.saved_len:
+        return None
+    fresh = IndexState(state.snapshot_at)
+    _, restore_peak, _ = _peak_growth(fresh.restore)
+    return restore_peak if len(fresh.index) else None
+
+
+def _warm_turns(
+    loop: asyncio.AbstractEventLoop,
+    session: Any,
+    spec: dict[str, Any],
+    timed: Callable[..., Any],
+    spent: list[float],
+    reads: list[tuple[float, float]],
+) -> tuple[float | None, list[float]]:
+    """With ``warm_turn``: the median next turn and each of them (else ``None``, [])."""
     from agents.run_internal.session_persistence import prepare_input_with_session
 
-    from protoprompt import MemoryStore, TokenBudgetedContextBuilder
-    from protoprompt.integrations import ProtoPromptSession
+    warm_all: list[float] = []
+    if not spec.get("warm_turn"):
+        return None, warm_all
+    # The next turns in the same process (median of 3): the model's answer was stored,
+    # the user asks again. Their items are popped afterwards: the database is left as
+    # it was. (The first of them may also pay a garbage collection of the SDK's freshly
+    # read history, which lands in whatever code allocates next.)
+    added = 0
+    for k in range(3):
+        answer = {
+            "type": "message",
+            "role": "assistant",
+            "id": f"msg_bench_warm_{k}",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Noted.", "annotations": []}],
+        }
+        turn_items = [*spec["new_input"], answer]
+        loop.run_until_complete(session.add_items(turn_items))
+        added += len(turn_items)
+        spent.clear()
+        reads.clear()
+        loop.run_until_complete(
+            prepare_input_with_session([{"role": "user", "content": "And then?"}], session, timed)
+        )
+        warm_all.append(spent[0] + (max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0))
+    for _ in range(added):
+        loop.run_until_complete(session.pop_item())
+    return statistics.median(warm_all), warm_all
 
-    loop = asyncio.new_event_loop()
-    store = MemoryStore()
-    session = ProtoPromptSession(spec["session_id"], spec["session_db"])
-    builder = TokenBudgetedContextBuilder(
-        store,
-        max_tokens=spec["budget"],
-        output_reserve=spec["output_reserve"],
-        encoding=spec["encoding"],
-    )
-    t_start = time.perf_counter()
-    callback = session.input_callback(builder, system_prompt="Be brief.")
-    spent: list[float] = []
+
+def _time_reads(session: Any) -> list[tuple[float, float]]:
     # What protoprompt's get_items adds to the SDK session's own read (the session reads the
     # rows like SQLiteSession.get_items does, through _sync.read_rows, minus the time it
     # spends there comparing them with the index, which is protoprompt's own; the SDK's
     # read is timed too for sessions that use it).
+    # Returns the list each read appends (outer, inner) to.
     from protoprompt.integrations import _sync
     from protoprompt.integrations._snapshots import IndexState
 
@@ -633,6 +670,28 @@ def _session_child(spec: dict[str, Any]) -> None:
     _sync.read_rows = timed_rows  # type: ignore[assignment]
     IndexState.compare = timed_compare  # type: ignore[method-assign]
     session.get_items = timed_outer  # type: ignore[method-assign]
+    return reads
+
+
+def _session_child(spec: dict[str, Any]) -> None:
+    from agents.run_internal.session_persistence import prepare_input_with_session
+
+    from protoprompt import MemoryStore, TokenBudgetedContextBuilder
+    from protoprompt.integrations import ProtoPromptSession
+
+    loop = asyncio.new_event_loop()
+    store = MemoryStore()
+    session = ProtoPromptSession(spec["session_id"], spec["session_db"])
+    builder = TokenBudgetedContextBuilder(
+        store,
+        max_tokens=spec["budget"],
+        output_reserve=spec["output_reserve"],
+        encoding=spec["encoding"],
+    )
+    t_start = time.perf_counter()
+    callback = session.input_callback(builder, system_prompt="Be brief.")
+    spent: list[float] = []
+    reads = _time_reads(session)  # (outer, inner) of each read
 
     peaks: list[int | None] = []
     restored: list[int] = []  # items the index held when the callback began
@@ -659,44 +718,8 @@ def _session_child(spec: dict[str, Any]) -> None:
     first_callback = spent[0]
     # Loading the index snapshot overlaps the SDK's read (its memory is not in `peaks`):
     # measured again on its own, on a fresh state (the snapshot bytes and the index).
-    state = session._index_state
-    restore_peak = None
-    if state.snapshot_at is not None and state.saved_len:
-        from protoprompt.integrations._snapshots import IndexState
-
-        fresh = IndexState(state.snapshot_at)
-        _, restore_peak, _ = _peak_growth(fresh.restore)
-        restore_peak = restore_peak if len(fresh.index) else None
-    warm = None
-    warm_all: list[float] = []
-    if spec.get("warm_turn"):
-        # The next turns in the same process (median of 3): the model's answer was stored,
-        # the user asks again. Their items are popped afterwards: the database is left as
-        # it was. (The first of them may also pay a garbage collection of the SDK's freshly
-        # read history, which lands in whatever code allocates next.)
-        added = 0
-        for k in range(3):
-            answer = {
-                "type": "message",
-                "role": "assistant",
-                "id": f"msg_bench_warm_{k}",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "Noted.", "annotations": []}],
-            }
-            turn_items = [*spec["new_input"], answer]
-            loop.run_until_complete(session.add_items(turn_items))
-            added += len(turn_items)
-            spent.clear()
-            reads.clear()
-            loop.run_until_complete(
-                prepare_input_with_session(
-                    [{"role": "user", "content": "And then?"}], session, timed
-                )
-            )
-            warm_all.append(spent[0] + (max(0.0, reads[0][0] - reads[0][1]) if reads else 0.0))
-        warm = statistics.median(warm_all)
-        for _ in range(added):
-            loop.run_until_complete(session.pop_item())
+    restore_peak = _restore_peak(session)
+    warm, warm_all = _warm_turns(loop, session, spec, timed, spent, reads)
     print(
         json.dumps(
             {
@@ -952,6 +975,41 @@ def _peak_growth(fn: Callable[[], Any]) -> tuple[Any, int | None, str]:
     return result, after - before, "ru_maxrss (lower bound)"
 
 
+def _reference_times(
+    spec: dict[str, Any], out: dict[str, Any], history_text: str, prev_text: str
+) -> None:
+    """The reference packer's cold and warm times into ``out`` (as protoprompt's above)."""
+    budget, reserve, enc = spec["budget"], spec["output_reserve"], spec["encoding"]
+    new_input, prev_new = spec["new_input"], spec["prev_new_input"]
+    from reference_packer import ReferencePacker
+    from reference_tokenizer import find_asset
+
+    find_asset(enc)  # locating the file is harness work, not packing
+    hist = json.loads(history_text)
+    t = time.perf_counter()
+    packer = ReferencePacker(enc, warm=True)
+    out["ref_vocab_s"] = time.perf_counter() - t
+    r = packer.pack(hist, new_input, budget, output_reserve=reserve)
+    out["ref_cold_s"] = time.perf_counter() - t
+    out["ref_kept"] = r.kept_history
+    out["ref_totals"] = [
+        r.new_input_tokens,
+        r.dependency_tokens,
+        r.history_tokens,
+        r.used,
+        r.remaining,
+    ]
+    ref_warm = []
+    for _ in range(spec["warm_rounds"]):
+        packer = ReferencePacker(enc, warm=True)
+        packer.pack(json.loads(prev_text), prev_new, budget, output_reserve=reserve)
+        hist = json.loads(history_text)
+        t = time.perf_counter()
+        packer.pack(hist, new_input, budget, output_reserve=reserve)
+        ref_warm.append(time.perf_counter() - t)
+    out["ref_warm_s"] = ref_warm
+
+
 def _child_main() -> None:
     spec = json.loads(sys.stdin.read())
     if "turn_db" in spec:
@@ -1034,33 +1092,7 @@ def _child_main() -> None:
     warm_rounds(index_packer, "pp_index_warm")
 
     if spec["reference"]:
-        from reference_packer import ReferencePacker
-        from reference_tokenizer import find_asset
-
-        find_asset(enc)  # locating the file is harness work, not packing
-        hist = json.loads(history_text)
-        t = time.perf_counter()
-        packer = ReferencePacker(enc, warm=True)
-        out["ref_vocab_s"] = time.perf_counter() - t
-        r = packer.pack(hist, new_input, budget, output_reserve=reserve)
-        out["ref_cold_s"] = time.perf_counter() - t
-        out["ref_kept"] = r.kept_history
-        out["ref_totals"] = [
-            r.new_input_tokens,
-            r.dependency_tokens,
-            r.history_tokens,
-            r.used,
-            r.remaining,
-        ]
-        ref_warm = []
-        for _ in range(spec["warm_rounds"]):
-            packer = ReferencePacker(enc, warm=True)
-            packer.pack(json.loads(prev_text), prev_new, budget, output_reserve=reserve)
-            hist = json.loads(history_text)
-            t = time.perf_counter()
-            packer.pack(hist, new_input, budget, output_reserve=reserve)
-            ref_warm.append(time.perf_counter() - t)
-        out["ref_warm_s"] = ref_warm
+        _reference_times(spec, out, history_text, prev_text)
     print(json.dumps(out))
 
 

@@ -814,24 +814,28 @@ class _Gen:
             return self.maybe_reasoning() + [call, out], None
         if x < 0.63:
             return self.mcp_step(), None
+        return self.hosted_or_client_step(x)
+
+    def hosted_or_client_step(self, x: float) -> tuple[list[Item], list[dict[str, Any]] | None]:
+        """The rest of :meth:`agentic_step` (``x`` >= 0.63, drawn there): hosted tools and
+        the client tools with one output each, else a program's step."""
+        r = self.r
         if x < 0.68:
             ws, annotations = self.web_search()
             return self.maybe_reasoning() + [ws], annotations
         if x < 0.71:
             kind = r.choice(["file_search_call", "code_interpreter_call", "image_generation_call"])
             return self.maybe_reasoning() + [self.hosted_call(kind)], None
-        if x < 0.77:
-            call, out = self.apply_patch()
-            return self.maybe_reasoning() + [call, out], None
-        if x < 0.81:
-            call, out = self.custom_call()
-            return self.maybe_reasoning() + [call, out], None
-        if x < 0.84:
-            call, out = self.computer_call()
-            return self.maybe_reasoning() + [call, out], None
-        if x < 0.87:
-            call, out = self.local_shell()
-            return self.maybe_reasoning() + [call, out], None
+        paired = (
+            (0.77, self.apply_patch),
+            (0.81, self.custom_call),
+            (0.84, self.computer_call),
+            (0.87, self.local_shell),
+        )
+        for bound, make in paired:
+            if x < bound:
+                call, out = make()
+                return self.maybe_reasoning() + [call, out], None
         return self.program_step(), None
 
     def agentic_turn(self) -> list[Item]:

@@ -111,32 +111,37 @@ class InvalidNewInput(Exception):
 # Classification
 
 
+def _message_kind(item: Mapping[str, Any], t: Any, role: Any) -> str:
+    """kind_of for an item of type "message" or without a type."""
+    if t is None and role is None:
+        return "control" if "id" in item else "foreign"
+    if role == "user":
+        return "user"
+    if role in ("system", "developer"):
+        return "message"
+    if role == "assistant":
+        if "tool_calls" in item:
+            return "foreign"
+        ident = item.get("id")
+        if (
+            t == "message"
+            and isinstance(ident, str)
+            and ident
+            and ident != "__fake_id__"
+            and item.get("status") in MODEL_STATUSES
+        ):
+            return "assistant_out"
+        return "message"
+    return "foreign"
+
+
 def kind_of(item: Mapping[str, Any]) -> str:
     """One of: user, message, assistant_out, reasoning, call, output, anon_call, anon_out,
     hosted, standalone, control, foreign."""
     t = item.get("type")
     role = item.get("role")
     if t is None or t == "message":
-        if t is None and role is None:
-            return "control" if "id" in item else "foreign"
-        if role == "user":
-            return "user"
-        if role in ("system", "developer"):
-            return "message"
-        if role == "assistant":
-            if "tool_calls" in item:
-                return "foreign"
-            ident = item.get("id")
-            if (
-                t == "message"
-                and isinstance(ident, str)
-                and ident
-                and ident != "__fake_id__"
-                and item.get("status") in MODEL_STATUSES
-            ):
-                return "assistant_out"
-            return "message"
-        return "foreign"
+        return _message_kind(item, t, role)
     if t in ("tool_search_call", "tool_search_output") and not isinstance(item.get("call_id"), str):
         if item.get("execution") == "client":
             return "foreign"
@@ -228,229 +233,275 @@ class RefUnit:
         return not self.problems
 
 
-def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]]) -> list[RefUnit]:
-    """Atomic units of ``history ++ new_input``, ordered by their first member."""
-    items = list(history) + list(new_input)
-    nh = len(history)
-    n = len(items)
-    parent = list(range(n))
+class _Grouping:
+    """The union-find over ``history ++ new_input`` that :func:`units_of` builds, one method
+    per rule of docs/item-graph.md, each adding its unions and problems."""
 
-    def find(x: int) -> int:
+    def __init__(self, history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]]):
+        self.items = list(history) + list(new_input)
+        self.nh = len(history)
+        self.n = len(self.items)
+        self.parent = list(range(self.n))
+        self.kinds = [kind_of(it) for it in self.items]
+        self.problems: list[tuple[int, str]] = []
+        # calls by (type, identity): the first one's position
+        self.calls: dict[tuple[str, str], int] = {}
+        self.answered: set[tuple[str, str]] = set()
+        self.program_done: dict[str, int] = {}
+
+    def find(self, x: int) -> int:
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    def union(a: int, b: int) -> None:
-        ra, rb = find(a), find(b)
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
         if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
+            self.parent[max(ra, rb)] = min(ra, rb)
 
-    kinds = [kind_of(it) for it in items]
-    problems: list[tuple[int, str]] = []
+    def misplaced(self) -> None:
+        for p, k in enumerate(self.kinds):
+            if k == "foreign":
+                self.problems.append((p, "foreign item"))
+            elif k == "control" and p < self.nh:
+                self.problems.append((p, "input-only control in history"))
 
-    for p, k in enumerate(kinds):
-        if k == "foreign":
-            problems.append((p, "foreign item"))
-        elif k == "control" and p < nh:
-            problems.append((p, "input-only control in history"))
-
-    # Pairing: calls by (type, identity); outputs join the first call.
-    calls: dict[tuple[str, str], int] = {}
-    for p, k in enumerate(kinds):
-        if k != "call":
-            continue
-        ident = identity(items[p], k)
-        if ident is None:
-            problems.append((p, "call without identity"))
-            continue
-        key = (items[p]["type"], ident)
-        if key in calls:
-            union(calls[key], p)
-        else:
-            calls[key] = p
-    answered: set[tuple[str, str]] = set()
-    streams: dict[tuple[str, str], str] = {}
-    program_done: dict[str, int] = {}
-    for p, k in enumerate(kinds):
-        if k != "output":
-            continue
-        ident = identity(items[p], k)
-        if ident is None:
-            problems.append((p, "output without identity"))
-            continue
-        key = (OUTPUT_TO_CALL[items[p]["type"]], ident)
-        first = calls.get(key)
-        if first is None:
-            problems.append((p, "output without its call"))
-            continue
-        union(first, p)
-        answered.add(key)
-        if key[0] in STREAMED:
-            state = _stream_step(streams.get(key, "open"), items[p].get("status"))
-            if state == "bad":
-                problems.append((p, "invalid streamed output sequence"))
-                state = "reported"
-            streams[key] = state
-        if p < first:
-            problems.append((p, "output before its call"))
-        if key[0] == "program" and items[p].get("status") == "completed":
-            program_done.setdefault(ident, p)
-    for key, p in calls.items():
-        if key in answered:
-            continue
-        t = key[0]
-        owned = program_caller(items[p]) is not None
-        exempt = (
-            t == "program"
-            or (
-                t == "shell_call"
-                and (owned or p >= nh)
-                and items[p].get("status") in (None, "in_progress")
-            )
-            or (t == "mcp_approval_request" and owned)
-        )
-        if not exempt:
-            problems.append((p, "call without output"))
-
-    # Programs: children (by caller) join the program; orphan programs are invalid.
-    named_by_new = {program_caller(items[p]) for p in range(nh, n)} - {None}
-    for p in range(n):
-        pid = program_caller(items[p])
-        if pid is None or kinds[p] == "foreign":
-            continue
-        root = calls.get(("program", pid))
-        if root is None:
-            problems.append((p, "program child without its program"))
-            continue
-        union(root, p)
-        if p < root:
-            problems.append((p, "program child before its program"))
-        done = program_done.get(pid)
-        if done is not None and p > done and items[p].get("type") != "program_output":
-            problems.append((p, "program child after completed program_output"))
-    for (t, ident), p in calls.items():
-        if (
-            t == "program"
-            and p < nh
-            and ("program", ident) not in answered
-            and ident not in named_by_new
-        ):
-            problems.append((p, "orphan program"))
-
-    # Anonymous tool search: right to left, each call takes the nearest output to its right.
-    stack: list[int] = []
-    anon_calls: list[int] = []
-    pairs: list[tuple[int, int]] = []
-    for p in range(n - 1, -1, -1):
-        if kinds[p] == "anon_out":
-            stack.append(p)
-        elif kinds[p] == "anon_call":
-            anon_calls.append(p)
-            if stack:
-                pairs.append((p, stack.pop()))
+    def pair_calls(self) -> None:
+        """Pairing: calls by (type, identity); outputs join the first call."""
+        items, problems, calls = self.items, self.problems, self.calls
+        for p, k in enumerate(self.kinds):
+            if k != "call":
+                continue
+            ident = identity(items[p], k)
+            if ident is None:
+                problems.append((p, "call without identity"))
+                continue
+            key = (items[p]["type"], ident)
+            if key in calls:
+                self.union(calls[key], p)
             else:
-                problems.append((p, "anonymous call without output"))
-    anon_calls.reverse()
-    for o in stack:  # leftover outputs: more chunks of the nearest call to their left
-        left = [c for c in anon_calls if c < o]
-        if left:
-            pairs.append((left[-1], o))
-        else:
-            problems.append((o, "anonymous output without call"))
-    pairs.sort()
-    sweep: tuple[int, int] | None = None  # (representative call, max end of merged spans)
-    for c, group in groupby(pairs, key=lambda pair: pair[0]):
-        end = c
-        state = "open"
-        for _, o in group:
-            union(c, o)
-            end = max(end, o)
-            state = _stream_step(state, items[o].get("status"))
-            if state == "bad":
-                problems.append((o, "invalid streamed output sequence"))
-                state = "reported"
-        if sweep is not None and c < sweep[1]:  # overlapping spans merge
-            union(sweep[0], c)
-            sweep = (sweep[0], max(sweep[1], end))
-        else:
-            sweep = (c, end)
+                calls[key] = p
 
-    # MCP: mcp_call joins the approval request it names.
-    for p in range(n):
-        if items[p].get("type") == "mcp_call":
-            ar = items[p].get("approval_request_id")
-            if isinstance(ar, str) and ar and ("mcp_approval_request", ar) in calls:
-                union(calls[("mcp_approval_request", ar)], p)
+    def pair_outputs(self) -> None:
+        items, problems = self.items, self.problems
+        streams: dict[tuple[str, str], str] = {}
+        for p, k in enumerate(self.kinds):
+            if k != "output":
+                continue
+            ident = identity(items[p], k)
+            if ident is None:
+                problems.append((p, "output without identity"))
+                continue
+            key = (OUTPUT_TO_CALL[items[p]["type"]], ident)
+            first = self.calls.get(key)
+            if first is None:
+                problems.append((p, "output without its call"))
+                continue
+            self.union(first, p)
+            self.answered.add(key)
+            if key[0] in STREAMED:
+                state = _stream_step(streams.get(key, "open"), items[p].get("status"))
+                if state == "bad":
+                    problems.append((p, "invalid streamed output sequence"))
+                    state = "reported"
+                streams[key] = state
+            if p < first:
+                problems.append((p, "output before its call"))
+            if key[0] == "program" and items[p].get("status") == "completed":
+                self.program_done.setdefault(ident, p)
 
-    # Reasoning blocks: a run of reasoning / model-emitted / server-emitted items; the first
-    # reasoning of the run and everything after it in the run form one unit.
-    model_emitted = {"assistant_out", "call", "anon_call", "hosted"}
+    def unanswered(self) -> None:
+        items = self.items
+        for key, p in self.calls.items():
+            if key in self.answered:
+                continue
+            t = key[0]
+            owned = program_caller(items[p]) is not None
+            exempt = (
+                t == "program"
+                or (
+                    t == "shell_call"
+                    and (owned or p >= self.nh)
+                    and items[p].get("status") in (None, "in_progress")
+                )
+                or (t == "mcp_approval_request" and owned)
+            )
+            if not exempt:
+                self.problems.append((p, "call without output"))
 
-    def continues(p: int) -> bool:
-        k = kinds[p]
-        if k in model_emitted or k == "reasoning" or k == "anon_out":
+    def programs(self) -> None:
+        """Programs: children (by caller) join the program; orphan programs are invalid."""
+        items, problems, nh, n = self.items, self.problems, self.nh, self.n
+        named_by_new = {program_caller(items[p]) for p in range(nh, n)} - {None}
+        for p in range(n):
+            pid = program_caller(items[p])
+            if pid is None or self.kinds[p] == "foreign":
+                continue
+            root = self.calls.get(("program", pid))
+            if root is None:
+                problems.append((p, "program child without its program"))
+                continue
+            self.union(root, p)
+            if p < root:
+                problems.append((p, "program child before its program"))
+            done = self.program_done.get(pid)
+            if done is not None and p > done and items[p].get("type") != "program_output":
+                problems.append((p, "program child after completed program_output"))
+        for (t, ident), p in self.calls.items():
+            if (
+                t == "program"
+                and p < nh
+                and ("program", ident) not in self.answered
+                and ident not in named_by_new
+            ):
+                problems.append((p, "orphan program"))
+
+    def anonymous_search_pairs(self) -> list[tuple[int, int]]:
+        """Anonymous tool search: right to left, each call takes the nearest output to its
+        right; leftover outputs are more chunks of the nearest call to their left."""
+        kinds, problems = self.kinds, self.problems
+        stack: list[int] = []
+        anon_calls: list[int] = []
+        pairs: list[tuple[int, int]] = []
+        for p in range(self.n - 1, -1, -1):
+            if kinds[p] == "anon_out":
+                stack.append(p)
+            elif kinds[p] == "anon_call":
+                anon_calls.append(p)
+                if stack:
+                    pairs.append((p, stack.pop()))
+                else:
+                    problems.append((p, "anonymous call without output"))
+        anon_calls.reverse()
+        for o in stack:
+            left = [c for c in anon_calls if c < o]
+            if left:
+                pairs.append((left[-1], o))
+            else:
+                problems.append((o, "anonymous output without call"))
+        pairs.sort()
+        return pairs
+
+    def anonymous_search(self) -> None:
+        sweep: tuple[int, int] | None = None  # (representative call, max end of merged spans)
+        for c, group in groupby(self.anonymous_search_pairs(), key=lambda pair: pair[0]):
+            end = c
+            state = "open"
+            for _, o in group:
+                self.union(c, o)
+                end = max(end, o)
+                state = _stream_step(state, self.items[o].get("status"))
+                if state == "bad":
+                    self.problems.append((o, "invalid streamed output sequence"))
+                    state = "reported"
+            if sweep is not None and c < sweep[1]:  # overlapping spans merge
+                self.union(sweep[0], c)
+                sweep = (sweep[0], max(sweep[1], end))
+            else:
+                sweep = (c, end)
+
+    def mcp(self) -> None:
+        """MCP: mcp_call joins the approval request it names."""
+        for p in range(self.n):
+            if self.items[p].get("type") == "mcp_call":
+                ar = self.items[p].get("approval_request_id")
+                if isinstance(ar, str) and ar and ("mcp_approval_request", ar) in self.calls:
+                    self.union(self.calls[("mcp_approval_request", ar)], p)
+
+    def continues(self, p: int) -> bool:
+        """Whether item ``p`` belongs to a run of reasoning / model- / server-emitted items."""
+        k = self.kinds[p]
+        if k in _MODEL_EMITTED or k == "reasoning" or k == "anon_out":
             return True
-        t = items[p].get("type")
-        server_search = t == "tool_search_output" and items[p].get("execution") != "client"
+        t = self.items[p].get("type")
+        server_search = t == "tool_search_output" and self.items[p].get("execution") != "client"
         return k == "output" and (t == "program_output" or server_search)
 
-    p = 0
-    while p < n:
-        if not continues(p):
-            p += 1
-            continue
-        start = end = p
-        while end + 1 < n and continues(end + 1):
-            end += 1
-        r0 = next((i for i in range(start, end + 1) if kinds[i] == "reasoning"), None)
-        if r0 is not None:
-            last_model = max(
-                (i for i in range(start, end + 1) if kinds[i] in model_emitted), default=-1
-            )
-            for i in range(r0 + 1, end + 1):
-                union(r0, i)
-            for i in range(r0, end + 1):
-                if kinds[i] == "reasoning" and last_model < i:
-                    problems.append((i, "dangling reasoning"))
-        p = end + 1
-    seen_rs: set[str] = set()
-    for p in range(n):
-        if kinds[p] != "reasoning":
-            continue
-        rid = items[p].get("id")  # id-less reasoning is valid (V9, docs/item-graph.md §12.3)
-        if isinstance(rid, str) and rid:
-            if rid in seen_rs:
-                problems.append((p, "duplicate reasoning id"))
-            seen_rs.add(rid)
+    def reasoning_blocks(self) -> None:
+        """Reasoning blocks: a run of reasoning / model-emitted / server-emitted items; the
+        first reasoning of the run and everything after it in the run form one unit."""
+        kinds, n = self.kinds, self.n
+        p = 0
+        while p < n:
+            if not self.continues(p):
+                p += 1
+                continue
+            start = end = p
+            while end + 1 < n and self.continues(end + 1):
+                end += 1
+            r0 = next((i for i in range(start, end + 1) if kinds[i] == "reasoning"), None)
+            if r0 is not None:
+                last_model = max(
+                    (i for i in range(start, end + 1) if kinds[i] in _MODEL_EMITTED), default=-1
+                )
+                for i in range(r0 + 1, end + 1):
+                    self.union(r0, i)
+                for i in range(r0, end + 1):
+                    if kinds[i] == "reasoning" and last_model < i:
+                        self.problems.append((i, "dangling reasoning"))
+            p = end + 1
 
-    # Items sharing an SDK de-duplication key.
-    keys: dict[tuple[Any, str], int] = {}
-    for p in range(n):
-        k = dedup_key(items[p])
-        if k is not None:
-            if k in keys:
-                union(keys[k], p)
-            else:
-                keys[k] = p
+    def reasoning_ids(self) -> None:
+        seen_rs: set[str] = set()
+        for p in range(self.n):
+            if self.kinds[p] != "reasoning":
+                continue
+            rid = self.items[p].get("id")  # id-less reasoning is valid (V9, §12.3)
+            if isinstance(rid, str) and rid:
+                if rid in seen_rs:
+                    self.problems.append((p, "duplicate reasoning id"))
+                seen_rs.add(rid)
 
-    by_root: dict[int, RefUnit] = {}
-    units: list[RefUnit] = []
-    unit_at: list[RefUnit] = []
-    for p in range(n):
-        r = find(p)
-        u = by_root.get(r)
-        if u is None:
-            u = by_root[r] = RefUnit(members=[], input_only=True)
-            units.append(u)
-        u.members.append(p)
-        u.contains_new |= p >= nh
-        u.input_only &= kinds[p] == "control"
-        unit_at.append(u)
-    for p, why in problems:
-        if why not in unit_at[p].problems:
-            unit_at[p].problems.append(why)
-    return units
+    def dedup_keys(self) -> None:
+        """Items sharing an SDK de-duplication key."""
+        keys: dict[tuple[Any, str], int] = {}
+        for p in range(self.n):
+            k = dedup_key(self.items[p])
+            if k is not None:
+                if k in keys:
+                    self.union(keys[k], p)
+                else:
+                    keys[k] = p
+
+    def units(self) -> list[RefUnit]:
+        by_root: dict[int, RefUnit] = {}
+        units: list[RefUnit] = []
+        unit_at: list[RefUnit] = []
+        for p in range(self.n):
+            r = self.find(p)
+            u = by_root.get(r)
+            if u is None:
+                u = by_root[r] = RefUnit(members=[], input_only=True)
+                units.append(u)
+            u.members.append(p)
+            u.contains_new |= p >= self.nh
+            u.input_only &= self.kinds[p] == "control"
+            unit_at.append(u)
+        for p, why in self.problems:
+            if why not in unit_at[p].problems:
+                unit_at[p].problems.append(why)
+        return units
+
+
+_MODEL_EMITTED = {"assistant_out", "call", "anon_call", "hosted"}
+
+
+def units_of(history: list[Mapping[str, Any]], new_input: list[Mapping[str, Any]]) -> list[RefUnit]:
+    """Atomic units of ``history ++ new_input``, ordered by their first member."""
+    g = _Grouping(history, new_input)
+    g.misplaced()
+    g.pair_calls()
+    g.pair_outputs()
+    g.unanswered()
+    g.programs()
+    g.anonymous_search()
+    g.mcp()
+    g.reasoning_blocks()
+    g.reasoning_ids()
+    g.dedup_keys()
+    return g.units()
 
 
 # --------------------------------------------------------------------------------------------

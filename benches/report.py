@@ -777,7 +777,8 @@ def print_counting(results: list[harness.Throughput], out=sys.stdout) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``report.py``."""
     p = argparse.ArgumentParser(prog="protoprompt-bench-report", description=__doc__.split("\n")[0])
     p.add_argument(
         "--sizes",
@@ -854,6 +855,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="replace the bench-summary table of this README with the run's",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.db and not args.session_id:
         p.error("--db needs --session-id")
@@ -866,6 +872,31 @@ def main(argv: list[str] | None = None) -> int:
         return retention_only(args)
     if args.engines_only:
         return engines_only(args)
+    measured = _measure_all(args, p)
+    machine = _print_report(measured)
+    rows, turns, masked = measured["rows"], measured["turns"], measured["masked"]
+    retained, counting = measured["retained"], measured["counting"]
+    costs, sizes = measured["costs"], measured["sizes"]
+    meta = (
+        f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+        f"{machine}; {'--db ' + args.session_id if args.db else args.mix + ' mix'}, "
+        f"budgets {', '.join(f'{b:,}' for b in args.budgets)}, output reserve "
+        f"min(8000, budget/8), median of {args.rounds} warm rounds."
+    )
+    if args.markdown:
+        write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs, masked)
+        if retained:
+            replace_section(args.markdown, retention_section(retained))
+    if args.readme and rows:
+        update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
+    same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
+    met = all(v[2] for t in turns for v in harness.turn_targets(t).values())
+    met = met and retention.target_met(retained)
+    return 0 if same and met else 1
+
+
+def _measure_all(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict:
+    """Every table's measurements (the cases generated or read from ``--db``)."""
     n_cases = 1 if args.db else len(args.sizes)
     total = (
         n_cases * (1 + len(args.budgets) * (args.cold_rounds + 2))
@@ -917,7 +948,24 @@ def main(argv: list[str] | None = None) -> int:
         costs = None if args.no_costs else measure_opaque_costs(args, progress)
         sizes = measure_index_sizes(cases)
     progress.finish()
+    return {
+        "rows": rows,
+        "turns": turns,
+        "masked": masked,
+        "retained": retained,
+        "counting": counting,
+        "costs": costs,
+        "sizes": sizes,
+    }
 
+
+def _print_report(measured: dict) -> str:
+    """Print the tables of ``_measure_all``; returns the machine's description."""
+    import protoprompt
+
+    rows, turns, masked = measured["rows"], measured["turns"], measured["masked"]
+    retained, counting = measured["retained"], measured["counting"]
+    costs, sizes = measured["costs"], measured["sizes"]
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     machine = f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs" + (
         f", load average {load[0]:.2f}" if load else ""
@@ -974,22 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
         print_opaque_costs(costs)
     print()
     print_index_sizes(sizes)
-    meta = (
-        f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
-        f"{machine}; {'--db ' + args.session_id if args.db else args.mix + ' mix'}, "
-        f"budgets {', '.join(f'{b:,}' for b in args.budgets)}, output reserve "
-        f"min(8000, budget/8), median of {args.rounds} warm rounds."
-    )
-    if args.markdown:
-        write_markdown(args.markdown, meta, rows, sizes, counting, turns, costs, masked)
-        if retained:
-            replace_section(args.markdown, retention_section(retained))
-    if args.readme and rows:
-        update_readme(args.readme, rows, f"Measured by `benches/report.py` ({meta})")
-    same = all(r.get("same", True) for r in rows) and all(t["same"] for t in turns)
-    met = all(v[2] for t in turns for v in harness.turn_targets(t).values())
-    met = met and retention.target_met(retained)
-    return 0 if same and met else 1
+    return machine
 
 
 def replace_section(path: str, section: str) -> None:

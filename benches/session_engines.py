@@ -85,11 +85,52 @@ def _digest(items: list[Any]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _requests_equal_fresh_packs(
+    loop: asyncio.AbstractEventLoop,
+    inner: Any,
+    added: int,
+    questions: list[list[Any]],
+    requests: list[list[Any]],
+    fresh: Any,
+) -> bool:
+    """Every request against a fresh pack of what the SDK's session returns, through the
+    same SDK step (prepare_input_with_session) over a session holding the history as it
+    was before each turn."""
+    from agents.run_internal.session_persistence import prepare_input_with_session
+
+    from protoprompt import _core
+
+    same = True
+    history = loop.run_until_complete(inner.get_items())
+    base = len(history) - added
+
+    class Before:
+        session_settings = None
+
+        def __init__(self, items: list[Any]) -> None:
+            self.items = items
+
+        async def get_items(self, limit: int | None = None) -> list[Any]:
+            return json.loads(json.dumps(self.items))
+
+    async def fresh_pack(history: list[Any], new_input: list[Any]) -> list[Any]:
+        _core._clear_count_cache()
+        return list(fresh.build(history, new_input, system_prompt="Be brief.").items)
+
+    for n, (question, request) in enumerate(zip(questions, requests, strict=True)):
+        before = history[: base + sum(len(q) + 1 for q in questions[:n])]
+        expected, _ = loop.run_until_complete(
+            prepare_input_with_session(list(question), Before(before), fresh_pack)
+        )
+        same = same and _digest(request) == _digest(expected)
+    return same
+
+
 def _child(spec: dict[str, Any]) -> None:
     """One process's turns (see the module note); prints a JSON line."""
     from agents.run_internal.session_persistence import prepare_input_with_session
 
-    from protoprompt import MemoryStore, TokenBudgetedContextBuilder, _core
+    from protoprompt import MemoryStore, TokenBudgetedContextBuilder
     from protoprompt.integrations import ProtoPromptSession
 
     loop = asyncio.new_event_loop()
@@ -159,34 +200,9 @@ def _child(spec: dict[str, Any]) -> None:
         next_times.append(turn(question))
     if mode != "sdk":
         session.close()  # the snapshot and queued counts are written (as a worker's close)
-    same = True
-    if mode != "sdk":
-        # Every request against a fresh pack of what the SDK's session returns, through the
-        # same SDK step (prepare_input_with_session) over a session holding the history as
-        # it was before each turn.
-        history = loop.run_until_complete(inner.get_items())
-        base = len(history) - added
-        fresh = builder()
-
-        class Before:
-            session_settings = None
-
-            def __init__(self, items: list[Any]) -> None:
-                self.items = items
-
-            async def get_items(self, limit: int | None = None) -> list[Any]:
-                return json.loads(json.dumps(self.items))
-
-        async def fresh_pack(history: list[Any], new_input: list[Any]) -> list[Any]:
-            _core._clear_count_cache()
-            return list(fresh.build(history, new_input, system_prompt="Be brief.").items)
-
-        for n, (question, request) in enumerate(zip(questions, requests, strict=True)):
-            before = history[: base + sum(len(q) + 1 for q in questions[:n])]
-            expected, _ = loop.run_until_complete(
-                prepare_input_with_session(list(question), Before(before), fresh_pack)
-            )
-            same = same and _digest(request) == _digest(expected)
+    same = mode == "sdk" or _requests_equal_fresh_packs(
+        loop, inner, added, questions, requests, builder()
+    )
     if mode == "sdk":  # the SDK's turns are taken back; a worker's stay (its snapshot has them)
         for _ in range(added):
             loop.run_until_complete(inner.pop_item())

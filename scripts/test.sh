@@ -17,9 +17,24 @@
 #           toolchain on PATH: imports, counts, packs, runs the offline example
 #   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
 #
-#   scripts/test.sh                          # everything
+#   bench   the benchmarks (benches/, correctness assertions + ratios) on the wheel with the
+#           first SDK line, alone at the end so that their ratios are measured on a quiet machine
+#
+# Independent steps run at the same time, each into a log of its own under $WORK/logs that is
+# printed when it ends: lint, rust and dist first (dist builds in a Cargo target dir of its
+# own, so it does not wait for rust's lock), then the python suites (one job per SDK line,
+# pytest-xdist inside each, every job and worker on a PostgreSQL database of its own), smoke
+# and sdist, then bench. PARALLEL=0 runs the steps one after the other, in this order.
+#
+#   scripts/test.sh                          # everything (~25-35 min on 2 cores)
+#   scripts/test.sh quick                    # the fast loop (make test-fast): every lint gate,
+#                                            # cargo test and the Python suite (pytest -n) on the
+#                                            # dev venv target/dev (scripts/dev.sh, incremental
+#                                            # debug build, openai-agents 0.24.0), with the
+#                                            # servers; no wheel, no second SDK line (< 5 min)
 #   SDK_VERSIONS="0.24.0" scripts/test.sh    # one SDK line only
-#   STEPS="dist smoke" scripts/test.sh       # some steps only (python/smoke use dist/)
+#   STEPS="dist smoke" scripts/test.sh       # some steps only (python/smoke/sdist/bench use dist/)
+#   PYTEST_WORKERS=4 scripts/test.sh         # pytest -n (default: auto, one per core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -28,8 +43,15 @@ PYTHON=${PYTHON:-python3}
 SDK_VERSIONS=${SDK_VERSIONS:-"0.24.0 0.22.3"}
 SMOKE_PYTHONS=${SMOKE_PYTHONS:-"3.10.13 3.12.1 3.13.0"}
 SDIST_PYTHON=${SDIST_PYTHON:-3.10.13}
-STEPS=${STEPS:-"lint rust dist python smoke sdist"}
-WORK=${PROTOPROMPT_CI_DIR:-target/ci}
+STEPS=${STEPS:-"lint rust dist python smoke sdist bench"}
+PARALLEL=${PARALLEL:-1}
+PYTEST_WORKERS=${PYTEST_WORKERS:-auto}
+MODE=${1:-full}
+case "$MODE" in
+  full) WORK=${PROTOPROMPT_CI_DIR:-target/ci} ;;
+  quick) WORK=${PROTOPROMPT_CI_DIR:-target/quick} ;;
+  *) echo "usage: scripts/test.sh [quick]" >&2; exit 2 ;;
+esac
 DIST=$ROOT/dist
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
@@ -175,7 +197,7 @@ sdk_conformance() {
     echo "-- callback $([ $callback = 1 ] && echo on || echo off), on PostgreSQL and redis-server"
     (cd "$src" && PROTOPROMPT_CONFORMANCE_CALLBACK=$callback \
       PROTOPROMPT_CONFORMANCE_POSTGRES="${PROTOPROMPT_TEST_POSTGRES_URL/postgresql:/postgresql+asyncpg:}" \
-      PROTOPROMPT_CONFORMANCE_REDIS="${PROTOPROMPT_TEST_REDIS_URL%/*}/15" \
+      PROTOPROMPT_CONFORMANCE_REDIS="${PROTOPROMPT_TEST_REDIS_URL%/*}/${CONFORMANCE_REDIS_DB:-15}" \
       PYTHONPATH="$ROOT/tests/sdk_conformance" \
       "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \
       "${servers[@]}")
@@ -194,7 +216,6 @@ start_services() {
   [ "$SERVICES_STARTED" = 1 ] && return 0
   step "services: PostgreSQL and redis-server on 127.0.0.1 (scripts/services.sh)"
   export PROTOPROMPT_SERVICES_DIR="$WORK/services"
-  trap 'bash scripts/services.sh stop' EXIT
   bash scripts/services.sh start > /dev/null
   eval "$(bash scripts/services.sh env)"
   export PROTOPROMPT_REQUIRE_SERVICES=1 PROTOPROMPT_REQUIRE_REDIS=1
@@ -221,27 +242,79 @@ ensure_browser() {
   export PROTOPROMPT_REQUIRE_BROWSER=1
 }
 
+# own_database VENV NAME: a PostgreSQL database of its own on the test server for one job that
+# runs next to others (the SDK's conformance tests drop their tables between tests), exported
+# as PROTOPROMPT_TEST_POSTGRES_URL for that job only (tests/conftest.py then gives each
+# pytest-xdist worker a database of its own in turn).
+own_database() {
+  PROTOPROMPT_TEST_POSTGRES_URL=$("$1/bin/python" - "$PROTOPROMPT_TEST_POSTGRES_URL" "$2" <<'PY'
+import os, sys
+from urllib.parse import urlsplit, urlunsplit
+import psycopg
+url, name = sys.argv[1], sys.argv[2]
+with psycopg.connect(url, autocommit=True) as conn:
+    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    conn.execute(f'CREATE DATABASE "{name}"')
+own = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+if os.environ.get("PROTOPROMPT_TEST_PGVECTOR") == "1":
+    with psycopg.connect(own, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+print(own)
+PY
+  )
+  export PROTOPROMPT_TEST_POSTGRES_URL
+}
+
+# agents_venv SDK: the fresh venv of that openai-agents line with the wheel installed.
+agents_venv() {
+  local sdk=$1 venv="$WORK/venv-agents-$1"
+  step "venv with openai-agents==$sdk (fresh venv $venv, $(basename "$WHEEL"))"
+  fresh_venv "$venv" "$PYTHON"
+  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
+  "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
+}
+
+# python_line SDK INDEX: the suite (pytest -n) and the SDK's conformance tests on one SDK line
+# (INDEX 0 is the first line: also stubtest); a job of its own next to the other lines.
+python_line() {
+  local sdk=$1 index=$2 venv="$WORK/venv-agents-$1"
+  agents_venv "$sdk"
+  own_database "$venv" "pp_ci_agents_${sdk//./_}"
+  # The conformance run empties its Redis database: one per job.
+  CONFORMANCE_REDIS_DB=$((15 - index))
+  step "python tests with openai-agents==$sdk (pytest -n $PYTEST_WORKERS, then the serial ones)"
+  pytest_from "$ROOT" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$ROOT/tests"
+  pytest_from "$ROOT" "$venv" -m serial "$ROOT/tests"
+  sdk_conformance "$venv"
+  if [ "$index" = 0 ]; then
+    step "stubs: mypy.stubtest protoprompt._core on the installed wheel (scripts/lint.sh)"
+    LINT_VENV="$venv" LINT_STEPS=stubtest bash scripts/lint.sh
+  fi
+}
+
 step_python() {
   wheel_path
   start_services
   ensure_browser
-  local sdk venv first=1
+  local sdk index=0
   for sdk in $SDK_VERSIONS; do
-    venv="$WORK/venv-agents-$sdk"
-    step "python tests with openai-agents==$sdk (fresh venv $venv, $(basename "$WHEEL"))"
-    fresh_venv "$venv" "$PYTHON"
-    "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
-    "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
-    pytest_from "$ROOT" "$venv" "$ROOT/tests"
-    sdk_conformance "$venv"
-    if [ "$first" = 1 ]; then
-      step "stubs: mypy.stubtest protoprompt._core on the installed wheel (scripts/lint.sh)"
-      LINT_VENV="$venv" LINT_STEPS=stubtest bash scripts/lint.sh
-      step "benchmarks (correctness assertions + ratios; openai-agents==$sdk)"
-      compgen -G "benches/test_*.py" > /dev/null && pytest_from "$ROOT" "$venv" "$ROOT/benches" --benchmark-columns=mean,rounds
-      first=0
+    if [ "$PARALLEL" = 1 ]; then
+      spawn "python-$sdk" python_line "$sdk" "$index"
+    else
+      python_line "$sdk" "$index"
     fi
+    index=$((index + 1))
   done
+}
+
+step_bench() {
+  wheel_path
+  start_services
+  local sdk=${SDK_VERSIONS%% *}
+  local venv="$WORK/venv-agents-$sdk"
+  [ -x "$venv/bin/pytest" ] || agents_venv "$sdk"
+  step "benchmarks (correctness assertions + ratios; openai-agents==$sdk)"
+  compgen -G "benches/test_*.py" > /dev/null && pytest_from "$ROOT" "$venv" "$ROOT/benches" --benchmark-columns=mean,rounds
 }
 
 step_smoke() {
@@ -277,12 +350,129 @@ step_sdist() {
     --no-binary=protoprompt "${SDIST}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
   rm -rf "$src" && mkdir -p "$src" && tar -xzf "$SDIST" -C "$src" --strip-components=1
 
+  own_database "$venv" pp_ci_sdist
   step "the sdist's own tests against its build (openai-agents==$sdk, CPython $SDIST_PYTHON)"
-  pytest_from "$src" "$venv" "$src/tests"
+  pytest_from "$src" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$src/tests"
+  pytest_from "$src" "$venv" -m serial "$src/tests"
 }
 
-for s in $STEPS; do
-  "step_$s"
-done
+# ------------------------------------------------------------------------------- jobs
+# spawn NAME CMD...: run CMD as a job in the background, its output in $WORK/logs/NAME.log.
+# join: wait for every job spawned; print each log as its job ends; fail if one failed.
+declare -A JOB_NAMES=()
+spawn() {
+  local name=$1
+  shift
+  mkdir -p "$WORK/logs"
+  step "started: $name (log $WORK/logs/$name.log)"
+  ("$@") > "$WORK/logs/$name.log" 2>&1 &
+  JOB_NAMES[$!]=$name
+}
+join() {
+  local pid rc name failed=()
+  while ((${#JOB_NAMES[@]})); do
+    rc=0
+    wait -n -p pid "${!JOB_NAMES[@]}" || rc=$?
+    name=${JOB_NAMES[$pid]}
+    unset "JOB_NAMES[$pid]"
+    step "$name: $([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)"); its output:"
+    sed "s|^|[$name] |" "$WORK/logs/$name.log"
+    [ "$rc" = 0 ] || failed+=("$name")
+  done
+  if ((${#failed[@]})); then
+    step "failed: ${failed[*]}"
+    return 1
+  fi
+}
+
+# kill_tree PID: end a job and every process it started.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2> /dev/null || true); do
+    kill_tree "$child"
+  done
+  kill -- "$1" 2> /dev/null || true
+}
+
+# On exit (also after a failure or ^C): end the jobs still running, stop the servers.
+cleanup() {
+  local pid
+  for pid in "${!JOB_NAMES[@]}"; do
+    kill_tree "$pid"
+  done
+  wait 2> /dev/null || true
+  [ "$SERVICES_STARTED" = 0 ] || bash scripts/services.sh stop
+}
+trap cleanup EXIT
+
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# ------------------------------------------------------------------------------ quick
+# The fast loop on the dev venv: build (incremental), then the lint gates and cargo test as
+# one job next to the Python suite (pytest -n) against the servers. The editable install has
+# no wheel metadata of the tree's version: that one test is left to the full run.
+quick() {
+  local venv=${DEV_VENV:-target/dev}
+  step "dev build: scripts/dev.sh ($venv: editable, incremental debug build)"
+  DEV_VENV=$venv bash scripts/dev.sh
+  start_services
+  if command -v chromium > /dev/null; then
+    export PROTOPROMPT_BROWSER
+    PROTOPROMPT_BROWSER=$(command -v chromium)
+  fi
+  spawn rust-and-lint bash -c "LINT_VENV=$venv bash scripts/lint.sh && nice -n 10 cargo test -p protoprompt-core"
+  step "python tests on $venv (pytest -n $PYTEST_WORKERS)"
+  venv=$(cd "$venv" && pwd)
+  local rc=0 tests=("$ROOT/tests" -rs
+    --deselect "tests/test_version.py::test_metadata_and_dunder_version_equal_the_cargo_version")
+  pytest_from "$ROOT" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "${tests[@]}" || rc=$?
+  step "the serial python tests, alone"
+  pytest_from "$ROOT" "$venv" -m serial "${tests[@]}" || rc=$?
+  join
+  return "$rc"
+}
+
+if [ "$MODE" = quick ]; then
+  quick
+  step "quick: all passed"
+  exit 0
+fi
+
+job_lint() { step_lint; }
+job_rust() { step_rust; }
+# dist builds in a target dir of its own: Cargo's lock on target/ would make it wait for rust.
+job_dist() {
+  export CARGO_TARGET_DIR="$WORK/dist-target"
+  step_dist
+}
+job_smoke() { step_smoke; }
+job_sdist() { step_sdist; }
+
+if [ "$PARALLEL" != 1 ]; then
+  for s in $STEPS; do
+    "step_$s"
+  done
+else
+  # The servers and the browser are set up here, once, for the jobs that use them.
+  if has_step python || has_step sdist || has_step bench; then
+    start_services
+  fi
+  if has_step python || has_step sdist; then
+    ensure_browser
+  fi
+  # Phase 1: nothing in it needs another.
+  for s in lint rust dist; do
+    if has_step "$s"; then spawn "$s" "job_$s"; fi
+  done
+  join
+  # Phase 2: the wheel and sdist of phase 1 under test; one job per SDK line.
+  if has_step python; then step_python; fi
+  for s in smoke sdist; do
+    if has_step "$s"; then spawn "$s" "job_$s"; fi
+  done
+  join
+  # Phase 3: the benchmarks' ratios on a machine with nothing else of this run on it.
+  if has_step bench; then step_bench; fi
+fi
 
 step "all tests passed"

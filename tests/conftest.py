@@ -45,6 +45,30 @@ def service_url(variable: str, what: str) -> str:
     pytest.skip(f"needs {what}: {variable} is not set (run {_START})")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``pytest -n``, scripts/test.sh) every worker gets a PostgreSQL
+    database of its own: tests that drop or rewrite the SDK's and protoprompt's tables in the
+    default schema (test_session_engines.py) must not pull them from under another worker's
+    test. Subprocesses inherit the worker's URL through the environment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    url = os.environ.get("PROTOPROMPT_TEST_POSTGRES_URL", "")
+    if not worker or not url:
+        return
+    import psycopg
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    name = f"{parts.path.lstrip('/') or 'postgres'}_{worker}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    own = urlunsplit(parts._replace(path=f"/{name}"))
+    if os.environ.get("PROTOPROMPT_TEST_PGVECTOR") == "1":
+        with psycopg.connect(own, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    os.environ["PROTOPROMPT_TEST_POSTGRES_URL"] = own
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """The test PostgreSQL server's URL (a superuser on a throw-away database)."""

@@ -462,6 +462,8 @@ def chaos_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
     return {"engine": engine, "url": url, "session": session, "prefix": f"chaos-{session}"}
 
 
+# Its processes must do enough work in their seconds: run alone, after the parallel suite.
+@pytest.mark.serial
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_chaos_with_sigkills(tmp_path: Path, chaos_store: dict[str, str]) -> None:
     pytest.importorskip("agents")

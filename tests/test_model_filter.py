@@ -672,19 +672,6 @@ def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:
     assert fit(screenshot, 100) is None, "a screenshot cannot be cut"
 
 
-def test_truncate_text_is_token_exact() -> None:
-    for limit in (0, 1, 10, 50, 500, 5_000):
-        cut = pp.truncate_text(TABLE, limit)
-        assert pp.count_tokens(cut) <= limit
-        if limit >= 50:
-            assert cut.startswith("row 0:") and "tokens removed by protoprompt" in cut
-    assert pp.truncate_text("short", 10) == "short"
-    with pytest.raises(ValueError):
-        pp.truncate_text("x", -1)
-    with pytest.raises(ValueError, match="removed"):
-        pp.truncate_text("x", 5, marker="[cut]")
-
-
 # ------------------------------------------------------------------ tools of every kind
 
 
@@ -1516,6 +1503,35 @@ def _visible(request: list[Any]) -> dict[str, dict[str, Any]]:
     return steps
 
 
+def _assert_masked_steps(
+    sent: list[dict[str, Any]], call: dict[str, Any], whole: list[bool], budget: int
+) -> int:
+    """One call of the fifty-step loop: its plan names the masked steps, not one more step
+    could have been sent whole, and only the masked outputs are copies. Returns how many
+    steps were masked."""
+    masked = sum(1 for w in whole if not w)
+    plan = call["plan"]
+    assert len(plan.pack.masked) == masked
+    if masked:
+        assert plan.pack.masking_saved > 0
+        units, outputs = ("unit", "output") if masked == 1 else ("units", "outputs")
+        assert f"masked: {masked} {units} ({masked} tool {outputs})" in plan.explain()
+        # Not one more step could have been sent whole.
+        step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
+        newest_masked = max(i for i, w in enumerate(whole) if not w)
+        masked_cost = sum(
+            item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
+        )
+        assert plan.used - masked_cost + step_whole > budget
+    # The masked outputs are new objects; the SDK's own are sent as they are.
+    sdk = {id(x) for x in call["input"]}
+    for item in call["sent"]:
+        copied = id(item) not in sdk
+        is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
+        assert copied == is_masked
+    return masked
+
+
 @pytest.mark.parametrize("mode", ["session", "standalone"])
 async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps_fit(
     mode: str,
@@ -1578,27 +1594,8 @@ async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps
             if not w:
                 assert f"lookup output (call c{i}) masked by protoprompt" in o
                 assert pp.count_tokens(o) <= 64
-        masked = sum(1 for w in whole if not w)
-        plan = call["plan"]
-        assert len(plan.pack.masked) == masked
+        masked = _assert_masked_steps(sent, call, whole, budget)
         masked_calls += bool(masked)
-        if masked:
-            assert plan.pack.masking_saved > 0
-            units, outputs = ("unit", "output") if masked == 1 else ("units", "outputs")
-            assert f"masked: {masked} {units} ({masked} tool {outputs})" in plan.explain()
-            # Not one more step could have been sent whole.
-            step_whole = item_tokens(sent[-2]).total + item_tokens(sent[-1]).total
-            newest_masked = max(i for i, w in enumerate(whole) if not w)
-            masked_cost = sum(
-                item_tokens(x).total for x in sent if x.get("call_id") == f"c{newest_masked}"
-            )
-            assert plan.used - masked_cost + step_whole > budget
-        # The masked outputs are new objects; the SDK's own are sent as they are.
-        sdk = {id(x) for x in call["input"]}
-        for item in call["sent"]:
-            copied = id(item) not in sdk
-            is_masked = isinstance(item.get("output"), str) and "masked by" in item["output"]
-            assert copied == is_masked
     assert masked_calls > LOOP_STEPS // 2, "late calls mask their middle steps"
     # The run's index is one and keeps its masked costs between calls.
     indexes = {id(c["index"]) for c in seen}

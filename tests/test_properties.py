@@ -106,6 +106,13 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
         fc2 = dict(fc, call_id=f"c{i}b")
         fo2 = dict(fo, call_id=f"c{i}b")
         return [rs, fc, fc2, fo, fo2]
+    return _tool_fragment(kind, i, text, rs, msg, fc, fo)
+
+
+def _tool_fragment(
+    kind: str, i: int, text: str, rs: dict, msg: dict, fc: dict, fo: dict
+) -> list[dict]:
+    """The tool-call shapes of ``_fragment``."""
     if kind in ("shell_stream", "shell_bad_stream"):
         sc = {
             "type": "shell_call",
@@ -212,14 +219,21 @@ def _fragment(kind: str, ids: itertools.count, text: str) -> list[dict]:
                 "output": "done",
             },
         ]
-    if kind == "call_without_output":
-        return [rs, fc]
-    if kind == "orphan_output":
-        return [fo]
-    if kind == "output_before_call":
-        return [fo, fc]
-    if kind == "dangling_reasoning":
-        return [rs]
+    return _odd_fragment(kind, i, text, rs, msg, fc, fo)
+
+
+def _odd_fragment(
+    kind: str, i: int, text: str, rs: dict, msg: dict, fc: dict, fo: dict
+) -> list[dict]:
+    """The shapes of ``_fragment`` the item graph rejects or treats specially."""
+    broken = {
+        "call_without_output": [rs, fc],
+        "orphan_output": [fo],
+        "output_before_call": [fo, fc],
+        "dangling_reasoning": [rs],
+    }
+    if kind in broken:
+        return broken[kind]
     if kind == "controls":
         return [{"type": "compaction_trigger"}, {"type": "item_reference", "id": f"msg_{i}"}]
     if kind == "chat_shape":
@@ -323,6 +337,13 @@ def _more_fragment(
             {"type": "tool_search_output", "id": f"tso_{i}", "execution": "client", "tools": []}
             | ids,
         ]
+    return _census_fragment(kind, i, text, rs, msg, fc, fo)
+
+
+def _census_fragment(
+    kind: str, i: int, text: str, rs: dict, msg: dict, fc: dict, fo: dict
+) -> list[dict]:
+    """More of ``_more_fragment``'s shapes."""
     if kind == "anon_search_streamed":  # one call, its output streamed in chunks (TV25)
         chunks = [
             {"type": "tool_search_output", "id": f"tso_{i}_{k}", "tools": [], "status": status}
