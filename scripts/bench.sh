@@ -27,7 +27,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet 'maturin>=1.16,<2'
 rm -rf target/bench-wheels
 nice -n 10 "$VENV/bin/maturin" build --quiet --release --out target/bench-wheels \
-  --interpreter "$VENV/bin/python"
+  --features pyo3/extension-module,test-hooks --interpreter "$VENV/bin/python"
 wheel=$(ls target/bench-wheels/protoprompt-*.whl | head -n 1)
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$VENV/bin/python" -m pip install --quiet "${wheel}[agents,mcp,test]" \

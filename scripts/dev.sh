@@ -12,6 +12,8 @@
 #   target/dev/bin/python -m pytest tests/test_core.py
 #   scripts/lint.sh                         # fmt, clippy, ruff, mypy, stubtest on this build
 #
+# The build has the test hooks (cargo feature test-hooks, see rust/python/src/hooks.rs) the
+# suite uses; release wheels do not.
 # scripts/test.sh does not use this venv: it tests the release wheel in fresh venvs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +34,5 @@ fi
 profile=()
 [ "${RELEASE:-0}" = 1 ] && profile=(--release)
 VIRTUAL_ENV=$(cd "$VENV" && pwd) nice -n 10 "$VENV/bin/maturin" develop --quiet "${profile[@]}" \
-  --extras agents,mcp,test
+  --features pyo3/extension-module,test-hooks --extras agents,mcp,test
 "$VENV/bin/python" -c "import protoprompt; print('protoprompt', protoprompt.__version__, 'in $VENV')"

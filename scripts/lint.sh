@@ -49,6 +49,9 @@ lint_rust() {
   cargo fmt --all -- --check
   gate "cargo clippy -D warnings (too_many_lines included)"
   nice -n 10 cargo clippy --workspace --all-targets --features pyo3/extension-module -- -D warnings
+  gate "cargo clippy -D warnings, with the binding's test hooks (feature test-hooks)"
+  nice -n 10 cargo clippy -p protoprompt-python --all-targets \
+    --features pyo3/extension-module,protoprompt-python/test-hooks -- -D warnings
 }
 
 lint_ruff() {

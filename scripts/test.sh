@@ -105,6 +105,20 @@ wheel_path() {
   fi
 }
 
+# test_wheel: the suite's wheel in $TEST_WHEEL, the release build with the test hooks the tests
+# use (cargo feature test-hooks, rust/python/src/hooks.rs); the dist wheels leave them out.
+test_wheel() {
+  local venv="$WORK/venv-maturin" out="$WORK/test-wheels"
+  if [ ! -x "$venv/bin/maturin" ]; then
+    fresh_venv "$venv" "$PYTHON"
+    "$venv/bin/python" -m pip install --quiet 'maturin>=1.16,<2'
+  fi
+  rm -rf "$out"
+  nice -n 10 "$venv/bin/maturin" build --quiet --release --locked --out "$out" \
+    --features pyo3/extension-module,test-hooks --interpreter "$PYTHON"
+  TEST_WHEEL=$(ls "$out"/protoprompt-"$VERSION"-*.whl | head -n 1)
+}
+
 # pytest_from SRC VENV ARGS...: pytest ARGS with SRC's configuration, run from outside SRC so
 # the package installed in VENV is what is tested, not the tree.
 pytest_from() {
@@ -268,9 +282,10 @@ PY
 # agents_venv SDK: the fresh venv of that openai-agents line with the wheel installed.
 agents_venv() {
   local sdk=$1 venv="$WORK/venv-agents-$1"
-  step "venv with openai-agents==$sdk (fresh venv $venv, $(basename "$WHEEL"))"
+  [ -n "${TEST_WHEEL:-}" ] || test_wheel
+  step "venv with openai-agents==$sdk (fresh venv $venv, $(basename "$TEST_WHEEL"))"
   fresh_venv "$venv" "$PYTHON"
-  "$venv/bin/python" -m pip install --quiet "${WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
+  "$venv/bin/python" -m pip install --quiet "${TEST_WHEEL}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
   "$venv/bin/python" -c "import agents, mcp, protoprompt; print('openai-agents', agents.__version__ if hasattr(agents, '__version__') else '$sdk', '| protoprompt', protoprompt.__version__)"
 }
 
@@ -283,8 +298,8 @@ python_line() {
   # The conformance run empties its Redis database: one per job.
   CONFORMANCE_REDIS_DB=$((15 - index))
   step "python tests with openai-agents==$sdk (pytest -n $PYTEST_WORKERS, then the serial ones)"
-  pytest_from "$ROOT" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$ROOT/tests"
-  pytest_from "$ROOT" "$venv" -m serial "$ROOT/tests"
+  PROTOPROMPT_REQUIRE_TEST_HOOKS=1 pytest_from "$ROOT" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$ROOT/tests"
+  PROTOPROMPT_REQUIRE_TEST_HOOKS=1 pytest_from "$ROOT" "$venv" -m serial "$ROOT/tests"
   sdk_conformance "$venv"
   if [ "$index" = 0 ]; then
     step "stubs: mypy.stubtest protoprompt._core on the installed wheel (scripts/lint.sh)"
@@ -294,6 +309,8 @@ python_line() {
 
 step_python() {
   wheel_path
+  step "the test build: release wheel with the test hooks (cargo feature test-hooks)"
+  test_wheel
   start_services
   ensure_browser
   local sdk index=0
@@ -346,14 +363,16 @@ step_sdist() {
   step "sdist: build from source into a fresh venv (CPython $SDIST_PYTHON, Rust on PATH)"
   fresh_venv "$venv" "$py"
   # The build's target dir outlives pip's build directory, so a local re-run is incremental.
-  CARGO_TARGET_DIR="$WORK/sdist-target" nice -n 10 "$venv/bin/python" -m pip install --quiet \
+  # It has the test hooks (cargo feature test-hooks) the sdist's tests use.
+  MATURIN_PEP517_ARGS="--features pyo3/extension-module,test-hooks" \
+    CARGO_TARGET_DIR="$WORK/sdist-target" nice -n 10 "$venv/bin/python" -m pip install --quiet \
     --no-binary=protoprompt "${SDIST}[agents,mcp,test]" "openai-agents==$sdk" "$(mcp_requirement "$sdk")"
   rm -rf "$src" && mkdir -p "$src" && tar -xzf "$SDIST" -C "$src" --strip-components=1
 
   own_database "$venv" pp_ci_sdist
   step "the sdist's own tests against its build (openai-agents==$sdk, CPython $SDIST_PYTHON)"
-  pytest_from "$src" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$src/tests"
-  pytest_from "$src" "$venv" -m serial "$src/tests"
+  PROTOPROMPT_REQUIRE_TEST_HOOKS=1 pytest_from "$src" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "$src/tests"
+  PROTOPROMPT_REQUIRE_TEST_HOOKS=1 pytest_from "$src" "$venv" -m serial "$src/tests"
 }
 
 # ------------------------------------------------------------------------------- jobs

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import json
 import os
 import sqlite3
@@ -25,6 +27,82 @@ def vectors() -> list[dict]:
     """The 42 item-graph test vectors of docs/item-graph.md §15 (shared with the Rust tests)."""
     path = HERE.parent / "rust" / "core" / "tests" / "data" / "item-graph-vectors.json"
     return json.loads(path.read_text())["vectors"]
+
+
+# ---------------------------------------------------------------------- test hooks
+
+# protoprompt._core has its test hooks (``_clear_count_cache``, ``HistoryIndex._graph_copies``,
+# ...) only when built with the cargo feature ``test-hooks`` (scripts/dev.sh and CI's test
+# build; release wheels leave it out). A test that uses one, directly, through a helper of its
+# module or through the ``new_process`` fixture, skips without them (fails where
+# PROTOPROMPT_REQUIRE_TEST_HOOKS=1, as in scripts/test.sh).
+TEST_HOOKS = (
+    "_clear_count_cache",
+    "_fail_next_counts",
+    "_hold_next_build_until_fork",
+    "_build_is_held",
+    "_lazy_commit_allocator",
+    "_costs_counted",
+    "_masked_counted",
+    "_graph_copies",
+)
+_HOOK_FIXTURES = frozenset({"new_process"})
+
+
+def _has_test_hooks() -> bool:
+    from protoprompt import _core
+
+    return hasattr(_core, "_clear_count_cache")
+
+
+def _hook_users(module: Any) -> frozenset[str]:
+    """Names of the module's top-level functions and classes that use a test hook, directly
+    or through one another."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return frozenset()
+    tree = ast.parse(source)
+    defs = {
+        node.name: ast.get_source_segment(source, node) or ""
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    users: set[str] = set()
+    words: tuple[str, ...] = TEST_HOOKS
+    while True:
+        found = {name for name, text in defs.items() if any(w in text for w in words)}
+        if found <= users:
+            return frozenset(users)
+        users |= found
+        words = TEST_HOOKS + tuple(users)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_test_hooks():
+        return
+    reason = (
+        "needs protoprompt._core's test hooks: build with the cargo feature test-hooks "
+        "(scripts/dev.sh does)"
+    )
+    required = os.environ.get("PROTOPROMPT_REQUIRE_TEST_HOOKS") == "1"
+    users: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        function = getattr(item, "function", None)
+        module = getattr(item, "module", None)
+        if function is None or module is None:
+            continue
+        if module.__name__ not in users:
+            users[module.__name__] = TEST_HOOKS + tuple(_hook_users(module))
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            source = ""
+        uses_fixture = bool(_HOOK_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if uses_fixture or any(word in source for word in users[module.__name__]):
+            if required:
+                raise pytest.UsageError(f"{item.nodeid}: {reason}")
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # ---------------------------------------------------------------------- servers

@@ -14,7 +14,21 @@ use rustc_hash::FxHashMap;
 
 use crate::graph::{Graph, GraphView, Problem};
 use crate::incremental::TailGraph;
-use crate::pack::{untouched_decision, Decision};
+use crate::pack::{untouched_decision, Decision, UnitDecision};
+
+/// The decision of row `u`: what the fill recorded for it (`touched`), else `untouched`.
+pub fn decision_of(
+    touched: &FxHashMap<usize, UnitDecision>,
+    u: usize,
+    untouched: Decision,
+) -> UnitDecision {
+    touched.get(&u).copied().unwrap_or(UnitDecision {
+        unit: u,
+        decision: untouched,
+        tokens: None,
+        masked_tokens: None,
+    })
+}
 
 /// One row of a report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +168,23 @@ impl DecisionRows {
         }
     }
 
+    /// Sum of `weight(history items of the unit)` per decision code over every row, the
+    /// decisions being what the fill recorded (`touched`) or else the untouched ones.
+    pub fn tally(
+        &self,
+        touched: &FxHashMap<usize, UnitDecision>,
+        weight: impl Fn(usize) -> usize,
+    ) -> FxHashMap<&'static str, usize> {
+        let mut counts = FxHashMap::default();
+        for u in 0..self.rows() {
+            let (n, untouched) = self.size_and_untouched(u);
+            *counts
+                .entry(decision_of(touched, u, untouched).decision.code())
+                .or_insert(0) += weight(n);
+        }
+        counts
+    }
+
     /// Row `u` (`u < rows()`).
     pub fn row(&self, u: usize) -> Row {
         match &self.source {
@@ -253,5 +284,47 @@ mod tests {
         index.extend(metas(&[json!({"role":"user","content":"later"})]));
         assert_eq!(index.graph_copies(), 0);
         assert_eq!(all_rows(&split), before);
+    }
+
+    /// The tally counts every row once, under the fill's decision where it touched the row.
+    #[test]
+    fn tallies_count_rows_by_their_decision() {
+        let hm = metas(&[
+            json!({"role":"user","content":"a"}),
+            json!({"type":"function_call","call_id":"c","name":"f"}),
+            json!({"type":"function_call_output","call_id":"c"}),
+            json!({"role":"user","content":"b"}),
+            json!({"type":"function_call_output","call_id":"orphan"}),
+        ]);
+        let nm = metas(&[json!({"role":"user","content":"next"})]);
+        let kinds = Arc::new(vec![0u8; hm.len()]);
+        let rows = DecisionRows::new(Arc::new(build_graph(&hm, &nm)), None, kinds);
+        let mut touched = FxHashMap::default();
+        touched.insert(
+            0,
+            UnitDecision {
+                unit: 0,
+                decision: Decision::Kept,
+                tokens: Some(9),
+                masked_tokens: None,
+            },
+        );
+        let items = rows.tally(&touched, |n| n);
+        let units = rows.tally(&touched, |n| usize::from(n > 0));
+        let mut want_items: FxHashMap<&'static str, usize> = FxHashMap::default();
+        let mut want_units: FxHashMap<&'static str, usize> = FxHashMap::default();
+        for u in 0..rows.rows() {
+            let row = rows.row(u);
+            let code = decision_of(&touched, u, row.untouched).decision.code();
+            *want_items.entry(code).or_insert(0) += row.positions.len();
+            *want_units.entry(code).or_insert(0) += usize::from(!row.positions.is_empty());
+        }
+        assert_eq!(items, want_items);
+        assert_eq!(units, want_units);
+        assert_eq!(items.values().sum::<usize>(), hm.len());
+        assert_eq!(
+            items.get(Decision::Kept.code()),
+            Some(&rows.row(0).positions.len())
+        );
     }
 }

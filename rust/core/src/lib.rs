@@ -1,6 +1,6 @@
 //! protoprompt-core: the Responses item graph, token counting and budget packing
 //! behind the `protoprompt` Python package. This crate has no Python types; the
-//! `protoprompt-python` crate is a thin PyO3 layer over it.
+//! `protoprompt-python` crate converts Python values to and from it (PyO3).
 
 pub mod calibration;
 pub mod costs;
@@ -13,6 +13,9 @@ pub mod items;
 pub mod mask;
 pub mod mask_cache;
 pub mod pack;
+pub mod pipeline;
+pub mod reads;
+pub mod span;
 pub mod tokens;
 pub mod truncate;
 

@@ -71,6 +71,22 @@ pub struct Masking {
     pub after_turns: Option<u64>,
 }
 
+impl Masking {
+    /// A masking with `excerpt_tokens` (at least [`MIN_EXCERPT_TOKENS`]: the error says so)
+    /// and `after_turns`.
+    pub fn checked(excerpt_tokens: u64, after_turns: Option<u64>) -> Result<Masking, String> {
+        if excerpt_tokens < MIN_EXCERPT_TOKENS {
+            return Err(format!(
+                "masking.excerpt_tokens must be at least {MIN_EXCERPT_TOKENS}, got {excerpt_tokens}"
+            ));
+        }
+        Ok(Masking {
+            excerpt_tokens,
+            after_turns,
+        })
+    }
+}
+
 impl Default for Masking {
     fn default() -> Self {
         Masking {
@@ -1129,6 +1145,22 @@ mod tests {
     use serde_json::json;
 
     const ENC: Encoding = Encoding::O200kBase;
+
+    #[test]
+    fn a_masking_needs_room_for_its_marker() {
+        assert_eq!(
+            Masking::checked(MIN_EXCERPT_TOKENS, Some(2)),
+            Ok(Masking {
+                excerpt_tokens: MIN_EXCERPT_TOKENS,
+                after_turns: Some(2)
+            })
+        );
+        let err = Masking::checked(MIN_EXCERPT_TOKENS - 1, None).unwrap_err();
+        assert!(
+            err.starts_with("masking.excerpt_tokens must be at least"),
+            "{err}"
+        );
+    }
 
     fn long(n: usize) -> String {
         "the quick brown fox jumps over the lazy dog 42 times\n".repeat(n)

@@ -102,6 +102,12 @@ impl Policy {
         }
     }
 
+    /// The policy named `name`; the error says which names there are.
+    pub fn parse(name: &str) -> Result<Policy, String> {
+        Policy::from_name(name)
+            .ok_or_else(|| format!("policy must be \"contiguous\" or \"greedy\", got {name:?}"))
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Policy::Contiguous => "contiguous",

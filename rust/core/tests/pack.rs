@@ -626,3 +626,16 @@ fn huge_costs_saturate_instead_of_wrapping() {
         }
     }
 }
+
+#[test]
+fn policies_parse_by_name_and_say_which_names_there_are() {
+    use protoprompt_core::pack::Policy;
+    for p in [Policy::Contiguous, Policy::Greedy] {
+        assert_eq!(Policy::parse(p.name()), Ok(p));
+    }
+    let err = Policy::parse("best").unwrap_err();
+    assert_eq!(
+        err,
+        "policy must be \"contiguous\" or \"greedy\", got \"best\""
+    );
+}

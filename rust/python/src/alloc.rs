@@ -1,7 +1,5 @@
 //! The allocator: mimalloc, committing memory as it is used.
 
-use pyo3::prelude::*;
-
 /// mimalloc: the packer allocates and frees many small strings per item; glibc's malloc
 /// showed pauses of hundreds of microseconds (fastbin consolidation) on the first allocation
 /// after a large history was freed.
@@ -31,10 +29,4 @@ pub(crate) fn configure_allocator() -> bool {
             defaults
         }
     })
-}
-
-/// Whether the allocator commits memory lazily (see `configure_allocator`; for tests).
-#[pyfunction]
-pub(crate) fn _lazy_commit_allocator() -> bool {
-    configure_allocator()
 }

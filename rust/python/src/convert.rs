@@ -289,28 +289,17 @@ pub(crate) fn value_of(
     ))
 }
 
+/// The encoding a call asked for (see [`Encoding::resolve`]).
 pub(crate) fn resolve_encoding(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> Result<Encoding, TokenError> {
-    match (encoding, model) {
-        (Some(e), _) => Encoding::from_name(e),
-        (None, Some(m)) => Encoding::for_model(m),
-        (None, None) => Ok(Encoding::O200kBase),
-    }
+    Encoding::resolve(model, encoding)
 }
 
-/// The calibration of opaque payloads a caller asked for (a factor of the decoded-size rule,
-/// rounded up to a sixty-fourth); a `ValueError` outside the bounds a calibration may set.
+/// The calibration of opaque payloads a caller asked for ([`OpaqueScale::checked`]).
 pub(crate) fn opaque_scale(factor: f64) -> PyResult<OpaqueScale> {
-    let (lo, hi) = (OpaqueScale::MIN.factor(), OpaqueScale::MAX.factor());
-    if !(lo..=hi).contains(&factor) {
-        return Err(PyValueError::new_err(format!(
-            "opaque_scale must be between {lo} and {hi}, got {factor}"
-        )));
-    }
-    OpaqueScale::from_factor(factor)
-        .ok_or_else(|| PyValueError::new_err("opaque_scale must be a number"))
+    OpaqueScale::checked(factor).map_err(PyValueError::new_err)
 }
 
 pub(crate) fn label(n_history: usize, p: usize) -> String {

@@ -5,34 +5,24 @@ use crate::convert::{label, to_value, FieldError};
 use crate::errors::{classes, raise};
 use protoprompt_core::costs::{CostEngine, CountStore, ItemSource, StoreError, StoreTally};
 use protoprompt_core::pack::CostFailure;
+use protoprompt_core::reads::{CallReads, ReadFrom};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList};
-use rustc_hash::FxHashMap;
 use serde_json::Value;
 
-/// The items of one call, read by position from the caller's lists under the GIL and
-/// converted to JSON values for the core's cost engine ([`CostEngine`]).
-///
-/// Items are read only when their cost is needed. What a call reads stays what it read: the
-/// history items it classifies are taken from the caller's list in one step when the call
-/// begins (`fresh`), and an earlier position, read from the list when first needed, is kept
-/// (`read`), so the objects a result returns are the objects that were classified and
-/// counted, whatever another thread or an item's own code does to the caller's list meanwhile.
+/// The items of one call, read by position from the caller's lists under the GIL (where
+/// from: [`CallReads`], so what a call reads stays what it read) and converted to JSON
+/// values for the core's cost engine ([`CostEngine`]). Items are read only when their cost
+/// is needed.
 pub(crate) struct PyItems {
-    /// The caller's history list, read for positions before `fresh_from` (which an index
-    /// has seen in earlier calls). It holds positions `offset..`: a windowed read hands over
-    /// the newest part of the history only, and earlier positions are never read.
+    /// The caller's history list (positions `offset..`).
     pub(crate) history: Py<PyList>,
-    pub(crate) offset: usize,
     /// `history[fresh_from..n_history]` as it was when the call began.
     pub(crate) fresh: Py<PyList>,
-    pub(crate) fresh_from: usize,
-    /// History objects before `fresh_from` read by this call, by position.
-    pub(crate) read: FxHashMap<usize, Py<PyAny>>,
     pub(crate) new_input: Vec<Py<PyAny>>,
-    pub(crate) n_history: usize,
+    pub(crate) reads: CallReads<Py<PyAny>>,
     /// The Python exception behind the last item that could not be read or converted.
     pub(crate) cause: Option<PyErr>,
 }
@@ -166,49 +156,53 @@ pub(crate) const BEFORE_OFFSET: &str =
                              HistoryIndex.window_start on)";
 
 impl PyItems {
+    /// The items of a call whose `history` list holds positions `offset..`, which took
+    /// `fresh` (positions `fresh_from..n_history`) when it began.
     pub(crate) fn new(
-        history: Py<PyList>,
-        fresh: Py<PyList>,
+        history: &Bound<'_, PyList>,
+        offset: usize,
+        fresh: &Bound<'_, PyList>,
         fresh_from: usize,
-        n_history: usize,
         new_input: Vec<Py<PyAny>>,
     ) -> Self {
+        let n_history = fresh_from + fresh.len();
         PyItems {
-            history,
-            offset: 0,
-            fresh,
-            fresh_from,
-            read: FxHashMap::default(),
+            history: history.clone().unbind(),
+            fresh: fresh.clone().unbind(),
             new_input,
-            n_history,
+            reads: CallReads::new(offset, fresh_from, n_history),
             cause: None,
         }
     }
 
-    /// The history list starts at position `offset` (see the field).
-    pub(crate) fn with_offset(mut self, offset: usize) -> Self {
-        self.offset = offset;
-        self
+    /// The object at global position `p` as this call reads it (see [`CallReads`]); an
+    /// `IndexError` if the caller's list lost a position the index had seen. With `keep`, a
+    /// read from the caller's list is kept for the rest of the call.
+    pub(crate) fn item<'py>(
+        &mut self,
+        py: Python<'py>,
+        p: usize,
+        keep: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let obj = match self.reads.locate(p) {
+            ReadFrom::NewInput(i) => return Ok(self.new_input[i].bind(py).clone()),
+            ReadFrom::Fresh(i) => return self.fresh.bind(py).get_item(i),
+            ReadFrom::Kept(obj) => return Ok(obj.bind(py).clone()),
+            ReadFrom::BeforeList => return Err(PyIndexError::new_err(BEFORE_OFFSET)),
+            ReadFrom::List(i) => self.history.bind(py).get_item(i)?,
+        };
+        if keep {
+            self.reads.keep(p, obj.clone().unbind());
+        }
+        Ok(obj)
     }
 
-    /// The object at global position `p` as this call reads it (see the type's note); an
-    /// `IndexError` if the caller's list lost a position the index had seen.
-    pub(crate) fn item<'py>(&mut self, py: Python<'py>, p: usize) -> PyResult<Bound<'py, PyAny>> {
-        if p >= self.n_history {
-            return Ok(self.new_input[p - self.n_history].bind(py).clone());
+    /// Why position `p` could not be read.
+    fn unreadable(&self, p: usize) -> &'static str {
+        match self.reads.locate(p) {
+            ReadFrom::BeforeList => BEFORE_OFFSET,
+            _ => GONE,
         }
-        if p >= self.fresh_from {
-            return self.fresh.bind(py).get_item(p - self.fresh_from);
-        }
-        if let Some(obj) = self.read.get(&p) {
-            return Ok(obj.bind(py).clone());
-        }
-        if p < self.offset {
-            return Err(PyIndexError::new_err(BEFORE_OFFSET));
-        }
-        let obj = self.history.bind(py).get_item(p - self.offset)?;
-        self.read.insert(p, obj.clone().unbind());
-        Ok(obj)
     }
 
     /// The kept history objects followed by every new-input object: what the caller sends.
@@ -218,22 +212,11 @@ impl PyItems {
         kept: &[usize],
     ) -> PyResult<Bound<'py, PyList>> {
         let mut out = Vec::with_capacity(kept.len() + self.new_input.len());
-        let history = self.history.bind(py);
-        let fresh = self.fresh.bind(py);
         for &p in kept {
-            let item = if p >= self.fresh_from {
-                fresh.get_item(p - self.fresh_from)
-            } else if let Some(obj) = self.read.get(&p) {
-                Ok(obj.bind(py).clone())
-            } else if p < self.offset {
-                Err(PyIndexError::new_err(BEFORE_OFFSET))
-            } else {
-                history.get_item(p - self.offset) // read once, here: nothing to remember it for
-            };
-            out.push(item.map_err(|e| {
-                let label = label(self.n_history, p);
-                let why = if p < self.offset { BEFORE_OFFSET } else { GONE };
-                FieldError::caused("(item)", why, e).raise(py, &label)
+            // Read once, here: nothing to keep it for.
+            out.push(self.item(py, p, false).map_err(|e| {
+                let label = label(self.reads.n_history(), p);
+                FieldError::caused("(item)", self.unreadable(p), e).raise(py, &label)
             })?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
@@ -246,14 +229,18 @@ impl ItemSource for PyItems {
         Python::attach(|py| {
             let mut values = Vec::with_capacity(positions.len());
             for &p in positions {
-                let item = self.item(py, p).map_err(|e| {
-                    self.cause = Some(e);
-                    CostFailure {
-                        position: p,
-                        field: "(item)".to_string(),
-                        message: if p < self.offset { BEFORE_OFFSET } else { GONE }.to_string(),
+                let item = match self.item(py, p, true) {
+                    Ok(item) => item,
+                    Err(e) => {
+                        let message = self.unreadable(p).to_string();
+                        self.cause = Some(e);
+                        return Err(CostFailure {
+                            position: p,
+                            field: "(item)".to_string(),
+                            message,
+                        });
                     }
-                })?;
+                };
                 let mut path = String::new();
                 match to_value(&item, &mut path, 0) {
                     Ok(v) => values.push(v),

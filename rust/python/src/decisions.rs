@@ -1,7 +1,7 @@
 //! The `DecisionTable` pyclass: the per-unit decisions of one pack, read lazily.
 
 use crate::convert::label;
-use protoprompt_core::decisions::DecisionRows;
+use protoprompt_core::decisions::{decision_of, DecisionRows};
 use protoprompt_core::indexed::{lock, KindNames};
 use protoprompt_core::pack::{Decision, PackResult, UnitDecision};
 use pyo3::prelude::*;
@@ -44,12 +44,7 @@ impl DecisionTable {
     }
 
     pub(crate) fn decision(&self, u: usize, untouched: Decision) -> UnitDecision {
-        self.touched.get(&u).copied().unwrap_or(UnitDecision {
-            unit: u,
-            decision: untouched,
-            tokens: None,
-            masked_tokens: None,
-        })
+        decision_of(&self.touched, u, untouched)
     }
 }
 
@@ -110,26 +105,11 @@ impl DecisionTable {
 
     /// Number of history items per decision code.
     pub(crate) fn item_counts(&self) -> FxHashMap<&'static str, usize> {
-        self.tally(|n| n)
+        self.source().tally(&self.touched, |n| n)
     }
 
     /// Number of units (with history items) per decision code.
     pub(crate) fn unit_counts(&self) -> FxHashMap<&'static str, usize> {
-        self.tally(|n| usize::from(n > 0))
-    }
-}
-
-impl DecisionTable {
-    /// Sum of `weight(history items of the unit)` per decision code.
-    pub(crate) fn tally(&self, weight: impl Fn(usize) -> usize) -> FxHashMap<&'static str, usize> {
-        let source = self.source();
-        let mut counts = FxHashMap::default();
-        for u in 0..self.rows {
-            let (n, untouched) = source.size_and_untouched(u);
-            *counts
-                .entry(self.decision(u, untouched).decision.code())
-                .or_insert(0) += weight(n);
-        }
-        counts
+        self.source().tally(&self.touched, |n| usize::from(n > 0))
     }
 }

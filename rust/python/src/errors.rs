@@ -1,6 +1,7 @@
 //! Error mapping: core errors to the exception classes of `protoprompt.errors`.
 
 use protoprompt_core::pack::PackError;
+use protoprompt_core::span::SpanError;
 use protoprompt_core::tokens::TokenError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -74,5 +75,16 @@ pub(crate) fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
             ..
         } => item_error(py, &label, &field, &message),
         PackError::Context(m) => PyValueError::new_err(m),
+    }
+}
+
+/// A history list that does not line up with the index: `HistoryMismatchError` when the
+/// history is shorter than the index, else a `ValueError`.
+pub(crate) fn span_error(py: Python<'_>, e: SpanError) -> PyErr {
+    match e {
+        SpanError::Shrunk { n_history, indexed } => {
+            raise::<classes::HistoryMismatchError>(py, (e.to_string(), n_history, indexed))
+        }
+        _ => PyValueError::new_err(e.to_string()),
     }
 }

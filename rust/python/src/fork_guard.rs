@@ -37,12 +37,14 @@ fn around_build(build: &dyn Fn()) {
 }
 
 /// Arm the test hook for the next build.
+#[cfg(feature = "test-hooks")]
 pub fn hold_next_build_until_fork() {
     FORK_BEGAN.store(false, Ordering::SeqCst);
     HOLD_NEXT.store(true, Ordering::SeqCst);
 }
 
 /// Whether a build is held by the test hook (it holds `BUILDS` and waits for a fork).
+#[cfg(feature = "test-hooks")]
 pub fn build_is_held() -> bool {
     HOLDING.load(Ordering::SeqCst)
 }

@@ -5,8 +5,9 @@
 use crate::convert::{bound, classify_items, item_seq, label, opaque_scale, resolve_encoding};
 use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
-use crate::errors::{classes, pack_error, raise, token_error};
-use crate::pack::{result_dict, run_pack, CallOptions, Preload};
+use crate::errors::{classes, pack_error, raise, span_error, token_error};
+use crate::pack::{result_dict, run_pack, CallOptions};
+use protoprompt_core::costs::StoreTally;
 use protoprompt_core::incremental::{Cut, TailGraph};
 use protoprompt_core::indexed::{
     cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
@@ -14,8 +15,8 @@ use protoprompt_core::indexed::{
 use protoprompt_core::items::{ItemKind, ItemMeta};
 use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
-use protoprompt_core::tokens::CostBasis;
-use pyo3::exceptions::PyValueError;
+use protoprompt_core::span::{indexed_span, pack_span};
+use protoprompt_core::tokens::{CostBasis, Loading};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
@@ -31,100 +32,25 @@ pub(crate) struct PyHistoryIndex {
     pub(crate) inner: IndexedHistory,
 }
 
-/// Items classified per step when appending to an index (bounds the full-size copies: up to
-/// three chunks are alive while pipelined). At 100k items, 2048 gave the speed of 4096 with
-/// a peak 6-8 MB lower (4096: +13-19 MB over the unpipelined path, 1024: slower).
-pub(crate) const CLASSIFY_CHUNK: usize = 2048;
-
 impl PyHistoryIndex {
-    /// Classify `items` and append them, one chunk at a time, so that only a few chunks of
-    /// full-size classified items exist at once. Positions continue from `len(self)`; labels
-    /// treat positions from `n_history` on as `new_input`. On a bad item the index is put back
-    /// as it was and the error names the item and field.
-    ///
-    /// A long history is pipelined: this thread reads the Python items (it needs the GIL)
-    /// while a scoped helper thread appends the previous chunk to the core index (no GIL), so
-    /// a cold start costs about the larger of the two instead of their sum.
+    /// Classify `items` and append them (`IndexedHistory::append_classified`: a long
+    /// history is read here, with the GIL, while a helper thread appends the previous chunk
+    /// without it). Positions continue from `len(self)`; labels treat positions from
+    /// `n_history` on as `new_input`. On a bad item the index is put back as it was and the
+    /// error names the item and field.
     pub(crate) fn classify_into<'py>(
-        &mut self,
-        py: Python<'py>,
-        items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
-        n_history: usize,
-    ) -> PyResult<()> {
-        let start = self.inner.len();
-        let mark = self.inner.mark();
-        let outcome = if items.len() <= CLASSIFY_CHUNK {
-            classify_items(py, items, start, n_history).map(|metas| {
-                let inner = &mut self.inner;
-                py.detach(|| inner.append(metas));
-            })
-        } else {
-            self.classify_pipelined(py, items, n_history)
-        };
-        if outcome.is_err() {
-            // Back to exactly what it was, memory included.
-            let inner = &mut self.inner;
-            py.detach(|| inner.undo(mark));
-        }
-        outcome
-    }
-
-    pub(crate) fn classify_pipelined<'py>(
         &mut self,
         py: Python<'py>,
         mut items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
-        let mut position = self.inner.len();
-        let (index, mut notes) = self.inner.appender();
-        std::thread::scope(|scope| {
-            // Chunk and the number of items still to come after it.
-            let (send, receive) = std::sync::mpsc::sync_channel::<(Vec<ItemMeta>, usize)>(1);
-            let helper = scope.spawn(move || {
-                let mut first = true;
-                for (metas, rest) in receive {
-                    index.extend(metas);
-                    if std::mem::take(&mut first) && rest > 0 {
-                        // Sized from the first chunk: the rest is stored without regrowth.
-                        index.reserve(rest);
-                    }
-                }
-            });
-            let mut outcome = Ok(());
-            while items.len() > 0 {
-                let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(CLASSIFY_CHUNK).collect();
-                if chunk.is_empty() {
-                    break; // an iterator whose length was wrong: never loop on nothing
-                }
-                match classify_items(py, chunk.into_iter(), position, n_history) {
-                    Ok(metas) => {
-                        position += metas.len();
-                        let rest = items.len();
-                        notes.note(&metas, rest);
-                        // Wait for the helper (when it is behind) without the GIL, so that
-                        // other Python threads run meanwhile.
-                        let sent = match send.try_send((metas, rest)) {
-                            Err(std::sync::mpsc::TrySendError::Full(chunk)) => {
-                                py.detach(|| send.send(chunk).is_ok())
-                            }
-                            other => other.is_ok(),
-                        };
-                        if !sent {
-                            break; // the helper panicked: reported by the join below
-                        }
-                    }
-                    Err(e) => {
-                        outcome = Err(e);
-                        break;
-                    }
-                }
-            }
-            drop(send);
-            if let Err(panic) = py.detach(|| helper.join()) {
-                std::panic::resume_unwind(panic);
-            }
-            outcome
-        })
+        let total = items.len();
+        let classify = |first: usize, count: usize| {
+            let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(count).collect();
+            classify_items(py, chunk.into_iter(), first, n_history)
+        };
+        let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
+        self.inner.append_classified(total, classify, &blocking)
     }
 }
 
@@ -191,6 +117,7 @@ impl PyHistoryIndex {
     }
 
     /// Positions whose token cost the index holds (for tests and debugging).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn _costs_counted(&self) -> usize {
         self.inner.costs().counted()
     }
@@ -198,6 +125,7 @@ impl PyHistoryIndex {
     /// Tool outputs whose masked cost the index holds, those with a masked copy's field
     /// kept, and the encoding and excerpt size they are counted under (for tests and
     /// debugging).
+    #[cfg(feature = "test-hooks")]
     #[allow(clippy::type_complexity)]
     pub(crate) fn _masked_counted(&self) -> (usize, usize, Option<(&'static str, u64)>) {
         let masked = self.inner.masked_costs();
@@ -214,6 +142,7 @@ impl PyHistoryIndex {
 
     /// How many times a change to this index copied its whole graph because a result still
     /// shared it (for tests).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn _graph_copies(&self) -> usize {
         self.inner.graph_copies()
     }
@@ -252,62 +181,20 @@ impl PyHistoryIndex {
             history_offset,
             masking,
         } = CallOptions::from_py(options)?;
-        // Only the first `history_len` items of the list are the history (a caller with one
-        // long list need not copy its prefix).
-        let listed = match history_len {
-            Some(n) if n > history.len() => {
-                return Err(PyValueError::new_err(format!(
-                    "history_len is {n} but the list has {} items",
-                    history.len()
-                )))
-            }
-            Some(n) => n,
-            None => history.len(),
-        };
         let offset = history_offset;
-        let n_history = offset.checked_add(listed).ok_or_else(|| {
-            PyValueError::new_err(format!("history_offset is {offset}, too large"))
-        })?;
-        if let Some((i, &p)) = pinned
-            .iter()
-            .enumerate()
-            .find(|&(_, &p)| p >= n_history || p < offset)
-        {
-            return Err(PyValueError::new_err(format!(
-                "pinned[{i}] is {p}, not a history position in the list (it holds positions \
-                 {offset}..{n_history})"
-            )));
-        }
+        let indexed = self.inner.len();
+        let (listed, n_history) = pack_span(indexed, history.len(), history_len, offset, &pinned)
+            .map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
-        let indexed = self.inner.len();
-        if n_history < indexed {
-            return Err(raise::<classes::HistoryMismatchError>(
-                py,
-                (
-                    format!(
-                        "history has {n_history} items but the index already holds \
-                         {indexed}; truncate or clear the index when items are removed"
-                    ),
-                    n_history,
-                    indexed,
-                ),
-            ));
-        }
-        if offset > indexed {
-            return Err(PyValueError::new_err(format!(
-                "history_offset is {offset} but the index holds {indexed} items: the \
-                 positions before the list must be indexed"
-            )));
-        }
         // The items this call reads for the first time, taken in one step: nothing else
         // runs while the slice is made, so whatever another thread or an item's own code
         // does to `history` from now on cannot shift what is classified, counted or sent.
         let fresh = history.get_slice(indexed - offset, listed);
         let new_items = item_seq(new_input, "new_input")?;
-        let preload = Preload::start(basis.encoding);
+        let preload = basis.encoding.load_in_background();
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
         let mut mark = self.inner.mark();
@@ -398,44 +285,15 @@ impl PyHistoryIndex {
     ) -> PyResult<(u64, bool)> {
         let basis = basis_of(py, model, encoding, opaque_scale)?;
         let n = self.inner.len();
-        if history.len() != n {
-            return Err(PyValueError::new_err(format!(
-                "the history list must hold exactly the {n} indexed items, got {}",
-                history.len()
-            )));
-        }
+        indexed_span(n, history.len(), 0).map_err(|e| span_error(py, e))?;
         let tail = item_seq(appended, "appended")?;
         let total = n + tail.len();
-        let items = PyItems::new(
-            history.clone().unbind(),
-            PyList::empty(py).unbind(),
-            n,
-            n,
-            tail,
-        );
+        let items = PyItems::new(history, 0, &PyList::empty(py), n, tail);
         let (_, costs) = self.inner.graph_and_costs();
         let mut source = PyCosts::new(items, basis).with_memo(costs, n);
         let walked = py.detach(|| cost_over(&mut source, total, limit));
-        let tokenizer_failed = tokenizer_failure(py, total, &source);
-        let (mut items, _) = source.finish();
-        if let (Err(_), Some(e)) = (&walked, tokenizer_failed) {
-            return Err(e);
-        }
-        walked.map_err(|f: CostFailure| {
-            let e = pack_error(
-                py,
-                PackError::Item {
-                    label: label(total, f.position),
-                    position: f.position,
-                    field: f.field,
-                    message: f.message,
-                },
-            );
-            if let Some(cause) = items.cause.take() {
-                e.set_cause(py, Some(cause));
-            }
-            e
-        })
+        let walked = walked.map_err(|f| pack_error(py, item_failure(total, f)));
+        settle(py, total, source, walked, None).map(|(sum, _, _)| sum)
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -466,25 +324,12 @@ impl PyHistoryIndex {
         };
         let n = self.inner.len();
         let offset = history_offset;
-        if offset.checked_add(history.len()) != Some(n) {
-            return Err(PyValueError::new_err(format!(
-                "the history list must hold the indexed items from history_offset on: \
-                 offset {offset} + {} items, index {n}",
-                history.len()
-            )));
-        }
+        indexed_span(n, history.len(), offset).map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
-        let items = PyItems::new(
-            history.clone().unbind(),
-            PyList::empty(py).unbind(),
-            n,
-            n,
-            Vec::new(),
-        )
-        .with_offset(offset);
+        let items = PyItems::new(history, offset, &PyList::empty(py), n, Vec::new());
         let (index, costs, masks) = self.inner.graph_costs_and_masks();
         let mut source = PyCosts::new(items, basis)
             .with_memo(costs, n)
@@ -504,29 +349,8 @@ impl PyHistoryIndex {
                 (walked, masked_failure(py, n, &masked))
             }
         };
-        let tokenizer_failed = tokenizer_failure(py, n, &source).or(masked_failure);
-        let (mut items, link) = source.finish();
-        if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
-            return Err(e.clone_ref(py));
-        }
-        if let (Err(_), Some(e)) = (&walked, tokenizer_failed) {
-            return Err(e);
-        }
-        let start = walked.map_err(|f: CostFailure| {
-            let e = pack_error(
-                py,
-                PackError::Item {
-                    label: label(n, f.position),
-                    position: f.position,
-                    field: f.field,
-                    message: f.message,
-                },
-            );
-            if let Some(cause) = items.cause.take() {
-                e.set_cause(py, Some(cause));
-            }
-            e
-        })?;
+        let walked = walked.map_err(|f| pack_error(py, item_failure(n, f)));
+        let (start, _, link) = settle(py, n, source, walked, masked_failure)?;
         let out = PyDict::new(py);
         out.set_item("start", start)?;
         store_outcome(py, &out, link)?;
@@ -552,8 +376,39 @@ where
     Some(raise::<classes::TokenizerError>(py, (message,)))
 }
 
-/// A cost failure of the masked copies as the pack error it is.
-fn copy_error(n_history: usize, f: CostFailure) -> PackError {
+/// What a call did with its count store (see `store_outcome`).
+type StoreLink = Option<(PyCountStore, StoreTally)>;
+
+/// The end of a call over `source`: its value with the items it read and what it did with
+/// its count store, or the error it ends with. The count store's own exception comes first,
+/// then a tokenizer failure (of the costs, else `masked_failed`), then the call's error
+/// chained to the exception behind the item that could not be read.
+fn settle<T>(
+    py: Python<'_>,
+    n_history: usize,
+    source: PyCosts<'_>,
+    outcome: PyResult<T>,
+    masked_failed: Option<PyErr>,
+) -> PyResult<(T, PyItems, StoreLink)> {
+    let tokenizer_failed = tokenizer_failure(py, n_history, &source).or(masked_failed);
+    let (mut items, link) = source.finish();
+    if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
+        return Err(e.clone_ref(py));
+    }
+    match (outcome, tokenizer_failed) {
+        (Ok(value), _) => Ok((value, items, link)),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => {
+            if let Some(cause) = items.cause.take() {
+                e.set_cause(py, Some(cause));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A cost failure as the pack error it is.
+fn item_failure(n_history: usize, f: CostFailure) -> PackError {
     PackError::Item {
         label: label(n_history, f.position),
         position: f.position,
@@ -583,27 +438,20 @@ impl PyHistoryIndex {
         call: &Call,
         context: Option<Bound<'py, PyAny>>,
         store: Option<PyCountStore>,
-        preload: Preload,
+        preload: Loading,
     ) -> PyResult<Bound<'py, PyDict>> {
         let indexed = self.inner.len();
         let n_history = indexed + fresh.len();
         self.inner.take_regrouped();
         self.classify_into(py, fresh.iter(), n_history)?;
         let appended = self.inner.take_regrouped();
-        let items = PyItems::new(
-            history.clone().unbind(),
-            fresh.clone().unbind(),
-            indexed,
-            n_history,
-            new_items,
-        )
-        .with_offset(offset);
+        let items = PyItems::new(history, offset, fresh, indexed, new_items);
         let (index, costs, masks) = self.inner.graph_costs_and_masks();
         let mut source = PyCosts::new(items, call.basis)
             .with_memo(costs, n_history)
             .with_store(store);
         let tail = py.detach(|| index.tail(&new_metas));
-        preload.finish(py);
+        py.detach(|| preload.wait());
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
         let (packed, masked_failed): Packed = match call.masking {
@@ -656,24 +504,13 @@ impl PyHistoryIndex {
                     let copies = py.detach(|| masked.copies(&units));
                     copies
                         .map(|c| (r, c))
-                        .map_err(|f| pack_error(py, copy_error(n_history, f)))
+                        .map_err(|f| pack_error(py, item_failure(n_history, f)))
                 });
                 (packed, masked_failure(py, n_history, &masked))
             }
         };
-        let tokenizer_failed = tokenizer_failure(py, n_history, &source).or(masked_failed);
-        let (mut items, link) = source.finish();
-        if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
-            return Err(e.clone_ref(py));
-        }
-        if let (Err(_), Some(e)) = (&packed, tokenizer_failed) {
-            return Err(e);
-        }
-        let (mut result, copies) = packed.inspect_err(|e| {
-            if let Some(cause) = items.cause.take() {
-                e.set_cause(py, Some(cause));
-            }
-        })?;
+        let ((mut result, copies), mut items, link) =
+            settle(py, n_history, source, packed, masked_failed)?;
         let request = items.request(py, &result.kept_history)?;
         let masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
         let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);

@@ -1,8 +1,10 @@
 //! `protoprompt._core`: PyO3 bindings over `protoprompt-core`.
 //!
-//! Thin by design: extract Python input into owned Rust values, release the GIL, run the core,
-//! convert the result back and map errors to the exception classes of `protoprompt.errors`.
-//! Item contents are read lazily — only items whose cost the packer needs are converted.
+//! Each call extracts Python input into owned Rust values, releases the GIL, runs the core and
+//! converts the result back, mapping errors to the exception classes of `protoprompt.errors`;
+//! rules about items, positions and budgets are the core's. Item contents are read lazily:
+//! only items whose cost the packer needs are converted. Test hooks (`hooks`) are built with
+//! the cargo feature `test-hooks` only.
 
 use protoprompt_core::calibration;
 use protoprompt_core::graph::{build_graph, Graph};
@@ -20,12 +22,14 @@ mod digest;
 mod errors;
 #[cfg(unix)]
 mod fork_guard;
+#[cfg(feature = "test-hooks")]
+mod hooks;
 mod index;
 mod mask;
 mod pack;
 mod truncate;
 
-use crate::alloc::{_lazy_commit_allocator, configure_allocator};
+use crate::alloc::configure_allocator;
 use crate::convert::{
     as_dict, classify_all, label, opaque_scale, resolve_encoding, to_value, type_name,
 };
@@ -120,17 +124,10 @@ fn preload(
     wait: bool,
 ) -> PyResult<&'static str> {
     let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    if !enc.is_loaded() {
-        if wait {
-            py.detach(|| enc.load());
-        } else {
-            std::thread::Builder::new()
-                .name("protoprompt-preload".to_string())
-                .spawn(move || enc.load())
-                .map_err(|e| {
-                    PyValueError::new_err(format!("cannot start the preload thread: {e}"))
-                })?;
-        }
+    if wait {
+        py.detach(|| enc.load());
+    } else {
+        enc.preload_detached().map_err(PyValueError::new_err)?;
     }
     Ok(enc.name())
 }
@@ -267,37 +264,6 @@ fn analyze<'py>(
     graph_dict(py, &graph, &metas)
 }
 
-/// Test hook: the next tokenizer build, once under way (holding the build lock), waits for
-/// a `fork` to begin; `_build_is_held()` says when it is there.
-#[cfg(unix)]
-#[pyfunction]
-fn _hold_next_build_until_fork() {
-    fork_guard::hold_next_build_until_fork();
-}
-
-/// Whether a build is waiting for a fork (see `_hold_next_build_until_fork`).
-#[cfg(unix)]
-#[pyfunction]
-fn _build_is_held() -> bool {
-    fork_guard::build_is_held()
-}
-
-/// Test hook: the next `n` token counts on this thread fail as a tokenizer failure does
-/// (`protoprompt_core::tokens::fail_next_counts`).
-#[pyfunction]
-fn _fail_next_counts(n: usize) {
-    tokens::fail_next_counts(n);
-}
-
-/// Forget every count in the process-wide caches: the count cache and the masked fields
-/// (for tests and benchmarks that need a process's first count of a text, or first masking
-/// of a tool output, without a new process).
-#[pyfunction]
-fn _clear_count_cache() {
-    tokens::COUNT_CACHE.clear();
-    protoprompt_core::mask_cache::MASKED_FIELD_CACHE.clear();
-}
-
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     configure_allocator();
@@ -305,14 +271,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fork_guard::install();
     // The exception classes `errors` imports: there from the start, or no module at all.
     m.py().import("protoprompt.errors")?;
-    m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
-    m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(_fail_next_counts, m)?)?;
-    #[cfg(unix)]
-    {
-        m.add_function(wrap_pyfunction!(_hold_next_build_until_fork, m)?)?;
-        m.add_function(wrap_pyfunction!(_build_is_held, m)?)?;
-    }
+    #[cfg(feature = "test-hooks")]
+    hooks::add(m)?;
     m.add_function(wrap_pyfunction!(preload, m)?)?;
     m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;

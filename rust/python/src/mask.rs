@@ -3,7 +3,7 @@
 
 use crate::convert::{as_dict, label};
 use crate::errors::item_error;
-use protoprompt_core::mask::{MaskedField, Masking, MIN_EXCERPT_TOKENS};
+use protoprompt_core::mask::{MaskedField, Masking};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -17,16 +17,10 @@ pub(crate) fn masking_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<Maski
     }
     let py = value.py();
     let excerpt_tokens: u64 = value.getattr(intern!(py, "excerpt_tokens"))?.extract()?;
-    if excerpt_tokens < MIN_EXCERPT_TOKENS {
-        return Err(PyValueError::new_err(format!(
-            "masking.excerpt_tokens must be at least {MIN_EXCERPT_TOKENS}, got {excerpt_tokens}"
-        )));
-    }
     let after_turns: Option<u64> = value.getattr(intern!(py, "after_turns"))?.extract()?;
-    Ok(Some(Masking {
-        excerpt_tokens,
-        after_turns,
-    }))
+    Masking::checked(excerpt_tokens, after_turns)
+        .map(Some)
+        .map_err(PyValueError::new_err)
 }
 
 /// A JSON value as a new Python object (dicts, lists, str, int, float, bool, None).

@@ -6,50 +6,43 @@ use crate::decisions::DecisionTable;
 use crate::errors::{pack_error, token_error};
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
-use protoprompt_core::tokens::{CostBasis, Encoding};
+use protoprompt_core::tokens::CostBasis;
 use pyo3::exceptions::PyValueError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// Builds an encoding's tokenizer on a helper thread while the calling thread reads the
-/// items (which needs the GIL): the first call in a process does both at once. The helper
-/// is joined before the call returns, whatever happens, so no thread outlives the call.
-pub(crate) struct Preload(Option<std::thread::JoinHandle<()>>);
-
-impl Preload {
-    pub(crate) fn start(enc: Encoding) -> Preload {
-        if enc.is_loaded() {
-            return Preload(None);
-        }
-        let handle = std::thread::Builder::new()
-            .name("protoprompt-tokenizer".to_string())
-            .spawn(move || enc.load())
-            .ok();
-        Preload(handle)
-    }
-
-    /// Wait for the helper with the GIL released.
-    pub(crate) fn finish(mut self, py: Python<'_>) {
-        if let Some(h) = self.0.take() {
-            py.detach(|| {
-                let _ = h.join();
-            });
-        }
-    }
+/// The attributes of the one options value `HistoryIndex.pack` is handed
+/// (`protoprompt.packing._PackOptions`, checked there).
+#[derive(FromPyObject)]
+struct RawOptions<'py> {
+    #[pyo3(attribute)]
+    budget: u64,
+    #[pyo3(attribute)]
+    output_reserve: u64,
+    #[pyo3(attribute)]
+    context_tokens: u64,
+    #[pyo3(attribute)]
+    model: Option<String>,
+    #[pyo3(attribute)]
+    encoding: Option<String>,
+    #[pyo3(attribute)]
+    policy: String,
+    #[pyo3(attribute)]
+    context: Option<Bound<'py, PyAny>>,
+    #[pyo3(attribute)]
+    pinned: Vec<usize>,
+    #[pyo3(attribute)]
+    history_len: Option<usize>,
+    #[pyo3(attribute)]
+    history_offset: usize,
+    #[pyo3(attribute)]
+    opaque_scale: f64,
+    #[pyo3(attribute)]
+    masking: Option<Bound<'py, PyAny>>,
 }
 
-impl Drop for Preload {
-    fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The options of one `HistoryIndex.pack`, read from the one options value Python hands
-/// over (`protoprompt.packing._PackOptions`, checked there): the core's [`PackOptions`], the
-/// encoding, and what the binding itself needs.
+/// The options of one `HistoryIndex.pack` as the core takes them: its [`PackOptions`], the
+/// cost basis, and what the binding itself needs.
 pub(crate) struct CallOptions<'py> {
     pub(crate) core: PackOptions,
     /// The encoding and the calibration of opaque payloads.
@@ -64,36 +57,29 @@ pub(crate) struct CallOptions<'py> {
 impl<'py> CallOptions<'py> {
     pub(crate) fn from_py(options: &Bound<'py, PyAny>) -> PyResult<CallOptions<'py>> {
         let py = options.py();
-        let get = |name: &Bound<'py, pyo3::types::PyString>| options.getattr(name);
-        let model: Option<String> = get(intern!(py, "model"))?.extract()?;
-        let encoding: Option<String> = get(intern!(py, "encoding"))?.extract()?;
-        let encoding = resolve_encoding(model.as_deref(), encoding.as_deref())
+        let raw: RawOptions<'py> = options.extract()?;
+        let encoding = resolve_encoding(raw.model.as_deref(), raw.encoding.as_deref())
             .map_err(|e| token_error(py, e))?;
-        let policy: String = get(intern!(py, "policy"))?.extract()?;
-        let policy = Policy::from_name(&policy).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "policy must be \"contiguous\" or \"greedy\", got {policy:?}"
-            ))
-        })?;
-        let basis = CostBasis {
-            encoding,
-            opaque_scale: opaque_scale(get(intern!(py, "opaque_scale"))?.extract()?)?,
-        };
-        let core = PackOptions {
-            budget: get(intern!(py, "budget"))?.extract()?,
-            output_reserve: get(intern!(py, "output_reserve"))?.extract()?,
-            context_tokens: get(intern!(py, "context_tokens"))?.extract()?,
-            policy,
-        };
-        let context = Some(get(intern!(py, "context"))?).filter(|c| !c.is_none());
         Ok(CallOptions {
-            core,
-            basis,
-            context,
-            pinned: get(intern!(py, "pinned"))?.extract()?,
-            history_len: get(intern!(py, "history_len"))?.extract()?,
-            history_offset: get(intern!(py, "history_offset"))?.extract()?,
-            masking: crate::mask::masking_from_py(&get(intern!(py, "masking"))?)?,
+            core: PackOptions {
+                budget: raw.budget,
+                output_reserve: raw.output_reserve,
+                context_tokens: raw.context_tokens,
+                policy: Policy::parse(&raw.policy).map_err(PyValueError::new_err)?,
+            },
+            basis: CostBasis {
+                encoding,
+                opaque_scale: opaque_scale(raw.opaque_scale)?,
+            },
+            context: raw.context.filter(|c| !c.is_none()),
+            pinned: raw.pinned,
+            history_len: raw.history_len,
+            history_offset: raw.history_offset,
+            masking: raw
+                .masking
+                .map(|m| crate::mask::masking_from_py(&m))
+                .transpose()?
+                .flatten(),
         })
     }
 }

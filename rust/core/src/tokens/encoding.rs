@@ -28,6 +28,28 @@ pub fn set_build_guard(guard: fn(&dyn Fn())) -> bool {
     BUILD_GUARD.set(guard).is_ok()
 }
 
+/// A tokenizer being built on a helper thread ([`Encoding::load_in_background`]): joined by
+/// [`Loading::wait`] or on drop.
+#[derive(Debug)]
+pub struct Loading(Option<std::thread::JoinHandle<()>>);
+
+impl Loading {
+    /// Wait for the build (a build that panicked is left to the first count to redo).
+    pub fn wait(mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Loading {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A tiktoken encoding shipped with tiktoken-rs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Encoding {
@@ -97,6 +119,44 @@ impl Encoding {
         }
     }
 
+    /// The encoding a call asked for: `encoding` by name if given, else `model`'s, else the
+    /// default (`o200k_base`).
+    pub fn resolve(model: Option<&str>, encoding: Option<&str>) -> Result<Encoding, TokenError> {
+        match (encoding, model) {
+            (Some(e), _) => Encoding::from_name(e),
+            (None, Some(m)) => Encoding::for_model(m),
+            (None, None) => Ok(Encoding::O200kBase),
+        }
+    }
+
+    /// Build this encoding's tokenizer on a helper thread ("protoprompt-tokenizer") while
+    /// the caller does other work; the returned [`Loading`] joins it when waited for or
+    /// dropped, so no thread outlives it. Already built, or no thread could be started (the
+    /// first count then builds it): nothing to join.
+    pub fn load_in_background(self) -> Loading {
+        if self.is_loaded() {
+            return Loading(None);
+        }
+        let handle = std::thread::Builder::new()
+            .name("protoprompt-tokenizer".to_string())
+            .spawn(move || self.load())
+            .ok();
+        Loading(handle)
+    }
+
+    /// Build this encoding's tokenizer on a detached thread ("protoprompt-preload"), unless
+    /// it is built already; the error says why no thread could be started.
+    pub fn preload_detached(self) -> Result<(), String> {
+        if self.is_loaded() {
+            return Ok(());
+        }
+        std::thread::Builder::new()
+            .name("protoprompt-preload".to_string())
+            .spawn(move || self.load())
+            .map(drop)
+            .map_err(|e| format!("cannot start the preload thread: {e}"))
+    }
+
     /// Whether this encoding's tokenizer has been built in this process.
     pub fn is_loaded(self) -> bool {
         LOADED[self as usize].load(std::sync::atomic::Ordering::Acquire)
@@ -155,6 +215,43 @@ impl Encoding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolve_prefers_the_encoding_then_the_model_then_the_default() {
+        let table = [
+            (None, None, Ok(Encoding::O200kBase)),
+            (Some("gpt-4"), None, Ok(Encoding::Cl100kBase)),
+            (Some("gpt-4"), Some("r50k_base"), Ok(Encoding::R50kBase)),
+            (Some("llama-3"), Some("p50k_base"), Ok(Encoding::P50kBase)),
+            (
+                Some("llama-3"),
+                None,
+                Err(TokenError::UnknownModel("llama-3".into())),
+            ),
+            (
+                None,
+                Some("nope"),
+                Err(TokenError::UnknownEncoding("nope".into())),
+            ),
+        ];
+        for (model, encoding, want) in table {
+            assert_eq!(
+                Encoding::resolve(model, encoding),
+                want,
+                "{model:?} {encoding:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_background_load_builds_the_tokenizer_by_the_time_it_is_waited_for() {
+        let enc = Encoding::P50kEdit;
+        enc.load_in_background().wait();
+        assert!(enc.is_loaded());
+        // Built already: no thread, nothing to join (dropping is enough).
+        drop(enc.load_in_background());
+        assert_eq!(enc.preload_detached(), Ok(()));
+    }
 
     #[test]
     fn model_names_map_to_encodings() {

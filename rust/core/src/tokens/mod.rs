@@ -67,7 +67,7 @@ pub(crate) use count::segments;
 pub use count::{
     fail_next_counts, is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW,
 };
-pub use encoding::{set_build_guard, Encoding};
+pub use encoding::{set_build_guard, Encoding, Loading};
 pub use media::{
     image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,
     IMAGE_MAX_TOKENS, IMAGE_TILE_TOKENS, PDF_PAGE_IMAGE_TOKENS, PDF_TEXT_TOKENS_PER_PAGE,

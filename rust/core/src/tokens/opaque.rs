@@ -199,6 +199,19 @@ impl OpaqueScale {
         Some(OpaqueScale(units as u16))
     }
 
+    /// The calibration a caller asked for (`factor` of the decoded-size rule, rounded up to a
+    /// sixty-fourth); the error says why a factor outside the bounds, or not a number, is
+    /// refused.
+    pub fn checked(factor: f64) -> Result<OpaqueScale, String> {
+        let (lo, hi) = (Self::MIN.factor(), Self::MAX.factor());
+        if !(lo..=hi).contains(&factor) {
+            return Err(format!(
+                "opaque_scale must be between {lo} and {hi}, got {factor}"
+            ));
+        }
+        Self::from_factor(factor).ok_or_else(|| "opaque_scale must be a number".to_string())
+    }
+
     pub fn sixty_fourths(self) -> u16 {
         self.0
     }
@@ -226,6 +239,24 @@ impl Default for OpaqueScale {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checked_scales_refuse_factors_outside_the_bounds_and_round_up_inside() {
+        let (lo, hi) = (OpaqueScale::MIN.factor(), OpaqueScale::MAX.factor());
+        assert_eq!(OpaqueScale::checked(lo), Ok(OpaqueScale::MIN));
+        assert_eq!(OpaqueScale::checked(hi), Ok(OpaqueScale::MAX));
+        assert_eq!(
+            OpaqueScale::checked(1.0 + 1.0 / 128.0).map(OpaqueScale::sixty_fourths),
+            Ok(OpaqueScale::UNIT + 1)
+        );
+        for bad in [lo - 0.01, hi + 0.01, f64::NAN, f64::INFINITY] {
+            let err = OpaqueScale::checked(bad).unwrap_err();
+            assert!(
+                err.starts_with("opaque_scale must be between"),
+                "{bad}: {err}"
+            );
+        }
+    }
     use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
 
     #[test]
