@@ -389,7 +389,7 @@ def _run_mcp(args: argparse.Namespace) -> int:
         raise _CommandError(str(exc)) from None
     from ..memory import MemoryScope, MemoryStore
     from ..memory._backend import is_postgres_url
-    from ..memory._postgres import redact
+    from ..memory._pg_connect import redact
 
     try:
         scope = MemoryScope(args.tenant, user=args.user, thread=args.thread)
