@@ -58,12 +58,7 @@ class IndexJob:
         positions = self.positions()
         if not positions:
             return
-        if self.ids is None:
-            keys = positions  # rows keyed by position
-        else:
-            held, span = self.ids
-            start = self.span[0]
-            keys = [held[p] if p in held else int(span[p - start]) for p in positions]
+        keys = self._keys(positions)
         stored = store.history_rows(
             self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
         )
@@ -87,6 +82,22 @@ class IndexJob:
                 (p, key, found[key], item_digest(found[key])) for p, key in missing if key in found
             )
             todo.sort(key=lambda t: t[0])
+        records = self._records(todo, names)
+        for i in range(0, len(records), BATCH):
+            store.index_history(self.session_id, records[i : i + BATCH], scope=self.scope)
+
+    def _keys(self, positions: list[int]) -> list[int]:
+        """The row keys of ``positions``: their row ids, or the positions themselves."""
+        if self.ids is None:
+            return positions  # rows keyed by position
+        held, span = self.ids
+        start = self.span[0]
+        return [held[p] if p in held else int(span[p - start]) for p in positions]
+
+    def _records(
+        self, todo: list[tuple[int, int, Any, str | None]], names: dict[str, str]
+    ) -> list[HistoryRecord]:
+        """The rendered rows to index (rows with no text are left out)."""
         records = []
         for p, key, item, digest in todo:
             rendered = render_item(item, names)
@@ -97,5 +108,4 @@ class IndexJob:
             if turn is not None:
                 meta["turn"] = turn
             records.append(HistoryRecord(key, rendered.text, meta, digest))
-        for i in range(0, len(records), BATCH):
-            store.index_history(self.session_id, records[i : i + BATCH], scope=self.scope)
+        return records

@@ -86,31 +86,8 @@ def read_request(
     new_input: list[Any] | None = None
     if request is not None:
         body = _read_file_json(request, "--request")
-        if not isinstance(body, dict):
-            raise InspectError("--request must hold a JSON object (a Responses request)")
-        if instructions is not None and body.get("instructions") is not None:
-            raise InspectError("give the instructions once: --instructions or in --request")
-        if tools is not None and body.get("tools") is not None:
-            raise InspectError("give the tools once: --tools or in --request")
-        found = body.get("instructions")
-        if found is not None and not isinstance(found, str):
-            raise InspectError("--request: instructions must be a string")
+        found, tool_defs, output_format, new_input = _request_file(body, instructions, tools)
         instructions = found if instructions is None else instructions
-        if body.get("tools") is not None:
-            tool_defs = _tool_list(body["tools"], "--request: tools")
-        text = body.get("text")
-        if text is not None:
-            if not isinstance(text, dict):
-                raise InspectError('--request: text must be an object ({"format": ...})')
-            if text.get("format") is not None and text["format"].get("type") != "text":
-                output_format = text
-        raw = body.get("input")
-        if isinstance(raw, str):
-            new_input = [{"role": "user", "content": raw}]
-        elif isinstance(raw, list):
-            new_input = raw
-        elif raw is not None:
-            raise InspectError("--request: input must be a string or an array of items")
     if tools is not None:
         tool_defs = _tool_list(_read_file_json(tools, "--tools"), "--tools")
     if request is None and instructions is None and tools is None:
@@ -163,3 +140,46 @@ def sections_of(
         ),
         sections.encoding,
     )
+
+
+_Parts = tuple[str | None, list[dict[str, Any]], dict[str, Any] | None, list[Any] | None]
+
+
+def _request_file(body: Any, instructions: str | None, tools: str | None) -> _Parts:
+    """The instructions, tools, output format and input of a ``--request`` file's body
+    (each given at most once: in the file or by its option)."""
+    if not isinstance(body, dict):
+        raise InspectError("--request must hold a JSON object (a Responses request)")
+    if instructions is not None and body.get("instructions") is not None:
+        raise InspectError("give the instructions once: --instructions or in --request")
+    if tools is not None and body.get("tools") is not None:
+        raise InspectError("give the tools once: --tools or in --request")
+    found = body.get("instructions")
+    if found is not None and not isinstance(found, str):
+        raise InspectError("--request: instructions must be a string")
+    tool_defs = []
+    if body.get("tools") is not None:
+        tool_defs = _tool_list(body["tools"], "--request: tools")
+    return found, tool_defs, _output_format(body.get("text")), _input(body.get("input"))
+
+
+def _output_format(text: Any) -> dict[str, Any] | None:
+    """The ``text`` of a request when it asks for structured output, else ``None``."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise InspectError('--request: text must be an object ({"format": ...})')
+    if text.get("format") is not None and text["format"].get("type") != "text":
+        return text
+    return None
+
+
+def _input(raw: Any) -> list[Any] | None:
+    """The ``input`` of a request as items (a string is one user message)."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if isinstance(raw, list):
+        return raw
+    if raw is not None:
+        raise InspectError("--request: input must be a string or an array of items")
+    return None

@@ -131,31 +131,11 @@ def chunk_spans(text: str, chunk_words: int, overlap: int) -> list[tuple[int, in
     n = len(words)
     if n == 0:
         return []
-    # Boundary strength after word i: 2 = paragraph break, 1 = sentence end, 0 = none.
-    strength: list[int] = []
-    for i, (start, end) in enumerate(words):
-        if i == n - 1 or _PARAGRAPH_GAP.search(text, end, words[i + 1][0]):
-            strength.append(2)
-        elif _SENTENCE_END.search(text, start, end):
-            strength.append(1)
-        else:
-            strength.append(0)
-
+    strength = _strengths(text, words)
     spans: list[tuple[int, int]] = []
     first = 0
     while True:
-        stop = first + chunk_words
-        if stop >= n:
-            stop = n
-        else:
-            best = 0
-            for cut in range(stop, first + max(1, chunk_words // 2) - 1, -1):
-                if strength[cut - 1] > best:
-                    best, stop_at = strength[cut - 1], cut
-                    if best == 2:
-                        break
-            if best:
-                stop = stop_at
+        stop = _cut(strength, first, chunk_words)
         spans.append((words[first][0], words[stop - 1][1]))
         if stop >= n:
             return spans
@@ -165,6 +145,37 @@ def chunk_spans(text: str, chunk_words: int, overlap: int) -> list[tuple[int, in
                 nxt = candidate
                 break
         first = nxt
+
+
+def _strengths(text: str, words: list[tuple[int, int]]) -> list[int]:
+    """Boundary strength after word i: 2 = paragraph break (or the end), 1 = sentence
+    end, 0 = none."""
+    n = len(words)
+    strength: list[int] = []
+    for i, (start, end) in enumerate(words):
+        if i == n - 1 or _PARAGRAPH_GAP.search(text, end, words[i + 1][0]):
+            strength.append(2)
+        elif _SENTENCE_END.search(text, start, end):
+            strength.append(1)
+        else:
+            strength.append(0)
+    return strength
+
+
+def _cut(strength: list[int], first: int, chunk_words: int) -> int:
+    """Where the window from word ``first`` ends: the strongest boundary in its second
+    half (the latest of equals), else after ``chunk_words`` words (or at the end)."""
+    n = len(strength)
+    stop = first + chunk_words
+    if stop >= n:
+        return n
+    best, stop_at = 0, stop
+    for cut in range(stop, first + max(1, chunk_words // 2) - 1, -1):
+        if strength[cut - 1] > best:
+            best, stop_at = strength[cut - 1], cut
+            if best == 2:
+                break
+    return stop_at if best else stop
 
 
 def fts_query(text: str) -> str | None:
