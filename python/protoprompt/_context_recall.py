@@ -9,6 +9,7 @@ from typing import Any
 
 from ._context_blocks import Candidate, render_block, when
 from ._context_plan import ContextBlock, ContextPlan
+from ._recall_ledger import item_digest
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import cosine, rrf_weight
 
@@ -151,8 +152,6 @@ def without_repeats(
     """``plan`` built again without the recalled passages whose row is in the request
     (kept history or new input: compared by the digest of the item's canonical text),
     until none is; they are reported as dropped blocks."""
-    from .recall import item_digest
-
     present: dict[int, str | None] = {}  # digest by position
     new_input = plan.pack.items[len(plan.pack.kept_history) :]
     new_digests = {item_digest(item) for item in new_input}

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._reasons import StopLike, unit_reason
+from ._tokens import item_tokens
 
 if TYPE_CHECKING:
     from .packing import PackResult
@@ -116,7 +117,6 @@ def count_request(
     Responses API takes it, e.g. ``{"type": "function", "name": ..., "parameters": ...}``)
     like an item plus :data:`TOOLS_OVERHEAD` once, and the ``text`` parameter of a
     structured output (``{"format": {"type": "json_schema", ...}}``) like an item."""
-    from .packing import item_tokens  # (packing imports this module)
 
     def cost(item: Mapping[str, object]) -> int:
         return item_tokens(item, model=model, encoding=encoding).total
