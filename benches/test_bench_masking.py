@@ -62,8 +62,12 @@ def test_masking_keeps_more_and_a_warm_turn_stays_within_2x(benchmark, cases, re
         return
     off = mk.time_warm(case, budget, None, ROUNDS, stat=min)
     after = mk.time_warm(case, budget, protoprompt.Masking(after_turns=2), ROUNDS, stat=min)
-    turns_off = min(mk.time_turns(case, budget, None) for _ in range(3))
-    turns_on = min(mk.time_turns(case, budget, masking) for _ in range(3))
+    # Off and on alternate, five rounds each, the fastest of each kept: a shared machine's
+    # load comes in waves, which alternating spreads over both sides.
+    turns_off = turns_on = float("inf")
+    for _ in range(5):
+        turns_off = min(turns_off, mk.time_turns(case, budget, None))
+        turns_on = min(turns_on, mk.time_turns(case, budget, masking))
     ratio = turns_on / turns_off
     benchmark.extra_info.update(
         budget=budget,

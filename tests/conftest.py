@@ -106,12 +106,11 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     import weakref
     from collections import OrderedDict
 
-    from protoprompt import _core
-    from protoprompt.integrations import pool
+    from protoprompt import _core, _process
 
     def restart() -> None:
-        monkeypatch.setattr(pool, "_SHARED", OrderedDict())
-        monkeypatch.setattr(pool, "_STORES", weakref.WeakValueDictionary())
+        monkeypatch.setattr(_process.SHARED_INDEXES, "items", OrderedDict())
+        monkeypatch.setattr(_process.FILE_COUNT_STORES, "items", weakref.WeakValueDictionary())
         _core._clear_count_cache()
 
     return restart

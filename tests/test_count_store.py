@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import protoprompt as pp
-from protoprompt import _core, count_store
+from protoprompt import _core, _process, count_store
 
 
 def _long_history(seed: int, turns: int = 12) -> tuple[list[dict], list[dict]]:
@@ -446,7 +446,7 @@ def test_a_fork_waits_for_sqlite_work_on_other_threads(tmp_path) -> None:
     inside, leave, order = threading.Event(), threading.Event(), []
 
     def hold() -> None:  # stands for a long SQLite call: inside the store's fork gate
-        with count_store._GATE:
+        with _process.sqlite_gate():
             inside.set()
             assert leave.wait(timeout=60)
             order.append("left SQLite")

@@ -41,10 +41,9 @@ from protoprompt.integrations import (  # noqa: E402
     ProtoPromptSession,
     model_input_filter,
 )
+from protoprompt.integrations._steps import newest_step_start, water_level  # noqa: E402
 from protoprompt.integrations.model_filter import (  # noqa: E402
     TOOLS_OVERHEAD,
-    _newest_step_start,
-    _water_level,
     tool_definitions,
 )
 
@@ -614,17 +613,17 @@ def test_newest_step_is_the_last_model_output_and_its_answers() -> None:
     rs = {"type": "reasoning", "id": "rs_1", "summary": []}
     msg = {"type": "message", "role": "assistant", "id": "m", "status": "completed", "content": []}
     items = [user, msg, rs, fc, out]
-    assert _newest_step_start(items, 1) == 1  # msg, reasoning and call are one response
-    assert _newest_step_start([user, fc, out, rs, fc, out], 1) == 3
-    assert _newest_step_start([user], 1) == 1  # nothing after the run's input
-    assert _newest_step_start([user, out], 1) == 1
+    assert newest_step_start(items, 1) == 1  # msg, reasoning and call are one response
+    assert newest_step_start([user, fc, out, rs, fc, out], 1) == 3
+    assert newest_step_start([user], 1) == 1  # nothing after the run's input
+    assert newest_step_start([user, out], 1) == 1
 
 
 def test_water_level_shares_the_room_among_outputs() -> None:
-    assert _water_level([100, 5000, 3000], 10_000) == 5000
-    assert _water_level([100, 5000, 3000], 3100) == 1500
-    assert _water_level([100, 5000, 3000], 250) == 83  # 3 x 83 <= 250
-    assert _water_level([10], -1) is None
+    assert water_level([100, 5000, 3000], 10_000) == 5000
+    assert water_level([100, 5000, 3000], 3100) == 1500
+    assert water_level([100, 5000, 3000], 250) == 83  # 3 x 83 <= 250
+    assert water_level([10], -1) is None
 
 
 def test_truncated_structured_outputs_fit_and_say_what_was_removed() -> None:

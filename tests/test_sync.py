@@ -31,7 +31,7 @@ from protoprompt.integrations import _sync  # noqa: E402
 
 # --------------------------------------------------------------------------------- the table
 
-Read, Seen, Synced, plan = _sync.Read, _sync.Seen, _sync.Synced, _sync.plan
+ReadFacts, Seen, Synced, plan = _sync.ReadFacts, _sync.Seen, _sync.Synced, _sync.plan
 IDS = array("q", [7, 9])
 
 
@@ -42,8 +42,8 @@ def _read(
     epoch: int = 3,
     checked: bool = True,
     seen: Seen | None = Seen(5, 8, IDS),
-) -> Read:
-    return Read(count, windowed, epoch, checked, seen)
+) -> ReadFacts:
+    return ReadFacts(count, windowed, epoch, checked, seen)
 
 
 @pytest.mark.parametrize(

@@ -378,7 +378,7 @@ async def test_a_shared_index_changed_between_the_read_and_the_callback(
         return got
 
     async def callback(window: list[Any], facts: Any) -> list[Any]:
-        _context.LAST_READ.set(_context.Read(win.session, facts))
+        _context.LAST_READ.set(_context.SessionRead(win.session, facts))
         return await win.callback(json.loads(json.dumps(window)), list(new_input))
 
     rechecks: list[Any] = []

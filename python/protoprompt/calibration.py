@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from . import _core
 from ._meta import meta_value
-from .count_store import sqlite_gate
+from ._process import sqlite_gate
 
 __all__ = ["Calibration", "CalibrationState"]
 

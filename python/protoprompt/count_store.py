@@ -30,7 +30,6 @@ packs the same text under the same encoding reads the count back instead.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import os
@@ -38,11 +37,12 @@ import secrets
 import sqlite3
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
+from . import _process
 from ._meta import meta_value
+from ._process import sqlite_gate
 
 __all__ = ["CountStore", "RemoteCountStore", "SQLiteCountStore"]
 
@@ -58,89 +58,6 @@ _CREATE_TABLE = (
 _SECRET_ROW = "count_secret"
 _MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 _REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
-
-
-_LIVE: weakref.WeakSet[SQLiteCountStore] = weakref.WeakSet()  # flushed at exit, reset on fork
-_OPEN: OrderedDict[int, weakref.ref[SQLiteCountStore]] = OrderedDict()  # open readers, LRU
-_OPEN_LOCK = threading.Lock()
-_INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never closed here
-
-
-class _ForkGate:
-    """Threads inside SQLite (any number at once) and a fork (alone): ``with _GATE:`` around
-    each piece of SQLite work; ``os.fork`` closes the gate, waits until no thread is inside,
-    forks, and the parent opens it again (the child gets a new gate)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._inside = 0
-        self._forking = False
-
-    def __enter__(self) -> None:
-        with self._cond:
-            while self._forking:
-                self._cond.wait()
-            self._inside += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._inside -= 1
-            if not self._inside:
-                self._cond.notify_all()
-
-    def close_for_fork(self) -> None:
-        with self._cond:
-            self._forking = True
-            while self._inside:
-                self._cond.wait()
-
-    def open_after_fork(self) -> None:
-        with self._cond:
-            self._forking = False
-            self._cond.notify_all()
-
-
-_GATE = _ForkGate()
-
-
-def sqlite_gate() -> _ForkGate:
-    """The process-wide gate every piece of protoprompt's SQLite work runs inside (``with
-    sqlite_gate():``), so that ``os.fork`` never happens in the middle of one."""
-    return _GATE
-
-
-def _before_fork() -> None:
-    _GATE.close_for_fork()
-
-
-def _after_fork_in_parent() -> None:
-    _GATE.open_after_fork()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child inherits connections and lock states but no threads: give every store
-    fresh locks, no writer and no connection (SQLite connections must not cross a fork)."""
-    global _OPEN_LOCK, _GATE
-    _OPEN_LOCK = threading.Lock()
-    _GATE = _ForkGate()
-    for store in list(_LIVE):
-        store._reset_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    """Writer threads are daemons and die with the interpreter: write what is queued first
-    (at most 2 s per store)."""
-    for store in list(_LIVE):
-        store.flush(timeout=2.0)
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -252,14 +169,14 @@ class SQLiteCountStore:
         self.last_failure: str | None = None
         """What went wrong last (a failed read or write, or ignored counts)."""
         self._secret = self._open()
-        _LIVE.add(self)  # queued counts are written at interpreter exit
+        _process.SQLITE_COUNT_STORES.add(self)  # queued counts are written at interpreter exit
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.Lock()
         if self._reader is not None:
             # The parent's connection: neither used nor closed here (closing it would reset
             # SQLite's per-process lock bookkeeping the child's own connection relies on).
-            _INHERITED.append(self._reader)
+            _process.INHERITED.append(self._reader)
         self._reader = None
         self._pending = []  # the parent writes what it queued
         self._writing = threading.Condition()
@@ -270,14 +187,15 @@ class SQLiteCountStore:
         ``self.max_open_readers`` stores keep one open (least recently used closed first), so a
         server with many databases never runs out of file descriptors."""
         if self._reader is None:
-            with _GATE:
+            with sqlite_gate():
                 self._reader = self._connect()
         victims: list[SQLiteCountStore] = []
-        with _OPEN_LOCK:
-            _OPEN[id(self)] = weakref.ref(self)
-            _OPEN.move_to_end(id(self))
-            while len(_OPEN) > self.max_open_readers:
-                _, ref = _OPEN.popitem(last=False)
+        readers = _process.COUNT_STORE_READERS
+        with readers.lock:
+            readers.items[id(self)] = weakref.ref(self)
+            readers.items.move_to_end(id(self))
+            while len(readers.items) > self.max_open_readers:
+                _, ref = readers.items.popitem(last=False)
                 store = ref()
                 if store is not None and store is not self:
                     victims.append(store)
@@ -289,7 +207,7 @@ class SQLiteCountStore:
         if self._lock.acquire(blocking=False):  # never wait: the owner may be reading
             try:
                 if self._reader is not None:
-                    with _GATE:
+                    with sqlite_gate():
                         self._reader.close()
                     self._reader = None
             finally:
@@ -301,7 +219,7 @@ class SQLiteCountStore:
         return conn
 
     def _open(self) -> bytes:
-        with _GATE:
+        with sqlite_gate():
             conn = self._connect()
             try:
                 value = meta_value(
@@ -331,7 +249,7 @@ class SQLiteCountStore:
         with self._lock:
             try:
                 reader = self._open_reader()
-                with _GATE:
+                with sqlite_gate():
                     for start in range(0, len(keys), _MAX_PARAMS):
                         chunk = list(keys[start : start + _MAX_PARAMS])
                         marks = ",".join("?" * len(chunk))
@@ -398,7 +316,7 @@ class SQLiteCountStore:
                         return
                 rows = [(k, n, _mac(self._secret, k, n)) for k, n in batch]
                 try:
-                    with _GATE:  # the whole transaction: no fork inside it
+                    with sqlite_gate():  # the whole transaction: no fork inside it
                         if conn is None:
                             conn = self._connect()
                         with conn:
@@ -422,7 +340,7 @@ class SQLiteCountStore:
                                 del self._written[k]
         finally:
             if conn is not None:
-                with _GATE:
+                with sqlite_gate():
                     conn.close()
             with self._writing:
                 if self._writer is threading.current_thread():
@@ -441,7 +359,7 @@ class SQLiteCountStore:
         self.flush(timeout=5.0)
         with self._lock:
             reader = self._open_reader()
-            with _GATE, reader:
+            with sqlite_gate(), reader:
                 reader.execute(f"DELETE FROM {_TABLE}")
         with self._writing:
             self._written.clear()
@@ -450,7 +368,7 @@ class SQLiteCountStore:
         """Number of stored counts (after :meth:`flush`, including this process's)."""
         with self._lock:
             reader = self._open_reader()
-            with _GATE:
+            with sqlite_gate():
                 return int(reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
 
     def close(self) -> None:
@@ -458,7 +376,7 @@ class SQLiteCountStore:
         self.flush(timeout=5.0)
         with self._lock:
             if self._reader is not None:
-                with _GATE:
+                with sqlite_gate():
                     self._reader.close()
                 self._reader = None
 
@@ -540,7 +458,7 @@ class RemoteCountStore:
         self.ignored_counts = 0
         """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
         self.last_failure: str | None = None
-        _REMOTE.add(self)
+        _process.REMOTE_COUNT_STORES.add(self)
 
     @property
     def secret(self) -> bytes:
@@ -655,19 +573,11 @@ class RemoteCountStore:
         return f"<RemoteCountStore {self.description} max_entries={self.max_entries}>"
 
 
-_REMOTE: weakref.WeakSet[RemoteCountStore] = weakref.WeakSet()
-
-
-def _remote_after_fork() -> None:
-    for store in list(_REMOTE):
-        store._reset_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_remote_after_fork)
-
-
-@atexit.register
-def _flush_remote_at_exit() -> None:
-    for store in list(_REMOTE):
-        store.flush(timeout=2.0)
+_process.SQLITE_COUNT_STORES.handle(
+    after_fork=SQLiteCountStore._reset_after_fork,
+    at_exit=lambda store: store.flush(timeout=2.0),  # writer threads die with the interpreter
+)
+_process.REMOTE_COUNT_STORES.handle(
+    after_fork=RemoteCountStore._reset_after_fork,
+    at_exit=lambda store: store.flush(timeout=2.0),
+)

@@ -18,10 +18,10 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._process import sqlite_gate
 from ..recall import Evictions, Ledger, TurnRows, item_digest
 from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
 from ._sdk import SQLiteSession
@@ -29,66 +29,47 @@ from ._sdk import SQLiteSession
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from ._snapshots import IndexState
     from .session import ProtoPromptSession
 
 _log = logging.getLogger("protoprompt")
 
 _FETCH_CHUNK = 500
-_COMPACTION_FILE = "openai_responses_compaction_session.py"
-_COMPACTION_REWRITES = frozenset(
-    {"_replace_underlying_session_items", "_restore_underlying_session_items"}
-)
-
-
-def called_by_compaction_rewrite(depth: int = 4) -> bool:
-    """Whether the caller of the function calling this (a session's ``clear_session``) runs
-    inside ``OpenAIResponsesCompactionSession``'s replacement of the history (clear, then
-    add the compacted items; 0.22.3 to 0.24.0): a rewrite, not the user's clear, so what
-    the session evicted stays reachable."""
-    frame = sys._getframe(1).f_back
-    for _ in range(depth):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code.co_name in _COMPACTION_REWRITES and code.co_filename.endswith(_COMPACTION_FILE):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def read_rows(db_path: str, table: str, session_id: str, ids: list[int]) -> dict[int, Any]:
     """Items by row id, as ``SQLiteSession.get_items`` decodes them (rows that are not JSON
     are left out), from one read transaction."""
     found: dict[int, Any] = {}
-    conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        for i in range(0, len(ids), _FETCH_CHUNK):
-            chunk = ids[i : i + _FETCH_CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            rows = conn.execute(
-                f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id IN ({marks})',
-                (session_id, *chunk),
-            ).fetchall()
-            for row_id, data in rows:
-                try:
-                    found[int(row_id)] = json.loads(data)
-                except (json.JSONDecodeError, TypeError):
-                    continue
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    with sqlite_gate():  # no fork inside SQLite work (see protoprompt._process)
+        conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            for i in range(0, len(ids), _FETCH_CHUNK):
+                chunk = ids[i : i + _FETCH_CHUNK]
+                marks = ", ".join("?" for _ in chunk)
+                sql = f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id IN '
+                rows = conn.execute(f"{sql}({marks})", (session_id, *chunk)).fetchall()
+                for row_id, data in rows:
+                    try:
+                        found[int(row_id)] = json.loads(data)
+                    except (json.JSONDecodeError, TypeError):
+                        continue
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
     return found
 
 
 def _last_row(db_path: str, table: str, session_id: str) -> int | None:
-    conn = sqlite3.connect(db_path, timeout=5.0)
-    try:
-        row = conn.execute(
-            f'SELECT max(id) FROM "{table}" WHERE session_id = ?', (session_id,)
-        ).fetchone()
-    finally:
-        conn.close()
+    with sqlite_gate():
+        conn = sqlite3.connect(db_path, timeout=5.0)
+        try:
+            row = conn.execute(
+                f'SELECT max(id) FROM "{table}" WHERE session_id = ?', (session_id,)
+            ).fetchone()
+        finally:
+            conn.close()
     return None if row is None or row[0] is None else int(row[0])
 
 
@@ -101,11 +82,18 @@ class SessionMemory:
         builder: TokenBudgetedContextBuilder,
         evictions: Evictions,
         scope: MemoryScope | None,
+        *,
+        index_state: Callable[[], IndexState],
+        store_kind: str | None,
     ) -> None:
+        """``index_state``: the session's index state now; ``store_kind``: the kind of its
+        history store (``None``: it reads through the inner session)."""
         self.session = session
+        self._index_state = index_state
         self.builder = builder
         self.evictions = evictions
-        self._scope = scope
+        self.given_scope = scope
+        """The scope the session callback was given (``None``: the builder's)."""
         inner = session.inner_session
         db = getattr(inner, "db_path", None)
         self._file: tuple[str, str] | None = None
@@ -117,8 +105,7 @@ class SessionMemory:
             self._file = (os.fspath(db), str(inner.messages_table))
         # Rows keyed by their SQLite row id when the session reads them from a file (the
         # ids only grow); other stores' rows are keyed by position.
-        store = session._store
-        self.by_row_id = store is not None and store.kind == "sqlite" and self._file is not None
+        self.by_row_id = store_kind == "sqlite" and self._file is not None
         self._summaries: SummaryStore | None = None
         if builder.summarizer is not None and self._file is not None:
             self._summaries = SQLiteSummaryStore(
@@ -130,10 +117,10 @@ class SessionMemory:
 
     @property
     def scope(self) -> MemoryScope | None:
-        return self._scope if self._scope is not None else self.builder.scope
+        return self.given_scope if self.given_scope is not None else self.builder.scope
 
     def _ledger(self) -> Ledger:
-        return self.evictions.ledger(self.session._index_state)
+        return self.evictions.ledger(self._index_state())
 
     def _summary_store(self, ledger: Ledger) -> SummaryStore | None:
         if self.builder.summarizer is None:
@@ -150,7 +137,7 @@ class SessionMemory:
     def prepare(self, history: Sequence[Any], offset: int) -> dict[str, Any]:
         """The ``build`` keywords of this turn (caller holds the index state's lock when
         the session has an index)."""
-        state = self.session._index_state
+        state = self._index_state()
         ledger = self._ledger()
         index = state.index
 
@@ -203,7 +190,7 @@ class SessionMemory:
             row_ids=row_ids if self.by_row_id else None,
             fetch=fetch,
             summaries=self._summary_store(ledger),
-            epoch=self.session._index_state.epoch,
+            epoch=self._index_state().epoch,
         )
         return self.evictions.observe(ledger, rows)
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+from .. import _process
 
 __all__ = ["IOLoop", "io_loop"]
 
@@ -89,7 +90,8 @@ class IOLoop:
         except asyncio.TimeoutError:
             raise TimeoutError(f"no answer within {timeout:g} s") from None
 
-    def _after_fork(self) -> None:
+    def after_fork_in_child(self) -> None:
+        """The parent's loop thread is not in this process: a new one starts when needed."""
         self._lock = threading.Lock()
         self._loop = None  # the parent's: its thread is not in this process
         self._thread = None
@@ -97,12 +99,10 @@ class IOLoop:
 
 
 _IO = IOLoop()
+_process.IO_LOOPS.add(_IO)
+_process.IO_LOOPS.handle(after_fork=IOLoop.after_fork_in_child)
 
 
 def io_loop() -> IOLoop:
     """The process's I/O loop."""
     return _IO
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_IO._after_fork)

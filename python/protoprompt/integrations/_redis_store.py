@@ -49,7 +49,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import secrets
 import threading
 import uuid
@@ -57,6 +56,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .. import _process
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
@@ -76,15 +76,6 @@ def _errors() -> tuple[type[BaseException], ...]:
     from redis.exceptions import RedisError
 
     return (RedisError, OSError, asyncio.TimeoutError, TimeoutError, UnicodeDecodeError)
-
-
-def _servers_after_fork() -> None:
-    """A lock held at the fork belonged to a thread that is gone: new ones."""
-    global _SERVERS_LOCK
-    _SERVERS_LOCK = threading.Lock()
-    for server in _SERVERS.values():
-        server._lock = threading.Lock()
-        server._make_lock = threading.Lock()
 
 
 def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Unsupported:
@@ -374,23 +365,25 @@ class _Server:
             self.database_id = db_id
 
 
-_SERVERS: dict[tuple[str, ...], _Server] = {}
-_SERVERS_LOCK = threading.Lock()
-
-
 def _server(client: Any, prefix: str) -> _Server:
     pool_ = client.connection_pool
     kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
     key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
-    with _SERVERS_LOCK:
-        server = _SERVERS.get(key)
+    servers = _process.REDIS_SERVERS
+    with servers.lock:
+        server = servers.items.get(key)
         if server is None:
-            server = _SERVERS[key] = _Server(client, prefix)
+            server = servers.items[key] = _Server(client, prefix)
         return server
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_servers_after_fork)
+def _server_after_fork(server: _Server) -> None:
+    """A lock held at the fork belonged to a thread that is gone: new ones."""
+    server._lock = threading.Lock()
+    server._make_lock = threading.Lock()
+
+
+_process.REDIS_SERVERS.handle(after_fork=_server_after_fork)
 
 
 class RedisSnapshots:

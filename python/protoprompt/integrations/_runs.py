@@ -175,6 +175,7 @@ class Run:
     __slots__ = (
         "agent",
         "calls",
+        "candidates",
         "digests",
         "first",
         "groups",
@@ -182,7 +183,6 @@ class Run:
         "index_digests",
         "keys",
         "n_prev",
-        "pool",
         "run_input",
         "span",
         "step_start",
@@ -203,7 +203,7 @@ class Run:
         self.n_prev = 0
         self.step_start = 0
         self.run_input: tuple[int, int] | None = None
-        self.pool: tuple[tuple[Any, ...], list[Any]] | None = None
+        self.candidates: tuple[tuple[Any, ...], list[Any]] | None = None
         self.keys: list[str | None] = []
         """De-duplication keys of the previous input's items (unchanged ones are kept)."""
         self.first: dict[str, int] = {}

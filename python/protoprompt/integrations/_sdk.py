@@ -22,15 +22,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 try:
-    from agents.run_internal import session_persistence as _session_persistence
-
-    PREPARE_CODE: Any = _session_persistence.prepare_input_with_session.__code__
-    """The code of the runner's ``prepare_input_with_session`` (0.22.3 and 0.24.0)."""
-except (ImportError, AttributeError):  # pragma: no cover - another SDK layout: full reads
-    PREPARE_CODE = None
-
-
-try:
     from agents.models.openai_responses import Converter
 
     RESPONSES_CONVERTER: Any = Converter
@@ -71,7 +62,6 @@ except ImportError:  # pragma: no cover - another SDK layout: no de-dup simulati
 __all__ = [
     "DEDUPE_ANCHOR_TYPES",
     "DEDUPE_KEY",
-    "PREPARE_CODE",
     "RESPONSES_CONVERTER",
     "Agent",
     "AgentSpanData",

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ._sdk import SessionSettings, SQLiteSession, coerce_session_settings
+from ._sdk import SessionSettings, coerce_session_settings
 
 
 def accepts_wrapper(method: Any) -> bool:
@@ -68,12 +68,3 @@ def accepts_keyword(method: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-SQLITE_VALIDATED_POP = (
-    callable(getattr(SQLiteSession, "_pop_item_with_validation", None))
-    and "_pop_item_with_validation" in SQLiteSession.pop_item.__code__.co_names
-)
-"""openai-agents >= 0.24: ``SQLiteSession.pop_item`` is ``_pop_item_with_validation()``, which
-``EncryptedSession`` calls with its key check so a wrong key raises inside the SQLite
-transaction and no row is lost. 0.22 has no such path (EncryptedSession pops blindly there)."""

@@ -19,18 +19,17 @@ failed turn.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
-import os
 import sqlite3
 import sys
 import threading
-import weakref
 from array import array
 from typing import Protocol
 
+from .. import _process
+from .._process import sqlite_gate
 from ..errors import SnapshotError
 from ..packing import HistoryIndex
 from . import _sync
@@ -87,7 +86,7 @@ def ids_from_bytes(data: bytes) -> array[int] | None:
 def load(db_path: str, table: str, session_id: str) -> tuple[bytes, bytes] | None:
     """``(row_ids, data)`` of the session's snapshot, or ``None``."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn:
             row = conn.execute(
                 f"SELECT row_ids, data FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
                 (table, session_id),
@@ -111,7 +110,7 @@ def _ensure_table(conn: sqlite3.Connection) -> None:
 def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> str | None:
     """Replace the session's snapshot; why it could not be written, or ``None``."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn, conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
             _ensure_table(conn)
             conn.execute(
                 f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
@@ -126,7 +125,7 @@ def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes)
 def delete(db_path: str, table: str, session_id: str) -> None:
     """Remove the session's snapshot (after ``clear_session``), if there is one."""
     try:
-        with contextlib.closing(_connect(db_path)) as conn, conn:
+        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
             conn.execute(
                 f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
                 (table, session_id),
@@ -186,7 +185,6 @@ DEFAULT_SNAPSHOT_MIN_ITEMS = 512
 """Default of ``ProtoPromptSession(snapshot_min_items=...)``: histories shorter than this are
 not snapshotted (reading them again takes a few ms)."""
 
-_STATES: weakref.WeakSet[IndexState] = weakref.WeakSet()  # for fork and exit handling
 _SERIALS = itertools.count(1)  # IndexState.serial: never reused in a process
 
 
@@ -201,7 +199,7 @@ class IndexState:
 
     def __init__(self, snapshot_at: SnapshotStore | None = None) -> None:
         self.index = HistoryIndex()
-        self.generation = -1  # the epoch the index was synced at
+        self.synced_epoch = -1  # the epoch the index was synced at
         self.row_ids: _sync.RowIds | None = None
         self.tag: str | None = None
         self.version = 0
@@ -216,14 +214,14 @@ class IndexState:
         self.serial = next(_SERIALS)  # tells states apart (ProtoPromptSession._debug_state)
         self.logged: set[str] = set()  # fallbacks logged for this stored session (turn reports)
         self.save_failure: str | None = None  # why the last snapshot write failed (reports)
-        _STATES.add(self)
+        _process.INDEX_STATES.add(self)
 
     def bump(self) -> None:
         self.epoch = next(self._epoch)  # atomic under the GIL; never returns to an old value
 
-    def reset(self, generation: int) -> None:
+    def reset(self, synced_epoch: int) -> None:
         self.keep(0)
-        self.generation = generation
+        self.synced_epoch = synced_epoch
 
     def keep(self, length: int) -> None:
         """Keep the first ``length`` items of the index (and of ``row_ids``)."""
@@ -239,8 +237,49 @@ class IndexState:
             self.tag = None
         self.version += 1
 
+    def begin_build(self, keep: int, epoch: int) -> None:
+        """Before a turn builds through the index: keep its first ``keep`` items, the ones
+        that hold for the turn's history (synced at ``epoch``; caller holds the lock)."""
+        if keep < len(self.index) or keep == 0:
+            self.keep(keep)
+            self.synced_epoch = epoch
+
+    def measure(self) -> None:
+        """Note the index's size after a build (also a failed one; caller holds the lock)."""
+        self.nbytes = self.index.nbytes
+
+    def end_build(
+        self, epoch: int, added: _sync.RowIds | None, tag: str | None, length: int
+    ) -> bool:
+        """After a turn built through the index: the rows ``added`` to it (``None``: rows
+        not compared) read at ``tag``, synced at ``epoch``. ``False`` when the index does
+        not hold ``length`` items with their row ids: it is then dropped (never reached;
+        caller holds the lock)."""
+        if added is not None:
+            if self.row_ids is None:
+                self.row_ids = array("q")
+            self.row_ids.extend(added)
+            self.tag = tag  # the rows were read at this generation (Redis)
+            self.nbytes += self.row_ids.itemsize * len(self.row_ids)
+        self.synced_epoch = epoch
+        self.version += 1
+        if len(self.index) != length or (
+            self.row_ids is not None and len(self.row_ids) != len(self.index)
+        ):
+            self.reset(epoch)
+            return False
+        return True
+
+    def log_once(self, key: str) -> bool:
+        """Whether the fallback ``key`` is logged now: once per stored session."""
+        with self.lock:
+            if key in self.logged:
+                return False
+            self.logged.add(key)
+            return True
+
     def synced(self) -> _sync.Synced:
-        return _sync.Synced(len(self.index), self.version, self.generation)
+        return _sync.Synced(len(self.index), self.version, self.synced_epoch)
 
     def compare(
         self,
@@ -294,7 +333,7 @@ class IndexState:
             self.row_ids = row_ids
             self.tag = tag
             self.version += 1
-            self.generation = self.epoch
+            self.synced_epoch = self.epoch
             self.saved_len = len(index)
             self.nbytes = index.nbytes + row_ids.itemsize * len(row_ids)
             return ("loaded", f"{len(index):,} items")
@@ -358,22 +397,13 @@ class IndexState:
             self.row_ids = None
             self.tag = None
             self.version += 1
-            self.generation = -1
+            self.synced_epoch = -1
         self.lock = threading.Lock()
         self.saver = None
 
 
-def _states_after_fork() -> None:
-    for state in list(_STATES):
-        state.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_states_after_fork)
-
-
-@atexit.register
-def _finish_saves_at_exit() -> None:
-    """Snapshot writers are daemon threads: let one in flight finish (at most 5 s each)."""
-    for state in list(_STATES):
-        state.wait_for_save(timeout=5.0)
+_process.INDEX_STATES.handle(
+    after_fork=IndexState.after_fork,
+    # Snapshot writers are daemon threads: let one in flight finish (at most 5 s each).
+    at_exit=lambda state: state.wait_for_save(timeout=5.0),
+)

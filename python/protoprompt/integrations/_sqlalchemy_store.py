@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .. import _process
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
@@ -397,30 +398,23 @@ class _Server:
             return {str(k): str(v) for k, v in rows.all()}
 
 
-_SERVERS: dict[str, _Server] = {}
-_SERVERS_LOCK = threading.Lock()
-
-
 def _server(engine: Any) -> _Server:
     key = engine.url.render_as_string(hide_password=False)
-    with _SERVERS_LOCK:
-        server = _SERVERS.get(key)
+    servers = _process.SQL_SERVERS
+    with servers.lock:
+        server = servers.items.get(key)
         if server is None:
-            server = _SERVERS[key] = _Server(engine)
+            server = servers.items[key] = _Server(engine)
         return server
 
 
-def _servers_after_fork() -> None:
+def _server_after_fork(server: _Server) -> None:
     """A lock held at the fork belonged to a thread that is gone: new ones."""
-    global _SERVERS_LOCK
-    _SERVERS_LOCK = threading.Lock()
-    for server in _SERVERS.values():
-        server._lock = threading.Lock()
-        server._make_lock = threading.Lock()
+    server._lock = threading.Lock()
+    server._make_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_servers_after_fork)
+_process.SQL_SERVERS.handle(after_fork=_server_after_fork)
 
 
 class PostgresSnapshots:

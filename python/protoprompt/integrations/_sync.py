@@ -35,14 +35,15 @@ pure function, tested as a table.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
-import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from .. import _process
+from .._process import sqlite_gate
 
 T = TypeVar("T")
 
@@ -101,10 +102,11 @@ def read_rows(
     """A session's items exactly as ``SQLiteSession.get_items()`` returns them (no limit),
     from one statement (one read snapshot), and what ``look`` makes of the rows behind them.
     The rows (with their texts) live only during the call, as in the SDK's own read."""
-    rows = conn.execute(
-        f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
-        (session_id,),
-    ).fetchall()
+    with sqlite_gate():
+        rows = conn.execute(
+            f'SELECT id, message_data FROM "{table}" WHERE session_id = ? ORDER BY id ASC',
+            (session_id,),
+        ).fetchall()
     items, seen = _decoded(rows)
     return items, look(seen)
 
@@ -131,22 +133,10 @@ def _decoded(
 decoded = _decoded
 
 
-_READERS: weakref.WeakSet[RowReader] = weakref.WeakSet()
-_INHERITED: list[sqlite3.Connection] = []  # a fork parent's connections, never used here
-
-
-def _readers_after_fork() -> None:
-    """A forked child must not use its parent's SQLite connections (nor close them, which
-    would drop locks SQLite tracks per process): each reader opens its own."""
-    for reader in list(_READERS):
-        if reader._conn is not None:
-            _INHERITED.append(reader._conn)
-        reader._conn = None
-        reader._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_readers_after_fork)
+def _fetch(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+    """The rows of one statement, run inside the process's SQLite gate (no fork inside it)."""
+    with sqlite_gate():
+        return conn.execute(sql, args).fetchall()
 
 
 class RowReader:
@@ -158,16 +148,20 @@ class RowReader:
         self._session_id = session_id
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
-        _READERS.add(self)
+        _process.ROW_READERS.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child must not use its parent's SQLite connection (nor close it, which
+        would drop locks SQLite tracks per process): the reader opens its own."""
+        if self._conn is not None:
+            _process.INHERITED.append(self._conn)
+        self._conn = None
+        self._lock = threading.Lock()
 
     def read(self, look: Callable[[Rows], T]) -> tuple[list[Any], T]:
         """See :func:`read_rows`. Raises ``sqlite3.Error`` if the database cannot be read."""
         with self._lock:
-            if self._conn is None:
-                self._conn = sqlite3.connect(
-                    self._db_path, check_same_thread=False, timeout=5.0, isolation_level=None
-                )
-            return read_rows(self._conn, self._table, self._session_id, look)
+            return read_rows(self._connection(), self._table, self._session_id, look)
 
     def read_window(
         self, view: WindowView, choose: Chooser
@@ -188,51 +182,58 @@ class RowReader:
         database cannot be read."""
         table, sid, last_id = self._table, self._session_id, view.last_id
         with self._lock:
-            if self._conn is None:
-                self._conn = sqlite3.connect(
-                    self._db_path, check_same_thread=False, timeout=5.0, isolation_level=None
-                )
-            conn = self._conn
-            conn.execute("BEGIN")
+            conn = self._connection()
+            _fetch(conn, "BEGIN")
             try:
                 tail_items, tail = _decoded(
-                    conn.execute(
+                    _fetch(
+                        conn,
                         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
                         "ORDER BY id ASC",
                         (sid, last_id),
-                    ).fetchall()
+                    )
                 )
                 if not tail_items or tail.id_at(0) != last_id:
                     return Gone("popped", "the index's last row is gone")
-                first = conn.execute(
-                    f'SELECT MIN(id) FROM "{table}" WHERE session_id = ?', (sid,)
-                ).fetchone()
-                if first is None or first[0] != view.first_id:
+                first = _fetch(conn, f'SELECT MIN(id) FROM "{table}" WHERE session_id = ?', (sid,))
+                if not first or first[0][0] != view.first_id:
                     return Gone("rewritten", "the session's first row is not the index's")
                 chosen = choose(tail_items[1:], tail)
                 if chosen is None:
                     return Gone("", None)
                 head_items, head = _decoded(
-                    conn.execute(
+                    _fetch(
+                        conn,
                         f'SELECT id, message_data FROM "{table}" WHERE session_id = ? AND id >= ? '
                         "AND id < ? ORDER BY id ASC",
                         (sid, chosen[1], last_id),
-                    ).fetchall()
+                    )
                 )
             finally:
                 try:
-                    conn.execute("COMMIT")
+                    _fetch(conn, "COMMIT")
                 except sqlite3.Error:
                     # Never leave a read transaction open: later reads would see its snapshot.
                     self._conn = None
-                    conn.close()
+                    with sqlite_gate():
+                        conn.close()
                     raise
         return head_items, tail_items, tail, head.ids_from(0)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The reader's connection, opened if needed (caller holds ``self._lock``)."""
+        if self._conn is None:
+            with sqlite_gate():
+                self._conn = sqlite3.connect(
+                    self._db_path, check_same_thread=False, timeout=5.0, isolation_level=None
+                )
+        return self._conn
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
+                with sqlite_gate():
+                    self._conn.close()
                 self._conn = None
 
 
@@ -316,12 +317,12 @@ class Seen:
 
 
 @dataclass(frozen=True)
-class Read:
+class ReadFacts:
     """What one ``get_items`` returned."""
 
     count: int
     """Items returned."""
-    windowed: bool
+    limited: bool
     """Only the latest items (a ``limit``, ours or the inner session's)."""
     epoch: int
     """The session's epoch when the read began (pops and clears through session objects)."""
@@ -337,7 +338,7 @@ class Read:
     opaque_scale: float = 1.0
     """For a token window, the calibration of opaque payloads it was found under: the
     turn is packed with the same one (a smaller one could need items before the window)."""
-    not_windowed: tuple[str, str | None] | None = None
+    no_window: tuple[str, str | None] | None = None
     """Why this read is not a token window: a code of ``protoprompt.turn_report.READ_REASONS``
     and more detail (``None`` for a window)."""
     snapshot: tuple[str, str | None] | None = None
@@ -374,7 +375,7 @@ class Plan:
     not used)."""
 
 
-def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Plan:
+def plan(read: ReadFacts | None, synced: Synced, history_len: int, epoch: int) -> Plan:
     """How the callback packs ``history`` (``history_len`` items) after ``read``, with the
     index ``synced`` and the session's current ``epoch``."""
     leave = synced.length
@@ -384,7 +385,7 @@ def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Pla
         if read.seen.version != synced.version:
             return Plan(False, leave, "the index changed after the read", "changed")
         return Plan(True, read.seen.keep, "token window, rows compared", "compared")
-    if read is None or read.windowed or read.count != history_len:
+    if read is None or read.limited or read.count != history_len:
         return Plan(
             False, leave, "not the whole history that the last read returned", "not_the_read"
         )
@@ -399,3 +400,6 @@ def plan(read: Read | None, synced: Synced, history_len: int, epoch: int) -> Pla
     if synced.length > history_len:
         return Plan(True, 0, "the index is longer than the history", "longer")
     return Plan(True, synced.length, "no pop or clear since the index was synced", "trusted")
+
+
+_process.ROW_READERS.handle(after_fork=RowReader.after_fork_in_child)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..context import _message_text
 from ..turn_report import window_widened
 from . import _sync
-from ._sdk import PREPARE_CODE, ItemHelpers
+from ._probes import PREPARE_CODE, runner_locals
+from ._sdk import ItemHelpers
 
 if TYPE_CHECKING:
     from ._snapshots import IndexState
@@ -48,22 +48,6 @@ class Refused(NamedTuple):
 TURN_ATTR = "_protoprompt_turn"
 """Attribute of a callback made by ``input_callback``: its ``Turn``."""
 
-_FRAMES_UP = 8
-"""How far up the stack ``get_items`` looks for the runner's ``prepare_input_with_session``
-(through ``_session_get_items``, its ``read_items`` and ``_call_session_method``)."""
-
-
-def called_by_runner() -> bool:
-    """Whether the caller of the function calling this (a session callback's coroutine) runs
-    inside the runner's ``prepare_input_with_session`` (0.22.3 and 0.24.0): the SDK then
-    takes the items it finds in the history list it handed over for history, never for the
-    turn's new items to store (it maps the callback's result to both lists after the call,
-    by identity first)."""
-    if PREPARE_CODE is None:
-        return False
-    frame = sys._getframe(1).f_back
-    return frame is not None and frame.f_code is PREPARE_CODE
-
 
 def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | Refused:
     """When this ``get_items`` is the read of the runner's ``prepare_input_with_session``
@@ -74,16 +58,9 @@ def runner_turn(session: ProtoPromptSession) -> tuple[Turn, list[Any]] | Refused
     whose callback is not this session's): it must see the whole history."""
     if PREPARE_CODE is None:
         return Refused("not_runner", "this SDK version is not known to protoprompt")
-    frame = sys._getframe(1).f_back  # get_items' caller (None when a task drives it)
-    for _ in range(_FRAMES_UP):
-        if frame is None:
-            return Refused("not_runner")
-        if frame.f_code is PREPARE_CODE:
-            break
-        frame = frame.f_back
-    else:
+    scope = runner_locals(3)  # from get_items' caller on
+    if scope is None:
         return Refused("not_runner")
-    scope = frame.f_locals
     if scope.get("session") is not session:
         return Refused("not_runner", "the runner reads through another session")
     if not scope.get("include_history_in_prepared_input", False):
@@ -110,7 +87,7 @@ def opaque_scale_of(builder: Any) -> float:
 
 async def read_window(
     state: IndexState, store: HistoryStore, session_id: str, turn: Turn, new_items: list[Any]
-) -> tuple[list[Any], _sync.Read] | Refused:
+) -> tuple[list[Any], _sync.ReadFacts] | Refused:
     """The newest items the turn's budget can reach and what the callback needs to pack
     them as the whole history, or why the whole history must be read (``Refused``): no
     index synced with the rows, the greedy policy, a gone row, rows changed before the
@@ -201,7 +178,7 @@ async def read_window(
     window_ids = array("q", expected)
     window_ids.append(view.last_id)
     seen = _sync.Seen(version, n, tail_rows.ids_from(1), view.tag)
-    facts = _sync.Read(
+    facts = _sync.ReadFacts(
         len(window),
         False,
         0,
@@ -217,7 +194,7 @@ async def read_window(
     return window, facts
 
 
-def window_keep(state: IndexState, facts: _sync.Read) -> tuple[int, _sync.RowIds] | None:
+def window_keep(state: IndexState, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds] | None:
     """For a token window whose index changed after the read (another turn on a shared
     index ran in between): how many index items still hold for the window's history and
     the ids of the window's rows after them, or ``None`` when the rows before the window

@@ -104,22 +104,22 @@ class CompactionTrigger:
                 "should_trigger_compaction expects the SDK's context with a 'session_items' list"
             )
         limit = self.limit
-        session = self.session
-        if session is None:
+        ledger = self.session.run_ledger if self.session is not None else None
+        if ledger is None:
             run = RUN_INPUT.get()
-            session = run.session if run is not None else None
+            ledger = run.ledger if run is not None else None
         b = self.builder
         scale = b.opaque_scale()
         why: str | None = "no session of this run"
-        if session is not None:
-            state = session._index_state
+        if ledger is not None:
+            state, incremental = ledger.index()
             with state.lock:
                 n = len(state.index)
-                if not session._incremental:
+                if not incremental:
                     why = "the session keeps no index"
                 elif n == 0:
                     why = "the session's index is empty"
-                elif state.generation != state.epoch and not _rewrite_pending(state):
+                elif state.synced_epoch != state.epoch and not _rewrite_pending(state):
                     why = "a pop, clear or rewrite since the session's last turn"
                 elif n > len(items):
                     why = "the history is shorter than the session's index"
@@ -148,7 +148,7 @@ def _rewrite_pending(state: Any) -> bool:
     return (
         running is not None
         and running[0] is state
-        and state.generation == running[1]
+        and state.synced_epoch == running[1]
         and state.epoch == running[1] + 1
     )
 

@@ -63,18 +63,19 @@ import asyncio
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import _core
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
-from ..packing import PackResult, UnitDecision, item_tokens
-from ..plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
+from ..packing import PackResult
+from ..plan import CallLayout
+from ._call_plan import ModelCallPlan, TruncatedOutput
+from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._runs import Collapsed, Run, collapse_groups, run_span
 from ._sdk import CallModelData, ModelInputData
+from ._steps import last_user_message, newest_step_start, water_level
 
 if TYPE_CHECKING:
     from .session import ProtoPromptSession
@@ -91,33 +92,6 @@ __all__ = [
 
 OversizedOutput = Literal["error", "truncate"]
 
-_MODEL_SIDE_TYPES = frozenset(
-    {
-        "reasoning",
-        "function_call",
-        "custom_tool_call",
-        "computer_call",
-        "local_shell_call",
-        "shell_call",
-        "apply_patch_call",
-        "tool_search_call",
-        "web_search_call",
-        "file_search_call",
-        "code_interpreter_call",
-        "image_generation_call",
-        "mcp_list_tools",
-        "mcp_call",
-        "mcp_approval_request",
-        "program",
-        "program_output",
-        "compaction",
-        "hosted_tool_call",
-    }
-)
-"""Item types the model (or the server for it) emits; tool outputs and messages from the
-client are the other side. Used to find the newest step when the filter has no record of the
-previous call (its first call in a run, after a handoff)."""
-
 MAX_RUNS = 64
 """Runs whose state a filter keeps between their model calls (most recent first)."""
 MAX_RUN_STATE_BYTES = 64 * 2**20
@@ -126,231 +100,6 @@ afresh."""
 
 _FIT_ATTEMPTS = 4
 """Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
-
-
-# --------------------------------------------------------------------------- plans
-
-
-@dataclass(frozen=True)
-class TruncatedOutput:
-    """A tool output of the newest step whose model-facing copy was cut."""
-
-    position: int
-    """Position of the output in the SDK's input list."""
-    item_type: str
-    call_id: str | None
-    tool: str | None
-    """Name of the tool whose call it answers, when the call is in the input."""
-    original_tokens: int
-    """Tokens of the stored item."""
-    sent_tokens: int
-    """Tokens of the copy that was sent."""
-    parts_removed: int = 0
-    """Parts of a many-part output replaced by one marker part."""
-    media_removed: int = 0
-    """Images, files or audio replaced by a text marker."""
-
-
-@dataclass(frozen=True)
-class ModelCallPlan:
-    """What :class:`ModelInputFilter` did for one model call."""
-
-    call: int
-    """1 for the first model call of a run (as seen by this filter), 2 for the next…"""
-    items: list[Any]
-    """The input items sent (the SDK's objects; truncated copies where cut, masked copies of
-    the tool outputs of steps kept masked)."""
-    instructions_tokens: int
-    """Cost of the agent's instructions (counted like a system message)."""
-    tools_tokens: int
-    """Cost of the tool definitions sent with the call (:func:`tool_definitions`)."""
-    output_schema_tokens: int
-    """Cost of the structured-output schema sent with the call (Responses ``text.format``,
-    for an agent with an ``output_type``; 0 for plain text)."""
-    budget: int
-    output_reserve: int
-    input_items: int
-    """Length of the input list the SDK handed over."""
-    pinned: list[int]
-    """Positions of the mandatory context message and run input (in the list packed: the
-    SDK's list, after its de-duplication when :attr:`deduplicated` is non-zero)."""
-    step: tuple[int, int]
-    """``[start, end)`` positions of the newest step (mandatory); empty on a first call."""
-    reused: int
-    """Items whose classification and cost came from the run's index (content verified);
-    the rest were read and counted for this call."""
-    reuse: str
-    """Why the run's index was or was not (fully) reused."""
-    pack: PackResult
-    """The core's packing: decisions for every unit of the optional part (``"masked"`` for a
-    step sent with its tool outputs masked; ``pack.masked``, ``pack.masking_saved``)."""
-    truncated: list[TruncatedOutput] = field(default_factory=list)
-    context: ContextPlan | None = None
-    """Standalone filter: the builder's plan, with the recalled context message."""
-    deduplicated: int = 0
-    """Items the SDK's de-duplication collapses (ids reused across responses): the list was
-    packed as the SDK sends it, without them."""
-    not_counted: tuple[str, ...] = ()
-    """What the call sends that cannot be counted here (a stored prompt template)."""
-    context_position: int | None = None
-    """Position of the session callback's context message in the list packed (``None``:
-    none there; the standalone filter's context message is :attr:`context`'s, in front)."""
-    run_input: tuple[int, int] | None = None
-    """``[start, end)`` positions of the run's input in the list packed (``None``: no run
-    input was found, e.g. a run whose input holds no user message)."""
-
-    @property
-    def sections(self) -> RequestSections:
-        """The request by section (see :mod:`protoprompt.plan`), adding up to :attr:`used`:
-        the agent's instructions, tools and output schema, the context message, the run
-        input, the newest step, the run's earlier steps, the history kept from before the
-        run, and the output reserve."""
-        context = None
-        if self.context is not None:  # the standalone filter's message, in front
-            message = self.context.context_message
-            context = (self.context.context_tokens, 1 if message is not None else 0)
-        return request_sections(
-            self.pack,
-            request=RequestCost(
-                self.instructions_tokens,
-                self.tools_tokens,
-                self.output_schema_tokens,
-                self.not_counted,
-            ),
-            reserved=self.instructions_tokens + self.tools_tokens + self.output_schema_tokens,
-            context=context,
-            call=self.layout,
-        )
-
-    @property
-    def layout(self) -> CallLayout:
-        """Where the call's parts are in the list packed (:class:`~protoprompt.plan.\
-CallLayout`)."""
-        return CallLayout(self.step, self.run_input, self.context_position, len(self.truncated))
-
-    @property
-    def items_tokens(self) -> int:
-        """Tokens of the input items sent (context message included)."""
-        return (
-            self.pack.request_tokens
-            - self.instructions_tokens
-            - self.tools_tokens
-            - self.output_schema_tokens
-        )
-
-    @property
-    def request_tokens(self) -> int:
-        """Items + instructions + tools + output schema: the whole request."""
-        return self.pack.request_tokens
-
-    @property
-    def used(self) -> int:
-        """The whole request plus the output reserve (``<= budget``)."""
-        return self.pack.used
-
-    @property
-    def dropped(self) -> list[UnitDecision]:
-        """Units of the input that were not sent."""
-        return self.pack.dropped
-
-    def to_html(self) -> str:
-        """The call as one self-contained HTML page: a bar of the budget by section and the
-        units of its input as kept / masked / dropped with their reasons on hover. A run's
-        calls on one page: :func:`protoprompt.plans_to_html` (``on_call``'s plans)."""
-        from ..plan_html import plans_to_html
-
-        return plans_to_html(self)
-
-    def explain(self, max_units: int | None = 20) -> str:
-        """A readable account of the call: the request by section (:attr:`sections`), what
-        the run's index reused, the cut tool outputs, then the masked and dropped units
-        (positions ``input[i]`` in the SDK's input list) with their reasons."""
-        sent = len(self.items) - (
-            1 if self.context is not None and self.context.context_message is not None else 0
-        )
-        lines = [
-            f"model call {self.call} of the run: {sent} of {self.input_items} input items sent"
-            + (
-                ", plus the context message"
-                if self.context is not None and self.context.context_message is not None
-                else ""
-            )
-        ]
-        lines += self.sections.lines()
-        lines.extend(f"not counted: {note}" for note in self.not_counted)
-        lines.append(f"index: {self.reused} of {self.input_items} items reused ({self.reuse})")
-        if self.deduplicated:
-            lines.append(
-                f"{self.deduplicated} items collapsed by the SDK's de-duplication (reused "
-                "ids): packed as sent"
-            )
-        lines.extend(
-            f"truncated {t.item_type} at input[{t.position}] (call {t.call_id}"
-            f"{', ' + t.tool if t.tool else ''}): {t.original_tokens:,} -> "
-            f"{t.sent_tokens:,} tokens"
-            + (f", {t.parts_removed} parts removed" if t.parts_removed else "")
-            + (f", {t.media_removed} media parts removed" if t.media_removed else "")
-            for t in self.truncated
-        )
-        lines.extend(self.pack.explain_units(max_units, where=input_at))
-        return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- item shapes
-
-
-def _field(item: Any, name: str) -> Any:
-    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
-
-
-def _is_user_message(item: Any) -> bool:
-    return _field(item, "role") == "user" and _field(item, "type") in (None, "message")
-
-
-def _is_model_side(item: Any) -> bool:
-    kind = _field(item, "type")
-    if kind == "tool_search_output":
-        return bool(_field(item, "execution") == "server")
-    if kind in _MODEL_SIDE_TYPES:
-        return True
-    return bool(_field(item, "role") == "assistant")
-
-
-def _newest_step_start(items: Sequence[Any], lo: int) -> int:
-    """Start of the newest step at or after ``lo``: the trailing client items (tool outputs)
-    and the model output run before them. ``len(items)`` when nothing follows ``lo``."""
-    j = len(items)
-    while j > lo and not _is_model_side(items[j - 1]):
-        j -= 1
-    while j > lo and _is_model_side(items[j - 1]):
-        j -= 1
-    return j
-
-
-def _last_user_message(items: Sequence[Any], lo: int) -> int | None:
-    for i in range(len(items) - 1, lo - 1, -1):
-        if _is_user_message(items[i]):
-            return i
-    return None
-
-
-# --------------------------------------------------------------------------- truncation
-
-
-def _water_level(costs: list[int], room: int) -> int | None:
-    """Largest cap with ``sum(min(c, cap)) <= room`` (``None`` if even 0 is too much)."""
-    if room < 0:
-        return None
-    if sum(costs) <= room:
-        return max(costs, default=0)
-    ordered = sorted(costs)
-    spent = 0
-    for i, c in enumerate(ordered):
-        rest = len(ordered) - i
-        if spent + c * rest > room:
-            return (room - spent) // rest
-        spent += c
-    return ordered[-1]
 
 
 # --------------------------------------------------------------------------- the filter
@@ -407,6 +156,8 @@ class ModelInputFilter:
         self.oversized_output: OversizedOutput = oversized_output
         self.output_reserve = builder.output_reserve if output_reserve is None else output_reserve
         self.session = session
+        # The session callback's record of each run: its context message and new input.
+        self._ledger = session.run_ledger if session is not None else None
         self.system_prompt = system_prompt
         self.on_call = on_call
         self.last_plan: ModelCallPlan | None = None
@@ -455,7 +206,7 @@ class ModelInputFilter:
         extras = await self._request.extras(
             data.agent, data.context, instructions, self.builder.encoding
         )
-        token = self.session._current_run() if self.session is not None else None
+        token = self._ledger.current() if self._ledger is not None else None
         run = self._claim(run_span(), data.agent, token)  # a failed call puts no state back
 
         def work() -> ModelCallPlan:
@@ -485,9 +236,9 @@ class ModelInputFilter:
         if extends:
             located = run.run_input
         else:
-            located = self.session._locate_run_input(items) if self.session is not None else None
+            located = self._ledger.locate(items) if self._ledger is not None else None
             if located is None:
-                u = _last_user_message(items, lo)
+                u = last_user_message(items, lo)
                 located = (u, u + 1) if u is not None else None
             run.run_input = located
         if located is not None:
@@ -497,10 +248,10 @@ class ModelInputFilter:
         if extends:
             start = run.n_prev if len(items) > run.n_prev else run.step_start
             return pinned, max(start, lo)
-        return pinned, _newest_step_start(items, lo)
+        return pinned, newest_step_start(items, lo)
 
     def _is_context(self, items: list[Any]) -> bool:
-        return bool(items) and self.session is not None and self.session._is_own_context(items[0])
+        return bool(items) and self._ledger is not None and self._ledger.is_context(items[0])
 
     def _plan(self, items: list[Any], run: Run, extras: RequestExtras) -> ModelCallPlan:
         digests, extends = run.observe(items)
@@ -604,8 +355,8 @@ class ModelInputFilter:
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message
         key = (query, b.scope)
-        if run.pool is None or run.pool[0] != key:
-            run.pool = (key, b._candidates(query, b.scope))
+        if run.candidates is None or run.candidates[0] != key:
+            run.candidates = (key, b._candidates(query, b.scope))
         plan = b._build(
             items,
             step,
@@ -616,7 +367,7 @@ class ModelInputFilter:
             index=run.index,
             pinned=pinned,
             context_tokens=fixed,
-            pool=run.pool[1],
+            pool=run.candidates[1],
             history_len=step_start,
             masking=b.masking,
         )
@@ -624,79 +375,20 @@ class ModelInputFilter:
 
     # ------------------------------------------------------------------ oversized outputs
 
-    def _costs(self, items: Sequence[Any]) -> list[int]:
-        return [item_tokens(x, encoding=self.builder.encoding).total for x in items]
-
-    def _outputs(self, step: list[Any]) -> list[int]:
-        """Indexes (in ``step``) of the tool outputs that may be cut."""
-        return [
-            i
-            for i, x in enumerate(step)
-            if isinstance(x, Mapping)
-            and not _is_model_side(x)
-            and "output" in x
-            and str(x.get("type", "")).endswith("_output")
-        ]
-
-    @staticmethod
-    def _tool_name(items: Sequence[Any], call_id: Any) -> str | None:
-        if call_id is None:
-            return None
-        for x in reversed(items):
-            if _is_model_side(x) and _field(x, "call_id") == call_id:
-                name = _field(x, "name")
-                return name if isinstance(name, str) else _field(x, "type")
-        return None
-
     def _explained(
         self, exc: TokenBudgetExceededError, items: list[Any], step_start: int, fixed: int
     ) -> TokenBudgetExceededError:
-        """The core's error with the part of the request that overflowed named, in
-        allocation order: instructions and tools, output reserve, context message and run
-        input (``new_input``), then the newest step (``tool_output`` names its largest
-        output and the call it answers)."""
-        if exc.section == "system_prompt":
-            return exc
-        step = items[step_start:]
-        step_costs = self._costs(step)
-        pinned_part = exc.used - sum(step_costs) - fixed - self.output_reserve
-        budget = exc.budget
-        if fixed > budget:
-            return TokenBudgetExceededError(
-                exc.used,
-                budget,
-                "instructions_and_tools",
-                f"the agent's instructions, tool definitions and output schema alone need "
-                f"{fixed} tokens",
-            )
-        if fixed + self.output_reserve > budget:
-            return TokenBudgetExceededError(exc.used, budget, "output_reserve")
-        if fixed + self.output_reserve + pinned_part > budget:
-            return TokenBudgetExceededError(
-                exc.used,
-                budget,
-                "new_input",
-                f"the context message and the run's input need {pinned_part} tokens",
-            )
-        outs = self._outputs(step)
-        if not outs:
-            return TokenBudgetExceededError(
-                exc.used, budget, "step", f"the newest model output needs {sum(step_costs)} tokens"
-            )
-        big = max(outs, key=lambda i: step_costs[i])
-        item = step[big]
-        cid = _field(item, "call_id")
-        name = self._tool_name(items, cid)
-        detail = (
-            f"{_field(item, 'type')} at input[{step_start + big}] for call {cid}"
-            f"{' (' + name + ')' if name else ''} needs {step_costs[big]} tokens"
-            + (
-                "; oversized_output='truncate' sends a cut copy"
-                if self.oversized_output == "error"
-                else " and cannot be cut to fit"
-            )
+        """The core's error with the part of the request that overflowed named (see
+        ``_oversized.explained``)."""
+        return explained(
+            exc,
+            items,
+            step_start,
+            fixed,
+            self.output_reserve,
+            self.builder.encoding,
+            self.oversized_output != "error",
         )
-        return TokenBudgetExceededError(exc.used, budget, "tool_output", detail)
 
     def _context_floor(self) -> int:
         """What the standalone filter's context message costs at least: its system prompt
@@ -720,16 +412,16 @@ class ModelInputFilter:
         still overflows. Raises the explained error when they cannot be cut to fit."""
         fixed = extras.total
         step = items[step_start:]
-        outs = self._outputs(step)
-        costs = self._costs(step)
+        outs = tool_outputs(step)
+        costs = step_costs(step, self.builder.encoding)
         out_costs = [costs[i] for i in outs]
         used = exc.used + (self._context_floor() if exc.section != "system_prompt" else 0)
         room = exc.budget - (used - sum(out_costs))
         for _ in range(_FIT_ATTEMPTS):
-            cap = _water_level(out_costs, room) if outs else None
+            cap = water_level(out_costs, room) if outs else None
             if cap is None:
                 break
-            cut = self._cut_outputs(items, step_start, step, outs, costs, cap)
+            cut = cut_outputs(items, step_start, step, outs, costs, cap, self.builder.encoding)
             if cut is None:
                 break
             new_step, truncated = cut
@@ -743,42 +435,6 @@ class ModelInputFilter:
                 continue
             return result, context, truncated
         raise self._explained(exc, items, step_start, fixed) from None
-
-    def _cut_outputs(
-        self,
-        items: list[Any],
-        step_start: int,
-        step: list[Any],
-        outs: list[int],
-        costs: list[int],
-        cap: int,
-    ) -> tuple[list[Any], list[TruncatedOutput]] | None:
-        """The step with every output over ``cap`` tokens cut to it (``None``: one cannot
-        be)."""
-        new_step = list(step)
-        cuts: list[TruncatedOutput] = []
-        for i in outs:
-            if costs[i] <= cap:
-                continue
-            fit = _core.fit_output(step[i], cap, encoding=self.builder.encoding)
-            if fit is None:
-                return None
-            copy, tokens, parts_removed, media_removed = fit
-            new_step[i] = copy
-            cid = _field(step[i], "call_id")
-            cuts.append(
-                TruncatedOutput(
-                    position=step_start + i,
-                    item_type=str(_field(step[i], "type")),
-                    call_id=cid if isinstance(cid, str) else None,
-                    tool=self._tool_name(items, cid),
-                    original_tokens=costs[i],
-                    sent_tokens=tokens,
-                    parts_removed=parts_removed,
-                    media_removed=media_removed,
-                )
-            )
-        return new_step, cuts
 
 
 def model_input_filter(

@@ -10,12 +10,11 @@ hold it and is rebuilt by new ones.
 from __future__ import annotations
 
 import sqlite3
-import threading
 import uuid
-import weakref
-from collections import OrderedDict
 
+from .. import _process
 from .._meta import meta_value
+from .._process import sqlite_gate
 from ..count_store import SQLiteCountStore
 from ._snapshots import IndexState, SnapshotStore
 
@@ -29,26 +28,22 @@ first; the location (a resolved file path, a server URL without its password) te
 copies of one database (they share the id, and their row ids go on from the same point with
 different rows). Made by the history stores (``_store``)."""
 
-_SHARED: OrderedDict[Key, IndexState] = OrderedDict()
-_SHARED_LOCK = threading.Lock()
+_SHARED: _process.Registry[Key, IndexState] = _process.SHARED_INDEXES
+_STORES = _process.FILE_COUNT_STORES
 
 
 def database_id(db_path: str) -> str | None:
     """A random id stored once in the database (table ``protoprompt_meta``), or ``None`` if
     it cannot be read or written (then the session keeps an index of its own)."""
     try:
-        conn = sqlite3.connect(db_path, timeout=5.0)
-        try:
-            return meta_value(conn, "database_id", lambda: uuid.uuid4().hex)
-        finally:
-            conn.close()
+        with sqlite_gate():
+            conn = sqlite3.connect(db_path, timeout=5.0)
+            try:
+                return meta_value(conn, "database_id", lambda: uuid.uuid4().hex)
+            finally:
+                conn.close()
     except sqlite3.Error:
         return None
-
-
-_STORES: weakref.WeakValueDictionary[tuple[str, str], SQLiteCountStore] = (
-    weakref.WeakValueDictionary()
-)
 
 
 def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
@@ -56,11 +51,11 @@ def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
     many sessions are pooled), or ``None`` if it cannot be opened. ``max_open_readers``: the
     reader limit it applies from now on (that of the session made last for the file)."""
     database_id, db_path = key[0], key[1]
-    with _SHARED_LOCK:
-        store = _STORES.get((database_id, db_path))
+    with _STORES.lock:
+        store = _STORES.items.get((database_id, db_path))
         if store is None:
             try:
-                store = _STORES[(database_id, db_path)] = SQLiteCountStore(
+                store = _STORES.items[(database_id, db_path)] = SQLiteCountStore(
                     db_path, max_open_readers=max_open_readers
                 )
             except (sqlite3.Error, OSError):
@@ -70,28 +65,28 @@ def count_store(key: Key, max_open_readers: int) -> SQLiteCountStore | None:
 
 
 def shared_state(key: Key, snapshot_at: SnapshotStore | None) -> IndexState:
-    with _SHARED_LOCK:
-        state = _SHARED.get(key)
+    with _SHARED.lock:
+        state = _SHARED.items.get(key)
         if state is None:
-            state = _SHARED[key] = IndexState(snapshot_at)
-        _SHARED.move_to_end(key)
+            state = _SHARED.items[key] = IndexState(snapshot_at)
+        _SHARED.items.move_to_end(key)
         return state
 
 
 def is_shared(key: Key, state: IndexState) -> bool:
     """Whether ``state`` is the pool's index for ``key`` (not dropped from it)."""
-    with _SHARED_LOCK:
-        return _SHARED.get(key) is state
+    with _SHARED.lock:
+        return _SHARED.items.get(key) is state
 
 
 def account(key: Key, state: IndexState, limit: int) -> None:
     """Record ``state``'s size after a build and trim the pool to ``limit`` bytes (the
     limit of the session that built; the most recent index always stays)."""
-    with _SHARED_LOCK:
-        if _SHARED.get(key) is not state:
+    with _SHARED.lock:
+        if _SHARED.items.get(key) is not state:
             return  # dropped from the pool earlier: it belongs to its objects only
-        _SHARED.move_to_end(key)
-        total = sum(s.nbytes for s in _SHARED.values())
-        while total > limit and len(_SHARED) > 1:
-            _, old = _SHARED.popitem(last=False)
+        _SHARED.items.move_to_end(key)
+        total = sum(s.nbytes for s in _SHARED.items.values())
+        while total > limit and len(_SHARED.items) > 1:
+            _, old = _SHARED.items.popitem(last=False)
             total -= old.nbytes

@@ -135,6 +135,11 @@ impl Digester {
         self.u64(len as u64);
     }
 
+    /// A JSON value, depth first (what [`value_digest`] digests).
+    pub fn value(&mut self, value: &Value) {
+        feed(self, value);
+    }
+
     /// A value without a JSON form: the digest will equal no other.
     pub fn opaque(&mut self) {
         static SERIAL: AtomicU64 = AtomicU64::new(0);

@@ -11,6 +11,7 @@ pub mod incremental;
 pub mod indexed;
 pub mod items;
 pub mod mask;
+pub mod mask_cache;
 pub mod pack;
 pub mod tokens;
 pub mod truncate;

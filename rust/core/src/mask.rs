@@ -29,7 +29,9 @@
 //!   the exact cost of its copies (the items themselves where nothing is masked), kept per
 //!   tool output in an index's [`MaskMemo`] for the next turn (for one encoding and one
 //!   `excerpt_tokens`; anything else starts it afresh; [`MASK_RULE`] versions them in an
-//!   index snapshot). Masked costs never exceed the whole ones, so a lower bound of the
+//!   index snapshot), and each tool output's masked field with its cost in the process-wide
+//!   memo by content ([`crate::mask_cache`]: an unchanged output is cut and counted once per
+//!   process, whichever pack or index meets it). Masked costs never exceed the whole ones, so a lower bound of the
 //!   masked cost bounds both (the token window's walk,
 //!   [`crate::indexed::IndexedHistory::window_start`]).
 
@@ -41,6 +43,7 @@ use serde_json::{Map, Value};
 
 use crate::costs::{CostMemo, UNCOUNTED};
 use crate::items::{CallType, HostedKind, ItemKind};
+use crate::mask_cache::{FieldCache, MASKED_FIELD_CACHE};
 use crate::pack::{CostFailure, CostSource};
 use crate::tokens::{self, Encoding, TokenError, COST_RULE, ITEM_OVERHEAD};
 use crate::truncate::excerpt;
@@ -134,13 +137,15 @@ fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
 pub struct MaskedField {
     /// `"output"` or `"tools"`.
     pub field: &'static str,
-    /// The field's masked value.
-    pub value: Value,
+    /// The field's masked value (shared by every copy of the field: see
+    /// [`MaskedField::detached`]).
+    pub value: Arc<Value>,
     /// The length of the item's own value of the field: characters of a string, elements
     /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
     /// guard against an item changed behind an index).
     pub original_len: usize,
-    /// The copy's exact cost when masking counted it (a masked text's), else `None`.
+    /// The copy's exact cost (always counted by [`mask_unit_fields`]; `None` only in a
+    /// field made otherwise).
     pub cost: Option<u64>,
     /// Where a caller may keep `value` converted once, for every later copy (the binding
     /// keeps an immutable text's Python string here: a memo's masked field is reused turn
@@ -160,9 +165,20 @@ impl MaskedField {
     pub fn apply(&self, item: &Value) -> Value {
         let mut copy = item.clone();
         if let Value::Object(map) = &mut copy {
-            map.insert(self.field.to_string(), self.value.clone());
+            map.insert(self.field.to_string(), Value::clone(&self.value));
         }
         copy
+    }
+
+    /// A copy of its own: the value shared, nothing converted yet.
+    pub fn detached(&self) -> MaskedField {
+        MaskedField {
+            field: self.field,
+            value: Arc::clone(&self.value),
+            original_len: self.original_len,
+            cost: self.cost,
+            converted: std::sync::OnceLock::new(),
+        }
     }
 
     /// Approximate bytes of memory it holds.
@@ -189,10 +205,12 @@ pub fn value_len(v: &Value) -> usize {
     }
 }
 
-/// The masked field of each of a unit's items: `Some` for each tool output that has
-/// something to mask (see the module note), `None` for every other item. `items` are all
-/// the unit's history members (the calls name the tools of their outputs), `whole` their
-/// exact costs (a marker states how many tokens its item's copy saves).
+/// The masked field of each of a unit's items, with the copy's exact cost: `Some` for each
+/// tool output that has something to mask (see the module note), `None` for every other
+/// item. `items` are all the unit's history members (the calls name the tools of their
+/// outputs), `whole` their exact costs (a marker states how many tokens its item's copy
+/// saves). A tool output masked before in this process, unchanged, is not masked again
+/// ([`crate::mask_cache`]).
 pub fn mask_unit_fields(
     items: &[&Value],
     whole: &[u64],
@@ -204,8 +222,62 @@ pub fn mask_unit_fields(
         .iter()
         .zip(whole)
         .enumerate()
-        .map(|(i, (item, &w))| mask_item(item, w, &names, enc, excerpt_tokens).map_err(|e| (i, e)))
+        .map(|(i, (item, &w))| {
+            remembered_field(item, w, &names, enc, excerpt_tokens).map_err(|e| (i, e))
+        })
         .collect()
+}
+
+/// [`mask_item`] with the copy's cost counted, through the process-wide memo
+/// ([`MASKED_FIELD_CACHE`]) for a tool output.
+fn remembered_field(
+    item: &Value,
+    whole: u64,
+    names: &FxHashMap<&str, &str>,
+    enc: Encoding,
+    limit: u64,
+) -> Result<Option<MaskedField>, TokenError> {
+    let Value::Object(map) = item else {
+        return Ok(None);
+    };
+    if !text_of(map, "type").is_some_and(|t| MASKED_TYPES.contains(&t)) {
+        return Ok(None);
+    }
+    let tool = names.get(marker_call_id(map)).copied();
+    let key = FieldCache::key(item, whole, tool, enc, limit);
+    if let Some(entry) = MASKED_FIELD_CACHE.get(&key) {
+        return Ok(entry.map(|f| f.detached()));
+    }
+    let field = match mask_item(item, whole, names, enc, limit)? {
+        Some(mut f) => {
+            if f.cost.is_none() {
+                f.cost = Some(tokens::item_cost(&f.apply(item), enc)?.total());
+            }
+            Some(f)
+        }
+        None => None,
+    };
+    MASKED_FIELD_CACHE.insert(key, field.as_ref().map(|f| Arc::new(f.detached())));
+    Ok(field)
+}
+
+/// The item types [`mask_item`] may mask.
+const MASKED_TYPES: [&str; 8] = [
+    "tool_search_output",
+    "function_call_output",
+    "custom_tool_call_output",
+    "local_shell_call_output",
+    "apply_patch_call_output",
+    "mcp_call",
+    "shell_call_output",
+    "computer_call_output",
+];
+
+/// The call id a marker names (and the key its unit's calls name the tool by).
+fn marker_call_id(map: &Map<String, Value>) -> &str {
+    text_of(map, "call_id")
+        .or_else(|| text_of(map, "id"))
+        .unwrap_or("?")
 }
 
 /// The masked copies of one unit's items ([`mask_unit_fields`] applied to the items, their
@@ -301,15 +373,13 @@ fn mask_item(
     if ty == "tool_search_output" {
         return Ok(tool_definitions(map.get("tools")).map(|value| MaskedField {
             field: "tools",
-            value,
+            value: Arc::new(value),
             original_len: map.get("tools").map_or(0, value_len),
             cost: None,
             converted: std::sync::OnceLock::new(),
         }));
     }
-    let call_id = text_of(map, "call_id")
-        .or_else(|| text_of(map, "id"))
-        .unwrap_or("?");
+    let call_id = marker_call_id(map);
     let tool = match ty {
         "function_call_output" | "custom_tool_call_output" => names
             .get(call_id)
@@ -350,7 +420,7 @@ fn mask_item(
     };
     Ok(replaced.map(|(value, cost)| MaskedField {
         field: "output",
-        value,
+        value: Arc::new(value),
         original_len: original.as_ref().map_or(0, value_len),
         cost,
         converted: std::sync::OnceLock::new(),
@@ -1180,6 +1250,60 @@ mod tests {
             tool["parameters"],
             json!({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})
         );
+    }
+
+    #[test]
+    fn an_unchanged_output_is_masked_once_per_process_and_a_changed_one_again() {
+        use crate::mask_cache::MASKED_FIELD_CACHE;
+        // Content of this test alone (the memo is process-wide; tests run in parallel).
+        let out = format!("{}{}", long(60), "memo test 7c1d");
+        let call = json!({"type":"function_call","call_id":"m1","name":"grep","arguments":"{}"});
+        let output = json!({"type":"function_call_output","call_id":"m1","output": out});
+        let items = [call.clone(), output.clone()];
+        let first = masked(&items, 64);
+        let whole = tokens::item_cost(&output, ENC).unwrap().total();
+        let key = FieldCache::key(&output, whole, Some("grep"), ENC, 64);
+        let kept = MASKED_FIELD_CACHE
+            .get(&key)
+            .expect("kept by content")
+            .unwrap();
+        assert_eq!(Some(kept.apply(&output)), first[1], "with its exact cost");
+        assert_eq!(
+            kept.cost,
+            Some(
+                tokens::item_cost(&kept.apply(&output), ENC)
+                    .unwrap()
+                    .total()
+            )
+        );
+        // The fast path is taken: a planted field under the key is what the next mask gives.
+        let planted = MaskedField {
+            value: Arc::new(json!("planted")),
+            ..kept.detached()
+        };
+        MASKED_FIELD_CACHE.insert(key, Some(Arc::new(planted)));
+        assert_eq!(masked(&items, 64)[1].as_ref().unwrap()["output"], "planted");
+        // Anything the copy depends on changed: masked afresh, never the planted field.
+        let mut edited = output.clone();
+        edited["output"] = json!(format!("{out}!"));
+        let mut renamed = call.clone();
+        renamed["name"] = json!("find");
+        for (items, limit) in [
+            ([call.clone(), edited], 64),
+            ([renamed, output.clone()], 64),
+            ([call.clone(), output.clone()], 65),
+        ] {
+            let copy = masked(&items, limit)[1].clone().unwrap();
+            assert_ne!(copy["output"], "planted", "{}", items[1]);
+            let refs: Vec<&Value> = items.iter().collect();
+            let w = tokens::item_cost(&items[1], ENC).unwrap().total();
+            let fresh = mask_item(&items[1], w, &tool_names(&refs), ENC, limit).unwrap();
+            assert_eq!(
+                copy,
+                fresh.unwrap().apply(&items[1]),
+                "as masked the first time"
+            );
+        }
     }
 
     #[test]

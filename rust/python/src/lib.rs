@@ -289,11 +289,13 @@ fn _fail_next_counts(n: usize) {
     tokens::fail_next_counts(n);
 }
 
-/// Forget every count in the process-wide count cache (for tests and benchmarks that need
-/// a process's first count of a text without a new process).
+/// Forget every count in the process-wide caches: the count cache and the masked fields
+/// (for tests and benchmarks that need a process's first count of a text, or first masking
+/// of a tool output, without a new process).
 #[pyfunction]
 fn _clear_count_cache() {
     tokens::COUNT_CACHE.clear();
+    protoprompt_core::mask_cache::MASKED_FIELD_CACHE.clear();
 }
 
 #[pymodule]

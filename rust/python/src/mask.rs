@@ -98,7 +98,7 @@ pub(crate) fn masked_copy<'py>(
 /// The masked value as a new Python object, except a text: a Python string is immutable,
 /// so the one made for the first copy of this masked field serves every later copy.
 fn masked_value<'py>(py: Python<'py>, masked: &MaskedField) -> PyResult<Bound<'py, PyAny>> {
-    let Value::String(text) = &masked.value else {
+    let Value::String(text) = &*masked.value else {
         return to_py(py, &masked.value);
     };
     let kept = masked.converted.get_or_init(|| {

@@ -1,0 +1,365 @@
+"""One turn of the session callback: its plan through the index (or without it), what the
+next token window is found from, the turn's report and a fallback's log line.
+
+The session hands over its setup (:class:`TurnSetup`, values) and the facts of the read
+that returned the turn's history; the index state changes only through its own methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import ProtoPromptError
+from ..turn_report import (
+    IndexMode,
+    ReadMode,
+    SnapshotState,
+    StoreState,
+    TurnReport,
+    fallback_cost,
+    index_outcome,
+)
+from . import _sync, pool
+
+if TYPE_CHECKING:
+    from ..context import ContextPlan, TokenBudgetedContextBuilder
+    from ._evicted import SessionMemory
+    from ._snapshots import IndexState
+    from ._store import HistoryStore
+
+Item = Any
+
+_log = logging.getLogger("protoprompt")
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnSetup:
+    """What a session contributes to one of its turns (read once, at the turn's start)."""
+
+    session_id: str
+    state: IndexState
+    """The index state of the session (its pooled one once attached)."""
+    incremental: bool
+    windowed_reads: bool
+    snapshot_min_items: int
+    shared_key: pool.Key | None
+    """The pool's key of the state (``None``: not pooled)."""
+    shared_index_bytes: int
+    store: HistoryStore | None
+    no_store: str
+    """Why nothing outlives the process, when there is no store."""
+    window_keep: Callable[[_sync.ReadFacts], tuple[int, _sync.RowIds] | None]
+    """What of the index still holds for a token window (``_window.window_keep``)."""
+
+
+def remembered(
+    memory: SessionMemory | None, kwargs: dict[str, Any], history: list[Item], offset: int
+) -> dict[str, Any]:
+    """``kwargs`` of a turn's ``build`` with what ``memory`` adds (the session, the turn's
+    number, the summary); a failure there only loses the addition."""
+    if memory is None:
+        return kwargs
+    try:
+        return {**kwargs, **memory.prepare(history, offset)}
+    except Exception as exc:  # noqa: BLE001 - recall is never worth a failed turn
+        _log.warning("protoprompt: evicted turns not recalled this turn: %s", exc)
+        return {**kwargs, "session_id": memory.session.session_id}
+
+
+def observed(
+    memory: SessionMemory,
+    plan: ContextPlan,
+    history: list[Item],
+    offset: int,
+    row_ids: Sequence[int] | None,
+) -> Callable[[], None] | None:
+    """What starts the background work on what the turn evicted (never raises)."""
+    try:
+        return memory.observe(plan, history, offset, row_ids)
+    except Exception as exc:  # noqa: BLE001 - a later turn hands the rows over
+        _log.warning("protoprompt: the rows this turn evicted are left to a later turn: %s", exc)
+        return None
+
+
+def _count_window(
+    setup: TurnSetup,
+    builder: Any,
+    history: list[Item],
+    offset: int,
+    output_reserve: int | None,
+    opaque_scale: float,
+) -> None:
+    """After a turn, count the costs the next token window is found from (caller holds
+    the state's lock). A cost that cannot be counted keeps its lower bound: the next
+    window is then larger, never wrong."""
+    if not setup.windowed_reads or getattr(builder, "policy", None) != "contiguous":
+        return
+    reserve = builder.output_reserve if output_reserve is None else output_reserve
+    try:
+        setup.state.index.count_window(
+            history,
+            max(int(builder.max_tokens) - int(reserve), 0),
+            model=builder.model,
+            encoding=builder.encoding,
+            history_offset=offset,
+            opaque_scale=opaque_scale,
+            masking=getattr(builder, "masking", None),
+        )
+    except Exception as exc:  # noqa: BLE001 - an item the request did not need
+        _log.debug("protoprompt: window costs of %r not counted: %s", setup.session_id, exc)
+
+
+def _build_indexed(
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts,
+    keep: int,
+    kwargs: dict[str, Any],
+    new_ids: _sync.RowIds | None = None,
+) -> ContextPlan:
+    """Build through the index, of which the first ``keep`` items hold for ``history``
+    (which holds the history from ``facts.offset`` on; caller holds the state's lock).
+    ``new_ids``: the rows after those ``keep`` items (default: the read's new rows). A
+    failed build leaves the index as it was after dropping what no longer holds."""
+    state = setup.state
+    offset = facts.offset
+    state.begin_build(keep, facts.epoch)
+    try:
+        if offset and getattr(builder, "calibration", None) is not None:
+            # A token window is packed under the calibration it was found under.
+            kwargs = {**kwargs, "opaque_scale": facts.opaque_scale}
+        plan = builder.build(history, new_input, index=state.index, history_offset=offset, **kwargs)
+        _count_window(
+            setup, builder, history, offset, kwargs.get("output_reserve"), plan.pack.opaque_scale
+        )
+    finally:
+        state.measure()
+    seen = facts.seen
+    added = None if seen is None else (seen.new_ids if new_ids is None else new_ids)
+    tag = None if seen is None else seen.tag
+    if not state.end_build(facts.epoch, added, tag, offset + len(history)):
+        # Never reached: an index that does not add up is dropped (the next turn rebuilds).
+        _log.warning(
+            "protoprompt: the index of session %r did not add up after a turn and was "
+            "dropped; the next turn reads and classifies the whole history",
+            setup.session_id,
+        )
+    elif state.due(setup.snapshot_min_items):
+        state.save_in_background()
+    if setup.shared_key is not None:
+        pool.account(setup.shared_key, state, setup.shared_index_bytes)
+    return plan
+
+
+def _window_kept(setup: TurnSetup, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds]:
+    """For a token window whose index changed after the read (caller holds the state's
+    lock): how much of the index still holds and the ids of the window's rows after it.
+    The window holds only the newest items: the index must hold the rest, also when
+    another turn changed it since the read."""
+    kept = setup.window_keep(facts)
+    if kept is None:
+        raise ProtoPromptError(
+            "the session's history changed between the read of its newest "
+            "items and this turn's request (a pop or clear through another "
+            "session object): run the turn again"
+        )
+    return kept
+
+
+def build_turn(
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None = None,
+) -> tuple[ContextPlan, Callable[[], None] | None]:
+    """The plan of one turn (in a worker thread), with its report (``plan.turn``): through
+    the index when ``facts`` — of the last read of this task, by this session — say it
+    returned ``history`` and the index holds for it (see ``_sync.plan``), else packed
+    without the index, which is then left as it is. With ``memory`` (the builder recalls
+    evicted turns or summarises them), also what starts the background work on what the
+    turn evicted."""
+    state = setup.state
+    store = state.index.count_store
+    failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    held = kept = 0
+    plan: ContextPlan | None = None
+    evicted: Callable[[], None] | None = None
+    index: tuple[IndexMode, str | None] = ("unused", "no_index")
+    if setup.incremental:
+        with state.lock:
+            held = len(state.index)
+            decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+            index = ("unused", decision.code)
+            if decision.use_index and facts is not None:
+                kept = min(decision.keep, held)
+                plan = _build_indexed(
+                    setup,
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    decision.keep,
+                    remembered(memory, kwargs, history, facts.offset),
+                )
+                index = index_outcome(decision.code, True, held, kept)
+            elif facts is not None and facts.offset and facts.count == len(history):
+                kept, rest = _window_kept(setup, facts)
+                plan = _build_indexed(
+                    setup,
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    kept,
+                    remembered(memory, kwargs, history, facts.offset),
+                    new_ids=rest,
+                )
+                index = index_outcome("compared", True, held, min(kept, held))
+            if plan is not None and memory is not None and facts is not None:
+                evicted = observed(memory, plan, history, facts.offset, state.row_ids)
+    if plan is None:
+        # Not the history our last read returned (a limit, a direct call, or the rows
+        # could not be compared): packed without the index, which is left as it is.
+        plan = builder.build(history, new_input, **remembered(memory, kwargs, history, 0))
+        if memory is not None:
+            evicted = observed(memory, plan, history, 0, None)
+    report = turn_report(
+        setup,
+        plan,
+        facts if facts is not None and facts.count == len(history) else None,
+        len(history),
+        index,
+        (held, kept),
+        failures,
+    )
+    log_fallback(setup, report, plan, len(new_input))
+    turned = dataclasses.replace(plan, turn=report)
+    if builder.last_plan is plan:
+        builder.last_plan = turned
+    return turned, evicted
+
+
+def _read_mode(
+    setup: TurnSetup, facts: _sync.ReadFacts
+) -> tuple[ReadMode, str | None, str | None, int | None]:
+    """How the read behind a turn went: its mode, reason, detail and the window's row."""
+    if facts.offset and facts.window_ids is not None:
+        # A list has no row ids: its window starts at a position (Redis).
+        keyed = setup.store is not None and setup.store.kind == "redis"
+        row = facts.offset if keyed else int(facts.window_ids[0])
+        return "window", None, facts.widened, row
+    reason, detail = facts.no_window or (None, None)
+    return ("limit" if facts.limited else "full"), reason, detail, None
+
+
+def _store_state(
+    setup: TurnSetup, store: Any, failures: tuple[int, int]
+) -> tuple[StoreState, str | None]:
+    """The count store's state for a turn's report, from its failures before the turn."""
+    if store is None:
+        return "off", setup.no_store if setup.store is None else setup.store.no_store
+    if getattr(store, "read_failures", 0) > failures[0]:
+        return "failing", getattr(store, "last_failure", None) or "its reads failed"
+    if getattr(store, "ignored_counts", 0) > failures[1]:
+        ignored = getattr(store, "ignored_counts", 0) - failures[1]
+        return "on", f"{ignored:,} damaged counts ignored (counted again, rewritten)"
+    return "on", None
+
+
+def turn_report(
+    setup: TurnSetup,
+    plan: ContextPlan,
+    facts: _sync.ReadFacts | None,
+    history_len: int,
+    index: tuple[IndexMode, str | None],
+    held_kept: tuple[int, int],
+    failures: tuple[int, int],
+) -> TurnReport:
+    """How this turn read and packed its history (see ``protoprompt.turn_report``):
+    ``facts`` of the read that returned the ``history_len`` items (``None``: they were
+    handed over otherwise), how the index was used, the items it held before the turn
+    and how many of them still held, and the count store's failed reads and ignored
+    counts before it."""
+    state = setup.state
+    held, kept = held_kept
+    read: ReadMode = "none"
+    reason: str | None = None
+    detail: str | None = None
+    n_items = read_items = history_len
+    row: int | None = None
+    snapshot = facts.snapshot if facts is not None else None
+    if facts is not None:
+        read_items = facts.count
+        n_items = facts.offset + facts.count
+        read, reason, detail, row = _read_mode(setup, facts)
+    if snapshot is None and state.save_failure is not None:
+        snapshot = ("in_memory", f"the last snapshot write failed: {state.save_failure}")
+    if snapshot is None:
+        if state.snapshot_at is None:
+            snapshot = ("off", setup.no_store if setup.store is None else setup.store.no_store)
+        elif held or plan.pack.index is not None:
+            snapshot = ("in_memory", None)
+        else:
+            snapshot = ("none_stored", None)
+    store_state, store_detail = _store_state(setup, state.index.count_store, failures)
+    return TurnReport(
+        read=read,
+        read_reason=reason,
+        read_detail=detail,
+        history_items=n_items,
+        read_items=read_items,
+        window_row=row,
+        window_reach=facts.reached if facts is not None else None,
+        index=index[0],
+        index_reason=index[1],
+        index_kept=kept if index[0] == "incremental" and 0 < kept < held else None,
+        index_held=held,
+        snapshot=cast("SnapshotState", snapshot[0]),
+        snapshot_detail=snapshot[1],
+        count_store=store_state,
+        count_store_detail=store_detail,
+        pack_index=plan.pack.index,
+        count_store_hits=plan.pack.count_store_hits,
+        count_store_writes=plan.pack.count_store_writes,
+    )
+
+
+def log_fallback(setup: TurnSetup, report: TurnReport, plan: ContextPlan, new_items: int) -> None:
+    """Log, once per stored session and cause, a fallback that cost more than ten times
+    the fast path (see ``turn_report.fallback_cost``)."""
+    kept = plan.pack.kept_history
+    cost = fallback_cost(
+        indexed=report.index_held > 0 or report.snapshot == "loaded",
+        read=report.read,
+        read_reason=report.read_reason,
+        history_items=report.history_items,
+        first_kept=kept[0] if kept else None,
+        index_use=report.pack_index,
+        new_items=new_items,
+        read_items=report.read_items,
+        reached_items=report.window_reach,
+    )
+    if cost is None:
+        return
+    what, items, fast = cost
+    line = report.read_line() if what == "read" else report.index_line()
+    key = f"{what}:{report.read_reason if what == 'read' else 'regroup'}"
+    if not setup.state.log_once(key):
+        return
+    _log.info(
+        "protoprompt: session %r: this turn's %s took %d items where its fast path "
+        "takes about %d (%s); logged once per session",
+        setup.session_id,
+        what,
+        items,
+        fast,
+        line,
+    )
