@@ -9,7 +9,7 @@ import pytest
 
 import protoprompt as pp
 from protoprompt import _core
-from protoprompt.packing import _PackOptions
+from protoprompt._pack_run import PackOptions as _PackOptions
 
 HISTORY = [
     {"role": "user", "content": "first question"},

@@ -8,7 +8,8 @@ from typing import Any, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
-from protoprompt.packing import Masking, _PackOptions
+from protoprompt._pack_run import PackOptions as _PackOptions
+from protoprompt.packing import Masking
 
 __all__ = [
     "CALIBRATION_MAX_SAMPLES",

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import bisect
-import hashlib
 import logging
 import os
 import queue
@@ -44,12 +43,21 @@ import time
 import weakref
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import ProtoPromptError
-from .memory import HistoryRecord, MemoryScope
-from .packing import canonical_text, count_tokens_batch
+from ._context_query import message_text
+from ._recall_index import BATCH, IndexJob
+from ._recall_ledger import (
+    EvictionStep,
+    Ledger,
+    TurnMemory,
+    TurnRows,
+    eviction_step,
+    item_digest,
+)
+from .memory import MemoryScope
+from .packing import count_tokens_batch
 from .transcript import render_item, tool_names
 
 if TYPE_CHECKING:
@@ -73,111 +81,9 @@ RETRY_DELAYS: tuple[float, ...] = (0.2, 1.0)
 logged, and its rows are looked at again by a later turn)."""
 MAX_QUEUED_JOBS = 64
 """Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
-_BATCH = 256
-"""Rows indexed per store call."""
 SUMMARY_BATCH_FACTOR = 8
 """One summary update folds in at most this many times ``summarize_every`` tokens (the rest
 waits for the next update), so a long evicted prefix is summarised in bounded steps."""
-
-
-def item_digest(item: Any) -> str | None:
-    """What identifies an item's content: BLAKE2b-128 of its canonical text (hex), or
-    ``None`` for an item protoprompt cannot read."""
-    try:
-        text = canonical_text(item)
-    except (ProtoPromptError, TypeError, ValueError):
-        return None
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
-# --------------------------------------------------------------------------- the ledger
-
-
-@dataclass(frozen=True)
-class EvictionStep:
-    """One turn's hand-over (see :func:`eviction_step`)."""
-
-    evicted: list[int]
-    """Positions evicted that were held (kept by an earlier turn), in order."""
-    start: int
-    """Every position in ``[start, n)`` that the turn did not keep is evicted too."""
-    held: list[int]
-    """Positions below ``n`` the turn kept (to look at again next turn)."""
-
-
-def eviction_step(frontier: int, held: Sequence[int], n: int, kept: Sequence[int]) -> EvictionStep:
-    """Which rows a turn evicted that no earlier turn handed over.
-
-    ``frontier`` and ``held``: the ledger before the turn (positions below ``frontier`` were
-    handed over unless listed in ``held``); ``n``: the history's length; ``kept``: the
-    positions the turn sent (sorted). Costs ``O(len(held) + len(kept))``; the positions of
-    ``[start, n)`` are enumerated by whoever indexes them. A ledger ahead of the history
-    (it shrank) starts again from 0."""
-    if frontier > n:
-        frontier, held = 0, ()
-    kept_set = set(kept)
-    evicted = [p for p in held if p < n and p not in kept_set]
-    in_range = set(held)
-    new_held = [p for p in kept if p < n and (p >= frontier or p in in_range)]
-    return EvictionStep(evicted, frontier, new_held)
-
-
-@dataclass
-class Ledger:
-    """What one stored session's turns handed over to one builder (see the module note)."""
-
-    frontier: int = 0
-    held: list[int] = field(default_factory=list)
-    anchor: int | str | None = None
-    """The row id (or item digest) at ``frontier - 1`` when it was handed over."""
-    epoch: int | None = None
-    users: array[int] = field(default_factory=lambda: array("q"))
-    """Positions of the user messages below ``users_upto``."""
-    users_upto: int = 0
-    summarizing: bool = False
-    pending: tuple[int, int, int] | None = None
-    """Evicted prefix counted but not yet summarised: (first position, end, tokens)."""
-    summary_store: Any = None
-    """The summary of a session without a database file (kept here, by this process)."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def reset(self) -> None:
-        self.frontier, self.held, self.anchor = 0, [], None
-        self.users, self.users_upto = array("q"), 0
-        self.pending = None
-
-
-@dataclass(frozen=True)
-class TurnMemory:
-    """What :meth:`Evictions.prepare` found for a turn (passed to ``builder.build``)."""
-
-    turn: int | None
-    """This turn's number: the user messages in the history plus one (``None``: unknown)."""
-    summary: str | None
-    """The session's summary of what it evicted (``None``: none yet)."""
-
-
-@dataclass(frozen=True)
-class TurnRows:
-    """What a session turn hands over after its pack (see :meth:`Evictions.observe`)."""
-
-    session_id: str
-    scope: MemoryScope | None
-    """The memory scope the rows are indexed in (``None``: no recall, a summary only)."""
-    n_history: int
-    offset: int
-    """``items`` hold the history from this position on (a token window)."""
-    items: Sequence[Any]
-    kept: Sequence[int]
-    """History positions the request sent (``plan.pack.kept_history``)."""
-    dependency: Sequence[int]
-    row_ids: Sequence[int] | None
-    """The row id of every position ``[0, n_history)``, ascending; ``None``: rows are keyed
-    by position (a session without row ids)."""
-    fetch: Callable[[list[int]], dict[int, Any]] | None
-    """Items by row id, for rows before the window (``None``: there are none)."""
-    summaries: SummaryStore | None
-    epoch: int
 
 
 # --------------------------------------------------------------------------- the worker
@@ -279,9 +185,7 @@ def _retried(what: str, attempt: Callable[[], None]) -> bool:
 
 
 def _is_user(item: Any) -> bool:
-    from .context import _message_text
-
-    return _message_text(item) is not None
+    return message_text(item) is not None
 
 
 class Evictions:
@@ -377,18 +281,20 @@ class Evictions:
             if ids is not None:  # the held ones by position, the rest as one slice
                 job_ids = ({p: int(ids[p]) for p in step.evicted}, array("q", ids[step.start : n]))
             kept = set(rows.kept)
-            index_job = _IndexJob(
-                self,
-                ledger,
-                rows.session_id,
-                scope,
-                step.evicted,
-                (step.start, n, kept),
-                offset,
-                list(rows.items),
-                job_ids,
-                rows.fetch,
-                users,
+            index_job = self._indexed(
+                IndexJob(
+                    self.builder.store,
+                    ledger,
+                    rows.session_id,
+                    scope,
+                    step.evicted,
+                    (step.start, n, kept),
+                    offset,
+                    list(rows.items),
+                    job_ids,
+                    rows.fetch,
+                    users,
+                )
             )
         summary_job = None
         if self.builder.summarizer is not None and rows.summaries is not None:
@@ -410,6 +316,18 @@ class Evictions:
                 self._start(summary_job, ledger)
 
         return schedule
+
+    @staticmethod
+    def _indexed(job: IndexJob) -> Callable[[], None]:
+        """``job`` with retries; a job that failed for good has its rows looked at again by
+        the next turn."""
+
+        def run() -> None:
+            if not _retried(f"indexing the evicted rows of session {job.session_id!r}", job.run):
+                with job.ledger.lock:
+                    job.ledger.reset()
+
+        return run
 
     @staticmethod
     def _anchor(rows: TurnRows, p: int) -> int | str | None:
@@ -473,97 +391,6 @@ class Evictions:
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-def _turn_of(users: Sequence[int] | None, p: int) -> int | None:
-    return None if users is None else bisect.bisect_right(users, p)
-
-
-class _IndexJob:
-    """Render and index the rows one turn evicted (in the worker thread)."""
-
-    def __init__(
-        self,
-        owner: Evictions,
-        ledger: Ledger,
-        session_id: str,
-        scope: MemoryScope,
-        evicted: list[int],
-        span: tuple[int, int, set[int]],
-        offset: int,
-        items: list[Any],
-        ids: tuple[dict[int, int], array[int]] | None,
-        fetch: Callable[[list[int]], dict[int, Any]] | None,
-        users: Sequence[int] | None,
-    ) -> None:
-        self.owner = owner
-        self.ledger = ledger
-        self.session_id = session_id
-        self.scope = scope
-        self.evicted = evicted
-        self.span = span
-        self.offset = offset
-        self.items = items
-        self.ids = ids
-        self.fetch = fetch
-        self.users = users
-
-    def positions(self) -> list[int]:
-        start, end, kept = self.span
-        return sorted({*self.evicted, *(p for p in range(start, end) if p not in kept)})
-
-    def __call__(self) -> None:
-        if not _retried(f"indexing the evicted rows of session {self.session_id!r}", self.run):
-            with self.ledger.lock:
-                self.ledger.reset()  # looked at again by the next turn
-
-    def run(self) -> None:
-        builder = self.owner.builder
-        store = builder.store
-        positions = self.positions()
-        if not positions:
-            return
-        if self.ids is None:
-            keys = positions  # rows keyed by position
-        else:
-            held, span = self.ids
-            start = self.span[0]
-            keys = [held[p] if p in held else int(span[p - start]) for p in positions]
-        stored = store.history_rows(
-            self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
-        )
-        names = tool_names(self.items)
-        todo: list[tuple[int, int, Any, str | None]] = []
-        missing: list[tuple[int, int]] = []
-        for p, key in zip(positions, keys, strict=True):
-            if p >= self.offset:
-                item = self.items[p - self.offset]
-                digest = item_digest(item)
-                if stored.get(key) != digest:
-                    todo.append((p, key, item, digest))
-            elif key not in stored:  # a row id's content never changes
-                missing.append((p, key))
-        if missing:
-            if self.fetch is None:
-                raise RuntimeError("rows before the window cannot be read")
-            found = self.fetch([key for _, key in missing])
-            names.update(tool_names(found.values()))
-            todo.extend(
-                (p, key, found[key], item_digest(found[key])) for p, key in missing if key in found
-            )
-            todo.sort(key=lambda t: t[0])
-        records = []
-        for p, key, item, digest in todo:
-            rendered = render_item(item, names)
-            if rendered is None or not rendered.text.strip():
-                continue
-            meta: dict[str, Any] = {"label": rendered.label, "position": p}
-            turn = _turn_of(self.users, p)
-            if turn is not None:
-                meta["turn"] = turn
-            records.append(HistoryRecord(key, rendered.text, meta, digest))
-        for i in range(0, len(records), _BATCH):
-            store.index_history(self.session_id, records[i : i + _BATCH], scope=self.scope)
 
 
 class _SummaryJob:
@@ -667,7 +494,7 @@ class _SummaryJob:
         total = 0
         p = first
         while p < end:
-            q = min(end, p + _BATCH)
+            q = min(end, p + BATCH)
             chunk = self._items(p, q)
             names = tool_names(chunk)
             texts = [r.text if (r := render_item(i, names)) is not None else "" for i in chunk]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from ..context import _message_text
+from .._context_query import message_text
 from ..packing import HistoryIndex, Policy
 from ..turn_report import READ_REASONS, window_widened
 
@@ -75,7 +75,7 @@ def next_turn_window(
     start = min(window.start, len(items) - 1)
     if start <= 0:
         return refuse("fits") if window.fits else refuse("no_window", window.reason)
-    if not any(_message_text(i) is not None for i in [*nxt, *items[start:]]):
+    if not any(message_text(i) is not None for i in [*nxt, *items[start:]]):
         return refuse("no_user_text")
     out.update(windowed=True, start=start, row=row_ids[start], items=len(items) - start)
     if window_widened(window, len(items)):

@@ -23,7 +23,7 @@ import sqlite3
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..memory._postgres import redact
+from ..memory._pg_connect import redact
 from ._inspect import InspectError, SessionRows, connect_read_only, list_sessions, read_session
 from ._next_turn import stored_snapshot_items
 from ._text import JsonReadError, read_json

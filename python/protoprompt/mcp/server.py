@@ -42,16 +42,23 @@ _INSTRUCTIONS = (
 )
 
 
-def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
-    limits = tools.limits
+_Spec = tuple[Callable[..., Any], Any]
+"""A tool function and its annotations (hints for clients)."""
 
-    async def call(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-        try:
-            return await anyio.to_thread.run_sync(fn, *args)
-        except (ValueError, TypeError) as exc:  # MemoryToolError and the store's own checks
-            raise _sdk.ToolError(str(exc)) from exc
-        except (sqlite3.Error, MemoryStoreError) as exc:  # e.g. a locked database, a lost server
-            raise _sdk.ToolError(f"memory store error: {exc}") from exc
+
+async def _call(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Run a tool's call on a worker thread; its errors as the SDK's ``ToolError``."""
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    except (ValueError, TypeError) as exc:  # MemoryToolError and the store's own checks
+        raise _sdk.ToolError(str(exc)) from exc
+    except (sqlite3.Error, MemoryStoreError) as exc:  # e.g. a locked database, a lost server
+        raise _sdk.ToolError(f"memory store error: {exc}") from exc
+
+
+def _read_tools(tools: MemoryTools) -> list[_Spec]:
+    """The tools of every server (they never change memory)."""
+    limits = tools.limits
 
     async def memory_search(
         query: Annotated[
@@ -84,11 +91,11 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         comparable within one result) and text; history hits also name their session_id,
         row, turn and label (what the passage was: a user message, a tool output...).
         """
-        return await call(tools.search, query, top_k, layer)
+        return await _call(tools.search, query, top_k, layer)
 
     async def memory_get_profile() -> dict[str, Any]:
         """Return the user profile of this memory ({"profile": null} when none is set)."""
-        return await call(tools.get_profile)
+        return await _call(tools.get_profile)
 
     async def memory_context(
         query: Annotated[
@@ -116,7 +123,15 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         context text, its tokens, and the plan: every block considered with its status
         (kept, truncated, dropped), reason and tokens.
         """
-        return await call(tools.context, query, max_tokens)
+        return await _call(tools.context, query, max_tokens)
+
+    reading = _sdk.annotations(read_only=True)
+    return [(memory_search, reading), (memory_get_profile, reading), (memory_context, reading)]
+
+
+def _write_tools(tools: MemoryTools) -> list[_Spec]:
+    """The tools that change memory (absent from a read-only server)."""
+    limits = tools.limits
 
     async def memory_remember(
         text: Annotated[
@@ -128,7 +143,7 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         ],
     ) -> dict[str, Any]:
         """Remember a durable fact. Returns its memory_id."""
-        return await call(tools.remember, text)
+        return await _call(tools.remember, text)
 
     async def memory_forget(
         memory_id: Annotated[
@@ -142,7 +157,7 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         ],
     ) -> dict[str, Any]:
         """Forget one fact, or one whole indexed document. Unknown ids are an error."""
-        return await call(tools.forget, memory_id)
+        return await _call(tools.forget, memory_id)
 
     async def memory_index_document(
         doc_id: Annotated[
@@ -162,7 +177,7 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         ],
     ) -> dict[str, Any]:
         """Split a document into chunks and index them for search. Returns the chunk count."""
-        return await call(tools.index_document, doc_id, text)
+        return await _call(tools.index_document, doc_id, text)
 
     async def memory_set_profile(
         profile: Annotated[
@@ -176,27 +191,24 @@ def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
         ],
     ) -> dict[str, Any]:
         """Replace the user profile of this memory."""
-        return await call(tools.set_profile, profile)
+        return await _call(tools.set_profile, profile)
 
-    reading = _sdk.annotations(read_only=True)
-    specs: list[tuple[Callable[..., Any], Any]] = [
-        (memory_search, reading),
-        (memory_get_profile, reading),
-        (memory_context, reading),
+    return [
+        (memory_remember, _sdk.annotations(read_only=False)),
+        (memory_forget, _sdk.annotations(read_only=False, destructive=True, idempotent=False)),
+        (
+            memory_index_document,
+            _sdk.annotations(read_only=False, destructive=True, idempotent=True),
+        ),
+        (
+            memory_set_profile,
+            _sdk.annotations(read_only=False, destructive=True, idempotent=True),
+        ),
     ]
-    if not read_only:
-        specs += [
-            (memory_remember, _sdk.annotations(read_only=False)),
-            (memory_forget, _sdk.annotations(read_only=False, destructive=True, idempotent=False)),
-            (
-                memory_index_document,
-                _sdk.annotations(read_only=False, destructive=True, idempotent=True),
-            ),
-            (
-                memory_set_profile,
-                _sdk.annotations(read_only=False, destructive=True, idempotent=True),
-            ),
-        ]
+
+
+def _register_tools(server: Any, tools: MemoryTools, read_only: bool) -> None:
+    specs = _read_tools(tools) + ([] if read_only else _write_tools(tools))
     for fn, hints in specs:
         server.add_tool(fn, name=fn.__name__, annotations=hints)
 

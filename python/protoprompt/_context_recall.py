@@ -1,0 +1,195 @@
+"""What a turn recalls: the candidates of each layer from the memory store, re-ranked by
+an embedder, and the recalled passages left out because their turn is in the request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._context_blocks import Candidate, render_block, when
+from ._context_plan import ContextBlock, ContextPlan
+from ._recall_ledger import item_digest
+from .memory import MemoryHit, MemoryScope
+from .memory._ranking import cosine, rrf_weight
+
+Embedder = Callable[[list[str]], list[list[float]]]
+
+EXCLUSION_ROUNDS = 4
+"""Builds at most of one turn that leave out recalled passages found in the request."""
+
+
+@dataclass(frozen=True)
+class Recall:
+    """The builder's settings that decide what a turn recalls (read when a turn is built)."""
+
+    store: Any
+    priorities: tuple[str, ...]
+    include_parents: bool
+    fact_limit: int
+    rag_limit: int
+    recall_evicted: bool
+    recall_limit: int
+    recall_other_sessions: bool
+    embedder: Embedder | None
+
+    def candidates(
+        self,
+        query: str,
+        scope: MemoryScope | None,
+        *,
+        session_id: str | None = None,
+        turn: int | None = None,
+        summary: str | None = None,
+    ) -> list[Candidate]:
+        """Recall candidates from the store, in pool order (priority, then relevance); with
+        ``session_id``, the summary and the evicted turns of that session too."""
+        by_layer: dict[str, list[Candidate]] = {}
+        if summary and summary.strip() and "summary" in self.priorities:
+            by_layer["summary"] = [Candidate("summary", "summary", summary, None, True)]
+        if self.store is None or scope is None:
+            return by_layer.get("summary", [])
+        has_terms = any(ch.isalnum() for ch in query)
+        if self.recall_evicted and session_id is not None and has_terms:
+            by_layer["history"] = self.rerank(query, self.recalled(query, scope, session_id, turn))
+        if "profile" in self.priorities:
+            profile = self.store.get_profile(scope=scope, include_parents=self.include_parents)
+            if profile and profile.strip():
+                by_layer["profile"] = [Candidate("profile", "profile", profile, None, False)]
+        if "session" in self.priorities and self.fact_limit:
+            by_layer["session"] = self.rerank(query, self._facts(query, scope, has_terms))
+        if "rag" in self.priorities and self.rag_limit and has_terms:
+            hits = self.store.search(
+                query,
+                scope=scope,
+                limit=self.rag_limit,
+                kinds=("document",),
+                include_parents=self.include_parents,
+            )
+            chunks = [
+                Candidate("rag", f"{h.doc_id}#{h.chunk_index}", h.text, h.score, True) for h in hits
+            ]
+            by_layer["rag"] = self.rerank(query, chunks)
+        return [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
+
+    def _facts(self, query: str, scope: MemoryScope, has_terms: bool) -> list[Candidate]:
+        """The session facts relevant to ``query``, then the latest ones, up to the limit."""
+        hits: list[MemoryHit] = []
+        if has_terms:
+            hits = self.store.search(
+                query,
+                scope=scope,
+                limit=self.fact_limit,
+                kinds=("fact",),
+                include_parents=self.include_parents,
+            )
+        seen = {h.fact_id for h in hits}
+        for h in self.store.facts(
+            scope=scope, limit=self.fact_limit, include_parents=self.include_parents
+        ):
+            if len(hits) >= self.fact_limit:
+                break
+            if h.fact_id not in seen:
+                hits.append(h)
+                seen.add(h.fact_id)
+        return [Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
+
+    def recalled(
+        self, query: str, scope: MemoryScope, session_id: str, turn: int | None
+    ) -> list[Candidate]:
+        """Passages of the evicted turns (of ``session_id``, or of every session of the
+        scope with ``recall_other_sessions``) most relevant to ``query``."""
+        hits = self.store.search_history(
+            query,
+            scope=scope,
+            session_id=None if self.recall_other_sessions else session_id,
+            limit=self.recall_limit,
+            include_parents=self.include_parents,
+        )
+        found = []
+        for h in hits:
+            sid, row = str(h.metadata.get("session_id")), h.metadata.get("row")
+            where = f"{row}" if sid == session_id else f"{sid}/{row}"
+            found.append(
+                Candidate(
+                    "history",
+                    f"history:{where}#{h.chunk_index}",
+                    h.text,
+                    h.score,
+                    True,
+                    header=when(h, session_id, turn),
+                    digest=h.metadata.get("digest"),
+                    row=(sid, row) if isinstance(row, int) else None,
+                )
+            )
+        return found
+
+    def rerank(self, query: str, candidates: list[Candidate]) -> list[Candidate]:
+        """Fuse the store's order with cosine similarity to the query (when an embedder is set)."""
+        if self.embedder is None or len(candidates) < 2 or not query.strip():
+            return candidates
+        vectors = self.embedder([query] + [c.text for c in candidates])
+        if not isinstance(vectors, Sequence) or len(vectors) != len(candidates) + 1:
+            raise ValueError("embedder must return exactly one vector per input text")
+        q = [float(x) for x in vectors[0]]
+        sims = [cosine(q, [float(x) for x in v]) for v in vectors[1:]]
+        by_sim = sorted(range(len(candidates)), key=lambda i: (-sims[i], i))
+        fused = [rrf_weight(i + 1) for i in range(len(candidates))]
+        for rank, i in enumerate(by_sim):
+            fused[i] += rrf_weight(rank + 1)
+        order = sorted(range(len(candidates)), key=lambda i: (-fused[i], i))
+        return [candidates[i] for i in order]
+
+
+def without_repeats(
+    plan: ContextPlan,
+    pool: list[Candidate],
+    build_with: Callable[[list[Candidate]], ContextPlan],
+    history: list[Any],
+    offset: int,
+    count_batch: Callable[[list[str]], list[int]],
+) -> ContextPlan:
+    """``plan`` built again without the recalled passages whose row is in the request
+    (kept history or new input: compared by the digest of the item's canonical text),
+    until none is; they are reported as dropped blocks."""
+    present: dict[int, str | None] = {}  # digest by position
+    new_input = plan.pack.items[len(plan.pack.kept_history) :]
+    new_digests = {item_digest(item) for item in new_input}
+    left_out: dict[str, tuple[Candidate, str]] = {}
+    rounds = 0
+    while True:
+        recalled = {b.source for b in plan.blocks if b.layer == "history" and b.kept}
+        if not recalled:
+            break
+        digests = set(new_digests)
+        for p in plan.pack.kept_history:
+            if p not in present:
+                present[p] = item_digest(history[p - offset])
+            digests.add(present[p])
+        repeats = [
+            (c, "its turn is in the request")
+            for c in pool
+            if c.layer == "history" and c.source in recalled and c.digest in digests
+        ]
+        if not repeats:
+            break
+        rounds += 1
+        if rounds > EXCLUSION_ROUNDS:  # never reached in practice: give the layer up
+            named = {c.source for c, _ in repeats}
+            repeats += [
+                (c, "left out: recalled turns kept coming back into the request")
+                for c in pool
+                if c.layer == "history" and c.source not in named
+            ]
+        for c, why in repeats:
+            left_out[c.source] = (c, why)
+        pool = [c for c in pool if c.source not in left_out]
+        plan = build_with(pool)
+    if not left_out:
+        return plan
+    counts = count_batch([render_block(c, c.text) for c, _ in left_out.values()])
+    extra = [
+        ContextBlock(c.layer, c.source, "dropped", why, tokens, c.text, c.score)
+        for (c, why), tokens in zip(left_out.values(), counts, strict=True)
+    ]
+    return replace(plan, blocks=[*plan.blocks, *extra])

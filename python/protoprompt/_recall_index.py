@@ -1,0 +1,111 @@
+"""The background job that indexes the rows one turn evicted in the memory store's
+``history`` layer (run in the evictions' worker thread)."""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._recall_ledger import Ledger, item_digest
+from .memory import HistoryRecord, MemoryScope
+from .transcript import render_item, tool_names
+
+BATCH = 256
+"""Rows indexed per store call."""
+
+
+def turn_of(users: Sequence[int] | None, p: int) -> int | None:
+    return None if users is None else bisect.bisect_right(users, p)
+
+
+class IndexJob:
+    """Render and index the rows one turn evicted (in the worker thread)."""
+
+    def __init__(
+        self,
+        store: Any,
+        ledger: Ledger,
+        session_id: str,
+        scope: MemoryScope,
+        evicted: list[int],
+        span: tuple[int, int, set[int]],
+        offset: int,
+        items: list[Any],
+        ids: tuple[dict[int, int], array[int]] | None,
+        fetch: Callable[[list[int]], dict[int, Any]] | None,
+        users: Sequence[int] | None,
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.session_id = session_id
+        self.scope = scope
+        self.evicted = evicted
+        self.span = span
+        self.offset = offset
+        self.items = items
+        self.ids = ids
+        self.fetch = fetch
+        self.users = users
+
+    def positions(self) -> list[int]:
+        start, end, kept = self.span
+        return sorted({*self.evicted, *(p for p in range(start, end) if p not in kept)})
+
+    def run(self) -> None:
+        store = self.store
+        positions = self.positions()
+        if not positions:
+            return
+        keys = self._keys(positions)
+        stored = store.history_rows(
+            self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
+        )
+        names = tool_names(self.items)
+        todo: list[tuple[int, int, Any, str | None]] = []
+        missing: list[tuple[int, int]] = []
+        for p, key in zip(positions, keys, strict=True):
+            if p >= self.offset:
+                item = self.items[p - self.offset]
+                digest = item_digest(item)
+                if stored.get(key) != digest:
+                    todo.append((p, key, item, digest))
+            elif key not in stored:  # a row id's content never changes
+                missing.append((p, key))
+        if missing:
+            if self.fetch is None:
+                raise RuntimeError("rows before the window cannot be read")
+            found = self.fetch([key for _, key in missing])
+            names.update(tool_names(found.values()))
+            todo.extend(
+                (p, key, found[key], item_digest(found[key])) for p, key in missing if key in found
+            )
+            todo.sort(key=lambda t: t[0])
+        records = self._records(todo, names)
+        for i in range(0, len(records), BATCH):
+            store.index_history(self.session_id, records[i : i + BATCH], scope=self.scope)
+
+    def _keys(self, positions: list[int]) -> list[int]:
+        """The row keys of ``positions``: their row ids, or the positions themselves."""
+        if self.ids is None:
+            return positions  # rows keyed by position
+        held, span = self.ids
+        start = self.span[0]
+        return [held[p] if p in held else int(span[p - start]) for p in positions]
+
+    def _records(
+        self, todo: list[tuple[int, int, Any, str | None]], names: dict[str, str]
+    ) -> list[HistoryRecord]:
+        """The rendered rows to index (rows with no text are left out)."""
+        records = []
+        for p, key, item, digest in todo:
+            rendered = render_item(item, names)
+            if rendered is None or not rendered.text.strip():
+                continue
+            meta: dict[str, Any] = {"label": rendered.label, "position": p}
+            turn = turn_of(self.users, p)
+            if turn is not None:
+                meta["turn"] = turn
+            records.append(HistoryRecord(key, rendered.text, meta, digest))
+        return records

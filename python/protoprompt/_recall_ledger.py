@@ -1,0 +1,118 @@
+"""What the evictions of a session's turns remember between turns (the ledger), and the
+values a turn hands over: the digest of an item, the eviction step, the turn's rows."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import ProtoPromptError
+from .memory import MemoryScope
+from .packing import canonical_text
+
+if TYPE_CHECKING:
+    from .summaries import SummaryStore
+
+
+def item_digest(item: Any) -> str | None:
+    """What identifies an item's content: BLAKE2b-128 of its canonical text (hex), or
+    ``None`` for an item protoprompt cannot read."""
+    try:
+        text = canonical_text(item)
+    except (ProtoPromptError, TypeError, ValueError):
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+@dataclass(frozen=True)
+class EvictionStep:
+    """One turn's hand-over (see :func:`eviction_step`)."""
+
+    evicted: list[int]
+    """Positions evicted that were held (kept by an earlier turn), in order."""
+    start: int
+    """Every position in ``[start, n)`` that the turn did not keep is evicted too."""
+    held: list[int]
+    """Positions below ``n`` the turn kept (to look at again next turn)."""
+
+
+def eviction_step(frontier: int, held: Sequence[int], n: int, kept: Sequence[int]) -> EvictionStep:
+    """Which rows a turn evicted that no earlier turn handed over.
+
+    ``frontier`` and ``held``: the ledger before the turn (positions below ``frontier`` were
+    handed over unless listed in ``held``); ``n``: the history's length; ``kept``: the
+    positions the turn sent (sorted). Costs ``O(len(held) + len(kept))``; the positions of
+    ``[start, n)`` are enumerated by whoever indexes them. A ledger ahead of the history
+    (it shrank) starts again from 0."""
+    if frontier > n:
+        frontier, held = 0, ()
+    kept_set = set(kept)
+    evicted = [p for p in held if p < n and p not in kept_set]
+    in_range = set(held)
+    new_held = [p for p in kept if p < n and (p >= frontier or p in in_range)]
+    return EvictionStep(evicted, frontier, new_held)
+
+
+@dataclass
+class Ledger:
+    """What one stored session's turns handed over to one builder (see the module note)."""
+
+    frontier: int = 0
+    held: list[int] = field(default_factory=list)
+    anchor: int | str | None = None
+    """The row id (or item digest) at ``frontier - 1`` when it was handed over."""
+    epoch: int | None = None
+    users: array[int] = field(default_factory=lambda: array("q"))
+    """Positions of the user messages below ``users_upto``."""
+    users_upto: int = 0
+    summarizing: bool = False
+    pending: tuple[int, int, int] | None = None
+    """Evicted prefix counted but not yet summarised: (first position, end, tokens)."""
+    summary_store: Any = None
+    """The summary of a session without a database file (kept here, by this process)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        self.frontier, self.held, self.anchor = 0, [], None
+        self.users, self.users_upto = array("q"), 0
+        self.pending = None
+
+
+@dataclass(frozen=True)
+class TurnMemory:
+    """What :meth:`Evictions.prepare` found for a turn (passed to ``builder.build``)."""
+
+    turn: int | None
+    """This turn's number: the user messages in the history plus one (``None``: unknown)."""
+    summary: str | None
+    """The session's summary of what it evicted (``None``: none yet)."""
+
+
+@dataclass(frozen=True)
+class TurnRows:
+    """What a session turn hands over after its pack (see :meth:`Evictions.observe`)."""
+
+    session_id: str
+    scope: MemoryScope | None
+    """The memory scope the rows are indexed in (``None``: no recall, a summary only)."""
+    n_history: int
+    offset: int
+    """``items`` hold the history from this position on (a token window)."""
+    items: Sequence[Any]
+    kept: Sequence[int]
+    """History positions the request sent (``plan.pack.kept_history``)."""
+    dependency: Sequence[int]
+    row_ids: Sequence[int] | None
+    """The row id of every position ``[0, n_history)``, ascending; ``None``: rows are keyed
+    by position (a session without row ids)."""
+    fetch: Callable[[list[int]], dict[int, Any]] | None
+    """Items by row id, for rows before the window (``None``: there are none)."""
+    summaries: SummaryStore | None
+    epoch: int

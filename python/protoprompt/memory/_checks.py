@@ -1,0 +1,83 @@
+"""The checks of the memory store's arguments, and the scope parameters its engines read."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+
+from ._backend import ScopeParams
+from ._ranking import cosine
+from .scope import MemoryScope
+
+RECORD_KINDS = ("document", "fact")
+"""The kinds :meth:`MemoryStore.search` reads by default."""
+
+
+def check_scope(scope: object) -> MemoryScope:
+    if not isinstance(scope, MemoryScope):
+        raise TypeError(f"scope must be a MemoryScope, got {type(scope).__name__}")
+    return scope
+
+
+def check_str(name: str, value: object, *, non_empty: bool = False, stored: bool = True) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if non_empty and not value.strip():
+        raise ValueError(f"{name} must be a non-empty string")
+    if stored and "\x00" in value:  # PostgreSQL text cannot hold NUL; kept out everywhere
+        raise ValueError(f"{name} must not contain NUL characters")
+    return value
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
+
+
+MAX_INT = 2**63 - 1
+
+
+def check_limit(value: object) -> int:
+    """A row limit: a positive int that SQL can hold (``sys.maxsize`` means no limit)."""
+    limit = check_positive_int("limit", value)
+    if limit > MAX_INT:
+        raise ValueError(f"limit must be at most 2**63 - 1, got {limit}")
+    return limit
+
+
+def check_kinds(kinds: object) -> tuple[str, ...]:
+    if isinstance(kinds, str) or not isinstance(kinds, Iterable):
+        raise TypeError(
+            "kinds must be an iterable of 'document' / 'fact' strings, not a single str"
+        )
+    result = tuple(dict.fromkeys(kinds))
+    bad = [k for k in result if k not in RECORD_KINDS]
+    if bad:
+        raise ValueError(f"kinds may only contain 'document' and 'fact', got {bad!r}")
+    return result
+
+
+def scope_params(scope: MemoryScope) -> ScopeParams:
+    # None is stored as '' (MemoryScope forbids empty strings), which keeps
+    # equality and UNIQUE constraints simple.
+    tenant, user, thread, kind = scope.key()
+    return (tenant, user or "", thread or "", kind or "")
+
+
+def visible_scopes(scope: MemoryScope, include_parents: bool) -> list[MemoryScope]:
+    if not isinstance(include_parents, bool):
+        raise TypeError(f"include_parents must be a bool, got {type(include_parents).__name__}")
+    return [scope, *reversed(scope.ancestors())] if include_parents else [scope]
+
+
+def blob_cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float:
+    vec = array("f")
+    vec.frombytes(blob)
+    # A vector of another length was stored by a different embedder: similarity 0.
+    return cosine(query, vec, query_norm)
+
+
+# --------------------------------------------------------------------------- store
