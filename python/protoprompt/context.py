@@ -52,7 +52,7 @@ from ._context_options import (
     resolve_encoding,
 )
 from ._context_plan import ContextBlock, ContextPlan
-from ._context_query import latest_user_text, message_text
+from ._context_query import latest_user_text
 from ._context_recall import Recall, without_repeats
 from .calibration import Calibration, CalibrationState
 from .memory import MemoryScope
@@ -83,7 +83,6 @@ Layer = Literal["system", "profile", "summary", "session", "rag", "history"]
 
 Embedder = Callable[[list[str]], list[list[float]]]
 
-_message_text = message_text  # integrations._window imports it from here
 
 DEFAULT_MASKING = Masking()
 """The builder's default :class:`~protoprompt.Masking` (see ``docs/masking.md``)."""

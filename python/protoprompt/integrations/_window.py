@@ -9,7 +9,7 @@ import logging
 from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..context import _message_text
+from .._context_query import message_text
 from ..turn_report import window_widened
 from . import _sync
 from ._probes import PREPARE_CODE, runner_locals
@@ -171,8 +171,8 @@ async def read_window(
     if head_ids != expected:  # a row of the window is gone: the index does not hold
         return Refused("popped", "a row of the window is gone", snapshot)
     window = head_items + tail_items
-    if not any(_message_text(i) is not None for i in new_items) and not any(
-        _message_text(i) is not None for i in window
+    if not any(message_text(i) is not None for i in new_items) and not any(
+        message_text(i) is not None for i in window
     ):
         return Refused("no_user_text", None, snapshot)  # the recall query is before it
     window_ids = array("q", expected)

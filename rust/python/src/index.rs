@@ -154,7 +154,7 @@ impl PyHistoryIndex {
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
     /// (unchanged); the rest is classified and appended first. `options` is the one options
-    /// value of the call (`protoprompt.packing._PackOptions`, read by [`CallOptions`]).
+    /// value of the call (`protoprompt._pack_run.PackOptions`, read by [`CallOptions`]).
     ///
     /// With `count_store` (see `PyCountStore`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// The attributes of the one options value `HistoryIndex.pack` is handed
-/// (`protoprompt.packing._PackOptions`, checked there).
+/// (`protoprompt._pack_run.PackOptions`, checked there).
 #[derive(FromPyObject)]
 struct RawOptions<'py> {
     #[pyo3(attribute)]
