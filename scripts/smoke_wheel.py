@@ -121,7 +121,7 @@ def run_example(path: Path) -> None:
         sys.stderr.write(proc.stderr)
         raise SystemExit(f"{path.name} failed with exit code {proc.returncode}")
     turns = [line for line in proc.stdout.splitlines() if line.startswith("turn ")]
-    assert len(turns) == 5 and "PLAN" in proc.stdout, proc.stdout
+    assert len(turns) == 6 and "PLAN" in proc.stdout, proc.stdout
     print(f"{path.name}: ok ({len(turns)} turns; last: {turns[-1]})")
 
 

@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Property tests draw the same examples on every run unless asked otherwise: a CI run is a
+# verdict on the code, not on the draw (a failure seen once is kept as a directed test).
+# HYPOTHESIS_PROFILE=explore draws new examples each run, to look for more.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("explore", print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from protoprompt import MemoryScope
 

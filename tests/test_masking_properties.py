@@ -486,3 +486,84 @@ def test_a_masked_copy_is_not_masked_again(session, masking) -> None:
     assert not copies & set(again.masked), "a masked copy was masked again"
     for p in copies:
         assert again.items[again.kept_history.index(p)] is sent[p]
+
+
+# Found by CI (hypothesis): a restart from a snapshot taken turns earlier, whose index had not
+# counted the items before its window, with a reasoning id repeated after the snapshot. The
+# masked fill asks whether a candidate's whole turn could fit even masked, from the turn's
+# user message on (`Fill::turn_cannot_fit`), and needs the cost of an item before the window
+# `window_start` found: the pack raises instead of packing. Known defect, left open (see the
+# issue 25 closing note); strict, so the fix must remove the mark.
+@pytest.mark.xfail(strict=True, reason="turn_cannot_fit reads before a masked window's start")
+def test_a_masked_window_after_an_early_snapshot_needs_nothing_before_it() -> None:
+    history = [
+        {"role": "user", "content": ""},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {
+            "type": "computer_call",
+            "id": "cu_1",
+            "call_id": "cu1",
+            "action": {"type": "screenshot"},
+            "pending_safety_checks": [],
+            "status": "completed",
+        },
+        {
+            "type": "computer_call_output",
+            "call_id": "cu1",
+            "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
+        },
+        {
+            "type": "local_shell_call",
+            "id": "lshm_2",
+            "call_id": "ml2",
+            "action": {"type": "exec", "command": ["ls"], "env": {}},
+            "status": "completed",
+        },
+        {
+            "type": "local_shell_call_output",
+            "call_id": "ml2",
+            "output": "out line of output 7\n",
+        },
+        {
+            "type": "apply_patch_call",
+            "call_id": "ap3",
+            "status": "completed",
+            "operation": {"type": "delete_file", "path": "x"},
+        },
+        {
+            "type": "apply_patch_call_output",
+            "call_id": "ap3",
+            "status": "completed",
+            "output": "done",
+        },
+        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_4",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "", "annotations": []}],
+        },
+        {"role": "user", "content": ""},
+        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_4b",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "", "annotations": []}],
+        },
+    ]
+    new_input = [{"role": "user", "content": "next"}]
+    masking = pp.Masking(excerpt_tokens=16)
+    budget = _budget(history, new_input, 0.0625, 20)
+    index = pp.HistoryIndex()
+    index.pack(copy.deepcopy(history[:10]), new_input, budget, output_reserve=20, masking=masking)
+    index.count_window(history[:10], budget - 20, masking=masking)
+    loaded = pp.HistoryIndex.from_snapshot(index.snapshot())
+    start = min(loaded.window_start([*history[10:], *new_input], budget - 20, masking=masking), 10)
+    got = loaded.pack(
+        history[start:], new_input, budget, output_reserve=20, masking=masking, history_offset=start
+    )
+    want = pp.pack(history, new_input, budget, output_reserve=20, masking=masking)
+    assert got.items == want.items and list(got.decisions) == list(want.decisions)
