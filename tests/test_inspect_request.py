@@ -206,6 +206,12 @@ def test_what_inspect_was_not_given_it_says_so(
             "give the next turn's input once",
         ),
         ({"r.json": '{"input": 5}'}, ["--request", "r.json"], 1, "input must be a string"),
+        (
+            {"r.json": '{"text": {"format": "json"}}'},
+            ["--request", "r.json"],
+            1,
+            "text.format must be an object",
+        ),
         ({}, ["--tools", "missing.json"], 1, "cannot read --tools"),
     ],
 )

@@ -169,9 +169,12 @@ def _output_format(text: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(text, dict):
         raise InspectError('--request: text must be an object ({"format": ...})')
-    if text.get("format") is not None and text["format"].get("type") != "text":
-        return text
-    return None
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise InspectError('--request: text.format must be an object ({"type": ...})')
+    return text if fmt.get("type") != "text" else None
 
 
 def _input(raw: Any) -> list[Any] | None:
