@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,11 +16,16 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner, SQLiteSession  # noqa: E402
+from agents import Agent, RunConfig, Runner, SQLiteSession, function_tool  # noqa: E402
 from agents.memory import OpenAIResponsesCompactionSession  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from protoprompt import HistoryIndex, TokenBudgetedContextBuilder, item_tokens  # noqa: E402
+from protoprompt import (  # noqa: E402
+    HistoryIndex,
+    Masking,
+    TokenBudgetedContextBuilder,
+    item_tokens,
+)
 from protoprompt.integrations import (  # noqa: E402
     CompactionTrigger,
     ProtoPromptSession,
@@ -27,6 +33,8 @@ from protoprompt.integrations import (  # noqa: E402
 )
 
 SUMMARY = [{"role": "assistant", "content": "compacted: we talked about invoices"}]
+TAIL_MATCHING = hasattr(importlib.import_module("agents.memory.session"), "_CompactionSnapshot")
+"""openai-agents 0.23 and later compact the stored suffix the last request sent unchanged."""
 
 
 def client() -> MagicMock:
@@ -122,14 +130,20 @@ def test_compaction_starts_when_the_history_passes_the_share(tmp_path: Path, wra
 
     fake = client()
     db = str(tmp_path / "h.db")
+    # openai-agents 0.22 compacts whole histories: the trigger refuses the server's copy.
+    mode: Any = "auto" if TAIL_MATCHING else "input"
     if wrapping == "compaction_outside":
         store = ProtoPromptSession("s", db)
         session: Any = OpenAIResponsesCompactionSession(
-            "s", store, client=fake, should_trigger_compaction=hook
+            "s", store, client=fake, compaction_mode=mode, should_trigger_compaction=hook
         )
     else:
         inner = OpenAIResponsesCompactionSession(
-            "s", SQLiteSession("s", db), client=fake, should_trigger_compaction=hook
+            "s",
+            SQLiteSession("s", db),
+            client=fake,
+            compaction_mode=mode,
+            should_trigger_compaction=hook,
         )
         store = ProtoPromptSession("s", inner_session=inner, incremental=True)
         session = store
@@ -147,3 +161,106 @@ def test_compaction_starts_when_the_history_passes_the_share(tmp_path: Path, wra
         d.last.explain() for _, _, d in decisions if d.last
     ]
     store.close()
+
+
+# --------------------------------------------------------------------------- no stored item lost
+
+
+@function_tool
+def lookup(q: str) -> str:
+    """Look a record up."""
+    return f"record {q}: " + "data " * 1_000
+
+
+def recording_client(raw: SQLiteSession, calls: list[dict[str, Any]]) -> MagicMock:
+    """A stub of ``responses.compact`` that records what it was sent and the stored rows at
+    that moment (read from the database itself), and answers with one compaction item."""
+    fake = MagicMock()
+
+    async def compact(**kwargs: Any) -> SimpleNamespace:
+        output = [{"type": "compaction", "encrypted_content": f"cmp{len(calls)}"}]
+        calls.append({**kwargs, "before": await raw.get_items(), "output": output})
+        return SimpleNamespace(output=copy.deepcopy(output), usage=None)
+
+    fake.responses.compact = AsyncMock(side_effect=compact)
+    return fake
+
+
+@pytest.mark.parametrize("masking", [True, False], ids=["masking", "no_masking"])
+@pytest.mark.parametrize("mode", ["auto", "input"])
+@pytest.mark.parametrize("wrapping", ["compaction_outside", "compaction_inside"])
+def test_every_compaction_replaces_exactly_what_it_was_sent(
+    tmp_path: Path, wrapping: str, mode: str, masking: bool
+) -> None:
+    """Turns whose requests the model filter masks or trims: each compaction (several) sends
+    the items it replaces, in full (never the server's copy of a trimmed request), the rows
+    before and after differ by exactly those, and the history stays under the limit."""
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=2_000, output_reserve=200, masking=Masking() if masking else None
+    )
+    trigger = compaction_trigger(builder, at=0.8)
+    calls: list[dict[str, Any]] = []
+    db = str(tmp_path / "h.db")
+    raw = SQLiteSession("s", db)
+    fake = recording_client(raw, calls)
+    if wrapping == "compaction_outside":
+        store = ProtoPromptSession("s", db)
+        session: Any = OpenAIResponsesCompactionSession(
+            "s", store, client=fake, compaction_mode=mode, should_trigger_compaction=trigger
+        )
+    else:
+        inner = OpenAIResponsesCompactionSession(
+            "s",
+            SQLiteSession("s", db),
+            client=fake,
+            compaction_mode=mode,
+            should_trigger_compaction=trigger,
+        )
+        store = ProtoPromptSession("s", inner_session=inner, incremental=True)
+        session = store
+    config = store.run_config(builder)
+    config.tracing_disabled = True
+
+    async def turns() -> list[int]:
+        costs = []
+        for i in range(8):
+            model = ScriptedModel(
+                [
+                    [function_call("lookup", {"q": str(i)}, call_id=f"c{i}")],
+                    [assistant_message(f"answer {i}")],
+                ]
+            )
+            before = len(calls)
+            await Runner.run(
+                Agent(name="a", model=model, tools=[lookup]),
+                f"question {i}",
+                session=session,
+                run_config=config,
+            )
+            after = await raw.get_items()
+            for call in calls[before:]:
+                sent = call.get("input")
+                assert sent is not None, "compacted the server's copy of a trimmed request"
+                rows = call["before"]
+                cut = len(rows) - len(sent)
+                assert rows[cut:] == sent  # sent in full: the stored items themselves
+                assert after == rows[:cut] + call["output"]  # replaced by exactly the compaction
+            costs.append(cost(after))
+        return costs
+
+    costs = asyncio.run(turns())
+    store.close()
+    if not TAIL_MATCHING and mode == "auto":
+        # openai-agents 0.22 would compact the server's copy of the trimmed request: refused.
+        assert not calls
+        assert trigger.last is not None and trigger.last.refused is not None
+        assert "compaction_mode='input'" in trigger.last.refused
+        return
+    # 0.22 compacts the whole history, which then takes two turns to pass the limit again.
+    assert len(calls) >= (5 if TAIL_MATCHING else 3), [c.get("input") for c in calls]
+    assert max(costs[1:]) <= trigger.limit, costs  # compacted every time it passed the limit
+    assert trigger.last is not None
+    if TAIL_MATCHING:  # only the suffix the last request sent unchanged, approved as such
+        assert trigger.last.suffix_items is not None
+        assert trigger.last.tokens > trigger.limit
+        assert "the SDK compacts the newest" in trigger.last.explain()

@@ -5,6 +5,7 @@ session, or hidden."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +64,12 @@ class InnerHooks:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _rewrites(self, method: Any) -> Any:
-        """``method`` (which rewrites the stored history) with the index reset around it."""
+        """``method`` (which rewrites the stored history) with the index reset around it,
+        under ``method``'s own signature: the SDK passes ``wrapper`` (its run context: what
+        makes a compaction automatic, matched to the request) only to a method whose
+        signature names it, so a forwarded hook must show the inner's parameters exactly."""
 
+        @functools.wraps(method)
         async def rewriting(*args: Any, **kwargs: Any) -> Any:
             await self._attach()
             state, store = self._index_state, self._store

@@ -27,8 +27,10 @@ why.
 from __future__ import annotations
 
 import contextvars
+import logging
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..packing import HistoryIndex
@@ -39,6 +41,18 @@ if TYPE_CHECKING:
     from .session import ProtoPromptSession
 
 __all__ = ["CompactionCheck", "CompactionTrigger", "compaction_trigger"]
+
+_log = logging.getLogger("protoprompt")
+
+
+def _tail_matching() -> bool:
+    """Whether the installed SDK matches the stored history to the request before an
+    automatic compaction (openai-agents 0.23 and later: ``_CompactionSnapshot``)."""
+    try:
+        from agents.memory import session as sdk_session
+    except ImportError:  # pragma: no cover - the trigger is only used with the SDK
+        return True
+    return hasattr(sdk_session, "_CompactionSnapshot")
 
 REWRITING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
     "protoprompt_rewriting", default=None
@@ -64,16 +78,28 @@ class CompactionCheck:
     """Items whose costs came from the session's index (0: none)."""
     why_not_index: str | None
     """Why the index was not used (``None`` when it was)."""
+    suffix_items: int | None = None
+    """When the SDK asked again for the newest items it can compact (openai-agents 0.23
+    and later compact only the stored suffix the last request sent unchanged): how many;
+    ``tokens`` and ``items`` are still the whole history's. ``None``: a whole-history ask."""
+    refused: str | None = None
+    """Why compaction was refused although the history is over ``limit`` (``None``: it
+    was not)."""
 
     def explain(self) -> str:
         verdict = "compact" if self.trigger else "do not compact"
-        relation = ">" if self.trigger else "<="
+        relation = ">" if self.tokens > self.limit else "<="
         where = (
             f"{self.from_index} of {self.items} items costed from the session's index"
             if self.why_not_index is None
             else f"{self.items} items counted ({self.why_not_index})"
         )
-        return f"{verdict}: history {self.tokens} {relation} {self.limit} tokens; {where}"
+        text = f"{verdict}: history {self.tokens} {relation} {self.limit} tokens; {where}"
+        if self.suffix_items is not None:
+            text += f"; the SDK compacts the newest {self.suffix_items} items"
+        if self.refused is not None:
+            text += f"; refused: {self.refused}"
+        return text
 
 
 class CompactionTrigger:
@@ -90,6 +116,10 @@ class CompactionTrigger:
         self.session = session
         self.last: CompactionCheck | None = None
         """The latest decision, with how it was counted."""
+        # The last whole-history approval, for the SDK's second ask (its suffix).
+        self._approved: tuple[list[Any], CompactionCheck] | None = None
+        self._approved_lock = threading.Lock()
+        self._tail_matching = _tail_matching()
 
     @property
     def limit(self) -> int:
@@ -103,6 +133,58 @@ class CompactionTrigger:
             raise TypeError(
                 "should_trigger_compaction expects the SDK's context with a 'session_items' list"
             )
+        second = self._second_ask(items)
+        if second is not None:
+            return second
+        over = self._decide(items)
+        check = self.last
+        assert check is not None
+        if over and not self._tail_matching and context.get("compaction_mode") == (
+            "previous_response_id"
+        ):
+            # 0.22: the SDK would replace the whole stored history by a compaction of the
+            # server's copy of the last request, which holds only what the packer sent.
+            why = (
+                "openai-agents before 0.23 compacts the server's copy of the last request "
+                "(previous_response_id), which holds only the items the packer sent, and "
+                "replaces the whole stored history with it; construct the compaction session "
+                "with compaction_mode='input'"
+            )
+            self.last = replace(check, trigger=False, refused=why)
+            _log.warning("protoprompt: compaction refused: %s", why)
+            over = False
+        with self._approved_lock:
+            self._approved = (items, check) if over else None
+        return over
+
+    def _second_ask(self, items: list[Any]) -> bool | None:
+        """The answer to the SDK's second ask of a compaction (``None``: not one).
+
+        After the hook approved the whole history (in ``run_compaction``, or in
+        ``_defer_compaction`` before a forced one), openai-agents 0.23 and later match the
+        stored history with the last request and ask again for the suffix they can compact
+        (the newest items the request sent unchanged, from a user message on): a suffix that
+        starts inside the approved history and goes on from there. The limit is about the
+        history, which only grew since: the suffix is approved, once."""
+        with self._approved_lock:
+            found = self._approved
+            if found is None or not _continues(found[0], items):
+                return None
+            self._approved = None
+        check = found[1]
+        self.last = replace(check, suffix_items=len(items))
+        _log.info(
+            "protoprompt: compaction: the history costs %d > %d tokens; the SDK compacts its "
+            "newest %d items only (those the last request sent unchanged)",
+            check.tokens,
+            check.limit,
+            len(items),
+        )
+        return True
+
+    def _decide(self, items: list[Any]) -> bool:
+        """Whether ``items`` (the whole stored history) cost more than the limit; sets
+        :attr:`last`."""
         limit = self.limit
         ledger = self.session.run_ledger if self.session is not None else None
         if ledger is None:
@@ -139,6 +221,31 @@ class CompactionTrigger:
         )
         self.last = CompactionCheck(over, tokens, limit, len(items), 0, why)
         return over
+
+
+def _match_key(item: Any) -> Any:
+    """An item as compared with the SDK's snapshot (reasoning ids aside: the SDK may drop
+    them by the run's policy)."""
+    if isinstance(item, dict) and item.get("type") == "reasoning":
+        return {k: v for k, v in item.items() if k != "id"}
+    return item
+
+
+def _continues(history: list[Any], suffix: list[Any]) -> bool:
+    """Whether ``suffix`` starts inside ``history`` (not at its first item) and goes on
+    from there: ``history[j:]`` is a prefix of ``suffix`` for some ``j >= 1``."""
+    if not suffix or len(history) < 2:
+        return False
+    first = _match_key(suffix[0])
+    for j in range(1, len(history)):
+        tail = history[j:]
+        if (
+            _match_key(history[j]) == first
+            and len(tail) <= len(suffix)
+            and all(_match_key(a) == _match_key(b) for a, b in zip(tail, suffix, strict=False))
+        ):
+            return True
+    return False
 
 
 def _rewrite_pending(state: Any) -> bool:
