@@ -11,6 +11,7 @@ and wrapper sessions probe is forwarded, implemented or hidden on purpose (docs/
 from __future__ import annotations
 
 import copy
+import inspect
 import sqlite3
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +37,7 @@ from openai.types.responses.response_reasoning_item import Summary  # noqa: E402
 import protoprompt as pp  # noqa: E402
 from protoprompt import InvalidNewInputError, TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
+from protoprompt.integrations._shims import FORWARDED_HOOKS  # noqa: E402
 
 NATIVE_SUFFIX_COMPACTION = hasattr(SQLiteSession, "_get_compaction_snapshot")  # 0.24+
 ATOMIC_ENCRYPTED_POP = hasattr(SQLiteSession, "_pop_item_with_validation")  # 0.24+
@@ -437,3 +439,60 @@ async def test_a_session_over_native_sqlite_is_an_sqlite_session() -> None:
     assert await session.pop_item() is None
     other = ProtoPromptSession("s", inner_session=IdStrippingSession("s"))
     assert not isinstance(other, SQLiteSession)
+
+
+def _shape(method: Any) -> list[tuple[str, Any, Any]]:
+    """A method's parameters as the SDK's dispatch reads them (names, kinds, defaults)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+
+
+async def test_every_hook_keeps_the_sdks_signature(tmp_path: Any) -> None:
+    """Every SDK hook the session implements or forwards shows the SDK's parameters, names
+    included, to the SDK's own dispatch (``_session_method_accepts_wrapper``: ``wrapper``
+    is passed only to a parameter of that name); a forwarded hook is the inner's exactly.
+    ``run_compaction`` forwarded through ``*args, **kwargs`` never got the run's wrapper,
+    so every automatic compaction inside a ProtoPromptSession ran as a manual one."""
+    from agents.memory import session as sdk
+
+    accepts = sdk._session_method_accepts_wrapper
+    db = str(tmp_path / "h.db")
+    native = SQLiteSession("ref", db)
+    plain = ProtoPromptSession("s", db)
+    for name in ("get_items", "add_items", "pop_item", "clear_session"):
+        theirs, ours = _shape(getattr(native, name)), _shape(getattr(plain, name))
+        assert ours[: len(theirs)] == theirs, name
+        extra = [(n, d) for n, k, d in ours[len(theirs) :]]
+        # The SDK passes its run context to ``wrapper``; over native SQLite (0.24) pop_item
+        # is SQLiteSession's own (the validated pop EncryptedSession relies on).
+        assert extra == [("wrapper", None)] or (name == "pop_item" and not extra), name
+        assert accepts(getattr(plain, name)) == bool(extra), name
+
+    inner = OpenAIResponsesCompactionSession(
+        "s", SQLiteSession("s", db), client=compaction_client([])
+    )
+    wrapped = ProtoPromptSession("s", inner_session=inner)
+    assert sdk._session_accepts_wrapper(wrapped)
+    for name in sorted(FORWARDED_HOOKS):
+        if not hasattr(inner, name):
+            assert not hasattr(wrapped, name), name
+            continue
+        theirs, ours = getattr(inner, name), getattr(wrapped, name)
+        assert inspect.signature(ours) == inspect.signature(theirs), name
+        assert accepts(ours) == accepts(theirs), name
+
+    if NATIVE_SUFFIX_COMPACTION:  # implemented hooks: the SDK's own sessions' parameters
+        assert _shape(plain._get_compaction_snapshot) == _shape(native._get_compaction_snapshot)
+        await plain.add_items([{"role": "user", "content": "hi"}])
+        ours_snap = await plain._get_compaction_snapshot(3)
+        raw_snap = await native._get_compaction_snapshot(3)
+        assert ours_snap is not None and raw_snap is not None
+        assert _shape(ours_snap.replace_suffix) == _shape(raw_snap.replace_suffix)
+    try:
+        from agents.extensions.memory.redis_session import RedisSession
+    except ImportError:
+        RedisSession = None  # noqa: N806 - the redis extra is not installed
+    if RedisSession is not None and hasattr(RedisSession, "_atomic_replace_items"):
+        assert _shape(ProtoPromptSession._atomic_replace_items) == _shape(
+            RedisSession._atomic_replace_items
+        )
+    plain.close()
