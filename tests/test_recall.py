@@ -106,6 +106,35 @@ def test_recalled_passages_are_never_rows_of_the_request() -> None:
     assert re.search(r"history\s+dropped.*its turn is in the request", text)
 
 
+def test_a_row_sent_masked_is_not_in_the_request() -> None:
+    """A row sent back as a masked copy carries only its excerpt: its recalled passage (the
+    fact from the middle of the output) is not a repeat and reaches the request."""
+    store = MemoryStore(chunk_words=60, chunk_overlap=10)
+    history: list[dict[str, Any]] = []
+    for i in range(4):
+        output = f"{FILL} {FACT} {FILL}" if i == 0 else f"result {i}: " + "details " * 500
+        history += [
+            {"role": "user", "content": f"question {i}, please look it up"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": output},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=3_000, scope=SCOPE, recall_evicted=True, recall_tokens=400
+    )
+    new_input = [{"role": "user", "content": QUESTION}]
+    plan = builder.build(history, new_input)
+    assert 2 in plan.pack.masked  # the fact's output goes as an excerpt
+    assert all("48213" not in str(i) for i in plan.pack.items)
+    # The row was evicted once before (a tighter turn) and indexed.
+    row = history[2]
+    text = f"tool output of lookup: {row['output']}"
+    store.index_history("s1", [HistoryRecord(2, text, {"turn": 1}, item_digest(row))], scope=SCOPE)
+    plan = builder.build(history, new_input, session_id="s1", turn=5)
+    assert _recalls_fact(plan), plan.explain()
+    assert not [b for b in plan.blocks if b.reason == "its turn is in the request"]
+
+
 def test_the_history_layer_keeps_to_its_own_limit() -> None:
     store = MemoryStore(chunk_words=200, chunk_overlap=0)
     long = "user: the walrus " + "walrus facts " * 400

@@ -151,7 +151,8 @@ def without_repeats(
 ) -> ContextPlan:
     """``plan`` built again without the recalled passages whose row is in the request
     (kept history or new input: compared by the digest of the item's canonical text),
-    until none is; they are reported as dropped blocks."""
+    until none is; they are reported as dropped blocks. A row sent as a masked copy is not
+    in the request: only its excerpt is, so its passages may be recalled."""
     present: dict[int, str | None] = {}  # digest by position
     new_input = plan.pack.items[len(plan.pack.kept_history) :]
     new_digests = {item_digest(item) for item in new_input}
@@ -162,7 +163,10 @@ def without_repeats(
         if not recalled:
             break
         digests = set(new_digests)
+        masked = set(plan.pack.masked)
         for p in plan.pack.kept_history:
+            if p in masked:
+                continue
             if p not in present:
                 present[p] = item_digest(history[p - offset])
             digests.add(present[p])
