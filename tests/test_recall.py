@@ -531,3 +531,56 @@ def test_planted_facts_reach_the_request_with_recall() -> None:
         assert recalled["reached"] >= retention.TARGET * recalled["facts"]
         assert recalled["user"] and recalled["output"]
         assert by[(share, "drop-only")]["reached"] < recalled["reached"]
+
+
+class _Summaries:
+    """A summarizer that says how many items it folded."""
+
+    async def __call__(self, items: Any, previous: str | None, max_tokens: int) -> str:
+        return f"the summary of {len(items)} items"
+
+
+async def test_clear_through_another_session_object_forgets(session_engine: Any) -> None:
+    """A server makes a session object per request: the clear's object never served the
+    builder, and still the recall passages (in the scope the callback was given) and the
+    summary go, so the next conversation under the id starts with neither."""
+    store = MemoryStore(chunk_words=60, chunk_overlap=10)
+    user = MemoryScope("acme", user="bob")  # given per callback, not the builder's
+    builder = TokenBudgetedContextBuilder(
+        store,
+        max_tokens=700,
+        scope=SCOPE,
+        output_reserve=100,
+        recall_evicted=True,
+        summarizer=_Summaries(),
+        summarize_every=150,
+        summary_tokens=60,
+    )
+    sid = session_engine.sid()
+
+    async def turn(i: int) -> Any:
+        session = session_engine.proto(sid)  # one object per request
+        config = RunConfig(
+            session_input_callback=session.input_callback(builder, scope=user),
+            tracing_disabled=True,
+        )
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[lookup])
+        await Runner.run(agent, f"question {i}", session=session, run_config=config)
+        assert await builder.wait_for_background(30)
+        return builder.last_plan
+
+    for i in range(10):
+        plan = await turn(i)
+    assert store.history_rows(sid, scope=user)
+    assert any(b.layer == "summary" for b in plan.blocks)
+    await session_engine.proto(sid).clear_session()
+    assert store.history_rows(sid, scope=user) == {}
+    plan = await turn(0)
+    assert not any(b.layer == "summary" for b in plan.blocks), plan.explain()
+    store.close()

@@ -38,6 +38,7 @@ __all__ = [
     "REDIS_SERVERS",
     "REMOTE_COUNT_STORES",
     "ROW_READERS",
+    "SERVED_BUILDERS",
     "SHARED_INDEXES",
     "SQLITE_BACKED",
     "SQLITE_COUNT_STORES",
@@ -207,6 +208,10 @@ REDIS_SERVERS: Registry[tuple[str, ...], Any] = Registry()
 """Per Redis server and key prefix: the same (``integrations._redis_store``)."""
 SQLITE_BACKED: Registry[type[Any], type[Any]] = Registry()
 """Session classes made ``SQLiteSession`` subclasses (``integrations._posing``)."""
+SERVED_BUILDERS: Registry[Any, list[tuple[weakref.ref[Any], Any]]] = Registry()
+"""Per stored session (its pool key), the builders with recall or a summary that served it
+and the scopes they were given, most recently served last; under ``None`` every such
+builder (``integrations._evicted``: what any session object's clear or pop forgets)."""
 IO_LOOPS: Tracked[Any] = Tracked()
 """The I/O loop of the session's stores (``integrations._io``)."""
 

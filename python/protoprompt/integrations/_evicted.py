@@ -18,10 +18,11 @@ import json
 import logging
 import os
 import sqlite3
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._process import sqlite_gate
+from .._process import SERVED_BUILDERS, sqlite_gate
 from ..recall import Evictions, Ledger, TurnRows, item_digest
 from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
 from ._sdk import SQLiteSession
@@ -35,6 +36,43 @@ if TYPE_CHECKING:
 _log = logging.getLogger("protoprompt")
 
 _FETCH_CHUNK = 500
+_SERVED_SESSIONS = 4096
+"""Stored sessions whose builders and scopes this process remembers (least recently served
+forgotten first); a builder's own scope is always remembered."""
+
+
+def remember_served(key: Any, builder: Any, scope: MemoryScope | None) -> None:
+    """``builder`` (given ``scope``) served the stored session ``key`` (``None``: unknown)."""
+    with SERVED_BUILDERS.lock:
+        items = SERVED_BUILDERS.items
+        for k, s in ((None, None), (key, scope)):
+            if k is None and s is not None:
+                continue
+            entries = items.setdefault(k, [])
+            if not any(ref() is builder and given == s for ref, given in entries):
+                entries[:] = [(ref, given) for ref, given in entries if ref() is not None]
+                entries.append((weakref.ref(builder), s))
+            if k is not None:
+                items.move_to_end(k)
+        while len(items) > _SERVED_SESSIONS + 1:
+            oldest = next(k for k in items if k is not None)
+            del items[oldest]
+
+
+def served(key: Any) -> list[tuple[Any, MemoryScope | None]]:
+    """The builders (and given scopes) of this process that may hold records or a summary
+    of the stored session ``key``: every builder with recall or a summary that served a
+    session (with its own scope), and those given another scope for this one."""
+    with SERVED_BUILDERS.lock:
+        entries = list(SERVED_BUILDERS.items.get(None, []))
+        if key is not None:
+            entries += SERVED_BUILDERS.items.get(key, [])
+    found = []
+    for ref, scope in entries:
+        builder = ref()
+        if builder is not None and (builder, scope) not in found:
+            found.append((builder, scope))
+    return found
 
 
 def read_rows(db_path: str, table: str, session_id: str, ids: list[int]) -> dict[int, Any]:
@@ -85,11 +123,14 @@ class SessionMemory:
         *,
         index_state: Callable[[], IndexState],
         store_kind: str | None,
+        stored_key: Callable[[], Any] = lambda: None,
     ) -> None:
         """``index_state``: the session's index state now; ``store_kind``: the kind of its
-        history store (``None``: it reads through the inner session)."""
+        history store (``None``: it reads through the inner session); ``stored_key``: the
+        key of the stored session (its pool key; ``None``: unknown)."""
         self.session = session
         self._index_state = index_state
+        self._stored_key = stored_key
         self.builder = builder
         self.evictions = evictions
         self.given_scope = scope
@@ -168,6 +209,8 @@ class SessionMemory:
         scope = self.scope
         if scope is None and self.builder.summarizer is None:
             return None
+        # Another session object of this stored session (one per request) forgets with it.
+        remember_served(self._stored_key(), self.builder, self.given_scope)
         if self.by_row_id and row_ids is None:
             return None  # a turn packed without the rows' ids: a later turn hands them over
         fetch = None

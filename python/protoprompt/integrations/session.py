@@ -28,7 +28,7 @@ from ..count_store import RemoteCountStore, SQLiteCountStore
 from . import _sync, pool
 from ._context import LAST_READ, ContextBook, RunLedger, SessionRead, is_encrypted_envelope
 from ._debug import DebugState
-from ._evicted import SessionMemory
+from ._evicted import SessionMemory, served
 from ._hooks import InnerHooks
 from ._options import check_inner_session, non_negative_int, off_reasons, positive_int
 from ._posing import sqlite_backed
@@ -422,10 +422,18 @@ class ProtoPromptSession(RunHooks, InnerHooks):
             items = asyncio.run_coroutine_threadsafe(call(self._inner.get_items), loop).result()
             return len(items)
 
-        for memory in self._memories:
+        for memory in self._memories_to_forget():
             await _quietly(
                 "forgetting a popped row", asyncio.to_thread(memory.popped, item, length)
             )
+
+    def _memories_to_forget(self) -> list[SessionMemory]:
+        """The seams of every builder that may hold records or a summary of this stored
+        session: those this object served, and those this process's other session objects
+        served (a server makes one object per request)."""
+        for builder, scope in served(self._shared_key):
+            self._session_memory(builder, scope)
+        return list(self._memories)
 
     def _session_memory(
         self, builder: TokenBudgetedContextBuilder, scope: MemoryScope | None
@@ -444,6 +452,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
             scope,
             index_state=lambda: self._index_state,
             store_kind=None if self._store is None else self._store.kind,
+            stored_key=lambda: self._shared_key,
         )
         self._memories.append(memory)
         return memory
@@ -451,8 +460,10 @@ class ProtoPromptSession(RunHooks, InnerHooks):
     async def clear_session(self, wrapper: Any = None) -> None:
         """Remove this session's history. Long-term memory (the MemoryStore) is untouched,
         except the recall records and summary of what this session evicted (builders with
-        ``recall_evicted`` or a ``summarizer`` it served), which go with it; a compaction
-        session's clear-and-add rewrite keeps them."""
+        ``recall_evicted`` or a ``summarizer`` that served it through any session object of
+        this process, in their own scope and the scopes they were given for it; their own
+        scope also for other processes' builders), which go with it; a compaction session's
+        clear-and-add rewrite keeps them."""
         rewrite = called_by_compaction_rewrite()  # before the first await: the caller's frame
         await self._attach()
         self._book.clear()
@@ -467,7 +478,8 @@ class ProtoPromptSession(RunHooks, InnerHooks):
                 await self._store.after_rewrite()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
-        for memory in self._memories:  # the session's recall records and summary go too
+        # The session's recall records and summary go too (whichever object recorded them).
+        for memory in self._memories if rewrite else self._memories_to_forget():
             if rewrite:
                 memory.rewritten()
             else:
