@@ -222,7 +222,10 @@ def test_an_update_from_an_older_state_is_not_stored(tmp_path: Path, kind: str) 
     assert not store.save(first, "stale", 20)
     assert not store.save(store.load(), "behind", 3)  # never covers less
     store.clear()
-    assert store.load() is None
+    cleared = store.load()  # an empty summary of the next version
+    assert cleared is not None and (cleared.text, cleared.version) == ("", 3)
+    assert not store.save(None, "begun before the clear", 30)
+    assert store.save(cleared, "the new chat", 2)
 
 
 def test_model_summarizer_asks_the_model_in_batches() -> None:
@@ -290,3 +293,61 @@ def test_a_builder_without_memory_keeps_a_summary_too(tmp_path: Path) -> None:
     assert summarizer.calls
     assert [b.layer for b in plan.blocks if b.layer == "summary"] == ["summary"]
     chat.session.close()
+
+
+class Held:
+    """A Summarizer whose calls wait until released."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def __call__(self, items: Sequence[Any], previous: str | None, max_tokens: int) -> str:
+        self.calls += 1
+        self.started.set()
+        await self.release.wait()
+        return f"the old chat's summary of {len(items)} items"
+
+
+@pytest.mark.parametrize("other_object", [False, True], ids=["same_object", "other_object"])
+async def test_a_clear_during_a_summary_update_is_not_undone(
+    session_engine: Any, other_object: bool
+) -> None:
+    """The first update of a session's summary is running when the session is cleared: it
+    must not write the cleared chat's summary back (its compare-and-set from "no summary"
+    would still pass), and the next conversation under the id starts without one."""
+    summarizer = Held()
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=700, output_reserve=100, summarizer=summarizer, summarize_every=150
+    )
+    sid = session_engine.sid()
+    session = session_engine.proto(sid)
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder), tracing_disabled=True
+    )
+
+    async def turn(i: int) -> Any:
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[lookup])
+        await Runner.run(agent, f"question {i}", session=session, run_config=config)
+        return builder.last_plan
+
+    for i in range(12):
+        await turn(i)
+        await asyncio.sleep(0)  # let a summary task start
+        if summarizer.started.is_set():
+            break
+    assert summarizer.started.is_set(), "a summary update started"
+    clearing = session_engine.proto(sid) if other_object else session
+    await clearing.clear_session()
+    summarizer.release.set()
+    assert await builder.wait_for_background(30)
+    plan = await turn(0)
+    assert not any(b.layer == "summary" for b in plan.blocks), plan.explain()
+    assert summarizer.calls == 1

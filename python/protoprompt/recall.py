@@ -251,7 +251,7 @@ class Evictions:
         summary: str | None = None
         if summaries is not None and self.builder.summarizer is not None:
             state = summaries.load()
-            summary = state.text if state is not None else None
+            summary = state.text or None if state is not None else None  # "": cleared
         return TurnMemory(turn, summary)
 
     # ------------------------------------------------------------------ after the build
@@ -443,7 +443,7 @@ class _SummaryJob:
         items, tokens = await asyncio.to_thread(self._gather, first)
         if tokens < builder.summarize_every:
             return
-        previous = state.text if state is not None else None
+        previous = state.text or None if state is not None else None  # "": cleared
         limit = builder.summary_tokens
         text: str | None = None
         for n in range(len(RETRY_DELAYS) + 1):

@@ -80,6 +80,7 @@ class SummaryState:
     """A session's stored summary."""
 
     text: str
+    """The summary (``""``: the session was cleared; no summary)."""
     upto: int
     """The summary covers the rows below this key (row id, or position for a session
     without row ids)."""
@@ -99,7 +100,9 @@ class SummaryStore(Protocol):
         ``previous`` any more (another worker updated it) or covers more."""
 
     def clear(self) -> None:
-        """Forget the summary (the session was cleared)."""
+        """Forget the summary (the session was cleared): store an empty one of the next
+        version, so an update begun before (from the state :meth:`load` returned then, or
+        from none) is not stored."""
 
 
 class MemorySummaryStore:
@@ -123,7 +126,8 @@ class MemorySummaryStore:
 
     def clear(self) -> None:
         with self._lock:
-            self._state = None
+            version = 0 if self._state is None else self._state.version
+            self._state = SummaryState("", 0, version + 1)
 
 
 def _checksum(table: str, session_id: str, keyed: str, upto: int, version: int, text: str) -> str:
@@ -200,20 +204,7 @@ class SQLiteSummaryStore:
                     conn.execute("ROLLBACK")
                     return False
                 version = 1 if previous is None else previous.version + 1
-                conn.execute(
-                    f"INSERT OR REPLACE INTO {TABLE} (messages_table, session_id, keyed, upto,"
-                    " version, summary, updated_at, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        self._table,
-                        self._session,
-                        self._keyed,
-                        upto,
-                        version,
-                        text,
-                        time.time(),
-                        _checksum(self._table, self._session, self._keyed, upto, version, text),
-                    ),
-                )
+                self._write(conn, text, upto, version)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -225,12 +216,33 @@ class SQLiteSummaryStore:
     def clear(self) -> None:
         conn = self._connect()
         try:
-            conn.execute(
-                f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
-                (self._table, self._session),
-            )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = self._read(conn)
+                version = (0 if current is None else current.version) + 1
+                self._write(conn, "", 0, version)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         finally:
             conn.close()
+
+    def _write(self, conn: sqlite3.Connection, text: str, upto: int, version: int) -> None:
+        conn.execute(
+            f"INSERT OR REPLACE INTO {TABLE} (messages_table, session_id, keyed, upto,"
+            " version, summary, updated_at, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._table,
+                self._session,
+                self._keyed,
+                upto,
+                version,
+                text,
+                time.time(),
+                _checksum(self._table, self._session, self._keyed, upto, version, text),
+            ),
+        )
 
 
 class ModelSummarizer:
