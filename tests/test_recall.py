@@ -23,6 +23,7 @@ from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  #
 from protoprompt import recall as recall_module  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession, _evicted  # noqa: E402
 from protoprompt.memory import HistoryRecord  # noqa: E402
+from protoprompt._recall_ledger import position_key  # noqa: E402
 from protoprompt.recall import eviction_step, item_digest  # noqa: E402
 
 SCOPE = MemoryScope("acme", user="alice")
@@ -423,8 +424,10 @@ def test_clear_session_and_pop_item_take_their_records(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("planted")
 def test_records_of_a_session_without_row_ids_are_keyed_by_position() -> None:
-    """A memory database: rows are keyed by their position; a pop takes the record of the
-    popped position only (an identical item earlier keeps its own)."""
+    """A memory database: rows are keyed by their position (and 32 bits of their digest:
+    position_key); a pop takes the record of the popped row only (an identical item earlier
+    keeps its own, and so does another item recorded at the popped position, a row a
+    compaction replaced)."""
     chat = Chat(":memory:", MemoryStore(chunk_words=60, chunk_overlap=10))
 
     async def run() -> Any:
@@ -432,21 +435,30 @@ def test_records_of_a_session_without_row_ids_are_keyed_by_position() -> None:
             await chat.turn(i)
         plan = await chat.turn(9, QUESTION)
         rows = chat.store.history_rows("chat", scope=SCOPE)
-        assert rows and max(rows) < min(plan.pack.kept_history)  # positions
-        n = len(await chat.session.get_items())
+        items = await chat.session.get_items()
+        assert rows and set(rows) == {
+            position_key(p, item_digest(items[p])) for p in {r >> 32 for r in rows}
+        }
+        assert max(rows) >> 32 < min(plan.pack.kept_history)  # positions of evicted rows
+        n = len(items)
         same = {"role": "assistant", "content": "same words"}
+        other = {"role": "assistant", "content": "a row a compaction replaced"}
         await chat.session.add_items([same])
+        keys = [
+            position_key(0, item_digest(same)),
+            position_key(n, item_digest(same)),
+            position_key(n, item_digest(other)),
+        ]
         chat.store.index_history(
             "chat",
-            [
-                HistoryRecord(0, "assistant: same words", {}, item_digest(same)),
-                HistoryRecord(n, "assistant: same words", {}, item_digest(same)),
-            ],
+            [HistoryRecord(k, "assistant: words", {}, d) for k, d in zip(keys, [
+                item_digest(same), item_digest(same), item_digest(other)
+            ], strict=True)],
             scope=SCOPE,
         )
         await chat.session.pop_item()
         after = chat.store.history_rows("chat", scope=SCOPE)
-        assert n not in after and 0 in after
+        assert keys[1] not in after and keys[0] in after and keys[2] in after
         return plan
 
     plan = asyncio.run(run())
@@ -583,4 +595,57 @@ async def test_clear_through_another_session_object_forgets(session_engine: Any)
     assert store.history_rows(sid, scope=user) == {}
     plan = await turn(0)
     assert not any(b.layer == "summary" for b in plan.blocks), plan.explain()
+    store.close()
+
+
+async def test_rows_evicted_after_a_compaction_keep_the_compacted_turns_passages(
+    session_engine: Any,
+) -> None:
+    """A compaction rewrites the history, so positions mean other rows after it: the rows
+    evicted later (at the positions the compacted turns had) get passages of their own, and
+    the compacted turns' passages stay reachable."""
+    from types import SimpleNamespace
+    from unittest.mock import AsyncMock, MagicMock
+
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    client = MagicMock()
+    client.responses.compact = AsyncMock(
+        return_value=SimpleNamespace(
+            output=[{"role": "assistant", "content": "compacted"}], usage=None
+        )
+    )
+    store = MemoryStore(chunk_words=60, chunk_overlap=10)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=700, scope=SCOPE, output_reserve=100, recall_evicted=True
+    )
+    sid = session_engine.sid()
+    session = session_engine.proto(sid)
+    outer = OpenAIResponsesCompactionSession(
+        sid, session, client=client, should_trigger_compaction=lambda ctx: False
+    )
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder), tracing_disabled=True
+    )
+
+    async def turns(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            model = ScriptedModel(
+                [
+                    [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                    [assistant_message(f"answer {i}")],
+                ]
+            )
+            agent = Agent(name="a", model=model, tools=[lookup])
+            await Runner.run(agent, f"question {i}", session=outer, run_config=config)
+            assert await builder.wait_for_background(30)
+
+    await turns(0, 8)
+    before = set(store.history_rows(sid, scope=SCOPE).values())
+    assert before
+    await outer.run_compaction({"force": True, "compaction_mode": "input"})
+    await turns(8, 8)
+    after = set(store.history_rows(sid, scope=SCOPE).values())
+    assert before <= after, f"{len(before - after)} compacted rows lost their passages"
+    assert after - before  # and the rows evicted since have theirs
     store.close()

@@ -8,7 +8,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._recall_ledger import Ledger, item_digest
+from ._recall_ledger import POSITION_SHIFT, Ledger, item_digest, position_key
 from .memory import HistoryRecord, MemoryScope
 from .transcript import render_item, tool_names
 
@@ -58,21 +58,10 @@ class IndexJob:
         positions = self.positions()
         if not positions:
             return
-        keys = self._keys(positions)
-        stored = store.history_rows(
-            self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
-        )
         names = tool_names(self.items)
-        todo: list[tuple[int, int, Any, str | None]] = []
-        missing: list[tuple[int, int]] = []
-        for p, key in zip(positions, keys, strict=True):
-            if p >= self.offset:
-                item = self.items[p - self.offset]
-                digest = item_digest(item)
-                if stored.get(key) != digest:
-                    todo.append((p, key, item, digest))
-            elif key not in stored:  # a row id's content never changes
-                missing.append((p, key))
+        todo, missing = (
+            self._by_position(positions) if self.ids is None else self._by_row_id(positions)
+        )
         if missing:
             if self.fetch is None:
                 raise RuntimeError("rows before the window cannot be read")
@@ -86,10 +75,56 @@ class IndexJob:
         for i in range(0, len(records), BATCH):
             store.index_history(self.session_id, records[i : i + BATCH], scope=self.scope)
 
+    def _by_row_id(
+        self, positions: list[int]
+    ) -> tuple[list[tuple[int, int, Any, str | None]], list[tuple[int, int]]]:
+        """The rows to index (position, key, item, digest), and those before the window
+        the store does not hold (position, row id), for rows keyed by their row ids."""
+        keys = self._keys(positions)
+        stored = self.store.history_rows(
+            self.session_id, scope=self.scope, start=min(keys), end=max(keys) + 1
+        )
+        todo: list[tuple[int, int, Any, str | None]] = []
+        missing: list[tuple[int, int]] = []
+        for p, key in zip(positions, keys, strict=True):
+            if p >= self.offset:
+                item = self.items[p - self.offset]
+                digest = item_digest(item)
+                if stored.get(key) != digest:
+                    todo.append((p, key, item, digest))
+            elif key not in stored:  # a row id's content never changes
+                missing.append((p, key))
+        return todo, missing
+
+    def _by_position(
+        self, positions: list[int]
+    ) -> tuple[list[tuple[int, int, Any, str | None]], list[tuple[int, int]]]:
+        """The same for rows keyed by position (:func:`position_key`): a row is held when
+        the store has its position with its content; one before the window, when the store
+        has any record at its position."""
+        stored = self.store.history_rows(
+            self.session_id,
+            scope=self.scope,
+            start=position_key(positions[0], None),
+            end=position_key(positions[-1] + 1, None),
+        )
+        at = {key >> POSITION_SHIFT for key in stored}
+        todo: list[tuple[int, int, Any, str | None]] = []
+        missing: list[tuple[int, int]] = []
+        for p in positions:
+            if p >= self.offset:
+                item = self.items[p - self.offset]
+                digest = item_digest(item)
+                key = position_key(p, digest)
+                if stored.get(key) != digest:
+                    todo.append((p, key, item, digest))
+            elif p not in at:
+                missing.append((p, p))
+        return todo, missing
+
     def _keys(self, positions: list[int]) -> list[int]:
-        """The row keys of ``positions``: their row ids, or the positions themselves."""
-        if self.ids is None:
-            return positions  # rows keyed by position
+        """The row ids of ``positions``."""
+        assert self.ids is not None
         held, span = self.ids
         start = self.span[0]
         return [held[p] if p in held else int(span[p - start]) for p in positions]

@@ -28,6 +28,19 @@ def item_digest(item: Any) -> str | None:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
+POSITION_SHIFT = 32
+"""Bits of a position key below the position (32 bits of the item's digest)."""
+
+
+def position_key(position: int, digest: str | None) -> int:
+    """The record key of history ``position`` in a session without row ids: the position
+    and 32 bits of the item's digest. A rewritten history (a compaction) puts other items at
+    the positions: their records get keys of their own instead of overwriting the records
+    of the rows they replaced. Positions below 2**31."""
+    salt = int(digest[:8], 16) if digest else 0
+    return (position << POSITION_SHIFT) | salt
+
+
 # --------------------------------------------------------------------------- the ledger
 
 

@@ -56,7 +56,7 @@ from ._recall_ledger import (
     eviction_step,
     item_digest,
 )
-from .memory import MemoryScope
+from .memory import HistoryRecord, MemoryScope
 from .packing import count_tokens_batch
 from .transcript import render_item, tool_names
 
@@ -376,6 +376,15 @@ class Evictions:
         self._worker.wait_idle(30.0)
         store = self.builder.store
         return int(store.forget_history(session_id, scope=scope, from_row=from_row))
+
+    def forget_rows(self, scope: MemoryScope, session_id: str, rows: list[int]) -> None:
+        """Delete the records of ``rows`` of the session only, waiting first for index jobs
+        already queued (so none writes them back)."""
+        if not self.builder.recall_evicted or not rows:
+            return
+        self._worker.wait_idle(30.0)
+        records = [HistoryRecord(row, "") for row in rows]  # blank: the row goes
+        self.builder.store.index_history(session_id, records, scope=scope)
 
     async def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._process import SERVED_BUILDERS, sqlite_gate
+from .._recall_ledger import position_key
 from ..recall import Evictions, Ledger, TurnRows, item_digest
 from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
 from ._sdk import SQLiteSession
@@ -265,7 +266,9 @@ class SessionMemory:
         digest = item_digest(item)
         if digest is None or not self.builder.store.history_rows(sid, scope=scope, digest=digest):
             return
-        self.evictions.forget(scope, sid, from_row=length())
+        # The popped row's record only: records at later positions are those of rows a
+        # compaction replaced.
+        self.evictions.forget_rows(scope, sid, [position_key(length(), digest)])
 
     def rewritten(self) -> None:
         """The history was rewritten (compaction): positions mean other rows now. Records

@@ -94,8 +94,9 @@ class HistoryRecord(NamedTuple):
     (:meth:`MemoryStore.index_history`)."""
 
     row: int
-    """The row's key in its session: its row id in the session's database, or its position
-    in the history when the session has no row ids (a non-negative int)."""
+    """The row's key in its session: its row id in the session's database, or, when the
+    session has no row ids, a key of its position and content (``position_key``: position
+    x 2**32 + 32 bits of its digest; a non-negative int)."""
     text: str
     """The row rendered as text (never the raw item)."""
     metadata: Mapping[str, Any] = {}
