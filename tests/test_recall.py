@@ -451,9 +451,12 @@ def test_records_of_a_session_without_row_ids_are_keyed_by_position() -> None:
         ]
         chat.store.index_history(
             "chat",
-            [HistoryRecord(k, "assistant: words", {}, d) for k, d in zip(keys, [
-                item_digest(same), item_digest(same), item_digest(other)
-            ], strict=True)],
+            [
+                HistoryRecord(k, "assistant: words", {}, d)
+                for k, d in zip(
+                    keys, [item_digest(same), item_digest(same), item_digest(other)], strict=True
+                )
+            ],
             scope=SCOPE,
         )
         await chat.session.pop_item()

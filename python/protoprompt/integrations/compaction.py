@@ -54,6 +54,7 @@ def _tail_matching() -> bool:
         return True
     return hasattr(sdk_session, "_CompactionSnapshot")
 
+
 REWRITING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
     "protoprompt_rewriting", default=None
 )
@@ -139,8 +140,10 @@ class CompactionTrigger:
         over = self._decide(items)
         check = self.last
         assert check is not None
-        if over and not self._tail_matching and context.get("compaction_mode") == (
-            "previous_response_id"
+        if (
+            over
+            and not self._tail_matching
+            and context.get("compaction_mode") == "previous_response_id"
         ):
             # 0.22: the SDK would replace the whole stored history by a compaction of the
             # server's copy of the last request, which holds only what the packer sent.
