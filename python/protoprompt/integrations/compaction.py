@@ -22,6 +22,13 @@ describes the items (no turn of a ``ProtoPromptSession`` ran in this task, or a 
 or rewrite happened since), the items the SDK hands to the hook are counted, with the same
 result. :attr:`CompactionTrigger.last` says which way the last decision was counted, and
 why.
+
+openai-agents 0.23 and later compact only the stored suffix the last request sent unchanged
+and ask the hook again for it: a suffix of a history the trigger has just approved is
+approved (the limit is about the history; logged, and ``last.suffix_items`` says how many
+items). openai-agents 0.22 replaces the whole history; in ``previous_response_id`` mode by a
+compaction of the server's copy of the last request, which holds only what the packer sent:
+the trigger refuses that (``last.refused``, a warning) -- use ``compaction_mode="input"``.
 """
 
 from __future__ import annotations
