@@ -487,6 +487,8 @@ async def test_every_hook_keeps_the_sdks_signature(tmp_path: Any) -> None:
         raw_snap = await native._get_compaction_snapshot(3)
         assert ours_snap is not None and raw_snap is not None
         assert _shape(ours_snap.replace_suffix) == _shape(raw_snap.replace_suffix)
+    if hasattr(SQLiteSession, "_pop_item_with_validation"):  # EncryptedSession's pop (0.24)
+        assert _shape(plain._pop_item_with_validation) == _shape(native._pop_item_with_validation)
     try:
         from agents.extensions.memory.redis_session import RedisSession
     except ImportError:
