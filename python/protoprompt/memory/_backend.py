@@ -222,6 +222,21 @@ class Backend(Protocol):
         engine's relevance (the ranking of :meth:`text_search`), best first, by id on ties,
         at most ``pool``."""
 
+    def history_counts(
+        self,
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[int, dict[str, int]]:
+        """The history passages in ``scopes`` (of ``session_id`` only, unless ``None``), and
+        for each ``(term, word)`` of ``terms`` (a Porter stem and a word that has it) how
+        many of them hold the term."""
+
+    def history_adjacent(self, scope: ScopeParams, session_id: str, row_key: int) -> list[Row]:
+        """The passages next to row ``row_key`` of ``session_id`` in exactly ``scope``: the
+        last passage of the nearest indexed row before it, then the first passage of the
+        nearest one after it (either left out when there is none)."""
+
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None
     ) -> list[tuple[Row, bytes]]:

@@ -50,6 +50,7 @@ from ._pg_schema import (
     SCHEMA_VERSION,
     check_version,
     has_history,
+    history_stemmed,
     migrate,
     schema_version,
     vector_setup,
@@ -123,9 +124,10 @@ class PostgresBackend:
             if read_only:
                 self._tables = check_version(schema_version(conn))
                 self._history = self._tables and has_history(conn)
+                self._stemmed = self._history and history_stemmed(conn)
             else:
                 migrate(conn)
-                self._tables = self._history = True
+                self._tables = self._history = self._stemmed = True
             self._vector = vector_setup(conn, create=not read_only) if self._tables else None
         _BACKENDS.add(self)
 
@@ -389,7 +391,7 @@ class PostgresBackend:
                 e.metadata,
                 created_at,
                 c.embedding,
-                tsvector_literal(c.text),
+                tsvector_literal(c.text, stemmed=True),
             )
             for e in entries
             for c in e.passages
@@ -483,7 +485,7 @@ class PostgresBackend:
         session_id: str | None,
         pool: int,
     ) -> list[tuple[Row, float]]:
-        query = tsquery_literal(pieces)
+        query = tsquery_literal(pieces, stemmed=self._stemmed)
         if query is None:
             return []
         where, params = scope_filter(scopes, alias="h")
@@ -497,6 +499,46 @@ class PostgresBackend:
         )
         rows = self._read(sql, [query, *params, pool], history=True)
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
+
+    def history_counts(
+        self,
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[int, dict[str, int]]:
+        where, params = scope_filter(scopes, alias="h")
+        if session_id is not None:
+            where += " AND h.session_id = %s"
+            params.append(session_id)
+        queries = []
+        for term, word in terms:
+            query = tsquery_literal([term if self._stemmed else word], stemmed=False)
+            if query is not None:
+                queries.append((term, query))
+        filters = "".join(", count(*) FILTER (WHERE h.tsv @@ %s::tsquery)" for _ in queries)
+        rows = self._read(
+            f"SELECT count(*){filters} FROM pp_mem_history AS h WHERE {where}",
+            [*(q for _, q in queries), *params],
+            history=True,
+        )
+        if not rows:
+            return 0, {}
+        total, *found = rows[0]
+        return int(total), {term: int(n) for (term, _), n in zip(queries, found, strict=True)}
+
+    def history_adjacent(self, scope: ScopeParams, session_id: str, row_key: int) -> list[Row]:
+        eq = " AND ".join(f"h.{c} = %s" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
+        rows: list[Row] = []
+        for op, agg, order in (("<", "max", "DESC"), (">", "min", "ASC")):
+            rows += self._read(
+                f"SELECT {HISTORY} FROM pp_mem_history AS h WHERE {eq} AND h.session_id = %s"
+                f" AND h.row_key = (SELECT {agg}(row_key) FROM pp_mem_history"
+                f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s)"
+                f" ORDER BY h.passage {order} LIMIT 1",
+                (*scope, session_id, *scope, session_id, row_key),
+                history=True,
+            )
+        return [tuple(row) for row in rows]
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

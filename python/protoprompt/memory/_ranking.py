@@ -106,3 +106,71 @@ def fuse(
     else:
         scores = dict(text_ranked or vector_ranked)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+
+
+# --------------------------------------------------------------------------- the history layer
+
+BM25_K1 = 1.2
+"""Term-frequency saturation of the history layer's ranking (BM25's ``k1``)."""
+BM25_B = 0.3
+"""Length normalisation of the history layer's ranking (BM25's ``b``): low, because turns
+are short and a fact inside a long tool output must not lose to a short turn on length."""
+
+
+def content_pieces(pieces: Sequence[str]) -> list[str]:
+    """The pieces of a query that hold a word other than a stop word (all of them when
+    none does): "What did Caroline research?" searches for ``Caroline research?``."""
+    from ._stem import STOP_WORDS
+
+    kept = [p for p in pieces if any(w not in STOP_WORDS for w in words(p))]
+    return kept or list(pieces)
+
+
+def query_terms(pieces: Sequence[str]) -> dict[str, str]:
+    """The terms (Porter stems) of a query's pieces, each with the first word that gave it,
+    leaving out stop words while there are others."""
+    from ._stem import STOP_WORDS, stem
+
+    found = [w for p in pieces for w in words(p)]
+    content = [w for w in found if w not in STOP_WORDS] or found
+    terms: dict[str, str] = {}
+    for w in content:
+        terms.setdefault(stem(w), w)
+    return terms
+
+
+def rank_passages(
+    terms: Sequence[str], texts: Sequence[str], total: int, counts: dict[str, int]
+) -> list[float]:
+    """The history layer's relevance of each of ``texts`` to a query of ``terms``: BM25
+    (:data:`BM25_K1`, :data:`BM25_B`; ``total`` passages searched, ``counts`` of them
+    holding each term; lengths relative to ``texts``' mean) times the share of the query's
+    weight the passage holds, so that among passages sharing a question's template words
+    ("the access code for project ...") the one that also holds its rare term wins."""
+    from ._stem import stem
+
+    if not texts:
+        return []
+    n = max(total, len(texts))
+    idf = {}
+    for t in terms:
+        df = min(counts.get(t, 0), n)
+        if df > 0:
+            idf[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    weight = sum(idf.values())
+    bags = []
+    for text in texts:
+        stems = [stem(w) for w in words(text)]
+        tf: dict[str, int] = {}
+        for s in stems:
+            if s in idf:
+                tf[s] = tf.get(s, 0) + 1
+        bags.append((len(stems), tf))
+    mean = sum(length for length, _ in bags) / len(bags) or 1.0
+    scores = []
+    for length, tf in bags:
+        norm = BM25_K1 * (1.0 - BM25_B + BM25_B * length / mean)
+        bm25 = sum(idf[t] * f * (BM25_K1 + 1.0) / (f + norm) for t, f in tf.items())
+        held = sum(idf[t] for t in tf)
+        scores.append(bm25 * (held / weight) if weight > 0 else 0.0)
+    return scores
