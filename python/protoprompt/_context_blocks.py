@@ -23,6 +23,9 @@ SECTION_TAGS = {
     "history": "recalled_turns",
 }
 CAP_NAMES = {"history": "recall_tokens", "summary": "summary_tokens"}
+RECALL_SHARE = 0.5
+"""The ``history`` layer takes at most this share of the room the layers before it leave
+(and at most ``recall_tokens``): recalled turns never crowd out all of the newest ones."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
     meta = hit.metadata
     label = meta.get("label")
     what = f' what="{attr(label)}"' if isinstance(label, str) and label else ""
+    date = meta.get("date")
+    if isinstance(date, str) and date:
+        what = f' date="{attr(date)}"' + what
     if meta.get("session_id") != session_id:
         return f'when="earlier, in session {attr(str(meta.get("session_id")))}"{what}'
     then = meta.get("turn")
@@ -90,6 +96,9 @@ class _Fill:
     """Layers whose own limit is used up, and why."""
     untried: list[tuple[int, Candidate, str]] = field(default_factory=list)
     slots: list[ContextBlock | None] = field(default_factory=list)
+    recall_room: int | None = None
+    """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
+    before it leave (set when its first passage is tried)."""
 
     def accept(self, cand: Candidate, text: str, new_cost: int) -> None:
         self.accepted.append((cand, text))
@@ -173,6 +182,8 @@ class Assembler:
     def _try(self, system_prompt: str, fill: _Fill, cand: Candidate, limit: int) -> None:
         """Accept ``cand`` whole, cut, or drop it (one slot of the fill)."""
         full = fill.exhausted or fill.layer_full.get(cand.layer)
+        if cand.layer == "history" and fill.recall_room is None:
+            fill.recall_room = max(int((limit - fill.cost) * RECALL_SHARE), 1)
         if full is not None:
             fill.untried.append((len(fill.slots), cand, full))
             fill.slots.append(None)
@@ -181,9 +192,14 @@ class Assembler:
         layer_cap = self.caps.get(cand.layer)
         room = limit
         note = ""
-        if layer_cap is not None and fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
-            room = fill.cost + layer_cap - fill.used.get(cand.layer, 0)
-            note = f" ({CAP_NAMES[cand.layer]} {layer_cap})"
+        if layer_cap is not None:
+            name = CAP_NAMES[cand.layer]
+            share = fill.recall_room if cand.layer == "history" else None
+            if share is not None and share < layer_cap:
+                layer_cap, name = share, f"{RECALL_SHARE:.0%} of the room"
+            if fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
+                room = fill.cost + layer_cap - fill.used.get(cand.layer, 0)
+                note = f" ({name} {layer_cap})"
         trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
         need = trial - fill.cost
         if trial <= room:
@@ -193,7 +209,9 @@ class Assembler:
             fill.accept(cand, cand.text, trial)
             return
         left = room - fill.cost
-        if not cand.truncatable:
+        if not cand.truncatable or (cand.layer == "history" and fill.used.get("history")):
+            # A recalled passage is kept whole, or (the layer's first) cut: a later, smaller
+            # one may fit where this one does not.
             reason = f"does not fit whole: needs {need}, {left} left{note}"
             fill.slots.append(_dropped(cand, reason, need))
             return
