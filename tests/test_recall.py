@@ -584,3 +584,18 @@ def test_planted_facts_reach_the_request_with_recall() -> None:
         assert recalled["reached"] >= retention.TARGET * recalled["facts"]
         assert recalled["user"] and recalled["output"]
         assert by[(share, "drop-only")]["reached"] < recalled["reached"]
+
+
+def test_evidence_of_generated_conversations_reaches_the_request() -> None:
+    """The recall benchmark (benches/recall_quality.py) on a shorter conversation:
+    paraphrased questions, replies that answer an earlier question, dates, multi-hop and
+    confusable facts reach the request with lexical recall, within its targets."""
+    import recall_quality
+
+    rows = recall_quality.measure(sessions=14, exchanges=8)
+    assert all(recall_quality.targets(rows).values()), recall_quality.markdown(rows)
+    by = {(r["share"], r["mode"]): r for r in rows}
+    for share in recall_quality.SHARES:
+        lexical, dropped = by[(share, "lexical")], by[(share, "drop-only")]
+        assert lexical["reached"] > dropped["reached"]
+        assert lexical["reply"][0] == lexical["reply"][1]  # the answer, by its question

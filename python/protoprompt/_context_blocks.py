@@ -23,6 +23,9 @@ SECTION_TAGS = {
     "history": "recalled_turns",
 }
 CAP_NAMES = {"history": "recall_tokens", "summary": "summary_tokens"}
+SIZE_SLACK = 8
+"""Tokens a block may cost less inside the message than alone (merges at its edges): a
+recalled passage whose block alone exceeds the room left by more is not tried."""
 RECALL_SHARE = 0.5
 """The ``history`` layer takes at most this share of the room the layers before it leave
 (and at most ``recall_tokens``): recalled turns never crowd out all of the newest ones."""
@@ -96,6 +99,8 @@ class _Fill:
     """Layers whose own limit is used up, and why."""
     untried: list[tuple[int, Candidate, str]] = field(default_factory=list)
     slots: list[ContextBlock | None] = field(default_factory=list)
+    sizes: dict[int, int] = field(default_factory=dict)
+    """Tokens of each recalled passage's block alone, by the candidate's ``id``."""
     recall_room: int | None = None
     """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
     before it leave (set when its first passage is tried)."""
@@ -165,6 +170,10 @@ class Assembler:
                     "system", "system_prompt", "kept", "mandatory", fill.cost, system_prompt
                 )
             )
+        recalled = [c for c in pool if c.layer == "history"]
+        if len(recalled) > 1:  # their own sizes, to pass over those that cannot fit
+            sizes = self.count_batch([render_block(c, c.text) for c in recalled])
+            fill.sizes = {id(c): n for c, n in zip(recalled, sizes, strict=True)}
         for cand in pool:
             self._try(system_prompt, fill, cand, limit)
         if fill.untried:
@@ -200,6 +209,12 @@ class Assembler:
             if fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
                 room = fill.cost + layer_cap - fill.used.get(cand.layer, 0)
                 note = f" ({name} {layer_cap})"
+        size = fill.sizes.get(id(cand))
+        if size is not None and fill.used.get(cand.layer) and size - SIZE_SLACK > room - fill.cost:
+            # Its block alone is larger than the room left: no need to count the message.
+            reason = f"does not fit whole: needs {size}, {room - fill.cost} left{note}"
+            fill.slots.append(_dropped(cand, reason, size))
+            return
         trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
         need = trial - fill.cost
         if trial <= room:

@@ -563,9 +563,8 @@ class SQLiteBackend:
             if match is None:
                 continue
             (found,) = self._read(
-                "SELECT count(*) FROM pp_mem_history_fts"
-                " JOIN pp_mem_history AS h ON h.id = pp_mem_history_fts.rowid"
-                f" WHERE pp_mem_history_fts MATCH ? AND {where}",
+                "SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}",
                 (match, *params),
             )[0]
             counts[term] = int(found)
