@@ -232,10 +232,13 @@ class Backend(Protocol):
         for each ``(term, word)`` of ``terms`` (a Porter stem and a word that has it) how
         many of them hold the term."""
 
-    def history_adjacent(self, scope: ScopeParams, session_id: str, row_key: int) -> list[Row]:
-        """The passages next to row ``row_key`` of ``session_id`` in exactly ``scope``: the
-        last passage of the nearest indexed row before it, then the first passage of the
-        nearest one after it (either left out when there is none)."""
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        """The passages of the rows next to each of ``row_keys`` of ``session_id`` in
+        exactly ``scope``, as ``(row key, side, passage row)``: side 0 for every passage of
+        the nearest indexed row before it, 1 for the nearest one after it (none when there
+        is no such row)."""
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

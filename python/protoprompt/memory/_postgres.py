@@ -9,7 +9,12 @@ Design notes
   (:func:`words`; ``"Café"`` -> ``cafe``, Cyrillic and other scripts alike). They are stored
   as a ``tsvector`` with their positions (:func:`tsvector_literal`), indexed by GIN, and a
   query is a ``tsquery`` of the same words (:func:`tsquery_literal`): each query piece a
-  phrase (``<->``), the pieces OR-combined. No text search configuration is involved.
+  phrase (``<->``), the pieces OR-combined. No text search configuration is involved. The
+  history layer stores the Porter stems of those words instead (``_stem``), the terms
+  SQLite's ``porter`` tokenizer makes, so both engines match the same terms; a table an
+  older store filled with plain words is stemmed again on first use (``pp_mem_meta`` key
+  ``history_terms``). Both engines' history matches are ranked again in the client by the
+  same BM25 (``_ranking.rank_passages``).
 * **Relevance** is ``ts_rank(tsv, query, 1)``: term frequency, divided by ``1 + log`` of the
   record's length. SQLite ranks by bm25 instead; which records match is the same, and the
   rest of the ranking contract (fusion, ties, pool sizes) is the store's, shared.
@@ -526,19 +531,24 @@ class PostgresBackend:
         total, *found = rows[0]
         return int(total), {term: int(n) for (term, _), n in zip(queries, found, strict=True)}
 
-    def history_adjacent(self, scope: ScopeParams, session_id: str, row_key: int) -> list[Row]:
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        if not row_keys:
+            return []
         eq = " AND ".join(f"h.{c} = %s" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
-        rows: list[Row] = []
-        for op, agg, order in (("<", "max", "DESC"), (">", "min", "ASC")):
-            rows += self._read(
-                f"SELECT {HISTORY} FROM pp_mem_history AS h WHERE {eq} AND h.session_id = %s"
-                f" AND h.row_key = (SELECT {agg}(row_key) FROM pp_mem_history"
-                f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s)"
-                f" ORDER BY h.passage {order} LIMIT 1",
-                (*scope, session_id, *scope, session_id, row_key),
-                history=True,
-            )
-        return [tuple(row) for row in rows]
+        arms, params = [], []
+        for key in row_keys:
+            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
+                arms.append(
+                    f"SELECT {HISTORY}, %s::bigint AS anchor, {side} AS side"
+                    f" FROM pp_mem_history AS h WHERE {eq} AND h.session_id = %s"
+                    f" AND h.row_key = (SELECT {agg}(row_key) FROM pp_mem_history"
+                    f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s)"
+                )
+                params += [key, *scope, session_id, *scope, session_id, key]
+        rows = self._read(" UNION ALL ".join(arms), params, history=True)
+        return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

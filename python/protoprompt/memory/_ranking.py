@@ -21,6 +21,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Sequence
+from functools import lru_cache
 
 __all__ = [
     "MAX_QUERY_TERMS",
@@ -139,6 +140,20 @@ def query_terms(pieces: Sequence[str]) -> dict[str, str]:
     return terms
 
 
+@lru_cache(maxsize=8192)
+def _bag(text: str) -> tuple[int, dict[str, int]]:
+    """A passage's length in words and the count of each of its terms (kept for the
+    passages recent turns ranked: the same passages come back turn after turn)."""
+    from ._stem import stem
+
+    counts: dict[str, int] = {}
+    found = words(text)
+    for w in found:
+        t = stem(w)
+        counts[t] = counts.get(t, 0) + 1
+    return len(found), counts
+
+
 def rank_passages(
     terms: Sequence[str], texts: Sequence[str], total: int, counts: dict[str, int]
 ) -> list[float]:
@@ -147,8 +162,6 @@ def rank_passages(
     holding each term; lengths relative to ``texts``' mean) times the share of the query's
     weight the passage holds, so that among passages sharing a question's template words
     ("the access code for project ...") the one that also holds its rare term wins."""
-    from ._stem import stem
-
     if not texts:
         return []
     n = max(total, len(texts))
@@ -158,17 +171,11 @@ def rank_passages(
         if df > 0:
             idf[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
     weight = sum(idf.values())
-    bags = []
-    for text in texts:
-        stems = [stem(w) for w in words(text)]
-        tf: dict[str, int] = {}
-        for s in stems:
-            if s in idf:
-                tf[s] = tf.get(s, 0) + 1
-        bags.append((len(stems), tf))
+    bags = [_bag(text) for text in texts]
     mean = sum(length for length, _ in bags) / len(bags) or 1.0
     scores = []
-    for length, tf in bags:
+    for length, counts_of in bags:
+        tf = {t: counts_of[t] for t in idf if t in counts_of}
         norm = BM25_K1 * (1.0 - BM25_B + BM25_B * length / mean)
         bm25 = sum(idf[t] * f * (BM25_K1 + 1.0) / (f + norm) for t, f in tf.items())
         held = sum(idf[t] for t in tf)

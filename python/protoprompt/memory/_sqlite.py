@@ -570,20 +570,23 @@ class SQLiteBackend:
             counts[term] = int(found)
         return int(total), counts
 
-    def history_adjacent(self, scope: ScopeParams, session_id: str, row_key: int) -> list[Row]:
-        if not self._has_history():
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        if not row_keys or not self._has_history():
             return []
         where = " AND ".join(f"h.{c} = ?" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
-        where += " AND h.session_id = ?"
-        rows: list[Row] = []
-        for op, agg, order in (("<", "max", "DESC"), (">", "min", "ASC")):
-            rows += self._read(
-                f"SELECT {_HISTORY} FROM pp_mem_history AS h WHERE {where} AND h.row_key = ("
-                f"SELECT {agg}(row_key) FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ?"
-                f" AND row_key {op} ?) ORDER BY h.passage {order} LIMIT 1",
-                (*scope, session_id, *scope, session_id, row_key),
-            )
-        return [tuple(row) for row in rows]
+        arms, params = [], []
+        for key in row_keys:
+            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
+                arms.append(
+                    f"SELECT {_HISTORY}, ? AS anchor, {side} AS side FROM pp_mem_history AS h"
+                    f" WHERE {where} AND h.session_id = ? AND h.row_key = (SELECT {agg}(row_key)"
+                    f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {op} ?)"
+                )
+                params += [key, *scope, session_id, *scope, session_id, key]
+        rows = self._read(" UNION ALL ".join(arms), params)
+        return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

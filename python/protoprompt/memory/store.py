@@ -83,10 +83,11 @@ class MemoryStore:
     rule and ranking contract:
 
     * SQLite: documents are chunked and indexed in an FTS5 table (``unicode61
-      remove_diacritics 2`` tokenizer, bm25 ranking). One connection is shared by all
-      threads and guarded by a lock; file databases use WAL mode and a 30 s busy timeout,
-      so other connections (another store, the Agents SDK's ``SQLiteSession``) can use the
-      same file.
+      remove_diacritics 2`` tokenizer, bm25 ranking); the history layer's passages with
+      Porter stems (``porter unicode61 remove_diacritics 2``, see :meth:`search_history`).
+      One connection is shared by all threads and guarded by a lock; file databases use WAL
+      mode and a 30 s busy timeout, so other connections (another store, the Agents SDK's
+      ``SQLiteSession``) can use the same file.
     * PostgreSQL: the words of each record (letters and digits, case and diacritics folded)
       are indexed as a ``tsvector`` with a GIN index and ranked by ``ts_rank``; the tables
       are created on first use (once, however many workers start together); many processes
@@ -545,24 +546,41 @@ class MemoryStore:
         return self._with_neighbours(hits, seen) if neighbours else hits
 
     def _with_neighbours(self, hits: list[MemoryHit], seen: set[str]) -> list[MemoryHit]:
-        """``hits``, each followed by the passages next to it in its session (once each)."""
+        """``hits``, each followed by the passages next to it in its session (once each):
+        the last passage of the row before, the first of the row after."""
+        groups: dict[tuple[ScopeParams, str], list[int]] = {}
+        for hit in hits:
+            sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
+            if isinstance(sid, str) and isinstance(row, int):
+                groups.setdefault((scope_params(hit.scope), sid), []).append(row)
+        near: dict[tuple[ScopeParams, str, int, int], Row] = {}
+        for (params, sid), rows in groups.items():
+            for anchor, side, found in self._backend.history_adjacent(params, sid, rows):
+                key = (params, sid, anchor, side)
+                best = near.get(key)
+                passage = int(found[7])
+                if best is None or (
+                    passage > int(best[7]) if side == 0 else passage < int(best[7])
+                ):
+                    near[key] = found
         taken = {(h.metadata.get("session_id"), h.metadata.get("row"), h.chunk_index) for h in hits}
         out: list[MemoryHit] = []
         for hit in hits:
             out.append(hit)
             sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
-            if not isinstance(sid, str) or not isinstance(row, int):
-                continue
-            for found in self._backend.history_adjacent(scope_params(hit.scope), sid, row):
-                near = history_hit_of_row(found, hit.score / 2)
-                where = (sid, near.metadata.get("row"), near.chunk_index)
-                key = " ".join(near.text.split()).casefold()
-                if where in taken or key in seen:
+            for side in (0, 1):
+                adjacent = near.get((scope_params(hit.scope), str(sid), int(row or 0), side))
+                if adjacent is None or not isinstance(row, int):
+                    continue
+                neighbour = history_hit_of_row(adjacent, hit.score / 2)
+                where = (sid, neighbour.metadata.get("row"), neighbour.chunk_index)
+                text_key = " ".join(neighbour.text.split()).casefold()
+                if where in taken or text_key in seen:
                     continue
                 taken.add(where)
-                seen.add(key)
-                near.metadata["neighbour_of"] = hit.source
-                out.append(near)
+                seen.add(text_key)
+                neighbour.metadata["neighbour_of"] = hit.source
+                out.append(neighbour)
         return out
 
     def _history_ranked(
