@@ -148,6 +148,38 @@ def test_recall_fills_its_tokens_best_first_and_says_what_it_left_out() -> None:
     assert long.reason.startswith("does not fit whole") and "recall_tokens 2000" in long.reason
 
 
+def test_recalled_passages_that_surely_fit_are_taken_on_their_own_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Filling the layer with 30 short passages counts the context message a few times,
+    not once per passage, and the message's cost is still exact (the plan's)."""
+    import protoprompt.context as context_module
+
+    store = MemoryStore()
+    rows = [HistoryRecord(r, f"user: the badger number {r} dug a hole") for r in range(30)]
+    rows += [HistoryRecord(r, f"user: a heron, number {r}") for r in range(100, 140)]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=20_000, scope=SCOPE, recall_evicted=True
+    )
+    counted: list[int] = []
+    real = context_module.item_tokens
+
+    def counting(item: Any, **kwargs: Any) -> Any:
+        counted.append(1)
+        return real(item, **kwargs)
+
+    monkeypatch.setattr(context_module, "item_tokens", counting)
+    plan = builder.build([], [{"role": "user", "content": "badger?"}], session_id="s1", turn=40)
+    kept = [b for b in plan.blocks if b.layer == "history" and b.kept]
+    assert len(kept) >= 30
+    assert len(counted) <= 6
+    assert plan.context_message is not None
+    message_cost = real(plan.context_message, encoding=builder.encoding).total
+    assert message_cost <= plan.context_limit
+    assert sum(b.tokens or 0 for b in kept) <= builder.recall_tokens
+
+
 def test_recall_leaves_the_newest_turns_half_the_room() -> None:
     store = MemoryStore()
     rows = [HistoryRecord(r, f"user: the heron number {r} " + "waded " * 40) for r in range(40)]
