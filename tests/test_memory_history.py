@@ -392,3 +392,41 @@ def test_a_postgres_history_of_plain_words_is_stemmed_on_first_use(
     for s in stores:
         assert [h.metadata["row"] for h in s.search_history("research", scope=SCOPE)] == [1]
         s.close()
+
+
+def test_sqlite_and_postgres_rank_the_history_alike(postgres_schema: NewDb) -> None:
+    """The same passages and questions give the same hits in the same order on both
+    engines (the engines only find the matches; the ranking is the store's)."""
+    import random
+
+    rng = random.Random(35)
+    topics = "hiking trail cooking pasta garden tomatoes research agencies concert tickets".split()
+    rows = [
+        HistoryRecord(
+            r,
+            ("user: " if r % 2 else "assistant: ")
+            + " ".join(rng.choice(topics) for _ in range(rng.randrange(4, 40)))
+            + f" note {r}",
+        )
+        for r in range(80)
+    ]
+    questions = [
+        "What did I research?",
+        "Which trail did you recommend for hiking?",
+        "How do I cook pasta with tomatoes?",
+        "When were the concert tickets bought?",
+        "tell me about the garden",
+    ]
+    found = {}
+    for engine, target in (("sqlite", ":memory:"), ("postgresql", postgres_schema())):
+        with MemoryStore(target, chunk_words=25, chunk_overlap=5) as store:
+            store.index_history("s1", rows, scope=SCOPE)
+            found[engine] = [
+                [
+                    (h.metadata["row"], h.chunk_index)
+                    for h in store.search_history(q, scope=SCOPE, limit=12)
+                ]
+                for q in questions
+            ]
+    assert all(found["sqlite"]), found["sqlite"]
+    assert found["sqlite"] == found["postgresql"]
