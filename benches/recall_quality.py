@@ -373,12 +373,78 @@ async def _ask(
     return found, times
 
 
+async def _whole_turns(conv: Conversation, budget: int) -> dict[str, list[float]]:
+    """Whole SDK turns (``Runner.run`` over a ``ProtoPromptSession`` in a SQLite file, a
+    model that answers at once), one per question and mode, the modes taking turns (so a
+    busy machine slows both alike), after a first turn that evicts and indexes: the time
+    of each, by mode."""
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage
+    from agents.testing import assistant_message
+
+    import protoprompt as pp
+    from protoprompt.integrations import ProtoPromptSession
+
+    class Answer(Model):
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            return ModelResponse(
+                output=[assistant_message("Noted.")], usage=Usage(), response_id=None
+            )
+
+        async def stream_response(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
+            raise NotImplementedError
+
+    agent = Agent(name="bench", model=Answer())
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {}
+        for mode in MODES:
+            recall = mode == "lexical"
+            store = pp.MemoryStore(str(Path(tmp) / f"memory-{mode}.db"))
+            builder = pp.TokenBudgetedContextBuilder(
+                store if recall else None,
+                max_tokens=budget,
+                encoding=ENCODING,
+                scope=pp.MemoryScope("bench", user=f"turns-{uuid.uuid4().hex}"),
+                masking=None,
+                recall_evicted=recall,
+            )
+            session = ProtoPromptSession("conversation", str(Path(tmp) / f"{mode}.db"))
+            await session.add_items(conv.items)
+            config = RunConfig(
+                session_input_callback=session.input_callback(builder), tracing_disabled=True
+            )
+            await Runner.run(agent, "Good morning!", session=session, run_config=config)
+            if not await builder.wait_for_background(600):
+                raise RuntimeError("the evicted rows were not indexed in 10 minutes")
+            runs[mode] = (store, builder, session, config)
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for k, q in enumerate(conv.questions):
+            for mode in MODES if k % 2 else MODES[::-1]:
+                _, builder, session, config = runs[mode]
+                t0 = time.perf_counter()
+                await Runner.run(agent, q.text, session=session, run_config=config)
+                times[mode].append(time.perf_counter() - t0)
+                await builder.wait_for_background(600)
+        for store, _, session, _ in runs.values():
+            session.close()
+            store.close()
+    return times
+
+
 def measure(
-    seed: int = 35, sessions: int = 24, exchanges: int = 12, postgres: str | None = None
+    seed: int = 35,
+    sessions: int = 24,
+    exchanges: int = 12,
+    postgres: str | None = None,
+    sdk_turns: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per (share, mode): the questions whose evidence all reached the request, by
     kind, and the median time of a question's turn; with ``postgres`` (a URL), lexical
-    recall on that PostgreSQL database too (a scope of its own, forgotten afterwards)."""
+    recall on that PostgreSQL database too (a scope of its own, forgotten afterwards); with
+    ``sdk_turns``, the median whole SDK turn of each mode too (:func:`_whole_turns`)."""
     import protoprompt as pp
 
     conv = conversation(seed, sessions, exchanges)
@@ -390,6 +456,7 @@ def measure(
     rows = []
     for share in SHARES:
         budget = int(share * cost) + longest
+        whole = asyncio.run(_whole_turns(conv, budget)) if sdk_turns else {}
         for mode in (*MODES, "lexical, PostgreSQL") if postgres else MODES:
             found, times = asyncio.run(_ask(conv, budget, mode, postgres))
             row: dict[str, Any] = {
@@ -402,6 +469,7 @@ def measure(
                 "questions": len(found),
                 "reached": sum(found.values()),
                 "turn_ms": statistics.median(times) * 1000,
+                "sdk_turn_ms": statistics.median(whole[mode]) * 1000 if mode in whole else None,
             }
             for kind in KINDS:
                 of = [v for q, v in found.items() if q.kind == kind]
@@ -414,6 +482,12 @@ def recall_ms(rows: list[dict[str, Any]], share: float) -> float:
     """The median turn's time with recall less without it, at ``share``."""
     by = {r["mode"]: r for r in rows if r["share"] == share}
     return float(by["lexical"]["turn_ms"] - by["drop-only"]["turn_ms"])
+
+
+def sdk_ratio(rows: list[dict[str, Any]], share: float) -> float:
+    """The median whole SDK turn with recall over without it, at ``share``."""
+    by = {r["mode"]: r for r in rows if r["share"] == share}
+    return float(by["lexical"]["sdk_turn_ms"] / by["drop-only"]["sdk_turn_ms"])
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
@@ -440,15 +514,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "",
         "| budget | tokens | mode | all evidence reaches the request | "
         + " | ".join(KINDS)
-        + " | turn (median) |",
-        "|---:|---:|:---|---:|" + "---:|" * len(KINDS) + "---:|",
+        + " | callback (median) | whole SDK turn (median) |",
+        "|---:|---:|:---|---:|" + "---:|" * len(KINDS) + "---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['share']:.0%} | {r['budget']:,} | {r['mode']} | "
             f"{_share((r['reached'], r['questions']))} | "
             + " | ".join(_share(r[k]) for k in KINDS)
-            + f" | {r['turn_ms']:.1f} ms |"
+            + f" | {r['turn_ms']:.1f} ms | "
+            + (f"{r['sdk_turn_ms']:.1f} ms |" if r["sdk_turn_ms"] is not None else "- |")
         )
     return "\n".join(lines) + "\n"
 
@@ -468,13 +543,15 @@ def main(argv: list[str] | None = None) -> int:
         help="also recall on this PostgreSQL database (default: $PROTOPROMPT_TEST_POSTGRES_URL)",
     )
     args = parser.parse_args(argv)
-    rows = measure(args.seed, postgres=args.postgres)
+    rows = measure(args.seed, postgres=args.postgres, sdk_turns=True)
     table = markdown(rows)
     met = targets(rows)
     extra = "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in met.items())
     times = ", ".join(f"{s:.0%}: {recall_ms(rows, s):+.1f} ms" for s in SHARES)
+    ratios = ", ".join(f"{s:.0%}: {sdk_ratio(rows, s):.2f}x" for s in SHARES)
     summary = (
-        f"Targets: {extra}. Recall time per turn (median turn with recall less without): {times}."
+        f"Targets: {extra}. Recall time per turn (median callback with recall less without):"
+        f" {times}; whole SDK turn with recall against without: {ratios}."
     )
     print(table + "\n" + summary)
     if args.markdown:
@@ -513,7 +590,10 @@ history or the context message). Budgets: 10% and 25% of the conversation's cost
 longest question, no output reserve, `masking=None`; *drop-only* keeps the newest turns,
 *lexical* adds `recall_evicted=True` (full-text ranking, no embedder) through a
 `ProtoPromptSession` (with `--postgres`, also on a PostgreSQL store: the same ranking).
-Turn times: the session's input callback per question (median), on a shared machine.
+Times, on a shared machine: the session's input callback per question (median), and whole
+SDK turns (`Runner.run` over a `ProtoPromptSession` in a SQLite file, a model that answers
+at once, the two modes taking turns; the background indexing of the rows a turn evicts
+runs beside the rest of that turn, and is waited for before the next).
 Before the ranking of issue 35 (commit f9ab324: unstemmed bm25, question words matched,
 6 passages, no neighbouring turns, no dates), lexical recall reached 24% (15/62) at 10%
 and 32% (20/62) at 25% of this table's questions: paraphrase 13/18 and 16/18, reply 0/8,
