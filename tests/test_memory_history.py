@@ -430,3 +430,46 @@ def test_sqlite_and_postgres_rank_the_history_alike(postgres_schema: NewDb) -> N
             ]
     assert all(found["sqlite"]), found["sqlite"]
     assert found["sqlite"] == found["postgresql"]
+
+
+def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "old.db")
+    with MemoryStore(path) as store:
+        rows = [HistoryRecord(r, f"user: researching topic {r}") for r in range(50)]
+        store.index_history("s", rows, scope=SCOPE)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TABLE pp_mem_history_vocab; DROP TABLE pp_mem_history_fts;"
+        "CREATE VIRTUAL TABLE pp_mem_history_fts USING fts5(text, content = 'pp_mem_history',"
+        " content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2');"
+        "INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild');"
+    )
+    conn.close()
+    opened: list[MemoryStore] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_store() -> None:
+        try:
+            start.wait()
+            opened.append(MemoryStore(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(opened) == 4
+    for s in opened:
+        assert len(s.search_history("research", scope=SCOPE, limit=100)) == 50
+        s.close()
+    conn = sqlite3.connect(path)
+    (sql,) = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'pp_mem_history_fts'"
+    ).fetchone()
+    conn.close()
+    assert "porter" in sql
