@@ -688,10 +688,10 @@ def write_markdown(
         text = io.StringIO()
         print_counting(counting, out=text)
         parts += ["## Token counting\n", "```\n" + text.getvalue() + "```\n"]
-    # The sections written by their own runs (benches/memory_search.py, --engines-only):
-    # kept as they are.
+    # The sections written by their own runs (benches/memory_search.py, --engines-only,
+    # benches/recall_quality.py): kept as they are.
     old = Path(path).read_text() if Path(path).exists() else ""
-    for marker in ("session-engines", "memory-search"):
+    for marker in ("session-engines", "recall-quality", "memory-search"):
         begin, end = old.find(f"<!-- {marker} -->"), old.find(f"<!-- /{marker} -->")
         if 0 <= begin < end:
             parts.append(old[begin : end + len(f"<!-- /{marker} -->")] + "\n")

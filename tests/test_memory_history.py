@@ -228,6 +228,248 @@ def test_words_in_most_passages_do_not_decide_the_ranking(store: MemoryStore, en
     hits = store.search_history("where is the walrus", scope=SCOPE, limit=50)
     assert [h.metadata["row"] for h in hits] == [40]
     # A query of common words alone still matches them; one whose rarer words match
-    # nothing falls back to the common ones.
-    assert len(store.search_history("the answer", scope=SCOPE, limit=50)) == 41
-    assert len(store.search_history("the answer to everything", scope=SCOPE, limit=50)) == 41
+    # nothing falls back to the common ones. Stop words are left out while there are
+    # others ("the" is in every passage), and matched when there are not.
+    assert len(store.search_history("the answer", scope=SCOPE, limit=50)) == 40
+    assert len(store.search_history("the answer to everything", scope=SCOPE, limit=50)) == 40
+    assert len(store.search_history("the", scope=SCOPE, limit=50)) == 41
+
+
+# --------------------------------------------------------------------------- ranking
+
+_STEM_WORDS = (
+    "caresses ponies ties caress cats feed agreed plastered bled motoring sing conflated "
+    "troubled sized hopping tanned falling hissing fizzed failing filing happy sky relational "
+    "conditional rational valenci hesitanci digitizer conformabli radicalli differentli vileli "
+    "analogousli vietnamization predication operator feudalism decisiveness hopefulness "
+    "callousness formaliti sensitiviti sensibiliti triplicate formative formalize electriciti "
+    "electrical hopeful goodness revival allowance inference airliner gyroscopic adjustable "
+    "defensible irritant replacement adjustment dependent adoption homologou communism "
+    "activate angulariti homologous effective bowdlerize probate rate cease controll roll "
+    "researching research agencies generalizations oscillators flying dying ying aing eing "
+    "naive cafe strasse resume uber 2023 x1y covid19 abcdefghijklmnopqrstuvwxyzabcdefghijklmnop"
+    "qrstuvwxyzabcdefghijklmnopqrstuvwxyz"
+)
+
+
+def test_history_terms_are_stemmed_as_sqlite_fts5_porter_stems_them() -> None:
+    """The PostgreSQL engine stores the stems SQLite's porter tokenizer makes (the same
+    terms on both engines), checked word by word against SQLite itself."""
+    from protoprompt.memory._ranking import words
+    from protoprompt.memory._stem import stem
+
+    vocabulary = set(_STEM_WORDS.split())
+    for doc in Path(__file__).resolve().parent.parent.glob("docs/*.md"):
+        vocabulary.update(words(doc.read_text(encoding="utf-8")))
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize = 'porter unicode61')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'row')")
+    wrong = []
+    for word in sorted(vocabulary):
+        conn.execute("DELETE FROM t")
+        conn.execute("INSERT INTO t (x) VALUES (?)", (word,))
+        (term,) = conn.execute("SELECT term FROM v").fetchone()
+        if stem(word) != term:
+            wrong.append((word, term, stem(word)))
+    assert len(vocabulary) > 1000
+    assert wrong == []
+
+
+def test_a_paraphrase_finds_its_turn_and_question_words_do_not(store: MemoryStore) -> None:
+    rows = [
+        HistoryRecord(0, "user: What did it look like?"),
+        HistoryRecord(1, "assistant: What did you do then?"),
+        HistoryRecord(2, "user: I've been researching adoption agencies lately."),
+        HistoryRecord(3, "user: What did the painting show?"),
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    hits = store.search_history("What did Caroline research?", scope=SCOPE, session_id="s1")
+    assert [h.metadata["row"] for h in hits] == [2]  # stemmed; "what did" left out
+    hits = store.search_history("which agency did she contact", scope=SCOPE, session_id="s1")
+    assert [h.metadata["row"] for h in hits][:1] == [2]
+
+
+def test_the_fact_with_the_rare_term_wins_among_confusers(new_db: NewDb) -> None:
+    """24 facts share a template ("the access code for project X is N"): half of them in
+    short user messages, half inside long tool outputs. Each project's question finds its
+    own fact first, on every engine: the short facts of other projects, which hold the
+    template's words in fewer words, do not outrank it."""
+    store = MemoryStore(new_db())  # default passages: 200 words
+    names = (
+        "Zephyr Quokka Marzipan Obsidian Tamarind Halcyon Juniper Kumquat Labradorite Nimbus "
+        "Orrery Pangolin Quasar Rhubarb Sassafras Tundra Umbra Verbena Wombat Xylophone "
+        "Yarrow Zircon Azalea Bergamot"
+    ).split()
+    rows = []
+    for k, name in enumerate(names):
+        fact = f"The access code for project {name} is {10_000 + 37 * k}."
+        if k % 2:
+            rows.append(HistoryRecord(k, f"user: {fact}"))
+        else:
+            text = f"tool output of lookup: {filler(120, k)} {fact} {filler(150, k + 1)}"
+            rows.append(HistoryRecord(k, text))
+    store.index_history("s1", rows, scope=SCOPE)
+    for k, name in enumerate(names):
+        hits = store.search_history(
+            f"What was the access code for project {name}?", scope=SCOPE, session_id="s1", limit=3
+        )
+        assert str(10_000 + 37 * k) in hits[0].text, (name, [h.text[:60] for h in hits])
+    store.close()
+
+
+def test_neighbouring_turns_follow_their_hit_once(store: MemoryStore) -> None:
+    rows = [
+        HistoryRecord(10, "user: Where should I go hiking this weekend?"),
+        HistoryRecord(11, "assistant: Try the Dipsea trail, it ends at Stinson Beach."),
+        HistoryRecord(12, "user: Thanks! Also, my sister lives in Lisbon."),
+        HistoryRecord(14, "assistant: Lisbon is lovely in spring."),
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    plain = store.search_history("hiking weekend", scope=SCOPE, session_id="s1")
+    assert [h.metadata["row"] for h in plain] == [10]
+    hits = store.search_history("hiking weekend", scope=SCOPE, session_id="s1", neighbours=True)
+    assert [h.metadata["row"] for h in hits] == [10, 11]
+    assert hits[1].metadata["neighbour_of"] == "history:s1/10#0"
+    hits = store.search_history("Lisbon", scope=SCOPE, session_id="s1", neighbours=True)
+    rows_found = [h.metadata["row"] for h in hits]
+    assert sorted(rows_found) == [11, 12, 14] and len(set(rows_found)) == len(rows_found)
+
+
+def test_the_same_text_is_recalled_once(store: MemoryStore) -> None:
+    rows = [HistoryRecord(r, "user: my locker pin is 4471") for r in range(3)]
+    rows.append(HistoryRecord(3, "user: the locker by the gym"))
+    store.index_history("s1", rows, scope=SCOPE)
+    hits = store.search_history("locker pin", scope=SCOPE, session_id="s1")
+    assert [h.text for h in hits] == ["user: my locker pin is 4471", "user: the locker by the gym"]
+
+
+def test_a_sqlite_history_index_without_stems_is_made_again(tmp_path: Path) -> None:
+    """A database whose history full-text table was made by an older store (no porter
+    stemming), or that holds something else under its name, has it made again from the
+    passages on first use; a read-only store reads it as it is."""
+    path = str(tmp_path / "old.db")
+    with MemoryStore(path) as store:
+        store.index_history("s", [HistoryRecord(1, "user: researching agencies")], scope=SCOPE)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TABLE pp_mem_history_vocab; DROP TABLE pp_mem_history_fts;"
+        "CREATE VIRTUAL TABLE pp_mem_history_fts USING fts5(text, content = 'pp_mem_history',"
+        " content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2');"
+        "INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild');"
+    )
+    conn.close()
+    with MemoryStore(path, read_only=True) as ro:  # the old index, read as it is
+        assert [h.metadata["row"] for h in ro.search_history("researching", scope=SCOPE)] == [1]
+        assert ro.search_history("research", scope=SCOPE) == []
+    with MemoryStore(path) as store:
+        assert [h.metadata["row"] for h in store.search_history("research", scope=SCOPE)] == [1]
+    conn = sqlite3.connect(path)  # foreign state under the names: never trusted
+    conn.executescript(
+        "DROP TABLE pp_mem_history_vocab; DROP TRIGGER pp_mem_history_ai;"
+        "DROP TABLE pp_mem_history_fts; CREATE TABLE pp_mem_history_fts (x);"
+        "CREATE VIEW pp_mem_history_vocab AS SELECT 1;"
+    )
+    conn.close()
+    with MemoryStore(path) as store:
+        store.index_history("s", [HistoryRecord(2, "user: an agency called Bright")], scope=SCOPE)
+        found = store.search_history("Bright research", scope=SCOPE)
+        assert sorted(h.metadata["row"] for h in found) == [1, 2]
+
+
+def test_a_postgres_history_of_plain_words_is_stemmed_on_first_use(
+    postgres_schema: NewDb,
+) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    url = postgres_schema()
+    with MemoryStore(url) as store:
+        store.index_history("s", [HistoryRecord(1, "user: researching agencies")], scope=SCOPE)
+    with psycopg.connect(url, autocommit=True) as conn:  # as an older store wrote it
+        conn.execute("UPDATE pp_mem_history SET tsv = to_tsvector('simple', text)")
+        conn.execute("DELETE FROM pp_mem_meta WHERE key = 'history_terms'")
+    with MemoryStore(url, read_only=True) as ro:
+        assert [h.metadata["row"] for h in ro.search_history("researching", scope=SCOPE)] == [1]
+    stores = [MemoryStore(url) for _ in range(2)]
+    for s in stores:
+        assert [h.metadata["row"] for h in s.search_history("research", scope=SCOPE)] == [1]
+        s.close()
+
+
+def test_sqlite_and_postgres_rank_the_history_alike(postgres_schema: NewDb) -> None:
+    """The same passages and questions give the same hits in the same order on both
+    engines (the engines only find the matches; the ranking is the store's)."""
+    import random
+
+    rng = random.Random(35)
+    topics = "hiking trail cooking pasta garden tomatoes research agencies concert tickets".split()
+    rows = [
+        HistoryRecord(
+            r,
+            ("user: " if r % 2 else "assistant: ")
+            + " ".join(rng.choice(topics) for _ in range(rng.randrange(4, 40)))
+            + f" note {r}",
+        )
+        for r in range(80)
+    ]
+    questions = [
+        "What did I research?",
+        "Which trail did you recommend for hiking?",
+        "How do I cook pasta with tomatoes?",
+        "When were the concert tickets bought?",
+        "tell me about the garden",
+    ]
+    found = {}
+    for engine, target in (("sqlite", ":memory:"), ("postgresql", postgres_schema())):
+        with MemoryStore(target, chunk_words=25, chunk_overlap=5) as store:
+            store.index_history("s1", rows, scope=SCOPE)
+            found[engine] = [
+                [
+                    (h.metadata["row"], h.chunk_index)
+                    for h in store.search_history(q, scope=SCOPE, limit=12)
+                ]
+                for q in questions
+            ]
+    assert all(found["sqlite"]), found["sqlite"]
+    assert found["sqlite"] == found["postgresql"]
+
+
+def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "old.db")
+    with MemoryStore(path) as store:
+        rows = [HistoryRecord(r, f"user: researching topic {r}") for r in range(50)]
+        store.index_history("s", rows, scope=SCOPE)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TABLE pp_mem_history_vocab; DROP TABLE pp_mem_history_fts;"
+        "CREATE VIRTUAL TABLE pp_mem_history_fts USING fts5(text, content = 'pp_mem_history',"
+        " content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2');"
+        "INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild');"
+    )
+    conn.close()
+    opened: list[MemoryStore] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_store() -> None:
+        try:
+            start.wait()
+            opened.append(MemoryStore(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(opened) == 4
+    for s in opened:
+        assert len(s.search_history("research", scope=SCOPE, limit=100)) == 50
+        s.close()
+    conn = sqlite3.connect(path)
+    (sql,) = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'pp_mem_history_fts'"
+    ).fetchone()
+    conn.close()
+    assert "porter" in sql

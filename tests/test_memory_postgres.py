@@ -344,7 +344,8 @@ def test_writers_in_several_processes(postgres_schema: NewDb, tmp_path: Path) ->
         profile = store.get_profile(scope=shared)
         assert profile is not None and profile.startswith("profile by w")
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT count(*) FROM pp_mem_meta").fetchone() == (1,)
+        rows = conn.execute("SELECT key, value FROM pp_mem_meta ORDER BY key").fetchall()
+        assert rows == [("history_terms", "porter"), ("schema", "1")]
 
 
 # --------------------------------------------------------------------- one contract

@@ -151,6 +151,120 @@ def test_the_history_layer_keeps_to_its_own_limit() -> None:
     assert all(b.status == "dropped" and "in the layer" in b.reason for b in blocks[1:])
 
 
+def test_recall_fills_its_tokens_best_first_and_says_what_it_left_out() -> None:
+    """``recall_tokens`` is a limit of tokens, not of passages: 20 short matching turns all
+    fit in 2,000 tokens; a long passage that does not fit whole is left out (the plan says
+    why) while the smaller ones ranked after it still fit."""
+    store = MemoryStore(chunk_words=5_000, chunk_overlap=0)
+    rows = [HistoryRecord(0, "user: the otter paddled by the weir", {"turn": 1})]
+    rows.append(HistoryRecord(1, "user: otter paddled " + "slowly " * 2_500, {"turn": 2}))
+    rows += [HistoryRecord(r, f"user: the otter number {r} swam by") for r in range(2, 22)]
+    rows += [HistoryRecord(r, f"user: a heron, number {r}") for r in range(100, 130)]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=20_000, scope=SCOPE, recall_evicted=True
+    )
+    query = [{"role": "user", "content": "Where has the otter paddled?"}]
+    plan = builder.build([], query, session_id="s1", turn=30)
+    blocks = [b for b in plan.blocks if b.layer == "history"]
+    kept = [b for b in blocks if b.kept]
+    assert [b.source for b in blocks[:2]] == ["history:0#0", "history:1#0"]
+    otters = {f"history:{r}#0" for r in (0, *range(2, 22))}
+    assert otters <= {b.source for b in kept}  # not 6 passages: all that fit
+    assert all(b.status == "kept" for b in kept)
+    assert sum(b.tokens or 0 for b in kept) <= 2_000
+    long = blocks[1]
+    assert long.status == "dropped"
+    assert long.reason.startswith("does not fit whole") and "recall_tokens 2000" in long.reason
+
+
+def test_recalled_passages_that_surely_fit_are_taken_on_their_own_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Filling the layer with 30 short passages counts the context message a few times,
+    not once per passage, and the message's cost is still exact (the plan's)."""
+    import protoprompt.context as context_module
+
+    store = MemoryStore()
+    rows = [HistoryRecord(r, f"user: the badger number {r} dug a hole") for r in range(30)]
+    rows += [HistoryRecord(r, f"user: a heron, number {r}") for r in range(100, 140)]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=20_000, scope=SCOPE, recall_evicted=True
+    )
+    counted: list[int] = []
+    real = context_module.item_tokens
+
+    def counting(item: Any, **kwargs: Any) -> Any:
+        counted.append(1)
+        return real(item, **kwargs)
+
+    monkeypatch.setattr(context_module, "item_tokens", counting)
+    plan = builder.build([], [{"role": "user", "content": "badger?"}], session_id="s1", turn=40)
+    kept = [b for b in plan.blocks if b.layer == "history" and b.kept]
+    assert len(kept) >= 30
+    assert len(counted) <= 6
+    assert plan.context_message is not None
+    message_cost = real(plan.context_message, encoding=builder.encoding).total
+    assert message_cost <= plan.context_limit
+    assert sum(b.tokens or 0 for b in kept) <= builder.recall_tokens
+
+
+def test_recall_leaves_the_newest_turns_half_the_room() -> None:
+    store = MemoryStore()
+    rows = [HistoryRecord(r, f"user: the heron number {r} " + "waded " * 40) for r in range(40)]
+    store.index_history("s1", rows, scope=SCOPE)
+    history = [{"role": "user", "content": f"turn {i} " + "chat " * 40} for i in range(40)]
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=1_500, scope=SCOPE, recall_evicted=True, masking=None
+    )
+    plan = builder.build(history, [{"role": "user", "content": "heron?"}], session_id="s1")
+    used = sum(b.tokens or 0 for b in plan.blocks if b.layer == "history" and b.kept)
+    assert 0 < used <= 750 and plan.pack.kept_history
+    dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
+    assert dropped and "50% of the room" in dropped[0].reason
+
+
+def test_a_recalled_turn_brings_its_neighbours_and_its_date() -> None:
+    store = MemoryStore()
+    rows = [
+        HistoryRecord(4, "user: which trail should I take on Saturday?", {"date": "2023-05-06"}),
+        HistoryRecord(5, "assistant: the Dipsea, it ends at Stinson Beach", {"date": "2023-05-06"}),
+        HistoryRecord(9, "user: my sister lives in Lisbon", {"turn": 3}),
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "Which trail did you suggest?"}]
+    plan = builder.build([], query, session_id="s1", turn=9)
+    assert [b.source for b in plan.blocks if b.layer == "history" and b.kept][:2] == [
+        "history:4#0",
+        "history:5#0",
+    ]
+    assert plan.context_message is not None
+    assert 'date="2023-05-06"' in plan.context_message["content"]
+    assert "Stinson Beach" in plan.context_message["content"]  # the answer, by its question
+
+
+@pytest.mark.parametrize(
+    ("item", "date"),
+    [
+        ({"role": "user", "content": "x", "created_at": 1683504960}, "2023-05-08 00:16"),
+        (
+            {"role": "user", "content": "x", "timestamp": "2023-05-08T13:56:00+02:00"},
+            "2023-05-08 11:56",
+        ),
+        ({"role": "user", "content": "x", "date": "2023-05-08"}, "2023-05-08"),
+        ({"role": "user", "content": "x", "date": "last friday"}, None),
+        ({"role": "user", "content": "x", "created_at": True}, None),
+        ({"role": "user", "content": "x"}, None),
+    ],
+)
+def test_the_date_of_a_history_item(item: dict[str, Any], date: str | None) -> None:
+    from protoprompt._recall_index import date_of
+
+    assert date_of(item) == date
+
+
 def test_other_sessions_are_recalled_only_when_asked() -> None:
     store = MemoryStore()
     store.index_history("other", [HistoryRecord(0, "user: my cat is called Tom")], scope=SCOPE)
@@ -652,3 +766,18 @@ async def test_rows_evicted_after_a_compaction_keep_the_compacted_turns_passages
     assert before <= after, f"{len(before - after)} compacted rows lost their passages"
     assert after - before  # and the rows evicted since have theirs
     store.close()
+
+
+def test_evidence_of_generated_conversations_reaches_the_request() -> None:
+    """The recall benchmark (benches/recall_quality.py) on a shorter conversation:
+    paraphrased questions, replies that answer an earlier question, dates, multi-hop and
+    confusable facts reach the request with lexical recall, within its targets."""
+    import recall_quality
+
+    rows = recall_quality.measure(sessions=14, exchanges=8)
+    assert all(recall_quality.targets(rows).values()), recall_quality.markdown(rows)
+    by = {(r["share"], r["mode"]): r for r in rows}
+    for share in recall_quality.SHARES:
+        lexical, dropped = by[(share, "lexical")], by[(share, "drop-only")]
+        assert lexical["reached"] > dropped["reached"]
+        assert lexical["reply"][0] == lexical["reply"][1]  # the answer, by its question

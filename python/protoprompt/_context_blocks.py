@@ -23,6 +23,12 @@ SECTION_TAGS = {
     "history": "recalled_turns",
 }
 CAP_NAMES = {"history": "recall_tokens", "summary": "summary_tokens"}
+SIZE_SLACK = 8
+"""Tokens a block may cost less inside the message than alone (merges at its edges): a
+recalled passage whose block alone exceeds the room left by more is not tried."""
+RECALL_SHARE = 0.5
+"""The ``history`` layer takes at most this share of the room the layers before it leave
+(and at most ``recall_tokens``): recalled turns never crowd out all of the newest ones."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
     meta = hit.metadata
     label = meta.get("label")
     what = f' what="{attr(label)}"' if isinstance(label, str) and label else ""
+    date = meta.get("date")
+    if isinstance(date, str) and date:
+        what = f' date="{attr(date)}"' + what
     if meta.get("session_id") != session_id:
         return f'when="earlier, in session {attr(str(meta.get("session_id")))}"{what}'
     then = meta.get("turn")
@@ -90,6 +99,19 @@ class _Fill:
     """Layers whose own limit is used up, and why."""
     untried: list[tuple[int, Candidate, str]] = field(default_factory=list)
     slots: list[ContextBlock | None] = field(default_factory=list)
+    sizes: dict[int, int] = field(default_factory=dict)
+    """Tokens of each recalled passage's block alone, by the candidate's ``id``."""
+    pending: list[tuple[int, Candidate, int]] = field(default_factory=list)
+    """Recalled passages accepted on their own size, not yet counted in the message: (slot,
+    candidate, size); their estimate is ``size + SIZE_SLACK`` each (see ``Assembler.settle``)."""
+    recall_room: int | None = None
+    """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
+    before it leave (set when its first passage is tried)."""
+
+    @property
+    def estimate(self) -> int:
+        """Tokens the pending passages add at most (by their own sizes)."""
+        return sum(size + SIZE_SLACK for _, _, size in self.pending)
 
     def accept(self, cand: Candidate, text: str, new_cost: int) -> None:
         self.accepted.append((cand, text))
@@ -156,8 +178,13 @@ class Assembler:
                     "system", "system_prompt", "kept", "mandatory", fill.cost, system_prompt
                 )
             )
+        recalled = [c for c in pool if c.layer == "history"]
+        if len(recalled) > 1:  # their own sizes, to pass over those that cannot fit
+            sizes = self.count_batch([render_block(c, c.text) for c in recalled])
+            fill.sizes = {id(c): n for c, n in zip(recalled, sizes, strict=True)}
         for cand in pool:
             self._try(system_prompt, fill, cand, limit)
+        self.settle(system_prompt, fill, limit)
         if fill.untried:
             counts = self.count_batch([render_block(c, c.text) for _, c, _ in fill.untried])
             for (slot, cand, why), tokens in zip(fill.untried, counts, strict=True):
@@ -170,20 +197,90 @@ class Assembler:
             raise RuntimeError(f"context cost drifted: {final} vs {fill.cost} (limit {limit})")
         return Assembly(final, message, blocks, limit)
 
+    def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
+        """The message's cost ``cand`` must fit within, and the note naming the layer's own
+        limit when that is what bounds it. A layer with a limit of its own fits within it
+        and within the message's."""
+        layer_cap = self.caps.get(cand.layer)
+        if layer_cap is None:
+            return limit, ""
+        name = CAP_NAMES[cand.layer]
+        share = fill.recall_room if cand.layer == "history" else None
+        if share is not None and share < layer_cap:
+            layer_cap, name = share, f"{RECALL_SHARE:.0%} of the room"
+        if fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
+            return fill.cost + layer_cap - fill.used.get(cand.layer, 0), f" ({name} {layer_cap})"
+        return limit, ""
+
+    def settle(self, system_prompt: str, fill: _Fill, limit: int) -> None:
+        """Count the message with the pending passages (accepted on their own sizes): they
+        stay when it fits, as it does unless a count is not additive; otherwise each is
+        tried again, counted one by one."""
+        if not fill.pending:
+            return
+        pending, fill.pending = fill.pending, []
+        del fill.accepted[len(fill.accepted) - len(pending) :]
+        room, _ = self._room(fill, pending[0][1], limit)
+        trial = self.cost(
+            self.render(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
+        )
+        if trial <= room:
+            used = fill.used.get("history", 0)
+            fill.accepted.extend((c, c.text) for _, c, _ in pending)
+            fill.used["history"] = used + trial - fill.cost
+            fill.cost = trial
+            return
+        for slot, cand, _ in pending:  # pragma: no cover - token counts are near additive
+            room, note = self._room(fill, cand, limit)
+            fill.slots[slot] = self._whole(system_prompt, fill, cand, room, note)
+
+    def _whole(
+        self, system_prompt: str, fill: _Fill, cand: Candidate, room: int, note: str
+    ) -> ContextBlock:
+        """``cand`` counted in the message: kept whole when it fits, else dropped."""
+        trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
+        need = trial - fill.cost
+        if trial <= room:
+            fill.accept(cand, cand.text, trial)
+            return ContextBlock(
+                cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score
+            )
+        reason = f"does not fit whole: needs {need}, {room - fill.cost} left{note}"
+        return _dropped(cand, reason, need)
+
     def _try(self, system_prompt: str, fill: _Fill, cand: Candidate, limit: int) -> None:
         """Accept ``cand`` whole, cut, or drop it (one slot of the fill)."""
+        size = fill.sizes.get(id(cand))
+        later = size is not None and bool(fill.used.get(cand.layer))  # not the layer's first
+        if not later:
+            self.settle(system_prompt, fill, limit)
         full = fill.exhausted or fill.layer_full.get(cand.layer)
+        if cand.layer == "history" and fill.recall_room is None:
+            fill.recall_room = max(int((limit - fill.cost) * RECALL_SHARE), 1)
         if full is not None:
             fill.untried.append((len(fill.slots), cand, full))
             fill.slots.append(None)
             return
-        # A layer with a limit of its own fits within it and within the message's.
-        layer_cap = self.caps.get(cand.layer)
-        room = limit
-        note = ""
-        if layer_cap is not None and fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
-            room = fill.cost + layer_cap - fill.used.get(cand.layer, 0)
-            note = f" ({CAP_NAMES[cand.layer]} {layer_cap})"
+        room, note = self._room(fill, cand, limit)
+        if later and size is not None:
+            # A later recalled passage: taken on its own size while that surely fits, passed
+            # over while its block alone is larger than the room left, counted otherwise.
+            left = room - fill.cost - fill.estimate
+            if size + SIZE_SLACK <= left:
+                fill.pending.append((len(fill.slots), cand, size))
+                fill.accepted.append((cand, cand.text))
+                fill.slots.append(
+                    ContextBlock(
+                        cand.layer, cand.source, "kept", "fits", size, cand.text, cand.score
+                    )
+                )
+                return
+            self.settle(system_prompt, fill, limit)
+            room, note = self._room(fill, cand, limit)
+            if size - SIZE_SLACK > room - fill.cost:
+                reason = f"does not fit whole: needs {size}, {room - fill.cost} left{note}"
+                fill.slots.append(_dropped(cand, reason, size))
+                return
         trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
         need = trial - fill.cost
         if trial <= room:
@@ -193,7 +290,9 @@ class Assembler:
             fill.accept(cand, cand.text, trial)
             return
         left = room - fill.cost
-        if not cand.truncatable:
+        if not cand.truncatable or later:
+            # A recalled passage is kept whole, or (the layer's first) cut: a later, smaller
+            # one may fit where this one does not.
             reason = f"does not fit whole: needs {need}, {left} left{note}"
             fill.slots.append(_dropped(cand, reason, need))
             return

@@ -15,6 +15,12 @@ from .memory._ranking import cosine, rrf_weight
 
 Embedder = Callable[[list[str]], list[list[float]]]
 
+TOKENS_PER_HIT = 60
+MIN_HITS, MAX_HITS = 4, 32
+"""Passages a turn asks the store for (before their neighbours), by ``recall_tokens``:
+one per :data:`TOKENS_PER_HIT` tokens, within these bounds; the context message then
+takes them best first while they fit."""
+
 EXCLUSION_ROUNDS = 4
 """Builds at most of one turn that leave out recalled passages found in the request."""
 
@@ -29,7 +35,8 @@ class Recall:
     fact_limit: int
     rag_limit: int
     recall_evicted: bool
-    recall_limit: int
+    recall_limit: int | None
+    recall_tokens: int
     recall_other_sessions: bool
     embedder: Embedder | None
 
@@ -98,14 +105,22 @@ class Recall:
         self, query: str, scope: MemoryScope, session_id: str, turn: int | None
     ) -> list[Candidate]:
         """Passages of the evicted turns (of ``session_id``, or of every session of the
-        scope with ``recall_other_sessions``) most relevant to ``query``."""
+        scope with ``recall_other_sessions``) most relevant to ``query``, best first, each
+        followed by its neighbouring turns: enough to fill ``recall_tokens`` (or
+        ``recall_limit`` of them)."""
+        limit = self.recall_limit
+        if limit is None:
+            limit = min(max(self.recall_tokens // TOKENS_PER_HIT, MIN_HITS), MAX_HITS)
         hits = self.store.search_history(
             query,
             scope=scope,
             session_id=None if self.recall_other_sessions else session_id,
-            limit=self.recall_limit,
+            limit=limit,
             include_parents=self.include_parents,
+            neighbours=True,
         )
+        if self.recall_limit is not None:
+            hits = hits[: self.recall_limit]
         found = []
         for h in hits:
             sid, row = str(h.metadata.get("session_id")), h.metadata.get("row")

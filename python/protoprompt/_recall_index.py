@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from ._recall_ledger import POSITION_SHIFT, Ledger, item_digest, position_key
@@ -14,6 +15,38 @@ from .transcript import render_item, tool_names
 
 BATCH = 256
 """Rows indexed per store call."""
+
+
+DATE_FIELDS = ("created_at", "timestamp", "date")
+"""Fields of a history item read as the time it was said (the first one that is a time):
+seconds since the epoch, or an ISO 8601 date or date and time."""
+
+
+def date_of(item: Any) -> str | None:
+    """When ``item`` was said, as ``YYYY-MM-DD`` or ``YYYY-MM-DD HH:MM`` (UTC for epoch
+    seconds and for times with an offset), when the item carries it (:data:`DATE_FIELDS`)."""
+    if not isinstance(item, dict):
+        return None
+    for name in DATE_FIELDS:
+        value = item.get(name)
+        when: datetime | None = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                when = datetime.fromtimestamp(float(value), tz=timezone.utc)
+            except (OverflowError, OSError, ValueError):
+                continue
+        elif isinstance(value, str) and 8 <= len(value) <= 40:
+            try:
+                when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            if len(value.strip()) <= 10:
+                return when.strftime("%Y-%m-%d")
+        if when is not None:
+            if when.tzinfo is not None:
+                when = when.astimezone(timezone.utc)
+            return when.strftime("%Y-%m-%d %H:%M")
+    return None
 
 
 def turn_of(users: Sequence[int] | None, p: int) -> int | None:
@@ -142,5 +175,8 @@ class IndexJob:
             turn = turn_of(self.users, p)
             if turn is not None:
                 meta["turn"] = turn
+            date = date_of(item)
+            if date is not None:
+                meta["date"] = date
             records.append(HistoryRecord(key, rendered.text, meta, digest))
         return records

@@ -132,9 +132,13 @@ class TokenBudgetedContextBuilder:
             same session most relevant to each new input into the context message (layer
             ``history``; see ``docs/recall.md``). Needs a
             :class:`~protoprompt.memory.MemoryStore` and a scope.
-        recall_limit: most passages recalled per turn.
-        recall_tokens: the ``history`` layer's own limit in the context message (the
-            passages also fit in the room the layers before them leave).
+        recall_limit: most passages recalled per turn; ``None`` (the default): as many as
+            fit in ``recall_tokens``.
+        recall_tokens: the ``history`` layer's own limit in the context message, in tokens
+            (the passages also fit in the room the layers before them leave): the best
+            passages are taken whole while they fit, each followed by its neighbouring
+            turns, and a passage that does not fit whole is left out (the plan says so)
+            while smaller ones after it may still fit.
         recall_other_sessions: also recall evicted turns of the scope's other sessions.
         summarizer: a :class:`~protoprompt.summaries.Summarizer` (e.g.
             :class:`~protoprompt.summaries.ModelSummarizer`): a session keeps a rolling
@@ -175,7 +179,7 @@ class TokenBudgetedContextBuilder:
         calibration: Calibration | None = None,
         masking: Masking | None = DEFAULT_MASKING,
         recall_evicted: bool = False,
-        recall_limit: int = 6,
+        recall_limit: int | None = None,
         recall_tokens: int = 2_000,
         recall_other_sessions: bool = False,
         summarizer: Summarizer | None = None,
@@ -216,7 +220,9 @@ class TokenBudgetedContextBuilder:
             summarizer=None,
         )
         self.recall_evicted = recall_evicted
-        self.recall_limit = check_int("recall_limit", recall_limit, minimum=1)
+        self.recall_limit = (
+            None if recall_limit is None else check_int("recall_limit", recall_limit, minimum=1)
+        )
         self.recall_tokens = check_int("recall_tokens", recall_tokens, minimum=1)
         self.recall_other_sessions = recall_other_sessions
         check_evictions(
@@ -292,6 +298,7 @@ class TokenBudgetedContextBuilder:
             self.rag_limit,
             self.recall_evicted,
             self.recall_limit,
+            self.recall_tokens,
             self.recall_other_sessions,
             self.embedder,
         )

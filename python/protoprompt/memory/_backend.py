@@ -222,6 +222,24 @@ class Backend(Protocol):
         engine's relevance (the ranking of :meth:`text_search`), best first, by id on ties,
         at most ``pool``."""
 
+    def history_counts(
+        self,
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[int, dict[str, int]]:
+        """The history passages in ``scopes`` (of ``session_id`` only, unless ``None``), and
+        for each ``(term, word)`` of ``terms`` (a Porter stem and a word that has it) how
+        many of them hold the term."""
+
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        """The passages of the rows next to each of ``row_keys`` of ``session_id`` in
+        exactly ``scope``, as ``(row key, side, passage row)``: side 0 for every passage of
+        the nearest indexed row before it, 1 for the nearest one after it (none when there
+        is no such row)."""
+
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None
     ) -> list[tuple[Row, bytes]]:

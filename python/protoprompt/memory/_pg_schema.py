@@ -77,6 +77,50 @@ HISTORY_SCHEMA = (
 stores neither read nor write it, so the version stays)."""
 
 
+HISTORY_TERMS = "porter"
+"""What the history layer's ``tsv`` column holds (``pp_mem_meta`` key ``history_terms``):
+Porter stems (``_stem``). A table without the key holds plain words (an older store): its
+``tsv`` is computed again from the passages on first use."""
+
+
+def history_stemmed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    """Whether the history layer's ``tsv`` column holds Porter stems."""
+    found = conn.execute("SELECT value FROM pp_mem_meta WHERE key = 'history_terms'").fetchone()
+    return found is not None and str(found[0]) == HISTORY_TERMS
+
+
+def migrate_history_terms(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+    """Store Porter stems in the history layer's ``tsv`` column, computed again from each
+    passage's text when an older store wrote plain words (once, under the schema lock)."""
+    if history_stemmed(conn):
+        return
+    from ._pg_sql import tsvector_literal
+
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, SCHEMA_LOCK))
+        if history_stemmed(conn):
+            return
+        last = -1
+        while True:
+            rows = conn.execute(
+                "SELECT id, text FROM pp_mem_history WHERE id > %s ORDER BY id LIMIT 1000",
+                (last,),
+            ).fetchall()
+            if not rows:
+                break
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "UPDATE pp_mem_history SET tsv = %s::tsvector WHERE id = %s",
+                    [(tsvector_literal(text, stemmed=True), rid) for rid, text in rows],
+                )
+            last = rows[-1][0]
+        conn.execute(
+            "INSERT INTO pp_mem_meta (key, value) VALUES ('history_terms', %s)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (HISTORY_TERMS,),
+        )
+
+
 def vector_setup(conn: psycopg.Connection[tuple[Any, ...]], *, create: bool = True) -> str | None:
     """The quoted schema of the pgvector extension when the database has it, after making
     sure ``pp_mem_records`` has its ``vec`` column (added once, under the schema lock, when
@@ -129,6 +173,7 @@ def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, SCHEMA_LOCK))
             for statement in HISTORY_SCHEMA:
                 conn.execute(statement)
+    migrate_history_terms(conn)
 
 
 def create_tables(conn: psycopg.Connection[tuple[Any, ...]]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, ScopeParams
 from ._ranking import words
+from ._stem import stem
 
 _MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one word (2 KiB less the terminator)
 _MAX_POSITION = 16383  # positions beyond are stored as this one
@@ -32,14 +33,21 @@ def _indexable(word: str) -> bool:
     return len(word.encode("utf-8")) <= _MAX_LEXEME_BYTES
 
 
-def tsvector_literal(text: str) -> str:
-    """The ``tsvector`` of ``text``: each of its :func:`words` with its 1-based positions
+def terms(text: str, stemmed: bool = False) -> list[str]:
+    """The words of ``text`` as a ``tsvector`` holds them: :func:`words`, or (``stemmed``,
+    the history layer) their Porter stems, the terms SQLite's ``porter`` tokenizer makes."""
+    found = words(text)
+    return [stem(w) for w in found] if stemmed else found
+
+
+def tsvector_literal(text: str, stemmed: bool = False) -> str:
+    """The ``tsvector`` of ``text``: each of its :func:`terms` with its 1-based positions
     (positions past 16383 count as 16383; at most 256 per word; words longer than
     PostgreSQL's 2046-byte limit are not indexed, nor further words or positions once the
     ``tsvector`` would take 1,000,000 bytes -- PostgreSQL's limit is 1 MiB)."""
     positions: dict[str, list[int]] = {}
     total = 0  # PostgreSQL's count: each word (aligned to 2 bytes), 2 + 2 per position
-    for number, word in enumerate(words(text), start=1):
+    for number, word in enumerate(terms(text, stemmed), start=1):
         kept = positions.get(word)
         if kept is None:
             size = len(word.encode("utf-8"))
@@ -57,12 +65,12 @@ def tsvector_literal(text: str) -> str:
     )
 
 
-def tsquery_literal(pieces: Sequence[str]) -> str | None:
-    """The ``tsquery`` of a search's pieces: each piece the phrase of its :func:`words`,
+def tsquery_literal(pieces: Sequence[str], stemmed: bool = False) -> str | None:
+    """The ``tsquery`` of a search's pieces: each piece the phrase of its :func:`terms`,
     OR-combined; ``None`` when no piece has a word that can be indexed."""
     phrases = []
     for piece in pieces:
-        found = words(piece)
+        found = terms(piece, stemmed)
         if found and all(_indexable(word) for word in found):
             phrases.append("(" + " <-> ".join(_quote(word) for word in found) + ")")
     return " | ".join(dict.fromkeys(phrases)) or None

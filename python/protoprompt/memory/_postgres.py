@@ -9,7 +9,12 @@ Design notes
   (:func:`words`; ``"Café"`` -> ``cafe``, Cyrillic and other scripts alike). They are stored
   as a ``tsvector`` with their positions (:func:`tsvector_literal`), indexed by GIN, and a
   query is a ``tsquery`` of the same words (:func:`tsquery_literal`): each query piece a
-  phrase (``<->``), the pieces OR-combined. No text search configuration is involved.
+  phrase (``<->``), the pieces OR-combined. No text search configuration is involved. The
+  history layer stores the Porter stems of those words instead (``_stem``), the terms
+  SQLite's ``porter`` tokenizer makes, so both engines match the same terms; a table an
+  older store filled with plain words is stemmed again on first use (``pp_mem_meta`` key
+  ``history_terms``). Both engines' history matches are ranked again in the client by the
+  same BM25 (``_ranking.rank_passages``).
 * **Relevance** is ``ts_rank(tsv, query, 1)``: term frequency, divided by ``1 + log`` of the
   record's length. SQLite ranks by bm25 instead; which records match is the same, and the
   rest of the ranking contract (fusion, ties, pool sizes) is the store's, shared.
@@ -50,6 +55,7 @@ from ._pg_schema import (
     SCHEMA_VERSION,
     check_version,
     has_history,
+    history_stemmed,
     migrate,
     schema_version,
     vector_setup,
@@ -123,9 +129,10 @@ class PostgresBackend:
             if read_only:
                 self._tables = check_version(schema_version(conn))
                 self._history = self._tables and has_history(conn)
+                self._stemmed = self._history and history_stemmed(conn)
             else:
                 migrate(conn)
-                self._tables = self._history = True
+                self._tables = self._history = self._stemmed = True
             self._vector = vector_setup(conn, create=not read_only) if self._tables else None
         _BACKENDS.add(self)
 
@@ -389,7 +396,7 @@ class PostgresBackend:
                 e.metadata,
                 created_at,
                 c.embedding,
-                tsvector_literal(c.text),
+                tsvector_literal(c.text, stemmed=True),
             )
             for e in entries
             for c in e.passages
@@ -483,7 +490,7 @@ class PostgresBackend:
         session_id: str | None,
         pool: int,
     ) -> list[tuple[Row, float]]:
-        query = tsquery_literal(pieces)
+        query = tsquery_literal(pieces, stemmed=self._stemmed)
         if query is None:
             return []
         where, params = scope_filter(scopes, alias="h")
@@ -497,6 +504,51 @@ class PostgresBackend:
         )
         rows = self._read(sql, [query, *params, pool], history=True)
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
+
+    def history_counts(
+        self,
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[int, dict[str, int]]:
+        where, params = scope_filter(scopes, alias="h")
+        if session_id is not None:
+            where += " AND h.session_id = %s"
+            params.append(session_id)
+        queries = []
+        for term, word in terms:
+            query = tsquery_literal([term if self._stemmed else word], stemmed=False)
+            if query is not None:
+                queries.append((term, query))
+        filters = "".join(", count(*) FILTER (WHERE h.tsv @@ %s::tsquery)" for _ in queries)
+        rows = self._read(
+            f"SELECT count(*){filters} FROM pp_mem_history AS h WHERE {where}",
+            [*(q for _, q in queries), *params],
+            history=True,
+        )
+        if not rows:
+            return 0, {}
+        total, *found = rows[0]
+        return int(total), {term: int(n) for (term, _), n in zip(queries, found, strict=True)}
+
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        if not row_keys:
+            return []
+        eq = " AND ".join(f"h.{c} = %s" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
+        arms, params = [], []
+        for key in row_keys:
+            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
+                arms.append(
+                    f"SELECT {HISTORY}, %s::bigint AS anchor, {side} AS side"
+                    f" FROM pp_mem_history AS h WHERE {eq} AND h.session_id = %s"
+                    f" AND h.row_key = (SELECT {agg}(row_key) FROM pp_mem_history"
+                    f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s)"
+                )
+                params += [key, *scope, session_id, *scope, session_id, key]
+        rows = self._read(" UNION ALL ".join(arms), params, history=True)
+        return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

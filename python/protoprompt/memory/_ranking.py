@@ -21,6 +21,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Sequence
+from functools import lru_cache
 
 __all__ = [
     "MAX_QUERY_TERMS",
@@ -106,3 +107,77 @@ def fuse(
     else:
         scores = dict(text_ranked or vector_ranked)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+
+
+# --------------------------------------------------------------------------- the history layer
+
+BM25_K1 = 1.2
+"""Term-frequency saturation of the history layer's ranking (BM25's ``k1``)."""
+BM25_B = 0.3
+"""Length normalisation of the history layer's ranking (BM25's ``b``): low, because turns
+are short and a fact inside a long tool output must not lose to a short turn on length."""
+
+
+def content_pieces(pieces: Sequence[str]) -> list[str]:
+    """The pieces of a query that hold a word other than a stop word (all of them when
+    none does): "What did Caroline research?" searches for ``Caroline research?``."""
+    from ._stem import STOP_WORDS
+
+    kept = [p for p in pieces if any(w not in STOP_WORDS for w in words(p))]
+    return kept or list(pieces)
+
+
+def query_terms(pieces: Sequence[str]) -> dict[str, str]:
+    """The terms (Porter stems) of a query's pieces, each with the first word that gave it,
+    leaving out stop words while there are others."""
+    from ._stem import STOP_WORDS, stem
+
+    found = [w for p in pieces for w in words(p)]
+    content = [w for w in found if w not in STOP_WORDS] or found
+    terms: dict[str, str] = {}
+    for w in content:
+        terms.setdefault(stem(w), w)
+    return terms
+
+
+@lru_cache(maxsize=8192)
+def _bag(text: str) -> tuple[int, dict[str, int]]:
+    """A passage's length in words and the count of each of its terms (kept for the
+    passages recent turns ranked: the same passages come back turn after turn)."""
+    from ._stem import stem
+
+    counts: dict[str, int] = {}
+    found = words(text)
+    for w in found:
+        t = stem(w)
+        counts[t] = counts.get(t, 0) + 1
+    return len(found), counts
+
+
+def rank_passages(
+    terms: Sequence[str], texts: Sequence[str], total: int, counts: dict[str, int]
+) -> list[float]:
+    """The history layer's relevance of each of ``texts`` to a query of ``terms``: BM25
+    (:data:`BM25_K1`, :data:`BM25_B`; ``total`` passages searched, ``counts`` of them
+    holding each term; lengths relative to ``texts``' mean) times the share of the query's
+    weight the passage holds, so that among passages sharing a question's template words
+    ("the access code for project ...") the one that also holds its rare term wins."""
+    if not texts:
+        return []
+    n = max(total, len(texts))
+    idf = {}
+    for t in terms:
+        df = min(counts.get(t, 0), n)
+        if df > 0:
+            idf[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    weight = sum(idf.values())
+    bags = [_bag(text) for text in texts]
+    mean = sum(length for length, _ in bags) / len(bags) or 1.0
+    scores = []
+    for length, counts_of in bags:
+        tf = {t: counts_of[t] for t in idf if t in counts_of}
+        norm = BM25_K1 * (1.0 - BM25_B + BM25_B * length / mean)
+        bm25 = sum(idf[t] * f * (BM25_K1 + 1.0) / (f + norm) for t, f in tf.items())
+        held = sum(idf[t] for t in tf)
+        scores.append(bm25 * (held / weight) if weight > 0 else 0.0)
+    return scores

@@ -75,27 +75,6 @@ CREATE TABLE IF NOT EXISTS pp_mem_history (
     embedding   BLOB,
     UNIQUE (s_tenant, s_user, s_thread, s_kind, session_id, row_key, passage)
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_fts USING fts5(
-    text,
-    content = 'pp_mem_history',
-    content_rowid = 'id',
-    tokenize = 'unicode61 remove_diacritics 2'
-);
-CREATE VIRTUAL TABLE IF NOT EXISTS pp_mem_history_vocab USING fts5vocab(
-    'pp_mem_history_fts', 'row'
-);
-CREATE TRIGGER IF NOT EXISTS pp_mem_history_ai AFTER INSERT ON pp_mem_history BEGIN
-    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS pp_mem_history_ad AFTER DELETE ON pp_mem_history BEGIN
-    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
-        VALUES ('delete', old.id, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS pp_mem_history_au AFTER UPDATE OF text ON pp_mem_history BEGIN
-    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
-        VALUES ('delete', old.id, old.text);
-    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
-END;
 CREATE TABLE IF NOT EXISTS pp_mem_profiles (
     s_tenant   TEXT NOT NULL,
     s_user     TEXT NOT NULL,
@@ -106,6 +85,82 @@ CREATE TABLE IF NOT EXISTS pp_mem_profiles (
     PRIMARY KEY (s_tenant, s_user, s_thread, s_kind)
 );
 """
+
+HISTORY_FTS = """CREATE VIRTUAL TABLE pp_mem_history_fts USING fts5(
+    text,
+    content = 'pp_mem_history',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+)"""
+"""The history layer's full-text table: its words stemmed (``porter``), so "researching"
+finds "research" (see ``_stem``). A database whose table was made otherwise (by an older
+store, or by anyone else) has it made again from ``pp_mem_history`` on first use."""
+
+_HISTORY_FTS_PARTS = (
+    "CREATE VIRTUAL TABLE pp_mem_history_vocab USING fts5vocab('pp_mem_history_fts', 'row')",
+    """CREATE TRIGGER pp_mem_history_ai AFTER INSERT ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
+END""",
+    """CREATE TRIGGER pp_mem_history_ad AFTER DELETE ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
+        VALUES ('delete', old.id, old.text);
+END""",
+    """CREATE TRIGGER pp_mem_history_au AFTER UPDATE OF text ON pp_mem_history BEGIN
+    INSERT INTO pp_mem_history_fts (pp_mem_history_fts, rowid, text)
+        VALUES ('delete', old.id, old.text);
+    INSERT INTO pp_mem_history_fts (rowid, text) VALUES (new.id, new.text);
+END""",
+)
+_HISTORY_FTS_NAMES = (
+    ("table", "pp_mem_history_vocab"),
+    ("trigger", "pp_mem_history_ai"),
+    ("trigger", "pp_mem_history_ad"),
+    ("trigger", "pp_mem_history_au"),
+    ("table", "pp_mem_history_fts"),
+)
+
+
+def _history_fts_current(conn: sqlite3.Connection) -> bool:
+    """Whether the history layer's full-text table, its vocabulary and triggers are exactly
+    this version's (anything else -- missing, older, damaged or foreign -- is made again)."""
+    wanted = {("table", "pp_mem_history_fts"): HISTORY_FTS}
+    wanted.update(zip(_HISTORY_FTS_NAMES[:4], _HISTORY_FTS_PARTS, strict=True))
+    found = {
+        (str(kind), str(name)): sql
+        for kind, name, sql in conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name IN (?, ?, ?, ?, ?)",
+            [name for _, name in _HISTORY_FTS_NAMES],
+        )
+    }
+    return found == wanted
+
+
+def migrate_history_fts(conn: sqlite3.Connection) -> None:
+    """Make the history layer's full-text table this version's (``porter``), rebuilt from
+    the passages in ``pp_mem_history``, when it is not (one transaction: other workers see
+    the old table or the new one; the first to get the write lock does it)."""
+    if _history_fts_current(conn):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not _history_fts_current(conn):
+            names = [name for _, name in _HISTORY_FTS_NAMES]
+            found = conn.execute(
+                "SELECT type, name FROM sqlite_master WHERE name IN (?, ?, ?, ?, ?)", names
+            ).fetchall()
+            order = {name: i for i, name in enumerate(names)}
+            for kind, name in sorted(found, key=lambda row: order[row[1]]):
+                if kind in ("table", "trigger", "view", "index"):
+                    conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
+            conn.execute(HISTORY_FTS)
+            for statement in _HISTORY_FTS_PARTS:
+                conn.execute(statement)
+            conn.execute("INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild')")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
 
 _COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
 _HISTORY = ", ".join(f"h.{column}" for column in HISTORY_COLUMNS)
@@ -163,6 +218,7 @@ class SQLiteBackend:
                 if path not in (":memory:", ""):
                     conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)
+                migrate_history_fts(conn)
             except BaseException:
                 conn.close()
                 raise
@@ -487,6 +543,50 @@ class SQLiteBackend:
             (match, *params, pool),
         )
         return [(tuple(row[:-1]), -float(row[-1])) for row in rows]
+
+    def history_counts(
+        self,
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[int, dict[str, int]]:
+        if not self._has_history():
+            return 0, {}
+        where, params = _scope_filter(scopes, alias="h")
+        if session_id is not None:
+            where += " AND h.session_id = ?"
+            params.append(session_id)
+        (total,) = self._read(f"SELECT count(*) FROM pp_mem_history AS h WHERE {where}", params)[0]
+        counts: dict[str, int] = {}
+        for term, word in terms:
+            match = fts5_match([word])
+            if match is None:
+                continue
+            (found,) = self._read(
+                "SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}",
+                (match, *params),
+            )[0]
+            counts[term] = int(found)
+        return int(total), counts
+
+    def history_adjacent(
+        self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
+    ) -> list[tuple[int, int, Row]]:
+        if not row_keys or not self._has_history():
+            return []
+        where = " AND ".join(f"h.{c} = ?" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
+        arms, params = [], []
+        for key in row_keys:
+            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
+                arms.append(
+                    f"SELECT {_HISTORY}, ? AS anchor, {side} AS side FROM pp_mem_history AS h"
+                    f" WHERE {where} AND h.session_id = ? AND h.row_key = (SELECT {agg}(row_key)"
+                    f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {op} ?)"
+                )
+                params += [key, *scope, session_id, *scope, session_id, key]
+        rows = self._read(" UNION ALL ".join(arms), params)
+        return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

@@ -41,7 +41,7 @@ from ._checks import (
     scope_params,
     visible_scopes,
 )
-from ._ranking import fuse, query_pieces
+from ._ranking import content_pieces, fuse, query_pieces, query_terms, rank_passages
 from ._ranking import words as _words
 from ._records import (
     Embedder,
@@ -54,6 +54,7 @@ from ._records import (
     hit_of_row,
     row_scope,
 )
+from ._stem import stem
 from .scope import MemoryScope
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __all__ = [
 ]
 
 _MIN_POOL = 32  # candidates fetched per signal before fusion
+_HISTORY_POOL = 128  # history passages the engine finds, ranked again here
 
 
 class MemoryStore:
@@ -81,10 +83,11 @@ class MemoryStore:
     rule and ranking contract:
 
     * SQLite: documents are chunked and indexed in an FTS5 table (``unicode61
-      remove_diacritics 2`` tokenizer, bm25 ranking). One connection is shared by all
-      threads and guarded by a lock; file databases use WAL mode and a 30 s busy timeout,
-      so other connections (another store, the Agents SDK's ``SQLiteSession``) can use the
-      same file.
+      remove_diacritics 2`` tokenizer, bm25 ranking); the history layer's passages with
+      Porter stems (``porter unicode61 remove_diacritics 2``, see :meth:`search_history`).
+      One connection is shared by all threads and guarded by a lock; file databases use WAL
+      mode and a 30 s busy timeout, so other connections (another store, the Agents SDK's
+      ``SQLiteSession``) can use the same file.
     * PostgreSQL: the words of each record (letters and digits, case and diacritics folded)
       are indexed as a ``tsvector`` with a GIN index and ranked by ``ts_rank``; the tables
       are created on first use (once, however many workers start together); many processes
@@ -487,22 +490,35 @@ class MemoryStore:
         session_id: str | None = None,
         limit: int = 8,
         include_parents: bool = False,
+        neighbours: bool = False,
     ) -> list[MemoryHit]:
         """Rank the passages of the ``history`` layer of ``scope`` against ``query``: of
-        session ``session_id`` only, or of every session of the scope (``None``). The
-        ranking is :meth:`search`'s (full text, hybrid with an embedder); hits have
-        ``kind == "history"``."""
+        session ``session_id`` only, or of every session of the scope (``None``); hits have
+        ``kind == "history"``, best first, at most ``limit``, never two of the same text.
+
+        The ranking is the same on every engine: the query's words without stop words
+        ("what", "did", "you", "tell"...) and Porter-stemmed ("research" finds
+        "researching"), matched by the engine's full-text index, then ranked here by BM25
+        tuned for short turns times the share of the query's weight a passage holds (so
+        among passages sharing a question's template words, the one with its rare term
+        wins; :func:`._ranking.rank_passages`); with an embedder, fused with cosine
+        similarity. With ``neighbours``, each hit is followed by the passages next to it in
+        its session (the end of the row before, the start of the row after, when indexed:
+        the question an answer follows, the answer a question got), each once, marked with
+        ``metadata["neighbour_of"]`` (the hit's :attr:`~MemoryHit.source`)."""
         scope = check_scope(scope)
         check_str("query", query, stored=False)
         check_limit(limit)
         if session_id is not None:
             check_str("session_id", session_id, non_empty=True)
+        if not isinstance(neighbours, bool):
+            raise TypeError(f"neighbours must be a bool, got {type(neighbours).__name__}")
         scopes = [scope_params(s) for s in visible_scopes(scope, include_parents)]
-        pieces = query_pieces(query)
+        pieces = content_pieces(query_pieces(query))
         if not pieces:
             return []
-        pool = min(max(limit * 4, _MIN_POOL), MAX_INT)
-        text_rows = self._history_text(pieces, scopes, session_id, pool)
+        pool = min(max(limit * 4, _HISTORY_POOL), MAX_INT)
+        text_rows = self._history_ranked(pieces, scopes, session_id, pool)
         rows_by_id = {row[0]: row for row, _ in text_rows}
         text_ranked = [(row[0], score) for row, score in text_rows]
         vec_ranked: list[tuple[int, float]] = []
@@ -517,17 +533,80 @@ class MemoryStore:
                         rows_by_id.setdefault(row[0], row)
                 vec_ranked.sort(key=lambda item: (-item[1], item[0]))
                 del vec_ranked[pool:]
-        best = fuse(text_ranked, vec_ranked, limit)
-        return [history_hit_of_row(rows_by_id[rid], score) for rid, score in best]
+        hits: list[MemoryHit] = []
+        seen: set[str] = set()
+        for rid, score in fuse(text_ranked, vec_ranked, MAX_INT):
+            hit = history_hit_of_row(rows_by_id[rid], score)
+            key = " ".join(hit.text.split()).casefold()
+            if key not in seen:
+                seen.add(key)
+                hits.append(hit)
+                if len(hits) >= limit:
+                    break
+        return self._with_neighbours(hits, seen) if neighbours else hits
+
+    def _with_neighbours(self, hits: list[MemoryHit], seen: set[str]) -> list[MemoryHit]:
+        """``hits``, each followed by the passages next to it in its session (once each):
+        the last passage of the row before, the first of the row after."""
+        groups: dict[tuple[ScopeParams, str], list[int]] = {}
+        for hit in hits:
+            sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
+            if isinstance(sid, str) and isinstance(row, int):
+                groups.setdefault((scope_params(hit.scope), sid), []).append(row)
+        near: dict[tuple[ScopeParams, str, int, int], Row] = {}
+        for (params, sid), rows in groups.items():
+            for anchor, side, found in self._backend.history_adjacent(params, sid, rows):
+                key = (params, sid, anchor, side)
+                best = near.get(key)
+                passage = int(found[7])
+                if best is None or (
+                    passage > int(best[7]) if side == 0 else passage < int(best[7])
+                ):
+                    near[key] = found
+        taken = {(h.metadata.get("session_id"), h.metadata.get("row"), h.chunk_index) for h in hits}
+        out: list[MemoryHit] = []
+        for hit in hits:
+            out.append(hit)
+            sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
+            for side in (0, 1):
+                adjacent = near.get((scope_params(hit.scope), str(sid), int(row or 0), side))
+                if adjacent is None or not isinstance(row, int):
+                    continue
+                neighbour = history_hit_of_row(adjacent, hit.score / 2)
+                where = (sid, neighbour.metadata.get("row"), neighbour.chunk_index)
+                text_key = " ".join(neighbour.text.split()).casefold()
+                if where in taken or text_key in seen:
+                    continue
+                taken.add(where)
+                seen.add(text_key)
+                neighbour.metadata["neighbour_of"] = hit.source
+                out.append(neighbour)
+        return out
+
+    def _history_ranked(
+        self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
+    ) -> list[tuple[Row, float]]:
+        """The full-text ranking of the history layer: the engine's matches, ranked again
+        by :func:`._ranking.rank_passages` (the same on every engine), best first, ties by
+        id."""
+        found = self._history_text(pieces, scopes, session_id, pool)
+        if not found:
+            return []
+        terms = query_terms(pieces)
+        total, counts = self._backend.history_counts(list(terms.items()), scopes, session_id)
+        scores = rank_passages(list(terms), [row[11] for row, _ in found], total, counts)
+        ranked = [(row, score) for (row, _), score in zip(found, scores, strict=True)]
+        ranked.sort(key=lambda item: (-item[1], item[0][0]))
+        return [(row, score) for row, score in ranked if score > 0.0] or ranked
 
     def _history_text(
         self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
     ) -> list[tuple[Row, float]]:
-        """The full-text ranking of the history layer. Query pieces whose words all occur in
+        """The engine's matches in the history layer. Query pieces whose terms all occur in
         more than half of the passages are left out while the others match something:
-        bm25 weighs such words (almost) nothing, and matching them ranks every passage (a
-        turn's recall would cost a scan of the whole evicted history)."""
-        words = {p: _words(p) for p in pieces}
+        they weigh (almost) nothing, and matching them ranks every passage (a turn's recall
+        would cost a scan of the whole evicted history)."""
+        words = {p: [stem(w) for w in _words(p)] for p in pieces}
         common = self._backend.history_common_words(
             sorted({w for ws in words.values() for w in ws})
         )
