@@ -20,7 +20,12 @@ pytest.importorskip("agents")
 from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt import (  # noqa: E402
+    MemoryScope,
+    MemoryStore,
+    TokenBudgetedContextBuilder,
+    count_tokens,
+)
 from protoprompt import recall as recall_module  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.summaries import (  # noqa: E402
@@ -173,9 +178,29 @@ def test_the_summary_layer_keeps_to_its_limit() -> None:
     )
     plan = builder.build([], [{"role": "user", "content": "hi"}], summary="word " * 500)
     (block,) = [b for b in plan.blocks if b.layer == "summary"]
-    assert block.status == "truncated" and "summary_tokens 40" in block.reason
-    assert block.tokens is not None and 20 < block.tokens <= 40
+    assert block.status == "truncated" and "summary_tokens 40 of text" in block.reason
+    assert 20 < count_tokens(block.text) <= 40  # its frame is not counted against the limit
     assert re.search(r"summary\s+truncated\s+\d+ tokens\s+summary: cut at a word", plan.explain())
+
+
+@pytest.mark.parametrize("tokens", [493, 500])
+def test_a_summary_within_its_limit_is_sent_whole(tokens: int) -> None:
+    """``summary_tokens`` limits the summary's text (as stored, cut to it), not its frame:
+    a summary of 493 or 500 tokens with ``summary_tokens=500`` is sent whole; 501 is cut."""
+    text = "word " * tokens + "end<&"
+    while count_tokens(text) > tokens:
+        text = text[: text.rindex(" ")]
+    assert count_tokens(text) == tokens
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=5000, summarizer=Recorder(), summary_tokens=500
+    )
+    new_input = [{"role": "user", "content": "hi"}]
+    plan = builder.build([], new_input, summary=text)
+    (block,) = [b for b in plan.blocks if b.layer == "summary"]
+    assert block.status == "kept" and block.text == text
+    over = builder.build([], new_input, summary=text + " word" * (501 - tokens))
+    (block,) = [b for b in over.blocks if b.layer == "summary"]
+    assert block.status == "truncated" and count_tokens(block.text) <= 500
 
 
 def test_a_damaged_or_foreign_summary_row_is_ignored(tmp_path: Path) -> None:
