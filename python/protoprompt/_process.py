@@ -41,6 +41,7 @@ __all__ = [
     "SHARED_INDEXES",
     "SQLITE_BACKED",
     "SQLITE_COUNT_STORES",
+    "SQLITE_MEMORY_STORES",
     "SQL_SERVERS",
     "ForkGate",
     "Registry",
@@ -207,6 +208,9 @@ REDIS_SERVERS: Registry[tuple[str, ...], Any] = Registry()
 """Per Redis server and key prefix: the same (``integrations._redis_store``)."""
 SQLITE_BACKED: Registry[type[Any], type[Any]] = Registry()
 """Session classes made ``SQLiteSession`` subclasses (``integrations._posing``)."""
+SQLITE_MEMORY_STORES: Tracked[Any] = Tracked()
+"""Every SQLite engine of a ``MemoryStore``: new locks and connections in a forked child
+(``memory._sqlite``)."""
 IO_LOOPS: Tracked[Any] = Tracked()
 """The I/O loop of the session's stores (``integrations._io``)."""
 
