@@ -35,6 +35,8 @@ __all__ = [
     "INDEX_STATES",
     "INHERITED",
     "IO_LOOPS",
+    "RECALL_LEDGERS",
+    "RECALL_WORKERS",
     "REDIS_SERVERS",
     "REMOTE_COUNT_STORES",
     "ROW_READERS",
@@ -211,6 +213,11 @@ SQLITE_BACKED: Registry[type[Any], type[Any]] = Registry()
 SQLITE_MEMORY_STORES: Tracked[Any] = Tracked()
 """Every SQLite engine of a ``MemoryStore``: new locks and connections in a forked child
 (``memory._sqlite``)."""
+RECALL_WORKERS: Tracked[Any] = Tracked()
+"""The background threads that index evicted rows (``recall``): a new lock and queue, no
+thread, in a forked child; queued jobs finish at exit (bounded)."""
+RECALL_LEDGERS: Tracked[Any] = Tracked()
+"""Every ``recall.Evictions``: new locks for its ledgers in a forked child."""
 IO_LOOPS: Tracked[Any] = Tracked()
 """The I/O loop of the session's stores (``integrations._io``)."""
 
