@@ -172,6 +172,42 @@ def test_a_failing_summarizer_keeps_the_previous_summary(
     chat.session.close()
 
 
+def test_a_summarizer_call_that_never_returns_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call still running after ``SUMMARY_TIMEOUT`` is cancelled and counts as a failed
+    attempt: the session's later updates run (one that never returned held the session's
+    "updating" flag for good, and no summary was ever made again)."""
+    monkeypatch.setattr(recall_module, "RETRY_DELAYS", (0.0, 0.0))
+    monkeypatch.setattr(recall_module, "SUMMARY_TIMEOUT", 0.2)
+    caplog.set_level(logging.INFO, "protoprompt")
+
+    class Hanging(Recorder):
+        hang = 3  # every attempt of the first update never returns
+
+        async def __call__(self, items: Sequence[Any], previous: str | None, n: int) -> str:
+            if self.hang:
+                self.hang -= 1
+                self.calls.append((list(items), previous, n))
+                await asyncio.Event().wait()
+            return await super().__call__(items, previous, n)
+
+    summarizer = Hanging()
+    chat = Chat(str(tmp_path / "s.db"), summarizer)
+
+    async def run() -> Any:
+        i = 0
+        while len(summarizer.calls) < 4:
+            await chat.turn(i)  # waits for the background work (at most 30 s)
+            i += 1
+        return await chat.turn(i)
+
+    plan = asyncio.run(run())
+    assert "(attempt 3 of 3): the summarizer did not answer within 0.2 s" in caplog.text
+    assert next(b for b in plan.blocks if b.layer == "summary").text.startswith("summary 4 of")
+    chat.session.close()
+
+
 def test_the_summary_layer_keeps_to_its_limit() -> None:
     builder = TokenBudgetedContextBuilder(
         None, max_tokens=5000, summarizer=Recorder(), summary_tokens=40

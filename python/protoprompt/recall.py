@@ -79,6 +79,10 @@ _log = logging.getLogger("protoprompt")
 RETRY_DELAYS: tuple[float, ...] = (0.2, 1.0)
 """Seconds before the second and third attempt of a background job (then it is given up,
 logged, and its rows are looked at again by a later turn)."""
+SUMMARY_TIMEOUT = 300.0
+"""Seconds one summarizer call may take: a call still running then is cancelled and counts
+as a failed attempt (retried, then the previous summary stays), so a call that never
+returns cannot stop the session's later summary updates."""
 MAX_QUEUED_JOBS = 64
 """Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
 SUMMARY_BATCH_FACTOR = 8
@@ -467,7 +471,14 @@ class _SummaryJob:
         text: str | None = None
         for n in range(len(RETRY_DELAYS) + 1):
             try:
-                out = await summarizer(list(items), previous, limit)
+                try:
+                    out = await asyncio.wait_for(
+                        summarizer(list(items), previous, limit), SUMMARY_TIMEOUT
+                    )
+                except asyncio.TimeoutError:
+                    raise TimeoutError(
+                        f"the summarizer did not answer within {SUMMARY_TIMEOUT:g} s"
+                    ) from None
                 if not isinstance(out, str):
                     raise TypeError(f"the summarizer returned {type(out).__name__}, not a str")
                 text = out
