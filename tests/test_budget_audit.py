@@ -555,6 +555,11 @@ async def test_a_token_window_is_packed_under_the_calibration_it_was_found_under
     )
     callback = session.input_callback(builder)
     config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    # A short first exchange: the windows of the long turns after it start at one of their
+    # user messages (a masked pack checks a turn back to its user message), never at 0.
+    await session.add_items(
+        [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    )
     windowed = []
     for t in range(10):
         agent = Agent(

@@ -83,6 +83,15 @@ def test_at_is_checked(at: float) -> None:
         compaction_trigger(TokenBudgetedContextBuilder(None, max_tokens=100), at=at)
 
 
+@pytest.mark.parametrize(("at", "limit"), [(0.57, 5_700), (0.29, 2_900), (0.7, 7_000), (1, 10_000)])
+def test_the_limit_is_at_as_written_times_the_room(at: float, limit: int) -> None:
+    """0.57 x 10,000 is 5,700 (the float 0.57 times 10,000 is 5,699.99...): a history of
+    exactly 5,700 tokens does not compact, one of 5,701 does."""
+    builder = TokenBudgetedContextBuilder(None, max_tokens=10_500, output_reserve=500)
+    trigger = compaction_trigger(builder, at=at)
+    assert trigger.limit == limit
+
+
 def test_the_trigger_needs_a_builder_and_the_sdks_context() -> None:
     with pytest.raises(TypeError, match="builder"):
         compaction_trigger(object())  # type: ignore[arg-type]

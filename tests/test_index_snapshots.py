@@ -351,3 +351,43 @@ async def test_snapshot_min_items_is_a_validated_option_of_the_session(tmp_path,
     other = ProtoPromptSession("other", db, max_open_readers=3)
     assert other._debug_state().count_store is store and store.max_open_readers == 3
     other.close()
+
+
+async def test_a_rewritten_history_replaces_the_stale_snapshot(tmp_path, new_process) -> None:
+    """The stored history is cleared and refilled (another writer, a compaction): the next
+    turn reads it whole ("the index's last row is gone") and its rebuilt index replaces the
+    snapshot, so the restarts after it read a token window again -- also when the new
+    history is exactly as long as the snapshot (it was replaced only once the index outgrew
+    it)."""
+    from agents.run_internal.session_persistence import prepare_input_with_session
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    db = str(tmp_path / "s.db")
+    seed = SQLiteSession("chat", db)
+    items = _history(80, seed=1)
+    await seed.add_items(items)
+
+    async def turn() -> tuple[str, str | None]:
+        session = ProtoPromptSession("chat", db, windowed_reads=True, snapshot_min_items=8)
+        builder = pp.TokenBudgetedContextBuilder(None, max_tokens=1_500)
+        new = [{"role": "user", "content": "and now?"}]
+        await prepare_input_with_session(new, session, session.input_callback(builder))
+        session._debug_state(wait_for_save=True)
+        session.close()
+        assert builder.last_plan is not None and builder.last_plan.turn is not None
+        return builder.last_plan.turn.read, builder.last_plan.turn.read_reason
+
+    assert (await turn())[0] == "full"  # no snapshot yet: it is written after this turn
+    new_process()
+    assert (await turn())[0] == "window"
+    await seed.clear_session()
+    await seed.add_items(items)  # new rows, as many as before
+    seed.close()
+    new_process()
+    read, reason = await turn()
+    assert (read, reason) == ("full", "popped")  # the index's last row is gone
+    [(_, ids)] = _snapshot_rows(db)
+    assert ids == _row_ids(db)  # the snapshot of the rebuilt index, not the stale one
+    new_process()
+    assert (await turn())[0] == "window"

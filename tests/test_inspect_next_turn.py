@@ -47,7 +47,9 @@ def test_inspect_predicts_the_window_a_session_reads(tmp_path, capsys) -> None:
     db = tmp_path / "rich.db"
     seed(db, generate(3000, "agentic", 6))
     before = digest(db)
-    predicted = inspect(capsys, db, "--budget", "20000", "--output-reserve", "1000")
+    # --masking: the session's builder masks (its default), and a masked pack's window may
+    # reach further back.
+    predicted = inspect(capsys, db, "--budget", "20000", "--output-reserve", "1000", "--masking")
     assert digest(db) == before  # read-only
     assert predicted["windowed"] and predicted["reason"] is None
     assert 0 < predicted["items"] < 300 and predicted["snapshot_items"] is None
@@ -77,7 +79,9 @@ def test_inspect_predicts_the_window_a_session_reads(tmp_path, capsys) -> None:
     asyncio.run(session.add_items(stored))
     session._debug_state(wait_for_save=True)
     predicted = inspect(
-        capsys, db, "--budget", "20000", "--output-reserve", "1000", "--input", "what next?"
+        capsys,
+        db,
+        *("--budget", "20000", "--output-reserve", "1000", "--input", "what next?", "--masking"),
     )
     asyncio.run(
         prepare_input_with_session([{"role": "user", "content": "what next?"}], session, callback)

@@ -492,9 +492,8 @@ def test_a_masked_copy_is_not_masked_again(session, masking) -> None:
 # counted the items before its window, with a reasoning id repeated after the snapshot. The
 # masked fill asks whether a candidate's whole turn could fit even masked, from the turn's
 # user message on (`Fill::turn_cannot_fit`), and needs the cost of an item before the window
-# `window_start` found: the pack raises instead of packing. Known defect, left open (see the
-# issue 25 closing note); strict, so the fix must remove the mark.
-@pytest.mark.xfail(strict=True, reason="turn_cannot_fit reads before a masked window's start")
+# `window_start` found: the pack raised instead of packing. The masked window now reaches back
+# as far as that check can read (`GraphIndex::window_masked`).
 def test_a_masked_window_after_an_early_snapshot_needs_nothing_before_it() -> None:
     history = [
         {"role": "user", "content": ""},

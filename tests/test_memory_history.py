@@ -473,3 +473,47 @@ def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
     ).fetchone()
     conn.close()
     assert "porter" in sql
+
+
+def test_a_search_never_waits_for_a_write_that_waits_for_the_database(
+    engine: str, new_db: NewDb, tmp_path: Path
+) -> None:
+    """Another connection (another process) holds the database's write lock, so the index
+    write of a background job waits for it: a search meanwhile answers at once (it waited
+    with the write, up to the 30 s busy timeout, on SQLite), and the write lands once the
+    lock goes."""
+    import time
+
+    target = str(tmp_path / "m.db") if engine == "sqlite" else new_db()
+    with MemoryStore(target) as store:
+        store.index_history("s", [HistoryRecord(0, "user: the walrus is 48213")], scope=SCOPE)
+        if engine == "sqlite":
+            blocker = sqlite3.connect(target, isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")
+            release: Callable[[], None] = lambda: blocker.execute("COMMIT")  # noqa: E731
+        else:
+            import psycopg
+
+            from protoprompt.memory._pg_schema import LOCK_CLASS
+            from protoprompt.memory._pg_sql import lock_key
+
+            blocker = psycopg.connect(store._backend._url, autocommit=True)  # type: ignore[attr-defined]
+            key = lock_key(("acme", "alice", "", ""), "\x1fhistory\x1fs")
+            blocker.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, key))
+            release = lambda: blocker.execute("SELECT pg_advisory_unlock_all()")  # noqa: E731
+        later = [HistoryRecord(1, "user: the narwhal sings")]
+        writer = threading.Thread(target=lambda: store.index_history("s", later, scope=SCOPE))
+        try:
+            writer.start()
+            time.sleep(0.5)
+            assert writer.is_alive(), "the write waits for the database"
+            started = time.monotonic()
+            hits = store.search_history("walrus", scope=SCOPE, session_id="s")
+            waited = time.monotonic() - started
+            assert [h.metadata["row"] for h in hits] == [0] and waited < 0.5, waited
+        finally:
+            release()
+            writer.join(timeout=30)
+            blocker.close()
+        assert not writer.is_alive()
+        assert [h.metadata["row"] for h in store.search_history("narwhal", scope=SCOPE)] == [1]

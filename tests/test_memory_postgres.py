@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -600,3 +601,85 @@ def test_clear_profile_leaves_the_parent_profile_visible(
         assert store.clear_profile(scope=child) is False
         assert store.get_profile(scope=child, include_parents=True) == "parent"
         assert store.get_profile(scope=child) is None
+
+
+# --------------------------------------------------------------------- writes that wait
+
+
+def _hold_history_lock(store: MemoryStore, session_id: str) -> psycopg.Connection[Any]:
+    """Another connection (another host) holds the lock of ``session_id``'s history rows."""
+    from protoprompt.memory._pg_schema import LOCK_CLASS
+    from protoprompt.memory._pg_sql import lock_key
+
+    holder = psycopg.connect(store._backend._url, autocommit=True)  # type: ignore[attr-defined]
+    key = lock_key(("acme", "alice", "", ""), "\x1fhistory\x1f" + session_id)
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, key))
+    return holder
+
+
+def test_a_write_gives_up_a_lock_it_cannot_get(
+    postgres_schema: NewDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background index write waits for another writer's lock at most ``LOCK_TIMEOUT``
+    (it waited for ever: a host that hung holding it stopped recall indexing for good)."""
+    import threading
+
+    from protoprompt.memory import HistoryRecord, _postgres
+
+    monkeypatch.setattr(_postgres, "LOCK_TIMEOUT", 0.5)
+    with MemoryStore(postgres_schema()) as store:
+        holder = _hold_history_lock(store, "s")
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.index_history("s", [HistoryRecord(0, "user: hi")], scope=ALICE)
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                failed.append(exc)
+
+        writer = threading.Thread(target=write)
+        try:
+            writer.start()
+            writer.join(timeout=10)
+            assert not writer.is_alive(), "the write still waits"
+        finally:
+            holder.close()
+            writer.join(timeout=30)
+        assert len(failed) == 1 and isinstance(failed[0], MemoryStoreError)
+        assert "lock timeout" in str(failed[0])
+        assert store.history_rows("s", scope=ALICE) == {}  # a failed write changes nothing
+
+
+def test_reads_never_wait_for_writes_that_wait_for_a_lock(postgres_schema: NewDb) -> None:
+    """As many writes as the store has connections wait for another writer's lock: a
+    search still finds a connection at once (the writes take all but one)."""
+    import threading
+
+    from protoprompt.memory import HistoryRecord
+    from protoprompt.memory._postgres import MAX_CONNECTIONS
+
+    with MemoryStore(postgres_schema()) as store:
+        store.index_history("t", [HistoryRecord(0, "user: the walrus is 48213")], scope=ALICE)
+        holder = _hold_history_lock(store, "s")
+        writers = [
+            threading.Thread(
+                target=store.index_history,
+                args=("s", [HistoryRecord(k, f"user: row {k}")]),
+                kwargs={"scope": ALICE},
+            )
+            for k in range(MAX_CONNECTIONS)
+        ]
+        try:
+            for w in writers:
+                w.start()
+            time.sleep(0.5)
+            assert all(w.is_alive() for w in writers)
+            started = time.monotonic()
+            hits = store.search_history("walrus", scope=ALICE)
+            assert [h.metadata["row"] for h in hits] == [0]
+            assert time.monotonic() - started < 2.0
+        finally:
+            holder.close()
+            for w in writers:
+                w.join(timeout=30)
+        assert len(store.history_rows("s", scope=ALICE)) == MAX_CONNECTIONS

@@ -59,7 +59,21 @@ def _count_store(db: str) -> Callable[[], Any]:
     return lambda: store.get_many([key])
 
 
+def _memory_store(db: str) -> Callable[[], Any]:
+    """A memory store's history layer: a write (as recall indexing does), then a search."""
+    store = pp.MemoryStore(db)
+    scope = pp.MemoryScope("acme")
+    record = pp.memory.HistoryRecord(0, "tool output of lookup: the walrus is 48213")
+
+    def use() -> Any:
+        store.index_history(SESSION, [record], scope=scope)
+        return [h.text for h in store.search_history("walrus", scope=scope, session_id=SESSION)]
+
+    return use
+
+
 SQLITE_USERS: dict[str, Callable[[str], Callable[[], Any]]] = {
+    "memory store": _memory_store,
     "row reader": _reader,
     "snapshot saver": _snapshot_saver,
     "count store": _count_store,
@@ -111,7 +125,7 @@ def test_a_fork_waits_for_every_sqlite_user(
         return real_connect(*args, factory=Slow, **kwargs)
 
     monkeypatch.setattr(sqlite3, "connect", connect)
-    if user == "count store" or user == "row reader":
+    if user in ("count store", "row reader", "memory store"):
         use = SQLITE_USERS[user](db)  # new connections, through the slow factory
     got: list[Any] = []
     holder.append(threading.Thread(target=lambda: got.append(use())))
@@ -135,10 +149,10 @@ def test_a_fork_waits_for_every_sqlite_user(
 
 def test_one_fork_hook_and_one_exit_hook_serve_every_registry() -> None:
     """The process-wide registries live in ``_process``; no other module of the package
-    registers a fork or exit hook of its own (those of ``recall`` and ``memory._postgres``
-    are not yet moved)."""
+    registers a fork or exit hook of its own (that of ``memory._postgres`` is not yet
+    moved)."""
     root = Path(pp.__file__).parent
-    own = {"_process.py", "recall.py", str(Path("memory") / "_postgres.py")}
+    own = {"_process.py", str(Path("memory") / "_postgres.py")}
     for path in root.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         if str(path.relative_to(root)) in own:

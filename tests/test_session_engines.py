@@ -141,6 +141,33 @@ async def test_a_new_worker_starts_from_the_snapshot(session_engine: Any, new_pr
     assert report.read == "window" and report.snapshot == "in_memory"
 
 
+async def test_a_rewritten_history_replaces_the_stale_snapshot(
+    session_engine: Any, new_process: Any
+) -> None:
+    """Another worker clears the history and stores it again, as long as the snapshot: the
+    next worker reads it whole (the index's last row is gone) and its rebuilt index replaces
+    the snapshot, so the worker after it reads a window again (before, every restart read
+    the whole history until the index outgrew the stale snapshot)."""
+    sid = session_engine.sid()
+    first = Worker(session_engine, sid)
+    for i in range(30):
+        await first.turn(i)
+    saved = first.session._debug_state(wait_for_save=True).snapshot_items
+    writer = session_engine.plain(sid)
+    items = await writer.get_items()
+    await writer.clear_session()
+    # New rows, as many as the snapshot's, the last one other (Redis keys rows by content).
+    await writer.add_items([*items[: saved - 1], {"role": "user", "content": "rewritten"}])
+    new_process()
+    second = Worker(session_engine, sid)
+    report = await second.turn(30)
+    assert report.snapshot == "loaded" and report.read == "full", report.lines()
+    second.session._debug_state(wait_for_save=True)
+    new_process()
+    report = await Worker(session_engine, sid).turn(31)
+    assert report.snapshot == "loaded" and report.read == "window", report.lines()
+
+
 async def test_a_new_worker_reads_the_stored_counts(session_engine: Any, new_process: Any) -> None:
     """Without a snapshot (too short a history for one) a new worker classifies the whole
     history, and its token counts come from the count store."""

@@ -23,6 +23,9 @@ SECTION_TAGS = {
     "history": "recalled_turns",
 }
 CAP_NAMES = {"history": "recall_tokens", "summary": "summary_tokens"}
+TEXT_CAPS = frozenset({"summary"})
+"""Layers of one block whose limit counts its text (as stored), not the tags and escapes
+around it: the summary, stored cut to ``summary_tokens``, is sent whole within it."""
 SIZE_SLACK = 8
 """Tokens a block may cost less inside the message than alone (merges at its edges): a
 recalled passage whose block alone exceeds the room left by more is not tried."""
@@ -57,13 +60,22 @@ class Candidate:
 
 
 def render_block(cand: Candidate, text: str) -> str:
+    """A block as the context message carries it: its text escaped (:func:`data`) inside
+    the layer's frame, whose attributes are escaped too (:func:`attr`)."""
     if cand.layer == "session":
-        return f"- {text}"
+        return f"- {data(text)}"
     if cand.layer == "rag":
-        return f'<chunk source="{cand.source}">\n{text}\n</chunk>'
+        return f'<chunk source="{attr(cand.source)}">\n{data(text)}\n</chunk>'
     if cand.layer == "history":
-        return f"<turn {cand.header}>\n{text}\n</turn>"
-    return text
+        return f"<turn {cand.header}>\n{data(text)}\n</turn>"
+    return data(text)
+
+
+def data(text: str) -> str:
+    """Text from a tool, a user, a model or a memory writer as data inside the context
+    message's tags: ``&`` and ``<`` escaped as in XML, so no text can close a frame, open
+    one or forge a tag or header (``</turn>`` reads ``&lt;/turn>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;")
 
 
 def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
@@ -84,7 +96,15 @@ def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
 
 
 def attr(text: str) -> str:
-    return " ".join(text.split()).replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+    """Text as the value of a double-quoted tag attribute: on one line, ``&``, ``"``, ``<``
+    and ``>`` escaped (so the tag cannot read as closed early)."""
+    one_line = " ".join(text.split())
+    return (
+        one_line.replace("&", "&amp;")
+        .replace('"', "&quot;")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+    )
 
 
 @dataclass
@@ -202,7 +222,7 @@ class Assembler:
         limit when that is what bounds it. A layer with a limit of its own fits within it
         and within the message's."""
         layer_cap = self.caps.get(cand.layer)
-        if layer_cap is None:
+        if layer_cap is None or cand.layer in TEXT_CAPS:
             return limit, ""
         name = CAP_NAMES[cand.layer]
         share = fill.recall_room if cand.layer == "history" else None
@@ -211,6 +231,14 @@ class Assembler:
         if fill.cost + layer_cap - fill.used.get(cand.layer, 0) < limit:
             return fill.cost + layer_cap - fill.used.get(cand.layer, 0), f" ({name} {layer_cap})"
         return limit, ""
+
+    def _text_room(self, cand: Candidate) -> int | None:
+        """For a layer whose limit counts its text (:data:`TEXT_CAPS`): that limit when the
+        text is over it (its frame and escapes come on top), else ``None``."""
+        layer_cap = self.caps.get(cand.layer)
+        if layer_cap is None or cand.layer not in TEXT_CAPS:
+            return None
+        return layer_cap if self.count_batch([cand.text])[0] > layer_cap else None
 
     def settle(self, system_prompt: str, fill: _Fill, limit: int) -> None:
         """Count the message with the pending passages (accepted on their own sizes): they
@@ -281,22 +309,25 @@ class Assembler:
                 reason = f"does not fit whole: needs {size}, {room - fill.cost} left{note}"
                 fill.slots.append(_dropped(cand, reason, size))
                 return
+        text_room = self._text_room(cand)
+        if text_room is not None:
+            note = f" ({CAP_NAMES[cand.layer]} {text_room} of text)"
         trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
         need = trial - fill.cost
-        if trial <= room:
+        if trial <= room and text_room is None:
             fill.slots.append(
                 ContextBlock(cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score)
             )
             fill.accept(cand, cand.text, trial)
             return
-        left = room - fill.cost
+        left = room - fill.cost if text_room is None else min(room - fill.cost, text_room)
         if not cand.truncatable or later:
             # A recalled passage is kept whole, or (the layer's first) cut: a later, smaller
             # one may fit where this one does not.
             reason = f"does not fit whole: needs {need}, {left} left{note}"
             fill.slots.append(_dropped(cand, reason, need))
             return
-        cut = self.truncate(system_prompt, fill.accepted, cand, room)
+        cut = self.truncate(system_prompt, fill.accepted, cand, room, text_room)
         if cut is None:
             reason = f"not even one word fits: {left} tokens left{note}"
             fill.slots.append(_dropped(cand, reason, need))
@@ -332,8 +363,10 @@ class Assembler:
         accepted: list[tuple[Candidate, str]],
         cand: Candidate,
         limit: int,
+        text_limit: int | None = None,
     ) -> tuple[str, int, int, int] | None:
-        """Longest word-boundary prefix of ``cand`` that fits: (text, words, of, cost)."""
+        """Longest word-boundary prefix of ``cand`` that fits (and whose text, cut mark
+        included, has at most ``text_limit`` tokens): (text, words, of, cost)."""
         spans = [m.span() for m in WORD.finditer(cand.text)]
         best: tuple[str, int, int, int] | None = None
         lo, hi = 1, len(spans) - 1
@@ -341,7 +374,7 @@ class Assembler:
             mid = (lo + hi) // 2
             text = cand.text[: spans[mid - 1][1]] + TRUNCATION_MARK
             trial = self.cost(self.render(system_prompt, [*accepted, (cand, text)]))
-            if trial <= limit:
+            if trial <= limit and (text_limit is None or self.count_batch([text])[0] <= text_limit):
                 best = (text, mid, len(spans), trial)
                 lo = mid + 1
             else:

@@ -303,8 +303,9 @@ class HistoryWindow:
     """The budget reaches the oldest unit: the whole history may be needed."""
     tie: str | None
     """What moved the start back last: ``"call_id"``, ``"id"``, ``"approval_request_id"``,
-    ``"caller_id"`` (items sharing that field), ``"reasoning_run"``, ``"anonymous_tool_search"``
-    or ``"unit"`` (one unit spans the positions); ``None`` when nothing did."""
+    ``"caller_id"`` (items sharing that field), ``"reasoning_run"``, ``"anonymous_tool_search"``,
+    ``"unit"`` (one unit spans the positions) or ``"turn"`` (a masked pack checks the turn of
+    the unit the budget stops at back to its user message); ``None`` when nothing did."""
     reason: str | None
     """``tie`` as a sentence naming the items, e.g. ``"history[3] and history[9120] are one
     unit"``."""

@@ -35,6 +35,8 @@ __all__ = [
     "INDEX_STATES",
     "INHERITED",
     "IO_LOOPS",
+    "RECALL_LEDGERS",
+    "RECALL_WORKERS",
     "REDIS_SERVERS",
     "REMOTE_COUNT_STORES",
     "ROW_READERS",
@@ -42,6 +44,7 @@ __all__ = [
     "SHARED_INDEXES",
     "SQLITE_BACKED",
     "SQLITE_COUNT_STORES",
+    "SQLITE_MEMORY_STORES",
     "SQL_SERVERS",
     "ForkGate",
     "Registry",
@@ -212,6 +215,14 @@ SERVED_BUILDERS: Registry[Any, list[tuple[weakref.ref[Any], Any]]] = Registry()
 """Per stored session (its pool key), the builders with recall or a summary that served it
 and the scopes they were given, most recently served last; under ``None`` every such
 builder (``integrations._evicted``: what any session object's clear or pop forgets)."""
+SQLITE_MEMORY_STORES: Tracked[Any] = Tracked()
+"""Every SQLite engine of a ``MemoryStore``: new locks and connections in a forked child
+(``memory._sqlite``)."""
+RECALL_WORKERS: Tracked[Any] = Tracked()
+"""The background threads that index evicted rows (``recall``): a new lock and queue, no
+thread, in a forked child; queued jobs finish at exit (bounded)."""
+RECALL_LEDGERS: Tracked[Any] = Tracked()
+"""Every ``recall.Evictions``: new locks for its ledgers in a forked child."""
 IO_LOOPS: Tracked[Any] = Tracked()
 """The I/O loop of the session's stores (``integrations._io``)."""
 

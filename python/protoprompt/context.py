@@ -145,8 +145,8 @@ class TokenBudgetedContextBuilder:
             summary of the turns it evicted, updated in the background once
             ``summarize_every`` new tokens were evicted, and each turn's context message
             carries it (layer ``summary``).
-        summary_tokens: the summary's token limit (asked of the summarizer, and the
-            ``summary`` layer's limit in the context message).
+        summary_tokens: the summary's token limit (asked of the summarizer, and the limit
+            of its text in the context message: its tags come on top).
         summarize_every: tokens of newly evicted text (as rendered for the summarizer)
             that start a summary update.
 

@@ -33,7 +33,6 @@ that failed for good does too, so its rows are looked at again.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import bisect
 import logging
 import os
@@ -46,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from . import _process
 from ._context_query import message_text
 from ._recall_index import BATCH, IndexJob
 from ._recall_ledger import (
@@ -79,6 +79,10 @@ _log = logging.getLogger("protoprompt")
 RETRY_DELAYS: tuple[float, ...] = (0.2, 1.0)
 """Seconds before the second and third attempt of a background job (then it is given up,
 logged, and its rows are looked at again by a later turn)."""
+SUMMARY_TIMEOUT = 300.0
+"""Seconds one summarizer call may take: a call still running then is cancelled and counts
+as a failed attempt (retried, then the previous summary stays), so a call that never
+returns cannot stop the session's later summary updates."""
 MAX_QUEUED_JOBS = 64
 """Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
 SUMMARY_BATCH_FACTOR = 8
@@ -99,7 +103,17 @@ class _Worker:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._busy = 0
-        _WORKERS.add(self)
+        _process.RECALL_WORKERS.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: the parent's thread is not here and its lock may have been
+        held at the fork; the jobs queued in the parent are the parent's (their rows are
+        looked at again by a later turn of whichever process serves the session)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queue = queue.Queue(MAX_QUEUED_JOBS)
+        self._thread, self._busy = None, 0
 
     def submit(self, job: Callable[[], None]) -> bool:
         """Queue ``job`` (``False``: the queue is full)."""
@@ -151,13 +165,11 @@ class _Worker:
         return True
 
 
-_WORKERS: weakref.WeakSet[_Worker] = weakref.WeakSet()
-
-
-@atexit.register
-def _finish_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
-    for worker in list(_WORKERS):
-        worker.wait_idle(5.0)
+_process.RECALL_WORKERS.handle(
+    after_fork=_Worker.after_fork_in_child,
+    at_exit=lambda worker: worker.wait_idle(5.0),  # queued index jobs finish (bounded)
+)
+_process.RECALL_LEDGERS.handle(after_fork=lambda evictions: evictions.after_fork_in_child())
 
 
 def _retried(what: str, attempt: Callable[[], None]) -> bool:
@@ -197,6 +209,17 @@ class Evictions:
         self._ledgers_lock = threading.Lock()
         self._worker = _Worker()
         self._tasks: set[asyncio.Task[None]] = set()
+        _process.RECALL_LEDGERS.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: new locks (one may have been held at the fork by a thread
+        that is not here), and no summary update running (the parent's tasks are the
+        parent's)."""
+        self._ledgers_lock = threading.Lock()
+        for ledger in list(self._ledgers.values()):
+            ledger.lock = threading.Lock()
+            ledger.summarizing = False
+        self._tasks = set()
 
     @property
     def builder(self) -> TokenBudgetedContextBuilder:
@@ -457,7 +480,14 @@ class _SummaryJob:
         text: str | None = None
         for n in range(len(RETRY_DELAYS) + 1):
             try:
-                out = await summarizer(list(items), previous, limit)
+                try:
+                    out = await asyncio.wait_for(
+                        summarizer(list(items), previous, limit), SUMMARY_TIMEOUT
+                    )
+                except asyncio.TimeoutError:
+                    raise TimeoutError(
+                        f"the summarizer did not answer within {SUMMARY_TIMEOUT:g} s"
+                    ) from None
                 if not isinstance(out, str):
                     raise TypeError(f"the summarizer returned {type(out).__name__}, not a str")
                 text = out

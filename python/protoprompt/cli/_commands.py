@@ -138,6 +138,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         new_input=new_input,
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
+        masking=masking,
     )
     next_lines = render_next_turn(report["next_turn"], len(rows.items))
     if args.html is not None:

@@ -224,7 +224,11 @@ class IndexState:
         self.synced_epoch = synced_epoch
 
     def keep(self, length: int) -> None:
-        """Keep the first ``length`` items of the index (and of ``row_ids``)."""
+        """Keep the first ``length`` items of the index (and of ``row_ids``). Below the
+        stored snapshot's items, the snapshot no longer describes the index (its rows were
+        popped or rewritten): the next turn that finds the index due replaces it."""
+        if length < self.saved_len:
+            self.saved_len = 0
         if length < len(self.index):
             if length:
                 self.index.truncate(length)

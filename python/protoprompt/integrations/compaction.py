@@ -132,8 +132,11 @@ class CompactionTrigger:
     @property
     def limit(self) -> int:
         """Tokens of history above which compaction is triggered."""
+        from fractions import Fraction
+
         room = int(self.builder.max_tokens) - int(self.builder.output_reserve)
-        return max(math.floor(self.at * room), 0)
+        # ``at`` as written (0.57, not the float just below it): 0.57 x 10,000 is 5,700.
+        return max(math.floor(Fraction(repr(self.at)) * room), 0)
 
     def __call__(self, context: dict[str, Any]) -> bool:
         items = context.get("session_items") if isinstance(context, dict) else None

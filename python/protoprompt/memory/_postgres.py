@@ -90,7 +90,12 @@ __all__ = [
 ]
 
 MAX_CONNECTIONS = 4
-"""Connections one store opens at most (threads beyond wait for one)."""
+"""Connections one store opens at most (threads beyond wait for one). Writes use at most
+all but one of them at a time, so a read (a turn's recall) never waits for writes that
+wait for a lock."""
+LOCK_TIMEOUT = 30.0
+"""Seconds a write waits for a lock (another writer of the same document or session rows)
+before it fails, as a SQLite store waits for the database's write lock."""
 
 
 _BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()
@@ -100,6 +105,7 @@ _INHERITED: list[Any] = []  # a fork parent's pools: never used, closed or colle
 def _after_fork() -> None:
     for backend in list(_BACKENDS):
         backend._lock = threading.Lock()
+        backend._writers = threading.BoundedSemaphore(MAX_CONNECTIONS - 1)
         if backend._pool is not None:
             _INHERITED.append(backend._pool)
             backend._pool = None
@@ -116,6 +122,7 @@ class PostgresBackend:
         driver, _ = imports()
         self._url = driver_url(url)
         self._lock = threading.Lock()
+        self._writers = threading.BoundedSemaphore(MAX_CONNECTIONS - 1)
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._closed = False
         self._read_only = read_only
@@ -173,8 +180,15 @@ class PostgresBackend:
         if self._read_only:
             raise PermissionError(f"MemoryStore({self.describe()!r}) was opened read_only")
         pool = self._connections()
-        with database_errors(), pool.connection() as conn, conn.transaction():
-            yield conn.cursor()
+        with (
+            self._writers,
+            database_errors(),
+            pool.connection() as conn,
+            conn.transaction(),
+        ):
+            cur = conn.cursor()
+            cur.execute(f"SET LOCAL lock_timeout = '{int(LOCK_TIMEOUT * 1000)}ms'")
+            yield cur
 
     def _read(
         self, sql: str, params: Sequence[Any], *, history: bool = False

@@ -1,9 +1,18 @@
-"""The SQLite engine of the memory store: one connection, FTS5 with bm25.
+"""The SQLite engine of the memory store: FTS5 with bm25.
 
 All tables are prefixed ``pp_mem_`` so a store can share a database file with the OpenAI
-Agents SDK's ``SQLiteSession`` tables. One connection is shared by all threads and guarded
-by a lock; file databases use WAL mode and a 30 s busy timeout, so other connections
-(another store, another process, the SDK's session) can use the same file.
+Agents SDK's ``SQLiteSession`` tables. A file database is in WAL mode and has two
+connections, each guarded by a lock of its own: one for writes, one for reads. Reads never
+wait for writes: a write that waits (up to 30 s) for the database's write lock while another
+connection holds it (another store, another process, the SDK's session) holds only the write
+lock, so a turn that searches for recall meanwhile reads at once. A private ``":memory:"``
+database has one connection (there is no other connection to wait for).
+
+Every statement runs inside the process's SQLite gate (``protoprompt._process``), so a fork
+never happens in the middle of one; a write waits for the database's write lock outside it
+(in short steps), so a fork does not wait for that. A forked child uses none of its parent's
+connections of a file database (they are kept, never used or closed) and opens its own, with
+new locks; a ``":memory:"`` database is the child's own copy and is used on.
 """
 
 from __future__ import annotations
@@ -11,14 +20,24 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .. import _process
+from .._process import sqlite_gate
 from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, Chunk, HistoryEntry, Row, ScopeParams
 
-__all__ = ["SQLiteBackend", "fts5_match"]
+__all__ = ["BUSY_TIMEOUT", "SQLiteBackend", "fts5_match"]
+
+BUSY_TIMEOUT = 30.0
+"""Seconds a write waits for the database's write lock (and a read for a lock it needs)
+while another connection holds it, before it fails."""
+_BEGIN_STEP = 0.05
+"""Seconds one attempt to begin a write waits inside the SQLite gate (then it leaves the
+gate, sleeps a little and tries again, so a fork never waits for another writer)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pp_mem_records (
@@ -204,47 +223,86 @@ class SQLiteBackend:
 
     def __init__(self, path: str, *, read_only: bool = False) -> None:
         self._path = path
-        self._lock = threading.RLock()
+        self._memory = path in (":memory:", "")
         self._read_only = read_only
         self._tables = not read_only  # a read-only store checks (until they exist)
         self._history = not read_only  # the history table (added later than the others)
-        if read_only:
-            conn = _connect_read_only(path)
-        else:
-            conn = sqlite3.connect(
-                path, timeout=30.0, check_same_thread=False, isolation_level=None
-            )
-            try:
-                if path not in (":memory:", ""):
-                    conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-                migrate_history_fts(conn)
-            except BaseException:
-                conn.close()
-                raise
+        self._write_lock = threading.RLock()
+        self._read_lock = self._write_lock if self._memory else threading.RLock()
+        self._closed = False
+        with sqlite_gate():
+            if read_only:
+                conn = _connect_read_only(path)
+            else:
+                conn = self._open()
+                try:
+                    if not self._memory:
+                        conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(_SCHEMA)
+                    migrate_history_fts(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+        # The writer; also the reader of a memory database or a read-only store.
         self._conn: sqlite3.Connection | None = conn
+        self._reader: sqlite3.Connection | None = None  # a file database's reads
+        _process.SQLITE_MEMORY_STORES.add(self)
+
+    def _open(self) -> sqlite3.Connection:
+        """A new read-write connection to the database (inside the gate)."""
+        return sqlite3.connect(
+            self._path, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None
+        )
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: new locks; a file database's connections are the parent's
+        (kept in ``_process.INHERITED``, never used or closed) and are opened again on first
+        use. The gate ensured no statement was running at the fork."""
+        self._write_lock = threading.RLock()
+        self._read_lock = self._write_lock if self._memory else threading.RLock()
+        if self._memory:
+            return
+        for conn in (self._conn, self._reader):
+            if conn is not None:
+                _process.INHERITED.append(conn)
+        self._conn = self._reader = None
 
     def describe(self) -> str:
         return self._path
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        with self._write_lock, self._read_lock, sqlite_gate():
+            self._closed = True
+            for conn in (self._conn, self._reader):
+                if conn is not None:
+                    conn.close()
+            self._conn = self._reader = None
 
     def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
+        """The writer (caller holds the write lock, inside the gate)."""
+        if self._closed:
             raise RuntimeError("MemoryStore is closed")
+        if self._conn is None:  # a forked child's first write
+            self._conn = _connect_read_only(self._path) if self._read_only else self._open()
         return self._conn
+
+    def _read_connection(self) -> sqlite3.Connection:
+        """The connection reads use (caller holds the read lock, inside the gate)."""
+        if self._memory or self._read_only:
+            return self._connection()
+        if self._closed:
+            raise RuntimeError("MemoryStore is closed")
+        if self._reader is None:
+            self._reader = self._open()
+        return self._reader
 
     def _has_tables(self) -> bool:
         """Whether the memory tables exist (always, unless opened read-only on a database
         that has none yet: then it reads as empty)."""
         if not self._tables:
-            with self._lock:
+            with self._read_lock, sqlite_gate():
                 found = (
-                    self._connection()
+                    self._read_connection()
                     .execute(
                         "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                         " AND name IN ('pp_mem_records', 'pp_mem_profiles', 'pp_mem_fts')"
@@ -258,9 +316,9 @@ class SQLiteBackend:
         """Whether the history table exists (always, unless opened read-only on a database
         written by a store that did not have it: then the history layer reads as empty)."""
         if not self._history:
-            with self._lock:
+            with self._read_lock, sqlite_gate():
                 found = (
-                    self._connection()
+                    self._read_connection()
                     .execute(
                         "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                         " AND name IN ('pp_mem_history', 'pp_mem_history_fts')"
@@ -272,23 +330,57 @@ class SQLiteBackend:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``): waits for the write
+        lock (the store's, then the database's, up to :data:`BUSY_TIMEOUT`) and runs inside
+        the gate once it has it."""
         if self._read_only:
             raise PermissionError(f"MemoryStore({self._path!r}) was opened read_only")
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+        with self._write_lock:
+            gate, conn = self._begin()
             try:
-                yield conn
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            finally:
+                gate.__exit__(None, None, None)
+
+    def _begin(self) -> tuple[_process.ForkGate, sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` on the writer; returns inside the gate (the caller leaves
+        it). While another connection holds the database's write lock, each attempt waits
+        :data:`_BEGIN_STEP` inside the gate, then sleeps outside it."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        pause = 0.001
+        while True:
+            gate = sqlite_gate()
+            gate.__enter__()
+            try:
+                conn = self._connection()
+                left = deadline - time.monotonic()
+                conn.execute(f"PRAGMA busy_timeout = {int(max(min(_BEGIN_STEP, left), 0) * 1000)}")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
+                return gate, conn
+            except sqlite3.OperationalError as exc:
+                gate.__exit__(None, None, None)
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
             except BaseException:
-                conn.execute("ROLLBACK")
+                gate.__exit__(None, None, None)
                 raise
-            conn.execute("COMMIT")
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, 0.05)
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         if not self._has_tables():
             return []
-        with self._lock:
-            return self._connection().execute(sql, params).fetchall()
+        with self._read_lock, sqlite_gate():
+            return self._read_connection().execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------ writes
 
@@ -603,3 +695,6 @@ class SQLiteBackend:
             params,
         )
         return [(tuple(row[:-1]), row[-1]) for row in rows]
+
+
+_process.SQLITE_MEMORY_STORES.handle(after_fork=SQLiteBackend.after_fork_in_child)

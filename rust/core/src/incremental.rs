@@ -90,6 +90,9 @@ fn tied_keys(m: &ItemMeta) -> impl Iterator<Item = (Tie, u64)> + '_ {
     .filter_map(|(tie, s)| s.map(|s| (tie, relation_hash(s))))
 }
 
+/// A unit's cost (or a bound of it) from its members' positions.
+type UnitCost<'a, E> = dyn FnMut(&[usize]) -> Result<u64, E> + 'a;
+
 /// What ties an item at or after a cut to an earlier one (what moved a cut back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tie {
@@ -107,6 +110,9 @@ pub enum Tie {
     AnonymousSearch,
     /// One unit of the history spans both positions.
     Unit,
+    /// A masked pack checks the rest of a turn back to its user message (`Fill::turn_cannot_fit`
+    /// in [`crate::pack`]): the turn of the unit the budget stops at reaches back there.
+    Turn,
 }
 
 impl Tie {
@@ -120,6 +126,7 @@ impl Tie {
             Tie::ReasoningRun => "reasoning_run",
             Tie::AnonymousSearch => "anonymous_tool_search",
             Tie::Unit => "unit",
+            Tie::Turn => "turn",
         }
     }
 }
@@ -149,6 +156,9 @@ impl Pull {
                 format!("the anonymous tool search output {from} pairs with the call {to}")
             }
             Tie::Unit => format!("{to} and {from} are one unit"),
+            Tie::Turn => {
+                format!("a masked pack checks the turn of {from} back to {to} (whether it can fit)")
+            }
         }
     }
 }
@@ -857,7 +867,41 @@ impl GraphIndex {
         &self,
         tail: &[ItemMeta],
         budget: u64,
+        lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+    ) -> Result<Window, E> {
+        self.window_checked(tail, budget, lower_cost, None)
+    }
+
+    /// [`Self::window`] for a masked pack, which reads more than the units it may cost or
+    /// keep. Before it masks a unit of a turn, the masked fill checks that the rest of the
+    /// turn can fit, by the units' masked floors from that unit back to the turn's user
+    /// message (`Fill::turn_cannot_fit` in [`crate::pack`]; a floor counts each tool output
+    /// at an item's overhead and the other members whole), and stops that walk once the
+    /// floors pass its room. The fill stops at the unit `u*` where the walk of
+    /// [`Self::window`] passed `budget`, or before it, so the turns it checks are those of
+    /// `u*` and of newer units; the only one that may reach before the window is the turn of
+    /// `u*`. From `u*` the window walks on back, adding `floor(members)` (a lower bound of
+    /// the masked floor), until the turn's user message or until the sum passes `budget`:
+    /// the fill's walk, which starts at `u*` or later and whose room is at most `budget`,
+    /// has stopped by then. The units walked are in the window, so a masked pack of
+    /// `history[w..] ++ tail` reads nothing before `w`.
+    pub fn window_masked<E>(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+        mut floor: impl FnMut(&[usize]) -> Result<u64, E>,
+    ) -> Result<Window, E> {
+        self.window_checked(tail, budget, lower_cost, Some(&mut floor))
+    }
+
+    /// The walk of [`Self::window`] and [`Self::window_masked`] (`floor` given).
+    fn window_checked<E>(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
         mut lower_cost: impl FnMut(&[usize]) -> Result<u64, E>,
+        floor: Option<&mut UnitCost<'_, E>>,
     ) -> Result<Window, E> {
         let regroup = self.cut_explained(self.items.len(), tail);
         let graph = &self.graph;
@@ -884,6 +928,14 @@ impl GraphIndex {
                 }
             }
             if sum > budget {
+                if let Some(floor) = floor {
+                    if let Some(turn) = self.turn_reach(p, budget, floor)? {
+                        if turn.to < start {
+                            start = turn.to;
+                            pull = Some(turn);
+                        }
+                    }
+                }
                 let cut = self.cut_explained(start, tail);
                 if cut.position < start {
                     pull = cut.pull;
@@ -922,6 +974,38 @@ impl GraphIndex {
             pull: None,
             reach: 0,
         })
+    }
+
+    /// How far back a masked fill's turn check from the unit whose newest member is `p` may
+    /// read ([`Self::window_masked`]): the first member of the oldest unit it may reach, as
+    /// a [`Tie::Turn`] from `p` (`None`: nothing before the unit of `p`).
+    fn turn_reach<E>(
+        &self,
+        p: usize,
+        budget: u64,
+        floor: &mut UnitCost<'_, E>,
+    ) -> Result<Option<Pull>, E> {
+        let graph = &self.graph;
+        let mut first = graph.units[graph.unit_of[p]].members[0];
+        let mut sum = 0u64;
+        let mut q = p + 1;
+        while q > 0 {
+            q -= 1;
+            let unit = &graph.units[graph.unit_of[q]];
+            if unit.members.last() == Some(&q) && !unit.is_input_only() && unit.is_valid() {
+                sum = sum.saturating_add(floor(&unit.members)?);
+                first = first.min(unit.members[0]);
+            }
+            if sum > budget || self.is_user_message(q) {
+                break;
+            }
+        }
+        let own = graph.units[graph.unit_of[p]].members[0];
+        Ok((first < own).then_some(Pull {
+            tie: Tie::Turn,
+            from: p,
+            to: first,
+        }))
     }
 
     /// The units of `history ++ new_input`: cached units before the cut, then `tail`'s.

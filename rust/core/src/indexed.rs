@@ -216,11 +216,24 @@ impl IndexedHistory {
         masking: Option<Masking>,
     ) -> Window {
         let basis = basis.into();
-        let window = self.graph.window(tail, budget, |members| {
+        let lower = |members: &[usize]| {
             Ok::<u64, Infallible>(members.iter().fold(0u64, |sum, &p| {
                 sum.saturating_add(self.lower_bound(p, basis, masking))
             }))
-        });
+        };
+        let window = match masking {
+            None => self.graph.window(tail, budget, lower),
+            // A masked floor counts a tool output at an item's overhead, the rest whole.
+            Some(_) => self.graph.window_masked(tail, budget, lower, |members| {
+                Ok(members.iter().fold(0u64, |sum, &p| {
+                    sum.saturating_add(if maskable(self.graph.kind(p)) {
+                        ITEM_OVERHEAD
+                    } else {
+                        self.costs.lower_bound(p, basis)
+                    })
+                }))
+            }),
+        };
         window.unwrap_or_else(|never| match never {})
     }
 
@@ -478,7 +491,9 @@ pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
     budget: u64,
     offset: usize,
 ) -> Result<usize, CostFailure> {
-    graph.window_start(&[], budget, |members| {
+    let masked = std::cell::RefCell::new(masked);
+    let lower = |members: &[usize]| {
+        let mut masked = masked.borrow_mut();
         if members.iter().all(|&p| p >= offset) {
             let costs = masked.masked_costs(members)?;
             return Ok(costs.into_iter().fold(0u64, |sum, c| sum.saturating_add(c)));
@@ -491,7 +506,29 @@ pub fn counted_masked_window_start<F: ItemSource, S: CountStore>(
             };
             sum.saturating_add(bound)
         }))
-    })
+    };
+    // The masked floors of the turn check ([`GraphIndex::window_masked`]): the members other
+    // than tool outputs counted exactly when listed, so a later window finds the same start.
+    let floor = |members: &[usize]| {
+        let mut masked = masked.borrow_mut();
+        let engine = masked.inner();
+        let (outputs, others): (Vec<usize>, Vec<usize>) =
+            members.iter().partition(|&&p| maskable(graph.kind(p)));
+        let listed: Vec<usize> = others.iter().copied().filter(|&p| p >= offset).collect();
+        let earlier = others
+            .iter()
+            .filter(|&&p| p < offset)
+            .map(|&p| engine.known(p).unwrap_or(ITEM_OVERHEAD))
+            .fold(0u64, u64::saturating_add);
+        let overheads = (outputs.len() as u64).saturating_mul(ITEM_OVERHEAD);
+        Ok(engine
+            .costs(&listed)?
+            .into_iter()
+            .fold(overheads.saturating_add(earlier), u64::saturating_add))
+    };
+    graph
+        .window_masked(&[], budget, lower, floor)
+        .map(|w| w.start)
 }
 
 /// What the history of `total` positions costs, summed newest first from `source`, stopping

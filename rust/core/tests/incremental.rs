@@ -6,9 +6,13 @@
 use proptest::prelude::{any, ProptestConfig};
 use proptest::strategy::Strategy;
 use protoprompt_core::graph::{build_graph, Graph, GraphView};
+use protoprompt_core::incremental::Tie;
 use protoprompt_core::incremental::{GraphIndex, SnapshotError};
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::pack::{pack, pack_view, CostFailure, CostSource, PackOptions, Policy};
+use protoprompt_core::mask::Masking;
+use protoprompt_core::pack::{
+    pack, pack_view, pack_view_masked, CostFailure, CostSource, PackOptions, Policy,
+};
 use serde_json::{json, Value};
 
 /// xorshift64*: a small deterministic generator (the seeds below are the test cases).
@@ -825,4 +829,100 @@ fn window_start_does_not_count_units_the_appended_items_regroup() {
         "window starts at {w}, the pack costed {:?}",
         costs.0
     );
+}
+
+/// A masked pack checks, before it masks a unit, that the rest of the unit's turn can fit
+/// (by masked floors, back to the turn's user message): the masked window reaches back as
+/// far as that check reads, so a masked pack of the window costs nothing before it (the
+/// restart defect: "is before history_offset" when the snapshot had not counted there).
+#[test]
+fn a_masked_window_covers_the_turn_check_of_the_unit_it_stops_at() {
+    let mut hist = vec![json!({"role":"user","content":"old"})];
+    hist.push(json!({"role":"user","content":"run the batch"}));
+    for i in 0..8 {
+        hist.push(
+            json!({"type":"function_call","call_id":format!("c{i}"),"name":"f","arguments":"{}"}),
+        );
+        hist.push(json!({"type":"function_call_output","call_id":format!("c{i}"),"output":"x"}));
+    }
+    let tail = metas(&[json!({"role":"user","content":"next"})]);
+    let mut idx = GraphIndex::new();
+    idx.extend(metas(&hist));
+    // A call costs 10, an output 50 whole and 20 masked; its masked floor is an item's
+    // overhead. The window of a masked pack counts outputs at their masked cost.
+    let overhead = protoprompt_core::tokens::ITEM_OVERHEAD;
+    let is_output = |p: usize| p >= 2 && p % 2 == 1;
+    let lower =
+        |m: &[usize]| Ok::<u64, ()>(m.iter().map(|&p| if is_output(p) { 20 } else { 10 }).sum());
+    let floor = |m: &[usize]| {
+        Ok::<u64, ()>(
+            m.iter()
+                .map(|&p| if is_output(p) { overhead } else { 10 })
+                .sum(),
+        )
+    };
+    let budget = 65;
+    let plain = idx.window(&tail, budget, lower).unwrap();
+    let masked = idx.window_masked(&tail, budget, lower, floor).unwrap();
+    assert!(masked.start < plain.start, "{masked:?} vs {plain:?}");
+    assert_eq!(masked.pull.map(|p| p.tie), Some(Tie::Turn));
+    // With a budget the floors pass before the user message, the window stops there.
+    let short = idx.window_masked(&tail, 25, lower, floor).unwrap();
+    assert!(short.start > 1, "{short:?}");
+
+    struct Costs(Vec<usize>);
+    impl CostSource for Costs {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.0.extend_from_slice(positions);
+            Ok(positions
+                .iter()
+                .map(|&p| if p >= 2 && p % 2 == 1 { 50 } else { 10 })
+                .collect())
+        }
+        fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.0.extend_from_slice(members);
+            Ok(members
+                .iter()
+                .map(|&p| if p >= 2 && p % 2 == 1 { 20 } else { 10 })
+                .collect())
+        }
+        fn maskable(&self, p: usize) -> bool {
+            p >= 2 && p % 2 == 1
+        }
+    }
+    let mut all = metas(&hist);
+    all.extend(tail.iter().cloned());
+    let graph = build_graph(&all[..hist.len()], &tail);
+    let is_user = |p: usize| all[p].is_user_message();
+    let masking = Masking {
+        excerpt_tokens: 16,
+        after_turns: None,
+    };
+    for (budget, window) in [(65, masked), (25, short)] {
+        let o = PackOptions {
+            budget,
+            ..PackOptions::default()
+        };
+        let mut costs = Costs(Vec::new());
+        pack_view_masked(
+            GraphView::whole(&graph),
+            &is_user,
+            &mut costs,
+            &o,
+            Some(masking),
+            &[],
+            None,
+        )
+        .unwrap();
+        let costed: Vec<usize> = costs.0.into_iter().filter(|&p| p < hist.len()).collect();
+        assert!(
+            costed.iter().all(|&p| p >= window.start),
+            "budget {budget}: the window starts at {}, the pack costed {costed:?}",
+            window.start,
+        );
+        if budget == 65 {
+            // The window of the rule without the turn check is too short for it: the defect.
+            assert!(costed.iter().any(|&p| p < plain.start), "{costed:?}");
+        }
+    }
 }
