@@ -30,12 +30,15 @@
 //!   the budget is taken (said in the reason). Mandatory units (new input and its tail
 //!   dependency) are never masked or dropped; if they alone do not fit,
 //!   [`PrefixError::BudgetExceeded`].
-//! * **What the state is.** The cut, the number of units the previous request covered, the
-//!   masked set, the mandatory units before the cut, and the digests of the unit identities
-//!   before the cut and from the cut to the covered end ([`chain_digest`]). The identity of a
-//!   unit is the caller's ([`PrefixUnit::id`]; [`plan_prefix_values`] digests its items). A
-//!   state whose digests do not match the new history (rewritten, popped, compacted) is
-//!   ignored and the decision is made fresh, with the reason saying so.
+//! * **What the state is.** In item positions, not unit indices (a unit grows when items are
+//!   appended: a program gains its output, a tool search the calls it loaded, an approval
+//!   request its call): the cut's first item, the number of items the previous request
+//!   covered, the first items of the masked units and of the mandatory units before the cut,
+//!   and the digests of the item identities before the cut and from the cut to the covered
+//!   end ([`chain_digest`]; the caller's identities, [`plan_prefix_values`] digests each item).
+//!   A state whose digests do not match the new history (rewritten, popped, compacted), or
+//!   whose units were regrouped across the cut, is ignored and the decision is made fresh,
+//!   with the reason saying so.
 //! * **What is reported.** The request's tokens, the tokens it shares with the previous
 //!   request (the longest common run of units, as sent, from the start), and a
 //!   [`PrefixReason`] ("did not fit: cut moved from unit A to B, request X -> Y").
@@ -94,8 +97,10 @@ impl CachePolicy {
 /// One atomic unit as [`decide`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixUnit {
-    /// The unit's identity (a digest of its items).
-    pub id: Digest,
+    /// Position of its first item (units are ordered by it).
+    pub first: usize,
+    /// One past the position of its last item.
+    pub end: usize,
     /// Tokens of the unit sent whole.
     pub whole: u64,
     /// Tokens of the unit sent masked (`== whole` when nothing in it can be masked).
@@ -108,19 +113,22 @@ pub struct PrefixUnit {
     pub sendable: bool,
 }
 
-/// The previous decision, handed back to [`decide`] with the next history.
+/// The previous decision, handed back to [`decide`] with the next history. Everything is
+/// in item positions, not unit indices: a unit may grow when items are appended (a program
+/// gains its output, a tool search the calls it loaded), and the prefix is the items.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PrefixState {
+    /// First item of the cut unit (the items' count when no optional unit was kept).
     pub cut: usize,
-    /// Units the previous request covered (`0..end`).
+    /// Items the previous request covered (`0..end`).
     pub end: usize,
-    /// Units sent masked (sorted).
+    /// First items of the units sent masked (sorted).
     pub masked: Vec<usize>,
-    /// Mandatory units before the cut that the previous request sent (sorted).
+    /// First items of the mandatory units before the cut that the request sent (sorted).
     pub pinned: Vec<usize>,
-    /// [`chain_digest`] of the units `0..cut`.
+    /// [`chain_digest`] of the items `0..cut`.
     pub before_cut: Digest,
-    /// [`chain_digest`] of the units `cut..end`.
+    /// [`chain_digest`] of the items `cut..end`.
     pub kept: Digest,
 }
 
@@ -239,33 +247,67 @@ impl fmt::Display for PrefixError {
 
 impl std::error::Error for PrefixError {}
 
-/// The digest of the identities of `units`, in order (their count included).
-pub fn chain_digest(units: &[PrefixUnit]) -> Digest {
+/// The digest of the identities of `items`, in order (their count included).
+pub fn chain_digest(items: &[Digest]) -> Digest {
     let mut d = Digester::new();
-    d.list(units.len());
-    for u in units {
-        d.uint(u64::from_le_bytes(u.id[..8].try_into().unwrap_or([0; 8])));
-        d.uint(u64::from_le_bytes(u.id[8..].try_into().unwrap_or([0; 8])));
+    d.list(items.len());
+    for id in items {
+        d.uint(u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8])));
+        d.uint(u64::from_le_bytes(id[8..].try_into().unwrap_or([0; 8])));
     }
     d.finish()
 }
 
-/// Whether `state` describes a prefix of `units`; the error says what changed.
-fn check_state(state: &PrefixState, units: &[PrefixUnit]) -> Result<(), &'static str> {
-    if state.end > units.len() || state.cut > state.end {
+/// The previous state read against the new units: unit indices of its cut, masked and
+/// pinned units.
+struct Previous<'s> {
+    state: &'s PrefixState,
+    cut: usize,
+    masked: Vec<usize>,
+    pinned: Vec<usize>,
+}
+
+/// The unit index of each first item in `firsts`, or `None` if one starts no unit.
+fn units_starting(units: &[PrefixUnit], firsts: &[usize]) -> Option<Vec<usize>> {
+    firsts
+        .iter()
+        .map(|&p| units.binary_search_by_key(&p, |u| u.first).ok())
+        .collect()
+}
+
+/// Whether `state` describes a prefix of the items; the error says what changed.
+fn check_state<'s>(
+    state: &'s PrefixState,
+    units: &[PrefixUnit],
+    items: &[Digest],
+) -> Result<Previous<'s>, &'static str> {
+    if state.end > items.len() || state.cut > state.end {
         return Err("the history is shorter than the previous request");
     }
-    if chain_digest(&units[..state.cut]) != state.before_cut {
+    if chain_digest(&items[..state.cut]) != state.before_cut {
         return Err("the history before the cut changed");
     }
-    if chain_digest(&units[state.cut..state.end]) != state.kept {
+    if chain_digest(&items[state.cut..state.end]) != state.kept {
         return Err("the history the previous request sent changed");
     }
-    let in_range = |v: &[usize], hi: usize| v.iter().all(|&u| u < hi);
-    if !in_range(&state.pinned, state.cut) || !in_range(&state.masked, state.end) {
-        return Err("the state names units it does not cover");
+    let cut = units.partition_point(|u| u.first < state.cut);
+    if units[..cut]
+        .iter()
+        .any(|u| u.end > state.cut && !u.mandatory)
+    {
+        return Err("a unit now spans the cut");
     }
-    Ok(())
+    let masked = units_starting(units, &state.masked);
+    let pinned = units_starting(units, &state.pinned);
+    let (Some(masked), Some(pinned)) = (masked, pinned) else {
+        return Err("the units the previous request sent were regrouped");
+    };
+    Ok(Previous {
+        state,
+        cut,
+        masked,
+        pinned,
+    })
 }
 
 fn sum(a: u64, b: u64) -> u64 {
@@ -275,6 +317,7 @@ fn sum(a: u64, b: u64) -> u64 {
 /// The units of one [`decide`] call and their reservation.
 struct Plan<'a> {
     units: &'a [PrefixUnit],
+    items: &'a [Digest],
     reserved: u64,
     budget: u64,
 }
@@ -408,18 +451,22 @@ impl Plan<'_> {
 
 /// Decide the cut and masked set of one request (see the module note).
 ///
-/// `units` are the request's atomic units, oldest first (history, then the units holding new
-/// input, which are `mandatory`); `reserved` is what the request takes besides them (output
-/// reserve, context message); `previous` is the state of the last decision for this session.
+/// `units` are the request's atomic units, ordered by their first item (history, then the
+/// units holding new input, which are `mandatory`); `items` the identities of the items
+/// (history then new input; a digest of each); `reserved` is what the request takes besides
+/// the units (output reserve, context message); `previous` is the state of the last
+/// decision for this session.
 pub fn decide(
     previous: Option<&PrefixState>,
     units: &[PrefixUnit],
+    items: &[Digest],
     reserved: u64,
     budget: u64,
     policy: CachePolicy,
 ) -> Result<PrefixDecision, PrefixError> {
     let plan = Plan {
         units,
+        items,
         reserved,
         budget,
     };
@@ -430,28 +477,33 @@ pub fn decide(
             budget,
         });
     }
-    let checked = previous.map(|s| (s, check_state(s, units)));
-    if let Some((state, Ok(()))) = checked {
-        let (kept, tokens) = plan.request(state.cut, &state.pinned, &|i| {
-            state.masked.binary_search(&i).is_ok()
-        });
+    let checked = previous.map(|s| check_state(s, units, items));
+    if let Some(Ok(prev)) = &checked {
+        let was_masked = |i: usize| prev.masked.binary_search(&i).is_ok();
+        let (kept, tokens) = plan.request(prev.cut, &prev.pinned, &was_masked);
         if tokens <= budget {
-            let masked = masked_of(&plan, &kept, &|i| state.masked.binary_search(&i).is_ok());
-            let reason = PrefixReason::Stayed { cut: state.cut };
+            let masked = masked_of(&plan, &kept, &was_masked);
+            let reason = PrefixReason::Stayed { cut: prev.cut };
             return Ok(finish(
-                &plan, previous, state.cut, kept, masked, tokens, reason,
+                &plan,
+                Some(prev),
+                prev.cut,
+                kept,
+                masked,
+                tokens,
+                reason,
             ));
         }
         let (cut, recent, _) = plan.fresh(policy);
         let (kept, after) = plan.request(cut, &[], &|i| i < recent);
         let masked = masked_of(&plan, &kept, &|i| i < recent);
         let reason = PrefixReason::Moved {
-            from: state.cut,
+            from: prev.cut,
             to: cut,
             before: tokens,
             after,
         };
-        return Ok(finish(&plan, previous, cut, kept, masked, after, reason));
+        return Ok(finish(&plan, Some(prev), cut, kept, masked, after, reason));
     }
     let (cut, recent, whole) = plan.fresh(policy);
     let (kept, after) = plan.request(cut, &[], &|i| i < recent);
@@ -465,15 +517,14 @@ pub fn decide(
             after,
         }
     };
-    if let Some((_, Err(why))) = checked {
+    if let Some(Err(why)) = checked {
         reason = PrefixReason::Reset {
             why,
             fresh: Box::new(reason),
         };
     }
     // A state that does not match shares nothing that can be proven.
-    let previous = previous.filter(|_| checked.is_some_and(|(_, r)| r.is_ok()));
-    Ok(finish(&plan, previous, cut, kept, masked, after, reason))
+    Ok(finish(&plan, None, cut, kept, masked, after, reason))
 }
 
 /// The kept optional units that `masked(i)` masks and that are cheaper masked.
@@ -487,14 +538,15 @@ fn masked_of(plan: &Plan<'_>, kept: &[usize], masked: &dyn Fn(usize) -> bool) ->
         .collect()
 }
 
-/// The units the request described by `state` sent, in order, with whether each was masked.
-fn sent_by(plan: &Plan<'_>, state: &PrefixState) -> Vec<(usize, bool)> {
-    let mut out: Vec<(usize, bool)> = state.pinned.iter().map(|&u| (u, false)).collect();
+/// The units the previous request sent, in order, with whether each was masked.
+fn sent_by(plan: &Plan<'_>, prev: &Previous<'_>) -> Vec<(usize, bool)> {
+    let mut out: Vec<(usize, bool)> = prev.pinned.iter().map(|&u| (u, false)).collect();
+    let end = plan.units.partition_point(|u| u.first < prev.state.end);
     out.extend(
-        (state.cut..state.end)
+        (prev.cut..end)
             .filter(|&i| plan.units[i].sendable)
             .map(|i| {
-                let masked = state.masked.binary_search(&i).is_ok();
+                let masked = prev.masked.binary_search(&i).is_ok();
                 (i, masked)
             }),
     );
@@ -503,7 +555,7 @@ fn sent_by(plan: &Plan<'_>, state: &PrefixState) -> Vec<(usize, bool)> {
 
 fn finish(
     plan: &Plan<'_>,
-    previous: Option<&PrefixState>,
+    previous: Option<&Previous<'_>>,
     cut: usize,
     kept: Vec<usize>,
     masked: Vec<usize>,
@@ -511,26 +563,33 @@ fn finish(
     reason: PrefixReason,
 ) -> PrefixDecision {
     let is_masked = |i: usize| masked.binary_search(&i).is_ok();
-    let shared_tokens = previous.map_or(0, |state| {
-        let before = sent_by(plan, state);
+    // Whole units only: a unit that grew since (its new items appended) counts nothing.
+    let shared_tokens = previous.map_or(0, |prev| {
+        let before = sent_by(plan, prev);
         let mut shared = 0u64;
         for (&(p, pm), &k) in before.iter().zip(&kept) {
-            if p != k || pm != is_masked(k) {
+            let u = &plan.units[k];
+            if p != k || pm != is_masked(k) || u.end > prev.state.end {
                 break;
             }
-            let u = &plan.units[k];
             shared = sum(shared, if pm { u.masked } else { u.whole });
         }
         shared
     });
-    let end = plan.units.len();
+    let n = plan.items.len();
+    let first = |i: usize| plan.units.get(i).map_or(n, |u| u.first.min(n));
+    let cut_item = first(cut);
     let state = PrefixState {
-        cut,
-        end,
-        pinned: kept.iter().copied().filter(|&i| i < cut).collect(),
-        before_cut: chain_digest(&plan.units[..cut.min(end)]),
-        kept: chain_digest(&plan.units[cut.min(end)..end]),
-        masked: masked.clone(),
+        cut: cut_item,
+        end: n,
+        pinned: kept
+            .iter()
+            .filter(|&&i| i < cut)
+            .map(|&i| first(i))
+            .collect(),
+        before_cut: chain_digest(&plan.items[..cut_item]),
+        kept: chain_digest(&plan.items[cut_item..]),
+        masked: masked.iter().map(|&i| first(i)).collect(),
     };
     PrefixDecision {
         cut,
@@ -601,7 +660,6 @@ fn item_error(n_history: usize) -> impl Fn(crate::pack::CostFailure) -> PackErro
 fn prefix_units<C: CostSource + crate::mask::ValueSource>(
     graph: &crate::graph::Graph,
     metas: &[crate::items::ItemMeta],
-    all: &[&serde_json::Value],
     costs: &mut crate::mask::MaskedCosts<'_, C>,
 ) -> Result<Vec<PrefixUnit>, PackError> {
     let error = item_error(graph.n_history);
@@ -609,11 +667,6 @@ fn prefix_units<C: CostSource + crate::mask::ValueSource>(
     let mut units = Vec::with_capacity(graph.units.len());
     for unit in &graph.units {
         let whole = total(costs.costs(&unit.members).map_err(&error)?);
-        let mut d = Digester::new();
-        d.list(unit.members.len());
-        for &p in &unit.members {
-            d.value(all[p]);
-        }
         let mandatory = unit.contains_new;
         let sendable = unit.is_valid() && !unit.is_input_only();
         let maskable = unit
@@ -626,7 +679,8 @@ fn prefix_units<C: CostSource + crate::mask::ValueSource>(
             total(costs.masked_costs(&unit.members).map_err(&error)?)
         };
         units.push(PrefixUnit {
-            id: d.finish(),
+            first: unit.members.first().copied().unwrap_or(0),
+            end: unit.members.last().map_or(0, |&p| p + 1),
             whole,
             masked,
             opens_turn: unit
@@ -679,9 +733,10 @@ pub fn plan_prefix_values(
     let kinds = |p: usize| metas[p].kind;
     let mut masked_costs =
         crate::mask::MaskedCosts::new(&mut source, encoding, excerpt_tokens).with_kinds(&kinds);
-    let units = prefix_units(&graph, &metas, &all, &mut masked_costs)?;
+    let units = prefix_units(&graph, &metas, &mut masked_costs)?;
+    let items: Vec<Digest> = all.iter().map(|v| crate::digest::value_digest(v)).collect();
     let reserved = sum(opts.output_reserve, opts.context_tokens);
-    let decision = decide(previous, &units, reserved, opts.budget, policy)
+    let decision = decide(previous, &units, &items, reserved, opts.budget, policy)
         .map_err(|e| budget_error(e, opts))?;
     let masked_members: Vec<&[usize]> = decision
         .masked

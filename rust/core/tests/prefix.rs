@@ -16,33 +16,59 @@ fn id(n: u64) -> [u8; 16] {
     d
 }
 
+/// A test unit: one item, with its identity.
+type U = (u64, PrefixUnit);
+
 /// A user message (opens a turn).
-fn user(n: u64, tokens: u64) -> PrefixUnit {
-    PrefixUnit {
-        id: id(n),
-        whole: tokens,
-        masked: tokens,
-        opens_turn: true,
-        mandatory: false,
-        sendable: true,
-    }
+fn user(n: u64, tokens: u64) -> U {
+    (
+        n,
+        PrefixUnit {
+            first: 0,
+            end: 0,
+            whole: tokens,
+            masked: tokens,
+            opens_turn: true,
+            mandatory: false,
+            sendable: true,
+        },
+    )
 }
 
 /// A tool step: `whole` tokens, `masked` once masked.
-fn step(n: u64, whole: u64, masked: u64) -> PrefixUnit {
-    PrefixUnit {
-        id: id(n),
-        whole,
-        masked,
-        opens_turn: false,
-        mandatory: false,
-        sendable: true,
-    }
+fn step(n: u64, whole: u64, masked: u64) -> U {
+    (
+        n,
+        PrefixUnit {
+            first: 0,
+            end: 0,
+            whole,
+            masked,
+            opens_turn: false,
+            mandatory: false,
+            sendable: true,
+        },
+    )
 }
 
-fn new_input(mut u: PrefixUnit) -> PrefixUnit {
-    u.mandatory = true;
+fn new_input(mut u: U) -> U {
+    u.1.mandatory = true;
     u
+}
+
+/// One item per unit: positions and identities.
+fn split(units: &[U]) -> (Vec<PrefixUnit>, Vec<[u8; 16]>) {
+    let items = units.iter().map(|(n, _)| id(*n)).collect();
+    let units = units
+        .iter()
+        .enumerate()
+        .map(|(i, (_, u))| PrefixUnit {
+            first: i,
+            end: i + 1,
+            ..*u
+        })
+        .collect();
+    (units, items)
 }
 
 const POLICY: CachePolicy = CachePolicy {
@@ -51,7 +77,7 @@ const POLICY: CachePolicy = CachePolicy {
 };
 
 /// Turns of a user message (10) and two steps (100 whole, 20 masked), ids from `first`.
-fn turns(first: u64, count: u64) -> Vec<PrefixUnit> {
+fn turns(first: u64, count: u64) -> Vec<U> {
     (0..count)
         .flat_map(|t| {
             let b = first + t * 3;
@@ -60,8 +86,9 @@ fn turns(first: u64, count: u64) -> Vec<PrefixUnit> {
         .collect()
 }
 
-fn run(prev: Option<&PrefixState>, units: &[PrefixUnit], budget: u64) -> PrefixDecision {
-    decide(prev, units, 0, budget, POLICY).expect("decides")
+fn run(prev: Option<&PrefixState>, units: &[U], budget: u64) -> PrefixDecision {
+    let (units, items) = split(units);
+    decide(prev, &units, &items, 0, budget, POLICY).expect("decides")
 }
 
 #[test]
@@ -75,7 +102,7 @@ fn fits_whole_keeps_everything_and_stays() {
     assert!(d.masked.is_empty());
     assert_eq!(d.request_tokens, 3 * 210 + 10);
     // The next call appends a step: the same cut, everything before shared.
-    units[9].mandatory = false;
+    units[9].1.mandatory = false;
     units.push(step(101, 100, 20));
     units.push(new_input(user(102, 10)));
     let next = run(Some(&d.state), &units, 1_000);
@@ -108,7 +135,7 @@ fn over_budget_moves_once_to_the_mark_masking_before_dropping() {
     let d = run(None, &long, 1_000);
     assert_eq!(d.request_tokens, 10 + 210 + 50 * 5);
     assert_eq!(d.cut, 6 * 3);
-    assert!(long[d.cut].opens_turn);
+    assert!(long[d.cut].1.opens_turn);
 }
 
 #[test]
@@ -122,7 +149,7 @@ fn a_request_that_still_fits_stays_then_moves_when_it_does_not() {
     let mut moves = 0;
     for _ in 0..10 {
         let tail = units.len() - 1;
-        units[tail].mandatory = false;
+        units[tail].1.mandatory = false;
         units.push(step(n, 100, 20));
         units.push(new_input(user(n + 1, 10)));
         n += 2;
@@ -203,7 +230,8 @@ fn a_unit_too_large() {
     // A mandatory unit over the budget: an error, nothing decided.
     let mut units = turns(0, 2);
     units.push(new_input(step(100, 2_000, 10)));
-    let err = decide(None, &units, 0, 1_000, POLICY).unwrap_err();
+    let (u, items) = split(&units);
+    let err = decide(None, &u, &items, 0, 1_000, POLICY).unwrap_err();
     assert_eq!(
         err,
         PrefixError::BudgetExceeded {
@@ -216,8 +244,8 @@ fn a_unit_too_large() {
         "mandatory input needs 2000 tokens, over the budget of 1000"
     );
     // The reservation counts too.
-    let units = vec![new_input(user(1, 10))];
-    assert!(decide(None, &units, 995, 1_000, POLICY).is_err());
+    let (u, items) = split(&[new_input(user(1, 10))]);
+    assert!(decide(None, &u, &items, 995, 1_000, POLICY).is_err());
     // An optional unit too large even masked is dropped with everything older.
     let mut units = turns(0, 2);
     units.push(user(50, 10));
@@ -380,7 +408,7 @@ fn calls() -> impl Strategy<Value = Vec<Call>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(200))]
 
     /// Over appended sessions: every decision fits, keeps its mandatory units whole and cuts
     /// at a valid place, and between moves each request is the previous one plus what was
@@ -393,25 +421,27 @@ proptest! {
         keep_recent in 0usize..4,
     ) {
         let policy = CachePolicy { low_water, keep_recent };
-        let mut units: Vec<PrefixUnit> = Vec::new();
+        let mut units: Vec<U> = Vec::new();
         let mut next_id = 0u64;
-        let mut fresh = |units: &mut Vec<PrefixUnit>, mut u: PrefixUnit| {
-            u.id = id(next_id);
+        let mut fresh = |units: &mut Vec<U>, mut u: U| {
+            u.0 = next_id;
             next_id += 1;
             units.push(u);
         };
         let mut prev: Option<PrefixDecision> = None;
         for c in calls {
             if let Some(last) = units.last_mut() {
-                last.mandatory = false;
+                last.1.mandatory = false;
             }
             for (w, m) in &c.steps {
                 fresh(&mut units, step(0, *w, *m));
             }
             let input = if c.opens { user(0, c.input) } else { step(0, c.input, c.input) };
             fresh(&mut units, new_input(input));
-            let d = decide(prev.as_ref().map(|p| &p.state), &units, 20, budget, policy)
+            let (us, items) = split(&units);
+            let d = decide(prev.as_ref().map(|p| &p.state), &us, &items, 20, budget, policy)
                 .expect("the new input always fits");
+            let units = us;
             prop_assert!(d.request_tokens <= budget);
             let newest = units.len() - 1;
             prop_assert!(d.kept.contains(&newest) && !d.masked.contains(&newest));
@@ -434,6 +464,7 @@ proptest! {
                     prop_assert!(d.kept.starts_with(&p.kept));
                     prop_assert!(p.masked.iter().all(|m| d.masked.contains(m)));
                     prop_assert!(d.masked.iter().all(|m| *m < p.state.end));
+                    prop_assert_eq!(d.state.cut, p.state.cut);
                     prop_assert_eq!(d.shared_tokens + 20, p.request_tokens);
                 } else {
                     prop_assert!(p.request_tokens + 1 > 0);
@@ -446,4 +477,50 @@ proptest! {
             prev = Some(d);
         }
     }
+}
+
+/// A unit that grows when items are appended (a program gains its output, a tool search
+/// the calls it loaded) keeps the prefix: the state is in items, not units.
+#[test]
+fn a_unit_that_grows_keeps_the_prefix() {
+    let unit = |first: usize, end: usize, whole: u64, opens: bool, mandatory: bool| PrefixUnit {
+        first,
+        end,
+        whole,
+        masked: whole,
+        opens_turn: opens,
+        mandatory,
+        sendable: true,
+    };
+    let items: Vec<[u8; 16]> = (0..5).map(id).collect();
+    let before = [
+        unit(0, 1, 10, true, false),
+        unit(1, 2, 50, false, false),
+        unit(2, 3, 30, false, true),
+    ];
+    let d = decide(None, &before, &items[..3], 0, 1_000, POLICY).unwrap();
+    // The third unit gains item 3; item 4 is the next call's new input.
+    let after = [
+        unit(0, 1, 10, true, false),
+        unit(1, 2, 50, false, false),
+        unit(2, 4, 45, false, false),
+        unit(4, 5, 5, false, true),
+    ];
+    let next = decide(Some(&d.state), &after, &items, 0, 1_000, POLICY).unwrap();
+    assert_eq!(next.reason, PrefixReason::Stayed { cut: 0 });
+    assert_eq!(next.kept, vec![0, 1, 2, 3]);
+    // Whole units only: the grown unit is not counted as shared.
+    assert_eq!(next.shared_tokens, 60);
+    // A unit regrouped across the cut resets the decision.
+    let mut long = turns(0, 12);
+    long.push(new_input(user(100, 10)));
+    let d = run(None, &long, 1_000);
+    let (mut units, items) = split(&long);
+    units[d.cut - 1].end = d.cut + 1;
+    let next = decide(Some(&d.state), &units, &items, 0, 1_000, POLICY).unwrap();
+    assert!(
+        next.reason.to_string().contains("spans the cut"),
+        "{}",
+        next.reason
+    );
 }
