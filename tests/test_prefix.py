@@ -71,6 +71,9 @@ def test_consecutive_requests_extend_each_other_until_the_cut_moves() -> None:
         )
         prev = states[-1]
         assert nxt.tokens <= budget
+        # The request is a valid item graph: every unit whole, nothing orphaned.
+        report = pp.analyze(nxt.request[: -len(new_input)], new_input)
+        assert all(u.valid for u in report.units)
         if nxt.moved:
             moves += 1
             assert nxt.reason_code == "moved"
