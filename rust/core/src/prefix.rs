@@ -291,10 +291,10 @@ fn check_state<'s>(
         return Err("the history the previous request sent changed");
     }
     let cut = units.partition_point(|u| u.first < state.cut);
-    if units[..cut]
-        .iter()
-        .any(|u| u.end > state.cut && !u.mandatory)
-    {
+    // A unit before the cut may reach past it only if the request sent it (the tail
+    // dependency of a new input, kept with it: its items are sent where they stand).
+    let sent = |u: &PrefixUnit| u.mandatory || state.pinned.binary_search(&u.first).is_ok();
+    if units[..cut].iter().any(|u| u.end > state.cut && !sent(u)) {
         return Err("a unit now spans the cut");
     }
     let masked = units_starting(units, &state.masked);

@@ -524,3 +524,41 @@ fn a_unit_that_grows_keeps_the_prefix() {
         next.reason
     );
 }
+
+/// A tool output's call before the cut is sent with it (the tail dependency); on the next
+/// call that unit is history reaching past the cut, and the prefix still stays.
+#[test]
+fn a_dependency_before_the_cut_stays_pinned() {
+    let unit = |first: usize, end: usize, whole: u64, opens: bool, mandatory: bool| PrefixUnit {
+        first,
+        end,
+        whole,
+        masked: whole,
+        opens_turn: opens,
+        mandatory,
+        sendable: true,
+    };
+    let items: Vec<[u8; 16]> = (0..6).map(id).collect();
+    // 0 user (large), 1 call (its output 4 is the new input), 2 user, 3 step.
+    let before = [
+        unit(0, 1, 500, true, false),
+        unit(1, 5, 20, false, true),
+        unit(2, 3, 10, true, false),
+        unit(3, 4, 50, false, false),
+    ];
+    let d = decide(None, &before, &items[..5], 0, 300, POLICY).unwrap();
+    assert_eq!(d.cut, 2);
+    assert_eq!(d.kept, vec![1, 2, 3]);
+    assert_eq!(d.state.pinned, vec![1]);
+    let after = [
+        unit(0, 1, 500, true, false),
+        unit(1, 5, 20, false, false),
+        unit(2, 3, 10, true, false),
+        unit(3, 4, 50, false, false),
+        unit(5, 6, 5, false, true),
+    ];
+    let next = decide(Some(&d.state), &after, &items, 0, 300, POLICY).unwrap();
+    assert_eq!(next.reason, PrefixReason::Stayed { cut: 2 });
+    assert_eq!(next.kept, vec![1, 2, 3, 4]);
+    assert_eq!(next.shared_tokens, 80);
+}
