@@ -1161,6 +1161,12 @@ def engines_only(args) -> int:
     return 0 if met and all(r["same"] for r in rows) else 1
 
 
+def _editable(package) -> bool:
+    """Whether ``package`` is imported from this tree's ``python/`` (an editable build)."""
+    here = Path(__file__).resolve().parent.parent / "python" / "protoprompt"
+    return Path(package.__file__).resolve().parent == here
+
+
 def prompt_cache_only(args) -> int:
     """``--prompt-cache-only``: newest-first against the stable prefix on every mix."""
     import prompt_cache
@@ -1174,7 +1180,11 @@ def prompt_cache_only(args) -> int:
             f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
             f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
             + (f", load average {load[0]:.2f}" if load else "")
-            + "."
+            + (
+                "; the tree's editable build (scripts/dev.sh: a debug build unless RELEASE=1)."
+                if _editable(protoprompt)
+                else "."
+            )
         )
         _replace_marked(args.markdown, "prompt-cache", prompt_cache.section(rows, when))
     return 0 if all(r["stable"].broken == 0 for r in rows) else 1
