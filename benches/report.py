@@ -691,7 +691,7 @@ def write_markdown(
     # The sections written by their own runs (benches/memory_search.py, --engines-only,
     # benches/recall_quality.py): kept as they are.
     old = Path(path).read_text() if Path(path).exists() else ""
-    for marker in ("session-engines", "recall-quality", "memory-search"):
+    for marker in ("session-engines", "recall-quality", "prompt-cache", "memory-search"):
         begin, end = old.find(f"<!-- {marker} -->"), old.find(f"<!-- /{marker} -->")
         if 0 <= begin < end:
             parts.append(old[begin : end + len(f"<!-- /{marker} -->")] + "\n")
@@ -840,6 +840,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the retention table only; with --markdown, replace just that section",
     )
     p.add_argument(
+        "--prompt-cache-only",
+        action="store_true",
+        help="measure the prompt-cache table only (benches/prompt_cache.py); with --markdown, "
+        "replace just that section",
+    )
+    p.add_argument(
         "--engines-only",
         action="store_true",
         help="measure whole turns on PostgreSQL and Redis only (benches/session_engines.py, "
@@ -872,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         return retention_only(args)
     if args.engines_only:
         return engines_only(args)
+    if args.prompt_cache_only:
+        return prompt_cache_only(args)
     measured = _measure_all(args, p)
     machine = _print_report(measured)
     rows, turns, masked = measured["rows"], measured["turns"], measured["masked"]
@@ -1151,6 +1159,35 @@ def engines_only(args) -> int:
         _replace_marked(args.markdown, "session-engines", section)
     met = all(v[2] for r in rows for v in session_engines.targets(r).values())
     return 0 if met and all(r["same"] for r in rows) else 1
+
+
+def _editable(package) -> bool:
+    """Whether ``package`` is imported from this tree's ``python/`` (an editable build)."""
+    here = Path(__file__).resolve().parent.parent / "python" / "protoprompt"
+    return Path(package.__file__).resolve().parent == here
+
+
+def prompt_cache_only(args) -> int:
+    """``--prompt-cache-only``: newest-first against the stable prefix on every mix."""
+    import prompt_cache
+    import protoprompt
+
+    rows = prompt_cache.measure()
+    prompt_cache.print_rows(rows)
+    if args.markdown:
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        when = (
+            f"protoprompt {protoprompt.__version__}, {datetime.date.today().isoformat()}, "
+            f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+            + (f", load average {load[0]:.2f}" if load else "")
+            + (
+                "; the tree's editable build (scripts/dev.sh: a debug build unless RELEASE=1)."
+                if _editable(protoprompt)
+                else "."
+            )
+        )
+        _replace_marked(args.markdown, "prompt-cache", prompt_cache.section(rows, when))
+    return 0 if all(r["stable"].broken == 0 for r in rows) else 1
 
 
 def _replace_marked(path: str, marker: str, section: str) -> None:

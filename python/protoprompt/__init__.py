@@ -56,6 +56,7 @@ from .packing import (
 )
 from .plan import RequestCost, RequestSections, Section
 from .plan_html import plans_to_html
+from .prefix import CachePolicy, PrefixPlan, PrefixState, plan_prefix
 from .turn_report import TurnReport
 
 try:
@@ -67,6 +68,7 @@ except _PackageNotFoundError:  # imported from a tree that was never installed
 
 __all__ = [
     "BudgetUnderestimateWarning",
+    "CachePolicy",
     "Calibration",
     "CalibrationState",
     "ContextBlock",
@@ -89,6 +91,8 @@ __all__ = [
     "MemoryStoreError",
     "PackResult",
     "PackTotals",
+    "PrefixPlan",
+    "PrefixState",
     "Problem",
     "ProtoPromptError",
     "ProtoPromptWarning",
@@ -113,6 +117,7 @@ __all__ = [
     "encoding_for_model",
     "item_tokens",
     "pack",
+    "plan_prefix",
     "plans_to_html",
     "preload",
     "truncate_text",

@@ -38,6 +38,7 @@ __all__ = [
     "is_preloaded",
     "item_tokens",
     "learned_scale",
+    "plan_prefix",
     "preload",
     "scale_opaque",
     "split_tokens",
@@ -123,6 +124,32 @@ def fit_output(
     encoding: str | None = None,
 ) -> tuple[dict[str, Any], int, int, int] | None: ...
 def digests(values: Iterable[Any], previous: bytes | None = None) -> tuple[bytes, int]: ...
+
+_PrefixStateTuple: TypeAlias = tuple[int, int, list[int], list[int], bytes, bytes]
+
+def plan_prefix(
+    history: Iterable[Mapping[str, Any]],
+    new_input: Iterable[Mapping[str, Any]],
+    *,
+    budget: int,
+    output_reserve: int,
+    context_tokens: int,
+    low_water: float,
+    keep_recent: int,
+    excerpt_tokens: int,
+    previous: _PrefixStateTuple | None = None,
+    model: str | None = None,
+    encoding: str | None = None,
+) -> tuple[
+    list[int],
+    list[tuple[int, dict[str, Any]]],
+    int,
+    int,
+    str,
+    str,
+    int | None,
+    _PrefixStateTuple,
+]: ...
 def _lazy_commit_allocator() -> bool: ...
 def _clear_count_cache() -> None: ...
 def _fail_next_counts(n: int) -> None: ...

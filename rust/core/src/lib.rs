@@ -14,6 +14,7 @@ pub mod mask;
 pub mod mask_cache;
 pub mod pack;
 pub mod pipeline;
+pub mod prefix;
 pub mod reads;
 pub mod span;
 pub mod tokens;

@@ -645,6 +645,12 @@ fn check_mandatory_units(
     })
 }
 
+/// Whether new_input can be sent as given: [`PackError::InvalidNewInput`] names the first
+/// invalid unit that holds new input (the check every pack makes first).
+pub fn check_new_input(graph: GraphView<'_>) -> Result<(), PackError> {
+    check_mandatory_units(graph, &mandatory_units(graph, &[]), &[])
+}
+
 /// What the mandatory reservation took.
 struct Reservation {
     new_input_tokens: u64,

@@ -27,6 +27,7 @@ mod hooks;
 mod index;
 mod mask;
 mod pack;
+mod prefix;
 mod truncate;
 
 use crate::alloc::configure_allocator;
@@ -287,6 +288,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(learned_scale, m)?)?;
     m.add_function(wrap_pyfunction!(analyze, m)?)?;
     m.add_function(wrap_pyfunction!(digest::digests, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix::plan_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(truncate::cut_text, m)?)?;
     m.add_function(wrap_pyfunction!(truncate::fit_output, m)?)?;
     m.add_class::<PyHistoryIndex>()?;

@@ -1,0 +1,330 @@
+"""Prompt-cache economics of a session under budget pressure: newest-first packing against
+the cache-stable prefix (``pp.plan_prefix``, issue 34).
+
+A simulated session: a generated history (``history_gen``) sized to ``PRESSURE`` times the
+budget is the session so far; the next ``TURNS`` turns of the same generated session are
+then replayed call by call, as the Agents SDK calls the model: the first call of a turn
+sends the user message as new input, every later call the tool outputs the previous call's
+tool calls produced (a *step*), with everything before them as history. Each call's request
+is computed twice:
+
+* **newest-first**: a ``pp.HistoryIndex`` per session packing with the builder's default
+  ``pp.Masking()`` (today's per-call behaviour);
+* **stable prefix**: ``pp.plan_prefix`` with ``pp.CachePolicy()`` and the previous call's
+  state.
+
+Per call: the request's tokens (``pp.item_tokens`` of each item, as sent: masked copies
+included), the tokens of the longest run of leading items that equal the previous request's
+(serialised JSON), and what OpenAI bills as cached of it: nothing below 1,024 tokens, else
+that prefix rounded down to a multiple of 128. Cost: input tokens at gpt-5's published
+$1.25/M and cached input at $0.125/M, against the same requests uncached. Visible: user
+messages and tool calls in each request, summed over the calls. Pack time: the sum of the
+calls' wall times (each strategy's own calls).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import harness
+from history_gen import generate
+from masking import CALL_TYPES, is_user
+
+BUDGETS = (128_000, 32_000)
+TURNS = 40
+PRESSURE = 1.3
+"""The session so far costs this many budgets (whole), so every call is under pressure."""
+INPUT_PRICE = 1.25e-6
+CACHED_PRICE = 0.125e-6
+CACHE_MIN = 1_024
+CACHE_STEP = 128
+
+_CLIENT_OUTPUTS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "mcp_approval_response",
+        "tool_search_output",
+    }
+)
+
+
+def is_client(item: dict[str, Any]) -> bool:
+    """An item the client adds to a run: the user's message or a tool's output."""
+    return is_user(item) or item.get("type") in _CLIENT_OUTPUTS
+
+
+def split_turns(items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The items as turns, each opening with a user message (leading items: a turn)."""
+    turns: list[list[dict[str, Any]]] = []
+    for item in items:
+        if is_user(item) or not turns:
+            turns.append([])
+        turns[-1].append(item)
+    return turns
+
+
+def calls_of(turn: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The model calls of a turn as ``(start, end)``: items ``start:end`` are the call's new
+    input (client items), everything before ``start`` its history."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(turn):
+        if is_client(turn[i]) and (i == 0 or not is_client(turn[i - 1])):
+            j = i
+            while j < len(turn) and is_client(turn[j]):
+                j += 1
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def item_tokens(item: dict[str, Any]) -> int:
+    import protoprompt
+
+    return protoprompt.item_tokens(item, encoding=harness.ENCODING).total
+
+
+def _key(item: Any) -> str:
+    return json.dumps(item, sort_keys=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def cached_tokens(prev: list[str] | None, keys: list[str], tokens: list[int]) -> tuple[int, int]:
+    """The previous request's repeated prefix in this one: ``(prefix tokens, billed cached
+    tokens)`` (whole items only; billed from 1,024 tokens in 128-token steps)."""
+    if prev is None:
+        return 0, 0
+    common = 0
+    for a, b, t in zip(prev, keys, tokens):
+        if a != b:
+            break
+        common += t
+    billed = 0 if common < CACHE_MIN else common - common % CACHE_STEP
+    return common, billed
+
+
+@dataclass
+class Tally:
+    """One strategy's sums over a session's calls."""
+
+    calls: int = 0
+    tokens: int = 0
+    prefix: int = 0
+    cached: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    seconds: float = 0.0
+    moves: int = 0
+    resets: int = 0
+    broken: int = 0
+    """Calls that kept the prefix but whose request does not extend the previous one."""
+    max_tokens: int = 0
+    _prev: list[str] | None = field(default=None, repr=False)
+
+    def add(self, request: list[dict[str, Any]], seconds: float, stayed: bool = False) -> None:
+        keys = [_key(i) for i in request]
+        if stayed and (self._prev is None or keys[: len(self._prev)] != self._prev):
+            self.broken += 1
+        toks = [item_tokens(i) for i in request]
+        common, billed = cached_tokens(self._prev, keys, toks)
+        total = sum(toks)
+        self._prev = keys
+        self.calls += 1
+        self.tokens += total
+        self.max_tokens = max(self.max_tokens, total)
+        self.prefix += common
+        self.cached += billed
+        self.user_turns += sum(1 for i in request if is_user(i))
+        self.tool_calls += sum(1 for i in request if i.get("type") in CALL_TYPES)
+        self.seconds += seconds
+
+    @property
+    def share(self) -> float:
+        """Share of the input tokens billed as cached."""
+        return self.cached / self.tokens if self.tokens else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        """Cost of the input against the same requests uncached."""
+        if not self.tokens:
+            return 1.0
+        paid = (self.tokens - self.cached) * INPUT_PRICE + self.cached * CACHED_PRICE
+        return paid / (self.tokens * INPUT_PRICE)
+
+    @property
+    def dollars(self) -> float:
+        return (self.tokens - self.cached) * INPUT_PRICE + self.cached * CACHED_PRICE
+
+
+@dataclass
+class Session:
+    """The session so far and the turns to replay."""
+
+    mix: str
+    budget: int
+    history: list[dict[str, Any]]
+    turns: list[list[dict[str, Any]]]
+
+
+def make_session(mix: str, budget: int, turns: int = TURNS, seed: int = 0) -> Session:
+    """A generated session whose first turns cost ``PRESSURE`` budgets, then ``turns`` more."""
+    items = generate(max(4_000, budget // 20), mix, seed)
+    all_turns = split_turns(items)
+    history: list[dict[str, Any]] = []
+    cost = 0
+    k = 0
+    while k < len(all_turns) - turns and cost < PRESSURE * budget:
+        history += all_turns[k]
+        cost += sum(item_tokens(i) for i in all_turns[k])
+        k += 1
+    if cost < PRESSURE * budget:
+        raise ValueError(f"{mix}: the generated session is too short for {budget}")
+    return Session(mix, budget, history, all_turns[k : k + turns])
+
+
+def simulate(session: Session, policy: Any = None) -> dict[str, Any]:
+    """Replay the session's turns call by call with both strategies."""
+    import protoprompt
+
+    policy = policy or protoprompt.CachePolicy()
+    masking = protoprompt.Masking(excerpt_tokens=policy.excerpt_tokens)
+    index = protoprompt.HistoryIndex()
+    newest, stable = Tally(), Tally()
+    history = list(session.history)
+    state = None
+    skipped = 0
+    for turn in session.turns:
+        for start, end in calls_of(turn):
+            h = history + turn[:start]
+            new_input = turn[start:end]
+            t0 = time.perf_counter()
+            try:
+                packed = index.pack(
+                    h, new_input, session.budget, encoding=harness.ENCODING, masking=masking
+                )
+            except protoprompt.InvalidNewInputError:
+                skipped += 1  # a generated shape the SDK would not send as input
+                continue
+            t1 = time.perf_counter()
+            plan = protoprompt.plan_prefix(
+                h,
+                new_input,
+                budget=session.budget,
+                cache=policy,
+                previous=state,
+                encoding=harness.ENCODING,
+            )
+            t2 = time.perf_counter()
+            state = plan.state
+            newest.add(list(packed.items), t1 - t0)
+            stable.add(plan.request, t2 - t1, stayed=not plan.moved)
+            stable.moves += plan.reason_code in ("moved", "fresh_cut")
+            stable.resets += plan.reason_code == "reset"
+        history += turn
+    return {
+        "mix": session.mix,
+        "budget": session.budget,
+        "history_items": len(session.history),
+        "turns": len(session.turns),
+        "skipped": skipped,
+        "newest": newest,
+        "stable": stable,
+    }
+
+
+def measure(mixes: tuple[str, ...] | None = None, budgets=BUDGETS) -> list[dict[str, Any]]:
+    from history_gen import MIXES
+
+    return [simulate(make_session(mix, budget)) for budget in budgets for mix in (mixes or MIXES)]
+
+
+def _k(n: int) -> str:
+    return f"{n // 1000}k"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    header = [
+        "budget",
+        "mix",
+        "calls",
+        "repeated prefix newest-first",
+        "repeated prefix stable",
+        "cost vs uncached newest-first",
+        "cost vs uncached stable",
+        "user turns stable / newest-first",
+        "tool calls stable / newest-first",
+        "moves / resets",
+        "pack ms/call newest-first",
+        "pack ms/call stable",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        n, s = r["newest"], r["stable"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    _k(r["budget"]),
+                    r["mix"],
+                    str(s.calls),
+                    f"{n.share:.1%}",
+                    f"{s.share:.1%}",
+                    f"{n.cost_ratio:.2f}",
+                    f"{s.cost_ratio:.2f}",
+                    f"{s.user_turns / max(n.user_turns, 1):.2f}x",
+                    f"{s.tool_calls / max(n.tool_calls, 1):.2f}x",
+                    f"{s.moves} / {s.resets}",
+                    f"{n.seconds / max(n.calls, 1) * 1e3:.1f}",
+                    f"{s.seconds / max(s.calls, 1) * 1e3:.1f}",
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(markdown(rows))
+
+
+INTRO = """## Prompt cache: a stable prefix against newest-first
+
+`benches/prompt_cache.py` (`report.py --prompt-cache-only`; asserted by
+`benches/test_bench_prompt_cache.py`): a generated session of each mix whose history so far
+costs 1.3 budgets, then its next 40 turns replayed call by call as the Agents SDK calls the
+model (the user message, then each step's tool outputs as new input). Per call the request
+is packed by *newest-first* (`pp.HistoryIndex` with `pp.Masking()`, today's per-call pack)
+and by the *stable* prefix (`pp.plan_prefix` with `pp.CachePolicy()`: low water 0.7, the
+newest 3 turns' tool outputs whole). *Repeated prefix*: the tokens of the leading items
+equal to the previous request's (serialised JSON) as OpenAI bills them cached (from 1,024
+tokens, in 128-token steps), over all input tokens. *Cost*: input at gpt-5's $1.25/M,
+cached input at $0.125/M, against the same requests uncached. *User turns* and *tool calls*:
+those in the requests, summed over the calls, stable over newest-first. *Moves*: calls that
+moved the cut (or set it on the first call) / calls whose previous state no longer matched.
+*Pack ms*: the mean wall time of one call (debug builds are far slower; `plan_prefix`
+converts and digests the whole history on every call: the session integration will keep an
+index). No system prompt or context message: they would add the same prefix to both.
+Targets (issue 34): repeated prefix >= 80%, cost <= 0.35 of uncached, user turns >= 0.8x.
+"""
+
+
+def section(rows: list[dict[str, Any]], when: str) -> str:
+    """The README section (between its markers)."""
+    return (
+        "<!-- prompt-cache -->\n"
+        + INTRO
+        + "\n"
+        + when
+        + "\n\n"
+        + markdown(rows)
+        + "<!-- /prompt-cache -->\n"
+    )
