@@ -583,3 +583,31 @@ def test_example_runs_offline() -> None:
     # The plan says how the turn read and packed the history (plan.turn, issue 21).
     assert "\nread: full (" in out and "\nindex: " in out and "\nsnapshot: " in out
     assert "RECALLED into the context message" in out and "contract#" in out
+
+
+async def test_a_run_without_a_budget_warns_once_naming_run_config(tmp_path) -> None:
+    import warnings
+
+    from protoprompt import UnbudgetedSessionWarning
+
+    session = ProtoPromptSession("chat", str(tmp_path / "chat.db"))
+    agent = Agent(name="a", model=ScriptedModel([[assistant_message("ok")]] * 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await run_turn(agent, "hello", session)  # no session_input_callback: no budget
+        await run_turn(agent, "again", session)
+    unbudgeted = [w for w in caught if issubclass(w.category, UnbudgetedSessionWarning)]
+    assert len(unbudgeted) == 1, [str(w.message) for w in caught]
+    message = str(unbudgeted[0].message)
+    assert "'chat'" in message and "run_config=session.run_config(" in message
+    assert unbudgeted[0].message.session_id == "chat"
+
+    # A budgeted run, and the session's own reads outside a run, say nothing.
+    budgeted = ProtoPromptSession("chat2", str(tmp_path / "chat.db"))
+    config = budgeted.run_config(agent=agent, max_tokens=4_000, model="gpt-5")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await Runner.run(agent, "hello", session=budgeted, run_config=config)
+        await budgeted.get_items()
+        await ProtoPromptSession("chat3").get_items()
+    assert not [w for w in caught if issubclass(w.category, UnbudgetedSessionWarning)]

@@ -23,6 +23,7 @@ __all__ = [
     "SnapshotError",
     "TokenBudgetExceededError",
     "TokenizerError",
+    "UnbudgetedSessionWarning",
     "UnknownEncodingError",
     "UnknownModelError",
 ]
@@ -186,3 +187,18 @@ class BudgetUnderestimateWarning(ProtoPromptWarning, RuntimeWarning):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.estimate, self.reported, self.model))
+
+
+class UnbudgetedSessionWarning(ProtoPromptWarning):
+    """A :class:`~protoprompt.integrations.ProtoPromptSession` was run by the Agents SDK
+    without a budget: the run has no ``session_input_callback`` (``Runner.run(...,
+    session=session)`` without ``run_config=session.run_config(...)``), so the whole stored
+    history went to the model, however long. Issued once per session object, at the
+    runner's read of its history; ``session_id`` names the session."""
+
+    def __init__(self, message: str, session_id: str = "") -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), (str(self), self.session_id))

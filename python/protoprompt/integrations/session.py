@@ -47,6 +47,7 @@ from ._shims import (
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
 from ._store import HistoryStore, StoreReadError, Unsupported, open_store
 from ._turn import TurnSetup
+from ._unbudgeted import unbudgeted_run, warn_unbudgeted
 from ._window import (
     Refused,
     Turn,
@@ -241,6 +242,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         self._book = ContextBook()
         self._ledger = RunLedger(self, self._book, lambda: (self._index_state, self._incremental))
         self._warned_wrapped = False
+        self._warned_unbudgeted = False
         self._window_reads = 0
         self._last_window_offset: int | None = None
         self._calibration: Calibration | None = None
@@ -294,6 +296,9 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         closed = getattr(self._inner, "_closed", False)
         # Before the first await: the runner's frame is found on the stack.
         turn = runner_turn(self) if self._windowed_reads and not limited and not closed else None
+        if not self._warned_unbudgeted and unbudgeted_run(self):
+            self._warned_unbudgeted = True
+            warn_unbudgeted(self.session_id)
         await self._attach()
         state = self._index_state
         epoch = state.epoch
