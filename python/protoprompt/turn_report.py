@@ -38,8 +38,8 @@ StoreState = Literal["on", "off", "failing"]
 READ_REASONS: dict[str, str] = {
     "first_turn": "first turn on this database",
     "no_index": "no index",
-    "windowed_reads_off": "windowed reads off",
-    "memory_database": "memory database",
+    "windowed_reads_off": "windowed reads off (windowed_reads=False)",
+    "memory_database": "memory database: windows need a database file",
     "inner_session": "an inner session whose rows protoprompt does not read",
     "greedy_policy": "greedy policy",
     "fits": "the history fits whole",
