@@ -112,7 +112,7 @@ def test_inspect_says_why_a_window_cannot_be_read(tmp_path, capsys) -> None:
     limited = inspect(capsys, db, "--budget", "3000", "--limit", "40")
     assert limited["reason"] == "session_limit"
     fits = inspect(capsys, db, "--budget", "1000000")
-    assert (fits["reason"], fits["why"]) == ("fits", "the history fits whole")
+    assert (fits["reason"], fits["why"]) == ("fits", "the budget reaches every stored item")
     # A hosted call id repeated at the start and at the end ties the history together.
     ws = {"type": "web_search_call", "id": "ws_same", "status": "completed", "action": {}}
     db2 = tmp_path / "tied.db"

@@ -42,7 +42,7 @@ READ_REASONS: dict[str, str] = {
     "memory_database": "memory database: windows need a database file",
     "inner_session": "an inner session whose rows protoprompt does not read",
     "greedy_policy": "greedy policy",
-    "fits": "the history fits whole",
+    "fits": "the budget reaches every stored item",
     "popped": "rows popped past the index",
     "rewritten": "rows changed before the window",
     "another_callback": "another callback",

@@ -199,6 +199,19 @@ def _row_hint(exc: ProtoPromptError, row_ids: Any) -> str:
     return ""
 
 
+def run_demo(args: argparse.Namespace) -> int:
+    from .._demo import run_demo as demo
+
+    try:
+        return demo(args.folder)
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise CommandError(f"cannot write to {args.folder}: {exc.strerror or exc}") from None
+
+
 def run_count(args: argparse.Namespace) -> int:
     from . import _count as cnt
 

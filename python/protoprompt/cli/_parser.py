@@ -20,7 +20,7 @@ from ._args import (
     row_count,
     text_arg,
 )
-from ._commands import run_count, run_inspect, run_mcp
+from ._commands import run_count, run_demo, run_inspect, run_mcp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +36,34 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
 
+    _add_demo(commands)
     _add_mcp(commands)
     _add_inspect(commands)
     _add_count(commands)
     return parser
+
+
+def _add_demo(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="run a budgeted agent session offline (no key) and print each turn's plan",
+        description="Run six turns of a contract assistant on a scripted model (no API key, "
+        "no network) through a ProtoPromptSession with a small token budget: a tool loop per "
+        "question, long-term memory (a contract, a fact, a profile) recalled into a context "
+        "message, old tool outputs masked to excerpts, turns dropped and recalled when they "
+        "match a later question. Prints each turn's plan, then the command that inspects "
+        "the stored session. Needs the agents extra: pip install 'protoprompt[agents]'.",
+        epilog=f"example: {PROG} demo my-demo",
+    )
+    demo.add_argument(
+        "folder",
+        nargs="?",
+        default="protoprompt-demo",
+        metavar="FOLDER",
+        help="where to write demo.db (session and memory in one SQLite file; created if "
+        "missing, an earlier demo there is replaced; default ./protoprompt-demo)",
+    )
+    demo.set_defaults(run=run_demo)
 
 
 def _add_mcp(commands: Any) -> None:
