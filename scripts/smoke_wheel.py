@@ -152,8 +152,10 @@ def quick_start(readme: Path) -> tuple[str, list[str]]:
     if len(parts) != 2:
         raise SystemExit(f"{readme}: no '## Quick start' section")
     section = parts[1].split("\n## ", 1)[0]
-    code = "\n".join(re.findall(r"^```python\n(.*?)^```", section, re.S | re.M))
-    shown = re.search(r"<!-- doc: output -->\n```text\n(.*?)^```", section, re.S | re.M)
+    code = "\n".join(re.findall(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE))
+    shown = re.search(
+        r"<!-- doc: output -->\n```text\n(.*?)^```", section, re.DOTALL | re.MULTILINE
+    )
     if not code or shown is None:
         raise SystemExit(f"{readme}: the Quick start has no python block or no output block")
     return code, shown[1].rstrip("\n").splitlines()
@@ -194,7 +196,7 @@ def run_demo() -> None:
             sys.stdout.write(proc.stdout)
             sys.stderr.write(proc.stderr)
             raise SystemExit(f"protoprompt demo failed with exit code {proc.returncode}")
-        turns = re.findall(r"^=== turn \d", proc.stdout, re.M)
+        turns = re.findall(r"^=== turn \d", proc.stdout, re.MULTILINE)
         assert len(turns) == 6, proc.stdout
         inspect = shlex.split(proc.stdout.strip().splitlines()[-1])
         assert inspect[:2] == ["protoprompt", "inspect"], proc.stdout
@@ -213,9 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--readme", type=Path, help="run this README's Quick start offline (needs agents)"
     )
-    parser.add_argument(
-        "--demo", action="store_true", help="run `protoprompt demo` (needs agents)"
-    )
+    parser.add_argument("--demo", action="store_true", help="run `protoprompt demo` (needs agents)")
     args = parser.parse_args()
     check_install(args.version)
     check_counting()

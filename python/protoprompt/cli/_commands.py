@@ -138,6 +138,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         new_input=new_input,
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
+        masking=masking,
     )
     next_lines = render_next_turn(report["next_turn"], len(rows.items))
     if args.html is not None:
@@ -182,7 +183,9 @@ def _new_input(args: argparse.Namespace, request_input: list[Any] | None) -> lis
 def _masking(args: argparse.Namespace) -> Masking | None:
     """The masking of ``--masking`` and its options (refused without it)."""
     if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
-        raise CommandError("--excerpt-tokens and --mask-after-turns need --masking")
+        raise CommandError(
+            "--excerpt-tokens and --mask-after-turns need masking (not --no-masking)"
+        )
     if not args.masking:
         return None
     return Masking(excerpt_tokens=args.excerpt_tokens, after_turns=args.mask_after_turns)

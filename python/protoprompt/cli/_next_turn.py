@@ -8,7 +8,7 @@ import sqlite3
 from typing import Any
 
 from .._context_query import message_text
-from ..packing import HistoryIndex, Policy
+from ..packing import HistoryIndex, Masking, Policy
 from ..turn_report import READ_REASONS, window_widened
 
 __all__ = ["next_turn_window", "render_next_turn", "stored_snapshot_items"]
@@ -41,12 +41,14 @@ def next_turn_window(
     new_input: list[Any],
     limited: bool,
     snapshot_items: int | None = None,
+    masking: Masking | None = None,
 ) -> dict[str, Any]:
     """Whether the next turn's read can be a token window, computed as a session computes
     it once its index holds the history (costs counted): its start, row and size, or the
     reason code and text; and the stored index snapshot a restarted process would start
     from (``snapshot_items``, see :func:`stored_snapshot_items`). ``new_input``: the next
-    turn's input (default: a user message)."""
+    turn's input (default: a user message); ``masking``: the builder's (a session's default
+    is ``Masking()``), which makes old units cheaper and so the window longer."""
     out: dict[str, Any] = {
         "windowed": False,
         "reason": None,
@@ -70,8 +72,10 @@ def next_turn_window(
     room = max(budget - output_reserve, 0)
     index = HistoryIndex()
     index.extend(items)
-    index.count_window(items, room, model=model, encoding=encoding)
-    window = index.window(nxt, room, model=model, encoding=encoding, new_input=len(nxt))
+    index.count_window(items, room, model=model, encoding=encoding, masking=masking)
+    window = index.window(
+        nxt, room, model=model, encoding=encoding, new_input=len(nxt), masking=masking
+    )
     start = min(window.start, len(items) - 1)
     if start <= 0:
         return refuse("fits") if window.fits else refuse("no_window", window.reason)

@@ -234,21 +234,23 @@ def _add_inspect(commands: Any) -> None:
     )
     inspect.add_argument(
         "--masking",
-        action="store_true",
-        help="mask old tool outputs before dropping turns (as the builder does by default)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mask old tool outputs to excerpts before dropping turns, as a session's builder "
+        "does by default (Masking()); --no-masking: drop whole units only",
     )
     inspect.add_argument(
         "--excerpt-tokens",
         type=mask_excerpt,
         default=64,
         metavar="N",
-        help="with --masking: tokens a masked tool output keeps, marker included (default 64)",
+        help="tokens a masked tool output keeps, marker included (default 64)",
     )
     inspect.add_argument(
         "--mask-after-turns",
         type=non_negative,
         metavar="N",
-        help="with --masking: also mask the outputs older than the N newest turns",
+        help="also mask the outputs older than the N newest turns",
     )
     inspect.add_argument(
         "--dropped", action="store_true", help="list only the units that are not sent"
