@@ -384,12 +384,24 @@ def test_run_config_checks_its_one_line_arguments() -> None:
     with pytest.raises(TypeError, match="needs model="):
         session.run_config(max_tokens=100)
     scripted = Agent(name="scripted", model=ScriptedModel([]))
-    with pytest.raises(TypeError, match="no name to choose a tokenizer by"):
+    with pytest.raises(
+        TypeError, match="no name to choose a tokenizer by: pass model=.* or encoding="
+    ):
         session.run_config(agent=scripted, max_tokens=100)
     with pytest.raises(TypeError, match="agent must be an agents.Agent"):
         session.run_config(agent="gpt-5", max_tokens=100)  # type: ignore[arg-type]
-    with pytest.raises(pp.UnknownModelError):
+    with pytest.raises(pp.UnknownModelError, match="pass encoding= explicitly") as unknown:
         session.run_config(max_tokens=100, model="no-such-model")
+    # ... which run_config takes: the error's advice works where it is raised.
+    named = session.run_config(max_tokens=100, model="no-such-model", encoding="cl100k_base")
+    assert named.call_model_input_filter.builder.encoding == "cl100k_base"
+    assert unknown.value.model == "no-such-model"
+    unnamed = session.run_config(agent=scripted, max_tokens=100, encoding="o200k_base")
+    assert unnamed.call_model_input_filter.builder.encoding == "o200k_base"
+    with pytest.raises(pp.UnknownEncodingError):
+        session.run_config(max_tokens=100, encoding="no-such-encoding")
+    with pytest.raises(TypeError, match="either a builder or max_tokens"):
+        session.run_config(builder, encoding="o200k_base")
     config = session.run_config(agent=Agent(name="d"), max_tokens=100, output_reserve=10)
     from agents.models.default_models import get_default_model
 

@@ -47,10 +47,14 @@ def _check_callback_args(builder: object, system_prompt: object, on_plan: object
 
 
 def _default_builder(
-    agent: Any, max_tokens: int | None, model: str | None, output_reserve: int | None
+    agent: Any,
+    max_tokens: int | None,
+    model: str | None,
+    output_reserve: int | None,
+    encoding: str | None = None,
 ) -> TokenBudgetedContextBuilder:
-    """``run_config``'s builder without memory, from ``max_tokens`` and the model's name
-    (``model``, else ``agent``'s)."""
+    """``run_config``'s builder without memory, from ``max_tokens`` and the tokenizer:
+    ``encoding``, else the model's name (``model``, else ``agent``'s)."""
     from ..context import TokenBudgetedContextBuilder
 
     if max_tokens is None:
@@ -59,17 +63,20 @@ def _default_builder(
         if not isinstance(agent, _sdk.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         model = model_name(agent)
-        if model is None:
+        if model is None and encoding is None:
             raise TypeError(
                 f"the model of agent {agent.name!r} has no name to choose a tokenizer by: "
-                "pass model= (e.g. model='gpt-5')"
+                "pass model= (e.g. model='gpt-5') or encoding= (e.g. encoding='o200k_base')"
             )
-    if model is None:
-        raise TypeError("run_config() needs model= (or agent=) to choose the tokenizer")
+    if model is None and encoding is None:
+        raise TypeError(
+            "run_config() needs model= (or agent=) or encoding= to choose the tokenizer"
+        )
     return TokenBudgetedContextBuilder(
         None,
         max_tokens=max_tokens,
         model=model,
+        encoding=encoding,
         output_reserve=0 if output_reserve is None else output_reserve,
     )
 
@@ -252,6 +259,7 @@ class RunHooks:
         agent: Agent[Any] | None = None,
         max_tokens: int | None = None,
         model: str | None = None,
+        encoding: str | None = None,
         system_prompt: str = "",
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
@@ -285,6 +293,9 @@ class RunHooks:
                 each turn's plan (see :meth:`input_callback`).
             max_tokens, model: the budget and the model's name (its tokenizer) of the builder
                 made when ``builder`` is not given.
+            encoding: the tokenizer by name (``"o200k_base"``, ``"cl100k_base"``...) of that
+                builder, for a model whose name protoprompt does not know (it overrides the
+                model's).
             output_reserve: tokens kept free for the answer (overrides the builder's).
             system_prompt, scope, on_plan: see :meth:`input_callback`.
             oversized_output, on_call: see :meth:`model_input_filter`.
@@ -298,15 +309,16 @@ class RunHooks:
                 both ``builder`` and ``max_tokens`` / ``model`` are given, or neither a
                 builder nor ``max_tokens``; no model name is given or readable from
                 ``agent``; ``audit`` is not a ``BudgetAudit``.
-            UnknownModelError: ``model`` has no known tokenizer (pass a builder with
-                ``encoding=``).
+            UnknownModelError: ``model`` has no known tokenizer (pass ``encoding=``).
+            UnknownEncodingError: ``encoding`` is not one protoprompt ships.
         """
         if builder is None:
-            builder = _default_builder(agent, max_tokens, model, output_reserve)
+            builder = _default_builder(agent, max_tokens, model, output_reserve, encoding)
             output_reserve = None
-        elif max_tokens is not None or model is not None:
+        elif max_tokens is not None or model is not None or encoding is not None:
             raise TypeError(
-                "pass either a builder or max_tokens and model (which make one), not both"
+                "pass either a builder or max_tokens and model / encoding (which make one), "
+                "not both"
             )
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:
