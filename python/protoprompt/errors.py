@@ -55,7 +55,8 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
             (and ``"system_prompt"`` when raised by the context builder). A per-call model
             filter also names ``"instructions_and_tools"`` (the agent's instructions and
             tool definitions), ``"tool_output"`` (a tool output of the newest step) and
-            ``"step"`` (the newest model output itself).
+            ``"step"`` (the newest model output itself); so does a session's callback for
+            the agent's instructions, tools and output schema (``run_config(agent=...)``).
         detail: what overflowed, for a person (e.g. which tool output and call), or ``""``.
     """
 

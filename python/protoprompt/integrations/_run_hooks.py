@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import TokenBudgetExceededError
 from ..packing import preload
 from . import _sdk
 from ._agent import agent_request, model_name
 from ._context import LAST_READ
+from ._oversized import turn_budget_error
 from ._probes import called_by_runner
 from ._request import RequestCosts
 from ._sdk import RunConfig
@@ -191,16 +193,20 @@ class RunHooks:
                 request = await agent_request(agent, builder.encoding, costs)
                 call_kwargs = {**kwargs, "request": request}
             facts = read.facts if read is not None and read.session is self else None
-            plan, evicted = await asyncio.to_thread(
-                build_turn,
-                self._turn_setup(),
-                builder,
-                history,
-                new_input,
-                facts,
-                call_kwargs,
-                memory,
-            )
+            try:
+                plan, evicted = await asyncio.to_thread(
+                    build_turn,
+                    self._turn_setup(),
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    call_kwargs,
+                    memory,
+                )
+            except TokenBudgetExceededError as exc:
+                # One line naming the part, raised here: not from the packer's frames.
+                raise turn_budget_error(exc, call_kwargs.get("request")) from None
             if evicted is not None:
                 evicted()  # background work on what the turn evicted; never raises
             return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
