@@ -126,7 +126,7 @@ class RunHooks:
             history.extend(masked)
         elif masked:
             self._book.expect_masked(masked)
-        self._ledger.record(key, new_input, len(plan.items))
+        self._ledger.record(key, new_input, len(plan.items), plan)
         if on_plan is not None:
             on_plan(plan)
         return list(plan.items)
