@@ -7,6 +7,7 @@ costed by protoprompt's documented cost model), not only with each other.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ def test_a_packs_sections_add_up_and_name_the_run_input() -> None:
         assert s["run_input"].tokens == item_tokens(new[0]).total
         assert s["kept_history"].tokens == sent_tokens([history[p] for p in r.kept_history])
         text = r.explain()
-        assert text.startswith(f"request: {r.used:,} of {budget:,} tokens")
+        assert text.startswith(f"used: {r.used:,} of {budget:,} tokens")
         assert "  run input" in text and "new input" not in text and "dependency" not in text
 
 
@@ -432,3 +433,37 @@ async def test_instructions_made_per_run_are_left_to_the_model_calls(tmp_path: A
     assert note is not None and "made per run" in note
     assert calls[0].instructions_tokens > 0
     assert turns[0].used + calls[0].instructions_tokens == calls[0].used
+
+
+def test_one_vocabulary_request_used_remaining_on_every_plan(tmp_path) -> None:
+    """``request`` never includes the output reserve; ``used`` does; ``remaining`` is on every
+    plan (docs/reading-a-plan.md, the glossary) -- and explain() says it the same way."""
+    agent = Agent(
+        name="a", instructions="Be brief.", model=ScriptedModel([[assistant_message("ok")]])
+    )
+    session = ProtoPromptSession("v", str(tmp_path / "v.db"))
+    turns: list[Any] = []
+    config = session.run_config(
+        agent=agent, model="gpt-5", max_tokens=4_000, output_reserve=300, on_plan=turns.append
+    )
+    asyncio.run(Runner.run(agent, "hello", session=session, run_config=config))
+    call = config.call_model_input_filter.last_plan
+    pack = pp.pack([], [{"role": "user", "content": "hi"}], 500, output_reserve=50)
+    for plan in (call, turns[0], pack):
+        assert plan.used == plan.request_tokens + plan.sections["output_reserve"].tokens
+        assert plan.remaining == plan.budget - plan.used == plan.sections.remaining
+        header = next(x for x in plan.explain().splitlines() if x.startswith("used: "))
+        assert header.startswith(f"used: {plan.used:,} of {plan.budget:,} tokens")
+        reserve = plan.sections["output_reserve"].tokens
+        assert f"request {plan.request_tokens:,} + output reserve {reserve:,})" in header
+
+
+def test_every_budget_error_section_has_a_plan_section() -> None:
+    from protoprompt.plan import SECTIONS
+
+    for section, named in pp.TokenBudgetExceededError.PLAN_SECTIONS.items():
+        assert named in SECTIONS, section
+        assert pp.TokenBudgetExceededError(9, 5, section).plan_section == named
+    with pytest.raises(pp.TokenBudgetExceededError) as caught:
+        pp.pack([], [{"role": "user", "content": "word " * 50}], 20)
+    assert (caught.value.section, caught.value.plan_section) == ("new_input", "run_input")

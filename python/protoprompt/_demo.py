@@ -204,7 +204,7 @@ async def _run(folder: Path, out: TextIO) -> None:
             plan = builder.last_plan
             assert plan is not None
             print(f"=== turn {n}: {question}\n    answer: {result.final_output}", file=out)
-            sizes = " and ".join(f"{c.used:,}" for c in calls)
+            sizes = " and ".join(f"{c.request_tokens:,}" for c in calls)
             loop = " (a tool loop)" if len(calls) > 1 else ""
             print(f"    model calls: {len(calls)}{loop}, requests of {sizes} tokens", file=out)
             print(_plan_lines(plan.explain(max_units=3)), file=out)

@@ -10,7 +10,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "BudgetUnderestimateWarning",
@@ -60,12 +60,33 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
         detail: what overflowed, for a person (e.g. which tool output and call), or ``""``.
     """
 
+    PLAN_SECTIONS: ClassVar[dict[str, str]] = {
+        "new_input": "run_input",
+        "dependency": "kept_history",
+        "output_reserve": "output_reserve",
+        "context": "context_message",
+        "system_prompt": "context_message",
+        "instructions_and_tools": "instructions",
+        "tool_output": "newest_step",
+        "step": "newest_step",
+    }
+    """Each ``section`` by the name the plans give it (``protoprompt.plan.SECTIONS``; the
+    glossary of docs/reading-a-plan.md). ``dependency``: the stored items the run input
+    answers, which are sent with it; ``instructions_and_tools``: the instructions, tool
+    definitions and output schema, named by the first."""
+
     def __init__(self, used: int, budget: int, section: str, detail: str = "") -> None:
         self.used = int(used)
         self.budget = int(budget)
         self.section = str(section)
         self.detail = str(detail)
         super().__init__(used, budget, section)
+
+    @property
+    def plan_section(self) -> str:
+        """:attr:`section` in the plans' vocabulary (:attr:`PLAN_SECTIONS`; an unknown
+        section as it is)."""
+        return self.PLAN_SECTIONS.get(self.section, self.section)
 
     def __str__(self) -> str:
         return (

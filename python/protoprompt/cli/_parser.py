@@ -194,10 +194,14 @@ def _add_inspect(commands: Any) -> None:
     )
     inspect.add_argument("--session", metavar="ID", type=text_arg, help="session id to inspect")
     inspect.add_argument(
+        "--max-tokens",
         "--budget",
+        dest="budget",
         type=positive,
         default=128_000,
-        help="token budget of the request plus the output reserve (default 128000)",
+        metavar="N",
+        help="the budget (max_tokens): the request plus the output reserve (default 128000; "
+        "--budget is the old name, kept until 1.1)",
     )
     add_tokenizer(inspect, "counts with")
     inspect.add_argument(

@@ -169,6 +169,11 @@ CallLayout`)."""
         return self.pack.used
 
     @property
+    def remaining(self) -> int:
+        """Budget left unused: ``budget - used`` (as on every plan)."""
+        return max(self.budget - self.used, 0)
+
+    @property
     def dropped(self) -> list[UnitDecision]:
         """Units of the input that were not sent."""
         return self.pack.dropped
