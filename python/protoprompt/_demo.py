@@ -120,7 +120,7 @@ def inspect_command(db: Path) -> str:
             str(db),
             "--session",
             SESSION,
-            "--budget",
+            "--max-tokens",
             str(BUDGET),
             "--model",
             MODEL,

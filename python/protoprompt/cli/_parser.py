@@ -182,7 +182,7 @@ def _add_inspect(commands: Any) -> None:
         "RedisSession by URL) and show, for one session, what the next request would keep "
         "and drop under a token budget: one row per atomic unit (its items, kinds, tokens, "
         "decision and the reason), then the totals. Without --session, list the sessions.",
-        epilog=f"example: {PROG} inspect agents.db --session legal-chat --budget 128000 "
+        epilog=f"example: {PROG} inspect agents.db --session legal-chat --max-tokens 128000 "
         "--model gpt-5 --output-reserve 8000",
     )
     inspect.add_argument(
