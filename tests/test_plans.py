@@ -467,3 +467,19 @@ def test_every_budget_error_section_has_a_plan_section() -> None:
     with pytest.raises(pp.TokenBudgetExceededError) as caught:
         pp.pack([], [{"role": "user", "content": "word " * 50}], 20)
     assert (caught.value.section, caught.value.plan_section) == ("new_input", "run_input")
+
+
+def test_totals_have_the_plans_names_too() -> None:
+    history: list[Any] = [
+        {"role": "user", "content": "look it up " * 20},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
+    new = [{"type": "function_call_output", "call_id": "c1", "output": "found " * 30}]
+    for budget in (400, 4_000):
+        r = pp.pack(history, new, budget, output_reserve=20, context_tokens=9)
+        t, s = r.totals, r.sections
+        assert t.run_input == t.new_input == s["run_input"].tokens
+        assert t.context_message == t.context == s["context_message"].tokens
+        assert t.kept_history == t.history + t.dependency == s["kept_history"].tokens
+        assert t.request_tokens == r.request_tokens == s.request_tokens
+        assert t.dependency > 0  # the call the run input answers: kept history, mandatory
