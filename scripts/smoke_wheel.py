@@ -3,9 +3,13 @@
 Checks what a user does first: the package imports from the environment (not a source tree),
 reports the version of its own metadata, counts tokens, packs a history with a tool call
 within a budget, names a bad item in its exception, and (``--example``) runs the offline
-Agents SDK example. Exits non-zero on the first failure.
+Agents SDK example; ``--readme`` runs the README's Quick start as a new user would, on the
+package's public offline model (``protoprompt.testing``), and checks it prints what the
+README shows; ``--demo`` runs ``protoprompt demo`` through the installed command and the
+inspect command it prints. Exits non-zero on the first failure.
 
     python scripts/smoke_wheel.py [--version X.Y.Z] [--example examples/openai_agents_session.py]
+        [--readme README.md] [--demo]
 
 Run it from a directory outside the checkout, with the environment's interpreter.
 """
@@ -13,9 +17,12 @@ Run it from a directory outside the checkout, with the environment's interpreter
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -125,16 +132,100 @@ def run_example(path: Path) -> None:
     print(f"{path.name}: ok ({len(turns)} turns; last: {turns[-1]})")
 
 
+QUICK_START_RUNNER = """\
+import sys, warnings
+from protoprompt import UnbudgetedSessionWarning
+from protoprompt.testing import offline_models
+
+warnings.simplefilter("error", UnbudgetedSessionWarning)
+code = open(sys.argv[1], encoding="utf-8").read()
+with offline_models():
+    exec(compile(code, "README.md, Quick start", "exec"), {"__name__": "__main__"})
+"""
+
+
+def quick_start(readme: Path) -> tuple[str, list[str]]:
+    """The Python blocks of the README's Quick start section, as one script, and the lines of
+    the output block it shows (``<!-- doc: output -->``)."""
+    text = readme.read_text(encoding="utf-8")
+    parts = text.split("\n## Quick start", 1)
+    if len(parts) != 2:
+        raise SystemExit(f"{readme}: no '## Quick start' section")
+    section = parts[1].split("\n## ", 1)[0]
+    code = "\n".join(re.findall(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE))
+    shown = re.search(
+        r"<!-- doc: output -->\n```text\n(.*?)^```", section, re.DOTALL | re.MULTILINE
+    )
+    if not code or shown is None:
+        raise SystemExit(f"{readme}: the Quick start has no python block or no output block")
+    return code, shown[1].rstrip("\n").splitlines()
+
+
+def run_readme_quick_start(readme: Path) -> None:
+    code, expected = quick_start(readme)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "quick_start.py"
+        script.write_text(code, encoding="utf-8")
+        proc = subprocess.run(
+            [sys.executable, "-c", QUICK_START_RUNNER, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp,
+        )
+    if proc.returncode != 0:
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"the README's Quick start failed with exit code {proc.returncode}")
+    got = [line.rstrip() for line in proc.stdout.rstrip("\n").splitlines()]
+    answers = [line for line in got if line.startswith("(offline gpt-5 model) You asked: ")]
+    assert len(answers) == 2, proc.stdout
+    assert got[-len(expected) :] == [line.rstrip() for line in expected], (
+        "the Quick start's plan differs from the README's:\n" + proc.stdout
+    )
+    print(f"README Quick start: ok (2 answers, the plan the README shows: {expected[1]})")
+
+
+def run_demo() -> None:
+    command = Path(sys.executable).parent / "protoprompt"
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            [str(command), "demo", "my-demo"], capture_output=True, text=True, timeout=300, cwd=tmp
+        )
+        if proc.returncode != 0:
+            sys.stdout.write(proc.stdout)
+            sys.stderr.write(proc.stderr)
+            raise SystemExit(f"protoprompt demo failed with exit code {proc.returncode}")
+        turns = re.findall(r"^=== turn \d", proc.stdout, re.MULTILINE)
+        assert len(turns) == 6, proc.stdout
+        inspect = shlex.split(proc.stdout.strip().splitlines()[-1])
+        assert inspect[:2] == ["protoprompt", "inspect"], proc.stdout
+        shown = subprocess.run(
+            [str(command), *inspect[1:]], capture_output=True, text=True, timeout=300, cwd=tmp
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert (Path(tmp) / "my-demo" / "plan.html").is_file()
+    print(f"protoprompt demo: ok ({len(turns)} turns; its inspect command ran)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", help="the version the installed package must report")
     parser.add_argument("--example", type=Path, help="the offline example to run (needs agents)")
+    parser.add_argument(
+        "--readme", type=Path, help="run this README's Quick start offline (needs agents)"
+    )
+    parser.add_argument("--demo", action="store_true", help="run `protoprompt demo` (needs agents)")
     args = parser.parse_args()
     check_install(args.version)
     check_counting()
     check_packing()
     if args.example is not None:
         run_example(args.example.resolve())
+    if args.readme is not None:
+        run_readme_quick_start(args.readme.resolve())
+    if args.demo:
+        run_demo()
 
 
 if __name__ == "__main__":

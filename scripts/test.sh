@@ -14,7 +14,8 @@
 #           when missing) and starts on 127.0.0.1 for this run (also for the sdist step), and
 #           with headless Chromium for the HTML plan's screenshot (apt-get, when missing)
 #   smoke   the same wheel in fresh venvs of CPython 3.10, 3.12 and 3.13 with no Rust
-#           toolchain on PATH: imports, counts, packs, runs the offline example
+#           toolchain on PATH: imports, counts, packs, runs the offline example, the README's
+#           Quick start on the public offline model (protoprompt.testing) and `protoprompt demo`
 #   sdist   the sdist built from source in a fresh venv (Rust on PATH), its own tests
 #
 #   bench   the benchmarks (benches/, correctness assertions + ratios) on the wheel with the
@@ -350,7 +351,7 @@ step_smoke() {
     # The pip that comes with that CPython, as a user would have it.
     no_rust "$venv/bin/python" -m pip install --quiet --only-binary=:all: "${WHEEL}[agents]"
     (cd "$WORK" && no_rust "$venv/bin/python" "$ROOT/scripts/smoke_wheel.py" --version "$VERSION" \
-      --example "$ROOT/examples/openai_agents_session.py")
+      --example "$ROOT/examples/openai_agents_session.py" --readme "$ROOT/README.md" --demo)
   done
 }
 

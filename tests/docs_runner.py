@@ -15,9 +15,10 @@ and ``toml`` are not run. A comment right before a block says more:
   server (skipped without one, failed under ``PROTOPROMPT_REQUIRE_SERVICES=1``).
 
 The model is offline: every ``Agent`` whose model is a name (or the default) gets
-:class:`OfflineModel` through the SDK's default ``MultiProvider``. It calls the first function
-tool it is given once per run (arguments made from the tool's JSON schema), answers with the
-structured output's schema when the agent has one, and otherwise in text.
+``protoprompt.testing.offline_model`` through the SDK's default ``MultiProvider``
+(``protoprompt.testing.offline_models``). It calls the first function tool it is given once
+per run (arguments made from the tool's JSON schema), answers with the structured output's
+schema when the agent has one, and otherwise in text.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,119 +97,10 @@ def blocks(page: str | Path) -> list[Block]:
 
 
 # --------------------------------------------------------------------------- the model
+# The documentation's offline model is the package's public one (protoprompt.testing), so a
+# reader can run the same snippets offline.
 
-
-def _value(schema: dict[str, Any], defs: dict[str, Any], text: str, depth: int = 0) -> Any:
-    """A value that satisfies a JSON schema (the SDK's strict schemas)."""
-    if depth > 8:
-        return None
-    if "$ref" in schema:
-        return _value(defs[schema["$ref"].rsplit("/", 1)[-1]], defs, text, depth + 1)
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            return _value(schema[key][0], defs, text, depth + 1)
-    if "enum" in schema:
-        return schema["enum"][0]
-    if "default" in schema:
-        return schema["default"]
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object":
-        props = schema.get("properties", {})
-        return {k: _value(v, defs, text, depth + 1) for k, v in props.items()}
-    if kind == "array":
-        return []
-    if kind == "integer":
-        return max(int(schema.get("minimum", 1)), 1)
-    if kind == "number":
-        return 1.0
-    if kind == "boolean":
-        return True
-    if kind == "null":
-        return None
-    return text
-
-
-def schema_value(schema: dict[str, Any], text: str) -> Any:
-    return _value(schema, schema.get("$defs", {}), text)
-
-
-def _field(item: Any, name: str) -> Any:
-    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-
-
-_CALLS = [0]
-"""Model calls since :func:`offline_models` began (ids of items stay unique within a page)."""
-
-
-def make_offline_model(name: str | None) -> Any:
-    from agents.items import ModelResponse
-    from agents.models.interface import Model
-    from agents.testing import assistant_message, function_call
-    from agents.tool import FunctionTool
-    from agents.usage import Usage
-
-    class OfflineModel(Model):
-        """An offline stand-in for a named model (see the module doc)."""
-
-        async def get_response(
-            self,
-            system_instructions: Any,
-            input: Any,
-            model_settings: Any,
-            tools: Any,
-            output_schema: Any,
-            handoffs: Any,
-            tracing: Any,
-            **_: Any,
-        ) -> Any:
-            _CALLS[0] += 1
-            n = _CALLS[0]
-            items = [{"role": "user", "content": input}] if isinstance(input, str) else input
-            last_user = max(
-                (i for i, x in enumerate(items) if _field(x, "role") == "user"), default=-1
-            )
-            asked = _field(items[last_user], "content") if last_user >= 0 else ""
-            question = asked if isinstance(asked, str) else "question"
-            called = any(_field(x, "type") == "function_call" for x in items[last_user + 1 :])
-            functions = [t for t in tools if isinstance(t, FunctionTool)]
-            if functions and not called:
-                tool = functions[0]
-                arguments = schema_value(tool.params_json_schema, question[:200])
-                output = [function_call(tool.name, arguments, call_id=f"call_offline_{n}")]
-            elif output_schema is not None and not output_schema.is_plain_text():
-                value = schema_value(output_schema.json_schema(), "offline")
-                if not output_schema.is_strict_json_schema() and isinstance(value, dict):
-                    value = value.get("response", value)
-                output = [assistant_message(json.dumps(value), item_id=f"msg_offline_{n}")]
-            else:
-                text = f"(offline {name or 'default'} model) You asked: {question[:80]}"
-                output = [assistant_message(text, item_id=f"msg_offline_{n}")]
-            return ModelResponse(output=output, usage=Usage(), response_id=f"resp_offline_{n}")
-
-        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError("the documentation's snippets do not stream")
-
-    return OfflineModel()
-
-
-@contextlib.contextmanager
-def offline_models() -> Iterator[None]:
-    """Every named model (and the default one) is :class:`OfflineModel` meanwhile; tracing
-    is off (there is no key to export traces with)."""
-    from agents import set_tracing_disabled
-    from agents.models.multi_provider import MultiProvider
-
-    original = MultiProvider.get_model
-    _CALLS[0] = 0
-    MultiProvider.get_model = lambda self, name: make_offline_model(name)  # type: ignore[method-assign]
-    set_tracing_disabled(True)
-    try:
-        yield
-    finally:
-        MultiProvider.get_model = original  # type: ignore[method-assign]
-        set_tracing_disabled(False)
+from protoprompt.testing import offline_models as offline_models  # noqa: E402
 
 
 # --------------------------------------------------------------------------- running

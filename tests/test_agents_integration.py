@@ -583,3 +583,63 @@ def test_example_runs_offline() -> None:
     # The plan says how the turn read and packed the history (plan.turn, issue 21).
     assert "\nread: full (" in out and "\nindex: " in out and "\nsnapshot: " in out
     assert "RECALLED into the context message" in out and "contract#" in out
+
+
+async def test_a_run_without_a_budget_warns_once_naming_run_config(tmp_path) -> None:
+    import warnings
+
+    from protoprompt import UnbudgetedSessionWarning
+
+    session = ProtoPromptSession("chat", str(tmp_path / "chat.db"))
+    agent = Agent(name="a", model=ScriptedModel([[assistant_message("ok")]] * 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await run_turn(agent, "hello", session)  # no session_input_callback: no budget
+        await run_turn(agent, "again", session)
+    unbudgeted = [w for w in caught if issubclass(w.category, UnbudgetedSessionWarning)]
+    assert len(unbudgeted) == 1, [str(w.message) for w in caught]
+    message = str(unbudgeted[0].message)
+    assert "'chat'" in message and "run_config=session.run_config(" in message
+    assert unbudgeted[0].message.session_id == "chat"
+
+    # A budgeted run, and the session's own reads outside a run, say nothing.
+    budgeted = ProtoPromptSession("chat2", str(tmp_path / "chat.db"))
+    config = budgeted.run_config(agent=agent, max_tokens=4_000, model="gpt-5")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await Runner.run(agent, "hello", session=budgeted, run_config=config)
+        await budgeted.get_items()
+        await ProtoPromptSession("chat3").get_items()
+    assert not [w for w in caught if issubclass(w.category, UnbudgetedSessionWarning)]
+
+
+async def test_instructions_over_the_budget_are_named_in_one_line_from_the_callback(
+    tmp_path,
+) -> None:
+    import traceback
+    from pathlib import Path
+
+    import protoprompt
+
+    agent = Agent(
+        name="a", instructions="word " * 3000, model=ScriptedModel([[assistant_message("x")]])
+    )
+    session = ProtoPromptSession("big", str(tmp_path / "big.db"))
+    config = session.run_config(agent=agent, model="gpt-5", max_tokens=2_000)
+    with pytest.raises(TokenBudgetExceededError) as caught:
+        await Runner.run(agent, "hi", session=session, run_config=config)
+    exc = caught.value
+    # The same name the per-call filter gives, with the sizes, in one line.
+    assert exc.section == "instructions_and_tools"
+    assert "the agent's instructions (3,011 tokens)" in str(exc)
+    assert "alone need 3,0" in exc.detail and "\n" not in str(exc)
+    # Raised from the session's callback: no frames of the builder or the packer.
+    package = Path(protoprompt.__file__).resolve().parent
+    ours = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if Path(f.filename).is_relative_to(package)
+    ]
+    assert [f.name for f in ours] == ["protoprompt_session_input"], ours
+    assert exc.__cause__ is None and exc.__suppress_context__
+    assert await session.get_items() == []  # nothing was sent or stored

@@ -184,7 +184,7 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
         assert ("-" if d.tokens is None else str(d.tokens)) in cells
     assert any("user: Question 3" in row for row in rows)
     assert any("lookup_clause(" in row for row in rows)
-    assert f"request: {expected.used:,} of {budget:,} tokens (o200k_base)" in out
+    assert f"used: {expected.used:,} of {budget:,} tokens (o200k_base; request " in out
     kept = len(expected.kept_history)
     assert (
         f"policy contiguous: kept {kept} of {len(history)} history items; "
@@ -202,7 +202,7 @@ def test_inspect_table_for_a_person(sdk_db: Path, capsys: pytest.CaptureFixture[
         "--dropped",
     )
     assert code == 0
-    assert " kept " not in out.split("request: ")[0]
+    assert " kept " not in out.split("used: ")[0]
     assert "over_budget" in out
 
 
@@ -614,3 +614,12 @@ def test_terminal_safe_escapes_controls_and_keeps_text() -> None:
     )
     assert terminal_safe("a\x1bb\x07c\x7fd\x9be\nf\tg") == "a\\x1bb\\x07c\\x7fd\\x9be\\nf\\tg"
     assert terminal_safe("\u202eevil\u2066\ud800") == "\\u202eevil\\u2066\\ud800"
+
+
+def test_inspect_takes_max_tokens_and_the_old_budget_name(
+    sdk_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat", "--max-tokens", "300")
+    old = run_cli(capsys, "inspect", str(sdk_db), "--session", "legal-chat", "--budget", "300")
+    assert new[0] == 0 and new == old
+    assert "of 300 tokens" in new[1]

@@ -330,7 +330,7 @@ def test_explain_mentions_recalled_and_dropped(store: MemoryStore) -> None:
     assert re.search(r"session\s+kept", text) and "Alice negotiates" in text
     assert "contract#" in text
     assert "history[0]" in text and "over_budget" in text
-    assert f"request: {plan.used} of {plan.budget} tokens" in text
+    assert f"used: {plan.used} of {plan.budget} tokens" in text
 
 
 def test_embedder_reranks_within_a_layer(new_db) -> None:

@@ -238,7 +238,7 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
         errors.TokenizerError("tokenizer failed: internal error"),
     ]
     # MemoryStoreError (a database failure, a RuntimeError) is tested in test_memory.py.
-    warnings_ = {"ProtoPromptWarning", "BudgetUnderestimateWarning"}
+    warnings_ = {"ProtoPromptWarning", "BudgetUnderestimateWarning", "UnbudgetedSessionWarning"}
     assert {type(e).__name__ for e in samples} == set(errors.__all__) - {
         "ProtoPromptError",
         "MemoryStoreError",
@@ -260,6 +260,12 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
 
 def test_the_warning_classes_are_protoprompt_warnings_and_pickle() -> None:
     from protoprompt import errors
+
+    unbudgeted = errors.UnbudgetedSessionWarning("no budget", "chat-1")
+    assert isinstance(unbudgeted, errors.ProtoPromptWarning)
+    assert pp.UnbudgetedSessionWarning is errors.UnbudgetedSessionWarning
+    again_u = pickle.loads(pickle.dumps(unbudgeted))
+    assert (again_u.session_id, str(again_u)) == ("chat-1", "no budget")
 
     warning = errors.BudgetUnderestimateWarning("counted more", 10, 12, "gpt-5")
     assert isinstance(warning, errors.ProtoPromptWarning)

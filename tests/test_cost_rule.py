@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import protoprompt as pp
 from protoprompt import _core
+from snapshot_stamp import restamp
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -202,6 +203,9 @@ def old_db(tmp_path: Path, new_process: Callable[[], None]) -> str:
     that has counted nothing."""
     path = tmp_path / "old_rule.db"
     shutil.copy(DATA / "old_rule.db", path)
+    # Written by 0.2.0; the core loads only its own version's snapshots, so the cost rule
+    # under test is restamped with this version (tests/snapshot_stamp.py).
+    assert restamp(path, pp.__version__) == ["0.2.0"]
     new_process()
     return str(path)
 

@@ -83,3 +83,15 @@ def test_importing_protoprompt_does_not_import_agents() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_offline_model_without_agents_names_the_extra() -> None:
+    proc = run("""
+        import protoprompt.testing
+        try:
+            protoprompt.testing.offline_model("gpt-5")
+        except ImportError as exc:
+            print(exc)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'protoprompt[agents]'" in proc.stdout

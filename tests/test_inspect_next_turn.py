@@ -116,7 +116,7 @@ def test_inspect_says_why_a_window_cannot_be_read(tmp_path, capsys) -> None:
     limited = inspect(capsys, db, "--budget", "3000", "--limit", "40")
     assert limited["reason"] == "session_limit"
     fits = inspect(capsys, db, "--budget", "1000000")
-    assert (fits["reason"], fits["why"]) == ("fits", "the history fits whole")
+    assert (fits["reason"], fits["why"]) == ("fits", "the budget reaches every stored item")
     # A hosted call id repeated at the start and at the end ties the history together.
     ws = {"type": "web_search_call", "id": "ws_same", "status": "completed", "action": {}}
     db2 = tmp_path / "tied.db"
@@ -138,3 +138,58 @@ def test_inspect_says_why_a_window_cannot_be_read(tmp_path, capsys) -> None:
     assert wide["why"].endswith(tie), wide
     # The database is never written.
     assert sqlite3.connect(db3).execute("SELECT COUNT(*) FROM agent_messages").fetchone()[0] > 0
+
+
+def _tool_heavy(turns: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for i in range(turns):
+        items += [
+            {"role": "user", "content": f"check batch {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "line item " * 300},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": f"m{i}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": f"batch {i} ok", "annotations": []}],
+            },
+        ]
+    return items
+
+
+def test_inspect_masks_as_a_session_does_and_predicts_its_window(tmp_path, capsys) -> None:
+    db = tmp_path / "tools.db"
+    seed(db, _tool_heavy(40))
+    args = ("--budget", "6000", "--output-reserve", "500", "--input", "and now?")
+    masked = inspect(capsys, db, *args)
+    whole = inspect(capsys, db, *args, "--no-masking")
+    assert masked["windowed"] and whole["windowed"]
+    # Masked old outputs cost an excerpt: the budget reaches further back.
+    assert masked["items"] > whole["items"], (masked, whole)
+    assert main(["inspect", str(db), "--session", "s", *args]) == 0
+    table = capsys.readouterr().out
+    assert " masked " in table and "fits with its tool outputs masked" in table
+
+    # A session with the builder's default masking reads the window inspect predicted.
+    session = ProtoPromptSession("s", str(db))
+    builder = TokenBudgetedContextBuilder(None, max_tokens=6_000, output_reserve=500)
+    plans: list[Any] = []
+    callback = session.input_callback(builder, on_plan=plans.append)
+    first = [{"role": "user", "content": "first"}]
+    asyncio.run(prepare_input_with_session(first, session, callback))
+    session._debug_state(wait_for_save=True)
+    question = [{"role": "user", "content": "and now?"}]
+    asyncio.run(prepare_input_with_session(question, session, callback))
+    report = plans[-1].turn
+    assert report.windowed, report.lines()
+    assert (report.window_row, report.read_items) == (masked["row"], masked["items"])
+    session.close()
+
+
+def test_no_masking_refuses_masking_options(tmp_path, capsys) -> None:
+    db = tmp_path / "tools.db"
+    seed(db, _tool_heavy(2))
+    status = main(["inspect", str(db), "--session", "s", "--no-masking", "--excerpt-tokens", "32"])
+    assert status == 1
+    assert "need masking (not --no-masking)" in capsys.readouterr().err

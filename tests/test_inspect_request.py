@@ -70,7 +70,15 @@ def test_inspect_names_the_unit_that_stopped_the_fill(
     # the second turn and the first turn's call, output and answer fit; its question not
     budget = sum(cost[1:]) + 14
     code, out, err = run_cli(
-        capsys, "inspect", str(db), "--session", "chat", "--budget", str(budget), "--json"
+        capsys,
+        "inspect",
+        str(db),
+        "--session",
+        "chat",
+        "--budget",
+        str(budget),
+        "--json",
+        "--no-masking",
     )
     assert code == 0, err
     report = json.loads(out)
@@ -82,7 +90,9 @@ def test_inspect_names_the_unit_that_stopped_the_fill(
     assert "history[0] did not fit" in by_unit[1]["reason"]
     assert report["remaining"] == budget - report["used"]
     assert report["remaining"] == 14 + sum(cost[1:4])  # what the dropped units gave back
-    code, out, _ = run_cli(capsys, "inspect", str(db), "--session", "chat", "--budget", str(budget))
+    code, out, _ = run_cli(
+        capsys, "inspect", str(db), "--session", "chat", "--budget", str(budget), "--no-masking"
+    )
     assert "budget was full" not in out
     assert f"the fill stopped at unit 0 (row {stop['rows'][0]}): needs {cost[0]} tokens" in out
 

@@ -29,6 +29,7 @@ from agents.run_internal.session_persistence import prepare_input_with_session  
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 
 import history_gen  # noqa: E402  (benches/, on the path by conftest)
+from snapshot_stamp import restamp  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -162,6 +163,9 @@ async def test_a_snapshot_of_the_main_format_still_loads(
 ) -> None:
     db = str(tmp_path / "main_format.db")
     shutil.copy(DATA / "main_format.db", db)
+    # Written by 0.2.0; the core loads only its own version's snapshots (releases never share
+    # them), so the layout under test is restamped with this version (tests/snapshot_stamp.py).
+    assert restamp(db, pp.__version__) == ["0.2.0"]
     new_process()
     n = len(MAIN.history())
     question = "And the last invoice?"

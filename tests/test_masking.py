@@ -507,11 +507,13 @@ def test_inspect_masking_shows_masked_units_and_tokens_saved(tmp_path, capsys) -
     asyncio.run(plain.add_items(h))
     plain.close()
     args = ["inspect", str(db), "--session", "chat", "--budget", "3000"]
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--json", "--no-masking"]) == 0
     without = json.loads(capsys.readouterr().out)
     assert without["masked_units"] == 0 and without["kept_items"] < len(h)
     assert main([*args, "--json", "--masking"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json"]) == 0  # masking by default, as a session's builder
+    assert json.loads(capsys.readouterr().out) == report
     want = pp.pack(h, [], 3000, masking=pp.Masking())
     assert report["kept_items"] == len(want.kept_history) == len(h)
     assert report["masking_saved"] == want.masking_saved > 0
@@ -528,7 +530,7 @@ def test_inspect_masking_shows_masked_units_and_tokens_saved(tmp_path, capsys) -
     assert f"saving {want.masking_saved} tokens" in table
     assert main([*args, "--masking", "--mask-after-turns", "0", "--excerpt-tokens", "20"]) == 0
     assert "masked 6 tool outputs" in capsys.readouterr().out
-    assert main([*args, "--excerpt-tokens", "20"]) == 1
-    assert "need --masking" in capsys.readouterr().err
+    assert main([*args, "--no-masking", "--excerpt-tokens", "20"]) == 1
+    assert "need masking (not --no-masking)" in capsys.readouterr().err
     assert main([*args, "--masking", "--excerpt-tokens", "8"]) == 2
     assert "must be at least 16" in capsys.readouterr().err

@@ -1672,3 +1672,35 @@ async def test_the_callbacks_masked_copies_are_sent_as_they_are_and_never_stored
             bare, q, session=plain, run_config=RunConfig(tracing_disabled=True), max_turns=30
         )
     assert stored == await plain.get_items()
+
+
+async def test_a_call_plan_reports_what_the_session_turn_masked_and_dropped(tmp_path) -> None:
+    from protoprompt.integrations import ProtoPromptSession
+
+    session = ProtoPromptSession("turns", str(tmp_path / "turns.db"))
+    stored: list[Any] = []
+    for i in range(12):
+        stored += [
+            {"role": "user", "content": f"check batch {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "line item " * 120},
+            {"role": "assistant", "content": f"batch {i} ok"},
+        ]
+    await session.add_items(stored)
+    agent = Agent(name="a", model=ScriptedModel([[assistant_message("ok")]]))
+    config = session.run_config(agent=agent, model="gpt-5", max_tokens=1_500)
+    await Runner.run(agent, "and now?", session=session, run_config=config)
+    call = config.call_model_input_filter.last_plan
+    turn = call.turn_plan
+    assert turn is not None and turn.pack.masked and turn.pack.dropped
+    # The call's own pack saw only excerpts, so it masked and dropped nothing itself ...
+    assert not call.pack.masked and not call.dropped
+    # ... and the call's plan says what the turn did before it.
+    assert call.turn_masked == len(turn.pack.masked) > 0
+    assert call.turn_masking_saved == turn.pack.masking_saved > 0
+    assert call.turn_dropped == sum(len(d.positions) for d in turn.pack.dropped) > 0
+    line = next(x for x in call.explain().splitlines() if x.startswith("before the run"))
+    assert f"masked {call.turn_masked} tool output" in line
+    assert f"({call.turn_masking_saved:,} tokens saved; sent as excerpts)" in line
+    assert f"dropped {call.turn_dropped} stored items" in line
+    session.close()

@@ -62,6 +62,8 @@ class Page(HTMLParser):
 
     def __init__(self, text: str) -> None:
         super().__init__(convert_charrefs=True)
+        self.rows: list[list[str]] = []  # the cells of each table row
+        self._cell: list[str] | None = None
         self.tags: set[str] = set()
         self.attributes: set[str] = set()
         self.segments: list[tuple[str, float, str]] = []  # section, width px, title
@@ -74,13 +76,22 @@ class Page(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._in_style:
             self.styles.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
 
     def handle_endtag(self, tag: str) -> None:
         self._in_style = False
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.add(tag)
         self._in_style = tag == "style"
+        if tag == "tr":
+            self.rows.append([])
+        if tag in ("td", "th"):
+            self._cell = []
         a = dict(attrs)
         self.attributes.update(a)
         if a.get("style"):
@@ -334,6 +345,32 @@ def test_chromium_draws_the_budget_bar(tmp_path: Path) -> None:
     assert rgb(STATUS_COLOURS["kept"]) in drawn and rgb(STATUS_COLOURS["mandatory"]) in drawn
 
 
+def test_chromium_draws_masked_and_dropped_units_in_their_own_colours(tmp_path: Path) -> None:
+    """A page with masked and dropped units in a screenshot: both statuses' colours are in
+    the strip, and the dropped colour is nowhere in the bar (no section has it)."""
+    PIL = pytest.importorskip("PIL.Image")
+    exe = browser()
+    assert exe is not None
+    r = _masked_and_dropped()
+    page = tmp_path / "plan.html"
+    page.write_text(r.to_html())
+    png = tmp_path / "plan.png"
+    screenshot(page, png, exe)
+    image = PIL.open(png).convert("RGB")
+    x0 = 24
+    free = rgb(FREE_COLOUR)
+    bar_y = next(y for y in range(image.height) if image.getpixel((x0 + BAR_WIDTH - 2, y)) == free)
+    bar = {image.getpixel((x, bar_y + 18)) for x in range(x0, x0 + BAR_WIDTH)}
+    strip = {
+        image.getpixel((x, y))
+        for x in range(x0, x0 + BAR_WIDTH)
+        for y in range(bar_y + 40, min(bar_y + 200, image.height))
+    }
+    for status in ("dropped", "masked", "kept", "mandatory"):
+        assert rgb(STATUS_COLOURS[status]) in strip, status
+    assert rgb(STATUS_COLOURS["dropped"]) not in bar
+
+
 def test_a_long_history_shows_its_newest_units_and_counts_the_rest() -> None:
     from protoprompt.plan_html import MAX_UNITS
 
@@ -342,3 +379,68 @@ def test_a_long_history_shows_its_newest_units_and_counts_the_rest() -> None:
     page = check_page(r.to_html())
     assert len(page.units) == MAX_UNITS + 1  # and the run input
     assert "50 older units: 50 over_budget" in page.titles
+
+
+# --------------------------------------------------------------------------- what it says
+
+
+def _masked_and_dropped() -> Any:
+    history: list[Any] = []
+    for i in range(6):
+        history += [
+            {"role": "user", "content": f"check batch {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "line item " * 200},
+            {"role": "assistant", "content": f"batch {i} ok"},
+        ]
+    r = pp.pack(history, [{"role": "user", "content": "next"}], 1_200, masking=pp.Masking())
+    assert r.masked and r.dropped
+    return r
+
+
+def test_the_table_runs_in_the_strips_order_and_says_a_dropped_unit_was_not_sent() -> None:
+    r = _masked_and_dropped()
+    page = check_page(r.to_html())
+    header, *rows = page.rows
+    assert header[:2] == ["where", "section"]
+    # One order: the table's rows are the strip's boxes, oldest first.
+    assert [row[0] for row in rows] == [t.split(" ")[0] for _, t in page.units]
+    assert rows[0][0] == "history[0]"
+    by_decision = {row[5]: row for row in rows}
+    assert by_decision["over_budget"][1] == "dropped (not sent)"
+    assert by_decision["masked"][1] == "kept history"
+    assert "kept history" not in {row[1] for row in rows if row[5] == "over_budget"}
+
+
+def test_the_page_totals_kept_masked_saved_and_dropped() -> None:
+    r = _masked_and_dropped()
+    text = r.to_html()
+    totals = r.totals
+    masked_units = sum(1 for d in r.decisions if d.decision == "masked")
+    dropped = [d for d in r.decisions if not d.kept]
+    assert f"{masked_units:,} masked ({r.masking_saved:,} tokens saved)" in text
+    assert f"{len(dropped):,} dropped or invalid (" in text
+    assert totals.masking_saved == r.masking_saved
+    assert "1 unit mandatory" in text  # one item, one unit: never "1 items" or "1 units"
+    assert "1 items" not in text and "1 units" not in text
+
+
+def test_dropped_has_a_colour_of_its_own() -> None:
+    dropped = rgb(STATUS_COLOURS["dropped"])
+    others = [rgb(c) for c in (*SECTION_COLOURS.values(), FREE_COLOUR)]
+    others += [rgb(c) for s, c in STATUS_COLOURS.items() if s != "dropped"]
+    # Apart from every other colour of the page by more than a shade in some channel.
+    for other in others:
+        assert max(abs(a - b) for a, b in zip(dropped, other)) > 60, other
+
+
+def test_inspect_html_gives_dropped_units_their_tokens(tmp_path: Path) -> None:
+    db = tmp_path / "agents.db"
+    asyncio.run(hostile_session(db))
+    out = tmp_path / "plan.html"
+    args = ["inspect", str(db), "--session", HOSTILE, "--budget", "400", "--no-masking"]
+    assert pp.cli.main([*args, "--html", str(out)]) == 0
+    rows = check_page(out.read_text()).rows[1:]
+    dropped = [row for row in rows if row[1] == "dropped (not sent)"]
+    assert dropped and all(row[3] != "-" and int(row[3].replace(",", "")) > 0 for row in dropped)
+    assert all(row[4] == "-" for row in dropped)  # nothing of them was sent

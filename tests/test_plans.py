@@ -7,6 +7,7 @@ costed by protoprompt's documented cost model), not only with each other.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ def test_a_packs_sections_add_up_and_name_the_run_input() -> None:
         assert s["run_input"].tokens == item_tokens(new[0]).total
         assert s["kept_history"].tokens == sent_tokens([history[p] for p in r.kept_history])
         text = r.explain()
-        assert text.startswith(f"request: {r.used:,} of {budget:,} tokens")
+        assert text.startswith(f"used: {r.used:,} of {budget:,} tokens")
         assert "  run input" in text and "new input" not in text and "dependency" not in text
 
 
@@ -384,12 +385,24 @@ def test_run_config_checks_its_one_line_arguments() -> None:
     with pytest.raises(TypeError, match="needs model="):
         session.run_config(max_tokens=100)
     scripted = Agent(name="scripted", model=ScriptedModel([]))
-    with pytest.raises(TypeError, match="no name to choose a tokenizer by"):
+    with pytest.raises(
+        TypeError, match="no name to choose a tokenizer by: pass model=.* or encoding="
+    ):
         session.run_config(agent=scripted, max_tokens=100)
     with pytest.raises(TypeError, match="agent must be an agents.Agent"):
         session.run_config(agent="gpt-5", max_tokens=100)  # type: ignore[arg-type]
-    with pytest.raises(pp.UnknownModelError):
+    with pytest.raises(pp.UnknownModelError, match="pass encoding= explicitly") as unknown:
         session.run_config(max_tokens=100, model="no-such-model")
+    # ... which run_config takes: the error's advice works where it is raised.
+    named = session.run_config(max_tokens=100, model="no-such-model", encoding="cl100k_base")
+    assert named.call_model_input_filter.builder.encoding == "cl100k_base"
+    assert unknown.value.model == "no-such-model"
+    unnamed = session.run_config(agent=scripted, max_tokens=100, encoding="o200k_base")
+    assert unnamed.call_model_input_filter.builder.encoding == "o200k_base"
+    with pytest.raises(pp.UnknownEncodingError):
+        session.run_config(max_tokens=100, encoding="no-such-encoding")
+    with pytest.raises(TypeError, match="either a builder or max_tokens"):
+        session.run_config(builder, encoding="o200k_base")
     config = session.run_config(agent=Agent(name="d"), max_tokens=100, output_reserve=10)
     from agents.models.default_models import get_default_model
 
@@ -420,3 +433,53 @@ async def test_instructions_made_per_run_are_left_to_the_model_calls(tmp_path: A
     assert note is not None and "made per run" in note
     assert calls[0].instructions_tokens > 0
     assert turns[0].used + calls[0].instructions_tokens == calls[0].used
+
+
+def test_one_vocabulary_request_used_remaining_on_every_plan(tmp_path) -> None:
+    """``request`` never includes the output reserve; ``used`` does; ``remaining`` is on every
+    plan (docs/reading-a-plan.md, the glossary) -- and explain() says it the same way."""
+    agent = Agent(
+        name="a", instructions="Be brief.", model=ScriptedModel([[assistant_message("ok")]])
+    )
+    session = ProtoPromptSession("v", str(tmp_path / "v.db"))
+    turns: list[Any] = []
+    config = session.run_config(
+        agent=agent, model="gpt-5", max_tokens=4_000, output_reserve=300, on_plan=turns.append
+    )
+    asyncio.run(Runner.run(agent, "hello", session=session, run_config=config))
+    call = config.call_model_input_filter.last_plan
+    pack = pp.pack([], [{"role": "user", "content": "hi"}], 500, output_reserve=50)
+    for plan in (call, turns[0], pack):
+        assert plan.used == plan.request_tokens + plan.sections["output_reserve"].tokens
+        assert plan.remaining == plan.budget - plan.used == plan.sections.remaining
+        header = next(x for x in plan.explain().splitlines() if x.startswith("used: "))
+        assert header.startswith(f"used: {plan.used:,} of {plan.budget:,} tokens")
+        reserve = plan.sections["output_reserve"].tokens
+        assert f"request {plan.request_tokens:,} + output reserve {reserve:,})" in header
+
+
+def test_every_budget_error_section_has_a_plan_section() -> None:
+    from protoprompt.plan import SECTIONS
+
+    for section, named in pp.TokenBudgetExceededError.PLAN_SECTIONS.items():
+        assert named in SECTIONS, section
+        assert pp.TokenBudgetExceededError(9, 5, section).plan_section == named
+    with pytest.raises(pp.TokenBudgetExceededError) as caught:
+        pp.pack([], [{"role": "user", "content": "word " * 50}], 20)
+    assert (caught.value.section, caught.value.plan_section) == ("new_input", "run_input")
+
+
+def test_totals_have_the_plans_names_too() -> None:
+    history: list[Any] = [
+        {"role": "user", "content": "look it up " * 20},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
+    new = [{"type": "function_call_output", "call_id": "c1", "output": "found " * 30}]
+    for budget in (400, 4_000):
+        r = pp.pack(history, new, budget, output_reserve=20, context_tokens=9)
+        t, s = r.totals, r.sections
+        assert t.run_input == t.new_input == s["run_input"].tokens
+        assert t.context_message == t.context == s["context_message"].tokens
+        assert t.kept_history == t.history + t.dependency == s["kept_history"].tokens
+        assert t.request_tokens == r.request_tokens == s.request_tokens
+        assert t.dependency > 0  # the call the run input answers: kept history, mandatory

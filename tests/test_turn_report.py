@@ -338,17 +338,23 @@ def _second_turn(db: str, items: list[dict[str, Any]], **options: Any) -> Any:
 @pytest.mark.parametrize(
     ("options", "reason"),
     [
-        ({}, "windowed_reads_off"),
-        ({"windowed_reads": True, "incremental": False}, "no_index"),
-        ({"windowed_reads": True, "policy": "greedy"}, "greedy_policy"),
-        ({"windowed_reads": True, "max_tokens": 1_000_000}, "fits"),
-        ({"windowed_reads": True, "wrap": True}, "another_callback"),
+        ({"windowed_reads": False}, "windowed_reads_off"),
+        ({"incremental": False}, "no_index"),
+        ({"policy": "greedy"}, "greedy_policy"),
+        ({"max_tokens": 1_000_000}, "fits"),
+        ({"wrap": True}, "another_callback"),
     ],
 )
 def test_why_a_read_is_full(tmp_path, options, reason) -> None:
     plan = _second_turn(str(tmp_path / "x.db"), _chat(80), **options)
     assert (plan.turn.read, plan.turn.read_reason) == ("full", reason), plan.turn.lines()
     assert f"read: full ({READ_REASONS[reason]}" in plan.explain()
+
+
+def test_a_session_reads_a_token_window_by_default(tmp_path) -> None:
+    plan = _second_turn(str(tmp_path / "x.db"), _chat(80))
+    assert plan.turn.read == "window", plan.turn.lines()
+    assert "read: window from row " in plan.explain()
 
 
 def test_a_memory_database_and_an_inner_session_say_so(tmp_path) -> None:

@@ -70,3 +70,27 @@ def test_the_changelog_has_a_dated_section_for_this_version() -> None:
     newest, date = released[0]
     assert newest == version, f"newest CHANGELOG section is {newest}, the version is {version}"
     assert date, f"the {version} section has no date"
+
+
+# The package index holds another, earlier package of this name (pure Python, 0.1.0-0.20.0):
+# `pip install protoprompt` takes the highest version, so this one must sort above all of them.
+INDEX_RELEASES_OF_THE_OTHER_LINE = ("0.1.0", "0.3.0", "0.6.1", "0.16.1", "0.19.0", "0.20.0")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.match(r"\d+(\.\d+)*", version)[0].split("."))
+
+
+def test_the_version_sorts_above_every_release_of_the_other_line_on_the_index() -> None:
+    version = _release(cargo_version())
+    for other in INDEX_RELEASES_OF_THE_OTHER_LINE:
+        assert version > _release(other), f"{cargo_version()} sorts below {other} on the index"
+
+
+def test_the_readme_install_line_asks_for_this_line_and_links_the_migration_page() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    major = cargo_version().split(".")[0]
+    assert f"pip install 'protoprompt[agents]>={major}'" in install
+    assert "(docs/migrating-from-0.20.md)" in install
+    assert (REPO / "docs" / "migrating-from-0.20.md").is_file()

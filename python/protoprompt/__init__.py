@@ -25,6 +25,7 @@ from .errors import (
     SnapshotError,
     TokenBudgetExceededError,
     TokenizerError,
+    UnbudgetedSessionWarning,
     UnknownEncodingError,
     UnknownModelError,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "TokenBudgetedContextBuilder",
     "TokenizerError",
     "TurnReport",
+    "UnbudgetedSessionWarning",
     "Unit",
     "UnitDecision",
     "UnknownEncodingError",

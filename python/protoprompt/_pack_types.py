@@ -270,6 +270,31 @@ class PackTotals:
     masking_saved: int
     """Tokens the masked units would have cost more whole."""
 
+    # The plans' names for the same totals (docs/reading-a-plan.md, the glossary); the
+    # fields above keep their names until 1.1.
+
+    @property
+    def run_input(self) -> int:
+        """The run input's tokens (the section ``run_input``; field ``new_input``)."""
+        return self.new_input
+
+    @property
+    def context_message(self) -> int:
+        """The fixed context's tokens (the section ``context_message``, with the
+        instructions, tools and schema when they were counted into it; field ``context``)."""
+        return self.context
+
+    @property
+    def kept_history(self) -> int:
+        """The history sent, mandatory part included (the section ``kept_history``:
+        fields ``history + dependency``)."""
+        return self.history + self.dependency
+
+    @property
+    def request_tokens(self) -> int:
+        """The request: everything but the output reserve (``used - output_reserve``)."""
+        return self.used - self.output_reserve
+
 
 @dataclass(frozen=True)
 class IndexUse:

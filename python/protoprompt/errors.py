@@ -10,7 +10,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "BudgetUnderestimateWarning",
@@ -23,6 +23,7 @@ __all__ = [
     "SnapshotError",
     "TokenBudgetExceededError",
     "TokenizerError",
+    "UnbudgetedSessionWarning",
     "UnknownEncodingError",
     "UnknownModelError",
 ]
@@ -54,9 +55,25 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
             (and ``"system_prompt"`` when raised by the context builder). A per-call model
             filter also names ``"instructions_and_tools"`` (the agent's instructions and
             tool definitions), ``"tool_output"`` (a tool output of the newest step) and
-            ``"step"`` (the newest model output itself).
+            ``"step"`` (the newest model output itself); so does a session's callback for
+            the agent's instructions, tools and output schema (``run_config(agent=...)``).
         detail: what overflowed, for a person (e.g. which tool output and call), or ``""``.
     """
+
+    PLAN_SECTIONS: ClassVar[dict[str, str]] = {
+        "new_input": "run_input",
+        "dependency": "kept_history",
+        "output_reserve": "output_reserve",
+        "context": "context_message",
+        "system_prompt": "context_message",
+        "instructions_and_tools": "instructions",
+        "tool_output": "newest_step",
+        "step": "newest_step",
+    }
+    """Each ``section`` by the name the plans give it (``protoprompt.plan.SECTIONS``; the
+    glossary of docs/reading-a-plan.md). ``dependency``: the stored items the run input
+    answers, which are sent with it; ``instructions_and_tools``: the instructions, tool
+    definitions and output schema, named by the first."""
 
     def __init__(self, used: int, budget: int, section: str, detail: str = "") -> None:
         self.used = int(used)
@@ -64,6 +81,12 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
         self.section = str(section)
         self.detail = str(detail)
         super().__init__(used, budget, section)
+
+    @property
+    def plan_section(self) -> str:
+        """:attr:`section` in the plans' vocabulary (:attr:`PLAN_SECTIONS`; an unknown
+        section as it is)."""
+        return self.PLAN_SECTIONS.get(self.section, self.section)
 
     def __str__(self) -> str:
         return (
@@ -186,3 +209,18 @@ class BudgetUnderestimateWarning(ProtoPromptWarning, RuntimeWarning):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.estimate, self.reported, self.model))
+
+
+class UnbudgetedSessionWarning(ProtoPromptWarning):
+    """A :class:`~protoprompt.integrations.ProtoPromptSession` was run by the Agents SDK
+    without a budget: the run has no ``session_input_callback`` (``Runner.run(...,
+    session=session)`` without ``run_config=session.run_config(...)``), so the whole stored
+    history went to the model, however long. Issued once per session object, at the
+    runner's read of its history; ``session_id`` names the session."""
+
+    def __init__(self, message: str, session_id: str = "") -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), (str(self), self.session_id))

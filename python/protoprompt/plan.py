@@ -196,9 +196,10 @@ class RequestSections:
 
     def lines(self) -> list[str]:
         """The header and one line per section, as ``explain()`` prints them."""
+        reserve = self.used - self.request_tokens
         out = [
-            f"request: {self.used:,} of {self.budget:,} tokens ({self.encoding}), "
-            f"{self.remaining:,} left"
+            f"used: {self.used:,} of {self.budget:,} tokens ({self.encoding}; request "
+            f"{self.request_tokens:,} + output reserve {reserve:,}), {self.remaining:,} left"
         ]
         for s in self.sections:
             tokens = f"{s.tokens:,}" if s.counted else "-"

@@ -8,7 +8,8 @@
   with the tokens left at the end; hovering a segment names it with its tokens and items;
 * the units along the session, oldest first, as small boxes coloured kept / mandatory /
   masked / dropped / invalid, each with its items, kinds, tokens and the reason on hover,
-  and the same as a table (the newest :data:`MAX_UNITS` units; older ones are counted);
+  the same as a table in the same order (the newest :data:`MAX_UNITS` units; older ones
+  are counted), and the totals: kept, masked (tokens saved), dropped (their tokens);
 * for a turn's plan, the blocks of its context message.
 
 The page needs nothing else: the style is inline, there is no script and no link, so it
@@ -62,10 +63,11 @@ STATUS_COLOURS: dict[str, str] = {
     "mandatory": "#1f5fa8",
     "kept": "#3f9b47",
     "masked": "#f0a202",
-    "dropped": "#d1423a",
-    "invalid": "#555555",
+    "dropped": "#1b1b1b",
+    "invalid": "#9a9a9a",
 }
-"""The colour of a unit by what happened to it."""
+"""The colour of a unit by what happened to it (none is a section's colour: a dropped unit
+is never mistaken for the output schema's part of the bar)."""
 MAX_UNITS = 5000
 """Units shown one by one (the newest); older ones are counted by decision."""
 BAR_WIDTH = 960
@@ -98,6 +100,15 @@ class UnitView:
         if self.decision in ("invalid_unit", "input_only"):
             return "invalid"
         return "dropped"
+
+    @property
+    def where_sent(self) -> str:
+        """The section a sent unit is in; for one not sent, that it was not."""
+        if self.status == "dropped":
+            return "dropped (not sent)"
+        if self.status == "invalid":
+            return "invalid (not sent)"
+        return SECTION_LABELS[self.region]
 
 
 @dataclass(frozen=True)
@@ -286,6 +297,10 @@ def _n(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _bar(sections: RequestSections) -> str:
     budget = max(sections.budget, 1)
     parts = []
@@ -293,7 +308,7 @@ def _bar(sections: RequestSections) -> str:
         if s.tokens <= 0:
             continue
         width = BAR_WIDTH * s.tokens / budget
-        items = f", {s.items:,} items" if s.items else ""
+        items = f", {_plural(s.items, 'item')}" if s.items else ""
         parts.append(
             f'<span class="seg" data-section="{_e(s.name)}" '
             f'style="width:{width:.3f}px;background:{SECTION_COLOURS[s.name]}" '
@@ -357,18 +372,49 @@ def _units(view: PlanView) -> str:
     return f'<div class="units">{"".join(boxes)}</div><div class="legend">{legend}</div>'
 
 
+def _tokens_cell(u: UnitView) -> str:
+    if u.tokens is not None:
+        return f'<td class="n">{u.tokens:,}</td>'
+    return '<td class="n" title="not tried: not counted (a turn counts what it sends)">-</td>'
+
+
+def _totals(view: PlanView) -> str:
+    """Kept, masked (tokens saved) and dropped (their tokens) of the units shown, and the
+    older ones counted."""
+    by: dict[str, list[UnitView]] = {}
+    for u in view.units:
+        by.setdefault(u.status, []).append(u)
+    masked = by.get("masked", [])
+    saved = sum((u.tokens or 0) - (u.sent_tokens or 0) for u in masked)
+    dropped = by.get("dropped", []) + by.get("invalid", [])
+    dropped_tokens = sum(u.tokens or 0 for u in dropped)
+    uncounted = sum(1 for u in dropped if u.tokens is None)
+    parts = [
+        f"{_plural(len(by.get('mandatory', [])), 'unit')} mandatory",
+        f"{len(by.get('kept', [])):,} kept",
+        f"{len(masked):,} masked ({saved:,} tokens saved)",
+        f"{len(dropped):,} dropped or invalid ({dropped_tokens:,} tokens"
+        + (f"; {uncounted:,} not counted" if uncounted else "")
+        + ")",
+    ]
+    if view.hidden:
+        parts.append(f"{_plural(sum(view.hidden.values()), 'older unit')} counted above")
+    return f'<div class="totals">totals: {_e(", ".join(parts))}</div>'
+
+
 def _unit_table(view: PlanView) -> str:
     rows = "".join(
         "<tr>"
-        f"<td>{_e(u.label)}</td><td>{_e(SECTION_LABELS[u.region])}</td><td>{_e(u.kinds)}</td>"
-        f'<td class="n">{_n(u.tokens)}</td><td class="n">{_n(u.sent_tokens)}</td>'
+        f"<td>{_e(u.label)}</td><td>{_e(u.where_sent)}</td><td>{_e(u.kinds)}</td>"
+        f'{_tokens_cell(u)}<td class="n">{_n(u.sent_tokens)}</td>'
         f"<td>{_e(u.decision)}</td><td>{_e(u.reason)}</td><td>{_e(u.preview)}</td>"
         "</tr>"
-        for u in reversed(view.units)
+        for u in view.units
     )
     shown = " open" if len(view.units) <= OPEN_TABLE else ""
     return (
-        f"<details{shown}><summary>{len(view.units):,} units, newest first</summary><table>"
+        f"{_totals(view)}<details{shown}><summary>{_plural(len(view.units), 'unit')}, "
+        "oldest first (as the boxes above)</summary><table>"
         "<tr><th>where</th><th>section</th><th>kinds</th><th>tokens</th><th>sent</th>"
         "<th>decision</th><th>reason</th><th>content</th></tr>"
         f"{rows}</table></details>"

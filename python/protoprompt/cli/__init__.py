@@ -1,5 +1,6 @@
-"""The ``protoprompt`` command: ``mcp`` (memory server), ``inspect`` (a stored session's next
-request) and ``count`` (tokens of text or items).
+"""The ``protoprompt`` command: ``demo`` (an offline budgeted session), ``mcp`` (memory
+server), ``inspect`` (a stored session's next request) and ``count`` (tokens of text or
+items).
 
 ``main(argv)`` returns the exit status: 0 on success, 1 when the input cannot be served
 (the message on stderr says why), 2 for a usage error.

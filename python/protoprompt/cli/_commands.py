@@ -183,7 +183,9 @@ def _new_input(args: argparse.Namespace, request_input: list[Any] | None) -> lis
 def _masking(args: argparse.Namespace) -> Masking | None:
     """The masking of ``--masking`` and its options (refused without it)."""
     if not args.masking and (args.mask_after_turns is not None or args.excerpt_tokens != 64):
-        raise CommandError("--excerpt-tokens and --mask-after-turns need --masking")
+        raise CommandError(
+            "--excerpt-tokens and --mask-after-turns need masking (not --no-masking)"
+        )
     if not args.masking:
         return None
     return Masking(excerpt_tokens=args.excerpt_tokens, after_turns=args.mask_after_turns)
@@ -198,6 +200,19 @@ def _row_hint(exc: ProtoPromptError, row_ids: Any) -> str:
         except (ValueError, IndexError):
             return ""
     return ""
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .._demo import run_demo as demo
+
+    try:
+        return demo(args.folder)
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise CommandError(f"cannot write to {args.folder}: {exc.strerror or exc}") from None
 
 
 def run_count(args: argparse.Namespace) -> int:

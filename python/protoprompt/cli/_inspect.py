@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..packing import Masking, PackResult, Policy, UnitDecision, pack
+from ..packing import Masking, PackResult, Policy, UnitDecision, item_tokens, pack
 from ..plan import RequestCost, RequestSections, Section
 from ._args import InspectError
 from ._request import add_request_arguments, read_request, sections_of
@@ -234,6 +234,15 @@ def _span(positions: Sequence[int]) -> str:
     return ",".join(str(p) for p in positions)
 
 
+def _whole_tokens(items: list[Any], positions: Sequence[int], encoding: str) -> int | None:
+    """What a unit the fill never tried would cost whole (``None``: an item cannot be
+    counted, e.g. an invalid one)."""
+    try:
+        return sum(item_tokens(items[p], encoding=encoding).total for p in positions)
+    except (ValueError, TypeError):
+        return None
+
+
 def report_json(
     path: str,
     session_id: str,
@@ -255,6 +264,9 @@ def report_json(
             "rows": [rows.row_ids[p] for p in d.positions],
             "kinds": list(d.kinds),
             "tokens": d.tokens,
+            "whole_tokens": d.tokens
+            if d.tokens is not None
+            else _whole_tokens(rows.items, d.positions, result.encoding),
             "masked_tokens": d.masked_tokens,
             "decision": d.decision,
             "kept": d.kept,
@@ -427,10 +439,12 @@ def report_html(report: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
             label=f"history[{_span(u['positions'])}] (row{'s' if len(u['rows']) > 1 else ''} "
             f"{_span(u['rows'])})",
             kinds="+".join(u["kinds"]),
-            tokens=u["tokens"],
+            tokens=u["whole_tokens"],
             decision=u["decision"],
             reason=u["reason"],
-            sent_tokens=u["masked_tokens"] if u["decision"] == "masked" else u["tokens"],
+            sent_tokens=u["masked_tokens"]
+            if u["decision"] == "masked"
+            else (u["tokens"] if u["kept"] else None),
             preview=u["preview"],
         )
         for u in report["units"]
@@ -440,7 +454,7 @@ def report_html(report: Mapping[str, Any], notes: Sequence[str] = ()) -> str:
         units.append(
             UnitView(
                 label="the next turn's input",
-                kinds=f"{run_input['items']} items",
+                kinds=f"{run_input['items']} item{'s' if run_input['items'] != 1 else ''}",
                 tokens=run_input["tokens"],
                 decision="mandatory",
                 reason="mandatory: the run input",

@@ -47,8 +47,9 @@ def next_turn_window(
     it once its index holds the history (costs counted): its start, row and size, or the
     reason code and text; and the stored index snapshot a restarted process would start
     from (``snapshot_items``, see :func:`stored_snapshot_items`). ``new_input``: the next
-    turn's input (default: a user message); ``masking``: the builder's (a masked pack's
-    window may reach further back)."""
+    turn's input (default: a user message); ``masking``: the builder's (a session's default
+    is ``Masking()``), which makes old units cheaper and so the window longer (a masked
+    pack's window may also reach further back, to a turn's user message)."""
     out: dict[str, Any] = {
         "windowed": False,
         "reason": None,

@@ -20,7 +20,7 @@ from ._args import (
     row_count,
     text_arg,
 )
-from ._commands import run_count, run_inspect, run_mcp
+from ._commands import run_count, run_demo, run_inspect, run_mcp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +36,34 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
 
+    _add_demo(commands)
     _add_mcp(commands)
     _add_inspect(commands)
     _add_count(commands)
     return parser
+
+
+def _add_demo(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="run a budgeted agent session offline (no key) and print each turn's plan",
+        description="Run six turns of a contract assistant on a scripted model (no API key, "
+        "no network) through a ProtoPromptSession with a small token budget: a tool loop per "
+        "question, long-term memory (a contract, a fact, a profile) recalled into a context "
+        "message, old tool outputs masked to excerpts, turns dropped and recalled when they "
+        "match a later question. Prints each turn's plan, then the command that inspects "
+        "the stored session. Needs the agents extra: pip install 'protoprompt[agents]'.",
+        epilog=f"example: {PROG} demo my-demo",
+    )
+    demo.add_argument(
+        "folder",
+        nargs="?",
+        default="protoprompt-demo",
+        metavar="FOLDER",
+        help="where to write demo.db (session and memory in one SQLite file; created if "
+        "missing, an earlier demo there is replaced; default ./protoprompt-demo)",
+    )
+    demo.set_defaults(run=run_demo)
 
 
 def _add_mcp(commands: Any) -> None:
@@ -158,7 +182,7 @@ def _add_inspect(commands: Any) -> None:
         "RedisSession by URL) and show, for one session, what the next request would keep "
         "and drop under a token budget: one row per atomic unit (its items, kinds, tokens, "
         "decision and the reason), then the totals. Without --session, list the sessions.",
-        epilog=f"example: {PROG} inspect agents.db --session legal-chat --budget 128000 "
+        epilog=f"example: {PROG} inspect agents.db --session legal-chat --max-tokens 128000 "
         "--model gpt-5 --output-reserve 8000",
     )
     inspect.add_argument(
@@ -170,10 +194,14 @@ def _add_inspect(commands: Any) -> None:
     )
     inspect.add_argument("--session", metavar="ID", type=text_arg, help="session id to inspect")
     inspect.add_argument(
+        "--max-tokens",
         "--budget",
+        dest="budget",
         type=positive,
         default=128_000,
-        help="token budget of the request plus the output reserve (default 128000)",
+        metavar="N",
+        help="the budget (max_tokens): the request plus the output reserve (default 128000; "
+        "--budget is the old name, kept until 1.1)",
     )
     add_tokenizer(inspect, "counts with")
     inspect.add_argument(
@@ -210,21 +238,23 @@ def _add_inspect(commands: Any) -> None:
     )
     inspect.add_argument(
         "--masking",
-        action="store_true",
-        help="mask old tool outputs before dropping turns (as the builder does by default)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mask old tool outputs to excerpts before dropping turns, as a session's builder "
+        "does by default (Masking()); --no-masking: drop whole units only",
     )
     inspect.add_argument(
         "--excerpt-tokens",
         type=mask_excerpt,
         default=64,
         metavar="N",
-        help="with --masking: tokens a masked tool output keeps, marker included (default 64)",
+        help="tokens a masked tool output keeps, marker included (default 64)",
     )
     inspect.add_argument(
         "--mask-after-turns",
         type=non_negative,
         metavar="N",
-        help="with --masking: also mask the outputs older than the N newest turns",
+        help="also mask the outputs older than the N newest turns",
     )
     inspect.add_argument(
         "--dropped", action="store_true", help="list only the units that are not sent"

@@ -78,6 +78,46 @@ class ModelCallPlan:
     run_input: tuple[int, int] | None = None
     """``[start, end)`` positions of the run's input in the list packed (``None``: no run
     input was found, e.g. a run whose input holds no user message)."""
+    turn_plan: ContextPlan | None = None
+    """With a session: its callback's plan of this run (``session.run_config``'s
+    ``on_plan``), which packed the stored history before the first call -- the tool outputs
+    it masked (the call gets their excerpts) and the history items it dropped, which this
+    call's own :attr:`pack` does not see. ``None`` without a session callback."""
+
+    @property
+    def turn_masked(self) -> int:
+        """Tool-output items the session's turn plan sent masked (0 without one)."""
+        return len(self.turn_plan.pack.masked) if self.turn_plan is not None else 0
+
+    @property
+    def turn_masking_saved(self) -> int:
+        """Tokens the session's turn plan saved by masking (0 without one)."""
+        return self.turn_plan.pack.masking_saved if self.turn_plan is not None else 0
+
+    @property
+    def turn_dropped(self) -> int:
+        """Stored history items the session's turn plan did not send (0 without one)."""
+        if self.turn_plan is None:
+            return 0
+        return sum(len(d.positions) for d in self.turn_plan.pack.dropped)
+
+    def _turn_lines(self) -> list[str]:
+        """What the session's turn plan did to the history before this run's first call."""
+        if self.turn_plan is None or not (self.turn_masked or self.turn_dropped):
+            return []
+        units = sum(1 for d in self.turn_plan.pack.decisions if d.decision == "masked")
+        parts = []
+        if self.turn_masked:
+            parts.append(
+                f"masked {self.turn_masked:,} tool output{'s' if self.turn_masked != 1 else ''}"
+                f" in {units:,} unit{'s' if units != 1 else ''} "
+                f"({self.turn_masking_saved:,} tokens saved; sent as excerpts)"
+            )
+        if self.turn_dropped:
+            parts.append(
+                f"dropped {self.turn_dropped:,} stored item{'s' if self.turn_dropped != 1 else ''}"
+            )
+        return ["before the run, the session's turn plan " + " and ".join(parts)]
 
     @property
     def sections(self) -> RequestSections:
@@ -129,6 +169,11 @@ CallLayout`)."""
         return self.pack.used
 
     @property
+    def remaining(self) -> int:
+        """Budget left unused: ``budget - used`` (as on every plan)."""
+        return max(self.budget - self.used, 0)
+
+    @property
     def dropped(self) -> list[UnitDecision]:
         """Units of the input that were not sent."""
         return self.pack.dropped
@@ -172,5 +217,6 @@ CallLayout`)."""
             + (f", {t.media_removed} media parts removed" if t.media_removed else "")
             for t in self.truncated
         )
+        lines.extend(self._turn_lines())
         lines.extend(self.pack.explain_units(max_units, where=input_at))
         return "\n".join(lines)

@@ -195,7 +195,7 @@ class RunInput:
     """What the session callback returned for the run now starting in this task: the model
     filter pins its context message and new input on every model call of the run."""
 
-    __slots__ = ("context_key", "ledger", "n_items", "new_input")
+    __slots__ = ("context_key", "ledger", "n_items", "new_input", "turn")
 
     def __init__(
         self,
@@ -203,11 +203,14 @@ class RunInput:
         context_key: tuple[str, str] | None,
         new_input: list[Any],
         n_items: int,
+        turn: Any = None,
     ) -> None:
         self.ledger = ledger
         self.context_key = context_key
         self.new_input = new_input
         self.n_items = n_items
+        self.turn = turn
+        """The callback's plan of the run (a ``ContextPlan``): what it masked and dropped."""
 
 
 class RunLedger:
@@ -231,10 +234,13 @@ class RunLedger:
         """The session's index state now, and whether it keeps one (``incremental``)."""
         return self._index()
 
-    def record(self, key: tuple[str, str] | None, new_input: list[Any], n_items: int) -> None:
+    def record(
+        self, key: tuple[str, str] | None, new_input: list[Any], n_items: int, turn: Any = None
+    ) -> None:
         """The callback returned ``n_items`` items for the run starting in this task, ending
-        with ``new_input``, and first the context message ``key`` (if any)."""
-        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items))
+        with ``new_input``, and first the context message ``key`` (if any); ``turn``: its
+        plan."""
+        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items, turn))
 
     def current(self) -> RunInput | None:
         """The callback's record of the run in this task, if it was this ledger's."""

@@ -134,3 +134,25 @@ def cut_outputs(
             )
         )
     return new_step, cuts
+
+
+def turn_budget_error(exc: TokenBudgetExceededError, request: Any) -> TokenBudgetExceededError:
+    """A session turn's budget error, naming the agent's instructions, tools and output
+    schema with their sizes when they are what overflowed: the builder counts them (the
+    turn's ``request``, a :class:`~protoprompt.plan.RequestCost`) into the fixed context,
+    so the core names that section ``"context"``; the per-call filter names the same
+    overflow ``"instructions_and_tools"``, and so does this. Other errors come back as they
+    are (a new object, raised without the builder's frames)."""
+    total = getattr(request, "total", 0)
+    if exc.section != "context" or not total:
+        return TokenBudgetExceededError(exc.used, exc.budget, exc.section, exc.detail)
+    parts = (
+        f"the agent's instructions ({request.instructions:,} tokens), tool definitions "
+        f"({request.tools:,}) and output schema ({request.output_schema:,})"
+    )
+    detail = (
+        f"{parts} alone need {total:,} tokens"
+        if total > exc.budget
+        else f"{parts} need {total:,} tokens, more than the run input and output reserve leave"
+    )
+    return TokenBudgetExceededError(exc.used, exc.budget, "instructions_and_tools", detail)

@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import TokenBudgetExceededError
 from ..packing import preload
 from . import _sdk
 from ._agent import agent_request, model_name
 from ._context import LAST_READ
+from ._oversized import turn_budget_error
 from ._probes import called_by_runner
 from ._request import RequestCosts
 from ._sdk import RunConfig
@@ -47,10 +49,14 @@ def _check_callback_args(builder: object, system_prompt: object, on_plan: object
 
 
 def _default_builder(
-    agent: Any, max_tokens: int | None, model: str | None, output_reserve: int | None
+    agent: Any,
+    max_tokens: int | None,
+    model: str | None,
+    output_reserve: int | None,
+    encoding: str | None = None,
 ) -> TokenBudgetedContextBuilder:
-    """``run_config``'s builder without memory, from ``max_tokens`` and the model's name
-    (``model``, else ``agent``'s)."""
+    """``run_config``'s builder without memory, from ``max_tokens`` and the tokenizer:
+    ``encoding``, else the model's name (``model``, else ``agent``'s)."""
     from ..context import TokenBudgetedContextBuilder
 
     if max_tokens is None:
@@ -59,17 +65,20 @@ def _default_builder(
         if not isinstance(agent, _sdk.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         model = model_name(agent)
-        if model is None:
+        if model is None and encoding is None:
             raise TypeError(
                 f"the model of agent {agent.name!r} has no name to choose a tokenizer by: "
-                "pass model= (e.g. model='gpt-5')"
+                "pass model= (e.g. model='gpt-5') or encoding= (e.g. encoding='o200k_base')"
             )
-    if model is None:
-        raise TypeError("run_config() needs model= (or agent=) to choose the tokenizer")
+    if model is None and encoding is None:
+        raise TypeError(
+            "run_config() needs model= (or agent=) or encoding= to choose the tokenizer"
+        )
     return TokenBudgetedContextBuilder(
         None,
         max_tokens=max_tokens,
         model=model,
+        encoding=encoding,
         output_reserve=0 if output_reserve is None else output_reserve,
     )
 
@@ -117,7 +126,7 @@ class RunHooks:
             history.extend(masked)
         elif masked:
             self._book.expect_masked(masked)
-        self._ledger.record(key, new_input, len(plan.items))
+        self._ledger.record(key, new_input, len(plan.items), plan)
         if on_plan is not None:
             on_plan(plan)
         return list(plan.items)
@@ -184,16 +193,20 @@ class RunHooks:
                 request = await agent_request(agent, builder.encoding, costs)
                 call_kwargs = {**kwargs, "request": request}
             facts = read.facts if read is not None and read.session is self else None
-            plan, evicted = await asyncio.to_thread(
-                build_turn,
-                self._turn_setup(),
-                builder,
-                history,
-                new_input,
-                facts,
-                call_kwargs,
-                memory,
-            )
+            try:
+                plan, evicted = await asyncio.to_thread(
+                    build_turn,
+                    self._turn_setup(),
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    call_kwargs,
+                    memory,
+                )
+            except TokenBudgetExceededError as exc:
+                # One line naming the part, raised here: not from the packer's frames.
+                raise turn_budget_error(exc, call_kwargs.get("request")) from None
             if evicted is not None:
                 evicted()  # background work on what the turn evicted; never raises
             return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
@@ -252,6 +265,7 @@ class RunHooks:
         agent: Agent[Any] | None = None,
         max_tokens: int | None = None,
         model: str | None = None,
+        encoding: str | None = None,
         system_prompt: str = "",
         output_reserve: int | None = None,
         scope: MemoryScope | None = None,
@@ -285,6 +299,9 @@ class RunHooks:
                 each turn's plan (see :meth:`input_callback`).
             max_tokens, model: the budget and the model's name (its tokenizer) of the builder
                 made when ``builder`` is not given.
+            encoding: the tokenizer by name (``"o200k_base"``, ``"cl100k_base"``...) of that
+                builder, for a model whose name protoprompt does not know (it overrides the
+                model's).
             output_reserve: tokens kept free for the answer (overrides the builder's).
             system_prompt, scope, on_plan: see :meth:`input_callback`.
             oversized_output, on_call: see :meth:`model_input_filter`.
@@ -298,15 +315,16 @@ class RunHooks:
                 both ``builder`` and ``max_tokens`` / ``model`` are given, or neither a
                 builder nor ``max_tokens``; no model name is given or readable from
                 ``agent``; ``audit`` is not a ``BudgetAudit``.
-            UnknownModelError: ``model`` has no known tokenizer (pass a builder with
-                ``encoding=``).
+            UnknownModelError: ``model`` has no known tokenizer (pass ``encoding=``).
+            UnknownEncodingError: ``encoding`` is not one protoprompt ships.
         """
         if builder is None:
-            builder = _default_builder(agent, max_tokens, model, output_reserve)
+            builder = _default_builder(agent, max_tokens, model, output_reserve, encoding)
             output_reserve = None
-        elif max_tokens is not None or model is not None:
+        elif max_tokens is not None or model is not None or encoding is not None:
             raise TypeError(
-                "pass either a builder or max_tokens and model (which make one), not both"
+                "pass either a builder or max_tokens and model / encoding (which make one), "
+                "not both"
             )
         for name in ("session_input_callback", "call_model_input_filter"):
             if name in run_config_fields:

@@ -217,6 +217,8 @@ class ModelInputFilter:
         else:
             plan = work()
         self._release(run)
+        if token is not None and token.turn is not None:
+            plan = dataclasses.replace(plan, turn_plan=token.turn)
         self.last_plan = plan
         if self.on_call is not None:
             self.on_call(plan)

@@ -47,6 +47,7 @@ from ._shims import (
 from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
 from ._store import HistoryStore, StoreReadError, Unsupported, open_store
 from ._turn import TurnSetup
+from ._unbudgeted import unbudgeted_run, warn_unbudgeted
 from ._window import (
     Refused,
     Turn,
@@ -116,7 +117,10 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         windowed_reads: let the runner's read before a turn return only the newest stored
             items the budget of this session's :meth:`input_callback` can reach, instead of
             the whole history (the SDK then works on those only; the request is the same).
-            Needs a database file (``db_path``) and the ``"contiguous"`` policy; every other
+            On by default; ``False`` turns it off. Needs a database file (``db_path``, or an
+            SQLAlchemy / Redis inner session) and the ``"contiguous"`` policy: otherwise every
+            read is whole and each turn's plan says why on its ``read:`` line (e.g.
+            ``read: full (memory database: windows need a database file; ...)``). Every other
             read — yours, ``pop_item`` corrections, compaction, resuming a run — sees the
             whole history as before, and so does a read the session cannot prove a window
             for (then the turn costs what it costs without windowing).
@@ -177,7 +181,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         incremental: bool | None = None,
         sessions_table: str = "agent_sessions",
         messages_table: str = "agent_messages",
-        windowed_reads: bool = False,
+        windowed_reads: bool = True,
         snapshot_min_items: int = DEFAULT_SNAPSHOT_MIN_ITEMS,
         shared_index_bytes: int = pool.DEFAULT_SHARED_INDEX_BYTES,
         max_open_readers: int = SQLiteCountStore.DEFAULT_MAX_OPEN_READERS,
@@ -241,6 +245,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         self._book = ContextBook()
         self._ledger = RunLedger(self, self._book, lambda: (self._index_state, self._incremental))
         self._warned_wrapped = False
+        self._warned_unbudgeted = False
         self._window_reads = 0
         self._last_window_offset: int | None = None
         self._calibration: Calibration | None = None
@@ -294,6 +299,9 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         closed = getattr(self._inner, "_closed", False)
         # Before the first await: the runner's frame is found on the stack.
         turn = runner_turn(self) if self._windowed_reads and not limited and not closed else None
+        if not self._warned_unbudgeted and unbudgeted_run(self):
+            self._warned_unbudgeted = True
+            warn_unbudgeted(self.session_id)
         await self._attach()
         state = self._index_state
         epoch = state.epoch
