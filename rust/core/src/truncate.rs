@@ -63,7 +63,7 @@ pub fn split_tokens(
     let byte_len = |ts: &[u32]| -> Result<usize, TokenError> {
         bpe.decode_bytes(ts)
             .map(|b| b.len())
-            .map_err(|e| TokenError::Tokenizer(e.to_string()))
+            .map_err(TokenError::Tokenizer)
     };
     let n = tokens.len();
     let mut head_end = byte_len(&tokens[..head as usize])?.min(text.len());
@@ -95,7 +95,7 @@ fn decoded_len(enc: Encoding, tokens: &[u32]) -> Result<usize, TokenError> {
     enc.bpe()
         .decode_bytes(tokens)
         .map(|b| b.len())
-        .map_err(|e| TokenError::Tokenizer(e.to_string()))
+        .map_err(TokenError::Tokenizer)
 }
 
 /// The text of the first `n` tokens of `text` under `enc` (all of it when it has no more),
@@ -313,11 +313,7 @@ fn encode(enc: Encoding, text: &str) -> Result<Vec<u32>, TokenError> {
 
 /// Encode one segment; a piece the regex engine cannot handle is halved at a character
 /// boundary (as counting does), so tokens may then differ from the reference at the split.
-fn encode_piece(
-    bpe: &tiktoken_rs::CoreBPE,
-    text: &str,
-    out: &mut Vec<u32>,
-) -> Result<(), TokenError> {
+fn encode_piece(bpe: crate::tokens::Bpe, text: &str, out: &mut Vec<u32>) -> Result<(), TokenError> {
     if text.is_empty() {
         return Ok(());
     }

