@@ -175,3 +175,39 @@ def test_truncation_is_exact_under_a_family_encoding() -> None:
         cut = pp.truncate_text(LONG, 500, model=model)
         n = pp.count_tokens(cut, model=model)
         assert 450 <= n <= 500, (model, n)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "claude-sonnet-4-5",
+        "litellm/anthropic/claude-opus-4-1-20250805",
+        "anthropic:claude-haiku-4-5",
+        "us.anthropic.claude-sonnet-4-20250514-v1:0",
+    ],
+)
+def test_claude_is_a_named_conservative_estimate_never_an_openai_encoding(model: str) -> None:
+    assert pp.encoding_for_model(model) == "claude_estimate"
+    for text in [*CORPUS.values(), LONG]:
+        o200k = pp.count_tokens(text, encoding="o200k_base")
+        # Public measurements put Claude 4.x at a median 1.7x the o200k_base count
+        # (docs/models.md): the estimate is 2x, above it.
+        assert pp.count_tokens(text, model=model) == 2 * o200k
+
+
+def test_a_claude_plan_says_its_counts_are_an_estimate() -> None:
+    history = [{"role": "user", "content": CORPUS["english"]}] * 30
+    new = [{"role": "user", "content": "and now?"}]
+    result = pp.pack(history, new, 400, model="claude-sonnet-4-5")
+    assert result.sections.encoding == "claude_estimate"
+    assert "claude_estimate: an estimate" in result.explain()
+    openai = pp.pack(history, new, 400, model="gpt-5")
+    assert "an estimate" not in openai.explain()
+    # The same budget holds fewer items under the estimate than under o200k_base.
+    assert len(result.items) < len(openai.items)
+
+
+def test_a_cut_under_the_claude_estimate_stays_within_its_limit() -> None:
+    for limit in (1, 7, 100, 501):
+        cut = pp.truncate_text(LONG, limit, model="claude-opus-4-1")
+        assert pp.count_tokens(cut, model="claude-opus-4-1") <= limit

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._reasons import StopLike, unit_reason
-from ._tokens import item_tokens
+from ._tokens import ESTIMATED_ENCODINGS, item_tokens
 
 if TYPE_CHECKING:
     from .packing import PackResult
@@ -196,9 +196,11 @@ class RequestSections:
 
     def lines(self) -> list[str]:
         """The header and one line per section, as ``explain()`` prints them."""
+        counter = self.encoding
+        if self.encoding in ESTIMATED_ENCODINGS:
+            counter += ": an estimate, the model's tokenizer is not public"
         out = [
-            f"request: {self.used:,} of {self.budget:,} tokens ({self.encoding}), "
-            f"{self.remaining:,} left"
+            f"request: {self.used:,} of {self.budget:,} tokens ({counter}), {self.remaining:,} left"
         ]
         for s in self.sections:
             tokens = f"{s.tokens:,}" if s.counted else "-"

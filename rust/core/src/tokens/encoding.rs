@@ -28,7 +28,14 @@ pub(crate) enum Bpe {
     Family(&'static tiktoken::CoreBpe),
     /// A family whose tokenizer normalises text to NFC before splitting it (Qwen's).
     FamilyNfc(&'static tiktoken::CoreBpe),
+    /// An estimate for a provider whose tokenizer is not public: two tokens for every token
+    /// of this (o200k_base) encoding, each one's pair [`ESTIMATE_FILLER`] then the token,
+    /// so that the first `2k` tokens of a text are its first `k` base tokens.
+    Doubled(&'static CoreBPE),
 }
+
+/// The first token of each pair of an estimate ([`Bpe::Doubled`]): it covers no bytes.
+pub(crate) const ESTIMATE_FILLER: u32 = u32::MAX;
 
 /// `text` in NFC (borrowed when it is already: the quick check answers for most texts).
 fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
@@ -46,6 +53,11 @@ impl Bpe {
             Bpe::OpenAi(b) => b.encode_ordinary(text),
             Bpe::Family(b) => b.encode(text),
             Bpe::FamilyNfc(b) => b.encode(&nfc(text)),
+            Bpe::Doubled(b) => b
+                .encode_ordinary(text)
+                .into_iter()
+                .flat_map(|t| [ESTIMATE_FILLER, t])
+                .collect(),
         }
     }
 
@@ -55,6 +67,7 @@ impl Bpe {
             Bpe::OpenAi(b) => b.encode_ordinary(text).len(),
             Bpe::Family(b) => b.count(text),
             Bpe::FamilyNfc(b) => b.count(&nfc(text)),
+            Bpe::Doubled(b) => 2 * b.encode_ordinary(text).len(),
         }
     }
 
@@ -62,6 +75,14 @@ impl Bpe {
     pub(crate) fn decode_bytes(self, tokens: &[u32]) -> Result<Vec<u8>, String> {
         match self {
             Bpe::OpenAi(b) => b.decode_bytes(tokens).map_err(|e| e.to_string()),
+            Bpe::Doubled(b) => {
+                let base: Vec<u32> = tokens
+                    .iter()
+                    .copied()
+                    .filter(|&t| t != ESTIMATE_FILLER)
+                    .collect();
+                b.decode_bytes(&base).map_err(|e| e.to_string())
+            }
             Bpe::Family(b) | Bpe::FamilyNfc(b) => {
                 let mut out = Vec::new();
                 for &t in tokens {
@@ -128,11 +149,16 @@ pub enum Encoding {
     DeepseekV3,
     /// Mistral's Tekken (Nemo, Small 3, Medium 3, Ministral, Pixtral, Codestral 25, ...).
     Tekken,
+    /// Anthropic's Claude, whose tokenizer is not public: a conservative estimate, two
+    /// tokens per `o200k_base` token (see [`Encoding::is_estimate`] and
+    /// `docs/models.md`: public measurements put Claude 4.x at a median 1.7 times the
+    /// `o200k_base` count).
+    ClaudeEstimate,
 }
 
 impl Encoding {
     /// Every encoding, default first.
-    pub const ALL: [Encoding; 10] = [
+    pub const ALL: [Encoding; 11] = [
         Encoding::O200kBase,
         Encoding::O200kHarmony,
         Encoding::Cl100kBase,
@@ -143,6 +169,7 @@ impl Encoding {
         Encoding::Qwen2,
         Encoding::DeepseekV3,
         Encoding::Tekken,
+        Encoding::ClaudeEstimate,
     ];
 
     /// The name of the encoding (tiktoken's for OpenAI's).
@@ -158,11 +185,12 @@ impl Encoding {
             Encoding::Qwen2 => "qwen2",
             Encoding::DeepseekV3 => "deepseek_v3",
             Encoding::Tekken => "tekken",
+            Encoding::ClaudeEstimate => "claude_estimate",
         }
     }
 
     /// The provider family whose tokenizer this is (`"openai"`, `"meta"`, `"qwen"`,
-    /// `"deepseek"`, `"mistral"`).
+    /// `"deepseek"`, `"mistral"`, `"anthropic"`).
     pub fn family(self) -> &'static str {
         match self {
             Encoding::O200kBase
@@ -175,6 +203,23 @@ impl Encoding {
             Encoding::Qwen2 => "qwen",
             Encoding::DeepseekV3 => "deepseek",
             Encoding::Tekken => "mistral",
+            Encoding::ClaudeEstimate => "anthropic",
+        }
+    }
+
+    /// Whether counts under this encoding are an estimate of a tokenizer that is not
+    /// public (Claude's) rather than the model's own tokenizer's.
+    pub fn is_estimate(self) -> bool {
+        self == Encoding::ClaudeEstimate
+    }
+
+    /// Tokens counted per token of the underlying tokenizer: 2 for an estimate (see
+    /// [`Encoding::ClaudeEstimate`]), else 1. A head or tail taken in tokens is a multiple.
+    pub fn tokens_per_piece(self) -> u64 {
+        if self.is_estimate() {
+            2
+        } else {
+            1
         }
     }
 
@@ -313,6 +358,7 @@ impl Encoding {
             },
             Encoding::DeepseekV3 => family("deepseek_v3"),
             Encoding::Tekken => family("mistral_v3"),
+            Encoding::ClaudeEstimate => Bpe::Doubled(tiktoken_rs::o200k_base_singleton()),
         }
     }
 
@@ -328,7 +374,8 @@ impl Encoding {
             | Encoding::R50kBase
             | Encoding::Llama3
             | Encoding::Qwen2
-            | Encoding::DeepseekV3 => 128,
+            | Encoding::DeepseekV3
+            | Encoding::ClaudeEstimate => 128,
             Encoding::Tekken => 76,
         }
     }
@@ -422,7 +469,7 @@ mod tests {
     fn max_token_bytes_is_the_longest_vocabulary_entry() {
         for enc in Encoding::ALL {
             let (tokens, longest) = match enc.bpe() {
-                Bpe::OpenAi(bpe) => {
+                Bpe::OpenAi(bpe) | Bpe::Doubled(bpe) => {
                     let special: std::collections::HashSet<Vec<u8>> = bpe
                         .special_tokens()
                         .iter()

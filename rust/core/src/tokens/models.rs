@@ -20,6 +20,7 @@
 //! | Meta | `llama3*`, `llama-3*` (3, 3.1, 3.2, 3.3; not Llama 2 or 4), `meta-llama-3*` | `llama3` |
 //! | Qwen | `qwen2*`, `qwen-2*`, `qwen3*` (not 3.5 / 3.6: a new vocabulary), `qwq*` | `qwen2` |
 //! | DeepSeek | `deepseek-chat`, `deepseek-reasoner`, `deepseek-v3*`, `deepseek-v4*`, `deepseek-r1*` | `deepseek_v3` |
+//! | Anthropic | `claude*` (a conservative estimate: Claude's tokenizer is not public) | `claude_estimate` |
 //! | Mistral | `mistral-nemo*`, `open-mistral-nemo*`, `ministral*`, `pixtral-12b*`, `mistral-small*` (not 2312 / 2402), `mistral-medium-3*` / `-25*` / `-latest`, `codestral-25*` / `-latest`, `magistral*`, `devstral*`, `voxtral*` | `tekken` |
 //!
 //! R1 distillations count with their base model's tokenizer (`deepseek-r1-distill-qwen-*`:
@@ -131,6 +132,9 @@ fn family(m: &str) -> Option<Encoding> {
     {
         return Some(Encoding::DeepseekV3);
     }
+    if m.starts_with("claude") {
+        return Some(Encoding::ClaudeEstimate);
+    }
     is_tekken(m).then_some(Encoding::Tekken)
 }
 
@@ -240,7 +244,21 @@ mod tests {
             // Nothing known.
             ("", None),
             ("litellm/", None),
-            ("claude-sonnet-4-5", None),
+            // Claude: the estimate.
+            ("claude-sonnet-4-5", Some(Encoding::ClaudeEstimate)),
+            (
+                "litellm/anthropic/claude-opus-4-1-20250805",
+                Some(Encoding::ClaudeEstimate),
+            ),
+            ("anthropic:claude-haiku-4-5", Some(Encoding::ClaudeEstimate)),
+            (
+                "us.anthropic.claude-sonnet-4-20250514-v1:0",
+                Some(Encoding::ClaudeEstimate),
+            ),
+            (
+                "litellm/vertex_ai/claude-opus-4@20250514",
+                Some(Encoding::ClaudeEstimate),
+            ),
         ];
         for (name, want) in table {
             assert_eq!(resolve(name), want, "{name:?}");
