@@ -211,3 +211,63 @@ def test_a_cut_under_the_claude_estimate_stays_within_its_limit() -> None:
     for limit in (1, 7, 100, 501):
         cut = pp.truncate_text(LONG, limit, model="claude-opus-4-1")
         assert pp.count_tokens(cut, model="claude-opus-4-1") <= limit
+
+
+def _llama3_framing() -> int:
+    """Tokens Meta's chat format adds around one message's content."""
+    pytest.importorskip("llama_models.llama3.chat_format")
+    from llama_models.datatypes import RawMessage
+    from llama_models.llama3.chat_format import ChatFormat
+    from llama_models.llama3.tokenizer import Tokenizer
+
+    tok = Tokenizer(_site_file("llama_models", "llama3", "tokenizer.model"))
+    fmt = ChatFormat(tok)
+    content = CORPUS["english"]
+    framing = 0
+    for role in ("system", "user", "assistant"):
+        message = RawMessage(role=role, content=content)  # type: ignore[arg-type]
+        tokens, _ = fmt.encode_message(message, tool_prompt_format=None)  # type: ignore[arg-type]
+        framing = max(framing, len(tokens) - pp.count_tokens(content, encoding="llama3"))
+    return framing
+
+
+def _tekken_framing() -> int:
+    """The most tokens mistral-common's chat template adds per message of a conversation."""
+    pytest.importorskip("mistral_common.protocol.instruct.request")
+    from mistral_common.protocol.instruct.messages import (
+        AssistantMessage,
+        SystemMessage,
+        UserMessage,
+    )
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    tok = MistralTokenizer.v3(is_tekken=True)
+    c = CORPUS["english"]
+    n = pp.count_tokens(c, encoding="tekken")
+    conversations = [
+        [UserMessage(content=c)],
+        [SystemMessage(content=c), UserMessage(content=c)],
+        [UserMessage(content=c), AssistantMessage(content=c), UserMessage(content=c)],
+    ]
+    framing = 0
+    for messages in conversations:
+        request = ChatCompletionRequest(messages=messages)  # type: ignore[type-var]
+        tokens = tok.encode_chat_completion(request).tokens
+        framing = max(framing, -(-(len(tokens) - n * len(messages)) // len(messages)))
+    return framing
+
+
+@pytest.mark.parametrize(
+    ("model", "framing"),
+    [("llama-3.1-8b", _llama3_framing), ("mistral-small-latest", _tekken_framing)],
+)
+def test_an_items_overhead_covers_the_familys_chat_template(
+    model: str, framing: Callable[[], int]
+) -> None:
+    measured = framing()
+    overhead = pp.item_tokens({"role": "user", "content": "x"}, model=model).overhead
+    assert measured <= overhead, (measured, overhead)
+    # Llama 3's template is exactly its overhead: 5 tokens a message, one more than OpenAI's.
+    if model.startswith("llama"):
+        assert overhead == measured == 5

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::media::media_cost;
 use super::opaque::{payload_cost, payload_kind, PayloadCost};
-use super::{Encoding, ItemCost, TokenError, ITEM_OVERHEAD, MAX_DEPTH};
+use super::{Encoding, ItemCost, TokenError, MAX_DEPTH};
 
 /// Text, media and opaque payloads of an item in the canonical form described in the
 /// module docs.
@@ -18,6 +18,8 @@ pub struct Canonical {
     pub opaque_tokens: u64,
     /// An opaque payload that is not valid base64, counted in `text` instead (its field).
     pub fallback: Option<&'static str>,
+    /// The framing of the item under its encoding ([`Encoding::item_overhead`]).
+    pub overhead: u64,
 }
 
 /// Render an item into its canonical text (plus media tokens, costed by the published rules).
@@ -28,7 +30,10 @@ pub fn canonical(item: &Value, enc: Encoding) -> Result<Canonical, TokenError> {
             message: "an item must be a JSON object".to_string(),
         });
     };
-    let mut out = Canonical::default();
+    let mut out = Canonical {
+        overhead: enc.item_overhead(),
+        ..Canonical::default()
+    };
     let mut path = String::new();
     render_object(map, true, enc, &mut out, &mut path, 0)?;
     Ok(out)
@@ -40,7 +45,7 @@ impl Canonical {
         ItemCost {
             text: text_tokens,
             media: self.media_tokens,
-            overhead: ITEM_OVERHEAD,
+            overhead: self.overhead,
             opaque: self.opaque_tokens,
             fallback: self.fallback,
         }
@@ -156,8 +161,25 @@ fn render_value(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::item_cost;
+    use crate::tokens::{item_cost, ITEM_OVERHEAD};
     use serde_json::json;
+
+    #[test]
+    fn the_framing_is_the_encodings() {
+        let item = json!({"role": "user", "content": "hello"});
+        for (enc, overhead) in [
+            (Encoding::O200kBase, 4),
+            (Encoding::Llama3, 5),
+            (Encoding::Qwen2, 5),
+            (Encoding::DeepseekV3, 4),
+            (Encoding::Tekken, 4),
+            (Encoding::ClaudeEstimate, 8),
+        ] {
+            let cost = item_cost(&item, enc).unwrap();
+            assert_eq!(cost.overhead, overhead, "{}", enc.name());
+            assert!(cost.overhead >= ITEM_OVERHEAD);
+        }
+    }
 
     #[test]
     fn canonical_text_and_stripped_fields() {

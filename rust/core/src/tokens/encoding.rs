@@ -362,6 +362,23 @@ impl Encoding {
         }
     }
 
+    /// Tokens of the framing the provider adds around every input item (role markers and
+    /// separators of the chat template), never below [`super::ITEM_OVERHEAD`], which every
+    /// lower bound of a cost assumes. Measured against each family's own template where one
+    /// ships (`tests/test_model_families.py`): Llama 3 frames a message in 5 tokens
+    /// (`<|start_header_id|>`, the role, `<|end_header_id|>`, `\n\n`, `<|eot_id|>`), Qwen in
+    /// 5 (`<|im_start|>`, the role, `\n`, `<|im_end|>`, `\n`), Tekken in at most 3 per
+    /// message (`<s>`, `[INST]`, `[/INST]`), DeepSeek V3 in at most 4 (a tool output's
+    /// markers); OpenAI's is unpublished (3-4 in its cookbook). The Claude estimate doubles
+    /// it, as it does every token.
+    pub fn item_overhead(self) -> u64 {
+        match self {
+            Encoding::Llama3 | Encoding::Qwen2 => 5,
+            Encoding::ClaudeEstimate => 2 * super::ITEM_OVERHEAD,
+            _ => super::ITEM_OVERHEAD,
+        }
+    }
+
     /// The most bytes one token of this encoding covers (the longest entry of its
     /// vocabulary, special tokens excluded; checked against the compiled-in vocabularies).
     pub fn max_token_bytes(self) -> u64 {

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
-//!   item (role / type markers and separators).
+//!   item (role / type markers and separators); the open-weight families' chat templates
+//!   take more for some ([`Encoding::item_overhead`]: 5 for Llama 3 and Qwen).
 //! * `canonical_text` renders every provider-bound field of the item as plain text: an object
 //!   becomes one `key: value` line per field (keys sorted, so equal content always renders
 //!   the same text whatever the key order of the caller's dict), an array one line
@@ -82,7 +83,8 @@ pub use opaque::{
     OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,
 };
 
-/// Tokens added to every item for the provider's framing.
+/// Tokens added to every item for the provider's framing under OpenAI's encodings, and the
+/// least under any encoding ([`Encoding::item_overhead`]).
 pub const ITEM_OVERHEAD: u64 = 4;
 /// Deepest nesting accepted inside one item.
 pub const MAX_DEPTH: usize = 64;
