@@ -271,3 +271,54 @@ def test_an_items_overhead_covers_the_familys_chat_template(
     # Llama 3's template is exactly its overhead: 5 tokens a message, one more than OpenAI's.
     if model.startswith("llama"):
         assert overhead == measured == 5
+
+
+def _claude_turn(i: int, text: str) -> list[dict]:
+    """A Claude tool turn as the SDK stores it through LitellmModel (docs/item-graph.md §1.2)."""
+    sig = f"EqQBCkgIARABGAIiQL{i:04d}" * 8
+    return [
+        {"role": "user", "content": f"question {i}: {text}"},
+        {
+            "type": "reasoning",
+            "id": "__fake_id__",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "encrypted_content": f"{sig}\n{sig}",
+            "provider_data": {
+                "thinking_blocks": [
+                    {"type": "thinking", "thinking": text, "signature": sig},
+                    {"type": "redacted_thinking", "data": "RkVEQ0JB" * 20},
+                ]
+            },
+        },
+        {
+            "type": "function_call",
+            "id": "__fake_id__",
+            "call_id": f"toolu_{i}",
+            "name": "lookup",
+            "arguments": "{}",
+        },
+        {"type": "function_call_output", "call_id": f"toolu_{i}", "output": text},
+        {"type": "message", "role": "assistant", "id": "__fake_id__", "content": text},
+    ]
+
+
+def test_claude_thinking_is_costed_by_anthropics_rule_and_kept_with_its_call() -> None:
+    [_, thinking, *_] = _claude_turn(0, CORPUS["english"])
+    cost = pp.item_tokens(thinking, model="claude-sonnet-4-5")
+    # The signatures are not an OpenAI payload: nothing decoded, nothing flagged.
+    assert cost.opaque == 0 and cost.fallback is None
+    text = pp.canonical_text(thinking)
+    assert thinking["encrypted_content"] in text and "RkVEQ0JB" * 20 in text
+    # Kept or dropped with the call after it, never apart.
+    history = [item for i in range(12) for item in _claude_turn(i, CORPUS["english"])]
+    for budget in (1_500, 3_000, 6_000, 12_000):
+        result = pp.pack(
+            history, [{"role": "user", "content": "next"}], budget, model="claude-opus-4-1"
+        )
+        kept = {id(item) for item in result.items}
+        thinking_kept = sum(id(i) in kept for i in history if i.get("type") == "reasoning")
+        assert 0 < thinking_kept < 12, (budget, thinking_kept)
+        for p, item in enumerate(history):
+            if item.get("type") == "reasoning":
+                assert (id(item) in kept) == (id(history[p + 1]) in kept), (budget, p)

@@ -5,7 +5,9 @@
 use serde_json::{Map, Value};
 
 use super::media::media_cost;
-use super::opaque::{payload_cost, payload_kind, PayloadCost};
+use super::opaque::{
+    is_claude_thinking, payload_cost, payload_kind, redacted_thinking, PayloadCost,
+};
 use super::{Encoding, ItemCost, TokenError, MAX_DEPTH};
 
 /// Text, media and opaque payloads of an item in the canonical form described in the
@@ -91,6 +93,16 @@ fn render_object(
         return Ok(());
     }
     for (key, value) in map {
+        if top && key == "provider_data" && is_claude_thinking(map) {
+            // Claude's redacted thinking travels in the raw blocks the SDK sends back.
+            let redacted = redacted_thinking(map);
+            if !redacted.is_empty() {
+                out.text.push_str("redacted_thinking: ");
+                out.text.push_str(&redacted.join("\n"));
+                out.text.push('\n');
+            }
+            continue;
+        }
         if top && is_stripped_top_level(key, value) {
             continue;
         }
@@ -163,6 +175,41 @@ mod tests {
     use super::*;
     use crate::tokens::{item_cost, ITEM_OVERHEAD};
     use serde_json::json;
+
+    #[test]
+    fn claude_thinking_is_never_decoded_as_an_openai_payload() {
+        // As the SDK's Chat Completions converter stores Claude's thinking (LiteLLM): the
+        // signatures joined in encrypted_content, the raw blocks in provider_data.
+        let sig = "EqQBCkgIARABGAIiQL".repeat(20);
+        let item = json!({
+            "type": "reasoning",
+            "id": "__fake_id__",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "The user wants the weather."}],
+            "encrypted_content": format!("{sig}\n{sig}"),
+            "provider_data": {"thinking_blocks": [
+                {"type": "thinking", "thinking": "The user wants the weather.", "signature": sig},
+                {"type": "redacted_thinking", "data": "RkVEQ0JB".repeat(30)},
+            ]},
+        });
+        let enc = Encoding::O200kBase;
+        let c = canonical(&item, enc).unwrap();
+        assert_eq!(c.opaque_tokens, 0);
+        assert_eq!(c.fallback, None);
+        assert!(c.text.contains(&sig), "the signatures are counted as text");
+        assert!(
+            c.text.contains(&"RkVEQ0JB".repeat(30)),
+            "redacted thinking too"
+        );
+        assert!(c.text.contains("The user wants the weather."));
+        // The same payload on an OpenAI reasoning item is decoded (and costs far less).
+        let mut openai = item.clone();
+        openai.as_object_mut().unwrap().remove("provider_data");
+        openai["encrypted_content"] = json!(sig);
+        let o = canonical(&openai, enc).unwrap();
+        assert!(!o.text.contains(&sig));
+        assert!(item_cost(&item, enc).unwrap().total() > item_cost(&openai, enc).unwrap().total());
+    }
 
     #[test]
     fn the_framing_is_the_encodings() {
