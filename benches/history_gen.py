@@ -375,6 +375,11 @@ class _Gen:
         }
         if caller is not None:
             item["caller"] = dict(caller)
+        # One agentic call in ~30 is Gemini's, with its thought signature (picked by its call
+        # id, so the random stream stays as it was).
+        elif self.mix == "agentic" and zlib.crc32(item["call_id"].encode()) % 30 == 0:
+            sig = base64.b64encode(item["call_id"].encode() * 6).decode()
+            item["provider_data"] = {"thought_signature": sig, "model": "gemini/gemini-2.5-pro"}
         return item
 
     def function_output(self, call: Item) -> Item:

@@ -322,3 +322,12 @@ def test_claude_thinking_is_costed_by_anthropics_rule_and_kept_with_its_call() -
         for p, item in enumerate(history):
             if item.get("type") == "reasoning":
                 assert (id(item) in kept) == (id(history[p + 1]) in kept), (budget, p)
+
+
+def test_a_gemini_thought_signature_is_costed_with_its_call() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    signed = dict(call, provider_data={"thought_signature": "CiQBVKhc7" * 40})
+    plain = pp.item_tokens(call).total
+    # Sent back with the call (extra_content.google), counted as text: Google publishes no rule.
+    assert pp.item_tokens(signed).total >= plain + 40
+    assert pp.item_tokens(signed).opaque == 0

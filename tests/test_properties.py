@@ -53,6 +53,7 @@ FRAGMENTS = [
     "developer_message",
     "idless_reasoning",
     "claude_thinking",
+    "gemini_signed_call",
     "computer_pair",
     "local_shell_pair",
     "client_tool_search",
@@ -307,6 +308,9 @@ def _more_fragment(
         return [
             {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
         ]
+    if kind == "gemini_signed_call":  # Gemini's thought signature on its call (§1.3)
+        signed = dict(fc, provider_data={"thought_signature": f"CiQB{i}"})
+        return [signed, fo, msg]
     if kind == "claude_thinking":  # Claude through LitellmModel (§1.2)
         thinking = {
             "type": "reasoning",

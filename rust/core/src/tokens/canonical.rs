@@ -103,6 +103,14 @@ fn render_object(
             }
             continue;
         }
+        if top && key == "provider_data" {
+            // Gemini's thought signature rides on its function call and is sent back with it.
+            if let Some(sig) = value.get("thought_signature").and_then(Value::as_str) {
+                out.text.push_str("thought_signature: ");
+                out.text.push_str(sig);
+                out.text.push('\n');
+            }
+        }
         if top && is_stripped_top_level(key, value) {
             continue;
         }
@@ -209,6 +217,20 @@ mod tests {
         let o = canonical(&openai, enc).unwrap();
         assert!(!o.text.contains(&sig));
         assert!(item_cost(&item, enc).unwrap().total() > item_cost(&openai, enc).unwrap().total());
+    }
+
+    #[test]
+    fn a_gemini_thought_signature_is_counted_with_its_call() {
+        let sig = "CiQBVKhc7".repeat(40);
+        let call = json!({"type": "function_call", "call_id": "c1", "name": "f",
+            "arguments": "{}", "provider_data": {"thought_signature": sig, "model": "gemini"}});
+        let c = canonical(&call, Encoding::O200kBase).unwrap();
+        assert!(c.text.contains(&format!("thought_signature: {sig}")));
+        assert!(
+            !c.text.contains("gemini"),
+            "the rest of provider_data is not sent"
+        );
+        assert_eq!(c.opaque_tokens, 0);
     }
 
     #[test]

@@ -19,6 +19,10 @@
 //! text is in `content`: all of it counted, as Anthropic counts the current turn's thinking
 //! (earlier turns' it strips, so the count is at or above the provider's).
 //!
+//! Gemini's thought signature (`provider_data.thought_signature` of a function call, sent back
+//! in the call's `extra_content`) is counted as text with its call: Google does not publish
+//! how it counts one, and text is the conservative count.
+//!
 //! A payload that is not valid base64 is not decoded by the provider either: it is counted as
 //! text, as every other field is (the conservative count), and the cost says so
 //! ([`ItemCost::fallback`](crate::tokens::ItemCost::fallback)).
@@ -34,8 +38,9 @@ use super::media::image_tokens_for_size;
 /// * 1: `encrypted_content` and image results counted as text (protoprompt 0.2.0 up to
 ///   commit 1d25e97).
 /// * 2: opaque payloads costed by their decoded size (this module); Claude's thinking items
-///   never decoded as OpenAI payloads ([`is_claude_thinking`], since issue 36: a snapshot
-///   that costed one such item before it keeps that cost until the item is counted again).
+///   never decoded as OpenAI payloads, Gemini thought signatures counted as text (since
+///   issue 36: a snapshot that costed such an item before keeps that cost until the item is
+///   counted again).
 pub const COST_RULE: u8 = 2;
 
 /// Bytes of a decoded encrypted payload that are its envelope, not model tokens (Codex's
