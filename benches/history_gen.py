@@ -338,6 +338,10 @@ class _Gen:
         }
         if self.omit_reasoning_ids:
             del item["id"]  # stored so under reasoning_item_id_policy="omit"
+        # One agentic reasoning item in ~25 is Claude's thinking through LitellmModel (picked
+        # by its payload, so the random stream, and every other item, stays as it was).
+        if self.mix == "agentic" and zlib.crc32(encrypted.encode()) % 25 == 0:
+            return claude_thinking(item)
         return item
 
     def message(self, annotations: list[dict[str, Any]] | None = None) -> Item:
@@ -371,6 +375,11 @@ class _Gen:
         }
         if caller is not None:
             item["caller"] = dict(caller)
+        # One agentic call in ~30 is Gemini's, with its thought signature (picked by its call
+        # id, so the random stream stays as it was).
+        elif self.mix == "agentic" and zlib.crc32(item["call_id"].encode()) % 30 == 0:
+            sig = base64.b64encode(item["call_id"].encode() * 6).decode()
+            item["provider_data"] = {"thought_signature": sig, "model": "gemini/gemini-2.5-pro"}
         return item
 
     def function_output(self, call: Item) -> Item:
@@ -939,3 +948,29 @@ if __name__ == "__main__":
     mix = sys.argv[2] if len(sys.argv) > 2 else "agentic"
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     json.dump(generate(n, mix, seed), sys.stdout, ensure_ascii=False)
+
+
+def claude_thinking(item: Item) -> Item:
+    """``item`` as the SDK's Chat Completions converter stores Claude's thinking (LiteLLM):
+    the thinking text in ``content``, the blocks' signatures joined by ``"\\n"`` in
+    ``encrypted_content``, the raw blocks (one redacted) in ``provider_data.thinking_blocks``
+    (docs/item-graph.md §1.2)."""
+    text = "\n\n".join(s["text"] for s in item.get("summary", [])) or "Thinking it over."
+    payload = item["encrypted_content"]
+    signatures = [payload[:120], payload[120:240] or payload[:60]]
+    redacted = base64.b64encode(payload[-200:].encode()).decode()
+    return {
+        "id": "__fake_id__",
+        "summary": [],
+        "type": "reasoning",
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": "\n".join(signatures),
+        "provider_data": {
+            "model": "anthropic/claude-sonnet-4-5",
+            "thinking_blocks": [
+                {"type": "thinking", "thinking": text, "signature": signatures[0]},
+                {"type": "redacted_thinking", "data": redacted},
+                {"type": "thinking", "thinking": "", "signature": signatures[1]},
+            ],
+        },
+    }

@@ -144,6 +144,24 @@ FORMS: dict[str, tuple[str, Callable[[Sequence[Any]], bool]]] = {
         "§6.4 (V9)",
         lambda items: any(_get(i, "type") == "reasoning" and "id" not in i for i in items),
     ),
+    "Claude thinking": (
+        "§1.2",
+        lambda items: any(
+            _get(i, "type") == "reasoning"
+            and isinstance(_get(i, "provider_data"), dict)
+            and isinstance(_get(i, "provider_data").get("thinking_blocks"), list)
+            for i in items
+        ),
+    ),
+    "Gemini thought signature": (
+        "§1.3",
+        lambda items: any(
+            _get(i, "type") == "function_call"
+            and isinstance(_get(i, "provider_data"), dict)
+            and isinstance(_get(i, "provider_data").get("thought_signature"), str)
+            for i in items
+        ),
+    ),
     "placeholder ids": (
         "§1.1, §1.8",
         lambda items: any(_get(i, "id") == "__fake_id__" for i in items),

@@ -449,7 +449,9 @@ class _Grouping:
             if self.kinds[p] != "reasoning":
                 continue
             rid = self.items[p].get("id")  # id-less reasoning is valid (V9, §12.3)
-            if isinstance(rid, str) and rid:
+            # The SDK's de-duplication ignores the placeholder id Chat Completions models give
+            # every item: such reasoning items never collapse (as the core's graph).
+            if isinstance(rid, str) and rid and rid != "__fake_id__":
                 if rid in seen_rs:
                     self.problems.append((p, "duplicate reasoning id"))
                 seen_rs.add(rid)
@@ -958,6 +960,9 @@ def opaque_tokens(item: Mapping[str, Any]) -> int:
     payload = item.get("encrypted_content")
     if item.get("type") not in ("reasoning", "compaction") or not isinstance(payload, str):
         return 0
+    provider_data = item.get("provider_data")
+    if isinstance(provider_data, dict) and isinstance(provider_data.get("thinking_blocks"), list):
+        return 0  # Claude's signatures: never decoded, counted in the canonical text
     size = decoded_len(payload)
     if size is None:
         return 0

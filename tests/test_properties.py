@@ -52,6 +52,8 @@ FRAGMENTS = [
     "system_message",
     "developer_message",
     "idless_reasoning",
+    "claude_thinking",
+    "gemini_signed_call",
     "computer_pair",
     "local_shell_pair",
     "client_tool_search",
@@ -306,6 +308,24 @@ def _more_fragment(
         return [
             {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
         ]
+    if kind == "gemini_signed_call":  # Gemini's thought signature on its call (§1.3)
+        signed = dict(fc, provider_data={"thought_signature": f"CiQB{i}"})
+        return [signed, fo, msg]
+    if kind == "claude_thinking":  # Claude through LitellmModel (§1.2)
+        thinking = {
+            "type": "reasoning",
+            "id": "__fake_id__",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "encrypted_content": f"sigA{i}\nsigB{i}",
+            "provider_data": {
+                "thinking_blocks": [
+                    {"type": "thinking", "thinking": text, "signature": f"sigA{i}"},
+                    {"type": "redacted_thinking", "data": f"cmVk{i}"},
+                ]
+            },
+        }
+        return [thinking, fc, fo, msg]
     if kind == "idless_reasoning":  # reasoning_item_id_policy="omit" (TV41)
         bare = {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
         return [bare, fc, fo, {"type": "reasoning", "summary": [], "encrypted_content": "e"}, msg]

@@ -85,8 +85,25 @@ def truncate_text(
     )
 
 
+ESTIMATED_ENCODINGS: frozenset[str] = frozenset({"claude_estimate"})
+"""Encodings that estimate a tokenizer that is not public (Claude's: two tokens per
+``o200k_base`` token, see ``docs/models.md``); plans say so."""
+
+
 def encoding_for_model(model: str) -> str:
-    """The tiktoken encoding name of an OpenAI model (``gpt-5`` -> ``o200k_base``)."""
+    """The name of the encoding that counts ``model``'s tokens.
+
+    OpenAI's models map to their tiktoken encoding (``gpt-5`` -> ``o200k_base``); the
+    open-weight families to their own tokenizer, bundled: ``llama3`` (Llama 3.x), ``qwen2``
+    (Qwen 2.5 / 3, QwQ), ``deepseek_v3`` (DeepSeek V3 / R1 / V4, ``deepseek-chat``) and
+    ``tekken`` (Mistral Nemo, Small 3, Medium 3, Ministral, Codestral 25, Magistral,
+    Devstral). Claude models (``claude-*``) map to ``claude_estimate``, a conservative
+    estimate (two tokens per ``o200k_base`` token): Claude's tokenizer is not public.
+    Names are read as written for the Agents SDK: ``litellm/<provider>/<model>``,
+    any-llm's ``provider:model`` or ``provider/model``, Hugging Face ids, Ollama tags,
+    Bedrock ids. Raises :class:`~protoprompt.errors.UnknownModelError` for a model with no
+    known tokenizer (see ``docs/models.md``).
+    """
     return _core.encoding_for_model(model)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._reasons import StopLike, unit_reason
-from ._tokens import item_tokens
+from ._tokens import ESTIMATED_ENCODINGS, item_tokens
 
 if TYPE_CHECKING:
     from .packing import PackResult
@@ -197,8 +197,11 @@ class RequestSections:
     def lines(self) -> list[str]:
         """The header and one line per section, as ``explain()`` prints them."""
         reserve = self.used - self.request_tokens
+        counter = self.encoding
+        if self.encoding in ESTIMATED_ENCODINGS:
+            counter += ": an estimate, the model's tokenizer is not public"
         out = [
-            f"used: {self.used:,} of {self.budget:,} tokens ({self.encoding}; request "
+            f"used: {self.used:,} of {self.budget:,} tokens ({counter}; request "
             f"{self.request_tokens:,} + output reserve {reserve:,}), {self.remaining:,} left"
         ]
         for s in self.sections:

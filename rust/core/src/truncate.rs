@@ -51,6 +51,8 @@ pub fn split_tokens(
 ) -> Result<Split<'_>, TokenError> {
     let tokens = encode(enc, text)?;
     let total = tokens.len() as u64;
+    // An estimate's tokens come in pairs (filler, token): a tail of whole pairs only.
+    let tail = tail - tail % enc.tokens_per_piece();
     if head.saturating_add(tail) >= total {
         return Ok(Split {
             head: text,
@@ -63,7 +65,7 @@ pub fn split_tokens(
     let byte_len = |ts: &[u32]| -> Result<usize, TokenError> {
         bpe.decode_bytes(ts)
             .map(|b| b.len())
-            .map_err(|e| TokenError::Tokenizer(e.to_string()))
+            .map_err(TokenError::Tokenizer)
     };
     let n = tokens.len();
     let mut head_end = byte_len(&tokens[..head as usize])?.min(text.len());
@@ -95,7 +97,7 @@ fn decoded_len(enc: Encoding, tokens: &[u32]) -> Result<usize, TokenError> {
     enc.bpe()
         .decode_bytes(tokens)
         .map(|b| b.len())
-        .map_err(|e| TokenError::Tokenizer(e.to_string()))
+        .map_err(TokenError::Tokenizer)
 }
 
 /// The text of the first `n` tokens of `text` under `enc` (all of it when it has no more),
@@ -165,7 +167,9 @@ pub fn tail_text(enc: Encoding, text: &str, n: u64) -> Result<&str, TokenError> 
         };
         let tokens = encode(enc, &text[start..])?;
         if tokens.len() as u64 >= n || start == 0 {
-            let take = tokens.len().min(n as usize);
+            let mut take = tokens.len().min(n as usize);
+            // An estimate's tokens come in pairs (filler, token): whole pairs only.
+            take -= take % enc.tokens_per_piece() as usize;
             let len = decoded_len(enc, &tokens[tokens.len() - take..])?.min(text.len());
             let mut begin = text.len() - len;
             while !text.is_char_boundary(begin) {
@@ -313,11 +317,7 @@ fn encode(enc: Encoding, text: &str) -> Result<Vec<u32>, TokenError> {
 
 /// Encode one segment; a piece the regex engine cannot handle is halved at a character
 /// boundary (as counting does), so tokens may then differ from the reference at the split.
-fn encode_piece(
-    bpe: &tiktoken_rs::CoreBPE,
-    text: &str,
-    out: &mut Vec<u32>,
-) -> Result<(), TokenError> {
+fn encode_piece(bpe: crate::tokens::Bpe, text: &str, out: &mut Vec<u32>) -> Result<(), TokenError> {
     if text.is_empty() {
         return Ok(());
     }
@@ -740,6 +740,31 @@ mod tests {
         assert!(!whole.cut);
         assert_eq!(whole.head, text);
         assert_eq!(whole.tail, "");
+    }
+
+    #[test]
+    fn an_estimate_cuts_whole_base_tokens_and_never_exceeds_its_limits() {
+        // Claude's estimate counts two tokens per o200k_base token: a head, tail or cut of
+        // an odd number of tokens keeps whole base tokens, within the limit.
+        let est = Encoding::ClaudeEstimate;
+        let text = "alpha beta gamma delta, договор 日本語 {\"k\": [1, 2]}\n".repeat(30);
+        assert_eq!(est.count(&text).unwrap(), 2 * ENC.count(&text).unwrap());
+        for n in 0..15 {
+            let head = head_text(est, &text, n).unwrap();
+            let tail = tail_text(est, &text, n).unwrap();
+            assert!(est.count(head).unwrap() <= n, "head {n}");
+            assert!(est.count(tail).unwrap() <= n, "tail {n}");
+            assert!(est.count(head).unwrap() + 1 >= n, "head {n}");
+            for t in 0..9 {
+                let s = split_tokens(est, &text, n, t).unwrap();
+                assert!(est.count(s.head).unwrap() <= n, "split head {n}");
+                assert!(est.count(s.tail).unwrap() <= t, "split tail {t}");
+            }
+            let fits = tokens_up_to(est, &text, n).unwrap();
+            assert_eq!(fits, None);
+        }
+        let cut = cut_text(est, &text, 41, 0.2, "[{removed}]").unwrap();
+        assert!(est.count(&cut).unwrap() <= 41);
     }
 
     #[test]

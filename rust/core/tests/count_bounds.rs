@@ -21,8 +21,9 @@ proptest! {
         let enc = Encoding::ALL[enc];
         let text: String = parts.iter().map(|&i| PIECES[i].repeat(repeat)).collect();
         let (low, high) = enc.count_bounds(text.len());
-        prop_assert_eq!(high, text.len() as u64);
-        prop_assert_eq!(low, (text.len() as u64).div_ceil(128));
+        let per_piece = enc.tokens_per_piece();
+        prop_assert_eq!(high, text.len() as u64 * per_piece);
+        prop_assert_eq!(low, (text.len() as u64).div_ceil(enc.max_token_bytes()) * per_piece);
         prop_assert_eq!(enc.count_is_possible(&text, count), (low..=high).contains(&count));
         let real = enc.count(&text).unwrap();
         prop_assert!(enc.count_is_possible(&text, real), "{} not in {}..={}", real, low, high);

@@ -196,7 +196,7 @@ fn large_history_builds_fast() {
             raw.push(json!({"type":"function_call","call_id":format!("c{turn}_{k}"),"id":format!("fc_{turn}_{k}")}));
         }
         for k in 0..3 {
-            if turn % 97 != 0 || k != 1 {
+            if !turn.is_multiple_of(97) || k != 1 {
                 raw.push(json!({"type":"function_call_output","call_id":format!("c{turn}_{k}")}));
             }
         }

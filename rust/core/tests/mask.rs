@@ -530,7 +530,7 @@ fn history_of(plan: &[(u8, usize)], tail: u8) -> (Vec<Value>, Vec<Value>) {
     for (i, &(kind, size)) in plan.iter().enumerate() {
         h.extend(fragment(kind, i, size));
     }
-    let n = if tail % 2 == 0 {
+    let n = if tail.is_multiple_of(2) {
         vec![user("next")]
     } else {
         h.push(

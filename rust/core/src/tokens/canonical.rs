@@ -5,8 +5,10 @@
 use serde_json::{Map, Value};
 
 use super::media::media_cost;
-use super::opaque::{payload_cost, payload_kind, PayloadCost};
-use super::{Encoding, ItemCost, TokenError, ITEM_OVERHEAD, MAX_DEPTH};
+use super::opaque::{
+    is_claude_thinking, payload_cost, payload_kind, redacted_thinking, PayloadCost,
+};
+use super::{Encoding, ItemCost, TokenError, MAX_DEPTH};
 
 /// Text, media and opaque payloads of an item in the canonical form described in the
 /// module docs.
@@ -18,6 +20,8 @@ pub struct Canonical {
     pub opaque_tokens: u64,
     /// An opaque payload that is not valid base64, counted in `text` instead (its field).
     pub fallback: Option<&'static str>,
+    /// The framing of the item under its encoding ([`Encoding::item_overhead`]).
+    pub overhead: u64,
 }
 
 /// Render an item into its canonical text (plus media tokens, costed by the published rules).
@@ -28,7 +32,10 @@ pub fn canonical(item: &Value, enc: Encoding) -> Result<Canonical, TokenError> {
             message: "an item must be a JSON object".to_string(),
         });
     };
-    let mut out = Canonical::default();
+    let mut out = Canonical {
+        overhead: enc.item_overhead(),
+        ..Canonical::default()
+    };
     let mut path = String::new();
     render_object(map, true, enc, &mut out, &mut path, 0)?;
     Ok(out)
@@ -40,7 +47,7 @@ impl Canonical {
         ItemCost {
             text: text_tokens,
             media: self.media_tokens,
-            overhead: ITEM_OVERHEAD,
+            overhead: self.overhead,
             opaque: self.opaque_tokens,
             fallback: self.fallback,
         }
@@ -86,6 +93,24 @@ fn render_object(
         return Ok(());
     }
     for (key, value) in map {
+        if top && key == "provider_data" && is_claude_thinking(map) {
+            // Claude's redacted thinking travels in the raw blocks the SDK sends back.
+            let redacted = redacted_thinking(map);
+            if !redacted.is_empty() {
+                out.text.push_str("redacted_thinking: ");
+                out.text.push_str(&redacted.join("\n"));
+                out.text.push('\n');
+            }
+            continue;
+        }
+        if top && key == "provider_data" {
+            // Gemini's thought signature rides on its function call and is sent back with it.
+            if let Some(sig) = value.get("thought_signature").and_then(Value::as_str) {
+                out.text.push_str("thought_signature: ");
+                out.text.push_str(sig);
+                out.text.push('\n');
+            }
+        }
         if top && is_stripped_top_level(key, value) {
             continue;
         }
@@ -156,8 +181,74 @@ fn render_value(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::item_cost;
+    use crate::tokens::{item_cost, ITEM_OVERHEAD};
     use serde_json::json;
+
+    #[test]
+    fn claude_thinking_is_never_decoded_as_an_openai_payload() {
+        // As the SDK's Chat Completions converter stores Claude's thinking (LiteLLM): the
+        // signatures joined in encrypted_content, the raw blocks in provider_data.
+        let sig = "EqQBCkgIARABGAIiQL".repeat(20);
+        let item = json!({
+            "type": "reasoning",
+            "id": "__fake_id__",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "The user wants the weather."}],
+            "encrypted_content": format!("{sig}\n{sig}"),
+            "provider_data": {"thinking_blocks": [
+                {"type": "thinking", "thinking": "The user wants the weather.", "signature": sig},
+                {"type": "redacted_thinking", "data": "RkVEQ0JB".repeat(30)},
+            ]},
+        });
+        let enc = Encoding::O200kBase;
+        let c = canonical(&item, enc).unwrap();
+        assert_eq!(c.opaque_tokens, 0);
+        assert_eq!(c.fallback, None);
+        assert!(c.text.contains(&sig), "the signatures are counted as text");
+        assert!(
+            c.text.contains(&"RkVEQ0JB".repeat(30)),
+            "redacted thinking too"
+        );
+        assert!(c.text.contains("The user wants the weather."));
+        // The same payload on an OpenAI reasoning item is decoded (and costs far less).
+        let mut openai = item.clone();
+        openai.as_object_mut().unwrap().remove("provider_data");
+        openai["encrypted_content"] = json!(sig);
+        let o = canonical(&openai, enc).unwrap();
+        assert!(!o.text.contains(&sig));
+        assert!(item_cost(&item, enc).unwrap().total() > item_cost(&openai, enc).unwrap().total());
+    }
+
+    #[test]
+    fn a_gemini_thought_signature_is_counted_with_its_call() {
+        let sig = "CiQBVKhc7".repeat(40);
+        let call = json!({"type": "function_call", "call_id": "c1", "name": "f",
+            "arguments": "{}", "provider_data": {"thought_signature": sig, "model": "gemini"}});
+        let c = canonical(&call, Encoding::O200kBase).unwrap();
+        assert!(c.text.contains(&format!("thought_signature: {sig}")));
+        assert!(
+            !c.text.contains("gemini"),
+            "the rest of provider_data is not sent"
+        );
+        assert_eq!(c.opaque_tokens, 0);
+    }
+
+    #[test]
+    fn the_framing_is_the_encodings() {
+        let item = json!({"role": "user", "content": "hello"});
+        for (enc, overhead) in [
+            (Encoding::O200kBase, 4),
+            (Encoding::Llama3, 5),
+            (Encoding::Qwen2, 5),
+            (Encoding::DeepseekV3, 4),
+            (Encoding::Tekken, 4),
+            (Encoding::ClaudeEstimate, 8),
+        ] {
+            let cost = item_cost(&item, enc).unwrap();
+            assert_eq!(cost.overhead, overhead, "{}", enc.name());
+            assert!(cost.overhead >= ITEM_OVERHEAD);
+        }
+    }
 
     #[test]
     fn canonical_text_and_stripped_fields() {

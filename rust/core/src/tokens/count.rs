@@ -52,12 +52,17 @@ impl Encoding {
         self.count_with_segments(text, SEGMENT_BYTES, SPLIT_WINDOW)
     }
 
-    /// The fewest and most tokens any text of `text_bytes` bytes can count: every token
-    /// covers at least one byte and at most [`Encoding::max_token_bytes`]. A count from
+    /// The fewest and most tokens any text of `text_bytes` bytes can count: every token of
+    /// the tokenizer covers at least one byte and at most [`Encoding::max_token_bytes`]
+    /// (each counted [`Encoding::tokens_per_piece`] times). A count from
     /// outside (a persistent store) that lies outside is not a count of that text.
     pub fn count_bounds(self, text_bytes: usize) -> (u64, u64) {
         let n = text_bytes as u64;
-        (n.div_ceil(self.max_token_bytes()), n)
+        let k = self.tokens_per_piece();
+        (
+            n.div_ceil(self.max_token_bytes()).saturating_mul(k),
+            n.saturating_mul(k),
+        )
     }
 
     /// Whether `count` can be the token count of `text` (see [`Encoding::count_bounds`]).
@@ -110,7 +115,7 @@ impl Encoding {
             return Ok(0);
         }
         let bpe = self.bpe();
-        match quietly(|| bpe.encode_ordinary(text).len() as u64) {
+        match quietly(|| bpe.count(text) as u64) {
             Ok(n) => Ok(n),
             Err(payload) if text.len() >= 2 * MIN_FALLBACK_SPLIT => {
                 drop(payload);
@@ -169,7 +174,14 @@ pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
     let newline = before == b'\n'
         && at.is_ascii_alphanumeric()
         && match encoding {
-            Encoding::O200kBase | Encoding::O200kHarmony | Encoding::Cl100kBase => true,
+            Encoding::O200kBase
+            | Encoding::O200kHarmony
+            | Encoding::Cl100kBase
+            | Encoding::Llama3
+            | Encoding::Qwen2
+            | Encoding::DeepseekV3
+            | Encoding::Tekken
+            | Encoding::ClaudeEstimate => true,
             Encoding::P50kBase | Encoding::P50kEdit | Encoding::R50kBase => {
                 i >= 2 && bytes[i - 2].is_ascii_graphic()
             }

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
-//!   item (role / type markers and separators).
+//!   item (role / type markers and separators); the open-weight families' chat templates
+//!   take more for some ([`Encoding::item_overhead`]: 5 for Llama 3 and Qwen).
 //! * `canonical_text` renders every provider-bound field of the item as plain text: an object
 //!   becomes one `key: value` line per field (keys sorted, so equal content always renders
 //!   the same text whatever the key order of the caller's dict), an array one line
@@ -40,7 +41,9 @@
 //!
 //! # Modules
 //!
-//! * `encoding`: the encodings, the model -> encoding map, the lazily built tokenizers.
+//! * `encoding`: the encodings (OpenAI's and the open-weight families'), the lazily built
+//!   tokenizers.
+//! * `models`: model names as users write them -> encoding.
 //! * `count`: exact counting of long texts in bounded segments ([`Encoding::count`]).
 //! * `cache`: the process-wide count cache and the keys of a persistent count store.
 //! * `canonical`: the canonical text of an item.
@@ -56,6 +59,7 @@ mod canonical;
 mod count;
 mod encoding;
 mod media;
+mod models;
 mod opaque;
 
 pub use cache::{
@@ -67,6 +71,7 @@ pub(crate) use count::segments;
 pub use count::{
     fail_next_counts, is_exact_split, quietly, FORCED_SPLIT, SEGMENT_BYTES, SPLIT_WINDOW,
 };
+pub(crate) use encoding::Bpe;
 pub use encoding::{set_build_guard, Encoding, Loading};
 pub use media::{
     image_tokens, image_tokens_for_size, AUDIO_TOKENS_PER_SECOND, IMAGE_BASE_TOKENS,
@@ -78,7 +83,8 @@ pub use opaque::{
     OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,
 };
 
-/// Tokens added to every item for the provider's framing.
+/// Tokens added to every item for the provider's framing under OpenAI's encodings, and the
+/// least under any encoding ([`Encoding::item_overhead`]).
 pub const ITEM_OVERHEAD: u64 = 4;
 /// Deepest nesting accepted inside one item.
 pub const MAX_DEPTH: usize = 64;

@@ -11,6 +11,18 @@
 //! * `result` of an `image_generation_call`: a base64 image, costed as an image by the
 //!   published image rule (its size read from the decoded header), like an `input_image`.
 //!
+//! Claude's thinking, as the SDK's Chat Completions converter stores it (LiteLLM), is a
+//! `reasoning` item whose `encrypted_content` holds the thinking blocks' signatures joined by
+//! `"\n"` and whose `provider_data.thinking_blocks` the raw blocks: not an OpenAI payload, never
+//! decoded by this rule ([`is_claude_thinking`]). Its signatures are counted as text, as are its
+//! `redacted_thinking` blocks' encrypted `data` (sent back with the blocks), and its thinking
+//! text is in `content`: all of it counted, as Anthropic counts the current turn's thinking
+//! (earlier turns' it strips, so the count is at or above the provider's).
+//!
+//! Gemini's thought signature (`provider_data.thought_signature` of a function call, sent back
+//! in the call's `extra_content`) is counted as text with its call: Google does not publish
+//! how it counts one, and text is the conservative count.
+//!
 //! A payload that is not valid base64 is not decoded by the provider either: it is counted as
 //! text, as every other field is (the conservative count), and the cost says so
 //! ([`ItemCost::fallback`](crate::tokens::ItemCost::fallback)).
@@ -25,7 +37,10 @@ use super::media::image_tokens_for_size;
 ///
 /// * 1: `encrypted_content` and image results counted as text (protoprompt 0.2.0 up to
 ///   commit 1d25e97).
-/// * 2: opaque payloads costed by their decoded size (this module).
+/// * 2: opaque payloads costed by their decoded size (this module); Claude's thinking items
+///   never decoded as OpenAI payloads, Gemini thought signatures counted as text (since
+///   issue 36: a snapshot that costed such an item before keeps that cost until the item is
+///   counted again).
 pub const COST_RULE: u8 = 2;
 
 /// Bytes of a decoded encrypted payload that are its envelope, not model tokens (Codex's
@@ -68,7 +83,35 @@ impl Payload {
 }
 
 /// The opaque payload at `key` of an item whose top level is `item`, if any.
+/// Whether `item` is Claude's thinking as the SDK stores it: a `reasoning` item whose
+/// `provider_data.thinking_blocks` is a list (see the module notes).
+pub(super) fn is_claude_thinking(item: &Map<String, Value>) -> bool {
+    item.get("type").and_then(Value::as_str) == Some("reasoning")
+        && item
+            .get("provider_data")
+            .and_then(|p| p.get("thinking_blocks"))
+            .is_some_and(Value::is_array)
+}
+
+/// The encrypted `data` of the `redacted_thinking` blocks of Claude's thinking (see
+/// [`is_claude_thinking`]): sent back with the blocks, counted as text.
+pub(super) fn redacted_thinking(item: &Map<String, Value>) -> Vec<&str> {
+    let blocks = item
+        .get("provider_data")
+        .and_then(|p| p.get("thinking_blocks"))
+        .and_then(Value::as_array);
+    blocks
+        .into_iter()
+        .flatten()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("redacted_thinking"))
+        .filter_map(|b| b.get("data").and_then(Value::as_str))
+        .collect()
+}
+
 pub(super) fn payload_kind(item: &Map<String, Value>, key: &str) -> Option<Payload> {
+    if is_claude_thinking(item) {
+        return None;
+    }
     match (item.get("type").and_then(Value::as_str)?, key) {
         ("reasoning" | "compaction", "encrypted_content") => Some(Payload::Encrypted),
         ("image_generation_call", "result") => Some(Payload::Image),

@@ -1,0 +1,267 @@
+//! Model names as users write them for the Agents SDK -> the encoding that counts them.
+//!
+//! # Rules
+//!
+//! A name is tried as written, then through the routing around it, in this order, the first
+//! match winning:
+//!
+//! 1. a leading `litellm/` (the SDK's `LitellmModel` prefix) is dropped;
+//! 2. the whole rest, then its last `/` segment (`openrouter/deepseek/deepseek-chat`,
+//!    `together_ai/meta-llama/Llama-3.3-70B-Instruct-Turbo`);
+//! 3. for each, the part after the first `:` (any-llm's `provider:model`), then the part
+//!    before it (Ollama's `qwen3:32b`, Bedrock's `…-v1:0`);
+//! 4. for each, without Bedrock's dotted region and vendor prefixes (`us.meta.llama3-…`).
+//!
+//! A candidate is first looked up as an OpenAI name (tiktoken-rs's map: `gpt-5`,
+//! `ft:gpt-4o:…`, `gpt-oss-120b`), then matched case-insensitively against the families:
+//!
+//! | family | names | encoding |
+//! |---|---|---|
+//! | Meta | `llama3*`, `llama-3*` (3, 3.1, 3.2, 3.3; not Llama 2 or 4), `meta-llama-3*` | `llama3` |
+//! | Qwen | `qwen2*`, `qwen-2*`, `qwen3*` (not 3.5 / 3.6: a new vocabulary), `qwq*` | `qwen2` |
+//! | DeepSeek | `deepseek-chat`, `deepseek-reasoner`, `deepseek-v3*`, `deepseek-v4*`, `deepseek-r1*` | `deepseek_v3` |
+//! | Anthropic | `claude*` (a conservative estimate: Claude's tokenizer is not public) | `claude_estimate` |
+//! | Mistral | `mistral-nemo*`, `open-mistral-nemo*`, `ministral*`, `pixtral-12b*`, `mistral-small*` (not 2312 / 2402), `mistral-medium-3*` / `-25*` / `-latest`, `codestral-25*` / `-latest`, `magistral*`, `devstral*`, `voxtral*` | `tekken` |
+//!
+//! R1 distillations count with their base model's tokenizer (`deepseek-r1-distill-qwen-*`:
+//! `qwen2`, `deepseek-r1-distill-llama-*`: `llama3`). Names whose tokenizer is not one of
+//! these (Mistral Large before Tekken, Mixtral, Qwen 3.5, DeepSeek-Coder V2, Llama 4, and
+//! aliases whose model changes under them such as `qwen-plus`) resolve to nothing: the
+//! caller then names an encoding, and no count silently uses a wrong one.
+
+use super::Encoding;
+
+/// Bedrock's dotted prefixes: cross-region inference profiles and model vendors.
+const DOTTED_PREFIXES: [&str; 12] = [
+    "us",
+    "eu",
+    "apac",
+    "global",
+    "jp",
+    "au",
+    "meta",
+    "mistral",
+    "deepseek",
+    "qwen",
+    "anthropic",
+    "google",
+];
+
+/// The encoding of `model` (see the module's rules), or None.
+pub(crate) fn resolve(model: &str) -> Option<Encoding> {
+    let trimmed = model.trim();
+    let routed = strip_prefix_ci(trimmed, "litellm/").unwrap_or(trimmed);
+    let last = routed.rsplit('/').next().unwrap_or(routed);
+    for name in [routed, last] {
+        for part in colon_parts(name) {
+            for candidate in [part, without_dotted_prefixes(part)] {
+                if candidate.is_empty() {
+                    continue;
+                }
+                if let Some(e) = Encoding::for_openai_model(candidate) {
+                    return Some(e);
+                }
+                if let Some(e) = family(&candidate.to_ascii_lowercase()) {
+                    return Some(e);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `name`, then the part after its first `:`, then the part before it.
+fn colon_parts(name: &str) -> impl Iterator<Item = &str> {
+    let split = name.split_once(':');
+    std::iter::once(name)
+        .chain(split.map(|(_, after)| after))
+        .chain(split.map(|(before, _)| before))
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    (s.len() >= prefix.len()
+        && s.is_char_boundary(prefix.len())
+        && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+    .then(|| &s[prefix.len()..])
+}
+
+/// `name` without leading Bedrock `region.` / `vendor.` segments.
+fn without_dotted_prefixes(mut name: &str) -> &str {
+    while let Some((head, rest)) = name.split_once('.') {
+        if DOTTED_PREFIXES.iter().any(|p| head.eq_ignore_ascii_case(p)) {
+            name = rest;
+        } else {
+            break;
+        }
+    }
+    name
+}
+
+/// Whether `m` starts with `prefix` and the next character (if any) is not a digit, so that
+/// `llama-3` matches `llama-3.1-8b` but not `llama-30b`.
+fn starts_version(m: &str, prefix: &str) -> bool {
+    m.strip_prefix(prefix)
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// The family encoding of a lower-case model name.
+fn family(m: &str) -> Option<Encoding> {
+    let m = m.strip_prefix("meta-").unwrap_or(m);
+    if let Some(base) = m.strip_prefix("deepseek-r1-distill-") {
+        return if base.starts_with("qwen") {
+            Some(Encoding::Qwen2)
+        } else if base.starts_with("llama") {
+            Some(Encoding::Llama3)
+        } else {
+            None
+        };
+    }
+    if ["llama3", "llama-3", "llama_3"]
+        .iter()
+        .any(|p| starts_version(m, p))
+    {
+        return Some(Encoding::Llama3);
+    }
+    if is_qwen2(m) {
+        return Some(Encoding::Qwen2);
+    }
+    if ["deepseek-chat", "deepseek-reasoner"].contains(&m)
+        || ["deepseek-v3", "deepseek-v4", "deepseek-r1"]
+            .iter()
+            .any(|p| starts_version(m, p))
+    {
+        return Some(Encoding::DeepseekV3);
+    }
+    if m.starts_with("claude") {
+        return Some(Encoding::ClaudeEstimate);
+    }
+    is_tekken(m).then_some(Encoding::Tekken)
+}
+
+fn is_qwen2(m: &str) -> bool {
+    if m.starts_with("qwq") || starts_version(m, "qwen2") || starts_version(m, "qwen-2") {
+        return true;
+    }
+    // Qwen 3 and its variants (coder, max, next, vl), but not Qwen 3.5 / 3.6.
+    ["qwen3", "qwen-3"].iter().any(|p| {
+        m.strip_prefix(p).is_some_and(|rest| {
+            !rest.starts_with(|c: char| c.is_ascii_digit())
+                && !rest.starts_with(".5")
+                && !rest.starts_with(".6")
+        })
+    })
+}
+
+fn is_tekken(m: &str) -> bool {
+    let m = m.strip_prefix("open-").unwrap_or(m);
+    if [
+        "mistral-nemo",
+        "ministral",
+        "pixtral-12b",
+        "magistral",
+        "devstral",
+        "voxtral",
+    ]
+    .iter()
+    .any(|p| m.starts_with(p))
+    {
+        return true;
+    }
+    if let Some(rest) = m.strip_prefix("mistral-small") {
+        // Mistral Small 2312 and 2402 use the SentencePiece tokenizer of Mistral 7B.
+        return !rest.starts_with("-2312") && !rest.starts_with("-2402");
+    }
+    if let Some(rest) = m.strip_prefix("mistral-medium-") {
+        return rest.starts_with('3') || rest.starts_with("25") || rest == "latest";
+    }
+    m.strip_prefix("codestral-")
+        .is_some_and(|rest| rest.starts_with("25") || rest == "latest")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_as_users_write_them() {
+        let table = [
+            // OpenAI, bare and routed.
+            ("gpt-4o", Some(Encoding::O200kBase)),
+            ("litellm/openai/gpt-4o", Some(Encoding::O200kBase)),
+            ("openai:gpt-4.1-mini", Some(Encoding::O200kBase)),
+            (
+                "ft:gpt-4o-mini-2024-07-18:org::abc",
+                Some(Encoding::O200kBase),
+            ),
+            ("gpt-4", Some(Encoding::Cl100kBase)),
+            // DeepSeek.
+            ("litellm/deepseek/deepseek-chat", Some(Encoding::DeepseekV3)),
+            ("deepseek:deepseek-reasoner", Some(Encoding::DeepseekV3)),
+            ("deepseek-ai/DeepSeek-V3.1", Some(Encoding::DeepseekV3)),
+            (
+                "litellm/openrouter/deepseek/deepseek-r1",
+                Some(Encoding::DeepseekV3),
+            ),
+            ("deepseek-v4-pro", Some(Encoding::DeepseekV3)),
+            ("deepseek-r1-distill-qwen-32b", Some(Encoding::Qwen2)),
+            ("deepseek-r1-distill-llama-70b", Some(Encoding::Llama3)),
+            ("deepseek-coder-v2", None),
+            // Qwen.
+            ("qwen3-32b", Some(Encoding::Qwen2)),
+            ("litellm/ollama/qwen3:32b", Some(Encoding::Qwen2)),
+            ("Qwen/Qwen2.5-72B-Instruct", Some(Encoding::Qwen2)),
+            ("qwen3-coder-480b-a35b", Some(Encoding::Qwen2)),
+            ("qwq-32b", Some(Encoding::Qwen2)),
+            ("qwen3.5-plus", None),
+            ("qwen-plus", None),
+            // Llama 3.
+            (
+                "litellm/groq/llama-3.3-70b-versatile",
+                Some(Encoding::Llama3),
+            ),
+            (
+                "together_ai/meta-llama/Meta-Llama-3.1-8B-Instruct-Turbo",
+                Some(Encoding::Llama3),
+            ),
+            ("us.meta.llama3-1-70b-instruct-v1:0", Some(Encoding::Llama3)),
+            ("llama3.2:3b", Some(Encoding::Llama3)),
+            ("llama-30b", None),
+            ("llama-4-scout", None),
+            ("llama-2-70b", None),
+            // Mistral.
+            ("mistral-small-latest", Some(Encoding::Tekken)),
+            ("mistral:mistral-medium-latest", Some(Encoding::Tekken)),
+            ("litellm/mistral/open-mistral-nemo", Some(Encoding::Tekken)),
+            (
+                "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+                Some(Encoding::Tekken),
+            ),
+            ("codestral-2501", Some(Encoding::Tekken)),
+            ("magistral-medium-latest", Some(Encoding::Tekken)),
+            ("mistral-small-2402", None),
+            ("mistral-large-2411", None),
+            ("open-mixtral-8x22b", None),
+            // Nothing known.
+            ("", None),
+            ("litellm/", None),
+            // Claude: the estimate.
+            ("claude-sonnet-4-5", Some(Encoding::ClaudeEstimate)),
+            (
+                "litellm/anthropic/claude-opus-4-1-20250805",
+                Some(Encoding::ClaudeEstimate),
+            ),
+            ("anthropic:claude-haiku-4-5", Some(Encoding::ClaudeEstimate)),
+            (
+                "us.anthropic.claude-sonnet-4-20250514-v1:0",
+                Some(Encoding::ClaudeEstimate),
+            ),
+            (
+                "litellm/vertex_ai/claude-opus-4@20250514",
+                Some(Encoding::ClaudeEstimate),
+            ),
+        ];
+        for (name, want) in table {
+            assert_eq!(resolve(name), want, "{name:?}");
+        }
+    }
+}
