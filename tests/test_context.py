@@ -229,7 +229,7 @@ def test_profile_is_dropped_whole_when_it_does_not_fit(store: MemoryStore) -> No
     assert profile.status == "dropped" and "does not fit whole" in profile.reason
     assert "<user_profile>" not in plan.context_message["content"]
     # The smaller blocks after it are still recalled.
-    assert all(blk.kept for blk in block(plan, "session"))
+    assert all(blk.kept for blk in block(plan, "facts"))
     assert plan.context_tokens <= plan.context_limit
 
 
@@ -252,15 +252,28 @@ def test_last_block_is_cut_at_a_word_boundary(store: MemoryStore) -> None:
     assert "words fit" in blk.reason
 
 
+def test_the_facts_layer_answers_to_its_old_name_with_a_warning(store: MemoryStore) -> None:
+    """``session``, the facts layer's name up to 0.2, is read as ``facts`` in ``priorities``
+    (until 1.1), with a DeprecationWarning that names the new name; plans say ``facts``."""
+    with pytest.warns(DeprecationWarning, match="'session' is now called 'facts'"):
+        old = TokenBudgetedContextBuilder(
+            store, max_tokens=4000, scope=SCOPE, priorities=("system", "session", "rag")
+        )
+    assert old.priorities == ("system", "facts", "rag")
+    plan = old.build([], QUESTION)
+    assert "facts" in {b.layer for b in plan.blocks}
+    assert "session" not in {b.layer for b in plan.blocks}
+
+
 def test_priorities_decide_who_gets_the_room(store: MemoryStore) -> None:
     fact_first = TokenBudgetedContextBuilder(
-        store, max_tokens=4000, scope=SCOPE, priorities=("system", "session", "rag")
+        store, max_tokens=4000, scope=SCOPE, priorities=("system", "facts", "rag")
     )
     rag_first = TokenBudgetedContextBuilder(
-        store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag", "session")
+        store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag", "facts")
     )
     full = fact_first.build([], QUESTION)
-    fact = block(full, "session")[0]
+    fact = block(full, "facts")[0]
     room = item_tokens(
         {
             "role": "system",
@@ -277,11 +290,11 @@ def test_priorities_decide_who_gets_the_room(store: MemoryStore) -> None:
         builder.max_context_tokens = room
     plan = rag_first.build([], QUESTION)
     assert all(blk.status == "kept" for blk in block(plan, "rag"))
-    assert block(plan, "session")[0].status == "dropped"
+    assert block(plan, "facts")[0].status == "dropped"
     plan = fact_first.build([], QUESTION)
-    assert block(plan, "session")[0].status == "kept"
+    assert block(plan, "facts")[0].status == "kept"
     assert fact.text in plan.context_message["content"]
-    assert [blk.layer for blk in plan.blocks] == ["session"] + ["rag"] * len(block(plan, "rag"))
+    assert [blk.layer for blk in plan.blocks] == ["facts"] + ["rag"] * len(block(plan, "rag"))
     # A layer that is not listed is not recalled at all.
     only_rag = TokenBudgetedContextBuilder(
         store, max_tokens=4000, scope=SCOPE, priorities=("system", "rag")
@@ -327,7 +340,7 @@ def test_explain_mentions_recalled_and_dropped(store: MemoryStore) -> None:
     assert b.last_plan is plan
     text = plan.explain()
     assert "profile" in text and "dropped" in text and "does not fit whole" in text
-    assert re.search(r"session\s+kept", text) and "Alice negotiates" in text
+    assert re.search(r"facts\s+kept", text) and "Alice negotiates" in text
     assert "contract#" in text
     assert "history[0]" in text and "over_budget" in text
     assert f"used: {plan.used} of {plan.budget} tokens" in text
@@ -403,7 +416,7 @@ def test_untrusted_text_stays_data_in_every_layer(new_db) -> None:
         )
         plan = builder.build([], [user("renewal?")], summary=HOSTILE)
     text = plan.context_message["content"]
-    assert {b.layer for b in plan.blocks if b.kept} == {"profile", "summary", "session", "rag"}
+    assert {b.layer for b in plan.blocks if b.kept} == {"profile", "summary", "facts", "rag"}
     # The frames protoprompt writes, each once, and nothing else that reads as a tag.
     found = tags(text)
     expected = [f"<{t}>" for t in FRAMES] + [f"</{t}>" for t in FRAMES]

@@ -49,9 +49,7 @@ def test_the_demo_runs_offline_in_the_named_folder_and_its_inspect_command_works
     assert "model calls: 2 (a tool loop)" in out  # a lookup, then the answer
     assert re.search(r"^    masked: \d+ units? \(\d+ tool outputs?\), \d+ tokens saved", out, re.M)
     assert re.search(r"^    dropped items: \d+ over_budget", out, re.M)
-    assert re.search(
-        r"^      profile kept .*\n      session kept .*\n      rag     kept", out, re.M
-    )
+    assert re.search(r"^      profile kept .*\n      facts +kept .*\n      rag     kept", out, re.M)
     assert re.search(r"^      history kept +\d+ tokens  history:", out, re.M)  # recalled turns
     # The last line is the inspect command, for the folder as the user named it.
     command = shlex.split(out.strip().splitlines()[-1])

@@ -91,10 +91,17 @@ async def test_every_tool_round_trips(store: MemoryStore) -> None:
         hits = (await client.call("memory_search", {"query": "renewal", "top_k": 10})).data
         assert hits["query"] == "renewal"
         by_kind = {h["kind"]: h for h in hits["hits"]}
-        assert by_kind["fact"]["layer"] == "session"
+        assert by_kind["fact"]["layer"] == "facts"
         assert by_kind["fact"]["memory_id"] == fact_id
         assert by_kind["fact"]["source"] == f"fact:{fact_id}"
         assert by_kind["document"]["layer"] == "rag"
+        # The layers narrow the search by the names the hits carry (as plans name them).
+        for layer, kind in (("facts", "fact"), ("rag", "document")):
+            narrowed = (
+                await client.call("memory_search", {"query": "renewal", "layer": layer})
+            ).data
+            assert narrowed["layer"] == layer and narrowed["hits"]
+            assert {(h["kind"], h["layer"]) for h in narrowed["hits"]} == {(kind, layer)}
         assert by_kind["document"]["memory_id"] == "doc:contract"
         assert by_kind["document"]["source"].startswith("contract#")
         start, end = by_kind["document"]["span"]
@@ -187,7 +194,7 @@ async def test_memory_context_is_the_builders_plan(store: MemoryStore) -> None:
         big = (await client.call("memory_context", {"query": "renewal", "max_tokens": 10_000})).data
         assert small["dropped"] > 0 and big["dropped"] == 0
         assert {b["status"] for b in small["blocks"]} == {"kept", "truncated", "dropped"}
-        assert {b["layer"] for b in big["blocks"]} == {"profile", "session", "rag"}
+        assert {b["layer"] for b in big["blocks"]} == {"profile", "facts", "rag"}
         # An empty query still recalls the profile and the newest facts.
         empty = (await client.call("memory_context", {"query": "", "max_tokens": 10_000})).data
         assert "Alice prefers short answers." in empty["context"]

@@ -124,9 +124,7 @@ async def test_agent_runs_remember_then_search_over_stdio_and_the_callback_recal
         assert result.final_output == "On 1 March."
         (found,) = outputs_of(second.calls[1])
         hits = json.loads(found)["hits"]
-        assert [(h["memory_id"], h["text"], h["layer"]) for h in hits] == [
-            (fact_id, FACT, "session")
-        ]
+        assert [(h["memory_id"], h["text"], h["layer"]) for h in hits] == [(fact_id, FACT, "facts")]
 
     # The budgeted session callback recalls the same fact from the same database.
     store = MemoryStore(db)

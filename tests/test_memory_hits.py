@@ -54,7 +54,7 @@ def test_a_hit_has_the_mcp_names(store: MemoryStore) -> None:
     chunks = [h for h in hits if h.kind == "document"]
     assert facts and chunks
     for h in facts:
-        assert (h.layer, h.memory_id, h.source) == ("session", h.fact_id, f"fact:{h.fact_id}")
+        assert (h.layer, h.memory_id, h.source) == ("facts", h.fact_id, f"fact:{h.fact_id}")
         assert store.forget(scope=ALICE, fact_id=h.memory_id) == 1
     for h in chunks:
         assert (h.layer, h.memory_id) == ("rag", "doc:contract")
@@ -67,10 +67,10 @@ def test_the_builders_blocks_carry_the_hits_names_and_scores(store: MemoryStore)
     plan = builder.build([], [], query=query)
     facts = {h.source: h for h in store.search(query, scope=ALICE, kinds=("fact",))}
     chunks = {h.source: h for h in store.search(query, scope=ALICE, kinds=("document",))}
-    recalled = [b for b in plan.blocks if b.layer in ("session", "rag")]
+    recalled = [b for b in plan.blocks if b.layer in ("facts", "rag")]
     assert recalled
     for block in recalled:
-        hit = (facts if block.layer == "session" else chunks).get(block.source)
+        hit = (facts if block.layer == "facts" else chunks).get(block.source)
         if hit is not None:  # (facts beyond the matches are listed by recency, unscored)
             assert block.score == hit.score
             assert block.layer == hit.layer

@@ -18,7 +18,7 @@ TRUNCATION_MARK = " …"
 SECTION_TAGS = {
     "profile": "user_profile",
     "summary": "summary_of_earlier_turns",
-    "session": "session_facts",
+    "facts": "session_facts",
     "rag": "recalled_documents",
     "history": "recalled_turns",
 }
@@ -62,7 +62,7 @@ class Candidate:
 def render_block(cand: Candidate, text: str) -> str:
     """A block as the context message carries it: its text escaped (:func:`data`) inside
     the layer's frame, whose attributes are escaped too (:func:`attr`)."""
-    if cand.layer == "session":
+    if cand.layer == "facts":
         return f"- {data(text)}"
     if cand.layer == "rag":
         return f'<chunk source="{attr(cand.source)}">\n{data(text)}\n</chunk>'

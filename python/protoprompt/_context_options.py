@@ -3,6 +3,7 @@ raising a clear error that names the argument."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,8 +12,11 @@ from .calibration import Calibration
 from .memory import MemoryScope
 from .packing import Masking, encoding_for_model
 
-LAYERS: tuple[str, ...] = ("system", "profile", "summary", "session", "rag", "history")
+LAYERS: tuple[str, ...] = ("system", "profile", "summary", "facts", "rag", "history")
 """The context layers, in their default priority order."""
+LAYER_ALIASES = {"session": "facts"}
+"""Earlier names of layers, accepted in ``priorities`` (with a ``DeprecationWarning``)
+until 1.1: the facts layer was called ``session`` up to 0.2."""
 
 _EVICTION_METHODS = ("search_history", "index_history", "history_rows", "forget_history")
 
@@ -61,6 +65,15 @@ def check_priorities(priorities: Iterable[str]) -> tuple[str, ...]:
     if isinstance(priorities, str) or not isinstance(priorities, Iterable):
         raise TypeError("priorities must be a sequence of layer names, not a single str")
     result = tuple(priorities)
+    old = [p for p in result if p in LAYER_ALIASES]
+    if old:
+        warnings.warn(
+            f"priorities: layer {old[0]!r} is now called {LAYER_ALIASES[old[0]]!r} (the old "
+            "name is accepted until 1.1)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        result = tuple(LAYER_ALIASES.get(p, p) for p in result)
     unknown = [p for p in result if p not in LAYERS]
     if unknown:
         raise ValueError(f"unknown layer(s) {unknown!r} in priorities; known: {LAYERS!r}")

@@ -18,7 +18,7 @@ class ContextBlock:
     """What the builder did with one block of one layer."""
 
     layer: str
-    """``"system"``, ``"profile"``, ``"summary"``, ``"session"``, ``"rag"`` or
+    """``"system"``, ``"profile"``, ``"summary"``, ``"facts"``, ``"rag"`` or
     ``"history"``."""
     source: str
     """Where the block comes from: ``"system_prompt"``, ``"profile"``, ``"summary"``,

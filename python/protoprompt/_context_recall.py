@@ -63,8 +63,8 @@ class Recall:
             profile = self.store.get_profile(scope=scope, include_parents=self.include_parents)
             if profile and profile.strip():
                 by_layer["profile"] = [Candidate("profile", "profile", profile, None, False)]
-        if "session" in self.priorities and self.fact_limit:
-            by_layer["session"] = self.rerank(query, self._facts(query, scope, has_terms))
+        if "facts" in self.priorities and self.fact_limit:
+            by_layer["facts"] = self.rerank(query, self._facts(query, scope, has_terms))
         if "rag" in self.priorities and self.rag_limit and has_terms:
             hits = self.store.search(
                 query,
@@ -99,7 +99,7 @@ class Recall:
             if h.fact_id not in seen:
                 hits.append(h)
                 seen.add(h.fact_id)
-        return [Candidate("session", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
+        return [Candidate("facts", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
 
     def recalled(
         self, query: str, scope: MemoryScope, session_id: str, turn: int | None

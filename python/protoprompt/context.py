@@ -79,7 +79,7 @@ __all__ = [
     "latest_user_text",
 ]
 
-Layer = Literal["system", "profile", "summary", "session", "rag", "history"]
+Layer = Literal["system", "profile", "summary", "facts", "rag", "history"]
 
 Embedder = Callable[[list[str]], list[list[float]]]
 

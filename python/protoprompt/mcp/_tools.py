@@ -20,9 +20,14 @@ from ..packing import count_tokens, encoding_for_model
 
 __all__ = ["MemoryLimits", "MemoryToolError", "MemoryTools"]
 
-SEARCH_LAYERS = ("memory", "history")
-"""What ``memory_search`` searches: ``"memory"`` (facts and document chunks) or
-``"history"`` (passages of the turns sessions of the scope evicted)."""
+SEARCH_LAYERS = ("memory", "facts", "rag", "history")
+"""``memory_search``'s layers: ``memory`` is ``facts`` and ``rag`` together; hits name
+their own layer as plans do (``facts``, ``rag``, ``history``)."""
+_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "facts": {"kinds": ("fact",)},
+    "rag": {"kinds": ("document",)},
+}
+"""The store's record kinds of the layers that narrow ``memory``."""
 _DOC_PREFIX = "doc:"
 _FACT_PREFIX = "fact:"
 
@@ -162,9 +167,9 @@ class MemoryTools:
     # ------------------------------------------------------------------ reads
 
     def search(self, query: object, top_k: object = 5, layer: object = "memory") -> dict[str, Any]:
-        """Rank facts and document chunks of the scope against ``query``, or with
-        ``layer="history"`` the passages of the turns the scope's sessions evicted (see
-        ``TokenBudgetedContextBuilder(recall_evicted=True)``)."""
+        """Rank facts and document chunks of the scope against ``query`` (``layer="facts"``
+        or ``"rag"``: only those), or with ``layer="history"`` the passages of the turns the
+        scope's sessions evicted (see ``TokenBudgetedContextBuilder(recall_evicted=True)``)."""
         query = _text("query", query, self.limits.max_query_chars)
         top_k = _integer("top_k", top_k, 1, self.limits.max_top_k)
         if layer not in SEARCH_LAYERS:
@@ -177,14 +182,18 @@ class MemoryTools:
             )
         else:
             hits = self.store.search(
-                query, scope=self.scope, limit=top_k, include_parents=self.include_parents
+                query,
+                scope=self.scope,
+                limit=top_k,
+                include_parents=self.include_parents,
+                **_KINDS.get(str(layer), {}),
             )
         result: dict[str, Any] = {
             "query": query,
             "hits": [self._hit(rank, h) for rank, h in enumerate(hits, 1)],
         }
-        if layer == "history":
-            result["layer"] = "history"
+        if layer != "memory":
+            result["layer"] = layer
         return result
 
     def get_profile(self) -> dict[str, Any]:

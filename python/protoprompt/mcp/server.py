@@ -74,22 +74,24 @@ def _read_tools(tools: MemoryTools) -> list[_Spec]:
             Field(description="How many hits to return.", ge=1, le=limits.max_top_k, strict=True),
         ] = 5,
         layer: Annotated[
-            Literal["memory", "history"],
+            Literal["memory", "facts", "rag", "history"],
             Field(
-                description='"memory": remembered facts and indexed documents; "history": '
-                "passages of earlier conversation turns that no longer fit in the agents' "
-                "context (every session of this memory)."
+                description='"memory": remembered facts and indexed documents; "facts" or '
+                '"rag": only those; "history": passages of earlier conversation turns that '
+                "no longer fit in the agents' context (every session of this memory). Hits "
+                "name their layer the same way: facts, rag or history."
             ),
         ] = "memory",
     ) -> dict[str, Any]:
         """Search the remembered facts and indexed documents of this memory, or (layer
         "history") the earlier turns of its conversations that agents no longer see.
 
-        Returns ranked hits, best first: layer ("session" for facts, "rag" for document
-        chunks, "history" for passages of earlier turns), source (as memory_context names
-        it), memory_id (for memory_forget; none for history), score (higher is better,
-        comparable within one result) and text; history hits also name their session_id,
-        row, turn and label (what the passage was: a user message, a tool output...).
+        Returns ranked hits, best first: layer ("facts" for facts, "rag" for document
+        chunks, "history" for passages of earlier turns, as plans name them), source (as
+        memory_context names it), memory_id (for memory_forget; none for history), score
+        (higher is better, comparable within one result) and text; history hits also name
+        their session_id, row, turn and label (what the passage was: a user message, a tool
+        output...).
         """
         return await _call(tools.search, query, top_k, layer)
 

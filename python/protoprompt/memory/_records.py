@@ -18,7 +18,7 @@ from .scope import MemoryScope
 Embedder = Callable[[list[str]], list[list[float]]]
 """Maps a batch of texts to one embedding vector per text."""
 
-LAYER_OF_KIND = {"fact": "session", "document": "rag", "history": "history"}
+LAYER_OF_KIND = {"fact": "facts", "document": "rag", "history": "history"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class MemoryHit:
 
     @property
     def layer(self) -> str:
-        """The context layer the hit is recalled into: ``"session"`` (a fact), ``"rag"``
+        """The context layer the hit is recalled into: ``"facts"`` (a fact), ``"rag"``
         (a document chunk) or ``"history"`` (a passage of an evicted turn)."""
         return LAYER_OF_KIND.get(self.kind, self.kind)
 
