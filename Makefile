@@ -25,7 +25,7 @@ test-python: dev ## the Python suite on target/dev in parallel (pytest-xdist); s
 	target/dev/bin/python -m pytest -q -n auto -m "not serial" -p no:cacheprovider tests
 	target/dev/bin/python -m pytest -q -m serial -p no:cacheprovider tests
 
-lint: ## every lint gate: cargo fmt, clippy, ruff, mypy --strict, stubtest (scripts/lint.sh)
+lint: ## every lint gate: cargo fmt, clippy, import cycles, ruff, mypy --strict, stubtest (scripts/lint.sh)
 	bash scripts/lint.sh
 
 fmt: ## format the tree: cargo fmt, ruff format, ruff check --fix

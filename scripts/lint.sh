@@ -6,6 +6,8 @@
 #   mypy      mypy --strict over python/ (pyproject.toml [tool.mypy])
 #   stubtest  mypy.stubtest protoprompt._core: _core.pyi against the built native module,
 #             every name stubbed (no --ignore-missing-stub)
+#   imports   no import cycle in python/protoprompt, imports inside functions counted
+#             (scripts/import_cycles.py; --stats for the graph's numbers)
 #
 #   scripts/lint.sh                          # every gate, Python ones in target/dev (scripts/dev.sh)
 #   LINT_STEPS="ruff mypy" scripts/lint.sh   # some gates only
@@ -17,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-LINT_STEPS=${LINT_STEPS:-"rust ruff mypy stubtest"}
+LINT_STEPS=${LINT_STEPS:-"rust imports ruff mypy stubtest"}
 VENV=${LINT_VENV:-target/dev}
 SDK_VERSION=${SDK_VERSION:-0.24.0}
 
@@ -52,6 +54,11 @@ lint_rust() {
   gate "cargo clippy -D warnings, with the binding's test hooks (feature test-hooks)"
   nice -n 10 cargo clippy -p protoprompt-python --all-targets \
     --features pyo3/extension-module,protoprompt-python/test-hooks -- -D warnings
+}
+
+lint_imports() {
+  gate "no import cycles in python/protoprompt (imports inside functions count)"
+  "${PYTHON:-python3}" scripts/import_cycles.py
 }
 
 lint_ruff() {

@@ -129,8 +129,8 @@ pytest_from() {
 }
 
 step_lint() {
-  step "lint: ruff check, mypy --strict python/ (scripts/lint.sh, venv $WORK/venv-lint)"
-  LINT_VENV="$WORK/venv-lint" SDK_VERSION=0.24.0 LINT_STEPS="ruff mypy" bash scripts/lint.sh
+  step "lint: import cycles, ruff check, mypy --strict python/ (scripts/lint.sh, venv $WORK/venv-lint)"
+  LINT_VENV="$WORK/venv-lint" SDK_VERSION=0.24.0 LINT_STEPS="imports ruff mypy" bash scripts/lint.sh
 }
 
 step_rust() {
@@ -161,7 +161,8 @@ step_dist() {
   for f in pyproject.toml Cargo.toml Cargo.lock LICENSE README.md CHANGELOG.md DEVELOPING.md \
            rust/core/Cargo.toml rust/python/Cargo.toml python/protoprompt/__init__.py \
            rust/core/tests/data/item-graph-vectors.json docs/item-graph.md tests/conftest.py \
-           benches/reference_tokenizer.py examples/openai_agents_session.py; do
+           benches/reference_tokenizer.py examples/openai_agents_session.py \
+           scripts/import_cycles.py; do
     grep -qx "$name/$f" <<< "$listing" || { echo "sdist lacks $f" >&2; return 1; }
   done
   echo "$(basename "$SDIST"): ok ($(wc -l <<< "$listing") files)"

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._plan_view import PlanView, context_view
 from .calibration import CalibrationState
 from .memory import MemoryScope
 from .packing import PackResult
 from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
+from .plan_html import plans_to_html
 from .turn_report import TurnReport
 
 
@@ -148,10 +150,14 @@ class ContextPlan:
     def to_html(self) -> str:
         """The plan as one self-contained HTML page: a bar of the budget by section, the
         units along the history as kept / masked / dropped with their reasons on hover, and
-        the context message's blocks (:mod:`protoprompt.plan_html`)."""
-        from .plan_html import plans_to_html
-
+        the context message's blocks (:mod:`protoprompt.plan_html`, which renders
+        :meth:`view`)."""
         return plans_to_html(self)
+
+    def view(self, title: str | None = None) -> PlanView:
+        """The plain view the HTML page renders (:class:`protoprompt.plan_html.PlanView`):
+        the sections, the units along the history and the context message's blocks."""
+        return context_view(self, title)
 
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account: for a session turn how the history was read and packed (see

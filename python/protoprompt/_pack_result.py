@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
+from ._plan_view import PlanView, pack_view
 from .plan import (
     NO_HISTORY,
     RequestSections,
@@ -16,6 +17,7 @@ from .plan import (
     masked_note,
     unit_reason,
 )
+from .plan_html import plans_to_html
 
 
 @dataclass(frozen=True)
@@ -169,12 +171,15 @@ class PackResult:
             mandatory=mandatory,
         )
 
+    def view(self, title: str | None = None) -> PlanView:
+        """The plain view the HTML page renders (:class:`protoprompt.plan_html.PlanView`):
+        the sections and the units along the history, each with its decision and reason."""
+        return pack_view(self, title)
+
     def to_html(self) -> str:
         """The plan as one self-contained HTML page: a bar of the budget by section and the
         units along the history as kept / masked / dropped, with their reasons on hover
-        (:mod:`protoprompt.plan_html`)."""
-        from .plan_html import plans_to_html
-
+        (:mod:`protoprompt.plan_html`, which renders :meth:`view`)."""
         return plans_to_html(self)
 
     def explain(self, max_units: int | None = 20) -> str:

@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .plan import SECTION_LABELS, RequestSections, history_at, input_at
-
-if TYPE_CHECKING:
-    from .context import ContextPlan
-    from .packing import PackResult
+from ._plan_view import MAX_UNITS, BlockView, PlanView, UnitView, plan_view
+from .plan import SECTION_LABELS, RequestSections
 
 __all__ = [
     "FREE_COLOUR",
@@ -68,196 +64,10 @@ STATUS_COLOURS: dict[str, str] = {
 }
 """The colour of a unit by what happened to it (none is a section's colour: a dropped unit
 is never mistaken for the output schema's part of the bar)."""
-MAX_UNITS = 5000
-"""Units shown one by one (the newest); older ones are counted by decision."""
 BAR_WIDTH = 960
 """The budget bar's width in CSS pixels."""
 OPEN_TABLE = 60
 """Up to this many units, the table of units is shown open."""
-
-
-@dataclass(frozen=True)
-class UnitView:
-    """One unit along the session, as the page shows it."""
-
-    label: str
-    """Where it is, e.g. ``history[3..5]`` or ``rows 12-14``."""
-    kinds: str
-    tokens: int | None
-    decision: str
-    reason: str
-    sent_tokens: int | None = None
-    preview: str = ""
-    """A glimpse of its content (untrusted: escaped when shown)."""
-    region: str = "kept_history"
-    """The section it belongs to (:data:`~protoprompt.plan.SECTIONS`)."""
-
-    @property
-    def status(self) -> str:
-        """``"mandatory"``, ``"kept"``, ``"masked"``, ``"dropped"`` or ``"invalid"``."""
-        if self.decision in ("mandatory", "kept", "masked"):
-            return self.decision
-        if self.decision in ("invalid_unit", "input_only"):
-            return "invalid"
-        return "dropped"
-
-    @property
-    def where_sent(self) -> str:
-        """The section a sent unit is in; for one not sent, that it was not."""
-        if self.status == "dropped":
-            return "dropped (not sent)"
-        if self.status == "invalid":
-            return "invalid (not sent)"
-        return SECTION_LABELS[self.region]
-
-
-@dataclass(frozen=True)
-class BlockView:
-    """One block of a context message (profile, fact, chunk)."""
-
-    layer: str
-    source: str
-    status: str
-    tokens: int | None
-    reason: str
-    text: str
-
-
-@dataclass(frozen=True)
-class PlanView:
-    """What one plan's part of the page shows."""
-
-    title: str
-    sections: RequestSections
-    units: list[UnitView]
-    hidden: dict[str, int] = field(default_factory=dict)
-    """Older units not shown one by one: their number per decision."""
-    notes: list[str] = field(default_factory=list)
-    """Lines of the plan's own account (how the history was read, the index...)."""
-    blocks: list[BlockView] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------- views
-
-
-def _pack_units(
-    pack: PackResult, *, where: Any, regions: Any = None, max_units: int = MAX_UNITS
-) -> tuple[list[UnitView], dict[str, int]]:
-    """The newest ``max_units`` units of ``pack`` (oldest first) and the count of the older
-    ones by decision."""
-    decisions = pack.decisions
-    n = len(decisions)
-    start = max(n - max_units, 0)
-    hidden: dict[str, int] = {}
-    if start:
-        for d in decisions[:start]:
-            hidden[d.decision] = hidden.get(d.decision, 0) + 1
-    units = [
-        UnitView(
-            label=where(d.positions),
-            kinds="+".join(d.kinds),
-            tokens=d.tokens,
-            decision=d.decision,
-            reason=pack.reason(d, where=where),
-            sent_tokens=d.sent_tokens,
-            region=regions(d.positions) if regions is not None else "kept_history",
-        )
-        for d in decisions[start:]
-    ]
-    return units, hidden
-
-
-def _tail_unit(name: str, tokens: int, items: int, label: str) -> UnitView:
-    """The run input (or newest step) as one mandatory box at the end of the session."""
-    return UnitView(
-        label=label,
-        kinds=f"{items} item{'s' if items != 1 else ''}",
-        tokens=tokens,
-        decision="mandatory",
-        reason=f"mandatory: the {SECTION_LABELS[name]}",
-        sent_tokens=tokens,
-        region=name,
-    )
-
-
-def _blocks(plan: ContextPlan | None) -> list[BlockView]:
-    if plan is None:
-        return []
-    return [BlockView(b.layer, b.source, b.status, b.tokens, b.reason, b.text) for b in plan.blocks]
-
-
-def plan_view(plan: Any, *, title: str | None = None) -> PlanView:
-    """The page's view of a :class:`~protoprompt.PackResult`, a
-    :class:`~protoprompt.ContextPlan` or a :class:`~protoprompt.integrations.ModelCallPlan`."""
-    from .context import ContextPlan
-    from .packing import PackResult
-
-    if isinstance(plan, PackResult):
-        units, hidden = _pack_units(plan, where=history_at)
-        if plan.run_input_items:
-            units.append(
-                _tail_unit("run_input", plan.new_input_tokens, plan.run_input_items, "new_input")
-            )
-        return PlanView(title or "pack", plan.sections, units, hidden)
-    if isinstance(plan, ContextPlan):
-        layout = plan.layout
-        if layout is None:
-            units, hidden = _pack_units(plan.pack, where=history_at)
-            tail = ("run_input", "new_input")
-            notes = plan.turn.lines() if plan.turn is not None else []
-        else:
-            units, hidden = _pack_units(
-                plan.pack, where=input_at, regions=_regions(layout.run_input, layout.step[0])
-            )
-            tail = ("newest_step", "newest step")
-            notes = []
-        s = plan.sections
-        if s[tail[0]].items:
-            units.append(_tail_unit(tail[0], s[tail[0]].tokens, s[tail[0]].items or 0, tail[1]))
-        return PlanView(title or "turn plan", s, units, hidden, notes, _blocks(plan))
-    call = getattr(plan, "call", None)
-    pack = getattr(plan, "pack", None)
-    if isinstance(call, int) and isinstance(pack, PackResult):  # a ModelCallPlan
-        units, hidden = _pack_units(
-            pack, where=input_at, regions=_regions(plan.run_input, plan.step[0])
-        )
-        s = plan.sections
-        if s["newest_step"].items:
-            units.append(
-                _tail_unit(
-                    "newest_step",
-                    s["newest_step"].tokens,
-                    s["newest_step"].items or 0,
-                    "newest step",
-                )
-            )
-        notes = [f"index: {plan.reused} of {plan.input_items} items reused ({plan.reuse})"]
-        notes += [
-            f"truncated {t.item_type} at input[{t.position}] (call {t.call_id}): "
-            f"{t.original_tokens:,} -> {t.sent_tokens:,} tokens"
-            for t in plan.truncated
-        ]
-        return PlanView(
-            title or f"model call {call}", s, units, hidden, notes, _blocks(plan.context)
-        )
-    raise TypeError(
-        "expected a PackResult, a ContextPlan or a ModelCallPlan, got " + type(plan).__name__
-    )
-
-
-def _regions(run_input: tuple[int, int] | None, step_start: int) -> Any:
-    """A model call's region of a unit, by its newest position."""
-    a, b = run_input if run_input is not None else (step_start, step_start)
-
-    def region(positions: Sequence[int]) -> str:
-        newest = positions[-1] if positions else 0
-        if newest >= b:
-            return "earlier_steps"
-        if newest >= a:
-            return "run_input"
-        return "kept_history"
-
-    return region
 
 
 # --------------------------------------------------------------------------- the page

@@ -57,7 +57,7 @@ from ._recall_ledger import (
     item_digest,
 )
 from .memory import HistoryRecord, MemoryScope
-from .packing import count_tokens_batch
+from .packing import count_tokens_batch, truncate_text
 from .transcript import render_item, tool_names
 
 if TYPE_CHECKING:
@@ -507,8 +507,6 @@ class _SummaryJob:
                 await asyncio.sleep(RETRY_DELAYS[n])
         if text is None or not text.strip():
             return
-        from .packing import truncate_text
-
         text = truncate_text(text, limit, model=builder.model, encoding=builder.encoding)
         upto = self._key(first + len(items) - 1) + 1
         await asyncio.to_thread(store.save, state, text, upto)

@@ -47,7 +47,7 @@ from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
 from ._snapshots import SnapshotStore, SQLiteSnapshots
-from ._store import StoreReadError, Unsupported, WindowRows, unsupported_override
+from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
 
 T = TypeVar("T")
 

@@ -28,11 +28,15 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..count_store import CountStore
 from . import _sync, pool
 from ._snapshots import SnapshotStore, SQLiteSnapshots
+from ._store_types import StoreReadError as StoreReadError
+from ._store_types import Unsupported as Unsupported
+from ._store_types import WindowRows as WindowRows
+from ._store_types import unsupported_override as unsupported_override
 
 __all__ = [
     "HistoryStore",
@@ -43,23 +47,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-WindowRows = tuple[list[Any], list[Any], _sync.Rows, _sync.RowIds]
-"""A store's token window: ``(window items before the index's last one, items from the
-index's last one on, the rows of those, keys of the earlier window rows)``."""
-
-
-class StoreReadError(Exception):
-    """A store could not read the rows (the server or file failed): the session reads the
-    history through the inner session instead, and the turn report says why."""
-
-
-class Unsupported(NamedTuple):
-    """Why an inner session has no history store: a code of
-    ``protoprompt.turn_report.READ_REASONS`` and detail."""
-
-    code: str
-    detail: str | None
 
 
 class HistoryStore(Protocol):
@@ -175,13 +162,6 @@ def _class_named(inner: Any, module: str, name: str) -> type[Any] | None:
     return None
 
 
-def _overrides(inner: Any, base: type[Any], names: tuple[str, ...]) -> str | None:
-    for name in names:
-        if getattr(type(inner), name, None) is not getattr(base, name, None):
-            return name
-    return None
-
-
 def open_store(inner: Any, session_id: str) -> HistoryStore | Unsupported:
     """The history store of ``inner`` (the session's inner session), or why it has none."""
     from ._sdk import SQLiteSession
@@ -210,12 +190,3 @@ def open_store(inner: Any, session_id: str) -> HistoryStore | Unsupported:
         f"{type(inner).__name__} is not a session whose rows protoprompt can read "
         "(SQLiteSession, SQLAlchemySession, RedisSession)",
     )
-
-
-def unsupported_override(inner: Any, base: type[Any]) -> Unsupported | None:
-    """Why a subclass of an SDK session cannot be read by its store: it changes how the
-    history is read or decoded."""
-    name = _overrides(inner, base, ("get_items", "_deserialize_item"))
-    if name is None:
-        return None
-    return Unsupported("inner_session", f"{type(inner).__name__} overrides {name}")

@@ -7,12 +7,11 @@ checks, chunking, embedding, the fusion of rankings (:mod:`._ranking`), turning 
 :class:`~protoprompt.memory.MemoryHit` -- is the store's, the same for every engine.
 
 Engines: SQLite (:mod:`._sqlite`; a file path or ``":memory:"``) and PostgreSQL
-(:mod:`._postgres`; a ``postgresql://`` URL). :func:`open_backend` picks one by its target.
+(:mod:`._postgres`; a ``postgresql://`` URL). :func:`._open.open_backend` picks one by its target.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -25,7 +24,6 @@ __all__ = [
     "Row",
     "ScopeParams",
     "is_postgres_url",
-    "open_backend",
 ]
 
 ScopeParams = tuple[str, str, str, str]
@@ -260,14 +258,3 @@ def is_postgres_url(target: object) -> bool:
         return False
     scheme = target.split("://", 1)[0].lower()
     return scheme.split("+", 1)[0] in _POSTGRES_SCHEMES
-
-
-def open_backend(target: str | os.PathLike[str], *, read_only: bool = False) -> Backend:
-    """The backend for ``target``: a PostgreSQL URL, else a SQLite path."""
-    if is_postgres_url(target):
-        from ._postgres import PostgresBackend
-
-        return PostgresBackend(str(target), read_only=read_only)
-    from ._sqlite import SQLiteBackend
-
-    return SQLiteBackend(os.fsdecode(target), read_only=read_only)

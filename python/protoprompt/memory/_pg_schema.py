@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MemoryStoreError
+from ._pg_sql import tsvector_literal
 
 if TYPE_CHECKING:
     import psycopg
@@ -94,8 +95,6 @@ def migrate_history_terms(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
     passage's text when an older store wrote plain words (once, under the schema lock)."""
     if history_stemmed(conn):
         return
-    from ._pg_sql import tsvector_literal
-
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, SCHEMA_LOCK))
         if history_stemmed(conn):

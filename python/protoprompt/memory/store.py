@@ -27,7 +27,6 @@ from ._backend import (
     Row,
     ScopeParams,
     is_postgres_url,
-    open_backend,
 )
 from ._checks import (
     MAX_INT,
@@ -41,6 +40,7 @@ from ._checks import (
     scope_params,
     visible_scopes,
 )
+from ._open import open_backend
 from ._ranking import content_pieces, fuse, query_pieces, query_terms, rank_passages
 from ._ranking import words as _words
 from ._records import (

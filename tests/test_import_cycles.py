@@ -1,0 +1,108 @@
+"""The package's run-time import graph has no cycle (``scripts/import_cycles.py``, a lint
+gate): imports inside functions count, those under ``if TYPE_CHECKING:`` do not."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "import_cycles.py"
+PACKAGE = ROOT / "python" / "protoprompt"
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_cycles", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["import_cycles"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    checker = _checker()
+    modules = checker.load(PACKAGE)
+    assert "protoprompt.plan_html" in modules and "protoprompt.memory._open" in modules
+    assert checker.components(modules) == []
+
+
+def test_the_page_renders_views_and_never_imports_a_plan() -> None:
+    # The plans import the page (to_html) and the view; the page imports neither plan.
+    checker = _checker()
+    modules = checker.load(PACKAGE)
+    page = {e.target for e in modules["protoprompt.plan_html"].edges}
+    view = {e.target for e in modules["protoprompt._plan_view"].edges}
+    for plan in ("protoprompt.context", "protoprompt._context_plan", "protoprompt.packing"):
+        assert plan not in page | view
+    assert "protoprompt._pack_result" not in page | view
+
+
+def test_an_import_inside_a_function_closes_a_cycle(tmp_path: Path) -> None:
+    checker = _checker()
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from .b import B\nA = 1\n",
+            "b.py": "B = 2\n\ndef late():\n    from .a import A\n    return A\n",
+            "c.py": "from . import a\n",
+        },
+    )
+    modules = checker.load(root)
+    assert checker.components(modules) == [["pkg.a", "pkg.b"]]
+    assert checker.report(modules, stats=False, private=False) == 1
+
+
+def test_type_checking_imports_are_not_a_cycle(tmp_path: Path) -> None:
+    checker = _checker()
+    files = {
+        "__init__.py": "",
+        "a.py": "from .b import B\n",
+        "b.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\nB = 1\n"
+        ),
+    }
+    modules = checker.load(_package(tmp_path, files))
+    assert checker.components(modules) == []
+    assert checker.report(modules, stats=False, private=False) == 0
+    typed = checker.load(_package(tmp_path, files), typing_too=True)
+    assert checker.components(typed) == [["pkg.a", "pkg.b"]]
+
+
+@pytest.mark.parametrize(
+    ("line", "target"),
+    [
+        ("from . import b", "pkg.b"),
+        ("from .sub import c", "pkg.sub.c"),
+        ("import pkg.sub.c", "pkg.sub.c"),
+        ("from .sub.c import C", "pkg.sub.c"),
+    ],
+)
+def test_each_form_of_import_is_an_edge(tmp_path: Path, line: str, target: str) -> None:
+    checker = _checker()
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": f"def f():\n    {line}\n",
+            "b.py": "",
+            "sub/__init__.py": "",
+            "sub/c.py": "C = 1\n",
+        },
+    )
+    edges = checker.load(root)["pkg.a"].edges
+    assert [(e.target, e.in_function) for e in edges] == [(target, True)]
