@@ -14,8 +14,8 @@ unlock what the parent holds). So:
   in :data:`INHERITED`, never used or closed);
 - at exit, tracked objects with queued work finish it (bounded waits).
 
-This module registers the only ``os.register_at_fork`` and ``atexit`` hooks of the modules
-that keep process-wide state; each registry below says who fills it.
+This module registers the only ``os.register_at_fork`` and ``atexit`` hooks of the package
+(a lint-checked rule: ``tests/test_process.py``); each registry below says who fills it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = [
     "INDEX_STATES",
     "INHERITED",
     "IO_LOOPS",
+    "POSTGRES_MEMORY_STORES",
     "RECALL_LEDGERS",
     "RECALL_WORKERS",
     "REDIS_SERVERS",
@@ -218,6 +219,9 @@ builder (``integrations._evicted``: what any session object's clear or pop forge
 SQLITE_MEMORY_STORES: Tracked[Any] = Tracked()
 """Every SQLite engine of a ``MemoryStore``: new locks and connections in a forked child
 (``memory._sqlite``)."""
+POSTGRES_MEMORY_STORES: Tracked[Any] = Tracked()
+"""Every PostgreSQL engine of a ``MemoryStore``: new locks in a forked child, which opens a
+connection pool of its own on first use (``memory._postgres``)."""
 RECALL_WORKERS: Tracked[Any] = Tracked()
 """The background threads that index evicted rows (``recall``): a new lock and queue, no
 thread, in a forked child; queued jobs finish at exit (bounded)."""

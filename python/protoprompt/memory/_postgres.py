@@ -40,14 +40,13 @@ Design notes
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .. import _process
 from ._backend import Chunk, HistoryEntry, Row, ScopeParams
 from ._pg_connect import database_errors, driver_url, imports, redact
 from ._pg_schema import (
@@ -98,21 +97,19 @@ LOCK_TIMEOUT = 30.0
 before it fails, as a SQLite store waits for the database's write lock."""
 
 
-_BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()
 _INHERITED: list[Any] = []  # a fork parent's pools: never used, closed or collected here
 
 
-def _after_fork() -> None:
-    for backend in list(_BACKENDS):
-        backend._lock = threading.Lock()
-        backend._writers = threading.BoundedSemaphore(MAX_CONNECTIONS - 1)
-        if backend._pool is not None:
-            _INHERITED.append(backend._pool)
-            backend._pool = None
+def _after_fork(backend: PostgresBackend) -> None:
+    """In a forked child (``_process``): new locks, and a pool of its own on first use."""
+    backend._lock = threading.Lock()
+    backend._writers = threading.BoundedSemaphore(MAX_CONNECTIONS - 1)
+    if backend._pool is not None:
+        _INHERITED.append(backend._pool)
+        backend._pool = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+_process.POSTGRES_MEMORY_STORES.handle(after_fork=_after_fork)
 
 
 class PostgresBackend:
@@ -141,7 +138,7 @@ class PostgresBackend:
                 migrate(conn)
                 self._tables = self._history = self._stemmed = True
             self._vector = vector_setup(conn, create=not read_only) if self._tables else None
-        _BACKENDS.add(self)
+        _process.POSTGRES_MEMORY_STORES.add(self)
 
     @property
     def vector_ranking(self) -> str:
