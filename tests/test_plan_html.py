@@ -35,7 +35,9 @@ from protoprompt.plan_html import (  # noqa: E402
     FREE_COLOUR,
     SECTION_COLOURS,
     STATUS_COLOURS,
+    PlanView,
     plans_to_html,
+    render,
 )
 
 HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2)>" onmouseover="alert(3)'
@@ -187,6 +189,27 @@ def test_a_pack_page_has_its_bar_and_units() -> None:
         assert status == ("kept" if d.decision == "kept" else "dropped")
         assert r.reason(d) in title
     assert "the fill stopped here" in " ".join(t for _, t in page.units)
+
+
+def test_the_page_renders_the_plain_view_a_plan_makes(tmp_path: Path) -> None:
+    history = [{"role": "user", "content": f"turn {i} " + "word " * 40} for i in range(8)]
+    r = pp.pack(history, [{"role": "user", "content": "next"}], 300)
+    view = r.view()
+    assert isinstance(view, PlanView) and view.title == "pack"
+    assert [u.decision for u in view.units[:-1]] == [d.decision for d in r.decisions]
+    assert render([view], title="protoprompt: pack") == r.to_html() == plans_to_html(r)
+    assert r.view(title="mine").title == "mine"
+    with MemoryStore(tmp_path / "m.db") as store:
+        scope = MemoryScope("acme", user="alice")
+        store.remember("Alice likes tea", scope=scope)
+        builder = TokenBudgetedContextBuilder(store, max_tokens=500, scope=scope)
+        plan = builder.build([], [{"role": "user", "content": "What does Alice like?"}])
+    turn = plan.view()
+    assert turn.title == "turn plan" and turn.sections == plan.sections
+    assert [b.text for b in turn.blocks] == [b.text for b in plan.blocks]
+    assert plan.to_html() == render([turn], title="protoprompt: turn plan")
+    with pytest.raises(TypeError, match="expected a PackResult, a ContextPlan or a ModelCallPlan"):
+        plans_to_html([object()])
 
 
 def test_a_runs_calls_on_one_page_and_the_turn_plan(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ class ContextPlan:
 
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account: for a session turn how the history was read and packed (see
-        :class:`~protoprompt.TurnReport`), the request by section (:attr:`sections`), the
+        :class:`~protoprompt.plans.TurnReport`), the request by section (:attr:`sections`), the
         context message's blocks, then the masked and dropped history units with their
         reasons (at most ``max_units`` of each; ``None`` lists all)."""
         kept = sum(1 for b in self.blocks if b.kept)

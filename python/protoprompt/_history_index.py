@@ -156,7 +156,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         """:func:`pack` for a ``history`` that extends what this index has seen.
 
         Items after the first ``len(self)`` are classified and added to the index first.
-        Raises :class:`~protoprompt.HistoryMismatchError` (a ``ValueError``) when
+        Raises :class:`~protoprompt.errors.HistoryMismatchError` (a ``ValueError``) when
         ``history`` is shorter than the index (call :meth:`truncate` or :meth:`clear` after
         removing items), and the errors of
         :func:`pack`. A failed call changes nothing: the index holds what it held before

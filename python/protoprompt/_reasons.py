@@ -8,7 +8,7 @@ from typing import Protocol
 
 
 class StopLike(Protocol):
-    """Where the fill stopped (:class:`~protoprompt.FillStop`)."""
+    """Where the fill stopped (:class:`~protoprompt.plans.FillStop`)."""
 
     @property
     def unit(self) -> int: ...
@@ -25,7 +25,7 @@ class StopLike(Protocol):
 
 
 class DecisionLike(Protocol):
-    """One unit's decision (:class:`~protoprompt.UnitDecision`)."""
+    """One unit's decision (:class:`~protoprompt.plans.UnitDecision`)."""
 
     @property
     def unit(self) -> int: ...

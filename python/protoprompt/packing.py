@@ -64,11 +64,13 @@ __all__ = [
     "UnitDecision",
     "analyze",
     "available_encodings",
+    "canonical_text",
     "count_tokens",
     "count_tokens_batch",
     "encoding_for_model",
     "item_tokens",
     "pack",
+    "preload",
     "truncate_text",
 ]
 

@@ -55,7 +55,7 @@ READ_REASONS: dict[str, str] = {
 }
 """Why a turn read the whole history (or the newest ``limit`` items) instead of a token
 window. ``no_window`` comes with the relation that ties the newest items to the oldest (see
-:attr:`protoprompt.HistoryWindow.reason`)."""
+:attr:`protoprompt.plans.HistoryWindow.reason`)."""
 
 INDEX_REASONS: dict[str, str] = {
     "new": "nothing indexed yet in this process and no snapshot loaded",

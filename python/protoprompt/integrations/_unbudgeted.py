@@ -23,7 +23,7 @@ def unbudgeted_run(session: Any) -> bool:
 
 
 def warn_unbudgeted(session_id: str) -> None:
-    """Warn (:class:`~protoprompt.UnbudgetedSessionWarning`) that ``session_id`` runs without
+    """Warn (:class:`~protoprompt.errors.UnbudgetedSessionWarning`) that ``session_id`` runs without
     a budget, naming what to pass instead."""
     warnings.warn(
         UnbudgetedSessionWarning(
