@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ._seams import tracing_disabled
+
 __all__ = ["offline_model", "offline_models", "schema_value"]
 
 _lock = threading.Lock()
@@ -167,7 +169,7 @@ def offline_models() -> Iterator[None]:
 
     original = MultiProvider.get_model
     # Whether tracing was off before (nested uses restore the outer one's state).
-    was_disabled = bool(getattr(get_trace_provider(), "_disabled", False))
+    was_disabled = tracing_disabled(get_trace_provider())
     with _lock:
         _calls[0] = 0
     MultiProvider.get_model = lambda self, name: offline_model(name)  # type: ignore[method-assign,assignment]

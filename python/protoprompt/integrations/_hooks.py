@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._seams import atomic_replace_items, compaction_snapshot_reader, ignores_ids_for_matching
 from ._shims import FORWARDED_HOOKS, NOT_FORWARDED, accepts_keyword, call
 from .compaction import REWRITING
 
@@ -49,7 +50,7 @@ class InnerHooks:
     def _ignore_ids_for_matching(self) -> bool:
         """The inner session's item-matching policy (an id-stripping store sets it), so the
         runner's rollback before a retry matches stored items the way the store keeps them."""
-        return bool(getattr(self._inner, "_ignore_ids_for_matching", False))
+        return ignores_ids_for_matching(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         """The inner session's optional hooks (``FORWARDED_HOOKS``) and public attributes
@@ -110,7 +111,7 @@ class InnerHooks:
         """The inner session's bounded compaction snapshot (``OpenAIResponsesCompactionSession``
         replaces its suffix atomically), or ``None`` when the inner has none. The replacement
         resets this session's index: a ``:memory:`` database has no row check to notice it."""
-        reader = getattr(self._inner, "_get_compaction_snapshot", None)
+        reader = compaction_snapshot_reader(self._inner)
         if reader is None or self._overrides_storage():
             return None
         if prune_prefix is not None and accepts_keyword(reader, "prune_prefix"):
@@ -125,7 +126,7 @@ class InnerHooks:
     async def _atomic_replace_items(self, items: list[Item]) -> bool:
         """Replace the whole history atomically if the inner session can (``RedisSession``);
         ``False`` (nothing changed, the SDK falls back to clear and add) otherwise."""
-        replace = getattr(type(self._inner), "_atomic_replace_items", None)
+        replace = atomic_replace_items(type(self._inner))
         if replace is None or self._overrides_storage():
             return False
         return bool(await self._rewrites(replace)(self._inner, items))

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _process
+from .._seams import pop_item_with_validation
 from ._sdk import SQLiteSession
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ async def _pop_item_with_validation(
     state = self._index_state
     state.bump()
     try:
-        item = await self._inner._pop_item_with_validation(validate)
+        item = await pop_item_with_validation(self._inner)(validate)
     finally:
         state.bump()
     if item is not None:

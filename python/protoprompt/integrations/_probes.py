@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .._seams import POP_ITEM_WITH_VALIDATION
 from ._sdk import SQLiteSession
 
 
@@ -96,8 +97,8 @@ PREPARE_CODE: Any = _code_of(PREPARE)
 then every read is a whole read)."""
 _COMPACTION_REWRITE_NAMES = frozenset(p.qualname.rsplit(".", 1)[1] for p in COMPACTION_REWRITES)
 
-SQLITE_VALIDATED_POP = callable(getattr(SQLiteSession, "_pop_item_with_validation", None)) and (
-    "_pop_item_with_validation" in SQLiteSession.pop_item.__code__.co_names
+SQLITE_VALIDATED_POP = callable(getattr(SQLiteSession, POP_ITEM_WITH_VALIDATION, None)) and (
+    POP_ITEM_WITH_VALIDATION in SQLiteSession.pop_item.__code__.co_names
 )
 """openai-agents >= 0.24: ``SQLiteSession.pop_item`` is ``_pop_item_with_validation()``, which
 ``EncryptedSession`` calls with its key check so a wrong key raises inside the SQLite

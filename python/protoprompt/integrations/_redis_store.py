@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .. import _process
+from .._seams import redis_client, redis_keys, redis_readable
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
@@ -83,16 +84,16 @@ def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Uns
     override = unsupported_override(inner, base)
     if override is not None:
         return override
-    needed = ("_redis", "_session_key", "_messages_key", "_key_prefix")
-    if not all(hasattr(inner, name) for name in needed):
+    if not redis_readable(inner):
         return Unsupported("inner_session", "this RedisSession is not one protoprompt knows")
     try:
         from redis.asyncio.cluster import RedisCluster
     except ImportError:  # pragma: no cover - redis without cluster support
         RedisCluster = ()  # type: ignore[assignment,misc]  # noqa: N806
-    if isinstance(inner._redis, RedisCluster):
+    if isinstance(redis_client(inner), RedisCluster):
         return Unsupported("inner_session", "RedisSession over a RedisCluster client")
-    if not hasattr(inner._redis, "pipeline") or not hasattr(inner._redis, "connection_pool"):
+    client = redis_client(inner)
+    if not hasattr(client, "pipeline") or not hasattr(client, "connection_pool"):
         return Unsupported("inner_session", "RedisSession over a client protoprompt cannot read")
     return RedisStore(inner, session_id)
 
@@ -115,11 +116,9 @@ class RedisStore:
     def __init__(self, inner: Any, session_id: str) -> None:
         self._inner = inner
         self._session_id = session_id
-        self._client = inner._redis
-        self._hash = str(inner._session_key)
-        self._list = str(inner._messages_key)
+        self._client = redis_client(inner)
+        self._hash, self._list, self._prefix = redis_keys(inner)
         self._tag_key = f"{self._hash}:protoprompt:generation"
-        self._prefix = str(inner._key_prefix)
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
         self.no_store = "not opened yet"

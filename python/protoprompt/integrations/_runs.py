@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _core
+from .._seams import span_previous_token
 from ..packing import HistoryIndex
 from ._sdk import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_span
 
@@ -62,7 +63,7 @@ def run_span() -> Any | None:
             return None
         if isinstance(getattr(span, "span_data", None), AgentSpanData):
             return span
-        token = getattr(span, "_prev_span_token", None)
+        token = span_previous_token(span)
         if not isinstance(token, contextvars.Token):
             return None
         previous = token.old_value

@@ -43,6 +43,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .. import _process
+from .._seams import (
+    sqlalchemy_ensure_tables,
+    sqlalchemy_readable,
+    sqlalchemy_session,
+    sqlalchemy_shares_a_connection,
+    sqlalchemy_table,
+)
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
@@ -82,10 +89,7 @@ def open_store(inner: Any, base: type[Any], session_id: str) -> SQLAlchemyStore 
     override = unsupported_override(inner, base)
     if override is not None:
         return override
-    needed = ("_messages", "_ensure_tables", "engine")
-    if not all(hasattr(inner, name) for name in needed) or not (
-        hasattr(inner, "_session") or hasattr(inner, "_session_factory")
-    ):
+    if not sqlalchemy_readable(inner):
         return Unsupported("inner_session", "this SQLAlchemySession is not one protoprompt knows")
     dialect = inner.engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
@@ -112,7 +116,7 @@ class SQLAlchemyStore:
     def __init__(self, inner: Any, session_id: str) -> None:
         self._inner = inner
         self._session_id = session_id
-        self._table = inner._messages
+        self._table = sqlalchemy_table(inner)
         self.table_name = str(self._table.name)
         engine = inner.engine
         self.dialect = str(engine.dialect.name)
@@ -130,7 +134,7 @@ class SQLAlchemyStore:
         if self._opened or self.memory:
             return
         try:
-            await self._inner._ensure_tables()  # the table's identity is part of the key
+            await sqlalchemy_ensure_tables(self._inner)  # the table's identity is in the key
         except _errors() as exc:
             _log.debug("protoprompt: tables of %r not ensured: %s", self._session_id, exc)
         await asyncio.to_thread(self._open)
@@ -185,9 +189,7 @@ class SQLAlchemyStore:
 
     def _sa(self) -> Any:
         """The inner session's ``AsyncSession`` (0.24: through its connection guard)."""
-        inner = self._inner
-        opener = getattr(inner, "_session", None)
-        return opener() if opener is not None else inner._session_factory()
+        return sqlalchemy_session(self._inner)
 
     async def _rows(self, statement: Any, *, one_statement: bool = False) -> list[tuple[Any, ...]]:
         """The rows of ``statement``, read the way the inner session reads (its
@@ -197,8 +199,8 @@ class SQLAlchemyStore:
         (0.24 over a ``StaticPool``)."""
         inner = self._inner
         try:
-            await inner._ensure_tables()
-            if one_statement and getattr(inner, "_connection_lock", None) is None:
+            await sqlalchemy_ensure_tables(inner)
+            if one_statement and not sqlalchemy_shares_a_connection(inner):
                 async with inner.engine.connect() as conn:
                     conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                     result = await conn.execute(statement)

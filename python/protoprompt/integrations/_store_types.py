@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .._seams import DESERIALIZE_ITEM
 from . import _sync
 
 __all__ = ["StoreReadError", "Unsupported", "WindowRows", "unsupported_override"]
@@ -41,7 +42,7 @@ def _overrides(inner: Any, base: type[Any], names: tuple[str, ...]) -> str | Non
 def unsupported_override(inner: Any, base: type[Any]) -> Unsupported | None:
     """Why a subclass of an SDK session cannot be read by its store: it changes how the
     history is read or decoded."""
-    name = _overrides(inner, base, ("get_items", "_deserialize_item"))
+    name = _overrides(inner, base, ("get_items", DESERIALIZE_ITEM))
     if name is None:
         return None
     return Unsupported("inner_session", f"{type(inner).__name__} overrides {name}")

@@ -27,6 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 
 from .. import __version__
+from .._seams import mcp_low_level_server
 from ._guard import Guard, GuardMiddleware
 
 __all__ = [
@@ -55,7 +56,7 @@ def new_server(name: str, instructions: str, log_level: str) -> Any:
     if MCP_MAJOR >= 2:
         return _Server(**options, version=__version__)
     server: Any = _Server(**options)
-    server._mcp_server.version = __version__  # FastMCP takes no version argument
+    mcp_low_level_server(server).version = __version__  # FastMCP takes no version argument
     return server
 
 
