@@ -8,8 +8,12 @@ edge to ``a``, and to ``a.b`` too when that is a module. A package's ``__init__`
 before its submodules is not an edge (every tool that draws import graphs leaves it out).
 
     python scripts/import_cycles.py            # prints the cycles; exit status 1 if any
+    python scripts/import_cycles.py --rust     # the Rust core's modules only
     python scripts/import_cycles.py --stats    # and the graph's numbers
     python scripts/import_cycles.py --check-private   # also list private cross-module names
+
+The Rust core (rust/core/src) is checked the same way: a module's ``use crate::...`` and
+``crate::x::`` paths in code (not in comments: a doc link is no dependency) are its edges.
 
 A cycle is reported as a strongly connected component of the graph (every module of it
 reaches every other), with one closed path through it and the imports inside functions
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "protoprompt"
 SOURCE = ROOT / "python" / PACKAGE
+RUST_CORE = ROOT / "rust" / "core" / "src"
 
 
 @dataclass
@@ -260,7 +266,8 @@ def report(modules: dict[str, Module], stats: bool, private: bool) -> int:
         pairs = {(m.name, e.target) for m, e in edges}
         statements = {(m.name, e.line) for m, e in inner}
         print(f"modules: {len(modules)}, import edges (module pairs): {len(pairs)}")
-        print(f"import statements inside functions (of protoprompt modules): {len(statements)}")
+        if any(m.path.suffix == ".py" for m in modules.values()):
+            print(f"import statements inside functions (of package modules): {len(statements)}")
         print(f"cycles: {len(cycles)}, sizes: {[len(c) for c in cycles]}")
     for comp in cycles:
         members = set(comp)
@@ -285,6 +292,51 @@ def report(modules: dict[str, Module], stats: bool, private: bool) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ the Rust core's modules
+
+_RUST_COMMENT = re.compile(r"//[^\n]*")
+_RUST_USE = re.compile(r"\buse\s+crate::(\{.*?\}|[\w:]+)\s*;", re.DOTALL)
+_RUST_PATH = re.compile(r"\bcrate::(\w+)::")
+
+
+def _top_names(group: str) -> set[str]:
+    """The first path segment of each item of a ``use crate::{...}`` group."""
+    names, depth, current = set(), 0, ""
+    for ch in group[1:-1] + ",":
+        depth += ch == "{"
+        depth -= ch == "}"
+        if ch == "," and depth == 0:
+            if current.strip():
+                names.add(current.strip().split("::")[0])
+            current = ""
+        else:
+            current += ch
+    return names
+
+
+def load_rust(source: Path = RUST_CORE) -> dict[str, Module]:
+    """The modules of a crate's ``src`` and the ``crate::`` modules each uses in code (``use``
+    statements and paths; comments, so doc links, left out), as :func:`load`'s graph."""
+    modules: dict[str, Module] = {}
+    for path in sorted(source.rglob("*.rs")):
+        parts = list(path.relative_to(source).with_suffix("").parts)
+        if parts[-1] == "mod":
+            parts = parts[:-1]
+        modules["::".join(parts)] = Module("::".join(parts), path, parts[-1] == "mod")
+    tops = {name.split("::")[0] for name in modules}
+    for mod in modules.values():
+        code = _RUST_COMMENT.sub("", mod.path.read_text(encoding="utf-8"))
+        used: set[str] = set()
+        for match in _RUST_USE.finditer(code):
+            body = match.group(1)
+            used |= _top_names(body) if body.startswith("{") else {body.split("::")[0]}
+        used |= set(_RUST_PATH.findall(code))
+        own = mod.name.split("::")[0]
+        for name in sorted(used & tops - {own, "self"}):
+            _add(mod, modules, name, 0, False)
+    return modules
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stats", action="store_true", help="print the graph's numbers")
@@ -299,9 +351,17 @@ def main() -> int:
         action="store_true",
         help="count the imports under `if TYPE_CHECKING:` too (a measure, not the gate)",
     )
+    parser.add_argument(
+        "--rust",
+        action="store_true",
+        help="the Rust core's modules (rust/core/src, `use crate::...`) instead",
+    )
     args = parser.parse_args()
-    modules = load(args.source.resolve(), args.typing)
-    return report(modules, args.stats, args.check_private)
+    if args.rust:
+        source = RUST_CORE if args.source == SOURCE else args.source.resolve()
+        return report(load_rust(source), args.stats, private=False)
+    status = report(load(args.source.resolve(), args.typing), args.stats, args.check_private)
+    return status or report(load_rust(), args.stats, private=False)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 #   mypy      mypy --strict over python/ (pyproject.toml [tool.mypy])
 #   stubtest  mypy.stubtest protoprompt._core: _core.pyi against the built native module,
 #             every name stubbed (no --ignore-missing-stub)
-#   imports   no import cycle in python/protoprompt, imports inside functions counted
-#             (scripts/import_cycles.py; --stats for the graph's numbers)
+#   imports   no import cycle in python/protoprompt, imports inside functions counted, and no
+#             module cycle in rust/core/src (scripts/import_cycles.py; --stats: the numbers)
 #
 #   scripts/lint.sh                          # every gate, Python ones in target/dev (scripts/dev.sh)
 #   LINT_STEPS="ruff mypy" scripts/lint.sh   # some gates only
@@ -57,7 +57,7 @@ lint_rust() {
 }
 
 lint_imports() {
-  gate "no import cycles in python/protoprompt (imports inside functions count)"
+  gate "no import cycles in python/protoprompt (imports inside functions count) nor rust/core/src"
   "${PYTHON:-python3}" scripts/import_cycles.py
 }
 

@@ -106,3 +106,29 @@ def test_each_form_of_import_is_an_edge(tmp_path: Path, line: str, target: str) 
     )
     edges = checker.load(root)["pkg.a"].edges
     assert [(e.target, e.in_function) for e in edges] == [(target, True)]
+
+
+def test_the_rust_core_has_no_module_cycle() -> None:
+    checker = _checker()
+    modules = checker.load_rust(ROOT / "rust" / "core" / "src")
+    assert {"pack", "mask", "mask_cache", "costs", "masked_field", "tokens::count"} <= set(modules)
+    assert checker.components(modules) == []
+    # the masking's values sit beneath both the masking and its cache
+    assert {e.target for e in modules["masked_field"].edges} == set()
+    assert "mask" not in {e.target for e in modules["mask_cache"].edges}
+    assert "pack" not in {e.target for e in modules["costs"].edges}
+
+
+def test_a_use_in_rust_code_is_an_edge_and_a_doc_link_is_not(tmp_path: Path) -> None:
+    checker = _checker()
+    src = tmp_path / "src"
+    (src / "tokens").mkdir(parents=True)
+    (src / "lib.rs").write_text("pub mod a;\npub mod b;\npub mod tokens;\n")
+    (src / "a.rs").write_text("use crate::{b::B, tokens::{self, X}};\npub struct A;\n")
+    (src / "b.rs").write_text("//! See [`crate::a::A`].\npub fn f() -> u8 { crate::a::g() }\n")
+    (src / "tokens" / "mod.rs").write_text("pub struct X;\n")
+    modules = checker.load_rust(src)
+    assert {e.target for e in modules["a"].edges} == {"b", "tokens"}
+    assert checker.components(modules) == [["a", "b"]]
+    (src / "b.rs").write_text("//! See [`crate::a::A`].\npub struct B;\n")
+    assert checker.components(checker.load_rust(src)) == []

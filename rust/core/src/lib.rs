@@ -12,6 +12,7 @@ pub mod indexed;
 pub mod items;
 pub mod mask;
 pub mod mask_cache;
+pub mod masked_field;
 pub mod pack;
 pub mod pipeline;
 pub mod prefix;

@@ -41,10 +41,10 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::costs::{CostMemo, UNCOUNTED};
+use crate::costs::{CostFailure, CostMemo, CostSource, UNCOUNTED};
 use crate::items::{CallType, HostedKind, ItemKind};
 use crate::mask_cache::{FieldCache, MASKED_FIELD_CACHE};
-use crate::pack::{CostFailure, CostSource};
+pub use crate::masked_field::{value_len, MaskedField, MASK_RULE};
 use crate::tokens::{self, Encoding, TokenError, COST_RULE, ITEM_OVERHEAD};
 use crate::truncate::excerpt;
 
@@ -146,79 +146,6 @@ fn tool_names<'a>(items: &[&'a Value]) -> FxHashMap<&'a str, &'a str> {
         }
     }
     names
-}
-
-/// What masking changes in one item: one field replaced ([`MASKED_FIELDS`]).
-#[derive(Debug, Clone)]
-pub struct MaskedField {
-    /// `"output"` or `"tools"`.
-    pub field: &'static str,
-    /// The field's masked value (shared by every copy of the field: see
-    /// [`MaskedField::detached`]).
-    pub value: Arc<Value>,
-    /// The length of the item's own value of the field: characters of a string, elements
-    /// of a list. A copy made from a memo checks it against the item it stands for (a cheap
-    /// guard against an item changed behind an index).
-    pub original_len: usize,
-    /// The copy's exact cost (always counted by [`mask_unit_fields`]; `None` only in a
-    /// field made otherwise).
-    pub cost: Option<u64>,
-    /// Where a caller may keep `value` converted once, for every later copy (the binding
-    /// keeps an immutable text's Python string here: a memo's masked field is reused turn
-    /// after turn).
-    pub converted: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
-}
-
-impl PartialEq for MaskedField {
-    fn eq(&self, other: &Self) -> bool {
-        (self.field, &self.value, self.original_len)
-            == (other.field, &other.value, other.original_len)
-    }
-}
-
-impl MaskedField {
-    /// The masked copy of `item` (the item with this field replaced).
-    pub fn apply(&self, item: &Value) -> Value {
-        let mut copy = item.clone();
-        if let Value::Object(map) = &mut copy {
-            map.insert(self.field.to_string(), Value::clone(&self.value));
-        }
-        copy
-    }
-
-    /// A copy of its own: the value shared, nothing converted yet.
-    pub fn detached(&self) -> MaskedField {
-        MaskedField {
-            field: self.field,
-            value: Arc::clone(&self.value),
-            original_len: self.original_len,
-            cost: self.cost,
-            converted: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Approximate bytes of memory it holds.
-    pub fn heap_bytes(&self) -> usize {
-        fn size(v: &Value) -> usize {
-            match v {
-                Value::String(s) => s.len() + 24,
-                Value::Array(a) => a.iter().map(size).sum::<usize>() + 24,
-                Value::Object(m) => m.iter().map(|(k, v)| k.len() + size(v) + 32).sum(),
-                _ => 16,
-            }
-        }
-        size(&self.value) + std::mem::size_of::<MaskedField>()
-    }
-}
-
-/// The length [`MaskedField::original_len`] records for a field's value.
-pub fn value_len(v: &Value) -> usize {
-    match v {
-        Value::String(s) => s.chars().count(),
-        Value::Array(a) => a.len(),
-        Value::Object(m) => m.len(),
-        _ => 0,
-    }
 }
 
 /// The masked field of each of a unit's items, with the copy's exact cost: `Some` for each
@@ -608,14 +535,6 @@ fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
     let stripped = Value::Array(list.iter().map(strip_tool).collect());
     (Some(&stripped) != tools).then_some(stripped)
 }
-
-/// Version of the masked form as far as stored masked costs depend on it (the excerpt, the
-/// marker and every masked form of [`mask_unit_fields`]): an index snapshot records the rule
-/// its masked costs were counted under, and masked costs of another rule are never reused.
-/// Bump it with any change that can change a masked copy's cost.
-///
-/// * 1: the masked forms of protoprompt 0.2.0 (`docs/masking.md`).
-pub const MASK_RULE: u8 = 1;
 
 /// The masked cost of every tool output ([`maskable`]) counted so far, for one encoding and
 /// one `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).

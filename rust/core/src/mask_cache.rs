@@ -24,7 +24,7 @@ use rustc_hash::FxHashMap;
 use serde_json::Value;
 
 use crate::digest::{Digest, Digester};
-use crate::mask::{MaskedField, MASK_RULE};
+use crate::masked_field::{MaskedField, MASK_RULE};
 use crate::tokens::{Encoding, COST_RULE};
 
 /// Approximate bytes of one generation of [`MASKED_FIELD_CACHE`].

@@ -78,6 +78,7 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 
+pub use crate::costs::{CostFailure, CostSource};
 use crate::graph::{Graph, GraphView, Unit};
 use crate::items::ItemMeta;
 pub use crate::mask::Masking;
@@ -397,57 +398,6 @@ impl fmt::Display for PackError {
 }
 
 impl std::error::Error for PackError {}
-
-/// A failure to cost one item.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CostFailure {
-    /// Global position (history ++ new_input).
-    pub position: usize,
-    pub field: String,
-    pub message: String,
-}
-
-/// Supplies item costs on demand. Positions are global (history ++ new_input).
-pub trait CostSource {
-    /// Exact costs of the items at `positions`, in the same order.
-    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure>;
-
-    /// A cheap lower bound of the cost of the item at `position`; must never exceed the exact
-    /// cost. The default is the per-item overhead.
-    fn lower_bound(&mut self, _position: usize) -> u64 {
-        crate::tokens::ITEM_OVERHEAD
-    }
-
-    /// Exact costs of the history members of one unit (`members`, in order) as sent masked
-    /// ([`crate::mask`]): an item with nothing to mask costs what it costs whole. The default,
-    /// for a source that cannot mask, is the whole costs.
-    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        self.costs(members)
-    }
-
-    /// A cheap lower bound of the masked cost of the item at `position` (never above it,
-    /// which is never above the whole cost). The default is the per-item overhead.
-    fn masked_lower_bound(&mut self, _position: usize) -> u64 {
-        crate::tokens::ITEM_OVERHEAD
-    }
-
-    /// Whether [`CostSource::masked_costs`] can be lower than the whole costs.
-    fn masks(&self) -> bool {
-        false
-    }
-
-    /// The exact cost of the item at `position` if it is known without counting.
-    fn known(&self, _position: usize) -> Option<u64> {
-        None
-    }
-
-    /// Whether the item at `position` may be cheaper masked (a tool output). The default,
-    /// for a source that does not know, is `true` (every item is then bounded by an item's
-    /// overhead).
-    fn maskable(&self, _position: usize) -> bool {
-        true
-    }
-}
 
 struct Packer<'a> {
     graph: GraphView<'a>,
