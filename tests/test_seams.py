@@ -40,7 +40,7 @@ def test_each_seam_resolves_on_this_sdk_line(seam: _seams.Seam) -> None:
         found = hasattr(owner, seam.name)
     else:
         # set on each object by the library's own code: `x.<name> = ...`
-        source = inspect.getsource(module)
+        source = inspect.getsource(importlib.import_module(owner.__module__))
         found = re.search(rf"\.{re.escape(seam.name)}\s*(:[^=\n]*)?=[^=]", source) is not None
     assert found is _applies(seam), (seam, "openai-agents", SDK)
 
