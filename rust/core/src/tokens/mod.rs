@@ -61,6 +61,7 @@ mod encoding;
 mod media;
 mod models;
 mod opaque;
+mod spm;
 
 pub use cache::{
     remember_count, store_key, CacheKey, CountCache, CACHE_GENERATION_ENTRIES, CACHE_MIN_BYTES,
