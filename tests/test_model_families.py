@@ -147,6 +147,25 @@ def test_counts_equal_the_family_reference_tokenizer(
     assert pp.count_tokens(LONG, model=model) != pp.count_tokens(LONG, encoding="o200k_base")
 
 
+def test_gemma3_counts_its_own_pieces_and_byte_fallback_as_sentencepiece_does() -> None:
+    """Gemma 3's user-defined pieces (matched whole in text, never merged), runs of spaces and
+    newlines, a literal ``▁``, and characters with no piece (counted as their UTF-8 bytes)."""
+    count = _gemma3()
+    texts = [
+        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+        "<unused12><unused123>x<mask>[multimodal]",
+        "<table><tr><td>1</td></tr></table>",
+        "a" + " " * 40 + "b" + "\n" * 40 + "c\t\t\r\n",
+        "\u2581word \u2581\u2581 words\u2581",
+        "\U0010fffd\U000e0001 \ue000 \u0378 \x00 \x7f",
+        "".join(chr(c) for c in range(0x2000, 0x2400)),
+        "ab" * 3000 + " " * 5000 + "\n" * 5000 + "漢" * 5000,
+    ]
+    ours = pp.count_tokens_batch(texts, model="gemma-3-27b-it")
+    theirs = [count(t) for t in texts]
+    assert ours == theirs
+
+
 @pytest.mark.parametrize(
     ("model", "encoding"),
     [

@@ -308,17 +308,44 @@ impl Spm {
         out
     }
 
-    /// The number of tokens of `text` (as [`Spm::encode`] would give).
+    /// The number of tokens of `text` (as [`Spm::encode`] would give). Short chunks are
+    /// counted through a small per-thread memo ([`CHUNK_MEMO`]): text repeats its words.
     pub(crate) fn count(&self, text: &str) -> usize {
+        let mut scratch = Scratch::default();
         let mut n = 0;
-        self.segment(text, |piece| {
-            n += if self.pieces.contains_key(piece) {
-                1
+        for chunk in self.chunks(text) {
+            let mut merge = || {
+                let mut k = 0;
+                self.merge(chunk, &mut scratch, &mut |piece: &[u8]| {
+                    k += if self.pieces.contains_key(piece) {
+                        1
+                    } else {
+                        piece.len()
+                    }
+                });
+                k
+            };
+            n += if chunk.len() <= MEMO_KEY {
+                memo_count(chunk.as_bytes(), merge)
             } else {
-                piece.len()
-            }
-        });
+                merge()
+            };
+        }
         n
+    }
+
+    /// `text` in chunks that end where no symbol can span ([`Spm::can_split`]): merged
+    /// apart, they give the symbols of the whole text.
+    fn chunks<'t>(&self, text: &'t str) -> impl Iterator<Item = &'t str> + use<'t, '_> {
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        (1..=bytes.len())
+            .filter(move |&i| i == bytes.len() || self.can_split(bytes, i))
+            .map(move |i| {
+                let chunk = &text[start..i];
+                start = i;
+                chunk
+            })
     }
 
     /// The bytes of text `tokens` stand for (`▁` as a space); a token the model lacks, or a
@@ -353,14 +380,26 @@ impl Spm {
     }
 
     /// Merge `text` into its final symbols and hand each one's normalised bytes to `emit`,
-    /// in order.
+    /// in order, chunk by chunk (one set of buffers).
     fn segment(&self, text: &str, mut emit: impl FnMut(&[u8])) {
+        let mut scratch = Scratch::default();
+        for chunk in self.chunks(text) {
+            self.merge(chunk, &mut scratch, &mut emit);
+        }
+    }
+
+    /// SentencePiece's merge of one chunk of text (steps 1-3 of the module's algorithm).
+    fn merge(&self, text: &str, scratch: &mut Scratch, emit: &mut impl FnMut(&[u8])) {
         if text.is_empty() {
             return;
         }
-        let norm = normalise(text);
-        let s = norm.as_bytes();
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(s.len());
+        scratch.norm.clear();
+        for c in text.chars() {
+            scratch.norm.push(if c == ' ' { '\u{2581}' } else { c });
+        }
+        let s = scratch.norm.as_bytes();
+        let symbols = &mut scratch.symbols;
+        symbols.clear();
         let mut at = 0usize;
         while at < s.len() {
             let user = self.user_match(&s[at..]);
@@ -379,9 +418,10 @@ impl Spm {
             });
             at += len;
         }
-        let mut agenda = BinaryHeap::new();
+        let agenda = &mut scratch.agenda;
+        agenda.clear();
         for i in 1..symbols.len() {
-            self.push_pair(s, &symbols, &mut agenda, i as i32 - 1, i as i32);
+            self.push_pair(s, symbols, agenda, i as i32 - 1, i as i32);
         }
         while let Some(top) = agenda.pop() {
             let (l, r) = (top.left as usize, top.right as usize);
@@ -398,8 +438,8 @@ impl Spm {
                 symbols[next as usize].prev = top.left;
             }
             symbols[r].len = 0;
-            self.push_pair(s, &symbols, &mut agenda, symbols[l].prev, top.left);
-            self.push_pair(s, &symbols, &mut agenda, top.left, symbols[l].next);
+            self.push_pair(s, symbols, agenda, symbols[l].prev, top.left);
+            self.push_pair(s, symbols, agenda, top.left, symbols[l].next);
         }
         let mut i = 0i32;
         while i >= 0 {
@@ -437,15 +477,6 @@ impl Spm {
     }
 }
 
-/// `text` with every space as `▁`.
-fn normalise(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.contains(' ') {
-        std::borrow::Cow::Owned(text.replace(' ', "\u{2581}"))
-    } else {
-        std::borrow::Cow::Borrowed(text)
-    }
-}
-
 /// Bytes of the UTF-8 character that starts with byte `b`.
 fn utf8_len(b: u8) -> usize {
     match b {
@@ -454,6 +485,63 @@ fn utf8_len(b: u8) -> usize {
         0xC0.. => 2,
         _ => 1,
     }
+}
+
+/// Longest chunk [`CHUNK_MEMO`] keeps.
+const MEMO_KEY: usize = 46;
+/// Slots of [`CHUNK_MEMO`] (a power of two).
+const MEMO_SLOTS: usize = 4096;
+
+/// A chunk's bytes (`len` of them) and its count; `len` 0 is an empty slot.
+#[derive(Clone, Copy)]
+struct MemoSlot {
+    len: u8,
+    count: u8,
+    key: [u8; MEMO_KEY],
+}
+
+thread_local! {
+    /// Counts of short chunks, direct-mapped by a hash of their bytes (a new chunk
+    /// overwrites its slot). Only Gemma 3's model counts, so the bytes are the whole key.
+    static CHUNK_MEMO: std::cell::RefCell<Vec<MemoSlot>> = std::cell::RefCell::new(
+        vec![MemoSlot { len: 0, count: 0, key: [0; MEMO_KEY] }; MEMO_SLOTS],
+    );
+}
+
+/// The count of `chunk` (at most [`MEMO_KEY`] bytes) from the memo, else `merge`'s.
+fn memo_count(chunk: &[u8], merge: impl FnOnce() -> usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    chunk.hash(&mut h);
+    let x = h.finish();
+    let slot = ((x ^ (x >> 32)) as usize) & (MEMO_SLOTS - 1);
+    let hit = CHUNK_MEMO.with(|m| {
+        let m = m.borrow();
+        let s = &m[slot];
+        (usize::from(s.len) == chunk.len() && &s.key[..chunk.len()] == chunk)
+            .then_some(usize::from(s.count))
+    });
+    if let Some(n) = hit {
+        return n;
+    }
+    let n = merge();
+    if let Ok(count) = u8::try_from(n) {
+        CHUNK_MEMO.with(|m| {
+            let s = &mut m.borrow_mut()[slot];
+            s.len = chunk.len() as u8;
+            s.count = count;
+            s.key[..chunk.len()].copy_from_slice(chunk);
+        });
+    }
+    n
+}
+
+/// Buffers one text's chunks are merged in.
+#[derive(Default)]
+struct Scratch {
+    norm: String,
+    symbols: Vec<Symbol>,
+    agenda: BinaryHeap<Pair>,
 }
 
 struct Symbol {
