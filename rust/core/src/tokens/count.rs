@@ -172,10 +172,12 @@ pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
     if i == 0 || i >= bytes.len() {
         return false;
     }
-    if let Bpe::Spm(spm) = encoding.bpe() {
+    if encoding == Encoding::Gemma3 {
         // SentencePiece has no pre-tokenizer: where no piece can span a point comes from
         // the vocabulary (built first if need be).
-        return spm.can_split(bytes, i);
+        if let Bpe::Spm(spm) = encoding.bpe() {
+            return spm.can_split(bytes, i);
+        }
     }
     let (before, at) = (bytes[i - 1], bytes[i]);
     let newline = before == b'\n'
