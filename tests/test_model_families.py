@@ -166,6 +166,48 @@ def test_gemma3_counts_its_own_pieces_and_byte_fallback_as_sentencepiece_does() 
     assert ours == theirs
 
 
+def test_gemma3_counts_random_texts_around_its_user_defined_pieces_as_sentencepiece_does() -> None:
+    """Random texts from fragments that start, end or cut user-defined pieces (``<unused1``,
+    ``<start_of_turn``, ``</td``), runs of spaces and newlines, and rare characters."""
+    count = _gemma3()
+    fragments = [
+        "<",
+        ">",
+        "</",
+        "<unused1",
+        "2>",
+        "<start_of_turn",
+        "end_of_turn>",
+        "<td>",
+        "</td",
+        "[multimodal",
+        "]",
+        "<mask>",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\u2581",
+        "a",
+        "ab",
+        "the",
+        " the",
+        "1",
+        "23",
+        "é",
+        "e\u0301",
+        "漢字",
+        "ё",
+        "🙂",
+        "\U0010fffd",
+        "\x00",
+    ]
+    rng = random.Random(3636)
+    texts = ["".join(rng.choices(fragments, k=rng.randint(1, 80))) for _ in range(400)]
+    assert pp.count_tokens_batch(texts, model="gemini-2.5-flash") == [count(t) for t in texts]
+
+
 @pytest.mark.parametrize(
     ("model", "encoding"),
     [
