@@ -52,9 +52,9 @@ pub(crate) struct Spm {
     user: FxHashSet<&'static [u8]>,
     user_prefixes: FxHashSet<&'static [u8]>,
     user_first: [bool; 256],
-    /// Every id's piece, as the bytes of text it stands for (`▁` as a space, `<0xNN>` as
-    /// its byte; empty for control and unknown pieces).
-    texts: Vec<Vec<u8>>,
+    /// Every id's piece and type (decoded on demand: `▁` as a space, `<0xNN>` as its
+    /// byte; control and unknown pieces stand for no text).
+    ids: Vec<(&'static [u8], u8)>,
     /// The id of each byte's `<0xNN>` piece.
     byte_ids: [u32; 256],
     /// Bit `a * 256 + b`: some piece holds byte `a` followed by byte `b`.
@@ -195,7 +195,8 @@ impl Spm {
     pub(crate) fn gemma3() -> Spm {
         let mut decoder = ruzstd::decoding::StreamingDecoder::new(GEMMA3_MODEL)
             .expect("the compiled-in Gemma 3 model is valid zstd");
-        let mut data = Vec::new();
+        // The model's size: read in one allocation, kept as is.
+        let mut data = Vec::with_capacity(4_689_074);
         std::io::Read::read_to_end(&mut decoder, &mut data)
             .expect("the compiled-in Gemma 3 model is valid zstd");
         // Built once per process and kept for its life.
@@ -210,7 +211,7 @@ impl Spm {
             user: FxHashSet::default(),
             user_prefixes: FxHashSet::default(),
             user_first: [false; 256],
-            texts: Vec::new(),
+            ids: Vec::with_capacity(262_144),
             byte_ids: [u32::MAX; 256],
             adjacent: vec![0; 65536 / 64],
             longest: 0,
@@ -221,7 +222,7 @@ impl Spm {
         while let Some((n, f)) = p.field()? {
             match (n, f) {
                 (1, Field::Bytes(b)) => {
-                    let id = u32::try_from(spm.texts.len()).map_err(|_| bad("too many pieces"))?;
+                    let id = u32::try_from(spm.ids.len()).map_err(|_| bad("too many pieces"))?;
                     let (text, score, kind) = piece(b)?;
                     unknown |= kind == UNKNOWN;
                     spm.add(id, text, score, kind)?;
@@ -239,6 +240,9 @@ impl Spm {
     }
 
     fn add(&mut self, id: u32, text: &'static [u8], score: f32, kind: u64) -> Result<(), String> {
+        if !(NORMAL..=BYTE).contains(&kind) {
+            return Err(bad("a piece type"));
+        }
         if kind == UNUSED {
             return Err(bad("unused pieces"));
         }
@@ -263,14 +267,13 @@ impl Spm {
                 self.user_prefixes.insert(&text[..end]);
             }
         }
-        let decoded = piece_text(text, kind);
         if kind == BYTE {
-            let &[b] = decoded.as_slice() else {
+            let &[b] = piece_text(text, kind).as_slice() else {
                 return Err(bad("a byte piece"));
             };
             self.byte_ids[usize::from(b)] = id;
         }
-        self.texts.push(decoded);
+        self.ids.push((text, kind as u8)); // 1..=6, checked above
         Ok(())
     }
 
@@ -353,10 +356,15 @@ impl Spm {
     pub(crate) fn decode_bytes(&self, tokens: &[u32]) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         for &t in tokens {
-            match self.texts.get(t as usize) {
-                Some(b) if !b.is_empty() => out.extend_from_slice(b),
-                _ => return Err(format!("token {t} is not in the vocabulary")),
+            let text = self
+                .ids
+                .get(t as usize)
+                .map(|&(piece, kind)| piece_text(piece, u64::from(kind)))
+                .unwrap_or_default();
+            if text.is_empty() {
+                return Err(format!("token {t} is not in the vocabulary"));
             }
+            out.extend_from_slice(&text);
         }
         Ok(out)
     }
@@ -589,7 +597,7 @@ mod tests {
     #[test]
     fn the_compiled_in_model_is_gemma_3s() {
         let spm = Spm::gemma3();
-        assert_eq!(spm.texts.len(), 262_144);
+        assert_eq!(spm.ids.len(), 262_144);
         assert!(spm.user.contains("<start_of_turn>".as_bytes()));
         // Known counts (SentencePiece's own on the same model file).
         assert_eq!(spm.count("What is your name?"), 5);
