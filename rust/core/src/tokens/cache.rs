@@ -206,6 +206,24 @@ mod tests {
     }
 
     #[test]
+    fn no_encoding_reads_anothers_stored_counts() {
+        // A new encoding (gemma3) needs no new key version: its name is in every key, so no
+        // count stored under another encoding (or before it existed) is ever read for it.
+        let secret = [3u8; 16];
+        let text = "x".repeat(300);
+        let keys: std::collections::HashSet<[u8; 16]> = Encoding::ALL
+            .iter()
+            .map(|&e| store_key(&secret, e, &text))
+            .collect();
+        assert_eq!(keys.len(), Encoding::ALL.len());
+        let cache: std::collections::HashSet<CacheKey> = Encoding::ALL
+            .iter()
+            .map(|&e| CacheKey::new(e, &text))
+            .collect();
+        assert_eq!(cache.len(), Encoding::ALL.len());
+    }
+
+    #[test]
     fn count_cache_is_content_addressed_per_encoding_and_bounded() {
         let a = "some long tool output ".repeat(40);
         let b = "some long tool output!".repeat(40);

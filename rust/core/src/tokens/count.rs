@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use super::{Encoding, TokenError};
+use super::{Bpe, Encoding, TokenError};
 
 thread_local! {
     /// Counts still to fail on this thread (see [`fail_next_counts`]).
@@ -164,11 +164,20 @@ const MIN_FALLBACK_SPLIT: usize = 1024;
 ///   starts the next word's piece, ` word`).
 ///
 /// In the last two the left part ends with a letter or digit, so no whitespace pattern
-/// (`\s+(?!\S)`, `\s++$`) ends at the split. Tested on random texts for every encoding
+/// (`\s+(?!\S)`, `\s++$`) ends at the split. Under `gemma3` (SentencePiece, no
+/// pre-tokenizer) a point is exact where no piece of the vocabulary holds the bytes on
+/// either side of it side by side (a space as `▁`): no merged symbol can span it. Tested on random texts for every encoding
 /// against counting the whole.
 pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
     if i == 0 || i >= bytes.len() {
         return false;
+    }
+    if encoding == Encoding::Gemma3 {
+        // SentencePiece has no pre-tokenizer: where no piece can span a point comes from
+        // the vocabulary (built first if need be).
+        if let Bpe::Spm(spm) = encoding.bpe() {
+            return spm.can_split(bytes, i);
+        }
     }
     let (before, at) = (bytes[i - 1], bytes[i]);
     let newline = before == b'\n'
@@ -182,6 +191,7 @@ pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
             | Encoding::DeepseekV3
             | Encoding::Tekken
             | Encoding::ClaudeEstimate => true,
+            Encoding::Gemma3 => false,
             Encoding::P50kBase | Encoding::P50kEdit | Encoding::R50kBase => {
                 i >= 2 && bytes[i - 2].is_ascii_graphic()
             }

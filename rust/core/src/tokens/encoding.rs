@@ -32,6 +32,8 @@ pub(crate) enum Bpe {
     /// of this (o200k_base) encoding, each one's pair [`ESTIMATE_FILLER`] then the token,
     /// so that the first `2k` tokens of a text are its first `k` base tokens.
     Doubled(&'static CoreBPE),
+    /// A SentencePiece BPE model (Gemma 3's).
+    Spm(&'static super::spm::Spm),
 }
 
 /// The first token of each pair of an estimate ([`Bpe::Doubled`]): it covers no bytes.
@@ -53,6 +55,7 @@ impl Bpe {
             Bpe::OpenAi(b) => b.encode_ordinary(text),
             Bpe::Family(b) => b.encode(text),
             Bpe::FamilyNfc(b) => b.encode(&nfc(text)),
+            Bpe::Spm(m) => m.encode(text),
             Bpe::Doubled(b) => b
                 .encode_ordinary(text)
                 .into_iter()
@@ -67,6 +70,7 @@ impl Bpe {
             Bpe::OpenAi(b) => b.encode_ordinary(text).len(),
             Bpe::Family(b) => b.count(text),
             Bpe::FamilyNfc(b) => b.count(&nfc(text)),
+            Bpe::Spm(m) => m.count(text),
             Bpe::Doubled(b) => 2 * b.encode_ordinary(text).len(),
         }
     }
@@ -75,6 +79,7 @@ impl Bpe {
     pub(crate) fn decode_bytes(self, tokens: &[u32]) -> Result<Vec<u8>, String> {
         match self {
             Bpe::OpenAi(b) => b.decode_bytes(tokens).map_err(|e| e.to_string()),
+            Bpe::Spm(m) => m.decode_bytes(tokens),
             Bpe::Doubled(b) => {
                 let base: Vec<u32> = tokens
                     .iter()
@@ -154,11 +159,15 @@ pub enum Encoding {
     /// `docs/models.md`: public measurements put Claude 4.x at a median 1.7 times the
     /// `o200k_base` count).
     ClaudeEstimate,
+    /// Gemma 3's SentencePiece tokenizer (262,144 pieces), which Google's SDK also uses to
+    /// count Gemini 2.x / 3 tokens locally (see `docs/models.md`: compatible, not
+    /// guaranteed identical to Gemini's server).
+    Gemma3,
 }
 
 impl Encoding {
     /// Every encoding, default first.
-    pub const ALL: [Encoding; 11] = [
+    pub const ALL: [Encoding; 12] = [
         Encoding::O200kBase,
         Encoding::O200kHarmony,
         Encoding::Cl100kBase,
@@ -170,6 +179,7 @@ impl Encoding {
         Encoding::DeepseekV3,
         Encoding::Tekken,
         Encoding::ClaudeEstimate,
+        Encoding::Gemma3,
     ];
 
     /// The name of the encoding (tiktoken's for OpenAI's).
@@ -186,11 +196,12 @@ impl Encoding {
             Encoding::DeepseekV3 => "deepseek_v3",
             Encoding::Tekken => "tekken",
             Encoding::ClaudeEstimate => "claude_estimate",
+            Encoding::Gemma3 => "gemma3",
         }
     }
 
     /// The provider family whose tokenizer this is (`"openai"`, `"meta"`, `"qwen"`,
-    /// `"deepseek"`, `"mistral"`, `"anthropic"`).
+    /// `"deepseek"`, `"mistral"`, `"anthropic"`, `"google"`).
     pub fn family(self) -> &'static str {
         match self {
             Encoding::O200kBase
@@ -204,6 +215,7 @@ impl Encoding {
             Encoding::DeepseekV3 => "deepseek",
             Encoding::Tekken => "mistral",
             Encoding::ClaudeEstimate => "anthropic",
+            Encoding::Gemma3 => "google",
         }
     }
 
@@ -359,6 +371,10 @@ impl Encoding {
             Encoding::DeepseekV3 => family("deepseek_v3"),
             Encoding::Tekken => family("mistral_v3"),
             Encoding::ClaudeEstimate => Bpe::Doubled(tiktoken_rs::o200k_base_singleton()),
+            Encoding::Gemma3 => {
+                static GEMMA3: std::sync::OnceLock<super::spm::Spm> = std::sync::OnceLock::new();
+                Bpe::Spm(GEMMA3.get_or_init(super::spm::Spm::gemma3))
+            }
         }
     }
 
@@ -373,7 +389,7 @@ impl Encoding {
     /// it, as it does every token.
     pub fn item_overhead(self) -> u64 {
         match self {
-            Encoding::Llama3 | Encoding::Qwen2 => 5,
+            Encoding::Llama3 | Encoding::Qwen2 | Encoding::Gemma3 => 5,
             Encoding::ClaudeEstimate => 2 * super::ITEM_OVERHEAD,
             _ => super::ITEM_OVERHEAD,
         }
@@ -394,6 +410,7 @@ impl Encoding {
             | Encoding::DeepseekV3
             | Encoding::ClaudeEstimate => 128,
             Encoding::Tekken => 76,
+            Encoding::Gemma3 => 93,
         }
     }
 }
@@ -498,6 +515,7 @@ mod tests {
                         .map(|b| b.len() as u64);
                     lens.fold((0, 0), |(n, m), l| (n + 1, m.max(l)))
                 }
+                Bpe::Spm(spm) => (262_144, spm.longest_piece() as u64),
                 Bpe::Family(bpe) | Bpe::FamilyNfc(bpe) => {
                     // A special token is one piece only when special tokens are recognised.
                     let is_special = |b: &[u8]| {

@@ -10,7 +10,7 @@
 //!
 //! * `ITEM_OVERHEAD` (4 tokens) stands for the framing the provider adds around every input
 //!   item (role / type markers and separators); the open-weight families' chat templates
-//!   take more for some ([`Encoding::item_overhead`]: 5 for Llama 3 and Qwen).
+//!   take more for some ([`Encoding::item_overhead`]: 5 for Llama 3, Qwen and Gemma 3).
 //! * `canonical_text` renders every provider-bound field of the item as plain text: an object
 //!   becomes one `key: value` line per field (keys sorted, so equal content always renders
 //!   the same text whatever the key order of the caller's dict), an array one line
@@ -49,6 +49,7 @@
 //! * `canonical`: the canonical text of an item.
 //! * `media`: image, file and audio costs.
 //! * `opaque`: opaque payloads (decoded size), the cost rule's version, calibration scales.
+//! * `spm`: SentencePiece BPE on Gemma 3's compiled-in model (`gemma3`).
 
 use std::fmt;
 
@@ -61,6 +62,7 @@ mod encoding;
 mod media;
 mod models;
 mod opaque;
+mod spm;
 
 pub use cache::{
     remember_count, store_key, CacheKey, CountCache, CACHE_GENERATION_ENTRIES, CACHE_MIN_BYTES,

@@ -21,6 +21,7 @@
 //! | Qwen | `qwen2*`, `qwen-2*`, `qwen3*` (not 3.5 / 3.6: a new vocabulary), `qwq*` | `qwen2` |
 //! | DeepSeek | `deepseek-chat`, `deepseek-reasoner`, `deepseek-v3*`, `deepseek-v4*`, `deepseek-r1*` | `deepseek_v3` |
 //! | Anthropic | `claude*` (a conservative estimate: Claude's tokenizer is not public) | `claude_estimate` |
+//! | Google | `gemma-3*`, `gemma3*` (3 and 3n), `gemini-2*`, `gemini-3*`, `gemini-live-2*` (Gemma 3's tokenizer, which Google's SDK counts Gemini with; not Gemma 1 / 2 / 4 or Gemini 1.x) | `gemma3` |
 //! | Mistral | `mistral-nemo*`, `open-mistral-nemo*`, `ministral*`, `pixtral-12b*`, `mistral-small*` (not 2312 / 2402), `mistral-medium-3*` / `-25*` / `-latest`, `codestral-25*` / `-latest`, `magistral*`, `devstral*`, `voxtral*` | `tekken` |
 //!
 //! R1 distillations count with their base model's tokenizer (`deepseek-r1-distill-qwen-*`:
@@ -135,6 +136,12 @@ fn family(m: &str) -> Option<Encoding> {
     if m.starts_with("claude") {
         return Some(Encoding::ClaudeEstimate);
     }
+    if ["gemma-3", "gemma3", "gemini-2", "gemini-3", "gemini-live-2"]
+        .iter()
+        .any(|p| starts_version(m, p))
+    {
+        return Some(Encoding::Gemma3);
+    }
     is_tekken(m).then_some(Encoding::Tekken)
 }
 
@@ -241,6 +248,26 @@ mod tests {
             ("mistral-small-2402", None),
             ("mistral-large-2411", None),
             ("open-mixtral-8x22b", None),
+            // Gemma 3 and Gemini 2.x / 3.
+            ("gemini-2.5-pro", Some(Encoding::Gemma3)),
+            ("litellm/gemini/gemini-2.5-flash", Some(Encoding::Gemma3)),
+            ("vertex_ai/gemini-2.0-flash-001", Some(Encoding::Gemma3)),
+            (
+                "litellm/vertex_ai/gemini-3-pro-preview",
+                Some(Encoding::Gemma3),
+            ),
+            ("google:gemini-2.5-flash-lite", Some(Encoding::Gemma3)),
+            ("openrouter/google/gemini-2.5-pro", Some(Encoding::Gemma3)),
+            ("models/gemini-2.5-flash", Some(Encoding::Gemma3)),
+            ("gemini-live-2.5-flash", Some(Encoding::Gemma3)),
+            ("google/gemma-3-27b-it", Some(Encoding::Gemma3)),
+            ("gemma3:12b", Some(Encoding::Gemma3)),
+            ("litellm/ollama/gemma3:4b", Some(Encoding::Gemma3)),
+            ("gemma-3n-e4b-it", Some(Encoding::Gemma3)),
+            ("gemini-1.5-pro", None),
+            ("gemini-pro", None),
+            ("gemma-2-9b-it", None),
+            ("gemma-30b", None),
             // Nothing known.
             ("", None),
             ("litellm/", None),
