@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from .._process import SERVED_BUILDERS, sqlite_gate
 from .._recall_ledger import position_key
 from ..recall import Evictions, Ledger, TurnRows, item_digest
-from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
+from ..summaries import MemorySummaryStore, SummaryStore
 from ._sdk import SQLiteSession
+from ._summary_stores import summary_store_for
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -148,13 +149,11 @@ class SessionMemory:
         # Rows keyed by their SQLite row id when the session reads them from a file (the
         # ids only grow); other stores' rows are keyed by position.
         self.by_row_id = store_kind == "sqlite" and self._file is not None
+        # The summary beside the history, shared by every worker (else kept by the process).
         self._summaries: SummaryStore | None = None
-        if builder.summarizer is not None and self._file is not None:
-            self._summaries = SQLiteSummaryStore(
-                self._file[0],
-                self._file[1],
-                session.session_id,
-                keyed="row" if self.by_row_id else "position",
+        if builder.summarizer is not None:
+            self._summaries = summary_store_for(
+                inner, session.session_id, keyed="row" if self.by_row_id else "position"
             )
 
     @property
