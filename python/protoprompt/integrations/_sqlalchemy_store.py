@@ -24,10 +24,11 @@ snapshots' binding).
 
 **protoprompt's own state** (database id, index snapshots, token counts) lives in tables of
 the same database: for PostgreSQL ``protoprompt_meta``, ``protoprompt_index_snapshots``,
-``protoprompt_token_counts`` and ``protoprompt_summaries`` (``_summary_stores``), created on first use under an advisory lock and used
-through an engine cloned from the inner session's (its pool's connection arguments, on
-protoprompt's I/O loop, see ``_io``); for a SQLite file the tables and code of
-``SQLiteSession``'s fast path. A memory database keeps no snapshots or counts.
+``protoprompt_token_counts`` and ``protoprompt_summaries`` (``_summary_stores``), created
+on first use under an advisory lock and used through an engine cloned from the inner
+session's (its pool's connection arguments, on protoprompt's I/O loop, see ``_io``); for a
+SQLite file the tables and code of ``SQLiteSession``'s fast path. A memory database keeps
+no snapshots or counts.
 """
 
 from __future__ import annotations
