@@ -526,6 +526,10 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
         met[f"hybrid >= {TARGET_HYBRID_25:.0%} at 25%"] = (
             hybrid_25["reached"] >= TARGET_HYBRID_25 * hybrid_25["questions"]
         )
+        confusable = by[(0.10, HYBRID)]["confusable"]
+        met[f"hybrid confusable >= {TARGET_CONFUSABLE_10:.0%} at 10%"] = (
+            confusable[0] >= TARGET_CONFUSABLE_10 * confusable[1]
+        )
     return met
 
 
