@@ -133,4 +133,3 @@ def test_recall_brings_back_a_paraphrased_evicted_turn(embedder: embed.OfflineEm
 
     assert "Corolla" not in asyncio.run(sent(MemoryStore(":memory:")))
     assert "Corolla" in asyncio.run(sent(MemoryStore(":memory:", embedder=embedder)))
-
