@@ -559,3 +559,37 @@ async def test_a_second_worker_starts_with_the_summary(session_engine: Any) -> N
     plan = await turn(worker(), 50)
     block = next((b for b in plan.blocks if b.layer == "summary"), None)
     assert block is not None and block.text == made, plan.explain()
+
+
+async def test_the_first_summary_after_token_windows_reads_the_rows_before(
+    session_engine: Any,
+) -> None:
+    """The first update comes after turns that read only a token window: the rows before
+    it are read for the summary (by row id from a SQLite file, else through the inner
+    session), from the first one on -- never given up on for the session's life."""
+    summarizer = Recorder()
+    sid = session_engine.sid()
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=700, output_reserve=100, summarizer=summarizer, summarize_every=1200
+    )
+    session = session_engine.proto(sid)
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder), tracing_disabled=True
+    )
+    windowed = False
+    for i in range(30):
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[lookup])
+        await Runner.run(agent, f"question {i}", session=session, run_config=config)
+        assert await builder.wait_for_background(30)
+        if summarizer.calls:
+            break
+        windowed = windowed or builder.last_plan.turn.read == "window"
+    assert windowed, "turns read token windows before the first summary"
+    assert summarizer.calls, "a summary was made"
+    assert summarizer.calls[0][0][0] == {"content": "question 0", "role": "user"}

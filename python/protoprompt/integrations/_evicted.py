@@ -213,13 +213,15 @@ class SessionMemory:
         remember_served(self._stored_key(), self.builder, self.given_scope)
         if self.by_row_id and row_ids is None:
             return None  # a turn packed without the rows' ids: a later turn hands them over
-        fetch = None
+        fetch: Callable[[list[int]], dict[int, Any]] | None = None
         if self._file is not None and row_ids is not None:
             db, table = self._file
             sid = self.session.session_id
 
-            def fetch(ids: list[int]) -> dict[int, Any]:
+            def fetch_rows(ids: list[int]) -> dict[int, Any]:
                 return read_rows(db, table, sid, ids)
+
+            fetch = fetch_rows
 
         ledger = self._ledger()
         rows = TurnRows(
@@ -234,8 +236,15 @@ class SessionMemory:
             fetch=fetch,
             summaries=self._summary_store(ledger),
             epoch=self._index_state().epoch,
+            read_all=self._read_all if fetch is None and offset else None,
         )
         return self.evictions.observe(ledger, rows)
+
+    async def _read_all(self) -> list[Any]:
+        """The whole history as the inner session reads it (a summary of rows before a
+        token window that cannot be read by row id)."""
+        items: list[Any] = await self.session.inner_session.get_items()
+        return items
 
     # ------------------------------------------------------------------ changes of the history
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -116,20 +115,21 @@ class PostgresSummaryStore:
         self._session = session_id
         self._keyed = keyed
         self._where: tuple[Any, str] | None = None  # (server, "name#oid")
-        self._lock = threading.Lock()
 
     def _located(self) -> tuple[Any, str]:
-        with self._lock:
-            if self._where is None:
-                from ._sqlalchemy_store import _server
+        """protoprompt's tables of the database and the messages table's identity (found
+        once; no lock is held while they are looked up, so none is held at a fork)."""
+        where = self._where
+        if where is None:
+            from ._sqlalchemy_store import _server
 
-                server = _server(self._inner.engine)
-                server.ready()  # creates protoprompt's tables, this one included
-                oid = server.table_oid(self._table_name)
-                if oid is None:
-                    raise LookupError(f"the session's table {self._table_name!r} does not exist")
-                self._where = (server, f"{self._table_name}#{oid}")
-            return self._where
+            server = _server(self._inner.engine)
+            server.ready()  # creates protoprompt's tables, this one included
+            oid = server.table_oid(self._table_name)
+            if oid is None:
+                raise LookupError(f"the session's table {self._table_name!r} does not exist")
+            where = self._where = (server, f"{self._table_name}#{oid}")
+        return where
 
     async def _read(self, conn: Any, table: str, *, lock: bool) -> tuple[bool, SummaryState | None]:
         """Whether a row is stored, and the state it holds."""
@@ -240,17 +240,17 @@ class RedisSummaryStore:
         self._list = str(inner._messages_key)
         self.key = f"{inner._session_key}:protoprompt:summary"
         self._server: Any = None
-        self._lock = threading.Lock()
 
     def _client(self) -> Any:
-        with self._lock:
-            if self._server is None:
-                from ._redis_store import _server
+        """A client of protoprompt's I/O loop (the server's keys found once)."""
+        server = self._server
+        if server is None:
+            from ._redis_store import _server
 
-                server = _server(self._inner._redis, str(self._inner._key_prefix))
-                server.ready()
-                self._server = server
-        return self._server.client
+            server = _server(self._inner._redis, str(self._inner._key_prefix))
+            server.ready()
+            self._server = server
+        return server.client
 
     def _run(self, make: Callable[[], Any]) -> Any:
         return io_loop().run(make, _TIMEOUT)
