@@ -27,7 +27,9 @@ through a ``ProtoPromptSession`` (in-memory SQLite) whose first turn evicts what
 (indexed in the background, waited for), then one turn per question over the whole
 history: **drop-only** -- ``TokenBudgetedContextBuilder(masking=None)``, the newest whole
 turns; **lexical** -- the same with ``recall_evicted=True`` on a ``MemoryStore`` (full-text
-ranking, no embedder). The time of each question's turn (the session's input callback) is
+ranking, no embedder); **hybrid** -- lexical with ``protoprompt.embed.OfflineEmbedder`` on
+the store (the full-text and cosine-similarity rankings interleaved; when the ``embed``
+extra is installed). The time of each question's turn (the session's input callback) is
 measured in both modes: the recall time per turn is the difference of the medians.
 
 Offline and deterministic but for the times: seeded conversation, no model.
@@ -49,9 +51,14 @@ from typing import Any
 
 SHARES = (0.10, 0.25)
 MODES = ("drop-only", "lexical")
+HYBRID = "hybrid"
+"""Lexical recall with ``protoprompt.embed.OfflineEmbedder`` on the store (the ``embed``
+extra; left out when it is not installed)."""
 KINDS = ("paraphrase", "reply", "temporal", "multi-hop", "confusable")
 TARGET_LEXICAL_25 = 0.70
 """Share of questions whose evidence all reaches the request, lexical recall at 25%."""
+TARGET_HYBRID_25 = 0.80
+"""Share of questions whose evidence all reaches the request, hybrid recall at 25%."""
 TARGET_CONFUSABLE_10 = 0.95
 """Share of confusable facts that reach the request, lexical recall at 10%."""
 ENCODING = "o200k_base"
@@ -340,8 +347,15 @@ async def _ask(
     import protoprompt as pp
     from protoprompt.integrations import ProtoPromptSession
 
-    recall = mode.startswith("lexical")
-    store = pp.MemoryStore(postgres if mode == "lexical, PostgreSQL" else ":memory:")
+    recall = mode != "drop-only"
+    embedder = None
+    if mode == HYBRID:
+        from protoprompt.embed import OfflineEmbedder
+
+        embedder = OfflineEmbedder()
+    store = pp.MemoryStore(
+        postgres if mode == "lexical, PostgreSQL" else ":memory:", embedder=embedder
+    )
     builder = pp.TokenBudgetedContextBuilder(
         store if recall else None,
         max_tokens=budget,
@@ -457,7 +471,7 @@ def measure(
     for share in SHARES:
         budget = int(share * cost) + longest
         whole = asyncio.run(_whole_turns(conv, budget)) if sdk_turns else {}
-        for mode in (*MODES, "lexical, PostgreSQL") if postgres else MODES:
+        for mode in _modes(postgres):
             found, times = asyncio.run(_ask(conv, budget, mode, postgres))
             row: dict[str, Any] = {
                 "items": len(conv.items),
@@ -478,6 +492,13 @@ def measure(
     return rows
 
 
+def _modes(postgres: str | None) -> tuple[str, ...]:
+    from protoprompt import embed
+
+    modes = MODES + ((HYBRID,) if embed.available() else ())
+    return modes + (("lexical, PostgreSQL",) if postgres else ())
+
+
 def recall_ms(rows: list[dict[str, Any]], share: float) -> float:
     """The median turn's time with recall less without it, at ``share``."""
     by = {r["mode"]: r for r in rows if r["share"] == share}
@@ -494,12 +515,22 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
     by = {(r["share"], r["mode"]): r for r in rows}
     lexical_25 = by[(0.25, "lexical")]
     confusable = by[(0.10, "lexical")]["confusable"]
-    return {
+    met = {
         f"lexical >= {TARGET_LEXICAL_25:.0%} at 25%": lexical_25["reached"]
         >= TARGET_LEXICAL_25 * lexical_25["questions"],
         f"confusable >= {TARGET_CONFUSABLE_10:.0%} at 10%": confusable[0]
         >= TARGET_CONFUSABLE_10 * confusable[1],
     }
+    hybrid_25 = by.get((0.25, HYBRID))
+    if hybrid_25 is not None:
+        met[f"hybrid >= {TARGET_HYBRID_25:.0%} at 25%"] = (
+            hybrid_25["reached"] >= TARGET_HYBRID_25 * hybrid_25["questions"]
+        )
+        confusable = by[(0.10, HYBRID)]["confusable"]
+        met[f"hybrid confusable >= {TARGET_CONFUSABLE_10:.0%} at 10%"] = (
+            confusable[0] >= TARGET_CONFUSABLE_10 * confusable[1]
+        )
+    return met
 
 
 def _share(pair: tuple[int, int]) -> str:
@@ -589,7 +620,10 @@ long tool outputs. A question counts when all its evidence turns reach the reque
 history or the context message). Budgets: 10% and 25% of the conversation's cost plus the
 longest question, no output reserve, `masking=None`; *drop-only* keeps the newest turns,
 *lexical* adds `recall_evicted=True` (full-text ranking, no embedder) through a
-`ProtoPromptSession` (with `--postgres`, also on a PostgreSQL store: the same ranking).
+`ProtoPromptSession` (with `--postgres`, also on a PostgreSQL store: the same ranking);
+*hybrid* is lexical with `protoprompt.embed.OfflineEmbedder` on the store (the `embed`
+extra: the full-text and cosine-similarity rankings interleaved, full-text first; left
+out without the extra).
 Times, on a shared machine: the session's input callback per question (median), and whole
 SDK turns (`Runner.run` over a `ProtoPromptSession` in a SQLite file, a model that answers
 at once, the two modes taking turns; the background indexing of the rows a turn evicts

@@ -771,7 +771,9 @@ async def test_rows_evicted_after_a_compaction_keep_the_compacted_turns_passages
 def test_evidence_of_generated_conversations_reaches_the_request() -> None:
     """The recall benchmark (benches/recall_quality.py) on a shorter conversation:
     paraphrased questions, replies that answer an earlier question, dates, multi-hop and
-    confusable facts reach the request with lexical recall, within its targets."""
+    confusable facts reach the request with lexical recall, within its targets; with the
+    [embed] extra installed, hybrid recall too (confusable facts included: the two rankings
+    are interleaved, where reciprocal rank fusion let other projects' facts crowd them out)."""
     import recall_quality
 
     rows = recall_quality.measure(sessions=14, exchanges=8)

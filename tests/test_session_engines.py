@@ -555,8 +555,14 @@ async def test_redis_keys_stay_under_the_prefix_and_expire_with_the_session(
             at = await client.pexpiretime(f"{prefix}:{sid}:protoprompt:{key}")
             assert 0 < at <= expires, key
         await session.clear_session()
-        left = [k async for k in client.scan_iter(match=f"{prefix}:{sid}*")]
-        assert left == []
+        left = [k.decode() async for k in client.scan_iter(match=f"{prefix}:{sid}*")]
+        # A builder with a summarizer that served sessions in this process (another test's)
+        # leaves the cleared session's summary tombstone, which expires within a day.
+        tombstone = f"{prefix}:{sid}:protoprompt:summary"
+        assert [k for k in left if k != tombstone] == []
+        if left:
+            assert await client.hget(tombstone, "summary") == b""
+            assert 0 < await client.ttl(tombstone) <= 86_400
     finally:
         await client.aclose()
         await inner.close()

@@ -433,3 +433,163 @@ async def test_a_clear_during_a_summary_update_is_not_undone(
     plan = await turn(0)
     assert not any(b.layer == "summary" for b in plan.blocks), plan.explain()
     assert summarizer.calls == 1
+
+
+# ---------------------------------------------------------------------- every engine
+
+
+async def _engine_store(session_engine: Any, sid: str, keyed: str = "position") -> Any:
+    """The summary store of ``sid`` beside its history on the test's engine (one worker's:
+    a new inner session, engine or client)."""
+    from protoprompt.integrations._summary_stores import summary_store_for
+
+    inner = session_engine.plain(sid)
+    await inner.add_items([{"role": "user", "content": "hello"}])  # the tables exist
+    store = summary_store_for(inner, sid, keyed=keyed)
+    assert store is not None, f"no summary store beside {type(inner).__name__}"
+    return store
+
+
+async def _tamper(session_engine: Any, store: Any, sid: str) -> None:
+    """Change the stored summary's text behind its checksum's back."""
+    kind = session_engine.kind
+    if kind in ("sqlite", "sqlalchemy-sqlite"):
+        conn = sqlite3.connect(session_engine.db)
+        conn.execute(f"UPDATE {TABLE} SET summary = 'tampered' WHERE session_id = ?", (sid,))
+        conn.commit()
+        conn.close()
+    elif kind == "redis":
+        import redis.asyncio as redis
+
+        client = redis.from_url(session_engine.url)
+        await client.hset(store.key, "summary", "tampered")
+        await client.aclose()
+    else:
+        from sqlalchemy import text
+
+        inner = session_engine.plain(sid)
+        async with inner.engine.begin() as conn:
+            await conn.execute(
+                text(f"UPDATE {TABLE} SET summary = 'tampered' WHERE session_id = :s"), {"s": sid}
+            )
+
+
+async def test_a_damaged_or_foreign_summary_is_ignored_on_every_engine(
+    session_engine: Any,
+) -> None:
+    sid = session_engine.sid()
+    store = await _engine_store(session_engine, sid)
+    assert await asyncio.to_thread(store.load) is None
+    assert await asyncio.to_thread(store.save, None, "the summary", 10)
+    assert await asyncio.to_thread(store.load) == SummaryState("the summary", 10, 1)
+    other = await _engine_store(session_engine, sid)  # another worker reads the same summary
+    assert await asyncio.to_thread(other.load) == SummaryState("the summary", 10, 1)
+    # Another kind of key is another summary.
+    foreign = await _engine_store(session_engine, sid, keyed="row")
+    assert await asyncio.to_thread(foreign.load) is None
+    await _tamper(session_engine, store, sid)
+    assert await asyncio.to_thread(store.load) is None  # damaged: never trusted
+    assert await asyncio.to_thread(store.save, None, "rewritten", 12)  # and replaced
+    assert await asyncio.to_thread(other.load) == SummaryState("rewritten", 12, 1)
+    # Another session of the same database has none.
+    assert await asyncio.to_thread((await _engine_store(session_engine, sid + "x")).load) is None
+
+
+async def test_workers_compare_and_set_the_summary_on_every_engine(session_engine: Any) -> None:
+    """Four workers update from the same state at once: one wins; an update from an older
+    state, or covering less, is not stored; a clear stores a tombstone that an update begun
+    before it (from the old state or from none) cannot replace."""
+    sid = session_engine.sid()
+    workers = [await _engine_store(session_engine, sid) for _ in range(4)]
+    store = workers[0]
+    assert await asyncio.to_thread(store.save, None, "one", 5)
+    first = await asyncio.to_thread(store.load)
+    results = await asyncio.gather(
+        *(asyncio.to_thread(w.save, first, f"two {i}", 9) for i, w in enumerate(workers))
+    )
+    assert sorted(results) == [False, False, False, True]  # one worker wins
+    second = await asyncio.to_thread(workers[1].load)
+    assert second is not None and second.version == 2 and second.text.startswith("two ")
+    assert not await asyncio.to_thread(workers[2].save, first, "stale", 20)
+    assert not await asyncio.to_thread(workers[2].save, second, "behind", 3)  # never less
+    await asyncio.to_thread(workers[3].clear)
+    cleared = await asyncio.to_thread(store.load)  # an empty summary of the next version
+    assert cleared is not None and (cleared.text, cleared.version) == ("", 3)
+    assert not await asyncio.to_thread(store.save, None, "begun before the clear", 30)
+    assert not await asyncio.to_thread(store.save, second, "begun before the clear", 30)
+    assert await asyncio.to_thread(workers[1].save, cleared, "the new chat", 2)
+    assert await asyncio.to_thread(store.load) == SummaryState("the new chat", 2, 4)
+
+
+async def test_a_second_worker_starts_with_the_summary(session_engine: Any) -> None:
+    """Two workers (each its own builder and session object, as two processes have) serve
+    one stored session: the summary the first made reaches the second's first turn (it
+    used to live per process on SQLAlchemy and Redis)."""
+    summarizer = Recorder()
+    sid = session_engine.sid()
+
+    def worker() -> tuple[TokenBudgetedContextBuilder, Any, RunConfig]:
+        builder = TokenBudgetedContextBuilder(
+            None, max_tokens=700, output_reserve=100, summarizer=summarizer, summarize_every=150
+        )
+        session = session_engine.proto(sid)
+        callback = session.input_callback(builder)
+        return builder, session, RunConfig(session_input_callback=callback, tracing_disabled=True)
+
+    async def turn(side: tuple[TokenBudgetedContextBuilder, Any, RunConfig], i: int) -> Any:
+        builder, session, config = side
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[lookup])
+        await Runner.run(agent, f"question {i}", session=session, run_config=config)
+        assert await builder.wait_for_background(30)
+        return builder.last_plan
+
+    first = worker()
+    for i in range(12):
+        await turn(first, i)
+        if summarizer.calls:
+            break
+    assert summarizer.calls, "the first worker made a summary"
+    made = f"summary {len(summarizer.calls)} of {len(summarizer.calls[-1][0])} items"
+    plan = await turn(worker(), 50)
+    block = next((b for b in plan.blocks if b.layer == "summary"), None)
+    assert block is not None and block.text == made, plan.explain()
+
+
+async def test_the_first_summary_after_token_windows_reads_the_rows_before(
+    session_engine: Any,
+) -> None:
+    """The first update comes after turns that read only a token window: the rows before
+    it are read for the summary (by row id from a SQLite file, else through the inner
+    session), from the first one on -- never given up on for the session's life."""
+    summarizer = Recorder()
+    sid = session_engine.sid()
+    builder = TokenBudgetedContextBuilder(
+        None, max_tokens=700, output_reserve=100, summarizer=summarizer, summarize_every=1200
+    )
+    session = session_engine.proto(sid)
+    config = RunConfig(
+        session_input_callback=session.input_callback(builder), tracing_disabled=True
+    )
+    windowed = False
+    for i in range(30):
+        model = ScriptedModel(
+            [
+                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
+                [assistant_message(f"answer {i}")],
+            ]
+        )
+        agent = Agent(name="a", model=model, tools=[lookup])
+        await Runner.run(agent, f"question {i}", session=session, run_config=config)
+        assert await builder.wait_for_background(30)
+        if summarizer.calls:
+            break
+        windowed = windowed or builder.last_plan.turn.read == "window"
+    assert windowed, "turns read token windows before the first summary"
+    assert summarizer.calls, "a summary was made"
+    assert summarizer.calls[0][0][0] == {"content": "question 0", "role": "user"}

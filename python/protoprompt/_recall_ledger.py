@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,3 +129,6 @@ class TurnRows:
     """Items by row id, for rows before the window (``None``: there are none)."""
     summaries: SummaryStore | None
     epoch: int
+    read_all: Callable[[], Awaitable[list[Any]]] | None = None
+    """The whole history as the inner session reads it (on the turn's event loop), for a
+    summary of rows before the window when they cannot be read by row id (``fetch``)."""

@@ -472,6 +472,8 @@ class _SummaryJob:
         first = self._first(state)
         if first >= self.end:
             return
+        if first < rows.offset and rows.fetch is None and rows.read_all is not None:
+            await self._read_before_window()
         items, tokens = await asyncio.to_thread(self._gather, first)
         if tokens < builder.summarize_every:
             return
@@ -512,6 +514,18 @@ class _SummaryJob:
         await asyncio.to_thread(store.save, state, text, upto)
         with self.ledger.lock:
             self.ledger.pending = None
+
+    async def _read_before_window(self) -> None:
+        """The whole history through the inner session (rows keyed by position, before the
+        turn's window: SQLAlchemy, Redis), checked to be the turn's history still."""
+        rows = self.rows
+        assert rows.read_all is not None
+        items = await rows.read_all()
+        if len(items) < rows.n_history or list(items[rows.offset : rows.n_history]) != list(
+            rows.items
+        ):
+            raise RuntimeError("the history changed since the turn: a later turn summarises")
+        self.rows = replace(rows, items=list(items[: rows.n_history]), offset=0)
 
     def _gather(self, first: int) -> tuple[list[Any], int]:
         """The evicted prefix from ``first`` on, oldest first, up to a batch's tokens

@@ -16,7 +16,9 @@ the previous summary stays. Each turn's context message carries the summary as l
   LiteLLM, a scripted test model...);
 * :class:`SQLiteSummaryStore` / :class:`MemorySummaryStore` -- where a session keeps its
   summary: in its SQLite database file (table ``protoprompt_summaries``, shared by every
-  process serving the session; a damaged or foreign row is ignored), else in memory.
+  process serving the session; a damaged or foreign row is ignored), else in memory. A
+  session over ``SQLAlchemySession`` (PostgreSQL) or ``RedisSession`` keeps it in the same
+  engine, by the same rules (``protoprompt.integrations._summary_stores``).
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from .._process import SERVED_BUILDERS, sqlite_gate
 from .._recall_ledger import position_key
 from ..recall import Evictions, Ledger, TurnRows, item_digest
-from ..summaries import MemorySummaryStore, SQLiteSummaryStore, SummaryStore
+from ..summaries import MemorySummaryStore, SummaryStore
 from ._sdk import SQLiteSession
+from ._summary_stores import summary_store_for
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -148,13 +149,11 @@ class SessionMemory:
         # Rows keyed by their SQLite row id when the session reads them from a file (the
         # ids only grow); other stores' rows are keyed by position.
         self.by_row_id = store_kind == "sqlite" and self._file is not None
+        # The summary beside the history, shared by every worker (else kept by the process).
         self._summaries: SummaryStore | None = None
-        if builder.summarizer is not None and self._file is not None:
-            self._summaries = SQLiteSummaryStore(
-                self._file[0],
-                self._file[1],
-                session.session_id,
-                keyed="row" if self.by_row_id else "position",
+        if builder.summarizer is not None:
+            self._summaries = summary_store_for(
+                inner, session.session_id, keyed="row" if self.by_row_id else "position"
             )
 
     @property
@@ -214,13 +213,15 @@ class SessionMemory:
         remember_served(self._stored_key(), self.builder, self.given_scope)
         if self.by_row_id and row_ids is None:
             return None  # a turn packed without the rows' ids: a later turn hands them over
-        fetch = None
+        fetch: Callable[[list[int]], dict[int, Any]] | None = None
         if self._file is not None and row_ids is not None:
             db, table = self._file
             sid = self.session.session_id
 
-            def fetch(ids: list[int]) -> dict[int, Any]:
+            def fetch_rows(ids: list[int]) -> dict[int, Any]:
                 return read_rows(db, table, sid, ids)
+
+            fetch = fetch_rows
 
         ledger = self._ledger()
         rows = TurnRows(
@@ -235,8 +236,15 @@ class SessionMemory:
             fetch=fetch,
             summaries=self._summary_store(ledger),
             epoch=self._index_state().epoch,
+            read_all=self._read_all if fetch is None and offset else None,
         )
         return self.evictions.observe(ledger, rows)
+
+    async def _read_all(self) -> list[Any]:
+        """The whole history as the inner session reads it (a summary of rows before a
+        token window that cannot be read by row id)."""
+        items: list[Any] = await self.session.inner_session.get_items()
+        return items
 
     # ------------------------------------------------------------------ changes of the history
 

@@ -80,4 +80,28 @@ def blob_cosine(query: Sequence[float], query_norm: float, blob: bytes) -> float
     return cosine(query, vec, query_norm)
 
 
+def blob_cosines(query: Sequence[float], query_norm: float, blobs: Sequence[bytes]) -> list[float]:
+    """:func:`blob_cosine` of each blob; in one matrix product when numpy is installed (the
+    ``embed`` extra brings it): the client-side ranking of a long session's passages then
+    costs well under a millisecond per thousand, not tens."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - the plain loop, the same numbers
+        return [blob_cosine(query, query_norm, blob) for blob in blobs]
+    width = 4 * len(query)
+    sims = [0.0] * len(blobs)  # a vector of another length: similarity 0
+    same = [i for i, blob in enumerate(blobs) if len(blob) == width]
+    if not same or query_norm == 0.0:
+        return sims
+    matrix = np.frombuffer(b"".join(blobs[i] for i in same), dtype=np.float32)
+    matrix = matrix.reshape(len(same), len(query)).astype(np.float64)
+    norms = np.linalg.norm(matrix, axis=1)
+    dots = matrix @ np.asarray(query, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        found = np.where(norms > 0.0, dots / (norms * query_norm), 0.0)
+    for i, sim in zip(same, found.tolist(), strict=True):
+        sims[i] = float(sim)
+    return sims
+
+
 # --------------------------------------------------------------------------- store

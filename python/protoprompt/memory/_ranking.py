@@ -8,6 +8,8 @@
   embedder, records are also ranked by cosine similarity to the query's vector, and the two
   rankings are fused by reciprocal rank fusion with one constant (:func:`fuse`); ties go to
   the older record (the smaller id).
+* The history layer's hybrid ranking interleaves the two rankings instead, full-text
+  first (:func:`interleave`): passages of one template look alike to an embedder.
 * The history layer (passages of evicted turns) leaves out the query pieces whose words all
   occur in more than half of its passages, as far as the engine knows without a scan
   (SQLite's full-text vocabulary, PostgreSQL's column statistics), while the other pieces
@@ -29,6 +31,7 @@ __all__ = [
     "WORD",
     "cosine",
     "fuse",
+    "interleave",
     "query_pieces",
     "rrf_weight",
     "words",
@@ -107,6 +110,25 @@ def fuse(
     else:
         scores = dict(text_ranked or vector_ranked)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+
+
+def interleave(
+    text_ranked: Sequence[tuple[int, float]], vector_ranked: Sequence[tuple[int, float]]
+) -> list[tuple[int, float]]:
+    """The history layer's hybrid ranking: the two rankings taken in turn, the full-text one
+    first, each id at its best place (score ``1 / position``). Unlike reciprocal rank
+    fusion, a passage that both rankings place fairly high does not overtake the full-text
+    ranking's first: among passages of one template (twenty access codes of twenty
+    projects) a static embedder sees them all alike, and only the rare term tells them
+    apart; while a paraphrase that no full-text match finds still comes second."""
+    out: list[tuple[int, float]] = []
+    seen: set[int] = set()
+    for i in range(max(len(text_ranked), len(vector_ranked))):
+        for ranked in (text_ranked, vector_ranked):
+            if i < len(ranked) and ranked[i][0] not in seen:
+                seen.add(ranked[i][0])
+                out.append((ranked[i][0], 1.0 / (len(out) + 1)))
+    return out
 
 
 # --------------------------------------------------------------------------- the history layer

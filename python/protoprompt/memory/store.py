@@ -31,7 +31,7 @@ from ._backend import (
 from ._checks import (
     MAX_INT,
     RECORD_KINDS,
-    blob_cosine,
+    blob_cosines,
     check_kinds,
     check_limit,
     check_positive_int,
@@ -41,7 +41,14 @@ from ._checks import (
     visible_scopes,
 )
 from ._open import open_backend
-from ._ranking import content_pieces, fuse, query_pieces, query_terms, rank_passages
+from ._ranking import (
+    content_pieces,
+    fuse,
+    interleave,
+    query_pieces,
+    query_terms,
+    rank_passages,
+)
 from ._ranking import words as _words
 from ._records import (
     Embedder,
@@ -364,10 +371,9 @@ class MemoryStore:
             if query_norm > 0.0:
                 # Ranked by the server (pgvector) where it can, in this process otherwise.
                 ranked = self._backend.vector_ranked(query_vec, kind_list, scopes, pool)
-                ranked += [
-                    (row, blob_cosine(query_vec, query_norm, blob))
-                    for row, blob in self._backend.embedded(kind_list, scopes)
-                ]
+                stored = self._backend.embedded(kind_list, scopes)
+                sims = blob_cosines(query_vec, query_norm, [blob for _, blob in stored])
+                ranked += [(row, sim) for (row, _), sim in zip(stored, sims, strict=True)]
                 for row, sim in ranked:
                     if sim > 0.0:  # False for NaN (a zero vector)
                         vec_ranked.append((row[0], sim))
@@ -501,8 +507,9 @@ class MemoryStore:
         "researching"), matched by the engine's full-text index, then ranked here by BM25
         tuned for short turns times the share of the query's weight a passage holds (so
         among passages sharing a question's template words, the one with its rare term
-        wins; :func:`._ranking.rank_passages`); with an embedder, fused with cosine
-        similarity. With ``neighbours``, each hit is followed by the passages next to it in
+        wins; :func:`._ranking.rank_passages`); with an embedder, the cosine-similarity
+        ranking is interleaved with it, full-text first (:func:`._ranking.interleave`).
+        With ``neighbours``, each hit is followed by the passages next to it in
         its session (the end of the row before, the start of the row after, when indexed:
         the question an answer follows, the answer a question got), each once, marked with
         ``metadata["neighbour_of"]`` (the hit's :attr:`~MemoryHit.source`)."""
@@ -526,8 +533,9 @@ class MemoryStore:
             (query_vec,) = self._vectors([query])
             query_norm = math.sqrt(sum(x * x for x in query_vec))
             if query_norm > 0.0:
-                for row, blob in self._backend.history_embedded(scopes, session_id):
-                    sim = blob_cosine(query_vec, query_norm, blob)
+                stored = self._backend.history_embedded(scopes, session_id)
+                sims = blob_cosines(query_vec, query_norm, [blob for _, blob in stored])
+                for (row, _), sim in zip(stored, sims, strict=True):
                     if sim > 0.0:
                         vec_ranked.append((row[0], sim))
                         rows_by_id.setdefault(row[0], row)
@@ -535,7 +543,8 @@ class MemoryStore:
                 del vec_ranked[pool:]
         hits: list[MemoryHit] = []
         seen: set[str] = set()
-        for rid, score in fuse(text_ranked, vec_ranked, MAX_INT):
+        ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
+        for rid, score in ranked:
             hit = history_hit_of_row(rows_by_id[rid], score)
             key = " ".join(hit.text.split()).casefold()
             if key not in seen:
