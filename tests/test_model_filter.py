@@ -1704,3 +1704,74 @@ async def test_a_call_plan_reports_what_the_session_turn_masked_and_dropped(tmp_
     assert f"({call.turn_masking_saved:,} tokens saved; sent as excerpts)" in line
     assert f"dropped {call.turn_dropped} stored items" in line
     session.close()
+
+
+# ------------------------------------------------------------------ issue 34: a stable prefix
+
+
+def _prefix_len(a: list[Any], b: list[Any]) -> int:
+    """How many leading items of ``b`` equal ``a``'s, byte for byte (as JSON)."""
+    n = 0
+    for x, y in zip(a, b):
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            break
+        n += 1
+    return n
+
+
+async def _loop_run(cache: pp.CachePolicy | None, steps: int = 30) -> tuple[Any, list[Any]]:
+    budget = 6_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("prefix")
+    plans: list[ModelCallPlan] = []
+    script = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(steps)]
+    model = ScriptedModel([*script, [assistant_message("all done", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    config = session.run_config(builder, cache=cache, on_call=plans.append)
+    await Runner.run(
+        agent, "look up thirty things", session=session, run_config=config, max_turns=40
+    )
+    stored = await session.get_items()
+    assert sum(1 for i in stored if i.get("type") == "function_call_output") == steps
+    return model, plans
+
+
+async def test_a_cache_policy_makes_each_call_extend_the_previous_one() -> None:
+    """Issue 34 #2: within a run each model call's request is the previous call's request
+    plus what was appended, byte for byte, until one does not fit; then the cut moves once
+    to the low-water mark and the following calls extend that request again."""
+    model, plans = await _loop_run(pp.CachePolicy(low_water=0.6))
+    calls = model.calls
+    assert len(calls) == 31
+    codes = [p.prefix for p in plans]
+    assert codes[0] == "set" and "moved" in codes, codes
+    assert codes.count("moved") <= 6, "the cut moves rarely, not at every call"
+    for n in range(1, len(calls)):
+        prev, cur = calls[n - 1].input, calls[n].input
+        assert request_tokens(calls[n]) + 500 <= 6_000, f"call {n + 1}"
+        assert_sendable(cur)
+        if plans[n].prefix == "stayed":
+            assert _prefix_len(prev, cur) == len(prev), f"call {n + 1} extends call {n}"
+            assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+        else:
+            assert plans[n].shared_tokens == 0
+            assert "did not fit: cut moved from" in plans[n].prefix_reason
+            assert request_tokens(calls[n]) + 500 <= int(6_000 * 0.6)
+    assert "prefix: call" in plans[-1].explain()
+    repeated = sum(p.shared_tokens for p in plans) / sum(request_tokens(c) for c in calls)
+    # Newest first moves the cut at almost every call once the run overflows.
+    base_model, base_plans = await _loop_run(None)
+    base_repeated = sum(
+        request_tokens(base_model.calls[n - 1])
+        for n in range(1, len(base_model.calls))
+        if _prefix_len(base_model.calls[n - 1].input, base_model.calls[n].input)
+        == len(base_model.calls[n - 1].input)
+    ) / sum(request_tokens(c) for c in base_model.calls)
+    assert all(p.prefix is None for p in base_plans)
+    assert repeated >= 0.6 and repeated > base_repeated + 0.2, (repeated, base_repeated)
+
+
+def test_cache_must_be_a_cache_policy() -> None:
+    builder = TokenBudgetedContextBuilder(None, max_tokens=6_000)
+    with pytest.raises(TypeError, match="cache must be a CachePolicy"):
+        ProtoPromptSession("x").model_input_filter(builder, cache=0.7)  # type: ignore[arg-type]
