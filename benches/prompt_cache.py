@@ -328,3 +328,111 @@ def section(rows: list[dict[str, Any]], when: str) -> str:
         + markdown(rows)
         + "<!-- /prompt-cache -->\n"
     )
+
+
+# ----------------------------------------------------------------- whole SDK runs (issue 34 #7)
+
+SDK_TURNS = 8
+SDK_STEPS = 4
+"""Tool steps per run: each run makes ``SDK_STEPS + 1`` model calls (the issue's 8 x 5)."""
+
+
+def _tool_text(budget: int, k: int) -> str:
+    """A tool output of about 1/40 of the budget (3.2k tokens at 128k, 800 at 32k)."""
+    words = max(budget // 40 - 20, 10)
+    return f"result {k}: " + " ".join(f"w{k}_{j % 97}" for j in range(words))
+
+
+def _sdk_history(budget: int) -> list[dict[str, Any]]:
+    """Stored turns of the same shape costing ``PRESSURE`` budgets: the session so far."""
+    items: list[dict[str, Any]] = []
+    cost = 0
+    t = 0
+    while cost < PRESSURE * budget:
+        turn: list[dict[str, Any]] = [{"role": "user", "content": f"question {t}: look it up"}]
+        for s in range(SDK_STEPS):
+            cid = f"h{t}_{s}"
+            turn.append(
+                {
+                    "type": "function_call",
+                    "call_id": cid,
+                    "name": "lookup",
+                    "arguments": json.dumps({"q": cid}),
+                }
+            )
+            turn.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": cid,
+                    "output": _tool_text(budget, t * 10 + s),
+                }
+            )
+        turn.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}],
+            }
+        )
+        cost += sum(item_tokens(i) for i in turn)
+        items += turn
+        t += 1
+    return items
+
+
+async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
+    """``SDK_TURNS`` runs through ``Runner.run`` with ``session.run_config`` (the offline
+    scripted model); the requests the model received, tallied; and the moves."""
+    from agents import Agent, Runner, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    import protoprompt as pp
+    from protoprompt.integrations import ProtoPromptSession
+
+    @function_tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return _tool_text(budget, hash(q) % 1000)
+
+    script = []
+    for t in range(SDK_TURNS):
+        script += [
+            [function_call("lookup", {"q": f"r{t}_{s}"}, call_id=f"r{t}_{s}")]
+            for s in range(SDK_STEPS)
+        ]
+        script.append([assistant_message(f"done {t}", item_id=f"m{t}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="bench", model=model, tools=[lookup], instructions="Use the tool.")
+    session = ProtoPromptSession("bench")
+    await session.add_items(_sdk_history(budget))
+    builder = pp.TokenBudgetedContextBuilder(
+        None, max_tokens=budget, output_reserve=budget // 16, encoding=harness.ENCODING
+    )
+    plans: list[Any] = []
+    config = session.run_config(builder, cache=cache, on_call=plans.append, tracing_disabled=True)
+    for t in range(SDK_TURNS):
+        t0 = time.perf_counter()
+        await Runner.run(agent, f"run {t}: look it up", session=session, run_config=config)
+        del t0
+    tally = Tally()
+    for call in model.calls:
+        tally.add(list(call.input), 0.0)
+    moves = sum(1 for p in plans if p.prefix == "moved")
+    session.close()
+    return tally, moves
+
+
+def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
+    """Whole SDK runs at each budget, newest first (``cache=None``) and with
+    ``pp.CachePolicy()`` on the session's per-call filter."""
+    import asyncio
+
+    import protoprompt as pp
+
+    rows = []
+    for budget in budgets:
+        newest, _ = asyncio.run(_sdk_session_run(budget, None))
+        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy()))
+        stable.moves = moves
+        rows.append({"mix": "sdk tool loop", "budget": budget, "newest": newest, "stable": stable})
+    return rows

@@ -1775,3 +1775,113 @@ def test_cache_must_be_a_cache_policy() -> None:
     builder = TokenBudgetedContextBuilder(None, max_tokens=6_000)
     with pytest.raises(TypeError, match="cache must be a CachePolicy"):
         ProtoPromptSession("x").model_input_filter(builder, cache=0.7)  # type: ignore[arg-type]
+
+
+async def test_the_next_run_of_the_session_extends_the_previous_runs_last_request() -> None:
+    """Issue 34 #1: the first call of a session's next run sends the previous run's last
+    request, then what was stored after it (the final answer) and the new input; the stored
+    history is the runs' items, unchanged."""
+    budget = 6_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("runs")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r in range(3):
+        script += [
+            [function_call("lookup", {"q": f"{r}.{i}"}, call_id=f"c{r}_{i}")] for i in range(3)
+        ]
+        script.append([assistant_message(f"answer {r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    for r in range(3):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    calls = model.calls
+    assert len(calls) == 12
+    firsts = [4, 8]  # the first calls of runs 2 and 3
+    for n in firsts:
+        if plans[n].prefix != "stayed":
+            continue
+        prev, cur = calls[n - 1].input, calls[n].input
+        assert _prefix_len(prev, cur) == len(prev)
+        added = cur[len(prev) :]
+        assert [i.get("role") for i in added] == ["assistant", "user"], added
+        assert added[-1]["content"] == f"question {n // 4}"
+        assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+    assert all(plans[n].prefix == "stayed" for n in firsts), [p.prefix for p in plans]
+    for n, call in enumerate(calls):
+        assert request_tokens(call) + 500 <= budget, f"call {n + 1}"
+        assert_sendable(call.input)
+    stored = await session.get_items()
+    assert [i.get("call_id") for i in stored if i.get("type") == "function_call_output"] == [
+        f"c{r}_{i}" for r in range(3) for i in range(3)
+    ]
+    assert all(
+        i.get("output") == lookup_output(i["call_id"][1:].replace("_", "."))
+        for i in stored
+        if i.get("type") == "function_call_output"
+    )
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.integers(20, 900), min_size=0, max_size=6), min_size=1, max_size=4),
+    st.integers(3_000, 9_000),
+    st.floats(0.3, 1.0),
+    st.integers(0, 3),
+)
+def test_consecutive_requests_share_their_prefix(
+    runs: list[list[int]], budget: int, low_water: float, keep_recent: int
+) -> None:
+    """Issue 34 #8 over generated tool loops (runs of steps with outputs of drawn sizes):
+    every request fits and is sendable; a call that keeps the prefix sends the previous
+    request plus what was appended, byte for byte, and says how many tokens it repeats;
+    the stored history is the runs' items, unchanged."""
+    asyncio.run(_prefix_runs(runs, budget, pp.CachePolicy(low_water, keep_recent)))
+
+
+async def _prefix_runs(runs: list[list[int]], budget: int, cache: pp.CachePolicy) -> None:
+    sizes: dict[str, int] = {}
+
+    @function_tool
+    def fetch(q: str) -> str:
+        """Fetch something of a given size."""
+        return f"{q}: " + "data " * sizes[q]
+
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=300)
+    session = ProtoPromptSession("prop")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r, steps in enumerate(runs):
+        for s, size in enumerate(steps):
+            sizes[f"{r}.{s}"] = size
+            script.append([function_call("fetch", {"q": f"{r}.{s}"}, call_id=f"c{r}_{s}")])
+        script.append([assistant_message(f"answer {r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[fetch], instructions="Use the tool.")
+    config = session.run_config(
+        builder, cache=cache, on_call=plans.append, oversized_output="truncate"
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    calls = model.calls
+    assert len(plans) == len(calls)
+    for n, call in enumerate(calls):
+        assert request_tokens(call) + 300 <= budget, f"call {n + 1}"
+        assert_sendable(call.input)
+        if n and plans[n].prefix == "stayed":
+            prev = calls[n - 1].input
+            assert _prefix_len(prev, call.input) == len(prev), f"call {n + 1}"
+            assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+            event("stayed")
+        elif plans[n].prefix == "moved":
+            assert plans[n].shared_tokens == 0
+            event("moved")
+    stored = await session.get_items()
+    outputs = [i for i in stored if i.get("type") == "function_call_output"]
+    assert [o["call_id"] for o in outputs] == [
+        f"c{r}_{s}" for r, steps in enumerate(runs) for s in range(len(steps))
+    ]
+    for o in outputs:
+        q = o["call_id"][1:].replace("_", ".")
+        assert o["output"] == f"{q}: " + "data " * sizes[q]

@@ -18,6 +18,7 @@ changed), and it is sent unchanged only when the core keeps every one of its uni
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,17 @@ if TYPE_CHECKING:
     from ..packing import PackResult
     from ._request import RequestExtras
 
-__all__ = ["RunPrefix", "candidate", "kept_whole", "move_reason", "request_key"]
+__all__ = [
+    "RunPrefix",
+    "Stable",
+    "candidate",
+    "kept_whole",
+    "move",
+    "move_reason",
+    "request_key",
+    "resume",
+    "stay",
+]
 
 
 def request_key(extras: RequestExtras) -> tuple[int, int, int, tuple[str, ...]]:
@@ -68,6 +79,31 @@ class RunPrefix:
         return self.index.nbytes + len(self.digests) + 8 * len(self.items)
 
 
+def _content(item: Any) -> str:
+    return json.dumps(item, sort_keys=True, default=str)
+
+
+def resume(last: RunPrefix | None, items: list[Any]) -> RunPrefix | None:
+    """The session's previous request as the prefix of a new run's first call, when
+    ``items`` (the callback's request) holds the last two items that request sent, by
+    content, with what followed them after: the previous run's stored output and this
+    run's input. ``None`` when it does not (a pop, a clear, a cut the callback moved past
+    them): the call then moves."""
+    if last is None or not last.items:
+        return None
+    tail = [_content(x) for x in last.items[-2:]]
+    for j in range(len(items) - 1, len(tail) - 2, -1):
+        if _content(items[j]) != tail[-1]:
+            continue
+        if len(tail) == 2 and _content(items[j - 1]) != tail[0]:
+            continue
+        return RunPrefix(
+            list(last.items), j + 1, last.request_tokens, last.key, last.cut, last.index,
+            last.digests,
+        )  # fmt: skip
+    return None
+
+
 def candidate(
     prefix: RunPrefix, items: list[Any], pinned: list[int]
 ) -> tuple[list[Any], list[int], int]:
@@ -78,12 +114,10 @@ def candidate(
     appended = items[prefix.source_len :]
     cand = [*prefix.items, *appended]
     where = {id(x): i for i, x in enumerate(prefix.items)}
-    moved: list[int] = []
-    for p in pinned:
-        if p >= prefix.source_len:
-            moved.append(len(prefix.items) + p - prefix.source_len)
-        elif id(items[p]) in where:
-            moved.append(where[id(items[p])])
+    # Those appended are in the mandatory part anyway.
+    moved = [
+        where[id(items[p])] for p in pinned if p < prefix.source_len and id(items[p]) in where
+    ]
     return cand, sorted(set(moved)), len(prefix.items)
 
 

@@ -172,6 +172,8 @@ class ModelInputFilter:
         self._runs: OrderedDict[int, Run] = OrderedDict()  # runs between two calls
         self._lock = threading.Lock()
         self._request = RequestCosts()
+        self._last: _planner.RunPrefix | None = None
+        """The session's latest request through the prefix (the next run resumes it)."""
         self.cache = cache
         """The run's cache-stable prefix (``None``: every call packed newest first); used
         by a session's filter (see :mod:`protoprompt.integrations._planner`)."""
@@ -383,6 +385,11 @@ class ModelInputFilter:
         b = self.builder
         key = _planner.request_key(extras)
         prefix = run.prefix if extends else None
+        if prefix is None and not run.calls and not self._is_context(packed):
+            # A run's first call: the session's previous request, when this input holds
+            # it (the stored history grew by that run and this run's input since).
+            prefix = _planner.resume(self._last, packed)
+            run.prefix = prefix
         if prefix is not None:
             cand, cpinned, cstart = _planner.candidate(prefix, packed, pinned)
             prefix.sync(cand)
@@ -394,6 +401,7 @@ class ModelInputFilter:
                 result = None
             if result is not None and _planner.kept_whole(result, cand):
                 stayed = _planner.stay(prefix, result, len(packed), key, run.calls + 1)
+                self._last = prefix
                 return _planner.Stable(result, cand, cpinned, cstart, *stayed)
         policy = self.cache
         low = max(int(b.max_tokens * policy.low_water), 1)
@@ -405,7 +413,7 @@ class ModelInputFilter:
         except TokenBudgetExceededError:
             return None
         moved = _planner.move(run.prefix, result, pinned, len(packed), key, run.calls + 1)
-        run.prefix = moved[0]
+        run.prefix = self._last = moved[0]
         return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
 
     def _pack_at(
