@@ -47,7 +47,8 @@ class CachePolicy:
         low_water: the fraction of the budget a request falls to when the cut moves, in
             ``(0, 1]``: lower moves less often and shows less history.
         keep_recent: how many newest turns of the history keep their tool outputs whole
-            once masking starts (older ones are masked before any turn is dropped).
+            once masking starts (older ones are masked before any turn is dropped). The
+            defaults (0.7, 1) are measured in ``docs/prompt-cache.md``.
         excerpt_tokens: tokens a masked text output keeps, marker included (at least 16;
             as :class:`~protoprompt.Masking`).
 
@@ -57,7 +58,7 @@ class CachePolicy:
     """
 
     low_water: float = 0.7
-    keep_recent: int = 3
+    keep_recent: int = 1
     excerpt_tokens: int = 64
 
     def __post_init__(self) -> None:

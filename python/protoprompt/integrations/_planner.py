@@ -115,9 +115,7 @@ def candidate(
     cand = [*prefix.items, *appended]
     where = {id(x): i for i, x in enumerate(prefix.items)}
     # Those appended are in the mandatory part anyway.
-    moved = [
-        where[id(items[p])] for p in pinned if p < prefix.source_len and id(items[p]) in where
-    ]
+    moved = [where[id(items[p])] for p in pinned if p < prefix.source_len and id(items[p]) in where]
     return cand, sorted(set(moved)), len(prefix.items)
 
 
