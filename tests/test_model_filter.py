@@ -1750,6 +1750,8 @@ async def test_a_cache_policy_makes_each_call_extend_the_previous_one() -> None:
         prev, cur = calls[n - 1].input, calls[n].input
         assert request_tokens(calls[n]) + 500 <= 6_000, f"call {n + 1}"
         assert_sendable(cur)
+        start, end = plans[n].run_input or (0, 0)
+        assert cur[start:end] == [{"content": "look up thirty things", "role": "user"}]
         if plans[n].prefix == "stayed":
             assert _prefix_len(prev, cur) == len(prev), f"call {n + 1} extends call {n}"
             assert plans[n].shared_tokens == request_tokens(calls[n - 1])
@@ -1804,6 +1806,8 @@ async def test_the_next_run_of_the_session_extends_the_previous_runs_last_reques
             continue
         prev, cur = calls[n - 1].input, calls[n].input
         assert _prefix_len(prev, cur) == len(prev)
+        start, end = plans[n].run_input or (0, 0)
+        assert cur[start:end] == [{"content": f"question {n // 4}", "role": "user"}]
         added = cur[len(prev) :]
         assert [i.get("role") for i in added] == ["assistant", "user"], added
         assert added[-1]["content"] == f"question {n // 4}"

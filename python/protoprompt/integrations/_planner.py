@@ -62,6 +62,8 @@ class RunPrefix:
     """:func:`request_key` of the previous call."""
     cut: int | None
     """The SDK input position of the first optional item sent at the last move."""
+    pins: list[int]
+    """Positions in :attr:`items` of the pinned items (context message, run input)."""
     index: HistoryIndex = field(default_factory=HistoryIndex)
     """The candidates' index: each candidate extends the previous one."""
     digests: bytes = b""
@@ -97,26 +99,32 @@ def resume(last: RunPrefix | None, items: list[Any]) -> RunPrefix | None:
             continue
         if len(tail) == 2 and _content(items[j - 1]) != tail[0]:
             continue
+        # The new run's input is appended: the old run's pins are optional history now.
         return RunPrefix(
-            list(last.items), j + 1, last.request_tokens, last.key, last.cut, last.index,
+            list(last.items), j + 1, last.request_tokens, last.key, last.cut, [], last.index,
             last.digests,
         )  # fmt: skip
     return None
 
 
-def candidate(
-    prefix: RunPrefix, items: list[Any], pinned: list[int]
-) -> tuple[list[Any], list[int], int]:
+def candidate(prefix: RunPrefix, items: list[Any]) -> tuple[list[Any], int]:
     """The previous request plus what the SDK appended since (``items`` extends the list
-    that request was made from): the list to pack, the pinned positions in it (found by
-    identity; those the previous request did not send are appended items or were dropped
-    before) and where the appended part starts."""
-    appended = items[prefix.source_len :]
-    cand = [*prefix.items, *appended]
-    where = {id(x): i for i, x in enumerate(prefix.items)}
-    # Those appended are in the mandatory part anyway.
-    moved = [where[id(items[p])] for p in pinned if p < prefix.source_len and id(items[p]) in where]
-    return cand, sorted(set(moved)), len(prefix.items)
+    that request was made from), and where the appended part starts."""
+    return [*prefix.items, *items[prefix.source_len :]], len(prefix.items)
+
+
+def placed_pins(prefix: RunPrefix, pinned: list[int]) -> list[int]:
+    """Every pinned item's position in the candidate: those the previous request sent where
+    it sent them, the appended ones (a resumed run's input) after it."""
+    n = len(prefix.items)
+    appended = [n + p - prefix.source_len for p in pinned if p >= prefix.source_len]
+    return sorted({*prefix.pins, *appended})
+
+
+def run_input_at(pins: list[int], context_at: int | None) -> tuple[int, int] | None:
+    """``[start, end)`` of the run input in a candidate, from its pinned positions."""
+    ins = [p for p in pins if p != context_at]
+    return (ins[0], ins[-1] + 1) if ins else None
 
 
 def kept_whole(result: PackResult, cand: list[Any]) -> bool:
@@ -148,6 +156,7 @@ class Stable:
     items: list[Any]
     """The list packed (the candidate, or the SDK's list on a move)."""
     pinned: list[int]
+    """Pinned positions in :attr:`items`, appended ones included."""
     step_start: int
     shared_tokens: int
     """Tokens this request repeats from the start of the run's previous request (0 after
@@ -162,6 +171,7 @@ class Stable:
 def stay(
     prefix: RunPrefix,
     result: PackResult,
+    placed: list[int],
     source_len: int,
     key: tuple[int, int, int, tuple[str, ...]],
     call: int,
@@ -176,6 +186,7 @@ def stay(
         else f"call {call} extends the previous input, but the instructions, tools or output "
         "schema changed: nothing is a repeated prefix"
     )
+    prefix.pins = placed
     prefix.items = list(result.items)
     prefix.source_len = source_len
     prefix.request_tokens = result.request_tokens
@@ -199,7 +210,9 @@ def move(
     """The run's new prefix after a move to the low-water mark, with ``(shared tokens,
     code, reason, request changed)``."""
     cut = _first_cut(result, pinned)
-    prefix = RunPrefix(list(result.items), source_len, result.request_tokens, key, cut)
+    where = {p: i for i, p in enumerate(result.kept_history)}
+    pins = [where[p] for p in pinned if p in where]
+    prefix = RunPrefix(list(result.items), source_len, result.request_tokens, key, cut, pins)
     if previous is None:
         reason = f"call {call}: the run's prefix set at {result.request_tokens:,} tokens"
         return prefix, 0, "set", reason, False

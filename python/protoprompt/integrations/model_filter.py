@@ -299,7 +299,8 @@ class ModelInputFilter:
             stable = self._cached(packed, step_start, pinned, extras, run, extends)
         if stable is not None:
             result, context = stable.result, None
-            pinned, step_start, layout_packed = stable.pinned, stable.step_start, stable.items
+            step_start, layout_packed = stable.step_start, stable.items
+            pinned = [p for p in stable.pinned if p < step_start]
         else:
             layout_packed = packed
             try:
@@ -321,9 +322,7 @@ class ModelInputFilter:
             [context.context_message] if context and context.context_message else []
         ) + result.items
         if stable is not None and stable.items is not packed:
-            # Positions in the candidate packed: the run input among its pinned items.
-            ins = [p for p in stable.pinned if p != context_at]
-            run_input = (ins[0], ins[-1] + 1) if ins else None
+            run_input = _planner.run_input_at(stable.pinned, context_at)
         layout = CallLayout((step_start, len(layout_packed)), run_input, context_at, len(truncated))
         if context is not None:
             # The builder's plan of this call, with where its parts are (same sections).
@@ -391,7 +390,9 @@ class ModelInputFilter:
             prefix = _planner.resume(self._last, packed)
             run.prefix = prefix
         if prefix is not None:
-            cand, cpinned, cstart = _planner.candidate(prefix, packed, pinned)
+            cand, cstart = _planner.candidate(prefix, packed)
+            placed = _planner.placed_pins(prefix, pinned)
+            cpinned = [p for p in placed if p < cstart]
             prefix.sync(cand)
             try:
                 result = self._pack_at(
@@ -400,9 +401,22 @@ class ModelInputFilter:
             except TokenBudgetExceededError:
                 result = None
             if result is not None and _planner.kept_whole(result, cand):
-                stayed = _planner.stay(prefix, result, len(packed), key, run.calls + 1)
+                stayed = _planner.stay(prefix, result, placed, len(packed), key, run.calls + 1)
                 self._last = prefix
-                return _planner.Stable(result, cand, cpinned, cstart, *stayed)
+                return _planner.Stable(result, cand, placed, cstart, *stayed)
+        if prefix is None:
+            # No request to extend: the whole input as it is, when it fits (the callback
+            # packed it for this budget), else the move below.
+            try:
+                result = self._pack_at(
+                    run.index, packed, step_start, pinned, b.max_tokens, None, extras.total
+                )
+            except TokenBudgetExceededError:
+                result = None
+            if result is not None and _planner.kept_whole(result, packed):
+                moved = _planner.move(None, result, pinned, len(packed), key, run.calls + 1)
+                run.prefix = self._last = moved[0]
+                return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
         policy = self.cache
         low = max(int(b.max_tokens * policy.low_water), 1)
         masking = Masking(excerpt_tokens=policy.excerpt_tokens, after_turns=policy.keep_recent)
