@@ -100,10 +100,8 @@ def resume(last: RunPrefix | None, items: list[Any]) -> RunPrefix | None:
         if len(tail) == 2 and _content(items[j - 1]) != tail[0]:
             continue
         # The new run's input is appended: the old run's pins are optional history now.
-        return RunPrefix(
-            list(last.items), j + 1, last.request_tokens, last.key, last.cut, [], last.index,
-            last.digests,
-        )  # fmt: skip
+        # An index of its own: runs of one filter may pack at the same time.
+        return RunPrefix(list(last.items), j + 1, last.request_tokens, last.key, last.cut, [])
     return None
 
 
