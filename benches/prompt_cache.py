@@ -325,7 +325,7 @@ model calls) through `session.run_config(builder, cache=...)`: *newest-first* is
 `cache=None`, *stable* is `cache=pp.CachePolicy()`. The numbers are those of the requests
 the model received (as above); *moves*: calls whose plan says `moved`; *pack ms*: the
 filter's own time per call. No memory store: the callback's context message is not yet
-placed after the stable history (with one, each run's first call starts the prefix afresh).
+placed after the stable history (a run whose recall changed starts the prefix afresh).
 """
 
 

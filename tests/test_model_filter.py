@@ -1779,10 +1779,14 @@ def test_cache_must_be_a_cache_policy() -> None:
         ProtoPromptSession("x").model_input_filter(builder, cache=0.7)  # type: ignore[arg-type]
 
 
-async def test_the_next_run_of_the_session_extends_the_previous_runs_last_request() -> None:
+@pytest.mark.parametrize("system_prompt", ["", "Be brief."])
+async def test_the_next_run_of_the_session_extends_the_previous_runs_last_request(
+    system_prompt: str,
+) -> None:
     """Issue 34 #1: the first call of a session's next run sends the previous run's last
-    request, then what was stored after it (the final answer) and the new input; the stored
-    history is the runs' items, unchanged."""
+    request, then what was stored after it (the final answer) and the new input -- also
+    behind the callback's context message when it is unchanged; the stored history is the
+    runs' items, unchanged."""
     budget = 6_000
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
     session = ProtoPromptSession("runs")
@@ -1795,11 +1799,15 @@ async def test_the_next_run_of_the_session_extends_the_previous_runs_last_reques
         script.append([assistant_message(f"answer {r}", item_id=f"m{r}")])
     model = ScriptedModel(script)
     agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
-    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    config = session.run_config(
+        builder, cache=pp.CachePolicy(), on_call=plans.append, system_prompt=system_prompt
+    )
     for r in range(3):
         await Runner.run(agent, f"question {r}", session=session, run_config=config)
     calls = model.calls
     assert len(calls) == 12
+    if system_prompt:
+        assert all(system_prompt in json.dumps(c.input[0]) for c in calls)
     firsts = [4, 8]  # the first calls of runs 2 and 3
     for n in firsts:
         if plans[n].prefix != "stayed":
@@ -1889,3 +1897,32 @@ async def _prefix_runs(runs: list[list[int]], budget: int, cache: pp.CachePolicy
     for o in outputs:
         q = o["call_id"][1:].replace("_", ".")
         assert o["output"] == f"{q}: " + "data " * sizes[q]
+
+
+async def test_a_changed_context_message_starts_the_prefix_afresh() -> None:
+    """Issue 34 #3: a run whose context message differs from the one the previous request
+    starts with (a fact remembered between the runs) does not resume it: the prefix would
+    not repeat. An unchanged one does (the third run)."""
+    scope = MemoryScope("acme", user="bob")
+    store = MemoryStore()
+    store.remember("Bob prefers metric units.", scope=scope)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=6_000, output_reserve=500, scope=scope)
+    session = ProtoPromptSession("ctx")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r in range(3):
+        script.append([function_call("lookup", {"q": f"bob {r}"}, call_id=f"b{r}")])
+        script.append([assistant_message(f"a{r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[lookup])
+    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    for r in range(3):
+        if r == 1:
+            store.remember("Bob works in Lyon.", scope=scope)
+        await Runner.run(agent, f"what about Bob? {r}", session=session, run_config=config)
+    calls = model.calls
+    assert "Lyon" not in json.dumps(calls[1].input[0])
+    assert "Lyon" in json.dumps(calls[2].input[0])
+    assert [p.prefix for p in plans] == ["set", "stayed", "set", "stayed", "stayed", "stayed"]
+    for n in (1, 3, 4, 5):
+        assert _prefix_len(calls[n - 1].input, calls[n].input) == len(calls[n - 1].input)

@@ -85,13 +85,17 @@ def _content(item: Any) -> str:
     return json.dumps(item, sort_keys=True, default=str)
 
 
-def resume(last: RunPrefix | None, items: list[Any]) -> RunPrefix | None:
+def resume(last: RunPrefix | None, items: list[Any], context: bool) -> RunPrefix | None:
     """The session's previous request as the prefix of a new run's first call, when
     ``items`` (the callback's request) holds the last two items that request sent, by
     content, with what followed them after: the previous run's stored output and this
-    run's input. ``None`` when it does not (a pop, a clear, a cut the callback moved past
-    them): the call then moves."""
+    run's input. ``context``: ``items[0]`` is the callback's context message, which must
+    then equal (by content) the one the previous request starts with. ``None`` when it
+    does not (a pop, a clear, a cut the callback moved past them, a context message that
+    changed): the call then starts afresh."""
     if last is None or not last.items:
+        return None
+    if context and (0 not in last.pins or _content(last.items[0]) != _content(items[0])):
         return None
     tail = [_content(x) for x in last.items[-2:]]
     for j in range(len(items) - 1, len(tail) - 2, -1):
@@ -99,9 +103,10 @@ def resume(last: RunPrefix | None, items: list[Any]) -> RunPrefix | None:
             continue
         if len(tail) == 2 and _content(items[j - 1]) != tail[0]:
             continue
-        # The new run's input is appended: the old run's pins are optional history now.
-        # An index of its own: runs of one filter may pack at the same time.
-        return RunPrefix(list(last.items), j + 1, last.request_tokens, last.key, last.cut, [])
+        # The new run's input is appended: the old run's other pins are optional history
+        # now. An index of its own: runs of one filter may pack at the same time.
+        pins = [0] if context else []
+        return RunPrefix(list(last.items), j + 1, last.request_tokens, last.key, last.cut, pins)
     return None
 
 

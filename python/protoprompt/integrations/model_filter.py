@@ -384,10 +384,10 @@ class ModelInputFilter:
         b = self.builder
         key = _planner.request_key(extras)
         prefix = run.prefix if extends else None
-        if prefix is None and not run.calls and not self._is_context(packed):
+        if prefix is None and not run.calls:
             # A run's first call: the session's previous request, when this input holds
             # it (the stored history grew by that run and this run's input since).
-            prefix = _planner.resume(self._last, packed)
+            prefix = _planner.resume(self._last, packed, self._is_context(packed))
             run.prefix = prefix
         if prefix is not None:
             cand, cstart = _planner.candidate(prefix, packed)
