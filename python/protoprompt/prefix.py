@@ -9,8 +9,8 @@ far enough that the request falls to ``low_water`` times the budget, and tool ou
 than the newest ``keep_recent`` turns are masked in that same step before any turn is
 dropped. The decision is the Rust core's (``protoprompt_core::prefix``).
 
-This is the groundwork of issue 34: :class:`~protoprompt.integrations.ProtoPromptSession`,
-the per-call filter and the builder do not use it yet (that integration follows), and a
+A session's per-call filter takes a :class:`CachePolicy` as ``cache=``
+(``session.run_config(..., cache=pp.CachePolicy())``, see ``docs/prompt-cache.md``); a
 :class:`PrefixState` is valid in the process that made it only (its digests are keyed per
 process).
 """
@@ -145,8 +145,8 @@ def plan_prefix(
     sent whole, with the history it depends on); ``previous`` is the :attr:`PrefixPlan.state`
     of the session's last call (``None`` on the first). Items are kept, masked or dropped
     with their atomic units (``docs/item-graph.md``); invalid history units are never sent.
-    Not yet used by :class:`~protoprompt.integrations.ProtoPromptSession` or the per-call
-    filter: that integration follows.
+    A :class:`~protoprompt.integrations.ProtoPromptSession`'s per-call filter applies the
+    same policy to the SDK's requests itself (``cache=``; ``docs/prompt-cache.md``).
 
     Raises:
         TokenBudgetExceededError: the new input, the history it depends on and the

@@ -1,18 +1,21 @@
-"""A run's cache-stable prefix (issue 34, within a run): each model call's request extends
-the previous call's while it fits, so the provider's prompt cache bills the repeated part at
-its cached-input price.
+"""The session's cache-stable prefix (issue 34): each model call's request extends the
+previous call's while it fits, so the provider's prompt cache bills the repeated part at its
+cached-input price.
 
 The per-call filter of a :class:`~protoprompt.integrations.ProtoPromptSession` given a
-:class:`~protoprompt.CachePolicy` keeps, per run, the request it sent last (its items as
-sent: the same objects, the same masked copies). The next call's candidate is that request
-plus what the SDK appended since; when the whole candidate fits the budget it is sent as it
-is (``"stayed"``): the previous request byte for byte, then the new items. When it does not
+:class:`~protoprompt.CachePolicy` keeps the request it sent last (its items as sent: the
+same objects, the same masked copies). The next call's candidate is that request plus what
+the SDK appended since; when the whole candidate fits the budget it is sent as it is
+(``"stayed"``): the previous request byte for byte, then the new items. When it does not
 fit, the cut moves once (``"moved"``): the SDK's whole input is packed newest first to
-``low_water`` times the budget, with the builder's masking, and that request becomes the
-run's new prefix, leaving room for the calls that follow.
+``low_water`` times the budget, with the tool outputs of all but the policy's
+``keep_recent`` newest turns masked, and that request becomes the new prefix, leaving room
+for the calls that follow. A run's first call resumes the session's previous request when
+its input (the callback's request) holds that request's last items and the same context
+message (:func:`resume`); otherwise it sends the callback's request as it is when that fits.
 
 Nothing is trusted because it was sent before: the candidate is packed by the core like any
-request (classified through the run's prefix index, which re-reads any item whose content
+request (classified through the prefix's index, which re-reads any item whose content
 changed), and it is sent unchanged only when the core keeps every one of its units.
 """
 

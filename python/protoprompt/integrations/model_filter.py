@@ -48,6 +48,12 @@ tools of every kind (function, hosted, MCP, handoffs) and its structured-output 
 :mod:`protoprompt.integrations._request`). A stored ``prompt`` template is expanded by the
 server and cannot be counted here: the plan says so (:attr:`ModelCallPlan.not_counted`).
 
+With ``cache=pp.CachePolicy()`` (a session's filter), each call's request is the previous
+call's plus what was appended while that fits, and a move to the policy's low-water mark when
+it does not, so the provider's prompt cache repeats the prefix (see
+:mod:`protoprompt.integrations._planner` and ``docs/prompt-cache.md``); the plan says how
+(``ModelCallPlan.prefix``, ``prefix_reason``, ``shared_tokens``).
+
 Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
 :mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
 of the input it has packed, so a call classifies and counts only what is new. Every call
