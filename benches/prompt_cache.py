@@ -304,7 +304,7 @@ costs 1.3 budgets, then its next 40 turns replayed call by call as the Agents SD
 model (the user message, then each step's tool outputs as new input). Per call the request
 is packed by *newest-first* (`pp.HistoryIndex` with `pp.Masking()`, today's per-call pack)
 and by the *stable* prefix (`pp.plan_prefix` with `pp.CachePolicy()`: low water 0.7, the
-newest 3 turns' tool outputs whole). *Repeated prefix*: the tokens of the leading items
+newest turn's tool outputs whole). *Repeated prefix*: the tokens of the leading items
 equal to the previous request's (serialised JSON) as OpenAI bills them cached (from 1,024
 tokens, in 128-token steps), over all input tokens. *Cost*: input at gpt-5's $1.25/M,
 cached input at $0.125/M, against the same requests uncached. *User turns* and *tool calls*:
@@ -316,8 +316,25 @@ index). No system prompt or context message: they would add the same prefix to b
 Targets (issue 34): repeated prefix >= 80%, cost <= 0.35 of uncached, user turns >= 0.8x.
 """
 
+SDK_INTRO = """### Whole SDK runs through `session.run_config`
 
-def section(rows: list[dict[str, Any]], when: str) -> str:
+`prompt_cache.sdk_runs()`: a `ProtoPromptSession` whose stored history (turns of a question,
+4 tool calls with outputs of 1/40 of the budget each, an answer) costs 1.3 budgets, then 8
+runs of `Runner.run` (the SDK's offline `ScriptedModel`, 4 tool steps and an answer each: 40
+model calls) through `session.run_config(builder, cache=...)`: *newest-first* is
+`cache=None`, *stable* is `cache=pp.CachePolicy()`. The numbers are those of the requests
+the model received (as above); *moves*: calls whose plan says `moved`; *pack ms*: the
+filter's own time per call. No memory store: the callback's context message is not yet
+placed after the stable history (a run whose recall changed starts the prefix afresh).
+"""
+
+
+def sdk_section(rows: list[dict[str, Any]]) -> str:
+    """The whole-SDK-runs part of the README section."""
+    return SDK_INTRO + "\n" + markdown(rows)
+
+
+def section(rows: list[dict[str, Any]], when: str, sdk: list[dict[str, Any]] | None = None) -> str:
     """The README section (between its markers)."""
     return (
         "<!-- prompt-cache -->\n"
@@ -326,5 +343,124 @@ def section(rows: list[dict[str, Any]], when: str) -> str:
         + when
         + "\n\n"
         + markdown(rows)
+        + ("\n" + sdk_section(sdk) if sdk else "")
         + "<!-- /prompt-cache -->\n"
     )
+
+
+# ----------------------------------------------------------------- whole SDK runs (issue 34 #7)
+
+SDK_TURNS = 8
+SDK_STEPS = 4
+"""Tool steps per run: each run makes ``SDK_STEPS + 1`` model calls (the issue's 8 x 5)."""
+
+
+def _tool_text(budget: int, k: int) -> str:
+    """A tool output of about 1/40 of the budget (3.2k tokens at 128k, 800 at 32k)."""
+    words = max(budget // 40 - 20, 10)
+    return f"result {k}: " + " ".join(f"w{k}_{j % 97}" for j in range(words))
+
+
+def _sdk_history(budget: int) -> list[dict[str, Any]]:
+    """Stored turns of the same shape costing ``PRESSURE`` budgets: the session so far."""
+    items: list[dict[str, Any]] = []
+    cost = 0
+    t = 0
+    while cost < PRESSURE * budget:
+        turn: list[dict[str, Any]] = [{"role": "user", "content": f"question {t}: look it up"}]
+        for s in range(SDK_STEPS):
+            cid = f"h{t}_{s}"
+            turn.append(
+                {
+                    "type": "function_call",
+                    "call_id": cid,
+                    "name": "lookup",
+                    "arguments": json.dumps({"q": cid}),
+                }
+            )
+            turn.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": cid,
+                    "output": _tool_text(budget, t * 10 + s),
+                }
+            )
+        turn.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}],
+            }
+        )
+        cost += sum(item_tokens(i) for i in turn)
+        items += turn
+        t += 1
+    return items
+
+
+async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
+    """``SDK_TURNS`` runs through ``Runner.run`` with ``session.run_config`` (the offline
+    scripted model); the requests the model received, tallied; and the moves."""
+    from agents import Agent, Runner, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    import protoprompt as pp
+    from protoprompt.integrations import ProtoPromptSession
+
+    @function_tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return _tool_text(budget, hash(q) % 1000)
+
+    script = []
+    for t in range(SDK_TURNS):
+        script += [
+            [function_call("lookup", {"q": f"r{t}_{s}"}, call_id=f"r{t}_{s}")]
+            for s in range(SDK_STEPS)
+        ]
+        script.append([assistant_message(f"done {t}", item_id=f"m{t}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="bench", model=model, tools=[lookup], instructions="Use the tool.")
+    session = ProtoPromptSession("bench")
+    await session.add_items(_sdk_history(budget))
+    builder = pp.TokenBudgetedContextBuilder(
+        None, max_tokens=budget, output_reserve=budget // 16, encoding=harness.ENCODING
+    )
+    plans: list[Any] = []
+    plan_seconds: list[float] = []
+    config = session.run_config(builder, cache=cache, on_call=plans.append, tracing_disabled=True)
+    flt = config.call_model_input_filter
+    plan_call = flt._plan
+
+    def timed(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        plan = plan_call(*args)
+        plan_seconds.append(time.perf_counter() - t0)
+        return plan
+
+    flt._plan = timed  # type: ignore[method-assign]
+    for t in range(SDK_TURNS):
+        await Runner.run(agent, f"run {t}: look it up", session=session, run_config=config)
+    tally = Tally()
+    for call, seconds, plan in zip(model.calls, plan_seconds, plans, strict=True):
+        # Pack time: the filter's own (the callback's turn plan is the same either way).
+        tally.add(list(call.input), seconds, stayed=plan.prefix == "stayed")
+    moves = sum(1 for p in plans if p.prefix == "moved")
+    session.close()
+    return tally, moves
+
+
+def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
+    """Whole SDK runs at each budget, newest first (``cache=None``) and with
+    ``pp.CachePolicy()`` on the session's per-call filter."""
+    import asyncio
+
+    import protoprompt as pp
+
+    rows = []
+    for budget in budgets:
+        newest, _ = asyncio.run(_sdk_session_run(budget, None))
+        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy()))
+        stable.moves = moves
+        rows.append({"mix": "sdk tool loop", "budget": budget, "newest": newest, "stable": stable})
+    return rows

@@ -1174,6 +1174,8 @@ def prompt_cache_only(args) -> int:
 
     rows = prompt_cache.measure()
     prompt_cache.print_rows(rows)
+    sdk = prompt_cache.sdk_runs()
+    prompt_cache.print_rows(sdk)
     if args.markdown:
         load = os.getloadavg() if hasattr(os, "getloadavg") else None
         when = (
@@ -1186,7 +1188,7 @@ def prompt_cache_only(args) -> int:
                 else "."
             )
         )
-        _replace_marked(args.markdown, "prompt-cache", prompt_cache.section(rows, when))
+        _replace_marked(args.markdown, "prompt-cache", prompt_cache.section(rows, when, sdk))
     return 0 if all(r["stable"].broken == 0 for r in rows) else 1
 
 

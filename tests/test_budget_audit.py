@@ -589,3 +589,59 @@ async def test_a_token_window_is_packed_under_the_calibration_it_was_found_under
     race = (flip + 1) // 2 - 1
     assert windowed[race], windowed
     assert calibration.reads > flip
+
+
+# ------------------------------------------------------------------ issue 34: the prompt cache
+
+
+async def test_the_providers_cached_tokens_are_reported_beside_the_expected_share() -> None:
+    """Issue 34 #5: with a cache policy every plan says how many tokens repeat the previous
+    request; the audit reads ``usage.input_tokens_details.cached_tokens`` and reports it
+    beside that expected share."""
+    from openai.types.responses.response_usage import InputTokensDetails
+
+    previous: list[str] = []
+
+    def cached(call: Any) -> ModelStep:
+        # A provider that caches the items equal to the previous request's leading items.
+        keys = [json.dumps(i, sort_keys=True) for i in call.input]
+        n = 0
+        while n < min(len(keys), len(previous)) and keys[n] == previous[n]:
+            n += 1
+        hit = sum(item_tokens(i).total for i in call.input[:n])
+        previous[:] = keys
+        total = sum(item_tokens(i).total for i in call.input)
+        return ModelStep(
+            output=outputs.pop(0),
+            usage=Usage(
+                requests=1,
+                input_tokens=total,
+                output_tokens=1,
+                total_tokens=total + 1,
+                input_tokens_details=InputTokensDetails.model_construct(cached_tokens=hit),
+            ),
+        )
+
+    outputs: list[Any] = [
+        [function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(4)
+    ]
+    outputs.append([assistant_message("done", item_id="m")])
+    model = ScriptedModel([ModelStep.respond(cached) for _ in range(5)])
+    session = ProtoPromptSession("cache")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=50_000, output_reserve=500)
+    audit = BudgetAudit()
+    plans: list[ModelCallPlan] = []
+    config = session.run_config(builder, cache=pp.CachePolicy(), audit=audit, on_call=plans.append)
+    agent = Agent(name="a", model=model, tools=[lookup])
+    await Runner.run(agent, "go", session=session, run_config=config, hooks=audit)
+    calls = audit.calls
+    assert len(calls) == 5
+    assert [c.expected_cached for c in calls] == [p.shared_tokens for p in plans]
+    assert calls[0].cached == 0 and all(c.cached for c in calls[1:])
+    for c, p in zip(calls[1:], plans[1:]):
+        # The plan's share counts instructions and tools too; the items alone are cached here.
+        assert p.prefix == "stayed" and c.cached <= c.expected_cached
+    summary = audit.summary()
+    assert summary.cached_tokens == sum(c.cached or 0 for c in calls) > 0
+    assert summary.expected_cached_tokens == sum(p.shared_tokens for p in plans)
+    assert "prompt cache:" in summary.explain() and "expected" in calls[-1].explain()

@@ -1704,3 +1704,225 @@ async def test_a_call_plan_reports_what_the_session_turn_masked_and_dropped(tmp_
     assert f"({call.turn_masking_saved:,} tokens saved; sent as excerpts)" in line
     assert f"dropped {call.turn_dropped} stored items" in line
     session.close()
+
+
+# ------------------------------------------------------------------ issue 34: a stable prefix
+
+
+def _prefix_len(a: list[Any], b: list[Any]) -> int:
+    """How many leading items of ``b`` equal ``a``'s, byte for byte (as JSON)."""
+    n = 0
+    for x, y in zip(a, b):
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            break
+        n += 1
+    return n
+
+
+async def _loop_run(cache: pp.CachePolicy | None, steps: int = 30) -> tuple[Any, list[Any]]:
+    budget = 6_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("prefix")
+    plans: list[ModelCallPlan] = []
+    script = [[function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(steps)]
+    model = ScriptedModel([*script, [assistant_message("all done", item_id="m1")]])
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    config = session.run_config(builder, cache=cache, on_call=plans.append)
+    await Runner.run(
+        agent, "look up thirty things", session=session, run_config=config, max_turns=40
+    )
+    stored = await session.get_items()
+    assert sum(1 for i in stored if i.get("type") == "function_call_output") == steps
+    return model, plans
+
+
+async def test_a_cache_policy_makes_each_call_extend_the_previous_one() -> None:
+    """Issue 34 #2: within a run each model call's request is the previous call's request
+    plus what was appended, byte for byte, until one does not fit; then the cut moves once
+    to the low-water mark and the following calls extend that request again."""
+    model, plans = await _loop_run(pp.CachePolicy(low_water=0.6))
+    calls = model.calls
+    assert len(calls) == 31
+    codes = [p.prefix for p in plans]
+    assert codes[0] == "set" and "moved" in codes, codes
+    assert codes.count("moved") <= 6, "the cut moves rarely, not at every call"
+    for n in range(1, len(calls)):
+        prev, cur = calls[n - 1].input, calls[n].input
+        assert request_tokens(calls[n]) + 500 <= 6_000, f"call {n + 1}"
+        assert_sendable(cur)
+        start, end = plans[n].run_input or (0, 0)
+        assert cur[start:end] == [{"content": "look up thirty things", "role": "user"}]
+        if plans[n].prefix == "stayed":
+            assert _prefix_len(prev, cur) == len(prev), f"call {n + 1} extends call {n}"
+            assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+        else:
+            assert plans[n].shared_tokens == 0
+            assert "did not fit: cut moved from" in plans[n].prefix_reason
+            assert request_tokens(calls[n]) + 500 <= int(6_000 * 0.6)
+    assert "prefix: call" in plans[-1].explain()
+    repeated = sum(p.shared_tokens for p in plans) / sum(request_tokens(c) for c in calls)
+    # Newest first moves the cut at almost every call once the run overflows.
+    base_model, base_plans = await _loop_run(None)
+    base_repeated = sum(
+        request_tokens(base_model.calls[n - 1])
+        for n in range(1, len(base_model.calls))
+        if _prefix_len(base_model.calls[n - 1].input, base_model.calls[n].input)
+        == len(base_model.calls[n - 1].input)
+    ) / sum(request_tokens(c) for c in base_model.calls)
+    assert all(p.prefix is None for p in base_plans)
+    assert repeated >= 0.6 and repeated > base_repeated + 0.2, (repeated, base_repeated)
+
+
+def test_cache_must_be_a_cache_policy() -> None:
+    builder = TokenBudgetedContextBuilder(None, max_tokens=6_000)
+    with pytest.raises(TypeError, match="cache must be a CachePolicy"):
+        ProtoPromptSession("x").model_input_filter(builder, cache=0.7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("system_prompt", ["", "Be brief."])
+async def test_the_next_run_of_the_session_extends_the_previous_runs_last_request(
+    system_prompt: str,
+) -> None:
+    """Issue 34 #1: the first call of a session's next run sends the previous run's last
+    request, then what was stored after it (the final answer) and the new input -- also
+    behind the callback's context message when it is unchanged; the stored history is the
+    runs' items, unchanged."""
+    budget = 6_000
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
+    session = ProtoPromptSession("runs")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r in range(3):
+        script += [
+            [function_call("lookup", {"q": f"{r}.{i}"}, call_id=f"c{r}_{i}")] for i in range(3)
+        ]
+        script.append([assistant_message(f"answer {r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[lookup], instructions="Use the tool.")
+    config = session.run_config(
+        builder, cache=pp.CachePolicy(), on_call=plans.append, system_prompt=system_prompt
+    )
+    for r in range(3):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    calls = model.calls
+    assert len(calls) == 12
+    if system_prompt:
+        assert all(system_prompt in json.dumps(c.input[0]) for c in calls)
+    firsts = [4, 8]  # the first calls of runs 2 and 3
+    for n in firsts:
+        if plans[n].prefix != "stayed":
+            continue
+        prev, cur = calls[n - 1].input, calls[n].input
+        assert _prefix_len(prev, cur) == len(prev)
+        start, end = plans[n].run_input or (0, 0)
+        assert cur[start:end] == [{"content": f"question {n // 4}", "role": "user"}]
+        added = cur[len(prev) :]
+        assert [i.get("role") for i in added] == ["assistant", "user"], added
+        assert added[-1]["content"] == f"question {n // 4}"
+        assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+    assert all(plans[n].prefix == "stayed" for n in firsts), [p.prefix for p in plans]
+    for n, call in enumerate(calls):
+        assert request_tokens(call) + 500 <= budget, f"call {n + 1}"
+        assert_sendable(call.input)
+    stored = await session.get_items()
+    assert [i.get("call_id") for i in stored if i.get("type") == "function_call_output"] == [
+        f"c{r}_{i}" for r in range(3) for i in range(3)
+    ]
+    assert all(
+        i.get("output") == lookup_output(i["call_id"][1:].replace("_", "."))
+        for i in stored
+        if i.get("type") == "function_call_output"
+    )
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.integers(20, 900), min_size=0, max_size=6), min_size=1, max_size=4),
+    st.integers(3_000, 9_000),
+    st.floats(0.3, 1.0),
+    st.integers(0, 3),
+)
+def test_consecutive_requests_share_their_prefix(
+    runs: list[list[int]], budget: int, low_water: float, keep_recent: int
+) -> None:
+    """Issue 34 #8 over generated tool loops (runs of steps with outputs of drawn sizes):
+    every request fits and is sendable; a call that keeps the prefix sends the previous
+    request plus what was appended, byte for byte, and says how many tokens it repeats;
+    the stored history is the runs' items, unchanged."""
+    asyncio.run(_prefix_runs(runs, budget, pp.CachePolicy(low_water, keep_recent)))
+
+
+async def _prefix_runs(runs: list[list[int]], budget: int, cache: pp.CachePolicy) -> None:
+    sizes: dict[str, int] = {}
+
+    @function_tool
+    def fetch(q: str) -> str:
+        """Fetch something of a given size."""
+        return f"{q}: " + "data " * sizes[q]
+
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=300)
+    session = ProtoPromptSession("prop")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r, steps in enumerate(runs):
+        for s, size in enumerate(steps):
+            sizes[f"{r}.{s}"] = size
+            script.append([function_call("fetch", {"q": f"{r}.{s}"}, call_id=f"c{r}_{s}")])
+        script.append([assistant_message(f"answer {r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[fetch], instructions="Use the tool.")
+    config = session.run_config(
+        builder, cache=cache, on_call=plans.append, oversized_output="truncate"
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    calls = model.calls
+    assert len(plans) == len(calls)
+    for n, call in enumerate(calls):
+        assert request_tokens(call) + 300 <= budget, f"call {n + 1}"
+        assert_sendable(call.input)
+        if n and plans[n].prefix == "stayed":
+            prev = calls[n - 1].input
+            assert _prefix_len(prev, call.input) == len(prev), f"call {n + 1}"
+            assert plans[n].shared_tokens == request_tokens(calls[n - 1])
+            event("stayed")
+        elif plans[n].prefix == "moved":
+            assert plans[n].shared_tokens == 0
+            event("moved")
+    stored = await session.get_items()
+    outputs = [i for i in stored if i.get("type") == "function_call_output"]
+    assert [o["call_id"] for o in outputs] == [
+        f"c{r}_{s}" for r, steps in enumerate(runs) for s in range(len(steps))
+    ]
+    for o in outputs:
+        q = o["call_id"][1:].replace("_", ".")
+        assert o["output"] == f"{q}: " + "data " * sizes[q]
+
+
+async def test_a_changed_context_message_starts_the_prefix_afresh() -> None:
+    """Issue 34 #3: a run whose context message differs from the one the previous request
+    starts with (a fact remembered between the runs) does not resume it: the prefix would
+    not repeat. An unchanged one does (the third run)."""
+    scope = MemoryScope("acme", user="bob")
+    store = MemoryStore()
+    store.remember("Bob prefers metric units.", scope=scope)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=6_000, output_reserve=500, scope=scope)
+    session = ProtoPromptSession("ctx")
+    plans: list[ModelCallPlan] = []
+    script: list[Any] = []
+    for r in range(3):
+        script.append([function_call("lookup", {"q": f"bob {r}"}, call_id=f"b{r}")])
+        script.append([assistant_message(f"a{r}", item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    agent = Agent(name="a", model=model, tools=[lookup])
+    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    for r in range(3):
+        if r == 1:
+            store.remember("Bob works in Lyon.", scope=scope)
+        await Runner.run(agent, f"what about Bob? {r}", session=session, run_config=config)
+    calls = model.calls
+    assert "Lyon" not in json.dumps(calls[1].input[0])
+    assert "Lyon" in json.dumps(calls[2].input[0])
+    assert [p.prefix for p in plans] == ["set", "stayed", "set", "stayed", "stayed", "stayed"]
+    for n in (1, 3, 4, 5):
+        assert _prefix_len(calls[n - 1].input, calls[n].input) == len(calls[n - 1].input)

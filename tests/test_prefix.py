@@ -29,7 +29,7 @@ def _serialised(items: list[Any]) -> list[str]:
 
 
 def test_policy_is_checked_once() -> None:
-    assert pp.CachePolicy() == pp.CachePolicy(low_water=0.7, keep_recent=3, excerpt_tokens=64)
+    assert pp.CachePolicy() == pp.CachePolicy(low_water=0.7, keep_recent=1, excerpt_tokens=64)
     with pytest.raises(ValueError, match="low_water"):
         pp.CachePolicy(low_water=0.0)
     with pytest.raises(ValueError, match="low_water"):

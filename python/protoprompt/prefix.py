@@ -9,8 +9,8 @@ far enough that the request falls to ``low_water`` times the budget, and tool ou
 than the newest ``keep_recent`` turns are masked in that same step before any turn is
 dropped. The decision is the Rust core's (``protoprompt_core::prefix``).
 
-This is the groundwork of issue 34: :class:`~protoprompt.integrations.ProtoPromptSession`,
-the per-call filter and the builder do not use it yet (that integration follows), and a
+A session's per-call filter takes a :class:`CachePolicy` as ``cache=``
+(``session.run_config(..., cache=pp.CachePolicy())``, see ``docs/prompt-cache.md``); a
 :class:`PrefixState` is valid in the process that made it only (its digests are keyed per
 process).
 """
@@ -47,7 +47,8 @@ class CachePolicy:
         low_water: the fraction of the budget a request falls to when the cut moves, in
             ``(0, 1]``: lower moves less often and shows less history.
         keep_recent: how many newest turns of the history keep their tool outputs whole
-            once masking starts (older ones are masked before any turn is dropped).
+            once masking starts (older ones are masked before any turn is dropped). The
+            defaults (0.7, 1) are measured in ``docs/prompt-cache.md``.
         excerpt_tokens: tokens a masked text output keeps, marker included (at least 16;
             as :class:`~protoprompt.Masking`).
 
@@ -57,7 +58,7 @@ class CachePolicy:
     """
 
     low_water: float = 0.7
-    keep_recent: int = 3
+    keep_recent: int = 1
     excerpt_tokens: int = 64
 
     def __post_init__(self) -> None:
@@ -144,8 +145,8 @@ def plan_prefix(
     sent whole, with the history it depends on); ``previous`` is the :attr:`PrefixPlan.state`
     of the session's last call (``None`` on the first). Items are kept, masked or dropped
     with their atomic units (``docs/item-graph.md``); invalid history units are never sent.
-    Not yet used by :class:`~protoprompt.integrations.ProtoPromptSession` or the per-call
-    filter: that integration follows.
+    A :class:`~protoprompt.integrations.ProtoPromptSession`'s per-call filter applies the
+    same policy to the SDK's requests itself (``cache=``; ``docs/prompt-cache.md``).
 
     Raises:
         TokenBudgetExceededError: the new input, the history it depends on and the

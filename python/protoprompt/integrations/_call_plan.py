@@ -78,6 +78,21 @@ class ModelCallPlan:
     run_input: tuple[int, int] | None = None
     """``[start, end)`` positions of the run's input in the list packed (``None``: no run
     input was found, e.g. a run whose input holds no user message)."""
+    prefix: str | None = None
+    """With a cache policy (``cache=``): how this call's request relates to the run's
+    previous one -- ``"stayed"`` (the previous request byte for byte, then what the SDK
+    appended), ``"moved"`` (it did not fit: packed newest first to the low-water mark),
+    ``"set"`` (the run's first); ``None``: packed newest first without one."""
+    prefix_reason: str = ""
+    """The same in words, e.g. ``"call 3 did not fit: cut moved from input[812] to
+    input[1,090], request 127,400 -> 88,900"``."""
+    shared_tokens: int = 0
+    """Tokens this request repeats from the start of the run's previous request (what the
+    provider's prompt cache can bill at its cached price): 0 on a move, a first call, or
+    when the instructions, tools or output schema changed."""
+    request_changed: bool = False
+    """The instructions, tools or output schema differ from the previous call's (counted
+    costs; with a cache policy)."""
     turn_plan: ContextPlan | None = None
     """With a session: its callback's plan of this run (``session.run_config``'s
     ``on_plan``), which packed the stored history before the first call -- the tool outputs
@@ -204,6 +219,8 @@ CallLayout`)."""
         lines += self.sections.lines()
         lines.extend(f"not counted: {note}" for note in self.not_counted)
         lines.append(f"index: {self.reused} of {self.input_items} items reused ({self.reuse})")
+        if self.prefix is not None:
+            lines.append(f"prefix: {self.prefix_reason}")
         if self.deduplicated:
             lines.append(
                 f"{self.deduplicated} items collapsed by the SDK's de-duplication (reused "

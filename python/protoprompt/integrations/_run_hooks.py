@@ -23,6 +23,7 @@ from ._window import TURN_ATTR, Turn
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
+    from ..prefix import CachePolicy
     from ._context import ContextBook, RunLedger
     from ._evicted import SessionMemory
     from ._sdk import Agent
@@ -225,6 +226,7 @@ class RunHooks:
         oversized_output: OversizedOutput = "error",
         output_reserve: int | None = None,
         on_call: Callable[[ModelCallPlan], None] | None = None,
+        cache: CachePolicy | None = None,
     ) -> ModelInputFilter:
         """A ``call_model_input_filter`` that holds ``builder``'s budget on every model call.
 
@@ -247,6 +249,10 @@ class RunHooks:
             output_reserve: overrides ``builder.output_reserve``.
             on_call: called with each call's :class:`ModelCallPlan` (also in
                 ``filter.last_plan``).
+            cache: a :class:`~protoprompt.CachePolicy`: each model call of a run sends the
+                previous call's request plus what was appended while that fits, and when
+                it does not, packs to the policy's low-water mark once (see
+                ``docs/prompt-cache.md``); ``None`` (default): every call newest first.
         """
         from .model_filter import ModelInputFilter
 
@@ -256,6 +262,7 @@ class RunHooks:
             output_reserve=output_reserve,
             session=self._as_session(),
             on_call=on_call,
+            cache=cache,
         )
 
     def run_config(
@@ -273,6 +280,7 @@ class RunHooks:
         oversized_output: OversizedOutput = "error",
         on_call: Callable[[ModelCallPlan], None] | None = None,
         audit: BudgetAudit | None = None,
+        cache: CachePolicy | None = None,
         **run_config_fields: Any,
     ) -> RunConfig:
         """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
@@ -309,6 +317,7 @@ class RunHooks:
                 call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
                 ``audit.add_result(result)``, to pair each with the provider's count); with
                 ``builder.calibration`` set, the audit also teaches it.
+            cache: see :meth:`model_input_filter` (a run's model calls extend each other).
 
         Raises:
             TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
@@ -360,6 +369,7 @@ class RunHooks:
             oversized_output=oversized_output,
             output_reserve=output_reserve,
             on_call=on_call,
+            cache=cache,
         )
         return RunConfig(
             session_input_callback=callback,

@@ -184,6 +184,7 @@ class Run:
         "index_digests",
         "keys",
         "n_prev",
+        "prefix",
         "run_input",
         "span",
         "step_start",
@@ -211,6 +212,8 @@ class Run:
         """The first position of every key."""
         self.groups: dict[str, list[int]] = {}
         """The positions of every key that occurs more than once."""
+        self.prefix: Any = None
+        """The run's cache-stable prefix (a ``_planner.RunPrefix``; ``None``: none yet)."""
 
     @property
     def nbytes(self) -> int:
@@ -220,6 +223,7 @@ class Run:
             + len(self.index_digests)
             + 8 * len(self.keys)
             + 100 * len(self.first)
+            + (self.prefix.nbytes if self.prefix is not None else 0)
         )
 
     def observe(self, items: list[Any]) -> tuple[bytes, bool]:

@@ -82,6 +82,13 @@ class AuditedCall:
     """``usage.input_tokens`` the provider reported for the call (``None``: not paired yet,
     or the provider reported none)."""
     agent: str | None = None
+    expected_cached: int = 0
+    """Tokens the plan says repeat the start of the session's previous request
+    (:attr:`ModelCallPlan.shared_tokens`, with a cache policy): what the provider's prompt
+    cache can bill as cached (it bills from 1,024 tokens, in 128-token steps)."""
+    cached: int | None = None
+    """``usage.input_tokens_details.cached_tokens`` the provider reported (``None``: not
+    paired yet, or not reported)."""
 
     @property
     def ratio(self) -> float | None:
@@ -99,9 +106,14 @@ class AuditedCall:
         reported = "not reported" if self.reported is None else f"reported {self.reported}"
         ratio = "" if self.ratio is None else f" (x{self.ratio:.3f})"
         scale = "" if self.opaque_scale == 1.0 else f" at x{self.opaque_scale:g}"
+        cache = ""
+        if self.expected_cached or self.cached:
+            got = "not reported" if self.cached is None else f"{self.cached}"
+            cache = f"; cached {got} of {self.expected_cached} expected"
         return (
             f"call {self.serial} ({self.model or 'unknown model'}, run call {self.call}): "
             f"estimate {self.estimate} (opaque {self.opaque}{scale}), {reported}{ratio}"
+            + cache
             + ("  <- provider counted more" if self.underestimated else "")
         )
 
@@ -122,6 +134,11 @@ class AuditSummary:
     max_ratio: float | None
     underestimated_calls: int
     """Calls where the provider counted more than the estimate."""
+    expected_cached_tokens: int = 0
+    """Sum over the reported calls of the tokens their plans expect the prompt cache to
+    repeat (:attr:`AuditedCall.expected_cached`)."""
+    cached_tokens: int = 0
+    """Sum over the reported calls of the provider's ``cached_tokens``."""
 
     @property
     def ratio(self) -> float | None:
@@ -138,6 +155,11 @@ class AuditSummary:
             f"counted {self.reported_tokens} of {self.estimate_tokens} estimated tokens "
             f"(x{self.ratio:.3f}, per call x{self.min_ratio:.3f}..x{self.max_ratio:.3f})"
         )
+        if self.expected_cached_tokens or self.cached_tokens:
+            line += (
+                f"; prompt cache: {self.cached_tokens} tokens cached by the provider, "
+                f"{self.expected_cached_tokens} expected"
+            )
         if self.underestimated_calls:
             line += (
                 f"; {self.underestimated_calls} calls counted MORE than estimated "
@@ -185,6 +207,13 @@ def _reported_input(response: Any) -> int | None:
         return max(entries)  # retries add zero entries; a folded response: its largest
     total = getattr(usage, "input_tokens", None)
     return total if isinstance(total, int) and total > 0 else None
+
+
+def _reported_cached(response: Any) -> int | None:
+    """``usage.input_tokens_details.cached_tokens`` of one model response, if reported."""
+    details = getattr(getattr(response, "usage", None), "input_tokens_details", None)
+    n = getattr(details, "cached_tokens", None)
+    return n if isinstance(n, int) and n >= 0 else None
 
 
 def _run_block(waiting: list[_Waiting], n: int) -> list[_Waiting]:
@@ -281,6 +310,7 @@ class BudgetAudit(RunHooksBase[Any, Any]):
             estimate=plan.request_tokens,
             opaque=_opaque_tokens(plan.items, encoding),
             opaque_scale=plan.pack.opaque_scale,
+            expected_cached=plan.shared_tokens,
         )
         waiting = _Waiting(call, frozenset(id(x) for x in plan.items), builder)
         with self._lock:
@@ -344,6 +374,8 @@ class BudgetAudit(RunHooksBase[Any, Any]):
             opaque_scale=call.opaque_scale,
             reported=reported,
             agent=getattr(agent, "name", None) if agent is not None else None,
+            expected_cached=call.expected_cached,
+            cached=_reported_cached(response),
         )
         with self._lock:
             if call.serial in self._calls:
@@ -446,6 +478,8 @@ class BudgetAudit(RunHooksBase[Any, Any]):
             min_ratio=min(ratios, default=None),
             max_ratio=max(ratios, default=None),
             underestimated_calls=sum(1 for c in reported if c.underestimated),
+            expected_cached_tokens=sum(c.expected_cached for c in reported),
+            cached_tokens=sum(c.cached or 0 for c in reported),
         )
 
     def explain(self, max_calls: int | None = 20) -> str:

@@ -48,6 +48,12 @@ tools of every kind (function, hosted, MCP, handoffs) and its structured-output 
 :mod:`protoprompt.integrations._request`). A stored ``prompt`` template is expanded by the
 server and cannot be counted here: the plan says so (:attr:`ModelCallPlan.not_counted`).
 
+With ``cache=pp.CachePolicy()`` (a session's filter), each call's request is the previous
+call's plus what was appended while that fits, and a move to the policy's low-water mark when
+it does not, so the provider's prompt cache repeats the prefix (see
+:mod:`protoprompt.integrations._planner` and ``docs/prompt-cache.md``); the plan says how
+(``ModelCallPlan.prefix``, ``prefix_reason``, ``shared_tokens``).
+
 Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
 :mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
 of the input it has packed, so a call classifies and counts only what is new. Every call
@@ -68,8 +74,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
 from ..errors import TokenBudgetExceededError
-from ..packing import PackResult
+from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
+from ..prefix import CachePolicy
+from . import _planner
 from ._call_plan import ModelCallPlan, TruncatedOutput
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
@@ -130,6 +138,7 @@ class ModelInputFilter:
         session: ProtoPromptSession | None = None,
         system_prompt: str = "",
         on_call: Callable[[ModelCallPlan], None] | None = None,
+        cache: CachePolicy | None = None,
     ) -> None:
         if not isinstance(builder, TokenBudgetedContextBuilder):
             raise TypeError(
@@ -152,6 +161,8 @@ class ModelInputFilter:
             raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if on_call is not None and not callable(on_call):
             raise TypeError("on_call must be callable or None")
+        if cache is not None and not isinstance(cache, CachePolicy):
+            raise TypeError(f"cache must be a CachePolicy or None, got {type(cache).__name__}")
         self.builder = builder
         self.oversized_output: OversizedOutput = oversized_output
         self.output_reserve = builder.output_reserve if output_reserve is None else output_reserve
@@ -167,6 +178,11 @@ class ModelInputFilter:
         self._runs: OrderedDict[int, Run] = OrderedDict()  # runs between two calls
         self._lock = threading.Lock()
         self._request = RequestCosts()
+        self._last: _planner.RunPrefix | None = None
+        """The session's latest request through the prefix (the next run resumes it)."""
+        self.cache = cache
+        """The run's cache-stable prefix (``None``: every call packed newest first); used
+        by a session's filter (see :mod:`protoprompt.integrations._planner`)."""
 
     def reset(self) -> None:
         """Forget every run's state (the next call classifies its input afresh)."""
@@ -284,14 +300,25 @@ class ModelInputFilter:
             reason = f"item {reused} changed since the previous call: the index was cut back to it"
         step = list(packed[step_start:])
         truncated: list[TruncatedOutput] = []
-        try:
-            result, context = self._pack(packed, step_start, step, pinned, extras.total, run)
-        except TokenBudgetExceededError as exc:
-            if self.oversized_output != "truncate":
-                raise self._explained(exc, packed, step_start, extras.total) from None
-            result, context, truncated = self._fit_step(
-                exc, packed, step_start, pinned, extras, run
-            )
+        stable = None
+        if self._stable_prefix(run, collapsed):
+            stable = self._cached(packed, step_start, pinned, extras, run, extends)
+        if stable is not None:
+            result, context = stable.result, None
+            step_start, layout_packed = stable.step_start, stable.items
+            pinned = [p for p in stable.pinned if p < step_start]
+        else:
+            layout_packed = packed
+            try:
+                result, context = self._pack(packed, step_start, step, pinned, extras.total, run)
+            except TokenBudgetExceededError as exc:
+                if self.oversized_output != "truncate":
+                    raise self._explained(exc, packed, step_start, extras.total) from None
+                result, context, truncated = self._fit_step(
+                    exc, packed, step_start, pinned, extras, run
+                )
+            if self.cache is not None:
+                run.prefix = None  # a call packed without the prefix: the next one moves
         run.calls += 1
         run.n_prev = len(items)
         run.step_start = layout_start
@@ -300,7 +327,9 @@ class ModelInputFilter:
         sent = (
             [context.context_message] if context and context.context_message else []
         ) + result.items
-        layout = CallLayout((step_start, len(packed)), run_input, context_at, len(truncated))
+        if stable is not None and stable.items is not packed:
+            run_input = _planner.run_input_at(stable.pinned, context_at)
+        layout = CallLayout((step_start, len(layout_packed)), run_input, context_at, len(truncated))
         if context is not None:
             # The builder's plan of this call, with where its parts are (same sections).
             framed = dataclasses.replace(context, layout=layout, request=extras)
@@ -317,7 +346,7 @@ class ModelInputFilter:
             output_reserve=self.output_reserve,
             input_items=len(items),
             pinned=pinned,
-            step=(step_start, len(packed)),
+            step=(step_start, len(layout_packed)),
             reused=reused,
             reuse=reason,
             pack=result,
@@ -327,6 +356,112 @@ class ModelInputFilter:
             not_counted=extras.not_counted,
             context_position=context_at,
             run_input=run_input,
+            prefix=stable.code if stable is not None else None,
+            prefix_reason=stable.reason if stable is not None else "",
+            shared_tokens=stable.shared_tokens if stable is not None else 0,
+            request_changed=stable.request_changed if stable is not None else False,
+        )
+
+    def _stable_prefix(self, run: Run, collapsed: Collapsed | None) -> bool:
+        """Whether this call plans through the run's cache-stable prefix: a session's
+        filter with a cache policy, in a run, on a list the SDK's de-duplication leaves as
+        it is (otherwise packed newest first, and the next call moves)."""
+        return (
+            self.cache is not None
+            and self.session is not None
+            and run.span is not None
+            and collapsed is None
+        )
+
+    def _cached(
+        self,
+        packed: list[Any],
+        step_start: int,
+        pinned: list[int],
+        extras: RequestExtras,
+        run: Run,
+        extends: bool,
+    ) -> _planner.Stable | None:
+        """The call through the run's prefix (see :mod:`._planner`): the previous request
+        plus what was appended when it all fits, else a move to the low-water mark;
+        ``None`` when neither applies (the mandatory part needs more than the low-water
+        mark: packed newest first at the whole budget)."""
+        assert self.cache is not None
+        b = self.builder
+        key = _planner.request_key(extras)
+        prefix = run.prefix if extends else None
+        if prefix is None and not run.calls:
+            # A run's first call: the session's previous request, when this input holds
+            # it (the stored history grew by that run and this run's input since).
+            prefix = _planner.resume(self._last, packed, self._is_context(packed))
+            run.prefix = prefix
+        if prefix is not None:
+            cand, cstart = _planner.candidate(prefix, packed)
+            placed = _planner.placed_pins(prefix, pinned)
+            cpinned = [p for p in placed if p < cstart]
+            prefix.sync(cand)
+            try:
+                result = self._pack_at(
+                    prefix.index, cand, cstart, cpinned, b.max_tokens, None, extras.total
+                )
+            except TokenBudgetExceededError:
+                result = None
+            if result is not None and _planner.kept_whole(result, cand):
+                stayed = _planner.stay(prefix, result, placed, len(packed), key, run.calls + 1)
+                self._last = prefix
+                return _planner.Stable(result, cand, placed, cstart, *stayed)
+        if prefix is None:
+            # No request to extend: the whole input as it is, when it fits (the callback
+            # packed it for this budget), else the move below.
+            try:
+                result = self._pack_at(
+                    run.index, packed, step_start, pinned, b.max_tokens, None, extras.total
+                )
+            except TokenBudgetExceededError:
+                result = None
+            if result is not None and _planner.kept_whole(result, packed):
+                moved = _planner.move(None, result, pinned, len(packed), key, run.calls + 1)
+                run.prefix = self._last = moved[0]
+                return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
+        policy = self.cache
+        low = max(int(b.max_tokens * policy.low_water), 1)
+        masking = Masking(excerpt_tokens=policy.excerpt_tokens, after_turns=policy.keep_recent)
+        try:
+            result = self._pack_at(
+                run.index, packed, step_start, pinned, low, masking, extras.total
+            )
+        except TokenBudgetExceededError:
+            return None
+        moved = _planner.move(run.prefix, result, pinned, len(packed), key, run.calls + 1)
+        run.prefix = self._last = moved[0]
+        return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
+
+    def _pack_at(
+        self,
+        index: HistoryIndex,
+        items: list[Any],
+        start: int,
+        pinned: list[int],
+        budget: int,
+        masking: Masking | None,
+        fixed: int,
+    ) -> PackResult:
+        """``items`` packed through ``index`` into ``budget``: ``items[start:]`` mandatory
+        (the newest step), ``pinned`` too, the rest newest first."""
+        b = self.builder
+        return index.pack(
+            items,
+            items[start:],
+            budget,
+            output_reserve=self.output_reserve,
+            context_tokens=fixed,
+            model=b.model,
+            encoding=b.encoding,
+            policy=b.policy,
+            pinned=pinned,
+            history_len=start,
+            opaque_scale=b.opaque_scale(),
+            masking=masking,
         )
 
     def _pack(
