@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _seams
 from ..summaries import SQLiteSummaryStore, SummaryState, SummaryStore
 from ..summaries import _checksum as checksum
 from ._io import io_loop
@@ -60,10 +61,8 @@ def summary_store_for(inner: Any, session_id: str, *, keyed: str) -> SummaryStor
     if _class_named(inner, module, "SQLAlchemySession") is not None:
         return _sqlalchemy(inner, session_id, keyed)
     module = "agents.extensions.memory.redis_session"
-    if _class_named(inner, module, "RedisSession") is not None:
-        needed = ("_redis", "_session_key", "_messages_key", "_key_prefix")
-        if all(hasattr(inner, name) for name in needed):
-            return RedisSummaryStore(inner, session_id, keyed)
+    if _class_named(inner, module, "RedisSession") is not None and _seams.redis_readable(inner):
+        return RedisSummaryStore(inner, session_id, keyed)
     return None
 
 
@@ -71,7 +70,8 @@ def _sqlalchemy(inner: Any, session_id: str, keyed: str) -> SummaryStore | None:
     from ._sqlalchemy_store import _is_memory
 
     engine = getattr(inner, "engine", None)
-    table = getattr(getattr(inner, "_messages", None), "name", None)
+    readable = _seams.sqlalchemy_readable(inner)
+    table = getattr(_seams.sqlalchemy_table(inner), "name", None) if readable else None
     if engine is None or not isinstance(table, str) or _is_memory(engine):
         return None
     dialect = engine.dialect.name
@@ -237,8 +237,8 @@ class RedisSummaryStore:
         self._inner = inner
         self._session = session_id
         self._keyed = keyed
-        self._list = str(inner._messages_key)
-        self.key = f"{inner._session_key}:protoprompt:summary"
+        session_key, self._list, self._prefix = _seams.redis_keys(inner)
+        self.key = f"{session_key}:protoprompt:summary"
         self._server: Any = None
 
     def _client(self) -> Any:
@@ -247,7 +247,7 @@ class RedisSummaryStore:
         if server is None:
             from ._redis_store import _server
 
-            server = _server(self._inner._redis, str(self._inner._key_prefix))
+            server = _server(_seams.redis_client(self._inner), self._prefix)
             server.ready()
             self._server = server
         return server.client
