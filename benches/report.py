@@ -205,6 +205,20 @@ def _sum_known(*values: int | None) -> int | None:
     return sum(known) if known else None
 
 
+def _print_cols(cols: list, rows: list[dict], out, first_left: bool) -> None:
+    """A plain-text table: a header, a rule, one line a row; numbers right-aligned."""
+    cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    for j, row in enumerate(cells):
+        line = "  ".join(
+            c.ljust(w) if i == 0 and first_left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        )
+        print(line, file=out)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
 def print_table(rows: list[dict], out=sys.stdout) -> None:
     cols = [
         ("history", lambda r: r["case"]),
@@ -241,15 +255,7 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         ("restart/JSON", lambda r: _pct(r.get("mem_restart"), r["json"])),
         ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
     ]
-    cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    for j, row in enumerate(cells):
-        line = "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
-        )
-        print(line, file=out)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), file=out)
+    _print_cols(cols, rows, out, first_left=True)
     for r in rows:
         if r.get("diff"):
             print(f"  ! {r['case']} budget={r['budget']}: {r['diff']}", file=out)
@@ -291,12 +297,7 @@ def print_turns(turns: list[dict], out=sys.stdout) -> None:
         ("same", lambda r: "yes" if r["same"] else "NO"),
         ("targets", _targets),
     ]
-    cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in turns]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    for j, row in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=out)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), file=out)
+    _print_cols(cols, turns, out, first_left=False)
 
 
 def measure_index_sizes(cases: list[harness.Case]) -> list[dict]:
