@@ -219,43 +219,47 @@ def _print_cols(cols: list, rows: list[dict], out, first_left: bool) -> None:
             print("  ".join("-" * w for w in widths), file=out)
 
 
+#: The per-case columns: the text table shows them all, the markdown tables a selection.
+_CASE_COLS = [
+    ("history", lambda r: r["case"]),
+    ("items", lambda r: f"{r['items']:,}"),
+    ("JSON MB", lambda r: _mb(r["json"])),
+    ("budget", lambda r: f"{r['budget']:,}"),
+    ("kept", lambda r: f"{r['kept']:,}"),
+    ("SDK ms", lambda r: harness.ms(r["sdk"])),
+    ("pp cold ms", lambda r: harness.ms(r["pp_cold"])),
+    ("pp warm ms", lambda r: harness.ms(r["pp_warm"])),
+    ("index warm ms", lambda r: _ms3(r.get("pp_index"))),
+    ("cold/SDK", lambda r: _pct(r["pp_cold"], r["sdk"])),
+    ("warm/SDK", lambda r: _pct(r["pp_warm"], r["sdk"])),
+    ("index/SDK", lambda r: _pct(r.get("pp_index"), r["sdk"], 3)),
+    ("ref cold ms", lambda r: harness.ms(r.get("ref_cold"))),
+    ("ref warm ms", lambda r: harness.ms(r.get("ref_warm"))),
+    ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
+    ("session cold ms", lambda r: harness.ms(r.get("session_cold"))),
+    ("x session cold", lambda r: _x(r.get("ref_cold"), r.get("session_cold"))),
+    ("restart ms", lambda r: harness.ms(r.get("session_restart"))),
+    ("x restart", lambda r: _x(r.get("ref_cold"), r.get("session_restart"))),
+    ("session warm ms", lambda r: _ms3(r.get("session_warm"))),
+    ("session warm/SDK", lambda r: _pct(r.get("session_warm"), r["sdk"], 3)),
+    ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
+    ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
+    ("peak cold MB", lambda r: _mb(r["mem_cold"])),
+    ("peak warm MB", lambda r: _mb(r["mem_warm"], 2)),
+    ("warm/JSON", lambda r: _pct(r["mem_warm"], r["json"])),
+    ("index warm MB", lambda r: _mb(r.get("mem_index"), 2)),
+    ("cold/JSON", lambda r: _pct(r["mem_cold"], r["json"])),
+    ("session peak MB", lambda r: _mb(r.get("mem_session"))),
+    ("session/JSON", lambda r: _pct(r.get("mem_session"), r["json"])),
+    ("restart peak MB", lambda r: _mb(r.get("mem_restart"))),
+    ("restart/JSON", lambda r: _pct(r.get("mem_restart"), r["json"])),
+    ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
+]
+_CASE_COL = dict(_CASE_COLS)
+
+
 def print_table(rows: list[dict], out=sys.stdout) -> None:
-    cols = [
-        ("history", lambda r: r["case"]),
-        ("items", lambda r: f"{r['items']:,}"),
-        ("JSON MB", lambda r: _mb(r["json"])),
-        ("budget", lambda r: f"{r['budget']:,}"),
-        ("kept", lambda r: f"{r['kept']:,}"),
-        ("SDK ms", lambda r: harness.ms(r["sdk"])),
-        ("pp cold ms", lambda r: harness.ms(r["pp_cold"])),
-        ("pp warm ms", lambda r: harness.ms(r["pp_warm"])),
-        ("index warm ms", lambda r: _ms3(r.get("pp_index"))),
-        ("cold/SDK", lambda r: _pct(r["pp_cold"], r["sdk"])),
-        ("warm/SDK", lambda r: _pct(r["pp_warm"], r["sdk"])),
-        ("index/SDK", lambda r: _pct(r.get("pp_index"), r["sdk"], 3)),
-        ("ref cold ms", lambda r: harness.ms(r.get("ref_cold"))),
-        ("ref warm ms", lambda r: harness.ms(r.get("ref_warm"))),
-        ("x cold", lambda r: _x(r.get("ref_cold"), r["pp_cold"])),
-        ("session cold ms", lambda r: harness.ms(r.get("session_cold"))),
-        ("x session cold", lambda r: _x(r.get("ref_cold"), r.get("session_cold"))),
-        ("restart ms", lambda r: harness.ms(r.get("session_restart"))),
-        ("x restart", lambda r: _x(r.get("ref_cold"), r.get("session_restart"))),
-        ("session warm ms", lambda r: _ms3(r.get("session_warm"))),
-        ("session warm/SDK", lambda r: _pct(r.get("session_warm"), r["sdk"], 3)),
-        ("x warm", lambda r: _x(r.get("ref_warm"), r["pp_warm"])),
-        ("x index", lambda r: _x(r.get("ref_warm"), r.get("pp_index"))),
-        ("peak cold MB", lambda r: _mb(r["mem_cold"])),
-        ("peak warm MB", lambda r: _mb(r["mem_warm"], 2)),
-        ("warm/JSON", lambda r: _pct(r["mem_warm"], r["json"])),
-        ("index MB", lambda r: _mb(r.get("mem_index"), 2)),
-        ("cold/JSON", lambda r: _pct(r["mem_cold"], r["json"])),
-        ("session peak MB", lambda r: _mb(r.get("mem_session"))),
-        ("session/JSON", lambda r: _pct(r.get("mem_session"), r["json"])),
-        ("restart peak MB", lambda r: _mb(r.get("mem_restart"))),
-        ("restart/JSON", lambda r: _pct(r.get("mem_restart"), r["json"])),
-        ("same", lambda r: {True: "yes", False: "NO"}.get(r.get("same"), "-")),
-    ]
-    _print_cols(cols, rows, out, first_left=True)
+    _print_cols(_CASE_COLS, rows, out, first_left=True)
     for r in rows:
         if r.get("diff"):
             print(f"  ! {r['case']} budget={r['budget']}: {r['diff']}", file=out)
@@ -409,28 +413,7 @@ def _md_times(rows: list[dict]) -> str:
         "x index",
         "same",
     ]
-    body = [
-        [
-            r["case"],
-            f"{r['budget']:,}",
-            f"{r['kept']:,}",
-            harness.ms(r["sdk"]),
-            harness.ms(r["pp_cold"]),
-            harness.ms(r["pp_warm"]),
-            _ms3(r.get("pp_index")),
-            harness.ms(r.get("session_cold")),
-            harness.ms(r.get("session_restart")),
-            _ms3(r.get("session_warm")),
-            harness.ms(r.get("ref_cold")),
-            harness.ms(r.get("ref_warm")),
-            _x(r.get("ref_cold"), r["pp_cold"]),
-            _x(r.get("ref_warm"), r["pp_warm"]),
-            _x(r.get("ref_warm"), r.get("pp_index")),
-            {True: "yes", False: "NO"}.get(r.get("same"), "-"),
-        ]
-        for r in rows
-    ]
-    return _md_table(header, body)
+    return _md_table(header, [[_CASE_COL[h](r) for h in header] for r in rows])
 
 
 def _md_memory(rows: list[dict]) -> str:
@@ -447,23 +430,7 @@ def _md_memory(rows: list[dict]) -> str:
         "restart peak MB",
         "restart/JSON",
     ]
-    body = [
-        [
-            r["case"],
-            _mb(r["json"]),
-            f"{r['budget']:,}",
-            _mb(r["mem_cold"]),
-            _pct(r["mem_cold"], r["json"]),
-            _mb(r["mem_warm"], 2),
-            _mb(r.get("mem_index"), 2),
-            _mb(r.get("mem_session")),
-            _pct(r.get("mem_session"), r["json"]),
-            _mb(r.get("mem_restart")),
-            _pct(r.get("mem_restart"), r["json"]),
-        ]
-        for r in rows
-    ]
-    return _md_table(header, body)
+    return _md_table(header, [[_CASE_COL[h](r) for h in header] for r in rows])
 
 
 def _md_sizes(sizes: list[dict]) -> str:
