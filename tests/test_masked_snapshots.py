@@ -29,6 +29,7 @@ from agents.run_internal.session_persistence import prepare_input_with_session  
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 
 import history_gen  # noqa: E402  (benches/, on the path by conftest)
+from shared_histories import early_turns  # noqa: E402
 from snapshot_stamp import restamp  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -252,62 +253,6 @@ def test_masked_costs_stay_right_when_the_calibration_changes() -> None:
 # A restart after an early snapshot, with the builder's default masking
 
 
-def _early_turns() -> list[dict[str, Any]]:
-    """A turn of tool calls of several shapes, then a short one with a reasoning id that
-    repeats (the history hypothesis found: ``test_masking_properties``)."""
-    done = {"type": "message", "role": "assistant", "status": "completed"}
-    return [
-        {"role": "user", "content": ""},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
-        {
-            "type": "computer_call",
-            "id": "cu_1",
-            "call_id": "cu1",
-            "action": {"type": "screenshot"},
-            "pending_safety_checks": [],
-            "status": "completed",
-        },
-        {
-            "type": "computer_call_output",
-            "call_id": "cu1",
-            "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
-        },
-        {
-            "type": "local_shell_call",
-            "id": "lshm_2",
-            "call_id": "ml2",
-            "action": {"type": "exec", "command": ["ls"], "env": {}},
-            "status": "completed",
-        },
-        {"type": "local_shell_call_output", "call_id": "ml2", "output": "out line of output 7\n"},
-        {
-            "type": "apply_patch_call",
-            "call_id": "ap3",
-            "status": "completed",
-            "operation": {"type": "delete_file", "path": "x"},
-        },
-        {
-            "type": "apply_patch_call_output",
-            "call_id": "ap3",
-            "status": "completed",
-            "output": "done",
-        },
-        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
-        {
-            **done,
-            "id": "msg_4",
-            "content": [{"type": "output_text", "text": "", "annotations": []}],
-        },
-        {"role": "user", "content": ""},
-        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
-        {
-            **done,
-            "id": "msg_4b",
-            "content": [{"type": "output_text", "text": "", "annotations": []}],
-        },
-    ]
-
-
 @pytest.mark.parametrize("budget", [140, 200, 220, 300])
 async def test_a_restart_after_an_early_snapshot_packs_its_first_turn(
     tmp_path: Path, new_process: Callable[[], None], budget: int
@@ -316,7 +261,7 @@ async def test_a_restart_after_an_early_snapshot_packs_its_first_turn(
     counted the rows before its window: the restarted worker's first turn reads a token
     window and packs it (it raised "before history_offset" when the masked fill's check of
     a turn read before the window), sending what a full read sends."""
-    items = _early_turns()
+    items = early_turns()
     db = str(tmp_path / "s.db")
     seed = SQLiteSession("s", db)
     await seed.add_items(items[:10])

@@ -22,6 +22,7 @@ items_mod = pytest.importorskip("agents.run_internal.items")
 drop_orphan_function_calls = items_mod.drop_orphan_function_calls
 
 from reference_packer import ReferencePacker, units_of  # noqa: E402
+from shared_histories import early_turns  # noqa: E402
 from test_properties import FRAGMENTS, _fragment  # noqa: E402
 
 OUTPUT_FRAGMENTS = [
@@ -495,64 +496,7 @@ def test_a_masked_copy_is_not_masked_again(session, masking) -> None:
 # `window_start` found: the pack raised instead of packing. The masked window now reaches back
 # as far as that check can read (`GraphIndex::window_masked`).
 def test_a_masked_window_after_an_early_snapshot_needs_nothing_before_it() -> None:
-    history = [
-        {"role": "user", "content": ""},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
-        {
-            "type": "computer_call",
-            "id": "cu_1",
-            "call_id": "cu1",
-            "action": {"type": "screenshot"},
-            "pending_safety_checks": [],
-            "status": "completed",
-        },
-        {
-            "type": "computer_call_output",
-            "call_id": "cu1",
-            "output": {"type": "computer_screenshot", "image_url": "https://example.com/s.png"},
-        },
-        {
-            "type": "local_shell_call",
-            "id": "lshm_2",
-            "call_id": "ml2",
-            "action": {"type": "exec", "command": ["ls"], "env": {}},
-            "status": "completed",
-        },
-        {
-            "type": "local_shell_call_output",
-            "call_id": "ml2",
-            "output": "out line of output 7\n",
-        },
-        {
-            "type": "apply_patch_call",
-            "call_id": "ap3",
-            "status": "completed",
-            "operation": {"type": "delete_file", "path": "x"},
-        },
-        {
-            "type": "apply_patch_call_output",
-            "call_id": "ap3",
-            "status": "completed",
-            "output": "done",
-        },
-        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_4",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "", "annotations": []}],
-        },
-        {"role": "user", "content": ""},
-        {"type": "reasoning", "id": "rs_dup", "summary": [], "encrypted_content": "gAAA"},
-        {
-            "type": "message",
-            "role": "assistant",
-            "id": "msg_4b",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "", "annotations": []}],
-        },
-    ]
+    history = early_turns()
     new_input = [{"role": "user", "content": "next"}]
     masking = pp.Masking(excerpt_tokens=16)
     budget = _budget(history, new_input, 0.0625, 20)
