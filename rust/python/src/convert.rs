@@ -1,5 +1,5 @@
-//! Python -> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
-//! lists, encodings and labels.
+//! Python <-> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
+//! lists, encodings and labels; JSON values back to Python objects.
 
 use crate::errors::item_error;
 use protoprompt_core::items::{
@@ -364,4 +364,36 @@ pub(crate) fn classify_all(
     items.extend(seq(new_input, "new_input")?);
     let metas = classify_items(py, bound(py, &items), 0, n_history)?;
     Ok((items, metas, n_history))
+}
+
+/// A JSON value as the Python value it came from (dicts, lists, str, int, float, bool, None).
+pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                PyInt::new(py, i).into_any()
+            } else if let Some(u) = n.as_u64() {
+                PyInt::new(py, u).into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for v in items {
+                list.append(to_py(py, v)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
 }

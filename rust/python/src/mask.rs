@@ -1,13 +1,13 @@
 //! Masking from Python: the `masking` option (`protoprompt.Masking`), and the core's masked
 //! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
 
-use crate::convert::{as_dict, label};
+use crate::convert::{as_dict, label, to_py};
 use crate::errors::item_error;
 use protoprompt_core::mask::{MaskedField, Masking};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::PyString;
 use serde_json::Value;
 
 /// The core's [`Masking`] read from a `protoprompt.Masking` (or `None`).
@@ -21,38 +21,6 @@ pub(crate) fn masking_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<Maski
     Masking::checked(excerpt_tokens, after_turns)
         .map(Some)
         .map_err(PyValueError::new_err)
-}
-
-/// A JSON value as a new Python object (dicts, lists, str, int, float, bool, None).
-pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match value {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                i.into_pyobject(py)?.into_any()
-            } else if let Some(u) = n.as_u64() {
-                u.into_pyobject(py)?.into_any()
-            } else {
-                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
-            }
-        }
-        Value::String(s) => s.into_pyobject(py)?.into_any(),
-        Value::Array(items) => {
-            let list = PyList::empty(py);
-            for v in items {
-                list.append(to_py(py, v)?)?;
-            }
-            list.into_any()
-        }
-        Value::Object(map) => {
-            let dict = PyDict::new(py);
-            for (k, v) in map {
-                dict.set_item(k, to_py(py, v)?)?;
-            }
-            dict.into_any()
-        }
-    })
 }
 
 /// The masked copy of `original`: a new dict with the original's fields in their order,

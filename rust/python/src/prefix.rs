@@ -8,9 +8,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde_json::Value;
 
+use crate::convert::to_py;
 use crate::convert::{as_dict, item_seq, label, resolve_encoding, to_value, type_name};
 use crate::errors::{item_error, pack_error, token_error};
-use crate::mask::to_py;
 
 /// The state as Python sees it: `(cut, end, masked, pinned, before_cut, kept)`.
 type StateTuple = (usize, usize, Vec<usize>, Vec<usize>, Vec<u8>, Vec<u8>);

@@ -2,44 +2,10 @@
 //! for model-facing copies (`protoprompt_core::truncate`). Converts, releases the GIL, maps
 //! errors.
 
-use crate::convert::{as_dict, resolve_encoding, to_value, type_name};
+use crate::convert::{as_dict, resolve_encoding, to_py, to_value, type_name};
 use crate::errors::{item_error, token_error};
 use protoprompt_core::truncate::{cut_text as core_cut_text, fit_output as core_fit_output};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
-use serde_json::Value;
-
-/// A JSON value as the Python value it came from (dicts, lists, str, int, float, bool, None).
-pub(crate) fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match value {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                PyInt::new(py, i).into_any()
-            } else if let Some(u) = n.as_u64() {
-                PyInt::new(py, u).into_any()
-            } else {
-                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
-            }
-        }
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(items) => {
-            let list = PyList::empty(py);
-            for v in items {
-                list.append(to_py(py, v)?)?;
-            }
-            list.into_any()
-        }
-        Value::Object(map) => {
-            let dict = PyDict::new(py);
-            for (k, v) in map {
-                dict.set_item(k, to_py(py, v)?)?;
-            }
-            dict.into_any()
-        }
-    })
-}
 
 /// `text` cut to at most `max_tokens` tokens, head and tail around `marker` (whose
 /// `{removed}` says how many tokens were cut).
