@@ -17,6 +17,7 @@ from .plan import (
     masked_note,
     unit_reason,
 )
+from ._tokens import ESTIMATED_ENCODINGS
 from .plan_html import plans_to_html
 
 
@@ -201,7 +202,12 @@ class PackResult:
         their reasons. ``where`` names positions (default ``history[a..b]``)."""
         name = where or history_at
         lines = [f"policy {self.policy}"]
-        if self.opaque_scale != 1.0:
+        if self.opaque_scale != 1.0 and self.encoding in ESTIMATED_ENCODINGS:
+            lines[0] += (
+                f"; every item at x{self.opaque_scale:g} of the {self.encoding} estimate "
+                "(calibrated from the provider's counts)"
+            )
+        elif self.opaque_scale != 1.0:
             lines[0] += (
                 f"; opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
                 "(calibrated; text, media and overhead at the rule)"

@@ -41,7 +41,14 @@ use super::media::image_tokens_for_size;
 ///   never decoded as OpenAI payloads, Gemini thought signatures counted as text (since
 ///   issue 36: a snapshot that costed such an item before keeps that cost until the item is
 ///   counted again).
-pub const COST_RULE: u8 = 2;
+/// * 3: under an estimate encoding (`claude_estimate`) a calibration scales the whole cost,
+///   not only the opaque part ([`super::CostBasis::cost`]; protoprompt 1.0.1). Rule 2 costs
+///   are the same under every other basis and are reused ([`COST_RULE_COMPATIBLE`]).
+pub const COST_RULE: u8 = 3;
+
+/// The earlier rule whose costs equal this rule's under every basis but an estimate's with a
+/// calibration (see [`COST_RULE`]): reused except there.
+pub const COST_RULE_COMPATIBLE: u8 = 2;
 
 /// Bytes of a decoded encrypted payload that are its envelope, not model tokens (Codex's
 /// `estimate_reasoning_length` subtracts 650).
@@ -210,7 +217,8 @@ fn decoded_prefix(payload: &str) -> Option<Vec<u8>> {
 /// A calibration of the opaque part of item costs: the factor its tokens are multiplied by,
 /// in sixty-fourths, between [`OpaqueScale::MIN`] and [`OpaqueScale::MAX`]. Text, media and
 /// overhead are never scaled, so a calibrated cost is never below the conservative rule for
-/// everything but the opaque payloads.
+/// everything but the opaque payloads — except under an estimate encoding (Claude's), where
+/// it scales the whole cost ([`super::CostBasis::cost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpaqueScale(u16);
 
@@ -219,6 +227,9 @@ impl OpaqueScale {
     pub const UNIT: u16 = 64;
     /// The rule itself (no calibration).
     pub const ONE: OpaqueScale = OpaqueScale(Self::UNIT);
+    /// One half (the smallest calibration of an estimate's whole cost, see
+    /// [`super::CostBasis::MIN_ESTIMATE_SCALE`]).
+    pub const HALF: OpaqueScale = OpaqueScale(Self::UNIT / 2);
     /// The smallest scale a calibration may set (a quarter of the rule).
     pub const MIN: OpaqueScale = OpaqueScale(Self::UNIT / 4);
     /// The largest scale a calibration may set (twice the rule).
