@@ -751,9 +751,7 @@ def test_an_estimate_is_lowered_only_after_three_samples(tmp_path: Path) -> None
     assert cal.opaque_scale(CLAUDE, encoding="o200k_base") == 1.0
 
 
-def test_a_wild_sample_is_never_learned(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_wild_sample_is_never_learned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A call the provider counted at more than twice the estimate (a mispairing, or a
     request that was not what the plan saw) is logged and ignored, not clamped to the cap."""
     cal = Calibration(tmp_path / "c.db")

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
 from ._plan_view import PlanView, pack_view
+from ._tokens import ESTIMATED_ENCODINGS
 from .plan import (
     NO_HISTORY,
     RequestSections,
@@ -17,7 +18,6 @@ from .plan import (
     masked_note,
     unit_reason,
 )
-from ._tokens import ESTIMATED_ENCODINGS
 from .plan_html import plans_to_html
 
 

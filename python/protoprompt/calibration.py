@@ -102,7 +102,6 @@ class CalibrationState:
             f"{max(self.samples):.3f})"
         )
 
-
     def _explain_estimate(self) -> str:
         n = len(self.samples)
         if not n:
@@ -212,9 +211,7 @@ class Calibration:
             return ()
         return tuple(samples)
 
-    def _read(
-        self, conn: sqlite3.Connection, model: str, whole: bool = False
-    ) -> tuple[float, ...]:
+    def _read(self, conn: sqlite3.Connection, model: str, whole: bool = False) -> tuple[float, ...]:
         try:
             row = conn.execute(
                 f"SELECT samples, mac FROM {_TABLE} WHERE model = ?", (model,)
