@@ -16,8 +16,11 @@
 //! `"\n"` and whose `provider_data.thinking_blocks` the raw blocks: not an OpenAI payload, never
 //! decoded by this rule ([`is_claude_thinking`]). Its signatures are counted as text, as are its
 //! `redacted_thinking` blocks' encrypted `data` (sent back with the blocks), and its thinking
-//! text is in `content`: all of it counted, as Anthropic counts the current turn's thinking
-//! (earlier turns' it strips, so the count is at or above the provider's).
+//! text is in `content`: all of it counted, wherever the item stands. Anthropic counts the
+//! current turn's thinking on every model, and earlier turns' on Opus 4.5+ and Sonnet 4.6+
+//! (older models strip it): so the count is the provider's for current models and at or
+//! above it for older ones, and an item's cost never depends on its position (an index's
+//! cost memo is keyed by position and basis only; see `docs/item-graph.md`).
 //!
 //! Gemini's thought signature (`provider_data.thought_signature` of a function call, sent back
 //! in the call's `extra_content`) is counted as text with its call: Google does not publish
