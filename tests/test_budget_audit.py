@@ -788,3 +788,26 @@ def test_damaged_or_foreign_estimate_rows_are_ignored(tmp_path: Path, damage: st
     cal = Calibration(db)
     assert cal.opaque_scale(CLAUDE) == 1.0
     assert cal.opaque_scale("claude-opus-4-1") == 1.0
+
+
+def test_a_calibrated_estimate_scales_every_item_sent_masked_copies_too() -> None:
+    """Under ``claude_estimate`` the factor scales each item's whole cost, and a masked copy's
+    too: what the plan counts is each sent item's estimate, scaled and rounded up."""
+    history: list[dict[str, Any]] = []
+    for i in range(6):
+        history += [
+            {"role": "user", "content": f"question {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "figures " * 1000},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    new = [{"role": "user", "content": "and now?"}]
+    for scale in (1.0, 0.75, 1.5):
+        plan = pp.pack(history, new, 6_000, model=CLAUDE, opaque_scale=scale, masking=pp.Masking())
+        assert plan.masked, "older outputs were masked"
+        want = sum(
+            pp._core.scale_opaque(item_tokens(i, model=CLAUDE).total, scale) for i in plan.items
+        )
+        assert plan.request_tokens == want, scale
+    with pytest.raises(ValueError, match="at least 0.5"):
+        pp.pack(history, new, 3_000, model=CLAUDE, opaque_scale=0.25)
