@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import random
+import re
 import sqlite3
 import warnings
 from pathlib import Path
@@ -534,7 +535,7 @@ class Shifting(Calibration):
         self.reads = 0
         self.flip, self.high, self.low = flip, high, low
 
-    def state(self, model: str) -> pp.CalibrationState:
+    def state(self, model: str, *, encoding: str | None = None) -> pp.CalibrationState:
         self.reads += 1
         scale = self.high if self.reads <= self.flip else self.low
         return pp.CalibrationState(model, (scale,) * 3, scale)
@@ -645,3 +646,168 @@ async def test_the_providers_cached_tokens_are_reported_beside_the_expected_shar
     assert summary.cached_tokens == sum(c.cached or 0 for c in calls) > 0
     assert summary.expected_cached_tokens == sum(p.shared_tokens for p in plans)
     assert "prompt cache:" in summary.explain() and "expected" in calls[-1].explain()
+
+
+# ------------------------------------------------------------------ an estimate (Claude)
+
+CLAUDE = "claude-sonnet-4-5"
+
+
+def claude_count(call: ModelCall, ratio: float) -> int:
+    """What a fake Anthropic reports: ``ratio`` times our estimate of the items and the
+    instructions (Claude's tokenizer is not public; the estimate may be low for a workload)."""
+    items = [i for i in call.input if isinstance(i, dict)] if isinstance(call.input, list) else []
+    n = sum(item_tokens(i, model=CLAUDE).total for i in items)
+    n += pp.count_tokens(call.system_instructions or "", model=CLAUDE)
+    return int(ratio * n) + 1
+
+
+def claude_turn(turn: int, ratio: float, seen: list[int]) -> list[ModelStep]:
+    def step(output: list[Any]) -> ModelStep:
+        def respond(call: ModelCall) -> ModelStep:
+            n = claude_count(call, ratio)
+            seen.append(n)
+            return ModelStep(
+                output=output,
+                usage=Usage(requests=1, input_tokens=n, output_tokens=7, total_tokens=n + 7),
+            )
+
+        return ModelStep.respond(respond)
+
+    return [
+        step([function_call("lookup", {"q": f"t{turn}"}, call_id=f"c{turn}")]),
+        step([assistant_message(f"answer {turn} " + "in detail " * 30, item_id=f"m{turn}")]),
+    ]
+
+
+async def run_claude(
+    tmp_path: Path, calibration: bool, ratio: float = 1.3, turns: int = 8
+) -> tuple[list[int], BudgetAudit, TokenBudgetedContextBuilder, ProtoPromptSession]:
+    tmp_path.mkdir(exist_ok=True)
+    session = ProtoPromptSession("s", str(tmp_path / "claude.db"))
+    builder = TokenBudgetedContextBuilder(
+        None,
+        max_tokens=4_000,
+        output_reserve=500,
+        model=CLAUDE,
+        masking=None,
+        calibration=session.calibration if calibration else None,
+    )
+    audit = BudgetAudit(warn=False)
+    seen: list[int] = []
+    for t in range(turns):
+        agent = Agent(
+            name="analyst",
+            model=ScriptedModel(claude_turn(t, ratio, seen)),
+            tools=[lookup],
+            instructions="Answer from the figures.",
+        )
+        config = session.run_config(builder, audit=audit, tracing_disabled=True)
+        await Runner.run(agent, f"question {t}", session=session, run_config=config, hooks=audit)
+    return seen, audit, builder, session
+
+
+async def test_an_estimate_learns_its_factor_from_the_providers_count(tmp_path: Path) -> None:
+    """Claude counted 1.3x our estimate: without a calibration the requests of a full
+    history go over the budget by the provider's count; with one, the next call's plan
+    uses the learned factor (after one call: raising needs no more) and every later request
+    fits by the provider's count."""
+    room = 4_000 - 500
+    seen, audit, _, _ = await run_claude(tmp_path / "a", calibration=False)
+    assert max(seen) > room, "the uncalibrated estimate is too low for this provider"
+    seen, audit, builder, session = await run_claude(tmp_path / "b", calibration=True)
+    state = session.calibration.state(CLAUDE)
+    # Every call but the first (too few item tokens to tell) gave a sample.
+    assert state.estimate and len(state.samples) == len(seen) - 1
+    scale = builder.opaque_scale()
+    assert 1.3 < scale <= 1.5, state
+    calls = audit.calls
+    assert calls[0].opaque_scale == 1.0 and calls[0].items > 0
+    assert all(c.opaque_scale > 1.0 for c in calls[2:])
+    # Every request fits by the provider's own count; the estimate catches up within a turn
+    # (the first samples carry more instructions and tools than items).
+    assert all(n <= room for n in seen), seen
+    assert not any(c.underestimated for c in calls[3:]), audit.explain()
+    # The last plan says the factor and how many calls it rests on (those reported before).
+    text = builder.last_plan.explain() if builder.last_plan else ""
+    assert f"every item at x{scale:g} of the claude_estimate estimate" in text
+    assert f"calibration {CLAUDE}: the estimate at x{scale:g}" in text
+    rests_on = re.search(r"from (\d+) calls", text)
+    assert rests_on is not None and len(seen) - 4 <= int(rests_on[1]) < len(seen), text
+    # Kept in the session's database, apart from the opaque factor of the same name.
+    db = str(tmp_path / "b" / "claude.db")
+    assert Calibration(db).opaque_scale(CLAUDE) == scale
+    assert Calibration(db).opaque_scale(CLAUDE, encoding="o200k_base") == 1.0
+
+
+def test_an_estimate_is_lowered_only_after_three_samples(tmp_path: Path) -> None:
+    cal = Calibration(tmp_path / "c.db")
+    # 10k item tokens by the estimate, 1k besides; Claude counted 6k in all.
+    for n in range(1, 4):
+        cal.observe(CLAUDE, estimate=11_000, opaque=10_000, opaque_scale=1.0, reported=6_000)
+        assert cal.opaque_scale(CLAUDE) == (1.0 if n < 3 else 0.5625), n
+    state = cal.state(CLAUDE)
+    assert state.estimate and "from 3 calls" in state.explain()
+    assert cal.opaque_scale(CLAUDE, encoding="o200k_base") == 1.0
+
+
+def test_a_wild_sample_is_never_learned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A call the provider counted at more than twice the estimate (a mispairing, or a
+    request that was not what the plan saw) is logged and ignored, not clamped to the cap."""
+    cal = Calibration(tmp_path / "c.db")
+    with caplog.at_level("WARNING", logger="protoprompt"):
+        got = cal.observe(CLAUDE, estimate=11_000, opaque=10_000, opaque_scale=1.0, reported=40_000)
+    assert got is None and cal.samples(CLAUDE) == ()
+    assert cal.opaque_scale(CLAUDE) == 1.0
+    assert "above the cap" in caplog.text
+    # At the cap it is learned (and bounded).
+    got = cal.observe(CLAUDE, estimate=11_000, opaque=10_000, opaque_scale=1.0, reported=21_000)
+    assert got == 2.0 and cal.opaque_scale(CLAUDE) == 2.0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        # The opaque kind's row for a Claude model, or samples out of the estimate's bounds.
+        'UPDATE protoprompt_calibration SET samples = \'{"v": 1, "samples": [1.5]}\'',
+        'UPDATE protoprompt_calibration SET samples = \'{"v": 2, "samples": [0.3, 0.3, 0.3]}\'',
+        'UPDATE protoprompt_calibration SET samples = \'{"v": 2, "samples": [7.0]}\'',
+        "UPDATE protoprompt_calibration SET mac = x'00'",
+        "UPDATE protoprompt_calibration SET model = 'claude-opus-4-1'",
+    ],
+)
+def test_damaged_or_foreign_estimate_rows_are_ignored(tmp_path: Path, damage: str) -> None:
+    db = tmp_path / "c.db"
+    cal = Calibration(db)
+    cal.observe(CLAUDE, estimate=11_000, opaque=10_000, opaque_scale=1.0, reported=14_000)
+    assert cal.opaque_scale(CLAUDE) == 1.375
+    with sqlite3.connect(db) as conn:
+        conn.execute(damage)
+        if "mac" not in damage and "model" not in damage:
+            pass  # the mac no longer matches the samples
+    cal = Calibration(db)
+    assert cal.opaque_scale(CLAUDE) == 1.0
+    assert cal.opaque_scale("claude-opus-4-1") == 1.0
+
+
+def test_a_calibrated_estimate_scales_every_item_sent_masked_copies_too() -> None:
+    """Under ``claude_estimate`` the factor scales each item's whole cost, and a masked copy's
+    too: what the plan counts is each sent item's estimate, scaled and rounded up."""
+    history: list[dict[str, Any]] = []
+    for i in range(6):
+        history += [
+            {"role": "user", "content": f"question {i}"},
+            {"type": "function_call", "call_id": f"c{i}", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": "figures " * 1000},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    new = [{"role": "user", "content": "and now?"}]
+    for scale in (1.0, 0.75, 1.5):
+        plan = pp.pack(history, new, 6_000, model=CLAUDE, opaque_scale=scale, masking=pp.Masking())
+        assert plan.masked, "older outputs were masked"
+        want = sum(
+            pp._core.scale_opaque(item_tokens(i, model=CLAUDE).total, scale) for i in plan.items
+        )
+        assert plan.request_tokens == want, scale
+    with pytest.raises(ValueError, match="at least 0.5"):
+        pp.pack(history, new, 3_000, model=CLAUDE, opaque_scale=0.25)

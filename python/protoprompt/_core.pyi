@@ -15,6 +15,8 @@ __all__ = [
     "CALIBRATION_MAX_SAMPLES",
     "COST_RULE",
     "DEFAULT_ENCODING",
+    "ESTIMATE_SAMPLE_CAP",
+    "ESTIMATE_SCALE_MIN",
     "ITEM_OVERHEAD",
     "OPAQUE_SCALE_MAX",
     "OPAQUE_SCALE_MIN",
@@ -47,6 +49,8 @@ __all__ = [
 CALIBRATION_MAX_SAMPLES: int
 COST_RULE: int
 DEFAULT_ENCODING: str
+ESTIMATE_SAMPLE_CAP: float
+ESTIMATE_SCALE_MIN: float
 ITEM_OVERHEAD: int
 OPAQUE_SCALE_MAX: float
 OPAQUE_SCALE_MIN: float
@@ -164,9 +168,9 @@ def item_tokens(
 ) -> tuple[int, int, int, int, str | None]: ...
 def scale_opaque(tokens: int, factor: float) -> int: ...
 def calibration_sample(
-    estimate: int, opaque: int, factor: float, reported: int
-) -> float | None: ...
-def learned_scale(samples: list[float]) -> float: ...
+    estimate: int, opaque: int, factor: float, reported: int, *, whole: bool = False
+) -> tuple[float | None, float | None]: ...
+def learned_scale(samples: list[float], *, whole: bool = False) -> float: ...
 def canonical_text(item: Mapping[str, Any]) -> str: ...
 def analyze(
     history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]]

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
 from ._plan_view import PlanView, pack_view
+from ._tokens import ESTIMATED_ENCODINGS
 from .plan import (
     NO_HISTORY,
     RequestSections,
@@ -201,7 +202,12 @@ class PackResult:
         their reasons. ``where`` names positions (default ``history[a..b]``)."""
         name = where or history_at
         lines = [f"policy {self.policy}"]
-        if self.opaque_scale != 1.0:
+        if self.opaque_scale != 1.0 and self.encoding in ESTIMATED_ENCODINGS:
+            lines[0] += (
+                f"; every item at x{self.opaque_scale:g} of the {self.encoding} estimate "
+                "(calibrated from the provider's counts)"
+            )
+        elif self.opaque_scale != 1.0:
             lines[0] += (
                 f"; opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
                 "(calibrated; text, media and overhead at the rule)"

@@ -117,7 +117,8 @@ class TokenBudgetedContextBuilder:
             (reasoning and compaction payloads, by decoded size) is scaled by what it
             learned for ``model`` from the provider's counts (see
             :class:`~protoprompt.integrations.BudgetAudit`); text, media and overhead stay
-            at the conservative rule. Needs ``model``.
+            at the conservative rule — except under an estimate (Claude's
+            ``claude_estimate``), whose whole cost it scales. Needs ``model``.
         masking: how older tool outputs are masked before whole turns are dropped (see
             :class:`~protoprompt.Masking`). Default ``Masking()``: the history is packed
             exactly as without masking while it fits whole; once it does not, older units
@@ -259,11 +260,12 @@ class TokenBudgetedContextBuilder:
         calibration)."""
         if self.calibration is None or self.model is None:
             return None
-        return self.calibration.state(self.model)
+        return self.calibration.state(self.model, encoding=self.encoding)
 
     def opaque_scale(self) -> float:
         """The factor of the opaque part of item costs a build uses now (1.0 without a
-        calibration, or before it has learned anything)."""
+        calibration, or before it has learned anything); under an estimate encoding, of the
+        whole cost of every item."""
         state = self.calibration_state()
         return 1.0 if state is None else state.opaque_scale
 

@@ -19,7 +19,9 @@ as before. Without hooks, ``audit.add_result(result)`` right after a run pairs t
 responses with its calls. A call for which the provider counted more than the estimate emits a
 :class:`~protoprompt.errors.BudgetUnderestimateWarning` (the budget was not conservative).
 When the filter's builder has a :class:`~protoprompt.Calibration`, every paired call also
-teaches it.
+teaches it: the factor of opaque payloads, or under an estimate encoding (Claude's
+``claude_estimate``) the factor of every item's cost, so that the next call's plan is made
+with what the provider counted.
 
 Pairing: the filter's ``on_call`` runs in the model call's own task, right before the SDK's
 ``on_llm_start`` for that call; the plan is found again there (by that task's context, else
@@ -43,6 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
+from .._tokens import ESTIMATED_ENCODINGS
 from ..calibration import Calibration
 from ..errors import BudgetUnderestimateWarning
 from ..packing import item_tokens
@@ -89,6 +93,12 @@ class AuditedCall:
     cached: int | None = None
     """``usage.input_tokens_details.cached_tokens`` the provider reported (``None``: not
     paired yet, or not reported)."""
+    items: int = 0
+    """Under an estimate encoding (``claude_estimate``): tokens of the items sent by the
+    estimate before the calibration, which scales them (0 under any other encoding)."""
+    scaled_items: int = 0
+    """The same items as the plan counted them (calibration applied; part of
+    :attr:`estimate`)."""
 
     @property
     def ratio(self) -> float | None:
@@ -110,9 +120,14 @@ class AuditedCall:
         if self.expected_cached or self.cached:
             got = "not reported" if self.cached is None else f"{self.cached}"
             cache = f"; cached {got} of {self.expected_cached} expected"
+        part = (
+            f"items {self.items}{scale} of the estimate"
+            if self.items
+            else f"opaque {self.opaque}{scale}"
+        )
         return (
             f"call {self.serial} ({self.model or 'unknown model'}, run call {self.call}): "
-            f"estimate {self.estimate} (opaque {self.opaque}{scale}), {reported}{ratio}"
+            f"estimate {self.estimate} ({part}), {reported}{ratio}"
             + cache
             + ("  <- provider counted more" if self.underestimated else "")
         )
@@ -180,6 +195,20 @@ class _Waiting:
         self.ids = ids
         self.builder = builder
         self.serial = call.serial
+
+
+def _estimated_items(items: Sequence[Any], encoding: str, scale: float) -> tuple[int, int]:
+    """Under an estimate encoding: the tokens of ``items`` by the estimate, and as the pack
+    counted them (each item's whole cost scaled by ``scale``, rounded up)."""
+    raw = scaled = 0
+    for item in items:
+        try:
+            n = item_tokens(item, encoding=encoding).total
+        except Exception:  # noqa: BLE001 - the pack counted it; an audit never fails a call
+            continue
+        raw += n
+        scaled += _core.scale_opaque(n, scale)
+    return raw, scaled
 
 
 def _opaque_tokens(items: Sequence[Any], encoding: str) -> int:
@@ -303,6 +332,9 @@ class BudgetAudit(RunHooksBase[Any, Any]):
 
     def _record(self, plan: ModelCallPlan, builder: TokenBudgetedContextBuilder | None) -> None:
         encoding = builder.encoding if builder is not None else plan.pack.encoding
+        items = scaled = 0
+        if encoding in ESTIMATED_ENCODINGS:
+            items, scaled = _estimated_items(plan.pack.items, encoding, plan.pack.opaque_scale)
         call = AuditedCall(
             serial=next(self._serials),
             call=plan.call,
@@ -311,6 +343,8 @@ class BudgetAudit(RunHooksBase[Any, Any]):
             opaque=_opaque_tokens(plan.items, encoding),
             opaque_scale=plan.pack.opaque_scale,
             expected_cached=plan.shared_tokens,
+            items=items,
+            scaled_items=scaled,
         )
         waiting = _Waiting(call, frozenset(id(x) for x in plan.items), builder)
         with self._lock:
@@ -376,6 +410,8 @@ class BudgetAudit(RunHooksBase[Any, Any]):
             agent=getattr(agent, "name", None) if agent is not None else None,
             expected_cached=call.expected_cached,
             cached=_reported_cached(response),
+            items=call.items,
+            scaled_items=call.scaled_items,
         )
         with self._lock:
             if call.serial in self._calls:
@@ -420,13 +456,22 @@ class BudgetAudit(RunHooksBase[Any, Any]):
         model = getattr(builder, "model", None)
         if not isinstance(calibration, Calibration) or not model or call.reported is None:
             return
+        encoding = getattr(builder, "encoding", None)
+        estimate, scaled = call.estimate, call.opaque
+        if encoding in ESTIMATED_ENCODINGS:
+            # Everything but the items (instructions, tools, the context message) as the plan
+            # counted it, and the items as one, as the core's rule scales them.
+            rest = max(call.estimate - call.scaled_items, 0)
+            estimate = rest + _core.scale_opaque(call.items, call.opaque_scale)
+            scaled = call.items
         try:
             calibration.observe(
                 model,
-                estimate=call.estimate,
-                opaque=call.opaque,
+                estimate=estimate,
+                opaque=scaled,
                 opaque_scale=call.opaque_scale,
                 reported=call.reported,
+                encoding=encoding,
             )
         except Exception as exc:  # noqa: BLE001 - learning never fails a run
             _log.debug("protoprompt: calibration of %r not updated: %s", model, exc)

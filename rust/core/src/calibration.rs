@@ -20,7 +20,29 @@
 //! [`MIN_SAMPLES`] samples are known. The largest rather than the mean: every recent call,
 //! estimated at the learned scale, would have fit what the provider counted.
 
-use crate::tokens::OpaqueScale;
+//!
+//! # Estimates
+//!
+//! Under an estimate encoding (Claude's, [`crate::tokens::Encoding::is_estimate`]) the
+//! calibration scales the whole cost of every item ([`crate::tokens::CostBasis::cost`]), and
+//! a sample ([`implied_estimate_factor`]) is `(reported - rest) / items` with `items` the
+//! request's items by the estimate (unscaled) and `rest` what the request costs besides them
+//! (instructions, tools, the context message: counted by the estimate, never scaled). A call
+//! with fewer than [`MIN_OPAQUE_TOKENS`] item tokens gives none, nor does a wild one: a
+//! sample above [`ESTIMATE_SAMPLE_CAP`] (the provider counted more than twice the estimate,
+//! four tokens per `o200k_base` token, which no published measurement comes near) says that
+//! the pairing or the request was not what the estimate saw, and is refused rather than
+//! clamped. The learned factor ([`learned_estimate_scale`]) is the largest recent sample plus
+//! [`MARGIN_SIXTY_FOURTHS`] in steps of [`STEP_SIXTY_FOURTHS`], between
+//! [`CostBasis::MIN_ESTIMATE_SCALE`] (the base encoding's own count) and
+//! [`OpaqueScale::MAX`]; with fewer than [`MIN_SAMPLES`] samples it only ever raises the
+//! estimate (a call the provider counted above it is evidence enough to be more careful, a
+//! single call under it is not enough to be less).
+
+use crate::tokens::{CostBasis, OpaqueScale};
+
+/// The largest sample an estimate's calibration accepts (see the module notes).
+pub const ESTIMATE_SAMPLE_CAP: f64 = 2.0;
 
 /// Most recent samples a calibration keeps (older ones are forgotten).
 pub const MAX_SAMPLES: usize = 32;
@@ -77,6 +99,49 @@ pub fn learned_scale(samples: &[f64]) -> OpaqueScale {
     OpaqueScale::from_factor(stepped / f64::from(OpaqueScale::UNIT)).unwrap_or(OpaqueScale::ONE)
 }
 
+/// The factor of an estimate's whole cost the provider counted in this call (see the module
+/// notes: `obs.opaque` is then the request's item tokens by the estimate, unscaled):
+/// `Ok(None)` when the call carried too few item tokens to tell, `Err(sample)` for a sample
+/// above [`ESTIMATE_SAMPLE_CAP`], which is not learned.
+pub fn implied_estimate_factor(obs: Observation) -> Result<Option<f64>, f64> {
+    if obs.opaque < MIN_OPAQUE_TOKENS {
+        return Ok(None);
+    }
+    let rest = obs.estimate.saturating_sub(obs.scale.apply(obs.opaque));
+    let factor = (obs.reported as f64 - rest as f64) / obs.opaque as f64;
+    if !factor.is_finite() || factor > ESTIMATE_SAMPLE_CAP {
+        return Err(factor);
+    }
+    Ok(Some(factor.max(CostBasis::MIN_ESTIMATE_SCALE.factor())))
+}
+
+/// The calibration of an estimate's whole cost learned from `samples` (oldest first; see
+/// the module notes). Samples that are not finite, or above [`ESTIMATE_SAMPLE_CAP`], are
+/// ignored.
+pub fn learned_estimate_scale(samples: &[f64]) -> OpaqueScale {
+    let recent: Vec<f64> = samples
+        .iter()
+        .rev()
+        .copied()
+        .filter(|s| s.is_finite() && *s <= ESTIMATE_SAMPLE_CAP)
+        .take(MAX_SAMPLES)
+        .collect();
+    if recent.is_empty() {
+        return OpaqueScale::ONE;
+    }
+    let top = recent.iter().copied().fold(f64::MIN, f64::max);
+    let units = (top * f64::from(OpaqueScale::UNIT)).ceil() + f64::from(MARGIN_SIXTY_FOURTHS);
+    let step = f64::from(STEP_SIXTY_FOURTHS);
+    let stepped = (units / step).ceil() * step;
+    let lowest = if recent.len() < MIN_SAMPLES {
+        OpaqueScale::ONE
+    } else {
+        CostBasis::MIN_ESTIMATE_SCALE
+    };
+    OpaqueScale::from_factor(stepped / f64::from(OpaqueScale::UNIT))
+        .map_or(OpaqueScale::ONE, |s| s.max(lowest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +171,50 @@ mod tests {
             (obs(5000, 255, 64, 10), None),
         ] {
             assert_eq!(implied_factor(o), want, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn estimate_samples_in_a_table() {
+        for (o, want) in [
+            // rest 1000 + items 4000 by the estimate; the provider counted 3000: half.
+            (obs(5000, 4000, 64, 3000), Ok(Some(0.5))),
+            // The same request estimated at x1.5 (items 6000, rest still 1000).
+            (obs(7000, 4000, 96, 3000), Ok(Some(0.5))),
+            // More than the estimate: x1.25.
+            (obs(5000, 4000, 64, 6000), Ok(Some(1.25))),
+            // Below the base encoding's own count: the floor.
+            (obs(5000, 4000, 64, 1500), Ok(Some(0.5))),
+            // Twice the estimate is the cap; above it the sample is refused.
+            (obs(5000, 4000, 64, 9000), Ok(Some(2.0))),
+            (obs(5000, 4000, 64, 9001), Err(8001.0 / 4000.0)),
+            // Too few item tokens to tell.
+            (obs(5000, 255, 64, 10), Ok(None)),
+        ] {
+            assert_eq!(implied_estimate_factor(o), want, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn the_learned_estimate_scale_covers_every_recent_sample() {
+        let f = |s: &[f64]| learned_estimate_scale(s).factor();
+        assert_eq!(f(&[]), 1.0);
+        // Under the estimate: not lowered before three samples.
+        assert_eq!(f(&[0.6]), 1.0);
+        assert_eq!(f(&[0.6, 0.6]), 1.0);
+        // 0.6 -> ceil(38.4) = 39 + 4 = 43 -> 44/64.
+        assert_eq!(f(&[0.6, 0.6, 0.6]), 0.6875);
+        // Over the estimate: raised from the first sample.
+        assert_eq!(f(&[1.3]), 1.375);
+        // Never below the base encoding's count, never above twice the estimate.
+        assert_eq!(f(&[0.5; 4]), 0.5625);
+        assert_eq!(f(&[2.0]), 2.0);
+        // A wild sample (above the cap) is ignored, not clamped.
+        assert_eq!(f(&[0.6, 0.6, 0.6, 7.5]), 0.6875);
+        assert_eq!(f(&[f64::NAN, 1.3]), 1.375);
+        for samples in [[0.55, 0.7, 0.9], [1.0, 1.0, 1.0], [1.9, 0.6, 0.6]] {
+            let scale = learned_estimate_scale(&samples);
+            assert!(samples.iter().all(|&s| scale.factor() > s), "{samples:?}");
         }
     }
 

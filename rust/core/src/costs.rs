@@ -22,7 +22,7 @@
 //! # Memo
 //!
 //! A [`CostMemo`] keeps the cost of every history position across calls (an index's memo),
-//! under one [`CostBasis`] (the encoding and the calibration of opaque payloads): a call under
+//! under one [`CostBasis`] (the encoding and its calibration): a call under
 //! another basis switches it ([`CostMemo::switch`]), and a failed call puts the previous costs
 //! back ([`CostMemo::restore`]). It is what an index snapshot carries besides the items
 //! ([`CostMemo::payload`], [`CostMemo::from_payload`]), with the cost rule it was counted
@@ -34,8 +34,8 @@ use serde_json::Value;
 
 use crate::incremental::reserve_ahead;
 use crate::tokens::{
-    self, Canonical, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, ITEM_OVERHEAD,
-    STORE_MIN_BYTES,
+    self, Canonical, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, COST_RULE_COMPATIBLE,
+    ITEM_OVERHEAD, STORE_MIN_BYTES,
 };
 
 /// A failure to cost one item.
@@ -171,9 +171,12 @@ pub struct LegacyCostPayload {
 }
 
 impl CostPayload {
-    /// Whether its costs were counted under this version's cost rule.
+    /// Whether its costs were counted under this version's cost rule, or under the earlier
+    /// one whose costs are this one's ([`tokens::COST_RULE_COMPATIBLE`]; the costs of an
+    /// estimate under a calibration are not reused even then, see
+    /// [`CostMemo::from_payload`]).
     pub fn is_current_rule(&self) -> bool {
-        self.rule == COST_RULE
+        self.rule == COST_RULE || self.rule == COST_RULE_COMPATIBLE
     }
 }
 
@@ -305,11 +308,25 @@ impl CostMemo {
         if payload.costs.len() != items {
             return Err("token costs do not match the items".to_string());
         }
-        if payload.rule != COST_RULE {
+        if !payload.is_current_rule() {
             return Ok(CostMemo::uncounted(items));
         }
         let opaque_scale = OpaqueScale::from_sixty_fourths(payload.opaque_scale)
             .ok_or("the calibration of opaque payloads is out of bounds")?;
+        let estimate = payload
+            .encoding
+            .as_deref()
+            .and_then(|n| Encoding::from_name(n).ok())
+            .is_some_and(Encoding::is_estimate);
+        if estimate && opaque_scale != OpaqueScale::ONE {
+            if payload.rule != COST_RULE {
+                // Rule 2 scaled an estimate's opaque part only: not this rule's costs.
+                return Ok(CostMemo::uncounted(items));
+            }
+            if opaque_scale < CostBasis::MIN_ESTIMATE_SCALE {
+                return Err("the calibration of an estimate is out of bounds".to_string());
+            }
+        }
         // Every counted item costs at least its overhead (a cost of 0 is stored as 1).
         if let Some(p) = payload
             .costs
@@ -572,7 +589,7 @@ impl<F: ItemSource, S: CountStore> CostSource for CostEngine<'_, F, S> {
                 .collect::<Result<_, _>>()?;
             let counts = self.text_counts(&texts)?;
             for ((p, c), n) in texts.iter().zip(counts) {
-                let cost = c.cost(n).scaled_total(self.opaque_scale);
+                let cost = self.basis().cost(&c.cost(n));
                 match self.memo.as_deref_mut() {
                     Some(memo) if *p < memo.costs.len() => memo.costs[*p] = cost,
                     _ => {

@@ -23,7 +23,6 @@ use crate::incremental::{reserve_ahead, Cut, GraphIndex, Mark, SnapshotError, Ta
 use crate::items::ItemMeta;
 use crate::mask::{maskable, MaskMemo, MaskSection, MaskedCosts, Masking, SwitchedMasks};
 use crate::pack::{CostFailure, CostSource};
-use crate::tokens::Encoding;
 use crate::tokens::{CostBasis, ITEM_OVERHEAD};
 
 /// Small table of the kind names met so far: positions store a one-byte code.
@@ -169,7 +168,7 @@ impl IndexedHistory {
         match masking {
             Some(m) if maskable(self.graph.kind(p)) => self
                 .masked
-                .get(p, basis.encoding, m.excerpt_tokens)
+                .get(p, basis, m.excerpt_tokens)
                 .unwrap_or(ITEM_OVERHEAD),
             _ => self.costs.lower_bound(p, basis),
         }
@@ -306,11 +305,11 @@ impl IndexedHistory {
     /// were.
     pub fn switch_masks(
         &mut self,
-        encoding: Encoding,
+        basis: impl Into<CostBasis>,
         excerpt_tokens: u64,
         mark: &mut HistoryMark,
     ) {
-        let switched = self.masked.switch(encoding, excerpt_tokens);
+        let switched = self.masked.switch(basis, excerpt_tokens);
         if mark.switched_masks.is_none() {
             mark.switched_masks = switched;
         }

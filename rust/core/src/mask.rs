@@ -45,7 +45,22 @@ use crate::costs::{CostFailure, CostMemo, CostSource, UNCOUNTED};
 use crate::items::{CallType, HostedKind, ItemKind};
 use crate::mask_cache::{FieldCache, MASKED_FIELD_CACHE};
 pub use crate::masked_field::{value_len, MaskedField, MASK_RULE};
-use crate::tokens::{self, Encoding, TokenError, COST_RULE, ITEM_OVERHEAD};
+use crate::tokens::{
+    self, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, COST_RULE_COMPATIBLE,
+    ITEM_OVERHEAD,
+};
+
+/// What a masked cost depends on of a cost basis: the encoding, and under an estimate its
+/// calibration (which scales every token there); elsewhere the calibration scales opaque
+/// payloads only, which tool outputs do not carry.
+pub fn mask_basis(basis: impl Into<CostBasis>) -> CostBasis {
+    let basis = basis.into();
+    if basis.scales_whole() {
+        basis
+    } else {
+        CostBasis::from(basis.encoding)
+    }
+}
 use crate::truncate::excerpt;
 
 /// Default `excerpt_tokens`: a masked output keeps this many tokens (marker included).
@@ -540,10 +555,12 @@ fn tool_definitions(tools: Option<&Value>) -> Option<Value> {
 /// one `excerpt_tokens` (an index keeps it between turns; [`UNCOUNTED`] where not counted).
 /// Only tool outputs are kept: another item's masked cost is its whole cost, kept by the
 /// index's [`crate::costs::CostMemo`] under its own basis (a reasoning item's depends on
-/// the calibration of opaque payloads, which a masked cost is not keyed by).
+/// the calibration of opaque payloads, which a masked cost is not keyed by). Under an
+/// estimate encoding a calibration scales the whole cost ([`CostBasis::cost`]), masked
+/// copies too: the memo is then keyed by it as well ([`mask_basis`]).
 #[derive(Debug, Clone, Default)]
 pub struct MaskMemo {
-    key: Option<(Encoding, u64)>,
+    key: Option<(CostBasis, u64)>,
     costs: Vec<u64>,
     /// The masked field of every position counted masked whose copy is cheaper than it.
     fields: FxHashMap<usize, Arc<MaskedField>>,
@@ -594,12 +611,18 @@ impl MaskMemo {
     /// The encoding and `excerpt_tokens` the masked costs are counted under (`None`: none
     /// counted yet).
     pub fn key(&self) -> Option<(Encoding, u64)> {
-        self.key
+        self.key.map(|(b, x)| (b.encoding, x))
     }
 
-    /// The masked cost of `position` under `encoding` and `excerpt_tokens`, if counted.
-    pub fn get(&self, position: usize, encoding: Encoding, excerpt_tokens: u64) -> Option<u64> {
-        if self.key != Some((encoding, excerpt_tokens)) {
+    /// The masked cost of `position` under `basis` (an encoding, or an estimate's with its
+    /// calibration, see [`mask_basis`]) and `excerpt_tokens`, if counted.
+    pub fn get(
+        &self,
+        position: usize,
+        basis: impl Into<CostBasis>,
+        excerpt_tokens: u64,
+    ) -> Option<u64> {
+        if self.key != Some((mask_basis(basis), excerpt_tokens)) {
             return None;
         }
         self.costs
@@ -612,10 +635,10 @@ impl MaskMemo {
     pub fn field(
         &self,
         position: usize,
-        encoding: Encoding,
+        basis: impl Into<CostBasis>,
         excerpt_tokens: u64,
     ) -> Option<&Arc<MaskedField>> {
-        if self.key != Some((encoding, excerpt_tokens)) {
+        if self.key != Some((mask_basis(basis), excerpt_tokens)) {
             return None;
         }
         self.fields.get(&position)
@@ -624,12 +647,17 @@ impl MaskMemo {
     /// Count under `encoding` and `excerpt_tokens` from now on, if the memo counts under
     /// others (forgetting what it counted): returns what it held, for
     /// [`MaskMemo::restore`] (`None`: nothing changed).
-    pub fn switch(&mut self, encoding: Encoding, excerpt_tokens: u64) -> Option<SwitchedMasks> {
-        if self.key == Some((encoding, excerpt_tokens)) {
+    pub fn switch(
+        &mut self,
+        basis: impl Into<CostBasis>,
+        excerpt_tokens: u64,
+    ) -> Option<SwitchedMasks> {
+        let key = (mask_basis(basis), excerpt_tokens);
+        if self.key == Some(key) {
             return None;
         }
         let fresh = MaskMemo {
-            key: Some((encoding, excerpt_tokens)),
+            key: Some(key),
             ..MaskMemo::default()
         };
         Some(SwitchedMasks(std::mem::replace(self, fresh)))
@@ -644,8 +672,8 @@ impl MaskMemo {
 
     /// Count under `encoding` and `excerpt_tokens` for `len` positions (forgetting what was
     /// counted under anything else).
-    fn prepare(&mut self, encoding: Encoding, excerpt_tokens: u64, len: usize) {
-        self.switch(encoding, excerpt_tokens);
+    fn prepare(&mut self, basis: CostBasis, excerpt_tokens: u64, len: usize) {
+        self.switch(basis, excerpt_tokens);
         if self.costs.len() < len {
             self.costs.resize(len, UNCOUNTED);
         }
@@ -711,13 +739,16 @@ impl MaskMemo {
 
     /// What a snapshot stores for this memo (its masked costs; the masked fields are made
     /// again from the items when a pack needs them).
+    /// Masked costs of an estimate under a calibration are not stored (the payload has no
+    /// calibration to tell them apart): a snapshot then loads with none.
     pub fn payload(&self) -> MaskPayload {
+        let key = self.key.filter(|(b, _)| b.opaque_scale == OpaqueScale::ONE);
         MaskPayload {
             mask_rule: MASK_RULE,
             cost_rule: COST_RULE,
-            encoding: self.key.map(|(e, _)| e.name().to_string()),
-            excerpt_tokens: self.key.map_or(0, |(_, x)| x),
-            costs: match self.key {
+            encoding: key.map(|(b, _)| b.encoding.name().to_string()),
+            excerpt_tokens: key.map_or(0, |(_, x)| x),
+            costs: match key {
                 Some(_) => self.costs.iter().map(|c| c.wrapping_add(1)).collect(),
                 None => Vec::new(),
             },
@@ -744,7 +775,7 @@ impl MaskMemo {
         }
         let damaged = |e: postcard::Error| format!("masked costs cannot be decoded: {e}");
         let (rules, _) = postcard::take_from_bytes::<(u8, u8)>(bytes).map_err(damaged)?;
-        if rules != (MASK_RULE, COST_RULE) {
+        if rules.0 != MASK_RULE || ![COST_RULE, COST_RULE_COMPATIBLE].contains(&rules.1) {
             return Ok(MaskSection::Dropped(OTHER_MASK_RULE));
         }
         let (payload, _later) = postcard::take_from_bytes::<MaskPayload>(bytes).map_err(damaged)?;
@@ -762,7 +793,11 @@ impl MaskMemo {
             return Err("masked costs do not match the items".to_string());
         }
         let costs: Vec<u64> = payload.costs.iter().map(|c| c.wrapping_sub(1)).collect();
-        let whole_of = |p: usize| whole.get(p).filter(|_| whole.encoding() == Some(encoding));
+        let whole_of = |p: usize| {
+            whole
+                .get(p)
+                .filter(|_| whole.basis().map(mask_basis) == Some(mask_basis(encoding)))
+        };
         for (p, &c) in costs.iter().enumerate() {
             if c == UNCOUNTED {
                 continue;
@@ -777,7 +812,7 @@ impl MaskMemo {
             }
         }
         Ok(MaskSection::Loaded(MaskMemo {
-            key: Some((encoding, payload.excerpt_tokens)),
+            key: Some((mask_basis(encoding), payload.excerpt_tokens)),
             costs,
             fields: FxHashMap::default(),
             field_bytes: 0,
@@ -810,6 +845,7 @@ impl<F: crate::costs::ItemSource, S: crate::costs::CountStore> ValueSource
 pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
     inner: &'a mut C,
     encoding: Encoding,
+    basis: CostBasis,
     excerpt_tokens: u64,
     memo: Option<&'a mut MaskMemo>,
     /// The kind of the item at a history position, when the caller knows.
@@ -825,10 +861,14 @@ pub struct MaskedCosts<'a, C: CostSource + ValueSource> {
 type Made = (u64, Option<Arc<MaskedField>>);
 
 impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
-    pub fn new(inner: &'a mut C, encoding: Encoding, excerpt_tokens: u64) -> Self {
+    /// Masked copies costed under `basis` (an [`Encoding`], or an estimate's with its
+    /// calibration, which scales a masked copy's cost as it does the item's).
+    pub fn new(inner: &'a mut C, basis: impl Into<CostBasis>, excerpt_tokens: u64) -> Self {
+        let basis = mask_basis(basis);
         MaskedCosts {
             inner,
-            encoding,
+            encoding: basis.encoding,
+            basis,
             excerpt_tokens,
             memo: None,
             kinds: None,
@@ -863,7 +903,7 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
     /// `memo` across calls (only positions [`MaskedCosts::with_kinds`] tells are tool
     /// outputs: without the kinds, nothing is kept there).
     pub fn with_memo(mut self, memo: &'a mut MaskMemo, n_history: usize) -> Self {
-        memo.prepare(self.encoding, self.excerpt_tokens, n_history);
+        memo.prepare(self.basis, self.excerpt_tokens, n_history);
         self.memo = Some(memo);
         self
     }
@@ -882,14 +922,14 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
     pub fn known_masked(&self, position: usize) -> Option<u64> {
         self.memo
             .as_deref()
-            .and_then(|m| m.get(position, self.encoding, self.excerpt_tokens))
+            .and_then(|m| m.get(position, self.basis, self.excerpt_tokens))
             .or_else(|| self.cache.get(&position).map(|(c, _)| *c))
     }
 
     fn known_field(&self, position: usize) -> Option<Arc<MaskedField>> {
         self.memo
             .as_deref()
-            .and_then(|m| m.field(position, self.encoding, self.excerpt_tokens))
+            .and_then(|m| m.field(position, self.basis, self.excerpt_tokens))
             .or_else(|| self.cache.get(&position).and_then(|(_, f)| f.as_ref()))
             .cloned()
     }
@@ -944,7 +984,20 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
         let positions: Vec<usize> = read.iter().map(|&i| members[i]).collect();
         let values = self.inner.item_values(&positions)?;
         let refs: Vec<&Value> = values.iter().collect();
-        let read_whole: Vec<u64> = read.iter().map(|&i| whole[i]).collect();
+        // The masker works on the encoding's own costs; a calibrated estimate's are scaled.
+        let read_whole: Vec<u64> = if self.basis == CostBasis::from(self.encoding) {
+            read.iter().map(|&i| whole[i]).collect()
+        } else {
+            let mut raw = Vec::with_capacity(read.len());
+            for (&p, v) in positions.iter().zip(&values) {
+                raw.push(
+                    tokens::item_cost(v, self.encoding)
+                        .map_err(|e| self.failure(p, e))?
+                        .total(),
+                );
+            }
+            raw
+        };
         let fields = mask_unit_fields(&refs, &read_whole, self.encoding, self.excerpt_tokens)
             .map_err(|(i, e)| self.failure(positions[i], e))?;
         let mut by_member: Vec<Option<(MaskedField, &Value)>> = std::iter::repeat_with(|| None)
@@ -959,12 +1012,13 @@ impl<'a, C: CostSource + ValueSource> MaskedCosts<'a, C> {
                 out.push((w, None));
                 continue;
             };
-            let cost = match field.cost {
+            let raw = match field.cost {
                 Some(c) => c,
                 None => tokens::item_cost(&field.apply(item), self.encoding)
                     .map_err(|e| self.failure(p, e))?
                     .total(),
             };
+            let cost = self.basis.whole(raw);
             if cost < w {
                 out.push((cost, Some(Arc::new(field))));
             } else {

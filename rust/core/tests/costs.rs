@@ -552,3 +552,59 @@ fn a_count_store_of_the_old_rule_is_never_used_for_opaque_payloads() {
     );
     assert_eq!(tally.hits, 1, "the other item's count is still used");
 }
+
+#[test]
+fn under_an_estimate_a_calibration_scales_the_whole_cost() {
+    let est = Encoding::ClaudeEstimate;
+    let items = vec![user(&unique(40)), reasoning(4650, 2)];
+    let raw: Vec<u64> = items
+        .iter()
+        .map(|i| tokens::item_cost(i, est).unwrap().total())
+        .collect();
+    let scale = OpaqueScale::from_sixty_fourths(88).unwrap(); // x1.375
+    let basis = CostBasis::checked(est, scale).unwrap();
+    let costs = CostEngine::<_, NoStore>::new(Items::new(items), basis)
+        .costs(&[0, 1])
+        .unwrap();
+    let want: Vec<u64> = raw.iter().map(|&c| scale.apply(c)).collect();
+    assert_eq!(costs, want, "text, framing and payloads all scaled");
+    // Never below the base encoding's own count: an item keeps at least its overhead.
+    let quarter = OpaqueScale::from_sixty_fourths(16).unwrap();
+    assert!(CostBasis::checked(est, quarter)
+        .unwrap_err()
+        .contains("at least 0.5"));
+    assert!(
+        CostBasis::checked(ENC, quarter).is_ok(),
+        "an opaque calibration may"
+    );
+}
+
+#[test]
+fn rule_2_costs_are_reused_except_a_calibrated_estimates() {
+    let payload = |rule: u8, scale: u16, enc: &str| {
+        let payload = (rule, scale, Some(enc), vec![9u64, 0, 12]);
+        let bytes = postcard::to_allocvec(&payload).unwrap();
+        CostMemo::from_payload(postcard::from_bytes(&bytes).unwrap(), 3)
+    };
+    // Rule 2 under an encoding of its own, calibrated or not, and an uncalibrated estimate:
+    // the same costs under rule 3.
+    for (scale, enc) in [
+        (64, "o200k_base"),
+        (32, "o200k_base"),
+        (64, "claude_estimate"),
+    ] {
+        let memo = payload(2, scale, enc).unwrap();
+        assert_eq!((memo.get(0), memo.counted()), (Some(8), 2), "{enc} {scale}");
+    }
+    // Rule 2 scaled an estimate's opaque part only: counted again.
+    let memo = payload(2, 96, "claude_estimate").unwrap();
+    assert_eq!((memo.len(), memo.counted(), memo.basis()), (3, 0, None));
+    // Rule 3 keeps it, and refuses a calibration an estimate cannot have.
+    assert_eq!(
+        payload(tokens::COST_RULE, 96, "claude_estimate")
+            .unwrap()
+            .counted(),
+        2
+    );
+    assert!(payload(tokens::COST_RULE, 16, "claude_estimate").is_err());
+}

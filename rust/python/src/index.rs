@@ -17,6 +17,7 @@ use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::span::{indexed_span, pack_span};
 use protoprompt_core::tokens::{CostBasis, Loading};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
@@ -200,8 +201,7 @@ impl PyHistoryIndex {
         let mut mark = self.inner.mark();
         self.inner.switch_costs(basis, &mut mark);
         if let Some(m) = masking {
-            self.inner
-                .switch_masks(basis.encoding, m.excerpt_tokens, &mut mark);
+            self.inner.switch_masks(basis, m.excerpt_tokens, &mut mark);
         }
         let call = Call {
             basis,
@@ -341,7 +341,7 @@ impl PyHistoryIndex {
             ),
             Some(m) => {
                 let kinds = |p: usize| index.kind(p);
-                let mut masked = MaskedCosts::new(&mut source, basis.encoding, m.excerpt_tokens)
+                let mut masked = MaskedCosts::new(&mut source, basis, m.excerpt_tokens)
                     .with_memo(masks, n)
                     .with_kinds(&kinds);
                 let walked =
@@ -480,10 +480,9 @@ impl PyHistoryIndex {
                         ItemKind::UserMessage
                     }
                 };
-                let mut masked =
-                    MaskedCosts::new(&mut source, call.basis.encoding, m.excerpt_tokens)
-                        .with_memo(masks, n_history)
-                        .with_kinds(&kinds);
+                let mut masked = MaskedCosts::new(&mut source, call.basis, m.excerpt_tokens)
+                    .with_memo(masks, n_history)
+                    .with_kinds(&kinds);
                 let packed = run_pack(py, context, |hook| {
                     pack_view_masked(
                         view,
@@ -548,10 +547,8 @@ fn basis_of(
     encoding: Option<&str>,
     factor: f64,
 ) -> PyResult<CostBasis> {
-    Ok(CostBasis {
-        encoding: resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?,
-        opaque_scale: opaque_scale(factor)?,
-    })
+    let encoding = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    CostBasis::checked(encoding, opaque_scale(factor)?).map_err(PyValueError::new_err)
 }
 
 /// Put the masked copies in the request in place of their items (`request` holds the kept

@@ -183,27 +183,44 @@ fn scale_opaque(tokens: u64, factor: f64) -> PyResult<u64> {
     Ok(opaque_scale(factor)?.apply(tokens))
 }
 
-/// One model call's calibration sample (`protoprompt_core::calibration::implied_factor`):
-/// `None` when it carried too few opaque tokens.
+/// One model call's calibration sample (`protoprompt_core::calibration::implied_factor`;
+/// with `whole`, `implied_estimate_factor`, `opaque` then being the items' tokens by the
+/// estimate): `(sample, None)`, `(None, None)` when it carried too few tokens to tell, or
+/// `(None, wild)` for an estimate's sample above the cap (not learned).
 #[pyfunction]
+#[pyo3(signature = (estimate, opaque, factor, reported, *, whole=false))]
 fn calibration_sample(
     estimate: u64,
     opaque: u64,
     factor: f64,
     reported: u64,
-) -> PyResult<Option<f64>> {
-    Ok(calibration::implied_factor(calibration::Observation {
+    whole: bool,
+) -> PyResult<(Option<f64>, Option<f64>)> {
+    let obs = calibration::Observation {
         estimate,
         opaque,
         scale: opaque_scale(factor)?,
         reported,
-    }))
+    };
+    if !whole {
+        return Ok((calibration::implied_factor(obs), None));
+    }
+    Ok(match calibration::implied_estimate_factor(obs) {
+        Ok(sample) => (sample, None),
+        Err(wild) => (None, Some(wild)),
+    })
 }
 
-/// The calibration learned from `samples` (oldest first), as a factor of the rule.
+/// The calibration learned from `samples` (oldest first), as a factor of the rule (with
+/// `whole`, of an estimate's whole cost).
 #[pyfunction]
-fn learned_scale(samples: Vec<f64>) -> f64 {
-    calibration::learned_scale(&samples).factor()
+#[pyo3(signature = (samples, *, whole=false))]
+fn learned_scale(samples: Vec<f64>, whole: bool) -> f64 {
+    if whole {
+        calibration::learned_estimate_scale(&samples).factor()
+    } else {
+        calibration::learned_scale(&samples).factor()
+    }
 }
 
 /// The canonical text of an item (what its text cost is counted on).
@@ -298,6 +315,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("COST_RULE", tokens::COST_RULE)?;
     m.add("OPAQUE_SCALE_MIN", tokens::OpaqueScale::MIN.factor())?;
     m.add("OPAQUE_SCALE_MAX", tokens::OpaqueScale::MAX.factor())?;
+    m.add(
+        "ESTIMATE_SCALE_MIN",
+        tokens::CostBasis::MIN_ESTIMATE_SCALE.factor(),
+    )?;
+    m.add("ESTIMATE_SAMPLE_CAP", calibration::ESTIMATE_SAMPLE_CAP)?;
     m.add("CALIBRATION_MAX_SAMPLES", calibration::MAX_SAMPLES)?;
     Ok(())
 }

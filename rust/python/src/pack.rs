@@ -67,10 +67,8 @@ impl<'py> CallOptions<'py> {
                 context_tokens: raw.context_tokens,
                 policy: Policy::parse(&raw.policy).map_err(PyValueError::new_err)?,
             },
-            basis: CostBasis {
-                encoding,
-                opaque_scale: opaque_scale(raw.opaque_scale)?,
-            },
+            basis: CostBasis::checked(encoding, opaque_scale(raw.opaque_scale)?)
+                .map_err(PyValueError::new_err)?,
             context: raw.context.filter(|c| !c.is_none()),
             pinned: raw.pinned,
             history_len: raw.history_len,

@@ -81,8 +81,8 @@ pub use media::{
     UNKNOWN_FILE_TOKENS,
 };
 pub use opaque::{
-    decoded_len, opaque_tokens, OpaqueScale, COST_RULE, OPAQUE_BYTES_PER_TOKEN,
-    OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,
+    decoded_len, opaque_tokens, OpaqueScale, COST_RULE, COST_RULE_COMPATIBLE,
+    OPAQUE_BYTES_PER_TOKEN, OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,
 };
 
 /// Tokens added to every item for the provider's framing under OpenAI's encodings, and the
@@ -126,12 +126,67 @@ impl fmt::Display for TokenError {
 
 impl std::error::Error for TokenError {}
 
-/// What a cost is counted under: the model's encoding and the calibration of the opaque
-/// part ([`OpaqueScale::ONE`]: none). An [`Encoding`] alone is the basis without calibration.
+/// What a cost is counted under: the model's encoding and its calibration
+/// ([`OpaqueScale::ONE`]: none). An [`Encoding`] alone is the basis without calibration.
+///
+/// The calibration scales the opaque part of a cost under a tokenizer's own encoding, and
+/// the whole cost under an estimate ([`Encoding::is_estimate`]: Claude's, whose error is in
+/// every token, not only in opaque payloads; see [`CostBasis::cost`]). Under an estimate it
+/// is never below [`CostBasis::MIN_ESTIMATE_SCALE`] ([`CostBasis::checked`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CostBasis {
     pub encoding: Encoding,
     pub opaque_scale: OpaqueScale,
+}
+
+impl CostBasis {
+    /// The smallest calibration of an estimate's whole cost: one half, the base encoding's
+    /// own count (the Claude estimate counts two tokens per `o200k_base` token), so that a
+    /// calibrated item still costs at least [`ITEM_OVERHEAD`].
+    pub const MIN_ESTIMATE_SCALE: OpaqueScale = OpaqueScale::HALF;
+
+    /// The basis of `encoding` and `scale`; the error says why a calibration below
+    /// [`CostBasis::MIN_ESTIMATE_SCALE`] is refused under an estimate.
+    pub fn checked(encoding: Encoding, scale: OpaqueScale) -> Result<CostBasis, String> {
+        if encoding.is_estimate() && scale < Self::MIN_ESTIMATE_SCALE {
+            return Err(format!(
+                "opaque_scale under {} (an estimate: it scales the whole cost) must be at \
+                 least {}, got {}",
+                encoding.name(),
+                Self::MIN_ESTIMATE_SCALE.factor(),
+                scale.factor()
+            ));
+        }
+        Ok(CostBasis {
+            encoding,
+            opaque_scale: scale,
+        })
+    }
+
+    /// Whether the calibration scales the whole cost (an estimate's) rather than its opaque
+    /// part.
+    pub fn scales_whole(&self) -> bool {
+        self.encoding.is_estimate()
+    }
+
+    /// What `cost` counts under this basis: its total with the opaque part scaled, or under
+    /// an estimate the whole total scaled (rounded up).
+    pub fn cost(&self, cost: &ItemCost) -> u64 {
+        if self.scales_whole() {
+            self.opaque_scale.apply(cost.total())
+        } else {
+            cost.scaled_total(self.opaque_scale)
+        }
+    }
+
+    /// `tokens` counted whole (text, framing: a masked copy's cost) under this basis.
+    pub fn whole(&self, tokens: u64) -> u64 {
+        if self.scales_whole() {
+            self.opaque_scale.apply(tokens)
+        } else {
+            tokens
+        }
+    }
 }
 
 impl From<Encoding> for CostBasis {

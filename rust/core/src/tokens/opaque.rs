@@ -16,8 +16,11 @@
 //! `"\n"` and whose `provider_data.thinking_blocks` the raw blocks: not an OpenAI payload, never
 //! decoded by this rule ([`is_claude_thinking`]). Its signatures are counted as text, as are its
 //! `redacted_thinking` blocks' encrypted `data` (sent back with the blocks), and its thinking
-//! text is in `content`: all of it counted, as Anthropic counts the current turn's thinking
-//! (earlier turns' it strips, so the count is at or above the provider's).
+//! text is in `content`: all of it counted, wherever the item stands. Anthropic counts the
+//! current turn's thinking on every model, and earlier turns' on Opus 4.5+ and Sonnet 4.6+
+//! (older models strip it): so the count is the provider's for current models and at or
+//! above it for older ones, and an item's cost never depends on its position (an index's
+//! cost memo is keyed by position and basis only; see `docs/item-graph.md`).
 //!
 //! Gemini's thought signature (`provider_data.thought_signature` of a function call, sent back
 //! in the call's `extra_content`) is counted as text with its call: Google does not publish
@@ -41,7 +44,14 @@ use super::media::image_tokens_for_size;
 ///   never decoded as OpenAI payloads, Gemini thought signatures counted as text (since
 ///   issue 36: a snapshot that costed such an item before keeps that cost until the item is
 ///   counted again).
-pub const COST_RULE: u8 = 2;
+/// * 3: under an estimate encoding (`claude_estimate`) a calibration scales the whole cost,
+///   not only the opaque part ([`super::CostBasis::cost`]; protoprompt 1.0.1). Rule 2 costs
+///   are the same under every other basis and are reused ([`COST_RULE_COMPATIBLE`]).
+pub const COST_RULE: u8 = 3;
+
+/// The earlier rule whose costs equal this rule's under every basis but an estimate's with a
+/// calibration (see [`COST_RULE`]): reused except there.
+pub const COST_RULE_COMPATIBLE: u8 = 2;
 
 /// Bytes of a decoded encrypted payload that are its envelope, not model tokens (Codex's
 /// `estimate_reasoning_length` subtracts 650).
@@ -210,7 +220,8 @@ fn decoded_prefix(payload: &str) -> Option<Vec<u8>> {
 /// A calibration of the opaque part of item costs: the factor its tokens are multiplied by,
 /// in sixty-fourths, between [`OpaqueScale::MIN`] and [`OpaqueScale::MAX`]. Text, media and
 /// overhead are never scaled, so a calibrated cost is never below the conservative rule for
-/// everything but the opaque payloads.
+/// everything but the opaque payloads — except under an estimate encoding (Claude's), where
+/// it scales the whole cost ([`super::CostBasis::cost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpaqueScale(u16);
 
@@ -219,6 +230,9 @@ impl OpaqueScale {
     pub const UNIT: u16 = 64;
     /// The rule itself (no calibration).
     pub const ONE: OpaqueScale = OpaqueScale(Self::UNIT);
+    /// One half (the smallest calibration of an estimate's whole cost, see
+    /// [`super::CostBasis::MIN_ESTIMATE_SCALE`]).
+    pub const HALF: OpaqueScale = OpaqueScale(Self::UNIT / 2);
     /// The smallest scale a calibration may set (a quarter of the rule).
     pub const MIN: OpaqueScale = OpaqueScale(Self::UNIT / 4);
     /// The largest scale a calibration may set (twice the rule).
