@@ -12,9 +12,12 @@ cannot be attributed and is packed from scratch. The span, not the items, identi
 
 **What is reused.** Within a run the filter keeps a :class:`~protoprompt.HistoryIndex` of the
 input it has packed and the content digests of what it saw. Nothing is trusted because it
-was seen: every call digests its whole input (``protoprompt._core.digests``: a keyed hash
-of the content, no conversion), and the index is cut back to the first item whose digest
-changed (an item edited in place, a list rearranged by another filter). The layout of the
+was seen: every call digests what was appended and a rotating sample of the rest
+(``protoprompt._core.digests``: a keyed hash of the content, no conversion; see
+:class:`._planner.InputLedger` for why a sample suffices for the lists the SDK builds); a
+sampled item that changed, or a shorter list, makes the call digest its whole input, and
+the index is cut back to the first item whose digest changed (an item edited in place, a
+list rearranged by another filter). The layout of the
 previous call (where the run's input is, where the newest step starts) is reused only when
 the previous input is an unchanged prefix of this one and nothing appended is a user
 message.
@@ -35,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _core
 from .._seams import span_previous_token
 from ..packing import HistoryIndex
 from ._planner import InputLedger, Observed
@@ -45,8 +47,8 @@ __all__ = [
     "CollapsePlan",
     "Collapsed",
     "Run",
-    "collapse",
     "apply_collapse",
+    "collapse",
     "collapse_groups",
     "collapse_plan",
     "common_prefix",

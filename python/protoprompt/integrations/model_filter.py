@@ -56,10 +56,13 @@ it does not, so the provider's prompt cache repeats the prefix (see
 
 Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
 :mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
-of the input it has packed, so a call classifies and counts only what is new. Every call
-digests its whole input first (a keyed hash of the content, far cheaper than counting) and
-reuses an earlier classification or cost only for items whose content is unchanged. A call
-that cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
+of the input it has packed, so a call classifies and counts only what is new. A call reads
+what the SDK appended since the run's previous call and a rotating sample of the rest (a
+keyed content digest, far cheaper than counting; ``ModelCallPlan.checked`` says how many
+items); when a sampled item changed, or the list got shorter, it reads the whole input and
+reuses an earlier classification or cost only for items whose content is unchanged (why a
+sample suffices for the lists the SDK builds: :class:`._planner.InputLedger`). A call that
+cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
 will send: its de-duplication of reused ids is applied first.
 """
 
