@@ -2052,9 +2052,9 @@ def test_a_rewritten_or_shorter_history_reads_the_whole_input() -> None:
 def test_an_appended_step_reusing_an_old_call_id_collapses_as_the_sdk_does() -> None:
     """The SDK's de-duplication: a step that reuses an earlier call id replaces the earlier
     content (the appended part changes the collapsed prefix): packed as a fresh pack."""
-    base = _history(400) + _step(0, "call_0")
-    inputs = [base, base + _step(1), base + _step(1) + _step(2, "call_0")]
+    base = _history(400) + _step(0, "a") + _step(1, "a") + _step(2, "b")
+    inputs = [base, base + _step(3), base + _step(3) + _step(4, "b")]
     plans, _ = _calls(inputs)
-    assert plans[2].deduplicated == 2
+    assert [p.deduplicated for p in plans] == [2, 2, 4]
     assert plans[2].checked < plans[2].input_items
     _fresh_pack_equal(plans[2], inputs[2])
