@@ -185,6 +185,12 @@ def _write_filter_result(tr, k, v) -> None:
             f"{v['per_call'] * 1e3:.2f} ms (first {v['first'] * 1e3:.1f} ms; "
             f"warm index turn {v['index_turn'] * 1e3:.2f} ms){vs}"
         )
+    if k[0] == "filter_vs_json":
+        tr.write_line(
+            f"model filter per call ({k[1][0]}, {k[1][1]} items) vs json.dumps of its "
+            f"request: {v['per_call'] * 1e3:.3f} / {v['dumps'] * 1e3:.3f} ms, ratio "
+            f"{v['ratio']:.2f}"
+        )
     if k[0] == "filter_masking":
         tr.write_line(
             f"model filter per call ({k[1][0]}), masking on / off: "

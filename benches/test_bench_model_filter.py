@@ -6,8 +6,8 @@
   is what the filter adds to the SDK's own work (target <= 1.05).
 * ``test_filter_per_call``: the filter alone, called as the SDK calls it (inside the run's
   agent span, which is how the filter tells runs apart; fresh copies of the whole input, two
-  items more each call: every call digests the whole input before reusing anything), beside a warm ``HistoryIndex`` turn over the same
-  history in the same run; with ``--bench-100k`` also at 100k items (target: the 100k
+  items more each call: every later call reads what was appended and a sample of the rest),
+  beside a warm ``HistoryIndex`` turn over the same history in the same run; with ``--bench-100k`` also at 100k items (target: the 100k
   per-call cost <= 2x the 10k one).
 
 * ``test_filter_masking_per_call``: the filter's cost per call with the builder's masking
@@ -16,6 +16,11 @@
   are masked) and ``loop`` (a 50-step tool loop with ~4k-token outputs, whose middle steps
   are masked from about the 30th call on: every call stays in the request, which without
   masking drops them). The ratio is what masking adds per call.
+
+* ``test_filter_per_call_vs_serialising`` (issue 33): the filter's time per later call of a
+  run against ``json.dumps`` of the request it returned, in the same run: in a session run
+  at 10k (and with ``--bench-100k`` 100k) stored items, and standalone on a 10k-item input
+  (target <= 0.5x); asserts each later call took the fast path (``plan.checked``).
 
 No wall-clock target is asserted; the tests assert correctness (every call fits the budget,
 the run completes); timings and ratios go to ``benchmark.extra_info`` and the summary.
@@ -303,4 +308,137 @@ def test_filter_masking_per_call(benchmark, cases, results, scenario):
     print(
         f"\nfilter per call ({scenario}): masking on {per_call['on'] * 1e3:.2f} ms, off "
         f"{per_call['off'] * 1e3:.2f} ms, ratio {ratio:.2f}"
+    )
+
+
+# ---------------------------------------------------------------- issue 33: per call vs JSON
+
+
+def _session_call_times(case: Any, steps: int = 10) -> tuple[list[float], list[float], list[Any]]:
+    """A session run (``ProtoPromptSession`` over ``case``'s history, ``session.run_config``)
+    of ``steps`` tool steps through ``Runner.run``: the filter's time per model call, the
+    time ``json.dumps`` takes over the request it returned, and the plans."""
+    import tempfile
+
+    import protoprompt as pp
+    from agents.testing import ScriptedModel
+    from protoprompt.integrations import ProtoPromptSession
+
+    filter_s: list[float] = []
+    dumps_s: list[float] = []
+    plans: list[Any] = []
+
+    async def go() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            session = ProtoPromptSession("bench", f"{tmp}/s.db")
+            await session.add_items(case.history())
+            config = session.run_config(_builder(), on_call=plans.append, tracing_disabled=True)
+            flt = config.call_model_input_filter
+
+            async def timed(data: Any) -> Any:
+                t0 = time.perf_counter()
+                out = await flt(data)
+                filter_s.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                json.dumps(out.input)
+                dumps_s.append(time.perf_counter() - t0)
+                return out
+
+            config.call_model_input_filter = timed
+            script = [
+                [function_call("lookup", {"q": f"q{i}"}, call_id=f"c{i}")] for i in range(steps)
+            ] + [[assistant_message("done", item_id="m_done")]]
+            agent = Agent(name="bench", model=ScriptedModel(script), tools=[lookup])
+            await Runner.run(
+                agent, "look it up", session=session, run_config=config, max_turns=steps + 5
+            )
+            session.close()
+
+    pp.preload()
+    asyncio.run(go())
+    return filter_s, dumps_s, plans
+
+
+def _standalone_call_times(items_json: str, calls: int) -> tuple[list[float], list[float], Any]:
+    """The standalone filter's time per call (as ``_call_times``) and ``json.dumps`` of each
+    request it returned."""
+    import protoprompt as pp
+    from agents.tracing import agent_span
+    from protoprompt.integrations import model_input_filter
+
+    pp.preload()
+    flt = model_input_filter(_builder())
+    agent = Agent(name="bench", tools=[lookup], instructions="Use the tool.")
+    steps: list[dict[str, Any]] = []
+    filter_s: list[float] = []
+    dumps_s: list[float] = []
+    loop = asyncio.new_event_loop()
+    try:
+        span = agent_span(name="bench")
+        span.start(mark_as_current=True)
+        for k in range(calls):
+            items = json.loads(items_json) + json.loads(json.dumps(steps))
+            data = CallModelData(
+                model_data=ModelInputData(input=items, instructions="Use the tool."),
+                agent=agent,
+                context=None,
+            )
+            t0 = time.perf_counter()
+            out = loop.run_until_complete(flt(data))
+            filter_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            json.dumps(out.input)
+            dumps_s.append(time.perf_counter() - t0)
+            steps += [
+                {"type": "function_call", "call_id": f"c{k}", "name": "lookup", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c{k}", "output": f"{k}: result"},
+            ]
+        span.finish(reset_current=True)
+    finally:
+        loop.close()
+    return filter_s, dumps_s, flt.last_plan
+
+
+@pytest.mark.parametrize(
+    ("where", "filter_size"),
+    [("session", 10_000), ("session", 100_000), ("standalone", 10_000)],
+    ids=["session-n10000", "session-n100000", "standalone-n10000"],
+)
+def test_filter_per_call_vs_serialising(benchmark, cases, results, request, where, filter_size):
+    """Issue 33: the per-call filter's time on a run's later calls against ``json.dumps`` of
+    the request it returns, measured in the same run (target <= 0.5x); the fast path (only
+    what was appended and a sample re-read: ``plan.checked``) is asserted."""
+    from conftest import bench_100k
+
+    if filter_size > 10_000 and not bench_100k(request.config):
+        pytest.skip("100k-item scenario: run with --bench-100k")
+    case = cases.get(filter_size, "agentic")
+    box: dict[str, Any] = {}
+
+    def measure() -> None:
+        if where == "session":
+            box["f"], box["d"], plans = _session_call_times(case)
+            box["plans"] = plans
+        else:
+            items_json = json.dumps([*case.history(), _question()])
+            box["f"], box["d"], last = _standalone_call_times(items_json, calls=10)
+            box["plans"] = [last]
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    later = box["plans"][1:] if where == "session" else box["plans"]
+    for plan in later:
+        assert plan.reuse == "the run's earlier calls"
+        assert plan.checked < plan.input_items, "only what was appended and a sample re-read"
+    per_call = statistics.median(box["f"][1:])
+    dumps = statistics.median(box["d"][1:])
+    ratio = per_call / dumps
+    results[("filter_vs_json", (where, filter_size))] = {
+        "per_call": per_call,
+        "dumps": dumps,
+        "ratio": ratio,
+    }
+    benchmark.extra_info.update(per_call_ms=per_call * 1e3, dumps_ms=dumps * 1e3, ratio=ratio)
+    print(
+        f"\nfilter per call ({where}, {filter_size} items): {per_call * 1e3:.3f} ms, json.dumps "
+        f"of its request {dumps * 1e3:.3f} ms, ratio {ratio:.2f} (target <= 0.5)"
     )

@@ -23,6 +23,7 @@ agents = pytest.importorskip("agents")
 from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
 from agents.models.openai_responses import Converter  # noqa: E402
 from agents.run_internal.items import drop_orphan_function_calls  # noqa: E402
+from agents.run_config import CallModelData, ModelInputData  # noqa: E402
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 from openai.types.responses import ResponseFunctionWebSearch, ResponseReasoningItem  # noqa: E402
 from openai.types.responses.response_function_web_search import ActionSearch  # noqa: E402
@@ -1926,3 +1927,134 @@ async def test_a_changed_context_message_starts_the_prefix_afresh() -> None:
     assert [p.prefix for p in plans] == ["set", "stayed", "set", "stayed", "stayed", "stayed"]
     for n in (1, 3, 4, 5):
         assert _prefix_len(calls[n - 1].input, calls[n].input) == len(calls[n - 1].input)
+
+
+# ------------------------------------------------------------------ issue 33: O(appended)
+
+
+def _history(n: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for t in range(n // 2):
+        items.append({"role": "user", "content": f"question {t} " + "words " * 5})
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": f"answer {t}", "annotations": []}],
+            }
+        )
+    return items
+
+
+def _step(k: int, call_id: str | None = None) -> list[dict[str, Any]]:
+    cid = call_id or f"s{k}"
+    return [
+        {"type": "function_call", "call_id": cid, "name": "lookup", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": cid, "output": f"result {k}"},
+    ]
+
+
+def _calls(
+    inputs: list[list[dict[str, Any]]], budget: int = 200_000
+) -> tuple[list[ModelCallPlan], Any]:
+    """The standalone filter called as the SDK calls it, inside one run's agent span, on a
+    fresh copy of each input (the SDK copies every item on every call); each call's plan."""
+    from agents.tracing import agent_span
+
+    plans: list[ModelCallPlan] = []
+    flt = model_input_filter(
+        TokenBudgetedContextBuilder(None, max_tokens=budget), on_call=plans.append
+    )
+    agent = Agent(name="a", instructions="x")
+    loop = asyncio.new_event_loop()
+    span = agent_span(name="a")
+    span.start(mark_as_current=True)
+    try:
+        for items in inputs:
+            data = CallModelData(
+                model_data=ModelInputData(input=copy.deepcopy(items), instructions="x"),
+                agent=agent,
+                context=None,
+            )
+            loop.run_until_complete(flt(data))
+    finally:
+        span.finish(reset_current=True)
+        loop.close()
+    return plans, flt
+
+
+def _fresh_pack_equal(plan: ModelCallPlan, items: list[dict[str, Any]]) -> None:
+    """The plan's request equals a fresh pack of the same input (nothing stale reused)."""
+    _, fresh = _calls([items])
+    assert fresh.last_plan is not None
+    assert plan.items == fresh.last_plan.items
+    assert plan.pack.request_tokens == fresh.last_plan.pack.request_tokens
+
+
+def test_a_call_reads_only_what_was_appended_and_a_sample() -> None:
+    """Issue 33: a run's later calls re-read only what the SDK appended and a sample of the
+    rest (the plan's ``checked``), not the whole input."""
+    base = _history(2_000)
+    inputs = [base + [s for k in range(j) for s in _step(k)] for j in range(4)]
+    plans, _ = _calls(inputs)
+    assert plans[0].checked == plans[0].input_items
+    for p in plans[1:]:
+        assert p.reuse == "the run's earlier calls"
+        assert p.checked <= 2 + 4 + 8 + 32, p.checked
+    _fresh_pack_equal(plans[-1], inputs[-1])
+
+
+def test_an_item_changed_in_the_sample_reads_the_whole_input() -> None:
+    """An item of the previous input whose content changed (here the head, where a chained
+    filter inserts, and the tail, where the SDK prunes) sends the call down the full path."""
+    base = _history(2_000)
+    second = base + _step(0)
+    head = copy.deepcopy(second) + _step(1)
+    head[1]["content"][0]["text"] = "an answer edited in place " * 40
+    tail = copy.deepcopy(head) + _step(2)
+    tail[-3]["output"] = "a replaced output " * 30
+    plans, _ = _calls([base, second, head, tail])
+    assert plans[1].checked < plans[1].input_items
+    for p, items in ((plans[2], head), (plans[3], tail)):
+        assert p.checked == p.input_items
+        _fresh_pack_equal(p, items)
+
+
+def test_an_edit_outside_the_sample_is_found_within_its_rotation() -> None:
+    """An edit in the middle of a long input is found when the rotating sample reaches it:
+    within ``ceil(n / 32)`` calls (every later request is a fresh pack's)."""
+    base = _history(640)
+    edited = copy.deepcopy(base)
+    edited[321]["content"][0]["text"] = "a long answer edited in place " * 50
+    inputs = [base] + [edited + [s for k in range(j) for s in _step(k)] for j in range(25)]
+    plans, _ = _calls(inputs)
+    full = [i for i, p in enumerate(plans) if i and p.checked == p.input_items]
+    assert full and full[0] <= 1 + -(-640 // 32)
+    for i in range(full[0], len(plans)):
+        _fresh_pack_equal(plans[i], inputs[i])
+
+
+def test_a_rewritten_or_shorter_history_reads_the_whole_input() -> None:
+    """A handoff input filter that rewrites the history (fewer items), or a list whose
+    items were replaced wholesale, is read whole."""
+    base = _history(400)
+    second = base + _step(0)
+    shorter = [{"role": "user", "content": "a summary of the conversation"}, *base[-50:]]
+    replaced = [*_history(402)[2:], *_step(0), *_step(1)]
+    plans, _ = _calls([base, second, shorter, shorter + _step(1), replaced])
+    assert plans[1].checked < plans[1].input_items
+    assert plans[2].checked == plans[2].input_items
+    assert plans[3].checked < plans[3].input_items
+    assert plans[4].checked == plans[4].input_items
+    _fresh_pack_equal(plans[4], replaced)
+
+
+def test_an_appended_step_reusing_an_old_call_id_collapses_as_the_sdk_does() -> None:
+    """The SDK's de-duplication: a step that reuses an earlier call id replaces the earlier
+    content (the appended part changes the collapsed prefix): packed as a fresh pack."""
+    base = _history(400) + _step(0, "a") + _step(1, "a") + _step(2, "b")
+    inputs = [base, base + _step(3), base + _step(3) + _step(4, "b")]
+    plans, _ = _calls(inputs)
+    assert [p.deduplicated for p in plans] == [2, 2, 4]
+    assert plans[2].checked < plans[2].input_items
+    _fresh_pack_equal(plans[2], inputs[2])

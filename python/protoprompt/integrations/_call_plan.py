@@ -98,6 +98,12 @@ class ModelCallPlan:
     ``on_plan``), which packed the stored history before the first call -- the tool outputs
     it masked (the call gets their excerpts) and the history items it dropped, which this
     call's own :attr:`pack` does not see. ``None`` without a session callback."""
+    checked: int = 0
+    """Input items this call read for changes (content digests): what the SDK appended since
+    the run's previous call and a sample of the rest when the rest is unchanged (the fast
+    path, ``checked < input_items`` on a long input), every item otherwise (a run's first
+    call, a history rewritten or edited); see
+    :class:`~protoprompt.integrations._planner.InputLedger`."""
 
     @property
     def turn_masked(self) -> int:

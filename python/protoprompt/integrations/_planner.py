@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ._request import RequestExtras
 
 __all__ = [
+    "InputLedger",
+    "Observed",
     "RunPrefix",
     "Stable",
     "candidate",
@@ -49,6 +51,99 @@ def request_key(extras: RequestExtras) -> tuple[int, int, int, tuple[str, ...]]:
     """What the call sends before its input items (instructions, tools, output schema),
     as far as the filter can tell a change: their costs and what is not counted."""
     return (extras.instructions, extras.tools, extras.output_schema, tuple(extras.not_counted))
+
+
+SAMPLE_HEAD = 4
+"""Leading items of the previous input a call re-reads (where a chained filter inserts)."""
+SAMPLE_TAIL = 8
+"""Trailing items of the previous input a call re-reads (what the SDK's orphan pruning or a
+rewrite of the run's steps touches first)."""
+SAMPLE_SPREAD = 32
+"""Items spread over the rest of the previous input a call re-reads, at an offset that
+moves by one each call: every item is re-read at least once every
+``ceil(n / SAMPLE_SPREAD)`` calls."""
+
+
+def sample_positions(n: int, turn: int) -> list[int]:
+    """The positions of a previous input of ``n`` items that call ``turn`` re-reads: all of
+    them when ``n`` is small, else the head, the tail and a spread sample whose offset
+    rotates with ``turn``."""
+    if n <= SAMPLE_HEAD + SAMPLE_TAIL + SAMPLE_SPREAD:
+        return list(range(n))
+    stride = -(-n // SAMPLE_SPREAD)
+    spread = range(turn % stride, n, stride)
+    return sorted({*range(SAMPLE_HEAD), *spread, *range(n - SAMPLE_TAIL, n)})
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one call found of its input, against the previous call's."""
+
+    digests: bytes
+    """Content digests of the whole input (those of the unchanged prefix carried over)."""
+    same: int
+    """Leading items whose content is unchanged since the previous call."""
+    checked: int
+    """Items digested by this call: what was appended plus the sample on the fast path,
+    every item otherwise."""
+    fast: bool
+    """The prefix was checked by its sample (:func:`sample_positions`), not read whole."""
+
+
+class InputLedger:
+    """What a run's calls learned of its input list between them: its length, the content
+    digests of its items and the turn of the rotating sample.
+
+    A call whose input is at least as long as the previous one re-reads only what was
+    appended and the sample of the rest (``O(appended)``); when every sampled item digests
+    as before, the previous input is taken as an unchanged prefix. Anything else -- a
+    shorter list, a sampled item that changed (a rewritten history, a pruned or replaced
+    step, an item edited in place) -- reads the whole input, as the first call does.
+
+    Why a sample is enough: the SDK builds every call's input afresh from its run state
+    (``_prepare_turn_input_items``: the caller's items copied dict by dict and list by list,
+    then each step's ``to_input_item()``, in 0.22.3, 0.23.1 and 0.24.0). No object the
+    filter, another filter, a hook or the model saw on one call is an object of the next
+    call, so an edit in place of any of them cannot reach it; the SDK changes what it
+    copies from only by appending the run's steps (a handoff that rewrites the history
+    starts a new run: a new agent span). What is left is code that edits the input list it
+    passed to ``Runner.run`` (the SDK copies that list, not its dicts) while the run is
+    going: such an edit is found when its item is sampled, at once in an input of at most
+    44 items, else within ``ceil(n / 32)`` calls; :meth:`ModelInputFilter.reset` makes the
+    next call read everything. A filter chained before this one that inserts its own
+    objects puts them where the head sample reads them."""
+
+    __slots__ = ("_digests", "turn")
+
+    def __init__(self) -> None:
+        self._digests = bytearray()
+        self.turn = 0
+
+    def __len__(self) -> int:
+        return len(self._digests) // 16
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._digests)
+
+    def observe(self, items: list[Any]) -> Observed:
+        """Read ``items`` against the previous call's input and remember them."""
+        n = len(self)
+        self.turn += 1
+        if n and len(items) >= n:
+            positions = sample_positions(n, self.turn)
+            sample, _ = _core.digests([items[p] for p in positions])
+            old = self._digests
+            if all(
+                sample[16 * i : 16 * i + 16] == old[16 * p : 16 * p + 16]
+                for i, p in enumerate(positions)
+            ):
+                added, _ = _core.digests(items[n:])
+                old += added
+                return Observed(bytes(old), n, len(positions) + len(items) - n, True)
+        digests, same = _core.digests(items, bytes(self._digests))
+        self._digests = bytearray(digests)
+        return Observed(digests, same, len(items), False)
 
 
 @dataclass
@@ -69,19 +164,19 @@ class RunPrefix:
     """Positions in :attr:`items` of the pinned items (context message, run input)."""
     index: HistoryIndex = field(default_factory=HistoryIndex)
     """The candidates' index: each candidate extends the previous one."""
-    digests: bytes = b""
-    """Digests of the items the index holds."""
+    seen: InputLedger = field(default_factory=InputLedger)
+    """The candidates read so far (each extends the previous one: ``O(appended)``)."""
 
-    def sync(self, items: list[Any]) -> None:
+    def sync(self, items: list[Any]) -> Observed:
         """Cut the index back to the first item of ``items`` whose content it has not seen."""
-        digests, same = _core.digests(items, self.digests)
-        if same < len(self.index):
-            self.index.truncate(same)
-        self.digests = digests[: 16 * len(items)]
+        observed = self.seen.observe(items)
+        if observed.same < len(self.index):
+            self.index.truncate(observed.same)
+        return observed
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + len(self.digests) + 8 * len(self.items)
+        return self.index.nbytes + self.seen.nbytes + 8 * len(self.items)
 
 
 def _content(item: Any) -> str:

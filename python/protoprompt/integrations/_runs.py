@@ -12,9 +12,12 @@ cannot be attributed and is packed from scratch. The span, not the items, identi
 
 **What is reused.** Within a run the filter keeps a :class:`~protoprompt.HistoryIndex` of the
 input it has packed and the content digests of what it saw. Nothing is trusted because it
-was seen: every call digests its whole input (``protoprompt._core.digests``: a keyed hash
-of the content, no conversion), and the index is cut back to the first item whose digest
-changed (an item edited in place, a list rearranged by another filter). The layout of the
+was seen: every call digests what was appended and a rotating sample of the rest
+(``protoprompt._core.digests``: a keyed hash of the content, no conversion; see
+:class:`._planner.InputLedger` for why a sample suffices for the lists the SDK builds); a
+sampled item that changed, or a shorter list, makes the call digest its whole input, and
+the index is cut back to the first item whose digest changed (an item edited in place, a
+list rearranged by another filter). The layout of the
 previous call (where the run's input is, where the newest step starts) is reused only when
 the previous input is an unchanged prefix of this one and nothing appended is a user
 message.
@@ -32,18 +35,22 @@ from __future__ import annotations
 import bisect
 import contextvars
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .. import _core
 from .._seams import span_previous_token
 from ..packing import HistoryIndex
+from ._planner import InputLedger, Observed
 from ._sdk import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_span
 
 __all__ = [
+    "CollapsePlan",
     "Collapsed",
     "Run",
+    "apply_collapse",
     "collapse",
     "collapse_groups",
+    "collapse_plan",
     "common_prefix",
     "dedupe_keys",
     "run_span",
@@ -124,13 +131,20 @@ def _groups(keys: Sequence[str | None]) -> dict[str, list[int]]:
     return groups
 
 
-def collapse_groups(
-    items: Sequence[Any], groups: Mapping[str, Sequence[int]], digests: bytes = b""
-) -> Collapsed:
-    """``items`` collapsed as ``deduplicate_input_items_preferring_latest`` collapses them,
-    given the positions of every key that occurs more than once: the last occurrence's
-    content survives, at the first position for calls, reasoning and approval requests
-    (the SDK's anchor types), else at the last one whose type is not an anchor type."""
+@dataclass(frozen=True)
+class CollapsePlan:
+    """Which positions the SDK's de-duplication removes and which survivor's content lands
+    where: what :func:`collapse_groups` applies to a list (kept by a run while its groups
+    and the items they name are unchanged)."""
+
+    removed: list[int]
+    replace: dict[int, int]
+    anchor_of: dict[int, int]
+
+
+def collapse_plan(items: Sequence[Any], groups: Mapping[str, Sequence[int]]) -> CollapsePlan:
+    """The :class:`CollapsePlan` of ``items`` given the positions of every key that occurs
+    more than once (see :func:`collapse_groups`)."""
     removed: list[int] = []
     replace: dict[int, int] = {}
     anchor_of: dict[int, int] = {}
@@ -146,6 +160,12 @@ def collapse_groups(
         if positions[-1] != anchor:
             replace[anchor] = positions[-1]
     removed.sort()
+    return CollapsePlan(removed, replace, anchor_of)
+
+
+def apply_collapse(items: Sequence[Any], plan: CollapsePlan, digests: bytes = b"") -> Collapsed:
+    """``items`` collapsed by ``plan`` (with their digests, when given)."""
+    removed = plan.removed
     out: list[Any] = []
     chunks: list[bytes] = []
     prev = 0
@@ -154,14 +174,24 @@ def collapse_groups(
         chunks.append(digests[16 * prev : 16 * r])
         prev = r + 1
     packed = bytearray(b"".join(chunks))
-    collapsed = Collapsed(out, b"", removed, anchor_of)
-    for anchor, latest in replace.items():
+    collapsed = Collapsed(out, b"", removed, plan.anchor_of)
+    for anchor, latest in plan.replace.items():
         d = collapsed.position(anchor)
         out[d] = items[latest]
         if digests:
             packed[16 * d : 16 * d + 16] = digests[16 * latest : 16 * latest + 16]
     collapsed.digests = bytes(packed)
     return collapsed
+
+
+def collapse_groups(
+    items: Sequence[Any], groups: Mapping[str, Sequence[int]], digests: bytes = b""
+) -> Collapsed:
+    """``items`` collapsed as ``deduplicate_input_items_preferring_latest`` collapses them,
+    given the positions of every key that occurs more than once: the last occurrence's
+    content survives, at the first position for calls, reasoning and approval requests
+    (the SDK's anchor types), else at the last one whose type is not an anchor type."""
+    return apply_collapse(items, collapse_plan(items, groups), digests)
 
 
 def collapse(items: Sequence[Any], keys: Sequence[str | None], digests: bytes = b"") -> Collapsed:
@@ -177,7 +207,7 @@ class Run:
         "agent",
         "calls",
         "candidates",
-        "digests",
+        "collapse_plan",
         "first",
         "groups",
         "index",
@@ -186,6 +216,7 @@ class Run:
         "n_prev",
         "prefix",
         "run_input",
+        "seen",
         "span",
         "step_start",
         "token",
@@ -200,8 +231,8 @@ class Run:
         self.index_digests = b""
         """Digests of the packed list's first ``len(index)`` items, as the index saw them."""
         self.calls = 0
-        self.digests = b""
-        """Digests of the previous call's input (as the SDK handed it over)."""
+        self.seen = InputLedger()
+        """The previous call's input (as the SDK handed it over): length and digests."""
         self.n_prev = 0
         self.step_start = 0
         self.run_input: tuple[int, int] | None = None
@@ -212,6 +243,8 @@ class Run:
         """The first position of every key."""
         self.groups: dict[str, list[int]] = {}
         """The positions of every key that occurs more than once."""
+        self.collapse_plan: CollapsePlan | None = None
+        """:func:`collapse_plan` of :attr:`groups` (``None``: to be made again)."""
         self.prefix: Any = None
         """The run's cache-stable prefix (a ``_planner.RunPrefix``; ``None``: none yet)."""
 
@@ -219,18 +252,20 @@ class Run:
     def nbytes(self) -> int:
         return (
             self.index.nbytes
-            + len(self.digests)
+            + self.seen.nbytes
             + len(self.index_digests)
             + 8 * len(self.keys)
             + 100 * len(self.first)
             + (self.prefix.nbytes if self.prefix is not None else 0)
         )
 
-    def observe(self, items: list[Any]) -> tuple[bytes, bool]:
-        """Digest ``items``; ``(digests, extends)``: whether the previous call's input is an
-        unchanged prefix of ``items`` with nothing but model output and tool results (no
-        user message) appended: the same run continuing."""
-        digests, same = _core.digests(items, self.digests)
+    def observe(self, items: list[Any]) -> tuple[Observed, bool]:
+        """Read ``items`` against the previous call's input (:class:`._planner.InputLedger`:
+        what was appended and a sample of the rest); ``(observed, extends)``: whether the
+        previous call's input is an unchanged prefix of ``items`` with nothing but model
+        output and tool results (no user message) appended: the same run continuing."""
+        observed = self.seen.observe(items)
+        same = observed.same
         n = self.n_prev
         extends = (
             bool(self.calls)
@@ -239,11 +274,19 @@ class Run:
             and not any(_is_user_message(items[p]) for p in range(n, len(items)))
         )
         self._update_keys(items, same)
-        return digests, extends
+        return observed, extends
+
+    def collapse(self, items: list[Any], digests: bytes) -> Collapsed:
+        """``items`` as the SDK's de-duplication leaves them (:attr:`groups` is theirs),
+        through the plan kept since the groups last changed."""
+        if self.collapse_plan is None:
+            self.collapse_plan = collapse_plan(items, self.groups)
+        return apply_collapse(items, self.collapse_plan, digests)
 
     def _update_keys(self, items: list[Any], same: int) -> None:
         keep = min(same, len(self.keys))
         if keep < len(self.keys):  # an item changed: the keys from there on are read again
+            self.collapse_plan = None
             del self.keys[keep:]
             self.first = {}
             for i, key in enumerate(self.keys):
@@ -258,6 +301,7 @@ class Run:
             first = self.first.setdefault(key, i)
             if first != i:
                 self.groups.setdefault(key, [first]).append(i)
+                self.collapse_plan = None
 
     def sync_index(self, digests: bytes) -> None:
         """Cut the index back to the first item whose content it has not seen (``digests``:

@@ -56,10 +56,13 @@ it does not, so the provider's prompt cache repeats the prefix (see
 
 Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
 :mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
-of the input it has packed, so a call classifies and counts only what is new. Every call
-digests its whole input first (a keyed hash of the content, far cheaper than counting) and
-reuses an earlier classification or cost only for items whose content is unchanged. A call
-that cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
+of the input it has packed, so a call classifies and counts only what is new. A call reads
+what the SDK appended since the run's previous call and a rotating sample of the rest (a
+keyed content digest, far cheaper than counting; ``ModelCallPlan.checked`` says how many
+items); when a sampled item changed, or the list got shorter, it reads the whole input and
+reuses an earlier classification or cost only for items whose content is unchanged (why a
+sample suffices for the lists the SDK builds: :class:`._planner.InputLedger`). A call that
+cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
 will send: its de-duplication of reused ids is applied first.
 """
 
@@ -81,7 +84,7 @@ from . import _planner
 from ._call_plan import ModelCallPlan, TruncatedOutput
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
-from ._runs import Collapsed, Run, collapse_groups, run_span
+from ._runs import Collapsed, Run, run_span
 from ._sdk import CallModelData, ModelInputData
 from ._steps import last_user_message, newest_step_start, water_level
 
@@ -272,7 +275,8 @@ class ModelInputFilter:
         return bool(items) and self._ledger is not None and self._ledger.is_context(items[0])
 
     def _plan(self, items: list[Any], run: Run, extras: RequestExtras) -> ModelCallPlan:
-        digests, extends = run.observe(items)
+        observed, extends = run.observe(items)
+        digests = observed.digests
         pinned, step_start = self._layout(items, run, extends)
         if not run.calls:
             reason = "first call of the run" if run.span is not None else "no run in scope"
@@ -286,7 +290,7 @@ class ModelInputFilter:
         context_at = 0 if self._is_context(items) else None
         run_input = run.run_input
         if run.groups:
-            collapsed = collapse_groups(items, run.groups, digests)
+            collapsed = run.collapse(items, digests)
             packed, packed_digests = collapsed.items, collapsed.digests
             step_start = collapsed.start(layout_start)
             moved = {collapsed.position(p) for p in pinned}
@@ -322,7 +326,6 @@ class ModelInputFilter:
         run.calls += 1
         run.n_prev = len(items)
         run.step_start = layout_start
-        run.digests = digests
         run.index_digests = packed_digests[: 16 * len(run.index)]
         sent = (
             [context.context_message] if context and context.context_message else []
@@ -360,6 +363,7 @@ class ModelInputFilter:
             prefix_reason=stable.reason if stable is not None else "",
             shared_tokens=stable.shared_tokens if stable is not None else 0,
             request_changed=stable.request_changed if stable is not None else False,
+            checked=observed.checked,
         )
 
     def _stable_prefix(self, run: Run, collapsed: Collapsed | None) -> bool:
@@ -400,12 +404,9 @@ class ModelInputFilter:
             placed = _planner.placed_pins(prefix, pinned)
             cpinned = [p for p in placed if p < cstart]
             prefix.sync(cand)
-            try:
-                result = self._pack_at(
-                    prefix.index, cand, cstart, cpinned, b.max_tokens, None, extras.total
-                )
-            except TokenBudgetExceededError:
-                result = None
+            result = self._fits_at(
+                prefix.index, cand, cstart, cpinned, b.max_tokens, None, extras.total
+            )
             if result is not None and _planner.kept_whole(result, cand):
                 stayed = _planner.stay(prefix, result, placed, len(packed), key, run.calls + 1)
                 self._last = prefix
@@ -413,12 +414,9 @@ class ModelInputFilter:
         if prefix is None:
             # No request to extend: the whole input as it is, when it fits (the callback
             # packed it for this budget), else the move below.
-            try:
-                result = self._pack_at(
-                    run.index, packed, step_start, pinned, b.max_tokens, None, extras.total
-                )
-            except TokenBudgetExceededError:
-                result = None
+            result = self._fits_at(
+                run.index, packed, step_start, pinned, b.max_tokens, None, extras.total
+            )
             if result is not None and _planner.kept_whole(result, packed):
                 moved = _planner.move(None, result, pinned, len(packed), key, run.calls + 1)
                 run.prefix = self._last = moved[0]
@@ -426,11 +424,8 @@ class ModelInputFilter:
         policy = self.cache
         low = max(int(b.max_tokens * policy.low_water), 1)
         masking = Masking(excerpt_tokens=policy.excerpt_tokens, after_turns=policy.keep_recent)
-        try:
-            result = self._pack_at(
-                run.index, packed, step_start, pinned, low, masking, extras.total
-            )
-        except TokenBudgetExceededError:
+        result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
+        if result is None:
             return None
         moved = _planner.move(run.prefix, result, pinned, len(packed), key, run.calls + 1)
         run.prefix = self._last = moved[0]
@@ -445,13 +440,15 @@ class ModelInputFilter:
         budget: int,
         masking: Masking | None,
         fixed: int,
+        step: list[Any] | None = None,
     ) -> PackResult:
-        """``items`` packed through ``index`` into ``budget``: ``items[start:]`` mandatory
-        (the newest step), ``pinned`` too, the rest newest first."""
+        """``items`` packed through ``index`` into ``budget``: ``step`` (default
+        ``items[start:]``, the newest step) mandatory, ``pinned`` too, the rest newest
+        first."""
         b = self.builder
         return index.pack(
             items,
-            items[start:],
+            items[start:] if step is None else step,
             budget,
             output_reserve=self.output_reserve,
             context_tokens=fixed,
@@ -464,6 +461,22 @@ class ModelInputFilter:
             masking=masking,
         )
 
+    def _fits_at(
+        self,
+        index: HistoryIndex,
+        items: list[Any],
+        start: int,
+        pinned: list[int],
+        budget: int,
+        masking: Masking | None,
+        fixed: int,
+    ) -> PackResult | None:
+        """:meth:`_pack_at`, or ``None`` when its mandatory part does not fit."""
+        try:
+            return self._pack_at(index, items, start, pinned, budget, masking, fixed)
+        except TokenBudgetExceededError:
+            return None
+
     def _pack(
         self,
         items: list[Any],
@@ -475,19 +488,8 @@ class ModelInputFilter:
     ) -> tuple[PackResult, ContextPlan | None]:
         b = self.builder
         if self.session is not None:
-            result = run.index.pack(
-                items,
-                step,
-                b.max_tokens,
-                output_reserve=self.output_reserve,
-                context_tokens=fixed,
-                model=b.model,
-                encoding=b.encoding,
-                policy=b.policy,
-                pinned=pinned,
-                history_len=step_start,
-                opaque_scale=b.opaque_scale(),
-                masking=b.masking,
+            result = self._pack_at(
+                run.index, items, step_start, pinned, b.max_tokens, b.masking, fixed, step
             )
             return result, None
         query = latest_user_text(step, items)  # the step holds no user message
