@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import ProtoPromptError
+from ..errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ..turn_report import (
     IndexMode,
     ReadMode,
@@ -22,7 +22,7 @@ from ..turn_report import (
     fallback_cost,
     index_outcome,
 )
-from . import _sync, pool
+from . import _planner, _sync, pool
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -363,3 +363,156 @@ def log_fallback(setup: TurnSetup, report: TurnReport, plan: ContextPlan, new_it
         fast,
         line,
     )
+
+
+# ------------------------------------------------------------------ the cache-stable prefix
+
+
+def _context_text(plan: ContextPlan) -> str | None:
+    message = plan.context_message
+    return None if message is None else str(message.get("content"))
+
+
+def _fits_whole(plan: ContextPlan) -> bool:
+    """Whether a pack sent every history unit it could (nothing masked, nothing dropped
+    for room)."""
+    counts = plan.pack.decision_counts()
+    return not plan.pack.masked and not any(
+        counts.get(code) for code in ("masked", "over_budget", "turn_incomplete")
+    )
+
+
+def _stepped(
+    plan: ContextPlan, step: _planner.TurnStep, builder: Any, report: TurnReport | None = None
+) -> ContextPlan:
+    turned = dataclasses.replace(
+        plan,
+        turn=plan.turn if report is None else report,
+        prefix=step.code,
+        prefix_reason=step.reason,
+        shared_tokens=step.shared_tokens,
+    )
+    if builder.last_plan is plan:
+        builder.last_plan = turned
+    return turned
+
+
+def _stay(
+    planner: _planner.TurnPlanner,
+    last: _planner.TurnPrefix,
+    cand: list[Item],
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None,
+    offset: int,
+) -> ContextPlan | None:
+    """The turn as the previous request plus what was stored since and the new input,
+    packed through the prefix's own index; ``None`` when it does not fit whole."""
+    state = setup.state
+    store = state.index.count_store
+    failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    if memory is not None:
+        with state.lock:
+            kwargs = remembered(memory, kwargs, history, offset)
+    _planner.sync_index(last, cand)
+    try:
+        plan = builder.build(cand, new_input, index=last.index, masking=None, **kwargs)
+    except TokenBudgetExceededError:
+        return None
+    if not _planner.sent_whole(plan.pack, cand):
+        return None
+    context = _context_text(plan)
+    shared = last.request_tokens if context == last.context else 0
+    before = len(last.sent)
+    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
+    last.context = context
+    report = turn_report(
+        setup,
+        plan,
+        facts if facts is not None and facts.count == len(history) else None,
+        len(history),
+        ("unused", "prefix"),
+        (len(state.index), 0),
+        failures,
+    )
+    step = _planner.TurnStep(
+        "stayed",
+        f"the turn extends the previous request ({before:,} history items as sent, "
+        f"{shared:,} tokens repeated)",
+        shared,
+    )
+    return _stepped(plan, step, builder, report)
+
+
+def build_stable_turn(
+    planner: _planner.TurnPlanner,
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None = None,
+) -> tuple[ContextPlan, Callable[[], None] | None, list[Item]]:
+    """:func:`build_turn` through the callback's cache-stable prefix (``planner``): the
+    previous turn's request plus what was stored since while that fits the budget (the cut
+    and the masked set stay); otherwise (or with no request to extend) the history is
+    packed as :func:`build_turn` does when it fits whole, else once to the policy's
+    low-water mark with every tool output older than its newest ``keep_recent`` turns
+    masked, so the turns after it extend that request. Also returns the masked copies of
+    earlier turns the request sends again (never to be stored)."""
+    with planner.lock:
+        last = planner.last
+        read_all = facts is not None and facts.count == len(history)
+        offset = facts.offset if read_all and facts is not None else 0
+        if last is not None:
+            got = _planner.turn_candidate(last, history, offset)
+            if got is not None:
+                plan = _stay(
+                    planner, last, got[0], setup, builder, history, new_input, facts, kwargs,
+                    memory, offset,
+                )
+                if plan is not None:
+                    return plan, None, list(last.masked)
+            else:
+                last = None  # the history no longer holds it: set afresh
+        previous = last
+        if last is None:
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+            if _fits_whole(plan):
+                planner.last = _planner.after_pack(
+                    plan.pack, history, offset, [], _context_text(plan)
+                )
+                step = _planner.TurnStep(
+                    "set", "the session's history fits whole: every item sent", 0
+                )
+                return _stepped(plan, step, builder), evicted, []
+        moved = {
+            **kwargs,
+            "context_tokens": int(kwargs.get("context_tokens", 0))
+            + planner.low_water_reserve(int(builder.max_tokens)),
+            "masking": planner.masking(),
+        }
+        try:
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
+        except (TokenBudgetExceededError, InvalidItemError):
+            # The mandatory part needs more than the mark, or a window read cannot reach
+            # what the masked pack would keep: newest first at the whole budget.
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+            planner.last = None
+            step = _planner.TurnStep(
+                "set", "the low-water mark cannot be reached: packed newest first", 0
+            )
+            return _stepped(plan, step, builder), evicted, []
+        new = _planner.after_pack(
+            plan.pack, history, offset, plan.masked_items, _context_text(plan)
+        )
+        before = None if previous is None else previous.request_tokens
+        reason = _planner.turn_move_reason(previous, new, before)
+        step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
+        planner.last = new
+        return _stepped(plan, step, builder), evicted, []
