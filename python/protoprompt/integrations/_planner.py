@@ -21,12 +21,14 @@ changed), and it is sent unchanged only when the core keeps every one of its uni
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
+from .._pack_types import UnitDecision
 from ..packing import HistoryIndex, Masking
 
 if TYPE_CHECKING:
@@ -391,3 +393,67 @@ class TurnPlanner:
     def low_water_reserve(self, budget: int) -> int:
         """Tokens a move reserves besides the request so that it packs to the mark."""
         return budget - max(int(budget * self.policy.low_water), 1)
+
+
+def _kind(item: Any) -> str:
+    if isinstance(item, dict):
+        kind = item.get("type")
+        if isinstance(kind, str) and kind != "message":
+            return kind
+        role = item.get("role")
+        if role == "user":
+            return "user_message"
+        if isinstance(role, str):
+            return f"{role}_input_message"
+    return "item"
+
+
+def in_history(
+    result: PackResult,
+    last: TurnPrefix,
+    history: list[Any],
+    offset: int,
+) -> PackResult:
+    """A stay's pack (of the candidate: :attr:`TurnPrefix.sent` then what was appended) in
+    the positions of the stored history, as a pack of the history reads: the resent
+    masked copies as ``"masked"``, the history items the request does not send (before
+    the cut, or left out at an earlier move) as ``"over_budget"`` (``last`` is the prefix
+    before :func:`after_stay`)."""
+    n_sent = len(last.sent)
+    positions = [*last.kept, *range(last.end, offset + len(history))]
+    masked_ids = {id(x) for x in last.masked}
+    masked_at = {i for i in range(n_sent) if id(last.sent[i]) in masked_ids}
+    decisions: list[tuple[int, UnitDecision]] = []
+    for d in result.decisions:
+        code = d.decision
+        if code == "kept" and any(p in masked_at for p in d.positions):
+            code = "masked"
+        moved = [positions[p] for p in d.positions]
+        decisions.append(
+            (
+                moved[0],
+                UnitDecision(
+                    0,
+                    moved,
+                    list(d.kinds),
+                    code,
+                    None if code == "masked" else d.tokens,
+                    list(d.problems),
+                    d.tokens if code == "masked" else d.masked_tokens,
+                ),
+            )
+        )
+    sent = set(positions)
+    for p in range(offset, last.end):
+        if p not in sent:
+            item = history[p - offset]
+            decisions.append((p, UnitDecision(0, [p], [_kind(item)], "over_budget", None)))
+    decisions.sort(key=lambda x: x[0])
+    return dataclasses.replace(
+        result,
+        kept_history=[positions[p] for p in result.kept_history],
+        dependency=[positions[p] for p in result.dependency],
+        masked=sorted(positions[i] for i in masked_at),
+        decisions=[dataclasses.replace(d, unit=u) for u, (_, d) in enumerate(decisions)],
+        stop=None,
+    )

@@ -107,7 +107,6 @@ class RunHooks:
         history: list[Item] | None,
         new_input: list[Item],
         on_plan: Callable[[ContextPlan], None] | None,
-        resent: list[Item] | None = None,
     ) -> list[Item]:
         """What the callback returns for ``plan``: its items, with the context message made
         known and the run recorded for the model filter.
@@ -126,7 +125,7 @@ class RunHooks:
                 key = self._book.produced(message)
             else:
                 key = self._book.expect(message)
-        masked = [*(resent or ()), *plan.masked_items]
+        masked = plan.masked_items
         if masked and history is not None:
             history.extend(masked)
         elif masked:
@@ -204,7 +203,6 @@ class RunHooks:
             facts = read.facts if read is not None and read.session is self else None
             try:
                 if planner is None:
-                    resent: list[Item] = []
                     plan, evicted = await asyncio.to_thread(
                         build_turn,
                         self._turn_setup(),
@@ -216,7 +214,7 @@ class RunHooks:
                         memory,
                     )
                 else:
-                    plan, evicted, resent = await asyncio.to_thread(
+                    plan, evicted = await asyncio.to_thread(
                         build_stable_turn,
                         planner,
                         self._turn_setup(),
@@ -232,9 +230,7 @@ class RunHooks:
                 raise turn_budget_error(exc, call_kwargs.get("request")) from None
             if evicted is not None:
                 evicted()  # background work on what the turn evicted; never raises
-            return self._hand_over(
-                plan, history if by_runner else None, new_input, on_plan, resent
-            )
+            return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
 
         setattr(
             protoprompt_session_input, TURN_ATTR, Turn(self._as_session(), builder, output_reserve)

@@ -397,6 +397,22 @@ def _stepped(
     return turned
 
 
+def _without_mark(plan: ContextPlan, extra: int, builder: Any) -> ContextPlan:
+    """A move's plan without the tokens it reserved to pack to the low-water mark: what the
+    request uses of the whole budget."""
+    pack = plan.pack
+    pack = dataclasses.replace(
+        pack,
+        used=pack.used - extra,
+        remaining=pack.remaining + extra,
+        context_tokens=pack.context_tokens - extra,
+    )
+    unmarked = dataclasses.replace(plan, pack=pack, reserved_tokens=plan.reserved_tokens - extra)
+    if builder.last_plan is plan:
+        builder.last_plan = unmarked
+    return unmarked
+
+
 def _stay(
     planner: _planner.TurnPlanner,
     last: _planner.TurnPrefix,
@@ -425,6 +441,10 @@ def _stay(
         return None
     if not _planner.sent_whole(plan.pack, cand):
         return None
+    packed = plan
+    plan = dataclasses.replace(plan, pack=_planner.in_history(plan.pack, last, history, offset))
+    if builder.last_plan is packed:
+        builder.last_plan = plan
     context = _context_text(plan)
     shared = last.request_tokens if context == last.context else 0
     before = len(last.sent)
@@ -457,14 +477,15 @@ def build_stable_turn(
     facts: _sync.ReadFacts | None,
     kwargs: dict[str, Any],
     memory: SessionMemory | None = None,
-) -> tuple[ContextPlan, Callable[[], None] | None, list[Item]]:
+) -> tuple[ContextPlan, Callable[[], None] | None]:
     """:func:`build_turn` through the callback's cache-stable prefix (``planner``): the
     previous turn's request plus what was stored since while that fits the budget (the cut
     and the masked set stay); otherwise (or with no request to extend) the history is
     packed as :func:`build_turn` does when it fits whole, else once to the policy's
     low-water mark with every tool output older than its newest ``keep_recent`` turns
-    masked, so the turns after it extend that request. Also returns the masked copies of
-    earlier turns the request sends again (never to be stored)."""
+    masked, so the turns after it extend that request. A stay's plan reads as a pack of the
+    stored history: the masked copies it sends again are ``"masked"`` (``plan.masked_items``,
+    never to be stored)."""
     with planner.lock:
         last = planner.last
         read_all = facts is not None and facts.count == len(history)
@@ -477,7 +498,7 @@ def build_stable_turn(
                     memory, offset,
                 )
                 if plan is not None:
-                    return plan, None, list(last.masked)
+                    return plan, None
             else:
                 last = None  # the history no longer holds it: set afresh
         previous = last
@@ -490,7 +511,7 @@ def build_stable_turn(
                 step = _planner.TurnStep(
                     "set", "the session's history fits whole: every item sent", 0
                 )
-                return _stepped(plan, step, builder), evicted, []
+                return _stepped(plan, step, builder), evicted
         moved = {
             **kwargs,
             "context_tokens": int(kwargs.get("context_tokens", 0))
@@ -507,7 +528,8 @@ def build_stable_turn(
             step = _planner.TurnStep(
                 "set", "the low-water mark cannot be reached: packed newest first", 0
             )
-            return _stepped(plan, step, builder), evicted, []
+            return _stepped(plan, step, builder), evicted
+        plan = _without_mark(plan, planner.low_water_reserve(int(builder.max_tokens)), builder)
         new = _planner.after_pack(
             plan.pack, history, offset, plan.masked_items, _context_text(plan)
         )
@@ -515,4 +537,4 @@ def build_stable_turn(
         reason = _planner.turn_move_reason(previous, new, before)
         step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
         planner.last = new
-        return _stepped(plan, step, builder), evicted, []
+        return _stepped(plan, step, builder), evicted
