@@ -257,6 +257,9 @@ class TurnPrefix:
     request_tokens: int
     context: str | None
     """The context message the request started with, by content (``None``: none)."""
+    whole: dict[int, int] = field(default_factory=dict)
+    """Tokens of each masked unit whole, by its first history position (what masking
+    saves, reported again by every stay)."""
     index: HistoryIndex = field(default_factory=HistoryIndex)
     """The index of the candidates (:attr:`sent` plus what was appended)."""
     digests: bytes = b""
@@ -344,6 +347,13 @@ def after_pack(
     the positions of the whole history)."""
     kept = list(result.kept_history)
     originals, _ = _core.digests([history[p - offset] for p in kept], None)
+    whole = {}
+    if masked:
+        whole = {
+            d.positions[0]: d.tokens
+            for d in result.decisions
+            if d.decision == "masked" and d.tokens is not None
+        }
     return TurnPrefix(
         sent=list(result.items[: len(kept)]),
         kept=kept,
@@ -352,6 +362,7 @@ def after_pack(
         masked=list(masked),
         request_tokens=result.request_tokens,
         context=context,
+        whole=whole,
     )
 
 
@@ -424,11 +435,16 @@ def in_history(
     masked_ids = {id(x) for x in last.masked}
     masked_at = {i for i in range(n_sent) if id(last.sent[i]) in masked_ids}
     decisions: list[tuple[int, UnitDecision]] = []
+    saved = 0
     for d in result.decisions:
         code = d.decision
+        moved = [positions[p] for p in d.positions]
+        whole = d.tokens
         if code == "kept" and any(p in masked_at for p in d.positions):
             code = "masked"
-        moved = [positions[p] for p in d.positions]
+            whole = last.whole.get(moved[0])
+            if whole is not None and d.tokens is not None:
+                saved += whole - d.tokens
         decisions.append(
             (
                 moved[0],
@@ -437,7 +453,7 @@ def in_history(
                     moved,
                     list(d.kinds),
                     code,
-                    None if code == "masked" else d.tokens,
+                    whole,
                     list(d.problems),
                     d.tokens if code == "masked" else d.masked_tokens,
                 ),
@@ -454,6 +470,7 @@ def in_history(
         kept_history=[positions[p] for p in result.kept_history],
         dependency=[positions[p] for p in result.dependency],
         masked=sorted(positions[i] for i in masked_at),
+        masking_saved=saved,
         decisions=[dataclasses.replace(d, unit=u) for u, (_, d) in enumerate(decisions)],
         stop=None,
     )

@@ -156,6 +156,70 @@ def _build_indexed(
     return plan
 
 
+def _extend_indexed(
+    setup: TurnSetup,
+    builder: Any,
+    history: list[Item],
+    facts: _sync.ReadFacts,
+    keep: int,
+    kwargs: dict[str, Any],
+    new_ids: _sync.RowIds | None = None,
+) -> None:
+    """What :func:`_build_indexed` does to the index, without a pack: the index takes the
+    items of ``history`` it does not hold yet (a turn that extended the previous request
+    packs through its own index; the session's must still follow the rows, for the next
+    token window and snapshot). Caller holds the state's lock."""
+    state = setup.state
+    offset = facts.offset
+    state.begin_build(keep, facts.epoch)
+    try:
+        held = len(state.index)
+        if held >= offset:
+            state.index.extend(history[held - offset :])
+        _count_window(
+            setup, builder, history, offset, kwargs.get("output_reserve"), facts.opaque_scale
+        )
+    finally:
+        state.measure()
+    seen = facts.seen
+    added = None if seen is None else (seen.new_ids if new_ids is None else new_ids)
+    tag = None if seen is None else seen.tag
+    if state.end_build(facts.epoch, added, tag, offset + len(history)) and state.due(
+        setup.snapshot_min_items
+    ):
+        state.save_in_background()
+    if setup.shared_key is not None:
+        pool.account(setup.shared_key, state, setup.shared_index_bytes)
+
+
+def follow_rows(
+    setup: TurnSetup,
+    builder: Any,
+    history: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+) -> tuple[IndexMode, str | None]:
+    """The session's index after a turn that did not pack through it: extended by the
+    rows it does not hold, as :func:`build_turn` would have (its outcome for the report)."""
+    state = setup.state
+    if not setup.incremental or facts is None:
+        return "unused", "prefix"
+    with state.lock:
+        held = len(state.index)
+        decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+        if decision.use_index:
+            kept = min(decision.keep, held)
+            _extend_indexed(setup, builder, history, facts, decision.keep, kwargs)
+            return index_outcome(decision.code, True, held, kept)
+        if facts.offset and facts.count == len(history):
+            kept_at = setup.window_keep(facts)
+            if kept_at is None:
+                return "unused", "prefix"
+            _extend_indexed(setup, builder, history, facts, kept_at[0], kwargs, kept_at[1])
+            return index_outcome("compared", True, held, min(kept_at[0], held))
+    return "unused", "prefix"
+
+
 def _window_kept(setup: TurnSetup, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds]:
     """For a token window whose index changed after the read (caller holds the state's
     lock): how much of the index still holds and the ids of the window's rows after it.
@@ -431,6 +495,7 @@ def _stay(
     state = setup.state
     store = state.index.count_store
     failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    held = len(state.index)
     if memory is not None:
         with state.lock:
             kwargs = remembered(memory, kwargs, history, offset)
@@ -445,6 +510,7 @@ def _stay(
     plan = dataclasses.replace(plan, pack=_planner.in_history(plan.pack, last, history, offset))
     if builder.last_plan is packed:
         builder.last_plan = plan
+    index = follow_rows(setup, builder, history, facts, kwargs)
     context = _context_text(plan)
     shared = last.request_tokens if context == last.context else 0
     before = len(last.sent)
@@ -455,8 +521,8 @@ def _stay(
         plan,
         facts if facts is not None and facts.count == len(history) else None,
         len(history),
-        ("unused", "prefix"),
-        (len(state.index), 0),
+        index,
+        (held, held),
         failures,
     )
     step = _planner.TurnStep(
