@@ -564,9 +564,7 @@ def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
     return {
         "drop only": asyncio.run(_callback_replay(session, None, False, masking=None)),
         "Masking() newest first": asyncio.run(_callback_replay(session, None, False)),
-        "CachePolicy() (default)": asyncio.run(
-            _callback_replay(session, pp.CachePolicy(), False)
-        ),
+        "CachePolicy() (default)": asyncio.run(_callback_replay(session, pp.CachePolicy(), False)),
         "CachePolicy(keep_recent=3)": asyncio.run(
             _callback_replay(session, pp.CachePolicy(keep_recent=3), False)
         ),

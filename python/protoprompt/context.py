@@ -340,7 +340,7 @@ class TokenBudgetedContextBuilder:
         turn: int | None = None,
         summary: str | None = None,
         request: RequestCost | None = None,
-        masking: Masking | None | Literal["builder"] = "builder",
+        masking: Masking | Literal["builder"] | None = "builder",
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 

@@ -296,7 +296,7 @@ def turn_candidate(
     if last.end > total or (last.kept and last.kept[0] < offset):
         return None
     originals = [history[p - offset] for p in last.kept]
-    digests, same = _core.digests(originals, last.originals)
+    _, same = _core.digests(originals, last.originals)
     if same < len(originals):
         return None
     appended = history[last.end - offset :]

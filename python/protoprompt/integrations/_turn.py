@@ -560,8 +560,17 @@ def build_stable_turn(
             got = _planner.turn_candidate(last, history, offset)
             if got is not None:
                 plan = _stay(
-                    planner, last, got[0], setup, builder, history, new_input, facts, kwargs,
-                    memory, offset,
+                    planner,
+                    last,
+                    got[0],
+                    setup,
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    kwargs,
+                    memory,
+                    offset,
                 )
                 if plan is not None:
                     return plan, None
