@@ -398,13 +398,12 @@ def _sdk_history(budget: int) -> list[dict[str, Any]]:
     return items
 
 
-async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
+async def _sdk_session_run(budget: int, cache: Any, memory: bool = False) -> tuple[Tally, int]:
     """``SDK_TURNS`` runs through ``Runner.run`` with ``session.run_config`` (the offline
     scripted model); the requests the model received, tallied; and the moves."""
     from agents import Agent, Runner, function_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
 
-    import protoprompt as pp
     from protoprompt.integrations import ProtoPromptSession
 
     @function_tool
@@ -423,9 +422,7 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     agent = Agent(name="bench", model=model, tools=[lookup], instructions="Use the tool.")
     session = ProtoPromptSession("bench")
     await session.add_items(_sdk_history(budget))
-    builder = pp.TokenBudgetedContextBuilder(
-        None, max_tokens=budget, output_reserve=budget // 16, encoding=harness.ENCODING
-    )
+    builder = _memory_builder(budget, memory)
     plans: list[Any] = []
     plan_seconds: list[float] = []
     config = session.run_config(builder, cache=cache, on_call=plans.append, tracing_disabled=True)
@@ -441,6 +438,8 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     flt._plan = timed  # type: ignore[method-assign]
     for t in range(SDK_TURNS):
         await Runner.run(agent, f"run {t}: look it up", session=session, run_config=config)
+        if memory:
+            await builder.wait_for_background()
     tally = Tally()
     for call, seconds, plan in zip(model.calls, plan_seconds, plans, strict=True):
         # Pack time: the filter's own (the callback's turn plan is the same either way).
@@ -450,7 +449,7 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     return tally, moves
 
 
-def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
+def sdk_runs(budgets: tuple[int, ...] = BUDGETS, memory: bool = False) -> list[dict[str, Any]]:
     """Whole SDK runs at each budget, newest first (``cache=None``) and with
     ``pp.CachePolicy()`` on the session's per-call filter."""
     import asyncio
@@ -459,10 +458,11 @@ def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
 
     rows = []
     for budget in budgets:
-        newest, _ = asyncio.run(_sdk_session_run(budget, None))
-        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy()))
+        newest, _ = asyncio.run(_sdk_session_run(budget, None, memory))
+        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy(), memory))
         stable.moves = moves
-        rows.append({"mix": "sdk tool loop", "budget": budget, "newest": newest, "stable": stable})
+        label = "sdk tool loop" + (" (memory + recall)" if memory else "")
+        rows.append({"mix": label, "budget": budget, "newest": newest, "stable": stable})
     return rows
 
 
