@@ -398,13 +398,12 @@ def _sdk_history(budget: int) -> list[dict[str, Any]]:
     return items
 
 
-async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
+async def _sdk_session_run(budget: int, cache: Any, memory: bool = False) -> tuple[Tally, int]:
     """``SDK_TURNS`` runs through ``Runner.run`` with ``session.run_config`` (the offline
     scripted model); the requests the model received, tallied; and the moves."""
     from agents import Agent, Runner, function_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
 
-    import protoprompt as pp
     from protoprompt.integrations import ProtoPromptSession
 
     @function_tool
@@ -423,9 +422,7 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     agent = Agent(name="bench", model=model, tools=[lookup], instructions="Use the tool.")
     session = ProtoPromptSession("bench")
     await session.add_items(_sdk_history(budget))
-    builder = pp.TokenBudgetedContextBuilder(
-        None, max_tokens=budget, output_reserve=budget // 16, encoding=harness.ENCODING
-    )
+    builder = _memory_builder(budget, memory)
     plans: list[Any] = []
     plan_seconds: list[float] = []
     config = session.run_config(builder, cache=cache, on_call=plans.append, tracing_disabled=True)
@@ -441,6 +438,8 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     flt._plan = timed  # type: ignore[method-assign]
     for t in range(SDK_TURNS):
         await Runner.run(agent, f"run {t}: look it up", session=session, run_config=config)
+        if memory:
+            await builder.wait_for_background()
     tally = Tally()
     for call, seconds, plan in zip(model.calls, plan_seconds, plans, strict=True):
         # Pack time: the filter's own (the callback's turn plan is the same either way).
@@ -450,7 +449,7 @@ async def _sdk_session_run(budget: int, cache: Any) -> tuple[Tally, int]:
     return tally, moves
 
 
-def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
+def sdk_runs(budgets: tuple[int, ...] = BUDGETS, memory: bool = False) -> list[dict[str, Any]]:
     """Whole SDK runs at each budget, newest first (``cache=None``) and with
     ``pp.CachePolicy()`` on the session's per-call filter."""
     import asyncio
@@ -459,8 +458,114 @@ def sdk_runs(budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
 
     rows = []
     for budget in budgets:
-        newest, _ = asyncio.run(_sdk_session_run(budget, None))
-        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy()))
+        newest, _ = asyncio.run(_sdk_session_run(budget, None, memory))
+        stable, moves = asyncio.run(_sdk_session_run(budget, pp.CachePolicy(), memory))
         stable.moves = moves
-        rows.append({"mix": "sdk tool loop", "budget": budget, "newest": newest, "stable": stable})
+        label = "sdk tool loop" + (" (memory + recall)" if memory else "")
+        rows.append({"mix": label, "budget": budget, "newest": newest, "stable": stable})
     return rows
+
+
+# ----------------------------------------------------- the session callback (issue 34 #1, #6)
+
+SESSION_TURNS = 24
+"""Turns replayed through the session callback per mix and budget."""
+
+
+def _memory_builder(budget: int, memory: bool, **kw: Any) -> Any:
+    """The builder of a session run: without memory, or with a memory store, a scope and
+    ``recall_evicted=True`` (evicted turns indexed and recalled into the context message)."""
+    import protoprompt as pp
+
+    if not memory:
+        return pp.TokenBudgetedContextBuilder(
+            None, max_tokens=budget, output_reserve=budget // 16, encoding=harness.ENCODING, **kw
+        )
+    scope = pp.MemoryScope("bench", user="u")
+    store = pp.MemoryStore()
+    store.remember("The user prefers short answers with the numbers first.", scope=scope)
+    return pp.TokenBudgetedContextBuilder(
+        store,
+        max_tokens=budget,
+        output_reserve=budget // 16,
+        encoding=harness.ENCODING,
+        scope=scope,
+        recall_evicted=True,
+        **kw,
+    )
+
+
+async def _callback_replay(session: Session, cache: Any, memory: bool, **kw: Any) -> Tally:
+    """The session's turns through ``ProtoPromptSession.input_callback`` (called as the
+    runner calls it: the stored history and the turn's user message), the turn's items
+    stored after it; the requests tallied."""
+    from protoprompt.integrations import ProtoPromptSession
+
+    store = ProtoPromptSession(f"cb-{session.mix}")
+    await store.add_items(list(session.history))
+    builder = _memory_builder(session.budget, memory, **kw)
+    plans: list[Any] = []
+    callback = store.input_callback(
+        builder, system_prompt="You are a careful assistant.", cache=cache, on_plan=plans.append
+    )
+    tally = Tally()
+    for turn in session.turns:
+        new_input = turn[:1] if is_user(turn[0]) else []
+        history = await store.get_items()
+        t0 = time.perf_counter()
+        request = await callback(history, new_input)
+        seconds = time.perf_counter() - t0
+        tally.add(request, seconds, stayed=plans[-1].prefix == "stayed")
+        tally.moves += plans[-1].prefix == "moved"
+        await store.add_items(turn[len(new_input) :] if new_input else turn)
+        if memory:
+            await builder.wait_for_background()
+    store.close()
+    return tally
+
+
+def callback_runs(
+    mixes: tuple[str, ...] | None = None, budgets=BUDGETS, memory: bool = False
+) -> list[dict[str, Any]]:
+    """Every mix at each budget through the session callback, newest first (``cache=None``)
+    and with ``CachePolicy()`` (``run_config``'s default)."""
+    import asyncio
+
+    import protoprompt as pp
+    from history_gen import MIXES
+
+    rows = []
+    for budget in budgets:
+        for mix in mixes or MIXES:
+            session = make_session(mix, budget, turns=SESSION_TURNS)
+            newest = asyncio.run(_callback_replay(session, None, memory))
+            stable = asyncio.run(_callback_replay(session, pp.CachePolicy(), memory))
+            label = f"{mix} (callback{', memory + recall' if memory else ''})"
+            rows.append({"mix": label, "budget": budget, "newest": newest, "stable": stable})
+    return rows
+
+
+def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
+    """A long agentic session at ``share`` of its cost, through the session callback: drop
+    only (``masking=None``, newest first), the builder's ``Masking()`` newest first, and
+    ``run_config``'s default (``CachePolicy()``: a move masks every tool output older than
+    the newest turn before any turn is dropped), ``keep_recent=3``. User turns and tool
+    calls visible per request (summed over the turns)."""
+    import asyncio
+
+    import protoprompt as pp
+
+    items = generate(4_000, "agentic", 0)
+    all_turns = split_turns(items)
+    history = [i for t in all_turns[:-turns] for i in t]
+    cost = sum(item_tokens(i) for i in history)
+    budget = int(cost * share)
+    session = Session("agentic", budget, history, all_turns[-turns:])
+    return {
+        "drop only": asyncio.run(_callback_replay(session, None, False, masking=None)),
+        "Masking() newest first": asyncio.run(_callback_replay(session, None, False)),
+        "CachePolicy() (default)": asyncio.run(_callback_replay(session, pp.CachePolicy(), False)),
+        "CachePolicy(keep_recent=3)": asyncio.run(
+            _callback_replay(session, pp.CachePolicy(keep_recent=3), False)
+        ),
+    }

@@ -50,7 +50,9 @@ def test_the_demo_runs_offline_in_the_named_folder_and_its_inspect_command_works
     assert re.search(r"^    masked: \d+ units? \(\d+ tool outputs?\), \d+ tokens saved", out, re.M)
     assert re.search(r"^    dropped items: \d+ over_budget", out, re.M)
     assert re.search(r"^      profile kept .*\n      facts +kept .*\n      rag     kept", out, re.M)
-    assert re.search(r"^      history kept +\d+ tokens  history:", out, re.M)  # recalled turns
+    # Recalled turns in the context message (with the default cache policy the move at turn
+    # 4 evicts to the low-water mark, so turn 5 recalls the fee answer, cut to its room).
+    assert re.search(r"^      history (kept|truncated) +\d+ tokens  history:", out, re.M)
     # The last line is the inspect command, for the folder as the user named it.
     command = shlex.split(out.strip().splitlines()[-1])
     assert command[:3] == ["protoprompt", "inspect", "my demo/demo.db"]

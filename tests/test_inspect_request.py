@@ -110,6 +110,7 @@ async def first_call(
         output_reserve=reserve,
         on_call=calls.append,
         tracing_disabled=True,
+        cache=None,  # inspect shows the newest-first pack (no prefix state to extend)
     )
     await Runner.run(agent, question, session=session, run_config=config)
     session.close()

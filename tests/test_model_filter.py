@@ -172,7 +172,7 @@ async def test_every_call_of_a_thirty_step_loop_fits_and_keeps_its_newest_steps(
         agent,
         "look up thirty things",
         session=session,
-        run_config=run_config(session, builder),
+        run_config=run_config(session, builder, cache=None),  # newest first
         max_turns=40,
     )
     assert result.final_output == "all done"
@@ -1553,7 +1553,7 @@ async def test_a_fifty_step_loop_keeps_every_call_visible_while_its_masked_steps
     question = "look up fifty things"
     if mode == "session":
         session = ProtoPromptSession("fifty")
-        config = run_config(session, builder)
+        config = run_config(session, builder, cache=None)  # newest first (the cache: below)
         config.call_model_input_filter = _spying(config.call_model_input_filter, seen)
         result = await Runner.run(
             agent, question, session=session, run_config=config, max_turns=LOOP_STEPS + 5
@@ -1636,8 +1636,11 @@ async def test_the_callbacks_masked_copies_are_sent_as_they_are_and_never_stored
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=500)
     session = ProtoPromptSession("turns")
     callback_copies: list[Any] = []
-    config = run_config(
-        session, builder, on_plan=lambda plan: callback_copies.extend(plan.masked_items)
+    config = run_config(  # newest first: a cached run resends its own copies
+        session,
+        builder,
+        on_plan=lambda plan: callback_copies.extend(plan.masked_items),
+        cache=None,
     )
     seen: list[dict[str, Any]] = []
     config.call_model_input_filter = _spying(config.call_model_input_filter, seen)

@@ -319,7 +319,9 @@ async def test_a_call_that_masks_or_drops_earlier_steps_says_how_many(
     session = ProtoPromptSession("loop", str(tmp_path / "s.db"))
     calls: list[ModelCallPlan] = []
     builder = TokenBudgetedContextBuilder(None, max_tokens=900, model="gpt-5", masking=masking)
-    config = session.run_config(builder, agent=agent, on_call=calls.append, tracing_disabled=True)
+    config = session.run_config(  # newest first: each call masks or drops what is older
+        builder, agent=agent, on_call=calls.append, tracing_disabled=True, cache=None
+    )
     await Runner.run(agent, "look up four clauses", session=session, run_config=config)
     last = calls[-1]
     check_call(last, model.calls[-1])

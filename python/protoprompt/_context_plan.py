@@ -93,6 +93,18 @@ class ContextPlan:
     """For the plan of a model call made by the standalone per-call filter: where the run
     input and the newest step are in the items packed (``None``: a turn planned before its
     first model call, whose new input is the run input)."""
+    prefix: str | None = None
+    """For a session turn with a :class:`~protoprompt.CachePolicy` (``run_config``'s
+    default): ``"stayed"`` (the previous turn's request, its history byte for byte, then
+    what was stored since and the new input), ``"moved"`` (that did not fit: packed to the
+    low-water mark with older tool outputs masked) or ``"set"`` (no previous request to
+    extend); ``None``: packed newest first."""
+    prefix_reason: str = ""
+    """:attr:`prefix` in words (e.g. ``"the turn did not fit: cut moved from history[12]
+    to history[40], request 29,800 -> 22,100 (9 tool outputs masked)"``)."""
+    shared_tokens: int = 0
+    """Tokens this request repeats from the start of the previous turn's request (0 unless
+    it stayed behind an unchanged context message)."""
 
     @property
     def sections(self) -> RequestSections:

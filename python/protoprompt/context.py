@@ -54,6 +54,7 @@ from ._context_options import (
 from ._context_plan import ContextBlock, ContextPlan
 from ._context_query import latest_user_text
 from ._context_recall import Recall, without_repeats
+from ._pack_types import check_masking
 from .calibration import Calibration, CalibrationState
 from .memory import MemoryScope
 from .packing import (
@@ -341,6 +342,7 @@ class TokenBudgetedContextBuilder:
         turn: int | None = None,
         summary: str | None = None,
         request: RequestCost | None = None,
+        masking: Masking | Literal["builder"] | None = "builder",
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -377,6 +379,8 @@ class TokenBudgetedContextBuilder:
             request: the agent's instructions, tools and output schema in tokens (a
                 :class:`~protoprompt.plan.RequestCost`): reserved like ``context_tokens``
                 (in addition to it) and reported by section in the plan.
+            masking: overrides the builder's :attr:`masking` for this call (``"builder"``,
+                the default: the builder's).
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -397,6 +401,7 @@ class TokenBudgetedContextBuilder:
             raise TypeError(f"summary must be a str or None, got {type(summary).__name__}")
         if request is not None and not isinstance(request, RequestCost):
             raise TypeError(f"request must be a RequestCost or None, got {type(request).__name__}")
+        masking = self.masking if masking == "builder" else check_masking(masking)
         reserve = (
             self.output_reserve
             if output_reserve is None
@@ -424,7 +429,7 @@ class TokenBudgetedContextBuilder:
                 pool=pool,
                 history_offset=history_offset,
                 opaque_scale=opaque_scale,
-                masking=self.masking,
+                masking=masking,
                 request=request,
             )
 

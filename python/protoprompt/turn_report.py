@@ -66,6 +66,7 @@ INDEX_REASONS: dict[str, str] = {
     "not_the_read": "not the history the last read returned",
     "changed": "the index changed after the read",
     "read_failed": "the rows could not be read",
+    "prefix": "the previous request extended (cache-stable prefix), through its own index",
 }
 """Why a turn rebuilt its index from the whole history (``rebuilt``) or packed without it
 (``unused``)."""

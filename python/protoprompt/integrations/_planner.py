@@ -21,15 +21,19 @@ changed), and it is sent unchanged only when the core keeps every one of its uni
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from ..packing import HistoryIndex
+from .._pack_types import UnitDecision
+from ..packing import HistoryIndex, Masking
 
 if TYPE_CHECKING:
     from ..packing import PackResult
+    from ..prefix import CachePolicy
     from ._request import RequestExtras
 
 __all__ = [
@@ -37,6 +41,9 @@ __all__ = [
     "Observed",
     "RunPrefix",
     "Stable",
+    "TurnPlanner",
+    "TurnPrefix",
+    "TurnStep",
     "candidate",
     "kept_whole",
     "move",
@@ -321,3 +328,244 @@ def move(
         call, previous.cut, cut, previous.request_tokens, result.request_tokens, len(result.masked)
     )
     return prefix, 0, "moved", reason, key != previous.key
+
+
+# --------------------------------------------------------------------------- the callback
+
+
+@dataclass
+class TurnPrefix:
+    """The history part of the request a session callback sent last, as the next turn's
+    prefix: the items it sent (masked copies in place) and the history positions they
+    stand for."""
+
+    sent: list[Any]
+    """The history items the request sent, in order, as sent (masked copies included)."""
+    kept: list[int]
+    """The history position of each of :attr:`sent` (absolute: window offsets added)."""
+    end: int
+    """The history's length when the request was made (what follows is appended since)."""
+    originals: bytes
+    """Digests of the stored items at :attr:`kept` (the originals of masked copies)."""
+    masked: list[Any]
+    """The masked copies among :attr:`sent` (never to be stored)."""
+    request_tokens: int
+    context: str | None
+    """The context message the request started with, by content (``None``: none)."""
+    whole: dict[int, int] = field(default_factory=dict)
+    """Tokens of each masked unit whole, by its first history position (what masking
+    saves, reported again by every stay)."""
+    index: HistoryIndex = field(default_factory=HistoryIndex)
+    """The index of the candidates (:attr:`sent` plus what was appended)."""
+    digests: bytes = b""
+    """Digests of the items :attr:`index` holds."""
+
+    @property
+    def cut(self) -> int:
+        """The first history position sent (:attr:`end` when none is)."""
+        return self.kept[0] if self.kept else self.end
+
+
+@dataclass(frozen=True)
+class TurnStep:
+    """How a turn's request relates to the previous turn's (``ContextPlan.prefix``)."""
+
+    code: str
+    """``"stayed"`` (the previous request's history, byte for byte, then what was
+    appended), ``"moved"`` (it did not fit: packed to the low-water mark with older tool
+    outputs masked), ``"set"`` (the session's first request through the policy, or one
+    whose previous request no longer matches the history)."""
+    reason: str
+    shared_tokens: int
+    """Tokens of the previous request this one repeats from its start (0 unless stayed
+    behind the same context message)."""
+
+
+def turn_candidate(
+    last: TurnPrefix, history: list[Any], offset: int
+) -> tuple[list[Any], int] | None:
+    """The previous request's history plus what was stored since, and how many of its
+    items are appended; ``None`` when ``history`` (from position ``offset`` on) does not
+    hold the stored items that request sent, unchanged, or is shorter than it was."""
+    total = offset + len(history)
+    if last.end > total or (last.kept and last.kept[0] < offset):
+        return None
+    originals = [history[p - offset] for p in last.kept]
+    _, same = _core.digests(originals, last.originals)
+    if same < len(originals):
+        return None
+    appended = history[last.end - offset :]
+    return [*last.sent, *appended], len(appended)
+
+
+def sync_index(last: TurnPrefix, cand: list[Any]) -> None:
+    """Cut the candidates' index back to the first item of ``cand`` it has not seen."""
+    digests, same = _core.digests(cand, last.digests)
+    if same < len(last.index):
+        last.index.truncate(same)
+    last.digests = digests[: 16 * len(cand)]
+
+
+def sent_whole(result: PackResult, cand: list[Any]) -> bool:
+    """Whether the pack kept every item of the candidate history ``cand``, unchanged."""
+    sent = result.items
+    return (
+        len(result.kept_history) == len(cand)
+        and not result.masked
+        and all(a is b for a, b in zip(sent, cand, strict=False))
+    )
+
+
+def after_stay(
+    last: TurnPrefix, cand: list[Any], history: list[Any], offset: int, tokens: int
+) -> TurnPrefix:
+    """The prefix after a turn that sent ``cand`` whole: every appended item joins it."""
+    total = offset + len(history)
+    appended = history[last.end - offset :]
+    added, _ = _core.digests(appended, None)
+    last.sent = list(cand)
+    last.kept = [*last.kept, *range(last.end, total)]
+    last.originals = last.originals + added[: 16 * len(appended)]
+    last.end = total
+    last.request_tokens = tokens
+    return last
+
+
+def after_pack(
+    result: PackResult,
+    history: list[Any],
+    offset: int,
+    masked: list[Any],
+    context: str | None,
+) -> TurnPrefix:
+    """The prefix a turn packed from the stored history sets (``result.kept_history`` in
+    the positions of the whole history)."""
+    kept = list(result.kept_history)
+    originals, _ = _core.digests([history[p - offset] for p in kept], None)
+    whole = {}
+    if masked:
+        whole = {
+            d.positions[0]: d.tokens
+            for d in result.decisions
+            if d.decision == "masked" and d.tokens is not None
+        }
+    return TurnPrefix(
+        sent=list(result.items[: len(kept)]),
+        kept=kept,
+        end=offset + len(history),
+        originals=originals[: 16 * len(kept)],
+        masked=list(masked),
+        request_tokens=result.request_tokens,
+        context=context,
+        whole=whole,
+    )
+
+
+def turn_move_reason(old: TurnPrefix | None, new: TurnPrefix, before: int | None) -> str:
+    """Why the turn's cut moved, in words (positions in the stored history)."""
+    masked = len(new.masked)
+    where = "no history" if not new.kept else f"history[{new.cut:,}]"
+    if old is None or before is None:
+        return (
+            f"the session's history does not fit: cut set at {where}, request "
+            f"{new.request_tokens:,} tokens"
+            + (f" ({masked:,} tool outputs masked)" if masked else "")
+        )
+    was = "no history" if not old.kept else f"history[{old.cut:,}]"
+    return (
+        f"the turn did not fit: cut moved from {was} to {where}, request "
+        f"{before:,} -> {new.request_tokens:,}"
+        + (f" ({masked:,} tool outputs masked)" if masked else "")
+    )
+
+
+class TurnPlanner:
+    """The session callback's cache-stable prefix (one per callback): the request it sent
+    last, which the next turn extends while that fits (see ``_turn.build_stable_turn``)."""
+
+    def __init__(self, policy: CachePolicy) -> None:
+        self.policy = policy
+        self.last: TurnPrefix | None = None
+        self.lock = threading.Lock()
+        """Held for a whole turn: two turns of one callback at once plan one after the
+        other, each extending the other's request."""
+
+    def masking(self) -> Masking:
+        """What a move masks: every tool output older than the newest ``keep_recent``
+        turns, even where it would fit whole."""
+        p = self.policy
+        return Masking(excerpt_tokens=p.excerpt_tokens, after_turns=p.keep_recent)
+
+    def low_water_reserve(self, budget: int) -> int:
+        """Tokens a move reserves besides the request so that it packs to the mark."""
+        return budget - max(int(budget * self.policy.low_water), 1)
+
+
+def _kind(item: Any) -> str:
+    if isinstance(item, dict):
+        kind = item.get("type")
+        if isinstance(kind, str) and kind != "message":
+            return kind
+        role = item.get("role")
+        if role == "user":
+            return "user_message"
+        if isinstance(role, str):
+            return f"{role}_input_message"
+    return "item"
+
+
+def in_history(
+    result: PackResult,
+    last: TurnPrefix,
+    history: list[Any],
+    offset: int,
+) -> PackResult:
+    """A stay's pack (of the candidate: :attr:`TurnPrefix.sent` then what was appended) in
+    the positions of the stored history, as a pack of the history reads: the resent
+    masked copies as ``"masked"``, the history items the request does not send (before
+    the cut, or left out at an earlier move) as ``"over_budget"`` (``last`` is the prefix
+    before :func:`after_stay`)."""
+    n_sent = len(last.sent)
+    positions = [*last.kept, *range(last.end, offset + len(history))]
+    masked_ids = {id(x) for x in last.masked}
+    masked_at = {i for i in range(n_sent) if id(last.sent[i]) in masked_ids}
+    decisions: list[tuple[int, UnitDecision]] = []
+    saved = 0
+    for d in result.decisions:
+        code = d.decision
+        moved = [positions[p] for p in d.positions]
+        whole = d.tokens
+        if code == "kept" and any(p in masked_at for p in d.positions):
+            code = "masked"
+            whole = last.whole.get(moved[0])
+            if whole is not None and d.tokens is not None:
+                saved += whole - d.tokens
+        decisions.append(
+            (
+                moved[0],
+                UnitDecision(
+                    0,
+                    moved,
+                    list(d.kinds),
+                    code,
+                    whole,
+                    list(d.problems),
+                    d.tokens if code == "masked" else d.masked_tokens,
+                ),
+            )
+        )
+    sent = set(positions)
+    for p in range(offset, last.end):
+        if p not in sent:
+            item = history[p - offset]
+            decisions.append((p, UnitDecision(0, [p], [_kind(item)], "over_budget", None)))
+    decisions.sort(key=lambda x: x[0])
+    return dataclasses.replace(
+        result,
+        kept_history=[positions[p] for p in result.kept_history],
+        dependency=[positions[p] for p in result.dependency],
+        masked=sorted(positions[i] for i in masked_at),
+        masking_saved=saved,
+        decisions=[dataclasses.replace(d, unit=u) for u, (_, d) in enumerate(decisions)],
+        stop=None,
+    )

@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import TokenBudgetExceededError
 from ..packing import preload
-from . import _sdk
+from ..prefix import CachePolicy
+from . import _planner, _sdk
 from ._agent import agent_request, model_name
 from ._context import LAST_READ
 from ._oversized import turn_budget_error
 from ._probes import called_by_runner
 from ._request import RequestCosts
 from ._sdk import RunConfig
-from ._turn import build_turn
+from ._turn import build_stable_turn, build_turn
 from ._window import TURN_ATTR, Turn
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
     from ..memory import MemoryScope
-    from ..prefix import CachePolicy
     from ._context import ContextBook, RunLedger
     from ._evicted import SessionMemory
     from ._sdk import Agent
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 Item = Any
 """An input item as the SDK hands it over (a dict in practice)."""
 SessionInputCallback = Callable[[list[Item], list[Item]], Awaitable[list[Item]]]
+
+DEFAULT_CACHE = CachePolicy()
+"""``run_config``'s default cache policy (see ``docs/prompt-cache.md``)."""
 
 
 def _check_callback_args(builder: object, system_prompt: object, on_plan: object) -> None:
@@ -141,6 +144,7 @@ class RunHooks:
         scope: MemoryScope | None = None,
         on_plan: Callable[[ContextPlan], None] | None = None,
         agent: Agent[Any] | None = None,
+        cache: CachePolicy | None = None,
     ) -> SessionInputCallback:
         """A ``session_input_callback`` for ``RunConfig`` that budgets every request.
 
@@ -170,6 +174,9 @@ class RunHooks:
             TokenBudgetExceededError: the mandatory part of the request does not fit.
         """
         _check_callback_args(builder, system_prompt, on_plan)
+        if cache is not None and not isinstance(cache, CachePolicy):
+            raise TypeError(f"cache must be a CachePolicy or None, got {type(cache).__name__}")
+        planner = None if cache is None else _planner.TurnPlanner(cache)
         memory = self._session_memory(builder, scope)
         if agent is not None and not isinstance(agent, _sdk.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
@@ -195,16 +202,29 @@ class RunHooks:
                 call_kwargs = {**kwargs, "request": request}
             facts = read.facts if read is not None and read.session is self else None
             try:
-                plan, evicted = await asyncio.to_thread(
-                    build_turn,
-                    self._turn_setup(),
-                    builder,
-                    history,
-                    new_input,
-                    facts,
-                    call_kwargs,
-                    memory,
-                )
+                if planner is None:
+                    plan, evicted = await asyncio.to_thread(
+                        build_turn,
+                        self._turn_setup(),
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        call_kwargs,
+                        memory,
+                    )
+                else:
+                    plan, evicted = await asyncio.to_thread(
+                        build_stable_turn,
+                        planner,
+                        self._turn_setup(),
+                        builder,
+                        history,
+                        new_input,
+                        facts,
+                        call_kwargs,
+                        memory,
+                    )
             except TokenBudgetExceededError as exc:
                 # One line naming the part, raised here: not from the packer's frames.
                 raise turn_budget_error(exc, call_kwargs.get("request")) from None
@@ -280,7 +300,7 @@ class RunHooks:
         oversized_output: OversizedOutput = "error",
         on_call: Callable[[ModelCallPlan], None] | None = None,
         audit: BudgetAudit | None = None,
-        cache: CachePolicy | None = None,
+        cache: CachePolicy | None = DEFAULT_CACHE,
         **run_config_fields: Any,
     ) -> RunConfig:
         """A ``RunConfig`` with both budget hooks set: the one-liner for a budgeted agent.
@@ -317,7 +337,11 @@ class RunHooks:
                 call's plan (pass it as ``hooks=`` of ``Runner.run`` too, or call
                 ``audit.add_result(result)``, to pair each with the provider's count); with
                 ``builder.calibration`` set, the audit also teaches it.
-            cache: see :meth:`model_input_filter` (a run's model calls extend each other).
+            cache: the :class:`~protoprompt.CachePolicy` of both hooks (see
+                :meth:`input_callback` and :meth:`model_input_filter`): each turn's and each
+                model call's request extends the previous one while it fits, and moves once
+                to the low-water mark (older tool outputs masked) when it does not. Default
+                ``CachePolicy()`` (why: ``docs/prompt-cache.md``); ``None``: newest first.
 
         Raises:
             TypeError: ``run_config_fields`` set one of the two hooks, or an unknown field;
@@ -347,6 +371,7 @@ class RunHooks:
             scope=scope,
             on_plan=on_plan,
             agent=agent,
+            cache=cache,
         )
         if audit is not None:
             from .audit import BudgetAudit

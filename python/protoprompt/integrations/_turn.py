@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import ProtoPromptError
+from ..errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ..turn_report import (
     IndexMode,
     ReadMode,
@@ -22,7 +22,7 @@ from ..turn_report import (
     fallback_cost,
     index_outcome,
 )
-from . import _sync, pool
+from . import _planner, _sync, pool
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -154,6 +154,70 @@ def _build_indexed(
     if setup.shared_key is not None:
         pool.account(setup.shared_key, state, setup.shared_index_bytes)
     return plan
+
+
+def _extend_indexed(
+    setup: TurnSetup,
+    builder: Any,
+    history: list[Item],
+    facts: _sync.ReadFacts,
+    keep: int,
+    kwargs: dict[str, Any],
+    new_ids: _sync.RowIds | None = None,
+) -> None:
+    """What :func:`_build_indexed` does to the index, without a pack: the index takes the
+    items of ``history`` it does not hold yet (a turn that extended the previous request
+    packs through its own index; the session's must still follow the rows, for the next
+    token window and snapshot). Caller holds the state's lock."""
+    state = setup.state
+    offset = facts.offset
+    state.begin_build(keep, facts.epoch)
+    try:
+        held = len(state.index)
+        if held >= offset:
+            state.index.extend(history[held - offset :])
+        _count_window(
+            setup, builder, history, offset, kwargs.get("output_reserve"), facts.opaque_scale
+        )
+    finally:
+        state.measure()
+    seen = facts.seen
+    added = None if seen is None else (seen.new_ids if new_ids is None else new_ids)
+    tag = None if seen is None else seen.tag
+    if state.end_build(facts.epoch, added, tag, offset + len(history)) and state.due(
+        setup.snapshot_min_items
+    ):
+        state.save_in_background()
+    if setup.shared_key is not None:
+        pool.account(setup.shared_key, state, setup.shared_index_bytes)
+
+
+def follow_rows(
+    setup: TurnSetup,
+    builder: Any,
+    history: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+) -> tuple[IndexMode, str | None]:
+    """The session's index after a turn that did not pack through it: extended by the
+    rows it does not hold, as :func:`build_turn` would have (its outcome for the report)."""
+    state = setup.state
+    if not setup.incremental or facts is None:
+        return "unused", "prefix"
+    with state.lock:
+        held = len(state.index)
+        decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
+        if decision.use_index:
+            kept = min(decision.keep, held)
+            _extend_indexed(setup, builder, history, facts, decision.keep, kwargs)
+            return index_outcome(decision.code, True, held, kept)
+        if facts.offset and facts.count == len(history):
+            kept_at = setup.window_keep(facts)
+            if kept_at is None:
+                return "unused", "prefix"
+            _extend_indexed(setup, builder, history, facts, kept_at[0], kwargs, kept_at[1])
+            return index_outcome("compared", True, held, min(kept_at[0], held))
+    return "unused", "prefix"
 
 
 def _window_kept(setup: TurnSetup, facts: _sync.ReadFacts) -> tuple[int, _sync.RowIds]:
@@ -363,3 +427,189 @@ def log_fallback(setup: TurnSetup, report: TurnReport, plan: ContextPlan, new_it
         fast,
         line,
     )
+
+
+# ------------------------------------------------------------------ the cache-stable prefix
+
+
+def _context_text(plan: ContextPlan) -> str | None:
+    message = plan.context_message
+    return None if message is None else str(message.get("content"))
+
+
+def _fits_whole(plan: ContextPlan) -> bool:
+    """Whether a pack sent every history unit it could (nothing masked, nothing dropped
+    for room)."""
+    counts = plan.pack.decision_counts()
+    return not plan.pack.masked and not any(
+        counts.get(code) for code in ("masked", "over_budget", "turn_incomplete")
+    )
+
+
+def _stepped(
+    plan: ContextPlan, step: _planner.TurnStep, builder: Any, report: TurnReport | None = None
+) -> ContextPlan:
+    turned = dataclasses.replace(
+        plan,
+        turn=plan.turn if report is None else report,
+        prefix=step.code,
+        prefix_reason=step.reason,
+        shared_tokens=step.shared_tokens,
+    )
+    if builder.last_plan is plan:
+        builder.last_plan = turned
+    return turned
+
+
+def _without_mark(plan: ContextPlan, extra: int, builder: Any) -> ContextPlan:
+    """A move's plan without the tokens it reserved to pack to the low-water mark: what the
+    request uses of the whole budget."""
+    pack = plan.pack
+    pack = dataclasses.replace(
+        pack,
+        used=pack.used - extra,
+        remaining=pack.remaining + extra,
+        context_tokens=pack.context_tokens - extra,
+    )
+    unmarked = dataclasses.replace(plan, pack=pack, reserved_tokens=plan.reserved_tokens - extra)
+    if builder.last_plan is plan:
+        builder.last_plan = unmarked
+    return unmarked
+
+
+def _stay(
+    planner: _planner.TurnPlanner,
+    last: _planner.TurnPrefix,
+    cand: list[Item],
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None,
+    offset: int,
+) -> ContextPlan | None:
+    """The turn as the previous request plus what was stored since and the new input,
+    packed through the prefix's own index; ``None`` when it does not fit whole."""
+    state = setup.state
+    store = state.index.count_store
+    failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    held = len(state.index)
+    if memory is not None:
+        with state.lock:
+            kwargs = remembered(memory, kwargs, history, offset)
+    _planner.sync_index(last, cand)
+    try:
+        plan = builder.build(cand, new_input, index=last.index, masking=None, **kwargs)
+    except TokenBudgetExceededError:
+        return None
+    if not _planner.sent_whole(plan.pack, cand):
+        return None
+    packed = plan
+    plan = dataclasses.replace(plan, pack=_planner.in_history(plan.pack, last, history, offset))
+    if builder.last_plan is packed:
+        builder.last_plan = plan
+    index = follow_rows(setup, builder, history, facts, kwargs)
+    context = _context_text(plan)
+    shared = last.request_tokens if context == last.context else 0
+    before = len(last.sent)
+    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
+    last.context = context
+    report = turn_report(
+        setup,
+        plan,
+        facts if facts is not None and facts.count == len(history) else None,
+        len(history),
+        index,
+        (held, held),
+        failures,
+    )
+    step = _planner.TurnStep(
+        "stayed",
+        f"the turn extends the previous request ({before:,} history items as sent, "
+        f"{shared:,} tokens repeated)",
+        shared,
+    )
+    return _stepped(plan, step, builder, report)
+
+
+def build_stable_turn(
+    planner: _planner.TurnPlanner,
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None = None,
+) -> tuple[ContextPlan, Callable[[], None] | None]:
+    """:func:`build_turn` through the callback's cache-stable prefix (``planner``): the
+    previous turn's request plus what was stored since while that fits the budget (the cut
+    and the masked set stay); otherwise (or with no request to extend) the history is
+    packed as :func:`build_turn` does when it fits whole, else once to the policy's
+    low-water mark with every tool output older than its newest ``keep_recent`` turns
+    masked, so the turns after it extend that request. A stay's plan reads as a pack of the
+    stored history: the masked copies it sends again are ``"masked"`` (``plan.masked_items``,
+    never to be stored)."""
+    with planner.lock:
+        last = planner.last
+        read_all = facts is not None and facts.count == len(history)
+        offset = facts.offset if read_all and facts is not None else 0
+        if last is not None:
+            got = _planner.turn_candidate(last, history, offset)
+            if got is not None:
+                plan = _stay(
+                    planner,
+                    last,
+                    got[0],
+                    setup,
+                    builder,
+                    history,
+                    new_input,
+                    facts,
+                    kwargs,
+                    memory,
+                    offset,
+                )
+                if plan is not None:
+                    return plan, None
+            else:
+                last = None  # the history no longer holds it: set afresh
+        previous = last
+        if last is None:
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+            if _fits_whole(plan):
+                planner.last = _planner.after_pack(
+                    plan.pack, history, offset, [], _context_text(plan)
+                )
+                step = _planner.TurnStep(
+                    "set", "the session's history fits whole: every item sent", 0
+                )
+                return _stepped(plan, step, builder), evicted
+        moved = {
+            **kwargs,
+            "context_tokens": int(kwargs.get("context_tokens", 0))
+            + planner.low_water_reserve(int(builder.max_tokens)),
+            "masking": planner.masking(),
+        }
+        try:
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
+        except (TokenBudgetExceededError, InvalidItemError):
+            # The mandatory part needs more than the mark, or a window read cannot reach
+            # what the masked pack would keep: newest first at the whole budget.
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+            planner.last = None
+            step = _planner.TurnStep(
+                "set", "the low-water mark cannot be reached: packed newest first", 0
+            )
+            return _stepped(plan, step, builder), evicted
+        plan = _without_mark(plan, planner.low_water_reserve(int(builder.max_tokens)), builder)
+        new = _planner.after_pack(
+            plan.pack, history, offset, plan.masked_items, _context_text(plan)
+        )
+        before = None if previous is None else previous.request_tokens
+        reason = _planner.turn_move_reason(previous, new, before)
+        step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
+        planner.last = new
+        return _stepped(plan, step, builder), evicted

@@ -401,6 +401,8 @@ class ModelInputFilter:
             run.prefix = prefix
         if prefix is not None:
             cand, cstart = _planner.candidate(prefix, packed)
+            # The newest step where the SDK's list has it (none on a resumed first call).
+            cstart = max(cstart, cstart + step_start - prefix.source_len)
             placed = _planner.placed_pins(prefix, pinned)
             cpinned = [p for p in placed if p < cstart]
             prefix.sync(cand)

@@ -1,0 +1,206 @@
+"""The session callback's cache-stable prefix (issue 34 #1, #6, #8): each turn's request is
+the previous turn's (its history as sent, masked copies included) plus what was stored since
+while that fits; when it does not, the history is packed once to the policy's low-water mark
+with the older tool outputs masked, and the turns after it extend that request again.
+``run_config`` does this by default. Whole SDK runs with the SDK's ``ScriptedModel``, which
+records what each model call received."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+agents = pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from test_model_filter import assert_sendable, request_tokens  # noqa: E402
+
+import protoprompt as pp  # noqa: E402
+from protoprompt import TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt.context import ContextPlan  # noqa: E402
+from protoprompt.integrations import ModelCallPlan, ProtoPromptSession  # noqa: E402
+
+RESERVE = 300
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _extends(prev: list[Any], cur: list[Any]) -> bool:
+    """``cur`` starts with every item of ``prev``, byte for byte (as JSON)."""
+    return len(cur) >= len(prev) and all(_same(a, b) for a, b in zip(prev, cur, strict=False))
+
+
+def _sizes_tool(sizes: dict[str, int]) -> Any:
+    @function_tool
+    def fetch(q: str) -> str:
+        """Fetch something of a given size."""
+        return f"{q}: " + "data " * sizes[q]
+
+    return fetch
+
+
+def _script(runs: list[list[int]], sizes: dict[str, int], answer_words: int) -> list[Any]:
+    script: list[Any] = []
+    for r, steps in enumerate(runs):
+        for s, size in enumerate(steps):
+            sizes[f"{r}.{s}"] = size
+            script.append([function_call("fetch", {"q": f"{r}.{s}"}, call_id=f"c{r}_{s}")])
+        script.append([assistant_message(f"answer {r} " + "word " * answer_words, item_id=f"m{r}")])
+    return script
+
+
+async def _plain_history(runs: list[list[int]], answer_words: int) -> list[Any]:
+    """What a session without any hook stores for the same runs."""
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, answer_words))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    plain = ProtoPromptSession("plain")
+    for r in range(len(runs)):
+        await Runner.run(
+            agent, f"question {r}", session=plain, run_config=RunConfig(tracing_disabled=True)
+        )
+    return await plain.get_items()
+
+
+async def _callback_runs(
+    runs: list[list[int]], budget: int, cache: pp.CachePolicy | None, answer_words: int = 120
+) -> tuple[list[ContextPlan], ScriptedModel, list[Any]]:
+    """Runs through the session callback alone (one pack per run); its turn plans, the
+    model (what each call received) and the stored history."""
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, answer_words))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("turns")
+    turns: list[ContextPlan] = []
+    callback = session.input_callback(builder, on_plan=turns.append, cache=cache)
+    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    return turns, model, await session.get_items()
+
+
+async def test_the_callback_keeps_its_cut_while_the_request_fits() -> None:
+    """Turn after turn, the callback's request is the previous turn's plus what the run
+    stored and the new input, byte for byte, until it does not fit; then it moves once to
+    the low-water mark and the next turns extend that request. Newest first moves the cut
+    at every turn once the history overflows."""
+    runs = [[]] * 18
+    budget = 3_000
+    policy = pp.CachePolicy(low_water=0.6)
+    turns, model, stored = await _callback_runs(runs, budget, policy, answer_words=250)
+    requests = [list(c.input) for c in model.calls]
+    codes = [t.prefix for t in turns]
+    assert codes[0] == "set" and "moved" in codes and codes.count("stayed") >= 9, codes
+    for n in range(1, len(requests)):
+        assert request_tokens(model.calls[n]) + RESERVE <= budget, f"turn {n + 1}"
+        assert_sendable(requests[n])
+        if codes[n] == "stayed":
+            assert _extends(requests[n - 1], requests[n]), f"turn {n + 1}"
+            assert turns[n].shared_tokens == turns[n - 1].request_tokens > 0
+            assert "extends the previous request" in turns[n].prefix_reason
+        else:
+            assert codes[n] == "moved" and turns[n].shared_tokens == 0
+            assert "did not fit: cut moved from history[" in turns[n].prefix_reason
+            assert turns[n].used <= int(budget * 0.6)
+    # A stay's plan reads as a pack of the stored history.
+    stay = turns[codes.index("stayed", codes.index("moved"))]
+    assert stay.pack.dropped and all(p >= stay.pack.kept_history[0] for p in stay.pack.kept_history)
+    assert stay.turn is not None and stay.turn.index_reason in (None, "prefix")
+    assert stored == await _plain_history(runs, 250)
+    # Newest first: once the history overflows, no turn extends the previous request.
+    base_turns, base_model, _ = await _callback_runs(runs, budget, None, answer_words=250)
+    assert all(t.prefix is None for t in base_turns)
+    base = [list(c.input) for c in base_model.calls]
+    extended = sum(_extends(base[n - 1], base[n]) for n in range(1, len(base)))
+    cached = sum(_extends(requests[n - 1], requests[n]) for n in range(1, len(requests)))
+    assert cached >= extended + 5, (cached, extended)
+
+
+async def test_a_move_masks_older_tool_outputs_and_the_stays_resend_the_same_copies() -> None:
+    """Issue 34 #6: a move masks the tool outputs older than the newest ``keep_recent``
+    turns before it drops a turn; the turns after it send the same masked copies again,
+    byte for byte, and none of them is stored. Without masking (drop only) the same budget
+    shows fewer turns and calls."""
+    runs = [[300, 300]] * 10
+    budget = 4_000
+    turns, model, stored = await _callback_runs(runs, budget, pp.CachePolicy(), answer_words=10)
+    codes = [t.prefix for t in turns]
+    moved = codes.index("moved")
+    assert turns[moved].pack.masked and "tool outputs masked" in turns[moved].prefix_reason
+    copies = [x["output"] for x in turns[moved].masked_items]
+    assert all("masked by protoprompt" in c for c in copies)
+    after = moved + 1
+    assert codes[after] == "stayed"
+    resent = [x["output"] for x in turns[after].masked_items]
+    assert resent[: len(copies)] == copies and turns[after].pack.masked
+    assert _extends(list(model.calls[moved].input), list(model.calls[after].input))
+    assert not any("masked by protoprompt" in json.dumps(i) for i in stored)
+    assert stored == await _plain_history(runs, 10)
+
+
+def _visible(request: list[Any]) -> tuple[int, int]:
+    users = sum(1 for i in request if i.get("role") == "user")
+    calls = sum(1 for i in request if i.get("type") == "function_call")
+    return users, calls
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.integers(20, 700), min_size=0, max_size=4), min_size=2, max_size=7),
+    st.integers(2_500, 7_000),
+    st.integers(5, 200),
+)
+def test_consecutive_turns_share_their_prefix(
+    runs: list[list[int]], budget: int, answer_words: int
+) -> None:
+    """Issue 34 #8 over generated sessions and tool loops, whole SDK runs through
+    ``run_config``'s default (both hooks, ``CachePolicy()``): every request fits and is
+    sendable; a turn that kept its prefix sends the previous turn's request plus what was
+    stored since, byte for byte; a model call that kept it, the previous call's plus what
+    was appended; the stored history is what a session without hooks stores."""
+    asyncio.run(_default_runs(runs, budget, answer_words))
+
+
+async def _default_runs(runs: list[list[int]], budget: int, answer_words: int) -> None:
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, answer_words))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("prop")
+    turns: list[ContextPlan] = []
+    calls: list[ModelCallPlan] = []
+    config = session.run_config(
+        builder,
+        on_plan=turns.append,
+        on_call=calls.append,
+        oversized_output="truncate",
+        tracing_disabled=True,
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    received = [list(c.input) for c in model.calls]
+    assert len(calls) == len(received)
+    for n, call in enumerate(model.calls):
+        assert request_tokens(call) + RESERVE <= budget, f"call {n + 1}"
+        assert_sendable(received[n])
+        if n and calls[n].prefix == "stayed":
+            assert _extends(received[n - 1], received[n]), f"call {n + 1}"
+            event("call stayed")
+    assert all(t.prefix is not None for t in turns), "run_config's default policy"
+    for n in range(1, len(turns)):
+        assert turns[n].used <= budget
+        if turns[n].prefix == "stayed":
+            assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
+            event("turn stayed")
+        elif turns[n].prefix == "moved":
+            event("turn moved")
+    assert await session.get_items() == await _plain_history(runs, answer_words)
