@@ -58,10 +58,13 @@ from typing import Any, TypeVar
 
 from .. import _process
 from .._seams import redis_client, redis_keys, redis_readable
+from .._storage import redis_record
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
-from ._snapshots import SnapshotStore, binding
+from ._snapshots import KIND as SNAPSHOTS
+from ._snapshots import Snapshots, SnapshotStore
+from ._snapshots import text_of as _text
 from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
 
 T = TypeVar("T")
@@ -96,15 +99,6 @@ def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Uns
     if not hasattr(client, "pipeline") or not hasattr(client, "connection_pool"):
         return Unsupported("inner_session", "RedisSession over a client protoprompt cannot read")
     return RedisStore(inner, session_id)
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value if isinstance(value, str) else None
 
 
 class RedisStore:
@@ -152,7 +146,11 @@ class RedisStore:
                 b"protoprompt item key", key=server.secret, digest_size=16
             ).digest()
             self.key = (server.database_id, server.location, self._list, self._session_id)
-            self.snapshots = RedisSnapshots(server, self._list, self._session_id)
+            self.snapshots = Snapshots(
+                redis_record(server, SNAPSHOTS, self._list, self._session_id),
+                server.database_id,
+                tagged=True,
+            )
             self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
 
@@ -383,68 +381,6 @@ def _server_after_fork(server: _Server) -> None:
 
 
 _process.REDIS_SERVERS.handle(after_fork=_server_after_fork)
-
-
-class RedisSnapshots:
-    """The snapshot of one session: a hash ``{prefix}:{id}:protoprompt:snapshot`` (fields
-    ``ids``, ``data``, ``tag``) that expires with the session's list (never raises)."""
-
-    def __init__(self, server: _Server, list_key: str, session_id: str) -> None:
-        self._server = server
-        self.list_key = list_key
-        self.session_id = session_id
-        self.key = f"{list_key.removesuffix(':messages')}:protoprompt:snapshot"
-
-    def load(self) -> tuple[bytes, bytes, str | None] | None:
-        async def read() -> Any:
-            return await self._server.client.hmget(self.key, ["ids", "data", "tag"])
-
-        try:
-            ids, data, tag = self._server.run(read)
-        except Exception as exc:  # noqa: BLE001 - an unreadable snapshot is absent
-            _log.debug("protoprompt: snapshot of %r not read: %s", self.session_id, exc)
-            return None
-        if type(ids) is not bytes or type(data) is not bytes or _text(tag) is None:
-            return None
-        return ids, data, _text(tag)
-
-    def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
-        if tag is None:
-            return "the session has no generation tag yet"
-
-        async def write() -> None:
-            client = self._server.client
-            at = int(await client.pexpiretime(self.list_key))
-            if at == -2:
-                await client.delete(self.key)  # the history is gone: no snapshot of it
-                return
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.hset(self.key, mapping={"ids": row_ids, "data": data, "tag": tag})
-                if at > 0:
-                    pipe.pexpireat(self.key, at)
-                else:
-                    pipe.persist(self.key)
-                await pipe.execute()
-
-        try:
-            self._server.run(write)
-            return None
-        except Exception as exc:  # noqa: BLE001 - a lost snapshot only costs a full read
-            _log.debug("protoprompt: snapshot of %r not written: %s", self.session_id, exc)
-            return str(exc) or type(exc).__name__
-
-    def delete(self) -> None:
-        async def delete() -> None:
-            await self._server.client.delete(self.key)
-
-        try:
-            self._server.run(delete)
-        except Exception as exc:  # noqa: BLE001 - its items are gone: nothing of it is kept
-            _log.debug("protoprompt: snapshot of %r not deleted: %s", self.session_id, exc)
-
-    def binding(self, row_ids: bytes, tag: str | None) -> bytes:
-        assert self._server.database_id is not None
-        return binding(self._server.database_id, self.list_key, self.session_id, row_ids, tag)
 
 
 class RedisCounts:
