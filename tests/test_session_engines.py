@@ -23,6 +23,7 @@ from agents import Agent, RunConfig, Runner  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
 from conftest import lookup  # noqa: E402
+import protoprompt as pp  # noqa: E402
 from protoprompt import TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt.turn_report import TurnReport  # noqa: E402
 
@@ -611,3 +612,43 @@ async def test_a_forked_worker_uses_connections_of_its_own(session_engine: Any) 
     assert got == ["window on incremental", "window on incremental"], got
     report = await worker.turn(18)  # the parent's connections still work
     assert report.count_store == "on" and report.index == "incremental", report.lines()
+
+
+# ------------------------------------------------------------------ issue 34 #4: the prefix
+
+
+def _prefix_agent() -> tuple[Any, Any]:
+    model = ScriptedModel(
+        [
+            [function_call("lookup", {"name": "walrus"}, call_id="c1")],
+            [assistant_message("one", item_id="m1")],
+            [function_call("lookup", {"name": "otter"}, call_id="c2")],
+            [assistant_message("two", item_id="m2")],
+        ]
+    )
+    return model, Agent(name="a", model=model, tools=[lookup()], instructions="Use the tool.")
+
+
+async def _prefix_run(session: Any, agent: Any, text: str, plans: list[Any]) -> None:
+    builder = TokenBudgetedContextBuilder(None, max_tokens=20_000, output_reserve=500)
+    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    await Runner.run(agent, text, session=session, run_config=config)
+
+
+async def test_another_session_object_continues_the_stored_prefix(session_engine: Any) -> None:
+    """Issue 34 #4: the request a run sent last is stored beside the history, so a new
+    session object (another worker, a restarted process: a filter with nothing in memory)
+    resumes it: its first call repeats that request byte for byte."""
+    sid = session_engine.sid("prefix")
+    model, agent = _prefix_agent()
+    plans: list[Any] = []
+    first = session_engine.proto(sid)
+    await _prefix_run(first, agent, "question one", plans)
+    first.close()  # the latest request is stored before the object closes
+    second = session_engine.proto(sid)
+    await _prefix_run(second, agent, "question two", plans)
+    assert [p.prefix for p in plans] == ["set", "stayed", "stayed", "stayed"], plans
+    previous, resumed = model.calls[1].input, model.calls[2].input
+    assert resumed[: len(previous)] == previous
+    assert plans[2].shared_tokens > 0
+    assert "extends the previous request" in plans[2].prefix_reason

@@ -18,7 +18,8 @@ once over a :class:`~.records.Record`; only the engines know SQL from Redis.
 from __future__ import annotations
 
 from .dialect import POSTGRESQL, SQLITE, Dialect
-from .records import Kind, Record, RecordStore, redis_record, sql_record, sqlite_record
+from .engines import redis_record, sql_record, sqlite_record
+from .records import Kind, Record, RecordStore
 
 __all__ = [
     "POSTGRESQL",

@@ -13,9 +13,16 @@ from typing import Any
 
 from .._process import sqlite_gate
 from .dialect import SQLITE
-from .records import Kind
+from .records import Kind, Record
 
-__all__ = ["RedisRecord", "SQLRecord", "SQLiteRecord"]
+__all__ = [
+    "RedisRecord",
+    "SQLRecord",
+    "SQLiteRecord",
+    "redis_record",
+    "sql_record",
+    "sqlite_record",
+]
 
 _log = logging.getLogger("protoprompt")
 
@@ -256,3 +263,22 @@ class RedisRecord(_Base):
             self._server.run(delete)
         except Exception as exc:  # noqa: BLE001 - what it described is gone
             self._failed("deleted", exc)
+
+
+# ------------------------------------------------------------------ a session's record
+
+
+def sqlite_record(db_path: str, kind: Kind, table: str, session_id: str) -> Record:
+    """The record in a SQLite database file."""
+    return SQLiteRecord(db_path, kind, (table, session_id))
+
+
+def sql_record(server: Any, kind: Kind, table: str, session_id: str) -> Record:
+    """The record in a PostgreSQL database (``server``: its ``_Server``, whose tables hold
+    the kind's)."""
+    return SQLRecord(server, kind, (table, session_id))
+
+
+def redis_record(server: Any, kind: Kind, list_key: str, session_id: str) -> Record:
+    """The record of the session whose list is ``list_key``, expiring with it."""
+    return RedisRecord(server, kind, (list_key, session_id))

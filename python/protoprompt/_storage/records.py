@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from .dialect import Dialect, upsert
 
-__all__ = ["Field", "Kind", "Record", "RecordStore", "redis_record", "sql_record", "sqlite_record"]
+__all__ = ["Field", "Kind", "Record", "RecordStore"]
 
 KEYS = ("messages_table", "session_id")
 
@@ -123,25 +123,3 @@ class Record(Protocol):
 
 
 RecordStore = Record
-
-
-def sqlite_record(db_path: str, kind: Kind, table: str, session_id: str) -> Record:
-    """The record in a SQLite database file."""
-    from .engines import SQLiteRecord
-
-    return SQLiteRecord(db_path, kind, (table, session_id))
-
-
-def sql_record(server: Any, kind: Kind, table: str, session_id: str) -> Record:
-    """The record in a PostgreSQL database (``server``: its ``_Server``, whose tables hold
-    the kind's)."""
-    from .engines import SQLRecord
-
-    return SQLRecord(server, kind, (table, session_id))
-
-
-def redis_record(server: Any, kind: Kind, list_key: str, session_id: str) -> Record:
-    """The record of the session whose list is ``list_key``, expiring with it."""
-    from .engines import RedisRecord
-
-    return RedisRecord(server, kind, (list_key, session_id))

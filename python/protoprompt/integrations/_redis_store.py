@@ -62,6 +62,8 @@ from .._storage import redis_record
 from ..count_store import CountStore, RemoteCountStore
 from . import _sync, pool
 from ._io import io_loop
+from ._prefix_state import KIND as PREFIX
+from ._prefix_state import PrefixState
 from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore
 from ._snapshots import text_of as _text
@@ -115,6 +117,7 @@ class RedisStore:
         self._tag_key = f"{self._hash}:protoprompt:generation"
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
+        self.prefixes: PrefixState | None = None
         self.no_store = "not opened yet"
         self._count_store: CountStore | None = None
         # Until the database's secret is known: this process's own (keys then do not match
@@ -150,6 +153,9 @@ class RedisStore:
                 redis_record(server, SNAPSHOTS, self._list, self._session_id),
                 server.database_id,
                 tagged=True,
+            )
+            self.prefixes = PrefixState(
+                redis_record(server, PREFIX, self._list, self._session_id), server.database_id
             )
             self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
@@ -278,7 +284,8 @@ class RedisStore:
             _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
 
     def close(self) -> None:
-        return None
+        if self.prefixes is not None:
+            self.prefixes.wait(timeout=5.0)  # the latest request is stored first
 
 
 # ------------------------------------------------------------------ protoprompt's keys
