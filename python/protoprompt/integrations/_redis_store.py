@@ -59,11 +59,11 @@ from typing import Any, TypeVar
 from .. import _process
 from .._seams import redis_client, redis_keys, redis_readable
 from .._storage import redis_record
-from ..count_store import CountStore, RemoteCountStore
+from ..count_store import CountStore
 from . import _sync, pool
-from ._io import io_loop
 from ._prefix_state import KIND as PREFIX
 from ._prefix_state import PrefixState
+from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore
 from ._snapshots import text_of as _text
@@ -75,7 +75,6 @@ _log = logging.getLogger("protoprompt")
 
 SKIP = (json.JSONDecodeError, UnicodeDecodeError)
 """What ``RedisSession.get_items`` skips when it decodes an item."""
-_TIMEOUT = 5.0
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -310,84 +309,38 @@ def _location(client: Any) -> str:
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-class _Server:
-    """protoprompt's keys under one key prefix of one Redis database."""
+class _Server(Server):
+    """protoprompt's keys under one key prefix of one Redis database, through a client of
+    the I/O loop (see :func:`_clone`)."""
 
     def __init__(self, client: Any, prefix: str) -> None:
-        self._source = client
-        self._client: Any = None
-        self._generation = -1
-        self._inherited: list[Any] = []
-        self._make_lock = threading.Lock()
+        super().__init__(client, _location(client) + f" {prefix}")
         self.prefix = prefix
-        self.location = _location(client) + f" {prefix}"
-        self.meta_key = f"{prefix}:protoprompt:meta"
+        self.meta_key = self.meta_where = f"{prefix}:protoprompt:meta"
         self.counts_key = f"{prefix}:protoprompt:counts"
-        self.database_id: str | None = None
-        self.secret: bytes | None = None
-        self.count_store: RemoteCountStore | None = None
-        self._lock = threading.Lock()
 
-    @property
-    def client(self) -> Any:
-        """A client of protoprompt's I/O loop (see :func:`_clone`), made again in a forked
-        child (whose parent's connections are left alone)."""
-        generation = io_loop().generation
-        with self._make_lock:
-            if self._client is None or self._generation != generation:
-                if self._client is not None:
-                    self._inherited.append(self._client)
-                self._client = _clone(self._source)
-                self._generation = generation
-            return self._client
+    client = Server.connection
 
-    def run(self, make: Callable[[], Any]) -> Any:
-        return io_loop().run(make, _TIMEOUT)
+    def _make(self) -> Any:
+        return _clone(self._source)
 
-    def ready(self) -> None:
-        with self._lock:
-            if self.database_id is not None:
-                return
+    def _counts(self) -> Any:
+        return RedisCounts(self)
 
-            async def meta() -> list[Any]:
-                async with self.client.pipeline(transaction=True) as pipe:
-                    pipe.hsetnx(self.meta_key, "database_id", uuid.uuid4().hex)
-                    pipe.hsetnx(self.meta_key, "count_secret", secrets.token_hex(16))
-                    pipe.hmget(self.meta_key, ["database_id", "count_secret"])
-                    return list(await pipe.execute())
-
-            found = self.run(meta)[-1]
-            db_id, secret_hex = _text(found[0]), _text(found[1])
-            try:
-                secret = bytes.fromhex(secret_hex or "")
-            except ValueError:
-                secret = b""
-            if not db_id or len(secret) != 16:
-                raise ValueError(f"{self.meta_key} holds no database id or count secret")
-            self.secret = secret
-            self.count_store = RemoteCountStore(RedisCounts(self), secret, io_loop(), self.location)
-            self.database_id = db_id
+    async def _meta(self) -> tuple[str | None, str | None]:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.meta_key, "database_id", uuid.uuid4().hex)
+            pipe.hsetnx(self.meta_key, "count_secret", secrets.token_hex(16))
+            pipe.hmget(self.meta_key, ["database_id", "count_secret"])
+            found = list(await pipe.execute())[-1]
+        return _text(found[0]), _text(found[1])
 
 
 def _server(client: Any, prefix: str) -> _Server:
     pool_ = client.connection_pool
     kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
     key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
-    servers = _process.REDIS_SERVERS
-    with servers.lock:
-        server = servers.items.get(key)
-        if server is None:
-            server = servers.items[key] = _Server(client, prefix)
-        return server
-
-
-def _server_after_fork(server: _Server) -> None:
-    """A lock held at the fork belonged to a thread that is gone: new ones."""
-    server._lock = threading.Lock()
-    server._make_lock = threading.Lock()
-
-
-_process.REDIS_SERVERS.handle(after_fork=_server_after_fork)
+    return shared(_process.REDIS_SERVERS, key, _Server, client, prefix)
 
 
 class RedisCounts:

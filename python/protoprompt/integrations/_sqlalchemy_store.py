@@ -52,11 +52,11 @@ from .._seams import (
     sqlalchemy_table,
 )
 from .._storage import POSTGRESQL, sql_record, sqlite_record
-from ..count_store import CountStore, RemoteCountStore
+from ..count_store import CountStore
 from . import _sync, pool
-from ._io import io_loop
 from ._prefix_state import KIND as PREFIX
 from ._prefix_state import PrefixState
+from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore, SQLiteSnapshots
 from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
@@ -68,7 +68,6 @@ _log = logging.getLogger("protoprompt")
 SKIP = (json.JSONDecodeError,)
 """What ``SQLAlchemySession.get_items`` skips when it decodes a row."""
 
-_TIMEOUT = 5.0  # seconds protoprompt's own statements may take
 _LOCK_CLASS = 0x70705353  # advisory lock class of protoprompt's session tables ("ppSS")
 
 _SCHEMA = (
@@ -328,60 +327,28 @@ class SQLAlchemyStore:
 # ------------------------------------------------------------------ PostgreSQL tables
 
 
-class _Server:
+class _Server(Server):
     """protoprompt's tables in one PostgreSQL database, used through an engine of its own on
-    the I/O loop (one per database URL and process)."""
+    the I/O loop (one per database URL and process): the inner engine's pool recreated
+    (the same connection arguments, new connections)."""
 
     def __init__(self, engine: Any) -> None:
-        self.location = engine.url.render_as_string(hide_password=True)
-        self._source = engine
-        self._engine: Any = None
-        self._generation = -1
-        self._inherited: list[Any] = []
-        self._make_lock = threading.Lock()
-        self.database_id: str | None = None
-        self.secret: bytes | None = None
-        self.count_store: RemoteCountStore | None = None
-        self._lock = threading.Lock()
+        super().__init__(engine, engine.url.render_as_string(hide_password=True))
 
-    @property
-    def engine(self) -> Any:
-        """An engine of protoprompt's I/O loop: the inner engine's pool recreated (the same
-        connection arguments, new connections), made again in a forked child (whose
-        parent's connections are left alone)."""
+    engine = Server.connection
+
+    def _make(self) -> Any:
         from sqlalchemy.ext.asyncio import create_async_engine
 
-        generation = io_loop().generation
-        with self._make_lock:
-            if self._engine is None or self._generation != generation:
-                if self._engine is not None:
-                    self._inherited.append(self._engine)
-                pool = self._source.sync_engine.pool.recreate()
-                self._engine = create_async_engine(self._source.url, pool=pool)
-                self._generation = generation
-            return self._engine
+        pool = self._source.sync_engine.pool.recreate()
+        return create_async_engine(self._source.url, pool=pool)
 
-    def run(self, make: Callable[[], Any]) -> Any:
-        return io_loop().run(make, _TIMEOUT)
+    def _counts(self) -> Any:
+        return PostgresCounts(self)
 
-    def ready(self) -> None:
-        """Create the tables if missing and read the database's id and count secret."""
-        with self._lock:
-            if self.database_id is not None:
-                return
-            found: dict[str, str] = self.run(self._create)
-            db_id = found.get("database_id", "")
-            try:
-                secret = bytes.fromhex(found.get("count_secret", ""))
-            except ValueError:
-                secret = b""
-            if not db_id or len(secret) != 16:
-                raise ValueError("protoprompt_meta holds no database id or count secret")
-            self.secret = secret
-            self.count_store = RemoteCountStore(
-                PostgresCounts(self), secret, io_loop(), self.location
-            )
-            self.database_id = db_id
+    async def _meta(self) -> tuple[str | None, str | None]:
+        found = await self._create()
+        return found.get("database_id"), found.get("count_secret")
 
     def table_oid(self, table: str) -> int | None:
         """The oid of the table ``table`` names on the search path (``None``: none yet)."""
@@ -420,21 +387,7 @@ class _Server:
 
 def _server(engine: Any) -> _Server:
     key = engine.url.render_as_string(hide_password=False)
-    servers = _process.SQL_SERVERS
-    with servers.lock:
-        server = servers.items.get(key)
-        if server is None:
-            server = servers.items[key] = _Server(engine)
-        return server
-
-
-def _server_after_fork(server: _Server) -> None:
-    """A lock held at the fork belonged to a thread that is gone: new ones."""
-    server._lock = threading.Lock()
-    server._make_lock = threading.Lock()
-
-
-_process.SQL_SERVERS.handle(after_fork=_server_after_fork)
+    return shared(_process.SQL_SERVERS, key, _Server, engine)
 
 
 class PostgresCounts:
