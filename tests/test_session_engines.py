@@ -748,3 +748,16 @@ def test_compare_and_set_keeps_a_newer_record(tmp_path: Path) -> None:
     assert two.swap(1, {"version": 2, "data": b"two"}) is True
     assert one.swap(1, {"version": 3, "data": b"three"}) is False  # one read an older one
     assert one.load() == {"version": 2, "data": b"two"}
+
+
+async def test_clearing_the_session_removes_its_stored_prefix(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    session = ProtoPromptSession("c", db)
+    await _prefix_run(session, _prefix_agent()[1], "question one", [])
+    session.close()
+    assert _prefix_row(db, "c")
+    session = ProtoPromptSession("c", db)
+    await session.clear_session()
+    session.close()
+    with sqlite3.connect(db) as conn:
+        assert not conn.execute("SELECT * FROM protoprompt_prefix_state").fetchall()
