@@ -11,8 +11,13 @@ scripts/services.sh (conftest.py: ``session_engine``).
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
+import zlib
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +28,9 @@ from agents import Agent, RunConfig, Runner  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
 from conftest import lookup  # noqa: E402
+import protoprompt as pp  # noqa: E402
 from protoprompt import TokenBudgetedContextBuilder  # noqa: E402
+from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.turn_report import TurnReport  # noqa: E402
 
 SYSTEM = "Be brief."
@@ -611,3 +618,146 @@ async def test_a_forked_worker_uses_connections_of_its_own(session_engine: Any) 
     assert got == ["window on incremental", "window on incremental"], got
     report = await worker.turn(18)  # the parent's connections still work
     assert report.count_store == "on" and report.index == "incremental", report.lines()
+
+
+# ------------------------------------------------------------------ issue 34 #4: the prefix
+
+
+def _prefix_agent() -> tuple[Any, Any]:
+    model = ScriptedModel(
+        [
+            [function_call("lookup", {"name": "walrus"}, call_id="c1")],
+            [assistant_message("one", item_id="m1")],
+            [function_call("lookup", {"name": "otter"}, call_id="c2")],
+            [assistant_message("two", item_id="m2")],
+        ]
+    )
+    return model, Agent(name="a", model=model, tools=[lookup()], instructions="Use the tool.")
+
+
+async def _prefix_run(session: Any, agent: Any, text: str, plans: list[Any]) -> None:
+    builder = TokenBudgetedContextBuilder(None, max_tokens=20_000, output_reserve=500)
+    config = session.run_config(builder, cache=pp.CachePolicy(), on_call=plans.append)
+    await Runner.run(agent, text, session=session, run_config=config)
+
+
+async def test_another_session_object_continues_the_stored_prefix(session_engine: Any) -> None:
+    """Issue 34 #4: the request a run sent last is stored beside the history, so a new
+    session object (another worker, a restarted process: a filter with nothing in memory)
+    resumes it: its first call repeats that request byte for byte."""
+    sid = session_engine.sid("prefix")
+    model, agent = _prefix_agent()
+    plans: list[Any] = []
+    first = session_engine.proto(sid)
+    await _prefix_run(first, agent, "question one", plans)
+    first.close()  # the latest request is stored before the object closes
+    second = session_engine.proto(sid)
+    await _prefix_run(second, agent, "question two", plans)
+    assert [p.prefix for p in plans] == ["set", "stayed", "stayed", "stayed"], plans
+    previous, resumed = model.calls[1].input, model.calls[2].input
+    assert resumed[: len(previous)] == previous
+    assert plans[2].shared_tokens > 0
+    assert "extends the previous request" in plans[2].prefix_reason
+
+
+def _first_run_in_a_subprocess(db: str, sid: str) -> None:
+    code = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from protoprompt.integrations import ProtoPromptSession\n"
+        "import test_session_engines as t\n"
+        "model, agent = t._prefix_agent()\n"
+        f"session = ProtoPromptSession({sid!r}, {db!r})\n"
+        "asyncio.run(t._prefix_run(session, agent, 'question one', []))\n"
+    )  # no close(): the exit hook writes the stored request
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+async def test_a_restarted_process_continues_the_prefix(tmp_path: Path) -> None:
+    """Issue 34 #4 across processes: a run in another process (exiting without closing
+    its session), then a run here on the same database resumes its last request."""
+    db, sid = str(tmp_path / "s.db"), "restart"
+    _first_run_in_a_subprocess(db, sid)
+    _, agent = _prefix_agent()
+    plans: list[Any] = []
+    session = ProtoPromptSession(sid, db)
+    await _prefix_run(session, agent, "question two", plans)
+    assert plans[0].prefix == "stayed" and plans[0].shared_tokens > 0, plans[0].prefix_reason
+    session.close()
+
+
+def _prefix_row(db: str, sid: str) -> tuple[int, bytes]:
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT version, data FROM protoprompt_prefix_state WHERE session_id = ?", (sid,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), bytes(row[1])
+
+
+def _set_prefix_row(db: str, sid: str, data: bytes) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE protoprompt_prefix_state SET data = ? WHERE session_id = ?", (data, sid)
+        )
+
+
+def _other_format(data: bytes) -> bytes:
+    found = json.loads(zlib.decompress(data))
+    found["format"] = "protoprompt prefix state 0"
+    return zlib.compress(json.dumps(found).encode())
+
+
+@pytest.mark.parametrize("spoil", ["foreign", "damaged", "other_format"])
+async def test_a_foreign_damaged_or_stale_stored_prefix_is_ignored(
+    tmp_path: Path, spoil: str
+) -> None:
+    """A stored request taken from another session (same items, other binding), damaged
+    bytes, or another format: the next run starts a new prefix instead of failing, and
+    its own request replaces the spoiled one (the run after resumes it)."""
+    db = str(tmp_path / "s.db")
+    for sid in ("a", "b"):
+        model, agent = _prefix_agent()
+        session = ProtoPromptSession(sid, db)
+        await _prefix_run(session, agent, "question one", [])
+        session.close()
+    _, data_a = _prefix_row(db, "a")
+    _, data_b = _prefix_row(db, "b")
+    spoiled = {"foreign": data_a, "damaged": b"\x00garbage", "other_format": _other_format(data_b)}
+    _set_prefix_row(db, "b", spoiled[spoil])
+    plans: list[Any] = []
+    for text in ("question two", "question three"):
+        model, agent = _prefix_agent()
+        session = ProtoPromptSession("b", db)
+        await _prefix_run(session, agent, text, plans)
+        session.close()
+    assert plans[0].prefix == "set", plans[0].prefix_reason
+    assert plans[2].prefix == "stayed" and plans[2].shared_tokens > 0
+
+
+def test_compare_and_set_keeps_a_newer_record(tmp_path: Path) -> None:
+    """Two workers' records of one session: a write on an older version never replaces
+    the newer one (the stored prefix between workers)."""
+    from protoprompt._storage import sqlite_record
+    from protoprompt.integrations._prefix_state import KIND
+
+    db = str(tmp_path / "s.db")
+    one, two = (sqlite_record(db, KIND, "messages", "s") for _ in range(2))
+    assert one.swap(None, {"version": 1, "data": b"one"}) is True
+    assert two.swap(None, {"version": 2, "data": b"two"}) is False  # one's is stored
+    assert two.swap(1, {"version": 2, "data": b"two"}) is True
+    assert one.swap(1, {"version": 3, "data": b"three"}) is False  # one read an older one
+    assert one.load() == {"version": 2, "data": b"two"}
+
+
+async def test_clearing_the_session_removes_its_stored_prefix(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    session = ProtoPromptSession("c", db)
+    await _prefix_run(session, _prefix_agent()[1], "question one", [])
+    session.close()
+    assert _prefix_row(db, "c")
+    session = ProtoPromptSession("c", db)
+    await session.clear_session()
+    session.close()
+    with sqlite3.connect(db) as conn:
+        assert not conn.execute("SELECT * FROM protoprompt_prefix_state").fetchall()

@@ -36,6 +36,7 @@ __all__ = [
     "INHERITED",
     "IO_LOOPS",
     "POSTGRES_MEMORY_STORES",
+    "PREFIX_STATES",
     "RECALL_LEDGERS",
     "RECALL_WORKERS",
     "REDIS_SERVERS",
@@ -200,6 +201,9 @@ ROW_READERS: Tracked[Any] = Tracked()
 INDEX_STATES: Tracked[Any] = Tracked()
 """Every session ``IndexState``: a snapshot write in flight finishes at exit
 (``integrations._snapshots``)."""
+PREFIX_STATES: Tracked[Any] = Tracked()
+"""Every stored session's prefix record: a write in flight finishes at exit
+(``integrations._prefix_state``)."""
 SHARED_INDEXES: Registry[Any, Any] = Registry()
 """The index pool: one ``IndexState`` per stored session, most recently used last
 (``integrations.pool``)."""

@@ -58,10 +58,15 @@ from typing import Any, TypeVar
 
 from .. import _process
 from .._seams import redis_client, redis_keys, redis_readable
-from ..count_store import CountStore, RemoteCountStore
+from .._storage import redis_record
+from ..count_store import CountStore
 from . import _sync, pool
-from ._io import io_loop
-from ._snapshots import SnapshotStore, binding
+from ._prefix_state import KIND as PREFIX
+from ._prefix_state import PrefixState
+from ._servers import Server, shared
+from ._snapshots import KIND as SNAPSHOTS
+from ._snapshots import Snapshots, SnapshotStore
+from ._snapshots import text_of as _text
 from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
 
 T = TypeVar("T")
@@ -70,7 +75,6 @@ _log = logging.getLogger("protoprompt")
 
 SKIP = (json.JSONDecodeError, UnicodeDecodeError)
 """What ``RedisSession.get_items`` skips when it decodes an item."""
-_TIMEOUT = 5.0
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -98,15 +102,6 @@ def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Uns
     return RedisStore(inner, session_id)
 
 
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return value if isinstance(value, str) else None
-
-
 class RedisStore:
     """See the module note."""
 
@@ -121,6 +116,7 @@ class RedisStore:
         self._tag_key = f"{self._hash}:protoprompt:generation"
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
+        self.prefixes: PrefixState | None = None
         self.no_store = "not opened yet"
         self._count_store: CountStore | None = None
         # Until the database's secret is known: this process's own (keys then do not match
@@ -152,7 +148,14 @@ class RedisStore:
                 b"protoprompt item key", key=server.secret, digest_size=16
             ).digest()
             self.key = (server.database_id, server.location, self._list, self._session_id)
-            self.snapshots = RedisSnapshots(server, self._list, self._session_id)
+            self.snapshots = Snapshots(
+                redis_record(server, SNAPSHOTS, self._list, self._session_id),
+                server.database_id,
+                tagged=True,
+            )
+            self.prefixes = PrefixState(
+                redis_record(server, PREFIX, self._list, self._session_id), server.database_id
+            )
             self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
 
@@ -280,7 +283,8 @@ class RedisStore:
             _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
 
     def close(self) -> None:
-        return None
+        if self.prefixes is not None:
+            self.prefixes.wait(timeout=5.0)  # the latest request is stored first
 
 
 # ------------------------------------------------------------------ protoprompt's keys
@@ -305,146 +309,38 @@ def _location(client: Any) -> str:
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-class _Server:
-    """protoprompt's keys under one key prefix of one Redis database."""
+class _Server(Server):
+    """protoprompt's keys under one key prefix of one Redis database, through a client of
+    the I/O loop (see :func:`_clone`)."""
 
     def __init__(self, client: Any, prefix: str) -> None:
-        self._source = client
-        self._client: Any = None
-        self._generation = -1
-        self._inherited: list[Any] = []
-        self._make_lock = threading.Lock()
+        super().__init__(client, _location(client) + f" {prefix}")
         self.prefix = prefix
-        self.location = _location(client) + f" {prefix}"
-        self.meta_key = f"{prefix}:protoprompt:meta"
+        self.meta_key = self.meta_where = f"{prefix}:protoprompt:meta"
         self.counts_key = f"{prefix}:protoprompt:counts"
-        self.database_id: str | None = None
-        self.secret: bytes | None = None
-        self.count_store: RemoteCountStore | None = None
-        self._lock = threading.Lock()
 
-    @property
-    def client(self) -> Any:
-        """A client of protoprompt's I/O loop (see :func:`_clone`), made again in a forked
-        child (whose parent's connections are left alone)."""
-        generation = io_loop().generation
-        with self._make_lock:
-            if self._client is None or self._generation != generation:
-                if self._client is not None:
-                    self._inherited.append(self._client)
-                self._client = _clone(self._source)
-                self._generation = generation
-            return self._client
+    client = Server.connection
 
-    def run(self, make: Callable[[], Any]) -> Any:
-        return io_loop().run(make, _TIMEOUT)
+    def _make(self) -> Any:
+        return _clone(self._source)
 
-    def ready(self) -> None:
-        with self._lock:
-            if self.database_id is not None:
-                return
+    def _counts(self) -> Any:
+        return RedisCounts(self)
 
-            async def meta() -> list[Any]:
-                async with self.client.pipeline(transaction=True) as pipe:
-                    pipe.hsetnx(self.meta_key, "database_id", uuid.uuid4().hex)
-                    pipe.hsetnx(self.meta_key, "count_secret", secrets.token_hex(16))
-                    pipe.hmget(self.meta_key, ["database_id", "count_secret"])
-                    return list(await pipe.execute())
-
-            found = self.run(meta)[-1]
-            db_id, secret_hex = _text(found[0]), _text(found[1])
-            try:
-                secret = bytes.fromhex(secret_hex or "")
-            except ValueError:
-                secret = b""
-            if not db_id or len(secret) != 16:
-                raise ValueError(f"{self.meta_key} holds no database id or count secret")
-            self.secret = secret
-            self.count_store = RemoteCountStore(RedisCounts(self), secret, io_loop(), self.location)
-            self.database_id = db_id
+    async def _meta(self) -> tuple[str | None, str | None]:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.meta_key, "database_id", uuid.uuid4().hex)
+            pipe.hsetnx(self.meta_key, "count_secret", secrets.token_hex(16))
+            pipe.hmget(self.meta_key, ["database_id", "count_secret"])
+            found = list(await pipe.execute())[-1]
+        return _text(found[0]), _text(found[1])
 
 
 def _server(client: Any, prefix: str) -> _Server:
     pool_ = client.connection_pool
     kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
     key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
-    servers = _process.REDIS_SERVERS
-    with servers.lock:
-        server = servers.items.get(key)
-        if server is None:
-            server = servers.items[key] = _Server(client, prefix)
-        return server
-
-
-def _server_after_fork(server: _Server) -> None:
-    """A lock held at the fork belonged to a thread that is gone: new ones."""
-    server._lock = threading.Lock()
-    server._make_lock = threading.Lock()
-
-
-_process.REDIS_SERVERS.handle(after_fork=_server_after_fork)
-
-
-class RedisSnapshots:
-    """The snapshot of one session: a hash ``{prefix}:{id}:protoprompt:snapshot`` (fields
-    ``ids``, ``data``, ``tag``) that expires with the session's list (never raises)."""
-
-    def __init__(self, server: _Server, list_key: str, session_id: str) -> None:
-        self._server = server
-        self.list_key = list_key
-        self.session_id = session_id
-        self.key = f"{list_key.removesuffix(':messages')}:protoprompt:snapshot"
-
-    def load(self) -> tuple[bytes, bytes, str | None] | None:
-        async def read() -> Any:
-            return await self._server.client.hmget(self.key, ["ids", "data", "tag"])
-
-        try:
-            ids, data, tag = self._server.run(read)
-        except Exception as exc:  # noqa: BLE001 - an unreadable snapshot is absent
-            _log.debug("protoprompt: snapshot of %r not read: %s", self.session_id, exc)
-            return None
-        if type(ids) is not bytes or type(data) is not bytes or _text(tag) is None:
-            return None
-        return ids, data, _text(tag)
-
-    def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
-        if tag is None:
-            return "the session has no generation tag yet"
-
-        async def write() -> None:
-            client = self._server.client
-            at = int(await client.pexpiretime(self.list_key))
-            if at == -2:
-                await client.delete(self.key)  # the history is gone: no snapshot of it
-                return
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.hset(self.key, mapping={"ids": row_ids, "data": data, "tag": tag})
-                if at > 0:
-                    pipe.pexpireat(self.key, at)
-                else:
-                    pipe.persist(self.key)
-                await pipe.execute()
-
-        try:
-            self._server.run(write)
-            return None
-        except Exception as exc:  # noqa: BLE001 - a lost snapshot only costs a full read
-            _log.debug("protoprompt: snapshot of %r not written: %s", self.session_id, exc)
-            return str(exc) or type(exc).__name__
-
-    def delete(self) -> None:
-        async def delete() -> None:
-            await self._server.client.delete(self.key)
-
-        try:
-            self._server.run(delete)
-        except Exception as exc:  # noqa: BLE001 - its items are gone: nothing of it is kept
-            _log.debug("protoprompt: snapshot of %r not deleted: %s", self.session_id, exc)
-
-    def binding(self, row_ids: bytes, tag: str | None) -> bytes:
-        assert self._server.database_id is not None
-        return binding(self._server.database_id, self.list_key, self.session_id, row_ids, tag)
+    return shared(_process.REDIS_SERVERS, key, _Server, client, prefix)
 
 
 class RedisCounts:

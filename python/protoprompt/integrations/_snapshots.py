@@ -19,34 +19,30 @@ failed turn.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import sqlite3
 import sys
 import threading
 from array import array
 from typing import Protocol
 
 from .. import _process
-from .._process import sqlite_gate
+from .._storage import Kind, Record, sqlite_record
+from .._storage.records import Field
 from ..errors import SnapshotError
 from ..packing import HistoryIndex
 from . import _sync
 
 _log = logging.getLogger("protoprompt")
 
-TABLE = "protoprompt_index_snapshots"
-_COLUMNS = ["messages_table", "session_id", "row_ids", "data"]
-_CREATE = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} (messages_table TEXT NOT NULL, "
-    "session_id TEXT NOT NULL, row_ids BLOB NOT NULL, data BLOB NOT NULL, "
-    "PRIMARY KEY (messages_table, session_id))"
+KIND = Kind(
+    "protoprompt_index_snapshots",
+    "snapshot",
+    (Field("row_ids", "blob", redis="ids"), Field("data", "blob"), Field("tag", "text", sql=False)),
 )
-
-
-def _connect(db_path: str) -> sqlite3.Connection:
-    return sqlite3.connect(db_path, timeout=5.0, check_same_thread=False)
+"""Where snapshots are kept: table ``protoprompt_index_snapshots`` (``messages_table``,
+``session_id``, ``row_ids``, ``data``); in Redis the hash ``{session}:protoprompt:snapshot``
+(``ids``, ``data`` and the generation tag ``tag``)."""
 
 
 def binding(
@@ -83,56 +79,14 @@ def ids_from_bytes(data: bytes) -> array[int] | None:
     return ids
 
 
-def load(db_path: str, table: str, session_id: str) -> tuple[bytes, bytes] | None:
-    """``(row_ids, data)`` of the session's snapshot, or ``None``."""
-    try:
-        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn:
-            row = conn.execute(
-                f"SELECT row_ids, data FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
-                (table, session_id),
-            ).fetchone()
-    except sqlite3.Error:
-        return None  # no table yet (or one of an earlier layout), or an unreadable database
-    if row is None or type(row[0]) is not bytes or type(row[1]) is not bytes:
-        return None
-    return row[0], row[1]
-
-
-def _ensure_table(conn: sqlite3.Connection) -> None:
-    """Create the table, replacing one of an earlier layout (whose snapshots no version
-    that reads this layout can load)."""
-    columns = [row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")]
-    if columns and columns != _COLUMNS:
-        conn.execute(f"DROP TABLE {TABLE}")
-    conn.execute(_CREATE)
-
-
-def save(db_path: str, table: str, session_id: str, row_ids: bytes, data: bytes) -> str | None:
-    """Replace the session's snapshot; why it could not be written, or ``None``."""
-    try:
-        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
-            _ensure_table(conn)
-            conn.execute(
-                f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?)",
-                (table, session_id, row_ids, data),
-            )
-        return None
-    except sqlite3.Error as exc:
-        _log.debug("protoprompt: index snapshot of %r not written: %s", session_id, exc)
-        return str(exc) or type(exc).__name__
-
-
-def delete(db_path: str, table: str, session_id: str) -> None:
-    """Remove the session's snapshot (after ``clear_session``), if there is one."""
-    try:
-        with sqlite_gate(), contextlib.closing(_connect(db_path)) as conn, conn:
-            conn.execute(
-                f"DELETE FROM {TABLE} WHERE messages_table = ? AND session_id = ?",
-                (table, session_id),
-            )
-    except sqlite3.Error:
-        pass  # no table: nothing to delete; a locked database keeps a snapshot whose rows
-        # are gone, of which the row comparison then keeps nothing
+def text_of(value: object) -> str | None:
+    """A text value as an engine returns it (Redis: bytes), or ``None``."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
 
 
 class SnapshotStore(Protocol):
@@ -156,27 +110,42 @@ class SnapshotStore(Protocol):
         ...
 
 
-class SQLiteSnapshots:
-    """The snapshots of one session of a SQLite database file."""
+class Snapshots:
+    """The snapshot of one stored session, in its record (any engine). ``tagged``: the
+    session's rows carry a generation tag (Redis), without which nothing is saved."""
 
-    def __init__(self, db_path: str, database_id: str, table: str, session_id: str) -> None:
-        self.db_path = db_path
+    def __init__(self, record: Record, database_id: str, *, tagged: bool = False) -> None:
+        self.record = record
         self.database_id = database_id
-        self.table = table
-        self.session_id = session_id
+        self.tagged = tagged
 
     def load(self) -> tuple[bytes, bytes, str | None] | None:
-        found = load(self.db_path, self.table, self.session_id)
-        return None if found is None else (found[0], found[1], None)
+        found = self.record.load()
+        if found is None:
+            return None
+        ids, data, tag = found["row_ids"], found.get("data"), text_of(found.get("tag"))
+        if type(ids) is not bytes or type(data) is not bytes or (self.tagged and tag is None):
+            return None
+        return ids, data, tag if self.tagged else None
 
     def save(self, row_ids: bytes, data: bytes, tag: str | None) -> str | None:
-        return save(self.db_path, self.table, self.session_id, row_ids, data)
+        if self.tagged and tag is None:
+            return "the session has no generation tag yet"
+        return self.record.save({"row_ids": row_ids, "data": data, "tag": tag or ""})
 
     def delete(self) -> None:
-        delete(self.db_path, self.table, self.session_id)
+        self.record.delete()
 
     def binding(self, row_ids: bytes, tag: str | None) -> bytes:
-        return binding(self.database_id, self.table, self.session_id, row_ids, tag)
+        table, session_id = self.record.where
+        return binding(self.database_id, table, session_id, row_ids, tag)
+
+
+def SQLiteSnapshots(  # noqa: N802 - the class it was
+    db_path: str, database_id: str, table: str, session_id: str
+) -> Snapshots:
+    """The snapshots of one session of a SQLite database file."""
+    return Snapshots(sqlite_record(db_path, KIND, table, session_id), database_id)
 
 
 # ------------------------------------------------------------------ a session's index state

@@ -30,8 +30,11 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from .._storage import sqlite_record
 from ..count_store import CountStore
 from . import _sync, pool
+from ._prefix_state import KIND as PREFIX
+from ._prefix_state import PrefixState
 from ._snapshots import SnapshotStore, SQLiteSnapshots
 from ._store_types import StoreReadError as StoreReadError
 from ._store_types import Unsupported as Unsupported
@@ -61,6 +64,8 @@ class HistoryStore(Protocol):
     :meth:`open` found the database's id, or when it has none)."""
     snapshots: SnapshotStore | None
     """Where index snapshots are kept (``None``: nowhere, see :attr:`no_store`)."""
+    prefixes: PrefixState | None
+    """Where the session's cache-stable prefix is kept (``None``: nowhere)."""
     no_store: str
     """Why snapshots and counts are off (when they are)."""
 
@@ -111,6 +116,7 @@ class SQLiteStore:
         self.reader = _sync.RowReader(db_path, table, session_id)
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
+        self.prefixes: PrefixState | None = None
         self.no_store = "the database has no id of its own (read-only?)"
         # That comparison makes sharing the index between objects safe, keyed by the
         # database's own identity and its file (see pool.Key).
@@ -118,6 +124,7 @@ class SQLiteStore:
         if db_id is not None:
             self.key = (db_id, os.path.realpath(db_path), table, session_id)
             self.snapshots = SQLiteSnapshots(db_path, db_id, table, session_id)
+            self.prefixes = PrefixState(sqlite_record(db_path, PREFIX, table, session_id), db_id)
             self.no_store = "its database could not be opened for counts"
 
     async def open(self) -> None:
@@ -147,6 +154,8 @@ class SQLiteStore:
         return None
 
     def close(self) -> None:
+        if self.prefixes is not None:
+            self.prefixes.wait(timeout=5.0)  # the latest request is stored first
         self.reader.close()
 
 

@@ -80,7 +80,7 @@ from ..errors import TokenBudgetExceededError
 from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
 from ..prefix import CachePolicy
-from . import _planner
+from . import _planner, _prefix_state
 from ._call_plan import ModelCallPlan, TruncatedOutput
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
@@ -378,6 +378,26 @@ class ModelInputFilter:
         )
 
     def _cached(
+        self,
+        packed: list[Any],
+        step_start: int,
+        pinned: list[int],
+        extras: RequestExtras,
+        run: Run,
+        extends: bool,
+    ) -> _planner.Stable | None:
+        """:meth:`_through_prefix`, with the session's previous request read from beside
+        its history at a run's first call and the new one stored after each call (another
+        process or worker continues it: see :mod:`._prefix_state`)."""
+        stored = _prefix_state.of(self.session)
+        if stored is not None and not run.calls:
+            self._last = stored.load() or self._last
+        stable = self._through_prefix(packed, step_start, pinned, extras, run, extends)
+        if stored is not None and stable is not None and self._last is not None:
+            stored.save(self._last)
+        return stable
+
+    def _through_prefix(
         self,
         packed: list[Any],
         step_start: int,

@@ -1,0 +1,228 @@
+"""The session's cache-stable prefix, stored beside its history (issue 34 #4).
+
+A session's filter keeps the request it sent last (a :class:`~._planner.RunPrefix`) so that
+the next run's first call resumes it. That state is also stored with the index snapshot, in
+the session's own engine (table ``protoprompt_prefix_state``; in Redis the hash
+``{session}:protoprompt:prefix``, expiring with the session's list), so that a restarted
+process or another worker continues the same prefix.
+
+What is stored: a versioned JSON form of the request (its items as sent, masked copies
+included -- the history changes under a stored row id, so a request is only repeated byte
+for byte from its items), the SDK input length it was made from, its tokens, the request
+key, the cut and the pinned positions, bound to the database's id, the messages table and
+the session id, zlib-compressed and at most :data:`MAX_BYTES` (a larger request is not
+stored: the next process starts a new prefix). Writes are compare-and-set on a random
+version, so two workers never overwrite each other's newer request: the loser reads the
+winner's at its next run. Loading never raises: a record of another format, another
+session, damaged or not matching the history (``_planner.resume`` compares the request's
+last items with the callback's request) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import zlib
+from typing import Any
+
+from .. import _process
+from .._storage import Kind, Record
+from .._storage.records import Field
+from ._planner import RunPrefix
+
+__all__ = ["FORMAT", "KIND", "MAX_BYTES", "PrefixState", "decode", "encode", "of"]
+
+_log = logging.getLogger("protoprompt")
+
+KIND = Kind(
+    "protoprompt_prefix_state",
+    "prefix",
+    (Field("version", "int"), Field("data", "blob")),
+    version="version",
+)
+FORMAT = "protoprompt prefix state 1"
+MAX_BYTES = 4 << 20
+"""The largest stored form (compressed): a larger request is not stored."""
+
+
+def _binding(record: Record, database_id: str) -> list[str]:
+    return [database_id, *record.where]
+
+
+def encode(prefix: RunPrefix, bound: list[str]) -> bytes | None:
+    """The stored form of ``prefix`` (``None``: not JSON, or larger than :data:`MAX_BYTES`)."""
+    try:
+        raw = json.dumps(
+            {
+                "format": FORMAT,
+                "bound": bound,
+                "items": prefix.items,
+                "source_len": prefix.source_len,
+                "request_tokens": prefix.request_tokens,
+                "key": [*prefix.key[:3], list(prefix.key[3])],
+                "cut": prefix.cut,
+                "pins": prefix.pins,
+            },
+            separators=(",", ":"),
+        ).encode()
+    except (TypeError, ValueError):
+        return None  # an item that is not JSON: nothing stored
+    data = zlib.compress(raw, 1)
+    return data if len(data) <= MAX_BYTES else None
+
+
+def _ints(value: Any, n: int | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and all(type(x) is int and x >= 0 for x in value)
+        and (n is None or len(value) == n)
+    )
+
+
+def decode(data: object, bound: list[str]) -> RunPrefix | None:
+    """The request :func:`encode` stored, or ``None`` (another format or binding, damaged)."""
+    if type(data) is not bytes:
+        return None
+    try:
+        raw = zlib.decompressobj().decompress(data, MAX_BYTES * 64)
+        found = json.loads(raw)
+    except (zlib.error, ValueError):
+        return None
+    if not isinstance(found, dict) or found.get("format") != FORMAT:
+        return None
+    items, key, cut, pins = (found.get(k) for k in ("items", "key", "cut", "pins"))
+    source_len, tokens = found.get("source_len"), found.get("request_tokens")
+    if (
+        found.get("bound") != bound
+        or not isinstance(items, list)
+        or not all(isinstance(i, dict) for i in items)
+        or type(source_len) is not int
+        or type(tokens) is not int
+        or not _ints([source_len, tokens])
+        or not isinstance(key, list)
+        or len(key) != 4
+        or not _ints(key[:3])
+        or not isinstance(key[3], list)
+        or not all(isinstance(x, str) for x in key[3])
+        or not (cut is None or _ints([cut]))
+        or not isinstance(pins, list)
+        or not _ints(pins)
+        or any(p >= len(items) for p in pins)
+    ):
+        return None
+    request_key = (key[0], key[1], key[2], tuple(key[3]))
+    return RunPrefix(items, source_len, tokens, request_key, cut, list(pins))
+
+
+class PrefixState:
+    """One stored session's prefix record, and the version this process last read or wrote.
+    Writes run in a background thread (the latest request wins); nothing raises."""
+
+    def __init__(self, record: Record, database_id: str) -> None:
+        self.record = record
+        self.bound = _binding(record, database_id)
+        self.version: int | None = None
+        self.lock = threading.Lock()
+        self.pending: RunPrefix | None = None
+        self.writer: threading.Thread | None = None
+        _process.PREFIX_STATES.add(self)
+
+    def load(self) -> RunPrefix | None:
+        """The stored request when it is not the one this process last read or wrote (and
+        no write of this process is pending), else ``None``."""
+        with self.lock:
+            if self.pending is not None:
+                return None
+        found = self.record.load()
+        if found is None:
+            return None
+        version = found.get("version")
+        if isinstance(version, bytes):  # Redis
+            version = int(version) if version.isdigit() else None
+        if type(version) is not int:
+            return None  # damaged: overwritten by this process's next request
+        with self.lock:
+            if version == self.version:
+                return None
+            self.version = version
+        prefix = decode(found.get("data"), self.bound)
+        if prefix is None:
+            _log.debug("protoprompt: stored prefix of %r ignored", self.record.where[1])
+        return prefix
+
+    def save(self, prefix: RunPrefix) -> None:
+        """Store ``prefix`` (a copy of it as it is now) in the background."""
+        copy = RunPrefix(
+            list(prefix.items), prefix.source_len, prefix.request_tokens, prefix.key,
+            prefix.cut, list(prefix.pins),
+        )  # fmt: skip
+        with self.lock:
+            self.pending = copy
+            if self.writer is not None and self.writer.is_alive():
+                return
+            self.writer = threading.Thread(
+                target=self._write, name="protoprompt-prefix", daemon=True
+            )
+            self.writer.start()
+
+    def _write(self) -> None:
+        while True:
+            with self.lock:
+                prefix, self.pending = self.pending, None
+                expected = self.version
+            if prefix is None:
+                return
+            data = encode(prefix, self.bound)
+            if data is None:
+                continue
+            version = secrets.randbits(62)
+            values = {"version": version, "data": data}
+            done = self.record.swap(expected, values)
+            if done is False and expected is None:
+                done = self.record.swap(self._stored_damaged(), values)
+            if done is True:
+                with self.lock:
+                    self.version = version
+
+    def _stored_damaged(self) -> int | None:
+        """The version of a stored record this process never read when it cannot be used
+        (another format, session or damaged: replaced); ``None`` for another worker's
+        request, which is kept (read at this process's next run)."""
+        found = self.record.load()
+        version = None if found is None else found.get("version")
+        if isinstance(version, bytes):
+            version = int(version) if version.isdigit() else None
+        if type(version) is not int or decode(found and found.get("data"), self.bound):
+            return None
+        return version
+
+    def delete(self) -> None:
+        self.wait(5.0)
+        self.record.delete()
+        with self.lock:
+            self.version = None
+
+    def wait(self, timeout: float | None = None) -> None:
+        writer = self.writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(timeout)
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.writer = None
+        self.pending = None
+
+
+_process.PREFIX_STATES.handle(
+    after_fork=PrefixState.after_fork,
+    at_exit=lambda state: state.wait(timeout=5.0),
+)
+
+
+def of(session: Any) -> PrefixState | None:
+    """The prefix record of a ``ProtoPromptSession`` (``None``: its engine keeps none)."""
+    store = getattr(session, "_store", None)
+    found = getattr(store, "prefixes", None)
+    return found if isinstance(found, PrefixState) else None
