@@ -263,6 +263,9 @@ class ModelInputFilter:
             a, b = located
             pinned.extend(p for p in range(a, b) if p not in pinned)
             lo = max(lo, b)
+        recall = self._ledger.recall_at(items) if self._ledger is not None else None
+        if recall is not None and recall not in pinned:
+            pinned = sorted([*pinned, recall])  # the callback's recall message
         if extends:
             start = run.n_prev if len(items) > run.n_prev else run.step_start
             return pinned, max(start, lo)
@@ -329,6 +332,10 @@ class ModelInputFilter:
         ) + result.items
         if stable is not None and stable.items is not packed:
             run_input = _planner.run_input_at(stable.pinned, context_at)
+            if run_input is not None and self._ledger is not None:
+                a, b = run_input
+                if a + 1 < b and self._ledger.is_context(layout_packed[a]):
+                    run_input = (a + 1, b)  # the callback's recall message before it
         layout = CallLayout((step_start, len(layout_packed)), run_input, context_at, len(truncated))
         if context is not None:
             # The builder's plan of this call, with where its parts are (same sections).
