@@ -274,9 +274,7 @@ class Assembler:
         pending, fill.pending = fill.pending, []
         del fill.accepted[len(fill.accepted) - len(pending) :]
         room, _ = self._room(fill, pending[0][1], limit)
-        trial = self.measure(
-            system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)]
-        )
+        trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
         if trial <= room:
             used = fill.used.get("history", 0)
             fill.accepted.extend((c, c.text) for _, c, _ in pending)

@@ -148,9 +148,7 @@ class ContextPlan:
         masked = set(self.pack.masked)
         at = len(self.items) if self.recall_at is None else self.recall_at
         return [
-            self.items[offset + i + (offset + i >= at)]
-            for i, p in enumerate(kept)
-            if p in masked
+            self.items[offset + i + (offset + i >= at)] for i, p in enumerate(kept) if p in masked
         ]
 
     @property
