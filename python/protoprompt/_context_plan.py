@@ -184,9 +184,9 @@ class ContextPlan:
         role = self.context_message["role"] if self.context_message else None
         if self.recall_message is not None:
             role = self.recall_message["role"]
-            where = "" if self.context_message is None else "one first and "
+            first = "" if self.context_message is None else "one first and "
             lines.append(
-                f"context message: {self.context_tokens:,} tokens in {where}one {role} message "
+                f"context message: {self.context_tokens:,} tokens in {first}one {role} message "
                 f"after the history (item {self.recall_at}: what this turn's question found)"
                 f", room {self.context_limit:,}; {kept} blocks kept, "
                 f"{len(self.blocks) - kept} dropped"

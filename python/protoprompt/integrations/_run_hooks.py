@@ -123,14 +123,15 @@ class RunHooks:
             else:
                 key = self._book.expect(message)
         recall = getattr(plan, "recall_message", None)
+        at = getattr(plan, "recall_at", None)
         recalled = None
-        if recall is not None:
+        if recall is not None and at is not None:
             # What the question found, after the history: never stored either.
             if history is not None:
                 history.append(recall)
-                recalled = (plan.recall_at, self._book.produced(recall))
+                recalled = (at, self._book.produced(recall))
             else:
-                recalled = (plan.recall_at, self._book.expect(recall))
+                recalled = (at, self._book.expect(recall))
         masked = plan.masked_items
         if masked and history is not None:
             history.extend(masked)
