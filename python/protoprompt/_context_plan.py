@@ -53,7 +53,8 @@ class ContextPlan:
     items: list[Any]
     """What to send: the context message (if any), then the pack result's items — the
     original history objects that were kept (masked copies for the tool outputs of units
-    kept masked) and every ``new_input`` object."""
+    kept masked) and every ``new_input`` object — with the recall message (if any) at
+    :attr:`recall_at`, after the kept history."""
     context_message: dict[str, Any] | None
     """The one system/developer context message, or ``None`` when there is nothing to say
     (no system prompt and nothing recalled)."""

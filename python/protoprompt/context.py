@@ -5,6 +5,10 @@ model-facing request::
 
     [one system (or developer) context message] + kept history + new_input
 
+(with ``build(stable_prefix=True)``, for a cache-stable prefix: what the question found goes
+into a second message after the kept history, ``... + kept history + [recall message] +
+new_input``; see :meth:`TokenBudgetedContextBuilder.build`)
+
 The order of allocation is fixed (see ``DESIGN.md``):
 
 1. ``new_input`` whole, the history graph it depends on (the tail dependency) and the
