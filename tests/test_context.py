@@ -431,3 +431,67 @@ def test_untrusted_text_stays_data_in_every_layer(new_db) -> None:
 class _NoSummarizer:
     async def __call__(self, items, previous, max_tokens):  # type: ignore[no-untyped-def]
         raise AssertionError("not called by a build")
+
+
+# --------------------------------------------------------------------------- stable_prefix
+
+
+def test_a_stable_prefix_puts_what_the_question_finds_after_the_history(
+    store: MemoryStore,
+) -> None:
+    """``stable_prefix=True``: the context message holds the system prompt, the profile and
+    the listed facts, the same for every question; the document chunks and the facts the
+    search found go in a recall message after the history, before the new input, framed
+    the same way; both messages fit the room the context had."""
+    store.remember("The renewal notice goes to legal@acme.example.", scope=SCOPE)
+    for i in range(3):
+        store.remember(f"Unrelated note number {i} about lunch.", scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE, fact_limit=3)
+    plans = [
+        builder.build(HISTORY, [user(q)], system_prompt="Be brief.", stable_prefix=True)
+        for q in ("When does the agreement renew?", "Who negotiates the renewal notice?")
+    ]
+    first, second = plans
+    assert first.context_message == second.context_message
+    stable = first.context_message["content"]
+    assert stable.startswith("Be brief.") and "<user_profile>" in stable
+    assert "Unrelated note number 2" in stable and "<recalled_documents>" not in stable
+    for plan in plans:
+        recall = plan.recall_message
+        assert recall is not None and recall["role"] == "system"
+        assert plan.recall_at == len(plan.items) - 1 - 1  # before the one new input
+        assert plan.items[plan.recall_at] is recall
+        assert plan.items[1 : plan.recall_at] == HISTORY
+        assert "<recalled_documents>" in recall["content"]
+        costs = item_tokens(plan.context_message).total + item_tokens(recall).total
+        assert plan.context_tokens == costs and plan.used <= plan.budget
+        assert plan.context_messages == 2 and "after the history" in plan.explain()
+    # A fact found for the question but not among the listed ones is in the recall message.
+    assert "Alice negotiates" in second.recall_message["content"]
+    assert "Alice negotiates" not in stable
+    # Without it: one context message, first, with everything.
+    plain = builder.build(HISTORY, QUESTION, system_prompt="Be brief.")
+    assert (
+        plain.recall_message is None
+        and "<recalled_documents>" in (plain.context_message["content"])
+    )
+
+
+def test_the_recall_message_never_splits_a_unit() -> None:
+    """The new input answers a call in the history (and an optional unit interleaves with
+    it): the recall message goes before both, never between a call and its output."""
+    store = MemoryStore()
+    store.index_document("d", "the renewal clause says march", scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE)
+    history = [
+        user("renewal?"),
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "ok"},
+    ]
+    new_input = [{"type": "function_call_output", "call_id": "b", "output": "renewal"}]
+    plan = builder.build(history, new_input, query="renewal", stable_prefix=True)
+    assert plan.recall_message is not None
+    assert plan.context_message is None and plan.recall_at == 1  # after the user message
+    assert plan.items[plan.recall_at + 1 :] == history[1:] + new_input
+    store.close()

@@ -2061,3 +2061,39 @@ def test_an_appended_step_reusing_an_old_call_id_collapses_as_the_sdk_does() -> 
     assert [p.deduplicated for p in plans] == [2, 2, 4]
     assert plans[2].checked < plans[2].input_items
     _fresh_pack_equal(plans[2], inputs[2])
+
+
+def test_instructions_edited_at_equal_cost_are_a_changed_request() -> None:
+    """Instructions made per call that change without changing their token count: the
+    cache-stable prefix reports the request as changed (nothing repeated), and the plan's
+    text says so."""
+    seen: list[str] = []
+
+    def instructions(ctx: Any, agent: Any) -> str:
+        seen.append("mode alpha" if len(seen) % 2 == 0 else "mode omega")
+        return seen[-1]
+
+    @function_tool
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    model = ScriptedModel([[function_call("ping", {}, call_id="p1")], [assistant_message("ok")]])
+    agent = Agent(name="a", model=model, tools=[ping], instructions=instructions)
+    assert pp.count_tokens("mode alpha") == pp.count_tokens("mode omega")
+    session = ProtoPromptSession("edited")
+    plans: list[Any] = []
+    config = session.run_config(
+        agent=agent,
+        max_tokens=4000,
+        model="gpt-5",
+        cache=pp.CachePolicy(),
+        on_call=plans.append,
+        tracing_disabled=True,
+    )
+    asyncio.run(Runner.run(agent, "hi", session=session, run_config=config))
+    assert [p.prefix for p in plans] == ["set", "stayed"]
+    assert plans[0].instructions_tokens == plans[1].instructions_tokens
+    assert plans[1].request_changed and plans[1].shared_tokens == 0
+    assert "request: the instructions, tools or output schema differ" in plans[1].explain()
+    session.close()

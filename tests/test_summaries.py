@@ -17,17 +17,15 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents import Agent, RunConfig, Runner  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message  # noqa: E402
 
 from protoprompt import (  # noqa: E402
-    MemoryScope,
     MemoryStore,
     TokenBudgetedContextBuilder,
     count_tokens,
 )
 from protoprompt import recall as recall_module  # noqa: E402
-from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.summaries import (  # noqa: E402
     TABLE,
     MemorySummaryStore,
@@ -37,61 +35,32 @@ from protoprompt.summaries import (  # noqa: E402
     SummaryState,
 )
 
-SCOPE = MemoryScope("acme", user="alice")
+import evicted_turns as evicted  # noqa: E402
+from evicted_turns import (  # noqa: E402
+    SCOPE,
+    Held,
+    Recorder,
+    lookup_tool,
+    tool_turn,
+    tool_turn_model,
+)
+
+lookup = lookup_tool(
+    lambda name: f"result {name}: the invoice number is INV-{name}00 " + "details " * 60
+)
 
 
-@function_tool
-def lookup(name: str) -> str:
-    """Look something up."""
-    return f"result {name}: the invoice number is INV-{name}00 " + "details " * 60
-
-
-class Recorder:
-    """A Summarizer that records its calls; fails the first ``fail`` calls."""
-
-    def __init__(self, fail: int = 0) -> None:
-        self.calls: list[tuple[list[Any], str | None, int]] = []
-        self.fail = fail
-
-    async def __call__(self, items: Sequence[Any], previous: str | None, max_tokens: int) -> str:
-        self.calls.append((list(items), previous, max_tokens))
-        if self.fail:
-            self.fail -= 1
-            raise ConnectionError("the summarizing model is unreachable")
-        return f"summary {len(self.calls)} of {len(items)} items"
-
-
-class Chat:
-    def __init__(self, db: str, summarizer: Any, *, memory: bool = True, **options: Any) -> None:
-        self.builder = TokenBudgetedContextBuilder(
-            MemoryStore() if memory else None,
-            max_tokens=1500,
-            scope=SCOPE if memory else None,
-            output_reserve=100,
-            summarizer=summarizer,
-            **{"summarize_every": 150, "summary_tokens": 60, **options},
-        )
-        self.session = ProtoPromptSession("chat", db)
-        self.config = RunConfig(
-            session_input_callback=self.session.input_callback(self.builder, system_prompt="Hi."),
-            tracing_disabled=True,
-        )
-
-    async def turn(self, i: int) -> Any:
-        model = ScriptedModel(
-            [
-                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
-                [assistant_message(f"answer {i}")],
-            ]
-        )
-        await Runner.run(
-            Agent(name="a", model=model, tools=[lookup]),
-            f"question {i}, look it up",
-            session=self.session,
-            run_config=self.config,
-        )
-        assert await self.builder.wait_for_background(30)
-        return self.builder.last_plan
+def Chat(db: str, summarizer: Any, *, memory: bool = True, **options: Any) -> evicted.Chat:  # noqa: N802
+    """A session whose builder summarises what it evicts, turns of one tool call each."""
+    builder = TokenBudgetedContextBuilder(
+        MemoryStore() if memory else None,
+        max_tokens=1500,
+        scope=SCOPE if memory else None,
+        output_reserve=100,
+        summarizer=summarizer,
+        **{"summarize_every": 150, "summary_tokens": 60, **options},
+    )
+    return evicted.Chat(db, builder, lookup, question="question {i}, look it up")
 
 
 def test_a_recorder_is_a_summarizer() -> None:
@@ -377,21 +346,6 @@ def test_a_builder_without_memory_keeps_a_summary_too(tmp_path: Path) -> None:
     chat.session.close()
 
 
-class Held:
-    """A Summarizer whose calls wait until released."""
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
-        self.calls = 0
-
-    async def __call__(self, items: Sequence[Any], previous: str | None, max_tokens: int) -> str:
-        self.calls += 1
-        self.started.set()
-        await self.release.wait()
-        return f"the old chat's summary of {len(items)} items"
-
-
 @pytest.mark.parametrize("other_object", [False, True], ids=["same_object", "other_object"])
 async def test_a_clear_during_a_summary_update_is_not_undone(
     session_engine: Any, other_object: bool
@@ -410,13 +364,7 @@ async def test_a_clear_during_a_summary_update_is_not_undone(
     )
 
     async def turn(i: int) -> Any:
-        model = ScriptedModel(
-            [
-                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
-                [assistant_message(f"answer {i}")],
-            ]
-        )
-        agent = Agent(name="a", model=model, tools=[lookup])
+        agent = Agent(name="a", model=tool_turn_model(i), tools=[lookup])
         await Runner.run(agent, f"question {i}", session=session, run_config=config)
         return builder.last_plan
 
@@ -538,16 +486,7 @@ async def test_a_second_worker_starts_with_the_summary(session_engine: Any) -> N
 
     async def turn(side: tuple[TokenBudgetedContextBuilder, Any, RunConfig], i: int) -> Any:
         builder, session, config = side
-        model = ScriptedModel(
-            [
-                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
-                [assistant_message(f"answer {i}")],
-            ]
-        )
-        agent = Agent(name="a", model=model, tools=[lookup])
-        await Runner.run(agent, f"question {i}", session=session, run_config=config)
-        assert await builder.wait_for_background(30)
-        return builder.last_plan
+        return await tool_turn(builder, session, config, lookup, i, f"question {i}")
 
     first = worker()
     for i in range(12):
@@ -578,15 +517,7 @@ async def test_the_first_summary_after_token_windows_reads_the_rows_before(
     )
     windowed = False
     for i in range(30):
-        model = ScriptedModel(
-            [
-                [function_call("lookup", {"name": str(i)}, call_id=f"c{i}")],
-                [assistant_message(f"answer {i}")],
-            ]
-        )
-        agent = Agent(name="a", model=model, tools=[lookup])
-        await Runner.run(agent, f"question {i}", session=session, run_config=config)
-        assert await builder.wait_for_background(30)
+        await tool_turn(builder, session, config, lookup, i, f"question {i}")
         if summarizer.calls:
             break
         windowed = windowed or builder.last_plan.turn.read == "window"

@@ -39,9 +39,13 @@ class Assembly:
     """The context message chosen by the hook, with its exact cost and block decisions."""
 
     cost: int
+    """Tokens of the context message and the recall message together."""
     message: dict[str, Any] | None
     blocks: list[ContextBlock]
     limit: int
+    recall_message: dict[str, Any] | None = None
+    """With ``split``: the message of what this turn's question recalled (sent after the
+    history), or ``None`` when it recalled nothing."""
 
 
 @dataclass
@@ -57,6 +61,10 @@ class Candidate:
     """For a recalled passage: the digest of its row's rendered text."""
     row: tuple[str, int] | None = field(default=None, compare=False)
     """For a recalled passage: (session id, row)."""
+    volatile: bool = False
+    """Found for this turn's question (a recalled passage, a document chunk, a fact found by
+    the search): with a split assembly it goes into the recall message, not the context
+    message."""
 
 
 def render_block(cand: Candidate, text: str) -> str:
@@ -160,10 +168,26 @@ class Assembler:
     """Tokens of the context message for a text (0 for no text)."""
     count_batch: Callable[[list[str]], list[int]]
     """Token counts of texts."""
+    split: bool = False
+    """Two messages: what stays the same from turn to turn (system prompt, profile, summary,
+    the listed facts) in the context message, what this turn's question found
+    (:attr:`Candidate.volatile`) in a recall message of its own."""
 
     def message(self, text: str) -> dict[str, Any]:
         """The context message for ``text``."""
         return {"role": self.role, "content": text}
+
+    def texts(self, system_prompt: str, accepted: Sequence[tuple[Candidate, str]]) -> list[str]:
+        """The context text, and with :attr:`split` the recall text after it."""
+        if not self.split:
+            return [self.render(system_prompt, accepted)]
+        stable = [(c, t) for c, t in accepted if not c.volatile]
+        found = [(c, t) for c, t in accepted if c.volatile]
+        return [self.render(system_prompt, stable), self.render("", found)]
+
+    def measure(self, system_prompt: str, accepted: Sequence[tuple[Candidate, str]]) -> int:
+        """Tokens of the message(s) ``accepted`` makes."""
+        return sum(self.cost(text) for text in self.texts(system_prompt, accepted))
 
     def render(self, system_prompt: str, accepted: Sequence[tuple[Candidate, str]]) -> str:
         """The context text: the system prompt, then one tagged section per layer."""
@@ -185,7 +209,7 @@ class Assembler:
         cap = self.max_context_tokens
         limit = remaining if cap is None else min(remaining, cap)
         blocks: list[ContextBlock] = []
-        fill = _Fill(self.cost(system_prompt))
+        fill = _Fill(self.measure(system_prompt, []))
         if system_prompt:
             if fill.cost > limit:
                 if fill.cost > remaining:
@@ -210,12 +234,13 @@ class Assembler:
             for (slot, cand, why), tokens in zip(fill.untried, counts, strict=True):
                 fill.slots[slot] = _dropped(cand, why, tokens)
         blocks.extend(b for b in fill.slots if b is not None)
-        text = self.render(system_prompt, fill.accepted)
-        message = self.message(text) if text else None
-        final = self.cost(text)
+        texts = self.texts(system_prompt, fill.accepted)
+        message = self.message(texts[0]) if texts[0] else None
+        recall = self.message(texts[1]) if len(texts) > 1 and texts[1] else None
+        final = sum(self.cost(text) for text in texts)
         if final != fill.cost or final > limit:  # pragma: no cover - counting is deterministic
             raise RuntimeError(f"context cost drifted: {final} vs {fill.cost} (limit {limit})")
-        return Assembly(final, message, blocks, limit)
+        return Assembly(final, message, blocks, limit, recall)
 
     def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
         """The message's cost ``cand`` must fit within, and the note naming the layer's own
@@ -249,9 +274,7 @@ class Assembler:
         pending, fill.pending = fill.pending, []
         del fill.accepted[len(fill.accepted) - len(pending) :]
         room, _ = self._room(fill, pending[0][1], limit)
-        trial = self.cost(
-            self.render(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
-        )
+        trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
         if trial <= room:
             used = fill.used.get("history", 0)
             fill.accepted.extend((c, c.text) for _, c, _ in pending)
@@ -266,7 +289,7 @@ class Assembler:
         self, system_prompt: str, fill: _Fill, cand: Candidate, room: int, note: str
     ) -> ContextBlock:
         """``cand`` counted in the message: kept whole when it fits, else dropped."""
-        trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
+        trial = self.measure(system_prompt, [*fill.accepted, (cand, cand.text)])
         need = trial - fill.cost
         if trial <= room:
             fill.accept(cand, cand.text, trial)
@@ -312,7 +335,7 @@ class Assembler:
         text_room = self._text_room(cand)
         if text_room is not None:
             note = f" ({CAP_NAMES[cand.layer]} {text_room} of text)"
-        trial = self.cost(self.render(system_prompt, [*fill.accepted, (cand, cand.text)]))
+        trial = self.measure(system_prompt, [*fill.accepted, (cand, cand.text)])
         need = trial - fill.cost
         if trial <= room and text_room is None:
             fill.slots.append(
@@ -373,7 +396,7 @@ class Assembler:
         while lo <= hi:
             mid = (lo + hi) // 2
             text = cand.text[: spans[mid - 1][1]] + TRUNCATION_MARK
-            trial = self.cost(self.render(system_prompt, [*accepted, (cand, text)]))
+            trial = self.measure(system_prompt, [*accepted, (cand, text)])
             if trial <= limit and (text_limit is None or self.count_batch([text])[0] <= text_limit):
                 best = (text, mid, len(spans), trial)
                 lo = mid + 1

@@ -53,7 +53,8 @@ class ContextPlan:
     items: list[Any]
     """What to send: the context message (if any), then the pack result's items — the
     original history objects that were kept (masked copies for the tool outputs of units
-    kept masked) and every ``new_input`` object."""
+    kept masked) and every ``new_input`` object — with the recall message (if any) at
+    :attr:`recall_at`, after the kept history."""
     context_message: dict[str, Any] | None
     """The one system/developer context message, or ``None`` when there is nothing to say
     (no system prompt and nothing recalled)."""
@@ -105,6 +106,12 @@ class ContextPlan:
     shared_tokens: int = 0
     """Tokens this request repeats from the start of the previous turn's request (0 unless
     it stayed behind an unchanged context message)."""
+    recall_message: dict[str, Any] | None = None
+    """With ``build(stable_prefix=True)``: the message of what this turn's question found
+    (recalled turns, document chunks, facts the search found), sent after the kept history
+    at :attr:`recall_at`; ``None`` otherwise or when it found nothing."""
+    recall_at: int | None = None
+    """The position of :attr:`recall_message` in :attr:`items`."""
 
     @property
     def sections(self) -> RequestSections:
@@ -119,9 +126,14 @@ class ContextPlan:
             self.pack,
             request=self.request,
             reserved=self.reserved_tokens,
-            context=(self.context_tokens, 1 if self.context_message is not None else 0),
+            context=(self.context_tokens, self.context_messages),
             call=self.layout,
         )
+
+    @property
+    def context_messages(self) -> int:
+        """How many messages the context takes (the context message, the recall message)."""
+        return (self.context_message is not None) + (self.recall_message is not None)
 
     @property
     def budget(self) -> int:
@@ -147,7 +159,10 @@ class ContextPlan:
         offset = 1 if self.context_message is not None else 0
         kept = self.pack.kept_history
         masked = set(self.pack.masked)
-        return [self.items[offset + i] for i, p in enumerate(kept) if p in masked]
+        at = len(self.items) if self.recall_at is None else self.recall_at
+        return [
+            self.items[offset + i + (offset + i >= at)] for i, p in enumerate(kept) if p in masked
+        ]
 
     @property
     def recalled(self) -> list[ContextBlock]:
@@ -180,12 +195,22 @@ class ContextPlan:
         lines = [] if self.turn is None else self.turn.lines()
         lines += self.sections.lines()
         role = self.context_message["role"] if self.context_message else None
-        lines.append(
-            f"context message: {self.context_tokens:,} tokens"
-            + (f" in one {role} message" if role else " (none)")
-            + f", room {self.context_limit:,}; {kept} blocks kept, "
-            f"{len(self.blocks) - kept} dropped"
-        )
+        if self.recall_message is not None:
+            role = self.recall_message["role"]
+            first = "" if self.context_message is None else "one first and "
+            lines.append(
+                f"context message: {self.context_tokens:,} tokens in {first}one {role} message "
+                f"after the history (item {self.recall_at}: what this turn's question found)"
+                f", room {self.context_limit:,}; {kept} blocks kept, "
+                f"{len(self.blocks) - kept} dropped"
+            )
+        else:
+            lines.append(
+                f"context message: {self.context_tokens:,} tokens"
+                + (f" in one {role} message" if role else " (none)")
+                + f", room {self.context_limit:,}; {kept} blocks kept, "
+                f"{len(self.blocks) - kept} dropped"
+            )
         if self.scope is not None:
             lines.append(
                 f"  scope {'/'.join(p for p in self.scope.key() if p)}"
@@ -208,3 +233,26 @@ class ContextPlan:
 def shorten(text: str, width: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def recall_position(result: PackResult) -> int:
+    """Where a recall message goes in ``result.items``: after the kept history, before the
+    history the new input depends on (its unit starts there), and never inside a unit: when
+    a kept unit straddles that place (units may interleave), before that unit."""
+    kept = result.kept_history
+    if not result.dependency:
+        return len(kept)
+    at = kept.index(min(result.dependency))
+    moved = True
+    while moved and at:
+        moved = False
+        boundary = kept[at]
+        for decision in result.decisions:
+            if not decision.kept or not decision.positions:
+                continue
+            first = decision.positions[0]
+            if first < boundary and any(p >= boundary for p in decision.positions):
+                at = kept.index(first)
+                moved = True
+                break
+    return at

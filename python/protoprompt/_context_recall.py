@@ -21,6 +21,9 @@ MIN_HITS, MAX_HITS = 4, 32
 one per :data:`TOKENS_PER_HIT` tokens, within these bounds; the context message then
 takes them best first while they fit."""
 
+VOLATILE_LAYERS = frozenset({"rag", "history"})
+"""Layers found for each question: with a split context they go into the recall message."""
+
 EXCLUSION_ROUNDS = 4
 """Builds at most of one turn that leave out recalled passages found in the request."""
 
@@ -48,9 +51,15 @@ class Recall:
         session_id: str | None = None,
         turn: int | None = None,
         summary: str | None = None,
+        split: bool = False,
     ) -> list[Candidate]:
         """Recall candidates from the store, in pool order (priority, then relevance); with
-        ``session_id``, the summary and the evicted turns of that session too."""
+        ``session_id``, the summary and the evicted turns of that session too.
+
+        ``split``: what the question finds is marked :attr:`Candidate.volatile` (recalled
+        passages, document chunks, facts found by the search) and the facts the store lists
+        (most recent first, whatever the question) come first, in the store's order, so the
+        context message without them stays the same from turn to turn."""
         by_layer: dict[str, list[Candidate]] = {}
         if summary and summary.strip() and "summary" in self.priorities:
             by_layer["summary"] = [Candidate("summary", "summary", summary, None, True)]
@@ -64,7 +73,10 @@ class Recall:
             if profile and profile.strip():
                 by_layer["profile"] = [Candidate("profile", "profile", profile, None, False)]
         if "facts" in self.priorities and self.fact_limit:
-            by_layer["facts"] = self.rerank(query, self._facts(query, scope, has_terms))
+            if split:
+                by_layer["facts"] = self._split_facts(query, scope, has_terms)
+            else:
+                by_layer["facts"] = self.rerank(query, self._facts(query, scope, has_terms))
         if "rag" in self.priorities and self.rag_limit and has_terms:
             hits = self.store.search(
                 query,
@@ -77,7 +89,36 @@ class Recall:
                 Candidate("rag", f"{h.doc_id}#{h.chunk_index}", h.text, h.score, True) for h in hits
             ]
             by_layer["rag"] = self.rerank(query, chunks)
-        return [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
+        pool = [c for layer in self.priorities[1:] for c in by_layer.get(layer, [])]
+        if split:
+            for c in pool:
+                c.volatile = c.volatile or c.layer in VOLATILE_LAYERS
+        return pool
+
+    def _split_facts(self, query: str, scope: MemoryScope, has_terms: bool) -> list[Candidate]:
+        """The facts the store lists (most recent first, the same for every question), then
+        those the search finds for ``query`` among the others (volatile, re-ranked), each
+        up to the limit."""
+        listed = self.store.facts(
+            scope=scope, limit=self.fact_limit, include_parents=self.include_parents
+        )
+        seen = {h.fact_id for h in listed}
+        found: list[MemoryHit] = []
+        if has_terms:
+            found = self.store.search(
+                query,
+                scope=scope,
+                limit=self.fact_limit,
+                kinds=("fact",),
+                include_parents=self.include_parents,
+            )
+        stable = [Candidate("facts", f"fact:{h.fact_id}", h.text, h.score, True) for h in listed]
+        extra = [
+            Candidate("facts", f"fact:{h.fact_id}", h.text, h.score, True, volatile=True)
+            for h in found
+            if h.fact_id not in seen
+        ]
+        return stable + self.rerank(query, extra)
 
     def _facts(self, query: str, scope: MemoryScope, has_terms: bool) -> list[Candidate]:
         """The session facts relevant to ``query``, then the latest ones, up to the limit."""

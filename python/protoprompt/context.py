@@ -5,6 +5,10 @@ model-facing request::
 
     [one system (or developer) context message] + kept history + new_input
 
+(with ``build(stable_prefix=True)``, for a cache-stable prefix: what the question found goes
+into a second message after the kept history, ``... + kept history + [recall message] +
+new_input``; see :meth:`TokenBudgetedContextBuilder.build`)
+
 The order of allocation is fixed (see ``DESIGN.md``):
 
 1. ``new_input`` whole, the history graph it depends on (the tail dependency) and the
@@ -51,7 +55,7 @@ from ._context_options import (
     check_store,
     resolve_encoding,
 )
-from ._context_plan import ContextBlock, ContextPlan
+from ._context_plan import ContextBlock, ContextPlan, recall_position
 from ._context_query import latest_user_text
 from ._context_recall import Recall, without_repeats
 from ._pack_types import check_masking
@@ -290,9 +294,11 @@ class TokenBudgetedContextBuilder:
         session_id: str | None = None,
         turn: int | None = None,
         summary: str | None = None,
+        split: bool = False,
     ) -> list[Candidate]:
         """Recall candidates from the store, in pool order (priority, then relevance); with
-        ``session_id``, the summary and the evicted turns of that session too."""
+        ``session_id``, the summary and the evicted turns of that session too; ``split``:
+        see :meth:`Recall.candidates`."""
         recall = Recall(
             self.store,
             self.priorities,
@@ -305,13 +311,16 @@ class TokenBudgetedContextBuilder:
             self.recall_other_sessions,
             self.embedder,
         )
-        return recall.candidates(query, scope, session_id=session_id, turn=turn, summary=summary)
+        return recall.candidates(
+            query, scope, session_id=session_id, turn=turn, summary=summary, split=split
+        )
 
     def _count_batch(self, texts: list[str]) -> list[int]:
         return count_tokens_batch(texts, model=self.model, encoding=self.encoding)
 
-    def _assembler(self) -> Assembler:
-        """The assembly of context messages with the builder's settings as they are now."""
+    def _assembler(self, split: bool = False) -> Assembler:
+        """The assembly of context messages with the builder's settings as they are now
+        (``split``: a recall message after the history for what the question found)."""
         return Assembler(
             self.priorities,
             self.context_role,
@@ -322,6 +331,7 @@ class TokenBudgetedContextBuilder:
             {"history": self.recall_tokens, "summary": self.summary_tokens},
             self._cost,
             self._count_batch,
+            split,
         )
 
     def build(
@@ -343,6 +353,7 @@ class TokenBudgetedContextBuilder:
         summary: str | None = None,
         request: RequestCost | None = None,
         masking: Masking | Literal["builder"] | None = "builder",
+        stable_prefix: bool = False,
     ) -> ContextPlan:
         """Build the request for one turn and record it in :attr:`last_plan`.
 
@@ -381,6 +392,17 @@ class TokenBudgetedContextBuilder:
                 (in addition to it) and reported by section in the plan.
             masking: overrides the builder's :attr:`masking` for this call (``"builder"``,
                 the default: the builder's).
+            stable_prefix: for a cache-stable prefix (``docs/prompt-cache.md``): the context
+                message keeps what stays the same from turn to turn (the system prompt, the
+                profile, the summary, the session facts the store lists) and what this
+                turn's question finds (recalled turns, document chunks, facts the search
+                found besides) goes into a second message of the same role, framed the same
+                way, sent after the kept history and before the new input
+                (:attr:`ContextPlan.recall_message`; before the history the new input
+                depends on, never inside a unit). Both fit in the room the context message
+                has without it. So consecutive requests repeat the context message and the
+                history. ``ProtoPromptSession`` passes it when the session's requests use a
+                :class:`~protoprompt.CachePolicy`.
 
         Raises:
             TokenBudgetExceededError: new input, its tail dependency and the output reserve
@@ -413,7 +435,11 @@ class TokenBudgetedContextBuilder:
         scope = scope if scope is not None else self.scope
         if query is None:
             query = latest_user_text(new_list, history_list)
-        pool = self._candidates(query, scope, session_id=session_id, turn=turn, summary=summary)
+        if not isinstance(stable_prefix, bool):
+            raise TypeError(f"stable_prefix must be a bool, got {type(stable_prefix).__name__}")
+        pool = self._candidates(
+            query, scope, session_id=session_id, turn=turn, summary=summary, split=stable_prefix
+        )
 
         def build_with(pool: list[Candidate]) -> ContextPlan:
             return self._build(
@@ -431,6 +457,7 @@ class TokenBudgetedContextBuilder:
                 opaque_scale=opaque_scale,
                 masking=masking,
                 request=request,
+                split=stable_prefix,
             )
 
         plan = build_with(pool)
@@ -467,6 +494,7 @@ class TokenBudgetedContextBuilder:
         opaque_scale: float | None = None,
         masking: Masking | None = None,
         request: RequestCost | None = None,
+        split: bool = False,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
         them for every call of a run). ``masking`` is what the pack masks with (``build``
@@ -476,7 +504,7 @@ class TokenBudgetedContextBuilder:
 
         def hook(remaining: int) -> int:
             assembly = self._assemble(
-                system_prompt, pool, remaining, reserved=self.max_tokens - remaining
+                system_prompt, pool, remaining, reserved=self.max_tokens - remaining, split=split
             )
             outcome.append(assembly)
             return assembly.cost
@@ -511,8 +539,13 @@ class TokenBudgetedContextBuilder:
             raise RuntimeError("protoprompt core did not call the context hook exactly once")
         assembly = outcome[0]
         message = assembly.message
+        items = ([message] if message is not None else []) + result.items
+        recall_at = None
+        if assembly.recall_message is not None:
+            recall_at = recall_position(result) + (1 if message is not None else 0)
+            items.insert(recall_at, assembly.recall_message)
         plan = ContextPlan(
-            items=([message] if message is not None else []) + result.items,
+            items=items,
             context_message=message,
             blocks=assembly.blocks,
             pack=result,
@@ -522,12 +555,20 @@ class TokenBudgetedContextBuilder:
             calibration=calibration,
             reserved_tokens=context_tokens,
             request=request,
+            recall_message=assembly.recall_message,
+            recall_at=recall_at,
         )
         self.last_plan = plan
         return plan
 
     def _assemble(
-        self, system_prompt: str, pool: list[Candidate], remaining: int, *, reserved: int
+        self,
+        system_prompt: str,
+        pool: list[Candidate],
+        remaining: int,
+        *,
+        reserved: int,
+        split: bool = False,
     ) -> Assembly:
         """Fill the context message within ``remaining`` (and the cap); see the module doc."""
-        return self._assembler().assemble(system_prompt, pool, remaining, reserved=reserved)
+        return self._assembler(split).assemble(system_prompt, pool, remaining, reserved=reserved)

@@ -93,6 +93,9 @@ class RequestCost:
     unknown: tuple[str, ...] = ()
     """Parts this cost does not know (``"instructions"``, ``"tools"``, ``"output_schema"``;
     their tokens are 0 here): a plan shows them as not counted."""
+    digest: bytes = b""
+    """A digest of what was counted (the per-call filter's: instructions, tool definitions,
+    output schema), so a change of equal cost is told apart; empty when not known."""
 
     @property
     def total(self) -> int:

@@ -227,6 +227,11 @@ CallLayout`)."""
         lines.append(f"index: {self.reused} of {self.input_items} items reused ({self.reuse})")
         if self.prefix is not None:
             lines.append(f"prefix: {self.prefix_reason}")
+            if self.request_changed:
+                lines.append(
+                    "request: the instructions, tools or output schema differ from the "
+                    "previous call's"
+                )
         if self.deduplicated:
             lines.append(
                 f"{self.deduplicated} items collapsed by the SDK's de-duplication (reused "

@@ -195,7 +195,7 @@ class RunInput:
     """What the session callback returned for the run now starting in this task: the model
     filter pins its context message and new input on every model call of the run."""
 
-    __slots__ = ("context_key", "ledger", "n_items", "new_input", "turn")
+    __slots__ = ("context_key", "ledger", "n_items", "new_input", "recall", "turn")
 
     def __init__(
         self,
@@ -204,6 +204,7 @@ class RunInput:
         new_input: list[Any],
         n_items: int,
         turn: Any = None,
+        recall: tuple[int, tuple[str, str]] | None = None,
     ) -> None:
         self.ledger = ledger
         self.context_key = context_key
@@ -211,6 +212,8 @@ class RunInput:
         self.n_items = n_items
         self.turn = turn
         """The callback's plan of the run (a ``ContextPlan``): what it masked and dropped."""
+        self.recall = recall
+        """The callback's recall message after the history: its position and key."""
 
 
 class RunLedger:
@@ -235,12 +238,28 @@ class RunLedger:
         return self._index()
 
     def record(
-        self, key: tuple[str, str] | None, new_input: list[Any], n_items: int, turn: Any = None
+        self,
+        key: tuple[str, str] | None,
+        new_input: list[Any],
+        n_items: int,
+        turn: Any = None,
+        recall: tuple[int, tuple[str, str]] | None = None,
     ) -> None:
         """The callback returned ``n_items`` items for the run starting in this task, ending
         with ``new_input``, and first the context message ``key`` (if any); ``turn``: its
-        plan."""
-        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items, turn))
+        plan; ``recall``: the position and key of its recall message (after the history)."""
+        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items, turn, recall))
+
+    def recall_at(self, items: Sequence[Any]) -> int | None:
+        """The position of the run's recall message in a model call's input (the callback
+        put it there; the SDK appends after it), when it is there."""
+        run = self.current()
+        if run is None or run.recall is None:
+            return None
+        at, key = run.recall
+        if at >= len(items) or context_key(items[at]) != key:
+            return None
+        return at
 
     def current(self) -> RunInput | None:
         """The callback's record of the run in this task, if it was this ledger's."""

@@ -54,10 +54,17 @@ __all__ = [
 ]
 
 
-def request_key(extras: RequestExtras) -> tuple[int, int, int, tuple[str, ...]]:
+def request_key(extras: RequestExtras) -> tuple[Any, ...]:
     """What the call sends before its input items (instructions, tools, output schema),
-    as far as the filter can tell a change: their costs and what is not counted."""
-    return (extras.instructions, extras.tools, extras.output_schema, tuple(extras.not_counted))
+    as far as the filter can tell a change: their costs, what is not counted and the digest
+    of their content (an edit of equal cost is a change too)."""
+    return (
+        extras.instructions,
+        extras.tools,
+        extras.output_schema,
+        tuple(extras.not_counted),
+        extras.digest,
+    )
 
 
 SAMPLE_HEAD = 4
@@ -163,7 +170,7 @@ class RunPrefix:
     """Length of the SDK's input list that request was made from."""
     request_tokens: int
     """The previous request's tokens (items, instructions, tools, output schema)."""
-    key: tuple[int, int, int, tuple[str, ...]]
+    key: tuple[Any, ...]
     """:func:`request_key` of the previous call."""
     cut: int | None
     """The SDK input position of the first optional item sent at the last move."""
@@ -281,7 +288,7 @@ def stay(
     result: PackResult,
     placed: list[int],
     source_len: int,
-    key: tuple[int, int, int, tuple[str, ...]],
+    key: tuple[Any, ...],
     call: int,
 ) -> tuple[int, str, str, bool]:
     """Record a call that sent the previous request plus what was appended: ``(shared
@@ -312,7 +319,7 @@ def move(
     result: PackResult,
     pinned: list[int],
     source_len: int,
-    key: tuple[int, int, int, tuple[str, ...]],
+    key: tuple[Any, ...],
     call: int,
 ) -> tuple[RunPrefix, int, str, str, bool]:
     """The run's new prefix after a move to the low-water mark, with ``(shared tokens,

@@ -200,9 +200,11 @@ class RequestCosts:
         text = output_format(agent)
         schema_tokens = self._cost([text], encoding, 0) if text is not None else 0
         note = _prompt_note(agent)
+        digest, _ = _core.digests([{"instructions": instructions or ""}, *definitions, text or {}])
         return RequestExtras(
             instructions=instructions_tokens,
             tools=tools_tokens,
             output_schema=schema_tokens,
             not_counted=(note,) if note else (),
+            digest=digest,
         )

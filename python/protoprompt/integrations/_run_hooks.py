@@ -125,12 +125,22 @@ class RunHooks:
                 key = self._book.produced(message)
             else:
                 key = self._book.expect(message)
+        recall = getattr(plan, "recall_message", None)
+        at = getattr(plan, "recall_at", None)
+        recalled = None
+        if recall is not None and at is not None:
+            # What the question found, after the history: never stored either.
+            if history is not None:
+                history.append(recall)
+                recalled = (at, self._book.produced(recall))
+            else:
+                recalled = (at, self._book.expect(recall))
         masked = plan.masked_items
         if masked and history is not None:
             history.extend(masked)
         elif masked:
             self._book.expect_masked(masked)
-        self._ledger.record(key, new_input, len(plan.items), plan)
+        self._ledger.record(key, new_input, len(plan.items), plan, recalled)
         if on_plan is not None:
             on_plan(plan)
         return list(plan.items)
@@ -169,6 +179,10 @@ class RunHooks:
                 turn's plan is that of the run's first model call (``plan.request``;
                 instructions made per run from its context are left to the filter, and the
                 plan says so). Without it the turn's plan does not know them.
+            cache: the :class:`~protoprompt.CachePolicy` of the session's per-call filter
+                (``run_config`` passes its own): the turn is built with
+                ``stable_prefix=True``, so what the question recalls goes after the history
+                and the context message stays the same from turn to turn.
 
         Raises (from the callback, before the model is called):
             TokenBudgetExceededError: the mandatory part of the request does not fit.
@@ -189,6 +203,8 @@ class RunHooks:
             "scope": scope,
             "output_reserve": output_reserve,
         }
+        if cache is not None:
+            kwargs["stable_prefix"] = True
         costs = RequestCosts()
 
         async def protoprompt_session_input(

@@ -266,6 +266,9 @@ class ModelInputFilter:
             a, b = located
             pinned.extend(p for p in range(a, b) if p not in pinned)
             lo = max(lo, b)
+        recall = self._ledger.recall_at(items) if self._ledger is not None else None
+        if recall is not None and recall not in pinned:
+            pinned = sorted([*pinned, recall])  # the callback's recall message
         if extends:
             start = run.n_prev if len(items) > run.n_prev else run.step_start
             return pinned, max(start, lo)
@@ -331,7 +334,7 @@ class ModelInputFilter:
             [context.context_message] if context and context.context_message else []
         ) + result.items
         if stable is not None and stable.items is not packed:
-            run_input = _planner.run_input_at(stable.pinned, context_at)
+            run_input = self._run_input_at(stable, context_at)
         layout = CallLayout((step_start, len(layout_packed)), run_input, context_at, len(truncated))
         if context is not None:
             # The builder's plan of this call, with where its parts are (same sections).
@@ -365,6 +368,18 @@ class ModelInputFilter:
             request_changed=stable.request_changed if stable is not None else False,
             checked=observed.checked,
         )
+
+    def _run_input_at(
+        self, stable: _planner.Stable, context_at: int | None
+    ) -> tuple[int, int] | None:
+        """Where the run input is in a candidate, from its pinned positions (the callback's
+        recall message pinned before it is not run input)."""
+        run_input = _planner.run_input_at(stable.pinned, context_at)
+        if run_input is not None and self._ledger is not None:
+            a, b = run_input
+            if a + 1 < b and self._ledger.is_context(stable.items[a]):
+                return a + 1, b
+        return run_input
 
     def _stable_prefix(self, run: Run, collapsed: Collapsed | None) -> bool:
         """Whether this call plans through the run's cache-stable prefix: a session's
