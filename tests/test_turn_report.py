@@ -621,7 +621,7 @@ def test_damaged_counts_and_a_failed_snapshot_write_are_reported(
         assert conn.execute(f"UPDATE {_TABLE} SET tokens = tokens + 1").rowcount > 0
         conn.execute("DELETE FROM protoprompt_index_snapshots")
     new_process()
-    monkeypatch.setattr(_snapshots, "save", lambda *args: "database or disk is full")
+    monkeypatch.setattr(_snapshots.Snapshots, "save", lambda *args: "database or disk is full")
     t = Turns(db, max_tokens=20_000, windowed_reads=True)
     report = t.turn().turn
     assert report.count_store == "on"
