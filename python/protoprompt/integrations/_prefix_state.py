@@ -42,7 +42,7 @@ KIND = Kind(
     (Field("version", "int"), Field("data", "blob")),
     version="version",
 )
-FORMAT = "protoprompt prefix state 1"
+FORMAT = "protoprompt prefix state 2"  # 2: the request key carries its content digest
 MAX_BYTES = 4 << 20
 """The largest stored form (compressed): a larger request is not stored."""
 
@@ -61,7 +61,7 @@ def encode(prefix: RunPrefix, bound: list[str]) -> bytes | None:
                 "items": prefix.items,
                 "source_len": prefix.source_len,
                 "request_tokens": prefix.request_tokens,
-                "key": [*prefix.key[:3], list(prefix.key[3])],
+                "key": [*prefix.key[:3], list(prefix.key[3]), bytes(prefix.key[4]).hex()],
                 "cut": prefix.cut,
                 "pins": prefix.pins,
             },
@@ -79,6 +79,16 @@ def _ints(value: Any, n: int | None = None) -> bool:
         and all(type(x) is int and x >= 0 for x in value)
         and (n is None or len(value) == n)
     )
+
+
+def _hex(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
 
 
 def decode(data: object, bound: list[str]) -> RunPrefix | None:
@@ -102,17 +112,18 @@ def decode(data: object, bound: list[str]) -> RunPrefix | None:
         or type(tokens) is not int
         or not _ints([source_len, tokens])
         or not isinstance(key, list)
-        or len(key) != 4
+        or len(key) != 5
         or not _ints(key[:3])
         or not isinstance(key[3], list)
         or not all(isinstance(x, str) for x in key[3])
+        or not _hex(key[4])
         or not (cut is None or _ints([cut]))
         or not isinstance(pins, list)
         or not _ints(pins)
         or any(p >= len(items) for p in pins)
     ):
         return None
-    request_key = (key[0], key[1], key[2], tuple(key[3]))
+    request_key = (key[0], key[1], key[2], tuple(key[3]), bytes.fromhex(key[4]))
     return RunPrefix(items, source_len, tokens, request_key, cut, list(pins))
 
 

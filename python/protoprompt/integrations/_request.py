@@ -16,6 +16,8 @@ expanded by the server (its text, tools and variables' rendering are unknown her
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -200,7 +202,13 @@ class RequestCosts:
         text = output_format(agent)
         schema_tokens = self._cost([text], encoding, 0) if text is not None else 0
         note = _prompt_note(agent)
-        digest, _ = _core.digests([{"instructions": instructions or ""}, *definitions, text or {}])
+        # Stable across processes (the stored prefix compares it after a restart).
+        digest = hashlib.blake2b(
+            json.dumps(
+                [instructions or "", definitions, text], sort_keys=True, default=str
+            ).encode(),
+            digest_size=16,
+        ).digest()
         return RequestExtras(
             instructions=instructions_tokens,
             tools=tools_tokens,
