@@ -3,7 +3,7 @@
 
 use crate::convert::{opaque_scale, resolve_encoding};
 use crate::decisions::DecisionTable;
-use crate::errors::token_error;
+use crate::errors::{pack_error, token_error};
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
 use protoprompt_core::tokens::CostBasis;
@@ -82,13 +82,12 @@ impl<'py> CallOptions<'py> {
     }
 }
 
-/// Run `f` (the core pack) with the GIL released and a context hook calling `context`: its
-/// outcome, and the exception the hook raised or the error its return value is, if any.
-pub(crate) fn run_pack<'py, T: Send>(
+/// Run `f` (the core pack) with the GIL released and a context hook calling `context`.
+pub(crate) fn run_pack<'py>(
     py: Python<'py>,
     context: Option<Bound<'py, PyAny>>,
-    f: impl FnOnce(Option<ContextHook<'_>>) -> T + Send,
-) -> (T, Option<PyErr>) {
+    f: impl FnOnce(Option<ContextHook<'_>>) -> Result<PackResult, PackError> + Send,
+) -> PyResult<PackResult> {
     let context: Option<Py<PyAny>> = context.map(Bound::unbind);
     let mut hook_error: Option<PyErr> = None;
     let result = py.detach(|| {
@@ -115,7 +114,10 @@ pub(crate) fn run_pack<'py, T: Send>(
         };
         f(Some(&mut hook))
     });
-    (result, hook_error)
+    if let Some(e) = hook_error {
+        return Err(e);
+    }
+    result.map_err(|e| pack_error(py, e))
 }
 
 pub(crate) fn result_dict<'py>(
