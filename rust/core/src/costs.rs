@@ -617,3 +617,113 @@ impl CountStore for NoStore {
         match *self {}
     }
 }
+
+/// A [`CostSource`] under a model that strips earlier turns' thinking
+/// ([`crate::tokens::strips_earlier_thinking`]): the positions in `free` (the thinking items
+/// before the last user message, [`earlier_thinking`]) cost 0, every other position what
+/// `inner` says. Built per pack call from the positions of that call, so a cost of 0 is never
+/// memoized: `inner`'s memo keeps each item's whole cost, and a new user message (which makes
+/// the thinking before it "earlier") changes only this call's `free`.
+pub struct EarlierThinkingFree<'a> {
+    inner: &'a mut dyn CostSource,
+    free: Vec<usize>,
+}
+
+impl<'a> EarlierThinkingFree<'a> {
+    /// `free` in any order.
+    pub fn new(inner: &'a mut dyn CostSource, mut free: Vec<usize>) -> Self {
+        free.sort_unstable();
+        free.dedup();
+        EarlierThinkingFree { inner, free }
+    }
+
+    fn is_free(&self, position: usize) -> bool {
+        self.free.binary_search(&position).is_ok()
+    }
+
+    fn split_costs(
+        &mut self,
+        positions: &[usize],
+        masked: bool,
+    ) -> Result<Vec<u64>, CostFailure> {
+        let counted: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|&p| !self.is_free(p))
+            .collect();
+        let mut costs = if masked {
+            self.inner.masked_costs(&counted)?
+        } else {
+            self.inner.costs(&counted)?
+        }
+        .into_iter();
+        Ok(positions
+            .iter()
+            .map(|&p| {
+                if self.is_free(p) {
+                    0
+                } else {
+                    costs.next().unwrap_or(0)
+                }
+            })
+            .collect())
+    }
+}
+
+impl CostSource for EarlierThinkingFree<'_> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.split_costs(positions, false)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_free(position) {
+            0
+        } else {
+            self.inner.lower_bound(position)
+        }
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.split_costs(members, true)
+    }
+
+    fn masked_lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_free(position) {
+            0
+        } else {
+            self.inner.masked_lower_bound(position)
+        }
+    }
+
+    fn masks(&self) -> bool {
+        self.inner.masks()
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        if self.is_free(position) {
+            Some(0)
+        } else {
+            self.inner.known(position)
+        }
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        !self.is_free(position) && self.inner.maskable(position)
+    }
+}
+
+/// The thinking items a model that strips earlier turns' thinking does not count: the
+/// positions below `len` where `is_thinking` holds that stand before the last position where
+/// `is_user` holds (the last user message; a tool result is its own item kind, never a user
+/// message). The current turn's thinking (after that message) is not among them.
+pub fn earlier_thinking(
+    len: usize,
+    is_user: &dyn Fn(usize) -> bool,
+    is_thinking: &dyn Fn(usize) -> bool,
+) -> Vec<usize> {
+    let Some(last_user) = (0..len).rev().find(|&p| is_user(p)) else {
+        return Vec::new();
+    };
+    (0..last_user).filter(|&p| is_thinking(p)).collect()
+}
+

@@ -7,7 +7,7 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
-use protoprompt_core::costs::StoreTally;
+use protoprompt_core::costs::{earlier_thinking, EarlierThinkingFree, StoreTally};
 use protoprompt_core::incremental::{Cut, TailGraph};
 use protoprompt_core::indexed::{
     cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
@@ -181,6 +181,7 @@ impl PyHistoryIndex {
             history_len,
             history_offset,
             masking,
+            strips_thinking,
         } = CallOptions::from_py(options)?;
         let offset = history_offset;
         let indexed = self.inner.len();
@@ -208,6 +209,7 @@ impl PyHistoryIndex {
             opts,
             masking,
             pinned,
+            strips_thinking,
         };
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
@@ -364,6 +366,8 @@ pub(crate) struct Call {
     pub(crate) opts: PackOptions,
     pub(crate) masking: Option<Masking>,
     pub(crate) pinned: Vec<usize>,
+    /// See `CallOptions::strips_thinking`.
+    pub(crate) strips_thinking: bool,
 }
 
 /// The `TokenizerError` for a tokenizer failure of the masking wrapper, if one ended the call.
@@ -454,13 +458,35 @@ impl PyHistoryIndex {
         py.detach(|| preload.wait());
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
+        // Under a model that strips earlier turns' thinking, that thinking costs 0 in this
+        // call only (decided here from positions; the memo keeps whole costs).
+        let free = if call.strips_thinking {
+            let user_at = |p: usize| {
+                if p < n_history {
+                    index.is_user_message(p)
+                } else {
+                    new_metas[p - n_history].is_user_message()
+                }
+            };
+            let thinking_at = |p: usize| {
+                if p < n_history {
+                    index.kind(p) == ItemKind::Reasoning
+                } else {
+                    new_metas[p - n_history].kind == ItemKind::Reasoning
+                }
+            };
+            earlier_thinking(n_history + new_metas.len(), &user_at, &thinking_at)
+        } else {
+            Vec::new()
+        };
+        let earlier_free = free.len();
         let (packed, masked_failed): Packed = match call.masking {
             None => (
                 run_pack(py, context, |hook| {
                     pack_view_masked(
                         view,
                         &is_user,
-                        &mut source,
+                        &mut EarlierThinkingFree::new(&mut source, free),
                         &call.opts,
                         None,
                         &call.pinned,
@@ -487,7 +513,7 @@ impl PyHistoryIndex {
                     pack_view_masked(
                         view,
                         &is_user,
-                        &mut masked,
+                        &mut EarlierThinkingFree::new(&mut masked, free),
                         &call.opts,
                         Some(m),
                         &call.pinned,
@@ -517,6 +543,15 @@ impl PyHistoryIndex {
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
         let out = result_dict(py, &result, call.basis, call.opts.policy, table)?;
         out.set_item("index", index_use)?;
+        out.set_item(
+            "thinking_rule",
+            if call.strips_thinking {
+                "earlier-turns-free"
+            } else {
+                "whole"
+            },
+        )?;
+        out.set_item("earlier_thinking_free", earlier_free)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
         store_outcome(py, &out, link)?;
