@@ -473,6 +473,11 @@ def test_older_claude_counts_only_the_current_turns_thinking() -> None:
     older = pp.pack(history, new, 1_000_000, model="anthropic/claude-3-7-sonnet")
     newer = pp.pack(history, new, 1_000_000, model="claude-opus-4-5")
     assert newer.used - older.used == 12 * whole
+    # The plan says which rule applied.
+    assert older.thinking_rule == "earlier-turns-free" and older.earlier_thinking_free == 12
+    assert "earlier turns' thinking not counted (12 reasoning items" in older.explain()
+    assert newer.thinking_rule == "whole" and newer.earlier_thinking_free == 0
+    assert "thinking not counted" not in newer.explain()
     # An unknown or newer Claude model keeps counting whole.
     assert pp.pack(history, new, 1_000_000, model="claude-sonnet-4-6").used == newer.used
 
