@@ -727,3 +727,43 @@ pub fn earlier_thinking(
     (0..last_user).filter(|&p| is_thinking(p)).collect()
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Costs 10 + position, counting how many positions it was asked for.
+    struct Fixed(usize);
+
+    impl CostSource for Fixed {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.0 += positions.len();
+            Ok(positions.iter().map(|&p| 10 + p as u64).collect())
+        }
+    }
+
+    #[test]
+    fn earlier_thinking_stands_before_the_last_user_message() {
+        // user, thinking, call, output, user, thinking, call
+        let user = |p: usize| p == 0 || p == 4;
+        let thinking = |p: usize| p == 1 || p == 5;
+        assert_eq!(earlier_thinking(7, &user, &thinking), vec![1]);
+        // Before the second user message is appended, the first turn's thinking is current.
+        assert_eq!(earlier_thinking(4, &user, &thinking), Vec::<usize>::new());
+        assert_eq!(earlier_thinking(7, &|_| false, &thinking), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn free_positions_cost_nothing_and_are_never_counted() {
+        let mut inner = Fixed(0);
+        let mut free = EarlierThinkingFree::new(&mut inner, vec![3, 1, 3]);
+        assert_eq!(free.costs(&[0, 1, 2, 3]).unwrap(), vec![10, 0, 12, 0]);
+        assert_eq!(free.masked_costs(&[1, 4]).unwrap(), vec![0, 14]);
+        assert_eq!(free.known(1), Some(0));
+        assert_eq!(free.lower_bound(3), 0);
+        assert_eq!(free.lower_bound(2), crate::tokens::ITEM_OVERHEAD);
+        assert!(!free.maskable(1));
+        // Only the positions that are not free reached the inner source.
+        assert_eq!(inner.0, 3);
+    }
+}
