@@ -641,11 +641,7 @@ impl<'a> EarlierThinkingFree<'a> {
         self.free.binary_search(&position).is_ok()
     }
 
-    fn split_costs(
-        &mut self,
-        positions: &[usize],
-        masked: bool,
-    ) -> Result<Vec<u64>, CostFailure> {
+    fn split_costs(&mut self, positions: &[usize], masked: bool) -> Result<Vec<u64>, CostFailure> {
         let counted: Vec<usize> = positions
             .iter()
             .copied()
@@ -727,7 +723,6 @@ pub fn earlier_thinking(
     (0..last_user).filter(|&p| is_thinking(p)).collect()
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,7 +745,10 @@ mod tests {
         assert_eq!(earlier_thinking(7, &user, &thinking), vec![1]);
         // Before the second user message is appended, the first turn's thinking is current.
         assert_eq!(earlier_thinking(4, &user, &thinking), Vec::<usize>::new());
-        assert_eq!(earlier_thinking(7, &|_| false, &thinking), Vec::<usize>::new());
+        assert_eq!(
+            earlier_thinking(7, &|_| false, &thinking),
+            Vec::<usize>::new()
+        );
     }
 
     #[test]
