@@ -73,3 +73,58 @@ def test_a_litellm_run_is_budgeted_with_the_models_own_counter(
     last = plans[-1]
     assert last.pack.budget == 3_000
     assert last.pack.used <= 3_000
+
+
+@pytest.mark.parametrize(
+    ("model", "rule"),
+    [
+        ("anthropic/claude-sonnet-4-5-20250929", "earlier-turns-free"),
+        ("anthropic/claude-opus-4-5", "whole"),
+    ],
+)
+def test_a_litellm_claude_run_costs_earlier_thinking_by_the_models_rule(
+    tmp_path: Path, model: str, rule: str
+) -> None:
+    # A history of Claude tool turns with thinking, as the SDK stores them through
+    # LitellmModel (docs/item-graph.md §1.2), then one more question.
+    turns = []
+    for i in range(3):
+        sig = f"EqQBCkgIARABGAIiQL{i:04d}" * 8
+        turns += [
+            {"role": "user", "content": f"question {i}"},
+            {
+                "type": "reasoning",
+                "id": "__fake_id__",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": LONG_ANSWER}],
+                "encrypted_content": sig,
+                "provider_data": {
+                    "thinking_blocks": [
+                        {"type": "thinking", "thinking": LONG_ANSWER, "signature": sig}
+                    ]
+                },
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                # Its own id: with the reasoning's "__fake_id__" too, the run's input holds
+                # only one of them (seen with openai-agents 0.24; not protoprompt's doing).
+                "id": f"msg_{i}",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+            },
+        ]
+    agent = _agent(model)
+    session = ProtoPromptSession("litellm", str(tmp_path / "a.db"))
+    plans: list = []
+    config = session.run_config(agent=agent, max_tokens=200_000, on_call=plans.append)
+
+    async def main() -> None:
+        await session.add_items(turns)
+        await Runner.run(agent, "And of Japan?", session=session, run_config=config)
+
+    asyncio.run(main())
+    [plan] = plans
+    assert plan.pack.thinking_rule == rule
+    assert plan.pack.earlier_thinking_free == (3 if rule != "whole" else 0)
+    assert ("earlier turns' thinking not counted" in plan.pack.explain()) == (rule != "whole")

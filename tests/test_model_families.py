@@ -428,7 +428,7 @@ def test_claude_thinking_is_costed_by_anthropics_rule_and_kept_with_its_call() -
     history = [item for i in range(12) for item in _claude_turn(i, CORPUS["english"])]
     for budget in (1_500, 3_000, 6_000, 12_000):
         result = pp.pack(
-            history, [{"role": "user", "content": "next"}], budget, model="claude-opus-4-1"
+            history, [{"role": "user", "content": "next"}], budget, model="claude-opus-4-5"
         )
         kept = {id(item) for item in result.items}
         thinking_kept = sum(id(i) in kept for i in history if i.get("type") == "reasoning")
@@ -445,3 +445,73 @@ def test_a_gemini_thought_signature_is_costed_with_its_call() -> None:
     # Sent back with the call (extra_content.google), counted as text: Google publishes no rule.
     assert pp.item_tokens(signed).total >= plain + 40
     assert pp.item_tokens(signed).opaque == 0
+
+
+def _kept_turns(result: pp.PackResult, history: list[dict]) -> int:
+    kept = {id(item) for item in result.items}
+    return sum(id(i) in kept for i in history if i.get("role") == "user")
+
+
+def test_older_claude_counts_only_the_current_turns_thinking() -> None:
+    # Claude 3.7, Sonnet 4 / 4.5, Haiku 4.5, Opus 4 / 4.1 strip earlier turns' thinking;
+    # Opus 4.5+ and Sonnet 4.6+ keep it (docs/item-graph.md §1.2): the same history fits
+    # more turns under the older model.
+    history = [item for i in range(12) for item in _claude_turn(i, CORPUS["english"])]
+    new = [{"role": "user", "content": "next"}]
+    for budget in (3_000, 6_000, 12_000):
+        older = pp.pack(history, new, budget, model="litellm/anthropic/claude-sonnet-4-5-20250929")
+        newer = pp.pack(history, new, budget, model="litellm/anthropic/claude-opus-4-5")
+        assert _kept_turns(older, history) > _kept_turns(newer, history), budget
+        # A free thinking item still goes with its call, never apart.
+        kept = {id(item) for item in older.items}
+        for p, item in enumerate(history):
+            if item.get("type") == "reasoning":
+                assert (id(item) in kept) == (id(history[p + 1]) in kept), (budget, p)
+    # Every thinking item before the last user message is free; the rest are counted whole.
+    thinking = history[1]
+    whole = pp.item_tokens(thinking, model="claude-sonnet-4-5").total
+    older = pp.pack(history, new, 1_000_000, model="anthropic/claude-3-7-sonnet")
+    newer = pp.pack(history, new, 1_000_000, model="claude-opus-4-5")
+    assert newer.used - older.used == 12 * whole
+    # The plan says which rule applied.
+    assert older.thinking_rule == "earlier-turns-free" and older.earlier_thinking_free == 12
+    assert "earlier turns' thinking not counted (12 reasoning items" in older.explain()
+    assert newer.thinking_rule == "whole" and newer.earlier_thinking_free == 0
+    assert "thinking not counted" not in newer.explain()
+    # An unknown or newer Claude model keeps counting whole.
+    assert pp.pack(history, new, 1_000_000, model="claude-sonnet-4-6").used == newer.used
+
+
+def test_current_turns_thinking_counts_whole_under_an_older_claude() -> None:
+    # A model call inside a run: the new input is the turn's own thinking and call after
+    # its user message; nothing of it is free.
+    history = [item for i in range(3) for item in _claude_turn(i, CORPUS["english"])]
+    current = _claude_turn(3, CORPUS["english"])
+    older = pp.pack(history + current[:1], current[1:], 1_000_000, model="claude-opus-4-1")
+    newer = pp.pack(history + current[:1], current[1:], 1_000_000, model="claude-opus-4-5")
+    whole = pp.item_tokens(current[1], model="claude-opus-4-1").total
+    assert newer.used - older.used == 3 * whole
+
+
+def test_an_index_never_reuses_a_thinking_cost_after_a_new_user_message() -> None:
+    # The index memoizes each item's whole cost; which thinking is "earlier" is decided per
+    # pack from positions. A pack inside a turn (its thinking current) then a pack after the
+    # next user message (the same thinking now earlier) must differ by exactly that item.
+    history = [item for i in range(3) for item in _claude_turn(i, CORPUS["english"])]
+    current = _claude_turn(3, CORPUS["english"])
+    index = pp.HistoryIndex()
+    model = "litellm/anthropic/claude-sonnet-4-5-20250929"
+    history.extend(current)
+    inside = index.pack(history, [], 1_000_000, model=model)
+    assert inside.index is not None
+    history.append({"role": "user", "content": "and now?"})
+    after = index.pack(history, [], 1_000_000, model=model)
+    whole = pp.item_tokens(current[1], model=model).total
+    user = pp.item_tokens(history[-1], model=model).total
+    assert after.used == inside.used + user - whole
+    # And back: a fresh index over the same items agrees with the reused one.
+    fresh = pp.HistoryIndex().pack(history, [], 1_000_000, model=model)
+    assert fresh.used == after.used
+    # Under a newer model the same index counts every thinking item whole.
+    newer = index.pack(history, [], 1_000_000, model="claude-opus-4-5")
+    assert newer.used == after.used + 4 * whole

@@ -103,6 +103,8 @@ class _PackDict(TypedDict):
     new_counts: NotRequired[list[tuple[bytes, int]]]  # only with count_store
     store_hits: NotRequired[int]  # only with count_store
     index: tuple[int, int, int, str | None]  # held, appended, regrouped from, why
+    thinking_rule: str  # "whole" or "earlier-turns-free"
+    earlier_thinking_free: int
 
 def count_tokens(text: str, *, model: str | None = None, encoding: str | None = None) -> int: ...
 def count_tokens_batch(

@@ -59,6 +59,13 @@ class PackResult:
     stop: FillStop | None = None
     """The unit the fill first missed at, with the tokens it had left then (``None``: every
     unit that could be sent fit)."""
+    thinking_rule: str = "whole"
+    """How Claude's earlier turns' thinking was costed: ``"whole"`` (every reasoning item
+    counted whole) or ``"earlier-turns-free"`` (the model, Claude 3.7, Sonnet 4 / 4.5, Haiku
+    4.5 or Opus 4 / 4.1, strips the thinking before the last user message: it cost 0; see
+    ``docs/item-graph.md`` §1.2)."""
+    earlier_thinking_free: int = 0
+    """Reasoning items costed 0 as earlier turns' thinking (``"earlier-turns-free"`` only)."""
 
     @property
     def totals(self) -> PackTotals:
@@ -211,6 +218,11 @@ class PackResult:
             lines[0] += (
                 f"; opaque payloads at x{self.opaque_scale:g} of the decoded-size rule "
                 "(calibrated; text, media and overhead at the rule)"
+            )
+        if self.thinking_rule == "earlier-turns-free":
+            lines[0] += (
+                f"; earlier turns' thinking not counted ({self.earlier_thinking_free:,} "
+                "reasoning items: the model strips it)"
             )
         if self.masked:
             lines.extend(self._explain_masked(max_units, name))

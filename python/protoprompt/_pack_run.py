@@ -151,6 +151,8 @@ def run_pack(
         count_store_hits=raw.get("store_hits") if count_store is not None else None,
         count_store_writes=len(raw["new_counts"]) if count_store is not None else None,
         stop=_stop(decisions, raw["stop"]),
+        thinking_rule=raw["thinking_rule"],
+        earlier_thinking_free=raw["earlier_thinking_free"],
     )
 
 

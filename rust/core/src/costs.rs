@@ -617,3 +617,151 @@ impl CountStore for NoStore {
         match *self {}
     }
 }
+
+/// A [`CostSource`] under a model that strips earlier turns' thinking
+/// ([`crate::tokens::strips_earlier_thinking`]): the positions in `free` (the thinking items
+/// before the last user message, [`earlier_thinking`]) cost 0, every other position what
+/// `inner` says. Built per pack call from the positions of that call, so a cost of 0 is never
+/// memoized: `inner`'s memo keeps each item's whole cost, and a new user message (which makes
+/// the thinking before it "earlier") changes only this call's `free`.
+pub struct EarlierThinkingFree<'a> {
+    inner: &'a mut dyn CostSource,
+    free: Vec<usize>,
+}
+
+impl<'a> EarlierThinkingFree<'a> {
+    /// `free` in any order.
+    pub fn new(inner: &'a mut dyn CostSource, mut free: Vec<usize>) -> Self {
+        free.sort_unstable();
+        free.dedup();
+        EarlierThinkingFree { inner, free }
+    }
+
+    fn is_free(&self, position: usize) -> bool {
+        self.free.binary_search(&position).is_ok()
+    }
+
+    fn split_costs(&mut self, positions: &[usize], masked: bool) -> Result<Vec<u64>, CostFailure> {
+        let counted: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|&p| !self.is_free(p))
+            .collect();
+        let mut costs = if masked {
+            self.inner.masked_costs(&counted)?
+        } else {
+            self.inner.costs(&counted)?
+        }
+        .into_iter();
+        Ok(positions
+            .iter()
+            .map(|&p| {
+                if self.is_free(p) {
+                    0
+                } else {
+                    costs.next().unwrap_or(0)
+                }
+            })
+            .collect())
+    }
+}
+
+impl CostSource for EarlierThinkingFree<'_> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.split_costs(positions, false)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_free(position) {
+            0
+        } else {
+            self.inner.lower_bound(position)
+        }
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.split_costs(members, true)
+    }
+
+    fn masked_lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_free(position) {
+            0
+        } else {
+            self.inner.masked_lower_bound(position)
+        }
+    }
+
+    fn masks(&self) -> bool {
+        self.inner.masks()
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        if self.is_free(position) {
+            Some(0)
+        } else {
+            self.inner.known(position)
+        }
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        !self.is_free(position) && self.inner.maskable(position)
+    }
+}
+
+/// The thinking items a model that strips earlier turns' thinking does not count: the
+/// positions below `len` where `is_thinking` holds that stand before the last position where
+/// `is_user` holds (the last user message; a tool result is its own item kind, never a user
+/// message). The current turn's thinking (after that message) is not among them.
+pub fn earlier_thinking(
+    len: usize,
+    is_user: &dyn Fn(usize) -> bool,
+    is_thinking: &dyn Fn(usize) -> bool,
+) -> Vec<usize> {
+    let Some(last_user) = (0..len).rev().find(|&p| is_user(p)) else {
+        return Vec::new();
+    };
+    (0..last_user).filter(|&p| is_thinking(p)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Costs 10 + position, counting how many positions it was asked for.
+    struct Fixed(usize);
+
+    impl CostSource for Fixed {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            self.0 += positions.len();
+            Ok(positions.iter().map(|&p| 10 + p as u64).collect())
+        }
+    }
+
+    #[test]
+    fn earlier_thinking_stands_before_the_last_user_message() {
+        // user, thinking, call, output, user, thinking, call
+        let user = |p: usize| p == 0 || p == 4;
+        let thinking = |p: usize| p == 1 || p == 5;
+        assert_eq!(earlier_thinking(7, &user, &thinking), vec![1]);
+        // Before the second user message is appended, the first turn's thinking is current.
+        assert_eq!(earlier_thinking(4, &user, &thinking), Vec::<usize>::new());
+        assert_eq!(
+            earlier_thinking(7, &|_| false, &thinking),
+            Vec::<usize>::new()
+        );
+    }
+
+    #[test]
+    fn free_positions_cost_nothing_and_are_never_counted() {
+        let mut inner = Fixed(0);
+        let mut free = EarlierThinkingFree::new(&mut inner, vec![3, 1, 3]);
+        assert_eq!(free.costs(&[0, 1, 2, 3]).unwrap(), vec![10, 0, 12, 0]);
+        assert_eq!(free.masked_costs(&[1, 4]).unwrap(), vec![0, 14]);
+        assert_eq!(free.known(1), Some(0));
+        assert_eq!(free.lower_bound(3), 0);
+        assert_eq!(free.lower_bound(2), crate::tokens::ITEM_OVERHEAD);
+        assert!(!free.maskable(1));
+        // Only the positions that are not free reached the inner source.
+        assert_eq!(inner.0, 3);
+    }
+}

@@ -7,8 +7,8 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
-use protoprompt_core::costs::StoreTally;
-use protoprompt_core::incremental::{Cut, TailGraph};
+use protoprompt_core::costs::{earlier_thinking, EarlierThinkingFree, StoreTally};
+use protoprompt_core::incremental::{Cut, GraphIndex, TailGraph};
 use protoprompt_core::indexed::{
     cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
 };
@@ -181,6 +181,7 @@ impl PyHistoryIndex {
             history_len,
             history_offset,
             masking,
+            strips_thinking,
         } = CallOptions::from_py(options)?;
         let offset = history_offset;
         let indexed = self.inner.len();
@@ -208,6 +209,7 @@ impl PyHistoryIndex {
             opts,
             masking,
             pinned,
+            strips_thinking,
         };
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
@@ -364,6 +366,8 @@ pub(crate) struct Call {
     pub(crate) opts: PackOptions,
     pub(crate) masking: Option<Masking>,
     pub(crate) pinned: Vec<usize>,
+    /// See `CallOptions::strips_thinking`.
+    pub(crate) strips_thinking: bool,
 }
 
 /// The `TokenizerError` for a tokenizer failure of the masking wrapper, if one ended the call.
@@ -454,13 +458,15 @@ impl PyHistoryIndex {
         py.detach(|| preload.wait());
         let view = index.view(&tail);
         let is_user = |p: usize| index.is_user_message(p);
+        let free = earlier_free(index, &new_metas, n_history, call.strips_thinking);
+        let earlier_free = free.len();
         let (packed, masked_failed): Packed = match call.masking {
             None => (
                 run_pack(py, context, |hook| {
                     pack_view_masked(
                         view,
                         &is_user,
-                        &mut source,
+                        &mut EarlierThinkingFree::new(&mut source, free),
                         &call.opts,
                         None,
                         &call.pinned,
@@ -487,7 +493,7 @@ impl PyHistoryIndex {
                     pack_view_masked(
                         view,
                         &is_user,
-                        &mut masked,
+                        &mut EarlierThinkingFree::new(&mut masked, free),
                         &call.opts,
                         Some(m),
                         &call.pinned,
@@ -517,11 +523,52 @@ impl PyHistoryIndex {
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
         let out = result_dict(py, &result, call.basis, call.opts.policy, table)?;
         out.set_item("index", index_use)?;
+        thinking_outcome(&out, call.strips_thinking, earlier_free)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
+}
+
+/// The positions whose thinking costs 0 in this call: under a model that strips earlier
+/// turns' thinking (`strips`), the reasoning items before the last user message of the
+/// history and the new input, decided here from positions (the memo keeps whole costs).
+fn earlier_free(
+    index: &GraphIndex,
+    new_metas: &[ItemMeta],
+    n_history: usize,
+    strips: bool,
+) -> Vec<usize> {
+    if !strips {
+        return Vec::new();
+    }
+    let user_at = |p: usize| {
+        if p < n_history {
+            index.is_user_message(p)
+        } else {
+            new_metas[p - n_history].is_user_message()
+        }
+    };
+    let thinking_at = |p: usize| {
+        if p < n_history {
+            index.kind(p) == ItemKind::Reasoning
+        } else {
+            new_metas[p - n_history].kind == ItemKind::Reasoning
+        }
+    };
+    earlier_thinking(n_history + new_metas.len(), &user_at, &thinking_at)
+}
+
+/// The thinking rule a pack applied and how many items it made free.
+fn thinking_outcome(out: &Bound<'_, PyDict>, strips: bool, free: usize) -> PyResult<()> {
+    let rule = if strips {
+        "earlier-turns-free"
+    } else {
+        "whole"
+    };
+    out.set_item("thinking_rule", rule)?;
+    out.set_item("earlier_thinking_free", free)
 }
 
 /// How a pack used the index: `(held, appended, regrouped_from, why)`, where units were

@@ -52,6 +52,9 @@ pub(crate) struct CallOptions<'py> {
     pub(crate) history_len: Option<usize>,
     pub(crate) history_offset: usize,
     pub(crate) masking: Option<Masking>,
+    /// The model strips earlier turns' thinking (older Claude generations): the thinking
+    /// before the last user message costs 0 in this call.
+    pub(crate) strips_thinking: bool,
 }
 
 impl<'py> CallOptions<'py> {
@@ -60,7 +63,12 @@ impl<'py> CallOptions<'py> {
         let raw: RawOptions<'py> = options.extract()?;
         let encoding = resolve_encoding(raw.model.as_deref(), raw.encoding.as_deref())
             .map_err(|e| token_error(py, e))?;
+        let strips_thinking = raw
+            .model
+            .as_deref()
+            .is_some_and(protoprompt_core::tokens::strips_earlier_thinking);
         Ok(CallOptions {
+            strips_thinking,
             core: PackOptions {
                 budget: raw.budget,
                 output_reserve: raw.output_reserve,

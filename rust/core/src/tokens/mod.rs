@@ -80,6 +80,7 @@ pub use media::{
     IMAGE_MAX_TOKENS, IMAGE_TILE_TOKENS, PDF_PAGE_IMAGE_TOKENS, PDF_TEXT_TOKENS_PER_PAGE,
     UNKNOWN_FILE_TOKENS,
 };
+pub use models::strips_earlier_thinking;
 pub use opaque::{
     decoded_len, opaque_tokens, OpaqueScale, COST_RULE, COST_RULE_COMPATIBLE,
     OPAQUE_BYTES_PER_TOKEN, OPAQUE_ENVELOPE_BYTES, OPAQUE_MARGIN_PERCENT,

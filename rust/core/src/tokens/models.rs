@@ -185,6 +185,64 @@ fn is_tekken(m: &str) -> bool {
         .is_some_and(|rest| rest.starts_with("25") || rest == "latest")
 }
 
+/// Whether `model` (written as for [`resolve`]) is a Claude generation that strips earlier
+/// turns' thinking from the context: Claude 3.x (3.7 Sonnet thinks), Sonnet 4 / 4.5, Haiku
+/// 4.5, Opus 4 / 4.1 (Anthropic's "Context windows" page:
+/// `context_window = (input_tokens - previous_thinking_tokens) + current_turn_tokens`).
+/// Opus 4.5 and later, Sonnet 4.6 and later keep it in context; an unknown or newer Claude
+/// model, or any other model, is `false` (its thinking is counted whole, the conservative
+/// side).
+pub fn strips_earlier_thinking(model: &str) -> bool {
+    let trimmed = model.trim();
+    let routed = strip_prefix_ci(trimmed, "litellm/").unwrap_or(trimmed);
+    let last = routed.rsplit('/').next().unwrap_or(routed);
+    for name in [routed, last] {
+        for part in colon_parts(name) {
+            for candidate in [part, without_dotted_prefixes(part)] {
+                let lower = candidate.to_ascii_lowercase();
+                if let Some(rest) = lower.strip_prefix("claude-") {
+                    return claude_strips(rest);
+                }
+            }
+        }
+    }
+    false
+}
+
+/// [`strips_earlier_thinking`] of a Claude name after `claude-`: its family word and its
+/// version numbers (the small numbers before a date or a suffix), in either order
+/// (`3-7-sonnet`, `sonnet-4-5-20250929`, `opus-4@20250514`, `4-sonnet`).
+fn claude_strips(rest: &str) -> bool {
+    let mut family = None;
+    let mut version: Vec<u32> = Vec::new();
+    let mut numbers_done = false;
+    for token in rest.split(['-', '.', '@', '_', ':']) {
+        if ["opus", "sonnet", "haiku"].contains(&token) {
+            family.get_or_insert(token);
+            if !version.is_empty() {
+                numbers_done = true;
+            }
+        } else if !numbers_done && token.len() <= 2 && token.bytes().all(|b| b.is_ascii_digit()) {
+            version.extend(token.parse::<u32>().ok());
+        } else if !version.is_empty() {
+            numbers_done = true;
+        }
+        if numbers_done && family.is_some() {
+            break;
+        }
+    }
+    let (Some(&major), minor) = (version.first(), version.get(1).copied().unwrap_or(0)) else {
+        return false;
+    };
+    match (major, family) {
+        (3, _) => true,
+        (4, Some("sonnet")) => minor == 0 || minor == 5,
+        (4, Some("opus")) => minor <= 1,
+        (4, Some("haiku")) => minor == 5,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +347,38 @@ mod tests {
         ];
         for (name, want) in table {
             assert_eq!(resolve(name), want, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn claude_generations_that_strip_earlier_thinking() {
+        for m in [
+            "litellm/anthropic/claude-sonnet-4-5-20250929",
+            "anthropic/claude-3-7-sonnet",
+            "claude-3-7-sonnet-latest",
+            "claude-opus-4-1",
+            "anthropic:claude-haiku-4-5",
+            "litellm/vertex_ai/claude-opus-4@20250514",
+            "us.anthropic.claude-sonnet-4-20250514-v1:0",
+            "claude-sonnet-4-20250514",
+            "claude-4-sonnet",
+            "CLAUDE-OPUS-4-1-20250805",
+        ] {
+            assert!(strips_earlier_thinking(m), "{m}");
+        }
+        for m in [
+            "claude-opus-4-5",
+            "litellm/anthropic/claude-opus-4-5-20251101",
+            "claude-sonnet-4-6",
+            "claude-opus-4-6",
+            "claude-opus-5",
+            "claude-haiku-4-6",
+            "claude",
+            "claude-sonnet-latest",
+            "gpt-5",
+            "litellm/deepseek/deepseek-chat",
+        ] {
+            assert!(!strips_earlier_thinking(m), "{m}");
         }
     }
 }
