@@ -924,15 +924,19 @@ impl<'a> GraphBuilder<'a> {
             }
             let last_model = (start..=end).rev().find(|&i| items[i].is_model_emitted());
             // A Chat Completions model's message follows only that provider's reasoning.
-            let last_chat = (start..=end).rev().find(|&i| {
-                items[i].is_model_emitted() || items[i].is_chat_model_message()
-            });
+            let last_chat = (start..=end)
+                .rev()
+                .find(|&i| items[i].is_model_emitted() || items[i].is_chat_model_message());
             if let Some(r0) = (start..=end).find(|&i| items[i].is_reasoning()) {
                 for i in r0 + 1..=end {
                     self.dsu.union(r0, i);
                 }
                 for (i, it) in items.iter().enumerate().take(end + 1).skip(r0) {
-                    let follower = if it.is_chat_reasoning() { last_chat } else { last_model };
+                    let follower = if it.is_chat_reasoning() {
+                        last_chat
+                    } else {
+                        last_model
+                    };
                     if it.is_reasoning() && follower.is_none_or(|m| m < i) {
                         self.flag(InvalidReason::DanglingReasoning, i);
                     }
