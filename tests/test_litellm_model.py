@@ -107,9 +107,9 @@ def test_a_litellm_claude_run_costs_earlier_thinking_by_the_models_rule(
             {
                 "type": "message",
                 "role": "assistant",
-                # Its own id: with the reasoning's "__fake_id__" too, the run's input holds
-                # only one of them (seen with openai-agents 0.24; not protoprompt's doing).
-                "id": f"msg_{i}",
+                # LiteLLM gives the final text the placeholder id too: it follows its
+                # thinking (docs/item-graph.md §6.3), which stays in the request.
+                "id": "__fake_id__",
                 "status": "completed",
                 "content": [{"type": "output_text", "text": "ok", "annotations": []}],
             },
@@ -125,6 +125,8 @@ def test_a_litellm_claude_run_costs_earlier_thinking_by_the_models_rule(
 
     asyncio.run(main())
     [plan] = plans
+    # Every earlier turn's thinking is sent with the final text it belongs to.
+    assert sum(1 for x in plan.items if x.get("type") == "reasoning") == 3
     assert plan.pack.thinking_rule == rule
     assert plan.pack.earlier_thinking_free == (3 if rule != "whole" else 0)
     assert ("earlier turns' thinking not counted" in plan.pack.explain()) == (rule != "whole")

@@ -53,6 +53,7 @@ FRAGMENTS = [
     "developer_message",
     "idless_reasoning",
     "claude_thinking",
+    "claude_thinking_answer",
     "gemini_signed_call",
     "computer_pair",
     "local_shell_pair",
@@ -311,7 +312,7 @@ def _more_fragment(
     if kind == "gemini_signed_call":  # Gemini's thought signature on its call (§1.3)
         signed = dict(fc, provider_data={"thought_signature": f"CiQB{i}"})
         return [signed, fo, msg]
-    if kind == "claude_thinking":  # Claude through LitellmModel (§1.2)
+    if kind in ("claude_thinking", "claude_thinking_answer"):  # Claude via LitellmModel (§1.2)
         thinking = {
             "type": "reasoning",
             "id": "__fake_id__",
@@ -325,6 +326,8 @@ def _more_fragment(
                 ]
             },
         }
+        if kind == "claude_thinking_answer":  # thinking, then the final text (§6.3)
+            return [thinking, dict(msg, id="__fake_id__", status="completed")]
         return [thinking, fc, fo, msg]
     if kind == "idless_reasoning":  # reasoning_item_id_policy="omit" (TV41)
         bare = {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}

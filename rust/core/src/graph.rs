@@ -905,8 +905,12 @@ impl<'a> GraphBuilder<'a> {
     fn join_reasoning_blocks(&mut self) {
         let items = self.items;
         let n = items.len();
-        let continues =
-            |it: &ItemMeta| it.is_reasoning() || it.is_model_emitted() || it.is_server_output();
+        let continues = |it: &ItemMeta| {
+            it.is_reasoning()
+                || it.is_model_emitted()
+                || it.is_server_output()
+                || it.is_chat_model_message()
+        };
         let mut p = 0;
         while p < n {
             if !continues(items[p]) {
@@ -919,12 +923,21 @@ impl<'a> GraphBuilder<'a> {
                 end += 1;
             }
             let last_model = (start..=end).rev().find(|&i| items[i].is_model_emitted());
+            // A Chat Completions model's message follows only that provider's reasoning.
+            let last_chat = (start..=end)
+                .rev()
+                .find(|&i| items[i].is_model_emitted() || items[i].is_chat_model_message());
             if let Some(r0) = (start..=end).find(|&i| items[i].is_reasoning()) {
                 for i in r0 + 1..=end {
                     self.dsu.union(r0, i);
                 }
                 for (i, it) in items.iter().enumerate().take(end + 1).skip(r0) {
-                    if it.is_reasoning() && last_model.is_none_or(|m| m < i) {
+                    let follower = if it.is_chat_reasoning() {
+                        last_chat
+                    } else {
+                        last_model
+                    };
+                    if it.is_reasoning() && follower.is_none_or(|m| m < i) {
                         self.flag(InvalidReason::DanglingReasoning, i);
                     }
                 }
@@ -1155,6 +1168,28 @@ mod tests {
                 (vec![3], vec![]),
                 (vec![4, 5, 6], vec![])
             ]
+        );
+    }
+
+    #[test]
+    fn chat_reasoning_is_followed_by_a_placeholder_message() {
+        // Claude's thinking through LiteLLM, then the turn's final text: both carry
+        // `__fake_id__`; the converter sends them as one assistant message (§6.3).
+        let thinking = json!({"type":"reasoning","id":"__fake_id__","summary":[],
+                              "provider_data":{"thinking_blocks":[]}});
+        let msg = json!({"type":"message","role":"assistant","id":"__fake_id__",
+                         "status":"completed","content":[]});
+        let g = graph_of(json!([user(), thinking, msg, user()]), json!([]));
+        assert_eq!(
+            summary(&g),
+            vec![(vec![0], vec![]), (vec![1, 2], vec![]), (vec![3], vec![])]
+        );
+        // An OpenAI reasoning item needs a model-emitted follower: a placeholder message is not.
+        let rs = json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"});
+        let g = graph_of(json!([user(), rs, msg]), json!([]));
+        assert_eq!(
+            summary(&g),
+            vec![(vec![0], vec![]), (vec![1, 2], vec!["dangling_reasoning"])]
         );
     }
 

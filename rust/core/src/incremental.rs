@@ -196,7 +196,7 @@ struct AnonEntry {
 
 /// Member of a reasoning run (E4, docs/item-graph.md §12.2).
 fn continues(m: &ItemMeta) -> bool {
-    m.is_reasoning() || m.is_model_emitted() || m.is_server_output()
+    m.is_reasoning() || m.is_model_emitted() || m.is_server_output() || m.is_chat_model_message()
 }
 
 /// Make room for `needed` more elements; when growing, leave `headroom` free.

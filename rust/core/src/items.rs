@@ -615,6 +615,24 @@ impl ItemMeta {
         self.kind == ItemKind::Reasoning
     }
 
+    /// A Chat Completions provider's reasoning (docs/item-graph.md §6.3): the SDK's
+    /// `__fake_id__` placeholder or `provider_data` (Claude's thinking through LiteLLM,
+    /// DeepSeek's reasoning content). `OpenAIResponsesModel` never sends it (it removes
+    /// reasoning items with `provider_data`); the Chat Completions converter sends it with the
+    /// assistant message after it, which may then carry the placeholder id too.
+    pub fn is_chat_reasoning(&self) -> bool {
+        self.is_reasoning()
+            && (self.raw.has_provider_data || self.raw.id.as_deref() == Some(FAKE_ID))
+    }
+
+    /// An assistant message a Chat Completions model produced: `type:"message"` with the
+    /// SDK's `__fake_id__` placeholder. A legal follower of [`Self::is_chat_reasoning`] only.
+    pub fn is_chat_model_message(&self) -> bool {
+        self.kind == ItemKind::AssistantInputMessage
+            && self.raw.item_type.as_deref() == Some("message")
+            && self.raw.id.as_deref() == Some(FAKE_ID)
+    }
+
     pub fn is_foreign(&self) -> bool {
         matches!(self.kind, ItemKind::Foreign(_))
     }

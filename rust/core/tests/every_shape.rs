@@ -50,7 +50,7 @@ fn exact_at(idx: &GraphIndex, case: &Case, full: &Graph, c: usize) -> bool {
 
 /// Member of a reasoning run (the runs the cut never splits, docs/item-graph.md §12.2 E4).
 fn continues(m: &ItemMeta) -> bool {
-    m.is_reasoning() || m.is_model_emitted() || m.is_server_output()
+    m.is_reasoning() || m.is_model_emitted() || m.is_server_output() || m.is_chat_model_message()
 }
 
 /// The latest cut at or before `from` that the item rules allow: exact, and not inside a run
