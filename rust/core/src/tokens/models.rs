@@ -50,25 +50,24 @@ const DOTTED_PREFIXES: [&str; 12] = [
 
 /// The encoding of `model` (see the module's rules), or None.
 pub(crate) fn resolve(model: &str) -> Option<Encoding> {
+    name_candidates(model).find_map(|candidate| {
+        Encoding::for_openai_model(candidate).or_else(|| family(&candidate.to_ascii_lowercase()))
+    })
+}
+
+/// The spellings of a model name as users write it for the SDK, most specific first: the
+/// name without a `litellm/` route, then its last `/` segment; of each, the whole, the part
+/// after its first `:` and the part before it; of each of those, as written and without
+/// Bedrock `region.` / `vendor.` prefixes. Never an empty string.
+fn name_candidates(model: &str) -> impl Iterator<Item = &str> {
     let trimmed = model.trim();
     let routed = strip_prefix_ci(trimmed, "litellm/").unwrap_or(trimmed);
     let last = routed.rsplit('/').next().unwrap_or(routed);
-    for name in [routed, last] {
-        for part in colon_parts(name) {
-            for candidate in [part, without_dotted_prefixes(part)] {
-                if candidate.is_empty() {
-                    continue;
-                }
-                if let Some(e) = Encoding::for_openai_model(candidate) {
-                    return Some(e);
-                }
-                if let Some(e) = family(&candidate.to_ascii_lowercase()) {
-                    return Some(e);
-                }
-            }
-        }
-    }
-    None
+    [routed, last]
+        .into_iter()
+        .flat_map(colon_parts)
+        .flat_map(|part| [part, without_dotted_prefixes(part)])
+        .filter(|candidate| !candidate.is_empty())
 }
 
 /// `name`, then the part after its first `:`, then the part before it.
@@ -193,20 +192,12 @@ fn is_tekken(m: &str) -> bool {
 /// model, or any other model, is `false` (its thinking is counted whole, the conservative
 /// side).
 pub fn strips_earlier_thinking(model: &str) -> bool {
-    let trimmed = model.trim();
-    let routed = strip_prefix_ci(trimmed, "litellm/").unwrap_or(trimmed);
-    let last = routed.rsplit('/').next().unwrap_or(routed);
-    for name in [routed, last] {
-        for part in colon_parts(name) {
-            for candidate in [part, without_dotted_prefixes(part)] {
-                let lower = candidate.to_ascii_lowercase();
-                if let Some(rest) = lower.strip_prefix("claude-") {
-                    return claude_strips(rest);
-                }
-            }
-        }
-    }
-    false
+    name_candidates(model)
+        .find_map(|candidate| {
+            let lower = candidate.to_ascii_lowercase();
+            lower.strip_prefix("claude-").map(claude_strips)
+        })
+        .unwrap_or(false)
 }
 
 /// [`strips_earlier_thinking`] of a Claude name after `claude-`: its family word and its
