@@ -4,8 +4,20 @@
 //! costs about the larger of the two instead of their sum. A failed classification puts the
 //! index back as it was, memory included.
 
+use crate::costs::{
+    earlier_thinking, CostEngine, CostFailure, CountStore, EarlierThinkingFree, ItemSource,
+};
+use crate::graph::GraphView;
+use crate::incremental::GraphIndex;
 use crate::indexed::IndexedHistory;
+use crate::indexed::{counted_masked_window_start, counted_window_start};
+use crate::items::ItemKind;
 use crate::items::ItemMeta;
+use crate::mask::{MaskMemo, MaskedCosts, MaskedField, Masking, ValueSource};
+use crate::pack::{pack_view_masked, ContextHook, CostSource, PackError, PackOptions, PackResult};
+use std::sync::Arc;
+
+use crate::tokens::{CostBasis, TokenError};
 
 /// Items classified per step (bounds the full-size copies: up to three chunks are alive
 /// while pipelined). At 100k items, 2048 gave the speed of 4096 with a peak 6-8 MB lower
@@ -107,6 +119,132 @@ impl IndexedHistory {
     }
 }
 
+/// The window start a later `window_start` with `budget` finds from exact costs, counted
+/// over `engine` for the history from `offset` on: `counted_window_start`, or with
+/// `masking` `counted_masked_window_start` (masked costs kept in `masks`), behind one call.
+/// Returns the start or the cost failure that ended the walk, and the tokenizer failure of
+/// the masking wrapper (its position and error) if one ended it.
+#[allow(clippy::too_many_arguments)]
+pub fn counted_window<F: ItemSource, S: CountStore>(
+    graph: &GraphIndex,
+    engine: &mut CostEngine<'_, F, S>,
+    masks: &mut MaskMemo,
+    basis: CostBasis,
+    masking: Option<Masking>,
+    n_history: usize,
+    budget: u64,
+    offset: usize,
+) -> (Result<usize, CostFailure>, Option<(usize, TokenError)>) {
+    let Some(m) = masking else {
+        return (counted_window_start(graph, engine, budget, offset), None);
+    };
+    let kinds = |p: usize| graph.kind(p);
+    let mut masked = MaskedCosts::new(engine, basis, m.excerpt_tokens)
+        .with_memo(masks, n_history)
+        .with_kinds(&kinds);
+    let walked = counted_masked_window_start(graph, &mut masked, budget, offset);
+    let failure = masked.tokenizer_failure().map(|(p, e)| (p, e.clone()));
+    (walked, failure)
+}
+
+/// A pack's result and the masked copies of the tool outputs it masked (`(position, copy)`).
+pub type Packed = (PackResult, Vec<(usize, Arc<MaskedField>)>);
+
+/// Why [`pack_indexed`] ended without a pack: the packer's error, or an item the masked
+/// copies could not be made of.
+#[derive(Debug)]
+pub enum PackFailure {
+    Pack(PackError),
+    Item(CostFailure),
+}
+
+/// The positions whose thinking costs 0 in one pack: under a model that strips earlier
+/// turns' thinking (`strips`, [`crate::tokens::strips_earlier_thinking`]), the reasoning
+/// items before the last user message of the history (`graph`, `n_history` items) and the
+/// new input (`new_input`), decided from positions (the index's memo keeps whole costs).
+pub fn earlier_thinking_free(
+    graph: &GraphIndex,
+    new_input: &[ItemMeta],
+    n_history: usize,
+    strips: bool,
+) -> Vec<usize> {
+    if !strips {
+        return Vec::new();
+    }
+    let user_at = |p: usize| {
+        if p < n_history {
+            graph.is_user_message(p)
+        } else {
+            new_input[p - n_history].is_user_message()
+        }
+    };
+    let thinking_at = |p: usize| {
+        if p < n_history {
+            graph.kind(p) == ItemKind::Reasoning
+        } else {
+            new_input[p - n_history].kind == ItemKind::Reasoning
+        }
+    };
+    earlier_thinking(n_history + new_input.len(), &user_at, &thinking_at)
+}
+
+/// Pack `view` (the index `graph` with a tail of new input) over `costs`, unmasked or with
+/// `masking` (masked costs kept in `masks`, the masked copies made), behind one call: the
+/// outcome, and the tokenizer failure of the masking wrapper (its position and error) if
+/// one ended the pack. Positions from `n_history` on are new input, never masked; the
+/// positions in `free` (see [`earlier_thinking_free`]) cost 0, masked or not.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_indexed<C: CostSource + ValueSource>(
+    graph: &GraphIndex,
+    view: GraphView<'_>,
+    costs: &mut C,
+    masks: &mut MaskMemo,
+    basis: CostBasis,
+    opts: &PackOptions,
+    masking: Option<Masking>,
+    pinned: &[usize],
+    n_history: usize,
+    free: Vec<usize>,
+    context: Option<ContextHook<'_>>,
+) -> (Result<Packed, PackFailure>, Option<(usize, TokenError)>) {
+    let is_user = |p: usize| graph.is_user_message(p);
+    let Some(m) = masking else {
+        let mut costs = EarlierThinkingFree::new(costs, free);
+        let packed = pack_view_masked(view, &is_user, &mut costs, opts, None, pinned, context);
+        return (
+            packed.map(|r| (r, Vec::new())).map_err(PackFailure::Pack),
+            None,
+        );
+    };
+    // Masked units are history units (never new input): the guard only keeps a position
+    // past the history from reaching the index.
+    let kinds = |p: usize| {
+        if p < n_history {
+            graph.kind(p)
+        } else {
+            ItemKind::UserMessage
+        }
+    };
+    let mut masked = MaskedCosts::new(costs, basis, m.excerpt_tokens)
+        .with_memo(masks, n_history)
+        .with_kinds(&kinds);
+    let packed = {
+        let mut source = EarlierThinkingFree::new(&mut masked, free);
+        pack_view_masked(view, &is_user, &mut source, opts, Some(m), pinned, context)
+    };
+    let packed = packed.map_err(PackFailure::Pack).and_then(|r| {
+        let units: Vec<&[usize]> = r
+            .masked_units
+            .iter()
+            .map(|&u| view.unit(u).members.as_slice())
+            .collect();
+        let copies = masked.copies(&units).map_err(PackFailure::Item)?;
+        Ok((r, copies))
+    });
+    let failure = masked.tokenizer_failure().map(|(p, e)| (p, e.clone()));
+    (packed, failure)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +267,188 @@ mod tests {
 
     fn direct(f: &mut (dyn FnMut() + Send)) {
         f();
+    }
+
+    struct Values(Vec<serde_json::Value>);
+
+    impl crate::costs::ItemSource for Values {
+        fn values(&mut self, positions: &[usize]) -> Result<Vec<serde_json::Value>, CostFailure> {
+            Ok(positions.iter().map(|&p| self.0[p].clone()).collect())
+        }
+    }
+
+    /// A history whose tool outputs are long: masked, they cost far less.
+    fn long_outputs(turns: usize) -> Vec<serde_json::Value> {
+        let long = "word ".repeat(400);
+        (0..turns)
+            .flat_map(|t| {
+                [
+                    json!({"role": "user", "content": format!("question {t}")}),
+                    json!({"type": "function_call", "call_id": format!("c{t}"),
+                           "name": "f", "arguments": "{}"}),
+                    json!({"type": "function_call_output", "call_id": format!("c{t}"),
+                           "output": format!("{t} {long}")}),
+                ]
+            })
+            .collect()
+    }
+
+    /// `counted_window` with `masking` from a fresh index of `items`.
+    fn window_of(items: &[serde_json::Value], masking: Option<Masking>, budget: u64) -> usize {
+        let mut index = IndexedHistory::new();
+        index.append(
+            items
+                .iter()
+                .map(|i| ItemMeta::from_json(i).unwrap())
+                .collect(),
+        );
+        let n = index.len();
+        let basis = CostBasis::from(crate::tokens::Encoding::O200kBase);
+        let (graph, costs, masks) = index.graph_costs_and_masks();
+        let mut engine = CostEngine::<_, crate::costs::NoStore>::new(Values(items.to_vec()), basis)
+            .with_memo(costs, n);
+        let (start, failure) =
+            counted_window(graph, &mut engine, masks, basis, masking, n, budget, 0);
+        assert!(failure.is_none());
+        start.expect("the items cost")
+    }
+
+    #[test]
+    fn one_call_counts_the_masked_and_the_unmasked_window() {
+        let items = long_outputs(12);
+        let budget = 2_000;
+        // Unmasked: as the core's own walk over exact costs.
+        let mut index = IndexedHistory::new();
+        index.append(
+            items
+                .iter()
+                .map(|i| ItemMeta::from_json(i).unwrap())
+                .collect(),
+        );
+        let n = index.len();
+        let (graph, costs, _) = index.graph_costs_and_masks();
+        let mut engine = CostEngine::<_, crate::costs::NoStore>::new(
+            Values(items.clone()),
+            crate::tokens::Encoding::O200kBase,
+        )
+        .with_memo(costs, n);
+        let direct = counted_window_start(graph, &mut engine, budget, 0).unwrap();
+        let plain = window_of(&items, None, budget);
+        assert_eq!(plain, direct);
+        assert!(plain > 0, "the budget must not reach the oldest unit");
+        // Masked: tool outputs count at most their masked cost, so the window reaches back
+        // further with the same budget.
+        let masking = Masking::checked(64, None).unwrap();
+        let masked = window_of(&items, Some(masking), budget);
+        assert!(masked < plain, "masked {masked}, unmasked {plain}");
+    }
+
+    /// `pack_indexed` over a fresh index of `items` with one new user message.
+    fn pack_of(items: &[serde_json::Value], masking: Option<Masking>, budget: u64) -> Packed {
+        let mut index = IndexedHistory::new();
+        index.append(
+            items
+                .iter()
+                .map(|i| ItemMeta::from_json(i).unwrap())
+                .collect(),
+        );
+        let n = index.len();
+        let new = json!({"role": "user", "content": "and now?"});
+        let new_metas = vec![ItemMeta::from_json(&new).unwrap()];
+        let mut all = items.to_vec();
+        all.push(new);
+        let basis = CostBasis::from(crate::tokens::Encoding::O200kBase);
+        let (graph, costs, masks) = index.graph_costs_and_masks();
+        let tail = graph.tail(&new_metas);
+        let view = graph.view(&tail);
+        let mut engine =
+            CostEngine::<_, crate::costs::NoStore>::new(Values(all), basis).with_memo(costs, n);
+        let opts = PackOptions {
+            budget,
+            output_reserve: 0,
+            context_tokens: 0,
+            policy: crate::pack::Policy::Contiguous,
+        };
+        let (packed, failure) = pack_indexed(
+            graph,
+            view,
+            &mut engine,
+            masks,
+            basis,
+            &opts,
+            masking,
+            &[],
+            n,
+            Vec::new(),
+            None,
+        );
+        assert!(failure.is_none());
+        packed.expect("a pack")
+    }
+
+    #[test]
+    fn one_call_packs_masked_and_unmasked() {
+        let items = long_outputs(12);
+        let (plain, copies) = pack_of(&items, None, 3_000);
+        assert!(copies.is_empty());
+        assert!(plain.masked_units.is_empty());
+        assert!(!plain.kept_history.is_empty());
+        assert!(plain.kept_history.len() < items.len());
+        let masking = Masking::checked(64, Some(1)).unwrap();
+        let (masked, copies) = pack_of(&items, Some(masking), 3_000);
+        // Older outputs masked: more of the history is kept, each masked output has its copy.
+        assert!(masked.kept_history.len() > plain.kept_history.len());
+        assert!(!copies.is_empty());
+        assert!(masked.masking_saved > 0);
+        for (p, _) in &copies {
+            assert!(masked.kept_history.contains(p));
+            assert_eq!(items[*p]["type"], "function_call_output");
+        }
+        // New input is never masked.
+        assert!(copies.iter().all(|(p, _)| *p < items.len()));
+    }
+
+    #[test]
+    fn a_context_error_ends_the_pack() {
+        let items = long_outputs(2);
+        let mut index = IndexedHistory::new();
+        index.append(
+            items
+                .iter()
+                .map(|i| ItemMeta::from_json(i).unwrap())
+                .collect(),
+        );
+        let n = index.len();
+        let basis = CostBasis::from(crate::tokens::Encoding::O200kBase);
+        let (graph, costs, masks) = index.graph_costs_and_masks();
+        let tail = graph.tail(&[]);
+        let mut engine = CostEngine::<_, crate::costs::NoStore>::new(Values(items.clone()), basis)
+            .with_memo(costs, n);
+        let opts = PackOptions {
+            budget: 10_000,
+            output_reserve: 0,
+            context_tokens: 0,
+            policy: crate::pack::Policy::Contiguous,
+        };
+        let mut hook = |_: u64| Err(PackError::Context("no room".into()));
+        let masking = Masking::checked(64, None).ok();
+        let (packed, _) = pack_indexed(
+            graph,
+            graph.view(&tail),
+            &mut engine,
+            masks,
+            basis,
+            &opts,
+            masking,
+            &[],
+            n,
+            Vec::new(),
+            Some(&mut hook),
+        );
+        assert!(matches!(
+            packed,
+            Err(PackFailure::Pack(PackError::Context(_)))
+        ));
     }
 
     #[test]

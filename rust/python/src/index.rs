@@ -7,16 +7,17 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
-use protoprompt_core::costs::{earlier_thinking, EarlierThinkingFree, StoreTally};
-use protoprompt_core::incremental::{Cut, GraphIndex, TailGraph};
-use protoprompt_core::indexed::{
-    cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
+use protoprompt_core::costs::StoreTally;
+use protoprompt_core::incremental::{Cut, TailGraph};
+use protoprompt_core::indexed::{cost_over, IndexedHistory};
+use protoprompt_core::items::ItemMeta;
+use protoprompt_core::mask::{MaskedField, Masking};
+use protoprompt_core::pack::{CostFailure, PackError, PackOptions};
+use protoprompt_core::pipeline::{
+    counted_window, earlier_thinking_free, pack_indexed, PackFailure,
 };
-use protoprompt_core::items::{ItemKind, ItemMeta};
-use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
-use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::span::{indexed_span, pack_span};
-use protoprompt_core::tokens::{CostBasis, Loading};
+use protoprompt_core::tokens::{CostBasis, Loading, TokenError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -336,21 +337,10 @@ impl PyHistoryIndex {
         let mut source = PyCosts::new(items, basis)
             .with_memo(costs, n)
             .with_store(store);
-        let (walked, masked_failure) = match masking {
-            None => (
-                py.detach(|| counted_window_start(index, &mut source, budget, offset)),
-                None,
-            ),
-            Some(m) => {
-                let kinds = |p: usize| index.kind(p);
-                let mut masked = MaskedCosts::new(&mut source, basis, m.excerpt_tokens)
-                    .with_memo(masks, n)
-                    .with_kinds(&kinds);
-                let walked =
-                    py.detach(|| counted_masked_window_start(index, &mut masked, budget, offset));
-                (walked, masked_failure(py, n, &masked))
-            }
-        };
+        let (walked, masked_failed) = py.detach(|| {
+            counted_window(index, &mut source, masks, basis, masking, n, budget, offset)
+        });
+        let masked_failure = masked_failed.map(|(p, e)| masked_error(py, n, p, &e));
         let walked = walked.map_err(|f| pack_error(py, item_failure(n, f)));
         let (start, _, link) = settle(py, n, source, walked, masked_failure)?;
         let out = PyDict::new(py);
@@ -370,14 +360,10 @@ pub(crate) struct Call {
     pub(crate) strips_thinking: bool,
 }
 
-/// The `TokenizerError` for a tokenizer failure of the masking wrapper, if one ended the call.
-fn masked_failure<C>(py: Python<'_>, n_history: usize, masked: &MaskedCosts<'_, C>) -> Option<PyErr>
-where
-    C: protoprompt_core::pack::CostSource + protoprompt_core::mask::ValueSource,
-{
-    let (position, failure) = masked.tokenizer_failure()?;
+/// The `TokenizerError` for the masking wrapper's tokenizer failure at `position`.
+fn masked_error(py: Python<'_>, n_history: usize, position: usize, failure: &TokenError) -> PyErr {
     let message = format!("{}: {failure}", label(n_history, position));
-    Some(raise::<classes::TokenizerError>(py, (message,)))
+    raise::<classes::TokenizerError>(py, (message,))
 }
 
 /// What a call did with its count store (see `store_outcome`).
@@ -421,13 +407,6 @@ fn item_failure(n_history: usize, f: CostFailure) -> PackError {
     }
 }
 
-/// The outcome of the core pack: the result and the masked copies (`(position, copy)`), or
-/// the error, with a tokenizer failure of the masking wrapper if one ended it.
-type Packed = (
-    PyResult<(PackResult, Vec<(usize, Arc<MaskedField>)>)>,
-    Option<PyErr>,
-);
-
 impl PyHistoryIndex {
     /// The part of `pack` after the arguments are checked and the items taken (see there).
     #[allow(clippy::too_many_arguments)]
@@ -457,62 +436,30 @@ impl PyHistoryIndex {
         let tail = py.detach(|| index.tail(&new_metas));
         py.detach(|| preload.wait());
         let view = index.view(&tail);
-        let is_user = |p: usize| index.is_user_message(p);
-        let free = earlier_free(index, &new_metas, n_history, call.strips_thinking);
+        let free = earlier_thinking_free(index, &new_metas, n_history, call.strips_thinking);
         let earlier_free = free.len();
-        let (packed, masked_failed): Packed = match call.masking {
-            None => (
-                run_pack(py, context, |hook| {
-                    pack_view_masked(
-                        view,
-                        &is_user,
-                        &mut EarlierThinkingFree::new(&mut source, free),
-                        &call.opts,
-                        None,
-                        &call.pinned,
-                        hook,
-                    )
-                })
-                .map(|r| (r, Vec::new())),
-                None,
-            ),
-            Some(m) => {
-                // Masked units are history units (never new input): the guard only keeps a
-                // position past the history from reaching the index.
-                let kinds = |p: usize| {
-                    if p < n_history {
-                        index.kind(p)
-                    } else {
-                        ItemKind::UserMessage
-                    }
-                };
-                let mut masked = MaskedCosts::new(&mut source, call.basis, m.excerpt_tokens)
-                    .with_memo(masks, n_history)
-                    .with_kinds(&kinds);
-                let packed = run_pack(py, context, |hook| {
-                    pack_view_masked(
-                        view,
-                        &is_user,
-                        &mut EarlierThinkingFree::new(&mut masked, free),
-                        &call.opts,
-                        Some(m),
-                        &call.pinned,
-                        hook,
-                    )
-                })
-                .and_then(|r| {
-                    let units: Vec<&[usize]> = r
-                        .masked_units
-                        .iter()
-                        .map(|&u| view.unit(u).members.as_slice())
-                        .collect();
-                    let copies = py.detach(|| masked.copies(&units));
-                    copies
-                        .map(|c| (r, c))
-                        .map_err(|f| pack_error(py, item_failure(n_history, f)))
-                });
-                (packed, masked_failure(py, n_history, &masked))
-            }
+        let ((outcome, masked_failed), hook_error) = run_pack(py, context, |hook| {
+            let (c, m) = (call.masking, &call.pinned);
+            pack_indexed(
+                index,
+                view,
+                &mut source,
+                masks,
+                call.basis,
+                &call.opts,
+                c,
+                m,
+                n_history,
+                free,
+                hook,
+            )
+        });
+        let masked_failed = masked_failed.map(|(p, e)| masked_error(py, n_history, p, &e));
+        let packed = match (hook_error, outcome) {
+            (Some(e), _) => Err(e),
+            (None, Ok(packed)) => Ok(packed),
+            (None, Err(PackFailure::Pack(e))) => Err(pack_error(py, e)),
+            (None, Err(PackFailure::Item(f))) => Err(pack_error(py, item_failure(n_history, f))),
         };
         let ((mut result, copies), mut items, link) =
             settle(py, n_history, source, packed, masked_failed)?;
@@ -529,35 +476,6 @@ impl PyHistoryIndex {
         store_outcome(py, &out, link)?;
         Ok(out)
     }
-}
-
-/// The positions whose thinking costs 0 in this call: under a model that strips earlier
-/// turns' thinking (`strips`), the reasoning items before the last user message of the
-/// history and the new input, decided here from positions (the memo keeps whole costs).
-fn earlier_free(
-    index: &GraphIndex,
-    new_metas: &[ItemMeta],
-    n_history: usize,
-    strips: bool,
-) -> Vec<usize> {
-    if !strips {
-        return Vec::new();
-    }
-    let user_at = |p: usize| {
-        if p < n_history {
-            index.is_user_message(p)
-        } else {
-            new_metas[p - n_history].is_user_message()
-        }
-    };
-    let thinking_at = |p: usize| {
-        if p < n_history {
-            index.kind(p) == ItemKind::Reasoning
-        } else {
-            new_metas[p - n_history].kind == ItemKind::Reasoning
-        }
-    };
-    earlier_thinking(n_history + new_metas.len(), &user_at, &thinking_at)
 }
 
 /// The thinking rule a pack applied and how many items it made free.

@@ -3,7 +3,7 @@
 
 use crate::convert::{opaque_scale, resolve_encoding};
 use crate::decisions::DecisionTable;
-use crate::errors::{pack_error, token_error};
+use crate::errors::token_error;
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
 use protoprompt_core::tokens::CostBasis;
@@ -90,12 +90,13 @@ impl<'py> CallOptions<'py> {
     }
 }
 
-/// Run `f` (the core pack) with the GIL released and a context hook calling `context`.
-pub(crate) fn run_pack<'py>(
+/// Run `f` (the core pack) with the GIL released and a context hook calling `context`: its
+/// outcome, and the exception the hook raised or the error its return value is, if any.
+pub(crate) fn run_pack<'py, T: Send>(
     py: Python<'py>,
     context: Option<Bound<'py, PyAny>>,
-    f: impl FnOnce(Option<ContextHook<'_>>) -> Result<PackResult, PackError> + Send,
-) -> PyResult<PackResult> {
+    f: impl FnOnce(Option<ContextHook<'_>>) -> T + Send,
+) -> (T, Option<PyErr>) {
     let context: Option<Py<PyAny>> = context.map(Bound::unbind);
     let mut hook_error: Option<PyErr> = None;
     let result = py.detach(|| {
@@ -122,10 +123,7 @@ pub(crate) fn run_pack<'py>(
         };
         f(Some(&mut hook))
     });
-    if let Some(e) = hook_error {
-        return Err(e);
-    }
-    result.map_err(|e| pack_error(py, e))
+    (result, hook_error)
 }
 
 pub(crate) fn result_dict<'py>(
