@@ -224,13 +224,12 @@ class Assembler:
             )
         recalled = [c for c in pool if c.layer == "history"]
         if len(recalled) > 1:  # their own sizes, to pass over those that cannot fit
-            sizes = self.count_batch([render_block(c, c.text) for c in recalled])
-            fill.sizes = {id(c): n for c, n in zip(recalled, sizes, strict=True)}
+            fill.sizes = dict(zip(map(id, recalled), self.block_sizes(recalled), strict=True))
         for cand in pool:
             self._try(system_prompt, fill, cand, limit)
         self.settle(system_prompt, fill, limit)
         if fill.untried:
-            counts = self.count_batch([render_block(c, c.text) for _, c, _ in fill.untried])
+            counts = self.block_sizes([c for _, c, _ in fill.untried])
             for (slot, cand, why), tokens in zip(fill.untried, counts, strict=True):
                 fill.slots[slot] = _dropped(cand, why, tokens)
         blocks.extend(b for b in fill.slots if b is not None)
@@ -241,6 +240,21 @@ class Assembler:
         if final != fill.cost or final > limit:  # pragma: no cover - counting is deterministic
             raise RuntimeError(f"context cost drifted: {final} vs {fill.cost} (limit {limit})")
         return Assembly(final, message, blocks, limit, recall)
+
+    def block_sizes(self, cands: Sequence[Candidate]) -> list[int]:
+        """Tokens of each candidate's block alone. A recalled passage's block is counted
+        as its frame's opening (``<turn ...>`` and the line break: its header changes from
+        turn to turn) plus the rest (its text and the closing tag: the same every turn), so
+        both counts are found in the count memo turn after turn; the sum is the block's
+        count wherever the opening ends a pre-token (o200k_base: unless the text starts
+        with a line break or ``/``), and :meth:`settle` counts the message whole anyway."""
+        opens = [f"<turn {c.header}>\n" if c.layer == "history" else "" for c in cands]
+        rests = [
+            f"{data(c.text)}\n</turn>" if c.layer == "history" else render_block(c, c.text)
+            for c in cands
+        ]
+        counts = self.count_batch([*opens, *rests])
+        return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
 
     def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
         """The message's cost ``cand`` must fit within, and the note naming the layer's own
