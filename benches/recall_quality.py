@@ -61,6 +61,9 @@ TARGET_HYBRID_25 = 0.80
 """Share of questions whose evidence all reaches the request, hybrid recall at 25%."""
 TARGET_CONFUSABLE_10 = 0.95
 """Share of confusable facts that reach the request, lexical recall at 10%."""
+TARGET_TURN_RATIO = 1.2
+"""A whole SDK turn with lexical recall takes at most this many times the same turn without
+(medians, measured in the same run)."""
 ENCODING = "o200k_base"
 
 _FIRST = ("Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Greta", "Hiro", "Ines", "Jonas")
@@ -521,6 +524,11 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
         f"confusable >= {TARGET_CONFUSABLE_10:.0%} at 10%": confusable[0]
         >= TARGET_CONFUSABLE_10 * confusable[1],
     }
+    for share in SHARES:
+        if by[(share, "lexical")]["sdk_turn_ms"] is not None:
+            met[f"whole SDK turn <= {TARGET_TURN_RATIO:.1f}x at {share:.0%}"] = (
+                sdk_ratio(rows, share) <= TARGET_TURN_RATIO
+            )
     hybrid_25 = by.get((0.25, HYBRID))
     if hybrid_25 is not None:
         met[f"hybrid >= {TARGET_HYBRID_25:.0%} at 25%"] = (

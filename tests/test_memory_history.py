@@ -363,6 +363,22 @@ def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
         assert len(reads) <= 4, reads
 
 
+def test_indexing_works_out_the_term_counts_its_searches_rank_by(store: MemoryStore) -> None:
+    """The passages' term counts are worked out when they are indexed (in the background
+    for evicted turns), so a turn's search ranks them without tokenising and stemming them."""
+    from protoprompt.memory import _ranking
+
+    _ranking._bag.cache_clear()  # noqa: SLF001 - the kept term counts
+    rows = [HistoryRecord(r, f"user: note {r} on the zephyr rollout {filler(30, r)}") for r in range(6)]
+    store.index_history("s1", rows, scope=SCOPE)
+    before = _ranking._bag.cache_info()  # noqa: SLF001
+    assert before.currsize >= len(rows)
+    hits = store.search_history("zephyr rollout", scope=SCOPE, session_id="s1")
+    assert len(hits) == len(rows)
+    after = _ranking._bag.cache_info()  # noqa: SLF001
+    assert after.misses == before.misses and after.hits >= before.hits + len(rows)
+
+
 def test_the_same_text_is_recalled_once(store: MemoryStore) -> None:
     rows = [HistoryRecord(r, "user: my locker pin is 4471") for r in range(3)]
     rows.append(HistoryRecord(3, "user: the locker by the gym"))
