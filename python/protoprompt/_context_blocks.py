@@ -136,10 +136,17 @@ class _Fill:
     """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
     before it leave (set when its first passage is tried)."""
 
-    @property
-    def estimate(self) -> int:
-        """Tokens the pending passages add at most (by their own sizes)."""
-        return sum(size + SIZE_SLACK for _, _, size in self.pending)
+    estimate: int = 0
+    """Tokens the pending passages add at most (by their own sizes): the sum of their
+    ``size + SIZE_SLACK``, kept as they are added."""
+
+    def add_pending(self, slot: int, cand: Candidate, size: int) -> None:
+        self.pending.append((slot, cand, size))
+        self.estimate += size + SIZE_SLACK
+
+    def take_pending(self) -> list[tuple[int, Candidate, int]]:
+        pending, self.pending, self.estimate = self.pending, [], 0
+        return pending
 
     def accept(self, cand: Candidate, text: str, new_cost: int) -> None:
         self.accepted.append((cand, text))
@@ -285,7 +292,7 @@ class Assembler:
         tried again, counted one by one."""
         if not fill.pending:
             return
-        pending, fill.pending = fill.pending, []
+        pending = fill.take_pending()
         del fill.accepted[len(fill.accepted) - len(pending) :]
         room, _ = self._room(fill, pending[0][1], limit)
         trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
@@ -332,7 +339,7 @@ class Assembler:
             # over while its block alone is larger than the room left, counted otherwise.
             left = room - fill.cost - fill.estimate
             if size + SIZE_SLACK <= left:
-                fill.pending.append((len(fill.slots), cand, size))
+                fill.add_pending(len(fill.slots), cand, size)
                 fill.accepted.append((cand, cand.text))
                 fill.slots.append(
                     ContextBlock(
