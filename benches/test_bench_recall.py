@@ -54,6 +54,5 @@ def test_a_turn_with_recall_takes_at_most_1_2x_the_turn_without(benchmark, resul
         f" {on * 1e3:.1f} ms with lexical recall ({ratio:.2f}x)"
     )
     assert ratio <= rq.TARGET_TURN_RATIO, (
-        f"a turn with recall took {ratio:.2f}x the turn without (target"
-        f" <= {rq.TARGET_TURN_RATIO}x)"
+        f"a turn with recall took {ratio:.2f}x the turn without (target <= {rq.TARGET_TURN_RATIO}x)"
     )

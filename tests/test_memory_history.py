@@ -357,7 +357,9 @@ def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
     monkeypatch.setattr(backend, "_read", counting)
     for query, limit in (("zephyr", 4), ("zephyr quokka marzipan alpha0 theta1 kappa2", 24)):
         reads.clear()
-        hits = store.search_history(query, scope=SCOPE, session_id="s1", limit=limit, neighbours=True)
+        hits = store.search_history(
+            query, scope=SCOPE, session_id="s1", limit=limit, neighbours=True
+        )
         assert len([h for h in hits if "neighbour_of" not in h.metadata]) >= min(limit, 8)
         assert any("neighbour_of" in h.metadata for h in hits)
         assert len(reads) <= 4, reads
@@ -369,7 +371,9 @@ def test_indexing_works_out_the_term_counts_its_searches_rank_by(store: MemorySt
     from protoprompt.memory import _ranking
 
     _ranking._bag.cache_clear()  # noqa: SLF001 - the kept term counts
-    rows = [HistoryRecord(r, f"user: note {r} on the zephyr rollout {filler(30, r)}") for r in range(6)]
+    rows = [
+        HistoryRecord(r, f"user: note {r} on the zephyr rollout {filler(30, r)}") for r in range(6)
+    ]
     store.index_history("s1", rows, scope=SCOPE)
     before = _ranking._bag.cache_info()  # noqa: SLF001
     assert before.currsize >= len(rows)

@@ -298,7 +298,8 @@ def test_a_later_turn_counts_only_what_changed_of_the_passages_it_recalls(
         (b.source, b.status, b.tokens) for b in fresh.blocks
     ]
     store.index_history(
-        "s1", [HistoryRecord(3, "user: the zephyr 3 build log now says done", {"turn": 1})],
+        "s1",
+        [HistoryRecord(3, "user: the zephyr 3 build log now says done", {"turn": 1})],
         scope=SCOPE,
     )
     counted.clear()
