@@ -140,6 +140,11 @@ def _write_turn_result(tr, k, v) -> None:
             f"two threads {v['threaded'] * 1e3:.1f} ms, "
             f"scaling {v['sequential'] / v['threaded']:.2f}x"
         )
+    if k[0] == "recall":
+        tr.write_line(
+            f"SDK turn with recall_evicted ({k[1][0]:.0%} budget): {v['on'] * 1e3:.1f} ms, "
+            f"without {v['off'] * 1e3:.1f} ms, ratio {v['ratio']:.2f}x (target <= 1.2x)"
+        )
     if k[0] == "turn":
         size, mix = k[1]
         tr.write_line(

@@ -216,12 +216,13 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     import weakref
     from collections import OrderedDict
 
-    from protoprompt import _core, _process
+    from protoprompt import _core, _count_memo, _process
 
     def restart() -> None:
         monkeypatch.setattr(_process.SHARED_INDEXES, "items", OrderedDict())
         monkeypatch.setattr(_process.FILE_COUNT_STORES, "items", weakref.WeakValueDictionary())
         _core._clear_count_cache()
+        _count_memo.clear()
 
     return restart
 

@@ -335,6 +335,54 @@ def test_neighbouring_turns_follow_their_hit_once(store: MemoryStore) -> None:
     assert sorted(rows_found) == [11, 12, 14] and len(set(rows_found)) == len(rows_found)
 
 
+def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall search reads the engine in four statements (the common words, the matches,
+    the passages holding each term, the neighbours of every hit), however many words the
+    question has and however many hits it brings neighbours for."""
+    rows = [
+        HistoryRecord(r, f"user: turn {r} mentions zephyr quokka marzipan {filler(8, r)}")
+        for r in range(0, 80, 2)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    backend = store._backend  # noqa: SLF001 - counting its round trips
+    reads: list[str] = []
+    real = backend._read  # noqa: SLF001
+
+    def counting(sql: str, *args: object, **kwargs: object) -> object:
+        reads.append(sql)
+        return real(sql, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "_read", counting)
+    for query, limit in (("zephyr", 4), ("zephyr quokka marzipan alpha0 theta1 kappa2", 24)):
+        reads.clear()
+        hits = store.search_history(
+            query, scope=SCOPE, session_id="s1", limit=limit, neighbours=True
+        )
+        assert len([h for h in hits if "neighbour_of" not in h.metadata]) >= min(limit, 8)
+        assert any("neighbour_of" in h.metadata for h in hits)
+        assert len(reads) <= 4, reads
+
+
+def test_indexing_works_out_the_term_counts_its_searches_rank_by(store: MemoryStore) -> None:
+    """The passages' term counts are worked out when they are indexed (in the background
+    for evicted turns), so a turn's search ranks them without tokenising and stemming them."""
+    from protoprompt.memory import _ranking
+
+    _ranking._bag.cache_clear()  # noqa: SLF001 - the kept term counts
+    rows = [
+        HistoryRecord(r, f"user: note {r} on the zephyr rollout {filler(30, r)}") for r in range(6)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    before = _ranking._bag.cache_info()  # noqa: SLF001
+    assert before.currsize >= len(rows)
+    hits = store.search_history("zephyr rollout", scope=SCOPE, session_id="s1")
+    assert len(hits) == len(rows)
+    after = _ranking._bag.cache_info()  # noqa: SLF001
+    assert after.misses == before.misses and after.hits >= before.hits + len(rows)
+
+
 def test_the_same_text_is_recalled_once(store: MemoryStore) -> None:
     rows = [HistoryRecord(r, "user: my locker pin is 4471") for r in range(3)]
     rows.append(HistoryRecord(3, "user: the locker by the gym"))

@@ -254,6 +254,59 @@ def test_a_recalled_turn_brings_its_neighbours_and_its_date() -> None:
     assert "Stinson Beach" in plan.context_message["content"]  # the answer, by its question
 
 
+def test_a_later_turn_counts_only_what_changed_of_the_passages_it_recalls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token counts of recalled passages are kept by content: the next turn (its
+    "N turns ago" headers changed) counts only the headers' openings, not the passages
+    again; a passage whose text changed is counted again. The plan is the one a builder
+    without kept counts makes."""
+    from protoprompt import _count_memo
+    from protoprompt import context as context_module
+
+    store = MemoryStore()
+    rows = [
+        HistoryRecord(r, f"user: the zephyr {r} build log says {FILL[: 200 + 7 * r]}", {"turn": 1})
+        for r in range(12)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=6000, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    counted: list[str] = []
+    real = context_module.count_tokens_batch
+
+    def counting(texts: list[str], **kwargs: Any) -> list[int]:
+        counted.extend(texts)
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(context_module, "count_tokens_batch", counting)
+    _count_memo.clear()
+    first = builder.build([], query, session_id="s1", turn=5)
+    recalled = [b for b in first.blocks if b.layer == "history" and b.kept]
+    assert len(recalled) > 3
+    assert any("zephyr 3 build log" in t for t in counted)
+    counted.clear()
+    hits = _count_memo.stats["hits"]
+    second = builder.build([], query, session_id="s1", turn=6)
+    assert _count_memo.stats["hits"] > hits + len(recalled)  # the fast path was taken
+    assert counted and all(t.startswith("<turn ") and "zephyr" not in t for t in counted)
+    assert [b.source for b in second.blocks] == [b.source for b in first.blocks]
+    _count_memo.clear()  # what the builder makes without kept counts
+    fresh = builder.build([], query, session_id="s1", turn=6)
+    assert second.context_message == fresh.context_message
+    assert [(b.source, b.status, b.tokens) for b in second.blocks] == [
+        (b.source, b.status, b.tokens) for b in fresh.blocks
+    ]
+    store.index_history(
+        "s1",
+        [HistoryRecord(3, "user: the zephyr 3 build log now says done", {"turn": 1})],
+        scope=SCOPE,
+    )
+    counted.clear()
+    builder.build([], query, session_id="s1", turn=6)
+    assert any("zephyr 3 build log now says done" in t for t in counted)  # counted again
+
+
 @pytest.mark.parametrize(
     ("item", "date"),
     [

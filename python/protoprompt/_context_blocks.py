@@ -136,10 +136,17 @@ class _Fill:
     """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
     before it leave (set when its first passage is tried)."""
 
-    @property
-    def estimate(self) -> int:
-        """Tokens the pending passages add at most (by their own sizes)."""
-        return sum(size + SIZE_SLACK for _, _, size in self.pending)
+    estimate: int = 0
+    """Tokens the pending passages add at most (by their own sizes): the sum of their
+    ``size + SIZE_SLACK``, kept as they are added."""
+
+    def add_pending(self, slot: int, cand: Candidate, size: int) -> None:
+        self.pending.append((slot, cand, size))
+        self.estimate += size + SIZE_SLACK
+
+    def take_pending(self) -> list[tuple[int, Candidate, int]]:
+        pending, self.pending, self.estimate = self.pending, [], 0
+        return pending
 
     def accept(self, cand: Candidate, text: str, new_cost: int) -> None:
         self.accepted.append((cand, text))
@@ -224,13 +231,12 @@ class Assembler:
             )
         recalled = [c for c in pool if c.layer == "history"]
         if len(recalled) > 1:  # their own sizes, to pass over those that cannot fit
-            sizes = self.count_batch([render_block(c, c.text) for c in recalled])
-            fill.sizes = {id(c): n for c, n in zip(recalled, sizes, strict=True)}
+            fill.sizes = dict(zip(map(id, recalled), self.block_sizes(recalled), strict=True))
         for cand in pool:
             self._try(system_prompt, fill, cand, limit)
         self.settle(system_prompt, fill, limit)
         if fill.untried:
-            counts = self.count_batch([render_block(c, c.text) for _, c, _ in fill.untried])
+            counts = self.block_sizes([c for _, c, _ in fill.untried])
             for (slot, cand, why), tokens in zip(fill.untried, counts, strict=True):
                 fill.slots[slot] = _dropped(cand, why, tokens)
         blocks.extend(b for b in fill.slots if b is not None)
@@ -241,6 +247,21 @@ class Assembler:
         if final != fill.cost or final > limit:  # pragma: no cover - counting is deterministic
             raise RuntimeError(f"context cost drifted: {final} vs {fill.cost} (limit {limit})")
         return Assembly(final, message, blocks, limit, recall)
+
+    def block_sizes(self, cands: Sequence[Candidate]) -> list[int]:
+        """Tokens of each candidate's block alone. A recalled passage's block is counted
+        as its frame's opening (``<turn ...>`` and the line break: its header changes from
+        turn to turn) plus the rest (its text and the closing tag: the same every turn), so
+        both counts are found in the count memo turn after turn; the sum is the block's
+        count wherever the opening ends a pre-token (o200k_base: unless the text starts
+        with a line break or ``/``), and :meth:`settle` counts the message whole anyway."""
+        opens = [f"<turn {c.header}>\n" if c.layer == "history" else "" for c in cands]
+        rests = [
+            f"{data(c.text)}\n</turn>" if c.layer == "history" else render_block(c, c.text)
+            for c in cands
+        ]
+        counts = self.count_batch([*opens, *rests])
+        return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
 
     def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
         """The message's cost ``cand`` must fit within, and the note naming the layer's own
@@ -271,7 +292,7 @@ class Assembler:
         tried again, counted one by one."""
         if not fill.pending:
             return
-        pending, fill.pending = fill.pending, []
+        pending = fill.take_pending()
         del fill.accepted[len(fill.accepted) - len(pending) :]
         room, _ = self._room(fill, pending[0][1], limit)
         trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
@@ -318,7 +339,7 @@ class Assembler:
             # over while its block alone is larger than the room left, counted otherwise.
             left = room - fill.cost - fill.estimate
             if size + SIZE_SLACK <= left:
-                fill.pending.append((len(fill.slots), cand, size))
+                fill.add_pending(len(fill.slots), cand, size)
                 fill.accepted.append((cand, cand.text))
                 fill.slots.append(
                     ContextBlock(

@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import _count_memo
 from ._context_blocks import TRUNCATION_MARK as TRUNCATION_MARK
 from ._context_blocks import Assembler, Assembly, Candidate
 from ._context_options import (
@@ -283,8 +284,19 @@ class TokenBudgetedContextBuilder:
     def _cost(self, text: str) -> int:
         if not text:
             return 0
-        message = self.context_message(text)
-        return item_tokens(message, model=self.model, encoding=self.encoding).total
+        model, encoding = self.model, self.encoding
+
+        def costs(texts: list[str]) -> list[int]:
+            return [
+                item_tokens(self.context_message(t), model=model, encoding=encoding).total
+                for t in texts
+            ]
+
+        if type(self).context_message is not TokenBudgetedContextBuilder.context_message:
+            return costs([text])[0]  # a message of another shape: not the memo's
+        # Counted at each step of a turn's assembly, and again by the next turn: kept.
+        (cost,) = _count_memo.counts(f"message:{self.context_role}", [text], model, encoding, costs)
+        return cost
 
     def _candidates(
         self,
@@ -316,7 +328,14 @@ class TokenBudgetedContextBuilder:
         )
 
     def _count_batch(self, texts: list[str]) -> list[int]:
-        return count_tokens_batch(texts, model=self.model, encoding=self.encoding)
+        model, encoding = self.model, self.encoding
+        return _count_memo.counts(
+            "text",
+            texts,
+            model,
+            encoding,
+            lambda todo: count_tokens_batch(todo, model=model, encoding=encoding),
+        )
 
     def _assembler(self, split: bool = False) -> Assembler:
         """The assembly of context messages with the builder's settings as they are now

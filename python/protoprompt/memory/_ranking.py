@@ -176,6 +176,19 @@ def _bag(text: str) -> tuple[int, dict[str, int]]:
     return len(found), counts
 
 
+WARM_PASSAGES = 512
+"""Passages of one indexing call whose term counts are worked out as they are stored (at
+most; the first ones)."""
+
+
+def warm_passages(texts: Sequence[str]) -> None:
+    """Work out the term counts of newly stored passages now (kept by their text, as
+    :func:`rank_passages` finds them), so the turn whose search first matches them does
+    not: indexing runs in the background, the search on the request's path."""
+    for text in texts[:WARM_PASSAGES]:
+        _bag(text)
+
+
 def rank_passages(
     terms: Sequence[str], texts: Sequence[str], total: int, counts: dict[str, int]
 ) -> list[float]:

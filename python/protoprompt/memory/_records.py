@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from ._backend import Row
@@ -191,8 +192,31 @@ def fts_query(text: str) -> str | None:
     return fts5_match(query_pieces(text))
 
 
+@lru_cache(maxsize=1024)
 def row_scope(tenant: str, user: str, thread: str, kind: str) -> MemoryScope:
+    """The scope of a row's scope columns (kept: scopes are immutable, and a search's rows
+    share a few)."""
     return MemoryScope(tenant, user or None, thread or None, kind or None)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@lru_cache(maxsize=4096)
+def _flat_meta(metadata: str) -> dict[str, Any] | None:
+    """A history row's stored metadata, parsed, when it is an object of plain values (kept
+    by its JSON text: the passages recent turns recalled come back turn after turn; a
+    shallow copy of it is then a new object), else ``None``."""
+    meta = json.loads(metadata)
+    if isinstance(meta, dict) and all(isinstance(v, _SCALARS) for v in meta.values()):
+        return meta
+    return None
+
+
+def _history_meta(metadata: str) -> Any:
+    """A new object of a history row's stored metadata."""
+    flat = _flat_meta(metadata)
+    return dict(flat) if flat is not None else json.loads(metadata)
 
 
 def hit_of_row(row: Row, score: float) -> MemoryHit:
@@ -251,7 +275,7 @@ def history_hit_of_row(row: Row, score: float) -> MemoryHit:
         metadata,
         _created_at,
     ) = row[:14]
-    meta = json.loads(metadata)
+    meta = _history_meta(metadata)
     meta.update(session_id=session_id, row=int(row_key), passage=int(passage), digest=digest)
     return MemoryHit(
         kind="history",

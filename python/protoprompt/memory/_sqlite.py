@@ -604,14 +604,15 @@ class SQLiteBackend:
         if not words or not self._has_history():
             return set()
         marks = ", ".join("?" for _ in words)
-        try:
+        try:  # one statement: the words' counts and the passages
             counts = self._read(
-                f"SELECT term, doc FROM pp_mem_history_vocab WHERE term IN ({marks})", words
+                "SELECT term, doc, (SELECT count(*) FROM pp_mem_history)"
+                f" FROM pp_mem_history_vocab WHERE term IN ({marks})",
+                words,
             )
-            (total,) = self._read("SELECT count(*) FROM pp_mem_history", ())[0]
         except sqlite3.OperationalError:  # a database without the vocabulary table
             return set()
-        return {str(term) for term, doc in counts if 2 * int(doc) > total}
+        return {str(term) for term, doc, total in counts if 2 * int(doc) > int(total)}
 
     def history_search(
         self,
@@ -648,19 +649,21 @@ class SQLiteBackend:
         if session_id is not None:
             where += " AND h.session_id = ?"
             params.append(session_id)
-        (total,) = self._read(f"SELECT count(*) FROM pp_mem_history AS h WHERE {where}", params)[0]
-        counts: dict[str, int] = {}
-        for term, word in terms:
-            match = fts5_match([word])
-            if match is None:
-                continue
-            (found,) = self._read(
-                "SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
-                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}",
-                (match, *params),
-            )[0]
-            counts[term] = int(found)
-        return int(total), counts
+        # One statement: the passages searched, and those holding each term.
+        matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
+        columns = [f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"]
+        args: list[Any] = list(params)
+        for _, match in matches:
+            columns.append(
+                "(SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where})"
+            )
+            args += [match, *params]
+        rows = self._read(f"SELECT {', '.join(columns)}", args)
+        if not rows:
+            return 0, {}
+        total, *found = rows[0]
+        return int(total), {term: int(n) for (term, _), n in zip(matches, found, strict=True)}
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
@@ -668,16 +671,24 @@ class SQLiteBackend:
         if not row_keys or not self._has_history():
             return []
         where = " AND ".join(f"h.{c} = ?" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
-        arms, params = [], []
-        for key in row_keys:
-            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
-                arms.append(
-                    f"SELECT {_HISTORY}, ? AS anchor, {side} AS side FROM pp_mem_history AS h"
-                    f" WHERE {where} AND h.session_id = ? AND h.row_key = (SELECT {agg}(row_key)"
-                    f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {op} ?)"
-                )
-                params += [key, *scope, session_id, *scope, session_id, key]
-        rows = self._read(" UNION ALL ".join(arms), params)
+        # One statement, the anchors bound once: each anchor's nearest row key below and
+        # above (an index seek each), then those rows' passages.
+        near = (
+            "SELECT a.column1 AS anchor, {side} AS side, (SELECT {agg}(row_key)"
+            f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {{op}}"
+            " a.column1) AS rk FROM anchors AS a"
+        )
+        values = ", ".join("(?)" for _ in row_keys)
+        rows = self._read(
+            f"WITH anchors AS (VALUES {values}), near AS ("
+            + near.format(side=0, agg="max", op="<")
+            + " UNION ALL "
+            + near.format(side=1, agg="min", op=">")
+            + f") SELECT {_HISTORY}, near.anchor, near.side FROM near"
+            f" JOIN pp_mem_history AS h ON h.row_key = near.rk"
+            f" WHERE {where} AND h.session_id = ?",
+            [*row_keys, *scope, session_id, *scope, session_id, *scope, session_id],
+        )
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
     def history_embedded(

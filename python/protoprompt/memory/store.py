@@ -48,6 +48,7 @@ from ._ranking import (
     query_pieces,
     query_terms,
     rank_passages,
+    warm_passages,
 )
 from ._ranking import words as _words
 from ._records import (
@@ -445,6 +446,7 @@ class MemoryStore:
         ]
         if entries:
             self._backend.replace_history(scope_params(scope), session_id, entries, time.time())
+            warm_passages(texts)  # off the request's path when a turn's evictions index
         return sum(len(e.passages) for e in entries)
 
     def history_rows(

@@ -1,0 +1,71 @@
+"""Recall of evicted turns (``recall_evicted=True``): a whole SDK turn with it against the
+same turn without, on a generated multi-session conversation (``benches/recall_quality.py``
+with 14 sessions of 8 exchanges: about 230 items, where its table has 24 sessions of 12).
+Each question is one ``Runner.run`` over a ``ProtoPromptSession`` in a SQLite file, the two
+modes taking turns; the median turn with lexical recall against the median turn without,
+both measured in the same run (the better of three runs of each mode: a shared machine's
+load comes in waves). Issue 35's target is at most ``TARGET_TURN_RATIO`` (1.2x): not met
+yet on a loaded machine (1.0x-1.8x here, wall times on 2 shared cores; on the table's longer conversation, 1.35x in wall
+time and 1.45x in CPU time at the 10% budget, release build), so a ratio between the target
+and ``REGRESSION_RATIO`` is an expected failure that names the ratio, and above it a
+failure. The evidence-reaches-the-request targets are asserted by ``tests/test_recall.py``.
+"""
+
+from __future__ import annotations
+
+import harness  # noqa: I001  (first: puts the benches' helper modules first)
+
+harness.ensure_paths()
+
+import asyncio  # noqa: E402
+import statistics  # noqa: E402
+
+import pytest  # noqa: E402
+
+import recall_quality as rq  # noqa: E402
+
+RUNS = 3
+REGRESSION_RATIO = 2.0
+"""Fails above this: recall got slower than it was (before issue 35's speed-ups 1.3x-1.7x,
+and wall times on a shared machine vary by a third). Between the target (1.2x) and this,
+the test is an expected failure (the target is open) that names the ratio."""
+
+
+@pytest.mark.parametrize("share", rq.SHARES)
+def test_a_turn_with_recall_against_the_turn_without(benchmark, results, share) -> None:
+    pytest.importorskip("agents")
+    import protoprompt as pp
+
+    conv = rq.conversation(sessions=14, exchanges=8)
+    longest = max(
+        pp.item_tokens({"role": "user", "content": q.text}, encoding=rq.ENCODING).total
+        for q in conv.questions
+    )
+    budget = int(share * rq._cost(conv.items)) + longest
+    runs: list[dict[str, list[float]]] = []
+
+    def run() -> None:
+        runs.append(asyncio.run(rq._whole_turns(conv, budget)))
+
+    benchmark.pedantic(run, rounds=RUNS, iterations=1)
+    stats = getattr(benchmark, "stats", None)
+    if stats is None:  # --benchmark-disable: the turns ran, no timing
+        return
+    off = min(statistics.median(r["drop-only"]) for r in runs)
+    on = min(statistics.median(r["lexical"]) for r in runs)
+    ratio = on / off
+    benchmark.extra_info.update(budget=budget, off_ms=off * 1e3, on_ms=on * 1e3, ratio=ratio)
+    results[("recall", (share,))] = {"off": off, "on": on, "ratio": ratio}
+    print(
+        f"\nrecall {share:.0%} (budget {budget:,}): whole SDK turn {off * 1e3:.1f} ms without,"
+        f" {on * 1e3:.1f} ms with lexical recall ({ratio:.2f}x)"
+    )
+    assert ratio <= REGRESSION_RATIO, (
+        f"a turn with recall took {ratio:.2f}x the turn without (before issue 35's speed-ups"
+        f" about 1.3-1.7x; target <= {rq.TARGET_TURN_RATIO}x)"
+    )
+    if ratio > rq.TARGET_TURN_RATIO:
+        pytest.xfail(
+            f"issue 35's target is not met yet: a turn with recall took {ratio:.2f}x the turn"
+            f" without (target <= {rq.TARGET_TURN_RATIO}x)"
+        )
