@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::incremental::reserve_ahead;
+use crate::items::{CallType, ItemKind};
 use crate::tokens::{
     self, Canonical, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, COST_RULE_COMPATIBLE,
     ITEM_OVERHEAD, STORE_MIN_BYTES,
@@ -723,6 +724,148 @@ pub fn earlier_thinking(
     (0..last_user).filter(|&p| is_thinking(p)).collect()
 }
 
+/// A [`CostSource`] for a masked pack that leaves earlier turns' reasoning out of the
+/// request: the positions in `omitted` (reasoning items before the last user message, chosen
+/// by the caller, [`omittable_reasoning`]) cost 0 *masked* and count as maskable, so a unit
+/// sent masked is sent without them; whole, every position costs what `inner` says. The
+/// caller sends the unit's model items after an omitted reasoning item without their `id`
+/// (an item whose server id names a reasoning item that is not sent is refused by the
+/// Responses API). Built per pack call from positions (never memoized), as
+/// [`EarlierThinkingFree`] is.
+pub struct ReasoningOmitted<'a> {
+    inner: &'a mut dyn CostSource,
+    omitted: Vec<usize>,
+}
+
+impl<'a> ReasoningOmitted<'a> {
+    /// `omitted` in any order.
+    pub fn new(inner: &'a mut dyn CostSource, mut omitted: Vec<usize>) -> Self {
+        omitted.sort_unstable();
+        omitted.dedup();
+        ReasoningOmitted { inner, omitted }
+    }
+
+    /// Whether the item at `position` is left out of a masked unit.
+    pub fn is_omitted(&self, position: usize) -> bool {
+        self.omitted.binary_search(&position).is_ok()
+    }
+}
+
+impl CostSource for ReasoningOmitted<'_> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.inner.costs(positions)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        self.inner.lower_bound(position)
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let counted: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&p| !self.is_omitted(p))
+            .collect();
+        let mut costs = self.inner.masked_costs(&counted)?.into_iter();
+        Ok(members
+            .iter()
+            .map(|&p| {
+                if self.is_omitted(p) {
+                    0
+                } else {
+                    costs.next().unwrap_or(0)
+                }
+            })
+            .collect())
+    }
+
+    fn masked_lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_omitted(position) {
+            0
+        } else {
+            self.inner.masked_lower_bound(position)
+        }
+    }
+
+    fn masks(&self) -> bool {
+        self.inner.masks() || !self.omitted.is_empty()
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        self.inner.known(position)
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        self.is_omitted(position) || self.inner.maskable(position)
+    }
+}
+
+/// Whether an item of `kind` that follows a reasoning item may be sent without its `id`:
+/// an assistant message (the SDK's compaction session strips assistant-message ids whose
+/// reasoning is gone, `_strip_orphaned_assistant_ids`) and the calls whose input form has an
+/// optional `id` in the Responses API's input schema (function, custom tool, shell,
+/// apply_patch and client tool-search calls). Local shell, computer, hosted and MCP items
+/// and programs need their `id` as input.
+pub fn id_optional_follower(kind: ItemKind) -> bool {
+    matches!(
+        kind,
+        ItemKind::AssistantMessage
+            | ItemKind::Call(
+                CallType::FunctionCall
+                    | CallType::CustomToolCall
+                    | CallType::ShellCall
+                    | CallType::ApplyPatchCall
+                    | CallType::ToolSearchCall
+            )
+    )
+}
+
+/// Whether a reasoning item's unit may be sent without it: every member is a reasoning item,
+/// a message, an [`id_optional_follower`] or an output of one of those calls (outputs are the
+/// client's, never a reasoning item's follower). A unit with any other model item keeps its
+/// reasoning.
+pub fn reasoning_omittable_unit(kinds: impl IntoIterator<Item = ItemKind>) -> bool {
+    kinds.into_iter().all(|k| {
+        id_optional_follower(k)
+            || matches!(
+                k,
+                ItemKind::Reasoning
+                    | ItemKind::UserMessage
+                    | ItemKind::SystemMessage
+                    | ItemKind::DeveloperMessage
+                    | ItemKind::AssistantInputMessage
+                    | ItemKind::Output(
+                        CallType::FunctionCall
+                            | CallType::CustomToolCall
+                            | CallType::ShellCall
+                            | CallType::ApplyPatchCall
+                            | CallType::ToolSearchCall
+                    )
+            )
+    })
+}
+
+/// The reasoning items a masked pack may leave out: the positions below `len` where
+/// `is_reasoning` holds (the caller excludes Claude's thinking and any reasoning carrying
+/// `provider_data`) that stand before the last position where `is_user` holds (the last user
+/// message; a tool result is its own item kind, never a user message) and whose unit
+/// `unit_ok` accepts ([`reasoning_omittable_unit`]). The current turn's reasoning (its tool
+/// loop: after that message) is never among them: OpenAI requires every reasoning item
+/// between a function call and the last user message.
+pub fn omittable_reasoning(
+    len: usize,
+    is_user: &dyn Fn(usize) -> bool,
+    is_reasoning: &dyn Fn(usize) -> bool,
+    unit_ok: &mut dyn FnMut(usize) -> bool,
+) -> Vec<usize> {
+    let Some(last_user) = (0..len).rev().find(|&p| is_user(p)) else {
+        return Vec::new();
+    };
+    (0..last_user)
+        .filter(|&p| is_reasoning(p) && unit_ok(p))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +906,45 @@ mod tests {
         assert!(!free.maskable(1));
         // Only the positions that are not free reached the inner source.
         assert_eq!(inner.0, 3);
+    }
+
+    #[test]
+    fn omitted_reasoning_costs_nothing_masked_only() {
+        let mut inner = Fixed(0);
+        let mut om = ReasoningOmitted::new(&mut inner, vec![2, 1]);
+        assert_eq!(om.costs(&[0, 1, 2]).unwrap(), vec![10, 11, 12]);
+        assert_eq!(om.masked_costs(&[0, 1, 2, 3]).unwrap(), vec![10, 0, 0, 13]);
+        assert_eq!(om.masked_lower_bound(1), 0);
+        assert_eq!(om.masked_lower_bound(0), crate::tokens::ITEM_OVERHEAD);
+        assert!(om.maskable(1));
+        assert!(om.masks());
+        // Whole 3 positions, masked the two that are not omitted.
+        assert_eq!(inner.0, 5);
+    }
+
+    #[test]
+    fn omittable_reasoning_stops_at_the_last_user_message() {
+        // user, reasoning, call, output, user, reasoning, call
+        let user = |p: usize| p == 0 || p == 4;
+        let reasoning = |p: usize| p == 1 || p == 5;
+        assert_eq!(
+            omittable_reasoning(7, &user, &reasoning, &mut |_| true),
+            vec![1]
+        );
+        assert_eq!(
+            omittable_reasoning(7, &user, &reasoning, &mut |_| false),
+            Vec::<usize>::new()
+        );
+        // Before the second user message the first turn is the current one.
+        assert_eq!(
+            omittable_reasoning(4, &user, &reasoning, &mut |_| true),
+            Vec::<usize>::new()
+        );
+        let ok = [ItemKind::Reasoning, ItemKind::Call(CallType::FunctionCall)];
+        assert!(reasoning_omittable_unit(ok));
+        let hosted = [ItemKind::Reasoning, ItemKind::Call(CallType::ComputerCall)];
+        assert!(id_optional_follower(ItemKind::Call(CallType::ShellCall)));
+        assert!(!id_optional_follower(ItemKind::Call(CallType::LocalShellCall)));
+        assert!(!reasoning_omittable_unit(hosted));
     }
 }

@@ -7,7 +7,10 @@ use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyIt
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
-use protoprompt_core::costs::{earlier_thinking, EarlierThinkingFree, StoreTally};
+use protoprompt_core::costs::{
+    earlier_thinking, id_optional_follower, omittable_reasoning, reasoning_omittable_unit, EarlierThinkingFree,
+    ReasoningOmitted, StoreTally,
+};
 use protoprompt_core::incremental::{Cut, GraphIndex, TailGraph};
 use protoprompt_core::indexed::{
     cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
@@ -182,6 +185,7 @@ impl PyHistoryIndex {
             history_offset,
             masking,
             strips_thinking,
+            omit_reasoning,
         } = CallOptions::from_py(options)?;
         let offset = history_offset;
         let indexed = self.inner.len();
@@ -210,6 +214,7 @@ impl PyHistoryIndex {
             masking,
             pinned,
             strips_thinking,
+            omit_reasoning,
         };
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
@@ -368,6 +373,8 @@ pub(crate) struct Call {
     pub(crate) pinned: Vec<usize>,
     /// See `CallOptions::strips_thinking`.
     pub(crate) strips_thinking: bool,
+    /// See `CallOptions::omit_reasoning`.
+    pub(crate) omit_reasoning: bool,
 }
 
 /// The `TokenizerError` for a tokenizer failure of the masking wrapper, if one ended the call.
@@ -460,6 +467,11 @@ impl PyHistoryIndex {
         let is_user = |p: usize| index.is_user_message(p);
         let free = earlier_free(index, &new_metas, n_history, call.strips_thinking);
         let earlier_free = free.len();
+        let omit = if call.omit_reasoning && call.masking.is_some() {
+            earlier_reasoning(index, &new_metas, n_history, &view)
+        } else {
+            Vec::new()
+        };
         let (packed, masked_failed): Packed = match call.masking {
             None => (
                 run_pack(py, context, |hook| {
@@ -493,7 +505,10 @@ impl PyHistoryIndex {
                     pack_view_masked(
                         view,
                         &is_user,
-                        &mut EarlierThinkingFree::new(&mut masked, free),
+                        &mut EarlierThinkingFree::new(
+                            &mut ReasoningOmitted::new(&mut masked, omit.clone()),
+                            free,
+                        ),
                         &call.opts,
                         Some(m),
                         &call.pinned,
@@ -516,8 +531,25 @@ impl PyHistoryIndex {
         };
         let ((mut result, copies), mut items, link) =
             settle(py, n_history, source, packed, masked_failed)?;
+        // Reasoning left out of the units sent masked, and the members of those units
+        // sent without their `id` (see `earlier_reasoning`).
+        let (omitted, stripped) = omitted_in(&result, &view, &omit, &|p| {
+            if p < n_history {
+                index.kind(p)
+            } else {
+                new_metas[p - n_history].kind
+            }
+        });
+        if !omitted.is_empty() {
+            result
+                .kept_history
+                .retain(|p| omitted.binary_search(p).is_err());
+        }
         let request = items.request(py, &result.kept_history)?;
-        let masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
+        let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
+        if !stripped.is_empty() {
+            strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
+        }
         let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
@@ -526,9 +558,113 @@ impl PyHistoryIndex {
         thinking_outcome(&out, call.strips_thinking, earlier_free)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
+        out.set_item("omitted_reasoning", omitted)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
+}
+
+/// The reasoning items this call may leave out of a unit it sends masked
+/// (`Masking(omit_reasoning=True)`): OpenAI reasoning items (no `provider_data`: Claude's
+/// thinking and other providers' reasoning are always sent) before the last user message of
+/// the history and the new input, in units whose other model items may be sent without
+/// their `id` ([`reasoning_omittable_unit`]). The current turn's tool loop (after that
+/// message) keeps its reasoning.
+fn earlier_reasoning(
+    index: &GraphIndex,
+    new_metas: &[ItemMeta],
+    n_history: usize,
+    view: &protoprompt_core::graph::GraphView<'_>,
+) -> Vec<usize> {
+    let kind = |p: usize| {
+        if p < n_history {
+            index.kind(p)
+        } else {
+            new_metas[p - n_history].kind
+        }
+    };
+    let user_at = |p: usize| kind(p) == ItemKind::UserMessage;
+    let reasoning_at = |p: usize| {
+        kind(p) == ItemKind::Reasoning
+            && if p < n_history {
+                !index.has_provider_data(p)
+            } else {
+                !new_metas[p - n_history].raw.has_provider_data
+            }
+    };
+    let mut unit_ok = |p: usize| {
+        let unit = view.unit(view.unit_of(p));
+        unit.is_valid() && reasoning_omittable_unit(unit.members.iter().map(|&q| kind(q)))
+    };
+    omittable_reasoning(
+        n_history + new_metas.len(),
+        &user_at,
+        &reasoning_at,
+        &mut unit_ok,
+    )
+}
+
+/// Of the units `result` sends masked: the omitted reasoning positions among their members
+/// (sorted), and the members to send without their `id` (model messages and function or
+/// other `id_optional_follower`s of a unit that lost its reasoning; sorted).
+fn omitted_in(
+    result: &PackResult,
+    view: &protoprompt_core::graph::GraphView<'_>,
+    omit: &[usize],
+    kind: &dyn Fn(usize) -> ItemKind,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut omitted = Vec::new();
+    let mut stripped = Vec::new();
+    if omit.is_empty() {
+        return (omitted, stripped);
+    }
+    for &u in &result.masked_units {
+        let members = &view.unit(u).members;
+        let before = omitted.len();
+        omitted.extend(members.iter().filter(|p| omit.binary_search(p).is_ok()));
+        if omitted.len() > before {
+            stripped.extend(
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&p| id_optional_follower(kind(p))),
+            );
+        }
+    }
+    omitted.sort_unstable();
+    stripped.sort_unstable();
+    (omitted, stripped)
+}
+
+/// Replace each of `stripped` (history positions, kept) in `request` by a shallow copy
+/// without its `id`; they join `masked` (positions sent as copies, kept sorted).
+fn strip_ids<'py>(
+    py: Python<'py>,
+    request: &Bound<'py, PyList>,
+    kept: &[usize],
+    stripped: &[usize],
+    masked: &mut Vec<usize>,
+) -> PyResult<()> {
+    let id = pyo3::intern!(py, "id");
+    for &p in stripped {
+        let Ok(i) = kept.binary_search(&p) else {
+            continue; // never: the members of a masked unit are kept
+        };
+        let item = request.get_item(i)?;
+        let Ok(dict) = item.cast::<PyDict>() else {
+            continue;
+        };
+        if !dict.contains(id)? {
+            continue;
+        }
+        let copy = dict.copy()?;
+        copy.del_item(id)?;
+        request.set_item(i, copy)?;
+        if let Err(at) = masked.binary_search(&p) {
+            masked.insert(at, p);
+        }
+    }
+    Ok(())
 }
 
 /// The positions whose thinking costs 0 in this call: under a model that strips earlier
