@@ -61,20 +61,30 @@ def turn(t: int, *, claude: bool = False, computer: bool = False) -> list[dict]:
     ]
 
 
-def check_valid(r: pp.PackResult, new_input: list[dict]) -> None:
+FOLLOWERS = ("function_call", "custom_tool_call", "shell_call", "apply_patch_call", "tool_search_call")
+
+
+def check_valid(r: pp.PackResult, new_input: list[dict], history: list[dict]) -> None:
     """The request is what the SDK would send: its orphan pass removes nothing, every unit
-    of it is valid for protoprompt's graph, and no item keeps a server id whose reasoning
-    is not sent."""
+    of it is valid for protoprompt's graph, and no item of a unit whose reasoning was left
+    out keeps its server id."""
     sent = list(r.items)
     n = len(r.kept_history)
     assert drop_orphan_function_calls(list(sent), pruning_indexes=set(range(n))) == sent
     assert drop_orphan_function_calls(list(sent)) == sent
     assert all(u.valid for u in pp.analyze(sent[:n], new_input).units)
-    # Every call or answer that keeps its server id is sent after its reasoning (here the
-    # reasoning stands right before the item, or before the call whose output it follows).
-    for i, item in enumerate(sent):
-        if isinstance(item.get("id"), str) and item["id"][:3] in ("fc_", "msg"):
-            assert any(s.get("type") == "reasoning" for s in sent[max(0, i - 2) : i]), item
+    omitted = set(r.omitted_reasoning)
+    for d in r.decisions:
+        if not omitted & set(d.positions):
+            continue
+        assert d.decision == "masked"
+        for p in d.positions:
+            if p in omitted:
+                continue
+            item = sent[r.kept_history.index(p)]
+            kind = history[p].get("type")
+            if kind in FOLLOWERS or (kind == "message" and history[p].get("role") == "assistant"):
+                assert "id" not in item, item
 
 
 def test_earlier_reasoning_is_left_out_and_ids_stripped() -> None:
@@ -109,7 +119,7 @@ def test_earlier_reasoning_is_left_out_and_ids_stripped() -> None:
 
     assert users(r) == 5 > users(plain)
     assert r.used <= 6_000
-    check_valid(r, new_input)
+    check_valid(r, new_input, history)
     assert "earlier reasoning item" in r.explain()
 
 
@@ -130,12 +140,13 @@ def test_the_current_turns_tool_loop_keeps_its_reasoning() -> None:
         masking=pp.Masking(after_turns=0, omit_reasoning=True),
     )
     start = len(history)
+    history = history + current
     assert all(p < start for p in r.omitted_reasoning)
     for p in range(start, start + len(current)):
         if p in r.kept_history:
             item = r.items[r.kept_history.index(p)]
             assert item.get("id") == current[p - start].get("id")
-    check_valid(r, new_input)
+    check_valid(r, new_input, history)
 
 
 def test_claude_thinking_and_units_needing_ids_keep_their_reasoning() -> None:
@@ -155,7 +166,7 @@ def test_claude_thinking_and_units_needing_ids_keep_their_reasoning() -> None:
     assert omitted == {4, 10, 13, 16, 19, 22}
     computer = r.items[r.kept_history.index(8)]
     assert computer["id"] == "cu_1"
-    check_valid(r, new_input)
+    check_valid(r, new_input, history)
 
 
 def test_off_by_default_for_masking_and_on_for_the_cache_policy() -> None:
@@ -194,3 +205,36 @@ def test_session_callback_omits_on_a_move_and_never_stores_copies() -> None:
         store.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mix", ["chat", "tools", "agentic"])
+@pytest.mark.parametrize("share", [0.05, 0.2])
+@pytest.mark.parametrize("seed", [3, 11])
+def test_generated_histories_stay_valid_with_reasoning_left_out(
+    mix: str, share: float, seed: int
+) -> None:
+    """Every generated item shape: the request with earlier reasoning left out passes the
+    SDK's orphan pass unchanged, every unit is valid, the budget holds, nothing after the
+    last user message loses its reasoning, and no sent item keeps a server id whose
+    reasoning was left out."""
+    from history_gen import generate
+
+    items = generate(1_200, mix, seed)
+    last_user = max(p for p, i in enumerate(items) if i.get("role") == "user")
+    history, new_input = items[:last_user], items[last_user : last_user + 1]
+    before = copy.deepcopy(history)
+    budget = max(int(sum(pp.item_tokens(i).total for i in history) * share), 4_000)
+    r = pp.pack(
+        history,
+        new_input,
+        budget,
+        encoding="o200k_base",
+        masking=pp.Masking(after_turns=1, omit_reasoning=True),
+    )
+    assert history == before
+    assert r.used <= budget
+    assert r.omitted_reasoning or mix == "chat"
+    omitted = set(r.omitted_reasoning)
+    assert all(history[p]["type"] == "reasoning" for p in omitted)
+    assert all("provider_data" not in history[p] for p in omitted)
+    check_valid(r, new_input, history)

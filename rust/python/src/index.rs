@@ -568,8 +568,8 @@ impl PyHistoryIndex {
 /// (`Masking(omit_reasoning=True)`): OpenAI reasoning items (no `provider_data`: Claude's
 /// thinking and other providers' reasoning are always sent) before the last user message of
 /// the history and the new input, in units whose other model items may be sent without
-/// their `id` ([`reasoning_omittable_unit`]). The current turn's tool loop (after that
-/// message) keeps its reasoning.
+/// their `id` ([`reasoning_omittable_unit`]) and whose every reasoning item may go. The
+/// current turn's tool loop (after that message) keeps its reasoning.
 fn earlier_reasoning(
     index: &GraphIndex,
     new_metas: &[ItemMeta],
@@ -592,9 +592,16 @@ fn earlier_reasoning(
                 !new_metas[p - n_history].raw.has_provider_data
             }
     };
+    // Every reasoning item of the unit goes, or none: an assistant message without its id
+    // is no follower for a reasoning item that stays (Claude's thinking, say).
     let mut unit_ok = |p: usize| {
         let unit = view.unit(view.unit_of(p));
-        unit.is_valid() && reasoning_omittable_unit(unit.members.iter().map(|&q| kind(q)))
+        unit.is_valid()
+            && reasoning_omittable_unit(unit.members.iter().map(|&q| kind(q)))
+            && unit
+                .members
+                .iter()
+                .all(|&q| kind(q) != ItemKind::Reasoning || reasoning_at(q))
     };
     omittable_reasoning(
         n_history + new_metas.len(),
