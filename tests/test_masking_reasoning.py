@@ -19,7 +19,12 @@ BLOB = "gAAAA" + "x" * 4_000
 
 
 def turn(t: int, *, claude: bool = False, computer: bool = False) -> list[dict]:
-    reasoning: dict = {"type": "reasoning", "id": f"rs_{t}", "summary": [], "encrypted_content": BLOB}
+    reasoning: dict = {
+        "type": "reasoning",
+        "id": f"rs_{t}",
+        "summary": [],
+        "encrypted_content": BLOB,
+    }
     if claude:
         reasoning = {
             "type": "reasoning",
@@ -27,9 +32,19 @@ def turn(t: int, *, claude: bool = False, computer: bool = False) -> list[dict]:
             "summary": [],
             "content": [{"type": "reasoning_text", "text": "think " * 400}],
             "encrypted_content": "sig",
-            "provider_data": {"thinking_blocks": [{"type": "thinking", "thinking": "think " * 400, "signature": "sig"}]},
+            "provider_data": {
+                "thinking_blocks": [
+                    {"type": "thinking", "thinking": "think " * 400, "signature": "sig"}
+                ]
+            },
         }
-    call: dict = {"type": "function_call", "id": f"fc_{t}", "call_id": f"c{t}", "name": "f", "arguments": "{}"}
+    call: dict = {
+        "type": "function_call",
+        "id": f"fc_{t}",
+        "call_id": f"c{t}",
+        "name": "f",
+        "arguments": "{}",
+    }
     output: dict = {"type": "function_call_output", "call_id": f"c{t}", "output": "row " * 500}
     if computer:
         call = {
@@ -61,7 +76,13 @@ def turn(t: int, *, claude: bool = False, computer: bool = False) -> list[dict]:
     ]
 
 
-FOLLOWERS = ("function_call", "custom_tool_call", "shell_call", "apply_patch_call", "tool_search_call")
+FOLLOWERS = (
+    "function_call",
+    "custom_tool_call",
+    "shell_call",
+    "apply_patch_call",
+    "tool_search_call",
+)
 
 
 def check_valid(r: pp.PackResult, new_input: list[dict], history: list[dict]) -> None:
@@ -113,6 +134,7 @@ def test_earlier_reasoning_is_left_out_and_ids_stripped() -> None:
             assert item == {k: v for k, v in original.items() if k != "id"}
         if p >= len(history) - 6:
             assert item is original
+
     # Omitting reasoning keeps more turns in the same budget.
     def users(res: pp.PackResult) -> int:
         return sum(1 for p in res.kept_history if history[p].get("role") == "user")
@@ -177,8 +199,13 @@ def test_off_by_default_for_masking_and_on_for_the_cache_policy() -> None:
     with pytest.raises(TypeError, match="omit_reasoning"):
         pp.CachePolicy(omit_reasoning="yes")  # type: ignore[arg-type]
     history = [i for t in range(4) for i in turn(t)]
-    r = pp.pack(history, [{"role": "user", "content": "x"}], 3_000, model="gpt-5",
-                masking=pp.Masking(after_turns=1))
+    r = pp.pack(
+        history,
+        [{"role": "user", "content": "x"}],
+        3_000,
+        model="gpt-5",
+        masking=pp.Masking(after_turns=1),
+    )
     assert r.omitted_reasoning == []
     assert all(i.get("id") == history[p].get("id") for p, i in zip(r.kept_history, r.items))
 

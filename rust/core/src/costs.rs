@@ -944,7 +944,9 @@ mod tests {
         assert!(reasoning_omittable_unit(ok));
         let hosted = [ItemKind::Reasoning, ItemKind::Call(CallType::ComputerCall)];
         assert!(id_optional_follower(ItemKind::Call(CallType::ShellCall)));
-        assert!(!id_optional_follower(ItemKind::Call(CallType::LocalShellCall)));
+        assert!(!id_optional_follower(ItemKind::Call(
+            CallType::LocalShellCall
+        )));
         assert!(!reasoning_omittable_unit(hosted));
     }
 }

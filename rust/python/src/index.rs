@@ -8,8 +8,8 @@ use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
 use protoprompt_core::costs::{
-    earlier_thinking, id_optional_follower, omittable_reasoning, reasoning_omittable_unit, EarlierThinkingFree,
-    ReasoningOmitted, StoreTally,
+    earlier_thinking, id_optional_follower, omittable_reasoning, reasoning_omittable_unit,
+    EarlierThinkingFree, ReasoningOmitted, StoreTally,
 };
 use protoprompt_core::incremental::{Cut, GraphIndex, TailGraph};
 use protoprompt_core::indexed::{
@@ -531,25 +531,10 @@ impl PyHistoryIndex {
         };
         let ((mut result, copies), mut items, link) =
             settle(py, n_history, source, packed, masked_failed)?;
-        // Reasoning left out of the units sent masked, and the members of those units
-        // sent without their `id` (see `earlier_reasoning`).
-        let (omitted, stripped) = omitted_in(&result, &view, &omit, &|p| {
-            if p < n_history {
-                index.kind(p)
-            } else {
-                new_metas[p - n_history].kind
-            }
-        });
-        if !omitted.is_empty() {
-            result
-                .kept_history
-                .retain(|p| omitted.binary_search(p).is_err());
-        }
+        let (omitted, stripped) = leave_out(&mut result, &view, &omit, (index, &new_metas));
         let request = items.request(py, &result.kept_history)?;
         let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
-        if !stripped.is_empty() {
-            strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
-        }
+        strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
         let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
@@ -614,6 +599,32 @@ fn earlier_reasoning(
 /// Of the units `result` sends masked: the omitted reasoning positions among their members
 /// (sorted), and the members to send without their `id` (model messages and function or
 /// other `id_optional_follower`s of a unit that lost its reasoning; sorted).
+/// Reasoning left out of the units `result` sends masked (taken out of its kept history),
+/// and the members of those units to send without their `id` (see `earlier_reasoning`).
+fn leave_out(
+    result: &mut PackResult,
+    view: &protoprompt_core::graph::GraphView<'_>,
+    omit: &[usize],
+    (index, new_metas): (&GraphIndex, &[ItemMeta]),
+) -> (Vec<usize>, Vec<usize>) {
+    // The history is indexed whole by now (`classify_into`): new input follows it.
+    let n_history = index.len();
+    let kind = |p: usize| {
+        if p < n_history {
+            index.kind(p)
+        } else {
+            new_metas[p - n_history].kind
+        }
+    };
+    let (omitted, stripped) = omitted_in(result, view, omit, &kind);
+    if !omitted.is_empty() {
+        result
+            .kept_history
+            .retain(|p| omitted.binary_search(p).is_err());
+    }
+    (omitted, stripped)
+}
+
 fn omitted_in(
     result: &PackResult,
     view: &protoprompt_core::graph::GraphView<'_>,
