@@ -265,3 +265,39 @@ def test_generated_histories_stay_valid_with_reasoning_left_out(
     assert all(history[p]["type"] == "reasoning" for p in omitted)
     assert all("provider_data" not in history[p] for p in omitted)
     check_valid(r, new_input, history)
+
+
+def test_stays_resend_the_same_request_with_reasoning_left_out() -> None:
+    """Under the stable prefix the reasoning left out moves only with the cut: the turns
+    after a move send the moved request item for item (the same id-less copies, the same
+    reasoning left out), then what was stored since."""
+    import asyncio
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    async def main() -> None:
+        history = [i for t in range(8) for i in turn(t)]
+        store = ProtoPromptSession("omit-stays")
+        await store.add_items(copy.deepcopy(history))
+        builder = pp.TokenBudgetedContextBuilder(None, max_tokens=12_000, model="gpt-5")
+        plans: list = []
+        callback = store.input_callback(builder, cache=pp.CachePolicy(), on_plan=plans.append)
+        previous: list | None = None
+        extended = 0
+        for t in range(8, 11):
+            stored = await store.get_items()
+            request = await callback(stored, [{"role": "user", "content": f"question {t}"}])
+            plan = plans[-1]
+            if previous is not None and plan.prefix == "stayed":
+                assert request[: len(previous)] == previous
+                extended += 1
+            previous = request
+            answer = turn(t)[1:]
+            answer = [{k: v for k, v in i.items() if k != "encrypted_content"} for i in answer]
+            await store.add_items([{"role": "user", "content": f"question {t}"}, *answer])
+        assert plans[0].prefix in ("set", "moved") and extended >= 1
+        assert plans[0].pack.omitted_reasoning
+        assert (await store.get_items())[: len(history)] == history
+        store.close()
+
+    asyncio.run(main())
