@@ -301,3 +301,66 @@ def test_stays_resend_the_same_request_with_reasoning_left_out() -> None:
         store.close()
 
     asyncio.run(main())
+
+
+def test_the_per_call_filter_never_leaves_out_the_runs_reasoning() -> None:
+    """A tool loop through the per-call filter with ``cache=CachePolicy()``: every call that
+    moves leaves earlier turns' reasoning out, and never the run's own (its steps follow the
+    run's user message): each step's reasoning and call are sent with their ids."""
+    import asyncio
+
+    from agents import Agent
+    from agents.run_config import CallModelData, ModelInputData
+    from agents.tracing import agent_span
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    history = [i for t in range(8) for i in turn(t)]
+    run = [{"role": "user", "content": "question 9"}]
+    inputs = []
+    for s in range(4):
+        run += [
+            {"type": "reasoning", "id": f"rs_9_{s}", "summary": [], "encrypted_content": BLOB},
+            {
+                "type": "function_call",
+                "id": f"fc_9_{s}",
+                "call_id": f"c9_{s}",
+                "name": "f",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": f"c9_{s}", "output": "row " * 300},
+        ]
+        inputs.append(history + list(run))
+    plans: list = []
+    builder = pp.TokenBudgetedContextBuilder(None, max_tokens=14_000, model="gpt-5")
+    session = ProtoPromptSession("omit-filter")
+    flt = session.model_input_filter(builder, on_call=plans.append, cache=pp.CachePolicy())
+    agent = Agent(name="a", instructions="x")
+    loop = asyncio.new_event_loop()
+    span = agent_span(name="a")
+    span.start(mark_as_current=True)
+    sent = []
+    try:
+        for items in inputs:
+            data = CallModelData(
+                model_data=ModelInputData(input=copy.deepcopy(items), instructions="x"),
+                agent=agent,
+                context=None,
+            )
+            sent.append(loop.run_until_complete(flt(data)).input)
+    finally:
+        span.finish(reset_current=True)
+        loop.close()
+        session.close()
+    assert any(p.pack.omitted_reasoning for p in plans)
+    for request in sent:
+        run_ids = {f"rs_9_{s}" for s in range(4)} | {f"fc_9_{s}" for s in range(4)}
+        user = max(i for i, x in enumerate(request) if x.get("content") == "question 9")
+        after = [
+            i.get("id") for i in request[user + 1 :] if i.get("type") != "function_call_output"
+        ]
+        # Every reasoning and call of the run that is sent keeps its id, in pairs.
+        assert set(after) <= run_ids
+        assert len(after) % 2 == 0
+        for a, b in zip(after[::2], after[1::2], strict=True):
+            assert a.startswith("rs_9_") and b == "fc" + a[2:]
