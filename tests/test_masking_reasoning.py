@@ -94,6 +94,8 @@ def check_valid(r: pp.PackResult, new_input: list[dict], history: list[dict]) ->
     assert drop_orphan_function_calls(list(sent), pruning_indexes=set(range(n))) == sent
     assert drop_orphan_function_calls(list(sent)) == sent
     assert all(u.valid for u in pp.analyze(sent[:n], new_input).units)
+    # Counted exactly as sent: left-out reasoning at 0, id-less copies without their id.
+    assert sum(pp.item_tokens(i).total for i in sent) == r.request_tokens
     omitted = set(r.omitted_reasoning)
     for d in r.decisions:
         if not omitted & set(d.positions):

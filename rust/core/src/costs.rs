@@ -724,82 +724,6 @@ pub fn earlier_thinking(
     (0..last_user).filter(|&p| is_thinking(p)).collect()
 }
 
-/// A [`CostSource`] for a masked pack that leaves earlier turns' reasoning out of the
-/// request: the positions in `omitted` (reasoning items before the last user message, chosen
-/// by the caller, [`omittable_reasoning`]) cost 0 *masked* and count as maskable, so a unit
-/// sent masked is sent without them; whole, every position costs what `inner` says. The
-/// caller sends the unit's model items after an omitted reasoning item without their `id`
-/// (an item whose server id names a reasoning item that is not sent is refused by the
-/// Responses API). Built per pack call from positions (never memoized), as
-/// [`EarlierThinkingFree`] is.
-pub struct ReasoningOmitted<'a> {
-    inner: &'a mut dyn CostSource,
-    omitted: Vec<usize>,
-}
-
-impl<'a> ReasoningOmitted<'a> {
-    /// `omitted` in any order.
-    pub fn new(inner: &'a mut dyn CostSource, mut omitted: Vec<usize>) -> Self {
-        omitted.sort_unstable();
-        omitted.dedup();
-        ReasoningOmitted { inner, omitted }
-    }
-
-    /// Whether the item at `position` is left out of a masked unit.
-    pub fn is_omitted(&self, position: usize) -> bool {
-        self.omitted.binary_search(&position).is_ok()
-    }
-}
-
-impl CostSource for ReasoningOmitted<'_> {
-    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        self.inner.costs(positions)
-    }
-
-    fn lower_bound(&mut self, position: usize) -> u64 {
-        self.inner.lower_bound(position)
-    }
-
-    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
-        let counted: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|&p| !self.is_omitted(p))
-            .collect();
-        let mut costs = self.inner.masked_costs(&counted)?.into_iter();
-        Ok(members
-            .iter()
-            .map(|&p| {
-                if self.is_omitted(p) {
-                    0
-                } else {
-                    costs.next().unwrap_or(0)
-                }
-            })
-            .collect())
-    }
-
-    fn masked_lower_bound(&mut self, position: usize) -> u64 {
-        if self.is_omitted(position) {
-            0
-        } else {
-            self.inner.masked_lower_bound(position)
-        }
-    }
-
-    fn masks(&self) -> bool {
-        self.inner.masks() || !self.omitted.is_empty()
-    }
-
-    fn known(&self, position: usize) -> Option<u64> {
-        self.inner.known(position)
-    }
-
-    fn maskable(&self, position: usize) -> bool {
-        self.is_omitted(position) || self.inner.maskable(position)
-    }
-}
-
 /// Whether an item of `kind` that follows a reasoning item may be sent without its `id`:
 /// an assistant message (the SDK's compaction session strips assistant-message ids whose
 /// reasoning is gone, `_strip_orphaned_assistant_ids`) and the calls whose input form has an
@@ -906,20 +830,6 @@ mod tests {
         assert!(!free.maskable(1));
         // Only the positions that are not free reached the inner source.
         assert_eq!(inner.0, 3);
-    }
-
-    #[test]
-    fn omitted_reasoning_costs_nothing_masked_only() {
-        let mut inner = Fixed(0);
-        let mut om = ReasoningOmitted::new(&mut inner, vec![2, 1]);
-        assert_eq!(om.costs(&[0, 1, 2]).unwrap(), vec![10, 11, 12]);
-        assert_eq!(om.masked_costs(&[0, 1, 2, 3]).unwrap(), vec![10, 0, 0, 13]);
-        assert_eq!(om.masked_lower_bound(1), 0);
-        assert_eq!(om.masked_lower_bound(0), crate::tokens::ITEM_OVERHEAD);
-        assert!(om.maskable(1));
-        assert!(om.masks());
-        // Whole 3 positions, masked the two that are not omitted.
-        assert_eq!(inner.0, 5);
     }
 
     #[test]

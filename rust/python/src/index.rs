@@ -9,14 +9,14 @@ use crate::errors::{classes, pack_error, raise, span_error, token_error};
 use crate::pack::{result_dict, run_pack, CallOptions};
 use protoprompt_core::costs::{
     earlier_thinking, id_optional_follower, omittable_reasoning, reasoning_omittable_unit,
-    EarlierThinkingFree, ReasoningOmitted, StoreTally,
+    EarlierThinkingFree, StoreTally,
 };
 use protoprompt_core::incremental::{Cut, GraphIndex, TailGraph};
 use protoprompt_core::indexed::{
     cost_over, counted_masked_window_start, counted_window_start, IndexedHistory,
 };
 use protoprompt_core::items::{ItemKind, ItemMeta};
-use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking};
+use protoprompt_core::mask::{MaskedCosts, MaskedField, Masking, ReasoningOmitted};
 use protoprompt_core::pack::{pack_view_masked, CostFailure, PackError, PackOptions, PackResult};
 use protoprompt_core::span::{indexed_span, pack_span};
 use protoprompt_core::tokens::{CostBasis, Loading};
@@ -467,10 +467,10 @@ impl PyHistoryIndex {
         let is_user = |p: usize| index.is_user_message(p);
         let free = earlier_free(index, &new_metas, n_history, call.strips_thinking);
         let earlier_free = free.len();
-        let omit = if call.omit_reasoning && call.masking.is_some() {
+        let (omit, strip) = if call.omit_reasoning && call.masking.is_some() {
             earlier_reasoning(index, &new_metas, n_history, &view)
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         let (packed, masked_failed): Packed = match call.masking {
             None => (
@@ -506,7 +506,12 @@ impl PyHistoryIndex {
                         view,
                         &is_user,
                         &mut EarlierThinkingFree::new(
-                            &mut ReasoningOmitted::new(&mut masked, omit.clone()),
+                            &mut ReasoningOmitted::new(
+                                &mut masked,
+                                omit.clone(),
+                                strip.clone(),
+                                call.basis,
+                            ),
                             free,
                         ),
                         &call.opts,
@@ -560,7 +565,7 @@ fn earlier_reasoning(
     new_metas: &[ItemMeta],
     n_history: usize,
     view: &protoprompt_core::graph::GraphView<'_>,
-) -> Vec<usize> {
+) -> (Vec<usize>, Vec<usize>) {
     let kind = |p: usize| {
         if p < n_history {
             index.kind(p)
@@ -588,12 +593,21 @@ fn earlier_reasoning(
                 .iter()
                 .all(|&q| kind(q) != ItemKind::Reasoning || reasoning_at(q))
     };
-    omittable_reasoning(
+    let omit = omittable_reasoning(
         n_history + new_metas.len(),
         &user_at,
         &reasoning_at,
         &mut unit_ok,
-    )
+    );
+    // The model items of those units, sent without their `id` when the unit is masked.
+    let mut strip: Vec<usize> = omit
+        .iter()
+        .flat_map(|&p| view.unit(view.unit_of(p)).members.iter().copied())
+        .filter(|&q| id_optional_follower(kind(q)))
+        .collect();
+    strip.sort_unstable();
+    strip.dedup();
+    (omit, strip)
 }
 
 /// Of the units `result` sends masked: the omitted reasoning positions among their members
