@@ -144,7 +144,8 @@ def test_earlier_reasoning_is_left_out_and_ids_stripped() -> None:
     assert users(r) == 5 > users(plain)
     assert r.used <= 6_000
     check_valid(r, new_input, history)
-    assert "earlier reasoning item" in r.explain()
+    assert "earlier reasoning items left out" in r.explain()
+    assert f"{len(r.omitted_reasoning)} earlier reasoning items left out" in r.explain()
 
 
 def test_the_current_turns_tool_loop_keeps_its_reasoning() -> None:

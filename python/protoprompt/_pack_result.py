@@ -152,7 +152,7 @@ class PackResult:
                 f"{len(self.dependency):,} mandatory, {self.dependency_tokens:,} tokens: "
                 "what the run input answers"
             )
-        note = masked_note(len(self.masked))
+        note = masked_note(len(self.masked), len(self.omitted_reasoning))
         if note:
             notes.append(note)
         note = dropped_note(items, dropped, NO_HISTORY)
