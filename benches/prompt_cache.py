@@ -547,10 +547,12 @@ def callback_runs(
 
 def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
     """A long agentic session at ``share`` of its cost, through the session callback: drop
-    only (``masking=None``, newest first), the builder's ``Masking()`` newest first, and
+    only (``masking=None``, newest first), the builder's ``Masking()`` newest first,
     ``run_config``'s default (``CachePolicy()``: a move masks every tool output older than
-    the newest turn before any turn is dropped), ``keep_recent=3``. User turns and tool
-    calls visible per request (summed over the turns)."""
+    the newest turn and leaves those units' reasoning out before any turn is dropped), the
+    same without leaving reasoning out (the default before it did), ``keep_recent=0`` and
+    ``3``, and ``Masking(after_turns=3, omit_reasoning=True)`` newest first. User turns and
+    tool calls visible per request (summed over the turns)."""
     import asyncio
 
     import protoprompt as pp
@@ -561,11 +563,36 @@ def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
     cost = sum(item_tokens(i) for i in history)
     budget = int(cost * share)
     session = Session("agentic", budget, history, all_turns[-turns:])
+
+    def replay(cache: Any, **kw: Any) -> Tally:
+        return asyncio.run(_callback_replay(session, cache, False, **kw))
+
     return {
-        "drop only": asyncio.run(_callback_replay(session, None, False, masking=None)),
-        "Masking() newest first": asyncio.run(_callback_replay(session, None, False)),
-        "CachePolicy() (default)": asyncio.run(_callback_replay(session, pp.CachePolicy(), False)),
-        "CachePolicy(keep_recent=3)": asyncio.run(
-            _callback_replay(session, pp.CachePolicy(keep_recent=3), False)
+        "drop only": replay(None, masking=None),
+        "Masking() newest first": replay(None),
+        "CachePolicy() (default)": replay(pp.CachePolicy()),
+        "CachePolicy(omit_reasoning=False)": replay(pp.CachePolicy(omit_reasoning=False)),
+        "CachePolicy(keep_recent=0)": replay(pp.CachePolicy(keep_recent=0)),
+        "CachePolicy(keep_recent=3)": replay(pp.CachePolicy(keep_recent=3)),
+        "Masking(after_turns=3, omit_reasoning=True) newest first": replay(
+            None, masking=pp.Masking(after_turns=3, omit_reasoning=True)
         ),
     }
+
+
+def masking_pays_table(rows: dict[str, Tally]) -> str:
+    """:func:`masking_pays` as the markdown table of ``benches/README.md``."""
+    base = rows["drop only"]
+    lines = [
+        "| settings | user turns | vs drop-only | tool calls | vs drop-only "
+        "| repeated prefix | cost vs uncached | moves |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in rows.items():
+        cached = name.startswith("CachePolicy")
+        lines.append(
+            f"| {name} | {t.user_turns / t.calls:.1f} | {t.user_turns / base.user_turns:.2f}x "
+            f"| {t.tool_calls / t.calls:.1f} | {t.tool_calls / base.tool_calls:.2f}x "
+            f"| {t.share:.1%} | {t.cost_ratio:.2f} | {t.moves if cached else '-'} |"
+        )
+    return "\n".join(lines)

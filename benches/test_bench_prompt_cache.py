@@ -96,3 +96,29 @@ def test_whole_sdk_runs_through_the_session_meet_the_targets():
         assert stable.share >= 0.80 > newest.share
         assert stable.cost_ratio <= 0.35
         assert stable.user_turns >= 0.8 * newest.user_turns
+
+
+def test_default_masking_pays_against_drop_only():
+    """Issue 34 item 6 on a long agentic session at 10% of its cost (66% of it reasoning),
+    through the session callback, as ratios against drop-only measured in the same run
+    (``benches/README.md``, "Masking against drop-only"). The default (``CachePolicy()``:
+    a move masks tool outputs older than the newest turn and leaves those units' reasoning
+    out) shows the issue's 1.25x the user turns; its tool calls measured 1.47x, short of the
+    issue's 1.5x, which ``keep_recent=0`` (the newest turn masked too at a move) reaches.
+    Without leaving reasoning out, masking pays nothing here (0.99x)."""
+    rows = pc.masking_pays()
+    base = rows["drop only"]
+    default = rows["CachePolicy() (default)"]
+    before = rows["CachePolicy(omit_reasoning=False)"]
+    every = rows["CachePolicy(keep_recent=0)"]
+    assert default.calls == base.calls == every.calls > 0
+    assert default.user_turns >= 1.25 * base.user_turns
+    assert default.tool_calls >= 1.4 * base.tool_calls
+    assert every.user_turns >= 1.25 * base.user_turns
+    assert every.tool_calls >= 1.5 * base.tool_calls
+    # Leaving reasoning out is what pays: the same policy without it shows no more.
+    assert default.user_turns >= 1.25 * before.user_turns
+    assert before.user_turns <= 1.05 * base.user_turns
+    # The stable prefix still repeats and pays: within the budget, cheaper than drop-only.
+    assert default.share >= 0.75
+    assert default.cost_ratio <= base.cost_ratio

@@ -66,6 +66,11 @@ class PackResult:
     ``docs/item-graph.md`` §1.2)."""
     earlier_thinking_free: int = 0
     """Reasoning items costed 0 as earlier turns' thinking (``"earlier-turns-free"`` only)."""
+    omitted_reasoning: list[int] = field(default_factory=list)
+    """History positions of reasoning items left out of units sent masked
+    (``Masking(omit_reasoning=True)``; sorted; not in ``kept_history``). The assistant
+    messages and calls of those units are sent as copies without their ``id`` (listed in
+    ``masked``)."""
 
     @property
     def totals(self) -> PackTotals:
@@ -147,7 +152,7 @@ class PackResult:
                 f"{len(self.dependency):,} mandatory, {self.dependency_tokens:,} tokens: "
                 "what the run input answers"
             )
-        note = masked_note(len(self.masked))
+        note = masked_note(len(self.masked), len(self.omitted_reasoning))
         if note:
             notes.append(note)
         note = dropped_note(items, dropped, NO_HISTORY)
@@ -262,9 +267,16 @@ class PackResult:
         """The masked units, newest first (at most ``max_units``)."""
         masked = [d for d in reversed(self.decisions) if d.decision == "masked"]
         units, outputs = len(masked), len(self.masked)
+        omitted = len(self.omitted_reasoning)
+        what = (
+            f"{outputs:,} item{'s' if outputs != 1 else ''} sent as copies, {omitted:,} "
+            f"earlier reasoning item{'s' if omitted != 1 else ''} left out"
+            if omitted
+            else f"{outputs:,} tool output{'s' if outputs != 1 else ''}"
+        )
         lines = [
-            f"masked: {units:,} unit{'s' if units != 1 else ''} ({outputs:,} tool "
-            f"output{'s' if outputs != 1 else ''}), {self.masking_saved:,} tokens saved"
+            f"masked: {units:,} unit{'s' if units != 1 else ''} ({what}), "
+            f"{self.masking_saved:,} tokens saved"
         ]
         shown = masked if max_units is None else masked[:max_units]
         lines.extend(

@@ -153,6 +153,7 @@ def run_pack(
         stop=_stop(decisions, raw["stop"]),
         thinking_rule=raw["thinking_rule"],
         earlier_thinking_free=raw["earlier_thinking_free"],
+        omitted_reasoning=raw.get("omitted_reasoning", []),
     )
 
 

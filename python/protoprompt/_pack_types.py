@@ -36,6 +36,14 @@ class Masking:
         after_turns: also mask the outputs of units older than this many newest turns of the
             history even when they would fit whole (saves tokens on every turn); ``None``
             masks only what does not fit whole.
+        omit_reasoning: a unit sent masked that stands before the last user message also
+            leaves out its OpenAI reasoning items, and its assistant messages and function /
+            custom tool calls are sent as copies without their ``id`` (an item whose id names
+            a reasoning item that is not sent is refused by the Responses API). The current
+            turn's tool loop, Claude's thinking (and any reasoning carrying
+            ``provider_data``) and units with other model items (hosted calls, programs,
+            computer / shell / apply_patch / tool-search / approval items) keep their
+            reasoning. ``PackResult.omitted_reasoning`` lists what was left out.
 
     Raises:
         TypeError / ValueError: an argument is not an int, or out of range.
@@ -43,8 +51,13 @@ class Masking:
 
     excerpt_tokens: int = 64
     after_turns: int | None = None
+    omit_reasoning: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.omit_reasoning, bool):
+            raise TypeError(
+                f"omit_reasoning must be a bool, got {type(self.omit_reasoning).__name__}"
+            )
         for name, value, minimum in (
             ("excerpt_tokens", self.excerpt_tokens, MIN_EXCERPT_TOKENS),
             ("after_turns", self.after_turns, 0),

@@ -380,15 +380,22 @@ def _call_sections(
             history_tokens,
             history_items,
             _joined(
-                masked_note(len(masked) - masked_in_run),
+                masked_note(len(masked) - masked_in_run, len(pack.omitted_reasoning)),
                 dropped_note(history_items, dropped_items - dropped_in_run, NO_HISTORY),
             ),
         ),
     ]
 
 
-def masked_note(n: int) -> str | None:
-    """How many tool outputs of a section are sent masked (``None``: none)."""
+def masked_note(n: int, omitted: int = 0) -> str | None:
+    """How many tool outputs of a section are sent masked (``None``: none); with
+    ``omitted`` earlier reasoning items left out, how many items are sent as copies (masked
+    outputs and id-less calls and messages) and how many reasoning items were left out."""
+    if omitted:
+        return (
+            f"{n:,} item{'s' if n != 1 else ''} sent masked, {omitted:,} earlier reasoning "
+            f"item{'s' if omitted != 1 else ''} left out"
+        )
     return f"{n:,} tool output{'s' if n != 1 else ''} masked" if n else None
 
 

@@ -51,6 +51,10 @@ class CachePolicy:
             defaults (0.7, 1) are measured in ``docs/prompt-cache.md``.
         excerpt_tokens: tokens a masked text output keeps, marker included (at least 16;
             as :class:`~protoprompt.Masking`).
+        omit_reasoning: a move also leaves earlier turns' OpenAI reasoning out of the units
+            it masks (``Masking(omit_reasoning=True)``; the current turn's tool loop and
+            Claude's thinking keep theirs). Applied by the session callback and per-call
+            filter; :func:`plan_prefix` masks tool outputs only.
 
     Raises:
         TypeError / ValueError: an argument is not a number of the right kind, or out of
@@ -60,6 +64,7 @@ class CachePolicy:
     low_water: float = 0.7
     keep_recent: int = 1
     excerpt_tokens: int = 64
+    omit_reasoning: bool = True
 
     def __post_init__(self) -> None:
         lw = self.low_water
@@ -69,6 +74,10 @@ class CachePolicy:
             raise ValueError(f"low_water must be a fraction of the budget in (0, 1], got {lw}")
         _check_int("keep_recent", self.keep_recent, 0)
         _check_int("excerpt_tokens", self.excerpt_tokens, MIN_EXCERPT_TOKENS)
+        if not isinstance(self.omit_reasoning, bool):
+            raise TypeError(
+                f"omit_reasoning must be a bool, got {type(self.omit_reasoning).__name__}"
+            )
 
 
 @dataclass(frozen=True)

@@ -501,7 +501,11 @@ class TurnPlanner:
         """What a move masks: every tool output older than the newest ``keep_recent``
         turns, even where it would fit whole."""
         p = self.policy
-        return Masking(excerpt_tokens=p.excerpt_tokens, after_turns=p.keep_recent)
+        return Masking(
+            excerpt_tokens=p.excerpt_tokens,
+            after_turns=p.keep_recent,
+            omit_reasoning=p.omit_reasoning,
+        )
 
     def low_water_reserve(self, budget: int) -> int:
         """Tokens a move reserves besides the request so that it packs to the mark."""

@@ -460,7 +460,11 @@ class ModelInputFilter:
                 return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
         policy = self.cache
         low = max(int(b.max_tokens * policy.low_water), 1)
-        masking = Masking(excerpt_tokens=policy.excerpt_tokens, after_turns=policy.keep_recent)
+        masking = Masking(
+            excerpt_tokens=policy.excerpt_tokens,
+            after_turns=policy.keep_recent,
+            omit_reasoning=policy.omit_reasoning,
+        )
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
             return None

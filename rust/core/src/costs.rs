@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::incremental::reserve_ahead;
+use crate::items::{CallType, ItemKind};
 use crate::tokens::{
     self, Canonical, CostBasis, Encoding, OpaqueScale, TokenError, COST_RULE, COST_RULE_COMPATIBLE,
     ITEM_OVERHEAD, STORE_MIN_BYTES,
@@ -723,6 +724,72 @@ pub fn earlier_thinking(
     (0..last_user).filter(|&p| is_thinking(p)).collect()
 }
 
+/// Whether an item of `kind` that follows a reasoning item may be sent without its `id`:
+/// an assistant message (the SDK's compaction session strips assistant-message ids whose
+/// reasoning is gone, `_strip_orphaned_assistant_ids`) and the calls whose input form has an
+/// optional `id` in the Responses API's input schema (function, custom tool, shell,
+/// apply_patch and client tool-search calls). Local shell, computer, hosted and MCP items
+/// and programs need their `id` as input.
+pub fn id_optional_follower(kind: ItemKind) -> bool {
+    matches!(
+        kind,
+        ItemKind::AssistantMessage
+            | ItemKind::Call(
+                CallType::FunctionCall
+                    | CallType::CustomToolCall
+                    | CallType::ShellCall
+                    | CallType::ApplyPatchCall
+                    | CallType::ToolSearchCall
+            )
+    )
+}
+
+/// Whether a reasoning item's unit may be sent without it: every member is a reasoning item,
+/// a message, an [`id_optional_follower`] or an output of one of those calls (outputs are the
+/// client's, never a reasoning item's follower). A unit with any other model item keeps its
+/// reasoning.
+pub fn reasoning_omittable_unit(kinds: impl IntoIterator<Item = ItemKind>) -> bool {
+    kinds.into_iter().all(|k| {
+        id_optional_follower(k)
+            || matches!(
+                k,
+                ItemKind::Reasoning
+                    | ItemKind::UserMessage
+                    | ItemKind::SystemMessage
+                    | ItemKind::DeveloperMessage
+                    | ItemKind::AssistantInputMessage
+                    | ItemKind::Output(
+                        CallType::FunctionCall
+                            | CallType::CustomToolCall
+                            | CallType::ShellCall
+                            | CallType::ApplyPatchCall
+                            | CallType::ToolSearchCall
+                    )
+            )
+    })
+}
+
+/// The reasoning items a masked pack may leave out: the positions below `len` where
+/// `is_reasoning` holds (the caller excludes Claude's thinking and any reasoning carrying
+/// `provider_data`) that stand before the last position where `is_user` holds (the last user
+/// message; a tool result is its own item kind, never a user message) and whose unit
+/// `unit_ok` accepts ([`reasoning_omittable_unit`]). The current turn's reasoning (its tool
+/// loop: after that message) is never among them: OpenAI requires every reasoning item
+/// between a function call and the last user message.
+pub fn omittable_reasoning(
+    len: usize,
+    is_user: &dyn Fn(usize) -> bool,
+    is_reasoning: &dyn Fn(usize) -> bool,
+    unit_ok: &mut dyn FnMut(usize) -> bool,
+) -> Vec<usize> {
+    let Some(last_user) = (0..len).rev().find(|&p| is_user(p)) else {
+        return Vec::new();
+    };
+    (0..last_user)
+        .filter(|&p| is_reasoning(p) && unit_ok(p))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +830,33 @@ mod tests {
         assert!(!free.maskable(1));
         // Only the positions that are not free reached the inner source.
         assert_eq!(inner.0, 3);
+    }
+
+    #[test]
+    fn omittable_reasoning_stops_at_the_last_user_message() {
+        // user, reasoning, call, output, user, reasoning, call
+        let user = |p: usize| p == 0 || p == 4;
+        let reasoning = |p: usize| p == 1 || p == 5;
+        assert_eq!(
+            omittable_reasoning(7, &user, &reasoning, &mut |_| true),
+            vec![1]
+        );
+        assert_eq!(
+            omittable_reasoning(7, &user, &reasoning, &mut |_| false),
+            Vec::<usize>::new()
+        );
+        // Before the second user message the first turn is the current one.
+        assert_eq!(
+            omittable_reasoning(4, &user, &reasoning, &mut |_| true),
+            Vec::<usize>::new()
+        );
+        let ok = [ItemKind::Reasoning, ItemKind::Call(CallType::FunctionCall)];
+        assert!(reasoning_omittable_unit(ok));
+        let hosted = [ItemKind::Reasoning, ItemKind::Call(CallType::ComputerCall)];
+        assert!(id_optional_follower(ItemKind::Call(CallType::ShellCall)));
+        assert!(!id_optional_follower(ItemKind::Call(
+            CallType::LocalShellCall
+        )));
+        assert!(!reasoning_omittable_unit(hosted));
     }
 }

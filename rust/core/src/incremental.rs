@@ -319,6 +319,11 @@ impl GraphIndex {
         self.items[pos].kind
     }
 
+    /// Whether the item at `pos` carries `provider_data` (non-null).
+    pub fn has_provider_data(&self, pos: usize) -> bool {
+        self.items[pos].flags & PROVIDER_DATA != 0
+    }
+
     /// Whether the item at `pos` is a user message (a turn boundary).
     pub fn is_user_message(&self, pos: usize) -> bool {
         self.items[pos].kind == ItemKind::UserMessage

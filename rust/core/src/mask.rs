@@ -1112,10 +1112,209 @@ impl<C: CostSource + ValueSource> CostSource for MaskedCosts<'_, C> {
     }
 }
 
+/// A [`CostSource`] for a masked pack that leaves earlier turns' reasoning out of the
+/// request: the positions in `omitted` (reasoning items before the last user message, chosen
+/// by the caller, [`crate::costs::omittable_reasoning`]) cost 0 *masked*, and the positions in
+/// `stripped` (the model items of their units the caller sends without `id`,
+/// [`crate::costs::id_optional_follower`]) cost exactly what their copy without `id` costs;
+/// both count as maskable, so a unit sent masked is counted as it is sent. Whole, every
+/// position costs what `inner` says. Built per pack call from positions (never memoized, as
+/// [`crate::costs::EarlierThinkingFree`] is); the copies' costs are kept for the call.
+pub struct ReasoningOmitted<'a, C: CostSource + ValueSource> {
+    inner: &'a mut C,
+    omitted: Vec<usize>,
+    stripped: Vec<usize>,
+    basis: CostBasis,
+    without_id: FxHashMap<usize, u64>,
+}
+
+impl<'a, C: CostSource + ValueSource> ReasoningOmitted<'a, C> {
+    /// `omitted` and `stripped` in any order; `basis` as the pack's costs.
+    pub fn new(
+        inner: &'a mut C,
+        mut omitted: Vec<usize>,
+        mut stripped: Vec<usize>,
+        basis: impl Into<CostBasis>,
+    ) -> Self {
+        omitted.sort_unstable();
+        omitted.dedup();
+        stripped.sort_unstable();
+        stripped.dedup();
+        ReasoningOmitted {
+            inner,
+            omitted,
+            stripped,
+            basis: basis.into(),
+            without_id: FxHashMap::default(),
+        }
+    }
+
+    /// Whether the item at `position` is left out of a masked unit.
+    pub fn is_omitted(&self, position: usize) -> bool {
+        self.omitted.binary_search(&position).is_ok()
+    }
+
+    fn is_stripped(&self, position: usize) -> bool {
+        self.stripped.binary_search(&position).is_ok()
+    }
+
+    /// The exact costs of `positions` (stripped ones) sent without `id`: the item's whole
+    /// cost less the tokens its `id` adds.
+    fn stripped_costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let missing: Vec<usize> = positions
+            .iter()
+            .copied()
+            .filter(|p| !self.without_id.contains_key(p))
+            .collect();
+        if !missing.is_empty() {
+            let whole = self.inner.costs(&missing)?;
+            let values = self.inner.item_values(&missing)?;
+            let enc = self.basis.encoding;
+            for ((&p, w), v) in missing.iter().zip(whole).zip(values) {
+                let failure = |e: TokenError| CostFailure {
+                    position: p,
+                    field: "(item)".to_string(),
+                    message: e.to_string(),
+                };
+                let cost = match &v {
+                    Value::Object(map) if map.contains_key("id") => {
+                        let mut copy = map.clone();
+                        copy.remove("id");
+                        let with = tokens::item_cost(&v, enc).map_err(failure)?.total();
+                        let without = tokens::item_cost(&Value::Object(copy), enc)
+                            .map_err(failure)?
+                            .total();
+                        w.saturating_sub(self.basis.whole(with.saturating_sub(without)))
+                    }
+                    _ => w,
+                };
+                self.without_id.insert(p, cost);
+            }
+        }
+        Ok(positions
+            .iter()
+            .map(|p| self.without_id.get(p).copied().unwrap_or_default())
+            .collect())
+    }
+}
+
+impl<C: CostSource + ValueSource> CostSource for ReasoningOmitted<'_, C> {
+    fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        self.inner.costs(positions)
+    }
+
+    fn lower_bound(&mut self, position: usize) -> u64 {
+        self.inner.lower_bound(position)
+    }
+
+    fn masked_costs(&mut self, members: &[usize]) -> Result<Vec<u64>, CostFailure> {
+        let (special, counted): (Vec<usize>, Vec<usize>) = members
+            .iter()
+            .partition(|&&p| self.is_omitted(p) || self.is_stripped(p));
+        let stripped: Vec<usize> = special
+            .iter()
+            .copied()
+            .filter(|&p| !self.is_omitted(p))
+            .collect();
+        let mut stripped_costs = self.stripped_costs(&stripped)?.into_iter();
+        let mut costs = self.inner.masked_costs(&counted)?.into_iter();
+        Ok(members
+            .iter()
+            .map(|&p| {
+                if self.is_omitted(p) {
+                    0
+                } else if self.is_stripped(p) {
+                    stripped_costs.next().unwrap_or(0)
+                } else {
+                    costs.next().unwrap_or(0)
+                }
+            })
+            .collect())
+    }
+
+    fn masked_lower_bound(&mut self, position: usize) -> u64 {
+        if self.is_omitted(position) {
+            0
+        } else {
+            self.inner.masked_lower_bound(position)
+        }
+    }
+
+    fn masks(&self) -> bool {
+        self.inner.masks() || !self.omitted.is_empty()
+    }
+
+    fn known(&self, position: usize) -> Option<u64> {
+        self.inner.known(position)
+    }
+
+    fn maskable(&self, position: usize) -> bool {
+        self.is_omitted(position) || self.is_stripped(position) || self.inner.maskable(position)
+    }
+}
+
+impl<C: CostSource + ValueSource> ValueSource for MaskedCosts<'_, C> {
+    fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        self.inner.item_values(positions)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Items as JSON values, costed whole by `tokens::item_cost` (o200k_base).
+    struct Values(Vec<Value>);
+
+    impl CostSource for Values {
+        fn costs(&mut self, positions: &[usize]) -> Result<Vec<u64>, CostFailure> {
+            Ok(positions
+                .iter()
+                .map(|&p| {
+                    tokens::item_cost(&self.0[p], Encoding::O200kBase)
+                        .unwrap()
+                        .total()
+                })
+                .collect())
+        }
+    }
+
+    impl ValueSource for Values {
+        fn item_values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+            Ok(positions.iter().map(|&p| self.0[p].clone()).collect())
+        }
+    }
+
+    #[test]
+    fn omitted_reasoning_costs_nothing_and_stripped_items_lose_their_ids_tokens() {
+        let call = json!({"type": "function_call", "id": "fc_0123456789abcdef0123456789",
+                          "call_id": "c1", "name": "f", "arguments": "{}"});
+        let mut bare = call.clone();
+        bare.as_object_mut().unwrap().remove("id");
+        let items = vec![
+            json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"}),
+            call.clone(),
+            json!({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+        ];
+        let whole: Vec<u64> = items
+            .iter()
+            .map(|v| tokens::item_cost(v, Encoding::O200kBase).unwrap().total())
+            .collect();
+        let bare_cost = tokens::item_cost(&bare, Encoding::O200kBase)
+            .unwrap()
+            .total();
+        assert!(bare_cost < whole[1]);
+        let mut inner = Values(items);
+        let mut om = ReasoningOmitted::new(&mut inner, vec![0], vec![1], Encoding::O200kBase);
+        assert_eq!(om.costs(&[0, 1, 2]).unwrap(), whole);
+        assert_eq!(
+            om.masked_costs(&[0, 1, 2]).unwrap(),
+            vec![0, bare_cost, whole[2]]
+        );
+        assert_eq!(om.masked_lower_bound(0), 0);
+        assert!(om.maskable(0) && om.maskable(1) && om.masks());
+    }
 
     const ENC: Encoding = Encoding::O200kBase;
 

@@ -5,7 +5,8 @@
 //! index back as it was, memory included.
 
 use crate::costs::{
-    earlier_thinking, CostEngine, CostFailure, CountStore, EarlierThinkingFree, ItemSource,
+    earlier_thinking, id_optional_follower, omittable_reasoning, reasoning_omittable_unit,
+    CostEngine, CostFailure, CountStore, EarlierThinkingFree, ItemSource,
 };
 use crate::graph::GraphView;
 use crate::incremental::GraphIndex;
@@ -13,7 +14,7 @@ use crate::indexed::IndexedHistory;
 use crate::indexed::{counted_masked_window_start, counted_window_start};
 use crate::items::ItemKind;
 use crate::items::ItemMeta;
-use crate::mask::{MaskMemo, MaskedCosts, MaskedField, Masking, ValueSource};
+use crate::mask::{MaskMemo, MaskedCosts, MaskedField, Masking, ReasoningOmitted, ValueSource};
 use crate::pack::{pack_view_masked, ContextHook, CostSource, PackError, PackOptions, PackResult};
 use std::sync::Arc;
 
@@ -147,8 +148,19 @@ pub fn counted_window<F: ItemSource, S: CountStore>(
     (walked, failure)
 }
 
-/// A pack's result and the masked copies of the tool outputs it masked (`(position, copy)`).
-pub type Packed = (PackResult, Vec<(usize, Arc<MaskedField>)>);
+/// What [`pack_indexed`] packed.
+#[derive(Debug)]
+pub struct Packed {
+    /// The pack's result (omitted reasoning already taken out of its kept history).
+    pub result: PackResult,
+    /// The masked copies of the tool outputs it masked (`(position, copy)`).
+    pub copies: Vec<(usize, Arc<MaskedField>)>,
+    /// The reasoning positions left out of units sent masked (sorted; see
+    /// [`earlier_reasoning`]).
+    pub omitted: Vec<usize>,
+    /// The members of those units to send without their `id` (sorted).
+    pub stripped: Vec<usize>,
+}
 
 /// Why [`pack_indexed`] ended without a pack: the packer's error, or an item the masked
 /// copies could not be made of.
@@ -191,8 +203,10 @@ pub fn earlier_thinking_free(
 /// Pack `view` (the index `graph` with a tail of new input) over `costs`, unmasked or with
 /// `masking` (masked costs kept in `masks`, the masked copies made), behind one call: the
 /// outcome, and the tokenizer failure of the masking wrapper (its position and error) if
-/// one ended the pack. Positions from `n_history` on are new input, never masked; the
-/// positions in `free` (see [`earlier_thinking_free`]) cost 0, masked or not.
+/// one ended the pack. Positions from the graph's length on are new input (`new_input`),
+/// never masked; the positions in `free` (see [`earlier_thinking_free`]) cost 0, masked or
+/// not; with `omit_reasoning`, units sent masked leave out the reasoning
+/// [`earlier_reasoning`] allows.
 #[allow(clippy::too_many_arguments)]
 pub fn pack_indexed<C: CostSource + ValueSource>(
     graph: &GraphIndex,
@@ -203,18 +217,28 @@ pub fn pack_indexed<C: CostSource + ValueSource>(
     opts: &PackOptions,
     masking: Option<Masking>,
     pinned: &[usize],
-    n_history: usize,
+    new_input: &[ItemMeta],
     free: Vec<usize>,
+    omit_reasoning: bool,
     context: Option<ContextHook<'_>>,
 ) -> (Result<Packed, PackFailure>, Option<(usize, TokenError)>) {
+    let n_history = graph.len();
     let is_user = |p: usize| graph.is_user_message(p);
     let Some(m) = masking else {
         let mut costs = EarlierThinkingFree::new(costs, free);
         let packed = pack_view_masked(view, &is_user, &mut costs, opts, None, pinned, context);
-        return (
-            packed.map(|r| (r, Vec::new())).map_err(PackFailure::Pack),
-            None,
-        );
+        let packed = packed.map(|result| Packed {
+            result,
+            copies: Vec::new(),
+            omitted: Vec::new(),
+            stripped: Vec::new(),
+        });
+        return (packed.map_err(PackFailure::Pack), None);
+    };
+    let (omit, strip) = if omit_reasoning {
+        earlier_reasoning(graph, new_input, n_history, &view)
+    } else {
+        (Vec::new(), Vec::new())
     };
     // Masked units are history units (never new input): the guard only keeps a position
     // past the history from reaching the index.
@@ -229,20 +253,141 @@ pub fn pack_indexed<C: CostSource + ValueSource>(
         .with_memo(masks, n_history)
         .with_kinds(&kinds);
     let packed = {
-        let mut source = EarlierThinkingFree::new(&mut masked, free);
+        let mut omitted = ReasoningOmitted::new(&mut masked, omit.clone(), strip, basis);
+        let mut source = EarlierThinkingFree::new(&mut omitted, free);
         pack_view_masked(view, &is_user, &mut source, opts, Some(m), pinned, context)
     };
-    let packed = packed.map_err(PackFailure::Pack).and_then(|r| {
-        let units: Vec<&[usize]> = r
+    let packed = packed.map_err(PackFailure::Pack).and_then(|mut result| {
+        let units: Vec<&[usize]> = result
             .masked_units
             .iter()
             .map(|&u| view.unit(u).members.as_slice())
             .collect();
         let copies = masked.copies(&units).map_err(PackFailure::Item)?;
-        Ok((r, copies))
+        let (omitted, stripped) = leave_out(&mut result, &view, &omit, (graph, new_input));
+        Ok(Packed {
+            result,
+            copies,
+            omitted,
+            stripped,
+        })
     });
     let failure = masked.tokenizer_failure().map(|(p, e)| (p, e.clone()));
     (packed, failure)
+}
+
+/// The reasoning items this call may leave out of a unit it sends masked
+/// (`Masking(omit_reasoning=True)`): OpenAI reasoning items (no `provider_data`: Claude's
+/// thinking and other providers' reasoning are always sent) before the last user message of
+/// the history and the new input, in units whose other model items may be sent without
+/// their `id` ([`reasoning_omittable_unit`]) and whose every reasoning item may go. The
+/// current turn's tool loop (after that message) keeps its reasoning.
+pub fn earlier_reasoning(
+    index: &GraphIndex,
+    new_metas: &[ItemMeta],
+    n_history: usize,
+    view: &GraphView<'_>,
+) -> (Vec<usize>, Vec<usize>) {
+    let kind = |p: usize| {
+        if p < n_history {
+            index.kind(p)
+        } else {
+            new_metas[p - n_history].kind
+        }
+    };
+    let user_at = |p: usize| kind(p) == ItemKind::UserMessage;
+    let reasoning_at = |p: usize| {
+        kind(p) == ItemKind::Reasoning
+            && if p < n_history {
+                !index.has_provider_data(p)
+            } else {
+                !new_metas[p - n_history].raw.has_provider_data
+            }
+    };
+    // Every reasoning item of the unit goes, or none: an assistant message without its id
+    // is no follower for a reasoning item that stays (Claude's thinking, say).
+    let mut unit_ok = |p: usize| {
+        let unit = view.unit(view.unit_of(p));
+        unit.is_valid()
+            && reasoning_omittable_unit(unit.members.iter().map(|&q| kind(q)))
+            && unit
+                .members
+                .iter()
+                .all(|&q| kind(q) != ItemKind::Reasoning || reasoning_at(q))
+    };
+    let omit = omittable_reasoning(
+        n_history + new_metas.len(),
+        &user_at,
+        &reasoning_at,
+        &mut unit_ok,
+    );
+    // The model items of those units, sent without their `id` when the unit is masked.
+    let mut strip: Vec<usize> = omit
+        .iter()
+        .flat_map(|&p| view.unit(view.unit_of(p)).members.iter().copied())
+        .filter(|&q| id_optional_follower(kind(q)))
+        .collect();
+    strip.sort_unstable();
+    strip.dedup();
+    (omit, strip)
+}
+
+/// Reasoning left out of the units `result` sends masked (taken out of its kept history),
+/// and the members of those units to send without their `id` (see `earlier_reasoning`).
+pub fn leave_out(
+    result: &mut PackResult,
+    view: &GraphView<'_>,
+    omit: &[usize],
+    (index, new_metas): (&GraphIndex, &[ItemMeta]),
+) -> (Vec<usize>, Vec<usize>) {
+    // The history is indexed whole by now (`classify_into`): new input follows it.
+    let n_history = index.len();
+    let kind = |p: usize| {
+        if p < n_history {
+            index.kind(p)
+        } else {
+            new_metas[p - n_history].kind
+        }
+    };
+    let (omitted, stripped) = omitted_in(result, view, omit, &kind);
+    if !omitted.is_empty() {
+        result
+            .kept_history
+            .retain(|p| omitted.binary_search(p).is_err());
+    }
+    (omitted, stripped)
+}
+
+/// Of the units `result` sends masked: the omitted reasoning positions among their members
+/// (sorted), and the members to send without their `id` (model messages and function or
+/// other `id_optional_follower`s of a unit that lost its reasoning; sorted).
+fn omitted_in(
+    result: &PackResult,
+    view: &GraphView<'_>,
+    omit: &[usize],
+    kind: &dyn Fn(usize) -> ItemKind,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut omitted = Vec::new();
+    let mut stripped = Vec::new();
+    if omit.is_empty() {
+        return (omitted, stripped);
+    }
+    for &u in &result.masked_units {
+        let members = &view.unit(u).members;
+        let before = omitted.len();
+        omitted.extend(members.iter().filter(|p| omit.binary_search(p).is_ok()));
+        if omitted.len() > before {
+            stripped.extend(
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&p| id_optional_follower(kind(p))),
+            );
+        }
+    }
+    omitted.sort_unstable();
+    stripped.sort_unstable();
+    (omitted, stripped)
 }
 
 #[cfg(test)]
@@ -378,8 +523,9 @@ mod tests {
             &opts,
             masking,
             &[],
-            n,
+            &new_metas,
             Vec::new(),
+            false,
             None,
         );
         assert!(failure.is_none());
@@ -389,13 +535,21 @@ mod tests {
     #[test]
     fn one_call_packs_masked_and_unmasked() {
         let items = long_outputs(12);
-        let (plain, copies) = pack_of(&items, None, 3_000);
+        let Packed {
+            result: plain,
+            copies,
+            ..
+        } = pack_of(&items, None, 3_000);
         assert!(copies.is_empty());
         assert!(plain.masked_units.is_empty());
         assert!(!plain.kept_history.is_empty());
         assert!(plain.kept_history.len() < items.len());
         let masking = Masking::checked(64, Some(1)).unwrap();
-        let (masked, copies) = pack_of(&items, Some(masking), 3_000);
+        let Packed {
+            result: masked,
+            copies,
+            ..
+        } = pack_of(&items, Some(masking), 3_000);
         // Older outputs masked: more of the history is kept, each masked output has its copy.
         assert!(masked.kept_history.len() > plain.kept_history.len());
         assert!(!copies.is_empty());
@@ -441,8 +595,9 @@ mod tests {
             &opts,
             masking,
             &[],
-            n,
+            &[],
             Vec::new(),
+            false,
             Some(&mut hook),
         );
         assert!(matches!(

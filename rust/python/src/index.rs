@@ -14,7 +14,7 @@ use protoprompt_core::items::ItemMeta;
 use protoprompt_core::mask::{MaskedField, Masking};
 use protoprompt_core::pack::{CostFailure, PackError, PackOptions};
 use protoprompt_core::pipeline::{
-    counted_window, earlier_thinking_free, pack_indexed, PackFailure,
+    counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed,
 };
 use protoprompt_core::span::{indexed_span, pack_span};
 use protoprompt_core::tokens::{CostBasis, Loading, TokenError};
@@ -183,6 +183,7 @@ impl PyHistoryIndex {
             history_offset,
             masking,
             strips_thinking,
+            omit_reasoning,
         } = CallOptions::from_py(options)?;
         let offset = history_offset;
         let indexed = self.inner.len();
@@ -211,6 +212,7 @@ impl PyHistoryIndex {
             masking,
             pinned,
             strips_thinking,
+            omit_reasoning,
         };
         let outcome = self.pack_read(
             py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
@@ -358,6 +360,8 @@ pub(crate) struct Call {
     pub(crate) pinned: Vec<usize>,
     /// See `CallOptions::strips_thinking`.
     pub(crate) strips_thinking: bool,
+    /// See `CallOptions::omit_reasoning`.
+    pub(crate) omit_reasoning: bool,
 }
 
 /// The `TokenizerError` for the masking wrapper's tokenizer failure at `position`.
@@ -449,8 +453,9 @@ impl PyHistoryIndex {
                 &call.opts,
                 c,
                 m,
-                n_history,
+                &new_metas,
                 free,
+                call.omit_reasoning,
                 hook,
             )
         });
@@ -461,10 +466,16 @@ impl PyHistoryIndex {
             (None, Err(PackFailure::Pack(e))) => Err(pack_error(py, e)),
             (None, Err(PackFailure::Item(f))) => Err(pack_error(py, item_failure(n_history, f))),
         };
-        let ((mut result, copies), mut items, link) =
-            settle(py, n_history, source, packed, masked_failed)?;
+        let (packed, mut items, link) = settle(py, n_history, source, packed, masked_failed)?;
+        let Packed {
+            mut result,
+            copies,
+            omitted,
+            stripped,
+        } = packed;
         let request = items.request(py, &result.kept_history)?;
-        let masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
+        let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
+        strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
         let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
@@ -473,9 +484,41 @@ impl PyHistoryIndex {
         thinking_outcome(&out, call.strips_thinking, earlier_free)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
+        out.set_item("omitted_reasoning", omitted)?;
         store_outcome(py, &out, link)?;
         Ok(out)
     }
+}
+
+/// Replace each of `stripped` (history positions, kept) in `request` by a shallow copy
+/// without its `id`; they join `masked` (positions sent as copies, kept sorted).
+fn strip_ids<'py>(
+    py: Python<'py>,
+    request: &Bound<'py, PyList>,
+    kept: &[usize],
+    stripped: &[usize],
+    masked: &mut Vec<usize>,
+) -> PyResult<()> {
+    let id = pyo3::intern!(py, "id");
+    for &p in stripped {
+        let Ok(i) = kept.binary_search(&p) else {
+            continue; // never: the members of a masked unit are kept
+        };
+        let item = request.get_item(i)?;
+        let Ok(dict) = item.cast::<PyDict>() else {
+            continue;
+        };
+        if !dict.contains(id)? {
+            continue;
+        }
+        let copy = dict.copy()?;
+        copy.del_item(id)?;
+        request.set_item(i, copy)?;
+        if let Err(at) = masked.binary_search(&p) {
+            masked.insert(at, p);
+        }
+    }
+    Ok(())
 }
 
 /// The thinking rule a pack applied and how many items it made free.

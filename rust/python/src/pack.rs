@@ -55,6 +55,9 @@ pub(crate) struct CallOptions<'py> {
     /// The model strips earlier turns' thinking (older Claude generations): the thinking
     /// before the last user message costs 0 in this call.
     pub(crate) strips_thinking: bool,
+    /// `masking.omit_reasoning`: a unit sent masked leaves out its reasoning when it stands
+    /// before the last user message (see `index::earlier_reasoning`).
+    pub(crate) omit_reasoning: bool,
 }
 
 impl<'py> CallOptions<'py> {
@@ -67,8 +70,18 @@ impl<'py> CallOptions<'py> {
             .model
             .as_deref()
             .is_some_and(protoprompt_core::tokens::strips_earlier_thinking);
+        let omit_reasoning = match &raw.masking {
+            Some(m) if !m.is_none() => m
+                .getattr(pyo3::intern!(py, "omit_reasoning"))
+                .ok()
+                .map(|v| v.is_truthy())
+                .transpose()?
+                .unwrap_or(false),
+            _ => false,
+        };
         Ok(CallOptions {
             strips_thinking,
+            omit_reasoning,
             core: PackOptions {
                 budget: raw.budget,
                 output_reserve: raw.output_reserve,
