@@ -498,7 +498,8 @@ def _memory_builder(budget: int, memory: bool, **kw: Any) -> Any:
 async def _callback_replay(session: Session, cache: Any, memory: bool, **kw: Any) -> Tally:
     """The session's turns through ``ProtoPromptSession.input_callback`` (called as the
     runner calls it: the stored history and the turn's user message), the turn's items
-    stored after it; the requests tallied."""
+    stored after it (its user message included, as the runner stores the run's input);
+    the requests tallied."""
     from protoprompt.integrations import ProtoPromptSession
 
     store = ProtoPromptSession(f"cb-{session.mix}")
@@ -517,7 +518,8 @@ async def _callback_replay(session: Session, cache: Any, memory: bool, **kw: Any
         seconds = time.perf_counter() - t0
         tally.add(request, seconds, stayed=plans[-1].prefix == "stayed")
         tally.moves += plans[-1].prefix == "moved"
-        await store.add_items(turn[len(new_input) :] if new_input else turn)
+        # The runner stores the run's input (the user message) and what the run produced.
+        await store.add_items(turn)
         if memory:
             await builder.wait_for_background()
     store.close()
