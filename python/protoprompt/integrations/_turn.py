@@ -638,7 +638,7 @@ def build_stable_turn(
             plan.pack, history, offset, plan.masked_items, _context_text(plan)
         )
         before = None if previous is None else previous.request_tokens
-        lowered = mark if mark < planner.policy.low_water else None
+        lowered = mark if mark < planner.policy.low_water - 0.005 else None
         reason = _planner.turn_move_reason(previous, new, before, lowered)
         step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
         planner.last = new
