@@ -317,3 +317,25 @@ async def _callback_prefix_property(
             assert turn.used <= int(budget * low_water) + 1, turn.prefix_reason
             assert turn.shared_tokens == 0
     assert history == await _plain_history(runs, answer_words)
+
+
+async def test_a_session_whose_turns_outgrow_the_headroom_moves_to_the_lowered_mark() -> None:
+    """Through the callback: each run adds a fifth of the budget, so the 30% headroom of
+    the first move holds one turn; the next moves pack to 60% of the budget and say so,
+    and the turns between them extend the request byte for byte."""
+    budget = 3_000
+    turns, _, stored = await _callback_runs([[600]] * 12, budget, pp.CachePolicy(), answer_words=20)
+    codes = [t.prefix for t in turns]
+    moves = [n for n, c in enumerate(codes) if c == "moved"]
+    assert len(moves) >= 3, codes
+    assert "packed to" not in turns[moves[0]].prefix_reason  # nothing measured yet
+    assert turns[moves[0]].used <= int(budget * 0.7)
+    for n in moves[1:]:
+        reason = turns[n].prefix_reason
+        assert "packed to 60% of the budget: the session grew fast" in reason, reason
+        assert turns[n].used <= int(budget * 0.6)
+    for n, code in enumerate(codes):
+        assert turns[n].used <= budget
+        if code == "stayed":
+            assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
+    assert stored == await _plain_history([[600]] * 12, 20)
