@@ -339,3 +339,47 @@ async def test_a_session_whose_turns_outgrow_the_headroom_moves_to_the_lowered_m
         if code == "stayed":
             assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
     assert stored == await _plain_history([[600]] * 12, 20)
+
+
+async def test_a_callback_made_for_each_run_continues_the_previous_runs_prefix() -> None:
+    """``session.run_config(...)`` (or ``input_callback``) called inside each run, as a
+    request handler does: the session object keeps the callback's prefix per policy and
+    budget, so the next run's callback extends the request the previous one sent instead
+    of packing afresh; another budget keeps its own."""
+    runs = [[300]] * 10
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 50))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    session = ProtoPromptSession("per-run")
+    turns: list[ContextPlan] = []
+    for r in range(len(runs)):
+        builder = TokenBudgetedContextBuilder(None, max_tokens=3_000, output_reserve=RESERVE)
+        callback = session.input_callback(builder, on_plan=turns.append, cache=pp.CachePolicy())
+        config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    codes = [t.prefix for t in turns]
+    assert codes[0] == "set" and codes.count("stayed") >= 6 and "moved" in codes, codes
+    for n in range(1, len(turns)):
+        if codes[n] == "stayed":
+            assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
+    other = TokenBudgetedContextBuilder(None, max_tokens=2_500, output_reserve=RESERVE)
+    plans: list[ContextPlan] = []
+    callback = session.input_callback(other, on_plan=plans.append, cache=pp.CachePolicy())
+    await callback(await session.get_items(), [{"role": "user", "content": "and now?"}])
+    assert plans[-1].prefix == "set"  # another budget: a prefix of its own
+
+
+async def test_a_lowered_mark_that_would_send_no_history_packs_to_the_policys() -> None:
+    """Turns so large against the budget that the cut moves at every turn: the lowered
+    mark (60%) would leave no room for the newest turn even masked, so the move packs to
+    the policy's ``low_water`` instead and still sends history (without the guard, these
+    moves sent none)."""
+    budget = 1_200
+    turns, _, _ = await _callback_runs([[100, 50]] * 8, budget, pp.CachePolicy(), answer_words=150)
+    codes = [t.prefix for t in turns]
+    assert ["moved", "moved"] in [codes[n : n + 2] for n in range(len(codes))], codes
+    for turn in turns[1:]:
+        if turn.prefix == "moved":
+            assert turn.pack.kept_history, turn.prefix_reason
+            assert "packed to" not in turn.prefix_reason
+            assert turn.used <= int(budget * 0.7)

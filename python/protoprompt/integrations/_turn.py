@@ -545,9 +545,9 @@ def _move(
     memory: SessionMemory | None,
 ) -> tuple[ContextPlan, Callable[[], None] | None, float] | None:
     """The history packed to the move's mark (:meth:`~._planner.TurnPlanner.mark`, else the
-    policy's ``low_water`` when the lowered mark cannot hold the mandatory part), with the
-    older tool outputs masked; the plan without the mark's reservation, and the mark.
-    ``None``: neither mark can be reached."""
+    policy's ``low_water`` when the lowered mark cannot hold the mandatory part or would
+    send no history), with the older tool outputs masked; the plan without the mark's
+    reservation, and the mark. ``None``: neither mark can be reached."""
     budget = int(builder.max_tokens)
     marks = [planner.mark(budget)]
     if marks[0] < planner.policy.low_water:
@@ -563,6 +563,8 @@ def _move(
             plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
         except (TokenBudgetExceededError, InvalidItemError):
             continue
+        if mark < marks[-1] and history and not plan.pack.kept_history:
+            continue  # the lowered mark would send no history at all: the policy's mark
         return _without_mark(plan, reserve, builder), evicted, mark
     return None
 
