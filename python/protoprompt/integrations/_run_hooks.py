@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -86,9 +85,6 @@ def _default_builder(
         encoding=encoding,
         output_reserve=0 if output_reserve is None else output_reserve,
     )
-
-
-_PLANNERS_LOCK = threading.Lock()
 
 
 class RunHooks:
@@ -262,15 +258,15 @@ class RunHooks:
     ) -> _planner.TurnPlanner:
         """The callback's cache-stable prefix, kept by this session object per policy and
         budget: a callback made for each run (``session.run_config(...)`` inside the run
-        call) extends the request the previous run's callback sent, as one callback does."""
+        call) extends the request the previous run's callback sent, as one callback does.
+        (``dict.setdefault`` is atomic: two callbacks made at once get the same planner.)"""
+        planners: dict[tuple[CachePolicy, int], _planner.TurnPlanner]
+        planners = self.__dict__.setdefault("_turn_planners", {})
         key = (policy, int(builder.max_tokens))
-        with _PLANNERS_LOCK:
-            planners: dict[tuple[CachePolicy, int], _planner.TurnPlanner]
-            planners = self.__dict__.setdefault("_turn_planners", {})
-            found = planners.get(key)
-            if found is None:
-                found = planners[key] = _planner.TurnPlanner(policy)
-            return found
+        found = planners.get(key)
+        if found is None:
+            found = planners.setdefault(key, _planner.TurnPlanner(policy))
+        return found
 
     # ------------------------------------------------------------------ every model call
 
