@@ -129,15 +129,26 @@ class Tally:
     """Calls that kept the prefix but whose request does not extend the previous one."""
     max_tokens: int = 0
     _prev: list[str] | None = field(default=None, repr=False)
+    _kept: list[str] | None = field(default=None, repr=False)
 
-    def add(self, request: list[dict[str, Any]], seconds: float, stayed: bool = False) -> None:
+    def add(
+        self,
+        request: list[dict[str, Any]],
+        seconds: float,
+        stayed: bool = False,
+        volatile: int | None = None,
+    ) -> None:
+        """Tally one request; ``volatile``: the position of an item the next request does
+        not repeat by design (the session callback's recall message, placed after the
+        stable history): a stay must extend the request without it."""
         keys = [_key(i) for i in request]
-        if stayed and (self._prev is None or keys[: len(self._prev)] != self._prev):
+        if stayed and (self._kept is None or keys[: len(self._kept)] != self._kept):
             self.broken += 1
         toks = [item_tokens(i) for i in request]
         common, billed = cached_tokens(self._prev, keys, toks)
         total = sum(toks)
         self._prev = keys
+        self._kept = keys if volatile is None else keys[:volatile] + keys[volatile + 1 :]
         self.calls += 1
         self.tokens += total
         self.max_tokens = max(self.max_tokens, total)
@@ -498,7 +509,8 @@ def _memory_builder(budget: int, memory: bool, **kw: Any) -> Any:
 async def _callback_replay(session: Session, cache: Any, memory: bool, **kw: Any) -> Tally:
     """The session's turns through ``ProtoPromptSession.input_callback`` (called as the
     runner calls it: the stored history and the turn's user message), the turn's items
-    stored after it; the requests tallied."""
+    stored after it (its user message included, as the runner stores the run's input);
+    the requests tallied."""
     from protoprompt.integrations import ProtoPromptSession
 
     store = ProtoPromptSession(f"cb-{session.mix}")
@@ -515,9 +527,12 @@ async def _callback_replay(session: Session, cache: Any, memory: bool, **kw: Any
         t0 = time.perf_counter()
         request = await callback(history, new_input)
         seconds = time.perf_counter() - t0
-        tally.add(request, seconds, stayed=plans[-1].prefix == "stayed")
+        tally.add(
+            request, seconds, stayed=plans[-1].prefix == "stayed", volatile=plans[-1].recall_at
+        )
         tally.moves += plans[-1].prefix == "moved"
-        await store.add_items(turn[len(new_input) :] if new_input else turn)
+        # The runner stores the run's input (the user message) and what the run produced.
+        await store.add_items(turn)
         if memory:
             await builder.wait_for_background()
     store.close()

@@ -1144,6 +1144,10 @@ def prompt_cache_only(args) -> int:
     prompt_cache.print_rows(rows)
     sdk = prompt_cache.sdk_runs()
     prompt_cache.print_rows(sdk)
+    # Turn after turn through the session callback: printed (its table and prose in
+    # benches/README.md are kept by hand, carried over by --markdown).
+    callback = prompt_cache.callback_runs() + prompt_cache.callback_runs(memory=True)
+    prompt_cache.print_rows(callback)
     if args.markdown:
         load = os.getloadavg() if hasattr(os, "getloadavg") else None
         when = (
@@ -1156,8 +1160,18 @@ def prompt_cache_only(args) -> int:
                 else "."
             )
         )
-        _replace_marked(args.markdown, "prompt-cache", prompt_cache.section(rows, when, sdk))
-    return 0 if all(r["stable"].broken == 0 for r in rows) else 1
+        section = prompt_cache.section(rows, when, sdk)
+        # The callback and masking tables are kept by hand: carried over as they are.
+        text = Path(args.markdown).read_text()
+        begin = text.find("### Turn after turn through the session callback")
+        end = text.find("<!-- /prompt-cache -->")
+        if 0 <= begin < end:
+            kept = text[begin:end]
+            section = section.replace(
+                "<!-- /prompt-cache -->", "\n" + kept + "<!-- /prompt-cache -->"
+            )
+        _replace_marked(args.markdown, "prompt-cache", section)
+    return 0 if all(r["stable"].broken == 0 for r in rows + callback) else 1
 
 
 def _replace_marked(path: str, marker: str, section: str) -> None:

@@ -204,3 +204,182 @@ async def _default_runs(runs: list[list[int]], budget: int, answer_words: int) -
         elif turns[n].prefix == "moved":
             event("turn moved")
     assert await session.get_items() == await _plain_history(runs, answer_words)
+
+
+def test_a_move_packs_lower_when_the_session_grew_fast_since_the_last_one() -> None:
+    """Move sizing: a move packs to the policy's ``low_water`` unless the session grew so
+    fast since the previous move that the headroom would not hold ``HEADROOM_TURNS`` more
+    turns like those; then the mark is lowered in proportion, down to ``low_water -
+    MARK_DROP`` (0.1; never below half of ``low_water``)."""
+    from protoprompt.integrations import _planner
+
+    budget = 10_000
+    planner = _planner.TurnPlanner(pp.CachePolicy())
+    assert planner.mark(budget) == 0.7  # no move yet: the policy's mark
+    planner.moved(7_000)
+    for _ in range(5):
+        planner.stayed()  # 3,000 tokens over 6 turns: 500 a turn, five of them fit in 30%
+    assert planner.mark(budget) == pytest.approx(0.7)
+    planner.moved(7_000)
+    planner.stayed()  # 3,000 tokens over 2 turns: the headroom held one turn
+    assert planner.mark(budget) == pytest.approx(0.6)  # 1 - 5 * 0.15, floored at 0.7 - 0.1
+    planner.moved(7_000)
+    for _ in range(3):
+        planner.stayed()  # 750 a turn: 1 - 5 * 0.075
+    assert planner.mark(budget) == pytest.approx(0.625)
+    planner.moved(6_500)
+    for _ in range(4):
+        planner.stayed()  # 700 a turn: 1 - 5 * 0.07, between the floor and 0.7
+    assert planner.mark(budget) == pytest.approx(0.65)
+    planner.moved(None)  # packed newest first (no mark): as if no move yet
+    assert planner.mark(budget) == 0.7
+    low = _planner.TurnPlanner(pp.CachePolicy(low_water=0.15))
+    low.moved(1_500)
+    assert low.mark(budget) == pytest.approx(0.075)  # half of low_water, not 0.05
+
+
+async def _callback_turns(
+    runs: list[list[int]], budget: int, policy: pp.CachePolicy, answer_words: int
+) -> tuple[list[ContextPlan], list[list[Any]], list[list[Any]], list[Any]]:
+    """Runs through the session callback alone; its plans, what each run's first model
+    call received, what each run stored, and the whole stored history."""
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, answer_words))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("cb-prop")
+    turns: list[ContextPlan] = []
+    callback = session.input_callback(builder, on_plan=turns.append, cache=policy)
+    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    stored: list[list[Any]] = []
+    firsts: list[list[Any]] = []
+    for r in range(len(runs)):
+        n_calls, n_stored = len(model.calls), len(await session.get_items())
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+        firsts.append(list(model.calls[n_calls].input))
+        stored.append((await session.get_items())[n_stored:])
+    return turns, firsts, stored, await session.get_items()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.integers(50, 900), min_size=0, max_size=3), min_size=4, max_size=10),
+    st.integers(2_500, 6_000),
+    st.integers(5, 150),
+    st.sampled_from([0.5, 0.7, 0.9]),
+)
+def test_callback_requests_share_their_prefix_between_moves(
+    runs: list[list[int]], budget: int, answer_words: int, low_water: float
+) -> None:
+    """Issue 34 #1, #8 through the session callback over generated tool loops: between
+    moves each turn's request is the previous turn's, byte for byte, its masked copies
+    included (the masked set stays with the cut: what was sent whole stays whole), then
+    what the runs stored since and the new input; the cut moves only when that would not
+    fit, and a move packs to at most the policy's mark; every request fits and is
+    sendable, and the stored history is what a session without hooks stores."""
+    asyncio.run(_callback_prefix_property(runs, budget, answer_words, low_water))
+
+
+async def _callback_prefix_property(
+    runs: list[list[int]], budget: int, answer_words: int, low_water: float
+) -> None:
+    policy = pp.CachePolicy(low_water=low_water)
+    turns, firsts, stored, history = await _callback_turns(runs, budget, policy, answer_words)
+    assert len(turns) == len(runs)
+    for n, turn in enumerate(turns):
+        assert turn.used <= budget, f"turn {n + 1}"
+        assert firsts[n] == turn.items, f"turn {n + 1}: the run sent the callback's request"
+        assert_sendable(firsts[n])
+        if n == 0:
+            assert turn.prefix == "set"
+            continue
+        prev = turns[n - 1]
+        # The previous request, then what the previous run stored after its input, then
+        # this run's input: the candidate a stay sends.
+        appended = stored[n - 1][1:]
+        wanted = prev.request_tokens + sum(pp.item_tokens(i).total for i in appended)
+        if turn.prefix == "stayed":
+            event("turn stayed")
+            assert _extends(prev.items, turn.items), f"turn {n + 1}"
+            assert [json.dumps(x) for x in turn.masked_items[: len(prev.masked_items)]] == [
+                json.dumps(x) for x in prev.masked_items
+            ], f"turn {n + 1}: the masked copies changed between moves"
+            if prev.masked_items:
+                event("masked copies resent")
+            assert turn.items[len(prev.items) : len(prev.items) + len(appended)] == appended
+            assert turn.shared_tokens == prev.request_tokens
+        else:
+            assert turn.prefix == "moved", (n, turn.prefix, turn.prefix_reason)
+            event("turn moved")
+            # It moved because the candidate (with this run's input) did not fit.
+            new_input = pp.item_tokens(turn.items[-1]).total
+            assert wanted + new_input + RESERVE > budget, (n, wanted, turn.prefix_reason)
+            assert turn.used <= int(budget * low_water) + 1, turn.prefix_reason
+            assert turn.shared_tokens == 0
+    assert history == await _plain_history(runs, answer_words)
+
+
+async def test_a_session_whose_turns_outgrow_the_headroom_moves_to_the_lowered_mark() -> None:
+    """Through the callback: each run adds a fifth of the budget, so the 30% headroom of
+    the first move holds one turn; the next moves pack to 60% of the budget and say so,
+    and the turns between them extend the request byte for byte."""
+    budget = 3_000
+    turns, _, stored = await _callback_runs([[600]] * 12, budget, pp.CachePolicy(), answer_words=20)
+    codes = [t.prefix for t in turns]
+    moves = [n for n, c in enumerate(codes) if c == "moved"]
+    assert len(moves) >= 3, codes
+    assert "packed to" not in turns[moves[0]].prefix_reason  # nothing measured yet
+    assert turns[moves[0]].used <= int(budget * 0.7)
+    for n in moves[1:]:
+        reason = turns[n].prefix_reason
+        assert "packed to 60% of the budget: the session grew fast" in reason, reason
+        assert turns[n].used <= int(budget * 0.6)
+    for n, code in enumerate(codes):
+        assert turns[n].used <= budget
+        if code == "stayed":
+            assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
+    assert stored == await _plain_history([[600]] * 12, 20)
+
+
+async def test_a_callback_made_for_each_run_continues_the_previous_runs_prefix() -> None:
+    """``session.run_config(...)`` (or ``input_callback``) called inside each run, as a
+    request handler does: the session object keeps the callback's prefix per policy and
+    budget, so the next run's callback extends the request the previous one sent instead
+    of packing afresh; another budget keeps its own."""
+    runs = [[300]] * 10
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 50))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    session = ProtoPromptSession("per-run")
+    turns: list[ContextPlan] = []
+    for r in range(len(runs)):
+        builder = TokenBudgetedContextBuilder(None, max_tokens=3_000, output_reserve=RESERVE)
+        callback = session.input_callback(builder, on_plan=turns.append, cache=pp.CachePolicy())
+        config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    codes = [t.prefix for t in turns]
+    assert codes[0] == "set" and codes.count("stayed") >= 6 and "moved" in codes, codes
+    for n in range(1, len(turns)):
+        if codes[n] == "stayed":
+            assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
+    other = TokenBudgetedContextBuilder(None, max_tokens=2_500, output_reserve=RESERVE)
+    plans: list[ContextPlan] = []
+    callback = session.input_callback(other, on_plan=plans.append, cache=pp.CachePolicy())
+    await callback(await session.get_items(), [{"role": "user", "content": "and now?"}])
+    assert plans[-1].prefix == "set"  # another budget: a prefix of its own
+
+
+async def test_a_lowered_mark_that_would_send_no_history_packs_to_the_policys() -> None:
+    """Turns so large against the budget that the cut moves at every turn: the lowered
+    mark (60%) would leave no room for the newest turn even masked, so the move packs to
+    the policy's ``low_water`` instead and still sends history (without the guard, these
+    moves sent none)."""
+    budget = 1_200
+    turns, _, _ = await _callback_runs([[100, 50]] * 8, budget, pp.CachePolicy(), answer_words=150)
+    codes = [t.prefix for t in turns]
+    assert ["moved", "moved"] in [codes[n : n + 2] for n in range(len(codes))], codes
+    for turn in turns[1:]:
+        if turn.prefix == "moved":
+            assert turn.pack.kept_history, turn.prefix_reason
+            assert "packed to" not in turn.prefix_reason
+            assert turn.used <= int(budget * 0.7)

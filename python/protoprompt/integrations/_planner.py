@@ -468,8 +468,11 @@ def after_pack(
     )
 
 
-def turn_move_reason(old: TurnPrefix | None, new: TurnPrefix, before: int | None) -> str:
-    """Why the turn's cut moved, in words (positions in the stored history)."""
+def turn_move_reason(
+    old: TurnPrefix | None, new: TurnPrefix, before: int | None, mark: float | None = None
+) -> str:
+    """Why the turn's cut moved, in words (positions in the stored history); ``mark``: the
+    fraction of the budget the move packed to, said when it is below the policy's."""
     masked = len(new.masked)
     where = "no history" if not new.kept else f"history[{new.cut:,}]"
     if old is None or before is None:
@@ -483,7 +486,22 @@ def turn_move_reason(old: TurnPrefix | None, new: TurnPrefix, before: int | None
         f"the turn did not fit: cut moved from {was} to {where}, request "
         f"{before:,} -> {new.request_tokens:,}"
         + (f" ({masked:,} tool outputs masked)" if masked else "")
+        + (
+            f"; packed to {mark:.0%} of the budget: the session grew fast since the last move"
+            if mark is not None
+            else ""
+        )
     )
+
+
+HEADROOM_TURNS = 5
+"""Turns of the size the session grew by since the previous move that a move leaves room
+for (see :meth:`TurnPlanner.mark`): with fewer, the cut moves again before the repeated
+prefix has paid for the move (measured: ``docs/prompt-cache.md``)."""
+MARK_DROP = 0.1
+"""How far below the policy's ``low_water`` a move's mark may go (never below half of it):
+0.2 repeated more on the generated agentic sessions but showed 0.76x the user turns of
+newest first (under the 0.8x target), at 128k and on whole SDK runs at 32k."""
 
 
 class TurnPlanner:
@@ -496,6 +514,32 @@ class TurnPlanner:
         self.lock = threading.Lock()
         """Held for a whole turn: two turns of one callback at once plan one after the
         other, each extending the other's request."""
+        self.turns_since_move = 0
+        """Turns that extended the request since the last move (or set)."""
+        self.moved_tokens: int | None = None
+        """The request's tokens right after the last move (``None``: no move yet)."""
+
+    def mark(self, budget: int) -> float:
+        """The fraction of the budget the next move packs to: the policy's ``low_water``,
+        lowered when the session grew fast since the previous move so that the headroom
+        holds :data:`HEADROOM_TURNS` turns of that growth (a move every turn or two costs
+        the whole request each time), never below ``low_water - MARK_DROP`` (nor half of
+        ``low_water``)."""
+        low = float(self.policy.low_water)
+        if self.moved_tokens is None or budget <= 0:
+            return low
+        growth = max(budget - self.moved_tokens, 0) / (self.turns_since_move + 1)
+        floor = max(low - MARK_DROP, low / 2)
+        return min(low, max(floor, 1 - HEADROOM_TURNS * growth / budget))
+
+    def stayed(self) -> None:
+        """A turn extended the request."""
+        self.turns_since_move += 1
+
+    def moved(self, request_tokens: int | None) -> None:
+        """A turn set or moved the cut (``None``: packed newest first, no mark)."""
+        self.turns_since_move = 0
+        self.moved_tokens = request_tokens
 
     def masking(self) -> Masking:
         """What a move masks: every tool output older than the newest ``keep_recent``
@@ -506,10 +550,6 @@ class TurnPlanner:
             after_turns=p.keep_recent,
             omit_reasoning=p.omit_reasoning,
         )
-
-    def low_water_reserve(self, budget: int) -> int:
-        """Tokens a move reserves besides the request so that it packs to the mark."""
-        return budget - max(int(budget * self.policy.low_water), 1)
 
 
 def _kind(item: Any) -> str:

@@ -190,7 +190,7 @@ class RunHooks:
         _check_callback_args(builder, system_prompt, on_plan)
         if cache is not None and not isinstance(cache, CachePolicy):
             raise TypeError(f"cache must be a CachePolicy or None, got {type(cache).__name__}")
-        planner = None if cache is None else _planner.TurnPlanner(cache)
+        planner = None if cache is None else self._turn_planner(cache, builder)
         memory = self._session_memory(builder, scope)
         if agent is not None and not isinstance(agent, _sdk.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
@@ -252,6 +252,21 @@ class RunHooks:
             protoprompt_session_input, TURN_ATTR, Turn(self._as_session(), builder, output_reserve)
         )
         return protoprompt_session_input
+
+    def _turn_planner(
+        self, policy: CachePolicy, builder: TokenBudgetedContextBuilder
+    ) -> _planner.TurnPlanner:
+        """The callback's cache-stable prefix, kept by this session object per policy and
+        budget: a callback made for each run (``session.run_config(...)`` inside the run
+        call) extends the request the previous run's callback sent, as one callback does.
+        (``dict.setdefault`` is atomic: two callbacks made at once get the same planner.)"""
+        planners: dict[tuple[CachePolicy, int], _planner.TurnPlanner]
+        planners = self.__dict__.setdefault("_turn_planners", {})
+        key = (policy, int(builder.max_tokens))
+        found = planners.get(key)
+        if found is None:
+            found = planners.setdefault(key, _planner.TurnPlanner(policy))
+        return found
 
     # ------------------------------------------------------------------ every model call
 

@@ -534,6 +534,41 @@ def _stay(
     return _stepped(plan, step, builder, report)
 
 
+def _move(
+    planner: _planner.TurnPlanner,
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None,
+) -> tuple[ContextPlan, Callable[[], None] | None, float] | None:
+    """The history packed to the move's mark (:meth:`~._planner.TurnPlanner.mark`, else the
+    policy's ``low_water`` when the lowered mark cannot hold the mandatory part or would
+    send no history), with the older tool outputs masked; the plan without the mark's
+    reservation, and the mark. ``None``: neither mark can be reached."""
+    budget = int(builder.max_tokens)
+    marks = [planner.mark(budget)]
+    if marks[0] < planner.policy.low_water:
+        marks.append(float(planner.policy.low_water))
+    for mark in marks:
+        reserve = budget - max(int(budget * mark), 1)
+        moved = {
+            **kwargs,
+            "context_tokens": int(kwargs.get("context_tokens", 0)) + reserve,
+            "masking": planner.masking(),
+        }
+        try:
+            plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
+        except (TokenBudgetExceededError, InvalidItemError):
+            continue
+        if mark < marks[-1] and history and not plan.pack.kept_history:
+            continue  # the lowered mark would send no history at all: the policy's mark
+        return _without_mark(plan, reserve, builder), evicted, mark
+    return None
+
+
 def build_stable_turn(
     planner: _planner.TurnPlanner,
     setup: TurnSetup,
@@ -573,6 +608,7 @@ def build_stable_turn(
                     offset,
                 )
                 if plan is not None:
+                    planner.stayed()
                     return plan, None
             else:
                 last = None  # the history no longer holds it: set afresh
@@ -586,30 +622,27 @@ def build_stable_turn(
                 step = _planner.TurnStep(
                     "set", "the session's history fits whole: every item sent", 0
                 )
+                planner.moved(None)
                 return _stepped(plan, step, builder), evicted
-        moved = {
-            **kwargs,
-            "context_tokens": int(kwargs.get("context_tokens", 0))
-            + planner.low_water_reserve(int(builder.max_tokens)),
-            "masking": planner.masking(),
-        }
-        try:
-            plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
-        except (TokenBudgetExceededError, InvalidItemError):
+        got_move = _move(planner, setup, builder, history, new_input, facts, kwargs, memory)
+        if got_move is None:
             # The mandatory part needs more than the mark, or a window read cannot reach
             # what the masked pack would keep: newest first at the whole budget.
             plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
             planner.last = None
+            planner.moved(None)
             step = _planner.TurnStep(
                 "set", "the low-water mark cannot be reached: packed newest first", 0
             )
             return _stepped(plan, step, builder), evicted
-        plan = _without_mark(plan, planner.low_water_reserve(int(builder.max_tokens)), builder)
+        plan, evicted, mark = got_move
         new = _planner.after_pack(
             plan.pack, history, offset, plan.masked_items, _context_text(plan)
         )
         before = None if previous is None else previous.request_tokens
-        reason = _planner.turn_move_reason(previous, new, before)
+        lowered = mark if mark < planner.policy.low_water - 0.005 else None
+        reason = _planner.turn_move_reason(previous, new, before, lowered)
         step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
         planner.last = new
+        planner.moved(new.request_tokens)
         return _stepped(plan, step, builder), evicted
