@@ -438,8 +438,8 @@ mod tests {
             .collect()
     }
 
-    /// `counted_window` with `masking` from a fresh index of `items`.
-    fn window_of(items: &[serde_json::Value], masking: Option<Masking>, budget: u64) -> usize {
+    /// A fresh index of `items`.
+    fn index_of(items: &[serde_json::Value]) -> IndexedHistory {
         let mut index = IndexedHistory::new();
         index.append(
             items
@@ -447,6 +447,12 @@ mod tests {
                 .map(|i| ItemMeta::from_json(i).unwrap())
                 .collect(),
         );
+        index
+    }
+
+    /// `counted_window` with `masking` from a fresh index of `items`.
+    fn window_of(items: &[serde_json::Value], masking: Option<Masking>, budget: u64) -> usize {
+        let mut index = index_of(items);
         let n = index.len();
         let basis = CostBasis::from(crate::tokens::Encoding::O200kBase);
         let (graph, costs, masks) = index.graph_costs_and_masks();
@@ -463,13 +469,7 @@ mod tests {
         let items = long_outputs(12);
         let budget = 2_000;
         // Unmasked: as the core's own walk over exact costs.
-        let mut index = IndexedHistory::new();
-        index.append(
-            items
-                .iter()
-                .map(|i| ItemMeta::from_json(i).unwrap())
-                .collect(),
-        );
+        let mut index = index_of(&items);
         let n = index.len();
         let (graph, costs, _) = index.graph_costs_and_masks();
         let mut engine = CostEngine::<_, crate::costs::NoStore>::new(
@@ -490,13 +490,17 @@ mod tests {
 
     /// `pack_indexed` over a fresh index of `items` with one new user message.
     fn pack_of(items: &[serde_json::Value], masking: Option<Masking>, budget: u64) -> Packed {
-        let mut index = IndexedHistory::new();
-        index.append(
-            items
-                .iter()
-                .map(|i| ItemMeta::from_json(i).unwrap())
-                .collect(),
-        );
+        pack_omitting(items, masking, budget, false)
+    }
+
+    /// `pack_of`, leaving earlier reasoning out of masked units when `omit_reasoning`.
+    fn pack_omitting(
+        items: &[serde_json::Value],
+        masking: Option<Masking>,
+        budget: u64,
+        omit_reasoning: bool,
+    ) -> Packed {
+        let mut index = index_of(items);
         let n = index.len();
         let new = json!({"role": "user", "content": "and now?"});
         let new_metas = vec![ItemMeta::from_json(&new).unwrap()];
@@ -525,7 +529,7 @@ mod tests {
             &[],
             &new_metas,
             Vec::new(),
-            false,
+            omit_reasoning,
             None,
         );
         assert!(failure.is_none());
@@ -562,16 +566,71 @@ mod tests {
         assert!(copies.iter().all(|(p, _)| *p < items.len()));
     }
 
+    /// Turns of a reasoning model: a user message, a reasoning item, a function call with a
+    /// long output and an answer, every model item with its `id`.
+    fn reasoning_turns(turns: usize) -> Vec<serde_json::Value> {
+        let long = "word ".repeat(400);
+        (0..turns)
+            .flat_map(|t| {
+                [
+                    json!({"role": "user", "content": format!("question {t}")}),
+                    json!({"type": "reasoning", "id": format!("rs_{t}"),
+                           "summary": [{"type": "summary_text", "text": "think ".repeat(200)}]}),
+                    json!({"type": "function_call", "id": format!("fc_{t}"),
+                           "call_id": format!("c{t}"), "name": "f", "arguments": "{}"}),
+                    json!({"type": "function_call_output", "call_id": format!("c{t}"),
+                           "output": format!("{t} {long}")}),
+                    json!({"type": "message", "id": format!("msg_{t}"), "role": "assistant",
+                           "content": [{"type": "output_text", "text": "done",
+                                        "annotations": []}]}),
+                ]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn masked_units_leave_earlier_reasoning_out() {
+        let items = reasoning_turns(12);
+        let masking = Masking::checked(64, Some(1)).ok();
+        let kept = pack_omitting(&items, masking, 2_500, false);
+        assert!(kept.omitted.is_empty() && kept.stripped.is_empty());
+        let Packed {
+            result,
+            copies,
+            omitted,
+            stripped,
+        } = pack_omitting(&items, masking, 2_500, true);
+        assert!(!copies.is_empty());
+        assert!(!omitted.is_empty());
+        // More of the history fits once the masked units' reasoning is left out.
+        let turns = |r: &PackResult| {
+            r.kept_history
+                .iter()
+                .filter(|&&p| items[p]["role"] == "user")
+                .count()
+        };
+        assert!(turns(&result) > turns(&kept.result));
+        let masked_at: Vec<usize> = copies.iter().map(|(p, _)| *p).collect();
+        for &p in &omitted {
+            assert_eq!(items[p]["type"], "reasoning");
+            assert!(!result.kept_history.contains(&p), "omitted {p} is not sent");
+            // Its turn's output was masked: only masked units lose their reasoning.
+            assert!(masked_at.contains(&(p + 2)), "{p}'s unit was sent masked");
+        }
+        // The unit's model items go without their id; the output is no model item.
+        for &p in &stripped {
+            assert!(result.kept_history.contains(&p));
+            assert!(["function_call", "message"].contains(&items[p]["type"].as_str().unwrap()));
+            assert!(omitted.contains(&(p - 1)) || omitted.contains(&(p - 3)));
+        }
+        // Unmasked, nothing is left out, whatever the flag says.
+        assert!(pack_omitting(&items, None, 2_500, true).omitted.is_empty());
+    }
+
     #[test]
     fn a_context_error_ends_the_pack() {
         let items = long_outputs(2);
-        let mut index = IndexedHistory::new();
-        index.append(
-            items
-                .iter()
-                .map(|i| ItemMeta::from_json(i).unwrap())
-                .collect(),
-        );
+        let mut index = index_of(&items);
         let n = index.len();
         let basis = CostBasis::from(crate::tokens::Encoding::O200kBase);
         let (graph, costs, masks) = index.graph_costs_and_masks();
