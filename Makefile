@@ -45,8 +45,8 @@ services-start: ## PostgreSQL and redis-server on loopback for the tests (script
 services-stop: ## stop them and delete their data
 	bash scripts/services.sh stop
 
-docs: dev ## run every code block of README.md, DEVELOPING.md and docs/*.md (tests/test_docs.py)
-	target/dev/bin/python -m pytest -q -p no:cacheprovider tests/test_docs.py
+docs: dev ## run every code block of README.md, DEVELOPING.md and docs/*.md (tests/package/test_docs.py)
+	target/dev/bin/python -m pytest -q -p no:cacheprovider tests/package/test_docs.py
 
 wheels: ## the release sdist and manylinux2014 abi3 wheel in dist/ (scripts/build-wheels.sh)
 	bash scripts/build-wheels.sh

@@ -1,7 +1,7 @@
 """The item shapes ``docs/item-graph.md`` lists, and which of them a list of items holds.
 
 The generators of histories (``benches/history_gen.py``, the property tests'
-``tests/test_properties.py``) must produce every one of them, so that benchmarks and
+``tests/packing/test_properties.py``) must produce every one of them, so that benchmarks and
 property tests see what real sessions hold; their tests compare what they generate with:
 
 * :func:`doc_kinds` -- the kind (protoprompt's classification) of every example item in

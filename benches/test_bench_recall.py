@@ -8,7 +8,7 @@ load comes in waves). Issue 35's target is at most ``TARGET_TURN_RATIO`` (1.2x):
 yet on a loaded machine (1.0x-1.8x here, wall times on 2 shared cores; on the table's longer conversation, 1.35x in wall
 time and 1.45x in CPU time at the 10% budget, release build), so a ratio between the target
 and ``REGRESSION_RATIO`` is an expected failure that names the ratio, and above it a
-failure. The evidence-reaches-the-request targets are asserted by ``tests/test_recall.py``.
+failure. The evidence-reaches-the-request targets are asserted by ``tests/context/test_recall.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 # The package is installed editable (maturin develop): python/ is imported from the tree, and
 # the native module is rebuilt incrementally by the next run. Then, for example:
 #
-#   target/dev/bin/python -m pytest tests/test_core.py
+#   target/dev/bin/python -m pytest tests/packing/test_core.py
 #   scripts/lint.sh                         # fmt, clippy, ruff, mypy, stubtest on this build
 #
 # The build has the test hooks (cargo feature test-hooks, see rust/python/src/hooks.rs) the

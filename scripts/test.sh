@@ -238,7 +238,7 @@ start_services() {
   SERVICES_STARTED=1
 }
 
-# The browser the HTML plan's test loads its page in (tests/test_plan_html.py): Debian's
+# The browser the HTML plan's test loads its page in (tests/packing/test_plan_html.py): Debian's
 # chromium, installed through apt-get when missing (as root; ~35 s and 124 MB of packages on a
 # fresh Debian 12 machine, nothing when it is there). PROTOPROMPT_REQUIRE_BROWSER=1 turns the
 # test's skip for a missing browser into a failure.
@@ -445,7 +445,7 @@ quick() {
   step "python tests on $venv (pytest -n $PYTEST_WORKERS)"
   venv=$(cd "$venv" && pwd)
   local rc=0 tests=("$ROOT/tests" -rs
-    --deselect "tests/test_version.py::test_metadata_and_dunder_version_equal_the_cargo_version")
+    --deselect "tests/package/test_version.py::test_metadata_and_dunder_version_equal_the_cargo_version")
   pytest_from "$ROOT" "$venv" -n "$PYTEST_WORKERS" -m "not serial" "${tests[@]}" || rc=$?
   step "the serial python tests, alone"
   pytest_from "$ROOT" "$venv" -m serial "${tests[@]}" || rc=$?

@@ -1,4 +1,4 @@
-"""Run the code blocks of the project's Markdown pages as written (tests/test_docs.py).
+"""Run the code blocks of the project's Markdown pages as written (tests/package/test_docs.py).
 
 Every fenced block carries a language. ``python`` blocks run, in the order of their page, in
 one namespace per page (as a reader pastes them into one file), in a fresh directory;

@@ -4,7 +4,7 @@ payloads were costed by their decoded size (commit 1d25e97, cost rule 1).
 It holds one stored session (``"old-rule"``) of a reasoning-heavy agentic history, the
 count store the session filled while packing it (counts of canonical texts that hold the
 base64 ``encrypted_content`` of reasoning and compaction items) and the index snapshot
-the session wrote (costs counted under rule 1). ``tests/test_cost_rule.py`` opens it with
+the session wrote (costs counted under rule 1). ``tests/packing/test_cost_rule.py`` opens it with
 the current code and checks that none of that is reused for those items.
 
 Run with a build of that commit (``python tests/data/make_old_rule_db.py``); the file is

@@ -10,7 +10,7 @@
 //! models never builds one (nor pays its memory), whatever else the build carries. Both
 //! crates are pure Rust (no C to cross-compile for manylinux). The families' counts equal
 //! their reference tokenizers' on text, special-token text counted as ordinary text (parity
-//! tests: `tests/test_model_families.py`).
+//! tests: `tests/packing/test_model_families.py`).
 
 use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
 use tiktoken_rs::CoreBPE;
@@ -381,7 +381,7 @@ impl Encoding {
     /// Tokens of the framing the provider adds around every input item (role markers and
     /// separators of the chat template), never below [`super::ITEM_OVERHEAD`], which every
     /// lower bound of a cost assumes. Measured against each family's own template where one
-    /// ships (`tests/test_model_families.py`): Llama 3 frames a message in 5 tokens
+    /// ships (`tests/packing/test_model_families.py`): Llama 3 frames a message in 5 tokens
     /// (`<|start_header_id|>`, the role, `<|end_header_id|>`, `\n\n`, `<|eot_id|>`), Qwen in
     /// 5 (`<|im_start|>`, the role, `\n`, `<|im_end|>`, `\n`), Tekken in at most 3 per
     /// message (`<s>`, `[INST]`, `[/INST]`), DeepSeek V3 in at most 4 (a tool output's

@@ -32,7 +32,7 @@ import history_gen  # noqa: E402  (benches/, on the path by conftest)
 from shared_histories import early_turns  # noqa: E402
 from snapshot_stamp import restamp  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _main_format_module() -> Any:

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "import_cycles.py"
 PACKAGE = ROOT / "python" / "protoprompt"
 

@@ -562,7 +562,7 @@ def test_example_runs_offline() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     import protoprompt
 
     package_parent = Path(protoprompt.__file__).resolve().parents[1]

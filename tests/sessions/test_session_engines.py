@@ -663,7 +663,7 @@ async def test_another_session_object_continues_the_stored_prefix(session_engine
 def _first_run_in_a_subprocess(db: str, sid: str) -> None:
     code = (
         "import asyncio, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "from protoprompt.integrations import ProtoPromptSession\n"
         "import test_session_engines as t\n"
         "model, agent = t._prefix_agent()\n"

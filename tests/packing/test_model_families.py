@@ -108,7 +108,7 @@ def _tekken(name: str) -> Callable[[], Callable[[str], int]]:
     return load
 
 
-GEMMA3_MODEL = Path(__file__).parents[1] / "rust" / "core" / "vocab" / "gemma3.spiece.model.zst"
+GEMMA3_MODEL = Path(__file__).parents[2] / "rust" / "core" / "vocab" / "gemma3.spiece.model.zst"
 GEMMA3_SHA256 = "1299c11d7cf632ef3b4e11937501358ada021bbdf7c47638d13c0ee982f2e79c"
 
 

@@ -15,7 +15,7 @@ import pytest
 import protoprompt as pp
 from protoprompt import errors, memory, packing, plans
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "DEVELOPING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FROM_IMPORT = re.compile(r"^\s*from (protoprompt[\w.]*) import \(?([\w, \n]+?)\)?\s*$", re.M)

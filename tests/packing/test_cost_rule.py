@@ -23,7 +23,7 @@ import protoprompt as pp
 from protoprompt import _core
 from snapshot_stamp import restamp
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def fernet(decoded_bytes: int, seed: int = 0) -> str:

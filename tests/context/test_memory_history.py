@@ -259,7 +259,7 @@ def test_history_terms_are_stemmed_as_sqlite_fts5_porter_stems_them() -> None:
     from protoprompt.memory._stem import stem
 
     vocabulary = set(_STEM_WORDS.split())
-    for doc in Path(__file__).resolve().parent.parent.glob("docs/*.md"):
+    for doc in Path(__file__).resolve().parents[2].glob("docs/*.md"):
         vocabulary.update(words(doc.read_text(encoding="utf-8")))
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize = 'porter unicode61')")
