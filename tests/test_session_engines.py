@@ -779,10 +779,10 @@ def _fetch_tool() -> Any:
     return fetch
 
 
-def _turn_agent(runs: int) -> tuple[Any, Any]:
-    """Runs of two tool calls (300-word outputs) and an answer each."""
+def _turn_agent(runs: int, first: int = 0) -> tuple[Any, Any]:
+    """Runs ``first`` to ``runs - 1`` of two tool calls (300-word outputs) and an answer."""
     script: list[Any] = []
-    for r in range(runs):
+    for r in range(first, runs):
         script += [[function_call("fetch", {"q": f"{r}.{s}"}, call_id=f"c{r}_{s}")] for s in (0, 1)]
         script.append([assistant_message(f"answer {r} " + "word " * 10, item_id=f"m{r}")])
     model = ScriptedModel(script)
@@ -860,6 +860,17 @@ async def test_the_callbacks_prefix_continues_in_another_session_object(
     assert any(p.prefix == "stayed" and p.pack.masked for p in plans), "masked copies resent"
     _assert_turns_extend(plans, _turn_requests(model, runs))
     assert all(p.used <= TURN_BUDGET for p in plans)
+    # The same requests as one session object serving every turn.
+    one_sid = session_engine.sid(f"one-{how}")
+    one_model, one_agent = _turn_agent(runs)
+    one_plans: list[Any] = []
+    await _earlier_exchange(session_engine, one_sid)
+    one = session_engine.proto(one_sid)
+    for r in range(runs):
+        await _callback_turn(one, one_agent, r, one_plans)
+    assert [p.prefix for p in one_plans] == codes
+    got, want = _turn_requests(model, runs), _turn_requests(one_model, runs)
+    assert [[_json(x) for x in req] for req in got] == [[_json(x) for x in req] for req in want]
 
 
 async def _spoil_turn_record(engine: Any, sid: str, data: bytes) -> None:
@@ -973,3 +984,44 @@ async def test_clearing_the_session_removes_the_callbacks_stored_prefix(tmp_path
     session.close()
     with sqlite3.connect(db) as conn:
         assert not conn.execute("SELECT * FROM protoprompt_turn_prefix").fetchall()
+
+
+def _turns_in_a_subprocess(db: str, sid: str, runs: int) -> None:
+    code = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from protoprompt.integrations import ProtoPromptSession\n"
+        "import test_session_engines as t\n"
+        f"model, agent = t._turn_agent({runs})\n"
+        f"session = ProtoPromptSession({sid!r}, {db!r})\n"
+        "async def main():\n"
+        "    plans = []\n"
+        f"    for r in range({runs}):\n"
+        "        await t._callback_turn(session, agent, r, plans)\n"
+        "    assert any(p.pack.masked for p in plans), [p.prefix for p in plans]\n"
+        "asyncio.run(main())\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+async def test_a_restarted_process_continues_the_callbacks_prefix(tmp_path: Path) -> None:
+    """Issue 34 #4 across processes (whose item digests are keyed apart): turns in another
+    process up to a move that masked tool outputs, then the next turn here on the same
+    database extends that process's last request, masked copies included: the request one
+    session object serving every turn sends, byte for byte."""
+    db, runs = str(tmp_path / "s.db"), 7
+    _turns_in_a_subprocess(db, "restart", runs)
+    plans: list[Any] = []
+    session = ProtoPromptSession("restart", db)
+    await _callback_turn(session, _turn_agent(runs + 1, first=runs)[1], runs, plans)
+    session.close()
+    reference: list[Any] = []
+    one = ProtoPromptSession("one", str(tmp_path / "one.db"))
+    _, agent = _turn_agent(runs + 1)
+    for r in range(runs + 1):
+        await _callback_turn(one, agent, r, reference)
+    one.close()
+    assert reference[-1].prefix == "stayed" and reference[-1].pack.masked
+    assert plans[0].prefix == "stayed", plans[0].prefix_reason
+    assert plans[0].shared_tokens == reference[-1].shared_tokens > 0
+    assert [_json(x) for x in plans[0].items] == [_json(x) for x in reference[-1].items]
