@@ -586,7 +586,9 @@ def build_stable_turn(
     low-water mark with every tool output older than its newest ``keep_recent`` turns
     masked, so the turns after it extend that request. A stay's plan reads as a pack of the
     stored history: the masked copies it sends again are ``"masked"`` (``plan.masked_items``,
-    never to be stored)."""
+    never to be stored). The planner's prefix is stored beside the history after each turn
+    and a newer one stored by another process or worker is taken first
+    (:mod:`._turn_state`)."""
     with planner.lock:
         read_all = facts is not None and facts.count == len(history)
         offset = facts.offset if read_all and facts is not None else 0
