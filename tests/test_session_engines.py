@@ -1025,3 +1025,24 @@ async def test_a_restarted_process_continues_the_callbacks_prefix(tmp_path: Path
     assert plans[0].prefix == "stayed", plans[0].prefix_reason
     assert plans[0].shared_tokens == reference[-1].shared_tokens > 0
     assert [_json(x) for x in plans[0].items] == [_json(x) for x in reference[-1].items]
+
+
+def test_the_stored_digest_reads_only_what_was_appended(monkeypatch: Any) -> None:
+    """The callback prefix's content digest is the same from a cold memo (another process)
+    and from the memo of the previous write, which digests only the items appended since
+    (the fast path, asserted taken); an item edited in place changes it."""
+    from protoprompt.integrations import _turn_state
+
+    items = [{"role": "user", "content": f"q{i}", "n": [i, {"b": 1, "a": 2}]} for i in range(50)]
+    warm = _turn_state.DigestMemo()
+    first = warm.digest(items[:40])
+    read: list[Any] = []
+    real = _turn_state._item_digest
+    monkeypatch.setattr(_turn_state, "_item_digest", lambda x: read.append(x) or real(x))
+    assert warm.digest(items) == _turn_state.DigestMemo().digest(items) != first
+    assert read[:10] == items[40:] and len(read) == 60  # warm: 10 appended; cold: all 50
+    reordered = [{**x, "n": [x["n"][0], {"a": 2, "b": 1}]} for x in items]
+    assert _turn_state.DigestMemo().digest(reordered) == warm.digest(items)  # canonical JSON
+    edited = [dict(x) for x in items]
+    edited[3]["content"] = "edited"
+    assert warm.digest(edited) != warm.digest(items)

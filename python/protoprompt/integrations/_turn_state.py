@@ -13,7 +13,7 @@ the session id, and to the callback's budget and policy, of the positions the re
 stored items (masked tool outputs, id-less calls whose reasoning was left out) with their
 positions in the request, the request's tokens, its context message's text, the masked
 units' whole costs, the move sizing's counters, and a content digest (BLAKE2b of the
-canonical JSON) of the stored items at the kept positions; zlib-compressed, at most
+canonical JSON, item by item) of the stored items at the kept positions; zlib-compressed, at most
 ``_prefix_state.MAX_BYTES``. Never the stored items themselves: they are read from the
 history.
 
@@ -30,17 +30,18 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _core
-from .._storage import Kind
+from .._storage import Kind, Record
 from .._storage.records import Field
 from ._planner import TurnPlanner, TurnPrefix
 from ._prefix_state import MAX_BYTES, StoredState
 
-__all__ = ["FORMAT", "KIND", "StoredTurn", "TurnState", "content_digest", "of", "restore"]
+__all__ = ["FORMAT", "KIND", "DigestMemo", "StoredTurn", "TurnState", "of", "restore"]
 
 KIND = Kind(
     "protoprompt_turn_prefix",
@@ -49,21 +50,48 @@ KIND = Kind(
     version="version",
 )
 FORMAT = "protoprompt turn prefix 1"
+"""The stored form's version (the digest: BLAKE2b of the items' BLAKE2b digests)."""
 
 
-def content_digest(items: list[Any]) -> str | None:
-    """A digest of ``items`` that every process computes alike (BLAKE2b of their canonical
-    JSON); ``None`` when one is not JSON."""
-    h = hashlib.blake2b(digest_size=16)
-    try:
-        for item in items:
-            h.update(
-                json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-            )
-            h.update(b"\x1e")
-    except (TypeError, ValueError):
-        return None
-    return h.hexdigest()
+def _item_digest(item: Any) -> bytes:
+    """BLAKE2b of ``item``'s canonical JSON (raises ``TypeError`` / ``ValueError`` when it
+    is not JSON)."""
+    text = json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class DigestMemo:
+    """:meth:`digest` of a session's kept items, which every process computes alike, with
+    the per-item digests of the last call remembered by the items' process digests
+    (``_core.digests``: keyed per process, so never stored): a turn that appended to the
+    request digests only what it appended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.known: dict[bytes, bytes] = {}
+
+    def digest(self, items: list[Any], keyed: bytes | None = None) -> str | None:
+        """The digest of ``items`` (``keyed``: their process digests, 16 bytes each, when
+        known); ``None`` when one is not JSON."""
+        if keyed is None or len(keyed) != 16 * len(items):
+            keyed, _ = _core.digests(items, None)
+        with self.lock:
+            known = self.known
+        fresh: dict[bytes, bytes] = {}
+        out = hashlib.blake2b(digest_size=16)
+        for i, item in enumerate(items):
+            key = bytes(keyed[16 * i : 16 * i + 16])
+            found = known.get(key) or fresh.get(key)
+            if found is None:
+                try:
+                    found = _item_digest(item)
+                except (TypeError, ValueError):
+                    return None
+            fresh[key] = found
+            out.update(found)
+        with self.lock:
+            self.known = fresh
+        return out.hexdigest()
 
 
 @dataclass
@@ -82,10 +110,12 @@ class StoredTurn:
     turns_since_move: int
     moved_tokens: int | None
     digest: str | None = None
-    """:func:`content_digest` of the stored items at :attr:`kept` (made by the writer
+    """:meth:`DigestMemo.digest` of the stored items at :attr:`kept` (made by the writer
     from :attr:`originals`)."""
     originals: list[Any] = field(default_factory=list)
     """The stored items at :attr:`kept` (writer side only, never stored)."""
+    keyed: bytes = b""
+    """Their process digests (writer side only, never stored)."""
 
 
 def planner_key(planner: TurnPlanner, budget: int) -> list[Any]:
@@ -120,6 +150,7 @@ def of_planner(
         planner.turns_since_move,
         planner.moved_tokens,
         originals=originals,
+        keyed=last.originals,
     )
 
 
@@ -132,7 +163,9 @@ def _same_kind(copy: Any, original: Any) -> bool:
     )
 
 
-def restore(stored: StoredTurn, history: list[Any], offset: int) -> TurnPrefix | None:
+def restore(
+    stored: StoredTurn, history: list[Any], offset: int, memo: DigestMemo
+) -> TurnPrefix | None:
     """The callback's prefix from ``stored``, when ``history`` (which starts at position
     ``offset``) holds it unchanged; else ``None``."""
     kept, end = stored.kept, stored.end
@@ -142,7 +175,8 @@ def restore(stored: StoredTurn, history: list[Any], offset: int) -> TurnPrefix |
     if any(a >= b for a, b in itertools.pairwise(kept)):
         return None
     originals = [history[p - offset] for p in kept]
-    if stored.digest is None or content_digest(originals) != stored.digest:
+    digests, _ = _core.digests(originals, None)
+    if stored.digest is None or memo.digest(originals, digests) != stored.digest:
         return None
     sent = list(originals)
     masked: list[Any] = []
@@ -154,7 +188,6 @@ def restore(stored: StoredTurn, history: list[Any], offset: int) -> TurnPrefix |
         sent[i] = copy
         if is_masked:
             masked.append(copy)
-    digests, _ = _core.digests(originals, None)
     return TurnPrefix(
         sent=sent,
         kept=list(kept),
@@ -167,9 +200,9 @@ def restore(stored: StoredTurn, history: list[Any], offset: int) -> TurnPrefix |
     )
 
 
-def encode(value: StoredTurn, bound: list[str]) -> bytes | None:
+def encode(value: StoredTurn, bound: list[str], memo: DigestMemo) -> bytes | None:
     """The stored form of ``value`` (``None``: not JSON, or larger than ``MAX_BYTES``)."""
-    digest = value.digest or content_digest(value.originals)
+    digest = value.digest or memo.digest(value.originals, value.keyed)
     if digest is None:
         return None
     try:
@@ -264,8 +297,12 @@ def decode(data: object, bound: list[str]) -> StoredTurn | None:
 class TurnState(StoredState[StoredTurn]):
     """The session callback's prefix, stored (see the module's docstring)."""
 
+    def __init__(self, record: Record, database_id: str) -> None:
+        super().__init__(record, database_id)
+        self.memo = DigestMemo()
+
     def _encode(self, value: StoredTurn) -> bytes | None:
-        return encode(value, self.bound)
+        return encode(value, self.bound, self.memo)
 
     def _decode(self, data: object) -> StoredTurn | None:
         return decode(data, self.bound)
@@ -285,7 +322,7 @@ def resume(
     stored = state.load()
     if stored is None or stored.key != planner_key(planner, budget):
         return False
-    prefix = restore(stored, history, offset)
+    prefix = restore(stored, history, offset, state.memo)
     if prefix is None:
         return False
     planner.last = prefix
