@@ -565,8 +565,8 @@ def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
     only (``masking=None``, newest first), the builder's ``Masking()`` newest first,
     ``run_config``'s default (``CachePolicy()``: a move masks every tool output older than
     the newest turn and leaves those units' reasoning out before any turn is dropped), the
-    same without leaving reasoning out (the default before it did), ``keep_recent=0`` and
-    ``3``, and ``Masking(after_turns=3, omit_reasoning=True)`` newest first. User turns and
+    same without leaving reasoning out (the default before it did), ``keep_recent=0``, ``2``
+    and ``3``, and ``Masking(after_turns=3, omit_reasoning=True)`` newest first. User turns and
     tool calls visible per request (summed over the turns)."""
     import asyncio
 
@@ -588,6 +588,7 @@ def masking_pays(share: float = 0.10, turns: int = 16) -> dict[str, Tally]:
         "CachePolicy() (default)": replay(pp.CachePolicy()),
         "CachePolicy(omit_reasoning=False)": replay(pp.CachePolicy(omit_reasoning=False)),
         "CachePolicy(keep_recent=0)": replay(pp.CachePolicy(keep_recent=0)),
+        "CachePolicy(keep_recent=2)": replay(pp.CachePolicy(keep_recent=2)),
         "CachePolicy(keep_recent=3)": replay(pp.CachePolicy(keep_recent=3)),
         "Masking(after_turns=3, omit_reasoning=True) newest first": replay(
             None, masking=pp.Masking(after_turns=3, omit_reasoning=True)

@@ -101,11 +101,12 @@ def test_whole_sdk_runs_through_the_session_meet_the_targets():
 def test_default_masking_pays_against_drop_only():
     """Issue 34 item 6 on a long agentic session at 10% of its cost (66% of it reasoning),
     through the session callback, as ratios against drop-only measured in the same run
-    (``benches/README.md``, "Masking against drop-only"). The default (``CachePolicy()``:
-    a move masks tool outputs older than the newest turn and leaves those units' reasoning
-    out) shows the issue's 1.25x the user turns; its tool calls measured 1.47x, short of the
-    issue's 1.5x, which ``keep_recent=0`` (the newest turn masked too at a move) reaches.
-    Without leaving reasoning out, masking pays nothing here (0.99x)."""
+    (``benches/README.md``, "Masking against drop-only"). The default (``CachePolicy()``,
+    ``keep_recent=1``: a move masks tool outputs older than the newest turn and leaves those
+    units' reasoning out) shows the issue's 1.25x the user turns and 1.5x the tool calls
+    (measured 1.59x / 1.61x); ``keep_recent=0`` shows a little more (1.64x / 1.65x) at the
+    same repeated prefix, ``keep_recent=2`` falls short of 1.5x the tool calls (1.40x).
+    Without leaving reasoning out, masking pays nothing here (1.01x / 1.00x)."""
     rows = pc.masking_pays()
     base = rows["drop only"]
     default = rows["CachePolicy() (default)"]
@@ -113,23 +114,33 @@ def test_default_masking_pays_against_drop_only():
     every = rows["CachePolicy(keep_recent=0)"]
     assert default.calls == base.calls == every.calls > 0
     assert default.user_turns >= 1.25 * base.user_turns
-    assert default.tool_calls >= 1.4 * base.tool_calls
-    assert every.user_turns >= 1.25 * base.user_turns
-    assert every.tool_calls >= 1.5 * base.tool_calls
+    assert default.tool_calls >= 1.5 * base.tool_calls
+    assert every.user_turns >= default.user_turns
+    assert every.tool_calls >= default.tool_calls
+    # The newest turns kept whole cost visible turns: more of them show fewer.
+    two, three = rows["CachePolicy(keep_recent=2)"], rows["CachePolicy(keep_recent=3)"]
+    assert default.tool_calls > two.tool_calls >= three.tool_calls
     # Leaving reasoning out is what pays: the same policy without it shows no more.
     assert default.user_turns >= 1.25 * before.user_turns
     assert before.user_turns <= 1.05 * base.user_turns
-    # The stable prefix still repeats and pays: within the budget, cheaper than drop-only.
+    # The stable prefix still repeats and pays: cheaper than drop-only.
     assert default.share >= 0.75
     assert default.cost_ratio <= base.cost_ratio
 
 
-CALLBACK_TARGETS = {("chat", 128_000)}
-"""The callback rows (one request per turn) that meet the issue's targets, with and without
-memory. The others do not by this measure (``benches/README.md``): every turn's request
+CALLBACK_TARGETS = {
+    ("chat", 128_000, False),
+    ("chat", 128_000, True),
+    ("tools", 128_000, False),
+    ("tools", 128_000, True),
+    ("chat", 32_000, False),
+}
+"""The callback rows (one request per turn; ``(mix, budget, memory)``) that meet the issue's
+targets. The others do not by this measure (``benches/README.md``): every turn's request
 holds the whole previous turn, which this table's previous request never sent (the run's
 model calls did), so before any move the repeated prefix is at most 56% (32k agentic) to
-93% (128k tools, 32k chat), and each move re-sends the whole request."""
+93% (128k tools, 32k chat), and each move re-sends the whole request (32k chat with memory
++ recall measured 78.9%)."""
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["plain", "memory+recall"])
@@ -146,7 +157,7 @@ def test_turns_through_the_session_callback(memory):
         assert stable.broken == 0, f"{row['mix']}: a stay did not extend the last request"
         assert stable.max_tokens <= row["budget"]
         assert stable.share >= newest.share, row["mix"]
-        if (mix, row["budget"]) in CALLBACK_TARGETS:
+        if (mix, row["budget"], memory) in CALLBACK_TARGETS:
             assert stable.share >= 0.80
             assert stable.cost_ratio <= 0.35
             assert stable.user_turns >= 0.8 * newest.user_turns

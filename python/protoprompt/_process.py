@@ -202,8 +202,8 @@ INDEX_STATES: Tracked[Any] = Tracked()
 """Every session ``IndexState``: a snapshot write in flight finishes at exit
 (``integrations._snapshots``)."""
 PREFIX_STATES: Tracked[Any] = Tracked()
-"""Every stored session's prefix record: a write in flight finishes at exit
-(``integrations._prefix_state``)."""
+"""Every stored session's prefix record (the per-call filter's and the session callback's):
+a write in flight finishes at exit (``integrations._prefix_state``, ``_turn_state``)."""
 SHARED_INDEXES: Registry[Any, Any] = Registry()
 """The index pool: one ``IndexState`` per stored session, most recently used last
 (``integrations.pool``)."""

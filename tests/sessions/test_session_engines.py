@@ -761,3 +761,288 @@ async def test_clearing_the_session_removes_its_stored_prefix(tmp_path: Path) ->
     session.close()
     with sqlite3.connect(db) as conn:
         assert not conn.execute("SELECT * FROM protoprompt_prefix_state").fetchall()
+
+
+# ------------------------------------------- issue 34 #4: the callback's prefix, stored
+
+TURN_BUDGET = 4_000
+
+
+def _fetch_tool() -> Any:
+    from agents import function_tool
+
+    @function_tool
+    def fetch(q: str) -> str:
+        """Fetch something."""
+        return f"{q}: " + "data " * 300
+
+    return fetch
+
+
+def _turn_agent(runs: int, first: int = 0) -> tuple[Any, Any]:
+    """Runs ``first`` to ``runs - 1`` of two tool calls (300-word outputs) and an answer."""
+    script: list[Any] = []
+    for r in range(first, runs):
+        script += [[function_call("fetch", {"q": f"{r}.{s}"}, call_id=f"c{r}_{s}")] for s in (0, 1)]
+        script.append([assistant_message(f"answer {r} " + "word " * 10, item_id=f"m{r}")])
+    model = ScriptedModel(script)
+    return model, Agent(name="a", model=model, tools=[_fetch_tool()], instructions="Use it.")
+
+
+async def _callback_turn(session: Any, agent: Any, r: int, plans: list[Any]) -> None:
+    """Run ``r`` through the session callback alone (``cache=CachePolicy()``), then wait
+    for its prefix to be stored (two workers serve a session's turns one after the other)."""
+    from protoprompt.integrations import _turn_state
+
+    builder = TokenBudgetedContextBuilder(None, max_tokens=TURN_BUDGET, output_reserve=300)
+    callback = session.input_callback(builder, cache=pp.CachePolicy(), on_plan=plans.append)
+    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    stored = _turn_state.of(session._store)
+    assert stored is not None, "the engine keeps the callback's prefix"
+    stored.wait(5.0)
+
+
+async def _earlier_exchange(engine: Any, sid: str) -> None:
+    """A stored question and answer before the turns (a Redis record is written only while
+    the session's list exists: the very first turn of a session is not stored there)."""
+    await engine.plain(sid).add_items(
+        [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    )
+
+
+def _json(item: Any) -> str:
+    return json.dumps(item, sort_keys=True)
+
+
+def _turn_requests(model: Any, runs: int) -> list[list[Any]]:
+    """What the model received at each run's first call: the callback's requests."""
+    return [list(model.calls[3 * r].input) for r in range(runs)]
+
+
+def _assert_turns_extend(plans: list[Any], requests: list[list[Any]]) -> None:
+    """Every turn that kept the prefix sent the previous turn's request plus what was
+    stored since, byte for byte (as JSON)."""
+    for n in range(1, len(plans)):
+        if plans[n].prefix == "stayed":
+            prev, cur = requests[n - 1], requests[n]
+            assert [_json(x) for x in cur[: len(prev)]] == [_json(x) for x in prev], f"turn {n}"
+            assert plans[n].shared_tokens > 0
+
+
+@pytest.mark.parametrize("how", ["restart", "two_workers"])
+async def test_the_callbacks_prefix_continues_in_another_session_object(
+    session_engine: Any, how: str
+) -> None:
+    """Issue 34 #4 for the session callback: its previous request (cut, masked set, the
+    masked copies) is stored beside the history, so a new session object on the same
+    database (``restart``: each turn's object closed, the next made anew) or two live
+    objects taking turns (``two_workers``) extend the same request, byte for byte: every
+    turn after the first move stays, masked copies included."""
+    sid = session_engine.sid(f"turns-{how}")
+    runs = 9
+    model, agent = _turn_agent(runs)
+    plans: list[Any] = []
+    await _earlier_exchange(session_engine, sid)
+    workers = [session_engine.proto(sid), session_engine.proto(sid)]
+    for r in range(runs):
+        if how == "restart":
+            session = session_engine.proto(sid)
+        else:
+            session = workers[r % 2]
+        await _callback_turn(session, agent, r, plans)
+        if how == "restart":
+            session.close()
+    codes = [p.prefix for p in plans]
+    # Without the stored prefix every new object's first turn would pack afresh ("set").
+    assert codes[0] == "set" and all(c in ("stayed", "moved") for c in codes[1:]), codes
+    assert "moved" in codes and codes.count("stayed") >= 5, codes
+    assert any(p.prefix == "stayed" and p.pack.masked for p in plans), "masked copies resent"
+    _assert_turns_extend(plans, _turn_requests(model, runs))
+    assert all(p.used <= TURN_BUDGET for p in plans)
+    # The same requests as one session object serving every turn.
+    one_sid = session_engine.sid(f"one-{how}")
+    one_model, one_agent = _turn_agent(runs)
+    one_plans: list[Any] = []
+    await _earlier_exchange(session_engine, one_sid)
+    one = session_engine.proto(one_sid)
+    for r in range(runs):
+        await _callback_turn(one, one_agent, r, one_plans)
+    assert [p.prefix for p in one_plans] == codes
+    got, want = _turn_requests(model, runs), _turn_requests(one_model, runs)
+    assert [[_json(x) for x in req] for req in got] == [[_json(x) for x in req] for req in want]
+
+
+async def _spoil_turn_record(engine: Any, sid: str, data: bytes) -> None:
+    """Replace the stored callback prefix's data (its version kept) on ``engine``."""
+    if engine.kind == "sqlite":
+        with sqlite3.connect(engine.db) as conn:
+            conn.execute(
+                "UPDATE protoprompt_turn_prefix SET data = ? WHERE session_id = ?", (data, sid)
+            )
+    elif engine.kind == "redis":
+        client = await redis(engine)
+        try:
+            key = f"{engine.prefix}:{sid}:protoprompt:turn"
+            assert await client.exists(key)
+            await client.hset(key, "data", data)
+        finally:
+            await client.aclose()
+    else:
+        await execute(
+            engine,
+            "UPDATE protoprompt_turn_prefix SET data = :d WHERE session_id = :s",
+            {"d": data, "s": sid},
+        )
+
+
+async def _turn_record(engine: Any, sid: str) -> bytes:
+    if engine.kind == "sqlite":
+        with sqlite3.connect(engine.db) as conn:
+            row = conn.execute(
+                "SELECT data FROM protoprompt_turn_prefix WHERE session_id = ?", (sid,)
+            ).fetchone()
+    elif engine.kind == "redis":
+        client = await redis(engine)
+        try:
+            row = [await client.hget(f"{engine.prefix}:{sid}:protoprompt:turn", "data")]
+        finally:
+            await client.aclose()
+    else:
+        rows = await execute(
+            engine, "SELECT data FROM protoprompt_turn_prefix WHERE session_id = :s", {"s": sid}
+        )
+        row = rows[0] if rows else None
+    assert row is not None and row[0] is not None
+    return bytes(row[0])
+
+
+def _respoiled(data: bytes, spoil: str, other: bytes) -> bytes:
+    """A stored callback prefix spoiled: damaged bytes, another session's record, or one of
+    the right form whose digest no longer matches the history (or whose masked copy
+    stands for another call)."""
+    if spoil == "damaged":
+        return b"\x00garbage" + data[:20]
+    if spoil == "foreign":
+        return other
+    found = json.loads(zlib.decompress(data))
+    if spoil == "stale":
+        found["digest"] = "0" * 32
+    else:  # "other_call": a masked copy of another call
+        assert found["copies"], "the stored prefix has masked copies"
+        found["copies"][0][2]["call_id"] = "not-this-one"
+    return zlib.compress(json.dumps(found).encode())
+
+
+@pytest.mark.parametrize("spoil", ["damaged", "foreign", "stale", "other_call"])
+async def test_a_spoiled_stored_callback_prefix_is_ignored(session_engine: Any, spoil: str) -> None:
+    """A stored callback prefix that is damaged, another session's, no longer matching the
+    stored items, or with a copy that stands for another call is never used: a new
+    session object's turn packs afresh (``set``, nothing shared, every request within the
+    budget) and its own prefix replaces the spoiled one (the next object's turn stays)."""
+    if spoil in ("stale", "other_call") and session_engine.kind not in ("sqlite", "redis"):
+        pytest.skip("the form's checks are the engine's same code: SQLite and Redis cover it")
+    sid, other_sid = session_engine.sid(f"spoil-{spoil}"), session_engine.sid(f"other-{spoil}")
+    runs = 9
+    model, agent = _turn_agent(runs)
+    plans: list[Any] = []
+    await _earlier_exchange(session_engine, sid)
+    await _earlier_exchange(session_engine, other_sid)
+    for r in range(7):
+        session = session_engine.proto(sid)
+        await _callback_turn(session, agent, r, plans)
+        session.close()
+    assert any(p.pack.masked for p in plans), [p.prefix for p in plans]
+    other_model, other_agent = _turn_agent(1)
+    other = session_engine.proto(other_sid)
+    await _callback_turn(other, other_agent, 0, [])
+    other.close()
+    data = await _turn_record(session_engine, sid)
+    await _spoil_turn_record(
+        session_engine, sid, _respoiled(data, spoil, await _turn_record(session_engine, other_sid))
+    )
+    for r in (7, 8):
+        session = session_engine.proto(sid)
+        await _callback_turn(session, agent, r, plans)
+        session.close()
+    assert plans[7].prefix in ("set", "moved") and plans[7].shared_tokens == 0, plans[7]
+    assert plans[8].prefix == "stayed", plans[8].prefix_reason
+    _assert_turns_extend(plans, _turn_requests(model, runs))
+    assert all(p.used <= TURN_BUDGET for p in plans)
+
+
+async def test_clearing_the_session_removes_the_callbacks_stored_prefix(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    _, agent = _turn_agent(1)
+    session = ProtoPromptSession("c", db)
+    await _callback_turn(session, agent, 0, [])
+    session.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT * FROM protoprompt_turn_prefix").fetchall()
+    session = ProtoPromptSession("c", db)
+    await session.clear_session()
+    session.close()
+    with sqlite3.connect(db) as conn:
+        assert not conn.execute("SELECT * FROM protoprompt_turn_prefix").fetchall()
+
+
+def _turns_in_a_subprocess(db: str, sid: str, runs: int) -> None:
+    code = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from protoprompt.integrations import ProtoPromptSession\n"
+        "import test_session_engines as t\n"
+        f"model, agent = t._turn_agent({runs})\n"
+        f"session = ProtoPromptSession({sid!r}, {db!r})\n"
+        "async def main():\n"
+        "    plans = []\n"
+        f"    for r in range({runs}):\n"
+        "        await t._callback_turn(session, agent, r, plans)\n"
+        "    assert any(p.pack.masked for p in plans), [p.prefix for p in plans]\n"
+        "asyncio.run(main())\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+async def test_a_restarted_process_continues_the_callbacks_prefix(tmp_path: Path) -> None:
+    """Issue 34 #4 across processes (whose item digests are keyed apart): turns in another
+    process up to a move that masked tool outputs, then the next turn here on the same
+    database extends that process's last request, masked copies included: the request one
+    session object serving every turn sends, byte for byte."""
+    db, runs = str(tmp_path / "s.db"), 7
+    _turns_in_a_subprocess(db, "restart", runs)
+    plans: list[Any] = []
+    session = ProtoPromptSession("restart", db)
+    await _callback_turn(session, _turn_agent(runs + 1, first=runs)[1], runs, plans)
+    session.close()
+    reference: list[Any] = []
+    one = ProtoPromptSession("one", str(tmp_path / "one.db"))
+    _, agent = _turn_agent(runs + 1)
+    for r in range(runs + 1):
+        await _callback_turn(one, agent, r, reference)
+    one.close()
+    assert reference[-1].prefix == "stayed" and reference[-1].pack.masked
+    assert plans[0].prefix == "stayed", plans[0].prefix_reason
+    assert plans[0].shared_tokens == reference[-1].shared_tokens > 0
+    assert [_json(x) for x in plans[0].items] == [_json(x) for x in reference[-1].items]
+
+
+def test_the_stored_digest_reads_only_what_was_appended(monkeypatch: Any) -> None:
+    """The callback prefix's content digest is the same from a cold memo (another process)
+    and from the memo of the previous write, which digests only the items appended since
+    (the fast path, asserted taken); an item edited in place changes it."""
+    from protoprompt.integrations import _turn_state
+
+    items = [{"role": "user", "content": f"q{i}", "n": [i, {"b": 1, "a": 2}]} for i in range(50)]
+    warm = _turn_state.DigestMemo()
+    first = warm.digest(items[:40])
+    read: list[Any] = []
+    real = _turn_state._item_digest
+    monkeypatch.setattr(_turn_state, "_item_digest", lambda x: read.append(x) or real(x))
+    assert warm.digest(items) == _turn_state.DigestMemo().digest(items) != first
+    assert read[:10] == items[40:] and len(read) == 60  # warm: 10 appended; cold: all 50
+    reordered = [{**x, "n": [x["n"][0], {"a": 2, "b": 1}]} for x in items]
+    assert _turn_state.DigestMemo().digest(reordered) == warm.digest(items)  # canonical JSON
+    edited = [dict(x) for x in items]
+    edited[3]["content"] = "edited"
+    assert warm.digest(edited) != warm.digest(items)

@@ -11,8 +11,9 @@
   SQL, a hash that expires with the session's list in Redis; load, replace, delete and
   compare-and-set, never raising.
 
-The stores of ``protoprompt.integrations`` (``_snapshots``, ``_prefix_state``) are written
-once over a :class:`~.records.Record`; only the engines know SQL from Redis.
+The stores of ``protoprompt.integrations`` (``_snapshots``, ``_prefix_state``,
+``_turn_state``) are written once over a :class:`~.records.Record`; only the engines know SQL
+from Redis.
 """
 
 from __future__ import annotations

@@ -25,14 +25,16 @@ import logging
 import secrets
 import threading
 import zlib
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .. import _process
 from .._storage import Kind, Record
 from .._storage.records import Field
 from ._planner import RunPrefix
 
-__all__ = ["FORMAT", "KIND", "MAX_BYTES", "PrefixState", "decode", "encode", "of"]
+__all__ = ["FORMAT", "KIND", "MAX_BYTES", "PrefixState", "StoredState", "decode", "encode", "of"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger("protoprompt")
 
@@ -127,21 +129,31 @@ def decode(data: object, bound: list[str]) -> RunPrefix | None:
     return RunPrefix(items, source_len, tokens, request_key, cut, list(pins))
 
 
-class PrefixState:
-    """One stored session's prefix record, and the version this process last read or wrote.
-    Writes run in a background thread (the latest request wins); nothing raises."""
+class StoredState(Generic[T]):
+    """One stored session's record of a state, and the version this process last read or
+    wrote. Writes run in a background thread (the latest state wins); nothing raises.
+    Subclasses say how a state is stored (:meth:`_encode`, :meth:`_decode`) and copied."""
 
     def __init__(self, record: Record, database_id: str) -> None:
         self.record = record
         self.bound = _binding(record, database_id)
         self.version: int | None = None
         self.lock = threading.Lock()
-        self.pending: RunPrefix | None = None
+        self.pending: T | None = None
         self.writer: threading.Thread | None = None
         _process.PREFIX_STATES.add(self)
 
-    def load(self) -> RunPrefix | None:
-        """The stored request when it is not the one this process last read or wrote (and
+    def _encode(self, value: T) -> bytes | None:
+        raise NotImplementedError
+
+    def _decode(self, data: object) -> T | None:
+        raise NotImplementedError
+
+    def _copy(self, value: T) -> T:
+        return value
+
+    def load(self) -> T | None:
+        """The stored state when it is not the one this process last read or wrote (and
         no write of this process is pending), else ``None``."""
         with self.lock:
             if self.pending is not None:
@@ -153,22 +165,23 @@ class PrefixState:
         if isinstance(version, bytes):  # Redis
             version = int(version) if version.isdigit() else None
         if type(version) is not int:
-            return None  # damaged: overwritten by this process's next request
+            return None  # damaged: overwritten by this process's next state
         with self.lock:
             if version == self.version:
                 return None
             self.version = version
-        prefix = decode(found.get("data"), self.bound)
-        if prefix is None:
-            _log.debug("protoprompt: stored prefix of %r ignored", self.record.where[1])
-        return prefix
+        value = self._decode(found.get("data"))
+        if value is None:
+            _log.debug(
+                "protoprompt: stored %s of %r ignored",
+                self.record.kind.suffix,
+                self.record.where[1],
+            )
+        return value
 
-    def save(self, prefix: RunPrefix) -> None:
-        """Store ``prefix`` (a copy of it as it is now) in the background."""
-        copy = RunPrefix(
-            list(prefix.items), prefix.source_len, prefix.request_tokens, prefix.key,
-            prefix.cut, list(prefix.pins),
-        )  # fmt: skip
+    def save(self, value: T) -> None:
+        """Store ``value`` (a copy of it as it is now) in the background."""
+        copy = self._copy(value)
         with self.lock:
             self.pending = copy
             if self.writer is not None and self.writer.is_alive():
@@ -181,11 +194,11 @@ class PrefixState:
     def _write(self) -> None:
         while True:
             with self.lock:
-                prefix, self.pending = self.pending, None
+                value, self.pending = self.pending, None
                 expected = self.version
-            if prefix is None:
+            if value is None:
                 return
-            data = encode(prefix, self.bound)
+            data = self._encode(value)
             if data is None:
                 continue
             version = secrets.randbits(62)
@@ -200,12 +213,12 @@ class PrefixState:
     def _stored_damaged(self) -> int | None:
         """The version of a stored record this process never read when it cannot be used
         (another format, session or damaged: replaced); ``None`` for another worker's
-        request, which is kept (read at this process's next run)."""
+        state, which is kept (read at this process's next turn or run)."""
         found = self.record.load()
         version = None if found is None else found.get("version")
         if isinstance(version, bytes):
             version = int(version) if version.isdigit() else None
-        if type(version) is not int or decode(found and found.get("data"), self.bound):
+        if type(version) is not int or self._decode(found and found.get("data")) is not None:
             return None
         return version
 
@@ -226,8 +239,24 @@ class PrefixState:
         self.pending = None
 
 
+class PrefixState(StoredState[RunPrefix]):
+    """The per-call filter's request, stored (see the module's docstring)."""
+
+    def _encode(self, value: RunPrefix) -> bytes | None:
+        return encode(value, self.bound)
+
+    def _decode(self, data: object) -> RunPrefix | None:
+        return decode(data, self.bound)
+
+    def _copy(self, value: RunPrefix) -> RunPrefix:
+        return RunPrefix(
+            list(value.items), value.source_len, value.request_tokens, value.key,
+            value.cut, list(value.pins),
+        )  # fmt: skip
+
+
 _process.PREFIX_STATES.handle(
-    after_fork=PrefixState.after_fork,
+    after_fork=StoredState.after_fork,
     at_exit=lambda state: state.wait(timeout=5.0),
 )
 

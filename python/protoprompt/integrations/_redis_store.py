@@ -68,6 +68,8 @@ from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore
 from ._snapshots import text_of as _text
 from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
+from ._turn_state import KIND as TURN
+from ._turn_state import TurnState
 
 T = TypeVar("T")
 
@@ -117,6 +119,7 @@ class RedisStore:
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
         self.prefixes: PrefixState | None = None
+        self.turns: TurnState | None = None
         self.no_store = "not opened yet"
         self._count_store: CountStore | None = None
         # Until the database's secret is known: this process's own (keys then do not match
@@ -155,6 +158,9 @@ class RedisStore:
             )
             self.prefixes = PrefixState(
                 redis_record(server, PREFIX, self._list, self._session_id), server.database_id
+            )
+            self.turns = TurnState(
+                redis_record(server, TURN, self._list, self._session_id), server.database_id
             )
             self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
@@ -283,8 +289,9 @@ class RedisStore:
             _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
 
     def close(self) -> None:
-        if self.prefixes is not None:
-            self.prefixes.wait(timeout=5.0)  # the latest request is stored first
+        for state in (self.prefixes, self.turns):
+            if state is not None:
+                state.wait(timeout=5.0)  # the latest request is stored first
 
 
 # ------------------------------------------------------------------ protoprompt's keys

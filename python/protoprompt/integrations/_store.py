@@ -40,6 +40,8 @@ from ._store_types import StoreReadError as StoreReadError
 from ._store_types import Unsupported as Unsupported
 from ._store_types import WindowRows as WindowRows
 from ._store_types import unsupported_override as unsupported_override
+from ._turn_state import KIND as TURN
+from ._turn_state import TurnState
 
 __all__ = [
     "HistoryStore",
@@ -66,6 +68,8 @@ class HistoryStore(Protocol):
     """Where index snapshots are kept (``None``: nowhere, see :attr:`no_store`)."""
     prefixes: PrefixState | None
     """Where the session's cache-stable prefix is kept (``None``: nowhere)."""
+    turns: TurnState | None
+    """Where the session callback's prefix is kept (``None``: nowhere)."""
     no_store: str
     """Why snapshots and counts are off (when they are)."""
 
@@ -117,6 +121,7 @@ class SQLiteStore:
         self.key: pool.Key | None = None
         self.snapshots: SnapshotStore | None = None
         self.prefixes: PrefixState | None = None
+        self.turns: TurnState | None = None
         self.no_store = "the database has no id of its own (read-only?)"
         # That comparison makes sharing the index between objects safe, keyed by the
         # database's own identity and its file (see pool.Key).
@@ -125,6 +130,7 @@ class SQLiteStore:
             self.key = (db_id, os.path.realpath(db_path), table, session_id)
             self.snapshots = SQLiteSnapshots(db_path, db_id, table, session_id)
             self.prefixes = PrefixState(sqlite_record(db_path, PREFIX, table, session_id), db_id)
+            self.turns = TurnState(sqlite_record(db_path, TURN, table, session_id), db_id)
             self.no_store = "its database could not be opened for counts"
 
     async def open(self) -> None:
@@ -154,8 +160,9 @@ class SQLiteStore:
         return None
 
     def close(self) -> None:
-        if self.prefixes is not None:
-            self.prefixes.wait(timeout=5.0)  # the latest request is stored first
+        for state in (self.prefixes, self.turns):
+            if state is not None:
+                state.wait(timeout=5.0)  # the latest request is stored first
         self.reader.close()
 
 

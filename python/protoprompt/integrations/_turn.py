@@ -22,7 +22,7 @@ from ..turn_report import (
     fallback_cost,
     index_outcome,
 )
-from . import _planner, _sync, pool
+from . import _planner, _sync, _turn_state, pool
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -586,63 +586,87 @@ def build_stable_turn(
     low-water mark with every tool output older than its newest ``keep_recent`` turns
     masked, so the turns after it extend that request. A stay's plan reads as a pack of the
     stored history: the masked copies it sends again are ``"masked"`` (``plan.masked_items``,
-    never to be stored)."""
+    never to be stored). The planner's prefix is stored beside the history after each turn
+    and a newer one stored by another process or worker is taken first
+    (:mod:`._turn_state`)."""
     with planner.lock:
-        last = planner.last
         read_all = facts is not None and facts.count == len(history)
         offset = facts.offset if read_all and facts is not None else 0
-        if last is not None:
-            got = _planner.turn_candidate(last, history, offset)
-            if got is not None:
-                plan = _stay(
-                    planner,
-                    last,
-                    got[0],
-                    setup,
-                    builder,
-                    history,
-                    new_input,
-                    facts,
-                    kwargs,
-                    memory,
-                    offset,
-                )
-                if plan is not None:
-                    planner.stayed()
-                    return plan, None
-            else:
-                last = None  # the history no longer holds it: set afresh
-        previous = last
-        if last is None:
-            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
-            if _fits_whole(plan):
-                planner.last = _planner.after_pack(
-                    plan.pack, history, offset, [], _context_text(plan)
-                )
-                step = _planner.TurnStep(
-                    "set", "the session's history fits whole: every item sent", 0
-                )
-                planner.moved(None)
-                return _stepped(plan, step, builder), evicted
-        got_move = _move(planner, setup, builder, history, new_input, facts, kwargs, memory)
-        if got_move is None:
-            # The mandatory part needs more than the mark, or a window read cannot reach
-            # what the masked pack would keep: newest first at the whole budget.
-            plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
-            planner.last = None
-            planner.moved(None)
-            step = _planner.TurnStep(
-                "set", "the low-water mark cannot be reached: packed newest first", 0
-            )
-            return _stepped(plan, step, builder), evicted
-        plan, evicted, mark = got_move
-        new = _planner.after_pack(
-            plan.pack, history, offset, plan.masked_items, _context_text(plan)
+        stored = _turn_state.of(setup.store)
+        budget = int(builder.max_tokens)
+        if stored is not None:
+            # Another process or worker's newer request, when the history holds it.
+            _turn_state.resume(planner, stored, budget, history, offset)
+        got = _stable_turn(
+            planner, setup, builder, history, new_input, facts, kwargs, memory, offset
         )
-        before = None if previous is None else previous.request_tokens
-        lowered = mark if mark < planner.policy.low_water - 0.005 else None
-        reason = _planner.turn_move_reason(previous, new, before, lowered)
-        step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
-        planner.last = new
-        planner.moved(new.request_tokens)
+        if stored is not None:
+            found = _turn_state.of_planner(planner, budget, history, offset)
+            if found is not None:
+                stored.save(found)
+        return got
+
+
+def _stable_turn(
+    planner: _planner.TurnPlanner,
+    setup: TurnSetup,
+    builder: TokenBudgetedContextBuilder,
+    history: list[Item],
+    new_input: list[Item],
+    facts: _sync.ReadFacts | None,
+    kwargs: dict[str, Any],
+    memory: SessionMemory | None,
+    offset: int,
+) -> tuple[ContextPlan, Callable[[], None] | None]:
+    """:func:`build_stable_turn`'s plan (caller holds the planner's lock; ``offset``: the
+    history's first position)."""
+    last = planner.last
+    if last is not None:
+        got = _planner.turn_candidate(last, history, offset)
+        if got is not None:
+            plan = _stay(
+                planner,
+                last,
+                got[0],
+                setup,
+                builder,
+                history,
+                new_input,
+                facts,
+                kwargs,
+                memory,
+                offset,
+            )
+            if plan is not None:
+                planner.stayed()
+                return plan, None
+        else:
+            last = None  # the history no longer holds it: set afresh
+    previous = last
+    if last is None:
+        plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+        if _fits_whole(plan):
+            planner.last = _planner.after_pack(plan.pack, history, offset, [], _context_text(plan))
+            step = _planner.TurnStep("set", "the session's history fits whole: every item sent", 0)
+            planner.moved(None)
+            return _stepped(plan, step, builder), evicted
+    got_move = _move(planner, setup, builder, history, new_input, facts, kwargs, memory)
+    if got_move is None:
+        # The mandatory part needs more than the mark, or a window read cannot reach
+        # what the masked pack would keep: newest first at the whole budget.
+        plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+        planner.last = None
+        planner.moved(None)
+        step = _planner.TurnStep(
+            "set", "the low-water mark cannot be reached: packed newest first", 0
+        )
         return _stepped(plan, step, builder), evicted
+    plan, evicted, mark = got_move
+    new = _planner.after_pack(plan.pack, history, offset, plan.masked_items, _context_text(plan))
+    before = None if previous is None else previous.request_tokens
+    lowered = mark if mark < planner.policy.low_water - 0.005 else None
+    reason = _planner.turn_move_reason(previous, new, before, lowered)
+    step = _planner.TurnStep("moved" if previous is not None else "set", reason, 0)
+    planner.last = new
+    planner.moved(new.request_tokens)
+    return _stepped(plan, step, builder), evicted

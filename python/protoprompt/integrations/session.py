@@ -486,8 +486,10 @@ class ProtoPromptSession(RunHooks, InnerHooks):
                 await self._store.after_rewrite()
         if self._index_state.snapshot_at is not None:
             await asyncio.to_thread(self._index_state.forget_snapshot)
-        if self._store is not None and self._store.prefixes is not None and not rewrite:
-            await asyncio.to_thread(self._store.prefixes.delete)  # the stored request too
+        if self._store is not None and not rewrite:
+            for state in (self._store.prefixes, self._store.turns):
+                if state is not None:
+                    await asyncio.to_thread(state.delete)  # the stored requests too
         # The session's recall records and summary go too (whichever object recorded them).
         for memory in self._memories if rewrite else self._memories_to_forget():
             if rewrite:
