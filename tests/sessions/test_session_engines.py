@@ -989,7 +989,7 @@ async def test_clearing_the_session_removes_the_callbacks_stored_prefix(tmp_path
 def _turns_in_a_subprocess(db: str, sid: str, runs: int) -> None:
     code = (
         "import asyncio, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "from protoprompt.integrations import ProtoPromptSession\n"
         "import test_session_engines as t\n"
         f"model, agent = t._turn_agent({runs})\n"
