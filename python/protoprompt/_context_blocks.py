@@ -4,7 +4,7 @@ accepted, cut or dropped within the room a turn leaves (the assembly)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._context_plan import ContextBlock
@@ -29,6 +29,9 @@ around it: the summary, stored cut to ``summary_tokens``, is sent whole within i
 SIZE_SLACK = 8
 """Tokens a block may cost less inside the message than alone (merges at its edges): a
 recalled passage whose block alone exceeds the room left by more is not tried."""
+stats = {"first_by_size": 0}
+"""Layers' first recalled passages taken on their own size (not counted in the message on
+their own) since the process started: what the tests read to see the fast path taken."""
 RECALL_SHARE = 0.5
 """The ``history`` layer takes at most this share of the room the layers before it leave
 (and at most ``recall_tokens``): recalled turns never crowd out all of the newest ones."""
@@ -136,6 +139,9 @@ class _Fill:
     """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
     before it leave (set when its first passage is tried)."""
 
+    first_pending: bool = False
+    """Whether the first pending passage is its layer's first (accepted on its size and
+    its section's frame)."""
     estimate: int = 0
     """Tokens the pending passages add at most (by their own sizes): the sum of their
     ``size + SIZE_SLACK``, kept as they are added."""
@@ -263,6 +269,17 @@ class Assembler:
         counts = self.count_batch([*opens, *rests])
         return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
 
+    def frame_size(self, cand: Candidate) -> int:
+        """Tokens at most that the section of ``cand``'s layer adds around its blocks: its
+        opening and closing tags and the blank line before it, counted alone (the same
+        texts every turn, so found in the count memo), and with :attr:`split` the recall
+        message's own cost for a volatile block."""
+        tag = SECTION_TAGS[cand.layer]
+        frame = sum(self.count_batch([f"\n\n<{tag}>\n", f"\n</{tag}>"]))
+        if self.split and cand.volatile:
+            frame += self.cost(".") - self.count_batch(["."])[0]
+        return frame
+
     def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
         """The message's cost ``cand`` must fit within, and the note naming the layer's own
         limit when that is what bounds it. A layer with a limit of its own fits within it
@@ -297,11 +314,19 @@ class Assembler:
         room, _ = self._room(fill, pending[0][1], limit)
         trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
         if trial <= room:
+            first = fill.slots[pending[0][0]]
+            if fill.first_pending and first is not None:
+                # The layer's first passage carries what the section adds (as when it is
+                # counted in the message): the pending passages' blocks add up to the count.
+                others = sum(size for _, _, size in pending[1:])
+                fill.slots[pending[0][0]] = replace(first, tokens=trial - fill.cost - others)
+            fill.first_pending = False
             used = fill.used.get("history", 0)
             fill.accepted.extend((c, c.text) for _, c, _ in pending)
             fill.used["history"] = used + trial - fill.cost
             fill.cost = trial
             return
+        fill.first_pending = False
         for slot, cand, _ in pending:  # pragma: no cover - token counts are near additive
             room, note = self._room(fill, cand, limit)
             fill.slots[slot] = self._whole(system_prompt, fill, cand, room, note)
@@ -320,10 +345,24 @@ class Assembler:
         reason = f"does not fit whole: needs {need}, {room - fill.cost} left{note}"
         return _dropped(cand, reason, need)
 
+    @staticmethod
+    def _pend(fill: _Fill, cand: Candidate, size: int, frame: int) -> None:
+        """Accept a recalled passage on its own size (``frame``: what its section adds,
+        when it is the layer's first), pending until :meth:`settle` counts the message."""
+        if frame:
+            fill.first_pending = True
+            stats["first_by_size"] += 1
+        fill.add_pending(len(fill.slots), cand, size + frame)
+        fill.accepted.append((cand, cand.text))
+        fill.slots.append(
+            ContextBlock(cand.layer, cand.source, "kept", "fits", size, cand.text, cand.score)
+        )
+
     def _try(self, system_prompt: str, fill: _Fill, cand: Candidate, limit: int) -> None:
         """Accept ``cand`` whole, cut, or drop it (one slot of the fill)."""
         size = fill.sizes.get(id(cand))
-        later = size is not None and bool(fill.used.get(cand.layer))  # not the layer's first
+        # Not the layer's first: recalled passages already counted, or pending.
+        later = size is not None and bool(fill.used.get(cand.layer) or fill.pending)
         if not later:
             self.settle(system_prompt, fill, limit)
         full = fill.exhausted or fill.layer_full.get(cand.layer)
@@ -334,19 +373,17 @@ class Assembler:
             fill.slots.append(None)
             return
         room, note = self._room(fill, cand, limit)
-        if later and size is not None:
-            # A later recalled passage: taken on its own size while that surely fits, passed
-            # over while its block alone is larger than the room left, counted otherwise.
-            left = room - fill.cost - fill.estimate
-            if size + SIZE_SLACK <= left:
-                fill.add_pending(len(fill.slots), cand, size)
-                fill.accepted.append((cand, cand.text))
-                fill.slots.append(
-                    ContextBlock(
-                        cand.layer, cand.source, "kept", "fits", size, cand.text, cand.score
-                    )
-                )
+        if size is not None:
+            # A recalled passage: taken on its own size (the layer's first with its
+            # section's frame) while that surely fits, so the message is counted once, when
+            # the pending passages are settled. Otherwise the layer's first is counted in
+            # the message (and cut if need be); a later one is passed over while its block
+            # alone is larger than the room left, and counted otherwise.
+            frame = 0 if later else self.frame_size(cand)
+            if size + frame + SIZE_SLACK <= room - fill.cost - fill.estimate:
+                self._pend(fill, cand, size, frame)
                 return
+        if later and size is not None:
             self.settle(system_prompt, fill, limit)
             room, note = self._room(fill, cand, limit)
             if size - SIZE_SLACK > room - fill.cost:

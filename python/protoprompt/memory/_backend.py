@@ -134,6 +134,9 @@ class Backend(Protocol):
     def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
         """Delete from exactly ``scope`` (see ``MemoryStore.forget``); the rows deleted."""
 
+    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
+        """Whether any of ``scopes`` has a profile, a fact, a document chunk (one read)."""
+
     def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
         """The profiles of ``scopes``: ``(tenant, user, thread, kind, profile)`` rows."""
 

@@ -329,6 +329,21 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ reads
 
+    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
+        profiles, params = scope_filter(scopes, alias="p")
+        records, record_params = scope_filter(scopes)
+        rows = self._read(
+            f"SELECT EXISTS (SELECT 1 FROM pp_mem_profiles AS p WHERE {profiles}),"
+            f" EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {records}),"
+            " EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'document'"
+            f" AND {records})",
+            [*params, *record_params, *record_params],
+        )
+        if not rows:
+            return False, False, False
+        profile, fact, document = rows[0]
+        return bool(profile), bool(fact), bool(document)
+
     def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
         where, params = scope_filter(scopes, alias="p")
         return self._read(

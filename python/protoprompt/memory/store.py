@@ -323,6 +323,13 @@ class MemoryStore:
         found = {row_scope(*row[:4]): row[4] for row in rows if row[4].strip()}
         return next((found[s] for s in scopes if s in found), None)
 
+    def _presence(self, scope: MemoryScope, include_parents: bool) -> tuple[bool, bool, bool]:
+        """Whether ``scope`` (and its ancestors with ``include_parents``) has a profile, a
+        fact, a document chunk: one read, so a turn does not search layers that are empty
+        (read on every turn: another process may have written since)."""
+        scopes = visible_scopes(check_scope(scope), include_parents)
+        return self._backend.presence([scope_params(s) for s in scopes])
+
     def facts(
         self, *, scope: MemoryScope, limit: int | None = None, include_parents: bool = False
     ) -> list[MemoryHit]:
@@ -627,3 +634,14 @@ class MemoryStore:
             if found:
                 return found
         return self._backend.history_search(pieces, scopes, session_id, pool)
+
+
+def layers_present(
+    store: Any, scope: MemoryScope, include_parents: bool
+) -> tuple[bool, bool, bool]:
+    """Whether ``store`` has a profile, facts, document chunks visible from ``scope``: one
+    read on a :class:`MemoryStore`; for any other store, ``(True, True, True)`` (its layers
+    are read as before)."""
+    if isinstance(store, MemoryStore):
+        return store._presence(scope, include_parents)
+    return True, True, True
