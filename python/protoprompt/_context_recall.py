@@ -9,7 +9,7 @@ from typing import Any
 
 from ._context_blocks import Candidate, render_block, when
 from ._context_plan import ContextBlock, ContextPlan
-from ._recall_ledger import item_digest
+from ._recall_ledger import item_digests
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import cosine, rrf_weight
 from .memory.store import layers_present
@@ -216,7 +216,7 @@ def without_repeats(
     in the request: only its excerpt is, so its passages may be recalled."""
     present: dict[int, str | None] = {}  # digest by position
     new_input = plan.pack.items[len(plan.pack.kept_history) :]
-    new_digests = {item_digest(item) for item in new_input}
+    new_digests = set(item_digests(new_input))
     left_out: dict[str, tuple[Candidate, str]] = {}
     rounds = 0
     while True:
@@ -225,12 +225,9 @@ def without_repeats(
             break
         digests = set(new_digests)
         masked = set(plan.pack.masked)
-        for p in plan.pack.kept_history:
-            if p in masked:
-                continue
-            if p not in present:
-                present[p] = item_digest(history[p - offset])
-            digests.add(present[p])
+        todo = [p for p in plan.pack.kept_history if p not in masked and p not in present]
+        present.update(zip(todo, item_digests([history[p - offset] for p in todo]), strict=True))
+        digests.update(present[p] for p in plan.pack.kept_history if p not in masked)
         repeats = [
             (c, "its turn is in the request")
             for c in pool
