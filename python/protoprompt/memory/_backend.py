@@ -233,6 +233,16 @@ class Backend(Protocol):
         for each ``(term, word)`` of ``terms`` (a Porter stem and a word that has it) how
         many of them hold the term."""
 
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        """:meth:`history_common_words` of ``words`` and :meth:`history_counts` of
+        ``terms``, in one read where the engine can."""
+
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
     ) -> list[tuple[int, int, Row]]:

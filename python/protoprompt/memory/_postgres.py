@@ -557,6 +557,16 @@ class PostgresBackend:
         total, *found = rows[0]
         return int(total), {term: int(n) for (term, _), n in zip(queries, found, strict=True)}
 
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        common = self.history_common_words(words) if words else set()
+        return (common, *self.history_counts(terms, scopes, session_id))
+
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
     ) -> list[tuple[int, int, Row]]:

@@ -206,6 +206,33 @@ def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str,
     return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
+def _count_columns(
+    terms: Sequence[tuple[str, str]], scopes: Sequence[ScopeParams], session_id: str | None
+) -> tuple[list[tuple[str, str]], list[str], list[Any]]:
+    """The columns of a statement that counts the history passages in ``scopes`` (of
+    ``session_id`` only, unless ``None``) and those holding each term, with the terms'
+    full-text queries and the statement's parameters. While every passage of the table is
+    one of those (one session's store), a term's passages are counted by the full-text
+    index alone (the same count, without looking up each passage's scope)."""
+    where, params = _scope_filter(scopes, alias="h")
+    if session_id is not None:
+        where += " AND h.session_id = ?"
+        params.append(session_id)
+    matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
+    searched = f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"
+    columns = [searched]
+    args: list[Any] = list(params)
+    for _, match in matches:
+        columns.append(
+            f"CASE WHEN {searched} = (SELECT count(*) FROM pp_mem_history)"
+            " THEN (SELECT count(*) FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?)"
+            " ELSE (SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+            f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}) END"
+        )
+        args += [*params, match, match, *params]
+    return matches, columns, args
+
+
 def _connect_read_only(path: str) -> sqlite3.Connection:
     """A connection that cannot change the database file (SQLite ``mode=ro``)."""
     if path in (":memory:", "") or path.startswith("file:"):
@@ -660,25 +687,40 @@ class SQLiteBackend:
     ) -> tuple[int, dict[str, int]]:
         if not self._has_history():
             return 0, {}
-        where, params = _scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = ?"
-            params.append(session_id)
-        # One statement: the passages searched, and those holding each term.
-        matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
-        columns = [f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"]
-        args: list[Any] = list(params)
-        for _, match in matches:
-            columns.append(
-                "(SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
-                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where})"
-            )
-            args += [match, *params]
+        matches, columns, args = _count_columns(terms, scopes, session_id)
         rows = self._read(f"SELECT {', '.join(columns)}", args)
         if not rows:
             return 0, {}
         total, *found = rows[0]
         return int(total), {term: int(n) for (term, _), n in zip(matches, found, strict=True)}
+
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        if not words or not self._has_history():
+            return set(), *self.history_counts(terms, scopes, session_id)
+        matches, columns, args = _count_columns(terms, scopes, session_id)
+        marks = ", ".join("?" for _ in words)
+        # One statement: the words in more than half of the passages (the vocabulary's
+        # terms are runs of letters and digits: joined by spaces), then the counts.
+        columns.insert(
+            0,
+            "(SELECT group_concat(term, ' ') FROM pp_mem_history_vocab"
+            f" WHERE term IN ({marks}) AND 2 * doc > (SELECT count(*) FROM pp_mem_history))",
+        )
+        try:
+            rows = self._read(f"SELECT {', '.join(columns)}", [*words, *args])
+        except sqlite3.OperationalError:  # a database without the vocabulary table
+            return set(), *self.history_counts(terms, scopes, session_id)
+        if not rows:
+            return set(), 0, {}
+        common, total, *found = rows[0]
+        counts = {term: int(n) for (term, _), n in zip(matches, found, strict=True)}
+        return set(str(common).split()) if common else set(), int(total), counts
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]

@@ -607,27 +607,38 @@ class MemoryStore:
         """The full-text ranking of the history layer: the engine's matches, ranked again
         by :func:`._ranking.rank_passages` (the same on every engine), best first, ties by
         id."""
-        found = self._history_text(pieces, scopes, session_id, pool)
+        # One read for the words in most passages (left out of the match) and the counts
+        # the ranking needs (before the match: it does not depend on it).
+        words = {p: [stem(w) for w in _words(p)] for p in pieces}
+        terms = query_terms(pieces)
+        common, total, counts = self._backend.history_statistics(
+            sorted({w for ws in words.values() for w in ws}),
+            list(terms.items()),
+            scopes,
+            session_id,
+        )
+        found = self._history_text(pieces, words, common, scopes, session_id, pool)
         if not found:
             return []
-        terms = query_terms(pieces)
-        total, counts = self._backend.history_counts(list(terms.items()), scopes, session_id)
         scores = rank_passages(list(terms), [row[11] for row, _ in found], total, counts)
         ranked = [(row, score) for (row, _), score in zip(found, scores, strict=True)]
         ranked.sort(key=lambda item: (-item[1], item[0][0]))
         return [(row, score) for row, score in ranked if score > 0.0] or ranked
 
     def _history_text(
-        self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
+        self,
+        pieces: list[str],
+        words: dict[str, list[str]],
+        common: set[str],
+        scopes: list[ScopeParams],
+        session_id: str | None,
+        pool: int,
     ) -> list[tuple[Row, float]]:
-        """The engine's matches in the history layer. Query pieces whose terms all occur in
-        more than half of the passages are left out while the others match something:
-        they weigh (almost) nothing, and matching them ranks every passage (a turn's recall
-        would cost a scan of the whole evicted history)."""
-        words = {p: [stem(w) for w in _words(p)] for p in pieces}
-        common = self._backend.history_common_words(
-            sorted({w for ws in words.values() for w in ws})
-        )
+        """The engine's matches in the history layer. Query pieces whose terms (``words``:
+        each piece's stemmed words) are all ``common`` (occur in more than half of the
+        passages) are left out while the others match something: they weigh (almost)
+        nothing, and matching them ranks every passage (a turn's recall would cost a scan
+        of the whole evicted history)."""
         rare = [p for p in pieces if not all(w in common for w in words[p])]
         if rare and len(rare) < len(pieces):
             found = self._backend.history_search(rare, scopes, session_id, pool)
