@@ -17,6 +17,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -555,7 +556,7 @@ class MemoryStore:
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
         for rid, score in ranked:
             hit = history_hit_of_row(rows_by_id[rid], score)
-            key = " ".join(hit.text.split()).casefold()
+            key = _text_key(hit.text)
             if key not in seen:
                 seen.add(key)
                 hits.append(hit)
@@ -592,8 +593,10 @@ class MemoryStore:
                     continue
                 neighbour = history_hit_of_row(adjacent, hit.score / 2)
                 where = (sid, neighbour.metadata.get("row"), neighbour.chunk_index)
-                text_key = " ".join(neighbour.text.split()).casefold()
-                if where in taken or text_key in seen:
+                if where in taken:
+                    continue
+                text_key = _text_key(neighbour.text)
+                if text_key in seen:
                     continue
                 taken.add(where)
                 seen.add(text_key)
@@ -645,6 +648,13 @@ class MemoryStore:
             if found:
                 return found
         return self._backend.history_search(pieces, scopes, session_id, pool)
+
+
+@lru_cache(maxsize=8192)
+def _text_key(text: str) -> str:
+    """What makes two passages the same text: their words, case-folded (kept by the text:
+    the passages recent turns found come back turn after turn)."""
+    return " ".join(text.split()).casefold()
 
 
 def layers_present(
