@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._context_blocks import RECALL_SHARE, Candidate, render_block, when
+from ._context_blocks import Candidate, render_block, when
 from ._context_plan import ContextBlock, ContextPlan
 from ._recall_ledger import item_digests
 from .memory import MemoryHit, MemoryScope
@@ -18,10 +18,9 @@ Embedder = Callable[[list[str]], list[list[float]]]
 
 TOKENS_PER_HIT = 60
 MIN_HITS, MAX_HITS = 4, 32
-"""Passages a turn asks the store for (before their neighbours), by the layer's room
-(``recall_tokens``, or less when the budget leaves less: see :attr:`Recall.max_room`): one
-per :data:`TOKENS_PER_HIT` tokens, within these bounds; the context message then takes them
-best first while they fit."""
+"""Passages a turn asks the store for (before their neighbours), by ``recall_tokens``:
+one per :data:`TOKENS_PER_HIT` tokens, within these bounds; the context message then
+takes them best first while they fit."""
 
 VOLATILE_LAYERS = frozenset({"rag", "history"})
 """Layers found for each question: with a split context they go into the recall message."""
@@ -44,10 +43,6 @@ class Recall:
     recall_tokens: int
     recall_other_sessions: bool
     embedder: Embedder | None
-    max_room: int | None = None
-    """The most room the ``history`` layer can have this turn (:data:`RECALL_SHARE` of the
-    budget less the output reserve), when known: passages are asked for by the smaller of
-    it and ``recall_tokens``."""
 
     def candidates(
         self,
@@ -161,10 +156,7 @@ class Recall:
         ``recall_limit`` of them)."""
         limit = self.recall_limit
         if limit is None:
-            room = self.recall_tokens
-            if self.max_room is not None:
-                room = min(room, self.max_room)
-            limit = min(max(room // TOKENS_PER_HIT, MIN_HITS), MAX_HITS)
+            limit = min(max(self.recall_tokens // TOKENS_PER_HIT, MIN_HITS), MAX_HITS)
         hits = self.store.search_history(
             query,
             scope=scope,
@@ -208,13 +200,6 @@ class Recall:
             fused[i] += rrf_weight(rank + 1)
         order = sorted(range(len(candidates)), key=lambda i: (-fused[i], i))
         return [candidates[i] for i in order]
-
-
-def max_recall_room(max_tokens: int, reserve: int) -> int:
-    """The most room the ``history`` layer can have in a turn of ``max_tokens`` with an
-    output reserve of ``reserve``: its share (:data:`RECALL_SHARE`) of what the budget
-    leaves for the context message at best."""
-    return max(int(max(max_tokens - reserve, 0) * RECALL_SHARE), 1)
 
 
 def without_repeats(

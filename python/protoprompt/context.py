@@ -58,7 +58,7 @@ from ._context_options import (
 )
 from ._context_plan import ContextBlock, ContextPlan, recall_position
 from ._context_query import latest_user_text
-from ._context_recall import Recall, max_recall_room, without_repeats
+from ._context_recall import Recall, without_repeats
 from ._pack_types import check_masking
 from .calibration import Calibration, CalibrationState
 from .memory import MemoryScope
@@ -307,12 +307,10 @@ class TokenBudgetedContextBuilder:
         turn: int | None = None,
         summary: str | None = None,
         split: bool = False,
-        reserve: int | None = None,
     ) -> list[Candidate]:
         """Recall candidates from the store, in pool order (priority, then relevance); with
         ``session_id``, the summary and the evicted turns of that session too; ``split``:
-        see :meth:`Recall.candidates`; ``reserve``: this turn's output reserve, when known
-        (the ``history`` layer's room is at most its share of what the budget leaves)."""
+        see :meth:`Recall.candidates`."""
         recall = Recall(
             self.store,
             self.priorities,
@@ -324,7 +322,6 @@ class TokenBudgetedContextBuilder:
             self.recall_tokens,
             self.recall_other_sessions,
             self.embedder,
-            None if reserve is None else max_recall_room(self.max_tokens, reserve),
         )
         return recall.candidates(
             query, scope, session_id=session_id, turn=turn, summary=summary, split=split
@@ -460,13 +457,7 @@ class TokenBudgetedContextBuilder:
         if not isinstance(stable_prefix, bool):
             raise TypeError(f"stable_prefix must be a bool, got {type(stable_prefix).__name__}")
         pool = self._candidates(
-            query,
-            scope,
-            session_id=session_id,
-            turn=turn,
-            summary=summary,
-            split=stable_prefix,
-            reserve=reserve,
+            query, scope, session_id=session_id, turn=turn, summary=summary, split=stable_prefix
         )
 
         def build_with(pool: list[Candidate]) -> ContextPlan:
