@@ -211,25 +211,20 @@ def _count_columns(
 ) -> tuple[list[tuple[str, str]], list[str], list[Any]]:
     """The columns of a statement that counts the history passages in ``scopes`` (of
     ``session_id`` only, unless ``None``) and those holding each term, with the terms'
-    full-text queries and the statement's parameters. While every passage of the table is
-    one of those (one session's store), a term's passages are counted by the full-text
-    index alone (the same count, without looking up each passage's scope)."""
+    full-text queries and the statement's parameters."""
     where, params = _scope_filter(scopes, alias="h")
     if session_id is not None:
         where += " AND h.session_id = ?"
         params.append(session_id)
     matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
-    searched = f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"
-    columns = [searched]
+    columns = [f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"]
     args: list[Any] = list(params)
     for _, match in matches:
         columns.append(
-            f"CASE WHEN {searched} = (SELECT count(*) FROM pp_mem_history)"
-            " THEN (SELECT count(*) FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?)"
-            " ELSE (SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
-            f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}) END"
+            "(SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+            f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where})"
         )
-        args += [*params, match, match, *params]
+        args += [match, *params]
     return matches, columns, args
 
 
