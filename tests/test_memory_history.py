@@ -611,3 +611,31 @@ def test_a_turn_reads_only_the_layers_that_hold_something(
     store.remember("Carol's fact.", scope=other)  # another scope's records are not this one's
     builder.build([], query, session_id="s1", turn=5)
     assert calls == []
+
+
+def test_the_term_counts_of_a_one_session_table_come_from_the_full_text_index(
+    tmp_path: Path,
+) -> None:
+    """SQLite: while every passage of the table is one of those searched, the ranking's
+    term counts come from the full-text index alone (the shortcut, asserted by its
+    counter); with other passages in the table they are counted within the scope and
+    session, and both ways agree."""
+    from protoprompt.memory import _sqlite
+    from protoprompt.memory._checks import scope_params
+
+    terms = [("zephyr", "zephyr"), ("quokka", "quokka")]
+    scopes = [scope_params(SCOPE)]
+    with MemoryStore(str(tmp_path / "m.db")) as store:
+        rows = [HistoryRecord(r, f"user: zephyr {r} " + filler(20, r)) for r in range(5)]
+        store.index_history("s1", rows, scope=SCOPE)
+        backend = store._backend
+        taken = _sqlite.stats["counts_by_index"]
+        assert backend.history_counts(terms, scopes, "s1") == (5, {"zephyr": 5, "quokka": 0})
+        assert _sqlite.stats["counts_by_index"] == taken + 1
+        store.index_history("s2", [HistoryRecord(1, "user: zephyr quokka")], scope=SCOPE)
+        store.index_history("s1", [HistoryRecord(9, "user: quokka")], scope=OTHER)
+        assert backend.history_counts(terms, scopes, "s1") == (5, {"zephyr": 5, "quokka": 0})
+        assert backend.history_counts(terms, scopes, None) == (6, {"zephyr": 6, "quokka": 1})
+        assert _sqlite.stats["counts_by_index"] == taken + 1  # other passages: not taken
+        common, total, counts = backend.history_statistics(["zephyr"], terms, scopes, "s1")
+        assert (common, total, counts) == ({"zephyr"}, 5, {"zephyr": 5, "quokka": 0})

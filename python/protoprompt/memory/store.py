@@ -555,11 +555,10 @@ class MemoryStore:
         seen: set[str] = set()
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
         for rid, score in ranked:
-            hit = history_hit_of_row(rows_by_id[rid], score)
-            key = _text_key(hit.text)
+            key = _text_key(rows_by_id[rid][11])  # the passage's text
             if key not in seen:
                 seen.add(key)
-                hits.append(hit)
+                hits.append(history_hit_of_row(rows_by_id[rid], score))
                 if len(hits) >= limit:
                     break
         return self._with_neighbours(hits, seen) if neighbours else hits
@@ -587,19 +586,23 @@ class MemoryStore:
         for hit in hits:
             out.append(hit)
             sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
+            if not isinstance(row, int):
+                continue
+            params = scope_params(hit.scope)
             for side in (0, 1):
-                adjacent = near.get((scope_params(hit.scope), str(sid), int(row or 0), side))
-                if adjacent is None or not isinstance(row, int):
+                adjacent = near.get((params, str(sid), row, side))
+                if adjacent is None:
                     continue
-                neighbour = history_hit_of_row(adjacent, hit.score / 2)
-                where = (sid, neighbour.metadata.get("row"), neighbour.chunk_index)
+                # Its place and text first: a hit is made only of a passage taken.
+                where = (sid, int(adjacent[6]), int(adjacent[7]))
                 if where in taken:
                     continue
-                text_key = _text_key(neighbour.text)
+                text_key = _text_key(adjacent[11])
                 if text_key in seen:
                     continue
                 taken.add(where)
                 seen.add(text_key)
+                neighbour = history_hit_of_row(adjacent, hit.score / 2)
                 neighbour.metadata["neighbour_of"] = hit.source
                 out.append(neighbour)
         return out
