@@ -4,7 +4,7 @@ accepted, cut or dropped within the room a turn leaves (the assembly)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._context_plan import ContextBlock
@@ -27,8 +27,19 @@ TEXT_CAPS = frozenset({"summary"})
 """Layers of one block whose limit counts its text (as stored), not the tags and escapes
 around it: the summary, stored cut to ``summary_tokens``, is sent whole within it."""
 SIZE_SLACK = 8
-"""Tokens a block may cost less inside the message than alone (merges at its edges): a
-recalled passage whose block alone exceeds the room left by more is not tried."""
+"""Tokens a recalled passage accepted on its own size (with the pending passages before it:
+see :data:`PENDING_SLACK`) may cost more inside the message than alone (merges at its
+edges), and the pending passages together may cost less: a passage whose block alone
+exceeds the room left is not tried (it could fit only if a block cost less inside the
+message than alone, which it does not where its edges are pre-token boundaries)."""
+PENDING_SLACK = 1
+"""Tokens each pending passage (accepted on its own size) is reckoned to cost more in the
+message: the line break that joins it to the next block. A block's count alone is its count
+in the message wherever its edges are pre-token boundaries, as they are for the tokenizers
+measured; :meth:`Assembler.settle` counts the message to be sure."""
+stats = {"first_by_size": 0}
+"""Layers' first recalled passages taken on their own size (not counted in the message on
+their own) since the process started: what the tests read to see the fast path taken."""
 RECALL_SHARE = 0.5
 """The ``history`` layer takes at most this share of the room the layers before it leave
 (and at most ``recall_tokens``): recalled turns never crowd out all of the newest ones."""
@@ -131,18 +142,22 @@ class _Fill:
     """Tokens of each recalled passage's block alone, by the candidate's ``id``."""
     pending: list[tuple[int, Candidate, int]] = field(default_factory=list)
     """Recalled passages accepted on their own size, not yet counted in the message: (slot,
-    candidate, size); their estimate is ``size + SIZE_SLACK`` each (see ``Assembler.settle``)."""
+    candidate, size); their estimate is ``size + PENDING_SLACK`` each (see
+    ``Assembler.settle``)."""
     recall_room: int | None = None
     """The most the ``history`` layer takes: :data:`RECALL_SHARE` of the room the layers
     before it leave (set when its first passage is tried)."""
 
+    first_pending: bool = False
+    """Whether the first pending passage is its layer's first (accepted on its size and
+    its section's frame)."""
     estimate: int = 0
-    """Tokens the pending passages add at most (by their own sizes): the sum of their
-    ``size + SIZE_SLACK``, kept as they are added."""
+    """Tokens the pending passages add (by their own sizes): the sum of their ``size +
+    PENDING_SLACK``, kept as they are added."""
 
     def add_pending(self, slot: int, cand: Candidate, size: int) -> None:
         self.pending.append((slot, cand, size))
-        self.estimate += size + SIZE_SLACK
+        self.estimate += size + PENDING_SLACK
 
     def take_pending(self) -> list[tuple[int, Candidate, int]]:
         pending, self.pending, self.estimate = self.pending, [], 0
@@ -263,6 +278,18 @@ class Assembler:
         counts = self.count_batch([*opens, *rests])
         return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
 
+    def frame_size(self, system_prompt: str, fill: _Fill, cand: Candidate) -> int:
+        """Tokens at most that the section of ``cand``'s layer adds around its blocks: its
+        opening and closing tags and the blank line before it, counted alone (the same
+        texts every turn, so found in the count memo), and the message's own cost when the
+        message it goes into has no text yet."""
+        tag = SECTION_TAGS[cand.layer]
+        frame = sum(self.count_batch([f"\n\n<{tag}>\n", f"\n</{tag}>"]))
+        texts = self.texts(system_prompt, fill.accepted)
+        if not texts[1 if self.split and cand.volatile else 0]:
+            frame += self.cost(".") - self.count_batch(["."])[0]
+        return frame
+
     def _room(self, fill: _Fill, cand: Candidate, limit: int) -> tuple[int, str]:
         """The message's cost ``cand`` must fit within, and the note naming the layer's own
         limit when that is what bounds it. A layer with a limit of its own fits within it
@@ -297,11 +324,19 @@ class Assembler:
         room, _ = self._room(fill, pending[0][1], limit)
         trial = self.measure(system_prompt, [*fill.accepted, *((c, c.text) for _, c, _ in pending)])
         if trial <= room:
+            first = fill.slots[pending[0][0]]
+            if fill.first_pending and first is not None:
+                # The layer's first passage carries what the section adds (as when it is
+                # counted in the message): the pending passages' blocks add up to the count.
+                others = sum(size for _, _, size in pending[1:])
+                fill.slots[pending[0][0]] = replace(first, tokens=trial - fill.cost - others)
+            fill.first_pending = False
             used = fill.used.get("history", 0)
             fill.accepted.extend((c, c.text) for _, c, _ in pending)
             fill.used["history"] = used + trial - fill.cost
             fill.cost = trial
             return
+        fill.first_pending = False
         for slot, cand, _ in pending:  # pragma: no cover - token counts are near additive
             room, note = self._room(fill, cand, limit)
             fill.slots[slot] = self._whole(system_prompt, fill, cand, room, note)
@@ -320,10 +355,71 @@ class Assembler:
         reason = f"does not fit whole: needs {need}, {room - fill.cost} left{note}"
         return _dropped(cand, reason, need)
 
+    @staticmethod
+    def _pend(fill: _Fill, cand: Candidate, size: int, frame: int) -> None:
+        """Accept a recalled passage on its own size (``frame``: what its section adds,
+        when it is the layer's first), pending until :meth:`settle` counts the message."""
+        if frame:
+            fill.first_pending = True
+            stats["first_by_size"] += 1
+        fill.add_pending(len(fill.slots), cand, size + frame)
+        fill.accepted.append((cand, cand.text))
+        fill.slots.append(
+            ContextBlock(cand.layer, cand.source, "kept", "fits", size, cand.text, cand.score)
+        )
+
+    def _later(
+        self, system_prompt: str, fill: _Fill, cand: Candidate, size: int, limit: int
+    ) -> None:
+        """A later recalled passage that does not surely fit on its own size: passed over
+        while its block alone is larger than the room left (the pending passages reckoned
+        at their sizes less :data:`SIZE_SLACK`: never passed over when the message would
+        count less than its parts), else counted in the message with the pending passages
+        -- one count: when it fits, they are settled with it."""
+        room, note = self._room(fill, cand, limit)
+        if fill.pending:
+            sizes = sum(n for _, _, n in fill.pending)
+            if size > room - fill.cost - sizes + SIZE_SLACK:
+                reason = f"does not fit whole: needs {size}, {room - fill.cost - sizes} left{note}"
+                fill.slots.append(_dropped(cand, reason, size))
+                return
+            trial = self.measure(system_prompt, [*fill.accepted, (cand, cand.text)])
+            if trial <= room:
+                pending = fill.take_pending()
+                fill.first_pending = False
+                need = trial - fill.cost - sum(n for _, _, n in pending)
+                first = fill.slots[pending[0][0]]
+                if first is not None and first.tokens != pending[0][2]:  # the layer's first
+                    fill.slots[pending[0][0]] = replace(first, tokens=pending[0][2])
+                fill.slots.append(
+                    ContextBlock(
+                        cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score
+                    )
+                )
+                fill.accept(cand, cand.text, trial)
+                return
+            self.settle(system_prompt, fill, limit)
+            room, note = self._room(fill, cand, limit)
+        if size > room - fill.cost:
+            reason = f"does not fit whole: needs {size}, {room - fill.cost} left{note}"
+            fill.slots.append(_dropped(cand, reason, size))
+            return
+        trial = self.measure(system_prompt, [*fill.accepted, (cand, cand.text)])
+        need = trial - fill.cost
+        if trial <= room:
+            fill.slots.append(
+                ContextBlock(cand.layer, cand.source, "kept", "fits", need, cand.text, cand.score)
+            )
+            fill.accept(cand, cand.text, trial)
+            return
+        reason = f"does not fit whole: needs {need}, {room - fill.cost} left{note}"
+        fill.slots.append(_dropped(cand, reason, need))
+
     def _try(self, system_prompt: str, fill: _Fill, cand: Candidate, limit: int) -> None:
         """Accept ``cand`` whole, cut, or drop it (one slot of the fill)."""
         size = fill.sizes.get(id(cand))
-        later = size is not None and bool(fill.used.get(cand.layer))  # not the layer's first
+        # Not the layer's first: recalled passages already counted, or pending.
+        later = size is not None and bool(fill.used.get(cand.layer) or fill.pending)
         if not later:
             self.settle(system_prompt, fill, limit)
         full = fill.exhausted or fill.layer_full.get(cand.layer)
@@ -334,25 +430,19 @@ class Assembler:
             fill.slots.append(None)
             return
         room, note = self._room(fill, cand, limit)
+        if size is not None:
+            # A recalled passage: taken on its own size (the layer's first with its
+            # section's frame) while that surely fits, so the message is counted once, when
+            # the pending passages are settled. Otherwise the layer's first is counted in
+            # the message (and cut if need be); a later one is passed over while its block
+            # alone is larger than the room left, and counted otherwise.
+            frame = 0 if later else self.frame_size(system_prompt, fill, cand)
+            if size + frame + SIZE_SLACK <= room - fill.cost - fill.estimate:
+                self._pend(fill, cand, size, frame)
+                return
         if later and size is not None:
-            # A later recalled passage: taken on its own size while that surely fits, passed
-            # over while its block alone is larger than the room left, counted otherwise.
-            left = room - fill.cost - fill.estimate
-            if size + SIZE_SLACK <= left:
-                fill.add_pending(len(fill.slots), cand, size)
-                fill.accepted.append((cand, cand.text))
-                fill.slots.append(
-                    ContextBlock(
-                        cand.layer, cand.source, "kept", "fits", size, cand.text, cand.score
-                    )
-                )
-                return
-            self.settle(system_prompt, fill, limit)
-            room, note = self._room(fill, cand, limit)
-            if size - SIZE_SLACK > room - fill.cost:
-                reason = f"does not fit whole: needs {size}, {room - fill.cost} left{note}"
-                fill.slots.append(_dropped(cand, reason, size))
-                return
+            self._later(system_prompt, fill, cand, size, limit)
+            return
         text_room = self._text_room(cand)
         if text_room is not None:
             note = f" ({CAP_NAMES[cand.layer]} {text_room} of text)"

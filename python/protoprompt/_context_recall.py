@@ -9,9 +9,10 @@ from typing import Any
 
 from ._context_blocks import Candidate, render_block, when
 from ._context_plan import ContextBlock, ContextPlan
-from ._recall_ledger import item_digest
+from ._recall_ledger import item_digests
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import cosine, rrf_weight
+from .memory.store import layers_present
 
 Embedder = Callable[[list[str]], list[list[float]]]
 
@@ -68,16 +69,20 @@ class Recall:
         has_terms = any(ch.isalnum() for ch in query)
         if self.recall_evicted and session_id is not None and has_terms:
             by_layer["history"] = self.rerank(query, self.recalled(query, scope, session_id, turn))
-        if "profile" in self.priorities:
+        # Empty layers are not read (one statement finds which are, on every turn).
+        has_profile, has_facts, has_documents = layers_present(
+            self.store, scope, self.include_parents
+        )
+        if "profile" in self.priorities and has_profile:
             profile = self.store.get_profile(scope=scope, include_parents=self.include_parents)
             if profile and profile.strip():
                 by_layer["profile"] = [Candidate("profile", "profile", profile, None, False)]
-        if "facts" in self.priorities and self.fact_limit:
+        if "facts" in self.priorities and self.fact_limit and has_facts:
             if split:
                 by_layer["facts"] = self._split_facts(query, scope, has_terms)
             else:
                 by_layer["facts"] = self.rerank(query, self._facts(query, scope, has_terms))
-        if "rag" in self.priorities and self.rag_limit and has_terms:
+        if "rag" in self.priorities and self.rag_limit and has_terms and has_documents:
             hits = self.store.search(
                 query,
                 scope=scope,
@@ -211,7 +216,7 @@ def without_repeats(
     in the request: only its excerpt is, so its passages may be recalled."""
     present: dict[int, str | None] = {}  # digest by position
     new_input = plan.pack.items[len(plan.pack.kept_history) :]
-    new_digests = {item_digest(item) for item in new_input}
+    new_digests = set(item_digests(new_input))
     left_out: dict[str, tuple[Candidate, str]] = {}
     rounds = 0
     while True:
@@ -220,12 +225,9 @@ def without_repeats(
             break
         digests = set(new_digests)
         masked = set(plan.pack.masked)
-        for p in plan.pack.kept_history:
-            if p in masked:
-                continue
-            if p not in present:
-                present[p] = item_digest(history[p - offset])
-            digests.add(present[p])
+        todo = [p for p in plan.pack.kept_history if p not in masked and p not in present]
+        present.update(zip(todo, item_digests([history[p - offset] for p in todo]), strict=True))
+        digests.update(present[p] for p in plan.pack.kept_history if p not in masked)
         repeats = [
             (c, "its turn is in the request")
             for c in pool

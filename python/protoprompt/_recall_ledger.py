@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import _core
 from .errors import ProtoPromptError
 from .memory import MemoryScope
 from .packing import canonical_text
@@ -26,6 +27,42 @@ def item_digest(item: Any) -> str | None:
     except (ProtoPromptError, TypeError, ValueError):
         return None
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+MAX_KEPT_DIGESTS = 65536
+"""Item digests :func:`item_digests` keeps at most (about 10 MB); when full, the older half
+is dropped."""
+
+_kept_digests: dict[bytes, str | None] = {}
+digest_stats = {"hits": 0, "misses": 0}
+"""Item digests :func:`item_digests` found kept and worked out since the process started:
+what the tests read to see that the kept ones were used."""
+
+
+def item_digests(items: Sequence[Any]) -> list[str | None]:
+    """:func:`item_digest` of each of ``items``, kept for the process by the item's content
+    (the native module's digest of the value as it is: its strings by their length and the
+    interpreter's hash), so the items a session sends turn after turn -- new objects of the
+    same content -- are not rendered again. A value that has no JSON form is never found
+    kept (its digest is unique)."""
+    if not items:
+        return []
+    raw, _ = _core.digests(items)
+    out: list[str | None] = []
+    for i, item in enumerate(items):
+        key = raw[16 * i : 16 * i + 16]
+        if key in _kept_digests:
+            digest_stats["hits"] += 1
+            out.append(_kept_digests[key])
+            continue
+        digest_stats["misses"] += 1
+        found = item_digest(item)
+        if len(_kept_digests) >= MAX_KEPT_DIGESTS:
+            for old in list(_kept_digests)[: len(_kept_digests) // 2 + 1]:
+                _kept_digests.pop(old, None)
+        _kept_digests[key] = found
+        out.append(found)
+    return out
 
 
 POSITION_SHIFT = 32

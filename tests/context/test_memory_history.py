@@ -565,3 +565,77 @@ def test_a_search_never_waits_for_a_write_that_waits_for_the_database(
             blocker.close()
         assert not writer.is_alive()
         assert [h.metadata["row"] for h in store.search_history("narwhal", scope=SCOPE)] == [1]
+
+
+def test_a_turn_reads_only_the_layers_that_hold_something(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn with recall finds in one read which of the profile, facts and documents of
+    its scope hold something, and reads only those: no search of an empty layer (the fast
+    path, asserted by the calls); what is written afterwards is read by the next turn."""
+    from protoprompt import TokenBudgetedContextBuilder
+
+    rows = [
+        HistoryRecord(r, f"user: the zephyr build {r} said " + filler(30, r), {"turn": 1})
+        for r in range(6)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    calls: list[str] = []
+
+    def counting(name: str) -> Callable[..., object]:
+        real = getattr(store, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return counted
+
+    for name in ("get_profile", "facts", "search"):
+        monkeypatch.setattr(store, name, counting(name))
+    builder = TokenBudgetedContextBuilder(store, max_tokens=4000, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "What did the zephyr build say?"}]
+    plan = builder.build([], query, session_id="s1", turn=3)
+    assert any(b.layer == "history" and b.kept for b in plan.blocks)
+    assert calls == []  # the empty layers were not read
+    store.remember("The zephyr build runs every night.", scope=SCOPE)
+    store.set_profile("name: Alice", scope=SCOPE)
+    store.index_document("runbook", "How to restart the zephyr build server.", scope=SCOPE)
+    plan = builder.build([], query, session_id="s1", turn=4)
+    assert sorted(set(calls)) == ["facts", "get_profile", "search"]
+    layers = {b.layer for b in plan.blocks if b.kept}
+    assert {"profile", "facts", "rag", "history"} <= layers
+    calls.clear()
+    store.forget(scope=SCOPE)  # everything of the scope: the history layer too
+    other = MemoryScope("acme", user="carol")
+    store.remember("Carol's fact.", scope=other)  # another scope's records are not this one's
+    builder.build([], query, session_id="s1", turn=5)
+    assert calls == []
+
+
+def test_the_term_counts_of_a_one_session_table_come_from_the_full_text_index(
+    tmp_path: Path,
+) -> None:
+    """SQLite: while every passage of the table is one of those searched, the ranking's
+    term counts come from the full-text index alone (the shortcut, asserted by its
+    counter); with other passages in the table they are counted within the scope and
+    session, and both ways agree."""
+    from protoprompt.memory import _sqlite
+    from protoprompt.memory._checks import scope_params
+
+    terms = [("zephyr", "zephyr"), ("quokka", "quokka")]
+    scopes = [scope_params(SCOPE)]
+    with MemoryStore(str(tmp_path / "m.db")) as store:
+        rows = [HistoryRecord(r, f"user: zephyr {r} " + filler(20, r)) for r in range(5)]
+        store.index_history("s1", rows, scope=SCOPE)
+        backend = store._backend
+        taken = _sqlite.stats["counts_by_index"]
+        assert backend.history_counts(terms, scopes, "s1") == (5, {"zephyr": 5, "quokka": 0})
+        assert _sqlite.stats["counts_by_index"] == taken + 1
+        store.index_history("s2", [HistoryRecord(1, "user: zephyr quokka")], scope=SCOPE)
+        store.index_history("s1", [HistoryRecord(9, "user: quokka")], scope=OTHER)
+        assert backend.history_counts(terms, scopes, "s1") == (5, {"zephyr": 5, "quokka": 0})
+        assert backend.history_counts(terms, scopes, None) == (6, {"zephyr": 6, "quokka": 1})
+        assert _sqlite.stats["counts_by_index"] == taken + 1  # other passages: not taken
+        common, total, counts = backend.history_statistics(["zephyr"], terms, scopes, "s1")
+        assert (common, total, counts) == ({"zephyr"}, 5, {"zephyr": 5, "quokka": 0})

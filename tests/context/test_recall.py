@@ -1016,3 +1016,86 @@ def test_without_a_cache_policy_the_context_message_carries_the_recall() -> None
     assert any("<recalled_turns>" in t.context_message["content"] for t in turns)
     for request in requests:
         assert all(at == 0 for at in _recall_messages(request))
+
+
+def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recalled passages are taken on their own sizes (the layer's first with what its
+    section adds) and the message is counted once, when they are settled (the fast path,
+    asserted by the counts); the plan is the one made by counting each passage in the
+    message."""
+    from protoprompt import _context_blocks, _count_memo
+    from protoprompt import context as context_module
+
+    store = MemoryStore()
+    rows = [
+        HistoryRecord(r, f"user: the zephyr {r} build log says {FILL[: 200 + 30 * r]}", {"turn": 1})
+        for r in range(20)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=2500, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    messages: list[str] = []
+    real = context_module.item_tokens
+
+    def counting(item: Any, **kwargs: Any) -> Any:
+        if "<recalled_turns>" in str(item.get("content", "")):
+            messages.append(item["content"])
+        return real(item, **kwargs)
+
+    monkeypatch.setattr(context_module, "item_tokens", counting)
+    _count_memo.clear()
+    taken = _context_blocks.stats["first_by_size"]
+    plan = builder.build([], query, session_id="s1", turn=5)
+    kept = [b for b in plan.blocks if b.layer == "history" and b.kept]
+    dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
+    assert len(kept) > 3 and dropped  # the room was filled
+    assert _context_blocks.stats["first_by_size"] == taken + 1  # the fast path was taken
+    assert len(messages) == 1  # the message was counted once
+    assert plan.context_message is not None and plan.context_message["content"] == messages[0]
+    assert plan.context_tokens == sum(b.tokens or 0 for b in plan.blocks if b.kept)
+    # Without sizes to go by (every passage counted in the message): the same plan.
+    monkeypatch.setattr(_context_blocks, "SIZE_SLACK", 10**6)
+    _count_memo.clear()
+    messages.clear()
+    counted = builder.build([], query, session_id="s1", turn=5)
+    assert len(messages) > 1
+    assert counted.context_message == plan.context_message
+    assert [(b.source, b.status, b.tokens) for b in counted.blocks if b.kept] == [
+        (b.source, b.status, b.tokens) for b in kept
+    ]
+
+
+def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
+    """The check that no recalled passage is a row of the request digests each kept item
+    once for the process, by its content: the next turn's new objects of the same items
+    are found (the fast path, asserted by the hits), an item whose content changed is
+    digested again; the plan is the same."""
+    from protoprompt import _recall_ledger
+
+    store = MemoryStore(chunk_words=40, chunk_overlap=0)
+    history = _history(12)
+    records = [
+        HistoryRecord(
+            p, f"{item['role']}: {item['content']}", {"turn": p // 2 + 1}, item_digest(item)
+        )
+        for p, item in enumerate(history)
+    ]
+    store.index_history("s1", records, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=700, scope=SCOPE, recall_evicted=True, masking=None
+    )
+    new_input = [{"role": "user", "content": "what did you answer about the weather?"}]
+    plan = builder.build(history, new_input, session_id="s1", turn=13)
+    assert any(b.reason == "its turn is in the request" for b in plan.blocks)
+    stats = _recall_ledger.digest_stats
+    hits, misses = stats["hits"], stats["misses"]
+    fresh = json.loads(json.dumps(history))  # new objects, the same content
+    again = builder.build(fresh, new_input, session_id="s1", turn=13)
+    assert stats["hits"] >= hits + len(again.pack.kept_history)
+    assert stats["misses"] == misses
+    assert [(b.source, b.status, b.reason) for b in again.blocks] == [
+        (b.source, b.status, b.reason) for b in plan.blocks
+    ]
+    fresh[-1]["content"] += " (edited)"
+    builder.build(fresh, new_input, session_id="s1", turn=13)
+    assert stats["misses"] > misses

@@ -134,6 +134,9 @@ class Backend(Protocol):
     def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
         """Delete from exactly ``scope`` (see ``MemoryStore.forget``); the rows deleted."""
 
+    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
+        """Whether any of ``scopes`` has a profile, a fact, a document chunk (one read)."""
+
     def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
         """The profiles of ``scopes``: ``(tenant, user, thread, kind, profile)`` rows."""
 
@@ -229,6 +232,16 @@ class Backend(Protocol):
         """The history passages in ``scopes`` (of ``session_id`` only, unless ``None``), and
         for each ``(term, word)`` of ``terms`` (a Porter stem and a word that has it) how
         many of them hold the term."""
+
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        """:meth:`history_common_words` of ``words`` and :meth:`history_counts` of
+        ``terms``, in one read where the engine can."""
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]

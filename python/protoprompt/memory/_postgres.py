@@ -329,6 +329,21 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ reads
 
+    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
+        profiles, params = scope_filter(scopes, alias="p")
+        records, record_params = scope_filter(scopes)
+        rows = self._read(
+            f"SELECT EXISTS (SELECT 1 FROM pp_mem_profiles AS p WHERE {profiles}),"
+            f" EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {records}),"
+            " EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'document'"
+            f" AND {records})",
+            [*params, *record_params, *record_params],
+        )
+        if not rows:
+            return False, False, False
+        profile, fact, document = rows[0]
+        return bool(profile), bool(fact), bool(document)
+
     def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
         where, params = scope_filter(scopes, alias="p")
         return self._read(
@@ -541,6 +556,16 @@ class PostgresBackend:
             return 0, {}
         total, *found = rows[0]
         return int(total), {term: int(n) for (term, _), n in zip(queries, found, strict=True)}
+
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        common = self.history_common_words(words) if words else set()
+        return (common, *self.history_counts(terms, scopes, session_id))
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]

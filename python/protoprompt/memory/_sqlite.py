@@ -206,6 +206,48 @@ def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str,
     return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
+stats = {"counts_by_index": 0}
+"""History count statements whose passages were all the table's (their terms counted by the
+full-text index alone) since the process started: what the tests read to see it."""
+
+
+def _count_columns(
+    terms: Sequence[tuple[str, str]], scopes: Sequence[ScopeParams], session_id: str | None
+) -> tuple[list[tuple[str, str]], list[str], list[Any]]:
+    """The columns of a statement that counts the history passages in ``scopes`` (of
+    ``session_id`` only, unless ``None``), all the table's passages, and those of the
+    former holding each term, with the terms' full-text queries and the statement's
+    parameters. While the former are all the table's (one session's store), a term's
+    passages are counted by the full-text index alone: the same count, without looking up
+    each passage's scope (several times faster)."""
+    where, params = _scope_filter(scopes, alias="h")
+    if session_id is not None:
+        where += " AND h.session_id = ?"
+        params.append(session_id)
+    matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
+    searched = f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"
+    table = "(SELECT count(*) FROM pp_mem_history)"
+    columns = [searched, table]
+    args: list[Any] = list(params)
+    for _, match in matches:
+        columns.append(
+            f"CASE WHEN {searched} = {table}"
+            " THEN (SELECT count(*) FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?)"
+            " ELSE (SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
+            f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where}) END"
+        )
+        args += [*params, match, match, *params]
+    return matches, columns, args
+
+
+def _counts_of(matches: list[tuple[str, str]], row: Sequence[Any]) -> tuple[int, dict[str, int]]:
+    """The passages searched and each term's count, from a row of :func:`_count_columns`."""
+    total, table, *found = row
+    if matches and total == table:
+        stats["counts_by_index"] += 1
+    return int(total), {term: int(n) for (term, _), n in zip(matches, found, strict=True)}
+
+
 def _connect_read_only(path: str) -> sqlite3.Connection:
     """A connection that cannot change the database file (SQLite ``mode=ro``)."""
     if path in (":memory:", "") or path.startswith("file:"):
@@ -467,6 +509,21 @@ class SQLiteBackend:
 
     # ------------------------------------------------------------------ reads
 
+    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
+        profiles, params = _scope_filter(scopes, alias="p")
+        records, record_params = _scope_filter(scopes)
+        rows = self._read(
+            f"SELECT EXISTS (SELECT 1 FROM pp_mem_profiles AS p WHERE {profiles}),"
+            f" EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {records}),"
+            " EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'document'"
+            f" AND {records})",
+            [*params, *record_params, *record_params],
+        )
+        if not rows:
+            return False, False, False
+        profile, fact, document = rows[0]
+        return bool(profile), bool(fact), bool(document)
+
     def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
         where, params = _scope_filter(scopes, alias="p")
         return self._read(
@@ -645,25 +702,36 @@ class SQLiteBackend:
     ) -> tuple[int, dict[str, int]]:
         if not self._has_history():
             return 0, {}
-        where, params = _scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = ?"
-            params.append(session_id)
-        # One statement: the passages searched, and those holding each term.
-        matches = [(term, m) for term, word in terms if (m := fts5_match([word])) is not None]
-        columns = [f"(SELECT count(*) FROM pp_mem_history AS h WHERE {where})"]
-        args: list[Any] = list(params)
-        for _, match in matches:
-            columns.append(
-                "(SELECT count(*) FROM pp_mem_history AS h WHERE h.id IN (SELECT rowid"
-                f" FROM pp_mem_history_fts WHERE pp_mem_history_fts MATCH ?) AND {where})"
-            )
-            args += [match, *params]
+        matches, columns, args = _count_columns(terms, scopes, session_id)
         rows = self._read(f"SELECT {', '.join(columns)}", args)
+        return _counts_of(matches, rows[0]) if rows else (0, {})
+
+    def history_statistics(
+        self,
+        words: Sequence[str],
+        terms: Sequence[tuple[str, str]],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+    ) -> tuple[set[str], int, dict[str, int]]:
+        if not words or not self._has_history():
+            return set(), *self.history_counts(terms, scopes, session_id)
+        matches, columns, args = _count_columns(terms, scopes, session_id)
+        marks = ", ".join("?" for _ in words)
+        # One statement: the words in more than half of the passages (the vocabulary's
+        # terms are runs of letters and digits: joined by spaces), then the counts.
+        columns.insert(
+            0,
+            "(SELECT group_concat(term, ' ') FROM pp_mem_history_vocab"
+            f" WHERE term IN ({marks}) AND 2 * doc > (SELECT count(*) FROM pp_mem_history))",
+        )
+        try:
+            rows = self._read(f"SELECT {', '.join(columns)}", [*words, *args])
+        except sqlite3.OperationalError:  # a database without the vocabulary table
+            return set(), *self.history_counts(terms, scopes, session_id)
         if not rows:
-            return 0, {}
-        total, *found = rows[0]
-        return int(total), {term: int(n) for (term, _), n in zip(matches, found, strict=True)}
+            return set(), 0, {}
+        common, *counted = rows[0]
+        return (set(str(common).split()) if common else set(), *_counts_of(matches, counted))
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]

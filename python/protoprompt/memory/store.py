@@ -17,6 +17,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -323,6 +324,13 @@ class MemoryStore:
         found = {row_scope(*row[:4]): row[4] for row in rows if row[4].strip()}
         return next((found[s] for s in scopes if s in found), None)
 
+    def _presence(self, scope: MemoryScope, include_parents: bool) -> tuple[bool, bool, bool]:
+        """Whether ``scope`` (and its ancestors with ``include_parents``) has a profile, a
+        fact, a document chunk: one read, so a turn does not search layers that are empty
+        (read on every turn: another process may have written since)."""
+        scopes = visible_scopes(check_scope(scope), include_parents)
+        return self._backend.presence([scope_params(s) for s in scopes])
+
     def facts(
         self, *, scope: MemoryScope, limit: int | None = None, include_parents: bool = False
     ) -> list[MemoryHit]:
@@ -547,11 +555,10 @@ class MemoryStore:
         seen: set[str] = set()
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
         for rid, score in ranked:
-            hit = history_hit_of_row(rows_by_id[rid], score)
-            key = " ".join(hit.text.split()).casefold()
+            key = _text_key(rows_by_id[rid][11])  # the passage's text
             if key not in seen:
                 seen.add(key)
-                hits.append(hit)
+                hits.append(history_hit_of_row(rows_by_id[rid], score))
                 if len(hits) >= limit:
                     break
         return self._with_neighbours(hits, seen) if neighbours else hits
@@ -579,17 +586,23 @@ class MemoryStore:
         for hit in hits:
             out.append(hit)
             sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
+            if not isinstance(row, int):
+                continue
+            params = scope_params(hit.scope)
             for side in (0, 1):
-                adjacent = near.get((scope_params(hit.scope), str(sid), int(row or 0), side))
-                if adjacent is None or not isinstance(row, int):
+                adjacent = near.get((params, str(sid), row, side))
+                if adjacent is None:
                     continue
-                neighbour = history_hit_of_row(adjacent, hit.score / 2)
-                where = (sid, neighbour.metadata.get("row"), neighbour.chunk_index)
-                text_key = " ".join(neighbour.text.split()).casefold()
-                if where in taken or text_key in seen:
+                # Its place and text first: a hit is made only of a passage taken.
+                where = (sid, int(adjacent[6]), int(adjacent[7]))
+                if where in taken:
+                    continue
+                text_key = _text_key(adjacent[11])
+                if text_key in seen:
                     continue
                 taken.add(where)
                 seen.add(text_key)
+                neighbour = history_hit_of_row(adjacent, hit.score / 2)
                 neighbour.metadata["neighbour_of"] = hit.source
                 out.append(neighbour)
         return out
@@ -600,30 +613,59 @@ class MemoryStore:
         """The full-text ranking of the history layer: the engine's matches, ranked again
         by :func:`._ranking.rank_passages` (the same on every engine), best first, ties by
         id."""
-        found = self._history_text(pieces, scopes, session_id, pool)
+        # One read for the words in most passages (left out of the match) and the counts
+        # the ranking needs (before the match: it does not depend on it).
+        words = {p: [stem(w) for w in _words(p)] for p in pieces}
+        terms = query_terms(pieces)
+        common, total, counts = self._backend.history_statistics(
+            sorted({w for ws in words.values() for w in ws}),
+            list(terms.items()),
+            scopes,
+            session_id,
+        )
+        found = self._history_text(pieces, words, common, scopes, session_id, pool)
         if not found:
             return []
-        terms = query_terms(pieces)
-        total, counts = self._backend.history_counts(list(terms.items()), scopes, session_id)
         scores = rank_passages(list(terms), [row[11] for row, _ in found], total, counts)
         ranked = [(row, score) for (row, _), score in zip(found, scores, strict=True)]
         ranked.sort(key=lambda item: (-item[1], item[0][0]))
         return [(row, score) for row, score in ranked if score > 0.0] or ranked
 
     def _history_text(
-        self, pieces: list[str], scopes: list[ScopeParams], session_id: str | None, pool: int
+        self,
+        pieces: list[str],
+        words: dict[str, list[str]],
+        common: set[str],
+        scopes: list[ScopeParams],
+        session_id: str | None,
+        pool: int,
     ) -> list[tuple[Row, float]]:
-        """The engine's matches in the history layer. Query pieces whose terms all occur in
-        more than half of the passages are left out while the others match something:
-        they weigh (almost) nothing, and matching them ranks every passage (a turn's recall
-        would cost a scan of the whole evicted history)."""
-        words = {p: [stem(w) for w in _words(p)] for p in pieces}
-        common = self._backend.history_common_words(
-            sorted({w for ws in words.values() for w in ws})
-        )
+        """The engine's matches in the history layer. Query pieces whose terms (``words``:
+        each piece's stemmed words) are all ``common`` (occur in more than half of the
+        passages) are left out while the others match something: they weigh (almost)
+        nothing, and matching them ranks every passage (a turn's recall would cost a scan
+        of the whole evicted history)."""
         rare = [p for p in pieces if not all(w in common for w in words[p])]
         if rare and len(rare) < len(pieces):
             found = self._backend.history_search(rare, scopes, session_id, pool)
             if found:
                 return found
         return self._backend.history_search(pieces, scopes, session_id, pool)
+
+
+@lru_cache(maxsize=8192)
+def _text_key(text: str) -> str:
+    """What makes two passages the same text: their words, case-folded (kept by the text:
+    the passages recent turns found come back turn after turn)."""
+    return " ".join(text.split()).casefold()
+
+
+def layers_present(
+    store: Any, scope: MemoryScope, include_parents: bool
+) -> tuple[bool, bool, bool]:
+    """Whether ``store`` has a profile, facts, document chunks visible from ``scope``: one
+    read on a :class:`MemoryStore`; for any other store, ``(True, True, True)`` (its layers
+    are read as before)."""
+    if isinstance(store, MemoryStore):
+        return store._presence(scope, include_parents)
+    return True, True, True
