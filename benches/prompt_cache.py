@@ -340,12 +340,46 @@ placed after the stable history (a run whose recall changed starts the prefix af
 """
 
 
-def sdk_section(rows: list[dict[str, Any]]) -> str:
-    """The whole-SDK-runs part of the README section."""
-    return SDK_INTRO + "\n" + markdown(rows)
+MIX_SDK_INTRO = """#### Every generated mix through `Runner.run`
+
+`prompt_cache.mix_sdk_runs(memory=...)` (asserted by `benches/test_bench_prompt_cache.py::
+test_whole_sdk_runs_on_every_mix`): every generated mix, its session so far costing 1.3
+budgets stored in a `ProtoPromptSession`, then its next 12 turns replayed as whole
+`Runner.run` runs through `session.run_config(builder, agent=agent, cache=...)`: the turn's
+user message is the run input; the SDK's offline `ScriptedModel` answers each model call with
+the turn's generated model items in order (reasoning, function calls, hosted web search and
+MCP calls, messages); the agent's function tools return the generated outputs by call id.
+Shapes the runner cannot run without their tool are replayed as the nearest shape it runs:
+custom, computer, local shell, hosted shell and apply_patch calls, MCP approval requests and
+client tool searches as a `function_call` with the same call id whose output is the generated
+output (a hosted shell call's streamed outputs joined); programs, their outputs, items a program
+calls (`caller`; its function calls run as plain calls) and server tool searches as an
+assistant message holding the item's JSON (`mix_sdk_runs` rows' `reshaped` counts them: none
+for chat, 5 apply_patch pairs for tools at 128k, 98 items for agentic at 128k). A call whose
+items run no function is merged into the next; a turn that ends without an answer gets a
+short one. Measured per model call, on the requests the model received, as above; *moves*:
+the session callback's and the filter's plans that say `moved`; *pack ms*: the filter's own
+time per call. *memory + recall*: a `MemoryStore`, a scope and `recall_evicted=True`.
+Measured on a debug build (`scripts/dev.sh`), 2026-12-06.
+"""
 
 
-def section(rows: list[dict[str, Any]], when: str, sdk: list[dict[str, Any]] | None = None) -> str:
+def sdk_section(rows: list[dict[str, Any]], mix: list[dict[str, Any]] | None = None) -> str:
+    """The whole-SDK-runs part of the README section (and the generated mixes' table)."""
+    return (
+        SDK_INTRO
+        + "\n"
+        + markdown(rows)
+        + ("\n" + MIX_SDK_INTRO + "\n" + markdown(mix) if mix else "")
+    )
+
+
+def section(
+    rows: list[dict[str, Any]],
+    when: str,
+    sdk: list[dict[str, Any]] | None = None,
+    mix: list[dict[str, Any]] | None = None,
+) -> str:
     """The README section (between its markers)."""
     return (
         "<!-- prompt-cache -->\n"
@@ -354,7 +388,7 @@ def section(rows: list[dict[str, Any]], when: str, sdk: list[dict[str, Any]] | N
         + when
         + "\n\n"
         + markdown(rows)
-        + ("\n" + sdk_section(sdk) if sdk else "")
+        + ("\n" + sdk_section(sdk, mix) if sdk else "")
         + "<!-- /prompt-cache -->\n"
     )
 
@@ -744,7 +778,7 @@ def replay_script(turns: list[list[dict[str, Any]]]) -> Replay:
             out = {k: v for k, v in item.items() if k != "caller"}
             out.setdefault("id", f"fc_r{n}")
             return adapter.validate_python(out), True
-        note(f"{kind} -> assistant message")
+        note(f"{kind}{' (a program child)' if 'caller' in item else ''} -> assistant message")
         return adapter.validate_python(_as_message(_text(item), f"msg_r{n}")), False
 
     for turn in turns:
@@ -812,6 +846,7 @@ async def _mix_sdk_run(session: Session, cache: Any, memory: bool) -> tuple[Tall
     plan_seconds: list[float] = []
     config = store.run_config(
         builder,
+        agent=agent,  # the turn reserves the agent's instructions and tools
         cache=cache,
         on_plan=turn_plans.append,
         on_call=plans.append,
