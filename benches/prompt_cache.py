@@ -710,6 +710,120 @@ def _as_message(text: str, item_id: str) -> dict[str, Any]:
     }
 
 
+class _Replayer:
+    """Generated items as scripted model output (see :func:`replay_script`)."""
+
+    def __init__(self) -> None:
+        from openai.types.responses import ResponseOutputItem
+        from pydantic import TypeAdapter
+
+        self.adapter: Any = TypeAdapter(ResponseOutputItem)
+        self.rep = Replay([], [], {}, set(), {})
+        self.n = 0
+
+    def note(self, kind: str) -> None:
+        self.rep.reshaped[kind] = self.rep.reshaped.get(kind, 0) + 1
+
+    def message(self, text: str) -> Any:
+        self.n += 1
+        return self.adapter.validate_python(_as_message(text, f"msg_r{self.n}"))
+
+    def assistant(self, item: dict[str, Any]) -> Any:
+        out = {**item, "type": "message"}
+        out.setdefault("id", f"msg_r{self.n}")
+        out.setdefault("status", "completed")
+        content = out.get("content")
+        if isinstance(content, str):
+            content = [{"type": "output_text", "text": content, "annotations": []}]
+        out["content"] = [
+            {"annotations": [], **c} if c.get("type") == "output_text" else c for c in content or []
+        ]
+        try:
+            return self.adapter.validate_python(out)
+        except Exception:  # noqa: BLE001 - a content part the output form lacks
+            self.note("assistant message (other content)")
+            return self.message(_text(item))
+
+    def as_function(self, item: dict[str, Any], kind: str, call_id: str) -> Any:
+        self.note(f"{kind} -> function_call")
+        args = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
+        self.rep.names.add(kind)
+        call = {
+            "type": "function_call",
+            "id": f"fc_r{self.n}",
+            "call_id": call_id,
+            "name": kind,
+            "arguments": json.dumps(args, ensure_ascii=False),
+            "status": "completed",
+        }
+        return self.adapter.validate_python(call)
+
+    def model_item(self, item: dict[str, Any]) -> tuple[Any, bool]:
+        """The output item and whether it is a function call the runner runs."""
+        self.n += 1
+        kind = item.get("type", "message")
+        if kind == "message" and item.get("role") == "assistant":
+            return self.assistant(item), False
+        if kind in _AS_IS and "caller" not in item:
+            out = dict(item)
+            out.setdefault("id", f"{kind[:2]}_r{self.n}")
+            try:
+                valid = self.adapter.validate_python(out)
+            except Exception:  # noqa: BLE001 - fall through to the nearest shape
+                valid = None
+            if valid is not None:
+                if kind == "function_call":
+                    self.rep.names.add(out["name"])
+                return valid, kind == "function_call"
+        call_id = item.get("call_id") or (
+            item.get("id") if kind == "mcp_approval_request" else None
+        )
+        if kind in _AS_FUNCTION and call_id:
+            return self.as_function(item, kind, call_id), True
+        if kind == "function_call":  # a program's child (``caller``): run as a plain call
+            self.note("function_call with caller -> function_call")
+            self.rep.names.add(item["name"])
+            out = {k: v for k, v in item.items() if k != "caller"}
+            out.setdefault("id", f"fc_r{self.n}")
+            return self.adapter.validate_python(out), True
+        self.note(f"{kind}{' (a program child)' if 'caller' in item else ''} -> assistant message")
+        return self.message(_text(item)), False
+
+    def client_output(self, item: dict[str, Any]) -> bool:
+        """Record a tool's output by call id; ``False``: not one (a server tool search's
+        output, with no call id, is the model's: replayed with it)."""
+        key = item.get("call_id") or item.get("approval_request_id")
+        if not (is_client(item) and key):
+            return False
+        out = item.get("output", {k: v for k, v in item.items() if k != "type"})
+        self.rep.outputs[key] = self.rep.outputs.get(key, "") + _text(out)
+        if item.get("type") != "function_call_output":
+            self.note(f"{item.get('type')} -> function_call_output")
+        return True
+
+    def turn(self, turn: list[dict[str, Any]]) -> None:
+        self.rep.inputs.append(turn[:1])
+        steps: list[list[Any]] = [[]]
+        runs = [False]
+        prev_client = True
+        for item in turn[1:]:
+            if self.client_output(item):
+                prev_client = True
+                continue
+            if prev_client and runs[-1]:
+                steps.append([])
+                runs.append(False)
+            prev_client = False
+            out, runs_tool = self.model_item(item)
+            steps[-1].append(out)
+            runs[-1] = runs[-1] or runs_tool
+        if runs[-1] or not any(getattr(o, "type", "") == "message" for o in steps[-1]):
+            if runs[-1]:
+                steps.append([])
+            steps[-1].append(self.message("done"))
+        self.rep.steps.append(steps)
+
+
 def replay_script(turns: list[list[dict[str, Any]]]) -> Replay:
     """The turns as runner input and scripted model output (see :data:`_AS_IS` and
     :data:`_AS_FUNCTION`; any other model item -- programs and their outputs, server tool
@@ -717,99 +831,10 @@ def replay_script(turns: list[list[dict[str, Any]]]) -> Replay:
     A turn's model items between two groups of client items are one model call; a call with
     no function call to run is merged into the next, and a turn whose last call runs tools
     or says nothing ends with a short answer, so each run makes exactly the scripted calls."""
-    from openai.types.responses import ResponseOutputItem
-    from pydantic import TypeAdapter
-
-    adapter: Any = TypeAdapter(ResponseOutputItem)
-    rep = Replay([], [], {}, set(), {})
-    n = 0
-
-    def note(kind: str) -> None:
-        rep.reshaped[kind] = rep.reshaped.get(kind, 0) + 1
-
-    def model_item(item: dict[str, Any]) -> tuple[Any, bool]:
-        """The output item and whether it is a function call the runner runs."""
-        nonlocal n
-        n += 1
-        kind = item.get("type", "message")
-        if kind == "message" and item.get("role") == "assistant":
-            out = dict(item)
-            out.setdefault("id", f"msg_r{n}")
-            out.setdefault("status", "completed")
-            out["type"] = "message"
-            content = out.get("content")
-            if isinstance(content, str):
-                content = [{"type": "output_text", "text": content, "annotations": []}]
-            out["content"] = [
-                {"annotations": [], **c} if c.get("type") == "output_text" else c
-                for c in content or []
-            ]
-            try:
-                return adapter.validate_python(out), False
-            except Exception:  # noqa: BLE001 - a content part the output form lacks
-                note("assistant message (other content)")
-                return adapter.validate_python(_as_message(_text(item), f"msg_r{n}")), False
-        if kind in _AS_IS and "caller" not in item:
-            out = dict(item)
-            out.setdefault("id", f"{kind[:2]}_r{n}")
-            if kind == "function_call":
-                rep.names.add(out["name"])
-            try:
-                return adapter.validate_python(out), kind == "function_call"
-            except Exception:  # noqa: BLE001 - fall through to the nearest shape
-                pass
-        call_id = item.get("call_id") or (item.get("id") if kind == "mcp_approval_request" else None)
-        if kind in _AS_FUNCTION and call_id:
-            note(f"{kind} -> function_call")
-            args = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
-            rep.names.add(kind)
-            call = {
-                "type": "function_call",
-                "id": f"fc_r{n}",
-                "call_id": call_id,
-                "name": kind,
-                "arguments": json.dumps(args, ensure_ascii=False),
-                "status": "completed",
-            }
-            return adapter.validate_python(call), True
-        if kind == "function_call":  # a program's child (``caller``): run as a plain call
-            note("function_call with caller -> function_call")
-            rep.names.add(item["name"])
-            out = {k: v for k, v in item.items() if k != "caller"}
-            out.setdefault("id", f"fc_r{n}")
-            return adapter.validate_python(out), True
-        note(f"{kind}{' (a program child)' if 'caller' in item else ''} -> assistant message")
-        return adapter.validate_python(_as_message(_text(item), f"msg_r{n}")), False
-
+    replayer = _Replayer()
     for turn in turns:
-        rep.inputs.append(turn[:1])
-        steps: list[list[Any]] = [[]]
-        runs = [False]
-        prev_client = True
-        for item in turn[1:]:
-            key = item.get("call_id") or item.get("approval_request_id")
-            if is_client(item) and key:
-                out = item.get("output", {k: v for k, v in item.items() if k != "type"})
-                rep.outputs[key] = rep.outputs.get(key, "") + _text(out)
-                if item.get("type") != "function_call_output":
-                    note(f"{item.get('type')} -> function_call_output")
-                prev_client = True
-                continue
-            # A server tool search's output (no call id) is the model's: replayed with it.
-            if prev_client and runs[-1]:
-                steps.append([])
-                runs.append(False)
-            prev_client = False
-            out, runs_tool = model_item(item)
-            steps[-1].append(out)
-            runs[-1] = runs[-1] or runs_tool
-        if runs[-1] or not any(getattr(o, "type", "") == "message" for o in steps[-1]):
-            if runs[-1]:
-                steps.append([])
-            n += 1
-            steps[-1].append(adapter.validate_python(_as_message("done", f"msg_r{n}")))
-        rep.steps.append(steps)
-    return rep
+        replayer.turn(turn)
+    return replayer.rep
 
 
 async def _mix_sdk_run(session: Session, cache: Any, memory: bool) -> tuple[Tally, int]:
