@@ -340,12 +340,46 @@ placed after the stable history (a run whose recall changed starts the prefix af
 """
 
 
-def sdk_section(rows: list[dict[str, Any]]) -> str:
-    """The whole-SDK-runs part of the README section."""
-    return SDK_INTRO + "\n" + markdown(rows)
+MIX_SDK_INTRO = """#### Every generated mix through `Runner.run`
+
+`prompt_cache.mix_sdk_runs(memory=...)` (asserted by `benches/test_bench_prompt_cache.py::
+test_whole_sdk_runs_on_every_mix`): every generated mix, its session so far costing 1.3
+budgets stored in a `ProtoPromptSession`, then its next 12 turns replayed as whole
+`Runner.run` runs through `session.run_config(builder, agent=agent, cache=...)`: the turn's
+user message is the run input; the SDK's offline `ScriptedModel` answers each model call with
+the turn's generated model items in order (reasoning, function calls, hosted web search and
+MCP calls, messages); the agent's function tools return the generated outputs by call id.
+Shapes the runner cannot run without their tool are replayed as the nearest shape it runs:
+custom, computer, local shell, hosted shell and apply_patch calls, MCP approval requests and
+client tool searches as a `function_call` with the same call id whose output is the generated
+output (a hosted shell call's streamed outputs joined); programs, their outputs, items a program
+calls (`caller`; its function calls run as plain calls) and server tool searches as an
+assistant message holding the item's JSON (`mix_sdk_runs` rows' `reshaped` counts them: none
+for chat, 5 apply_patch pairs for tools at 128k, 98 items for agentic at 128k). A call whose
+items run no function is merged into the next; a turn that ends without an answer gets a
+short one. Measured per model call, on the requests the model received, as above; *moves*:
+the session callback's and the filter's plans that say `moved`; *pack ms*: the filter's own
+time per call. *memory + recall*: a `MemoryStore`, a scope and `recall_evicted=True`.
+Measured on a debug build (`scripts/dev.sh`), 2026-12-06.
+"""
 
 
-def section(rows: list[dict[str, Any]], when: str, sdk: list[dict[str, Any]] | None = None) -> str:
+def sdk_section(rows: list[dict[str, Any]], mix: list[dict[str, Any]] | None = None) -> str:
+    """The whole-SDK-runs part of the README section (and the generated mixes' table)."""
+    return (
+        SDK_INTRO
+        + "\n"
+        + markdown(rows)
+        + ("\n" + MIX_SDK_INTRO + "\n" + markdown(mix) if mix else "")
+    )
+
+
+def section(
+    rows: list[dict[str, Any]],
+    when: str,
+    sdk: list[dict[str, Any]] | None = None,
+    mix: list[dict[str, Any]] | None = None,
+) -> str:
     """The README section (between its markers)."""
     return (
         "<!-- prompt-cache -->\n"
@@ -354,7 +388,7 @@ def section(rows: list[dict[str, Any]], when: str, sdk: list[dict[str, Any]] | N
         + when
         + "\n\n"
         + markdown(rows)
-        + ("\n" + sdk_section(sdk) if sdk else "")
+        + ("\n" + sdk_section(sdk, mix) if sdk else "")
         + "<!-- /prompt-cache -->\n"
     )
 
@@ -612,3 +646,292 @@ def masking_pays_table(rows: dict[str, Tally]) -> str:
             f"| {t.share:.1%} | {t.cost_ratio:.2f} | {t.moves if cached else '-'} |"
         )
     return "\n".join(lines)
+
+
+# ------------------------------------- whole SDK runs on every generated mix (issue 34 #7)
+
+MIX_TURNS = 12
+"""Turns replayed through ``Runner.run`` per mix, budget and memory setting."""
+
+_AS_IS = frozenset(
+    {
+        "reasoning",
+        "function_call",
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "mcp_list_tools",
+        "mcp_call",
+    }
+)
+"""Generated model items the runner takes back as model output unchanged (hosted calls are
+recorded, function calls run through the agent's function tools)."""
+
+_AS_FUNCTION = frozenset(
+    {
+        "custom_tool_call",
+        "computer_call",
+        "local_shell_call",
+        "shell_call",
+        "apply_patch_call",
+        "mcp_approval_request",
+        "tool_search_call",
+    }
+)
+"""Client-executed calls replayed as the nearest shape the runner runs without their tool
+(a computer, a shell, an editor, an approval callback): a ``function_call`` with the same
+call id whose output is the generated output's."""
+
+
+@dataclass
+class Replay:
+    """A session's turns as ``Runner.run`` replays them: per turn the run input and the
+    scripted model steps; the function tools' outputs by call id; what was reshaped."""
+
+    inputs: list[list[dict[str, Any]]]
+    steps: list[list[list[Any]]]
+    outputs: dict[str, str]
+    names: set[str]
+    reshaped: dict[str, int]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _as_message(text: str, item_id: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+class _Replayer:
+    """Generated items as scripted model output (see :func:`replay_script`)."""
+
+    def __init__(self) -> None:
+        from openai.types.responses import ResponseOutputItem
+        from pydantic import TypeAdapter
+
+        self.adapter: Any = TypeAdapter(ResponseOutputItem)
+        self.rep = Replay([], [], {}, set(), {})
+        self.n = 0
+
+    def note(self, kind: str) -> None:
+        self.rep.reshaped[kind] = self.rep.reshaped.get(kind, 0) + 1
+
+    def message(self, text: str) -> Any:
+        self.n += 1
+        return self.adapter.validate_python(_as_message(text, f"msg_r{self.n}"))
+
+    def assistant(self, item: dict[str, Any]) -> Any:
+        out = {**item, "type": "message"}
+        out.setdefault("id", f"msg_r{self.n}")
+        out.setdefault("status", "completed")
+        content = out.get("content")
+        if isinstance(content, str):
+            content = [{"type": "output_text", "text": content, "annotations": []}]
+        out["content"] = [
+            {"annotations": [], **c} if c.get("type") == "output_text" else c for c in content or []
+        ]
+        try:
+            return self.adapter.validate_python(out)
+        except Exception:  # noqa: BLE001 - a content part the output form lacks
+            self.note("assistant message (other content)")
+            return self.message(_text(item))
+
+    def as_function(self, item: dict[str, Any], kind: str, call_id: str) -> Any:
+        self.note(f"{kind} -> function_call")
+        args = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
+        self.rep.names.add(kind)
+        call = {
+            "type": "function_call",
+            "id": f"fc_r{self.n}",
+            "call_id": call_id,
+            "name": kind,
+            "arguments": json.dumps(args, ensure_ascii=False),
+            "status": "completed",
+        }
+        return self.adapter.validate_python(call)
+
+    def model_item(self, item: dict[str, Any]) -> tuple[Any, bool]:
+        """The output item and whether it is a function call the runner runs."""
+        self.n += 1
+        kind = item.get("type", "message")
+        if kind == "message" and item.get("role") == "assistant":
+            return self.assistant(item), False
+        if kind in _AS_IS and "caller" not in item:
+            out = dict(item)
+            out.setdefault("id", f"{kind[:2]}_r{self.n}")
+            try:
+                valid = self.adapter.validate_python(out)
+            except Exception:  # noqa: BLE001 - fall through to the nearest shape
+                valid = None
+            if valid is not None:
+                if kind == "function_call":
+                    self.rep.names.add(out["name"])
+                return valid, kind == "function_call"
+        call_id = item.get("call_id") or (
+            item.get("id") if kind == "mcp_approval_request" else None
+        )
+        if kind in _AS_FUNCTION and call_id:
+            return self.as_function(item, kind, call_id), True
+        if kind == "function_call":  # a program's child (``caller``): run as a plain call
+            self.note("function_call with caller -> function_call")
+            self.rep.names.add(item["name"])
+            out = {k: v for k, v in item.items() if k != "caller"}
+            out.setdefault("id", f"fc_r{self.n}")
+            return self.adapter.validate_python(out), True
+        self.note(f"{kind}{' (a program child)' if 'caller' in item else ''} -> assistant message")
+        return self.message(_text(item)), False
+
+    def client_output(self, item: dict[str, Any]) -> bool:
+        """Record a tool's output by call id; ``False``: not one (a server tool search's
+        output, with no call id, is the model's: replayed with it)."""
+        key = item.get("call_id") or item.get("approval_request_id")
+        if not (is_client(item) and key):
+            return False
+        out = item.get("output", {k: v for k, v in item.items() if k != "type"})
+        self.rep.outputs[key] = self.rep.outputs.get(key, "") + _text(out)
+        if item.get("type") != "function_call_output":
+            self.note(f"{item.get('type')} -> function_call_output")
+        return True
+
+    def turn(self, turn: list[dict[str, Any]]) -> None:
+        self.rep.inputs.append(turn[:1])
+        steps: list[list[Any]] = [[]]
+        runs = [False]
+        prev_client = True
+        for item in turn[1:]:
+            if self.client_output(item):
+                prev_client = True
+                continue
+            if prev_client and runs[-1]:
+                steps.append([])
+                runs.append(False)
+            prev_client = False
+            out, runs_tool = self.model_item(item)
+            steps[-1].append(out)
+            runs[-1] = runs[-1] or runs_tool
+        if runs[-1] or not any(getattr(o, "type", "") == "message" for o in steps[-1]):
+            if runs[-1]:
+                steps.append([])
+            steps[-1].append(self.message("done"))
+        self.rep.steps.append(steps)
+
+
+def replay_script(turns: list[list[dict[str, Any]]]) -> Replay:
+    """The turns as runner input and scripted model output (see :data:`_AS_IS` and
+    :data:`_AS_FUNCTION`; any other model item -- programs and their outputs, server tool
+    search, non-assistant messages -- is replayed as an assistant message holding its JSON).
+    A turn's model items between two groups of client items are one model call; a call with
+    no function call to run is merged into the next, and a turn whose last call runs tools
+    or says nothing ends with a short answer, so each run makes exactly the scripted calls."""
+    replayer = _Replayer()
+    for turn in turns:
+        replayer.turn(turn)
+    return replayer.rep
+
+
+async def _mix_sdk_run(session: Session, cache: Any, memory: bool) -> tuple[Tally, int]:
+    """The session's turns through ``Runner.run`` with ``session.run_config`` (the offline
+    scripted model answering with each turn's generated model items); the requests the
+    model received, tallied; and the moves."""
+    from agents import Agent, FunctionTool, Runner
+    from agents.testing import ScriptedModel
+
+    from protoprompt.integrations import ProtoPromptSession
+
+    rep = replay_script(session.turns)
+
+    async def invoke(ctx: Any, _args: str) -> str:
+        return rep.outputs.get(ctx.tool_call_id, "")
+
+    tools = [
+        FunctionTool(
+            name=name,
+            description=f"{name} (replayed)",
+            params_json_schema={"type": "object", "properties": {}, "additionalProperties": True},
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+        )
+        for name in sorted(rep.names)
+    ]
+    model = ScriptedModel([step for steps in rep.steps for step in steps])
+    agent = Agent(name="bench", model=model, tools=tools, instructions="Use the tools.")
+    store = ProtoPromptSession(f"sdk-{session.mix}")
+    await store.add_items(list(session.history))
+    builder = _memory_builder(session.budget, memory)
+    plans: list[Any] = []
+    turn_plans: list[Any] = []
+    plan_seconds: list[float] = []
+    config = store.run_config(
+        builder,
+        agent=agent,  # the turn reserves the agent's instructions and tools
+        cache=cache,
+        on_plan=turn_plans.append,
+        on_call=plans.append,
+        tracing_disabled=True,
+    )
+    flt = config.call_model_input_filter
+    plan_call = flt._plan
+
+    def timed(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        plan = plan_call(*args)
+        plan_seconds.append(time.perf_counter() - t0)
+        return plan
+
+    flt._plan = timed  # type: ignore[method-assign]
+    for run_input, steps in zip(rep.inputs, rep.steps, strict=True):
+        await Runner.run(
+            agent, run_input, session=store, run_config=config, max_turns=len(steps) + 1
+        )
+        if memory:
+            await builder.wait_for_background()
+    model.assert_complete()
+    tally = Tally()
+    for call, seconds, plan in zip(model.calls, plan_seconds, plans, strict=True):
+        tally.add(list(call.input), seconds, stayed=plan.prefix == "stayed")
+    # Moves: the session callback's (a turn's first request) and the filter's (its calls).
+    moves = sum(1 for p in turn_plans if p.prefix == "moved")
+    moves += sum(1 for p in plans if p.prefix == "moved")
+    store.close()
+    return tally, moves
+
+
+def mix_sdk_runs(
+    mixes: tuple[str, ...] | None = None,
+    budgets: tuple[int, ...] = BUDGETS,
+    memory: bool = False,
+    turns: int = MIX_TURNS,
+) -> list[dict[str, Any]]:
+    """Every generated mix at each budget through whole ``Runner.run`` runs, newest first
+    (``cache=None``) and with ``pp.CachePolicy()``."""
+    import asyncio
+
+    import protoprompt as pp
+    from history_gen import MIXES
+
+    rows = []
+    for budget in budgets:
+        for mix in mixes or MIXES:
+            session = make_session(mix, budget, turns=turns)
+            newest, _ = asyncio.run(_mix_sdk_run(session, None, memory))
+            stable, moves = asyncio.run(_mix_sdk_run(session, pp.CachePolicy(), memory))
+            stable.moves = moves
+            label = f"{mix} (sdk{', memory + recall' if memory else ''})"
+            rows.append(
+                {
+                    "mix": label,
+                    "budget": budget,
+                    "newest": newest,
+                    "stable": stable,
+                    "reshaped": replay_script(session.turns).reshaped,
+                }
+            )
+    return rows
