@@ -184,8 +184,8 @@ class PackOptions:
     :class:`protoprompt.packing.PackOptions`)."""
 
     FIELDS: ClassVar[list[str]]
-    def __init__(
-        self,
+    def __new__(
+        cls,
         max_tokens: int,
         *,
         output_reserve: int = ...,
@@ -199,7 +199,7 @@ class PackOptions:
         history_offset: int = ...,
         opaque_scale: float = ...,
         masking: Masking | None = ...,
-    ) -> None: ...
+    ) -> PackOptions: ...
     def replace(
         self,
         *,

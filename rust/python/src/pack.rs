@@ -20,14 +20,21 @@ pub(crate) struct PyPackOptions {
     pub(crate) core: PackOptions,
     /// The encoding and the calibration of opaque payloads.
     pub(crate) basis: CostBasis,
+    #[pyo3(get)]
     model: Option<String>,
+    #[pyo3(get)]
     encoding: Option<String>,
-    scale: f64,
+    #[pyo3(get)]
+    opaque_scale: f64,
+    #[pyo3(get)]
     pub(crate) context: Option<Py<PyAny>>,
     pub(crate) pinned: Vec<usize>,
+    #[pyo3(get)]
     pub(crate) history_len: Option<usize>,
+    #[pyo3(get)]
     pub(crate) history_offset: usize,
     pub(crate) masking: Option<Masking>,
+    #[pyo3(get, name = "masking")]
     masking_obj: Option<Py<PyAny>>,
     /// The model strips earlier turns' thinking (older Claude generations): the thinking
     /// before the last user message costs 0 in this call.
@@ -158,7 +165,7 @@ impl PyPackOptions {
             },
             model: None,
             encoding: None,
-            scale: 1.0,
+            opaque_scale: 1.0,
             context: None,
             pinned: Vec::new(),
             history_len: None,
@@ -196,7 +203,7 @@ impl PyPackOptions {
                 return Ok(true);
             }
             "opaque_scale" => {
-                self.scale = scale_of(value)?;
+                self.opaque_scale = scale_of(value)?;
                 return Ok(true);
             }
             "policy" => {
@@ -269,7 +276,7 @@ impl PyPackOptions {
         {
             let encoding = resolve_encoding(self.model.as_deref(), self.encoding.as_deref())
                 .map_err(|e| token_error(py, e))?;
-            self.basis = CostBasis::checked(encoding, opaque_scale(self.scale)?)
+            self.basis = CostBasis::checked(encoding, opaque_scale(self.opaque_scale)?)
                 .map_err(PyValueError::new_err)?;
             self.strips_thinking = self
                 .model
@@ -334,14 +341,6 @@ impl PyPackOptions {
     fn context_tokens(&self) -> u64 {
         self.core.context_tokens
     }
-    #[getter]
-    fn model(&self) -> Option<&str> {
-        self.model.as_deref()
-    }
-    #[getter]
-    fn encoding(&self) -> Option<&str> {
-        self.encoding.as_deref()
-    }
     /// The encoding the costs are counted with (resolved from `model` / `encoding`).
     #[getter]
     fn resolved_encoding(&self) -> &'static str {
@@ -351,29 +350,9 @@ impl PyPackOptions {
     fn policy(&self) -> &'static str {
         self.core.policy.name()
     }
-    #[getter(context)]
-    fn context_py(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.context.as_ref().map(|c| c.clone_ref(py))
-    }
     #[getter]
     fn pinned<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.pinned)
-    }
-    #[getter]
-    fn history_len(&self) -> Option<usize> {
-        self.history_len
-    }
-    #[getter]
-    fn history_offset(&self) -> usize {
-        self.history_offset
-    }
-    #[getter]
-    fn opaque_scale(&self) -> f64 {
-        self.scale
-    }
-    #[getter(masking)]
-    fn masking_py(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.masking_obj.as_ref().map(|m| m.clone_ref(py))
     }
 
     fn __repr__(&self) -> String {
@@ -383,10 +362,12 @@ impl PyPackOptions {
             self.core.budget,
             self.core.output_reserve,
             self.core.context_tokens,
-            self.model.as_deref().map_or("None".to_string(), |m| format!("'{m}'")),
+            self.model
+                .as_deref()
+                .map_or("None".to_string(), |m| format!("'{m}'")),
             self.basis.encoding.name(),
             self.core.policy.name(),
-            self.scale,
+            self.opaque_scale,
             if self.masking.is_some() { "on" } else { "None" },
         )
     }
