@@ -173,3 +173,18 @@ def test_the_builder_holds_one_options_value() -> None:
     plan = builder.build(HISTORY, NEW)
     assert plan.max_tokens == 5_000 and plan.pack.policy == "greedy"
     assert builder.pack_options is options  # each build packs with a copy of its own
+
+
+def test_the_core_borrows_the_value_and_reads_no_attributes_by_name() -> None:
+    """The binding takes the compiled value itself: an object that merely has the same
+    attributes (what the core used to read by name on every call) is refused."""
+    from types import SimpleNamespace
+
+    options = _PackOptions(100)
+    look_alike = SimpleNamespace(**{name: getattr(options, name) for name in options.FIELDS})
+    with pytest.raises(TypeError):
+        _core.HistoryIndex().pack(list(HISTORY), list(NEW), look_alike)  # type: ignore[arg-type]
+    index = _core.HistoryIndex()
+    with pytest.raises(TypeError):
+        index.window([], 10, look_alike)  # type: ignore[arg-type]
+    assert index.window([], 10, options)[0] == 0
