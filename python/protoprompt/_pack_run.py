@@ -49,16 +49,6 @@ OPAQUE_SCALE_MAX: float = _core.OPAQUE_SCALE_MAX
 """Largest calibration of opaque payloads (twice the decoded-size rule)."""
 
 
-def check_opaque_scale(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"opaque_scale must be a number, got {type(value).__name__}")
-    if not OPAQUE_SCALE_MIN <= value <= OPAQUE_SCALE_MAX:
-        raise ValueError(
-            f"opaque_scale must be between {OPAQUE_SCALE_MIN} and {OPAQUE_SCALE_MAX}, got {value!r}"
-        )
-    return float(value)
-
-
 PackOptions = _core.PackOptions
 """The options of one pack as one frozen value, checked when made (the Rust core's own
 options: the encoding resolved, the masking read once); see ``protoprompt.packing``."""

@@ -104,18 +104,16 @@ fn position(name: &str, what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize>
 }
 
 fn pinned_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(format!(
-            "pinned must be an iterable of history positions, got {}",
-            type_name(value)
-        )));
-    }
-    let iter = value.try_iter().map_err(|_| {
+    let refused = || {
         PyTypeError::new_err(format!(
             "pinned must be an iterable of history positions, got {}",
             type_name(value)
         ))
-    })?;
+    };
+    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
+        return Err(refused());
+    }
+    let iter = value.try_iter().map_err(|_| refused())?;
     let mut pins = Vec::new();
     for (i, p) in iter.enumerate() {
         let p = p?;
