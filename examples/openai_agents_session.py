@@ -222,12 +222,12 @@ async def main(db: str) -> None:
             f" -> {clip(result.final_output, 44)}"
         )
         for call in calls:
-            assert call.used <= call.budget
+            assert call.used <= call.max_tokens
             print(
                 f"   model call {call.call}: items {call.items_tokens:>3} + instructions "
                 f"{call.instructions_tokens} + tools {call.tools_tokens} = "
                 f"{call.request_tokens:>3} tokens (+{call.output_reserve} reserved) "
-                f"of {call.budget}"
+                f"of {call.max_tokens}"
             )
 
     stored = await session.get_items()

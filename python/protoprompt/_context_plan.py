@@ -8,6 +8,7 @@ from typing import Any
 
 from ._plan_view import PlanView, context_view
 from .calibration import CalibrationState
+from .errors import renamed
 from .memory import MemoryScope
 from .packing import PackResult
 from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
@@ -136,8 +137,15 @@ class ContextPlan:
         return (self.context_message is not None) + (self.recall_message is not None)
 
     @property
+    def max_tokens(self) -> int:
+        """The token budget: the request plus the output reserve."""
+        return self.pack.max_tokens
+
+    @property
     def budget(self) -> int:
-        return self.pack.budget
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed("ContextPlan", "budget", "max_tokens")
+        return self.pack.max_tokens
 
     @property
     def used(self) -> int:

@@ -3,13 +3,12 @@
 Use the typed wrappers in :mod:`protoprompt` instead of calling this module directly.
 """
 
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeAlias, TypedDict, final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Literal, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
-from protoprompt._pack_run import PackOptions as _PackOptions
-from protoprompt.packing import Masking
+from protoprompt._pack_types import Masking
 
 __all__ = [
     "CALIBRATION_MAX_SAMPLES",
@@ -22,6 +21,7 @@ __all__ = [
     "OPAQUE_SCALE_MIN",
     "DecisionTable",
     "HistoryIndex",
+    "PackOptions",
     "_build_is_held",
     "_clear_count_cache",
     "_fail_next_counts",
@@ -179,6 +179,71 @@ def analyze(
 ) -> _GraphDict: ...
 
 @final
+class PackOptions:
+    """The options of one pack as one frozen value, checked when made (see
+    :class:`protoprompt.packing.PackOptions`)."""
+
+    FIELDS: ClassVar[list[str]]
+    def __new__(
+        cls,
+        max_tokens: int,
+        *,
+        output_reserve: int = ...,
+        context_tokens: int = ...,
+        model: str | None = ...,
+        encoding: str | None = ...,
+        policy: Literal["contiguous", "greedy"] = ...,
+        context: Callable[[int], int] | None = ...,
+        pinned: Iterable[int] = ...,
+        history_len: int | None = ...,
+        history_offset: int = ...,
+        opaque_scale: float = ...,
+        masking: Masking | None = ...,
+    ) -> PackOptions: ...
+    def replace(
+        self,
+        *,
+        max_tokens: int = ...,
+        output_reserve: int = ...,
+        context_tokens: int = ...,
+        model: str | None = ...,
+        encoding: str | None = ...,
+        policy: Literal["contiguous", "greedy"] = ...,
+        context: Callable[[int], int] | None = ...,
+        pinned: Iterable[int] = ...,
+        history_len: int | None = ...,
+        history_offset: int = ...,
+        opaque_scale: float = ...,
+        masking: Masking | None = ...,
+    ) -> PackOptions: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def output_reserve(self) -> int: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def encoding(self) -> str | None: ...
+    @property
+    def resolved_encoding(self) -> str: ...
+    @property
+    def policy(self) -> Literal["contiguous", "greedy"]: ...
+    @property
+    def context(self) -> Callable[[int], int] | None: ...
+    @property
+    def pinned(self) -> tuple[int, ...]: ...
+    @property
+    def history_len(self) -> int | None: ...
+    @property
+    def history_offset(self) -> int: ...
+    @property
+    def opaque_scale(self) -> float: ...
+    @property
+    def masking(self) -> Masking | None: ...
+
+@final
 class HistoryIndex:
     """Classified history of one conversation, extended between turns."""
 
@@ -201,19 +266,15 @@ class HistoryIndex:
         self,
         history: list[Any],
         new_input: Iterable[Mapping[str, Any]],
-        options: _PackOptions,
+        options: PackOptions,
         count_store: Any = None,
     ) -> _PackDict: ...
     def window(
         self,
         new_items: Iterable[Mapping[str, Any]],
         budget: int,
-        *,
-        model: str | None = None,
-        encoding: str | None = None,
+        options: PackOptions,
         new_input: int = 0,
-        opaque_scale: float = 1.0,
-        masking: Masking | None = None,
     ) -> tuple[int, bool, str | None, str | None, int]: ...
     def user_positions(self, start: int, end: int) -> list[int]: ...
     def cost_over(
@@ -221,20 +282,12 @@ class HistoryIndex:
         history: list[Any],
         appended: Iterable[Mapping[str, Any]],
         limit: int,
-        *,
-        model: str | None = None,
-        encoding: str | None = None,
-        opaque_scale: float = 1.0,
+        options: PackOptions,
     ) -> tuple[int, bool]: ...
     def count_window(
         self,
         history: list[Any],
         budget: int,
-        *,
-        model: str | None = None,
-        encoding: str | None = None,
-        history_offset: int = 0,
+        options: PackOptions,
         count_store: Any = None,
-        opaque_scale: float = 1.0,
-        masking: Masking | None = None,
     ) -> dict[str, Any]: ...

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import _core
 from ._pack_result import PackResult
-from ._pack_run import (
-    PackOptions,
-    check_opaque_scale,
-    check_sizes,
-    checked_store,
-    run_pack,
-)
-from ._pack_types import MAX_TOKENS, HistoryWindow, Item, Masking, Policy, check_masking
+from ._pack_run import PackOptions, checked_store, max_tokens_of, options_of, run_pack
+from ._pack_types import MAX_TOKENS, HistoryWindow, Item, Masking, Policy
 from ._tokens import as_list
 from .count_store import CountStore
 
@@ -139,8 +134,10 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         self,
         history: Iterable[Item],
         new_input: Iterable[Item],
-        budget: int,
+        max_tokens: int | None = None,
         *,
+        options: PackOptions | None = None,
+        budget: int | None = None,
         output_reserve: int = 0,
         context_tokens: int = 0,
         model: str | None = None,
@@ -162,6 +159,9 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         :func:`pack`. A failed call changes nothing: the index holds what it held before
         (only token counts it made stay cached).
 
+        ``options``: a :class:`~protoprompt.packing.PackOptions` instead of ``max_tokens`` and
+        the keywords (as in :func:`pack`); ``budget``: the old name of ``max_tokens``.
+
         ``history_len``: only the first ``history_len`` items of the ``history`` list are the
         history (the rest is ignored), so a caller holding one long list — a model filter
         whose input is history plus the newest step — need not copy its prefix.
@@ -175,34 +175,41 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         ``masking``: as in :func:`pack`; the masked costs of tool outputs are kept between
         turns too (for one encoding and ``excerpt_tokens``), and in :meth:`snapshot`.
         """
-        options = PackOptions(
-            budget,
-            output_reserve=output_reserve,
-            context_tokens=context_tokens,
-            model=model,
-            encoding=encoding,
-            policy=policy,
-            context=context,
-            pinned=pinned,
-            history_len=history_len,
-            history_offset=history_offset,
-            opaque_scale=opaque_scale,
-            masking=masking,
+        where = "HistoryIndex.pack"
+        options = options_of(
+            where,
+            options,
+            max_tokens_of(where, max_tokens, budget),
+            {
+                "output_reserve": output_reserve,
+                "context_tokens": context_tokens,
+                "model": model,
+                "encoding": encoding,
+                "policy": policy,
+                "context": context,
+                "pinned": pinned,
+                "history_len": history_len,
+                "history_offset": history_offset,
+                "opaque_scale": opaque_scale,
+                "masking": masking,
+            },
         )
         return run_pack(self._index.pack, history, new_input, options, self.count_store)
 
     def window_start(
         self,
         new_items: Iterable[Item],
-        budget: int,
+        max_tokens: int | None = None,
         *,
+        options: PackOptions | None = None,
+        budget: int | None = None,
         model: str | None = None,
         encoding: str | None = None,
         opaque_scale: float = 1.0,
         masking: Masking | None = None,
     ) -> int:
-        """The first history position a contiguous :meth:`pack` within ``budget`` tokens of
-        history can cost or keep, for the history this index has seen followed by
+        """The first history position a contiguous :meth:`pack` within ``max_tokens`` tokens
+        of history can cost or keep, for the history this index has seen followed by
         ``new_items`` (items appended to the history since, then the new input).
 
         Passing the history from there on (``history[start:]`` with
@@ -214,10 +221,17 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         ``opaque_scale`` the pack will use (costs counted under another count as unknown).
         For a pack with ``masking``, pass the same ``masking``: a tool output then counts at
         most its masked cost, so the window reaches the older units a masked pack may keep.
+
+        ``options``: a :class:`~protoprompt.packing.PackOptions` whose ``model``,
+        ``encoding``, ``opaque_scale`` and ``masking`` are used instead of those keywords
+        (``max_tokens``, when not given, is its ``max_tokens``); ``budget``: the old name of
+        ``max_tokens``.
         """
+        max_tokens = max_tokens_of("HistoryIndex.window_start", max_tokens, budget)
         return self.window(
             new_items,
-            budget,
+            max_tokens,
+            options=options,
             model=model,
             encoding=encoding,
             opaque_scale=opaque_scale,
@@ -227,8 +241,10 @@ ProtoPromptSession` keeps its index in step with the session store for you.
     def window(
         self,
         new_items: Iterable[Item],
-        budget: int,
+        max_tokens: int | None = None,
         *,
+        options: PackOptions | None = None,
+        budget: int | None = None,
         model: str | None = None,
         encoding: str | None = None,
         new_input: int = 0,
@@ -239,19 +255,23 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         budget reaches the oldest unit, and the relation that moved the start back last (the
         reason a window starting at 0 cannot be proved shorter). ``new_input``: how many of
         the last ``new_items`` are the new input (they are named ``new_input[i]`` in
-        ``reason``; the others are history appended since the index last saw it)."""
-        check_sizes(budget, 0, 0)
+        ``reason``; the others are history appended since the index last saw it).
+        ``options`` and ``budget``: as in :meth:`window_start`."""
+        where = "HistoryIndex.window"
+        limit, options = _cost_options(
+            where,
+            options,
+            max_tokens_of(where, max_tokens, budget),
+            model=model,
+            encoding=encoding,
+            opaque_scale=opaque_scale,
+            masking=masking,
+        )
         items = as_list(new_items, "new_items")
         if isinstance(new_input, bool) or not isinstance(new_input, int) or new_input < 0:
             raise ValueError(f"new_input must be a non-negative int, got {new_input!r}")
         start, fits, tie, reason, reach = self._index.window(
-            items,
-            budget,
-            model=model,
-            encoding=encoding,
-            new_input=min(new_input, len(items)),
-            opaque_scale=check_opaque_scale(opaque_scale),
-            masking=check_masking(masking),
+            items, limit, options, min(new_input, len(items))
         )
         return HistoryWindow(int(start), bool(fits), tie, reason, int(reach))
 
@@ -271,6 +291,7 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         limit: int,
         *,
         appended: Iterable[Item] = (),
+        options: PackOptions | None = None,
         model: str | None = None,
         encoding: str | None = None,
         opaque_scale: float = 1.0,
@@ -280,53 +301,81 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         newest items cost up to where that was decided: ``(tokens, exceeded)``.
 
         Summed newest first under the same rule as :meth:`pack` (``opaque_scale`` as
-        there); costs the index has counted are reused and the others counted (and kept),
-        and the walk stops once past ``limit``: a long history costs what its newest
-        ``limit`` tokens cost, not all of it. Raises ``ValueError`` when ``history`` does not
-        have the index's length, and :func:`pack`'s item errors."""
+        there; ``options``: a :class:`~protoprompt.packing.PackOptions` whose ``model``,
+        ``encoding`` and ``opaque_scale`` are used instead of those keywords); costs the
+        index has counted are reused and the others counted (and kept), and the walk stops
+        once past ``limit``: a long history costs what its newest ``limit`` tokens cost, not
+        all of it. Raises ``ValueError`` when ``history`` does not have the index's length,
+        and :func:`pack`'s item errors."""
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int, got {type(limit).__name__}")
         if not 0 <= limit <= MAX_TOKENS:
             raise ValueError(f"limit must be between 0 and 2**64 - 1 tokens, got {limit}")
-        return self._index.cost_over(
-            as_list(history, "history"),
-            as_list(appended, "appended"),
+        _, options = _cost_options(
+            "HistoryIndex.cost_over",
+            options,
             limit,
             model=model,
             encoding=encoding,
-            opaque_scale=check_opaque_scale(opaque_scale),
+            opaque_scale=opaque_scale,
+        )
+        return self._index.cost_over(
+            as_list(history, "history"), as_list(appended, "appended"), limit, options
         )
 
     def count_window(
         self,
         history: Iterable[Item],
-        budget: int,
+        max_tokens: int | None = None,
         *,
+        options: PackOptions | None = None,
+        budget: int | None = None,
         model: str | None = None,
         encoding: str | None = None,
         history_offset: int = 0,
         opaque_scale: float = 1.0,
         masking: Masking | None = None,
     ) -> int:
-        """Count the token costs a later :meth:`window_start` with ``budget`` walks over, so
-        that it finds the window from exact costs; returns the window start for the history
-        as indexed now. ``history`` holds the indexed history from ``history_offset`` on
-        (exactly ``len(self) - history_offset`` items; earlier positions keep what they
-        have). Counts go to the count store as in :meth:`pack`. With ``masking``, the masked
-        costs are counted too (for a :meth:`window_start` with the same masking).
+        """Count the token costs a later :meth:`window_start` with ``max_tokens`` walks over,
+        so that it finds the window from exact costs; returns the window start for the
+        history as indexed now. ``history`` holds the indexed history from
+        ``history_offset`` on (exactly ``len(self) - history_offset`` items; earlier
+        positions keep what they have). Counts go to the count store as in :meth:`pack`.
+        With ``masking``, the masked costs are counted too (for a :meth:`window_start` with
+        the same masking). ``options`` and ``budget``: as in :meth:`window_start`
+        (``history_offset`` is this call's, never the options').
         """
-        check_sizes(budget, 0, 0)
-        store = self.count_store
-        raw = self._index.count_window(
-            as_list(history, "history"),
-            budget,
+        where = "HistoryIndex.count_window"
+        limit, options = _cost_options(
+            where,
+            options,
+            max_tokens_of(where, max_tokens, budget),
             model=model,
             encoding=encoding,
-            history_offset=history_offset,
-            count_store=store,
-            opaque_scale=check_opaque_scale(opaque_scale),
-            masking=check_masking(masking),
+            opaque_scale=opaque_scale,
+            masking=masking,
         )
+        if options.history_offset != history_offset:
+            options = options.replace(history_offset=history_offset)
+        store = self.count_store
+        raw = self._index.count_window(as_list(history, "history"), limit, options, store)
         if store is not None and raw.get("new_counts"):
             store.put_many(raw["new_counts"])
         return int(raw["start"])
+
+
+def _cost_options(
+    where: str,
+    options: PackOptions | None,
+    max_tokens: int | None,
+    **fields: Any,
+) -> tuple[int, PackOptions]:
+    """The budget and the options of a window or cost walk: ``options`` (``max_tokens``
+    defaults to its own) or a value of the keywords ``fields``."""
+    if options is None:
+        made = options_of(where, None, max_tokens, fields)
+        return made.max_tokens, made
+    checked = options_of(where, options, None, fields)
+    if max_tokens is None:
+        return checked.max_tokens, checked
+    return PackOptions(max_tokens).max_tokens, checked

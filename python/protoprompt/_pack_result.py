@@ -9,6 +9,7 @@ from typing import Any
 from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
 from ._plan_view import PlanView, pack_view
 from ._tokens import ESTIMATED_ENCODINGS
+from .errors import renamed
 from .plan import (
     NO_HISTORY,
     RequestSections,
@@ -36,7 +37,8 @@ class PackResult:
     history_tokens: int
     context_tokens: int
     output_reserve: int
-    budget: int
+    max_tokens: int
+    """The token budget: the request plus the output reserve."""
     used: int
     remaining: int
     encoding: str
@@ -73,6 +75,12 @@ class PackResult:
     ``masked``)."""
 
     @property
+    def budget(self) -> int:
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed("PackResult", "budget", "max_tokens")
+        return self.max_tokens
+
+    @property
     def totals(self) -> PackTotals:
         """The token totals, masking included (what was masked and the tokens it saved)."""
         masked_units = 0
@@ -84,7 +92,7 @@ class PackResult:
             )
             masked_units = counts.get("masked", 0)
         return PackTotals(
-            budget=self.budget,
+            max_tokens=self.max_tokens,
             used=self.used,
             remaining=self.remaining,
             new_input=self.new_input_tokens,
@@ -128,7 +136,7 @@ class PackResult:
         and what a ``context`` hook took), the run input (``new_input``), the kept history
         and the output reserve. They add up to :attr:`used`."""
         return RequestSections(
-            self.budget,
+            self.max_tokens,
             (
                 Section(
                     "context_message",

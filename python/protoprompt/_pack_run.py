@@ -1,9 +1,10 @@
-"""One pack's options, checked once, and the call of the core that runs it."""
+"""One pack's options (the core's ``PackOptions``, checked once), the ``budget`` alias of
+``max_tokens``, and the call of the core that runs it."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import _core
@@ -14,12 +15,10 @@ from ._pack_types import (
     FillStop,
     IndexUse,
     Item,
-    Masking,
-    Policy,
-    check_masking,
 )
 from ._tokens import as_list
 from .count_store import CountStore
+from .errors import ConflictingArgumentsError
 
 
 def checked_store(count_store: CountStore | None) -> CountStore | None:
@@ -50,63 +49,77 @@ OPAQUE_SCALE_MAX: float = _core.OPAQUE_SCALE_MAX
 """Largest calibration of opaque payloads (twice the decoded-size rule)."""
 
 
-def check_opaque_scale(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"opaque_scale must be a number, got {type(value).__name__}")
-    if not OPAQUE_SCALE_MIN <= value <= OPAQUE_SCALE_MAX:
-        raise ValueError(
-            f"opaque_scale must be between {OPAQUE_SCALE_MIN} and {OPAQUE_SCALE_MAX}, got {value!r}"
+PackOptions = _core.PackOptions
+"""The options of one pack as one frozen value, checked when made (the Rust core's own
+options: the encoding resolved, the masking read once); see ``protoprompt.packing``."""
+
+OPTION_DEFAULTS: dict[str, Any] = {
+    "output_reserve": 0,
+    "context_tokens": 0,
+    "model": None,
+    "encoding": None,
+    "policy": "contiguous",
+    "context": None,
+    "pinned": (),
+    "history_len": None,
+    "history_offset": 0,
+    "opaque_scale": 1.0,
+    "masking": None,
+}
+"""The keywords an options value replaces, with their defaults."""
+
+
+def max_tokens_of(where: str, max_tokens: int | None, budget: int | None) -> int | None:
+    """``max_tokens``, or its old name ``budget`` (a ``DeprecationWarning``; both: a
+    :class:`~protoprompt.errors.ConflictingArgumentsError`)."""
+    if budget is None:
+        return max_tokens
+    if max_tokens is not None:
+        raise ConflictingArgumentsError(
+            f"{where}: pass max_tokens or its old name budget, not both "
+            f"(max_tokens={max_tokens!r}, budget={budget!r})"
         )
-    return float(value)
+    warnings.warn(
+        f"{where}: budget= is now called max_tokens= (the old name is accepted until 1.1)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    check_sizes(budget, 0, 0)  # a bad value is named as it was passed
+    return budget
 
 
-def _check_pinned(pinned: Iterable[int]) -> list[int]:
-    if isinstance(pinned, (str, bytes)) or not isinstance(pinned, Iterable):
-        raise TypeError(
-            f"pinned must be an iterable of history positions, got {type(pinned).__name__}"
+def options_of(
+    where: str,
+    options: PackOptions | None,
+    max_tokens: int | None,
+    fields: dict[str, Any],
+) -> PackOptions:
+    """The options of a call: ``options`` as given (then no other keyword of ``fields`` may
+    differ from its default, and ``max_tokens`` must be ``None``), else a new value of
+    ``max_tokens`` and ``fields``."""
+    if options is None:
+        if max_tokens is None:
+            raise TypeError(f"{where}() missing required argument: 'max_tokens'")
+        return PackOptions(max_tokens, **fields)
+    if not isinstance(options, PackOptions):
+        raise TypeError(f"options must be a PackOptions or None, got {type(options).__name__}")
+    given = [k for k, v in fields.items() if not _is_default(k, v)]
+    if max_tokens is not None:
+        given.insert(0, "max_tokens")
+    if given:
+        raise ConflictingArgumentsError(
+            f"{where}: pass options or the keywords it holds, not both (got {', '.join(given)})"
         )
-    pins = list(pinned)
-    for i, p in enumerate(pins):
-        if isinstance(p, bool) or not isinstance(p, int):
-            raise TypeError(f"pinned[{i}] must be an int, got {type(p).__name__}")
-        if p < 0:
-            raise ValueError(f"pinned[{i}] is {p}, not a history position")
-    return pins
+    return options
 
 
-@dataclass(frozen=True)
-class PackOptions:
-    """The options of one pack, checked once: what :func:`pack` and
-    :meth:`HistoryIndex.pack` take as keywords, handed to the core as one value (the core
-    reads these attributes)."""
-
-    budget: int
-    output_reserve: int = 0
-    context_tokens: int = 0
-    model: str | None = None
-    encoding: str | None = None
-    policy: Policy = "contiguous"
-    context: Callable[[int], int] | None = None
-    pinned: Iterable[int] = ()
-    history_len: int | None = None
-    history_offset: int = 0
-    opaque_scale: float = 1.0
-    masking: Masking | None = None
-
-    def __post_init__(self) -> None:
-        check_sizes(self.budget, self.output_reserve, self.context_tokens)
-        object.__setattr__(self, "opaque_scale", check_opaque_scale(self.opaque_scale))
-        check_masking(self.masking)
-        # A tuple of checked positions (a list or generator given is read once, here).
-        object.__setattr__(self, "pinned", tuple(_check_pinned(self.pinned)))
-        history_len = self.history_len
-        if history_len is not None and (
-            isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 0
-        ):
-            raise ValueError(f"history_len must be a non-negative int or None, got {history_len!r}")
-        offset = self.history_offset
-        if offset and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
-            raise ValueError(f"history_offset must be a non-negative int, got {offset!r}")
+def _is_default(name: str, value: Any) -> bool:
+    default = OPTION_DEFAULTS[name]
+    if default is None or callable(value):
+        return value is None
+    if name == "pinned":
+        return isinstance(value, (tuple, list)) and not value
+    return type(value) is type(default) and value == default
 
 
 def run_pack(
@@ -138,7 +151,7 @@ def run_pack(
         history_tokens=raw["history_tokens"],
         context_tokens=raw["context_tokens"],
         output_reserve=raw["output_reserve"],
-        budget=raw["budget"],
+        max_tokens=raw["budget"],
         used=raw["used"],
         remaining=raw["remaining"],
         encoding=raw["encoding"],

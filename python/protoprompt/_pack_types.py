@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from . import _core
+from .errors import renamed
 
 Policy = Literal["contiguous", "greedy"]
 Item = Mapping[str, Any]
@@ -266,7 +267,7 @@ class FillStop:
 class PackTotals:
     """The token totals of a pack (:attr:`PackResult.totals`)."""
 
-    budget: int
+    max_tokens: int
     used: int
     """Tokens of the request plus the output reserve."""
     remaining: int
@@ -285,6 +286,12 @@ class PackTotals:
 
     # The plans' names for the same totals (docs/reading-a-plan.md, the glossary); the
     # fields above keep their names until 1.1.
+
+    @property
+    def budget(self) -> int:
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed("PackTotals", "budget", "max_tokens")
+        return self.max_tokens
 
     @property
     def run_input(self) -> int:

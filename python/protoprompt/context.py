@@ -65,6 +65,7 @@ from .memory import MemoryScope
 from .packing import (
     HistoryIndex,
     Masking,
+    PackOptions,
     Policy,
     count_tokens_batch,
     item_tokens,
@@ -194,14 +195,13 @@ class TokenBudgetedContextBuilder:
         summarize_every: int = 4_000,
     ) -> None:
         self.store = check_store(store)
-        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1)
-        self.output_reserve = check_int("output_reserve", output_reserve, minimum=0)
-        if self.output_reserve >= self.max_tokens:
+        check_int("max_tokens", max_tokens, minimum=1)
+        check_int("output_reserve", output_reserve, minimum=0)
+        if output_reserve >= max_tokens:
             raise ValueError(
                 f"output_reserve ({output_reserve}) must be smaller than max_tokens ({max_tokens})"
             )
-        self.encoding: str = resolve_encoding(model, encoding)
-        self.model = model
+        resolved = resolve_encoding(model, encoding)
         self.scope = check_scope(scope)
         self.priorities = check_priorities(priorities)
         if embedder is not None and not callable(embedder):
@@ -213,12 +213,21 @@ class TokenBudgetedContextBuilder:
             check_int("max_context_tokens", max_context_tokens, minimum=1)
         self.max_context_tokens = max_context_tokens
         check_choices(policy, context_role, include_parents)
-        self.policy: Policy = policy
         self.context_role = context_role
         self.include_parents = include_parents
         check_calibration(calibration, model, masking)
         self.calibration = calibration
-        self.masking: Masking | None = masking
+        self.pack_options: PackOptions = PackOptions(
+            max_tokens,
+            output_reserve=output_reserve,
+            model=model,
+            encoding=resolved,
+            policy=policy,
+            masking=check_masking(masking),
+        )
+        """The builder's pack options as one frozen value, checked once: ``max_tokens``,
+        ``output_reserve``, ``model``, ``encoding``, ``policy`` and ``masking`` (each build
+        passes a copy with its own fields; see :class:`~protoprompt.packing.PackOptions`)."""
         check_evictions(
             store,
             self.priorities,
@@ -250,6 +259,36 @@ class TokenBudgetedContextBuilder:
         self.last_plan: ContextPlan | None = None
         """The plan of the latest :meth:`build` (``None`` while a build runs and after one
         that raised)."""
+
+    @property
+    def max_tokens(self) -> int:
+        """The model's token budget for the whole request plus ``output_reserve``."""
+        return self.pack_options.max_tokens
+
+    @property
+    def output_reserve(self) -> int:
+        """Tokens kept free for the model's answer."""
+        return self.pack_options.output_reserve
+
+    @property
+    def model(self) -> str | None:
+        """The model name that selects the tokenizer (``None``: by ``encoding``)."""
+        return self.pack_options.model
+
+    @property
+    def encoding(self) -> str:
+        """The tokenizer's name (resolved from ``model`` when not given)."""
+        return self.pack_options.resolved_encoding
+
+    @property
+    def policy(self) -> Policy:
+        """The Rust core's history policy."""
+        return self.pack_options.policy
+
+    @property
+    def masking(self) -> Masking | None:
+        """How older tool outputs are masked (``None``: not at all)."""
+        return self.pack_options.masking
 
     async def wait_for_background(self, timeout: float | None = None) -> bool:
         """Wait until the background work on evicted turns started so far is done:
@@ -442,11 +481,12 @@ class TokenBudgetedContextBuilder:
             raise TypeError(f"summary must be a str or None, got {type(summary).__name__}")
         if request is not None and not isinstance(request, RequestCost):
             raise TypeError(f"request must be a RequestCost or None, got {type(request).__name__}")
-        masking = self.masking if masking == "builder" else check_masking(masking)
-        reserve = (
-            self.output_reserve
-            if output_reserve is None
-            else check_int("output_reserve", output_reserve, minimum=0)
+        options = self._call_options(
+            output_reserve=output_reserve,
+            masking=masking,
+            pinned=pinned,
+            context_tokens=context_tokens,
+            history_offset=history_offset,
         )
         self.last_plan = None
         history_list = history if isinstance(history, list) else list(history)
@@ -467,14 +507,10 @@ class TokenBudgetedContextBuilder:
                 system_prompt=system_prompt,
                 query=query,
                 scope=scope,
-                reserve=reserve,
                 index=index,
-                pinned=pinned,
-                context_tokens=context_tokens,
                 pool=pool,
-                history_offset=history_offset,
+                options=options,
                 opaque_scale=opaque_scale,
-                masking=masking,
                 request=request,
                 split=stable_prefix,
             )
@@ -495,6 +531,21 @@ class TokenBudgetedContextBuilder:
     ) -> ContextPlan:
         return without_repeats(plan, pool, build_with, history, offset, self._count_batch)
 
+    def _call_options(
+        self,
+        *,
+        output_reserve: int | None = None,
+        masking: Masking | Literal["builder"] | None = "builder",
+        **fields: Any,
+    ) -> PackOptions:
+        """:attr:`pack_options` with one call's fields (``output_reserve`` ``None`` and
+        ``masking`` ``"builder"``: the builder's)."""
+        if output_reserve is not None:
+            fields["output_reserve"] = check_int("output_reserve", output_reserve, minimum=0)
+        if masking != "builder":
+            fields["masking"] = check_masking(masking)
+        return self.pack_options.replace(**fields)
+
     def _build(
         self,
         history_list: list[Any],
@@ -503,21 +554,18 @@ class TokenBudgetedContextBuilder:
         system_prompt: str,
         query: str,
         scope: MemoryScope | None,
-        reserve: int,
         index: HistoryIndex | None,
-        pinned: Iterable[int],
-        context_tokens: int,
         pool: list[Candidate],
-        history_len: int | None = None,
-        history_offset: int = 0,
+        options: PackOptions,
         opaque_scale: float | None = None,
-        masking: Masking | None = None,
         request: RequestCost | None = None,
         split: bool = False,
     ) -> ContextPlan:
         """:meth:`build` with the recall candidates already fetched (a model filter reuses
-        them for every call of a run). ``masking`` is what the pack masks with (``build``
-        passes the builder's; a model filter passes its own)."""
+        them for every call of a run). ``options`` are the call's (:meth:`_call_options`:
+        the reserve, the pinned positions, the reserved tokens, the history's length and
+        offset, and what the pack masks with); the context hook and the calibration's
+        ``opaque_scale`` (unless ``opaque_scale`` is given) are added here."""
         self.last_plan = None
         outcome: list[Assembly] = []
 
@@ -528,32 +576,21 @@ class TokenBudgetedContextBuilder:
             outcome.append(assembly)
             return assembly.cost
 
-        if history_offset and index is None:
+        if options.history_offset and index is None:
             raise ValueError("history_offset needs an index that holds the earlier positions")
+        changes: dict[str, Any] = {"context": hook}
         if request is not None:
-            context_tokens += request.total
-        extra: dict[str, Any] = {"history_offset": history_offset} if history_offset else {}
+            changes["context_tokens"] = options.context_tokens + request.total
         calibration = self.calibration_state()
         if opaque_scale is not None:
-            extra["opaque_scale"] = opaque_scale
+            changes["opaque_scale"] = opaque_scale
         elif calibration is not None:
-            extra["opaque_scale"] = calibration.opaque_scale
-        if masking is not None:
-            extra["masking"] = masking
-        result = (index.pack if index is not None else pack)(
-            history_list,
-            new_list,
-            self.max_tokens,
-            output_reserve=reserve,
-            context_tokens=context_tokens,
-            model=self.model,
-            encoding=self.encoding,
-            policy=self.policy,
-            context=hook,
-            pinned=pinned,
-            history_len=history_len,
-            **extra,
-        )
+            changes["opaque_scale"] = calibration.opaque_scale
+        options = options.replace(**changes)
+        if index is not None:
+            result = index.pack(history_list, new_list, options=options)
+        else:
+            result = pack(history_list, new_list, options=options)
         if len(outcome) != 1:  # pragma: no cover - the core calls the hook exactly once
             raise RuntimeError("protoprompt core did not call the context hook exactly once")
         assembly = outcome[0]
@@ -572,7 +609,7 @@ class TokenBudgetedContextBuilder:
             scope=scope,
             context_limit=assembly.limit,
             calibration=calibration,
-            reserved_tokens=context_tokens,
+            reserved_tokens=options.context_tokens,
             request=request,
             recall_message=assembly.recall_message,
             recall_at=recall_at,

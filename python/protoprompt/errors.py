@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BudgetUnderestimateWarning",
+    "ConflictingArgumentsError",
     "HistoryMismatchError",
     "InvalidItemError",
     "InvalidNewInputError",
@@ -27,6 +28,17 @@ __all__ = [
     "UnknownEncodingError",
     "UnknownModelError",
 ]
+
+
+def renamed(owner: str, old: str, new: str) -> None:
+    """Warn that ``owner.old`` is now ``owner.new`` (the old name is kept until 1.1)."""
+    import warnings
+
+    warnings.warn(
+        f"{owner}.{old} is now called {owner}.{new} (the old name is kept until 1.1)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 class ProtoPromptError(Exception):
@@ -49,7 +61,7 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
     Attributes:
         used: tokens the mandatory part needs (new input, tail dependency, output
             reserve and fixed context together).
-        budget: the token budget.
+        max_tokens: the token budget (``budget``: its old name, an alias until 1.1).
         section: the section at which the running total passed the budget, one of
             ``"new_input"``, ``"dependency"``, ``"output_reserve"``, ``"context"``
             (and ``"system_prompt"`` when raised by the context builder). A per-call model
@@ -77,10 +89,16 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
 
     def __init__(self, used: int, budget: int, section: str, detail: str = "") -> None:
         self.used = int(used)
-        self.budget = int(budget)
+        self.max_tokens = int(budget)
         self.section = str(section)
         self.detail = str(detail)
         super().__init__(used, budget, section)
+
+    @property
+    def budget(self) -> int:
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed(type(self).__name__, "budget", "max_tokens")
+        return self.max_tokens
 
     @property
     def plan_section(self) -> str:
@@ -90,14 +108,14 @@ class TokenBudgetExceededError(ProtoPromptError, ValueError):
 
     def __str__(self) -> str:
         return (
-            f"mandatory input needs {self.used} tokens but the budget is {self.budget} "
+            f"mandatory input needs {self.used} tokens but the budget is {self.max_tokens} "
             f"(overflowed at section {self.section!r}"
             + (f": {self.detail}" if self.detail else "")
             + "); nothing was sent"
         )
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep the attributes through pickling
-        return (type(self), (self.used, self.budget, self.section, self.detail))
+        return (type(self), (self.used, self.max_tokens, self.section, self.detail))
 
 
 class InvalidItemError(ProtoPromptError, ValueError, TypeError):
@@ -134,6 +152,11 @@ class InvalidNewInputError(ProtoPromptError, ValueError):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (str(self), self.location, self.reasons))
+
+
+class ConflictingArgumentsError(ProtoPromptError, TypeError, ValueError):
+    """Two arguments of a call say the same thing: ``max_tokens`` and its old name
+    ``budget``, or an ``options`` value and the keywords it replaces. Pass one of them."""
 
 
 class UnknownModelError(ProtoPromptError, ValueError):

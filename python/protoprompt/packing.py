@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterable
 from . import _core
 from ._history_index import HistoryIndex
 from ._pack_result import PackResult
-from ._pack_run import OPAQUE_SCALE_MAX, OPAQUE_SCALE_MIN, PackOptions, checked_store, run_pack
+from ._pack_run import (
+    OPAQUE_SCALE_MAX,
+    OPAQUE_SCALE_MIN,
+    PackOptions,
+    checked_store,
+    max_tokens_of,
+    options_of,
+    run_pack,
+)
 from ._pack_types import MIN_EXCERPT_TOKENS as MIN_EXCERPT_TOKENS
 from ._pack_types import (
     Decisions,
@@ -56,6 +64,7 @@ __all__ = [
     "IndexUse",
     "ItemCost",
     "Masking",
+    "PackOptions",
     "PackResult",
     "PackTotals",
     "Policy",
@@ -96,8 +105,10 @@ def analyze(history: Iterable[Item], new_input: Iterable[Item]) -> GraphReport:
 def pack(
     history: Iterable[Item],
     new_input: Iterable[Item],
-    budget: int,
+    max_tokens: int | None = None,
     *,
+    options: PackOptions | None = None,
+    budget: int | None = None,
     output_reserve: int = 0,
     context_tokens: int = 0,
     model: str | None = None,
@@ -110,7 +121,12 @@ def pack(
     opaque_scale: float = 1.0,
     masking: Masking | None = None,
 ) -> PackResult:
-    """Fit ``history`` into ``budget`` after reserving ``new_input`` whole.
+    """Fit ``history`` into ``max_tokens`` after reserving ``new_input`` whole.
+
+    ``options``: a :class:`PackOptions` holding ``max_tokens`` and every keyword below but
+    ``count_store`` (made once, e.g. a builder's :attr:`~protoprompt.\
+TokenBudgetedContextBuilder.pack_options`), instead of them. ``budget`` is the old name of
+    ``max_tokens``, accepted until 1.1 with a ``DeprecationWarning``.
 
     Reserved first, all or nothing: ``new_input``, the history graph it completes (the tail
     dependency, when it starts with a tool output), ``output_reserve`` and
@@ -139,26 +155,32 @@ def pack(
     items are never changed.
 
     Raises:
-        TokenBudgetExceededError: the reserved part alone exceeds ``budget``.
+        TokenBudgetExceededError: the reserved part alone exceeds ``max_tokens``.
         InvalidNewInputError: ``new_input`` cannot be sent as given (the message names each
             offending item and rule).
         InvalidItemError: an item is malformed (the message names the item and field).
         TypeError: ``count_store`` does not implement :class:`~protoprompt.CountStore`.
+        ConflictingArgumentsError: ``max_tokens`` and ``budget`` are both given, or
+            ``options`` and a keyword it holds.
     """
-    # A throw-away index: the core classifies a long history chunk by chunk into it.
-    options = PackOptions(
-        budget,
-        output_reserve=output_reserve,
-        context_tokens=context_tokens,
-        model=model,
-        encoding=encoding,
-        policy=policy,
-        context=context,
-        pinned=pinned,
-        history_len=history_len,
-        opaque_scale=opaque_scale,
-        masking=masking,
+    options = options_of(
+        "pack",
+        options,
+        max_tokens_of("pack", max_tokens, budget),
+        {
+            "output_reserve": output_reserve,
+            "context_tokens": context_tokens,
+            "model": model,
+            "encoding": encoding,
+            "policy": policy,
+            "context": context,
+            "pinned": pinned,
+            "history_len": history_len,
+            "opaque_scale": opaque_scale,
+            "masking": masking,
+        },
     )
+    # A throw-away index: the core classifies a long history chunk by chunk into it.
     return run_pack(
         _core.HistoryIndex().pack,
         history,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ._reasons import StopLike, unit_reason
 from ._tokens import ESTIMATED_ENCODINGS, item_tokens
+from .errors import renamed
 
 if TYPE_CHECKING:
     from .packing import PackResult
@@ -163,7 +164,8 @@ class Section:
 class RequestSections:
     """A request by section, as every plan reports it (``plan.sections``)."""
 
-    budget: int
+    max_tokens: int
+    """The token budget: the request plus the output reserve."""
     sections: tuple[Section, ...]
     encoding: str
 
@@ -190,7 +192,13 @@ class RequestSections:
     @property
     def remaining(self) -> int:
         """Budget left unused."""
-        return max(self.budget - self.used, 0)
+        return max(self.max_tokens - self.used, 0)
+
+    @property
+    def budget(self) -> int:
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed("RequestSections", "budget", "max_tokens")
+        return self.max_tokens
 
     @property
     def request_tokens(self) -> int:
@@ -204,7 +212,7 @@ class RequestSections:
         if self.encoding in ESTIMATED_ENCODINGS:
             counter += ": an estimate, the model's tokenizer is not public"
         out = [
-            f"used: {self.used:,} of {self.budget:,} tokens ({counter}; request "
+            f"used: {self.used:,} of {self.max_tokens:,} tokens ({counter}; request "
             f"{self.request_tokens:,} + output reserve {reserve:,}), {self.remaining:,} left"
         ]
         for s in self.sections:
@@ -272,7 +280,7 @@ def request_sections(
     else:
         sections += _call_sections(pack, context, call)
     sections.append(Section("output_reserve", pack.output_reserve))
-    return RequestSections(pack.budget, tuple(sections), pack.encoding)
+    return RequestSections(pack.max_tokens, tuple(sections), pack.encoding)
 
 
 def _fixed_sections(

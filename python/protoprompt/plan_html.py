@@ -112,7 +112,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def _bar(sections: RequestSections) -> str:
-    budget = max(sections.budget, 1)
+    budget = max(sections.max_tokens, 1)
     parts = []
     for s in sections:
         if s.tokens <= 0:
@@ -252,7 +252,7 @@ def _section(view: PlanView) -> str:
     notes = "".join(f"<pre>{_e(line)}</pre>" for line in view.notes)
     return (
         '<section class="plan">'
-        f"<h2>{_e(view.title)}: {s.used:,} of {s.budget:,} tokens ({_e(s.encoding)}), "
+        f"<h2>{_e(view.title)}: {s.used:,} of {s.max_tokens:,} tokens ({_e(s.encoding)}), "
         f"{s.remaining:,} left</h2>"
         f"{_bar(s)}{_legend(s)}"
         f"<h2>units along the session</h2>{_units(view)}{_unit_table(view)}"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _core
+from ._pack_run import max_tokens_of
 from ._pack_types import MAX_TOKENS, MIN_EXCERPT_TOKENS
 
 Item = Mapping[str, Any]
@@ -140,7 +141,8 @@ def plan_prefix(
     history: Sequence[Item],
     new_input: Sequence[Item],
     *,
-    budget: int,
+    max_tokens: int | None = None,
+    budget: int | None = None,
     output_reserve: int = 0,
     context_tokens: int = 0,
     cache: CachePolicy | None = None,
@@ -156,10 +158,13 @@ def plan_prefix(
     with their atomic units (``docs/item-graph.md``); invalid history units are never sent.
     A :class:`~protoprompt.integrations.ProtoPromptSession`'s per-call filter applies the
     same policy to the SDK's requests itself (``cache=``; ``docs/prompt-cache.md``).
+    ``max_tokens`` is the budget (the request plus ``output_reserve``); ``budget``, its old
+    name, is accepted until 1.1 with a ``DeprecationWarning``.
 
     Raises:
         TokenBudgetExceededError: the new input, the history it depends on and the
-            reservations alone exceed ``budget``.
+            reservations alone exceed ``max_tokens``.
+        ConflictingArgumentsError: both ``max_tokens`` and ``budget`` are given.
         InvalidNewInputError: the new input cannot be sent (names the item and the rule).
         InvalidItemError: an item cannot be read (names the item and the field).
         TypeError / ValueError: an argument of the wrong kind or out of range.
@@ -169,8 +174,11 @@ def plan_prefix(
         raise TypeError(f"cache must be a CachePolicy or None, got {type(policy).__name__}")
     if previous is not None and not isinstance(previous, PrefixState):
         raise TypeError(f"previous must be a PrefixState or None, got {type(previous).__name__}")
+    limit = max_tokens_of("plan_prefix", max_tokens, budget)
+    if limit is None:
+        raise TypeError("plan_prefix() missing required keyword argument: 'max_tokens'")
     for name, value in (
-        ("budget", budget),
+        ("max_tokens" if budget is None else "budget", limit),
         ("output_reserve", output_reserve),
         ("context_tokens", context_tokens),
     ):
@@ -184,7 +192,7 @@ def plan_prefix(
     kept, copies, tokens, shared, code, reason, cut_position, state = _core.plan_prefix(
         history,
         new_input,
-        budget=budget,
+        budget=limit,
         output_reserve=output_reserve,
         context_tokens=context_tokens,
         low_water=float(policy.low_water),

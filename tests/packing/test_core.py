@@ -236,6 +236,7 @@ def test_every_error_class_is_a_protoprompt_and_value_error_and_pickles() -> Non
         errors.SnapshotError("damaged index snapshot"),
         errors.HistoryMismatchError("history has 1 items ...", 1, 2),
         errors.TokenizerError("tokenizer failed: internal error"),
+        errors.ConflictingArgumentsError("pack: pass max_tokens or its old name budget"),
     ]
     # MemoryStoreError (a database failure, a RuntimeError) is tested in test_memory.py.
     warnings_ = {"ProtoPromptWarning", "BudgetUnderestimateWarning", "UnbudgetedSessionWarning"}

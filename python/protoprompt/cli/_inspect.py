@@ -289,7 +289,7 @@ def report_json(
         "items": len(rows.items),
         "skipped_rows": rows.skipped_rows,
         "new_input_items": len(new_input),
-        "budget": result.budget,
+        "budget": result.max_tokens,
         "encoding": result.encoding,
         "policy": result.policy,
         "output_reserve": result.output_reserve,

@@ -133,7 +133,7 @@ def sections_of(
         "run_input": "empty: none given (--input, or the input of --request)",
     }
     return RequestSections(
-        sections.budget,
+        sections.max_tokens,
         tuple(
             dataclasses.replace(x, note=given[x.name]) if x.name in given and not x.items else x
             for x in sections

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..context import ContextPlan
+from ..errors import renamed
 from ..packing import PackResult, UnitDecision
 from ..plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
 
@@ -47,7 +48,8 @@ class ModelCallPlan:
     output_schema_tokens: int
     """Cost of the structured-output schema sent with the call (Responses ``text.format``,
     for an agent with an ``output_type``; 0 for plain text)."""
-    budget: int
+    max_tokens: int
+    """The token budget: the request plus the output reserve."""
     output_reserve: int
     input_items: int
     """Length of the input list the SDK handed over."""
@@ -186,13 +188,19 @@ CallLayout`)."""
 
     @property
     def used(self) -> int:
-        """The whole request plus the output reserve (``<= budget``)."""
+        """The whole request plus the output reserve (``<= max_tokens``)."""
         return self.pack.used
 
     @property
     def remaining(self) -> int:
-        """Budget left unused: ``budget - used`` (as on every plan)."""
-        return max(self.budget - self.used, 0)
+        """Budget left unused: ``max_tokens - used`` (as on every plan)."""
+        return max(self.max_tokens - self.used, 0)
+
+    @property
+    def budget(self) -> int:
+        """:attr:`max_tokens` by its old name (an alias until 1.1; a ``DeprecationWarning``)."""
+        renamed("ModelCallPlan", "budget", "max_tokens")
+        return self.max_tokens
 
     @property
     def dropped(self) -> list[UnitDecision]:

@@ -60,7 +60,7 @@ def explained(
     step = items[step_start:]
     costs = step_costs(step, encoding)
     pinned_part = exc.used - sum(costs) - fixed - output_reserve
-    budget = exc.budget
+    budget = exc.max_tokens
     if fixed > budget:
         return TokenBudgetExceededError(
             exc.used,
@@ -145,14 +145,14 @@ def turn_budget_error(exc: TokenBudgetExceededError, request: Any) -> TokenBudge
     are (a new object, raised without the builder's frames)."""
     total = getattr(request, "total", 0)
     if exc.section != "context" or not total:
-        return TokenBudgetExceededError(exc.used, exc.budget, exc.section, exc.detail)
+        return TokenBudgetExceededError(exc.used, exc.max_tokens, exc.section, exc.detail)
     parts = (
         f"the agent's instructions ({request.instructions:,} tokens), tool definitions "
         f"({request.tools:,}) and output schema ({request.output_schema:,})"
     )
     detail = (
         f"{parts} alone need {total:,} tokens"
-        if total > exc.budget
+        if total > exc.max_tokens
         else f"{parts} need {total:,} tokens, more than the run input and output reserve leave"
     )
-    return TokenBudgetExceededError(exc.used, exc.budget, "instructions_and_tools", detail)
+    return TokenBudgetExceededError(exc.used, exc.max_tokens, "instructions_and_tools", detail)

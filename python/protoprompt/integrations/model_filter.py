@@ -348,7 +348,7 @@ class ModelInputFilter:
             instructions_tokens=extras.instructions,
             tools_tokens=extras.tools,
             output_schema_tokens=extras.output_schema,
-            budget=self.builder.max_tokens,
+            max_tokens=self.builder.max_tokens,
             output_reserve=self.output_reserve,
             input_items=len(items),
             pinned=pinned,
@@ -487,20 +487,16 @@ class ModelInputFilter:
         ``items[start:]``, the newest step) mandatory, ``pinned`` too, the rest newest
         first."""
         b = self.builder
-        return index.pack(
-            items,
-            items[start:] if step is None else step,
-            budget,
+        options = b.pack_options.replace(
+            max_tokens=budget,
             output_reserve=self.output_reserve,
             context_tokens=fixed,
-            model=b.model,
-            encoding=b.encoding,
-            policy=b.policy,
             pinned=pinned,
             history_len=start,
             opaque_scale=b.opaque_scale(),
             masking=masking,
         )
+        return index.pack(items, items[start:] if step is None else step, options=options)
 
     def _fits_at(
         self,
@@ -543,13 +539,14 @@ class ModelInputFilter:
             system_prompt=self.system_prompt,
             query=query,
             scope=b.scope,
-            reserve=self.output_reserve,
             index=run.index,
-            pinned=pinned,
-            context_tokens=fixed,
             pool=run.candidates[1],
-            history_len=step_start,
-            masking=b.masking,
+            options=b._call_options(
+                output_reserve=self.output_reserve,
+                pinned=pinned,
+                context_tokens=fixed,
+                history_len=step_start,
+            ),
         )
         return plan.pack, plan
 
@@ -596,7 +593,7 @@ class ModelInputFilter:
         costs = step_costs(step, self.builder.encoding)
         out_costs = [costs[i] for i in outs]
         used = exc.used + (self._context_floor() if exc.section != "system_prompt" else 0)
-        room = exc.budget - (used - sum(out_costs))
+        room = exc.max_tokens - (used - sum(out_costs))
         for _ in range(_FIT_ATTEMPTS):
             cap = water_level(out_costs, room) if outs else None
             if cap is None:
@@ -608,7 +605,7 @@ class ModelInputFilter:
             try:
                 result, context = self._pack(items, step_start, new_step, pinned, fixed, run)
             except TokenBudgetExceededError as again:
-                over = again.used - again.budget
+                over = again.used - again.max_tokens
                 if again.section != "system_prompt":
                     over += self._context_floor()
                 room -= max(over, 1)

@@ -2,23 +2,22 @@
 //! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
-use crate::convert::{bound, classify_items, item_seq, label, opaque_scale, resolve_encoding};
+use crate::convert::{bound, classify_items, item_seq, label};
 use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
-use crate::errors::{classes, pack_error, raise, span_error, token_error};
-use crate::pack::{result_dict, run_pack, CallOptions};
+use crate::errors::{classes, pack_error, raise, span_error};
+use crate::pack::{result_dict, run_pack, PyPackOptions};
 use protoprompt_core::costs::StoreTally;
 use protoprompt_core::incremental::{Cut, TailGraph};
 use protoprompt_core::indexed::{cost_over, IndexedHistory};
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::{MaskedField, Masking};
-use protoprompt_core::pack::{CostFailure, PackError, PackOptions};
+use protoprompt_core::mask::MaskedField;
+use protoprompt_core::pack::{CostFailure, PackError};
 use protoprompt_core::pipeline::{
     counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed,
 };
 use protoprompt_core::span::{indexed_span, pack_span};
-use protoprompt_core::tokens::{CostBasis, Loading, TokenError};
-use pyo3::exceptions::PyValueError;
+use protoprompt_core::tokens::{Loading, TokenError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
@@ -156,7 +155,7 @@ impl PyHistoryIndex {
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
     /// (unchanged); the rest is classified and appended first. `options` is the one options
-    /// value of the call (`protoprompt._pack_run.PackOptions`, read by [`CallOptions`]).
+    /// value of the call (`protoprompt.PackOptions`, [`PyPackOptions`], borrowed).
     ///
     /// With `count_store` (see `PyCountStore`), long texts' counts are looked up in it before
     /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
@@ -171,23 +170,15 @@ impl PyHistoryIndex {
         py: Python<'py>,
         history: &Bound<'py, PyList>,
         new_input: &Bound<'py, PyAny>,
-        options: &Bound<'py, PyAny>,
+        options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let CallOptions {
-            core: opts,
-            basis,
-            context,
-            pinned,
-            history_len,
-            history_offset,
-            masking,
-            strips_thinking,
-            omit_reasoning,
-        } = CallOptions::from_py(options)?;
+        let o = options.get();
+        let (basis, masking, pinned) = (o.basis, o.masking, &o.pinned);
+        let (history_len, history_offset) = (o.history_len, o.history_offset);
         let offset = history_offset;
         let indexed = self.inner.len();
-        let (listed, n_history) = pack_span(indexed, history.len(), history_len, offset, &pinned)
+        let (listed, n_history) = pack_span(indexed, history.len(), history_len, offset, pinned)
             .map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
@@ -206,16 +197,8 @@ impl PyHistoryIndex {
         if let Some(m) = masking {
             self.inner.switch_masks(basis, m.excerpt_tokens, &mut mark);
         }
-        let call = Call {
-            basis,
-            opts,
-            masking,
-            pinned,
-            strips_thinking,
-            omit_reasoning,
-        };
         let outcome = self.pack_read(
-            py, history, offset, &fresh, new_items, new_metas, &call, context, store, preload,
+            py, history, offset, &fresh, new_items, new_metas, o, store, preload,
         );
         if outcome.is_err() {
             let inner = &mut self.inner;
@@ -236,24 +219,16 @@ impl PyHistoryIndex {
     /// the budget alone reaches (`GraphIndex::window`; positions in `why` from `len(self) +
     /// len(new_items) - new_input` on are labelled as new input, `new_input` counting from
     /// the end of `new_items`).
-    #[pyo3(signature = (new_items, budget, *, model=None, encoding=None, new_input=0, opaque_scale=1.0, masking=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (new_items, budget, options, new_input=0))]
     pub(crate) fn window(
         &self,
         py: Python<'_>,
         new_items: &Bound<'_, PyAny>,
         budget: u64,
-        model: Option<&str>,
-        encoding: Option<&str>,
+        options: &Bound<'_, PyPackOptions>,
         new_input: usize,
-        opaque_scale: f64,
-        masking: Option<Bound<'_, PyAny>>,
     ) -> PyResult<WindowTuple> {
-        let basis = basis_of(py, model, encoding, opaque_scale)?;
-        let masking = match masking {
-            Some(m) => crate::mask::masking_from_py(&m)?,
-            None => None,
-        };
+        let (basis, masking) = (options.get().basis, options.get().masking);
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let n_history = n + items.len().saturating_sub(new_input);
@@ -276,19 +251,16 @@ impl PyHistoryIndex {
     /// costs more than `limit` tokens, summed newest first (`indexed::cost_over`): costs
     /// the index knows are reused, the others counted (and kept for the indexed positions);
     /// the walk stops once past `limit`. Returns `(sum so far, exceeded)`.
-    #[pyo3(signature = (history, appended, limit, *, model=None, encoding=None, opaque_scale=1.0))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (history, appended, limit, options))]
     pub(crate) fn cost_over<'py>(
         &mut self,
         py: Python<'py>,
         history: &Bound<'py, PyList>,
         appended: &Bound<'py, PyAny>,
         limit: u64,
-        model: Option<&str>,
-        encoding: Option<&str>,
-        opaque_scale: f64,
+        options: &Bound<'py, PyPackOptions>,
     ) -> PyResult<(u64, bool)> {
-        let basis = basis_of(py, model, encoding, opaque_scale)?;
+        let basis = options.get().basis;
         let n = self.inner.len();
         indexed_span(n, history.len(), 0).map_err(|e| span_error(py, e))?;
         let tail = item_seq(appended, "appended")?;
@@ -308,27 +280,18 @@ impl PyHistoryIndex {
     /// as `pack` does.
     /// With `masking`, the masked costs of the units walked are counted too (for a
     /// `window_start` with the same masking).
-    #[pyo3(signature = (history, budget, *, model=None, encoding=None, history_offset=0, count_store=None, opaque_scale=1.0, masking=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (history, budget, options, count_store=None))]
     pub(crate) fn count_window<'py>(
         &mut self,
         py: Python<'py>,
         history: &Bound<'py, PyList>,
         budget: u64,
-        model: Option<&str>,
-        encoding: Option<&str>,
-        history_offset: usize,
+        options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
-        opaque_scale: f64,
-        masking: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let basis = basis_of(py, model, encoding, opaque_scale)?;
-        let masking = match masking {
-            Some(m) => crate::mask::masking_from_py(&m)?,
-            None => None,
-        };
+        let o = options.get();
+        let (basis, masking, offset) = (o.basis, o.masking, o.history_offset);
         let n = self.inner.len();
-        let offset = history_offset;
         indexed_span(n, history.len(), offset).map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
@@ -350,18 +313,6 @@ impl PyHistoryIndex {
         store_outcome(py, &out, link)?;
         Ok(out)
     }
-}
-
-/// What one `pack` call packs with (besides its items and context).
-pub(crate) struct Call {
-    pub(crate) basis: CostBasis,
-    pub(crate) opts: PackOptions,
-    pub(crate) masking: Option<Masking>,
-    pub(crate) pinned: Vec<usize>,
-    /// See `CallOptions::strips_thinking`.
-    pub(crate) strips_thinking: bool,
-    /// See `CallOptions::omit_reasoning`.
-    pub(crate) omit_reasoning: bool,
 }
 
 /// The `TokenizerError` for the masking wrapper's tokenizer failure at `position`.
@@ -422,8 +373,7 @@ impl PyHistoryIndex {
         fresh: &Bound<'py, PyList>,
         new_items: Vec<Py<PyAny>>,
         new_metas: Vec<ItemMeta>,
-        call: &Call,
-        context: Option<Bound<'py, PyAny>>,
+        call: &PyPackOptions,
         store: Option<PyCountStore>,
         preload: Loading,
     ) -> PyResult<Bound<'py, PyDict>> {
@@ -442,6 +392,7 @@ impl PyHistoryIndex {
         let view = index.view(&tail);
         let free = earlier_thinking_free(index, &new_metas, n_history, call.strips_thinking);
         let earlier_free = free.len();
+        let context = call.context(py);
         let ((outcome, masked_failed), hook_error) = run_pack(py, context, |hook| {
             let (c, m) = (call.masking, &call.pinned);
             pack_indexed(
@@ -450,7 +401,7 @@ impl PyHistoryIndex {
                 &mut source,
                 masks,
                 call.basis,
-                &call.opts,
+                &call.core,
                 c,
                 m,
                 &new_metas,
@@ -479,7 +430,7 @@ impl PyHistoryIndex {
         let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
         let rows = self.inner.decision_rows(Some(tail));
         let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
-        let out = result_dict(py, &result, call.basis, call.opts.policy, table)?;
+        let out = result_dict(py, &result, call.basis, call.core.policy, table)?;
         out.set_item("index", index_use)?;
         thinking_outcome(&out, call.strips_thinking, earlier_free)?;
         out.set_item("items", request)?;
@@ -546,17 +497,6 @@ fn index_use(
         _ => (tail.cut, tail.pull),
     };
     (held, appended, from, pull.map(|p| p.describe(n_history)))
-}
-
-/// The cost basis of a call's `model` / `encoding` / `opaque_scale` arguments.
-fn basis_of(
-    py: Python<'_>,
-    model: Option<&str>,
-    encoding: Option<&str>,
-    factor: f64,
-) -> PyResult<CostBasis> {
-    let encoding = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    CostBasis::checked(encoding, opaque_scale(factor)?).map_err(PyValueError::new_err)
 }
 
 /// Put the masked copies in the request in place of their items (`request` holds the kept

@@ -310,6 +310,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(truncate::fit_output, m)?)?;
     m.add_class::<PyHistoryIndex>()?;
     m.add_class::<DecisionTable>()?;
+    m.add_class::<pack::PyPackOptions>()?;
     m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
     m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
     m.add("COST_RULE", tokens::COST_RULE)?;

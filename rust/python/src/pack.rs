@@ -1,57 +1,41 @@
-//! Running a core pack from Python: the options, the tokenizer preload, the GIL release
+//! Running a core pack from Python: the options value (`PackOptions`), the GIL release
 //! with the context hook, and the result dict.
 
-use crate::convert::{opaque_scale, resolve_encoding};
+use crate::convert::{opaque_scale, resolve_encoding, type_name};
 use crate::decisions::DecisionTable;
 use crate::errors::token_error;
 use protoprompt_core::mask::Masking;
 use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
-use protoprompt_core::tokens::CostBasis;
-use pyo3::exceptions::PyValueError;
+use protoprompt_core::tokens::{CostBasis, Encoding, OpaqueScale};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
-/// The attributes of the one options value `HistoryIndex.pack` is handed
-/// (`protoprompt._pack_run.PackOptions`, checked there).
-#[derive(FromPyObject)]
-struct RawOptions<'py> {
-    #[pyo3(attribute)]
-    budget: u64,
-    #[pyo3(attribute)]
-    output_reserve: u64,
-    #[pyo3(attribute)]
-    context_tokens: u64,
-    #[pyo3(attribute)]
-    model: Option<String>,
-    #[pyo3(attribute)]
-    encoding: Option<String>,
-    #[pyo3(attribute)]
-    policy: String,
-    #[pyo3(attribute)]
-    context: Option<Bound<'py, PyAny>>,
-    #[pyo3(attribute)]
-    pinned: Vec<usize>,
-    #[pyo3(attribute)]
-    history_len: Option<usize>,
-    #[pyo3(attribute)]
-    history_offset: usize,
-    #[pyo3(attribute)]
-    opaque_scale: f64,
-    #[pyo3(attribute)]
-    masking: Option<Bound<'py, PyAny>>,
-}
-
-/// The options of one `HistoryIndex.pack` as the core takes them: its [`PackOptions`], the
-/// cost basis, and what the binding itself needs.
-pub(crate) struct CallOptions<'py> {
+/// The options of a pack as one frozen value (`protoprompt.PackOptions`): each field is
+/// checked when it is set (on construction or `replace`), the encoding resolved and the
+/// masking read once; the binding borrows it on every call (no attribute read by name).
+#[pyclass(frozen, name = "PackOptions", module = "protoprompt._core")]
+pub(crate) struct PyPackOptions {
     pub(crate) core: PackOptions,
     /// The encoding and the calibration of opaque payloads.
     pub(crate) basis: CostBasis,
-    pub(crate) context: Option<Bound<'py, PyAny>>,
+    #[pyo3(get)]
+    model: Option<String>,
+    #[pyo3(get)]
+    encoding: Option<String>,
+    #[pyo3(get)]
+    opaque_scale: f64,
+    #[pyo3(get)]
+    pub(crate) context: Option<Py<PyAny>>,
     pub(crate) pinned: Vec<usize>,
+    #[pyo3(get)]
     pub(crate) history_len: Option<usize>,
+    #[pyo3(get)]
     pub(crate) history_offset: usize,
     pub(crate) masking: Option<Masking>,
+    #[pyo3(get, name = "masking")]
+    masking_obj: Option<Py<PyAny>>,
     /// The model strips earlier turns' thinking (older Claude generations): the thinking
     /// before the last user message costs 0 in this call.
     pub(crate) strips_thinking: bool,
@@ -60,46 +44,330 @@ pub(crate) struct CallOptions<'py> {
     pub(crate) omit_reasoning: bool,
 }
 
-impl<'py> CallOptions<'py> {
-    pub(crate) fn from_py(options: &Bound<'py, PyAny>) -> PyResult<CallOptions<'py>> {
-        let py = options.py();
-        let raw: RawOptions<'py> = options.extract()?;
-        let encoding = resolve_encoding(raw.model.as_deref(), raw.encoding.as_deref())
-            .map_err(|e| token_error(py, e))?;
-        let strips_thinking = raw
-            .model
-            .as_deref()
-            .is_some_and(protoprompt_core::tokens::strips_earlier_thinking);
-        let omit_reasoning = match &raw.masking {
-            Some(m) if !m.is_none() => m
-                .getattr(pyo3::intern!(py, "omit_reasoning"))
-                .ok()
-                .map(|v| v.is_truthy())
-                .transpose()?
-                .unwrap_or(false),
-            _ => false,
-        };
-        Ok(CallOptions {
-            strips_thinking,
-            omit_reasoning,
-            core: PackOptions {
-                budget: raw.budget,
-                output_reserve: raw.output_reserve,
-                context_tokens: raw.context_tokens,
-                policy: Policy::parse(&raw.policy).map_err(PyValueError::new_err)?,
+const FIELDS: [&str; 12] = [
+    "max_tokens",
+    "output_reserve",
+    "context_tokens",
+    "model",
+    "encoding",
+    "policy",
+    "context",
+    "pinned",
+    "history_len",
+    "history_offset",
+    "opaque_scale",
+    "masking",
+];
+
+/// A token count: an int (not a bool) in `0..=u64::MAX`, with the messages of the keywords.
+fn size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {}",
+            type_name(value)
+        )));
+    }
+    value.extract::<u64>().map_err(|_| {
+        let shown = value.str().map(|s| s.to_string()).unwrap_or_default();
+        if value.lt(0i64).unwrap_or(false) {
+            PyValueError::new_err(format!("{name} must be >= 0, got {shown}"))
+        } else {
+            PyValueError::new_err(format!(
+                "{name} must be at most 2**64 - 1 tokens, got {shown}"
+            ))
+        }
+    })
+}
+
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value.repr().map(|r| r.to_string()).unwrap_or_default()
+}
+
+fn optional_str(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    value.extract::<String>().map(Some).map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name} must be a str or None, got {}",
+            type_name(value)
+        ))
+    })
+}
+
+/// A non-negative int (`what` names the accepted values in the message).
+fn position(name: &str, what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let ok = !value.is_instance_of::<PyBool>() && value.is_instance_of::<PyInt>();
+    ok.then(|| value.extract::<usize>().ok())
+        .flatten()
+        .ok_or_else(|| PyValueError::new_err(format!("{name} must be {what}, got {}", repr(value))))
+}
+
+fn pinned_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    let refused = || {
+        PyTypeError::new_err(format!(
+            "pinned must be an iterable of history positions, got {}",
+            type_name(value)
+        ))
+    };
+    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
+        return Err(refused());
+    }
+    let iter = value.try_iter().map_err(|_| refused())?;
+    let mut pins = Vec::new();
+    for (i, p) in iter.enumerate() {
+        let p = p?;
+        if p.is_instance_of::<PyBool>() || !p.is_instance_of::<PyInt>() {
+            return Err(PyTypeError::new_err(format!(
+                "pinned[{i}] must be an int, got {}",
+                type_name(&p)
+            )));
+        }
+        pins.push(p.extract::<usize>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "pinned[{i}] is {}, not a history position",
+                repr(&p)
+            ))
+        })?);
+    }
+    Ok(pins)
+}
+
+fn scale_of(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let number = !value.is_instance_of::<PyBool>()
+        && (value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>());
+    let factor = number.then(|| value.extract::<f64>().ok()).flatten();
+    let Some(factor) = factor else {
+        return Err(PyTypeError::new_err(format!(
+            "opaque_scale must be a number, got {}",
+            type_name(value)
+        )));
+    };
+    let (min, max) = (OpaqueScale::MIN.factor(), OpaqueScale::MAX.factor());
+    if !(min..=max).contains(&factor) {
+        return Err(PyValueError::new_err(format!(
+            "opaque_scale must be between {min:?} and {max:?}, got {}",
+            repr(value)
+        )));
+    }
+    Ok(factor)
+}
+
+impl PyPackOptions {
+    fn defaults() -> Self {
+        PyPackOptions {
+            core: PackOptions::default(),
+            basis: CostBasis {
+                encoding: Encoding::O200kBase,
+                opaque_scale: OpaqueScale::ONE,
             },
-            basis: CostBasis::checked(encoding, opaque_scale(raw.opaque_scale)?)
-                .map_err(PyValueError::new_err)?,
-            context: raw.context.filter(|c| !c.is_none()),
-            pinned: raw.pinned,
-            history_len: raw.history_len,
-            history_offset: raw.history_offset,
-            masking: raw
-                .masking
-                .map(|m| crate::mask::masking_from_py(&m))
-                .transpose()?
-                .flatten(),
-        })
+            model: None,
+            encoding: None,
+            opaque_scale: 1.0,
+            context: None,
+            pinned: Vec::new(),
+            history_len: None,
+            history_offset: 0,
+            masking: None,
+            masking_obj: None,
+            strips_thinking: false,
+            omit_reasoning: false,
+        }
+    }
+
+    fn copy(&self, py: Python<'_>) -> Self {
+        PyPackOptions {
+            model: self.model.clone(),
+            encoding: self.encoding.clone(),
+            context: self.context.as_ref().map(|c| c.clone_ref(py)),
+            pinned: self.pinned.clone(),
+            masking_obj: self.masking_obj.as_ref().map(|m| m.clone_ref(py)),
+            ..*self
+        }
+    }
+
+    /// Check and set one field (`Ok(true)`: the cost basis must be worked out again).
+    fn set(&mut self, name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match name {
+            "max_tokens" => self.core.budget = size(name, value)?,
+            "output_reserve" => self.core.output_reserve = size(name, value)?,
+            "context_tokens" => self.core.context_tokens = size(name, value)?,
+            "model" => {
+                self.model = optional_str(name, value)?;
+                return Ok(true);
+            }
+            "encoding" => {
+                self.encoding = optional_str(name, value)?;
+                return Ok(true);
+            }
+            "opaque_scale" => {
+                self.opaque_scale = scale_of(value)?;
+                return Ok(true);
+            }
+            "policy" => {
+                let policy: String = value.extract().map_err(|_| {
+                    PyValueError::new_err(format!("unknown policy {}", repr(value)))
+                })?;
+                self.core.policy = Policy::parse(&policy).map_err(PyValueError::new_err)?;
+            }
+            "context" => self.context = (!value.is_none()).then(|| value.clone().unbind()),
+            "pinned" => self.pinned = pinned_of(value)?,
+            "history_len" => {
+                self.history_len = if value.is_none() {
+                    None
+                } else {
+                    Some(position(name, "a non-negative int or None", value)?)
+                }
+            }
+            "history_offset" => {
+                self.history_offset = if value.is_truthy()? {
+                    position(name, "a non-negative int", value)?
+                } else {
+                    0
+                }
+            }
+            "masking" => self.set_masking(value)?,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "PackOptions got an unexpected keyword argument '{name}'"
+                )))
+            }
+        }
+        Ok(false)
+    }
+
+    fn set_masking(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = value.py();
+        if value.is_none() {
+            (self.masking, self.masking_obj, self.omit_reasoning) = (None, None, false);
+            return Ok(());
+        }
+        let class = py
+            .import(intern!(py, "protoprompt._pack_types"))?
+            .getattr(intern!(py, "Masking"))?;
+        if !value.is_instance(&class)? {
+            return Err(PyTypeError::new_err(format!(
+                "masking must be a Masking or None, got {}",
+                type_name(value)
+            )));
+        }
+        self.masking = crate::mask::masking_from_py(value)?;
+        self.omit_reasoning = value.getattr(intern!(py, "omit_reasoning"))?.is_truthy()?;
+        self.masking_obj = Some(value.clone().unbind());
+        Ok(())
+    }
+
+    fn apply(&mut self, py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let mut basis = false;
+        for (name, value) in fields.into_iter().flat_map(|f| f.iter()) {
+            let name: String = name.extract()?;
+            basis |= self.set(&name, &value)?;
+        }
+        if basis {
+            self.rebase(py)?;
+        }
+        Ok(())
+    }
+
+    /// Work out the cost basis of `model`, `encoding` and `opaque_scale` again.
+    fn rebase(&mut self, py: Python<'_>) -> PyResult<()> {
+        {
+            let encoding = resolve_encoding(self.model.as_deref(), self.encoding.as_deref())
+                .map_err(|e| token_error(py, e))?;
+            self.basis = CostBasis::checked(encoding, opaque_scale(self.opaque_scale)?)
+                .map_err(PyValueError::new_err)?;
+            self.strips_thinking = self
+                .model
+                .as_deref()
+                .is_some_and(protoprompt_core::tokens::strips_earlier_thinking);
+        }
+        Ok(())
+    }
+
+    /// The context callable, bound for one call.
+    pub(crate) fn context<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        self.context.as_ref().map(|c| c.bind(py).clone())
+    }
+}
+
+#[pymethods]
+impl PyPackOptions {
+    #[new]
+    #[pyo3(signature = (max_tokens, **fields))]
+    fn new(
+        py: Python<'_>,
+        max_tokens: &Bound<'_, PyAny>,
+        fields: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let mut options = PyPackOptions::defaults();
+        options.set("max_tokens", max_tokens)?;
+        if let Some(f) = fields {
+            if f.contains("max_tokens")? {
+                return Err(PyTypeError::new_err(
+                    "PackOptions got multiple values for argument 'max_tokens'",
+                ));
+            }
+        }
+        options.apply(py, fields)?;
+        options.rebase(py)?;
+        Ok(options)
+    }
+
+    /// A copy with the given fields changed (each checked; the others are not checked again).
+    #[pyo3(signature = (**fields))]
+    fn replace(&self, py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut options = self.copy(py);
+        options.apply(py, fields)?;
+        Ok(options)
+    }
+
+    #[classattr]
+    #[allow(non_snake_case)]
+    fn FIELDS() -> Vec<&'static str> {
+        FIELDS.to_vec()
+    }
+
+    #[getter]
+    fn max_tokens(&self) -> u64 {
+        self.core.budget
+    }
+    #[getter]
+    fn output_reserve(&self) -> u64 {
+        self.core.output_reserve
+    }
+    #[getter]
+    fn context_tokens(&self) -> u64 {
+        self.core.context_tokens
+    }
+    /// The encoding the costs are counted with (resolved from `model` / `encoding`).
+    #[getter]
+    fn resolved_encoding(&self) -> &'static str {
+        self.basis.encoding.name()
+    }
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.core.policy.name()
+    }
+    #[getter]
+    fn pinned<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.pinned)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PackOptions(max_tokens={}, output_reserve={}, context_tokens={}, model={}, \
+             encoding='{}', policy='{}', opaque_scale={:?}, masking={})",
+            self.core.budget,
+            self.core.output_reserve,
+            self.core.context_tokens,
+            self.model
+                .as_deref()
+                .map_or("None".to_string(), |m| format!("'{m}'")),
+            self.basis.encoding.name(),
+            self.core.policy.name(),
+            self.opaque_scale,
+            if self.masking.is_some() { "on" } else { "None" },
+        )
     }
 }
 
