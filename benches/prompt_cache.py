@@ -229,7 +229,7 @@ def simulate(session: Session, policy: Any = None) -> dict[str, Any]:
             plan = protoprompt.plan_prefix(
                 h,
                 new_input,
-                budget=session.budget,
+                max_tokens=session.budget,
                 cache=policy,
                 previous=state,
                 encoding=harness.ENCODING,
