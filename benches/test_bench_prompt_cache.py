@@ -62,10 +62,10 @@ def test_stable_prefix_repeats_what_newest_first_does_not(benchmark, results, mi
     new_input = session.turns[0][-1:]
     if not pc.is_client(new_input[0]):
         new_input = [{"type": "message", "role": "user", "content": "and then?"}]
-    first = protoprompt.plan_prefix(history, [], budget=budget, encoding=harness.ENCODING)
+    first = protoprompt.plan_prefix(history, [], max_tokens=budget, encoding=harness.ENCODING)
     got = benchmark.pedantic(
         lambda: protoprompt.plan_prefix(
-            history, new_input, budget=budget, previous=first.state, encoding=harness.ENCODING
+            history, new_input, max_tokens=budget, previous=first.state, encoding=harness.ENCODING
         ),
         rounds=3,
         iterations=1,
