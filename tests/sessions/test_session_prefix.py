@@ -8,7 +8,9 @@ records what each model call received."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import zlib
 from typing import Any
 
 import pytest
@@ -198,7 +200,12 @@ async def _default_runs(runs: list[list[int]], budget: int, answer_words: int) -
     assert all(t.prefix is not None for t in turns), "run_config's default policy"
     for n in range(1, len(turns)):
         assert turns[n].used <= budget
-        if turns[n].prefix == "stayed":
+        if turns[n].prefix == "stayed" and "the model's last request" in turns[n].prefix_reason:
+            # The previous run's filter moved: the turn extends what the model last got.
+            last = max(k for k, c in enumerate(calls) if c.turn_plan is turns[n - 1])
+            assert _extends(received[last], turns[n].items), f"turn {n + 1}"
+            event("turn continued the model's last request")
+        elif turns[n].prefix == "stayed":
             assert _extends(turns[n - 1].items, turns[n].items), f"turn {n + 1}"
             event("turn stayed")
         elif turns[n].prefix == "moved":
@@ -383,3 +390,182 @@ async def test_a_lowered_mark_that_would_send_no_history_packs_to_the_policys() 
             assert turn.pack.kept_history, turn.prefix_reason
             assert "packed to" not in turn.prefix_reason
             assert turn.used <= int(budget * 0.7)
+
+
+async def test_a_turn_after_a_run_whose_filter_moved_continues_the_models_last_request() -> None:
+    """Issue 34 #1/#2: a run whose tool loop outgrows the budget moves the filter's cut (and
+    masks older outputs) within the run; the next turn's callback would not fit its own
+    previous request plus that run, so it continues the request the model received last
+    (its masked copies as sent) instead of moving a second time, and the next run's first
+    model call extends that request byte for byte. Newest first never does."""
+    runs = [[20, 20], [57, 190, 700, 700], [60], [60]]
+    budget = 2_500
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 20))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("adopt")
+    turns: list[ContextPlan] = []
+    calls: list[ModelCallPlan] = []
+    config = session.run_config(
+        builder, on_plan=turns.append, on_call=calls.append, tracing_disabled=True
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    received = [list(c.input) for c in model.calls]
+    run_of = [next(n for n, t in enumerate(turns) if t is c.turn_plan) for c in calls]
+    assert any(c.prefix == "moved" for c, r in zip(calls, run_of, strict=True) if r == 1)
+    turn = turns[2]
+    assert turn.prefix == "stayed", turn.prefix_reason
+    assert "extends the model's last request" in turn.prefix_reason
+    last = max(k for k, r in enumerate(run_of) if r == 1)
+    assert _extends(received[last], turn.items)
+    assert 0 < turn.shared_tokens <= calls[last].request_tokens
+    masked = [x for x in received[last] if "masked by protoprompt" in json.dumps(x)]
+    assert masked and all(any(_same(m, x) for x in turn.items) for m in masked)
+    first = run_of.index(2)
+    assert calls[first].prefix == "stayed", calls[first].prefix_reason
+    assert _extends(received[last], received[first])
+    for n, call in enumerate(model.calls):
+        assert request_tokens(call) + RESERVE <= budget, f"call {n + 1}"
+        assert_sendable(received[n])
+    assert await session.get_items() == await _plain_history(runs, 20)
+
+
+def _digest(item: Any) -> bytes:
+    from protoprompt import _core
+
+    found, _ = _core.digests([item], None)
+    return bytes(found[:16])
+
+
+def _adopt_case() -> tuple[list[Any], Any, dict[str, Any], dict[str, Any]]:
+    """A stored history and the request a filter sent last: its context message, the
+    history from position 2 on with position 4 left out and position 6's output masked, a
+    recall message, then the run's input and steps."""
+    from protoprompt.integrations import _planner
+
+    history: list[Any] = [{"role": "user", "content": f"q{n}"} for n in range(3)]
+    history += [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": "long " * 50},
+        {"role": "user", "content": "now"},
+        {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c3", "output": "x"},
+        {"type": "message", "role": "assistant", "content": "done"},
+    ]
+    context = {"role": "developer", "content": "profile"}
+    recall = {"role": "developer", "content": "recalled"}
+    copy = {"type": "function_call_output", "call_id": "c2", "output": "[masked by protoprompt]"}
+    items = [context, history[2], history[3], history[5], copy, recall, *history[7:10]]
+    request = _planner.RunPrefix(
+        items, 9, 500, (0, 0, 0, (), b""), 2, [0, 5, 6], {4: _digest(history[6])}
+    )
+    return history, request, copy, context
+
+
+def test_adopt_finds_the_models_last_request_in_the_stored_history() -> None:
+    """``_planner.adopt``: each item of the request that stands for a stored one is found
+    by content (a copy by the digest of the item it stands for), in order, the ones left
+    out skipped; the callback's own messages are not history; the prefix ends after the
+    last one found, so what follows (the answer) is appended."""
+    from protoprompt.integrations import _planner
+    from protoprompt.integrations._context import context_key
+
+    def own(item: Any) -> bool:
+        return context_key(item) is not None
+
+    history, request, copy, _ = _adopt_case()
+    found = _planner.adopt(request, history, 10, own)
+    assert found is not None
+    assert found.kept == [12, 13, 15, 16, 17, 18, 19]
+    assert found.end == 20 and found.cut == 12
+    assert found.sent[3] is copy and found.masked == [copy]
+    assert found.context == "profile"
+    assert found.leading == 4  # the recall message breaks the repeated part
+    assert found.originals == b"".join(_digest(history[p - 10]) for p in found.kept)
+    cand = _planner.turn_candidate(found, history, 10)
+    assert cand is not None and cand[0][-1] is history[-1] and cand[1] == 1
+
+
+def test_adopt_refuses_a_request_the_history_does_not_hold() -> None:
+    """A stored item changed since it was sent (its copy's original, or an item sent
+    whole), an item the history never held, or an empty history: no prefix to continue."""
+    from protoprompt.integrations import _planner
+    from protoprompt.integrations._context import context_key
+
+    def own(item: Any) -> bool:
+        return context_key(item) is not None
+
+    history, request, _, _ = _adopt_case()
+    edited = [*history]
+    edited[6] = {**history[6], "output": "other"}
+    assert _planner.adopt(request, edited, 0, own) is None
+    edited = [*history]
+    edited[5] = {**history[5], "arguments": '{"a": 1}'}
+    assert _planner.adopt(request, edited, 0, own) is None
+    foreign = dataclasses.replace(request, items=[*request.items, {"role": "user", "content": "?"}])
+    assert _planner.adopt(foreign, history, 0, own) is None
+    assert _planner.adopt(request, [], 0, own) is None
+    # The search stops after ADOPT_SCAN positions beyond four per item.
+    padded = [*history[:7], *([{"role": "user", "content": "pad"}] * 5000), *history[7:]]
+    assert _planner.adopt(request, padded, 0, own) is None
+    near = [*history[:7], *([{"role": "user", "content": "pad"}] * 50), *history[7:]]
+    assert _planner.adopt(request, near, 0, own) is not None
+
+
+def test_the_stored_request_keeps_its_copies_and_refuses_damaged_ones() -> None:
+    """The filter's stored request (``_prefix_state``) keeps which items are copies and the
+    digest of the item each stands for; a damaged copies field makes the record ignored."""
+    from protoprompt.integrations import _prefix_state
+
+    _, request, _, _ = _adopt_case()
+    bound = ["db", "messages", "s"]
+    data = _prefix_state.encode(request, bound)
+    assert data is not None
+    back = _prefix_state.decode(data, bound)
+    assert back is not None and back.copies == request.copies and back.items == request.items
+    raw = json.loads(zlib.decompress(data))
+    for bad in ({"4": "zz"}, {"99": "00" * 16}, {"4": "00" * 8}, {"x": "00" * 16}, [], None):
+        raw["copies"] = bad
+        damaged = zlib.compress(json.dumps(raw).encode())
+        assert _prefix_state.decode(damaged, bound) is None, bad
+
+
+async def test_another_worker_continues_the_models_last_request(tmp_path: Any) -> None:
+    """Issue 34 #4: the request the model last received is stored beside the history, so a
+    second session object on the same database (another worker, a restarted process)
+    continues it at its next turn rather than moving the cut a second time."""
+    runs = [[20, 20], [57, 190, 700, 700], [60]]
+    budget = 2_500
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 20))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    db = str(tmp_path / "s.db")
+
+    def config(session: ProtoPromptSession, turns: list[Any], calls: list[Any]) -> Any:
+        builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+        return session.run_config(
+            builder, on_plan=turns.append, on_call=calls.append, tracing_disabled=True
+        )
+
+    first = ProtoPromptSession("w", db)
+    turns: list[ContextPlan] = []
+    calls: list[ModelCallPlan] = []
+    cfg = config(first, turns, calls)
+    for r in range(2):
+        await Runner.run(agent, f"question {r}", session=first, run_config=cfg)
+    assert calls[-1].prefix == "moved", calls[-1].prefix_reason
+    first.close()  # waits for the stored request
+    second = ProtoPromptSession("w", db)
+    turns2: list[ContextPlan] = []
+    calls2: list[ModelCallPlan] = []
+    await Runner.run(agent, "question 2", session=second, run_config=config(second, turns2, calls2))
+    assert turns2[0].prefix == "stayed", turns2[0].prefix_reason
+    assert "extends the model's last request" in turns2[0].prefix_reason
+    assert calls2[0].prefix == "stayed", calls2[0].prefix_reason
+    received = [list(c.input) for c in model.calls]
+    assert _extends(received[len(calls) - 1], received[len(calls)])
+    second.close()

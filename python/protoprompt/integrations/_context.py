@@ -15,6 +15,7 @@ from ..packing import canonical_text
 
 if TYPE_CHECKING:
     from . import _sync
+    from ._planner import RunPrefix
     from ._snapshots import IndexState
     from .session import ProtoPromptSession
 
@@ -195,7 +196,7 @@ class RunInput:
     """What the session callback returned for the run now starting in this task: the model
     filter pins its context message and new input on every model call of the run."""
 
-    __slots__ = ("context_key", "ledger", "n_items", "new_input", "recall", "turn")
+    __slots__ = ("context_key", "copies", "ledger", "n_items", "new_input", "recall", "turn")
 
     def __init__(
         self,
@@ -205,6 +206,7 @@ class RunInput:
         n_items: int,
         turn: Any = None,
         recall: tuple[int, tuple[str, str]] | None = None,
+        copies: Mapping[bytes, bytes] | None = None,
     ) -> None:
         self.ledger = ledger
         self.context_key = context_key
@@ -214,6 +216,9 @@ class RunInput:
         """The callback's plan of the run (a ``ContextPlan``): what it masked and dropped."""
         self.recall = recall
         """The callback's recall message after the history: its position and key."""
+        self.copies: Mapping[bytes, bytes] = {} if copies is None else copies
+        """The copies the callback sent in place of stored items (masked tool outputs,
+        id-less calls): the content digest of each, to that of the item it stands for."""
 
 
 class RunLedger:
@@ -221,7 +226,7 @@ class RunLedger:
     the run now starting in this task (its context message and new input) and the context
     messages the callback produced lately."""
 
-    __slots__ = ("_book", "_index", "session")
+    __slots__ = ("_book", "_index", "latest", "session")
 
     def __init__(
         self,
@@ -232,6 +237,10 @@ class RunLedger:
         self.session = session
         self._book = book
         self._index = index
+        self.latest: RunPrefix | None = None
+        """The latest request a model filter of the session sent through its cache-stable
+        prefix (``_planner.RunPrefix``): the next run's first call resumes it, and a turn
+        whose own request no longer fits continues it."""
 
     def index(self) -> tuple[IndexState, bool]:
         """The session's index state now, and whether it keeps one (``incremental``)."""
@@ -244,11 +253,13 @@ class RunLedger:
         n_items: int,
         turn: Any = None,
         recall: tuple[int, tuple[str, str]] | None = None,
+        copies: Mapping[bytes, bytes] | None = None,
     ) -> None:
         """The callback returned ``n_items`` items for the run starting in this task, ending
         with ``new_input``, and first the context message ``key`` (if any); ``turn``: its
-        plan; ``recall``: the position and key of its recall message (after the history)."""
-        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items, turn, recall))
+        plan; ``recall``: the position and key of its recall message (after the history);
+        ``copies``: see :attr:`RunInput.copies`."""
+        RUN_INPUT.set(RunInput(self, key, list(new_input), n_items, turn, recall, copies))
 
     def recall_at(self, items: Sequence[Any]) -> int | None:
         """The position of the run's recall message in a model call's input (the callback

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "TurnPlanner",
     "TurnPrefix",
     "TurnStep",
+    "adopt",
     "candidate",
     "kept_whole",
     "move",
@@ -176,6 +178,10 @@ class RunPrefix:
     """The SDK input position of the first optional item sent at the last move."""
     pins: list[int]
     """Positions in :attr:`items` of the pinned items (context message, run input)."""
+    copies: dict[int, bytes] = field(default_factory=dict)
+    """The copies among :attr:`items` that stand for an input item (masked tool outputs,
+    id-less calls whose reasoning was left out), by position: the content digest of the
+    item each stands for (what :func:`adopt` finds in the stored history)."""
     index: HistoryIndex = field(default_factory=HistoryIndex)
     """The candidates' index: each candidate extends the previous one."""
     seen: InputLedger = field(default_factory=InputLedger)
@@ -218,7 +224,10 @@ def resume(last: RunPrefix | None, items: list[Any], context: bool) -> RunPrefix
         # The new run's input is appended: the old run's other pins are optional history
         # now. An index of its own: runs of one filter may pack at the same time.
         pins = [0] if context else []
-        return RunPrefix(list(last.items), j + 1, last.request_tokens, last.key, last.cut, pins)
+        return RunPrefix(
+            list(last.items), j + 1, last.request_tokens, last.key, last.cut, pins,
+            dict(last.copies),
+        )  # fmt: skip
     return None
 
 
@@ -314,20 +323,54 @@ def _first_cut(result: PackResult, pinned: list[int]) -> int | None:
     return next((p for p in result.kept_history if p not in pins), None)
 
 
+def sent_copies(
+    result: PackResult, source: list[Any], known: Mapping[bytes, bytes]
+) -> dict[int, bytes]:
+    """The items ``result`` sent in place of a stored item, by position in
+    ``result.items``, with the content digest of the item each stands for: those it made in
+    place of an item of ``source`` (the list it packed: masked copies, id-less calls), and
+    the items of ``source`` that are copies the session callback made (``known``: their
+    digests to their originals')."""
+    sent = result.items
+    extra = len(sent) - len(result.kept_history)  # the newest step, sent after the history
+    if not 0 <= extra <= len(source):
+        return {}
+    kept = [*result.kept_history, *range(len(source) - extra, len(source))]
+    at = [i for i, p in enumerate(kept) if sent[i] is not source[p]]
+    copies: dict[int, bytes] = {}
+    if known:
+        digests, _ = _core.digests([source[p] for p in kept], None)
+        for i in range(len(kept)):
+            found = known.get(bytes(digests[16 * i : 16 * i + 16]))
+            if found is not None:
+                copies[i] = found
+    if at:
+        digests, _ = _core.digests([source[kept[i]] for i in at], None)
+        for k, i in enumerate(at):
+            d = bytes(digests[16 * k : 16 * k + 16])
+            copies[i] = known.get(d, d)
+    return copies
+
+
 def move(
     previous: RunPrefix | None,
     result: PackResult,
     pinned: list[int],
-    source_len: int,
+    source: list[Any],
     key: tuple[Any, ...],
     call: int,
+    known: Mapping[bytes, bytes] | None = None,
 ) -> tuple[RunPrefix, int, str, str, bool]:
-    """The run's new prefix after a move to the low-water mark, with ``(shared tokens,
+    """The run's new prefix after a move to the low-water mark (``result``: the pack of
+    ``source``, the SDK's list; ``known``: see :func:`sent_copies`), with ``(shared tokens,
     code, reason, request changed)``."""
     cut = _first_cut(result, pinned)
     where = {p: i for i, p in enumerate(result.kept_history)}
     pins = [where[p] for p in pinned if p in where]
-    prefix = RunPrefix(list(result.items), source_len, result.request_tokens, key, cut, pins)
+    prefix = RunPrefix(
+        list(result.items), len(source), result.request_tokens, key, cut, pins,
+        sent_copies(result, source, known or {}),
+    )  # fmt: skip
     if previous is None:
         reason = f"call {call}: the run's prefix set at {result.request_tokens:,} tokens"
         return prefix, 0, "set", reason, False
@@ -366,11 +409,28 @@ class TurnPrefix:
     """The index of the candidates (:attr:`sent` plus what was appended)."""
     digests: bytes = b""
     """Digests of the items :attr:`index` holds."""
+    leading: int | None = None
+    """Set by :func:`adopt`: how many of :attr:`sent` the model's request sent first, one
+    after the other (before a recall message the turn leaves out); ``None``: all of them,
+    as :attr:`request_tokens` counts (the callback's own request)."""
 
     @property
     def cut(self) -> int:
         """The first history position sent (:attr:`end` when none is)."""
         return self.kept[0] if self.kept else self.end
+
+    def copy_digests(self) -> dict[bytes, bytes]:
+        """The content digest of each copy :attr:`sent` holds (:attr:`masked`), to the
+        digest of the stored item it stands for."""
+        ids = {id(x) for x in self.masked}
+        at = [i for i, x in enumerate(self.sent) if id(x) in ids]
+        if not at:
+            return {}
+        digests, _ = _core.digests([self.sent[i] for i in at], None)
+        o = self.originals
+        return {
+            bytes(digests[16 * k : 16 * k + 16]): o[16 * i : 16 * i + 16] for k, i in enumerate(at)
+        }
 
 
 @dataclass(frozen=True)
@@ -465,6 +525,77 @@ def after_pack(
         request_tokens=result.request_tokens,
         context=context,
         whole=whole,
+    )
+
+
+ADOPT_SCAN = 4096
+"""History positions :func:`adopt` may read beyond four per item of the request (the items
+a request left out between two it sent: dropped units, reasoning left out)."""
+
+
+def adopt(
+    request: RunPrefix, history: list[Any], offset: int, own: Callable[[Any], bool]
+) -> TurnPrefix | None:
+    """The turn prefix that continues ``request`` (the session's latest model request, as
+    its filter sent it): its items that stand for stored history items, each found in
+    ``history`` (from position ``offset`` on) by content -- a copy by the digest of the item
+    it stands for -- in the same order, the latest such positions. The pinned items ``own``
+    says the callback made (its context and recall messages) are not history: the first
+    one is the request's context message. ``None`` when any other item is not found (a
+    pop, a clear, a rewritten history, another session's request) or the search would read
+    more than :data:`ADOPT_SCAN` positions beyond four per item.
+
+    Why: a filter that moved within a run masked and dropped what the callback's own
+    previous request still holds whole, so that request plus what the run stored may no
+    longer fit where the request the model last received, plus the same, does; continuing
+    that one keeps the provider's cached prefix instead of moving the cut a second time."""
+    items = request.items
+    pins = set(request.pins)
+    at = [i for i, x in enumerate(items) if not (i in pins and own(x))]
+    if not at or not history:
+        return None
+    context = None
+    if 0 in pins and at[0] != 0 and isinstance(items[0], dict):
+        context = str(items[0].get("content"))
+    digests, _ = _core.digests([items[i] for i in at], None)
+    want = [request.copies.get(i) or bytes(digests[16 * k : 16 * k + 16]) for k, i in enumerate(at)]
+    chunk = 256
+    seen: dict[int, bytes] = {}
+
+    def digest_at(p: int) -> bytes:
+        c = p // chunk
+        found = seen.get(c)
+        if found is None:
+            found, _ = _core.digests(history[c * chunk : (c + 1) * chunk], None)
+            seen[c] = found = bytes(found)
+        q = 16 * (p - c * chunk)
+        return found[q : q + 16]
+
+    limit = 4 * len(at) + ADOPT_SCAN
+    kept = [0] * len(at)
+    p = len(history)
+    read = 0
+    for k in range(len(at) - 1, -1, -1):
+        p -= 1
+        while p >= 0 and digest_at(p) != want[k]:
+            p -= 1
+            read += 1
+            if read > limit:
+                return None
+        if p < 0:
+            return None
+        kept[k] = p
+    skipped = [i for i in range(len(items)) if i not in set(at) and i != 0]
+    leading = len(at) if not skipped else sum(1 for i in at if i < skipped[0])
+    return TurnPrefix(
+        leading=leading,
+        sent=[items[i] for i in at],
+        kept=[offset + q for q in kept],
+        end=offset + kept[-1] + 1,
+        originals=b"".join(want),
+        masked=[items[i] for i in at if i in request.copies],
+        request_tokens=request.request_tokens,
+        context=context,
     )
 
 

@@ -44,7 +44,8 @@ KIND = Kind(
     (Field("version", "int"), Field("data", "blob")),
     version="version",
 )
-FORMAT = "protoprompt prefix state 2"  # 2: the request key carries its content digest
+FORMAT = "protoprompt prefix state 3"
+"""2: the request key carries its content digest; 3: the copies' original digests."""
 MAX_BYTES = 4 << 20
 """The largest stored form (compressed): a larger request is not stored."""
 
@@ -66,6 +67,7 @@ def encode(prefix: RunPrefix, bound: list[str]) -> bytes | None:
                 "key": [*prefix.key[:3], list(prefix.key[3]), bytes(prefix.key[4]).hex()],
                 "cut": prefix.cut,
                 "pins": prefix.pins,
+                "copies": {str(i): d.hex() for i, d in prefix.copies.items()},
             },
             separators=(",", ":"),
         ).encode()
@@ -105,6 +107,7 @@ def decode(data: object, bound: list[str]) -> RunPrefix | None:
     if not isinstance(found, dict) or found.get("format") != FORMAT:
         return None
     items, key, cut, pins = (found.get(k) for k in ("items", "key", "cut", "pins"))
+    copies = _copies(found.get("copies"), len(items) if isinstance(items, list) else 0)
     source_len, tokens = found.get("source_len"), found.get("request_tokens")
     if (
         found.get("bound") != bound
@@ -123,10 +126,28 @@ def decode(data: object, bound: list[str]) -> RunPrefix | None:
         or not isinstance(pins, list)
         or not _ints(pins)
         or any(p >= len(items) for p in pins)
+        or copies is None
     ):
         return None
     request_key = (key[0], key[1], key[2], tuple(key[3]), bytes.fromhex(key[4]))
-    return RunPrefix(items, source_len, tokens, request_key, cut, list(pins))
+    return RunPrefix(items, source_len, tokens, request_key, cut, list(pins), copies)
+
+
+def _copies(value: Any, n: int) -> dict[int, bytes] | None:
+    """The stored copies' positions and digests (``None``: damaged)."""
+    if not isinstance(value, dict):
+        return None
+    found: dict[int, bytes] = {}
+    for at, digest in value.items():
+        if not (isinstance(at, str) and at.isascii() and at.isdigit() and _hex(digest)):
+            return None
+        if int(at) >= n:
+            return None
+        raw = bytes.fromhex(digest)
+        if len(raw) != 16:
+            return None
+        found[int(at)] = raw
+    return found
 
 
 class StoredState(Generic[T]):
@@ -251,7 +272,7 @@ class PrefixState(StoredState[RunPrefix]):
     def _copy(self, value: RunPrefix) -> RunPrefix:
         return RunPrefix(
             list(value.items), value.source_len, value.request_tokens, value.key,
-            value.cut, list(value.pins),
+            value.cut, list(value.pins), dict(value.copies),
         )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import TokenBudgetExceededError
 from ..packing import preload
 from ..prefix import CachePolicy
-from . import _planner, _sdk
+from . import _planner, _prefix_state, _sdk
 from ._agent import agent_request, model_name
 from ._context import LAST_READ
 from ._oversized import turn_budget_error
@@ -107,9 +107,11 @@ class RunHooks:
         history: list[Item] | None,
         new_input: list[Item],
         on_plan: Callable[[ContextPlan], None] | None,
+        copies: dict[bytes, bytes] | None = None,
     ) -> list[Item]:
         """What the callback returns for ``plan``: its items, with the context message made
-        known and the run recorded for the model filter.
+        known and the run recorded for the model filter (``copies``: the copies the plan
+        sends in place of stored items, see ``RunInput.copies``).
 
         ``history``: the history list the runner handed over. The context message object and
         the masked copies are added to it, so the SDK takes them for history and never asks
@@ -140,7 +142,7 @@ class RunHooks:
             history.extend(masked)
         elif masked:
             self._book.expect_masked(masked)
-        self._ledger.record(key, new_input, len(plan.items), plan, recalled)
+        self._ledger.record(key, new_input, len(plan.items), plan, recalled, copies)
         if on_plan is not None:
             on_plan(plan)
         return list(plan.items)
@@ -240,18 +242,33 @@ class RunHooks:
                         facts,
                         call_kwargs,
                         memory,
+                        self._latest_request,
                     )
             except TokenBudgetExceededError as exc:
                 # One line naming the part, raised here: not from the packer's frames.
                 raise turn_budget_error(exc, call_kwargs.get("request")) from None
             if evicted is not None:
                 evicted()  # background work on what the turn evicted; never raises
-            return self._hand_over(plan, history if by_runner else None, new_input, on_plan)
+            copies = None
+            if planner is not None and planner.last is not None:
+                copies = planner.last.copy_digests()
+            return self._hand_over(plan, history if by_runner else None, new_input, on_plan, copies)
 
         setattr(
             protoprompt_session_input, TURN_ATTR, Turn(self._as_session(), builder, output_reserve)
         )
         return protoprompt_session_input
+
+    def _latest_request(self) -> _planner.RunPrefix | None:
+        """The latest request a model filter of this session sent through its prefix: one
+        another process or worker stored since this process last read or wrote it first
+        (the model filter's next run then resumes it too)."""
+        stored = _prefix_state.of(self)
+        if stored is not None:
+            found = stored.load()
+            if found is not None:
+                self._ledger.latest = found
+        return self._ledger.latest
 
     def _turn_planner(
         self, policy: CachePolicy, builder: TokenBudgetedContextBuilder

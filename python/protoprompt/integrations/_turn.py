@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from .._tokens import item_tokens
 from ..errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ..turn_report import (
     IndexMode,
@@ -23,6 +24,7 @@ from ..turn_report import (
     index_outcome,
 )
 from . import _planner, _sync, _turn_state, pool
+from ._context import context_key
 
 if TYPE_CHECKING:
     from ..context import ContextPlan, TokenBudgetedContextBuilder
@@ -489,9 +491,11 @@ def _stay(
     kwargs: dict[str, Any],
     memory: SessionMemory | None,
     offset: int,
+    what: str = "the previous request",
 ) -> ContextPlan | None:
     """The turn as the previous request plus what was stored since and the new input,
-    packed through the prefix's own index; ``None`` when it does not fit whole."""
+    packed through the prefix's own index; ``None`` when it does not fit whole (``what``:
+    the request extended, in the plan's words)."""
     state = setup.state
     store = state.index.count_store
     failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
@@ -513,6 +517,8 @@ def _stay(
     index = follow_rows(setup, builder, history, facts, kwargs)
     context = _context_text(plan)
     shared = last.request_tokens if context == last.context else 0
+    if last.leading is not None and shared:
+        shared = _leading_tokens(packed, last.leading, builder)
     before = len(last.sent)
     _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
     last.context = context
@@ -527,11 +533,21 @@ def _stay(
     )
     step = _planner.TurnStep(
         "stayed",
-        f"the turn extends the previous request ({before:,} history items as sent, "
-        f"{shared:,} tokens repeated)",
+        f"the turn extends {what} ({before:,} history items as sent, {shared:,} tokens repeated)",
         shared,
     )
     return _stepped(plan, step, builder, report)
+
+
+def _leading_tokens(plan: ContextPlan, leading: int, builder: Any) -> int:
+    """Tokens of ``plan``'s context message and of the units among its first ``leading``
+    history items (a stay's pack, in the positions of its candidate)."""
+    message = plan.context_message
+    tokens = 0 if message is None else item_tokens(message, encoding=builder.encoding).total
+    for d in plan.pack.decisions:
+        if d.kept and d.positions and d.positions[-1] < leading:
+            tokens += d.sent_tokens or 0
+    return tokens
 
 
 def _move(
@@ -578,6 +594,7 @@ def build_stable_turn(
     facts: _sync.ReadFacts | None,
     kwargs: dict[str, Any],
     memory: SessionMemory | None = None,
+    request: Callable[[], _planner.RunPrefix | None] | None = None,
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
     """:func:`build_turn` through the callback's cache-stable prefix (``planner``): the
     previous turn's request plus what was stored since while that fits the budget (the cut
@@ -588,7 +605,10 @@ def build_stable_turn(
     stored history: the masked copies it sends again are ``"masked"`` (``plan.masked_items``,
     never to be stored). The planner's prefix is stored beside the history after each turn
     and a newer one stored by another process or worker is taken first
-    (:mod:`._turn_state`)."""
+    (:mod:`._turn_state`). When the previous request plus what was stored since does not
+    fit, the turn continues the latest request the session's model filter sent
+    (``request()``: a filter that moved within the run sent a shorter one) when that plus
+    what was stored since fits, before it moves (:func:`._planner.adopt`)."""
     with planner.lock:
         read_all = facts is not None and facts.count == len(history)
         offset = facts.offset if read_all and facts is not None else 0
@@ -598,13 +618,19 @@ def build_stable_turn(
             # Another process or worker's newer request, when the history holds it.
             _turn_state.resume(planner, stored, budget, history, offset)
         got = _stable_turn(
-            planner, setup, builder, history, new_input, facts, kwargs, memory, offset
+            planner, setup, builder, history, new_input, facts, kwargs, memory, offset, request
         )
         if stored is not None:
             found = _turn_state.of_planner(planner, budget, history, offset)
             if found is not None:
                 stored.save(found)
         return got
+
+
+def _own(item: Any) -> bool:
+    """Whether a pinned item of a model request is a message the callback made (a context
+    or recall message), not a stored one."""
+    return context_key(item) is not None
 
 
 def _stable_turn(
@@ -617,6 +643,7 @@ def _stable_turn(
     kwargs: dict[str, Any],
     memory: SessionMemory | None,
     offset: int,
+    request: Callable[[], _planner.RunPrefix | None] | None = None,
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
     """:func:`build_stable_turn`'s plan (caller holds the planner's lock; ``offset``: the
     history's first position)."""
@@ -650,6 +677,17 @@ def _stable_turn(
             step = _planner.TurnStep("set", "the session's history fits whole: every item sent", 0)
             planner.moved(None)
             return _stepped(plan, step, builder), evicted
+    sent = request() if request is not None else None
+    found = None if sent is None else _planner.adopt(sent, history, offset, _own)
+    if found is not None:
+        cand = [*found.sent, *history[found.end - offset :]]
+        what = "the model's last request"
+        args = (setup, builder, history, new_input, facts, kwargs, memory, offset, what)
+        adopted = _stay(planner, found, cand, *args)
+        if adopted is not None:
+            planner.last = found
+            planner.stayed()
+            return adopted, None
     got_move = _move(planner, setup, builder, history, new_input, facts, kwargs, memory)
     if got_move is None:
         # The mandatory part needs more than the mark, or a window read cannot reach

@@ -181,11 +181,25 @@ class ModelInputFilter:
         self._runs: OrderedDict[int, Run] = OrderedDict()  # runs between two calls
         self._lock = threading.Lock()
         self._request = RequestCosts()
-        self._last: _planner.RunPrefix | None = None
-        """The session's latest request through the prefix (the next run resumes it)."""
+        self._own_last: _planner.RunPrefix | None = None
         self.cache = cache
         """The run's cache-stable prefix (``None``: every call packed newest first); used
         by a session's filter (see :mod:`protoprompt.integrations._planner`)."""
+
+    @property
+    def _last(self) -> _planner.RunPrefix | None:
+        """The session's latest request through the prefix (the next run resumes it): kept
+        by the session's run ledger, where its callback reads it too (a turn whose own
+        request no longer fits continues this one: ``_planner.adopt``), else by the filter."""
+        ledger = self._ledger
+        return ledger.latest if ledger is not None else self._own_last
+
+    @_last.setter
+    def _last(self, value: _planner.RunPrefix | None) -> None:
+        if self._ledger is not None:
+            self._ledger.latest = value
+        else:
+            self._own_last = value
 
     def reset(self) -> None:
         """Forget every run's state (the next call classifies its input afresh)."""
@@ -428,6 +442,7 @@ class ModelInputFilter:
         assert self.cache is not None
         b = self.builder
         key = _planner.request_key(extras)
+        known = run.token.copies if run.token is not None else None
         prefix = run.prefix if extends else None
         if prefix is None and not run.calls:
             # A run's first call: the session's previous request, when this input holds
@@ -455,7 +470,7 @@ class ModelInputFilter:
                 run.index, packed, step_start, pinned, b.max_tokens, None, extras.total
             )
             if result is not None and _planner.kept_whole(result, packed):
-                moved = _planner.move(None, result, pinned, len(packed), key, run.calls + 1)
+                moved = _planner.move(None, result, pinned, packed, key, run.calls + 1, known)
                 run.prefix = self._last = moved[0]
                 return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
         policy = self.cache
@@ -468,7 +483,7 @@ class ModelInputFilter:
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
             return None
-        moved = _planner.move(run.prefix, result, pinned, len(packed), key, run.calls + 1)
+        moved = _planner.move(run.prefix, result, pinned, packed, key, run.calls + 1, known)
         run.prefix = self._last = moved[0]
         return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
 
