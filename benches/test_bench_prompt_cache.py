@@ -173,12 +173,18 @@ MIX_SDK_TARGETS = {
     ("tools", 128_000, True),
     ("agentic", 128_000, True),
     ("chat", 32_000, True),
+    ("tools", 32_000, True),
 }
-"""The whole-SDK-run rows (``(mix, budget, memory)``) that meet the issue's targets. The
-others (``benches/README.md``): 32k agentic (69.0%, 67.1% with memory + recall; cost 0.38 /
-0.40): a call appends 3.6k tokens on average, so the headroom a move leaves holds two or
-three calls and 17-18 of 64 calls re-send the whole request; 32k tools with memory + recall
-(75.1%): each run's recall message is new and takes part of the headroom (one move more)."""
+"""The whole-SDK-run rows (``(mix, budget, memory)``) that meet every one of the issue's
+targets."""
+MIX_SDK_COST_ONLY = {("agentic", 32_000, False), ("agentic", 32_000, True)}
+"""The rows that meet the cost and visible-turn targets but repeat less than 80%
+(``benches/README.md``): 32k agentic, 73.0% (73.2% with memory + recall) at a cost of 0.34
+of uncached. A call appends 3.6k tokens on average (12% of what a request may use; up to
+15.7k), so even without a move a stay repeats at most 87%, and the headroom a move leaves
+holds a few calls: every mark from 0.4 to 0.7 repeats 70.7-74.6%. Asserted here: the cost
+and turn targets, and at least 70% repeated (before the turn continued the model's last
+request: 69.0% / 0.38, 67.1% / 0.40)."""
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -216,8 +222,9 @@ def test_whole_sdk_runs_on_every_mix(memory):
     answering with the turn's generated model items, function tools returning the generated
     outputs), with and without a memory store and ``recall_evicted=True``: every call that
     kept the prefix extends the previous request byte for byte, every request fits, the
-    stable prefix repeats at least what newest first does, and the rows in
-    ``MIX_SDK_TARGETS`` meet the issue's targets."""
+    stable prefix repeats at least what newest first does, the rows in
+    ``MIX_SDK_TARGETS`` meet the issue's targets and those in ``MIX_SDK_COST_ONLY`` its cost
+    and turn targets."""
     for row in pc.mix_sdk_runs(memory=memory):
         newest, stable = row["newest"], row["stable"]
         mix = row["mix"].split(" ")[0]
@@ -228,5 +235,10 @@ def test_whole_sdk_runs_on_every_mix(memory):
         assert stable.share >= newest.share, row["mix"]
         if (mix, row["budget"], memory) in MIX_SDK_TARGETS:
             assert stable.share >= 0.80, row["mix"]
+            assert stable.cost_ratio <= 0.35, row["mix"]
+            assert stable.user_turns >= 0.8 * newest.user_turns, row["mix"]
+        else:
+            assert (mix, row["budget"], memory) in MIX_SDK_COST_ONLY, row
+            assert stable.share >= 0.70, row["mix"]
             assert stable.cost_ratio <= 0.35, row["mix"]
             assert stable.user_turns >= 0.8 * newest.user_turns, row["mix"]
