@@ -99,15 +99,10 @@ def _count_window(
         return
     reserve = builder.output_reserve if output_reserve is None else output_reserve
     try:
-        setup.state.index.count_window(
-            history,
-            max(int(builder.max_tokens) - int(reserve), 0),
-            model=builder.model,
-            encoding=builder.encoding,
-            history_offset=offset,
-            opaque_scale=opaque_scale,
-            masking=getattr(builder, "masking", None),
+        options = builder.pack_options.replace(
+            max_tokens=max(int(builder.max_tokens) - int(reserve), 0), opaque_scale=opaque_scale
         )
+        setup.state.index.count_window(history, options=options, history_offset=offset)
     except Exception as exc:  # noqa: BLE001 - an item the request did not need
         _log.debug("protoprompt: window costs of %r not counted: %s", setup.session_id, exc)
 
