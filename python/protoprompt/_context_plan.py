@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._plan_view import PlanView, context_view
+from ._plan_view import PlanView, context_view, page
 from .calibration import CalibrationState
 from .errors import renamed
 from .memory import MemoryScope
 from .packing import PackResult
 from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
-from .plan_html import plans_to_html
 from .turn_report import TurnReport
 
 
@@ -187,7 +186,7 @@ class ContextPlan:
         units along the history as kept / masked / dropped with their reasons on hover, and
         the context message's blocks (:mod:`protoprompt.plan_html`, which renders
         :meth:`view`)."""
-        return plans_to_html(self)
+        return page(self)
 
     def view(self, title: str | None = None) -> PlanView:
         """The plain view the HTML page renders (:class:`protoprompt.plan_html.PlanView`):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
-from ._plan_view import PlanView, pack_view
+from ._plan_view import PlanView, pack_view, page
 from ._tokens import ESTIMATED_ENCODINGS
 from .errors import renamed
 from .plan import (
@@ -19,7 +19,6 @@ from .plan import (
     masked_note,
     unit_reason,
 )
-from .plan_html import plans_to_html
 
 
 @dataclass(frozen=True)
@@ -201,7 +200,7 @@ class PackResult:
         """The plan as one self-contained HTML page: a bar of the budget by section and the
         units along the history as kept / masked / dropped, with their reasons on hover
         (:mod:`protoprompt.plan_html`, which renders :meth:`view`)."""
-        return plans_to_html(self)
+        return page(self)
 
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account of the packing: the request by section (:attr:`sections`),

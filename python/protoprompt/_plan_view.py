@@ -3,12 +3,14 @@
 A plan (:class:`~protoprompt.PackResult`, :class:`~protoprompt.ContextPlan`,
 :class:`~protoprompt.integrations.ModelCallPlan`) makes its :class:`PlanView` here (its
 ``view()``); the page renders views and never imports the plans, so a plan and its picture
-depend on this module only, one way.
+depend on this module only, one way. A plan's ``to_html()`` asks :func:`page`, which hands
+it to the renderer the page registered when it was imported (:func:`register_page`;
+``import protoprompt`` imports the page): a plan never imports its renderer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,9 @@ __all__ = [
     "call_view",
     "context_view",
     "pack_view",
+    "page",
     "plan_view",
+    "register_page",
 ]
 
 MAX_UNITS = 5000
@@ -224,3 +228,25 @@ def plan_view(plan: Any, *, title: str | None = None) -> PlanView:
     raise TypeError(
         "expected a PackResult, a ContextPlan or a ModelCallPlan, got " + type(plan).__name__
     )
+
+
+PageRenderer = Callable[[Any], str]
+"""What renders one plan or a sequence of plans as an HTML page
+(:func:`protoprompt.plan_html.plans_to_html`)."""
+
+_page: list[PageRenderer] = []
+
+
+def register_page(render: PageRenderer) -> None:
+    """Make ``render`` the renderer :func:`page` hands plans to (the page does, on import)."""
+    _page[:] = [render]
+
+
+def page(plans: Any) -> str:
+    """The HTML page of a plan or a sequence of plans, by the registered renderer (a plan's
+    ``to_html()``)."""
+    if not _page:
+        raise RuntimeError(
+            "no HTML renderer registered: import protoprompt.plan_html (import protoprompt does)"
+        )
+    return _page[0](plans)

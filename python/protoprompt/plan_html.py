@@ -12,6 +12,10 @@
   are counted), and the totals: kept, masked (tokens saved), dropped (their tokens);
 * for a turn's plan, the blocks of its context message.
 
+The page renders the plain view :mod:`protoprompt._plan_view` makes of a plan and imports
+no plan; importing it registers :func:`plans_to_html` as the renderer a plan's ``to_html()``
+asks for (:func:`protoprompt._plan_view.page`).
+
 The page needs nothing else: the style is inline, there is no script and no link, so it
 opens offline and from a file. Everything that comes from items, memory or a database
 (previews, tool names, sources, ids) is untrusted: it is HTML-escaped wherever it goes (text
@@ -24,7 +28,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from ._plan_view import MAX_UNITS, BlockView, PlanView, UnitView, plan_view
+from ._plan_view import MAX_UNITS, BlockView, PlanView, UnitView, plan_view, register_page
 from .plan import SECTION_LABELS, RequestSections
 
 __all__ = [
@@ -284,3 +288,6 @@ def plans_to_html(plans: Sequence[Any] | Any, *, title: str | None = None) -> st
     if title is None:
         title = "protoprompt: " + (views[0].title if len(views) == 1 else f"{len(views)} plans")
     return render(views, title=title)
+
+
+register_page(plans_to_html)

@@ -41,7 +41,9 @@ def test_the_package_has_no_import_cycle() -> None:
 
 
 def test_the_page_renders_views_and_never_imports_a_plan() -> None:
-    # The plans import the page (to_html) and the view; the page imports neither plan.
+    # The plans import the view; the page imports the view and no plan; no plan imports the
+    # page (to_html asks the view's page(), which the page registers when the package's
+    # __init__ imports it).
     checker = _checker()
     modules = checker.load(PACKAGE)
     page = {e.target for e in modules["protoprompt.plan_html"].edges}
@@ -49,6 +51,15 @@ def test_the_page_renders_views_and_never_imports_a_plan() -> None:
     for plan in ("protoprompt.context", "protoprompt._context_plan", "protoprompt.packing"):
         assert plan not in page | view
     assert "protoprompt._pack_result" not in page | view
+    assert "protoprompt._plan_view" in page
+    for plan in (
+        "protoprompt._pack_result",
+        "protoprompt._context_plan",
+        "protoprompt.integrations._call_plan",
+    ):
+        targets = {e.target for e in modules[plan].edges}
+        assert "protoprompt._plan_view" in targets and "protoprompt.plan_html" not in targets
+    assert "protoprompt.plan_html" in {e.target for e in modules["protoprompt"].edges}
 
 
 def test_an_import_inside_a_function_closes_a_cycle(tmp_path: Path) -> None:

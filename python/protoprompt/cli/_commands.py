@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import ProtoPromptError
-from ..packing import Masking
+from ..packing import Masking, PackOptions
 from ._args import TOKEN_ENV, CommandError, UsageError
 from ._text import terminal_safe
 
@@ -105,17 +105,16 @@ def run_inspect(args: argparse.Namespace) -> int:
     new_input = _new_input(args, request_input)
     masking = _masking(args)
     try:
-        result = ins.inspect_session(
-            rows,
-            budget=args.budget,
+        options = PackOptions(
+            args.budget,
             output_reserve=args.output_reserve,
             context_tokens=args.context_tokens + (request.total if request else 0),
             model=args.model,
             encoding=args.encoding,
             policy=args.policy,
-            new_input=new_input,
             masking=masking,
         )
+        result = ins.inspect_session(rows, options, new_input)
     except ProtoPromptError as exc:
         raise CommandError(f"{exc}{_row_hint(exc, rows.row_ids)}") from None
     report = ins.report_json(
@@ -130,15 +129,10 @@ def run_inspect(args: argparse.Namespace) -> int:
     report["next_turn"] = next_turn_window(
         rows.items,
         rows.row_ids,
-        budget=args.budget,
-        output_reserve=args.output_reserve,
-        model=args.model,
-        encoding=args.encoding,
-        policy=args.policy,
+        options,
         new_input=new_input,
         limited=args.limit is not None,
         snapshot_items=snapshot_items,
-        masking=masking,
     )
     next_lines = render_next_turn(report["next_turn"], len(rows.items))
     if args.html is not None:

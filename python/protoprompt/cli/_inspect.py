@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..packing import Masking, PackResult, Policy, UnitDecision, item_tokens, pack
+from ..packing import PackOptions, PackResult, UnitDecision, item_tokens, pack
 from ..plan import RequestCost, RequestSections, Section
 from ._args import InspectError
 from ._request import add_request_arguments, read_request, sections_of
@@ -198,30 +198,11 @@ def _kind(item: Any) -> str:
 
 
 def inspect_session(
-    rows: SessionRows,
-    *,
-    budget: int,
-    output_reserve: int,
-    context_tokens: int,
-    model: str | None,
-    encoding: str | None,
-    policy: Policy,
-    new_input: list[dict[str, Any]],
-    masking: Masking | None = None,
+    rows: SessionRows, options: PackOptions, new_input: list[dict[str, Any]]
 ) -> PackResult:
-    """Pack the stored history as the next turn would (``new_input`` may be empty), with
-    ``masking`` if given."""
-    return pack(
-        rows.items,
-        new_input,
-        budget,
-        output_reserve=output_reserve,
-        context_tokens=context_tokens,
-        model=model,
-        encoding=encoding,
-        policy=policy,
-        masking=masking,
-    )
+    """Pack the stored history as the next turn would (``new_input`` may be empty) under
+    ``options`` (the command's ``max_tokens``, reserve, tokenizer, policy and masking)."""
+    return pack(rows.items, new_input, options=options)
 
 
 def _span(positions: Sequence[int]) -> str:

@@ -8,7 +8,7 @@ import sqlite3
 from typing import Any
 
 from .._context_query import message_text
-from ..packing import HistoryIndex, Masking, Policy
+from ..packing import HistoryIndex, PackOptions
 from ..turn_report import READ_REASONS, window_widened
 
 __all__ = ["next_turn_window", "render_next_turn", "stored_snapshot_items"]
@@ -32,24 +32,20 @@ def stored_snapshot_items(conn: sqlite3.Connection, table: str, session_id: str)
 def next_turn_window(
     items: list[Any],
     row_ids: list[int],
+    options: PackOptions,
     *,
-    budget: int,
-    output_reserve: int,
-    model: str | None,
-    encoding: str | None,
-    policy: Policy,
     new_input: list[Any],
     limited: bool,
     snapshot_items: int | None = None,
-    masking: Masking | None = None,
 ) -> dict[str, Any]:
     """Whether the next turn's read can be a token window, computed as a session computes
     it once its index holds the history (costs counted): its start, row and size, or the
     reason code and text; and the stored index snapshot a restarted process would start
-    from (``snapshot_items``, see :func:`stored_snapshot_items`). ``new_input``: the next
-    turn's input (default: a user message); ``masking``: the builder's (a session's default
-    is ``Masking()``), which makes old units cheaper and so the window longer (a masked
-    pack's window may also reach further back, to a turn's user message)."""
+    from (``snapshot_items``, see :func:`stored_snapshot_items`). ``options``: the turn's
+    (its ``max_tokens``, ``output_reserve``, tokenizer and policy; its ``masking``, the
+    builder's -- a session's default is ``Masking()`` -- makes old units cheaper and so the
+    window longer: a masked pack's window may also reach further back, to a turn's user
+    message). ``new_input``: the next turn's input (default: a user message)."""
     out: dict[str, Any] = {
         "windowed": False,
         "reason": None,
@@ -67,16 +63,14 @@ def next_turn_window(
 
     if limited:
         return refuse("session_limit")
-    if policy != "contiguous":
+    if options.policy != "contiguous":
         return refuse("greedy_policy")
     nxt = new_input or [_PLACEHOLDER]
-    room = max(budget - output_reserve, 0)
+    room = options.replace(max_tokens=max(options.max_tokens - options.output_reserve, 0))
     index = HistoryIndex()
     index.extend(items)
-    index.count_window(items, room, model=model, encoding=encoding, masking=masking)
-    window = index.window(
-        nxt, room, model=model, encoding=encoding, new_input=len(nxt), masking=masking
-    )
+    index.count_window(items, options=room)
+    window = index.window(nxt, options=room, new_input=len(nxt))
     start = min(window.start, len(items) - 1)
     if start <= 0:
         return refuse("fits") if window.fits else refuse("no_window", window.reason)

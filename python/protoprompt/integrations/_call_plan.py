@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._plan_view import page
 from ..context import ContextPlan
 from ..errors import renamed
 from ..packing import PackResult, UnitDecision
@@ -211,9 +212,7 @@ CallLayout`)."""
         """The call as one self-contained HTML page: a bar of the budget by section and the
         units of its input as kept / masked / dropped with their reasons on hover. A run's
         calls on one page: :func:`protoprompt.plans_to_html` (``on_call``'s plans)."""
-        from ..plan_html import plans_to_html
-
-        return plans_to_html(self)
+        return page(self)
 
     def explain(self, max_units: int | None = 20) -> str:
         """A readable account of the call: the request by section (:attr:`sections`), what

@@ -18,7 +18,7 @@ from ._oversized import turn_budget_error
 from ._probes import called_by_runner
 from ._request import RequestCosts
 from ._sdk import RunConfig
-from ._turn import build_stable_turn, build_turn
+from ._turn import TurnCall, plan_turn
 from ._window import TURN_ATTR, Turn
 
 if TYPE_CHECKING:
@@ -219,31 +219,18 @@ class RunHooks:
                 request = await agent_request(agent, builder.encoding, costs)
                 call_kwargs = {**kwargs, "request": request}
             facts = read.facts if read is not None and read.session is self else None
+            call = TurnCall(
+                self._turn_setup(),
+                builder,
+                history,
+                new_input,
+                facts,
+                call_kwargs,
+                memory,
+                self._latest_request,
+            )
             try:
-                if planner is None:
-                    plan, evicted = await asyncio.to_thread(
-                        build_turn,
-                        self._turn_setup(),
-                        builder,
-                        history,
-                        new_input,
-                        facts,
-                        call_kwargs,
-                        memory,
-                    )
-                else:
-                    plan, evicted = await asyncio.to_thread(
-                        build_stable_turn,
-                        planner,
-                        self._turn_setup(),
-                        builder,
-                        history,
-                        new_input,
-                        facts,
-                        call_kwargs,
-                        memory,
-                        self._latest_request,
-                    )
+                plan, evicted = await asyncio.to_thread(plan_turn, planner, call)
             except TokenBudgetExceededError as exc:
                 # One line naming the part, raised here: not from the packer's frames.
                 raise turn_budget_error(exc, call_kwargs.get("request")) from None

@@ -57,6 +57,46 @@ class TurnSetup:
     """What of the index still holds for a token window (``_window.window_keep``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnCall:
+    """One call of the session callback, as every step of its turn reads it: the session's
+    setup, the builder, the history and new input handed over, the facts of the read that
+    returned the history (``None``: not this session's read), ``build``'s keywords and the
+    session's memory of evicted turns."""
+
+    setup: TurnSetup
+    builder: TokenBudgetedContextBuilder
+    history: list[Item]
+    new_input: list[Item]
+    facts: _sync.ReadFacts | None
+    kwargs: dict[str, Any]
+    memory: SessionMemory | None = None
+    request: Callable[[], _planner.RunPrefix | None] | None = None
+    """The latest request a model filter of the session sent (``RunLedger.latest``, a
+    newer stored one first), read when the turn's own request no longer fits."""
+
+    @property
+    def read_all(self) -> bool:
+        """Whether the read of :attr:`facts` returned the whole ``history`` handed over."""
+        return self.facts is not None and self.facts.count == len(self.history)
+
+    def remembered(self, offset: int) -> TurnCall:
+        """This call with ``kwargs`` as :func:`remembered` makes them."""
+        if self.memory is None:
+            return self
+        return dataclasses.replace(
+            self, kwargs=remembered(self.memory, self.kwargs, self.history, offset)
+        )
+
+
+def plan_turn(
+    planner: _planner.TurnPlanner | None, call: TurnCall
+) -> tuple[ContextPlan, Callable[[], None] | None]:
+    """The plan of one turn (in a worker thread): :func:`build_stable_turn` through the
+    callback's cache-stable prefix (``planner``), else :func:`build_turn`."""
+    return build_turn(call) if planner is None else build_stable_turn(planner, call)
+
+
 def remembered(
     memory: SessionMemory | None, kwargs: dict[str, Any], history: list[Item], offset: int
 ) -> dict[str, Any]:
@@ -101,33 +141,22 @@ def _count_window(
         return
     reserve = builder.output_reserve if output_reserve is None else output_reserve
     try:
-        setup.state.index.count_window(
-            history,
-            max(int(builder.max_tokens) - int(reserve), 0),
-            model=builder.model,
-            encoding=builder.encoding,
-            history_offset=offset,
-            opaque_scale=opaque_scale,
-            masking=getattr(builder, "masking", None),
+        options = builder.pack_options.replace(
+            max_tokens=max(int(builder.max_tokens) - int(reserve), 0), opaque_scale=opaque_scale
         )
+        setup.state.index.count_window(history, options=options, history_offset=offset)
     except Exception as exc:  # noqa: BLE001 - an item the request did not need
         _log.debug("protoprompt: window costs of %r not counted: %s", setup.session_id, exc)
 
 
 def _build_indexed(
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts,
-    keep: int,
-    kwargs: dict[str, Any],
-    new_ids: _sync.RowIds | None = None,
+    call: TurnCall, facts: _sync.ReadFacts, keep: int, new_ids: _sync.RowIds | None = None
 ) -> ContextPlan:
-    """Build through the index, of which the first ``keep`` items hold for ``history``
-    (which holds the history from ``facts.offset`` on; caller holds the state's lock).
-    ``new_ids``: the rows after those ``keep`` items (default: the read's new rows). A
-    failed build leaves the index as it was after dropping what no longer holds."""
+    """Build through the index, of which the first ``keep`` items hold for the call's
+    history (which holds the history from ``facts.offset`` on; caller holds the state's
+    lock). ``new_ids``: the rows after those ``keep`` items (default: the read's new rows).
+    A failed build leaves the index as it was after dropping what no longer holds."""
+    setup, builder, history, kwargs = call.setup, call.builder, call.history, call.kwargs
     state = setup.state
     offset = facts.offset
     state.begin_build(keep, facts.epoch)
@@ -135,7 +164,9 @@ def _build_indexed(
         if offset and getattr(builder, "calibration", None) is not None:
             # A token window is packed under the calibration it was found under.
             kwargs = {**kwargs, "opaque_scale": facts.opaque_scale}
-        plan = builder.build(history, new_input, index=state.index, history_offset=offset, **kwargs)
+        plan = builder.build(
+            history, call.new_input, index=state.index, history_offset=offset, **kwargs
+        )
         _count_window(
             setup, builder, history, offset, kwargs.get("output_reserve"), plan.pack.opaque_scale
         )
@@ -237,24 +268,21 @@ def _window_kept(setup: TurnSetup, facts: _sync.ReadFacts) -> tuple[int, _sync.R
     return kept
 
 
-def build_turn(
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts | None,
-    kwargs: dict[str, Any],
-    memory: SessionMemory | None = None,
-) -> tuple[ContextPlan, Callable[[], None] | None]:
+def _count_failures(store: Any) -> tuple[int, int]:
+    """The count store's failed reads and ignored counts so far (for the turn's report)."""
+    return getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0)
+
+
+def build_turn(call: TurnCall) -> tuple[ContextPlan, Callable[[], None] | None]:
     """The plan of one turn (in a worker thread), with its report (``plan.turn``): through
-    the index when ``facts`` — of the last read of this task, by this session — say it
-    returned ``history`` and the index holds for it (see ``_sync.plan``), else packed
-    without the index, which is then left as it is. With ``memory`` (the builder recalls
-    evicted turns or summarises them), also what starts the background work on what the
-    turn evicted."""
+    the index when the call's ``facts`` — of the last read of this task, by this session —
+    say it returned the history and the index holds for it (see ``_sync.plan``), else
+    packed without the index, which is then left as it is. With the call's ``memory`` (the
+    builder recalls evicted turns or summarises them), also what starts the background work
+    on what the turn evicted."""
+    setup, history, facts, memory = call.setup, call.history, call.facts, call.memory
     state = setup.state
-    store = state.index.count_store
-    failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    failures = _count_failures(state.index.count_store)
     held = kept = 0
     plan: ContextPlan | None = None
     evicted: Callable[[], None] | None = None
@@ -264,53 +292,28 @@ def build_turn(
             held = len(state.index)
             decision = _sync.plan(facts, state.synced(), len(history), state.epoch)
             index = ("unused", decision.code)
+            through: tuple[str, int, _sync.RowIds | None] | None = None
             if decision.use_index and facts is not None:
                 kept = min(decision.keep, held)
-                plan = _build_indexed(
-                    setup,
-                    builder,
-                    history,
-                    new_input,
-                    facts,
-                    decision.keep,
-                    remembered(memory, kwargs, history, facts.offset),
-                )
-                index = index_outcome(decision.code, True, held, kept)
+                through = (decision.code, decision.keep, None)
             elif facts is not None and facts.offset and facts.count == len(history):
                 kept, rest = _window_kept(setup, facts)
-                plan = _build_indexed(
-                    setup,
-                    builder,
-                    history,
-                    new_input,
-                    facts,
-                    kept,
-                    remembered(memory, kwargs, history, facts.offset),
-                    new_ids=rest,
-                )
-                index = index_outcome("compared", True, held, min(kept, held))
+                through = ("compared", kept, rest)
+            if through is not None and facts is not None:
+                code, keep, new_ids = through
+                plan = _build_indexed(call.remembered(facts.offset), facts, keep, new_ids)
+                index = index_outcome(code, True, held, min(keep, held))
             if plan is not None and memory is not None and facts is not None:
                 evicted = observed(memory, plan, history, facts.offset, state.row_ids)
     if plan is None:
         # Not the history our last read returned (a limit, a direct call, or the rows
         # could not be compared): packed without the index, which is left as it is.
-        plan = builder.build(history, new_input, **remembered(memory, kwargs, history, 0))
+        plan = call.builder.build(history, call.new_input, **call.remembered(0).kwargs)
         if memory is not None:
             evicted = observed(memory, plan, history, 0, None)
-    report = turn_report(
-        setup,
-        plan,
-        facts if facts is not None and facts.count == len(history) else None,
-        len(history),
-        index,
-        (held, kept),
-        failures,
-    )
-    log_fallback(setup, report, plan, len(new_input))
-    turned = dataclasses.replace(plan, turn=report)
-    if builder.last_plan is plan:
-        builder.last_plan = turned
-    return turned, evicted
+    report = _call_report(call, plan, index, (held, kept), failures)
+    log_fallback(setup, report, plan, len(call.new_input))
+    return _replaced(call.builder, plan, dataclasses.replace(plan, turn=report)), evicted
 
 
 def _read_mode(
@@ -398,6 +401,19 @@ def turn_report(
     )
 
 
+def _call_report(
+    call: TurnCall,
+    plan: ContextPlan,
+    index: tuple[IndexMode, str | None],
+    held_kept: tuple[int, int],
+    failures: tuple[int, int],
+) -> TurnReport:
+    """:func:`turn_report` of a call's plan (the read's facts when it returned the whole
+    history handed over)."""
+    facts = call.facts if call.read_all else None
+    return turn_report(call.setup, plan, facts, len(call.history), index, held_kept, failures)
+
+
 def log_fallback(setup: TurnSetup, report: TurnReport, plan: ContextPlan, new_items: int) -> None:
     """Log, once per stored session and cause, a fallback that cost more than ten times
     the fast path (see ``turn_report.fallback_cost``)."""
@@ -448,6 +464,13 @@ def _fits_whole(plan: ContextPlan) -> bool:
     )
 
 
+def _replaced(builder: Any, plan: ContextPlan, new: ContextPlan) -> ContextPlan:
+    """``new``, which replaces ``plan`` as the builder's ``last_plan`` when that is it."""
+    if builder.last_plan is plan:
+        builder.last_plan = new
+    return new
+
+
 def _stepped(
     plan: ContextPlan, step: _planner.TurnStep, builder: Any, report: TurnReport | None = None
 ) -> ContextPlan:
@@ -458,9 +481,7 @@ def _stepped(
         prefix_reason=step.reason,
         shared_tokens=step.shared_tokens,
     )
-    if builder.last_plan is plan:
-        builder.last_plan = turned
-    return turned
+    return _replaced(builder, plan, turned)
 
 
 def _without_mark(plan: ContextPlan, extra: int, builder: Any) -> ContextPlan:
@@ -474,47 +495,40 @@ def _without_mark(plan: ContextPlan, extra: int, builder: Any) -> ContextPlan:
         context_tokens=pack.context_tokens - extra,
     )
     unmarked = dataclasses.replace(plan, pack=pack, reserved_tokens=plan.reserved_tokens - extra)
-    if builder.last_plan is plan:
-        builder.last_plan = unmarked
-    return unmarked
+    return _replaced(builder, plan, unmarked)
 
 
 def _stay(
-    planner: _planner.TurnPlanner,
     last: _planner.TurnPrefix,
     cand: list[Item],
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts | None,
-    kwargs: dict[str, Any],
-    memory: SessionMemory | None,
+    call: TurnCall,
     offset: int,
     what: str = "the previous request",
 ) -> ContextPlan | None:
     """The turn as the previous request plus what was stored since and the new input,
     packed through the prefix's own index; ``None`` when it does not fit whole (``what``:
     the request extended, in the plan's words)."""
+    setup, builder, history = call.setup, call.builder, call.history
     state = setup.state
-    store = state.index.count_store
-    failures = (getattr(store, "read_failures", 0), getattr(store, "ignored_counts", 0))
+    failures = _count_failures(state.index.count_store)
     held = len(state.index)
-    if memory is not None:
+    if call.memory is not None:
         with state.lock:
-            kwargs = remembered(memory, kwargs, history, offset)
+            call = call.remembered(offset)
     _planner.sync_index(last, cand)
     try:
-        plan = builder.build(cand, new_input, index=last.index, masking=None, **kwargs)
+        plan = builder.build(cand, call.new_input, index=last.index, masking=None, **call.kwargs)
     except TokenBudgetExceededError:
         return None
     if not _planner.sent_whole(plan.pack, cand):
         return None
     packed = plan
-    plan = dataclasses.replace(plan, pack=_planner.in_history(plan.pack, last, history, offset))
-    if builder.last_plan is packed:
-        builder.last_plan = plan
-    index = follow_rows(setup, builder, history, facts, kwargs)
+    plan = _replaced(
+        builder,
+        packed,
+        dataclasses.replace(plan, pack=_planner.in_history(plan.pack, last, history, offset)),
+    )
+    index = follow_rows(setup, builder, history, call.facts, call.kwargs)
     context = _context_text(plan)
     shared = last.request_tokens if context == last.context else 0
     if last.leading is not None and shared:
@@ -522,15 +536,7 @@ def _stay(
     before = len(last.sent)
     _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
     last.context = context
-    report = turn_report(
-        setup,
-        plan,
-        facts if facts is not None and facts.count == len(history) else None,
-        len(history),
-        index,
-        (held, held),
-        failures,
-    )
+    report = _call_report(call, plan, index, (held, held), failures)
     step = _planner.TurnStep(
         "stayed",
         f"the turn extends {what} ({before:,} history items as sent, {shared:,} tokens repeated)",
@@ -551,50 +557,35 @@ def _leading_tokens(plan: ContextPlan, leading: int, builder: Any) -> int:
 
 
 def _move(
-    planner: _planner.TurnPlanner,
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts | None,
-    kwargs: dict[str, Any],
-    memory: SessionMemory | None,
+    planner: _planner.TurnPlanner, call: TurnCall
 ) -> tuple[ContextPlan, Callable[[], None] | None, float] | None:
     """The history packed to the move's mark (:meth:`~._planner.TurnPlanner.mark`, else the
     policy's ``low_water`` when the lowered mark cannot hold the mandatory part or would
     send no history), with the older tool outputs masked; the plan without the mark's
     reservation, and the mark. ``None``: neither mark can be reached."""
-    budget = int(builder.max_tokens)
+    budget = int(call.builder.max_tokens)
     marks = [planner.mark(budget)]
     if marks[0] < planner.policy.low_water:
         marks.append(float(planner.policy.low_water))
     for mark in marks:
         reserve = budget - max(int(budget * mark), 1)
         moved = {
-            **kwargs,
-            "context_tokens": int(kwargs.get("context_tokens", 0)) + reserve,
+            **call.kwargs,
+            "context_tokens": int(call.kwargs.get("context_tokens", 0)) + reserve,
             "masking": planner.masking(),
         }
         try:
-            plan, evicted = build_turn(setup, builder, history, new_input, facts, moved, memory)
+            plan, evicted = build_turn(dataclasses.replace(call, kwargs=moved))
         except (TokenBudgetExceededError, InvalidItemError):
             continue
-        if mark < marks[-1] and history and not plan.pack.kept_history:
+        if mark < marks[-1] and call.history and not plan.pack.kept_history:
             continue  # the lowered mark would send no history at all: the policy's mark
-        return _without_mark(plan, reserve, builder), evicted, mark
+        return _without_mark(plan, reserve, call.builder), evicted, mark
     return None
 
 
 def build_stable_turn(
-    planner: _planner.TurnPlanner,
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts | None,
-    kwargs: dict[str, Any],
-    memory: SessionMemory | None = None,
-    request: Callable[[], _planner.RunPrefix | None] | None = None,
+    planner: _planner.TurnPlanner, call: TurnCall
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
     """:func:`build_turn` through the callback's cache-stable prefix (``planner``): the
     previous turn's request plus what was stored since while that fits the budget (the cut
@@ -607,19 +598,17 @@ def build_stable_turn(
     and a newer one stored by another process or worker is taken first
     (:mod:`._turn_state`). When the previous request plus what was stored since does not
     fit, the turn continues the latest request the session's model filter sent
-    (``request()``: a filter that moved within the run sent a shorter one) when that plus
-    what was stored since fits, before it moves (:func:`._planner.adopt`)."""
+    (``call.request()``: a filter that moved within the run sent a shorter one) when that
+    plus what was stored since fits, before it moves (:func:`._planner.adopt`)."""
     with planner.lock:
-        read_all = facts is not None and facts.count == len(history)
-        offset = facts.offset if read_all and facts is not None else 0
-        stored = _turn_state.of(setup.store)
-        budget = int(builder.max_tokens)
+        facts, history = call.facts, call.history
+        offset = facts.offset if call.read_all and facts is not None else 0
+        stored = _turn_state.of(call.setup.store)
+        budget = int(call.builder.max_tokens)
         if stored is not None:
             # Another process or worker's newer request, when the history holds it.
             _turn_state.resume(planner, stored, budget, history, offset)
-        got = _stable_turn(
-            planner, setup, builder, history, new_input, facts, kwargs, memory, offset, request
-        )
+        got = _stable_turn(planner, call, offset)
         if stored is not None:
             found = _turn_state.of_planner(planner, budget, history, offset)
             if found is not None:
@@ -634,65 +623,43 @@ def _own(item: Any) -> bool:
 
 
 def _stable_turn(
-    planner: _planner.TurnPlanner,
-    setup: TurnSetup,
-    builder: TokenBudgetedContextBuilder,
-    history: list[Item],
-    new_input: list[Item],
-    facts: _sync.ReadFacts | None,
-    kwargs: dict[str, Any],
-    memory: SessionMemory | None,
-    offset: int,
-    request: Callable[[], _planner.RunPrefix | None] | None = None,
+    planner: _planner.TurnPlanner, call: TurnCall, offset: int
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
     """:func:`build_stable_turn`'s plan (caller holds the planner's lock; ``offset``: the
     history's first position)."""
+    builder, history = call.builder, call.history
     last = planner.last
     if last is not None:
         got = _planner.turn_candidate(last, history, offset)
         if got is not None:
-            plan = _stay(
-                planner,
-                last,
-                got[0],
-                setup,
-                builder,
-                history,
-                new_input,
-                facts,
-                kwargs,
-                memory,
-                offset,
-            )
-            if plan is not None:
+            stayed = _stay(last, got[0], call, offset)
+            if stayed is not None:
                 planner.stayed()
-                return plan, None
+                return stayed, None
         else:
             last = None  # the history no longer holds it: set afresh
     previous = last
     if last is None:
-        plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+        plan, evicted = build_turn(call)
         if _fits_whole(plan):
             planner.last = _planner.after_pack(plan.pack, history, offset, [], _context_text(plan))
             step = _planner.TurnStep("set", "the session's history fits whole: every item sent", 0)
             planner.moved(None)
             return _stepped(plan, step, builder), evicted
-    sent = request() if request is not None else None
+    sent = call.request() if call.request is not None else None
     found = None if sent is None else _planner.adopt(sent, history, offset, _own)
     if found is not None:
         cand = [*found.sent, *history[found.end - offset :]]
-        what = "the model's last request"
-        args = (setup, builder, history, new_input, facts, kwargs, memory, offset, what)
-        adopted = _stay(planner, found, cand, *args)
+        adopted = _stay(found, cand, call, offset, "the model's last request")
         if adopted is not None:
             planner.last = found
             planner.stayed()
             return adopted, None
-    got_move = _move(planner, setup, builder, history, new_input, facts, kwargs, memory)
+    got_move = _move(planner, call)
     if got_move is None:
         # The mandatory part needs more than the mark, or a window read cannot reach
         # what the masked pack would keep: newest first at the whole budget.
-        plan, evicted = build_turn(setup, builder, history, new_input, facts, kwargs, memory)
+        plan, evicted = build_turn(call)
         planner.last = None
         planner.moved(None)
         step = _planner.TurnStep(

@@ -103,9 +103,10 @@ async def read_window(
     if getattr(builder, "policy", None) != "contiguous":
         return Refused("greedy_policy")
     reserve = builder.output_reserve if turn.output_reserve is None else turn.output_reserve
-    budget = max(int(builder.max_tokens) - int(reserve), 0)
-    model, encoding = builder.model, builder.encoding
     scale = opaque_scale_of(builder)
+    options = builder.pack_options.replace(
+        max_tokens=max(int(builder.max_tokens) - int(reserve), 0), opaque_scale=scale
+    )
 
     def synced() -> tuple[tuple[str, str | None] | None, Any]:
         snapshot = state.restore()
@@ -134,13 +135,7 @@ async def read_window(
                 return None
             try:
                 window = state.index.window(
-                    [*appended, *new_items],
-                    budget,
-                    model=model,
-                    encoding=encoding,
-                    new_input=len(new_items),
-                    opaque_scale=scale,
-                    masking=getattr(builder, "masking", None),
+                    [*appended, *new_items], options=options, new_input=len(new_items)
                 )
             except Exception as exc:  # noqa: BLE001 - the full read's pack reports it
                 _log.debug("protoprompt: no window for %r: %s", session_id, exc)

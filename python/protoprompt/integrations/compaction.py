@@ -203,8 +203,7 @@ class CompactionTrigger:
         if ledger is None:
             run = RUN_INPUT.get()
             ledger = run.ledger if run is not None else None
-        b = self.builder
-        scale = b.opaque_scale()
+        options = self.builder.pack_options.replace(opaque_scale=self.builder.opaque_scale())
         why: str | None = "no session of this run"
         if ledger is not None:
             state, incremental = ledger.index()
@@ -220,18 +219,11 @@ class CompactionTrigger:
                     why = "the history is shorter than the session's index"
                 else:
                     tokens, over = state.index.cost_over(
-                        items[:n],
-                        limit,
-                        appended=items[n:],
-                        model=b.model,
-                        encoding=b.encoding,
-                        opaque_scale=scale,
+                        items[:n], limit, appended=items[n:], options=options
                     )
                     self.last = CompactionCheck(over, tokens, limit, len(items), n, None)
                     return over
-        tokens, over = HistoryIndex().cost_over(
-            [], limit, appended=items, model=b.model, encoding=b.encoding, opaque_scale=scale
-        )
+        tokens, over = HistoryIndex().cost_over([], limit, appended=items, options=options)
         self.last = CompactionCheck(over, tokens, limit, len(items), 0, why)
         return over
 
