@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 SESSION = "demo"
-BUDGET = 1_100
+BUDGET = 1_050
 OUTPUT_RESERVE = 150
 MODEL = "gpt-5"
 

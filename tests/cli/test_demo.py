@@ -43,9 +43,9 @@ def test_the_demo_runs_offline_in_the_named_folder_and_its_inspect_command_works
     assert turns == ["1", "2", "3", "4", "5", "6"]
     # Every turn's plan, each within the budget.
     requests = [
-        int(n.replace(",", "")) for n in re.findall(r"^    used: ([\d,]+) of 1,100", out, re.M)
+        int(n.replace(",", "")) for n in re.findall(r"^    used: ([\d,]+) of 1,050", out, re.M)
     ]
-    assert len(requests) == 6 and all(r <= 1_100 for r in requests)
+    assert len(requests) == 6 and all(r <= 1_050 for r in requests)
     assert "model calls: 2 (a tool loop)" in out  # a lookup, then the answer
     assert re.search(r"^    masked: \d+ units? \(\d+ tool outputs?\), \d+ tokens saved", out, re.M)
     assert re.search(r"^    dropped items: \d+ over_budget", out, re.M)

@@ -523,6 +523,8 @@ def _stay(
     if not _planner.sent_whole(plan.pack, cand):
         return None
     packed = plan
+    if last.leading is not None and last.masked and not last.whole:
+        last.whole = _masked_whole(packed, last, history, offset, builder)
     plan = _replaced(
         builder,
         packed,
@@ -536,6 +538,7 @@ def _stay(
     before = len(last.sent)
     _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
     last.context = context
+    last.leading = None  # the next turn extends this turn's request, all of it
     report = _call_report(call, plan, index, (held, held), failures)
     step = _planner.TurnStep(
         "stayed",
@@ -543,6 +546,32 @@ def _stay(
         shared,
     )
     return _stepped(plan, step, builder, report)
+
+
+def _masked_whole(
+    plan: ContextPlan,
+    last: _planner.TurnPrefix,
+    history: list[Item],
+    offset: int,
+    builder: Any,
+) -> dict[int, int]:
+    """The whole tokens of each unit of a stay's pack (``plan``, in the positions of its
+    candidate) that holds copies of an adopted prefix (:func:`._planner.adopt`): its sent
+    tokens with each copy counted as the stored item it stands for, by the unit's first
+    history position (what :func:`._planner.in_history` reports as saved)."""
+    ids = {id(x) for x in last.masked}
+
+    def cost(item: Any) -> int:
+        return item_tokens(item, encoding=builder.encoding).total
+
+    whole: dict[int, int] = {}
+    for d in plan.pack.decisions:
+        at = [p for p in d.positions if p < len(last.sent) and id(last.sent[p]) in ids]
+        if not at or d.tokens is None:
+            continue
+        extra = sum(cost(history[last.kept[p] - offset]) - cost(last.sent[p]) for p in at)
+        whole[last.kept[d.positions[0]]] = d.tokens + extra
+    return whole
 
 
 def _leading_tokens(plan: ContextPlan, leading: int, builder: Any) -> int:
