@@ -639,3 +639,53 @@ def test_the_term_counts_of_a_one_session_table_come_from_the_full_text_index(
         assert _sqlite.stats["counts_by_index"] == taken + 1  # other passages: not taken
         common, total, counts = backend.history_statistics(["zephyr"], terms, scopes, "s1")
         assert (common, total, counts) == ({"zephyr"}, 5, {"zephyr": 5, "quokka": 0})
+
+
+def test_the_sqlite_history_index_merges_its_segments_early(tmp_path: Path) -> None:
+    """SQLite: each indexing call adds a segment to the full-text index, and a search looks
+    each term up in every segment; the history table merges them as soon as two are on one
+    level (``crisismerge``), so many small indexing calls leave a few segments at any time
+    (with FTS5's default, up to 15), and a database made before has it set when a store
+    opens it."""
+    from protoprompt.memory import _sqlite
+
+    path = str(tmp_path / "m.db")
+
+    def segments() -> int:
+        conn = sqlite3.connect(path)
+        try:
+            found = conn.execute("SELECT count(DISTINCT segid) FROM pp_mem_history_fts_idx")
+            return int(found.fetchone()[0])
+        finally:
+            conn.close()
+
+    def setting() -> object:
+        conn = sqlite3.connect(path)
+        try:
+            found = conn.execute(
+                "SELECT v FROM pp_mem_history_fts_config WHERE k = 'crisismerge'"
+            ).fetchone()
+            return None if found is None else found[0]
+        finally:
+            conn.close()
+
+    with MemoryStore(path) as store:
+        assert setting() == _sqlite.HISTORY_FTS_CRISISMERGE == 2
+        most = 0
+        for r in range(64):
+            text = f"user: zephyr {r} " + filler(8, r)
+            store.index_history("s1", [HistoryRecord(r, text)], scope=SCOPE)
+            most = max(most, segments())
+        assert most <= 4  # FTS5's default: up to 15 after as many calls
+        found = store.search_history("zephyr 17", scope=SCOPE, session_id="s1")
+        assert found and found[0].metadata["row"] == 17
+    conn = sqlite3.connect(path)  # as an earlier version left it
+    conn.execute("DELETE FROM pp_mem_history_fts_config WHERE k = 'crisismerge'")
+    conn.commit()
+    conn.close()
+    assert setting() is None
+    with MemoryStore(path, read_only=True) as ro:  # never written
+        assert ro.search_history("zephyr 17", scope=SCOPE, session_id="s1")
+    assert setting() is None
+    with MemoryStore(path):
+        assert setting() == 2
