@@ -13,7 +13,7 @@ from typing import Any
 
 from .._process import sqlite_gate
 from .dialect import SQLITE
-from .records import Kind, Record
+from .records import Decide, Kind, Record
 
 __all__ = [
     "RedisRecord",
@@ -106,12 +106,7 @@ class SQLiteRecord(_Base):
         except sqlite3.Error as exc:
             return self._failed("written", exc)
 
-    def update(
-        self,
-        decide: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-        *,
-        outlive: int | None = None,
-    ) -> bool | str:
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
         def work(conn: sqlite3.Connection) -> bool:
             conn.execute("BEGIN IMMEDIATE")  # the row stays as read until the commit
             row = conn.execute(self.kind.select(), self._keys()).fetchone()
@@ -178,12 +173,7 @@ class SQLRecord(_Base):
         except Exception as exc:  # noqa: BLE001 - a lost record only costs a rebuild
             return self._failed("written", exc)
 
-    def update(
-        self,
-        decide: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-        *,
-        outlive: int | None = None,
-    ) -> bool | str:
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
         from sqlalchemy import text
 
         async def work() -> bool:
@@ -303,12 +293,7 @@ class RedisRecord(_Base):
         except Exception as exc:  # noqa: BLE001 - a lost record only costs a rebuild
             return self._failed("written", exc)
 
-    def update(
-        self,
-        decide: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-        *,
-        outlive: int | None = None,
-    ) -> bool | str:
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
         from redis.exceptions import WatchError
 
         fields = [f.hash_field for f in self.kind.redis_fields]

@@ -15,9 +15,12 @@ from typing import Any, Protocol
 
 from .dialect import Dialect, upsert
 
-__all__ = ["Field", "Kind", "Record", "RecordStore"]
+__all__ = ["Decide", "Field", "Kind", "Record", "RecordStore"]
 
 KEYS = ("messages_table", "session_id")
+
+Decide = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+"""What :meth:`Record.update` makes of the stored values (``None``: leave them)."""
 
 
 @dataclass(frozen=True)
@@ -129,12 +132,7 @@ class Record(Protocol):
         write failed."""
         ...
 
-    def update(
-        self,
-        decide: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-        *,
-        outlive: int | None = None,
-    ) -> bool | str:
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
         """Replace the record by what ``decide`` makes of the stored values (as :meth:`load`
         reads them, damaged ones included; ``None``: none stored), unless it returns
         ``None``, in one transaction: no other write comes between the read and the write
