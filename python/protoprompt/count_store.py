@@ -106,7 +106,99 @@ def _replace_old_table(conn: sqlite3.Connection) -> None:
         _log.debug("protoprompt count store: old table kept: %s", e)
 
 
-class SQLiteCountStore:
+def _valid(pairs: Iterable[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    batch = [(bytes(k), int(n)) for k, n in pairs]
+    for k, n in batch:
+        if len(k) != 16 or not _is_count(n):
+            raise ValueError(f"count store entries are (16-byte key, int >= 0), got ({k!r}, {n!r})")
+    return batch
+
+
+class _Counts:
+    """What every count store does alike: the checks of stored counts, the queue of counts
+    to write, the record of what failed."""
+
+    max_entries: int
+    _secret: bytes
+
+    def _start_counts(self) -> None:
+        self._pending: list[tuple[bytes, int]] = []
+        # The last counts written, insertion-ordered; at most half the table, so a count
+        # remembered here is still stored unless others wrote max_entries / 2 since.
+        self._written: dict[bytes, int] = {}
+        self._writing = threading.Condition()
+        self.read_failures = 0
+        """Reads that failed (their counts were then all made in the process)."""
+        self.write_failures = 0
+        """Writes that failed (those counts are queued again by a later turn)."""
+        self.ignored_counts = 0
+        """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
+        self.last_failure: str | None = None
+        """What went wrong last (a failed read or write, or ignored counts)."""
+
+    def _where(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def secret(self) -> bytes:
+        """The database's 16-byte hashing key (read by the core; keep it private)."""
+        return self._secret
+
+    def _read_failed(self, e: BaseException, misses: int) -> list[int | None]:
+        _log.debug("protoprompt count store %s: read failed: %s", self._where(), e)
+        self.read_failures += 1
+        self.last_failure = f"read failed: {e or type(e).__name__}"
+        return [None] * misses
+
+    def _checked(
+        self, keys: Sequence[bytes], found: dict[bytes, tuple[object, object]]
+    ) -> list[int | None]:
+        """The counts of ``keys`` among the stored ``found`` ones whose check holds."""
+        out: list[int | None] = []
+        bad = 0
+        for k in keys:
+            n, mac = found.get(bytes(k), (None, None))
+            if n is None:
+                out.append(None)
+            elif _is_count(n) and type(mac) is bytes and mac == _mac(self._secret, k, n):
+                out.append(n)
+            else:
+                out.append(None)  # damaged, retyped or moved: counted again and rewritten
+                bad += 1
+        if bad:
+            _log.debug("protoprompt count store %s: %d damaged entries ignored", self._where(), bad)
+            self.ignored_counts += bad
+            self.last_failure = f"{bad} damaged counts ignored"
+        return out
+
+    def _queue(self, batch: list[tuple[bytes, int]]) -> bool:
+        """Queue the counts of ``batch`` not written lately (the caller holds
+        ``_writing``); whether any was."""
+        # Counts this object wrote lately are not written again (the core reports counts it
+        # had in memory, e.g. last turn's new input, which is usually one of them).
+        batch = [(k, n) for k, n in batch if self._written.get(k) != n]
+        for k, n in batch:
+            self._written[k] = n
+        while len(self._written) > min(_REMEMBER_WRITTEN, self.max_entries // 2):
+            del self._written[next(iter(self._written))]
+        self._pending.extend(batch)
+        return bool(batch)
+
+    def _rows(self, batch: list[tuple[bytes, int]]) -> list[tuple[bytes, int, bytes]]:
+        """The rows to store: the counts with their checks."""
+        return [(k, n, _mac(self._secret, k, n)) for k, n in batch]
+
+    def _write_failed(self, e: BaseException, rows: list[tuple[bytes, int, bytes]]) -> None:
+        _log.debug("protoprompt count store %s: write failed: %s", self._where(), e)
+        self.write_failures += 1
+        self.last_failure = f"write failed: {e or type(e).__name__}"
+        with self._writing:  # not written: let a later turn queue them again
+            for k, n, _ in rows:
+                if self._written.get(k) == n:
+                    del self._written[k]
+
+
+class SQLiteCountStore(_Counts):
     """Content-addressed token counts in a SQLite database file, shared across processes.
 
     Pass it to :class:`~protoprompt.HistoryIndex` (``count_store=``);
@@ -154,20 +246,8 @@ class SQLiteCountStore:
         self.max_open_readers = max_open_readers
         self._lock = threading.Lock()  # the reader connection
         self._reader: sqlite3.Connection | None = None
-        self._pending: list[tuple[bytes, int]] = []
-        # The last counts written, insertion-ordered; at most half the table, so a count
-        # remembered here is still stored unless others wrote max_entries / 2 since.
-        self._written: dict[bytes, int] = {}
-        self._writing = threading.Condition()
+        self._start_counts()
         self._writer: threading.Thread | None = None
-        self.read_failures = 0
-        """Reads that failed (their counts were then all made in the process)."""
-        self.write_failures = 0
-        """Writes that failed (those counts are queued again by a later turn)."""
-        self.ignored_counts = 0
-        """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
-        self.last_failure: str | None = None
-        """What went wrong last (a failed read or write, or ignored counts)."""
         self._secret = self._open()
         _process.SQLITE_COUNT_STORES.add(self)  # queued counts are written at interpreter exit
 
@@ -238,14 +318,12 @@ class SQLiteCountStore:
             )
         return secret
 
-    @property
-    def secret(self) -> bytes:
-        """The database's 16-byte hashing key (read by the core; keep it private)."""
-        return self._secret
+    def _where(self) -> str:
+        return self.path
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
-        found: dict[object, tuple[object, object]] = {}
+        found: dict[bytes, tuple[object, object]] = {}
         with self._lock:
             try:
                 reader = self._open_reader()
@@ -258,46 +336,15 @@ class SQLiteCountStore:
                         ):
                             found[k] = (n, mac)
             except sqlite3.Error as e:
-                _log.debug("protoprompt count store %s: read failed: %s", self.path, e)
-                self.read_failures += 1
-                self.last_failure = f"read failed: {e}"
-                return [None] * len(keys)
-        out: list[int | None] = []
-        bad = 0
-        for k in keys:
-            n, mac = found.get(k, (None, None))
-            if n is None:
-                out.append(None)
-            elif _is_count(n) and type(mac) is bytes and mac == _mac(self._secret, k, n):
-                out.append(n)
-            else:
-                out.append(None)  # damaged, retyped or moved: counted again and rewritten
-                bad += 1
-        if bad:
-            _log.debug("protoprompt count store %s: %d damaged entries ignored", self.path, bad)
-            self.ignored_counts += bad
-            self.last_failure = f"{bad} damaged counts ignored"
-        return out
+                return self._read_failed(e, len(keys))
+        return self._checked(keys, found)
 
     def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
         """Queue ``(key, tokens)`` pairs; a background thread writes them soon."""
-        batch = [(bytes(k), int(n)) for k, n in pairs]
-        for k, n in batch:
-            if len(k) != 16 or not _is_count(n):
-                raise ValueError(
-                    f"count store entries are (16-byte key, int >= 0), got ({k!r}, {n!r})"
-                )
+        batch = _valid(pairs)
         with self._writing:
-            # Counts this object wrote lately are not written again (the core reports counts
-            # it had in memory, e.g. last turn's new input, which is usually one of them).
-            batch = [(k, n) for k, n in batch if self._written.get(k) != n]
-            if not batch:
+            if not self._queue(batch):
                 return
-            for k, n in batch:
-                self._written[k] = n
-            while len(self._written) > min(_REMEMBER_WRITTEN, self.max_entries // 2):
-                del self._written[next(iter(self._written))]
-            self._pending.extend(batch)
             if self._writer is None:
                 self._writer = threading.Thread(
                     target=self._drain, name="protoprompt-count-store", daemon=True
@@ -314,7 +361,7 @@ class SQLiteCountStore:
                         self._writer = None
                         self._writing.notify_all()
                         return
-                rows = [(k, n, _mac(self._secret, k, n)) for k, n in batch]
+                rows = self._rows(batch)
                 try:
                     with sqlite_gate():  # the whole transaction: no fork inside it
                         if conn is None:
@@ -331,13 +378,7 @@ class SQLiteCountStore:
                                 (self.max_entries,),
                             )
                 except sqlite3.Error as e:
-                    _log.debug("protoprompt count store %s: write failed: %s", self.path, e)
-                    self.write_failures += 1
-                    self.last_failure = f"write failed: {e}"
-                    with self._writing:  # not written: let a later turn queue them again
-                        for k, n in batch:
-                            if self._written.get(k) == n:
-                                del self._written[k]
+                    self._write_failed(e, rows)
         finally:
             if conn is not None:
                 with sqlite_gate():
@@ -415,7 +456,7 @@ class CountBackend(Protocol):
     async def size(self) -> int: ...
 
 
-class RemoteCountStore:
+class RemoteCountStore(_Counts):
     """Token counts kept on a database server (PostgreSQL, Redis) beside a session's history:
     the :class:`SQLiteCountStore` of a deployment with many hosts, made by
     :class:`~protoprompt.integrations.ProtoPromptSession` for its inner session's engine.
@@ -447,23 +488,12 @@ class RemoteCountStore:
         self.description = description
         self.max_entries = max_entries
         self.timeout = timeout
-        self._pending: list[tuple[bytes, int]] = []
-        self._written: dict[bytes, int] = {}
-        self._writing = threading.Condition()
+        self._start_counts()
         self._busy = False
-        self.read_failures = 0
-        """Reads that failed (their counts were then all made in the process)."""
-        self.write_failures = 0
-        """Writes that failed (those counts are queued again by a later turn)."""
-        self.ignored_counts = 0
-        """Stored counts ignored as damaged, retyped or moved (counted again, rewritten)."""
-        self.last_failure: str | None = None
         _process.REMOTE_COUNT_STORES.add(self)
 
-    @property
-    def secret(self) -> bytes:
-        """The database's 16-byte hashing key (read by the core; keep it private)."""
-        return self._secret
+    def _where(self) -> str:
+        return self.description
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
@@ -473,43 +503,15 @@ class RemoteCountStore:
         try:
             found = self._io.run(lambda: self._backend.fetch(wanted), self.timeout)
         except Exception as e:  # noqa: BLE001 - any failure of the server is a miss
-            _log.debug("protoprompt count store %s: read failed: %s", self.description, e)
-            self.read_failures += 1
-            self.last_failure = f"read failed: {e or type(e).__name__}"
-            return [None] * len(keys)
-        out: list[int | None] = []
-        bad = 0
-        for k in keys:
-            n, mac = found.get(bytes(k), (None, None))
-            if n is None:
-                out.append(None)
-            elif _is_count(n) and type(mac) is bytes and mac == _mac(self._secret, k, n):
-                out.append(n)
-            else:
-                out.append(None)
-                bad += 1
-        if bad:
-            self.ignored_counts += bad
-            self.last_failure = f"{bad} damaged counts ignored"
-        return out
+            return self._read_failed(e, len(keys))
+        return self._checked(keys, found)
 
     def put_many(self, pairs: Iterable[tuple[bytes, int]]) -> None:
         """Queue ``(key, tokens)`` pairs; they are written soon, in the background."""
-        batch = [(bytes(k), int(n)) for k, n in pairs]
-        for k, n in batch:
-            if len(k) != 16 or not _is_count(n):
-                raise ValueError(
-                    f"count store entries are (16-byte key, int >= 0), got ({k!r}, {n!r})"
-                )
+        batch = _valid(pairs)
         with self._writing:
-            batch = [(k, n) for k, n in batch if self._written.get(k) != n]
-            if not batch:
+            if not self._queue(batch):
                 return
-            for k, n in batch:
-                self._written[k] = n
-            while len(self._written) > min(_REMEMBER_WRITTEN, self.max_entries // 2):
-                del self._written[next(iter(self._written))]
-            self._pending.extend(batch)
             if self._busy:
                 return
             self._busy = True
@@ -528,17 +530,11 @@ class RemoteCountStore:
                     batch, self._pending = self._pending, []
                     if not batch:
                         return
-                rows = [(k, n, _mac(self._secret, k, n)) for k, n in batch]
+                rows = self._rows(batch)
                 try:
                     await self._backend.write(rows, self.max_entries)
                 except Exception as e:  # noqa: BLE001 - a lost write only costs a recount
-                    _log.debug("protoprompt count store %s: write failed: %s", self.description, e)
-                    self.write_failures += 1
-                    self.last_failure = f"write failed: {e or type(e).__name__}"
-                    with self._writing:
-                        for k, n in batch:
-                            if self._written.get(k) == n:
-                                del self._written[k]
+                    self._write_failed(e, rows)
         finally:
             with self._writing:
                 self._busy = False

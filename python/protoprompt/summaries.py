@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._context_blocks import data
+from ._storage import Kind, Record, sqlite_record
+from ._storage.records import Field
 from .packing import count_tokens_batch
 from .transcript import render_items
 
@@ -135,6 +136,25 @@ class MemorySummaryStore:
             self._state = SummaryState("", 0, version + 1)
 
 
+KIND = Kind(
+    TABLE,
+    "summary",
+    (
+        Field("keyed", "text"),
+        Field("upto", "int"),
+        Field("version", "int"),
+        Field("summary", "text"),
+        Field("updated_at", "real", in_redis=False),
+        Field("checksum", "text"),
+    ),
+)
+"""A session's stored summary (a session record of :mod:`protoprompt._storage`)."""
+
+TOMBSTONE_SECONDS = 86_400
+"""How long a Redis tombstone (the summary of a cleared session) is kept."""
+_CAS_TRIES = 8
+
+
 def _checksum(table: str, session_id: str, keyed: str, upto: int, version: int, text: str) -> str:
     h = hashlib.blake2b(digest_size=16)
     for part in ("protoprompt summary 1", table, session_id, keyed, str(upto), str(version), text):
@@ -143,7 +163,114 @@ def _checksum(table: str, session_id: str, keyed: str, upto: int, version: int, 
     return h.hexdigest()
 
 
-class SQLiteSummaryStore:
+def _text(value: Any) -> str | None:
+    """A stored text (Redis: UTF-8 bytes)."""
+    if type(value) is bytes:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def _number(value: Any) -> int | None:
+    """A stored count (Redis: ASCII digits)."""
+    if type(value) is bytes:
+        return int(value) if value.isdigit() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RecordSummaryStore:
+    """A session's summary as a session record (:data:`KIND`) of any engine of
+    :mod:`protoprompt._storage`: a SQLite file, PostgreSQL, Redis.
+
+    The record sits behind a checksum of its fields, the messages table and the session: a
+    record that is damaged, of another kind of key (``keyed``), or not written by protoprompt
+    is ignored (read as no summary, replaced by the next update). An update is a
+    compare-and-set in one transaction (:meth:`~protoprompt._storage.Record.update`), so
+    workers never go back to an older summary. In Redis the summary expires with the
+    session's list as it was when written and is not written once the list is gone; a
+    tombstone (:meth:`clear`) is kept :data:`TOMBSTONE_SECONDS`.
+
+    ``locate``: the record, found on first use (it may raise: then a load finds no summary
+    and an update raises)."""
+
+    def __init__(self, locate: Callable[[], Record], session_id: str, *, keyed: str) -> None:
+        self._locate = locate
+        self._record: Record | None = None
+        self._session = session_id
+        self._keyed = keyed
+
+    def record(self) -> Record:
+        """The record (found once)."""
+        found = self._record
+        if found is None:
+            found = self._record = self._locate()
+        return found
+
+    def _state(self, record: Record, values: dict[str, Any] | None) -> SummaryState | None:
+        """The state stored ``values`` hold, or ``None`` (none, damaged, or foreign: never
+        trusted)."""
+        if values is None:
+            return None
+        keyed, text, check = (_text(values[k]) for k in ("keyed", "summary", "checksum"))
+        upto, version = _number(values["upto"]), _number(values["version"])
+        if keyed != self._keyed or upto is None or version is None or text is None:
+            return None
+        if check != _checksum(*record.where, keyed, upto, version, text):
+            return None
+        return SummaryState(text, upto, version)
+
+    def _values(self, record: Record, text: str, upto: int, version: int) -> dict[str, Any]:
+        check = _checksum(*record.where, self._keyed, upto, version, text)
+        return {"keyed": self._keyed, "upto": upto, "version": version, "summary": text,
+                "updated_at": time.time(), "checksum": check}  # fmt: skip
+
+    def _update(
+        self, decide: Callable[[SummaryState | None], SummaryState | None], *, tombstone: bool
+    ) -> bool:
+        """Store what ``decide`` makes of the stored state (``None``: leave it);
+        ``tombstone``: it is an empty summary, kept even once the history is gone."""
+        record = self.record()
+
+        def values(found: dict[str, Any] | None) -> dict[str, Any] | None:
+            new = decide(self._state(record, found))
+            if new is None:
+                return None
+            return self._values(record, new.text, new.upto, new.version)
+
+        done = record.update(values, outlive=TOMBSTONE_SECONDS if tombstone else None)
+        if isinstance(done, str):
+            raise RuntimeError(f"the summary of {self._session!r} was not written: {done}")
+        return done
+
+    def load(self) -> SummaryState | None:
+        try:
+            record = self.record()
+        except Exception as exc:  # noqa: BLE001 - an unreadable summary is absent
+            _log.debug("protoprompt: summary of %r not read: %s", self._session, exc)
+            return None
+        return self._state(record, record.load())
+
+    def save(self, previous: SummaryState | None, text: str, upto: int) -> bool:
+        def decide(current: SummaryState | None) -> SummaryState | None:
+            if current != previous or (previous is not None and upto <= previous.upto):
+                return None
+            return SummaryState(text, upto, 1 if previous is None else previous.version + 1)
+
+        return self._update(decide, tombstone=text == "")
+
+    def clear(self) -> None:
+        def decide(current: SummaryState | None) -> SummaryState:
+            return SummaryState("", 0, (0 if current is None else current.version) + 1)
+
+        for _ in range(_CAS_TRIES):
+            if self._update(decide, tombstone=True):
+                return
+        raise RuntimeError(f"the summary of {self._session!r} could not be cleared")
+
+
+class SQLiteSummaryStore(RecordSummaryStore):
     """A session's summary in its SQLite database file (table ``protoprompt_summaries``).
 
     One row per (messages table, session), behind a checksum of its fields: a row that is
@@ -152,102 +279,8 @@ class SQLiteSummaryStore:
     in one ``BEGIN IMMEDIATE`` transaction, so workers never go back to an older summary."""
 
     def __init__(self, db_path: str, messages_table: str, session_id: str, *, keyed: str) -> None:
-        self._db = db_path
-        self._table = messages_table
-        self._session = session_id
-        self._keyed = keyed
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._db, timeout=5.0, isolation_level=None)
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} (messages_table TEXT NOT NULL, "
-            "session_id TEXT NOT NULL, keyed TEXT NOT NULL, upto INTEGER NOT NULL, "
-            "version INTEGER NOT NULL, summary TEXT NOT NULL, updated_at REAL NOT NULL, "
-            "checksum TEXT NOT NULL, PRIMARY KEY (messages_table, session_id))"
-        )
-        return conn
-
-    def _read(self, conn: sqlite3.Connection) -> SummaryState | None:
-        row = conn.execute(
-            f"SELECT keyed, upto, version, summary, checksum FROM {TABLE}"
-            " WHERE messages_table = ? AND session_id = ?",
-            (self._table, self._session),
-        ).fetchone()
-        if row is None:
-            return None
-        keyed, upto, version, text, checksum = row
-        if (
-            keyed != self._keyed
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in (upto, version))
-            or not isinstance(text, str)
-            or checksum != _checksum(self._table, self._session, keyed, upto, version, text)
-        ):
-            return None  # damaged or foreign: never trusted
-        return SummaryState(text, upto, version)
-
-    def load(self) -> SummaryState | None:
-        try:
-            conn = self._connect()
-        except sqlite3.Error as exc:
-            _log.debug("protoprompt: summary of %r not read: %s", self._session, exc)
-            return None
-        try:
-            return self._read(conn)
-        except sqlite3.Error as exc:
-            _log.debug("protoprompt: summary of %r not read: %s", self._session, exc)
-            return None
-        finally:
-            conn.close()
-
-    def save(self, previous: SummaryState | None, text: str, upto: int) -> bool:
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                current = self._read(conn)
-                if current != previous or (previous is not None and upto <= previous.upto):
-                    conn.execute("ROLLBACK")
-                    return False
-                version = 1 if previous is None else previous.version + 1
-                self._write(conn, text, upto, version)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return True
-        finally:
-            conn.close()
-
-    def clear(self) -> None:
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                current = self._read(conn)
-                version = (0 if current is None else current.version) + 1
-                self._write(conn, "", 0, version)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-
-    def _write(self, conn: sqlite3.Connection, text: str, upto: int, version: int) -> None:
-        conn.execute(
-            f"INSERT OR REPLACE INTO {TABLE} (messages_table, session_id, keyed, upto,"
-            " version, summary, updated_at, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self._table,
-                self._session,
-                self._keyed,
-                upto,
-                version,
-                text,
-                time.time(),
-                _checksum(self._table, self._session, self._keyed, upto, version, text),
-            ),
-        )
+        record = sqlite_record(db_path, KIND, messages_table, session_id)
+        super().__init__(lambda: record, session_id, keyed=keyed)
 
 
 class ModelSummarizer:

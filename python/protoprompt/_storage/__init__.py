@@ -7,13 +7,14 @@
   driver of the session's own engine) and a Redis database, each running a few statements
   on its own connection and saying what failed;
 - :mod:`.records`: one *session record* of a kind (:class:`~.records.Kind`: an index
-  snapshot, a cache-stable prefix): a row keyed by ``(messages_table, session_id)`` in
-  SQL, a hash that expires with the session's list in Redis; load, replace, delete and
-  compare-and-set, never raising.
+  snapshot, a cache-stable prefix, a rolling summary): a row keyed by
+  ``(messages_table, session_id)`` in SQL, a hash that expires with the session's list in
+  Redis; load, replace, delete, compare-and-set and read-then-write in one transaction,
+  never raising.
 
 The stores of ``protoprompt.integrations`` (``_snapshots``, ``_prefix_state``,
-``_turn_state``) are written once over a :class:`~.records.Record`; only the engines know SQL
-from Redis.
+``_turn_state``) and the summaries (``protoprompt.summaries``) are written once over a
+:class:`~.records.Record`; only the engines know SQL from Redis.
 """
 
 from __future__ import annotations

@@ -21,14 +21,17 @@ class Dialect:
     """Bytes (``BLOB`` / ``BYTEA``)."""
     bigint: str
     """A 64-bit integer."""
+    real: str
+    """A double-precision float."""
 
     def column_type(self, kind: str) -> str:
-        """The engine's type for a column of kind ``"text"``, ``"blob"`` or ``"int"``."""
-        return {"text": "TEXT", "blob": self.blob, "int": self.bigint}[kind]
+        """The engine's type for a column of kind ``"text"``, ``"blob"``, ``"int"`` or
+        ``"real"``."""
+        return {"text": "TEXT", "blob": self.blob, "int": self.bigint, "real": self.real}[kind]
 
 
-SQLITE = Dialect("sqlite", blob="BLOB", bigint="INTEGER")
-POSTGRESQL = Dialect("postgresql", blob="BYTEA", bigint="BIGINT")
+SQLITE = Dialect("sqlite", blob="BLOB", bigint="INTEGER", real="REAL")
+POSTGRESQL = Dialect("postgresql", blob="BYTEA", bigint="BIGINT", real="DOUBLE PRECISION")
 
 
 def upsert(table: str, keys: tuple[str, ...], columns: tuple[str, ...]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._process import sqlite_gate
 from .dialect import SQLITE
-from .records import Kind, Record
+from .records import Decide, Kind, Record
 
 __all__ = [
     "RedisRecord",
@@ -106,6 +106,21 @@ class SQLiteRecord(_Base):
         except sqlite3.Error as exc:
             return self._failed("written", exc)
 
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
+        def work(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")  # the row stays as read until the commit
+            row = conn.execute(self.kind.select(), self._keys()).fetchone()
+            values = decide(self._row(row))
+            if values is None:
+                return False
+            statement = self.kind.insert_new() if row is None else self.kind.replace()
+            return conn.execute(statement, self._params(values)).rowcount == 1
+
+        try:
+            return bool(self._run(work, write=True))
+        except sqlite3.Error as exc:
+            return self._failed("written", exc)
+
     def delete(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # no table: nothing to delete
             self._run(lambda c: c.execute(self.kind.delete(), self._keys()), write=False)
@@ -158,6 +173,26 @@ class SQLRecord(_Base):
         except Exception as exc:  # noqa: BLE001 - a lost record only costs a rebuild
             return self._failed("written", exc)
 
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
+        from sqlalchemy import text
+
+        async def work() -> bool:
+            async with self._server.engine.begin() as conn:
+                found = await conn.execute(text(self.kind.select() + " FOR UPDATE"), self._keys())
+                row = found.first()
+                values = decide(self._row(row))
+                if values is None:
+                    return False
+                # No row to lock: another worker's insert may come first (then nothing).
+                statement = self.kind.insert_new() if row is None else self.kind.replace()
+                result = await conn.execute(text(statement), self._params(values))
+                return int(result.rowcount) == 1
+
+        try:
+            return bool(self._server.run(work))
+        except Exception as exc:  # noqa: BLE001 - said to the caller
+            return self._failed("written", exc)
+
     def delete(self) -> None:
         try:
             self._run(self.kind.delete(), self._keys(), write=True)
@@ -192,10 +227,15 @@ class RedisRecord(_Base):
         self.key = f"{where[0].removesuffix(':messages')}:protoprompt:{kind.suffix}"
 
     def _mapping(self, values: dict[str, Any]) -> dict[str, Any]:
-        return {f.hash_field: values[f.name] for f in self.kind.fields}
+        return {f.hash_field: values[f.name] for f in self.kind.redis_fields}
+
+    def _values(self, found: list[Any]) -> dict[str, Any] | None:
+        if all(v is None for v in found):
+            return None
+        return {f.name: v for f, v in zip(self.kind.redis_fields, found, strict=True)}
 
     def load(self) -> dict[str, Any] | None:
-        fields = [f.hash_field for f in self.kind.fields]
+        fields = [f.hash_field for f in self.kind.redis_fields]
 
         async def read() -> Any:
             return await self._server.client.hmget(self.key, fields)
@@ -205,9 +245,7 @@ class RedisRecord(_Base):
         except Exception as exc:  # noqa: BLE001 - an unreadable record is absent
             self._failed("read", exc)
             return None
-        if all(v is None for v in found):
-            return None
-        return {f.name: v for f, v in zip(self.kind.fields, found, strict=True)}
+        return self._values(found)
 
     async def _expiry(self) -> int | None:
         """The list's expiry (ms; 0: none), or ``None`` when the list is gone (the record
@@ -240,7 +278,7 @@ class RedisRecord(_Base):
 
     def swap(self, expected: int | None, values: dict[str, Any]) -> bool | str:
         assert self.kind.version is not None
-        version = next(f.hash_field for f in self.kind.fields if f.name == self.kind.version)
+        version = next(f.hash_field for f in self.kind.redis_fields if f.name == self.kind.version)
         flat = [x for kv in self._mapping(values).items() for x in kv]
 
         async def write() -> bool:
@@ -253,6 +291,38 @@ class RedisRecord(_Base):
         try:
             return bool(self._server.run(write))
         except Exception as exc:  # noqa: BLE001 - a lost record only costs a rebuild
+            return self._failed("written", exc)
+
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
+        from redis.exceptions import WatchError
+
+        fields = [f.hash_field for f in self.kind.redis_fields]
+
+        async def write() -> bool:
+            async with self._server.client.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(self.key)
+                    values = decide(self._values(await pipe.hmget(self.key, fields)))
+                    if values is None:
+                        return False
+                    at = int(await pipe.pexpiretime(self.where[0]))
+                    if at == -2 and outlive is None:
+                        return False  # the history is gone: nothing of it is kept
+                    pipe.multi()
+                    pipe.delete(self.key)
+                    pipe.hset(self.key, mapping=self._mapping(values))
+                    if outlive is not None:
+                        pipe.expire(self.key, outlive)
+                    elif at > 0:
+                        pipe.pexpireat(self.key, at)
+                    await pipe.execute()
+                    return True
+                except WatchError:
+                    return False  # written meanwhile
+
+        try:
+            return bool(self._server.run(write))
+        except Exception as exc:  # noqa: BLE001 - said to the caller
             return self._failed("written", exc)
 
     def delete(self) -> None:

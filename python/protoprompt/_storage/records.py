@@ -3,20 +3,24 @@
 A record is keyed by the session's messages table (its identity: the table's name, with its
 oid on PostgreSQL, or the Redis list key) and session id. It is read, replaced, deleted and
 compared-and-set (on the kind's version field, so that two workers never overwrite each
-other's newer state) the same way on every engine; nothing raises: an unreadable record is
-absent, a failed write says why.
+other's newer state) or updated from what is stored in one transaction, the same way on
+every engine; nothing raises: an unreadable record is absent, a failed write says why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .dialect import Dialect, upsert
 
-__all__ = ["Field", "Kind", "Record", "RecordStore"]
+__all__ = ["Decide", "Field", "Kind", "Record", "RecordStore"]
 
 KEYS = ("messages_table", "session_id")
+
+Decide = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+"""What :meth:`Record.update` makes of the stored values (``None``: leave them)."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +30,13 @@ class Field:
     name: str
     """Its column (and its name in the values a record reads and writes)."""
     type: str
-    """``"blob"``, ``"int"`` or ``"text"``."""
+    """``"blob"``, ``"int"``, ``"real"`` or ``"text"``."""
     redis: str | None = None
     """Its field in the Redis hash (``None``: the name)."""
     sql: bool = True
     """Kept in SQL too (``False``: Redis only, e.g. a generation tag)."""
+    in_redis: bool = True
+    """Kept in Redis too (``False``: SQL only, e.g. a time of writing)."""
 
     @property
     def hash_field(self) -> str:
@@ -51,6 +57,11 @@ class Kind:
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.sql)
+
+    @property
+    def redis_fields(self) -> tuple[Field, ...]:
+        """The fields of the Redis hash."""
+        return tuple(f for f in self.fields if f.in_redis)
 
     def create(self, dialect: Dialect) -> str:
         """``CREATE TABLE IF NOT EXISTS`` of the kind's table."""
@@ -85,14 +96,18 @@ class Kind:
             "ON CONFLICT (messages_table, session_id) DO NOTHING"
         )
 
-    def update_if(self) -> str:
-        """Replace the record's values if its version is ``:expected``."""
-        assert self.version is not None
+    def replace(self) -> str:
+        """Replace the stored record's values."""
         sets = ", ".join(f"{c} = :{c}" for c in self.columns)
         return (
             f"UPDATE {self.table} SET {sets} WHERE messages_table = :messages_table "
-            f"AND session_id = :session_id AND {self.version} = :expected"
+            "AND session_id = :session_id"
         )
+
+    def update_if(self) -> str:
+        """Replace the record's values if its version is ``:expected``."""
+        assert self.version is not None
+        return f"{self.replace()} AND {self.version} = :expected"
 
 
 class Record(Protocol):
@@ -115,6 +130,17 @@ class Record(Protocol):
         """Write ``values`` only if the stored version is ``expected`` (``None``: no record
         stored): ``True`` written, ``False`` another version is stored, a ``str``: why the
         write failed."""
+        ...
+
+    def update(self, decide: Decide, *, outlive: int | None = None) -> bool | str:
+        """Replace the record by what ``decide`` makes of the stored values (as :meth:`load`
+        reads them, damaged ones included; ``None``: none stored), unless it returns
+        ``None``, in one transaction: no other write comes between the read and the write
+        (SQL: the row is locked; Redis: the hash is watched). ``True`` written, ``False``
+        left as it is (``decide`` said so, or another writer came first), a ``str``: why it
+        failed. In Redis the hash expires with the session's list and is not written once
+        the list is gone, unless ``outlive`` is given: it is then written anyway and kept
+        that many seconds."""
         ...
 
     def delete(self) -> None:
