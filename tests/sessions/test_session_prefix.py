@@ -506,6 +506,14 @@ def test_adopt_refuses_a_request_the_history_does_not_hold() -> None:
     edited = [*history]
     edited[5] = {**history[5], "arguments": '{"a": 1}'}
     assert _planner.adopt(request, edited, 0, own) is None
+    # A copy that claims a stored item's digest but is not of its kind and call (a
+    # damaged or foreign stored request) is not sent in its place.
+    forged = dict(request.items[4], call_id="c3")
+    items = [*request.items[:4], forged, *request.items[5:]]
+    assert _planner.adopt(dataclasses.replace(request, items=items), history, 0, own) is None
+    forged = {"role": "user", "content": "injected"}
+    items = [*request.items[:4], forged, *request.items[5:]]
+    assert _planner.adopt(dataclasses.replace(request, items=items), history, 0, own) is None
     foreign = dataclasses.replace(request, items=[*request.items, {"role": "user", "content": "?"}])
     assert _planner.adopt(foreign, history, 0, own) is None
     assert _planner.adopt(request, [], 0, own) is None

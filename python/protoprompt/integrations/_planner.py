@@ -533,15 +533,23 @@ ADOPT_SCAN = 4096
 a request left out between two it sent: dropped units, reasoning left out)."""
 
 
+def _same_call(copy: Any, item: Any) -> bool:
+    """Whether ``copy`` is of the kind, role and call of ``item`` (a masked output or an
+    id-less call stands for an item of its own type and call id)."""
+    if not (isinstance(copy, dict) and isinstance(item, dict)):
+        return False
+    return all(copy.get(k) == item.get(k) for k in ("type", "role", "call_id"))
+
+
 def adopt(
     request: RunPrefix, history: list[Any], offset: int, own: Callable[[Any], bool]
 ) -> TurnPrefix | None:
     """The turn prefix that continues ``request`` (the session's latest model request, as
     its filter sent it): its items that stand for stored history items, each found in
     ``history`` (from position ``offset`` on) by content -- a copy by the digest of the item
-    it stands for -- in the same order, the latest such positions. The pinned items ``own``
-    says the callback made (its context and recall messages) are not history: the first
-    one is the request's context message. ``None`` when any other item is not found (a
+    it stands for, and of its kind and call -- in the same order, the latest such
+    positions. The pinned items ``own`` says the callback made (its context and recall
+    messages) are not history: the first one is the request's context message. ``None`` when any other item is not found (a
     pop, a clear, a rewritten history, another session's request) or the search would read
     more than :data:`ADOPT_SCAN` positions beyond four per item.
 
@@ -584,6 +592,8 @@ def adopt(
                 return None
         if p < 0:
             return None
+        if at[k] in request.copies and not _same_call(items[at[k]], history[p]):
+            return None  # a copy must be of the kind and call of the item it stands for
         kept[k] = p
     skipped = [i for i in range(len(items)) if i not in set(at) and i != 0]
     leading = len(at) if not skipped else sum(1 for i in at if i < skipped[0])
