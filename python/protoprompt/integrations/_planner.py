@@ -549,9 +549,10 @@ def adopt(
     ``history`` (from position ``offset`` on) by content -- a copy by the digest of the item
     it stands for, and of its kind and call -- in the same order, the latest such
     positions. The pinned items ``own`` says the callback made (its context and recall
-    messages) are not history: the first one is the request's context message. ``None`` when any other item is not found (a
-    pop, a clear, a rewritten history, another session's request) or the search would read
-    more than :data:`ADOPT_SCAN` positions beyond four per item.
+    messages) are not history: the first one is the request's context message. ``None``
+    when any other item is not found (a pop, a clear, a rewritten history, another
+    session's request) or the search would read more than :data:`ADOPT_SCAN` positions
+    beyond four per item.
 
     Why: a filter that moved within a run masked and dropped what the callback's own
     previous request still holds whole, so that request plus what the run stored may no
