@@ -172,23 +172,30 @@ def test_consecutive_turns_share_their_prefix(
     asyncio.run(_default_runs(runs, budget, answer_words))
 
 
-async def _default_runs(runs: list[list[int]], budget: int, answer_words: int) -> None:
+async def _config_runs(
+    name: str, runs: list[list[int]], budget: int, answer_words: int, **options: Any
+) -> tuple[ScriptedModel, list[ContextPlan], list[ModelCallPlan], ProtoPromptSession]:
+    """Runs through ``run_config``'s default (both hooks) on a new session ``name``: the
+    model (what each call received), the turn plans and the call plans."""
     sizes: dict[str, int] = {}
     model = ScriptedModel(_script(runs, sizes, answer_words))
     agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
     builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
-    session = ProtoPromptSession("prop")
+    session = ProtoPromptSession(name)
     turns: list[ContextPlan] = []
     calls: list[ModelCallPlan] = []
     config = session.run_config(
-        builder,
-        on_plan=turns.append,
-        on_call=calls.append,
-        oversized_output="truncate",
-        tracing_disabled=True,
+        builder, on_plan=turns.append, on_call=calls.append, tracing_disabled=True, **options
     )
     for r in range(len(runs)):
         await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    return model, turns, calls, session
+
+
+async def _default_runs(runs: list[list[int]], budget: int, answer_words: int) -> None:
+    model, turns, calls, session = await _config_runs(
+        "prop", runs, budget, answer_words, oversized_output="truncate"
+    )
     received = [list(c.input) for c in model.calls]
     assert len(calls) == len(received)
     for n, call in enumerate(model.calls):
@@ -400,18 +407,7 @@ async def test_a_turn_after_a_run_whose_filter_moved_continues_the_models_last_r
     model call extends that request byte for byte. Newest first never does."""
     runs = [[20, 20], [57, 190, 700, 700], [60], [60]]
     budget = 2_500
-    sizes: dict[str, int] = {}
-    model = ScriptedModel(_script(runs, sizes, 20))
-    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
-    session = ProtoPromptSession("adopt")
-    turns: list[ContextPlan] = []
-    calls: list[ModelCallPlan] = []
-    config = session.run_config(
-        builder, on_plan=turns.append, on_call=calls.append, tracing_disabled=True
-    )
-    for r in range(len(runs)):
-        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    model, turns, calls, session = await _config_runs("adopt", runs, budget, 20)
     received = [list(c.input) for c in model.calls]
     run_of = [next(n for n, t in enumerate(turns) if t is c.turn_plan) for c in calls]
     assert any(c.prefix == "moved" for c, r in zip(calls, run_of, strict=True) if r == 1)
@@ -430,6 +426,35 @@ async def test_a_turn_after_a_run_whose_filter_moved_continues_the_models_last_r
         assert request_tokens(call) + RESERVE <= budget, f"call {n + 1}"
         assert_sendable(received[n])
     assert await session.get_items() == await _plain_history(runs, 20)
+
+
+async def test_the_callbacks_copies_are_digested_only_when_the_filter_packs_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The callback hands the filter its masked copies' digests unread: a run whose calls
+    all extend a request the filter already holds never digests them (the fast path,
+    asserted taken); a run whose filter sets or moves its prefix does, and records them."""
+    from protoprompt.integrations import _planner
+
+    made: list[_planner.CopyDigests] = []
+    original = _planner.TurnPrefix.copy_digests
+
+    def spy(self: _planner.TurnPrefix) -> _planner.CopyDigests:
+        found = original(self)
+        made.append(found)
+        return found
+
+    monkeypatch.setattr(_planner.TurnPrefix, "copy_digests", spy)
+    runs = [[20, 20], [57, 190, 700, 700], [60], [60], [40]]
+    _, turns, calls, _ = await _config_runs("lazy", runs, 2_500, 20)
+    run_of = [next(n for n, t in enumerate(turns) if t is c.turn_plan) for c in calls]
+    packed = [
+        any(c.prefix in ("set", "moved") for c, r in zip(calls, run_of, strict=True) if r == n)
+        for n in range(len(runs))
+    ]
+    assert len(made) == len(runs)
+    assert [d.computed for d in made] == packed
+    assert not all(packed) and any(packed[1:]), [c.prefix for c in calls]
 
 
 def _digest(item: Any) -> bytes:

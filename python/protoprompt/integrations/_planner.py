@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ._request import RequestExtras
 
 __all__ = [
+    "CopyDigests",
     "InputLedger",
     "Observed",
     "RunPrefix",
@@ -419,18 +420,51 @@ class TurnPrefix:
         """The first history position sent (:attr:`end` when none is)."""
         return self.kept[0] if self.kept else self.end
 
-    def copy_digests(self) -> dict[bytes, bytes]:
+    def copy_digests(self) -> CopyDigests:
         """The content digest of each copy :attr:`sent` holds (:attr:`masked`), to the
-        digest of the stored item it stands for."""
-        ids = {id(x) for x in self.masked}
-        at = [i for i, x in enumerate(self.sent) if id(x) in ids]
-        if not at:
-            return {}
-        digests, _ = _core.digests([self.sent[i] for i in at], None)
-        o = self.originals
-        return {
-            bytes(digests[16 * k : 16 * k + 16]): o[16 * i : 16 * i + 16] for k, i in enumerate(at)
-        }
+        digest of the stored item it stands for: digested when first read (only a model
+        filter that moves reads them), from the lists as they are now (a later turn
+        replaces them, never changes them)."""
+        return CopyDigests(self.sent, self.masked, self.originals)
+
+
+class CopyDigests(Mapping[bytes, bytes]):
+    """:meth:`TurnPrefix.copy_digests`: computed on first use, then kept."""
+
+    __slots__ = ("_found", "_masked", "_originals", "_sent")
+
+    def __init__(self, sent: list[Any], masked: list[Any], originals: bytes) -> None:
+        self._sent, self._masked, self._originals = sent, masked, originals
+        self._found: dict[bytes, bytes] | None = None
+
+    @property
+    def computed(self) -> bool:
+        """Whether the digests were computed (read by tests)."""
+        return self._found is not None
+
+    def _get(self) -> dict[bytes, bytes]:
+        if self._found is None:
+            ids = {id(x) for x in self._masked}
+            at = [i for i, x in enumerate(self._sent) if id(x) in ids]
+            found: dict[bytes, bytes] = {}
+            if at:
+                digests, _ = _core.digests([self._sent[i] for i in at], None)
+                o = self._originals
+                found = {
+                    bytes(digests[16 * k : 16 * k + 16]): o[16 * i : 16 * i + 16]
+                    for k, i in enumerate(at)
+                }
+            self._found = found
+        return self._found
+
+    def __getitem__(self, key: bytes) -> bytes:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class RunHooks:
         history: list[Item] | None,
         new_input: list[Item],
         on_plan: Callable[[ContextPlan], None] | None,
-        copies: dict[bytes, bytes] | None = None,
+        copies: Mapping[bytes, bytes] | None = None,
     ) -> list[Item]:
         """What the callback returns for ``plan``: its items, with the context message made
         known and the run recorded for the model filter (``copies``: the copies the plan

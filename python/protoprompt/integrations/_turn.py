@@ -534,7 +534,7 @@ def _stay(
     context = _context_text(plan)
     shared = last.request_tokens if context == last.context else 0
     if last.leading is not None and shared:
-        shared = _leading_tokens(packed, last.leading, builder)
+        shared = _leading_tokens(packed, last.leading)
     before = len(last.sent)
     _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
     last.context = context
@@ -574,11 +574,10 @@ def _masked_whole(
     return whole
 
 
-def _leading_tokens(plan: ContextPlan, leading: int, builder: Any) -> int:
-    """Tokens of ``plan``'s context message and of the units among its first ``leading``
-    history items (a stay's pack, in the positions of its candidate)."""
-    message = plan.context_message
-    tokens = 0 if message is None else item_tokens(message, encoding=builder.encoding).total
+def _leading_tokens(plan: ContextPlan, leading: int) -> int:
+    """Tokens of ``plan``'s context message (as the pack counted it) and of the units among
+    its first ``leading`` history items (a stay's pack, in the positions of its candidate)."""
+    tokens = plan.context_tokens if plan.context_message is not None else 0
     for d in plan.pack.decisions:
         if d.kept and d.positions and d.positions[-1] < leading:
             tokens += d.sent_tokens or 0
