@@ -202,32 +202,70 @@ class Recall:
         return [candidates[i] for i in order]
 
 
+NEWEST_GUESS = 8
+"""How many of the newest history items :func:`without_repeats` takes as in the request
+before the first build (a question that shares the words of the turns just before it finds
+them first)."""
+
+repeat_stats = {"guessed": 0, "guess_failed": 0}
+"""How often :func:`without_repeats` left out passages of the newest turns before the first
+build, and how often one of them turned out not to be in the request (read by tests)."""
+
+
 def without_repeats(
-    plan: ContextPlan,
     pool: list[Candidate],
     build_with: Callable[[list[Candidate]], ContextPlan],
     history: list[Any],
     offset: int,
+    new_input: list[Any],
     count_batch: Callable[[list[str]], list[int]],
 ) -> ContextPlan:
-    """``plan`` built again without the recalled passages whose row is in the request
-    (kept history or new input: compared by the digest of the item's canonical text),
-    until none is; they are reported as dropped blocks. A row sent as a masked copy is not
-    in the request: only its excerpt is, so its passages may be recalled."""
+    """The plan built from ``pool`` without the recalled passages whose row is in the
+    request (kept history or new input: compared by the digest of the item's canonical
+    text), built again until none is; they are reported as dropped blocks. A row sent as
+    a masked copy is not in the request: only its excerpt is, so its passages may be
+    recalled.
+
+    Before the first build, passages of the new input (always sent) are left out, and so
+    are those of the newest :data:`NEWEST_GUESS` history items (the newest turns are the
+    last a pack drops); it is checked that each of the latter is in that plan's request,
+    and when one is not, the plan is built again from the pool without the former only and
+    checked as before."""
+    new_digests = set(item_digests(new_input)) - {None}
+    newest = set(item_digests(history[-NEWEST_GUESS:] if NEWEST_GUESS else [])) - {None}
+    left_out: dict[str, tuple[Candidate, str]] = {
+        c.source: (c, "its turn is in the request")
+        for c in pool
+        if c.layer == "history" and c.digest in new_digests
+    }
+    pool = [c for c in pool if c.source not in left_out]
+    guessed = {c.source for c in pool if c.layer == "history" and c.digest in newest}
+    plan = build_with([c for c in pool if c.source not in guessed] if guessed else pool)
     present: dict[int, str | None] = {}  # digest by position
-    new_input = plan.pack.items[len(plan.pack.kept_history) :]
-    new_digests = set(item_digests(new_input))
-    left_out: dict[str, tuple[Candidate, str]] = {}
+
+    def sent() -> set[str | None]:
+        masked = set(plan.pack.masked)
+        todo = [p for p in plan.pack.kept_history if p not in masked and p not in present]
+        present.update(zip(todo, item_digests([history[p - offset] for p in todo]), strict=True))
+        return new_digests | {present[p] for p in plan.pack.kept_history if p not in masked}
+
+    if guessed:
+        repeat_stats["guessed"] += 1
+        digests = sent()
+        if all(c.digest in digests for c in pool if c.source in guessed):
+            for c in pool:
+                if c.source in guessed:
+                    left_out[c.source] = (c, "its turn is in the request")
+            pool = [c for c in pool if c.source not in guessed]
+        else:
+            repeat_stats["guess_failed"] += 1
+            plan = build_with(pool)
     rounds = 0
     while True:
         recalled = {b.source for b in plan.blocks if b.layer == "history" and b.kept}
         if not recalled:
             break
-        digests = set(new_digests)
-        masked = set(plan.pack.masked)
-        todo = [p for p in plan.pack.kept_history if p not in masked and p not in present]
-        present.update(zip(todo, item_digests([history[p - offset] for p in todo]), strict=True))
-        digests.update(present[p] for p in plan.pack.kept_history if p not in masked)
+        digests = sent()
         repeats = [
             (c, "its turn is in the request")
             for c in pool

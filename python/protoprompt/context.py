@@ -515,21 +515,21 @@ class TokenBudgetedContextBuilder:
                 split=stable_prefix,
             )
 
-        plan = build_with(pool)
-        if any(c.layer == "history" for c in pool):
-            plan = self._without_repeats(plan, pool, build_with, history_list, history_offset)
-            self.last_plan = plan
+        if not any(c.layer == "history" for c in pool):
+            return build_with(pool)
+        plan = self._without_repeats(pool, build_with, history_list, history_offset, new_list)
+        self.last_plan = plan
         return plan
 
     def _without_repeats(
         self,
-        plan: ContextPlan,
         pool: list[Candidate],
         build_with: Callable[[list[Candidate]], ContextPlan],
         history: list[Any],
         offset: int,
+        new_input: list[Any],
     ) -> ContextPlan:
-        return without_repeats(plan, pool, build_with, history, offset, self._count_batch)
+        return without_repeats(pool, build_with, history, offset, new_input, self._count_batch)
 
     def _call_options(
         self,

@@ -116,6 +116,96 @@ def test_recalled_passages_are_never_rows_of_the_request() -> None:
     assert re.search(r"history\s+dropped.*its turn is in the request", text)
 
 
+def _indexed_builder(history: list[dict[str, Any]], max_tokens: int) -> Any:
+    """A builder recalling from a store that indexed every row of ``history`` (as if each
+    had been evicted once, by an earlier, tighter turn), and the packs it runs."""
+    store = MemoryStore(chunk_words=40, chunk_overlap=0)
+    records = [
+        HistoryRecord(
+            p, f"{item['role']}: {item['content']}", {"turn": p // 2 + 1}, item_digest(item)
+        )
+        for p, item in enumerate(history)
+    ]
+    store.index_history("s1", records, scope=SCOPE)
+    return TokenBudgetedContextBuilder(
+        store, max_tokens=max_tokens, scope=SCOPE, recall_evicted=True, masking=None
+    )
+
+
+def _builds(builder: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the packs (each with its context message) each ``builder.build`` runs."""
+    packs: list[int] = []
+    build, pack = builder.build, builder._build
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        packs[-1] += 1
+        return pack(*args, **kwargs)
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        packs.append(0)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(builder, "_build", counted)
+    monkeypatch.setattr(builder, "build", tracked)
+    return packs
+
+
+def test_passages_of_the_newest_turns_are_left_out_before_the_first_pack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A question that shares the words of the turns just before it (in the request) finds
+    them first: their passages are left out before the pack, so the turn packs once, and
+    they are reported as repeats; a question that repeats an earlier one word for word
+    leaves that turn's passages out too (the new input is always sent)."""
+    from protoprompt import _context_recall
+
+    history = _history(12)
+    builder = _indexed_builder(history, 700)
+    packs = _builds(builder, monkeypatch)
+    before = dict(_context_recall.repeat_stats)
+    question = {"role": "user", "content": "question 11 about the weather"}  # repeated
+    plan = builder.build(history, [question], session_id="s1", turn=13)
+    assert packs == [1]
+    assert _context_recall.repeat_stats["guessed"] == before["guessed"] + 1
+    assert _context_recall.repeat_stats["guess_failed"] == before["guess_failed"]
+    left_out = {b.source for b in plan.blocks if b.reason == "its turn is in the request"}
+    newest = {f"history:{p}#0" for p in range(len(history) - 8, len(history))}
+    assert left_out & newest and "history:22#0" in left_out, left_out
+    kept = [b for b in plan.blocks if b.layer == "history" and b.kept]
+    assert kept and not {int(b.source[8:].split("#")[0]) for b in kept} & set(
+        plan.pack.kept_history
+    )
+    # The same plan as leaving the repeats out after packing (the guess switched off).
+    monkeypatch.setattr(_context_recall, "NEWEST_GUESS", 0)
+    again = builder.build(history, [question], session_id="s1", turn=13)
+    assert packs[-1] > 1
+    assert again.items == plan.items
+
+
+def test_a_newest_turn_not_in_the_request_is_recalled_after_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When a newest history item does not reach the request (here the newest answer is
+    too long for the budget), its passages were left out wrongly: the turn packs again
+    from the whole pool, and the passage is recalled."""
+    from protoprompt import _context_recall
+
+    history = _history(6)
+    history[-1] = {"role": "assistant", "content": "answer 5: the weather " + "storm " * 900}
+    builder = _indexed_builder(history, 900)
+    packs = _builds(builder, monkeypatch)
+    before = dict(_context_recall.repeat_stats)
+    plan = builder.build(
+        history, [{"role": "user", "content": "what was answer 5 about?"}], session_id="s1"
+    )
+    assert len(history) - 1 not in plan.pack.kept_history
+    assert _context_recall.repeat_stats["guess_failed"] == before["guess_failed"] + 1
+    assert packs[0] >= 2
+    assert any(b.source == f"history:{len(history) - 1}#0" and b.kept for b in plan.blocks), (
+        plan.explain()
+    )
+
+
 def test_a_row_sent_masked_is_not_in_the_request() -> None:
     """A row sent back as a masked copy carries only its excerpt: its recalled passage (the
     fact from the middle of the output) is not a repeat and reaches the request."""
