@@ -62,6 +62,28 @@ def test_words_fold_case_diacritics_and_split_on_non_alphanumerics(
     assert words(text) == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.text(max_size=40))
+def test_words_of_ascii_text_skip_the_decomposition(text: str) -> None:
+    """ASCII text has nothing to decompose or drop: ``words`` finds it without NFKD (the
+    common case, asserted taken), and finds what the decomposition would everywhere."""
+    import unicodedata
+
+    from protoprompt.memory import _ranking
+
+    folded = "".join(
+        ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch)
+    )
+    assert words(text) == _ranking._LETTERS_DIGITS.findall(folded.lower())
+    if text.isascii():
+        real = _ranking.unicodedata.normalize
+        try:
+            _ranking.unicodedata.normalize = None  # type: ignore[assignment]
+            assert words(text) == _ranking._LETTERS_DIGITS.findall(text.lower())
+        finally:
+            _ranking.unicodedata.normalize = real
+
+
 def test_tsvector_literal_has_positions_and_limits() -> None:
     assert tsvector_literal("reset the VPN, reset it") == "'reset':1,4 'the':2 'vpn':3 'it':5"
     assert tsvector_literal("") == ""

@@ -54,6 +54,8 @@ def words(text: str) -> list[str]:
     """The words of ``text`` as the engines match them: runs of letters and digits after
     NFKD decomposition, combining marks dropped, lower-cased (SQLite's ``unicode61
     remove_diacritics 2`` tokenizer; the PostgreSQL engine indexes exactly these)."""
+    if text.isascii():  # nothing to decompose or drop: the common case, at C speed
+        return _LETTERS_DIGITS.findall(text.lower())
     decomposed = unicodedata.normalize("NFKD", text)
     folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).lower()
     return _LETTERS_DIGITS.findall(folded)
