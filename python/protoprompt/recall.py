@@ -83,6 +83,11 @@ SUMMARY_TIMEOUT = 300.0
 """Seconds one summarizer call may take: a call still running then is cancelled and counts
 as a failed attempt (retried, then the previous summary stays), so a call that never
 returns cannot stop the session's later summary updates."""
+INDEX_DELAY = 0.05
+"""Seconds an index job waits after its turn queued it, unless someone waits for the jobs
+(:meth:`_Worker.wait_idle`: ``wait_for_background``, ``forget``, exit). The turn goes on to
+its model call, which takes longer: the job then runs while the process waits for the model,
+not beside the turn's own work (threads of one interpreter take turns at running Python)."""
 MAX_QUEUED_JOBS = 64
 """Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
 SUMMARY_BATCH_FACTOR = 8
@@ -98,11 +103,16 @@ class _Worker:
 
     def __init__(self) -> None:
         self._pid = os.getpid()
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(MAX_QUEUED_JOBS)
+        self._queue: queue.Queue[tuple[float, Callable[[], None]] | None] = queue.Queue(
+            MAX_QUEUED_JOBS
+        )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._busy = 0
+        self._hurry = threading.Event()
+        self.delayed = 0
+        """Jobs that waited out :data:`INDEX_DELAY` (read by tests)."""
         _process.RECALL_WORKERS.add(self)
 
     def after_fork_in_child(self) -> None:
@@ -114,6 +124,7 @@ class _Worker:
         self._idle = threading.Condition(self._lock)
         self._queue = queue.Queue(MAX_QUEUED_JOBS)
         self._thread, self._busy = None, 0
+        self._hurry = threading.Event()
 
     def submit(self, job: Callable[[], None]) -> bool:
         """Queue ``job`` (``False``: the queue is full)."""
@@ -123,7 +134,7 @@ class _Worker:
                 self._queue = queue.Queue(MAX_QUEUED_JOBS)
                 self._thread, self._busy = None, 0
             try:
-                self._queue.put_nowait(job)
+                self._queue.put_nowait((time.monotonic() + INDEX_DELAY, job))
             except queue.Full:
                 return False
             self._busy += 1
@@ -147,16 +158,24 @@ class _Worker:
                 continue
             try:
                 if job is not None:
-                    job()
+                    due, work = job
+                    wait = due - time.monotonic()
+                    if wait > 0 and not self._hurry.wait(wait):
+                        self.delayed += 1
+                    work()
             finally:
                 with self._lock:
                     self._busy -= 1
+                    if not self._busy:
+                        self._hurry.clear()
                     self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every queued job ran (``False``: ``timeout`` seconds passed first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._busy:
+                self._hurry.set()  # the jobs run now: someone waits for them
             while self._busy > 0 and self._pid == os.getpid():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

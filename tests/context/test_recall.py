@@ -1189,3 +1189,36 @@ def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
     fresh[-1]["content"] += " (edited)"
     builder.build(fresh, new_input, session_id="s1", turn=13)
     assert stats["misses"] > misses
+
+
+def test_index_jobs_wait_for_the_model_call_unless_someone_waits_for_them() -> None:
+    """A queued index job starts ``INDEX_DELAY`` after its turn (the model call then
+    runs: the job does not take turns at running Python with the turn's own work), and at
+    once when someone waits for the jobs (``wait_for_background``, ``forget``, exit)."""
+    import threading
+    import time
+
+    from protoprompt import recall as recall_mod
+
+    worker = recall_mod._Worker()
+    ran: list[float] = []
+    started = threading.Event()
+
+    def job() -> None:
+        ran.append(time.monotonic())
+        started.set()
+
+    queued = time.monotonic()
+    assert worker.submit(job)
+    assert not started.wait(recall_mod.INDEX_DELAY / 4), "the job waits for the model call"
+    assert started.wait(10)
+    assert ran[0] - queued >= recall_mod.INDEX_DELAY * 0.9
+    assert worker.delayed == 1
+    assert worker.wait_idle(10)
+    # Someone waits: the job runs at once.
+    started.clear()
+    queued = time.monotonic()
+    assert worker.submit(job)
+    assert worker.wait_idle(10)
+    assert ran[1] - queued < recall_mod.INDEX_DELAY
+    assert worker.delayed == 1
