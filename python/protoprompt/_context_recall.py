@@ -3,7 +3,8 @@ an embedder, and the recalled passages left out because their turn is in the req
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from ._context_plan import ContextBlock, ContextPlan
 from ._recall_ledger import item_digests
 from .memory import MemoryHit, MemoryScope
 from .memory._ranking import cosine, rrf_weight
-from .memory.store import layers_present
+from .memory.store import MemoryStore, layers_present
 
 Embedder = Callable[[list[str]], list[list[float]]]
 
@@ -41,6 +42,8 @@ class Recall:
     recall_evicted: bool
     recall_limit: int | None
     recall_tokens: int
+    """Tokens the recalled passages can take at most this turn (``recall_tokens``, less when
+    the budget leaves less): how many passages the store is asked for."""
     recall_other_sessions: bool
     embedder: Embedder | None
 
@@ -53,9 +56,12 @@ class Recall:
         turn: int | None = None,
         summary: str | None = None,
         split: bool = False,
+        sent: Collection[str] = (),
     ) -> list[Candidate]:
         """Recall candidates from the store, in pool order (priority, then relevance); with
-        ``session_id``, the summary and the evicted turns of that session too.
+        ``session_id``, the summary and the evicted turns of that session too (``sent``:
+        digests of rows the request sends for sure or most likely, whose passages do not
+        count among the passages asked for; see :func:`likely_sent`).
 
         ``split``: what the question finds is marked :attr:`Candidate.volatile` (recalled
         passages, document chunks, facts found by the search) and the facts the store lists
@@ -68,7 +74,8 @@ class Recall:
             return by_layer.get("summary", [])
         has_terms = any(ch.isalnum() for ch in query)
         if self.recall_evicted and session_id is not None and has_terms:
-            by_layer["history"] = self.rerank(query, self.recalled(query, scope, session_id, turn))
+            found = self.recalled(query, scope, session_id, turn, sent)
+            by_layer["history"] = self.rerank(query, found)
         # Empty layers are not read (one statement finds which are, on every turn).
         has_profile, has_facts, has_documents = layers_present(
             self.store, scope, self.include_parents
@@ -148,16 +155,25 @@ class Recall:
         return [Candidate("facts", f"fact:{h.fact_id}", h.text, h.score, True) for h in hits]
 
     def recalled(
-        self, query: str, scope: MemoryScope, session_id: str, turn: int | None
+        self,
+        query: str,
+        scope: MemoryScope,
+        session_id: str,
+        turn: int | None,
+        sent: Collection[str] = (),
     ) -> list[Candidate]:
         """Passages of the evicted turns (of ``session_id``, or of every session of the
         scope with ``recall_other_sessions``) most relevant to ``query``, best first, each
         followed by its neighbouring turns: enough to fill ``recall_tokens`` (or
-        ``recall_limit`` of them)."""
+        ``recall_limit`` of them), those of the rows in ``sent`` not counted."""
         limit = self.recall_limit
         if limit is None:
             limit = min(max(self.recall_tokens // TOKENS_PER_HIT, MIN_HITS), MAX_HITS)
-        hits = self.store.search_history(
+        else:
+            sent = ()  # the first ``recall_limit`` passages, whatever they are
+        store = self.store
+        search = functools.partial(
+            store.search_history,
             query,
             scope=scope,
             session_id=None if self.recall_other_sessions else session_id,
@@ -165,6 +181,9 @@ class Recall:
             include_parents=self.include_parents,
             neighbours=True,
         )
+        # A store of another kind (or one whose search is its own) is asked as before.
+        ours = getattr(type(store), "search_history", None) is MemoryStore.search_history
+        hits = search(uncounted=sent) if sent and ours else search()
         if self.recall_limit is not None:
             hits = hits[: self.recall_limit]
         found = []
@@ -212,12 +231,34 @@ repeat_stats = {"guessed": 0, "guess_failed": 0}
 build, and how often one of them turned out not to be in the request (read by tests)."""
 
 
+@dataclass(frozen=True)
+class Sent:
+    """Digests of the rows a turn's request sends for sure (its new input) and most likely
+    (the newest :data:`NEWEST_GUESS` history items: the last a pack drops)."""
+
+    sure: frozenset[str]
+    newest: frozenset[str]
+
+    @classmethod
+    def of(cls, history: Sequence[Any], new_input: Sequence[Any]) -> Sent:
+        """The digests of ``new_input`` and of the end of ``history``."""
+        tail = list(history[-NEWEST_GUESS:]) if NEWEST_GUESS else []
+        digests = item_digests([*new_input, *tail])
+        sure = frozenset(d for d in digests[: len(new_input)] if d is not None)
+        return cls(sure, frozenset(d for d in digests[len(new_input) :] if d is not None))
+
+    @property
+    def either(self) -> frozenset[str]:
+        """Both sets."""
+        return self.sure | self.newest
+
+
 def without_repeats(
     pool: list[Candidate],
     build_with: Callable[[list[Candidate]], ContextPlan],
     history: list[Any],
     offset: int,
-    new_input: list[Any],
+    sent_rows: Sent,
     count_batch: Callable[[list[str]], list[int]],
 ) -> ContextPlan:
     """The plan built from ``pool`` without the recalled passages whose row is in the
@@ -231,8 +272,8 @@ def without_repeats(
     last a pack drops); it is checked that each of the latter is in that plan's request,
     and when one is not, the plan is built again from the pool without the former only and
     checked as before."""
-    new_digests = set(item_digests(new_input)) - {None}
-    newest = set(item_digests(history[-NEWEST_GUESS:] if NEWEST_GUESS else [])) - {None}
+    new_digests: set[str | None] = set(sent_rows.sure)
+    newest = sent_rows.newest
     left_out: dict[str, tuple[Candidate, str]] = {
         c.source: (c, "its turn is in the request")
         for c in pool

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _count_memo
+from ._context_blocks import RECALL_SHARE, Assembler, Assembly, Candidate
 from ._context_blocks import TRUNCATION_MARK as TRUNCATION_MARK
-from ._context_blocks import Assembler, Assembly, Candidate
 from ._context_options import (
     LAYERS,
     check_calibration,
@@ -58,7 +58,7 @@ from ._context_options import (
 )
 from ._context_plan import ContextBlock, ContextPlan, recall_position
 from ._context_query import latest_user_text
-from ._context_recall import Recall, without_repeats
+from ._context_recall import Recall, Sent, without_repeats
 from ._pack_types import check_masking
 from .calibration import Calibration, CalibrationState
 from .memory import MemoryScope
@@ -346,10 +346,11 @@ class TokenBudgetedContextBuilder:
         turn: int | None = None,
         summary: str | None = None,
         split: bool = False,
+        sent: Sent | None = None,
     ) -> list[Candidate]:
         """Recall candidates from the store, in pool order (priority, then relevance); with
-        ``session_id``, the summary and the evicted turns of that session too; ``split``:
-        see :meth:`Recall.candidates`."""
+        ``session_id``, the summary and the evicted turns of that session too; ``split``
+        and ``sent``: see :meth:`Recall.candidates`."""
         recall = Recall(
             self.store,
             self.priorities,
@@ -358,13 +359,29 @@ class TokenBudgetedContextBuilder:
             self.rag_limit,
             self.recall_evicted,
             self.recall_limit,
-            self.recall_tokens,
+            self._recall_room(),
             self.recall_other_sessions,
             self.embedder,
         )
         return recall.candidates(
-            query, scope, session_id=session_id, turn=turn, summary=summary, split=split
+            query,
+            scope,
+            session_id=session_id,
+            turn=turn,
+            summary=summary,
+            split=split,
+            sent=sent.either if sent is not None else (),
         )
+
+    def _recall_room(self) -> int:
+        """Tokens recalled passages can take at most: ``recall_tokens``, or
+        :data:`RECALL_SHARE` of the budget (of the context cap) when that is less -- the
+        most of its room the layer is ever given -- so a turn asks the store for no more
+        passages than can fit."""
+        whole = self.max_tokens
+        if self.max_context_tokens is not None:
+            whole = min(whole, self.max_context_tokens)
+        return max(min(self.recall_tokens, int(whole * RECALL_SHARE)), 1)
 
     def _count_batch(self, texts: list[str]) -> list[int]:
         model, encoding = self.model, self.encoding
@@ -496,8 +513,17 @@ class TokenBudgetedContextBuilder:
             query = latest_user_text(new_list, history_list)
         if not isinstance(stable_prefix, bool):
             raise TypeError(f"stable_prefix must be a bool, got {type(stable_prefix).__name__}")
+        sent = None
+        if self.recall_evicted and session_id is not None and self.store is not None:
+            sent = Sent.of(history_list, new_list)
         pool = self._candidates(
-            query, scope, session_id=session_id, turn=turn, summary=summary, split=stable_prefix
+            query,
+            scope,
+            session_id=session_id,
+            turn=turn,
+            summary=summary,
+            split=stable_prefix,
+            sent=sent,
         )
 
         def build_with(pool: list[Candidate]) -> ContextPlan:
@@ -517,7 +543,9 @@ class TokenBudgetedContextBuilder:
 
         if not any(c.layer == "history" for c in pool):
             return build_with(pool)
-        plan = self._without_repeats(pool, build_with, history_list, history_offset, new_list)
+        if sent is None:
+            sent = Sent.of(history_list, new_list)
+        plan = self._without_repeats(pool, build_with, history_list, history_offset, sent)
         self.last_plan = plan
         return plan
 
@@ -527,9 +555,9 @@ class TokenBudgetedContextBuilder:
         build_with: Callable[[list[Candidate]], ContextPlan],
         history: list[Any],
         offset: int,
-        new_input: list[Any],
+        sent: Sent,
     ) -> ContextPlan:
-        return without_repeats(pool, build_with, history, offset, new_input, self._count_batch)
+        return without_repeats(pool, build_with, history, offset, sent, self._count_batch)
 
     def _call_options(
         self,

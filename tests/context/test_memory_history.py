@@ -689,3 +689,24 @@ def test_the_sqlite_history_index_merges_its_segments_early(tmp_path: Path) -> N
     assert setting() is None
     with MemoryStore(path):
         assert setting() == 2
+
+
+def test_hits_of_rows_the_caller_sends_do_not_count_in_the_limit(store: MemoryStore) -> None:
+    """``uncounted``: the hits of rows whose digest the caller names (rows its request
+    sends) come back in their place, and ``limit`` counts the others: a recall that leaves
+    them out still gets as many passages as it asked for. On every engine."""
+    records = [
+        HistoryRecord(p, f"user: the invoice {p} of the project was paid in cash", {"turn": p})
+        for p in range(10)
+    ]
+    store.index_history("s1", records, scope=SCOPE)
+    query = "which invoice of the project was paid in cash?"
+    plain = store.search_history(query, scope=SCOPE, session_id="s1", limit=3)
+    assert len(plain) == 3
+    sent = {str(h.metadata["digest"]) for h in plain[:2]}
+    hits = store.search_history(query, scope=SCOPE, session_id="s1", limit=3, uncounted=sent)
+    assert [h.metadata["row"] for h in hits[:3]] == [h.metadata["row"] for h in plain]
+    assert len(hits) == 5
+    assert sum(str(h.metadata["digest"]) not in sent for h in hits) == 3
+    with pytest.raises(TypeError, match="uncounted"):
+        store.search_history(query, scope=SCOPE, uncounted="abc")

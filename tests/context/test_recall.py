@@ -83,10 +83,11 @@ def test_recalled_passages_are_never_rows_of_the_request() -> None:
     builder = TokenBudgetedContextBuilder(
         store, max_tokens=700, scope=SCOPE, recall_evicted=True, masking=None
     )
-    new_input = [{"role": "user", "content": "what did you answer about the weather?"}]
+    # The best passages (question and answer 11) are in the request: left out, reported.
+    new_input = [{"role": "user", "content": "what did you answer to question 11 on the weather?"}]
     plan = builder.build(history, new_input)
     kept = set(plan.pack.kept_history)
-    assert 0 < len(kept) < len(history)
+    assert 0 < len(kept) < len(history) and {22, 23} <= kept
     # Records for every row, as if each had been evicted once (an earlier, tighter turn).
     records = [
         HistoryRecord(
@@ -175,11 +176,12 @@ def test_passages_of_the_newest_turns_are_left_out_before_the_first_pack(
     assert kept and not {int(b.source[8:].split("#")[0]) for b in kept} & set(
         plan.pack.kept_history
     )
-    # The same plan as leaving the repeats out after packing (the guess switched off).
+    # With the guess switched off, the repeats are found after packing: more packs.
     monkeypatch.setattr(_context_recall, "NEWEST_GUESS", 0)
     again = builder.build(history, [question], session_id="s1", turn=13)
     assert packs[-1] > 1
-    assert again.items == plan.items
+    kept = [b for b in again.blocks if b.layer == "history" and b.kept]
+    assert not {int(b.source[8:].split("#")[0]) for b in kept} & set(again.pack.kept_history)
 
 
 def test_a_newest_turn_not_in_the_request_is_recalled_after_all(
@@ -1174,7 +1176,7 @@ def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
     builder = TokenBudgetedContextBuilder(
         store, max_tokens=700, scope=SCOPE, recall_evicted=True, masking=None
     )
-    new_input = [{"role": "user", "content": "what did you answer about the weather?"}]
+    new_input = [{"role": "user", "content": "what did you answer to question 11 on the weather?"}]
     plan = builder.build(history, new_input, session_id="s1", turn=13)
     assert any(b.reason == "its turn is in the request" for b in plan.blocks)
     stats = _recall_ledger.digest_stats
@@ -1222,3 +1224,36 @@ def test_index_jobs_wait_for_the_model_call_unless_someone_waits_for_them() -> N
     assert worker.wait_idle(10)
     assert ran[1] - queued < recall_mod.INDEX_DELAY
     assert worker.delayed == 1
+
+
+def test_a_turn_asks_the_store_for_no_more_passages_than_can_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recalled passages take at most half the room (``RECALL_SHARE``) and at most
+    ``recall_tokens``: a small budget asks the store for that many passages' worth, not for
+    ``recall_tokens``' worth, and names the rows the request sends so their passages do
+    not count."""
+    from protoprompt import _context_recall
+    from protoprompt._context_blocks import RECALL_SHARE
+
+    history = _history(12)
+    builder = _indexed_builder(history, 1_000)
+    asked: list[dict[str, Any]] = []
+    search = builder.store.search_history
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(builder.store, "search_history", spy)
+    question = {"role": "user", "content": "what about the weather?"}
+    builder.build(history, [question], session_id="s1", turn=13)
+    per_hit = _context_recall.TOKENS_PER_HIT
+    assert asked[-1]["limit"] == max(int(1_000 * RECALL_SHARE) // per_hit, _context_recall.MIN_HITS)
+    assert builder.recall_tokens // per_hit > asked[-1]["limit"]
+    sent = _context_recall.Sent.of(history, [question])
+    assert asked[-1].get("uncounted") == sent.either and len(sent.newest) == 8
+    wide = _indexed_builder(history, 100_000)
+    monkeypatch.setattr(wide.store, "search_history", spy)
+    wide.build(history, [question], session_id="s1", turn=13)
+    assert asked[-1]["limit"] == min(wide.recall_tokens // per_hit, _context_recall.MAX_HITS)

@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -507,10 +507,13 @@ class MemoryStore:
         limit: int = 8,
         include_parents: bool = False,
         neighbours: bool = False,
+        uncounted: Collection[str] = (),
     ) -> list[MemoryHit]:
         """Rank the passages of the ``history`` layer of ``scope`` against ``query``: of
         session ``session_id`` only, or of every session of the scope (``None``); hits have
         ``kind == "history"``, best first, at most ``limit``, never two of the same text.
+        Hits whose row digest (``metadata["digest"]``) is in ``uncounted`` are returned but
+        not counted in ``limit`` (rows the caller leaves out: those its request sends).
 
         The ranking is the same on every engine: the query's words without stop words
         ("what", "did", "you", "tell"...) and Porter-stemmed ("research" finds
@@ -530,6 +533,9 @@ class MemoryStore:
             check_str("session_id", session_id, non_empty=True)
         if not isinstance(neighbours, bool):
             raise TypeError(f"neighbours must be a bool, got {type(neighbours).__name__}")
+        if isinstance(uncounted, str) or not all(isinstance(d, str) for d in uncounted):
+            raise TypeError("uncounted must be a collection of digests (str)")
+        uncounted = frozenset(uncounted)
         scopes = [scope_params(s) for s in visible_scopes(scope, include_parents)]
         pieces = content_pieces(query_pieces(query))
         if not pieces:
@@ -554,13 +560,17 @@ class MemoryStore:
         hits: list[MemoryHit] = []
         seen: set[str] = set()
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
+        counted = 0
         for rid, score in ranked:
-            key = _text_key(rows_by_id[rid][11])  # the passage's text
+            row = rows_by_id[rid]
+            key = _text_key(row[11])  # the passage's text
             if key not in seen:
                 seen.add(key)
-                hits.append(history_hit_of_row(rows_by_id[rid], score))
-                if len(hits) >= limit:
-                    break
+                hits.append(history_hit_of_row(row, score))
+                if row[10] not in uncounted:  # the row's digest
+                    counted += 1
+                    if counted >= limit:
+                        break
         return self._with_neighbours(hits, seen) if neighbours else hits
 
     def _with_neighbours(self, hits: list[MemoryHit], seen: set[str]) -> list[MemoryHit]:
