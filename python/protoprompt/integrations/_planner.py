@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._pack_types import UnitDecision
-from ..packing import HistoryIndex, Masking
+from .._tokens import item_tokens
+from ..packing import HistoryIndex, Masking, analyze
 
 if TYPE_CHECKING:
     from ..packing import PackResult
@@ -47,6 +48,7 @@ __all__ = [
     "TurnStep",
     "adopt",
     "candidate",
+    "head_end",
     "kept_whole",
     "move",
     "move_reason",
@@ -378,6 +380,49 @@ def move(
         call, previous.cut, cut, previous.request_tokens, result.request_tokens, len(result.masked)
     )
     return prefix, 0, "moved", reason, key != previous.key
+
+
+def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str | None) -> int:
+    """The end of a move's head in ``items`` (a request's history as sent): the largest
+    ``e`` in ``[start, stop]`` such that ``items[start:e]`` holds whole atomic units of
+    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head)."""
+    if limit <= 0 or stop <= start:
+        return start
+    report = analyze(items[start:], [])
+    reach: dict[int, int] = {}
+    for unit in report.units:
+        if unit.positions:
+            last = max(unit.positions)
+            for p in unit.positions:
+                reach[p] = last
+    end = start
+    far = -1
+    cost = 0
+    for k in range(stop - start):
+        cost += item_tokens(items[start + k], encoding=encoding).total
+        if cost > limit:
+            break
+        far = max(far, reach.get(k, k))
+        if far <= k:
+            end = start + k + 1
+    return end
+
+
+def find_in_order(
+    wanted: list[bytes], digests: bytes, start: int, stop: int
+) -> list[int] | None:
+    """The earliest positions in ``[start, stop)`` whose digests (16 bytes each in
+    ``digests``) are ``wanted``, in order (``None``: not all found)."""
+    found: list[int] = []
+    j = start
+    for w in wanted:
+        while j < stop and digests[16 * j : 16 * j + 16] != w:
+            j += 1
+        if j >= stop:
+            return None
+        found.append(j)
+        j += 1
+    return found
 
 
 # --------------------------------------------------------------------------- the callback
@@ -712,12 +757,16 @@ def in_history(
     last: TurnPrefix,
     history: list[Any],
     offset: int,
+    resent: tuple[str, ...] = ("kept",),
 ) -> PackResult:
     """A stay's pack (of the candidate: :attr:`TurnPrefix.sent` then what was appended) in
     the positions of the stored history, as a pack of the history reads: the resent
     masked copies as ``"masked"``, the history items the request does not send (before
     the cut, or left out at an earlier move) as ``"over_budget"`` (``last`` is the prefix
-    before :func:`after_stay`)."""
+    before :func:`after_stay`). A move that kept a head (``CachePolicy.head``) reads the
+    same way (``last``: the head as its prefix; ``resent``: the decisions whose units
+    may hold its copies, pinned ones ``"mandatory"``), the units it masked itself and the
+    reasoning it left out included."""
     n_sent = len(last.sent)
     positions = [*last.kept, *range(last.end, offset + len(history))]
     masked_ids = {id(x) for x in last.masked}
@@ -728,7 +777,7 @@ def in_history(
         code = d.decision
         moved = [positions[p] for p in d.positions]
         whole = d.tokens
-        if code == "kept" and any(p in masked_at for p in d.positions):
+        if code in resent and any(p in masked_at for p in d.positions):
             code = "masked"
             whole = last.whole.get(moved[0])
             if whole is not None and d.tokens is not None:
@@ -757,8 +806,9 @@ def in_history(
         result,
         kept_history=[positions[p] for p in result.kept_history],
         dependency=[positions[p] for p in result.dependency],
-        masked=sorted(positions[i] for i in masked_at),
-        masking_saved=saved,
+        masked=sorted({*(positions[i] for i in masked_at), *(positions[p] for p in result.masked)}),
+        omitted_reasoning=[positions[p] for p in result.omitted_reasoning],
+        masking_saved=saved + result.masking_saved,
         decisions=[dataclasses.replace(d, unit=u) for u, (_, d) in enumerate(decisions)],
         stop=None,
     )

@@ -72,7 +72,7 @@ import asyncio
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
@@ -80,6 +80,7 @@ from ..errors import TokenBudgetExceededError
 from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
 from ..prefix import CachePolicy
+from .. import _core
 from . import _planner, _prefix_state
 from ._call_plan import ModelCallPlan, TruncatedOutput
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
@@ -108,6 +109,9 @@ MAX_RUNS = 64
 MAX_RUN_STATE_BYTES = 64 * 2**20
 """Bytes of run state (indexes, digests) a filter keeps between calls; older runs start
 afresh."""
+
+HEAD_MIN = 1_024
+"""Tokens below which a move keeps no head (a provider caches nothing shorter)."""
 
 _FIT_ATTEMPTS = 4
 """Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
@@ -480,12 +484,128 @@ class ModelInputFilter:
             after_turns=policy.keep_recent,
             omit_reasoning=policy.omit_reasoning,
         )
+        if prefix is not None and policy.head > 0:
+            limit = int(b.max_tokens * policy.head)
+            while limit >= HEAD_MIN:
+                # A head that leaves no room at the mark for the mandatory part: shorter by
+                # what it missed (still the start of the previous head, so it repeats).
+                headed = self._head_move(
+                    prefix, packed, step_start, pinned, low, masking, extras, run, key, known,
+                    limit,
+                )  # fmt: skip
+                if isinstance(headed, _planner.Stable):
+                    return headed
+                if headed is None:
+                    break
+                limit -= max(headed, limit // 8)
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
             return None
         moved = _planner.move(run.prefix, result, pinned, packed, key, run.calls + 1, known)
         run.prefix = self._last = moved[0]
         return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
+
+    def _head_move(
+        self,
+        prefix: _planner.RunPrefix,
+        packed: list[Any],
+        step_start: int,
+        pinned: list[int],
+        low: int,
+        masking: Masking,
+        extras: RequestExtras,
+        run: Run,
+        key: tuple[Any, ...],
+        known: Mapping[bytes, bytes] | None,
+        limit: int,
+    ) -> _planner.Stable | int | None:
+        """A move that keeps the previous request's head (``CachePolicy.head``): its
+        history from its start, whole units as sent, up to the policy's share of the
+        budget, pinned ahead of the SDK's items after the last one the head stands for,
+        which are packed newest first to the low-water mark (the middle is dropped).
+        ``None``: no head to keep (none within ``limit`` tokens, its items not found in
+        order in this input); the tokens by which it and the mandatory part miss the mark
+        when they do."""
+        assert self.cache is not None
+        b = self.builder
+        lo = 1 if self._is_context(packed) else 0
+        ilo = 1 if 0 in prefix.pins else 0
+        if lo != ilo:
+            return None
+        if lo:
+            d, _ = _core.digests([prefix.items[0], packed[0]], None)
+            if d[:16] != d[16:32]:
+                return None
+        end = _planner.head_end(prefix.items, ilo, len(prefix.items), limit, b.encoding)
+        if end <= ilo:
+            return None
+        head = prefix.items[ilo:end]
+        copies = known or {}
+        own, _ = _core.digests(head, None)
+        wanted = []
+        for k in range(len(head)):
+            w = prefix.copies.get(ilo + k)
+            if w is None:
+                d = bytes(own[16 * k : 16 * k + 16])
+                w = copies.get(d, d)
+            wanted.append(w)
+        got, _ = _core.digests(packed, None)
+        digests = b"".join(
+            copies.get(bytes(got[16 * j : 16 * j + 16]), bytes(got[16 * j : 16 * j + 16]))
+            for j in range(len(packed))
+        )
+        at = _planner.find_in_order(wanted, digests, lo, step_start)
+        if at is None:
+            return None
+        s = at[-1] + 1
+        n = lo + len(head)
+        shift = n - s
+        cand = [*packed[:lo], *head, *packed[s:]]
+        # The pinned items (context, recall message, run input) where the candidate has
+        # them: in the head, as the previous request sent them, or after it.
+        where = {p: lo + k for k, p in enumerate(at)}
+        real: list[int] = []
+        for p in pinned:
+            if p < lo or p >= s:
+                real.append(p if p < lo else p + shift)
+            elif p in where:
+                real.append(where[p])
+            else:
+                return None
+        pins = sorted({*real, *range(lo, n)})
+        start = step_start + shift
+        try:
+            result = self._pack_at(HistoryIndex(), cand, start, pins, low, masking, extras.total)
+        except TokenBudgetExceededError as exc:
+            return max(exc.used - exc.max_tokens, 1)
+        if not all(
+            a is c for a, c in zip(result.items[:n], cand[:n], strict=False)
+        ):
+            return None
+        call = run.calls + 1
+        moved = _planner.move(prefix, result, real, cand, key, call, known)
+        new = moved[0]
+        new.source_len = len(packed)
+        for k in range(len(head)):
+            c = prefix.copies.get(ilo + k)
+            if c is not None:
+                new.copies[lo + k] = c
+        first = next((p for p in result.kept_history if p >= n and p not in set(real)), None)
+        new.cut = None if first is None else first - shift
+        changed = key != prefix.key
+        shared = 0
+        if not changed:
+            shared = extras.total + sum(
+                d.sent_tokens or 0
+                for d in result.decisions
+                if d.kept and d.positions and max(d.positions) < n
+            )
+        reason = _planner.move_reason(
+            call, prefix.cut, new.cut, prefix.request_tokens, result.request_tokens,
+            len(result.masked),
+        ) + f"; kept the head ({len(head):,} items as sent, {shared:,} tokens repeated)"  # fmt: skip
+        run.prefix = self._last = new
+        return _planner.Stable(result, cand, real, start, shared, "moved", reason, changed)
 
     def _pack_at(
         self,
