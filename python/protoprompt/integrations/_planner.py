@@ -409,19 +409,24 @@ def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str 
 
 
 def find_in_order(
-    wanted: list[bytes], digests: bytes, start: int, stop: int
-) -> list[int] | None:
+    wanted: list[bytes], digests: bytes, start: int, stop: int, optional: set[int] = frozenset()
+) -> list[int | None] | None:
     """The earliest positions in ``[start, stop)`` whose digests (16 bytes each in
-    ``digests``) are ``wanted``, in order (``None``: not all found)."""
-    found: list[int] = []
+    ``digests``) are ``wanted``, in order (``None``: not all found); the ``optional``
+    indices of ``wanted`` not found are ``None``."""
+    found: list[int | None] = []
     j = start
-    for w in wanted:
-        while j < stop and digests[16 * j : 16 * j + 16] != w:
-            j += 1
-        if j >= stop:
-            return None
-        found.append(j)
-        j += 1
+    for k, w in enumerate(wanted):
+        i = j
+        while i < stop and digests[16 * i : 16 * i + 16] != w:
+            i += 1
+        if i >= stop:
+            if k not in optional:
+                return None
+            found.append(None)
+            continue
+        found.append(i)
+        j = i + 1
     return found
 
 

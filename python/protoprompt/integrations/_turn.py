@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from .._context_plan import recall_position
 from .._tokens import item_tokens
 from ..errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ..turn_report import (
@@ -617,6 +618,24 @@ HEAD_MIN = 1_024
 """Tokens below which a move keeps no head (a provider caches nothing shorter)."""
 
 
+def _recall_after_head(plan: ContextPlan, end: int, builder: Any) -> ContextPlan:
+    """``plan`` (a pack whose first ``end`` history items are the pinned head) with its
+    recall message after the kept history, as without the head: the head is not history
+    the new input depends on."""
+    if plan.recall_at is None:
+        return plan
+    pack = plan.pack
+    dep = [p for p in pack.dependency if p >= end]
+    at = recall_position(dataclasses.replace(pack, dependency=dep))
+    at += 1 if plan.context_message is not None else 0
+    if at == plan.recall_at:
+        return plan
+    items = list(plan.items)
+    message = items.pop(plan.recall_at)
+    items.insert(at, message)
+    return _replaced(builder, plan, dataclasses.replace(plan, items=items, recall_at=at))
+
+
 def _head_move(
     planner: _planner.TurnPlanner, call: TurnCall, base: _planner.TurnPrefix, offset: int
 ) -> tuple[ContextPlan, Callable[[], None] | None, float, _planner.TurnPrefix, int] | None:
@@ -660,8 +679,11 @@ def _head_move(
             context=None,
             whole=dict(base.whole),
         )
-        for mark in marks:
-            reserve = budget - max(int(budget * mark), 1)
+        tried = list(marks)
+        low = float(planner.policy.low_water)
+        while tried:
+            mark = tried.pop(0)
+            reserve = max(budget - max(int(budget * mark), 1), 0)
             moved = {
                 **call.kwargs,
                 "context_tokens": int(call.kwargs.get("context_tokens", 0)) + reserve,
@@ -670,10 +692,18 @@ def _head_move(
             }
             try:
                 plan = builder.build(cand, call.new_input, **moved)
-            except (TokenBudgetExceededError, InvalidItemError):
+            except InvalidItemError:
+                continue
+            except TokenBudgetExceededError as exc:
+                over = exc.used - exc.max_tokens
+                if not tried and mark <= low and budget * low + over <= budget:
+                    # The head and the mandatory part miss the mark: packed to just above
+                    # it (the head stays whole, so the next move repeats it again).
+                    tried.append(low + max(over, 1) / budget)
                 continue
             if not all(a is b for a, b in zip(plan.pack.items[:end], head, strict=False)):
                 continue
+            plan = _recall_after_head(plan, end, builder)
             shared = 0
             if _context_text(plan) == base.context:
                 shared = _leading_tokens(plan, end, builder)
@@ -683,7 +713,7 @@ def _head_move(
             evicted = None
             if call.memory is not None:
                 evicted = observed(call.memory, plan, history, offset, None)
-            return plan, evicted, mark, prefix, shared
+            return plan, evicted, min(mark, low), prefix, shared
         limit //= 2
     return None
 

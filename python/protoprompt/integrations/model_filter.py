@@ -83,6 +83,7 @@ from ..prefix import CachePolicy
 from .. import _core
 from . import _planner, _prefix_state
 from ._call_plan import ModelCallPlan, TruncatedOutput
+from ._context import context_key
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._runs import Collapsed, Run, run_span
@@ -486,17 +487,23 @@ class ModelInputFilter:
         )
         if prefix is not None and policy.head > 0:
             limit = int(b.max_tokens * policy.head)
+            mark = low
             while limit >= HEAD_MIN:
-                # A head that leaves no room at the mark for the mandatory part: shorter by
-                # what it missed (still the start of the previous head, so it repeats).
                 headed = self._head_move(
-                    prefix, packed, step_start, pinned, low, masking, extras, run, key, known,
+                    prefix, packed, step_start, pinned, mark, masking, extras, run, key, known,
                     limit,
                 )  # fmt: skip
                 if isinstance(headed, _planner.Stable):
                     return headed
                 if headed is None:
                     break
+                if mark == low and low + headed <= b.max_tokens:
+                    # The head and the mandatory part miss the mark: packed to just above it
+                    # (the head stays whole, so the next move repeats it again).
+                    mark = low + headed
+                    continue
+                # Else a shorter head (still the start of the previous one, so it repeats).
+                mark = low
                 limit -= max(headed, limit // 8)
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
@@ -541,12 +548,12 @@ class ModelInputFilter:
             return None
         head = prefix.items[ilo:end]
         copies = known or {}
-        own, _ = _core.digests(head, None)
+        hd, _ = _core.digests(head, None)
         wanted = []
         for k in range(len(head)):
             w = prefix.copies.get(ilo + k)
             if w is None:
-                d = bytes(own[16 * k : 16 * k + 16])
+                d = bytes(hd[16 * k : 16 * k + 16])
                 w = copies.get(d, d)
             wanted.append(w)
         got, _ = _core.digests(packed, None)
@@ -554,8 +561,12 @@ class ModelInputFilter:
             copies.get(bytes(got[16 * j : 16 * j + 16]), bytes(got[16 * j : 16 * j + 16]))
             for j in range(len(packed))
         )
-        at = _planner.find_in_order(wanted, digests, lo, step_start)
-        if at is None:
+        # The callback's own messages (an earlier run's recall message) are not history:
+        # kept in the head as sent where this input no longer has them.
+        own = {k for k, x in enumerate(head) if context_key(x) is not None}
+        found = _planner.find_in_order(wanted, digests, lo, step_start, own)
+        at = [p for p in found or () if p is not None]
+        if found is None or not at:
             return None
         s = at[-1] + 1
         n = lo + len(head)
@@ -563,7 +574,7 @@ class ModelInputFilter:
         cand = [*packed[:lo], *head, *packed[s:]]
         # The pinned items (context, recall message, run input) where the candidate has
         # them: in the head, as the previous request sent them, or after it.
-        where = {p: lo + k for k, p in enumerate(at)}
+        where = {p: lo + k for k, p in enumerate(found) if p is not None}
         real: list[int] = []
         for p in pinned:
             if p < lo or p >= s:
