@@ -758,7 +758,9 @@ def test_requests_that_keep_a_head_fit_and_repeat_it(
     asyncio.run(_head_property(runs, budget, answer_words, head))
 
 
-async def _head_property(runs: list[list[int]], budget: int, answer_words: int, head: float) -> None:
+async def _head_property(
+    runs: list[list[int]], budget: int, answer_words: int, head: float
+) -> None:
     sizes: dict[str, int] = {}
     model = ScriptedModel(_script(runs, sizes, answer_words))
     agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")

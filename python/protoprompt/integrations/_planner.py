@@ -25,6 +25,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ._request import RequestExtras
 
 __all__ = [
+    "HeadCandidate",
     "InputLedger",
     "Observed",
     "RunPrefix",
@@ -47,7 +49,9 @@ __all__ = [
     "TurnPrefix",
     "TurnStep",
     "adopt",
+    "after_head_move",
     "candidate",
+    "head_candidate",
     "head_end",
     "kept_whole",
     "move",
@@ -409,7 +413,11 @@ def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str 
 
 
 def find_in_order(
-    wanted: list[bytes], digests: bytes, start: int, stop: int, optional: set[int] = frozenset()
+    wanted: list[bytes],
+    digests: bytes,
+    start: int,
+    stop: int,
+    optional: AbstractSet[int] = frozenset(),
 ) -> list[int | None] | None:
     """The earliest positions in ``[start, stop)`` whose digests (16 bytes each in
     ``digests``) are ``wanted``, in order (``None``: not all found); the ``optional``
@@ -428,6 +436,105 @@ def find_in_order(
         found.append(i)
         j = i + 1
     return found
+
+
+@dataclass(frozen=True)
+class HeadCandidate:
+    """What a move that keeps a head packs (:func:`head_candidate`)."""
+
+    items: list[Any]
+    """The leading pinned items of the SDK's list, the head as the previous request sent
+    it, then the SDK's items after the last one the head stands for."""
+    pinned: list[int]
+    """The SDK list's pinned items (context, recall message, run input) in :attr:`items`."""
+    head: int
+    """:attr:`items` before this position are the leading pinned items and the head."""
+    start: int
+    """The newest step's start in :attr:`items`."""
+    shift: int
+    """Position in :attr:`items` minus position in the SDK's list, after the head."""
+    copies: dict[int, bytes]
+    """The previous request's copies in the head, by position in :attr:`items`."""
+
+
+def head_candidate(
+    prefix: RunPrefix,
+    packed: list[Any],
+    pinned: list[int],
+    step_start: int,
+    lo: int,
+    limit: int,
+    encoding: str | None,
+    known: Mapping[bytes, bytes],
+    own: Callable[[Any], Any],
+) -> HeadCandidate | None:
+    """The candidate of a move that keeps ``prefix``'s head: its items after the leading
+    ``lo`` pinned ones (the context message, which must be the same by content), whole
+    units as sent up to ``limit`` tokens (:func:`head_end`), each found in ``packed`` (the
+    SDK's list) in order before the newest step -- a copy by the digest of the item it
+    stands for, the callback's copies (``known``) by their originals'; a message ``own``
+    says the callback made (an earlier run's recall message) may be missing -- then what
+    ``packed`` holds after the last one found. ``None``: no such head."""
+    ilo = 1 if 0 in prefix.pins else 0
+    if lo != ilo or not prefix.items:
+        return None
+    if lo:
+        d, _ = _core.digests([prefix.items[0], packed[0]], None)
+        if d[:16] != d[16:32]:
+            return None
+    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding)
+    head = prefix.items[ilo:end]
+    if not head:
+        return None
+    mine, _ = _core.digests(head, None)
+    wanted = []
+    for k in range(len(head)):
+        w = prefix.copies.get(ilo + k)
+        if w is None:
+            d = bytes(mine[16 * k : 16 * k + 16])
+            w = known.get(d, d)
+        wanted.append(w)
+    got, _ = _core.digests(packed, None)
+    digests = b"".join(
+        known.get(bytes(got[16 * j : 16 * j + 16]), bytes(got[16 * j : 16 * j + 16]))
+        for j in range(len(packed))
+    )
+    optional = {k for k, x in enumerate(head) if own(x) is not None}
+    found = find_in_order(wanted, digests, lo, step_start, optional)
+    at = [p for p in found or () if p is not None]
+    if found is None or not at:
+        return None
+    after = at[-1] + 1
+    n = lo + len(head)
+    shift = n - after
+    # The pinned items where the candidate has them: in the head, as the previous request
+    # sent them, or after it.
+    where = {p: lo + k for k, p in enumerate(found) if p is not None}
+    placed: list[int] = []
+    for p in pinned:
+        if p < lo or p >= after:
+            placed.append(p if p < lo else p + shift)
+        elif p in where:
+            placed.append(where[p])
+        else:
+            return None
+    copies = {lo + k: prefix.copies[ilo + k] for k in range(len(head)) if ilo + k in prefix.copies}
+    return HeadCandidate(
+        [*packed[:lo], *head, *packed[after:]], placed, n, step_start + shift, shift, copies
+    )
+
+
+def after_head_move(
+    new: RunPrefix, previous: RunPrefix, result: PackResult, got: HeadCandidate, source_len: int
+) -> None:
+    """Fix up :func:`move`'s prefix of a move that kept a head: the length of the SDK's
+    list it was made from, the head's copies, and its cut in the SDK list's positions (the
+    first optional item sent after the head)."""
+    new.source_len = source_len
+    new.copies.update(got.copies)
+    pins = set(got.pinned)
+    first = next((p for p in result.kept_history if p >= got.head and p not in pins), None)
+    new.cut = None if first is None else first - got.shift
 
 
 # --------------------------------------------------------------------------- the callback

@@ -80,7 +80,6 @@ from ..errors import TokenBudgetExceededError
 from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
 from ..prefix import CachePolicy
-from .. import _core
 from . import _planner, _prefix_state
 from ._call_plan import ModelCallPlan, TruncatedOutput
 from ._context import context_key
@@ -527,82 +526,31 @@ class ModelInputFilter:
         limit: int,
     ) -> _planner.Stable | int | None:
         """A move that keeps the previous request's head (``CachePolicy.head``): its
-        history from its start, whole units as sent, up to the policy's share of the
-        budget, pinned ahead of the SDK's items after the last one the head stands for,
-        which are packed newest first to the low-water mark (the middle is dropped).
-        ``None``: no head to keep (none within ``limit`` tokens, its items not found in
-        order in this input); the tokens by which it and the mandatory part miss the mark
-        when they do."""
-        assert self.cache is not None
+        items from its start, whole units as sent, up to ``limit`` tokens, pinned ahead of
+        the SDK's items after the last one the head stands for, which are packed newest
+        first to ``low`` (the middle is dropped: :func:`._planner.head_candidate`).
+        ``None``: no head to keep; the tokens by which it and the mandatory part miss
+        ``low`` when they do."""
         b = self.builder
         lo = 1 if self._is_context(packed) else 0
-        ilo = 1 if 0 in prefix.pins else 0
-        if lo != ilo:
-            return None
-        if lo:
-            d, _ = _core.digests([prefix.items[0], packed[0]], None)
-            if d[:16] != d[16:32]:
-                return None
-        end = _planner.head_end(prefix.items, ilo, len(prefix.items), limit, b.encoding)
-        if end <= ilo:
-            return None
-        head = prefix.items[ilo:end]
-        copies = known or {}
-        hd, _ = _core.digests(head, None)
-        wanted = []
-        for k in range(len(head)):
-            w = prefix.copies.get(ilo + k)
-            if w is None:
-                d = bytes(hd[16 * k : 16 * k + 16])
-                w = copies.get(d, d)
-            wanted.append(w)
-        got, _ = _core.digests(packed, None)
-        digests = b"".join(
-            copies.get(bytes(got[16 * j : 16 * j + 16]), bytes(got[16 * j : 16 * j + 16]))
-            for j in range(len(packed))
+        got = _planner.head_candidate(
+            prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {}, context_key
         )
-        # The callback's own messages (an earlier run's recall message) are not history:
-        # kept in the head as sent where this input no longer has them.
-        own = {k for k, x in enumerate(head) if context_key(x) is not None}
-        found = _planner.find_in_order(wanted, digests, lo, step_start, own)
-        at = [p for p in found or () if p is not None]
-        if found is None or not at:
+        if got is None:
             return None
-        s = at[-1] + 1
-        n = lo + len(head)
-        shift = n - s
-        cand = [*packed[:lo], *head, *packed[s:]]
-        # The pinned items (context, recall message, run input) where the candidate has
-        # them: in the head, as the previous request sent them, or after it.
-        where = {p: lo + k for k, p in enumerate(found) if p is not None}
-        real: list[int] = []
-        for p in pinned:
-            if p < lo or p >= s:
-                real.append(p if p < lo else p + shift)
-            elif p in where:
-                real.append(where[p])
-            else:
-                return None
-        pins = sorted({*real, *range(lo, n)})
-        start = step_start + shift
+        cand, n = got.items, got.head
+        pins = sorted({*got.pinned, *range(lo, n)})
         try:
-            result = self._pack_at(HistoryIndex(), cand, start, pins, low, masking, extras.total)
+            result = self._pack_at(
+                HistoryIndex(), cand, got.start, pins, low, masking, extras.total
+            )
         except TokenBudgetExceededError as exc:
             return max(exc.used - exc.max_tokens, 1)
-        if not all(
-            a is c for a, c in zip(result.items[:n], cand[:n], strict=False)
-        ):
+        if not all(a is c for a, c in zip(result.items[:n], cand[:n], strict=False)):
             return None
         call = run.calls + 1
-        moved = _planner.move(prefix, result, real, cand, key, call, known)
-        new = moved[0]
-        new.source_len = len(packed)
-        for k in range(len(head)):
-            c = prefix.copies.get(ilo + k)
-            if c is not None:
-                new.copies[lo + k] = c
-        first = next((p for p in result.kept_history if p >= n and p not in set(real)), None)
-        new.cut = None if first is None else first - shift
+        new = _planner.move(prefix, result, got.pinned, cand, key, call, known)[0]
+        _planner.after_head_move(new, prefix, result, got, len(packed))
         changed = key != prefix.key
         shared = 0
         if not changed:
@@ -614,9 +562,11 @@ class ModelInputFilter:
         reason = _planner.move_reason(
             call, prefix.cut, new.cut, prefix.request_tokens, result.request_tokens,
             len(result.masked),
-        ) + f"; kept the head ({len(head):,} items as sent, {shared:,} tokens repeated)"  # fmt: skip
+        )  # fmt: skip
+        reason += f"; kept the head ({n - lo:,} items as sent, {shared:,} tokens repeated)"
         run.prefix = self._last = new
-        return _planner.Stable(result, cand, real, start, shared, "moved", reason, changed)
+        stable = (shared, "moved", reason, changed)
+        return _planner.Stable(result, cand, got.pinned, got.start, *stable)
 
     def _pack_at(
         self,
