@@ -909,9 +909,10 @@ def mix_sdk_runs(
     budgets: tuple[int, ...] = BUDGETS,
     memory: bool = False,
     turns: int = MIX_TURNS,
+    policy: Any = None,
 ) -> list[dict[str, Any]]:
     """Every generated mix at each budget through whole ``Runner.run`` runs, newest first
-    (``cache=None``) and with ``pp.CachePolicy()``."""
+    (``cache=None``) and with ``policy`` (default ``pp.CachePolicy()``)."""
     import asyncio
 
     import protoprompt as pp
@@ -922,7 +923,8 @@ def mix_sdk_runs(
         for mix in mixes or MIXES:
             session = make_session(mix, budget, turns=turns)
             newest, _ = asyncio.run(_mix_sdk_run(session, None, memory))
-            stable, moves = asyncio.run(_mix_sdk_run(session, pp.CachePolicy(), memory))
+            cache = pp.CachePolicy() if policy is None else policy
+            stable, moves = asyncio.run(_mix_sdk_run(session, cache, memory))
             stable.moves = moves
             label = f"{mix} (sdk{', memory + recall' if memory else ''})"
             rows.append(

@@ -56,6 +56,13 @@ class CachePolicy:
             it masks (``Masking(omit_reasoning=True)``; the current turn's tool loop and
             Claude's thinking keep theirs). Applied by the session callback and per-call
             filter; :func:`plan_prefix` masks tool outputs only.
+        head: a fraction of the budget, in ``[0, low_water)``: when the cut must move, the
+            session callback and per-call filter keep the start of the previous request's
+            history -- whole units, as sent (masked copies included), up to this many
+            tokens -- and drop the oldest items after it instead, so a move repeats the
+            instructions, tools, context message and that head. The head then stays the
+            same from move to move. ``0`` (the default): a move drops from the start.
+            :func:`plan_prefix` ignores it.
 
     Raises:
         TypeError / ValueError: an argument is not a number of the right kind, or out of
@@ -66,6 +73,7 @@ class CachePolicy:
     keep_recent: int = 1
     excerpt_tokens: int = 64
     omit_reasoning: bool = True
+    head: float = 0.0
 
     def __post_init__(self) -> None:
         lw = self.low_water
@@ -78,6 +86,13 @@ class CachePolicy:
         if not isinstance(self.omit_reasoning, bool):
             raise TypeError(
                 f"omit_reasoning must be a bool, got {type(self.omit_reasoning).__name__}"
+            )
+        head = self.head
+        if isinstance(head, bool) or not isinstance(head, (int, float)):
+            raise TypeError(f"head must be a float, got {type(head).__name__}")
+        if not (math.isfinite(head) and 0 <= head < lw):
+            raise ValueError(
+                f"head must be a fraction of the budget in [0, low_water={lw}), got {head}"
             )
 
 

@@ -38,6 +38,15 @@ def test_policy_is_checked_once() -> None:
         pp.CachePolicy(keep_recent=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="excerpt_tokens"):
         pp.CachePolicy(excerpt_tokens=3)
+    assert pp.CachePolicy().head == 0.0
+    with pytest.raises(ValueError, match="head"):
+        pp.CachePolicy(head=0.7)  # not below low_water: a move could keep nothing else
+    with pytest.raises(ValueError, match="head"):
+        pp.CachePolicy(head=-0.1)
+    with pytest.raises(ValueError, match="head"):
+        pp.CachePolicy(low_water=0.5, head=float("nan"))
+    with pytest.raises(TypeError, match="head"):
+        pp.CachePolicy(head=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="cache must be a CachePolicy"):
         pp.plan_prefix([], [_msg("user", "hi")], budget=100, cache=0.7)  # type: ignore[arg-type]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import zlib
 from typing import Any
 
@@ -602,3 +603,220 @@ async def test_another_worker_continues_the_models_last_request(tmp_path: Any) -
     received = [list(c.input) for c in model.calls]
     assert _extends(received[len(calls) - 1], received[len(calls)])
     second.close()
+
+
+# ---------------------------------------------------------------- a move that keeps the head
+
+_HEAD = re.compile(r"kept the head \(([\d,]+) (?:history )?items as sent, ([\d,]+) tokens")
+
+
+def _head_of(reason: str) -> tuple[int, int] | None:
+    """``(items, tokens repeated)`` a move's reason says it kept as its head."""
+    found = _HEAD.search(reason)
+    if found is None:
+        return None
+    return int(found[1].replace(",", "")), int(found[2].replace(",", ""))
+
+
+def _common(prev: list[Any], cur: list[Any]) -> int:
+    """Leading items ``cur`` repeats from ``prev``, byte for byte (as JSON)."""
+    n = 0
+    for a, b in zip(prev, cur, strict=False):
+        if not _same(a, b):
+            break
+        n += 1
+    return n
+
+
+def test_head_end_keeps_whole_units_within_the_limit() -> None:
+    """A head is whole atomic units from its start, as many as cost at most the limit: a
+    call is never kept without its output."""
+    from protoprompt.integrations import _planner
+
+    items = [
+        {"role": "user", "content": "question " + "word " * 40},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "data " * 200},
+        {"role": "assistant", "content": "answer"},
+    ]
+    cost = [pp.item_tokens(i).total for i in items]
+    assert _planner.head_end(items, 0, 4, sum(cost), None) == 4
+    assert _planner.head_end(items, 0, 4, cost[0] + cost[1], None) == 1  # not the call alone
+    assert _planner.head_end(items, 0, 4, sum(cost[:3]), None) == 3
+    assert _planner.head_end(items, 0, 2, sum(cost), None) == 1  # stop inside the unit
+    assert _planner.head_end(items, 0, 4, cost[0] - 1, None) == 0
+    assert _planner.head_end(items, 1, 4, sum(cost), None) == 4
+    assert _planner.head_end(items, 0, 4, 0, None) == 0
+
+
+async def test_a_filter_move_that_keeps_the_head_repeats_it_byte_for_byte() -> None:
+    """``CachePolicy(head=...)`` on a tool loop that outgrows the budget several times
+    within runs: a move keeps the previous request's head (its first items as sent) and
+    drops the oldest steps after it, so the moved request repeats that head byte for byte
+    (``shared_tokens`` says how much) and the next moves keep the same head; every request
+    fits and is sendable, every stay extends the previous request, and nothing the filter
+    made is stored. Without ``head`` the same moves repeat nothing."""
+    runs = [[150] * 3] + [[250] * 8] * 3
+    budget = 4_000
+    received, calls, _turns, stored = await _head_runs(runs, budget, pp.CachePolicy(head=0.35))
+    heads = []
+    for n, call in enumerate(calls):
+        assert_sendable(received[n])  # and it fits: _head_runs
+        if n and call.prefix == "stayed":
+            assert _extends(received[n - 1], received[n]), f"call {n + 1}"
+        head = _head_of(call.prefix_reason) if call.prefix == "moved" else None
+        if head is not None:
+            k, shared = head
+            assert _common(received[n - 1], received[n]) >= k, f"call {n + 1}"
+            assert call.shared_tokens == shared > 0
+            heads.append([json.dumps(x, sort_keys=True) for x in received[n][:k]])
+    assert len(heads) >= 3, [c.prefix_reason for c in calls]
+    # The head stays: each later move's head starts with the first one's.
+    first = min(len(h) for h in heads)
+    assert all(h[:first] == heads[0][:first] for h in heads)
+    assert stored == await _plain_history(runs, 20)
+    base, base_calls, _, _ = await _head_runs(runs, budget, pp.CachePolicy())
+    for n, call in enumerate(base_calls):
+        if call.prefix == "moved":
+            assert call.shared_tokens == 0 and _head_of(call.prefix_reason) is None
+
+
+async def _head_runs(
+    runs: list[list[int]], budget: int, policy: pp.CachePolicy
+) -> tuple[list[list[Any]], list[ModelCallPlan], list[ContextPlan], list[Any]]:
+    """Whole SDK runs through ``run_config`` with ``policy``: what each model call received,
+    the filter's and the callback's plans, and the stored history."""
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 20))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("head")
+    turns: list[ContextPlan] = []
+    calls: list[ModelCallPlan] = []
+    config = session.run_config(
+        builder,
+        agent=agent,
+        cache=policy,
+        on_plan=turns.append,
+        on_call=calls.append,
+        tracing_disabled=True,
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    received = [list(c.input) for c in model.calls]
+    assert len(calls) == len(received)
+    for n, c in enumerate(model.calls):
+        assert request_tokens(c) + RESERVE <= budget, f"call {n + 1}"
+    return received, calls, turns, await session.get_items()
+
+
+async def test_a_callback_move_that_keeps_the_head_resends_its_masked_copies() -> None:
+    """Through the session callback alone: a session whose history already overflows
+    starts the policy with a pack to the mark that masks the older tool outputs; a later
+    turn that does not fit keeps that request's head -- its masked copies included, byte
+    for byte -- and drops the oldest turns after it. The plan reads as a pack of the
+    stored history (the head's copies ``"masked"``, the dropped middle not kept), every
+    request fits and is sendable, and the stored history is what a session without hooks
+    stores."""
+    runs = [[300, 300]] * 16
+    budget = 4_000
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, 10))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("head-cb")
+    turns: list[ContextPlan] = []
+    plain = RunConfig(tracing_disabled=True)
+    policy = pp.CachePolicy(head=0.3)
+    callback = session.input_callback(builder, on_plan=turns.append, cache=policy)
+    config = RunConfig(session_input_callback=callback, tracing_disabled=True)
+    first = 6  # stored without a budget: the policy starts on an overflowing history
+    for r in range(len(runs)):
+        run_config = plain if r < first else config
+        await Runner.run(agent, f"question {r}", session=session, run_config=run_config)
+    stored = await session.get_items()
+    requests = [list(c.input) for c in model.calls[first * 3 :]][::3]
+    assert turns[0].prefix == "set" and turns[0].masked_items
+    headed = [n for n, t in enumerate(turns) if n and _head_of(t.prefix_reason) is not None]
+    assert len(headed) >= 2, [t.prefix_reason for t in turns]
+    masked_head = 0
+    for n in headed:
+        k, shared = _head_of(turns[n].prefix_reason)  # type: ignore[misc]
+        prev, cur = turns[n - 1], turns[n]
+        assert cur.prefix == "moved" and _common(prev.items, cur.items) >= k, f"turn {n + 1}"
+        assert cur.shared_tokens == shared > 0
+        copies = {json.dumps(x, sort_keys=True) for x in prev.masked_items}
+        in_head = [json.dumps(x, sort_keys=True) in copies for x in cur.items[:k]]
+        masked_head += sum(in_head)
+        kept = cur.pack.kept_history
+        assert kept[:k] == prev.pack.kept_history[:k]
+        masked = set(cur.pack.masked)
+        assert {kept[i] for i in range(k) if in_head[i]} <= masked
+        gap = [p for p in range(kept[k - 1] + 1, kept[-1]) if p not in set(kept)]
+        dropped = {p for d in cur.pack.decisions if not d.kept for p in d.positions}
+        assert gap and set(gap) <= dropped | set(cur.pack.omitted_reasoning), f"turn {n + 1}"
+    assert masked_head, "a head that holds masked copies resends them as they were"
+    for n, turn in enumerate(turns):
+        assert turn.used <= budget and turn.items == requests[n], f"turn {n + 1}"
+        assert_sendable(requests[n])
+        if n and turn.prefix == "stayed":
+            assert _extends(turns[n - 1].items, turn.items), f"turn {n + 1}"
+    assert not any("masked by protoprompt" in json.dumps(i) for i in stored)
+    assert stored == await _plain_history(runs, 10)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.integers(20, 700), min_size=0, max_size=5), min_size=2, max_size=7),
+    st.integers(2_500, 7_000),
+    st.integers(5, 200),
+    st.sampled_from([0.15, 0.3, 0.5]),
+)
+def test_requests_that_keep_a_head_fit_and_repeat_it(
+    runs: list[list[int]], budget: int, answer_words: int, head: float
+) -> None:
+    """``CachePolicy(head=...)`` over generated sessions and tool loops, whole SDK runs
+    through ``run_config`` (both hooks): every request fits and is sendable; a call that
+    kept its prefix extends the previous one; a move that kept a head repeats the previous
+    request's first items byte for byte; the stored history is what a session without
+    hooks stores."""
+    asyncio.run(_head_property(runs, budget, answer_words, head))
+
+
+async def _head_property(
+    runs: list[list[int]], budget: int, answer_words: int, head: float
+) -> None:
+    sizes: dict[str, int] = {}
+    model = ScriptedModel(_script(runs, sizes, answer_words))
+    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
+    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
+    session = ProtoPromptSession("head-prop")
+    turns: list[ContextPlan] = []
+    calls: list[ModelCallPlan] = []
+    config = session.run_config(
+        builder,
+        cache=pp.CachePolicy(head=head),
+        on_plan=turns.append,
+        on_call=calls.append,
+        oversized_output="truncate",
+        tracing_disabled=True,
+    )
+    for r in range(len(runs)):
+        await Runner.run(agent, f"question {r}", session=session, run_config=config)
+    received = [list(c.input) for c in model.calls]
+    for n, call in enumerate(model.calls):
+        assert request_tokens(call) + RESERVE <= budget, f"call {n + 1}"
+        assert_sendable(received[n])
+        if n and calls[n].prefix == "stayed":
+            assert _extends(received[n - 1], received[n]), f"call {n + 1}"
+        found = _head_of(calls[n].prefix_reason) if calls[n].prefix == "moved" else None
+        if found is not None:
+            event("a call kept the head")
+            assert _common(received[n - 1], received[n]) >= found[0], f"call {n + 1}"
+    for n in range(1, len(turns)):
+        assert turns[n].used <= budget
+        found = _head_of(turns[n].prefix_reason) if turns[n].prefix == "moved" else None
+        if found is not None:
+            event("a turn kept the head")
+            assert _common(turns[n - 1].items, turns[n].items) >= found[0], f"turn {n + 1}"
+    assert await session.get_items() == await _plain_history(runs, answer_words)

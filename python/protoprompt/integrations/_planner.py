@@ -25,12 +25,14 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._pack_types import UnitDecision
-from ..packing import HistoryIndex, Masking
+from .._tokens import item_tokens
+from ..packing import HistoryIndex, Masking, analyze
 
 if TYPE_CHECKING:
     from ..packing import PackResult
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CopyDigests",
+    "HeadCandidate",
     "InputLedger",
     "Observed",
     "RunPrefix",
@@ -47,7 +50,10 @@ __all__ = [
     "TurnPrefix",
     "TurnStep",
     "adopt",
+    "after_head_move",
     "candidate",
+    "head_candidate",
+    "head_end",
     "kept_whole",
     "move",
     "move_reason",
@@ -379,6 +385,157 @@ def move(
         call, previous.cut, cut, previous.request_tokens, result.request_tokens, len(result.masked)
     )
     return prefix, 0, "moved", reason, key != previous.key
+
+
+def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str | None) -> int:
+    """The end of a move's head in ``items`` (a request's history as sent): the largest
+    ``e`` in ``[start, stop]`` such that ``items[start:e]`` holds whole atomic units of
+    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head)."""
+    if limit <= 0 or stop <= start:
+        return start
+    report = analyze(items[start:], [])
+    reach: dict[int, int] = {}
+    for unit in report.units:
+        if unit.positions:
+            last = max(unit.positions)
+            for p in unit.positions:
+                reach[p] = last
+    end = start
+    far = -1
+    cost = 0
+    for k in range(stop - start):
+        cost += item_tokens(items[start + k], encoding=encoding).total
+        if cost > limit:
+            break
+        far = max(far, reach.get(k, k))
+        if far <= k:
+            end = start + k + 1
+    return end
+
+
+def find_in_order(
+    wanted: list[bytes],
+    digests: bytes,
+    start: int,
+    stop: int,
+    optional: AbstractSet[int] = frozenset(),
+) -> list[int | None] | None:
+    """The earliest positions in ``[start, stop)`` whose digests (16 bytes each in
+    ``digests``) are ``wanted``, in order (``None``: not all found); the ``optional``
+    indices of ``wanted`` not found are ``None``."""
+    found: list[int | None] = []
+    j = start
+    for k, w in enumerate(wanted):
+        i = j
+        while i < stop and digests[16 * i : 16 * i + 16] != w:
+            i += 1
+        if i >= stop:
+            if k not in optional:
+                return None
+            found.append(None)
+            continue
+        found.append(i)
+        j = i + 1
+    return found
+
+
+@dataclass(frozen=True)
+class HeadCandidate:
+    """What a move that keeps a head packs (:func:`head_candidate`)."""
+
+    items: list[Any]
+    """The leading pinned items of the SDK's list, the head as the previous request sent
+    it, then the SDK's items after the last one the head stands for."""
+    pinned: list[int]
+    """The SDK list's pinned items (context, recall message, run input) in :attr:`items`."""
+    head: int
+    """:attr:`items` before this position are the leading pinned items and the head."""
+    start: int
+    """The newest step's start in :attr:`items`."""
+    shift: int
+    """Position in :attr:`items` minus position in the SDK's list, after the head."""
+    copies: dict[int, bytes]
+    """The previous request's copies in the head, by position in :attr:`items`."""
+
+
+def head_candidate(
+    prefix: RunPrefix,
+    packed: list[Any],
+    pinned: list[int],
+    step_start: int,
+    lo: int,
+    limit: int,
+    encoding: str | None,
+    known: Mapping[bytes, bytes],
+    own: Callable[[Any], Any],
+) -> HeadCandidate | None:
+    """The candidate of a move that keeps ``prefix``'s head: its items after the leading
+    ``lo`` pinned ones (the context message, which must be the same by content), whole
+    units as sent up to ``limit`` tokens (:func:`head_end`), each found in ``packed`` (the
+    SDK's list) in order before the newest step -- a copy by the digest of the item it
+    stands for, the callback's copies (``known``) by their originals'; a message ``own``
+    says the callback made (an earlier run's recall message) may be missing -- then what
+    ``packed`` holds after the last one found. ``None``: no such head."""
+    ilo = 1 if 0 in prefix.pins else 0
+    if lo != ilo or not prefix.items:
+        return None
+    if lo:
+        d, _ = _core.digests([prefix.items[0], packed[0]], None)
+        if d[:16] != d[16:32]:
+            return None
+    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding)
+    head = prefix.items[ilo:end]
+    if not head:
+        return None
+    mine, _ = _core.digests(head, None)
+    wanted = []
+    for k in range(len(head)):
+        w = prefix.copies.get(ilo + k)
+        if w is None:
+            d = bytes(mine[16 * k : 16 * k + 16])
+            w = known.get(d, d)
+        wanted.append(w)
+    got, _ = _core.digests(packed, None)
+    digests = b"".join(
+        known.get(bytes(got[16 * j : 16 * j + 16]), bytes(got[16 * j : 16 * j + 16]))
+        for j in range(len(packed))
+    )
+    optional = {k for k, x in enumerate(head) if own(x) is not None}
+    found = find_in_order(wanted, digests, lo, step_start, optional)
+    at = [p for p in found or () if p is not None]
+    if found is None or not at:
+        return None
+    after = at[-1] + 1
+    n = lo + len(head)
+    shift = n - after
+    # The pinned items where the candidate has them: in the head, as the previous request
+    # sent them, or after it.
+    where = {p: lo + k for k, p in enumerate(found) if p is not None}
+    placed: list[int] = []
+    for p in pinned:
+        if p < lo or p >= after:
+            placed.append(p if p < lo else p + shift)
+        elif p in where:
+            placed.append(where[p])
+        else:
+            return None
+    copies = {lo + k: prefix.copies[ilo + k] for k in range(len(head)) if ilo + k in prefix.copies}
+    return HeadCandidate(
+        [*packed[:lo], *head, *packed[after:]], placed, n, step_start + shift, shift, copies
+    )
+
+
+def after_head_move(
+    new: RunPrefix, previous: RunPrefix, result: PackResult, got: HeadCandidate, source_len: int
+) -> None:
+    """Fix up :func:`move`'s prefix of a move that kept a head: the length of the SDK's
+    list it was made from, the head's copies, and its cut in the SDK list's positions (the
+    first optional item sent after the head)."""
+    new.source_len = source_len
+    new.copies.update(got.copies)
+    pins = set(got.pinned)
+    first = next((p for p in result.kept_history if p >= got.head and p not in pins), None)
+    new.cut = None if first is None else first - got.shift
 
 
 # --------------------------------------------------------------------------- the callback
@@ -746,12 +903,16 @@ def in_history(
     last: TurnPrefix,
     history: list[Any],
     offset: int,
+    resent: tuple[str, ...] = ("kept",),
 ) -> PackResult:
     """A stay's pack (of the candidate: :attr:`TurnPrefix.sent` then what was appended) in
     the positions of the stored history, as a pack of the history reads: the resent
     masked copies as ``"masked"``, the history items the request does not send (before
     the cut, or left out at an earlier move) as ``"over_budget"`` (``last`` is the prefix
-    before :func:`after_stay`)."""
+    before :func:`after_stay`). A move that kept a head (``CachePolicy.head``) reads the
+    same way (``last``: the head as its prefix; ``resent``: the decisions whose units
+    may hold its copies, pinned ones ``"mandatory"``), the units it masked itself and the
+    reasoning it left out included."""
     n_sent = len(last.sent)
     positions = [*last.kept, *range(last.end, offset + len(history))]
     masked_ids = {id(x) for x in last.masked}
@@ -762,7 +923,7 @@ def in_history(
         code = d.decision
         moved = [positions[p] for p in d.positions]
         whole = d.tokens
-        if code == "kept" and any(p in masked_at for p in d.positions):
+        if code in resent and any(p in masked_at for p in d.positions):
             code = "masked"
             whole = last.whole.get(moved[0])
             if whole is not None and d.tokens is not None:
@@ -791,8 +952,9 @@ def in_history(
         result,
         kept_history=[positions[p] for p in result.kept_history],
         dependency=[positions[p] for p in result.dependency],
-        masked=sorted(positions[i] for i in masked_at),
-        masking_saved=saved,
+        masked=sorted({*(positions[i] for i in masked_at), *(positions[p] for p in result.masked)}),
+        omitted_reasoning=[positions[p] for p in result.omitted_reasoning],
+        masking_saved=saved + result.masking_saved,
         decisions=[dataclasses.replace(d, unit=u) for u, (_, d) in enumerate(decisions)],
         stop=None,
     )

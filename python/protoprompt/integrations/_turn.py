@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from .._context_plan import recall_position
 from .._tokens import item_tokens
 from ..errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ..turn_report import (
@@ -612,6 +613,110 @@ def _move(
     return None
 
 
+HEAD_MIN = 1_024
+"""Tokens below which a move keeps no head (a provider caches nothing shorter)."""
+
+
+def _recall_after_head(plan: ContextPlan, end: int, builder: Any) -> ContextPlan:
+    """``plan`` (a pack whose first ``end`` history items are the pinned head) with its
+    recall message after the kept history, as without the head: the head is not history
+    the new input depends on."""
+    if plan.recall_at is None:
+        return plan
+    pack = plan.pack
+    dep = [p for p in pack.dependency if p >= end]
+    at = recall_position(dataclasses.replace(pack, dependency=dep))
+    at += 1 if plan.context_message is not None else 0
+    if at == plan.recall_at:
+        return plan
+    items = list(plan.items)
+    message = items.pop(plan.recall_at)
+    items.insert(at, message)
+    return _replaced(builder, plan, dataclasses.replace(plan, items=items, recall_at=at))
+
+
+def _head_move(
+    planner: _planner.TurnPlanner, call: TurnCall, base: _planner.TurnPrefix, offset: int
+) -> tuple[ContextPlan, Callable[[], None] | None, float, _planner.TurnPrefix, int] | None:
+    """A move that keeps the head of ``base`` (the previous request, or the model's last
+    one): its history from the cut, whole units as sent, up to ``CachePolicy.head`` of the
+    budget (halved while it and the mandatory part do not fit the mark), pinned ahead of
+    the stored items after its last one, which are packed newest first to the mark with
+    the older tool outputs masked (the middle is dropped). The plan reads as a pack of the
+    stored history; with it what starts the work on what it evicted, the mark and the head
+    as a prefix (for :func:`._planner.in_history`), and the tokens of the context message
+    and the head it repeats (0 when the context message changed). ``None``: no head to
+    keep."""
+    builder, history = call.builder, call.history
+    budget = int(builder.max_tokens)
+    total = offset + len(history)
+    if not base.kept or base.kept[0] < offset or base.end > total:
+        return None
+    marks = [planner.mark(budget)]
+    if marks[0] < planner.policy.low_water:
+        marks.append(float(planner.policy.low_water))
+    setup = call.setup
+    if call.memory is not None:
+        with setup.state.lock:
+            call = call.remembered(offset)
+    limit = int(budget * planner.policy.head)
+    masked_ids = {id(x) for x in base.masked}
+    while limit >= HEAD_MIN:
+        end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding)
+        if end == 0:
+            return None
+        head = base.sent[:end]
+        after = base.kept[end - 1] + 1
+        cand = [*head, *history[after - offset :]]
+        prefix = _planner.TurnPrefix(
+            sent=head,
+            kept=base.kept[:end],
+            end=after,
+            originals=base.originals[: 16 * end],
+            masked=[x for x in head if id(x) in masked_ids],
+            request_tokens=0,
+            context=None,
+            whole=dict(base.whole),
+        )
+        tried = list(marks)
+        low = float(planner.policy.low_water)
+        while tried:
+            mark = tried.pop(0)
+            reserve = max(budget - max(int(budget * mark), 1), 0)
+            moved = {
+                **call.kwargs,
+                "context_tokens": int(call.kwargs.get("context_tokens", 0)) + reserve,
+                "masking": planner.masking(),
+                "pinned": range(end),
+            }
+            try:
+                plan = builder.build(cand, call.new_input, **moved)
+            except InvalidItemError:
+                continue
+            except TokenBudgetExceededError as exc:
+                over = exc.used - exc.max_tokens
+                if not tried and mark <= low and budget * low + over <= budget:
+                    # The head and the mandatory part miss the mark: packed to just above
+                    # it (the head stays whole, so the next move repeats it again).
+                    tried.append(low + max(over, 1) / budget)
+                continue
+            if not all(a is b for a, b in zip(plan.pack.items[:end], head, strict=False)):
+                continue
+            plan = _recall_after_head(plan, end, builder)
+            shared = 0
+            if _context_text(plan) == base.context:
+                shared = _leading_tokens(plan, end, builder)
+            pack = _planner.in_history(plan.pack, prefix, history, offset, ("kept", "mandatory"))
+            plan = _replaced(builder, plan, dataclasses.replace(plan, pack=pack))
+            plan = _without_mark(plan, reserve, builder)
+            evicted = None
+            if call.memory is not None:
+                evicted = observed(call.memory, plan, history, offset, None)
+            return plan, evicted, min(mark, low), prefix, shared
+        limit //= 2
+    return None
+
+
 def build_stable_turn(
     planner: _planner.TurnPlanner, call: TurnCall
 ) -> tuple[ContextPlan, Callable[[], None] | None]:
@@ -683,6 +788,27 @@ def _stable_turn(
             planner.last = found
             planner.stayed()
             return adopted, None
+    if planner.policy.head > 0:
+        base = found if found is not None else previous
+        headed = None if base is None else _head_move(planner, call, base, offset)
+        if headed is not None:
+            plan, evicted, mark, head, shared = headed
+            index = follow_rows(call.setup, builder, history, call.facts, call.kwargs)
+            failures = _count_failures(call.setup.state.index.count_store)
+            held = len(call.setup.state.index)
+            report = _call_report(call, plan, index, (held, held), failures)
+            masked = plan.masked_items
+            new = _planner.after_pack(plan.pack, history, offset, masked, _context_text(plan))
+            before = None if previous is None else previous.request_tokens
+            lowered = mark if mark < planner.policy.low_water - 0.005 else None
+            reason = _planner.turn_move_reason(previous, new, before, lowered) + (
+                f"; kept the head ({len(head.sent):,} history items as sent, "
+                f"{shared:,} tokens repeated)"
+            )
+            step = _planner.TurnStep("moved" if previous is not None else "set", reason, shared)
+            planner.last = new
+            planner.moved(new.request_tokens)
+            return _stepped(plan, step, builder, report), evicted
     got_move = _move(planner, call)
     if got_move is None:
         # The mandatory part needs more than the mark, or a window read cannot reach

@@ -72,7 +72,7 @@ import asyncio
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
@@ -82,6 +82,7 @@ from ..plan import CallLayout
 from ..prefix import CachePolicy
 from . import _planner, _prefix_state
 from ._call_plan import ModelCallPlan, TruncatedOutput
+from ._context import context_key
 from ._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._runs import Collapsed, Run, run_span
@@ -108,6 +109,9 @@ MAX_RUNS = 64
 MAX_RUN_STATE_BYTES = 64 * 2**20
 """Bytes of run state (indexes, digests) a filter keeps between calls; older runs start
 afresh."""
+
+HEAD_MIN = 1_024
+"""Tokens below which a move keeps no head (a provider caches nothing shorter)."""
 
 _FIT_ATTEMPTS = 4
 """Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
@@ -480,12 +484,89 @@ class ModelInputFilter:
             after_turns=policy.keep_recent,
             omit_reasoning=policy.omit_reasoning,
         )
+        if prefix is not None and policy.head > 0:
+            limit = int(b.max_tokens * policy.head)
+            mark = low
+            while limit >= HEAD_MIN:
+                headed = self._head_move(
+                    prefix, packed, step_start, pinned, mark, masking, extras, run, key, known,
+                    limit,
+                )  # fmt: skip
+                if isinstance(headed, _planner.Stable):
+                    return headed
+                if headed is None:
+                    break
+                if mark == low and low + headed <= b.max_tokens:
+                    # The head and the mandatory part miss the mark: packed to just above it
+                    # (the head stays whole, so the next move repeats it again).
+                    mark = low + headed
+                    continue
+                # Else a shorter head (still the start of the previous one, so it repeats).
+                mark = low
+                limit -= max(headed, limit // 8)
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
             return None
         moved = _planner.move(run.prefix, result, pinned, packed, key, run.calls + 1, known)
         run.prefix = self._last = moved[0]
         return _planner.Stable(result, packed, pinned, step_start, *moved[1:])
+
+    def _head_move(
+        self,
+        prefix: _planner.RunPrefix,
+        packed: list[Any],
+        step_start: int,
+        pinned: list[int],
+        low: int,
+        masking: Masking,
+        extras: RequestExtras,
+        run: Run,
+        key: tuple[Any, ...],
+        known: Mapping[bytes, bytes] | None,
+        limit: int,
+    ) -> _planner.Stable | int | None:
+        """A move that keeps the previous request's head (``CachePolicy.head``): its
+        items from its start, whole units as sent, up to ``limit`` tokens, pinned ahead of
+        the SDK's items after the last one the head stands for, which are packed newest
+        first to ``low`` (the middle is dropped: :func:`._planner.head_candidate`).
+        ``None``: no head to keep; the tokens by which it and the mandatory part miss
+        ``low`` when they do."""
+        b = self.builder
+        lo = 1 if self._is_context(packed) else 0
+        got = _planner.head_candidate(
+            prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {}, context_key
+        )
+        if got is None:
+            return None
+        cand, n = got.items, got.head
+        pins = sorted({*got.pinned, *range(lo, n)})
+        try:
+            result = self._pack_at(
+                HistoryIndex(), cand, got.start, pins, low, masking, extras.total
+            )
+        except TokenBudgetExceededError as exc:
+            return max(exc.used - exc.max_tokens, 1)
+        if not all(a is c for a, c in zip(result.items[:n], cand[:n], strict=False)):
+            return None
+        call = run.calls + 1
+        new = _planner.move(prefix, result, got.pinned, cand, key, call, known)[0]
+        _planner.after_head_move(new, prefix, result, got, len(packed))
+        changed = key != prefix.key
+        shared = 0
+        if not changed:
+            shared = extras.total + sum(
+                d.sent_tokens or 0
+                for d in result.decisions
+                if d.kept and d.positions and max(d.positions) < n
+            )
+        reason = _planner.move_reason(
+            call, prefix.cut, new.cut, prefix.request_tokens, result.request_tokens,
+            len(result.masked),
+        )  # fmt: skip
+        reason += f"; kept the head ({n - lo:,} items as sent, {shared:,} tokens repeated)"
+        run.prefix = self._last = new
+        stable = (shared, "moved", reason, changed)
+        return _planner.Stable(result, cand, got.pinned, got.start, *stable)
 
     def _pack_at(
         self,
