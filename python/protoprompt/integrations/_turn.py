@@ -705,7 +705,7 @@ def _head_move(
             plan = _recall_after_head(plan, end, builder)
             shared = 0
             if _context_text(plan) == base.context:
-                shared = _leading_tokens(plan, end, builder)
+                shared = _leading_tokens(plan, end)
             pack = _planner.in_history(plan.pack, prefix, history, offset, ("kept", "mandatory"))
             plan = _replaced(builder, plan, dataclasses.replace(plan, pack=pack))
             plan = _without_mark(plan, reserve, builder)
