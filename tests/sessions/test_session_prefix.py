@@ -174,10 +174,16 @@ def test_consecutive_turns_share_their_prefix(
 
 
 async def _config_runs(
-    name: str, runs: list[list[int]], budget: int, answer_words: int, **options: Any
+    name: str,
+    runs: list[list[int]],
+    budget: int,
+    answer_words: int,
+    pass_agent: bool = False,
+    **options: Any,
 ) -> tuple[ScriptedModel, list[ContextPlan], list[ModelCallPlan], ProtoPromptSession]:
-    """Runs through ``run_config``'s default (both hooks) on a new session ``name``: the
-    model (what each call received), the turn plans and the call plans."""
+    """Runs through ``run_config`` (both hooks; ``options`` and, with ``pass_agent``, the
+    agent passed to it) on a new session ``name``: the model (what each call received),
+    the turn plans, the call plans and the session."""
     sizes: dict[str, int] = {}
     model = ScriptedModel(_script(runs, sizes, answer_words))
     agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
@@ -185,6 +191,8 @@ async def _config_runs(
     session = ProtoPromptSession(name)
     turns: list[ContextPlan] = []
     calls: list[ModelCallPlan] = []
+    if pass_agent:
+        options["agent"] = agent
     config = session.run_config(
         builder, on_plan=turns.append, on_call=calls.append, tracing_disabled=True, **options
     )
@@ -686,23 +694,9 @@ async def _head_runs(
 ) -> tuple[list[list[Any]], list[ModelCallPlan], list[ContextPlan], list[Any]]:
     """Whole SDK runs through ``run_config`` with ``policy``: what each model call received,
     the filter's and the callback's plans, and the stored history."""
-    sizes: dict[str, int] = {}
-    model = ScriptedModel(_script(runs, sizes, 20))
-    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
-    session = ProtoPromptSession("head")
-    turns: list[ContextPlan] = []
-    calls: list[ModelCallPlan] = []
-    config = session.run_config(
-        builder,
-        agent=agent,
-        cache=policy,
-        on_plan=turns.append,
-        on_call=calls.append,
-        tracing_disabled=True,
+    model, turns, calls, session = await _config_runs(
+        "head", runs, budget, 20, pass_agent=True, cache=policy
     )
-    for r in range(len(runs)):
-        await Runner.run(agent, f"question {r}", session=session, run_config=config)
     received = [list(c.input) for c in model.calls]
     assert len(calls) == len(received)
     for n, c in enumerate(model.calls):
@@ -786,23 +780,14 @@ def test_requests_that_keep_a_head_fit_and_repeat_it(
 async def _head_property(
     runs: list[list[int]], budget: int, answer_words: int, head: float
 ) -> None:
-    sizes: dict[str, int] = {}
-    model = ScriptedModel(_script(runs, sizes, answer_words))
-    agent = Agent(name="a", model=model, tools=[_sizes_tool(sizes)], instructions="Use the tool.")
-    builder = TokenBudgetedContextBuilder(None, max_tokens=budget, output_reserve=RESERVE)
-    session = ProtoPromptSession("head-prop")
-    turns: list[ContextPlan] = []
-    calls: list[ModelCallPlan] = []
-    config = session.run_config(
-        builder,
+    model, turns, calls, session = await _config_runs(
+        "head-prop",
+        runs,
+        budget,
+        answer_words,
         cache=pp.CachePolicy(head=head),
-        on_plan=turns.append,
-        on_call=calls.append,
         oversized_output="truncate",
-        tracing_disabled=True,
     )
-    for r in range(len(runs)):
-        await Runner.run(agent, f"question {r}", session=session, run_config=config)
     received = [list(c.input) for c in model.calls]
     for n, call in enumerate(model.calls):
         assert request_tokens(call) + RESERVE <= budget, f"call {n + 1}"
