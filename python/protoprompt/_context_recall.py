@@ -61,7 +61,7 @@ class Recall:
         """Recall candidates from the store, in pool order (priority, then relevance); with
         ``session_id``, the summary and the evicted turns of that session too (``sent``:
         digests of rows the request sends for sure or most likely, whose passages do not
-        count among the passages asked for; see :func:`likely_sent`).
+        count among the passages asked for; see :class:`Sent`).
 
         ``split``: what the question finds is marked :attr:`Candidate.volatile` (recalled
         passages, document chunks, facts found by the search) and the facts the store lists
