@@ -719,6 +719,10 @@ def after_pack(
     )
 
 
+HEAD_MIN = 1_024
+"""Tokens below which a move keeps no head (``CachePolicy.head``): a provider caches
+nothing shorter."""
+
 ADOPT_SCAN = 4096
 """History positions :func:`adopt` may read beyond four per item of the request (the items
 a request left out between two it sent: dropped units, reasoning left out)."""

@@ -613,10 +613,6 @@ def _move(
     return None
 
 
-HEAD_MIN = 1_024
-"""Tokens below which a move keeps no head (a provider caches nothing shorter)."""
-
-
 def _recall_after_head(plan: ContextPlan, end: int, builder: Any) -> ContextPlan:
     """``plan`` (a pack whose first ``end`` history items are the pinned head) with its
     recall message after the kept history, as without the head: the head is not history
@@ -661,7 +657,7 @@ def _head_move(
             call = call.remembered(offset)
     limit = int(budget * planner.policy.head)
     masked_ids = {id(x) for x in base.masked}
-    while limit >= HEAD_MIN:
+    while limit >= _planner.HEAD_MIN:
         end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding)
         if end == 0:
             return None

@@ -110,9 +110,6 @@ MAX_RUN_STATE_BYTES = 64 * 2**20
 """Bytes of run state (indexes, digests) a filter keeps between calls; older runs start
 afresh."""
 
-HEAD_MIN = 1_024
-"""Tokens below which a move keeps no head (a provider caches nothing shorter)."""
-
 _FIT_ATTEMPTS = 4
 """Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
 
@@ -487,7 +484,7 @@ class ModelInputFilter:
         if prefix is not None and policy.head > 0:
             limit = int(b.max_tokens * policy.head)
             mark = low
-            while limit >= HEAD_MIN:
+            while limit >= _planner.HEAD_MIN:
                 headed = self._head_move(
                     prefix, packed, step_start, pinned, mark, masking, extras, run, key, known,
                     limit,
