@@ -383,6 +383,9 @@ async def _ask(
         plan = builder.last_plan
         sent = _sent(plan) if plan is not None else ""
         found[q] = all(m in sent for m in q.markers)
+        # What the turn evicted is indexed before the next question, as a model call (which
+        # takes longer than the job) lets it be in a real session; not timed.
+        await builder.wait_for_background(600)
     session.close()
     if mode == "lexical, PostgreSQL" and builder.scope is not None:
         store.forget(scope=builder.scope)
