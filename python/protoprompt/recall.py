@@ -133,6 +133,7 @@ class _Worker:
                 self._pid = os.getpid()
                 self._queue = queue.Queue(MAX_QUEUED_JOBS)
                 self._thread, self._busy = None, 0
+                self._hurry = threading.Event()
             try:
                 self._queue.put_nowait((time.monotonic() + INDEX_DELAY, job))
             except queue.Full:
