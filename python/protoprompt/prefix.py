@@ -28,6 +28,11 @@ from ._pack_types import MAX_TOKENS, MIN_EXCERPT_TOKENS
 
 Item = Mapping[str, Any]
 
+RECENT_ROOM = 0.35
+"""With ``CachePolicy(head=None)`` (the default), the share of the budget a move leaves to
+the newest items: the head is ``low_water - RECENT_ROOM``. Measured in
+``docs/prompt-cache.md`` ("Choosing the policy")."""
+
 __all__ = ["CachePolicy", "PrefixPlan", "PrefixState", "plan_prefix"]
 
 
@@ -48,8 +53,7 @@ class CachePolicy:
         low_water: the fraction of the budget a request falls to when the cut moves, in
             ``(0, 1]``: lower moves less often and shows less history.
         keep_recent: how many newest turns of the history keep their tool outputs whole
-            once masking starts (older ones are masked before any turn is dropped). The
-            defaults (0.7, 1) are measured in ``docs/prompt-cache.md``.
+            once masking starts (older ones are masked before any turn is dropped).
         excerpt_tokens: tokens a masked text output keeps, marker included (at least 16;
             as :class:`~protoprompt.Masking`).
         omit_reasoning: a move also leaves earlier turns' OpenAI reasoning out of the units
@@ -61,19 +65,25 @@ class CachePolicy:
             history -- whole units, as sent (masked copies included), up to this many
             tokens -- and drop the oldest items after it instead, so a move repeats the
             instructions, tools, context message and that head. The head then stays the
-            same from move to move. ``0`` (the default): a move drops from the start.
-            :func:`plan_prefix` ignores it.
+            same from move to move. ``0``: a move drops from the start. ``None`` (the
+            default): ``low_water - RECENT_ROOM`` (0.4 with the default mark), so a move
+            leaves :data:`RECENT_ROOM` of the budget to the newest items whatever the mark;
+            none when the mark is that low (see :attr:`head_share`). :func:`plan_prefix`
+            ignores it.
+
+    The defaults (``low_water=0.75``, ``keep_recent=1``, a head of 0.4) are measured in
+    ``docs/prompt-cache.md`` ("Choosing the policy").
 
     Raises:
         TypeError / ValueError: an argument is not a number of the right kind, or out of
             range.
     """
 
-    low_water: float = 0.7
+    low_water: float = 0.75
     keep_recent: int = 1
     excerpt_tokens: int = 64
     omit_reasoning: bool = True
-    head: float = 0.0
+    head: float | None = None
 
     def __post_init__(self) -> None:
         lw = self.low_water
@@ -88,12 +98,22 @@ class CachePolicy:
                 f"omit_reasoning must be a bool, got {type(self.omit_reasoning).__name__}"
             )
         head = self.head
+        if head is None:
+            return
         if isinstance(head, bool) or not isinstance(head, (int, float)):
             raise TypeError(f"head must be a float, got {type(head).__name__}")
         if not (math.isfinite(head) and 0 <= head < lw):
             raise ValueError(
                 f"head must be a fraction of the budget in [0, low_water={lw}), got {head}"
             )
+
+    @property
+    def head_share(self) -> float:
+        """The head a move keeps, as a fraction of the budget: :attr:`head`, or with
+        ``head=None`` ``low_water - RECENT_ROOM`` (never below 0)."""
+        if self.head is not None:
+            return float(self.head)
+        return max(0.0, round(self.low_water - RECENT_ROOM, 9))
 
 
 @dataclass(frozen=True)

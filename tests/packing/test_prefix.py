@@ -29,7 +29,7 @@ def _serialised(items: list[Any]) -> list[str]:
 
 
 def test_policy_is_checked_once() -> None:
-    assert pp.CachePolicy() == pp.CachePolicy(low_water=0.7, keep_recent=1, excerpt_tokens=64)
+    assert pp.CachePolicy() == pp.CachePolicy(low_water=0.75, keep_recent=1, excerpt_tokens=64)
     with pytest.raises(ValueError, match="low_water"):
         pp.CachePolicy(low_water=0.0)
     with pytest.raises(ValueError, match="low_water"):
@@ -38,9 +38,14 @@ def test_policy_is_checked_once() -> None:
         pp.CachePolicy(keep_recent=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="excerpt_tokens"):
         pp.CachePolicy(excerpt_tokens=3)
-    assert pp.CachePolicy().head == 0.0
+    # The default head leaves RECENT_ROOM of the budget to the newest items at a move.
+    assert pp.CachePolicy().head is None and pp.CachePolicy().head_share == 0.4
+    assert pp.CachePolicy(low_water=0.5).head_share == pytest.approx(0.15)
+    assert pp.CachePolicy(low_water=0.3).head_share == 0.0  # no room for a head
+    assert pp.CachePolicy(head=0.0).head_share == 0.0
+    assert pp.CachePolicy(low_water=0.9, head=0.2).head_share == 0.2
     with pytest.raises(ValueError, match="head"):
-        pp.CachePolicy(head=0.7)  # not below low_water: a move could keep nothing else
+        pp.CachePolicy(head=0.75)  # not below low_water: a move could keep nothing else
     with pytest.raises(ValueError, match="head"):
         pp.CachePolicy(head=-0.1)
     with pytest.raises(ValueError, match="head"):

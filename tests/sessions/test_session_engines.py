@@ -789,13 +789,17 @@ def _turn_agent(runs: int, first: int = 0) -> tuple[Any, Any]:
     return model, Agent(name="a", model=model, tools=[_fetch_tool()], instructions="Use it.")
 
 
-async def _callback_turn(session: Any, agent: Any, r: int, plans: list[Any]) -> None:
-    """Run ``r`` through the session callback alone (``cache=CachePolicy()``), then wait
-    for its prefix to be stored (two workers serve a session's turns one after the other)."""
+async def _callback_turn(
+    session: Any, agent: Any, r: int, plans: list[Any], head: float | None = None
+) -> None:
+    """Run ``r`` through the session callback alone (``cache=CachePolicy(head=head)``), then
+    wait for its prefix to be stored (two workers serve a session's turns one after the
+    other)."""
     from protoprompt.integrations import _turn_state
 
     builder = TokenBudgetedContextBuilder(None, max_tokens=TURN_BUDGET, output_reserve=300)
-    callback = session.input_callback(builder, cache=pp.CachePolicy(), on_plan=plans.append)
+    cache = pp.CachePolicy(head=head)
+    callback = session.input_callback(builder, cache=cache, on_plan=plans.append)
     config = RunConfig(session_input_callback=callback, tracing_disabled=True)
     await Runner.run(agent, f"question {r}", session=session, run_config=config)
     stored = _turn_state.of(session._store)
@@ -986,7 +990,14 @@ async def test_clearing_the_session_removes_the_callbacks_stored_prefix(tmp_path
         assert not conn.execute("SELECT * FROM protoprompt_turn_prefix").fetchall()
 
 
-def _turns_in_a_subprocess(db: str, sid: str, runs: int) -> None:
+def _turns_in_a_subprocess(db: str, sid: str, runs: int, head: float | None) -> None:
+    """``runs`` turns in another process; with ``head=0.0`` one of its moves masked tool
+    outputs, else one kept the head."""
+    moved = (
+        "any(p.pack.masked for p in plans)"
+        if head == 0.0
+        else "any('kept the head' in p.prefix_reason for p in plans)"
+    )
     code = (
         "import asyncio, sys\n"
         f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
@@ -997,31 +1008,40 @@ def _turns_in_a_subprocess(db: str, sid: str, runs: int) -> None:
         "async def main():\n"
         "    plans = []\n"
         f"    for r in range({runs}):\n"
-        "        await t._callback_turn(session, agent, r, plans)\n"
-        "    assert any(p.pack.masked for p in plans), [p.prefix for p in plans]\n"
+        f"        await t._callback_turn(session, agent, r, plans, {head!r})\n"
+        f"    assert {moved}, [p.prefix_reason for p in plans]\n"
         "asyncio.run(main())\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-async def test_a_restarted_process_continues_the_callbacks_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("head", [None, 0.0], ids=["default-head", "no-head"])
+async def test_a_restarted_process_continues_the_callbacks_prefix(
+    tmp_path: Path, head: float | None
+) -> None:
     """Issue 34 #4 across processes (whose item digests are keyed apart): turns in another
-    process up to a move that masked tool outputs, then the next turn here on the same
-    database extends that process's last request, masked copies included: the request one
-    session object serving every turn sends, byte for byte."""
-    db, runs = str(tmp_path / "s.db"), 7
-    _turns_in_a_subprocess(db, "restart", runs)
+    process up to a move (that kept the head by default; that masked tool outputs without
+    one), then the next turn here on the same database extends that process's last
+    request, head or masked copies included: the request one session object serving every
+    turn sends, byte for byte."""
+    # The first stay after a move that masked tool outputs (with the head: after one that
+    # kept it and masked the outputs after it).
+    db, runs = str(tmp_path / "s.db"), 7 if head == 0.0 else 8
+    _turns_in_a_subprocess(db, "restart", runs, head)
     plans: list[Any] = []
     session = ProtoPromptSession("restart", db)
-    await _callback_turn(session, _turn_agent(runs + 1, first=runs)[1], runs, plans)
+    await _callback_turn(session, _turn_agent(runs + 1, first=runs)[1], runs, plans, head)
     session.close()
     reference: list[Any] = []
     one = ProtoPromptSession("one", str(tmp_path / "one.db"))
     _, agent = _turn_agent(runs + 1)
     for r in range(runs + 1):
-        await _callback_turn(one, agent, r, reference)
+        await _callback_turn(one, agent, r, reference, head)
     one.close()
     assert reference[-1].prefix == "stayed" and reference[-1].pack.masked
+    if head is None:
+        reason = reference[-2].prefix_reason
+        assert "kept the head" in reason and "after the head" in reason, reason
     assert plans[0].prefix == "stayed", plans[0].prefix_reason
     assert plans[0].shared_tokens == reference[-1].shared_tokens > 0
     assert [_json(x) for x in plans[0].items] == [_json(x) for x in reference[-1].items]

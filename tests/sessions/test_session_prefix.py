@@ -98,7 +98,7 @@ async def test_the_callback_keeps_its_cut_while_the_request_fits() -> None:
     at every turn once the history overflows."""
     runs = [[]] * 18
     budget = 3_000
-    policy = pp.CachePolicy(low_water=0.6)
+    policy = pp.CachePolicy(low_water=0.6, head=0.0)  # a move drops from the start
     turns, model, stored = await _callback_runs(runs, budget, policy, answer_words=250)
     requests = [list(c.input) for c in model.calls]
     codes = [t.prefix for t in turns]
@@ -135,7 +135,9 @@ async def test_a_move_masks_older_tool_outputs_and_the_stays_resend_the_same_cop
     shows fewer turns and calls."""
     runs = [[300, 300]] * 10
     budget = 4_000
-    turns, model, stored = await _callback_runs(runs, budget, pp.CachePolicy(), answer_words=10)
+    # Without a head: the default's head would keep the first turns' outputs as sent.
+    policy = pp.CachePolicy(head=0.0)
+    turns, model, stored = await _callback_runs(runs, budget, policy, answer_words=10)
     codes = [t.prefix for t in turns]
     moved = codes.index("moved")
     assert turns[moved].pack.masked and "tool outputs masked" in turns[moved].prefix_reason
@@ -237,7 +239,7 @@ def test_a_move_packs_lower_when_the_session_grew_fast_since_the_last_one() -> N
     from protoprompt.integrations import _planner
 
     budget = 10_000
-    planner = _planner.TurnPlanner(pp.CachePolicy())
+    planner = _planner.TurnPlanner(pp.CachePolicy(low_water=0.7))
     assert planner.mark(budget) == 0.7  # no move yet: the policy's mark
     planner.moved(7_000)
     for _ in range(5):
@@ -290,23 +292,26 @@ async def _callback_turns(
     st.integers(2_500, 6_000),
     st.integers(5, 150),
     st.sampled_from([0.5, 0.7, 0.9]),
+    st.sampled_from([0.0, None]),
 )
 def test_callback_requests_share_their_prefix_between_moves(
-    runs: list[list[int]], budget: int, answer_words: int, low_water: float
+    runs: list[list[int]], budget: int, answer_words: int, low_water: float, head: float | None
 ) -> None:
     """Issue 34 #1, #8 through the session callback over generated tool loops: between
     moves each turn's request is the previous turn's, byte for byte, its masked copies
     included (the masked set stays with the cut: what was sent whole stays whole), then
     what the runs stored since and the new input; the cut moves only when that would not
     fit, and a move packs to at most the policy's mark; every request fits and is
-    sendable, and the stored history is what a session without hooks stores."""
-    asyncio.run(_callback_prefix_property(runs, budget, answer_words, low_water))
+    sendable, and the stored history is what a session without hooks stores. With the
+    default head (``head=None``), a move that kept one repeats it byte for byte
+    (``shared_tokens``) and may pack above the mark, within the budget."""
+    asyncio.run(_callback_prefix_property(runs, budget, answer_words, low_water, head))
 
 
 async def _callback_prefix_property(
-    runs: list[list[int]], budget: int, answer_words: int, low_water: float
+    runs: list[list[int]], budget: int, answer_words: int, low_water: float, head: float | None
 ) -> None:
-    policy = pp.CachePolicy(low_water=low_water)
+    policy = pp.CachePolicy(low_water=low_water, head=head)
     turns, firsts, stored, history = await _callback_turns(runs, budget, policy, answer_words)
     assert len(turns) == len(runs)
     for n, turn in enumerate(turns):
@@ -337,8 +342,14 @@ async def _callback_prefix_property(
             # It moved because the candidate (with this run's input) did not fit.
             new_input = pp.item_tokens(turn.items[-1]).total
             assert wanted + new_input + RESERVE > budget, (n, wanted, turn.prefix_reason)
-            assert turn.used <= int(budget * low_water) + 1, turn.prefix_reason
-            assert turn.shared_tokens == 0
+            kept = _head_of(turn.prefix_reason)
+            if kept is not None:
+                event("turn kept the head")
+                assert head is None and turn.shared_tokens == kept[1] > 0, turn.prefix_reason
+                assert _common(prev.items, turn.items) >= kept[0], turn.prefix_reason
+            else:
+                assert turn.used <= int(budget * low_water) + 1, turn.prefix_reason
+                assert turn.shared_tokens == 0
     assert history == await _plain_history(runs, answer_words)
 
 
@@ -347,7 +358,8 @@ async def test_a_session_whose_turns_outgrow_the_headroom_moves_to_the_lowered_m
     the first move holds one turn; the next moves pack to 60% of the budget and say so,
     and the turns between them extend the request byte for byte."""
     budget = 3_000
-    turns, _, stored = await _callback_runs([[600]] * 12, budget, pp.CachePolicy(), answer_words=20)
+    policy = pp.CachePolicy(low_water=0.7, head=0.0)
+    turns, _, stored = await _callback_runs([[600]] * 12, budget, policy, answer_words=20)
     codes = [t.prefix for t in turns]
     moves = [n for n, c in enumerate(codes) if c == "moved"]
     assert len(moves) >= 3, codes
@@ -398,7 +410,8 @@ async def test_a_lowered_mark_that_would_send_no_history_packs_to_the_policys() 
     the policy's ``low_water`` instead and still sends history (without the guard, these
     moves sent none)."""
     budget = 1_200
-    turns, _, _ = await _callback_runs([[100, 50]] * 8, budget, pp.CachePolicy(), answer_words=150)
+    policy = pp.CachePolicy(low_water=0.7, head=0.0)
+    turns, _, _ = await _callback_runs([[100, 50]] * 8, budget, policy, answer_words=150)
     codes = [t.prefix for t in turns]
     assert ["moved", "moved"] in [codes[n : n + 2] for n in range(len(codes))], codes
     for turn in turns[1:]:
@@ -657,6 +670,26 @@ def test_head_end_keeps_whole_units_within_the_limit() -> None:
     assert _planner.head_end(items, 0, 4, 0, None) == 0
 
 
+async def test_a_first_runs_move_keeps_a_head_that_starts_at_its_input() -> None:
+    """A session's first run (no history, no context message: the request starts with the
+    run's pinned input) that outgrows the budget: with the default policy the move keeps
+    the head from the run's input on -- the question and the first steps, as sent -- and
+    repeats it (``shared_tokens``); without a head it repeats nothing."""
+    runs = [[500] * 8]  # within the SDK's 10 model calls a run
+    budget = 4_000
+    received, calls, _turns, stored = await _head_runs(runs, budget, pp.CachePolicy())
+    moves = [n for n, c in enumerate(calls) if c.prefix == "moved"]
+    assert moves, [c.prefix_reason for c in calls]
+    n = moves[0]
+    k, shared = _head_of(calls[n].prefix_reason) or (0, 0)
+    assert k > 1 and calls[n].shared_tokens == shared > 0, calls[n].prefix_reason
+    assert _common(received[n - 1], received[n]) >= k
+    assert received[n][0] == {"content": "question 0", "role": "user"}
+    assert stored == await _plain_history(runs, 20)
+    _, base_calls, _, _ = await _head_runs(runs, budget, pp.CachePolicy(head=0.0))
+    assert all(c.shared_tokens == 0 for c in base_calls if c.prefix == "moved")
+
+
 async def test_a_filter_move_that_keeps_the_head_repeats_it_byte_for_byte() -> None:
     """``CachePolicy(head=...)`` on a tool loop that outgrows the budget several times
     within runs: a move keeps the previous request's head (its first items as sent) and
@@ -683,7 +716,7 @@ async def test_a_filter_move_that_keeps_the_head_repeats_it_byte_for_byte() -> N
     first = min(len(h) for h in heads)
     assert all(h[:first] == heads[0][:first] for h in heads)
     assert stored == await _plain_history(runs, 20)
-    base, base_calls, _, _ = await _head_runs(runs, budget, pp.CachePolicy())
+    base, base_calls, _, _ = await _head_runs(runs, budget, pp.CachePolicy(head=0.0))
     for n, call in enumerate(base_calls):
         if call.prefix == "moved":
             assert call.shared_tokens == 0 and _head_of(call.prefix_reason) is None

@@ -468,6 +468,7 @@ def head_candidate(
     encoding: str | None,
     known: Mapping[bytes, bytes],
     own: Callable[[Any], Any],
+    had_context: bool,
 ) -> HeadCandidate | None:
     """The candidate of a move that keeps ``prefix``'s head: its items after the leading
     ``lo`` pinned ones (the context message, which must be the same by content), whole
@@ -475,8 +476,10 @@ def head_candidate(
     SDK's list) in order before the newest step -- a copy by the digest of the item it
     stands for, the callback's copies (``known``) by their originals'; a message ``own``
     says the callback made (an earlier run's recall message) may be missing -- then what
-    ``packed`` holds after the last one found. ``None``: no such head."""
-    ilo = 1 if 0 in prefix.pins else 0
+    ``packed`` holds after the last one found; ``had_context``: whether ``prefix`` starts
+    with a context message (else its first item, pinned or not, may start the head: a
+    first run's input). ``None``: no such head."""
+    ilo = 1 if had_context else 0
     if lo != ilo or not prefix.items:
         return None
     if lo:
@@ -829,6 +832,30 @@ def turn_move_reason(
             else ""
         )
     )
+
+
+def head_move_reason(
+    old: TurnPrefix | None,
+    new: TurnPrefix,
+    before: int | None,
+    mark: float | None,
+    head: int,
+    shared: int,
+) -> str:
+    """Why the turn moved when it kept the head (its first ``head`` history items as sent,
+    ``shared`` tokens repeated): which stored items it dropped after the head, in words."""
+    reason = turn_move_reason(old, new, before, mark)
+    kept = new.kept
+    gap = next((k for k in range(max(head, 1), len(kept)) if kept[k] != kept[k - 1] + 1), None)
+    if old is not None and before is not None and gap is not None:
+        was = "no history" if not old.kept else f"history[{old.cut:,}]"
+        dropped = f"history[{kept[gap - 1] + 1:,}:{kept[gap]:,}]"
+        reason = reason.replace(
+            f"cut moved from {was} to history[{new.cut:,}]",
+            f"dropped {dropped} after the head",
+            1,
+        )
+    return reason + f"; kept the head ({head:,} history items as sent, {shared:,} tokens repeated)"
 
 
 HEADROOM_TURNS = 5

@@ -655,7 +655,7 @@ def _head_move(
     if call.memory is not None:
         with setup.state.lock:
             call = call.remembered(offset)
-    limit = int(budget * planner.policy.head)
+    limit = int(budget * planner.policy.head_share)
     masked_ids = {id(x) for x in base.masked}
     while limit >= _planner.HEAD_MIN:
         end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding)
@@ -784,7 +784,7 @@ def _stable_turn(
             planner.last = found
             planner.stayed()
             return adopted, None
-    if planner.policy.head > 0:
+    if planner.policy.head_share > 0:
         base = found if found is not None else previous
         headed = None if base is None else _head_move(planner, call, base, offset)
         if headed is not None:
@@ -797,9 +797,8 @@ def _stable_turn(
             new = _planner.after_pack(plan.pack, history, offset, masked, _context_text(plan))
             before = None if previous is None else previous.request_tokens
             lowered = mark if mark < planner.policy.low_water - 0.005 else None
-            reason = _planner.turn_move_reason(previous, new, before, lowered) + (
-                f"; kept the head ({len(head.sent):,} history items as sent, "
-                f"{shared:,} tokens repeated)"
+            reason = _planner.head_move_reason(
+                previous, new, before, lowered, len(head.sent), shared
             )
             step = _planner.TurnStep("moved" if previous is not None else "set", reason, shared)
             planner.last = new

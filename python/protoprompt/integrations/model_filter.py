@@ -481,8 +481,8 @@ class ModelInputFilter:
             after_turns=policy.keep_recent,
             omit_reasoning=policy.omit_reasoning,
         )
-        if prefix is not None and policy.head > 0:
-            limit = int(b.max_tokens * policy.head)
+        if prefix is not None and policy.head_share > 0:
+            limit = int(b.max_tokens * policy.head_share)
             mark = low
             while limit >= _planner.HEAD_MIN:
                 headed = self._head_move(
@@ -531,8 +531,9 @@ class ModelInputFilter:
         b = self.builder
         lo = 1 if self._is_context(packed) else 0
         got = _planner.head_candidate(
-            prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {}, context_key
-        )
+            prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {}, context_key,
+            self._is_context(prefix.items),
+        )  # fmt: skip
         if got is None:
             return None
         cand, n = got.items, got.head
