@@ -104,9 +104,9 @@ def test_default_masking_pays_against_drop_only():
     (``benches/README.md``, "Masking against drop-only"). The default (``CachePolicy()``,
     ``keep_recent=1``: a move masks tool outputs older than the newest turn and leaves those
     units' reasoning out) shows the issue's 1.25x the user turns and 1.5x the tool calls
-    (measured 1.59x / 1.61x); ``keep_recent=0`` shows a little more (1.64x / 1.65x) at the
-    same repeated prefix, ``keep_recent=2`` falls short of 1.5x the tool calls (1.40x).
-    Without leaving reasoning out, masking pays nothing here (1.01x / 1.00x)."""
+    (measured 1.77x / 1.72x with the default head); ``keep_recent=0`` shows a little more
+    (1.82x / 1.77x) at the same repeated prefix, ``keep_recent=2`` less (1.59x / 1.57x).
+    Without leaving reasoning out, masking pays nothing here (1.03x / 0.99x)."""
     rows = pc.masking_pays()
     base = rows["drop only"]
     default = rows["CachePolicy() (default)"]
