@@ -555,10 +555,15 @@ def test_a_search_never_waits_for_a_write_that_waits_for_the_database(
             writer.start()
             time.sleep(0.5)
             assert writer.is_alive(), "the write waits for the database"
+            from protoprompt.memory import _sqlite
+
+            on_writer = _sqlite.stats["writer_reads"]
             started = time.monotonic()
             hits = store.search_history("walrus", scope=SCOPE, session_id="s")
             waited = time.monotonic() - started
             assert [h.metadata["row"] for h in hits] == [0] and waited < 0.5, waited
+            # The write holds the writer connection: the reader served the search.
+            assert _sqlite.stats["writer_reads"] == on_writer
         finally:
             release()
             writer.join(timeout=30)
@@ -710,3 +715,28 @@ def test_hits_of_rows_the_caller_sends_do_not_count_in_the_limit(store: MemorySt
     assert sum(str(h.metadata["digest"]) not in sent for h in hits) == 3
     with pytest.raises(TypeError, match="uncounted"):
         store.search_history(query, scope=SCOPE, uncounted="abc")
+
+
+def test_sqlite_reads_use_the_writer_connection_when_no_write_holds_it(tmp_path: Path) -> None:
+    """SQLite: a read with no write in progress runs on the writer connection (whose page
+    cache its own commits keep, where the reader's is dropped at each commit: the fast path,
+    asserted by its counter); a read inside a write of the same thread reads what was
+    committed, as on the reader, never the write's own rows."""
+    from protoprompt.memory import _sqlite
+
+    with MemoryStore(str(tmp_path / "m.db")) as store:
+        store.index_history("s", [HistoryRecord(0, "user: the walrus is 48213")], scope=SCOPE)
+        backend = store._backend
+        before = _sqlite.stats["writer_reads"]
+        hits = store.search_history("walrus", scope=SCOPE, session_id="s")
+        assert [h.metadata["row"] for h in hits] == [0]
+        assert _sqlite.stats["writer_reads"] > before
+        with backend._transaction() as conn:  # type: ignore[attr-defined]
+            conn.execute("DELETE FROM pp_mem_history")
+            inside = _sqlite.stats["writer_reads"]
+            rows = backend._read("SELECT count(*) FROM pp_mem_history", ())  # type: ignore[attr-defined]
+            assert rows == [(1,)] and _sqlite.stats["writer_reads"] == inside
+            conn.execute("ROLLBACK")
+            conn.execute("BEGIN")
+        hits = store.search_history("walrus", scope=SCOPE, session_id="s")
+        assert [h.metadata["row"] for h in hits] == [0]

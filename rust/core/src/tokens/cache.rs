@@ -25,13 +25,77 @@ impl Encoding {
         (Some(key), COUNT_CACHE.get(&key))
     }
 
-    /// Count `text` and keep the count under `key` (from [`Encoding::cache_lookup`]).
+    /// Count `text` and keep the count under `key` (from [`Encoding::cache_lookup`]). A
+    /// text of tagged blocks (see [`Encoding::tagged_lines`]) is counted line by line
+    /// through the cache, so the lines a text shares with one counted before are not
+    /// tokenised again.
     pub fn count_and_remember(self, text: &str, key: Option<CacheKey>) -> Result<u64, TokenError> {
-        let n = self.count(text)?;
+        let n = match self.tagged_lines(text) {
+            Some(starts) => self.count_lines(text, &starts)?,
+            None => self.count(text)?,
+        };
         remember_count(key, n);
         Ok(n)
     }
+
+    /// For a text of tagged blocks -- at least [`TAGGED_MIN_BYTES`] long, with at least
+    /// [`TAGGED_MIN_TAGS`] lines that start with `<` -- the starts of its lines where the
+    /// count splits exactly ([`super::is_exact_split`]: a line starting with a tag, a
+    /// letter or a digit), else `None`. Such a text (the context message: recalled
+    /// passages under headers that change from turn to turn, in sections) is mostly lines
+    /// counted before, whatever else changed.
+    pub fn tagged_lines(self, text: &str) -> Option<Vec<usize>> {
+        let bytes = text.as_bytes();
+        if bytes.len() < TAGGED_MIN_BYTES {
+            return None;
+        }
+        let mut tags = 0usize;
+        let mut starts = Vec::new();
+        for i in memchr_newlines(bytes) {
+            let at = i + 1;
+            if super::is_exact_split(self, bytes, at) {
+                tags += usize::from(bytes[at] == b'<');
+                starts.push(at);
+            }
+        }
+        (tags >= TAGGED_MIN_TAGS).then_some(starts)
+    }
+
+    /// The count of `text` as the sum of its pieces between `starts` (exact split points,
+    /// ascending), each through the process cache.
+    fn count_lines(self, text: &str, starts: &[usize]) -> Result<u64, TokenError> {
+        let mut total = 0u64;
+        let mut from = 0usize;
+        for &end in starts.iter().chain(std::iter::once(&text.len())) {
+            let piece = &text[from..end];
+            let n = match self.cache_lookup(piece) {
+                (_, Some(n)) => n,
+                (key, None) => {
+                    let n = self.count(piece)?;
+                    remember_count(key, n);
+                    n
+                }
+            };
+            total = total.saturating_add(n);
+            from = end;
+        }
+        Ok(total)
+    }
 }
+
+/// Positions of the `\n` bytes of `bytes`.
+fn memchr_newlines(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    bytes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &b)| (b == b'\n').then_some(i))
+}
+
+/// Shortest text counted line by line (see [`Encoding::tagged_lines`]): below it, one
+/// tokenizer call costs less than the lookups.
+pub const TAGGED_MIN_BYTES: usize = 1024;
+/// Fewest lines starting with a tag that make a text one of tagged blocks.
+pub const TAGGED_MIN_TAGS: usize = 4;
 
 /// Texts shorter than this are counted directly. Everything longer goes through the cache:
 /// hashing a short text costs far less than a tokenizer call.
@@ -243,5 +307,51 @@ mod tests {
         // Recent entries are still there, old ones are gone.
         assert_eq!(cache.get(&CacheKey::new(o, &format!("999{a}"))), Some(999));
         assert_eq!(cache.get(&CacheKey::new(o, &format!("0{a}"))), None);
+    }
+
+    /// A context message's shape: sections of recalled turns under headers that change
+    /// from turn to turn.
+    fn tagged(turn: usize, passages: &[usize]) -> String {
+        let mut text = String::from("You are a helpful assistant.\n\n<recalled_turns>\n");
+        for &p in passages {
+            text.push_str(&format!(
+                "<turn when=\"earlier in this session, {} turns ago\">\nuser: passage {p} \
+                 about the zephyr build, line one of many words\nand line two, {p}.\n</turn>\n",
+                turn.saturating_sub(p)
+            ));
+        }
+        text.push_str("</recalled_turns>");
+        text
+    }
+
+    #[test]
+    fn tagged_texts_count_line_by_line_exactly_and_share_their_lines() {
+        for enc in Encoding::ALL {
+            let first = tagged(40, &(0..30).collect::<Vec<_>>());
+            let starts = enc.tagged_lines(&first);
+            let whole = enc.count_whole(&first).unwrap();
+            if let Some(starts) = &starts {
+                assert_eq!(enc.count_lines(&first, starts).unwrap(), whole);
+            }
+            assert_eq!(enc.count_cached(&first).unwrap(), whole, "{}", enc.name());
+        }
+        let o = Encoding::O200kBase;
+        let first = tagged(40, &(0..30).collect::<Vec<_>>());
+        assert!(o.tagged_lines(&first).is_some_and(|s| s.len() > 60));
+        o.count_cached(&first).unwrap();
+        // The next turn: other headers, some passages dropped, one added; its passages'
+        // lines were counted with the first text (the fast path: found in the cache).
+        let next = tagged(41, &(5..31).collect::<Vec<_>>());
+        let line = "user: passage 12 about the zephyr build, line one of many words\n";
+        assert!(next.contains(line));
+        assert_eq!(o.cache_lookup(line).1, Some(o.count(line).unwrap()));
+        assert_eq!(
+            o.count_cached(&next).unwrap(),
+            o.count_whole(&next).unwrap()
+        );
+        // Not tagged blocks: short, or too few tags.
+        assert!(o.tagged_lines(&tagged(5, &[1, 2])).is_none());
+        let plain = "word and line\n".repeat(200);
+        assert!(o.tagged_lines(&plain).is_none());
     }
 }

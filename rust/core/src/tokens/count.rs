@@ -158,6 +158,10 @@ const MIN_FALLBACK_SPLIT: usize = 1024;
 ///   patterns the byte before the newline must not be whitespace: their `\s++$` would
 ///   take a whitespace run at the end of the left part whole, where the whole text's
 ///   `\s+(?!\S)` leaves its last character apart;
+/// * after `\n` followed by `<` (a tag opening or closing a line), for the o200k, cl100k,
+///   Llama 3 and Qwen2 patterns: the piece holding the newline ends there (`\s*[\r\n]+`
+///   ends at the last newline, and a punctuation run's trailing `[\r\n/]*` takes no `<`),
+///   and the piece starting at `<` looks at nothing before it;
 /// * after an ASCII letter followed by an ASCII digit or ASCII punctuation other than `'`
 ///   (a letter piece ends at the last letter unless a contraction `'s`, `'t`… follows);
 /// * after an ASCII letter or digit followed by a space and an ASCII letter (the space
@@ -196,7 +200,18 @@ pub fn is_exact_split(encoding: Encoding, bytes: &[u8], i: usize) -> bool {
                 i >= 2 && bytes[i - 2].is_ascii_graphic()
             }
         };
+    let tag = before == b'\n'
+        && at == b'<'
+        && matches!(
+            encoding,
+            Encoding::O200kBase
+                | Encoding::O200kHarmony
+                | Encoding::Cl100kBase
+                | Encoding::Llama3
+                | Encoding::Qwen2
+        );
     newline
+        || tag
         || (before.is_ascii_alphabetic()
             && (at.is_ascii_digit() || (at.is_ascii_punctuation() && at != b'\'')))
         || (before.is_ascii_alphanumeric()
@@ -346,6 +361,13 @@ mod tests {
             " I'm",
             "\u{a0}",
             "`code`",
+            "<turn when=\"then\">\n",
+            "</turn>",
+            "\n<",
+            "<x>",
+            "\n</y>\n",
+            ">\n",
+            "&lt;",
         ];
         let mut seed = 7u64;
         (0..rounds)

@@ -66,7 +66,7 @@ mod spm;
 
 pub use cache::{
     remember_count, store_key, CacheKey, CountCache, CACHE_GENERATION_ENTRIES, CACHE_MIN_BYTES,
-    COUNT_CACHE, STORE_KEY_VERSION, STORE_MIN_BYTES,
+    COUNT_CACHE, STORE_KEY_VERSION, STORE_MIN_BYTES, TAGGED_MIN_BYTES, TAGGED_MIN_TAGS,
 };
 pub use canonical::{canonical, Canonical};
 pub(crate) use count::segments;
