@@ -1212,9 +1212,9 @@ def test_index_jobs_wait_for_the_model_call_unless_someone_waits_for_them() -> N
 
     queued = time.monotonic()
     assert worker.submit(job)
-    assert not started.wait(recall_mod.INDEX_DELAY / 4), "the job waits for the model call"
     assert started.wait(10)
-    assert ran[0] - queued >= recall_mod.INDEX_DELAY * 0.9
+    # The job's own clock (a loaded machine may run this thread again only after it ran).
+    assert ran[0] - queued >= recall_mod.INDEX_DELAY * 0.9, "the job waits for the model call"
     assert worker.delayed == 1
     assert worker.wait_idle(10)
     # Someone waits: the job runs at once.

@@ -278,8 +278,11 @@ async def test_the_turn_plan_is_the_first_model_calls_plan(tmp_path: Any, shape:
         n_calls = len(calls)
         for k, plan in enumerate(calls):
             check_call(plan, model.calls[len(model.calls) - n_calls + k])
-    # The history outgrew the budget: the turn dropped units, and said which stopped it.
-    assert turns[-1].pack.dropped and turns[-1].pack.stop is not None
+    # The history outgrew the budget: the turn dropped units, and a pack that chose them
+    # (not a turn that continued the model's last request) said which stopped it.
+    assert turns[-1].pack.dropped
+    packed = [t for t in turns if t.prefix in ("set", "moved") and t.pack.dropped]
+    assert packed and all(t.pack.stop is not None for t in packed), [t.prefix for t in turns]
 
 
 async def test_a_tool_loop_names_its_newest_and_earlier_steps(tmp_path: Any) -> None:
