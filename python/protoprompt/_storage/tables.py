@@ -19,7 +19,7 @@ from typing import Any
 
 from .dialect import SQLITE, Dialect
 
-__all__ = ["MAX_PARAMS", "SQLTable", "SQLiteTable", "Table"]
+__all__ = ["MAX_PARAMS", "META", "SQLTable", "SQLiteTable", "Table"]
 
 MAX_PARAMS = 500
 """Keys per ``IN (...)`` query; below every SQLite build's variable limit."""
@@ -77,6 +77,15 @@ class Table:
         """Write a row (``:column`` for each name), replacing the one with its key."""
         return dialect.replace(self.name, (self.key[0],), self.names[1:])
 
+    def put_new(self) -> str:
+        """Write a row (``:column`` for each name) unless one has its key."""
+        names = self.names
+        return (
+            f"INSERT INTO {self.name} ({', '.join(names)}) "
+            f"VALUES ({', '.join(':' + c for c in names)}) "
+            f"ON CONFLICT ({self.key[0]}) DO NOTHING"
+        )
+
     def params(self, rows: Sequence[Row]) -> list[dict[str, Any]]:
         return [dict(zip(self.names, row, strict=True)) for row in rows]
 
@@ -101,6 +110,16 @@ class Table:
         return f"SELECT COUNT(*) FROM {self.name}"
 
 
+META = Table(
+    "protoprompt_meta",
+    key=("key", "text"),
+    key_constraint="PRIMARY KEY",
+    columns=(("value", "text"),),
+)
+"""A database's own values (its id, the secrets of its counts and calibration), written
+once."""
+
+
 class SQLiteTable:
     """A :class:`Table`'s operations on a ``sqlite3`` connection (the caller holds the fork
     gate; a write is committed by the caller's ``with conn``)."""
@@ -115,6 +134,9 @@ class SQLiteTable:
 
     def put_many(self, conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
         conn.executemany(self.table.put(self.dialect), self.table.params(rows))
+
+    def put_new_many(self, conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
+        conn.executemany(self.table.put_new(), self.table.params(rows))
 
     def delete(self, conn: sqlite3.Connection, keys: Sequence[Any] | None = None) -> None:
         conn.execute(*self.table.delete(keys))
@@ -145,6 +167,11 @@ class SQLTable:
         from sqlalchemy import text
 
         await conn.execute(text(self.table.put(self.dialect)), self.table.params(rows))
+
+    async def put_new_many(self, conn: Any, rows: Sequence[Row]) -> None:
+        from sqlalchemy import text
+
+        await conn.execute(text(self.table.put_new()), self.table.params(rows))
 
     async def delete(self, conn: Any, keys: Sequence[Any] | None = None) -> None:
         from sqlalchemy import text

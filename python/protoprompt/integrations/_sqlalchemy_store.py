@@ -53,6 +53,7 @@ from .._seams import (
 )
 from .._storage import POSTGRESQL, sql_record, sqlite_record
 from .._storage.counts import COUNTS, SQLCounts
+from .._storage.tables import META, SQLTable
 from ..count_store import CountStore
 from ..summaries import KIND as SUMMARIES
 from . import _sync, pool
@@ -75,7 +76,7 @@ SKIP = (json.JSONDecodeError,)
 _LOCK_CLASS = 0x70705353  # advisory lock class of protoprompt's session tables ("ppSS")
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS protoprompt_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    *META.create(POSTGRESQL),
     SNAPSHOTS.create(POSTGRESQL),
     PREFIX.create(POSTGRESQL),
     TURN.create(POSTGRESQL),
@@ -376,20 +377,12 @@ class _Server(Server):
             await conn.execute(text("SELECT pg_advisory_xact_lock(:c, 0)"), {"c": _LOCK_CLASS})
             for statement in _SCHEMA:
                 await conn.execute(text(statement))
-            await conn.execute(
-                text(
-                    "INSERT INTO protoprompt_meta VALUES ('database_id', :db), "
-                    "('count_secret', :secret) ON CONFLICT (key) DO NOTHING"
-                ),
-                {"db": uuid.uuid4().hex, "secret": secrets.token_hex(16)},
+            meta = SQLTable(META, POSTGRESQL)
+            await meta.put_new_many(
+                conn, [("database_id", uuid.uuid4().hex), ("count_secret", secrets.token_hex(16))]
             )
-            rows = await conn.execute(
-                text(
-                    "SELECT key, value FROM protoprompt_meta "
-                    "WHERE key IN ('database_id', 'count_secret')"
-                )
-            )
-            return {str(k): str(v) for k, v in rows.all()}
+            rows = await meta.get_many(conn, ["database_id", "count_secret"])
+            return {str(k): str(v) for k, v in rows}
 
 
 def _server(engine: Any) -> _Server:
