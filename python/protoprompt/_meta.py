@@ -5,7 +5,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS protoprompt_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+from ._storage.dialect import SQLITE
+from ._storage.tables import META, SQLiteTable
+
+_META = SQLiteTable(META)
+_SCHEMA = META.create(SQLITE)[0]
 
 
 def meta_value(
@@ -20,18 +24,17 @@ def meta_value(
     ``(name, CREATE TABLE IF NOT EXISTS ...)`` the caller needs: created in the same
     transaction when one is missing. Raises ``sqlite3.Error`` if the database cannot be read
     or written."""
-    select = "SELECT value FROM protoprompt_meta WHERE key = ?"
     try:
-        row = conn.execute(select, (key,)).fetchone()
+        rows = _META.get_many(conn, [key])
         for name, _ in tables:
             conn.execute(f'SELECT 1 FROM "{name}" LIMIT 0')
     except sqlite3.OperationalError:
-        row = None  # a table is missing
-    if row is None:
+        rows = []  # a table is missing
+    if not rows:
         with conn:
             conn.execute(_SCHEMA)
             for _, create in tables:
                 conn.execute(create)
-            conn.execute("INSERT OR IGNORE INTO protoprompt_meta VALUES (?, ?)", (key, make()))
-        row = conn.execute(select, (key,)).fetchone()
-    return str(row[0]) if row else None
+            _META.put_new_many(conn, [(key, make())])
+        rows = _META.get_many(conn, [key])
+    return str(rows[0][1]) if rows else None

@@ -18,21 +18,29 @@ from typing import Any, Literal
 
 __all__ = [
     "ATOMIC_REPLACE_ITEMS",
+    "COMPACTION_HOOKS",
+    "COMPACTION_REWRITES",
     "COMPACTION_SNAPSHOT",
+    "COMPACTION_SNAPSHOT_CLASS",
+    "DEDUPE_KEY",
     "DESERIALIZE_ITEM",
     "IGNORE_IDS_FOR_MATCHING",
     "POP_ITEM_WITH_VALIDATION",
+    "READ_COMPACTION_ITEMS",
     "REDIS_FIELDS",
     "SEAMS",
+    "SESSION_GET_ITEMS",
     "Seam",
     "atomic_replace_items",
     "compaction_snapshot_reader",
+    "compacts_to_a_snapshot",
     "ignores_ids_for_matching",
     "mcp_low_level_server",
     "pop_item_with_validation",
     "redis_client",
     "redis_keys",
     "redis_readable",
+    "session_closed",
     "span_previous_token",
     "sqlalchemy_ensure_tables",
     "sqlalchemy_readable",
@@ -42,7 +50,7 @@ __all__ = [
     "tracing_disabled",
 ]
 
-Where = Literal["class", "instance"]
+Where = Literal["class", "instance", "module"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,8 @@ class Seam:
     name: str
     where: Where
     """``"class"``: an attribute of the class (a method, a property); ``"instance"``: set on
-    each object by the module's code (``obj.<name> = ...``)."""
+    each object by the module's code (``obj.<name> = ...``); ``"module"``: a name of the
+    module itself (``owner`` is empty)."""
     since: tuple[int, int] | None = None
     """The first openai-agents line (major, minor) that has it; ``None``: every supported
     one (or not an SDK name)."""
@@ -67,6 +76,7 @@ class Seam:
 _REDIS = "agents.extensions.memory.redis_session"
 _SQLALCHEMY = "agents.extensions.memory.sqlalchemy_session"
 _SQLITE = "agents.memory.sqlite_session"
+_COMPACTION = "agents.memory.openai_responses_compaction_session"
 
 ATOMIC_REPLACE_ITEMS = "_atomic_replace_items"
 """``RedisSession`` (0.24): replaces the whole history in one transaction."""
@@ -81,6 +91,28 @@ POP_ITEM_WITH_VALIDATION = "_pop_item_with_validation"
 REDIS_FIELDS = ("_redis", "_session_key", "_messages_key", "_key_prefix")
 """What a ``RedisSession`` keeps: its client, the keys of its session and its messages, its
 key prefix."""
+CLOSED = "_closed"
+"""Set when a session (``RedisSession``, ``SQLiteSession``...) was closed."""
+COMPACTION_SNAPSHOT_CLASS = "_CompactionSnapshot"
+"""``agents.memory.session`` (0.23): the SDK matches the stored history to the request
+before an automatic compaction."""
+COMPACTION_HOOKS = (
+    "_defer_compaction",
+    "_get_deferred_compaction_response_id",
+    "_clear_deferred_compaction",
+    "_get_items_with_generation",
+    "_add_items_with_generation",
+)
+"""``OpenAIResponsesCompactionSession``'s hooks, which the runner calls on a session that
+has them (a ``ProtoPromptSession`` forwards each one its inner session has)."""
+READ_COMPACTION_ITEMS = "_read_compaction_items"
+"""``EncryptedSession``'s (0.24) read of the items a compaction rewrites (forwarded too)."""
+COMPACTION_REWRITES = ("_replace_underlying_session_items", "_restore_underlying_session_items")
+"""``OpenAIResponsesCompactionSession``'s replacement of its history (a clear, then adds)."""
+SESSION_GET_ITEMS = "_session_get_items"
+"""What the runner's ``prepare_input_with_session`` calls to read the history."""
+DEDUPE_KEY = "_dedupe_key"
+"""``agents.run_internal.items``: the runner's de-duplication key of input items."""
 
 SEAMS: tuple[Seam, ...] = (
     *(Seam(_REDIS, "RedisSession", name, "instance") for name in REDIS_FIELDS),
@@ -102,7 +134,14 @@ SEAMS: tuple[Seam, ...] = (
         since=(0, 23),
         note="also read by the runner (run_internal.session_persistence) on every line",
     ),
-    Seam(_REDIS, "RedisSession", "_closed", "instance", note="read by the session's close"),
+    Seam(_REDIS, "RedisSession", CLOSED, "instance", note="read by the session's close"),
+    Seam("agents.memory.session", "", COMPACTION_SNAPSHOT_CLASS, "module", since=(0, 23)),
+    *(Seam(_COMPACTION, "OpenAIResponsesCompactionSession", n, "class") for n in COMPACTION_HOOKS),
+    *(
+        Seam(_COMPACTION, "OpenAIResponsesCompactionSession", n, "class")
+        for n in COMPACTION_REWRITES
+    ),
+    Seam("agents.run_internal.items", "", DEDUPE_KEY, "module"),
     Seam("agents.tracing.spans", "SpanImpl", "_prev_span_token", "instance"),
     Seam("agents.tracing.provider", "DefaultTraceProvider", "_disabled", "instance"),
     Seam(
@@ -188,6 +227,17 @@ def pop_item_with_validation(inner: Any) -> Callable[..., Any]:
 def ignores_ids_for_matching(inner: Any) -> bool:
     """The session's item-matching policy (an id-stripping session sets it)."""
     return bool(getattr(inner, IGNORE_IDS_FOR_MATCHING, False))
+
+
+def session_closed(inner: Any) -> bool:
+    """Whether the session was closed (a session that does not say: not)."""
+    return bool(getattr(inner, CLOSED, False))
+
+
+def compacts_to_a_snapshot(session_module: Any) -> bool:
+    """Whether the SDK (its ``agents.memory.session``) matches the stored history to the
+    request before an automatic compaction (0.23 on)."""
+    return hasattr(session_module, COMPACTION_SNAPSHOT_CLASS)
 
 
 def compaction_snapshot_reader(inner: Any) -> Callable[..., Any] | None:

@@ -51,17 +51,20 @@ from dataclasses import dataclass
 from . import _core
 from ._meta import meta_value
 from ._process import sqlite_gate
+from ._storage.dialect import SQLITE
+from ._storage.tables import SQLiteTable, Table
 from ._tokens import ESTIMATED_ENCODINGS
 
 __all__ = ["Calibration", "CalibrationState"]
 
 _log = logging.getLogger("protoprompt")
 
-_TABLE = "protoprompt_calibration"
-_CREATE = (
-    f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-    "(model TEXT PRIMARY KEY, samples TEXT NOT NULL, mac BLOB NOT NULL)"
-)
+_ROWS = SQLiteTable(
+    Table("protoprompt_calibration", key=("model", "text"), key_constraint="PRIMARY KEY",
+          columns=(("samples", "text"), ("mac", "blob")))
+)  # fmt: skip
+_TABLE = _ROWS.table.name
+_CREATE = _ROWS.table.create(SQLITE)[0]
 _SECRET_ROW = "calibration_secret"
 _VERSION = 1
 _ESTIMATE_VERSION = 2
@@ -187,13 +190,13 @@ class Calibration:
         return hashlib.blake2b(data, digest_size=16, key=self._secret).digest()
 
     def _decode(
-        self, model: str, row: tuple[object, object] | None, whole: bool = False
+        self, model: str, row: tuple[object, ...] | None, whole: bool = False
     ) -> tuple[float, ...]:
         """The samples of a stored row, or none for a row that does not check out (or is of
         the other kind)."""
         if row is None:
             return ()
-        text, mac = row
+        _, text, mac = row
         if type(text) is not str or type(mac) is not bytes or mac != self._mac(model, text):
             _log.debug("protoprompt calibration: damaged row for %r ignored", model)
             return ()
@@ -213,13 +216,11 @@ class Calibration:
 
     def _read(self, conn: sqlite3.Connection, model: str, whole: bool = False) -> tuple[float, ...]:
         try:
-            row = conn.execute(
-                f"SELECT samples, mac FROM {_TABLE} WHERE model = ?", (model,)
-            ).fetchone()
+            rows = _ROWS.get_many(conn, [model])
         except sqlite3.Error as exc:
             _log.debug("protoprompt calibration: read failed: %s", exc)
             return ()
-        return self._decode(model, row, whole)
+        return self._decode(model, rows[0] if rows else None, whole)
 
     def samples(self, model: str, *, encoding: str | None = None) -> tuple[float, ...]:
         """The samples known for ``model`` counted under ``encoding`` (default: the
@@ -297,10 +298,7 @@ class Calibration:
                 samples = (*self._read(conn, model, whole), sample)[-MAX_SAMPLES:]
                 version = _ESTIMATE_VERSION if whole else _VERSION
                 text = json.dumps({"v": version, "samples": list(samples)})
-                conn.execute(
-                    f"INSERT OR REPLACE INTO {_TABLE} (model, samples, mac) VALUES (?, ?, ?)",
-                    (model, text, self._mac(model, text)),
-                )
+                _ROWS.put_many(conn, [(model, text, self._mac(model, text))])
         except sqlite3.Error as exc:
             _log.debug("protoprompt calibration: sample for %r not written: %s", model, exc)
         return sample
@@ -318,10 +316,7 @@ class Calibration:
                     self._memory.pop((model, True), None)
             return
         with self._connect() as conn, conn:
-            if model is None:
-                conn.execute(f"DELETE FROM {_TABLE}")
-            else:
-                conn.execute(f"DELETE FROM {_TABLE} WHERE model = ?", (model,))
+            _ROWS.delete(conn, None if model is None else [model])
 
     def __repr__(self) -> str:
         return f"<Calibration {self.path or 'in memory'}>"

@@ -43,20 +43,18 @@ from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 from . import _process
 from ._meta import meta_value
 from ._process import sqlite_gate
+from ._storage.counts import COUNTS, SQLITE_COUNTS
+from ._storage.dialect import SQLITE
 
 __all__ = ["CountStore", "RemoteCountStore", "SQLiteCountStore"]
 
 _log = logging.getLogger("protoprompt")
 
-_TABLE = "protoprompt_token_counts"
-_COLUMNS = ("key", "tokens", "mac")
+_TABLE = COUNTS.name
+_COLUMNS = COUNTS.names
 # `tokens` has no declared type, so no affinity: a value is stored exactly as written.
-_CREATE_TABLE = (
-    f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-    "(key BLOB NOT NULL UNIQUE, tokens NOT NULL, mac BLOB NOT NULL)"
-)
+_CREATE_TABLE = COUNTS.create(SQLITE)[0]
 _SECRET_ROW = "count_secret"
-_MAX_PARAMS = 500  # per IN (...) query; below every SQLite build's variable limit
 _REMEMBER_WRITTEN = 16_384  # recently written counts a store does not queue again
 
 
@@ -323,18 +321,11 @@ class SQLiteCountStore(_Counts):
 
     def get_many(self, keys: Sequence[bytes]) -> list[int | None]:
         """Stored counts of ``keys``, ``None`` where there is none (or the read failed)."""
-        found: dict[bytes, tuple[object, object]] = {}
         with self._lock:
             try:
                 reader = self._open_reader()
                 with sqlite_gate():
-                    for start in range(0, len(keys), _MAX_PARAMS):
-                        chunk = list(keys[start : start + _MAX_PARAMS])
-                        marks = ",".join("?" * len(chunk))
-                        for k, n, mac in reader.execute(
-                            f"SELECT key, tokens, mac FROM {_TABLE} WHERE key IN ({marks})", chunk
-                        ):
-                            found[k] = (n, mac)
+                    found = SQLITE_COUNTS.fetch(reader, keys)
             except sqlite3.Error as e:
                 return self._read_failed(e, len(keys))
         return self._checked(keys, found)
@@ -367,16 +358,7 @@ class SQLiteCountStore(_Counts):
                         if conn is None:
                             conn = self._connect()
                         with conn:
-                            conn.executemany(
-                                f"INSERT OR REPLACE INTO {_TABLE} "
-                                "(key, tokens, mac) VALUES (?, ?, ?)",
-                                rows,
-                            )
-                            conn.execute(
-                                f"DELETE FROM {_TABLE} WHERE rowid <= "
-                                f"(SELECT MAX(rowid) FROM {_TABLE}) - ?",
-                                (self.max_entries,),
-                            )
+                            SQLITE_COUNTS.write(conn, rows, self.max_entries)
                 except sqlite3.Error as e:
                     self._write_failed(e, rows)
         finally:
@@ -401,7 +383,7 @@ class SQLiteCountStore(_Counts):
         with self._lock:
             reader = self._open_reader()
             with sqlite_gate(), reader:
-                reader.execute(f"DELETE FROM {_TABLE}")
+                SQLITE_COUNTS.delete_all(reader)
         with self._writing:
             self._written.clear()
 
@@ -410,7 +392,7 @@ class SQLiteCountStore(_Counts):
         with self._lock:
             reader = self._open_reader()
             with sqlite_gate():
-                return int(reader.execute(f"SELECT COUNT(*) FROM {_TABLE}").fetchone()[0])
+                return SQLITE_COUNTS.size(reader)
 
     def close(self) -> None:
         """Write what is queued (up to 5 s) and close the connection."""

@@ -29,14 +29,14 @@ def _applies(seam: _seams.Seam) -> bool:
     return seam.since is None or SDK >= seam.since
 
 
-@pytest.mark.parametrize("seam", _seams.SEAMS, ids=lambda s: f"{s.owner}.{s.name}")
+@pytest.mark.parametrize("seam", _seams.SEAMS, ids=lambda s: f"{s.owner or s.module}.{s.name}")
 def test_each_seam_resolves_on_this_sdk_line(seam: _seams.Seam) -> None:
     try:
         module = importlib.import_module(seam.module)
     except ImportError as exc:  # the optional dependency of an extension (redis, sqlalchemy)
         pytest.skip(f"{seam.module}: {exc}")
-    owner = getattr(module, seam.owner)
-    if seam.where == "class":
+    owner = module if seam.where == "module" else getattr(module, seam.owner)
+    if seam.where in ("class", "module"):
         found = hasattr(owner, seam.name)
     else:
         # set on each object by the library's own code: `x.<name> = ...`
@@ -93,9 +93,6 @@ def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-# Reads not yet moved: the session module is being rewritten into a planner (issue 33); its
-# one read (`_closed` of the inner session) is listed in SEAMS and moves with it.
-NOT_YET = {("integrations/session.py", "_closed")}
 SEAM_NAMES = {s.name for s in _seams.SEAMS}
 
 
@@ -106,6 +103,39 @@ def test_every_private_name_of_a_library_is_read_through_the_seam_module() -> No
         if rel == "_seams.py":
             continue
         for line, name in _private_reads(ast.parse(path.read_text(encoding="utf-8"))):
-            if name in SEAM_NAMES and (rel, name) not in NOT_YET:
+            if name in SEAM_NAMES:
                 stray.append(f"{rel}:{line} {name}")
     assert stray == []
+
+
+def _string_constants(tree: ast.AST) -> list[tuple[int, str]]:
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
+def test_every_seam_name_is_spelled_only_in_the_seam_module() -> None:
+    """A library's private name as a string (a hook forwarded, a name a probe looks for, a
+    method a session poses as) is the seam module's constant, not a copy."""
+    names = SEAM_NAMES | {_seams.READ_COMPACTION_ITEMS, _seams.SESSION_GET_ITEMS}
+    stray = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel == "_seams.py":
+            continue
+        for line, value in _string_constants(ast.parse(path.read_text(encoding="utf-8"))):
+            if value in names:
+                stray.append(f"{rel}:{line} {value}")
+    assert stray == []
+
+
+def test_a_closed_session_is_told_by_the_seam() -> None:
+    class Closed:
+        _closed = True
+
+    assert _seams.session_closed(Closed()) and not _seams.session_closed(object())
+    from agents.memory import session as sdk_session
+
+    assert _seams.compacts_to_a_snapshot(sdk_session) is (SDK >= (0, 23))

@@ -10,7 +10,12 @@
   snapshot, a cache-stable prefix, a rolling summary): a row keyed by
   ``(messages_table, session_id)`` in SQL, a hash that expires with the session's list in
   Redis; load, replace, delete, compare-and-set and read-then-write in one transaction,
-  never raising.
+  never raising;
+- :mod:`.tables`: a table keyed by one column (get many, put many, delete, trim to the
+  newest, size) on a ``sqlite3`` or SQLAlchemy connection;
+- :mod:`.counts`: the token counts of a database (``protoprompt_token_counts``, or a Redis
+  hash) for :mod:`protoprompt.count_store`; calibration (:mod:`protoprompt.calibration`) is
+  a :class:`~.tables.Table` too.
 
 The stores of ``protoprompt.integrations`` (``_snapshots``, ``_prefix_state``,
 ``_turn_state``) and the summaries (``protoprompt.summaries``) are written once over a

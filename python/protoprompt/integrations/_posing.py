@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import _process
-from .._seams import pop_item_with_validation
+from .._seams import POP_ITEM_WITH_VALIDATION, pop_item_with_validation
 from ._sdk import SQLiteSession
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def sqlite_backed(cls: type[_S], base: type[Any]) -> type[_S]:
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": cls.__doc__,
-            "_pop_item_with_validation": _pop_item_with_validation,
+            POP_ITEM_WITH_VALIDATION: _pop_item_with_validation,
         }
         if getattr(cls, "pop_item") is getattr(base, "pop_item"):  # noqa: B009
             namespace["pop_item"] = SQLiteSession.pop_item

@@ -27,7 +27,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._seams import POP_ITEM_WITH_VALIDATION
+from .._seams import (
+    COMPACTION_REWRITES as REWRITE_METHODS,
+)
+from .._seams import (
+    DEDUPE_KEY,
+    POP_ITEM_WITH_VALIDATION,
+    SESSION_GET_ITEMS,
+)
 from ._sdk import SQLiteSession
 
 
@@ -50,7 +57,7 @@ PREPARE = CodeProbe(
     "agents.run_internal.session_persistence",
     "prepare_input_with_session",
     reads=("input", "session", "session_input_callback", "include_history_in_prepared_input"),
-    calls=("session_input_callback", "_session_get_items"),
+    calls=("session_input_callback", SESSION_GET_ITEMS),
     why="the runner's read before a turn: token windows and the callback's hand-over",
 )
 COMPACTION_FILE = "openai_responses_compaction_session.py"
@@ -61,17 +68,17 @@ COMPACTION_REWRITES = tuple(
         calls=("clear_session",),
         why="a compaction's history replacement (clear, then add): not the user's clear",
     )
-    for name in ("_replace_underlying_session_items", "_restore_underlying_session_items")
+    for name in REWRITE_METHODS
 )
 VALIDATED_POP = CodeProbe(
     "agents.memory.sqlite_session",
     "SQLiteSession.pop_item",
-    calls=("_pop_item_with_validation",),
+    calls=(POP_ITEM_WITH_VALIDATION,),
     why="EncryptedSession's key check inside the SQLite transaction (0.24 and later)",
 )
 DEDUPE = CodeProbe(
     "agents.run_internal.items",
-    "_dedupe_key",
+    DEDUPE_KEY,
     why="the runner's de-duplication of input items after the model filter",
 )
 PROBES = (PREPARE, *COMPACTION_REWRITES, DEDUPE)

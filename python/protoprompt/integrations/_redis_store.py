@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 from .. import _process
 from .._seams import redis_client, redis_keys, redis_readable
 from .._storage import redis_record
+from .._storage.counts import RedisCounts
 from ..count_store import CountStore
 from . import _sync, pool
 from ._prefix_state import KIND as PREFIX
@@ -348,39 +349,3 @@ def _server(client: Any, prefix: str) -> _Server:
     kwargs = sorted(pool_.connection_kwargs.items(), key=lambda kv: kv[0])
     key = (type(pool_).__qualname__, pool_.connection_class.__qualname__, repr(kwargs), prefix)
     return shared(_process.REDIS_SERVERS, key, _Server, client, prefix)
-
-
-class RedisCounts:
-    """The hash ``{prefix}:protoprompt:counts`` (a :class:`RemoteCountStore`'s backend):
-    field = key, value = the count (8 bytes, little-endian) and its check (8 bytes)."""
-
-    def __init__(self, server: _Server) -> None:
-        self._server = server
-
-    async def fetch(self, keys: Sequence[bytes]) -> dict[bytes, tuple[object, object]]:
-        values = await self._server.client.hmget(self._server.counts_key, list(keys))
-        found: dict[bytes, tuple[object, object]] = {}
-        for k, v in zip(keys, values, strict=True):
-            if v is None:
-                continue
-            if type(v) is bytes and len(v) == 16:
-                found[k] = (int.from_bytes(v[:8], "little"), v[8:])
-            else:
-                found[k] = ("damaged", None)
-        return found
-
-    async def write(self, rows: Sequence[tuple[bytes, int, bytes]], max_entries: int) -> None:
-        client = self._server.client
-        key = self._server.counts_key
-        await client.hset(key, mapping={k: n.to_bytes(8, "little") + m for k, n, m in rows})
-        extra = int(await client.hlen(key)) - max_entries
-        if extra > 0:
-            victims = await client.hrandfield(key, extra)
-            if victims:
-                await client.hdel(key, *victims)
-
-    async def delete_all(self) -> None:
-        await self._server.client.delete(self._server.counts_key)
-
-    async def size(self) -> int:
-        return int(await self._server.client.hlen(self._server.counts_key))

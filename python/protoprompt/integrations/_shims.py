@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from .._seams import COMPACTION_HOOKS, READ_COMPACTION_ITEMS
 from ._sdk import SessionSettings, coerce_session_settings
 
 
@@ -45,17 +46,7 @@ def coerce_settings(value: SessionSettings | Mapping[str, Any] | None) -> Sessio
     )
 
 
-FORWARDED_HOOKS = frozenset(
-    {
-        "run_compaction",
-        "_defer_compaction",
-        "_get_deferred_compaction_response_id",
-        "_clear_deferred_compaction",
-        "_get_items_with_generation",
-        "_add_items_with_generation",
-        "_read_compaction_items",
-    }
-)
+FORWARDED_HOOKS = frozenset({"run_compaction", *COMPACTION_HOOKS, READ_COMPACTION_ITEMS})
 """Optional hooks a ProtoPromptSession exposes exactly when its inner session has them."""
 
 NOT_FORWARDED = frozenset({"underlying_session"})

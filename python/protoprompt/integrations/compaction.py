@@ -40,6 +40,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .._seams import compacts_to_a_snapshot
 from ..packing import HistoryIndex
 from ._context import RUN_INPUT
 
@@ -59,7 +60,7 @@ def _tail_matching() -> bool:
         from agents.memory import session as sdk_session
     except ImportError:  # pragma: no cover - the trigger is only used with the SDK
         return True
-    return hasattr(sdk_session, "_CompactionSnapshot")
+    return compacts_to_a_snapshot(sdk_session)
 
 
 REWRITING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._seams import session_closed
 from ..calibration import Calibration
 from ..count_store import RemoteCountStore, SQLiteCountStore
 from . import _sync, pool
@@ -296,7 +297,7 @@ class ProtoPromptSession(RunHooks, InnerHooks):
         if limit is None and self._settings is not None:
             limit = self._settings.limit
         limited = limit is not None or getattr(self.session_settings, "limit", None) is not None
-        closed = getattr(self._inner, "_closed", False)
+        closed = session_closed(self._inner)
         # Before the first await: the runner's frame is found on the stack.
         turn = runner_turn(self) if self._windowed_reads and not limited and not closed else None
         if not self._warned_unbudgeted and unbudgeted_run(self):

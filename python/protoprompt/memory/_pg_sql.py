@@ -7,8 +7,11 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, ScopeParams
+from .._storage.dialect import POSTGRESQL
+from . import _sql
+from ._backend import ScopeParams
 from ._ranking import words
+from ._sql import COLUMNS, scope_eq
 from ._stem import stem
 
 _MAX_LEXEME_BYTES = 2046  # PostgreSQL's limit for one word (2 KiB less the terminator)
@@ -17,9 +20,7 @@ _MAX_POSITIONS = 256  # positions kept per word
 MAX_VECTOR_DIMS = 16000  # pgvector's limit for the vector type
 _MAX_LEXEME_TOTAL = 1_000_000  # bytes of one record's tsvector data (PostgreSQL: < 1 MiB)
 
-COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
-HISTORY = ", ".join(f"h.{column}" for column in HISTORY_COLUMNS)
-SCOPE_EQ = "s_tenant = %s AND s_user = %s AND s_thread = %s AND s_kind = %s"
+SCOPE_EQ = scope_eq(POSTGRESQL.mark)
 
 
 # --------------------------------------------------------------------------- words
@@ -121,10 +122,5 @@ def vector_statement(
 
 
 def scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str, list[Any]]:
-    clause = " AND ".join(
-        f"{alias}.{col} = %s" for col in ("s_tenant", "s_user", "s_thread", "s_kind")
-    )
-    params: list[Any] = []
-    for scope in scopes:
-        params.extend(scope)
-    return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
+    """A row is of one of ``scopes`` (psycopg's placeholders), with its parameters."""
+    return _sql.scope_filter(scopes, alias, POSTGRESQL.mark)

@@ -47,7 +47,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import _process
-from ._backend import Chunk, HistoryEntry, Row, ScopeParams
+from .._storage.dialect import POSTGRESQL
+from ._backend import Row, ScopeParams
 from ._pg_connect import database_errors, driver_url, imports, redact
 from ._pg_schema import (
     LOCK_CLASS,
@@ -60,18 +61,16 @@ from ._pg_schema import (
     vector_setup,
 )
 from ._pg_sql import (
-    COLUMNS,
-    HISTORY,
     MAX_VECTOR_DIMS,
     SCOPE_EQ,
     lock_key,
-    scope_filter,
     search_statement,
     tsquery_literal,
     tsvector_literal,
     vector_statement,
 )
 from ._ranking import words
+from ._sql import HISTORY, SQLMemory
 
 if TYPE_CHECKING:
     import psycopg
@@ -112,8 +111,10 @@ def _after_fork(backend: PostgresBackend) -> None:
 _process.POSTGRES_MEMORY_STORES.handle(after_fork=_after_fork)
 
 
-class PostgresBackend:
+class PostgresBackend(SQLMemory):
     """A PostgreSQL database by URL (the tables go to the connection's search path)."""
+
+    dialect = POSTGRESQL
 
     def __init__(self, url: str, *, read_only: bool = False) -> None:
         driver, _ = imports()
@@ -198,76 +199,24 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ writes
 
-    def replace_document(
-        self,
-        scope: ScopeParams,
-        doc_id: str,
-        chunks: Sequence[Chunk],
-        metadata: str,
-        created_at: float,
-    ) -> None:
-        rows = [
-            (
-                *scope,
-                doc_id,
-                c.chunk_index,
-                c.start,
-                c.end,
-                c.text,
-                metadata,
-                created_at,
-                c.embedding,
-                tsvector_literal(c.text),
-                *self._vec_param(c.embedding),
-            )
-            for c in chunks
-        ]
-        vec_column, vec_value = self._vec_sql()
-        with self._transaction() as cur:
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, lock_key(scope, doc_id))
-            )
-            cur.execute(
-                f"DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = %s"
-                f" AND {SCOPE_EQ}",
-                (doc_id, *scope),
-            )
-            if rows:
-                cur.executemany(
-                    "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind,"
-                    " doc_id, chunk_index, char_start, char_end, text, metadata, created_at,"
-                    f" embedding, tsv{vec_column}) VALUES ('document', %s, %s, %s, %s, %s, %s,"
-                    f" %s, %s, %s, %s, %s, %s, %s::tsvector{vec_value})",
-                    rows,
-                )
+    def _lock_rows(self, cur: Any, scope: ScopeParams, name: str) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, lock_key(scope, name)))
 
-    def add_fact(
-        self,
-        scope: ScopeParams,
-        fact_id: str,
-        importance: float,
-        text: str,
-        created_at: float,
-        embedding: bytes | None,
-    ) -> None:
+    def _index_columns(self, *, history: bool) -> tuple[str, str]:
+        """``tsv`` (and ``vec`` with pgvector, not in the history)."""
+        if history:
+            return ", tsv", ", %s::tsvector"
         vec_column, vec_value = self._vec_sql()
-        with self._transaction() as cur:
-            cur.execute(
-                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, fact_id,"
-                f" importance, text, created_at, embedding, tsv{vec_column})"
-                " VALUES ('fact', %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                f" %s::tsvector{vec_value})",
-                (
-                    *scope,
-                    fact_id,
-                    importance,
-                    text,
-                    created_at,
-                    embedding,
-                    tsvector_literal(text),
-                    *self._vec_param(embedding),
-                ),
-            )
+        return ", tsv" + vec_column, ", %s::tsvector" + vec_value
+
+    def _indexed(self, text: str, embedding: bytes | None, *, history: bool) -> tuple[Any, ...]:
+        if history:
+            return (tsvector_literal(text, stemmed=True),)
+        return (tsvector_literal(text), *self._vec_param(embedding))
+
+    def _embedded_filter(self) -> str:
+        # With pgvector, records with a vec are ranked by the server (vector_ranked).
+        return "" if self._vector is None else " AND r.vec IS NULL"
 
     def _vec_sql(self) -> tuple[str, str]:
         """The ``vec`` column and its value placeholder of an INSERT (none without pgvector)."""
@@ -288,80 +237,7 @@ class PostgresBackend:
             return (None,)
         return ("[" + ",".join(map(repr, values)) + "]",)
 
-    def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
-        with self._transaction() as cur:
-            cur.execute(
-                "INSERT INTO pp_mem_profiles"
-                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
-                " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
-                (*scope, profile, updated_at),
-            )
-
-    def clear_profile(self, scope: ScopeParams) -> int:
-        with self._transaction() as cur:
-            cur.execute(f"DELETE FROM pp_mem_profiles WHERE {SCOPE_EQ}", scope)
-            return cur.rowcount
-
-    def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
-        deleted = 0
-        with self._transaction() as cur:
-            if doc_id is None and fact_id is None:
-                for table in ("pp_mem_records", "pp_mem_profiles", "pp_mem_history"):
-                    cur.execute(f"DELETE FROM {table} WHERE {SCOPE_EQ}", scope)
-                    deleted += cur.rowcount
-            if doc_id is not None:
-                cur.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = %s"
-                    f" AND {SCOPE_EQ}",
-                    (doc_id, *scope),
-                )
-                deleted += cur.rowcount
-            if fact_id is not None:
-                cur.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = %s"
-                    f" AND {SCOPE_EQ}",
-                    (fact_id, *scope),
-                )
-                deleted += cur.rowcount
-        return deleted
-
     # ------------------------------------------------------------------ reads
-
-    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
-        profiles, params = scope_filter(scopes, alias="p")
-        records, record_params = scope_filter(scopes)
-        rows = self._read(
-            f"SELECT EXISTS (SELECT 1 FROM pp_mem_profiles AS p WHERE {profiles}),"
-            f" EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {records}),"
-            " EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'document'"
-            f" AND {records})",
-            [*params, *record_params, *record_params],
-        )
-        if not rows:
-            return False, False, False
-        profile, fact, document = rows[0]
-        return bool(profile), bool(fact), bool(document)
-
-    def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
-        where, params = scope_filter(scopes, alias="p")
-        return self._read(
-            "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
-            f" FROM pp_mem_profiles AS p WHERE {where}",
-            params,
-        )
-
-    def facts(self, scopes: Sequence[ScopeParams], limit: int | None) -> list[Row]:
-        where, params = scope_filter(scopes)
-        sql = (
-            f"SELECT {COLUMNS} FROM pp_mem_records AS r"
-            f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
-        )
-        if limit is not None:
-            sql += " LIMIT %s"
-            params.append(limit)
-        return self._read(sql, params)
 
     def text_search(
         self,
@@ -377,19 +253,6 @@ class PostgresBackend:
         rows = self._read(sql, params)
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
 
-    def embedded(
-        self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
-    ) -> list[tuple[Row, bytes]]:
-        where, params = scope_filter(scopes)
-        # With pgvector, records with a vec are ranked by the server (vector_ranked).
-        no_vec = "" if self._vector is None else " AND r.vec IS NULL"
-        rows = self._read(
-            f"SELECT {COLUMNS}, r.embedding FROM pp_mem_records AS r"
-            f" WHERE r.embedding IS NOT NULL{no_vec} AND r.rtype = ANY(%s) AND {where}",
-            (list(kinds), *params),
-        )
-        return [(tuple(row[:-1]), bytes(row[-1])) for row in rows]
-
     def vector_ranked(
         self,
         query: Sequence[float],
@@ -404,90 +267,6 @@ class PostgresBackend:
         return [(tuple(row[:-1]), float(row[-1])) for row in rows]
 
     # ------------------------------------------------------------------ history layer
-
-    def replace_history(
-        self,
-        scope: ScopeParams,
-        session_id: str,
-        entries: Sequence[HistoryEntry],
-        created_at: float,
-    ) -> None:
-        rows = [
-            (
-                *scope,
-                session_id,
-                e.row_key,
-                *c[:4],
-                e.digest,
-                e.metadata,
-                created_at,
-                c.embedding,
-                tsvector_literal(c.text, stemmed=True),
-            )
-            for e in entries
-            for c in e.passages
-        ]
-        keys = sorted({e.row_key for e in entries})
-        with self._transaction() as cur:
-            # Two writers of one session's rows (several workers evicting the same turn)
-            # take turns, so each row is stored once.
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)",
-                (LOCK_CLASS, lock_key(scope, "\x1fhistory\x1f" + session_id)),
-            )
-            cur.execute(
-                f"DELETE FROM pp_mem_history WHERE {SCOPE_EQ} AND session_id = %s"
-                " AND row_key = ANY(%s)",
-                (*scope, session_id, keys),
-            )
-            if rows:
-                cur.executemany(
-                    "INSERT INTO pp_mem_history (s_tenant, s_user, s_thread, s_kind,"
-                    " session_id, row_key, passage, char_start, char_end, text, digest,"
-                    " metadata, created_at, embedding, tsv) VALUES (%s, %s, %s, %s, %s, %s,"
-                    " %s, %s, %s, %s, %s, %s, %s, %s, %s::tsvector)",
-                    rows,
-                )
-
-    def history_digests(
-        self,
-        scope: ScopeParams,
-        session_id: str,
-        start: int | None,
-        end: int | None,
-        digest: str | None = None,
-    ) -> list[tuple[int, str]]:
-        sql = (
-            f"SELECT row_key, digest FROM pp_mem_history WHERE {SCOPE_EQ}"
-            " AND session_id = %s AND passage = 0"
-        )
-        params: list[Any] = [*scope, session_id]
-        if start is not None:
-            sql += " AND row_key >= %s"
-            params.append(start)
-        if end is not None:
-            sql += " AND row_key < %s"
-            params.append(end)
-        if digest is not None:
-            sql += " AND digest = %s"
-            params.append(digest)
-        rows = self._read(sql + " ORDER BY row_key", params, history=True)
-        return [(int(r), str(d)) for r, d in rows]
-
-    def forget_history(
-        self, scope: ScopeParams, session_id: str | None, from_row: int | None
-    ) -> int:
-        sql = f"DELETE FROM pp_mem_history WHERE {SCOPE_EQ}"
-        params: list[Any] = list(scope)
-        if session_id is not None:
-            sql += " AND session_id = %s"
-            params.append(session_id)
-        if from_row is not None:
-            sql += " AND row_key >= %s"
-            params.append(from_row)
-        with self._transaction() as cur:
-            cur.execute(sql, params)
-            return cur.rowcount
 
     def history_common_words(self, words: Sequence[str]) -> set[str]:
         # The server's statistics of the tsv column (ANALYZE, run by autovacuum): the
@@ -519,10 +298,7 @@ class PostgresBackend:
         query = tsquery_literal(pieces, stemmed=self._stemmed)
         if query is None:
             return []
-        where, params = scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = %s"
-            params.append(session_id)
+        where, params = self._history_scopes(scopes, session_id)
         sql = (
             f"SELECT {HISTORY}, ts_rank(h.tsv, q.q, 1) AS rank"
             " FROM pp_mem_history AS h, (SELECT %s::tsquery AS q) AS q"
@@ -537,10 +313,7 @@ class PostgresBackend:
         scopes: Sequence[ScopeParams],
         session_id: str | None,
     ) -> tuple[int, dict[str, int]]:
-        where, params = scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = %s"
-            params.append(session_id)
+        where, params = self._history_scopes(scopes, session_id)
         queries = []
         for term, word in terms:
             query = tsquery_literal([term if self._stemmed else word], stemmed=False)
@@ -585,18 +358,3 @@ class PostgresBackend:
                 params += [key, *scope, session_id, *scope, session_id, key]
         rows = self._read(" UNION ALL ".join(arms), params, history=True)
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
-
-    def history_embedded(
-        self, scopes: Sequence[ScopeParams], session_id: str | None
-    ) -> list[tuple[Row, bytes]]:
-        where, params = scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = %s"
-            params.append(session_id)
-        rows = self._read(
-            f"SELECT {HISTORY}, h.embedding FROM pp_mem_history AS h"
-            f" WHERE h.embedding IS NOT NULL AND {where}",
-            params,
-            history=True,
-        )
-        return [(tuple(row[:-1]), bytes(row[-1])) for row in rows]

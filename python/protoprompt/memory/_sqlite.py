@@ -28,7 +28,9 @@ from typing import Any
 
 from .. import _process
 from .._process import sqlite_gate
-from ._backend import HISTORY_COLUMNS, RECORD_COLUMNS, Chunk, HistoryEntry, Row, ScopeParams
+from .._storage.dialect import SQLITE
+from ._backend import Row, ScopeParams
+from ._sql import COLUMNS, HISTORY, SQLMemory, scope_eq, scope_filter
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteBackend", "fts5_match"]
 
@@ -207,9 +209,7 @@ def migrate_history_fts(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
 
 
-_COLUMNS = ", ".join(f"r.{column}" for column in RECORD_COLUMNS)
-_HISTORY = ", ".join(f"h.{column}" for column in HISTORY_COLUMNS)
-_SCOPE_EQ = "s_tenant = ? AND s_user = ? AND s_thread = ? AND s_kind = ?"
+_SCOPE_EQ = scope_eq(SQLITE.mark)
 
 
 def fts5_match(pieces: Sequence[str]) -> str | None:
@@ -220,16 +220,6 @@ def fts5_match(pieces: Sequence[str]) -> str | None:
     if not pieces:
         return None
     return " OR ".join('"' + piece.replace('"', '""') + '"' for piece in pieces)
-
-
-def _scope_filter(scopes: Sequence[ScopeParams], alias: str = "r") -> tuple[str, list[Any]]:
-    clause = " AND ".join(
-        f"{alias}.{col} = ?" for col in ("s_tenant", "s_user", "s_thread", "s_kind")
-    )
-    params: list[Any] = []
-    for scope in scopes:
-        params.extend(scope)
-    return "(" + " OR ".join(f"({clause})" for _ in scopes) + ")", params
 
 
 stats = {"counts_by_index": 0, "writer_reads": 0}
@@ -251,7 +241,7 @@ def _count_columns(
     (several times faster). The two totals are counted once, by the ``FROM`` clause's
     subquery: as scalar subqueries inside each term's column, SQLite counted them again for
     each term (about 4x the statement's time with five terms)."""
-    where, params = _scope_filter(scopes, alias="h")
+    where, params = scope_filter(scopes, alias="h")
     if session_id is not None:
         where += " AND h.session_id = ?"
         params.append(session_id)
@@ -293,8 +283,10 @@ def _connect_read_only(path: str) -> sqlite3.Connection:
     )
 
 
-class SQLiteBackend:
+class SQLiteBackend(SQLMemory):
     """A SQLite database file, or ``":memory:"`` for a private in-memory one."""
+
+    dialect = SQLITE
 
     def __init__(self, path: str, *, read_only: bool = False) -> None:
         self._path = path
@@ -451,8 +443,8 @@ class SQLiteBackend:
             time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
             pause = min(pause * 2, 0.05)
 
-    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        if not self._has_tables():
+    def _read(self, sql: str, params: Sequence[Any], *, history: bool = False) -> list[Any]:
+        if not self._has_tables() or (history and not self._has_history()):
             return []
         # On the writer when no write holds it: its page cache stays valid across its own
         # commits, where the reader's is dropped at each (every turn's index job commits,
@@ -474,122 +466,7 @@ class SQLiteBackend:
 
     # ------------------------------------------------------------------ writes
 
-    def replace_document(
-        self,
-        scope: ScopeParams,
-        doc_id: str,
-        chunks: Sequence[Chunk],
-        metadata: str,
-        created_at: float,
-    ) -> None:
-        rows = [
-            (*scope, doc_id, *chunk[:4], metadata, created_at, chunk.embedding) for chunk in chunks
-        ]
-        with self._transaction() as conn:
-            conn.execute(
-                "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
-                f" AND {_SCOPE_EQ}",
-                (doc_id, *scope),
-            )
-            conn.executemany(
-                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, doc_id,"
-                " chunk_index, char_start, char_end, text, metadata, created_at, embedding)"
-                " VALUES ('document', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-
-    def add_fact(
-        self,
-        scope: ScopeParams,
-        fact_id: str,
-        importance: float,
-        text: str,
-        created_at: float,
-        embedding: bytes | None,
-    ) -> None:
-        with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO pp_mem_records (rtype, s_tenant, s_user, s_thread, s_kind, fact_id,"
-                " importance, text, created_at, embedding)"
-                " VALUES ('fact', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*scope, fact_id, importance, text, created_at, embedding),
-            )
-
-    def set_profile(self, scope: ScopeParams, profile: str, updated_at: float) -> None:
-        with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO pp_mem_profiles"
-                " (s_tenant, s_user, s_thread, s_kind, profile, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (s_tenant, s_user, s_thread, s_kind)"
-                " DO UPDATE SET profile = excluded.profile, updated_at = excluded.updated_at",
-                (*scope, profile, updated_at),
-            )
-
-    def clear_profile(self, scope: ScopeParams) -> int:
-        with self._transaction() as conn:
-            deleted: int = conn.execute(
-                f"DELETE FROM pp_mem_profiles WHERE {_SCOPE_EQ}", scope
-            ).rowcount
-        return deleted
-
-    def forget(self, scope: ScopeParams, doc_id: str | None, fact_id: str | None) -> int:
-        deleted = 0
-        with self._transaction() as conn:
-            if doc_id is None and fact_id is None:
-                for table in ("pp_mem_records", "pp_mem_profiles", "pp_mem_history"):
-                    deleted += conn.execute(
-                        f"DELETE FROM {table} WHERE {_SCOPE_EQ}", scope
-                    ).rowcount
-            if doc_id is not None:
-                deleted += conn.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'document' AND doc_id = ?"
-                    f" AND {_SCOPE_EQ}",
-                    (doc_id, *scope),
-                ).rowcount
-            if fact_id is not None:
-                deleted += conn.execute(
-                    "DELETE FROM pp_mem_records WHERE rtype = 'fact' AND fact_id = ?"
-                    f" AND {_SCOPE_EQ}",
-                    (fact_id, *scope),
-                ).rowcount
-        return deleted
-
     # ------------------------------------------------------------------ reads
-
-    def presence(self, scopes: Sequence[ScopeParams]) -> tuple[bool, bool, bool]:
-        profiles, params = _scope_filter(scopes, alias="p")
-        records, record_params = _scope_filter(scopes)
-        rows = self._read(
-            f"SELECT EXISTS (SELECT 1 FROM pp_mem_profiles AS p WHERE {profiles}),"
-            f" EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'fact' AND {records}),"
-            " EXISTS (SELECT 1 FROM pp_mem_records AS r WHERE r.rtype = 'document'"
-            f" AND {records})",
-            [*params, *record_params, *record_params],
-        )
-        if not rows:
-            return False, False, False
-        profile, fact, document = rows[0]
-        return bool(profile), bool(fact), bool(document)
-
-    def profiles(self, scopes: Sequence[ScopeParams]) -> list[tuple[str, str, str, str, str]]:
-        where, params = _scope_filter(scopes, alias="p")
-        return self._read(
-            "SELECT p.s_tenant, p.s_user, p.s_thread, p.s_kind, p.profile"
-            f" FROM pp_mem_profiles AS p WHERE {where}",
-            params,
-        )
-
-    def facts(self, scopes: Sequence[ScopeParams], limit: int | None) -> list[Row]:
-        where, params = _scope_filter(scopes)
-        sql = (
-            f"SELECT {_COLUMNS} FROM pp_mem_records AS r"
-            f" WHERE r.rtype = 'fact' AND {where} ORDER BY r.id DESC"
-        )
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return self._read(sql, params)
 
     def text_search(
         self,
@@ -601,10 +478,10 @@ class SQLiteBackend:
         match = fts5_match(pieces)
         if match is None:
             return []
-        where, params = _scope_filter(scopes)
+        where, params = scope_filter(scopes)
         kind_sql = ", ".join("?" for _ in kinds)
         rows = self._read(
-            f"SELECT {_COLUMNS}, bm25(pp_mem_fts) AS rank FROM pp_mem_fts"
+            f"SELECT {COLUMNS}, bm25(pp_mem_fts) AS rank FROM pp_mem_fts"
             " JOIN pp_mem_records AS r ON r.id = pp_mem_fts.rowid"
             f" WHERE pp_mem_fts MATCH ? AND r.rtype IN ({kind_sql}) AND {where}"
             " ORDER BY rank, r.id LIMIT ?",
@@ -626,84 +503,7 @@ class SQLiteBackend:
     ) -> list[tuple[Row, float]]:
         return []
 
-    def embedded(
-        self, kinds: Sequence[str], scopes: Sequence[ScopeParams]
-    ) -> list[tuple[Row, bytes]]:
-        where, params = _scope_filter(scopes)
-        kind_sql = ", ".join("?" for _ in kinds)
-        rows = self._read(
-            f"SELECT {_COLUMNS}, r.embedding FROM pp_mem_records AS r"
-            f" WHERE r.embedding IS NOT NULL AND r.rtype IN ({kind_sql}) AND {where}",
-            (*kinds, *params),
-        )
-        return [(tuple(row[:-1]), row[-1]) for row in rows]
-
     # ------------------------------------------------------------------ history layer
-
-    def replace_history(
-        self,
-        scope: ScopeParams,
-        session_id: str,
-        entries: Sequence[HistoryEntry],
-        created_at: float,
-    ) -> None:
-        rows = [
-            (*scope, session_id, e.row_key, *c[:4], e.digest, e.metadata, created_at, c.embedding)
-            for e in entries
-            for c in e.passages
-        ]
-        with self._transaction() as conn:
-            conn.executemany(
-                f"DELETE FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key = ?",
-                [(*scope, session_id, e.row_key) for e in entries],
-            )
-            conn.executemany(
-                "INSERT INTO pp_mem_history (s_tenant, s_user, s_thread, s_kind, session_id,"
-                " row_key, passage, char_start, char_end, text, digest, metadata, created_at,"
-                " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-
-    def history_digests(
-        self,
-        scope: ScopeParams,
-        session_id: str,
-        start: int | None,
-        end: int | None,
-        digest: str | None = None,
-    ) -> list[tuple[int, str]]:
-        if not self._has_history():
-            return []
-        sql = (
-            f"SELECT row_key, digest FROM pp_mem_history WHERE {_SCOPE_EQ}"
-            " AND session_id = ? AND passage = 0"
-        )
-        params: list[Any] = [*scope, session_id]
-        if start is not None:
-            sql += " AND row_key >= ?"
-            params.append(start)
-        if end is not None:
-            sql += " AND row_key < ?"
-            params.append(end)
-        if digest is not None:
-            sql += " AND digest = ?"
-            params.append(digest)
-        return [(int(r), str(d)) for r, d in self._read(sql + " ORDER BY row_key", params)]
-
-    def forget_history(
-        self, scope: ScopeParams, session_id: str | None, from_row: int | None
-    ) -> int:
-        sql = f"DELETE FROM pp_mem_history WHERE {_SCOPE_EQ}"
-        params: list[Any] = list(scope)
-        if session_id is not None:
-            sql += " AND session_id = ?"
-            params.append(session_id)
-        if from_row is not None:
-            sql += " AND row_key >= ?"
-            params.append(from_row)
-        with self._transaction() as conn:
-            deleted: int = conn.execute(sql, params).rowcount
-        return deleted
 
     def history_common_words(self, words: Sequence[str]) -> set[str]:
         if not words or not self._has_history():
@@ -729,12 +529,9 @@ class SQLiteBackend:
         match = fts5_match(pieces)
         if match is None or not self._has_history():
             return []
-        where, params = _scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = ?"
-            params.append(session_id)
+        where, params = self._history_scopes(scopes, session_id)
         rows = self._read(
-            f"SELECT {_HISTORY}, bm25(pp_mem_history_fts) AS rank FROM pp_mem_history_fts"
+            f"SELECT {HISTORY}, bm25(pp_mem_history_fts) AS rank FROM pp_mem_history_fts"
             " JOIN pp_mem_history AS h ON h.id = pp_mem_history_fts.rowid"
             f" WHERE pp_mem_history_fts MATCH ? AND {where}"
             " ORDER BY rank, h.id LIMIT ?",
@@ -802,28 +599,12 @@ class SQLiteBackend:
             + near.format(side=0, agg="max", op="<")
             + " UNION ALL "
             + near.format(side=1, agg="min", op=">")
-            + f") SELECT {_HISTORY}, near.anchor, near.side FROM near"
+            + f") SELECT {HISTORY}, near.anchor, near.side FROM near"
             f" JOIN pp_mem_history AS h ON h.row_key = near.rk"
             f" WHERE {where} AND h.session_id = ?",
             [*row_keys, *scope, session_id, *scope, session_id, *scope, session_id],
         )
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
-
-    def history_embedded(
-        self, scopes: Sequence[ScopeParams], session_id: str | None
-    ) -> list[tuple[Row, bytes]]:
-        if not self._has_history():
-            return []
-        where, params = _scope_filter(scopes, alias="h")
-        if session_id is not None:
-            where += " AND h.session_id = ?"
-            params.append(session_id)
-        rows = self._read(
-            f"SELECT {_HISTORY}, h.embedding FROM pp_mem_history AS h"
-            f" WHERE h.embedding IS NOT NULL AND {where}",
-            params,
-        )
-        return [(tuple(row[:-1]), row[-1]) for row in rows]
 
 
 _process.SQLITE_MEMORY_STORES.handle(after_fork=SQLiteBackend.after_fork_in_child)
