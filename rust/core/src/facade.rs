@@ -16,13 +16,16 @@
 
 use std::sync::{Arc, Mutex};
 
+use rustc_hash::FxHashMap;
+
 use crate::costs::{CostEngine, CostFailure, CountStore, ItemSource, StoreTally};
-use crate::decisions::DecisionRows;
-use crate::incremental::Cut;
-use crate::indexed::{cost_over, HistoryMark, IndexedHistory};
+use crate::decisions::{decision_of, DecisionRows};
+use crate::graph::position_label;
+use crate::incremental::{Cut, Window};
+use crate::indexed::{cost_over, lock, HistoryMark, IndexedHistory, KindNames};
 use crate::items::ItemMeta;
 use crate::mask::Masking;
-use crate::pack::{ContextHook, PackError, PackOptions};
+use crate::pack::{ContextHook, PackError, PackOptions, UnitDecision};
 use crate::pipeline::{counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed};
 use crate::tokens::{
     strips_earlier_thinking, CostBasis, Encoding, Loading, OpaqueScale, TokenError,
@@ -146,7 +149,7 @@ pub enum CallFailure {
 /// A cost failure as the packer's error for the item, labelled for `n_history`.
 pub fn item_failure(n_history: usize, f: CostFailure) -> PackError {
     PackError::Item {
-        label: crate::graph::position_label(n_history, f.position),
+        label: position_label(n_history, f.position),
         position: f.position,
         field: f.field,
         message: f.message,
@@ -205,8 +208,8 @@ pub struct PackCall {
     pub index_use: IndexUse,
     /// How many items the thinking rule made free.
     pub earlier_thinking_free: usize,
-    /// The decision rows of the pack (detached from the index before it changes).
-    pub rows: Arc<Mutex<DecisionRows>>,
+    /// The pack's per-unit decisions (the result's `touched` taken into it).
+    pub decisions: DecisionReport,
 }
 
 /// Where the items of a pack stand: the index held `held` items when the call began, the
@@ -310,11 +313,14 @@ impl IndexedHistory {
                 regrouped_from: from,
                 why: pull.map(|p| p.describe(n_history)),
             };
+            let mut packed = packed;
+            let touched = std::mem::take(&mut packed.result.touched);
+            let rows = self.decision_rows(Some(tail));
             PackCall {
                 packed,
                 index_use,
                 earlier_thinking_free: earlier_free,
-                rows: self.decision_rows(Some(tail)),
+                decisions: DecisionReport::new(rows, touched, self.kind_names()),
             }
         });
         CallEnd {
@@ -322,6 +328,26 @@ impl IndexedHistory {
             items,
             store,
             n_history,
+        }
+    }
+
+    /// Where a read of the history may start for a pack with `options` and `budget`, the
+    /// indexed history followed by `tail` (positions from `n_history` on being new input),
+    /// as the embedding reports it ([`IndexedHistory::window_masked`]).
+    pub fn window_call(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        options: &CallOptions,
+        n_history: usize,
+    ) -> WindowReport {
+        let w: Window = self.window_masked(tail, budget, options.basis, options.masking);
+        WindowReport {
+            start: w.start,
+            fits: w.fits,
+            tie: w.pull.map(|p| p.tie.code()),
+            why: w.pull.map(|p| p.describe(n_history)),
+            reach: w.reach,
         }
     }
 
@@ -362,5 +388,114 @@ impl IndexedHistory {
         let mut engine = CostEngine::new(items, basis).with_memo(costs, n);
         let walked = cost_over(&mut engine, total, limit).map_err(CallFailure::Item);
         settle(engine, total, walked, None)
+    }
+}
+
+/// [`IndexedHistory::window_call`]'s answer: the start, whether the budget reaches the
+/// oldest unit, the relation that moved the start back last (its code and a sentence), and
+/// how far back the budget alone reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowReport {
+    pub start: usize,
+    pub fits: bool,
+    pub tie: Option<&'static str>,
+    pub why: Option<String>,
+    pub reach: usize,
+}
+
+/// One pack's per-unit decisions as an embedding reads them. Only what the fill touched is
+/// stored; a row is derived from the (shared) rows when it is read, so a pack over a long
+/// history allocates nothing per unit (the index detaches the rows before it changes,
+/// [`IndexedHistory::release_results`]).
+#[derive(Debug)]
+pub struct DecisionReport {
+    rows: usize,
+    source: Arc<Mutex<DecisionRows>>,
+    touched: FxHashMap<usize, UnitDecision>,
+    kind_names: Vec<&'static str>,
+}
+
+/// One row of a [`DecisionReport`]: the unit, its history positions and their kinds, its
+/// decision's code and tokens, its problems (`(code, message, label)`) and masked tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportRow {
+    pub unit: usize,
+    pub positions: Vec<usize>,
+    pub kinds: Vec<&'static str>,
+    pub code: &'static str,
+    pub tokens: Option<u64>,
+    pub problems: Vec<(&'static str, &'static str, String)>,
+    pub masked_tokens: Option<u64>,
+}
+
+impl DecisionReport {
+    /// The report of a pack whose fill recorded `touched`, reading its rows from `source`
+    /// ([`IndexedHistory::decision_rows`]).
+    pub fn new(
+        source: Arc<Mutex<DecisionRows>>,
+        touched: FxHashMap<usize, UnitDecision>,
+        kind_names: &KindNames,
+    ) -> Self {
+        let rows = lock(&source).rows();
+        DecisionReport {
+            rows,
+            source,
+            touched,
+            kind_names: kind_names.names().to_vec(),
+        }
+    }
+
+    /// Number of rows (units with history members).
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Row `i`, if there is one.
+    pub fn row(&self, i: usize) -> Option<ReportRow> {
+        if i >= self.rows {
+            return None;
+        }
+        let (row, n_history) = {
+            let source = lock(&self.source);
+            (source.row(i), source.n_history())
+        };
+        let d = decision_of(&self.touched, i, row.untouched);
+        Some(ReportRow {
+            unit: i,
+            kinds: row
+                .kinds
+                .iter()
+                .map(|&k| self.kind_names[k as usize])
+                .collect(),
+            positions: row.positions,
+            code: d.decision.code(),
+            tokens: d.tokens,
+            problems: row
+                .problems
+                .iter()
+                .map(|p| {
+                    (
+                        p.reason.code(),
+                        p.reason.message(),
+                        position_label(n_history, p.position),
+                    )
+                })
+                .collect(),
+            masked_tokens: d.masked_tokens,
+        })
+    }
+
+    /// Number of history items per decision code.
+    pub fn item_counts(&self) -> FxHashMap<&'static str, usize> {
+        lock(&self.source).tally(&self.touched, |n| n)
+    }
+
+    /// Number of units (with history members) per decision code.
+    pub fn unit_counts(&self) -> FxHashMap<&'static str, usize> {
+        lock(&self.source).tally(&self.touched, |n| usize::from(n > 0))
     }
 }

@@ -140,6 +140,14 @@ fn a_pack_reports_how_it_used_the_index_and_what_thinking_was_free() {
         (items.len(), 0)
     );
     assert_eq!(call.index_use.regrouped_from, items.len());
+    // Every history item has a row, each with the decision of its unit.
+    let report = &call.decisions;
+    assert_eq!(report.item_counts().values().sum::<usize>(), items.len());
+    assert_eq!(report.item_counts().get("kept"), Some(&items.len()));
+    let first = report.row(0).unwrap();
+    assert_eq!((first.positions.as_slice(), first.code), (&[0][..], "kept"));
+    assert_eq!(first.kinds, vec!["user_message"]);
+    assert!(report.row(report.len()).is_none());
     // The free thinking is never counted; everything else is, and stays in the index.
     assert_eq!(index.costs().counted(), items.len() - 6);
 }
@@ -188,5 +196,6 @@ fn counting_calls_leave_the_costs_a_window_needs() {
         start > before,
         "exact costs start the window later than lower bounds"
     );
-    assert_eq!(fresh.window_start(&[], budget, o.basis), start);
+    let window = fresh.window_call(&[], budget, &o, items.len());
+    assert_eq!((window.start, window.fits), (start, false));
 }

@@ -224,16 +224,13 @@ impl PyHistoryIndex {
         options: &Bound<'_, PyPackOptions>,
         new_input: usize,
     ) -> PyResult<WindowTuple> {
-        let (basis, masking) = (options.get().core.basis, options.get().core.masking);
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let n_history = n + items.len().saturating_sub(new_input);
         let metas = classify_items(py, bound(py, &items), n, n_history)?;
-        let inner = &self.inner;
-        let w = py.detach(|| inner.window_masked(&metas, budget, basis, masking));
-        let tie = w.pull.map(|p| p.tie.code());
-        let why = w.pull.map(|p| p.describe(n_history));
-        Ok((w.start, w.fits, tie, why, w.reach))
+        let (inner, o) = (&self.inner, &options.get().core);
+        let w = py.detach(|| inner.window_call(&metas, budget, o, n_history));
+        Ok((w.start, w.fits, w.tie, w.why, w.reach))
     }
 
     /// Positions of the user messages (turn boundaries) among the indexed positions
@@ -372,10 +369,10 @@ impl PyHistoryIndex {
             packed,
             index_use: u,
             earlier_thinking_free,
-            rows,
+            decisions,
         } = call;
         let Packed {
-            mut result,
+            result,
             copies,
             omitted,
             stripped,
@@ -383,7 +380,7 @@ impl PyHistoryIndex {
         let request = items.request(py, &result.kept_history)?;
         let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
         strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
-        let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
+        let table = DecisionTable(decisions);
         let out = result_dict(py, &result, o.core.basis, o.core.pack.policy, table)?;
         out.set_item("index", (u.held, u.appended, u.regrouped_from, u.why))?;
         out.set_item("thinking_rule", o.core.thinking_rule())?;
