@@ -115,6 +115,30 @@ pub fn implied_estimate_factor(obs: Observation) -> Result<Option<f64>, f64> {
     Ok(Some(factor.max(CostBasis::MIN_ESTIMATE_SCALE.factor())))
 }
 
+/// One model call's sample as an embedding reports it: [`implied_factor`], or with `whole`
+/// [`implied_estimate_factor`] (`obs.opaque` then being the items' tokens by the
+/// estimate): `(sample, None)`, `(None, None)` when it carried too few tokens to tell, or
+/// `(None, Some(wild))` for an estimate's sample above the cap (not learned).
+pub fn sample(obs: Observation, whole: bool) -> (Option<f64>, Option<f64>) {
+    if !whole {
+        return (implied_factor(obs), None);
+    }
+    match implied_estimate_factor(obs) {
+        Ok(sample) => (sample, None),
+        Err(wild) => (None, Some(wild)),
+    }
+}
+
+/// The calibration learned from `samples` (oldest first): [`learned_scale`], or with
+/// `whole` (of an estimate's whole cost) [`learned_estimate_scale`].
+pub fn learned(samples: &[f64], whole: bool) -> OpaqueScale {
+    if whole {
+        learned_estimate_scale(samples)
+    } else {
+        learned_scale(samples)
+    }
+}
+
 /// The calibration of an estimate's whole cost learned from `samples` (oldest first; see
 /// the module notes). Samples that are not finite, or above [`ESTIMATE_SAMPLE_CAP`], are
 /// ignored.

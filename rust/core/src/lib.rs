@@ -6,6 +6,7 @@ pub mod calibration;
 pub mod costs;
 pub mod decisions;
 pub mod digest;
+pub mod facade;
 pub mod graph;
 pub mod incremental;
 pub mod indexed;

@@ -132,6 +132,29 @@ pub struct PrefixState {
     pub kept: Digest,
 }
 
+impl PrefixState {
+    /// A state handed back by an embedding: its digests must be [`Digest`]-sized.
+    pub fn from_parts(
+        (cut, end, masked, pinned): (usize, usize, Vec<usize>, Vec<usize>),
+        before_cut: &[u8],
+        kept: &[u8],
+    ) -> Result<PrefixState, String> {
+        let digest = |bytes: &[u8]| -> Result<Digest, String> {
+            bytes
+                .try_into()
+                .map_err(|_| "previous: a state digest must be 16 bytes".to_string())
+        };
+        Ok(PrefixState {
+            cut,
+            end,
+            masked,
+            pinned,
+            before_cut: digest(before_cut)?,
+            kept: digest(kept)?,
+        })
+    }
+}
+
 /// Why the decision is what it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrefixReason {
@@ -616,6 +639,15 @@ pub struct PrefixPlan {
 }
 
 impl PrefixPlan {
+    /// The first history position of the cut unit (`None`: the cut is in the new input).
+    pub fn cut_position(&self) -> Option<usize> {
+        let cut = self.decision.cut;
+        self.unit_starts
+            .get(cut)
+            .copied()
+            .filter(|&p| p < self.n_history)
+    }
+
     /// The reason in words, naming units by their first history position.
     pub fn describe(&self) -> String {
         let starts = &self.unit_starts;

@@ -1,11 +1,11 @@
 //! Python <-> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
 //! lists, encodings and labels; JSON values back to Python objects.
 
-use crate::errors::item_error;
+use crate::errors::{item_error, token_error};
 use protoprompt_core::items::{
     GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };
-use protoprompt_core::tokens::{self, Encoding, OpaqueScale, TokenError, MAX_DEPTH};
+use protoprompt_core::tokens::{self, Encoding, OpaqueScale, MAX_DEPTH};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
@@ -290,11 +290,24 @@ pub(crate) fn value_of(
 }
 
 /// The encoding a call asked for (see [`Encoding::resolve`]).
-pub(crate) fn resolve_encoding(
+pub(crate) fn encoding_of(
+    py: Python<'_>,
     model: Option<&str>,
     encoding: Option<&str>,
-) -> Result<Encoding, TokenError> {
-    Encoding::resolve(model, encoding)
+) -> PyResult<Encoding> {
+    Encoding::resolve(model, encoding).map_err(|e| token_error(py, e))
+}
+
+/// One item as a JSON value: it must be a mapping (dict); errors name it `label`.
+pub(crate) fn item_value(py: Python<'_>, item: &Bound<'_, PyAny>, label: &str) -> PyResult<Value> {
+    if as_dict(item, "(item)")
+        .map_err(|e| e.raise(py, label))?
+        .is_none()
+    {
+        let message = format!("an item must be a mapping (dict), got {}", type_name(item));
+        return Err(item_error(py, label, "(item)", &message));
+    }
+    to_value(item, &mut String::new(), 0).map_err(|e| e.raise(py, label))
 }
 
 /// The calibration of opaque payloads a caller asked for ([`OpaqueScale::checked`]).

@@ -2,8 +2,7 @@
 //! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
 
 use crate::convert::{label, to_value, FieldError};
-use crate::errors::{classes, raise};
-use protoprompt_core::costs::{CostEngine, CountStore, ItemSource, StoreError, StoreTally};
+use protoprompt_core::costs::{CountStore, ItemSource, StoreError, StoreTally};
 use protoprompt_core::pack::CostFailure;
 use protoprompt_core::reads::{CallReads, ReadFrom};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -110,9 +109,6 @@ impl CountStore for PyCountStore {
     }
 }
 
-/// The cost engine of one call over the caller's Python lists and store.
-pub(crate) type PyCosts<'m> = CostEngine<'m, PyItems, PyCountStore>;
-
 /// What a call did with its count store, as the result's `new_counts` and `store_hits`;
 /// the store's own exception if it failed.
 pub(crate) fn store_outcome(
@@ -130,18 +126,6 @@ pub(crate) fn store_outcome(
     out.set_item("new_counts", PyList::new(py, pairs)?)?;
     out.set_item("store_hits", tally.hits)?;
     Ok(())
-}
-
-/// The `TokenizerError` for the tokenizer failure that ended a call, if one did, naming the
-/// item whose text it was.
-pub(crate) fn tokenizer_failure(
-    py: Python<'_>,
-    n_history: usize,
-    costs: &PyCosts<'_>,
-) -> Option<PyErr> {
-    let (position, failure) = costs.tokenizer_failure()?;
-    let message = format!("{}: {failure}", label(n_history, position));
-    Some(raise::<classes::TokenizerError>(py, (message,)))
 }
 
 /// Why an item an index had seen cannot be read back from the caller's history list.

@@ -3,21 +3,18 @@
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
 use crate::convert::{bound, classify_items, item_seq, label};
-use crate::costs::{store_outcome, tokenizer_failure, PyCosts, PyCountStore, PyItems};
+use crate::costs::{store_outcome, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error};
 use crate::pack::{result_dict, run_pack, PyPackOptions};
 use protoprompt_core::costs::StoreTally;
-use protoprompt_core::incremental::{Cut, TailGraph};
-use protoprompt_core::indexed::{cost_over, IndexedHistory};
+use protoprompt_core::facade::{item_failure, CallEnd, CallFailure, PackCall};
+use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::mask::MaskedField;
-use protoprompt_core::pack::{CostFailure, PackError};
-use protoprompt_core::pipeline::{
-    counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed,
-};
+use protoprompt_core::pipeline::Packed;
 use protoprompt_core::span::{indexed_span, pack_span};
-use protoprompt_core::tokens::{Loading, TokenError};
+use protoprompt_core::tokens::Loading;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
@@ -173,13 +170,11 @@ impl PyHistoryIndex {
         options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let o = options.get();
-        let (basis, masking, pinned) = (o.basis, o.masking, &o.pinned);
-        let (history_len, history_offset) = (o.history_len, o.history_offset);
-        let offset = history_offset;
-        let indexed = self.inner.len();
-        let (listed, n_history) = pack_span(indexed, history.len(), history_len, offset, pinned)
-            .map_err(|e| span_error(py, e))?;
+        let o = &options.get().core;
+        let (indexed, offset) = (self.inner.len(), o.history_offset);
+        let (listed, n_history) =
+            pack_span(indexed, history.len(), o.history_len, offset, &o.pinned)
+                .map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| PyCountStore::from_py(&s))
@@ -189,16 +184,17 @@ impl PyHistoryIndex {
         // does to `history` from now on cannot shift what is classified, counted or sent.
         let fresh = history.get_slice(indexed - offset, listed);
         let new_items = item_seq(new_input, "new_input")?;
-        let preload = basis.encoding.load_in_background();
+        let preload = o.basis.encoding.load_in_background();
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
-        let mut mark = self.inner.mark();
-        self.inner.switch_costs(basis, &mut mark);
-        if let Some(m) = masking {
-            self.inner.switch_masks(basis, m.excerpt_tokens, &mut mark);
-        }
+        let mark = self.inner.begin_call(o);
         let outcome = self.pack_read(
-            py, history, offset, &fresh, new_items, new_metas, o, store, preload,
+            py,
+            (history, &fresh),
+            new_items,
+            &new_metas,
+            options,
+            (store, preload),
         );
         if outcome.is_err() {
             let inner = &mut self.inner;
@@ -228,16 +224,13 @@ impl PyHistoryIndex {
         options: &Bound<'_, PyPackOptions>,
         new_input: usize,
     ) -> PyResult<WindowTuple> {
-        let (basis, masking) = (options.get().basis, options.get().masking);
         let items = item_seq(new_items, "new_items")?;
         let n = self.inner.len();
         let n_history = n + items.len().saturating_sub(new_input);
         let metas = classify_items(py, bound(py, &items), n, n_history)?;
-        let inner = &self.inner;
-        let w = py.detach(|| inner.window_masked(&metas, budget, basis, masking));
-        let tie = w.pull.map(|p| p.tie.code());
-        let why = w.pull.map(|p| p.describe(n_history));
-        Ok((w.start, w.fits, tie, why, w.reach))
+        let (inner, o) = (&self.inner, &options.get().core);
+        let w = py.detach(|| inner.window_call(&metas, budget, o, n_history));
+        Ok((w.start, w.fits, w.tie, w.why, w.reach))
     }
 
     /// Positions of the user messages (turn boundaries) among the indexed positions
@@ -260,17 +253,15 @@ impl PyHistoryIndex {
         limit: u64,
         options: &Bound<'py, PyPackOptions>,
     ) -> PyResult<(u64, bool)> {
-        let basis = options.get().basis;
         let n = self.inner.len();
         indexed_span(n, history.len(), 0).map_err(|e| span_error(py, e))?;
         let tail = item_seq(appended, "appended")?;
-        let total = n + tail.len();
+        let appended = tail.len();
         let items = PyItems::new(history, 0, &PyList::empty(py), n, tail);
-        let (_, costs) = self.inner.graph_and_costs();
-        let mut source = PyCosts::new(items, basis).with_memo(costs, n);
-        let walked = py.detach(|| cost_over(&mut source, total, limit));
-        let walked = walked.map_err(|f| pack_error(py, item_failure(total, f)));
-        settle(py, total, source, walked, None).map(|(sum, _, _)| sum)
+        let (basis, inner) = (options.get().core.basis, &mut self.inner);
+        let end =
+            py.detach(|| inner.cost_over_call::<_, PyCountStore>(items, basis, appended, limit));
+        settle(py, end, None).map(|(sum, _, _)| sum)
     }
 
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
@@ -289,25 +280,17 @@ impl PyHistoryIndex {
         options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let o = options.get();
-        let (basis, masking, offset) = (o.basis, o.masking, o.history_offset);
+        let o = &options.get().core;
         let n = self.inner.len();
-        indexed_span(n, history.len(), offset).map_err(|e| span_error(py, e))?;
+        indexed_span(n, history.len(), o.history_offset).map_err(|e| span_error(py, e))?;
         let store = count_store
             .filter(|s| !s.is_none())
             .map(|s| PyCountStore::from_py(&s))
             .transpose()?;
-        let items = PyItems::new(history, offset, &PyList::empty(py), n, Vec::new());
-        let (index, costs, masks) = self.inner.graph_costs_and_masks();
-        let mut source = PyCosts::new(items, basis)
-            .with_memo(costs, n)
-            .with_store(store);
-        let (walked, masked_failed) = py.detach(|| {
-            counted_window(index, &mut source, masks, basis, masking, n, budget, offset)
-        });
-        let masked_failure = masked_failed.map(|(p, e)| masked_error(py, n, p, &e));
-        let walked = walked.map_err(|f| pack_error(py, item_failure(n, f)));
-        let (start, _, link) = settle(py, n, source, walked, masked_failure)?;
+        let items = PyItems::new(history, o.history_offset, &PyList::empty(py), n, Vec::new());
+        let inner = &mut self.inner;
+        let end = py.detach(|| inner.count_window_call(items, store, o, budget));
+        let (start, _, link) = settle(py, end, None)?;
         let out = PyDict::new(py);
         out.set_item("start", start)?;
         store_outcome(py, &out, link)?;
@@ -315,111 +298,81 @@ impl PyHistoryIndex {
     }
 }
 
-/// The `TokenizerError` for the masking wrapper's tokenizer failure at `position`.
-fn masked_error(py: Python<'_>, n_history: usize, position: usize, failure: &TokenError) -> PyErr {
-    let message = format!("{}: {failure}", label(n_history, position));
-    raise::<classes::TokenizerError>(py, (message,))
-}
-
 /// What a call did with its count store (see `store_outcome`).
 type StoreLink = Option<(PyCountStore, StoreTally)>;
 
-/// The end of a call over `source`: its value with the items it read and what it did with
-/// its count store, or the error it ends with. The count store's own exception comes first,
-/// then a tokenizer failure (of the costs, else `masked_failed`), then the call's error
-/// chained to the exception behind the item that could not be read.
+/// The end of a core call ([`CallEnd`]): its value with the items it read and what it did
+/// with its count store, or the exception it ends with. The count store's own exception
+/// comes first, then a tokenizer failure, then the call's error (for a failed context hook,
+/// the hook's exception, `hook_error`) chained to the exception behind the item that could
+/// not be read.
 fn settle<T>(
     py: Python<'_>,
-    n_history: usize,
-    source: PyCosts<'_>,
-    outcome: PyResult<T>,
-    masked_failed: Option<PyErr>,
+    end: CallEnd<T, PyItems, PyCountStore>,
+    hook_error: Option<PyErr>,
 ) -> PyResult<(T, PyItems, StoreLink)> {
-    let tokenizer_failed = tokenizer_failure(py, n_history, &source).or(masked_failed);
-    let (mut items, link) = source.finish();
-    if let Some(e) = link.as_ref().and_then(|(s, _)| s.error.as_ref()) {
+    let CallEnd {
+        outcome,
+        mut items,
+        store,
+        n_history,
+    } = end;
+    if let Some(e) = store.as_ref().and_then(|(s, _)| s.error.as_ref()) {
         return Err(e.clone_ref(py));
     }
-    match (outcome, tokenizer_failed) {
-        (Ok(value), _) => Ok((value, items, link)),
-        (Err(_), Some(e)) => Err(e),
-        (Err(e), None) => {
-            if let Some(cause) = items.cause.take() {
-                e.set_cause(py, Some(cause));
-            }
-            Err(e)
+    let e = match (outcome, hook_error) {
+        (Ok(value), _) => return Ok((value, items, store)),
+        (Err(CallFailure::Tokenizer { position, error }), _) => {
+            let message = format!("{}: {error}", label(n_history, position));
+            return Err(raise::<classes::TokenizerError>(py, (message,)));
         }
+        (Err(_), Some(hook_error)) => hook_error,
+        (Err(CallFailure::Pack(e)), None) => pack_error(py, e),
+        (Err(CallFailure::Item(f)), None) => pack_error(py, item_failure(n_history, f)),
+    };
+    if let Some(cause) = items.cause.take() {
+        e.set_cause(py, Some(cause));
     }
-}
-
-/// A cost failure as the pack error it is.
-fn item_failure(n_history: usize, f: CostFailure) -> PackError {
-    PackError::Item {
-        label: label(n_history, f.position),
-        position: f.position,
-        field: f.field,
-        message: f.message,
-    }
+    Err(e)
 }
 
 impl PyHistoryIndex {
-    /// The part of `pack` after the arguments are checked and the items taken (see there).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn pack_read<'py>(
+    /// The part of `pack` after the arguments are checked and the items taken (see there):
+    /// the fresh items classified and appended, one core call ([`IndexedHistory::pack_call`],
+    /// without the GIL; it calls back for items, stored counts and the context), the result
+    /// converted.
+    fn pack_read<'py>(
         &mut self,
         py: Python<'py>,
-        history: &Bound<'py, PyList>,
-        offset: usize,
-        fresh: &Bound<'py, PyList>,
+        (history, fresh): (&Bound<'py, PyList>, &Bound<'py, PyList>),
         new_items: Vec<Py<PyAny>>,
-        new_metas: Vec<ItemMeta>,
-        call: &PyPackOptions,
-        store: Option<PyCountStore>,
-        preload: Loading,
+        new_metas: &[ItemMeta],
+        options: &Bound<'py, PyPackOptions>,
+        (store, preload): (Option<PyCountStore>, Loading),
     ) -> PyResult<Bound<'py, PyDict>> {
-        let indexed = self.inner.len();
-        let n_history = indexed + fresh.len();
-        self.inner.take_regrouped();
-        self.classify_into(py, fresh.iter(), n_history)?;
-        let appended = self.inner.take_regrouped();
-        let items = PyItems::new(history, offset, fresh, indexed, new_items);
-        let (index, costs, masks) = self.inner.graph_costs_and_masks();
-        let mut source = PyCosts::new(items, call.basis)
-            .with_memo(costs, n_history)
-            .with_store(store);
-        let tail = py.detach(|| index.tail(&new_metas));
-        py.detach(|| preload.wait());
-        let view = index.view(&tail);
-        let free = earlier_thinking_free(index, &new_metas, n_history, call.strips_thinking);
-        let earlier_free = free.len();
-        let context = call.context(py);
-        let ((outcome, masked_failed), hook_error) = run_pack(py, context, |hook| {
-            let (c, m) = (call.masking, &call.pinned);
-            pack_indexed(
-                index,
-                view,
-                &mut source,
-                masks,
-                call.basis,
-                &call.core,
-                c,
-                m,
-                &new_metas,
-                free,
-                call.omit_reasoning,
-                hook,
-            )
-        });
-        let masked_failed = masked_failed.map(|(p, e)| masked_error(py, n_history, p, &e));
-        let packed = match (hook_error, outcome) {
-            (Some(e), _) => Err(e),
-            (None, Ok(packed)) => Ok(packed),
-            (None, Err(PackFailure::Pack(e))) => Err(pack_error(py, e)),
-            (None, Err(PackFailure::Item(f))) => Err(pack_error(py, item_failure(n_history, f))),
+        let o = options.get();
+        let (indexed, n_history) = (self.inner.len(), self.inner.len() + fresh.len());
+        let mut fresh_items = fresh.iter();
+        let classify = |first: usize, count: usize| {
+            let chunk: Vec<Bound<'py, PyAny>> = fresh_items.by_ref().take(count).collect();
+            classify_items(py, chunk.into_iter(), first, n_history)
         };
-        let (packed, mut items, link) = settle(py, n_history, source, packed, masked_failed)?;
+        let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
+        let appended = self.inner.append_fresh(fresh.len(), classify, &blocking)?;
+        let items = PyItems::new(history, o.core.history_offset, fresh, indexed, new_items);
+        let inner = &mut self.inner;
+        let (end, hook_error) = run_pack(py, o.context(py), |hook| {
+            inner.pack_call(items, store, &o.core, new_metas, appended, preload, hook)
+        });
+        let (call, mut items, link) = settle(py, end, hook_error)?;
+        let PackCall {
+            packed,
+            index_use: u,
+            earlier_thinking_free,
+            decisions,
+        } = call;
         let Packed {
-            mut result,
+            result,
             copies,
             omitted,
             stripped,
@@ -427,12 +380,11 @@ impl PyHistoryIndex {
         let request = items.request(py, &result.kept_history)?;
         let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
         strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
-        let index_use = index_use(indexed, fresh.len(), appended, &tail, n_history);
-        let rows = self.inner.decision_rows(Some(tail));
-        let table = DecisionTable::new(rows, &mut result, self.inner.kind_names());
-        let out = result_dict(py, &result, call.basis, call.core.policy, table)?;
-        out.set_item("index", index_use)?;
-        thinking_outcome(&out, call.strips_thinking, earlier_free)?;
+        let table = DecisionTable(decisions);
+        let out = result_dict(py, &result, o.core.basis, o.core.pack.policy, table)?;
+        out.set_item("index", (u.held, u.appended, u.regrouped_from, u.why))?;
+        out.set_item("thinking_rule", o.core.thinking_rule())?;
+        out.set_item("earlier_thinking_free", earlier_thinking_free)?;
         out.set_item("items", request)?;
         out.set_item("masked", masked)?;
         out.set_item("omitted_reasoning", omitted)?;
@@ -470,33 +422,6 @@ fn strip_ids<'py>(
         }
     }
     Ok(())
-}
-
-/// The thinking rule a pack applied and how many items it made free.
-fn thinking_outcome(out: &Bound<'_, PyDict>, strips: bool, free: usize) -> PyResult<()> {
-    let rule = if strips {
-        "earlier-turns-free"
-    } else {
-        "whole"
-    };
-    out.set_item("thinking_rule", rule)?;
-    out.set_item("earlier_thinking_free", free)
-}
-
-/// How a pack used the index: `(held, appended, regrouped_from, why)`, where units were
-/// rebuilt from being the appends' regrouping or the new input's, whichever is earlier.
-fn index_use(
-    held: usize,
-    appended: usize,
-    regroup: Option<Cut>,
-    tail: &TailGraph,
-    n_history: usize,
-) -> (usize, usize, usize, Option<String>) {
-    let (from, pull) = match regroup {
-        Some(a) if a.position < tail.cut => (a.position, a.pull),
-        _ => (tail.cut, tail.pull),
-    };
-    (held, appended, from, pull.map(|p| p.describe(n_history)))
 }
 
 /// Put the masked copies in the request in place of their items (`request` holds the kept

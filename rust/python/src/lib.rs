@@ -31,11 +31,9 @@ mod prefix;
 mod truncate;
 
 use crate::alloc::configure_allocator;
-use crate::convert::{
-    as_dict, classify_all, label, opaque_scale, resolve_encoding, to_value, type_name,
-};
+use crate::convert::{classify_all, encoding_of, item_value, label, opaque_scale, to_value};
 use crate::decisions::DecisionTable;
-use crate::errors::{item_error, token_error};
+use crate::errors::token_error;
 use crate::index::PyHistoryIndex;
 
 /// Count the tokens of `text` with an encoding (by name or model; default o200k_base).
@@ -47,7 +45,7 @@ fn count_tokens(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<u64> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     if text.len() < 4096 {
         if !enc.is_loaded() {
             py.detach(|| enc.load()); // the first build takes ~0.1 s: not under the GIL
@@ -68,7 +66,7 @@ fn count_tokens_batch(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<Vec<u64>> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     py.detach(move || {
         texts
             .iter()
@@ -90,7 +88,7 @@ fn split_tokens(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<(String, String, u64, bool)> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     let owned = text.to_string();
     py.detach(move || {
         protoprompt_core::truncate::split_tokens(enc, &owned, head, tail)
@@ -124,7 +122,7 @@ fn preload(
     encoding: Option<&str>,
     wait: bool,
 ) -> PyResult<&'static str> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     if wait {
         py.detach(|| enc.load());
     } else {
@@ -137,7 +135,7 @@ fn preload(
 #[pyfunction]
 #[pyo3(signature = (*, model=None, encoding=None))]
 fn is_preloaded(py: Python<'_>, model: Option<&str>, encoding: Option<&str>) -> PyResult<bool> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     Ok(enc.is_loaded())
 }
 
@@ -151,20 +149,8 @@ fn item_tokens(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<(u64, u64, u64, u64, Option<&'static str>)> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    if as_dict(item, "(item)")
-        .map_err(|e| e.raise(py, "item"))?
-        .is_none()
-    {
-        return Err(item_error(
-            py,
-            "item",
-            "(item)",
-            &format!("an item must be a mapping (dict), got {}", type_name(item)),
-        ));
-    }
-    let mut path = String::new();
-    let value = to_value(item, &mut path, 0).map_err(|e| e.raise(py, "item"))?;
+    let enc = encoding_of(py, model, encoding)?;
+    let value = item_value(py, item, "item")?;
     let cost = py
         .detach(move || tokens::item_cost(&value, enc))
         .map_err(|e| token_error(py, e))?;
@@ -202,13 +188,7 @@ fn calibration_sample(
         scale: opaque_scale(factor)?,
         reported,
     };
-    if !whole {
-        return Ok((calibration::implied_factor(obs), None));
-    }
-    Ok(match calibration::implied_estimate_factor(obs) {
-        Ok(sample) => (sample, None),
-        Err(wild) => (None, Some(wild)),
-    })
+    Ok(calibration::sample(obs, whole))
 }
 
 /// The calibration learned from `samples` (oldest first), as a factor of the rule (with
@@ -216,11 +196,7 @@ fn calibration_sample(
 #[pyfunction]
 #[pyo3(signature = (samples, *, whole=false))]
 fn learned_scale(samples: Vec<f64>, whole: bool) -> f64 {
-    if whole {
-        calibration::learned_estimate_scale(&samples).factor()
-    } else {
-        calibration::learned_scale(&samples).factor()
-    }
+    calibration::learned(&samples, whole).factor()
 }
 
 /// The canonical text of an item (what its text cost is counted on).

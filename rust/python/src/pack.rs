@@ -1,47 +1,27 @@
 //! Running a core pack from Python: the options value (`PackOptions`), the GIL release
 //! with the context hook, and the result dict.
 
-use crate::convert::{opaque_scale, resolve_encoding, type_name};
+use crate::convert::type_name;
 use crate::decisions::DecisionTable;
 use crate::errors::token_error;
-use protoprompt_core::mask::Masking;
-use protoprompt_core::pack::{ContextHook, PackError, PackOptions, PackResult, Policy};
-use protoprompt_core::tokens::{CostBasis, Encoding, OpaqueScale};
+use protoprompt_core::facade::{CallOptions, OptionsError};
+use protoprompt_core::pack::{ContextHook, PackError, PackResult, Policy};
+use protoprompt_core::tokens::{CostBasis, OpaqueScale};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
-/// The options of a pack as one frozen value (`protoprompt.PackOptions`): each field is
-/// checked when it is set (on construction or `replace`), the encoding resolved and the
-/// masking read once; the binding borrows it on every call (no attribute read by name).
+/// The options of a pack as one frozen value (`protoprompt.PackOptions`) over the core's
+/// [`CallOptions`]: each field is type-checked here when it is set (on construction or
+/// `replace`), its rules are the core's; the binding borrows it on every call.
 #[pyclass(frozen, name = "PackOptions", module = "protoprompt._core")]
 pub(crate) struct PyPackOptions {
-    pub(crate) core: PackOptions,
-    /// The encoding and the calibration of opaque payloads.
-    pub(crate) basis: CostBasis,
-    #[pyo3(get)]
-    model: Option<String>,
-    #[pyo3(get)]
-    encoding: Option<String>,
-    #[pyo3(get)]
-    opaque_scale: f64,
+    pub(crate) core: CallOptions,
     #[pyo3(get)]
     pub(crate) context: Option<Py<PyAny>>,
-    pub(crate) pinned: Vec<usize>,
-    #[pyo3(get)]
-    pub(crate) history_len: Option<usize>,
-    #[pyo3(get)]
-    pub(crate) history_offset: usize,
-    pub(crate) masking: Option<Masking>,
     #[pyo3(get, name = "masking")]
     masking_obj: Option<Py<PyAny>>,
-    /// The model strips earlier turns' thinking (older Claude generations): the thinking
-    /// before the last user message costs 0 in this call.
-    pub(crate) strips_thinking: bool,
-    /// `masking.omit_reasoning`: a unit sent masked leaves out its reasoning when it stands
-    /// before the last user message (see `index::earlier_reasoning`).
-    pub(crate) omit_reasoning: bool,
 }
 
 const FIELDS: [&str; 12] = [
@@ -154,73 +134,49 @@ fn scale_of(value: &Bound<'_, PyAny>) -> PyResult<f64> {
 }
 
 impl PyPackOptions {
-    fn defaults() -> Self {
-        PyPackOptions {
-            core: PackOptions::default(),
-            basis: CostBasis {
-                encoding: Encoding::O200kBase,
-                opaque_scale: OpaqueScale::ONE,
-            },
-            model: None,
-            encoding: None,
-            opaque_scale: 1.0,
-            context: None,
-            pinned: Vec::new(),
-            history_len: None,
-            history_offset: 0,
-            masking: None,
-            masking_obj: None,
-            strips_thinking: false,
-            omit_reasoning: false,
-        }
-    }
-
     fn copy(&self, py: Python<'_>) -> Self {
         PyPackOptions {
-            model: self.model.clone(),
-            encoding: self.encoding.clone(),
+            core: self.core.clone(),
             context: self.context.as_ref().map(|c| c.clone_ref(py)),
-            pinned: self.pinned.clone(),
             masking_obj: self.masking_obj.as_ref().map(|m| m.clone_ref(py)),
-            ..*self
         }
     }
 
     /// Check and set one field (`Ok(true)`: the cost basis must be worked out again).
     fn set(&mut self, name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
         match name {
-            "max_tokens" => self.core.budget = size(name, value)?,
-            "output_reserve" => self.core.output_reserve = size(name, value)?,
-            "context_tokens" => self.core.context_tokens = size(name, value)?,
+            "max_tokens" => self.core.pack.budget = size(name, value)?,
+            "output_reserve" => self.core.pack.output_reserve = size(name, value)?,
+            "context_tokens" => self.core.pack.context_tokens = size(name, value)?,
             "model" => {
-                self.model = optional_str(name, value)?;
+                self.core.model = optional_str(name, value)?;
                 return Ok(true);
             }
             "encoding" => {
-                self.encoding = optional_str(name, value)?;
+                self.core.encoding = optional_str(name, value)?;
                 return Ok(true);
             }
             "opaque_scale" => {
-                self.opaque_scale = scale_of(value)?;
+                self.core.opaque_scale = scale_of(value)?;
                 return Ok(true);
             }
             "policy" => {
                 let policy: String = value.extract().map_err(|_| {
                     PyValueError::new_err(format!("unknown policy {}", repr(value)))
                 })?;
-                self.core.policy = Policy::parse(&policy).map_err(PyValueError::new_err)?;
+                self.core.pack.policy = Policy::parse(&policy).map_err(PyValueError::new_err)?;
             }
             "context" => self.context = (!value.is_none()).then(|| value.clone().unbind()),
-            "pinned" => self.pinned = pinned_of(value)?,
+            "pinned" => self.core.pinned = pinned_of(value)?,
             "history_len" => {
-                self.history_len = if value.is_none() {
+                self.core.history_len = if value.is_none() {
                     None
                 } else {
                     Some(position(name, "a non-negative int or None", value)?)
                 }
             }
             "history_offset" => {
-                self.history_offset = if value.is_truthy()? {
+                self.core.history_offset = if value.is_truthy()? {
                     position(name, "a non-negative int", value)?
                 } else {
                     0
@@ -239,7 +195,8 @@ impl PyPackOptions {
     fn set_masking(&mut self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = value.py();
         if value.is_none() {
-            (self.masking, self.masking_obj, self.omit_reasoning) = (None, None, false);
+            self.core.set_masking(None, false);
+            self.masking_obj = None;
             return Ok(());
         }
         let class = py
@@ -251,8 +208,9 @@ impl PyPackOptions {
                 type_name(value)
             )));
         }
-        self.masking = crate::mask::masking_from_py(value)?;
-        self.omit_reasoning = value.getattr(intern!(py, "omit_reasoning"))?.is_truthy()?;
+        let omit = value.getattr(intern!(py, "omit_reasoning"))?.is_truthy()?;
+        self.core
+            .set_masking(crate::mask::masking_from_py(value)?, omit);
         self.masking_obj = Some(value.clone().unbind());
         Ok(())
     }
@@ -271,17 +229,10 @@ impl PyPackOptions {
 
     /// Work out the cost basis of `model`, `encoding` and `opaque_scale` again.
     fn rebase(&mut self, py: Python<'_>) -> PyResult<()> {
-        {
-            let encoding = resolve_encoding(self.model.as_deref(), self.encoding.as_deref())
-                .map_err(|e| token_error(py, e))?;
-            self.basis = CostBasis::checked(encoding, opaque_scale(self.opaque_scale)?)
-                .map_err(PyValueError::new_err)?;
-            self.strips_thinking = self
-                .model
-                .as_deref()
-                .is_some_and(protoprompt_core::tokens::strips_earlier_thinking);
-        }
-        Ok(())
+        self.core.rebase().map_err(|e| match e {
+            OptionsError::Token(e) => token_error(py, e),
+            OptionsError::Value(m) => PyValueError::new_err(m),
+        })
     }
 
     /// The context callable, bound for one call.
@@ -299,7 +250,11 @@ impl PyPackOptions {
         max_tokens: &Bound<'_, PyAny>,
         fields: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let mut options = PyPackOptions::defaults();
+        let mut options = PyPackOptions {
+            core: CallOptions::default(),
+            context: None,
+            masking_obj: None,
+        };
         options.set("max_tokens", max_tokens)?;
         if let Some(f) = fields {
             if f.contains("max_tokens")? {
@@ -329,45 +284,52 @@ impl PyPackOptions {
 
     #[getter]
     fn max_tokens(&self) -> u64 {
-        self.core.budget
+        self.core.pack.budget
     }
     #[getter]
     fn output_reserve(&self) -> u64 {
-        self.core.output_reserve
+        self.core.pack.output_reserve
     }
     #[getter]
     fn context_tokens(&self) -> u64 {
-        self.core.context_tokens
+        self.core.pack.context_tokens
+    }
+    #[getter]
+    fn model(&self) -> Option<&str> {
+        self.core.model.as_deref()
+    }
+    #[getter]
+    fn encoding(&self) -> Option<&str> {
+        self.core.encoding.as_deref()
+    }
+    #[getter]
+    fn opaque_scale(&self) -> f64 {
+        self.core.opaque_scale
+    }
+    #[getter]
+    fn history_len(&self) -> Option<usize> {
+        self.core.history_len
+    }
+    #[getter]
+    fn history_offset(&self) -> usize {
+        self.core.history_offset
     }
     /// The encoding the costs are counted with (resolved from `model` / `encoding`).
     #[getter]
     fn resolved_encoding(&self) -> &'static str {
-        self.basis.encoding.name()
+        self.core.basis.encoding.name()
     }
     #[getter]
     fn policy(&self) -> &'static str {
-        self.core.policy.name()
+        self.core.pack.policy.name()
     }
     #[getter]
     fn pinned<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.pinned)
+        PyTuple::new(py, &self.core.pinned)
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "PackOptions(max_tokens={}, output_reserve={}, context_tokens={}, model={}, \
-             encoding='{}', policy='{}', opaque_scale={:?}, masking={})",
-            self.core.budget,
-            self.core.output_reserve,
-            self.core.context_tokens,
-            self.model
-                .as_deref()
-                .map_or("None".to_string(), |m| format!("'{m}'")),
-            self.basis.encoding.name(),
-            self.core.policy.name(),
-            self.opaque_scale,
-            if self.masking.is_some() { "on" } else { "None" },
-        )
+        self.core.describe()
     }
 }
 

@@ -8,9 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde_json::Value;
 
-use crate::convert::to_py;
-use crate::convert::{as_dict, item_seq, label, resolve_encoding, to_value, type_name};
-use crate::errors::{item_error, pack_error, token_error};
+use crate::convert::{encoding_of, item_seq, item_value, label, to_py};
+use crate::errors::pack_error;
 
 /// The state as Python sees it: `(cut, end, masked, pinned, before_cut, kept)`.
 type StateTuple = (usize, usize, Vec<usize>, Vec<usize>, Vec<u8>, Vec<u8>);
@@ -35,28 +34,10 @@ fn values(
     offset: usize,
     n_history: usize,
 ) -> PyResult<Vec<Value>> {
-    item_seq(obj, name)?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let item = item.bind(py);
-            let at = label(n_history, offset + i);
-            if as_dict(item, "(item)")
-                .map_err(|e| e.raise(py, &at))?
-                .is_none()
-            {
-                let message = format!("an item must be a mapping (dict), got {}", type_name(item));
-                return Err(item_error(py, &at, "(item)", &message));
-            }
-            to_value(item, &mut String::new(), 0).map_err(|e| e.raise(py, &at))
-        })
-        .collect()
-}
-
-fn digest(bytes: Vec<u8>) -> PyResult<[u8; 16]> {
-    bytes
-        .try_into()
-        .map_err(|_| PyValueError::new_err("previous: a state digest must be 16 bytes"))
+    let items = item_seq(obj, name)?;
+    let label = |i: usize| label(n_history, offset + i);
+    let value = |(i, item): (usize, &Py<PyAny>)| item_value(py, item.bind(py), &label(i));
+    items.iter().enumerate().map(value).collect()
 }
 
 /// Plan one request's prefix (see `protoprompt_core::prefix`).
@@ -78,24 +59,19 @@ pub(crate) fn plan_prefix<'py>(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<PlanTuple<'py>> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     let policy = CachePolicy::checked(low_water, keep_recent).map_err(PyValueError::new_err)?;
     protoprompt_core::mask::Masking::checked(excerpt_tokens, None)
         .map_err(PyValueError::new_err)?;
     let n_history = item_seq(history, "history")?.len();
     let history = values(py, history, "history", 0, n_history)?;
     let new_input = values(py, new_input, "new_input", n_history, n_history)?;
-    let previous = match previous {
-        Some((cut, end, masked, pinned, before_cut, kept)) => Some(PrefixState {
-            cut,
-            end,
-            masked,
-            pinned,
-            before_cut: digest(before_cut)?,
-            kept: digest(kept)?,
-        }),
-        None => None,
-    };
+    let previous = previous
+        .map(|(cut, end, masked, pinned, before_cut, kept)| {
+            PrefixState::from_parts((cut, end, masked, pinned), &before_cut, &kept)
+        })
+        .transpose()
+        .map_err(PyValueError::new_err)?;
     let opts = PackOptions {
         budget,
         output_reserve,
@@ -121,12 +97,8 @@ pub(crate) fn plan_prefix<'py>(
         .map(|(p, v)| Ok((*p, to_py(py, v)?)))
         .collect::<PyResult<Vec<_>>>()?;
     let reason = plan.describe();
+    let cut_position = plan.cut_position();
     let d = plan.decision;
-    let cut_position = plan
-        .unit_starts
-        .get(d.cut)
-        .copied()
-        .filter(|&p| p < n_history);
     let s = d.state;
     let state = (
         s.cut,

@@ -2,8 +2,8 @@
 //! for model-facing copies (`protoprompt_core::truncate`). Converts, releases the GIL, maps
 //! errors.
 
-use crate::convert::{as_dict, resolve_encoding, to_py, to_value, type_name};
-use crate::errors::{item_error, token_error};
+use crate::convert::{encoding_of, item_value, to_py};
+use crate::errors::token_error;
 use protoprompt_core::truncate::{cut_text as core_cut_text, fit_output as core_fit_output};
 use pyo3::prelude::*;
 
@@ -20,7 +20,7 @@ pub(crate) fn cut_text(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<String> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
+    let enc = encoding_of(py, model, encoding)?;
     let (text, marker) = (text.to_string(), marker.to_string());
     py.detach(move || core_cut_text(enc, &text, max_tokens, tail_share, &marker))
         .map_err(|e| token_error(py, e))
@@ -40,19 +40,8 @@ pub(crate) fn fit_output<'py>(
     model: Option<&str>,
     encoding: Option<&str>,
 ) -> PyResult<Option<Fitted<'py>>> {
-    let enc = resolve_encoding(model, encoding).map_err(|e| token_error(py, e))?;
-    if as_dict(item, "(item)")
-        .map_err(|e| e.raise(py, "item"))?
-        .is_none()
-    {
-        return Err(item_error(
-            py,
-            "item",
-            "(item)",
-            &format!("an item must be a mapping (dict), got {}", type_name(item)),
-        ));
-    }
-    let value = to_value(item, &mut String::new(), 0).map_err(|e| e.raise(py, "item"))?;
+    let enc = encoding_of(py, model, encoding)?;
+    let value = item_value(py, item, "item")?;
     let fit = py
         .detach(move || core_fit_output(&value, target, enc))
         .map_err(|e| token_error(py, e))?;

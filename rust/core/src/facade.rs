@@ -1,0 +1,501 @@
+//! The core façade of an embedding's `HistoryIndex` methods: one call per method runs
+//! everything between the embedding's arguments and its result (the cost engine and the
+//! count store, the tail and the view, the thinking rule, the masked or unmasked pack, the
+//! decision rows, and the order in which failures are reported), so that a binding only
+//! converts its values and calls.
+//!
+//! The call back into the embedding: a façade call reads what it needs through the
+//! [`ItemSource`] (items by position, one batch per call), the [`CountStore`] (stored counts)
+//! and the context hook ([`ContextHook`]) it is handed, each a callback the embedding answers
+//! under its own lock (the Python binding: with the GIL, while the façade runs without it).
+//! Nothing else calls out.
+//!
+//! The options of a call are one checked value, [`CallOptions`]: an embedding checks the
+//! types of its own values and sets them here; the rules (defaults, the cost basis of a
+//! model, the thinking rule) are this module's.
+
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+
+use crate::costs::{CostEngine, CostFailure, CountStore, ItemSource, StoreTally};
+use crate::decisions::{decision_of, DecisionRows};
+use crate::graph::position_label;
+use crate::incremental::{Cut, Window};
+use crate::indexed::{cost_over, lock, HistoryMark, IndexedHistory, KindNames};
+use crate::items::ItemMeta;
+use crate::mask::Masking;
+use crate::pack::{ContextHook, PackError, PackOptions, UnitDecision};
+use crate::pipeline::{counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed};
+use crate::tokens::{
+    strips_earlier_thinking, CostBasis, Encoding, Loading, OpaqueScale, TokenError,
+};
+
+/// The options of a pack (and of the index calls that take them), checked when each is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallOptions {
+    /// Budget, reservations and policy.
+    pub pack: PackOptions,
+    /// The encoding and the calibration of opaque payloads (from `model`, `encoding` and
+    /// `opaque_scale`, see [`CallOptions::rebase`]).
+    pub basis: CostBasis,
+    pub model: Option<String>,
+    pub encoding: Option<String>,
+    pub opaque_scale: f64,
+    /// History positions kept whatever the budget.
+    pub pinned: Vec<usize>,
+    /// How many items of the caller's list are history (`None`: all of it).
+    pub history_len: Option<usize>,
+    /// The caller's list holds the history from this position on.
+    pub history_offset: usize,
+    pub masking: Option<Masking>,
+    /// The model strips earlier turns' thinking (older Claude generations): the thinking
+    /// before the last user message costs 0 in this call.
+    pub strips_thinking: bool,
+    /// A unit sent masked leaves out its reasoning when it stands before the last user
+    /// message (see [`crate::pipeline::earlier_reasoning`]).
+    pub omit_reasoning: bool,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions {
+            pack: PackOptions::default(),
+            basis: CostBasis {
+                encoding: Encoding::O200kBase,
+                opaque_scale: OpaqueScale::ONE,
+            },
+            model: None,
+            encoding: None,
+            opaque_scale: 1.0,
+            pinned: Vec::new(),
+            history_len: None,
+            history_offset: 0,
+            masking: None,
+            strips_thinking: false,
+            omit_reasoning: false,
+        }
+    }
+}
+
+/// Why [`CallOptions::rebase`] refused the options.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptionsError {
+    /// The model or encoding is not known.
+    Token(TokenError),
+    /// The calibration is out of range (for the encoding).
+    Value(String),
+}
+
+impl CallOptions {
+    /// Work out the cost basis of `model`, `encoding` and `opaque_scale` again (after any of
+    /// them changed), and whether the model strips earlier thinking.
+    pub fn rebase(&mut self) -> Result<(), OptionsError> {
+        let encoding = Encoding::resolve(self.model.as_deref(), self.encoding.as_deref())
+            .map_err(OptionsError::Token)?;
+        let scale = OpaqueScale::checked(self.opaque_scale).map_err(OptionsError::Value)?;
+        self.basis = CostBasis::checked(encoding, scale).map_err(OptionsError::Value)?;
+        self.strips_thinking = self.model.as_deref().is_some_and(strips_earlier_thinking);
+        Ok(())
+    }
+
+    /// Set the masking (`None`: off) and whether masked units leave out earlier reasoning.
+    pub fn set_masking(&mut self, masking: Option<Masking>, omit_reasoning: bool) {
+        self.masking = masking;
+        self.omit_reasoning = masking.is_some() && omit_reasoning;
+    }
+
+    /// The thinking rule a pack with these options applies.
+    pub fn thinking_rule(&self) -> &'static str {
+        if self.strips_thinking {
+            "earlier-turns-free"
+        } else {
+            "whole"
+        }
+    }
+
+    /// The options as the embedding's `PackOptions(...)` shows them.
+    pub fn describe(&self) -> String {
+        let model = self
+            .model
+            .as_deref()
+            .map_or("None".to_string(), |m| format!("'{m}'"));
+        format!(
+            "PackOptions(max_tokens={}, output_reserve={}, context_tokens={}, model={model}, \
+             encoding='{}', policy='{}', opaque_scale={:?}, masking={})",
+            self.pack.budget,
+            self.pack.output_reserve,
+            self.pack.context_tokens,
+            self.basis.encoding.name(),
+            self.pack.policy.name(),
+            self.opaque_scale,
+            if self.masking.is_some() { "on" } else { "None" },
+        )
+    }
+}
+
+/// Why a façade call ended without a value, after the count store's own failure (which the
+/// embedding's store keeps: it comes first). A tokenizer failure comes before the others.
+#[derive(Debug)]
+pub enum CallFailure {
+    /// The tokenizer failed on the text of the item at `position`.
+    Tokenizer { position: usize, error: TokenError },
+    /// The packer's error (a failed context hook: [`PackError::Context`]).
+    Pack(PackError),
+    /// An item could not be read or costed (the embedding's item source may keep why).
+    Item(CostFailure),
+}
+
+/// A cost failure as the packer's error for the item, labelled for `n_history`.
+pub fn item_failure(n_history: usize, f: CostFailure) -> PackError {
+    PackError::Item {
+        label: position_label(n_history, f.position),
+        position: f.position,
+        field: f.field,
+        message: f.message,
+    }
+}
+
+/// The end of a façade call: its value or failure, and what it hands back (the item source,
+/// the count store with what the call did with it). Positions in failures are labelled for
+/// `n_history`.
+pub struct CallEnd<T, F, S> {
+    pub outcome: Result<T, CallFailure>,
+    pub items: F,
+    pub store: Option<(S, StoreTally)>,
+    pub n_history: usize,
+}
+
+/// Finish `engine`: `outcome`, unless it failed and the tokenizer failed (the engine's
+/// failure, else `masked`), which is then the failure.
+fn settle<T, F: ItemSource, S: CountStore>(
+    engine: CostEngine<'_, F, S>,
+    n_history: usize,
+    outcome: Result<T, CallFailure>,
+    masked: Option<(usize, TokenError)>,
+) -> CallEnd<T, F, S> {
+    let tokenizer = engine
+        .tokenizer_failure()
+        .map(|(p, e)| (p, e.clone()))
+        .or(masked);
+    let (items, store) = engine.finish();
+    let outcome = match (outcome, tokenizer) {
+        (Err(_), Some((position, error))) => Err(CallFailure::Tokenizer { position, error }),
+        (outcome, _) => outcome,
+    };
+    CallEnd {
+        outcome,
+        items,
+        store,
+        n_history,
+    }
+}
+
+/// How a pack used the index: items held before the call, items it appended, the first
+/// position whose units were rebuilt, and why there (the relation that moved it back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexUse {
+    pub held: usize,
+    pub appended: usize,
+    pub regrouped_from: usize,
+    pub why: Option<String>,
+}
+
+/// What [`IndexedHistory::pack_call`] packed, with what the embedding reports of it.
+#[derive(Debug)]
+pub struct PackCall {
+    pub packed: Packed,
+    pub index_use: IndexUse,
+    /// How many items the thinking rule made free.
+    pub earlier_thinking_free: usize,
+    /// The pack's per-unit decisions (the result's `touched` taken into it).
+    pub decisions: DecisionReport,
+}
+
+/// Where the items of a pack stand: the index held `held` items when the call began, the
+/// call appended `appended` (its history is now indexed whole), which regrouped units from
+/// `regrouped` on.
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub held: usize,
+    pub appended: usize,
+    pub regrouped: Option<Cut>,
+}
+
+impl IndexedHistory {
+    /// Begin a call with `options`: a mark to [`IndexedHistory::undo`] it by, the costs (and
+    /// with masking, the masked costs) switched to the call's basis.
+    pub fn begin_call(&mut self, options: &CallOptions) -> HistoryMark {
+        let mut mark = self.mark();
+        self.switch_costs(options.basis, &mut mark);
+        if let Some(m) = options.masking {
+            self.switch_masks(options.basis, m.excerpt_tokens, &mut mark);
+        }
+        mark
+    }
+
+    /// Append `total` fresh history items classified by `classify` (see
+    /// [`IndexedHistory::append_classified`]): where the call's items stand then.
+    pub fn append_fresh<E>(
+        &mut self,
+        total: usize,
+        classify: impl FnMut(usize, usize) -> Result<Vec<ItemMeta>, E>,
+        blocking: crate::pipeline::Blocking<'_>,
+    ) -> Result<Appended, E> {
+        let held = self.len();
+        self.take_regrouped();
+        self.append_classified(total, classify, blocking)?;
+        Ok(Appended {
+            held,
+            appended: self.len() - held,
+            regrouped: self.take_regrouped(),
+        })
+    }
+
+    /// One pack of the indexed history (indexed whole, see [`IndexedHistory::append_fresh`])
+    /// followed by `new_input`, over `items` (and `store`), with `options`: the tail and its
+    /// view, the thinking rule, the masked or unmasked pack ([`pack_indexed`]) and the
+    /// decision rows, behind one call. `preload` (the encoding's build) is waited for
+    /// before anything is counted. The only calls out are `items`, `store` and `context`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pack_call<F: ItemSource, S: CountStore>(
+        &mut self,
+        items: F,
+        store: Option<S>,
+        options: &CallOptions,
+        new_input: &[ItemMeta],
+        appended: Appended,
+        preload: Loading,
+        context: Option<ContextHook<'_>>,
+    ) -> CallEnd<PackCall, F, S> {
+        let n_history = self.len();
+        let (index, costs, masks) = self.graph_costs_and_masks();
+        let mut engine = CostEngine::new(items, options.basis)
+            .with_memo(costs, n_history)
+            .with_store(store);
+        let tail = index.tail(new_input);
+        preload.wait();
+        let view = index.view(&tail);
+        let free = earlier_thinking_free(index, new_input, n_history, options.strips_thinking);
+        let earlier_free = free.len();
+        let (packed, masked) = pack_indexed(
+            index,
+            view,
+            &mut engine,
+            masks,
+            options.basis,
+            &options.pack,
+            options.masking,
+            &options.pinned,
+            new_input,
+            free,
+            options.omit_reasoning,
+            context,
+        );
+        let packed = packed.map_err(|f| match f {
+            PackFailure::Pack(e) => CallFailure::Pack(e),
+            PackFailure::Item(f) => CallFailure::Item(f),
+        });
+        let CallEnd {
+            outcome,
+            items,
+            store,
+            ..
+        } = settle(engine, n_history, packed, masked);
+        let outcome = outcome.map(|packed| {
+            let (from, pull) = match appended.regrouped {
+                Some(a) if a.position < tail.cut => (a.position, a.pull),
+                _ => (tail.cut, tail.pull),
+            };
+            let index_use = IndexUse {
+                held: appended.held,
+                appended: appended.appended,
+                regrouped_from: from,
+                why: pull.map(|p| p.describe(n_history)),
+            };
+            let mut packed = packed;
+            let touched = std::mem::take(&mut packed.result.touched);
+            let rows = self.decision_rows(Some(tail));
+            PackCall {
+                packed,
+                index_use,
+                earlier_thinking_free: earlier_free,
+                decisions: DecisionReport::new(rows, touched, self.kind_names()),
+            }
+        });
+        CallEnd {
+            outcome,
+            items,
+            store,
+            n_history,
+        }
+    }
+
+    /// Where a read of the history may start for a pack with `options` and `budget`, the
+    /// indexed history followed by `tail` (positions from `n_history` on being new input),
+    /// as the embedding reports it ([`IndexedHistory::window_masked`]).
+    pub fn window_call(
+        &self,
+        tail: &[ItemMeta],
+        budget: u64,
+        options: &CallOptions,
+        n_history: usize,
+    ) -> WindowReport {
+        let w: Window = self.window_masked(tail, budget, options.basis, options.masking);
+        WindowReport {
+            start: w.start,
+            fits: w.fits,
+            tie: w.pull.map(|p| p.tie.code()),
+            why: w.pull.map(|p| p.describe(n_history)),
+            reach: w.reach,
+        }
+    }
+
+    /// Count the costs a later window start with `budget` walks over (the history from
+    /// `options.history_offset` on, read through `items`; with masking, the masked costs
+    /// too): the window start ([`counted_window`]).
+    pub fn count_window_call<F: ItemSource, S: CountStore>(
+        &mut self,
+        items: F,
+        store: Option<S>,
+        options: &CallOptions,
+        budget: u64,
+    ) -> CallEnd<usize, F, S> {
+        let n = self.len();
+        let (index, costs, masks) = self.graph_costs_and_masks();
+        let mut engine = CostEngine::new(items, options.basis)
+            .with_memo(costs, n)
+            .with_store(store);
+        let (basis, masking, offset) = (options.basis, options.masking, options.history_offset);
+        let (walked, masked) =
+            counted_window(index, &mut engine, masks, basis, masking, n, budget, offset);
+        settle(engine, n, walked.map_err(CallFailure::Item), masked)
+    }
+
+    /// Whether the indexed history followed by `appended` items (read through `items`, the
+    /// indexed ones' costs kept) costs more than `limit` under `basis` ([`cost_over`]):
+    /// `(sum so far, exceeded)`. Positions are labelled as history throughout.
+    pub fn cost_over_call<F: ItemSource, S: CountStore>(
+        &mut self,
+        items: F,
+        basis: CostBasis,
+        appended: usize,
+        limit: u64,
+    ) -> CallEnd<(u64, bool), F, S> {
+        let n = self.len();
+        let total = n + appended;
+        let (_, costs) = self.graph_and_costs();
+        let mut engine = CostEngine::new(items, basis).with_memo(costs, n);
+        let walked = cost_over(&mut engine, total, limit).map_err(CallFailure::Item);
+        settle(engine, total, walked, None)
+    }
+}
+
+/// [`IndexedHistory::window_call`]'s answer: the start, whether the budget reaches the
+/// oldest unit, the relation that moved the start back last (its code and a sentence), and
+/// how far back the budget alone reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowReport {
+    pub start: usize,
+    pub fits: bool,
+    pub tie: Option<&'static str>,
+    pub why: Option<String>,
+    pub reach: usize,
+}
+
+/// One pack's per-unit decisions as an embedding reads them. Only what the fill touched is
+/// stored; a row is derived from the (shared) rows when it is read, so a pack over a long
+/// history allocates nothing per unit (the index detaches the rows before it changes,
+/// [`IndexedHistory::release_results`]).
+#[derive(Debug)]
+pub struct DecisionReport {
+    rows: usize,
+    source: Arc<Mutex<DecisionRows>>,
+    touched: FxHashMap<usize, UnitDecision>,
+    kind_names: Vec<&'static str>,
+}
+
+/// One row of a [`DecisionReport`]: the unit, its history positions and their kinds, its
+/// decision's code and tokens, its problems (`(code, message, label)`) and masked tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportRow {
+    pub unit: usize,
+    pub positions: Vec<usize>,
+    pub kinds: Vec<&'static str>,
+    pub code: &'static str,
+    pub tokens: Option<u64>,
+    pub problems: Vec<(&'static str, &'static str, String)>,
+    pub masked_tokens: Option<u64>,
+}
+
+impl DecisionReport {
+    /// The report of a pack whose fill recorded `touched`, reading its rows from `source`
+    /// ([`IndexedHistory::decision_rows`]).
+    pub fn new(
+        source: Arc<Mutex<DecisionRows>>,
+        touched: FxHashMap<usize, UnitDecision>,
+        kind_names: &KindNames,
+    ) -> Self {
+        let rows = lock(&source).rows();
+        DecisionReport {
+            rows,
+            source,
+            touched,
+            kind_names: kind_names.names().to_vec(),
+        }
+    }
+
+    /// Number of rows (units with history members).
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Row `i`, if there is one.
+    pub fn row(&self, i: usize) -> Option<ReportRow> {
+        if i >= self.rows {
+            return None;
+        }
+        let (row, n_history) = {
+            let source = lock(&self.source);
+            (source.row(i), source.n_history())
+        };
+        let d = decision_of(&self.touched, i, row.untouched);
+        Some(ReportRow {
+            unit: i,
+            kinds: row
+                .kinds
+                .iter()
+                .map(|&k| self.kind_names[k as usize])
+                .collect(),
+            positions: row.positions,
+            code: d.decision.code(),
+            tokens: d.tokens,
+            problems: row
+                .problems
+                .iter()
+                .map(|p| {
+                    (
+                        p.reason.code(),
+                        p.reason.message(),
+                        position_label(n_history, p.position),
+                    )
+                })
+                .collect(),
+            masked_tokens: d.masked_tokens,
+        })
+    }
+
+    /// Number of history items per decision code.
+    pub fn item_counts(&self) -> FxHashMap<&'static str, usize> {
+        lock(&self.source).tally(&self.touched, |n| n)
+    }
+
+    /// Number of units (with history members) per decision code.
+    pub fn unit_counts(&self) -> FxHashMap<&'static str, usize> {
+        lock(&self.source).tally(&self.touched, |n| usize::from(n > 0))
+    }
+}

@@ -1,0 +1,201 @@
+//! The core façade ([`protoprompt_core::facade`]): one call per `HistoryIndex` method. Its
+//! options derive their basis and thinking rule from the model, a pack reports how it used
+//! the index and what the thinking rule made free, a tokenizer failure is the failure a
+//! call ends with, and the counting calls leave the index with the costs a window start
+//! needs.
+
+use protoprompt_core::costs::{ItemSource, NoStore};
+use protoprompt_core::facade::{CallFailure, CallOptions, OptionsError};
+use protoprompt_core::indexed::IndexedHistory;
+use protoprompt_core::items::ItemMeta;
+use protoprompt_core::pack::CostFailure;
+use protoprompt_core::tokens::{fail_next_counts, CostBasis, Encoding, TokenError};
+use serde_json::{json, Value};
+
+struct Items(Vec<Value>);
+
+impl ItemSource for Items {
+    fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
+        Ok(positions.iter().map(|&p| self.0[p].clone()).collect())
+    }
+}
+
+fn metas(items: &[Value]) -> Vec<ItemMeta> {
+    items
+        .iter()
+        .map(|v| ItemMeta::from_json(v).unwrap())
+        .collect()
+}
+
+/// `turns` turns of user, reasoning, call, output, answer.
+fn history(turns: usize) -> Vec<Value> {
+    let mut h = Vec::new();
+    for t in 0..turns {
+        h.push(json!({"role": "user", "content": format!("question {t} ").repeat(20)}));
+        h.push(
+            json!({"type": "reasoning", "id": format!("rs_{t}"), "summary": [],
+                      "encrypted_content": "e".repeat(40)}),
+        );
+        h.push(
+            json!({"type": "function_call", "call_id": format!("c{t}"), "name": "f",
+                      "arguments": "{}"}),
+        );
+        h.push(
+            json!({"type": "function_call_output", "call_id": format!("c{t}"),
+                      "output": format!("result {t} ").repeat(30)}),
+        );
+        h.push(
+            json!({"type": "message", "role": "assistant", "id": format!("m{t}"),
+                      "content": [{"type": "output_text", "text": "done"}]}),
+        );
+    }
+    h
+}
+
+fn indexed(items: &[Value]) -> IndexedHistory {
+    let mut index = IndexedHistory::new();
+    let blocking = |f: &mut (dyn FnMut() + Send)| f();
+    let appended = index
+        .append_fresh(
+            items.len(),
+            |first, count| -> Result<_, ()> { Ok(metas(&items[first..first + count])) },
+            &blocking,
+        )
+        .unwrap();
+    assert_eq!((appended.held, appended.appended), (0, items.len()));
+    index
+}
+
+fn options(budget: u64, model: Option<&str>) -> CallOptions {
+    let mut o = CallOptions::default();
+    o.pack.budget = budget;
+    o.model = model.map(str::to_string);
+    o.rebase().unwrap();
+    o
+}
+
+#[test]
+fn options_take_their_basis_and_thinking_rule_from_the_model() {
+    let o = CallOptions::default();
+    assert_eq!(o.basis.encoding, Encoding::O200kBase);
+    assert_eq!(o.thinking_rule(), "whole");
+    let claude = options(1000, Some("claude-3-7-sonnet-latest"));
+    assert_eq!(claude.basis.encoding, Encoding::ClaudeEstimate);
+    assert!(claude.strips_thinking);
+    assert_eq!(claude.thinking_rule(), "earlier-turns-free");
+    assert!(!options(1000, Some("claude-opus-4-6")).strips_thinking);
+
+    let mut unknown = CallOptions {
+        model: Some("no-such-model".into()),
+        ..CallOptions::default()
+    };
+    assert!(matches!(
+        unknown.rebase(),
+        Err(OptionsError::Token(TokenError::UnknownModel(_)))
+    ));
+    // An estimate scales the whole cost: a calibration under its floor is refused, and the
+    // basis stays what it was.
+    let mut low = claude.clone();
+    low.opaque_scale = CostBasis::MIN_ESTIMATE_SCALE.factor() / 2.0;
+    assert!(matches!(low.rebase(), Err(OptionsError::Value(_))));
+    assert_eq!(low.basis, claude.basis);
+    assert!(claude
+        .describe()
+        .contains("model='claude-3-7-sonnet-latest'"));
+}
+
+#[test]
+fn a_pack_reports_how_it_used_the_index_and_what_thinking_was_free() {
+    let items = history(6);
+    let mut index = indexed(&items);
+    let new_input = vec![json!({"role": "user", "content": "next"})];
+    let new_metas = metas(&new_input);
+    let mut all = items.clone();
+    all.extend(new_input.iter().cloned());
+    let blocking = |f: &mut (dyn FnMut() + Send)| f();
+    let appended = index
+        .append_fresh(0, |_, _| -> Result<_, ()> { Ok(Vec::new()) }, &blocking)
+        .unwrap();
+    let o = options(1_000_000, Some("claude-3-7-sonnet-latest"));
+    let _mark = index.begin_call(&o);
+    let end = index.pack_call::<_, NoStore>(
+        Items(all),
+        None,
+        &o,
+        &new_metas,
+        appended,
+        o.basis.encoding.load_in_background(),
+        None,
+    );
+    assert_eq!(end.n_history, items.len());
+    let call = end.outcome.unwrap();
+    assert_eq!(
+        call.packed.result.kept_history,
+        (0..items.len()).collect::<Vec<_>>()
+    );
+    // Every turn's reasoning stands before the new user message: all of it is free.
+    assert_eq!(call.earlier_thinking_free, 6);
+    assert_eq!(
+        (call.index_use.held, call.index_use.appended),
+        (items.len(), 0)
+    );
+    assert_eq!(call.index_use.regrouped_from, items.len());
+    // Every history item has a row, each with the decision of its unit.
+    let report = &call.decisions;
+    assert_eq!(report.item_counts().values().sum::<usize>(), items.len());
+    assert_eq!(report.item_counts().get("kept"), Some(&items.len()));
+    let first = report.row(0).unwrap();
+    assert_eq!((first.positions.as_slice(), first.code), (&[0][..], "kept"));
+    assert_eq!(first.kinds, vec!["user_message"]);
+    assert!(report.row(report.len()).is_none());
+    // The free thinking is never counted; everything else is, and stays in the index.
+    assert_eq!(index.costs().counted(), items.len() - 6);
+}
+
+#[test]
+fn a_tokenizer_failure_is_what_a_call_ends_with() {
+    let items = history(3);
+    let mut index = indexed(&items);
+    let o = options(1_000_000, None);
+    fail_next_counts(1);
+    let end = index.cost_over_call::<_, NoStore>(Items(items.clone()), o.basis, 0, u64::MAX);
+    fail_next_counts(0);
+    match end.outcome {
+        Err(CallFailure::Tokenizer { position, error }) => {
+            assert_eq!(position, items.len() - 1, "counted newest first");
+            assert!(matches!(error, TokenError::Tokenizer(_)));
+        }
+        other => panic!("expected a tokenizer failure, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn counting_calls_leave_the_costs_a_window_needs() {
+    let items = history(40);
+    let mut index = indexed(&items);
+    let o = options(1_000_000, None);
+    let total = index
+        .cost_over_call::<_, NoStore>(Items(items.clone()), o.basis, 0, u64::MAX)
+        .outcome
+        .unwrap();
+    assert!(!total.1);
+    let (sum, over) = index
+        .cost_over_call::<_, NoStore>(Items(items.clone()), o.basis, 0, total.0 / 2)
+        .outcome
+        .unwrap();
+    assert!(over && sum > total.0 / 2 && sum <= total.0);
+
+    let budget = total.0 / 4;
+    let mut fresh = indexed(&items);
+    let before = fresh.window_start(&[], budget, o.basis);
+    let start = fresh
+        .count_window_call::<_, NoStore>(Items(items.clone()), None, &o, budget)
+        .outcome
+        .unwrap();
+    assert!(
+        start > before,
+        "exact costs start the window later than lower bounds"
+    );
+    let window = fresh.window_call(&[], budget, &o, items.len());
+    assert_eq!((window.start, window.fits), (start, false));
+}
