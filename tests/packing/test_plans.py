@@ -260,9 +260,11 @@ async def test_the_turn_plan_is_the_first_model_calls_plan(tmp_path: Any, shape:
             tracing_disabled=True,
         )
         assert config.call_model_input_filter.builder.model == "gpt-5"  # read from the agent
+    every_call: list[ModelCallPlan] = []
     for t in range(4):
         calls.clear()
         await Runner.run(agent, f"question {t} about Alice", session=session, run_config=config)
+        every_call += calls
         turn = turns[-1]
         first = calls[0]
         check_sections(turn.sections, turn.used)
@@ -278,11 +280,13 @@ async def test_the_turn_plan_is_the_first_model_calls_plan(tmp_path: Any, shape:
         n_calls = len(calls)
         for k, plan in enumerate(calls):
             check_call(plan, model.calls[len(model.calls) - n_calls + k])
-    # The history outgrew the budget: the turn dropped units, and a pack that chose them
-    # (not a turn that continued the model's last request) said which stopped it.
+    # The history outgrew the budget: the turn dropped units, and the packs that chose what
+    # to drop (the turn's, or the model calls' when the turn continued the model's last
+    # request) said which unit stopped them.
     assert turns[-1].pack.dropped
-    packed = [t for t in turns if t.prefix in ("set", "moved") and t.pack.dropped]
-    assert packed and all(t.pack.stop is not None for t in packed), [t.prefix for t in turns]
+    chose = [p.pack for p in [*turns, *every_call] if p.prefix in ("set", "moved", None)]
+    chose = [pack for pack in chose if pack.dropped]
+    assert chose and all(pack.stop is not None for pack in chose), [t.prefix for t in turns]
 
 
 async def test_a_tool_loop_names_its_newest_and_earlier_steps(tmp_path: Any) -> None:
