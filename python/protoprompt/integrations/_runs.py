@@ -27,7 +27,9 @@ message.
 response, a repeated reasoning id): the last occurrence's content survives, at the first
 position for calls and reasoning, at the last for outputs. The filter packs the list as the
 SDK will send it (:func:`collapse`), so a ``call_0`` reused in every response neither ties an
-old run's output to this run's step nor is counted twice.
+old run's output to this run's step nor is counted twice. A run keeps where the collapsed
+list's items stand in the SDK's list (:class:`Gather`) while its groups and the content
+they cover are unchanged, so a later call reads only the part of it the pack needs.
 """
 
 from __future__ import annotations

@@ -63,7 +63,10 @@ items); when a sampled item changed, or the list got shorter, it reads the whole
 reuses an earlier classification or cost only for items whose content is unchanged (why a
 sample suffices for the lists the SDK builds: :class:`._planner.InputLedger`). A call that
 cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
-will send: its de-duplication of reused ids is applied first.
+will send: its de-duplication of reused ids is applied first. When that changes the list, a
+later call reads the collapsed copy only from a margin before where its previous call's pack
+reached (``history_offset``: the core packs from there exactly as from the whole list, or
+names the first earlier item it needs, and then the whole list is read).
 """
 
 from __future__ import annotations
