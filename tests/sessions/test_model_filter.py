@@ -1459,6 +1459,39 @@ def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: 
     assert out.start(s) == bisect.bisect_left(stands, s)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(_DEDUP_SHAPES) - 1), st.integers(0, 3), st.integers(0, 99)),
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 12), min_size=1, max_size=5),
+)
+def test_a_runs_collapse_of_a_growing_list_is_the_sdks(draws: list[Any], grow: list[int]) -> None:
+    """A run's calls collapse each input (its previous input plus what was appended, a fresh
+    copy each call) exactly as :func:`collapse` does, also when only the part from a
+    position on is read, though the positions are kept between calls while nothing they
+    cover changed."""
+    from protoprompt.integrations._runs import Run, collapse, dedupe_keys
+
+    items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]
+    run = Run(None, None, None)
+    end = 0
+    for g in [*grow, len(items)]:
+        end = min(len(items), end + g)
+        current = copy.deepcopy(items[:end])
+        observed, _ = run.observe(current)
+        got = run.collapse(current, observed.digests)
+        want = collapse(current, dedupe_keys(current), observed.digests)
+        assert len(got) == len(want.items)
+        assert got.digests == want.digests
+        for start in range(len(want.items) + 1):
+            tail = got.tail(start)
+            assert len(tail) == len(want.items) - start
+            assert all(a is b for a, b in zip(tail, want.items[start:], strict=True))
+        assert all(a is b for a, b in zip(got.items, want.items, strict=True))
+
+
 # ------------------------------------------------------------------ issue 25: masking
 
 
@@ -1959,10 +1992,11 @@ def _step(k: int, call_id: str | None = None) -> list[dict[str, Any]]:
 
 
 def _calls(
-    inputs: list[list[dict[str, Any]]], budget: int = 200_000
+    inputs: list[list[dict[str, Any]]], budget: int = 200_000, fresh: Any = copy.deepcopy
 ) -> tuple[list[ModelCallPlan], Any]:
     """The standalone filter called as the SDK calls it, inside one run's agent span, on a
-    fresh copy of each input (the SDK copies every item on every call); each call's plan."""
+    fresh copy of each input (the SDK copies every item on every call; ``fresh`` makes it);
+    each call's plan."""
     from agents.tracing import agent_span
 
     plans: list[ModelCallPlan] = []
@@ -1976,7 +2010,7 @@ def _calls(
     try:
         for items in inputs:
             data = CallModelData(
-                model_data=ModelInputData(input=copy.deepcopy(items), instructions="x"),
+                model_data=ModelInputData(input=fresh(items), instructions="x"),
                 agent=agent,
                 context=None,
             )
@@ -1987,9 +2021,11 @@ def _calls(
     return plans, flt
 
 
-def _fresh_pack_equal(plan: ModelCallPlan, items: list[dict[str, Any]]) -> None:
+def _fresh_pack_equal(
+    plan: ModelCallPlan, items: list[dict[str, Any]], budget: int = 200_000
+) -> None:
     """The plan's request equals a fresh pack of the same input (nothing stale reused)."""
-    _, fresh = _calls([items])
+    _, fresh = _calls([items], budget)
     assert fresh.last_plan is not None
     assert plan.items == fresh.last_plan.items
     assert plan.pack.request_tokens == fresh.last_plan.pack.request_tokens
@@ -2006,6 +2042,65 @@ def test_a_call_reads_only_what_was_appended_and_a_sample() -> None:
         assert p.reuse == "the run's earlier calls"
         assert p.checked <= 2 + 4 + 8 + 32, p.checked
     _fresh_pack_equal(plans[-1], inputs[-1])
+
+
+class _Reads(list):  # type: ignore[type-arg]
+    """A list that records the positions read from it by index or slice (a C-level
+    gather reads by index too)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.read: set[int] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            self.read.update(range(*key.indices(len(self))))
+        else:
+            self.read.add(key % len(self))
+        return super().__getitem__(key)
+
+
+def test_a_later_call_reads_a_window_of_a_deduplicated_input() -> None:
+    """Issue 33: when the SDK's de-duplication changes the list (a reused call id), the
+    standalone filter packs a collapsed copy; a later call of the run takes the fast path
+    and reads from the SDK's list only what was appended, the sample and the part its pack
+    reaches (from a margin before where the previous call's pack reached), not the whole
+    input; every request is a fresh pack's."""
+    base = [*_history(200), *_step(0, "a"), *_step(1, "a"), *_history(3_000)[200:]]
+    inputs = [base + [s for k in range(j) for s in _step(k + 2)] for j in range(5)]
+    lists: list[_Reads] = []
+
+    def fresh(items: list[Any]) -> _Reads:
+        lists.append(_Reads(copy.deepcopy(items)))
+        return lists[-1]
+
+    plans, _ = _calls(inputs, budget=3_000, fresh=fresh)
+    assert [p.deduplicated for p in plans] == [2] * 5
+    assert plans[0].pack.stop is not None, "the budget holds only the newest part"
+    for p, read, items in zip(plans[1:], lists[1:], inputs[1:], strict=True):
+        assert p.reuse == "the run's earlier calls"
+        assert p.checked < p.input_items
+        assert len(read.read) < len(items) // 4, len(read.read)
+        assert min(p.pack.kept_history) >= min(read.read - set(range(8))) - 2
+        _fresh_pack_equal(p, items, budget=3_000)
+
+
+def test_a_call_whose_pack_reaches_before_the_window_reads_the_whole_list() -> None:
+    """A later call whose pack keeps history older than the window its previous call's
+    reach gave (a long newest step made room for little history; the next step is short,
+    the long one masked) reads the whole collapsed list: the same request as a fresh
+    pack."""
+    base = [*_history(200), *_step(0, "a"), *_step(1, "a"), *_history(3_000)[200:]]
+    big = _step(2)
+    big[1]["output"] = "a long result " * 900
+    after = _step(3)
+    after[1]["output"] = "a shorter result " * 100
+    inputs = [base, base + big, base + big + after, base + big + after + _step(4)]
+    plans, _ = _calls(inputs, budget=3_000)
+    assert min(plans[2].pack.kept_history) < min(plans[1].pack.kept_history) - 64
+    for p, items in zip(plans[1:], inputs[1:], strict=True):
+        assert p.reuse == "the run's earlier calls"
+        _fresh_pack_equal(p, items, budget=3_000)
 
 
 def test_an_item_changed_in_the_sample_reads_the_whole_input() -> None:

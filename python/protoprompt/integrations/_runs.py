@@ -27,15 +27,18 @@ message.
 response, a repeated reasoning id): the last occurrence's content survives, at the first
 position for calls and reasoning, at the last for outputs. The filter packs the list as the
 SDK will send it (:func:`collapse`), so a ``call_0`` reused in every response neither ties an
-old run's output to this run's step nor is counted twice.
+old run's output to this run's step nor is counted twice. A run keeps where the collapsed
+list's items stand in the SDK's list (:class:`Gather`) while its groups and the content
+they cover are unchanged, so a later call reads only the part of it the pack needs.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from .._seams import span_previous_token
@@ -46,6 +49,7 @@ from ._sdk import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_sp
 __all__ = [
     "CollapsePlan",
     "Collapsed",
+    "Gather",
     "Run",
     "apply_collapse",
     "collapse",
@@ -94,19 +98,49 @@ def dedupe_keys(items: Sequence[Any]) -> list[str | None]:
 
 
 class Collapsed:
-    """A list as the SDK's de-duplication leaves it, with where each item went."""
+    """A list as the SDK's de-duplication leaves it, with where each item went.
 
-    __slots__ = ("_anchor", "_removed", "digests", "items")
+    Its items are read from the SDK's list when asked for (:attr:`items`, or only the part
+    from a position on: :meth:`tail`); its digests and positions need none of them."""
+
+    __slots__ = ("_anchor", "_items", "_read", "_removed", "digests", "length")
 
     def __init__(
-        self, items: list[Any], digests: bytes, removed: list[int], anchor: dict[int, int]
+        self,
+        items: list[Any] | None,
+        digests: bytes,
+        removed: list[int],
+        anchor: dict[int, int],
+        *,
+        read: Callable[[int], list[Any]] | None = None,
+        length: int = 0,
     ) -> None:
-        self.items = items
-        """The collapsed list (the SDK's objects, the surviving content of each key)."""
+        self._items = items
+        self._read = read
+        self.length = len(items) if items is not None else length
+        """How many items the collapsed list has."""
         self.digests = digests
         """Their digests (those of the items whose content survives)."""
         self._removed = removed
         self._anchor = anchor
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def items(self) -> list[Any]:
+        """The collapsed list (the SDK's objects, the surviving content of each key)."""
+        if self._items is None:
+            assert self._read is not None
+            self._items = self._read(0)
+        return self._items
+
+    def tail(self, start: int) -> list[Any]:
+        """The collapsed list from position ``start`` on (only those items are read)."""
+        if self._items is not None or not start:
+            return self.items[start:] if start else self.items
+        assert self._read is not None
+        return self._read(start)
 
     def position(self, i: int) -> int:
         """Where original item ``i`` (its key's survivor) is in the collapsed list."""
@@ -184,6 +218,70 @@ def apply_collapse(items: Sequence[Any], plan: CollapsePlan, digests: bytes = b"
     return collapsed
 
 
+def _gather(items: Sequence[Any], positions: Sequence[int]) -> list[Any]:
+    """``[items[p] for p in positions]``, read in C."""
+    if len(positions) > 1:
+        return list(itemgetter(*positions)(items))
+    return [items[p] for p in positions]
+
+
+class Gather:
+    """:func:`apply_collapse` of one plan over a list's first :attr:`length` items, kept as
+    the positions to read (no item is kept): a later list whose first :attr:`length` items
+    have the same content digests collapses to the same positions, so its collapsed list is
+    read from them (only the part a call needs: :meth:`Collapsed.tail`) and what was
+    appended since is added as it is (a plan that has not changed collapses nothing
+    appended)."""
+
+    __slots__ = ("_order", "digests", "length", "plan", "source")
+
+    def __init__(self, length: int, plan: CollapsePlan, digests: bytes) -> None:
+        self.plan = plan
+        self.length = length
+        self.source = digests[: 16 * length]
+        """The digests of the list the positions were made for (what a later list's prefix
+        must match)."""
+        removed = set(plan.removed)
+        order = [p for p in range(length) if p not in removed]
+        for anchor, latest in plan.replace.items():
+            order[anchor - bisect.bisect_left(plan.removed, anchor)] = latest
+        self._order = order
+        """The position in the SDK's list of each collapsed position."""
+        self.digests = b"".join([self.source[16 * p : 16 * p + 16] for p in order])
+        """The collapsed prefix's digests."""
+
+    def fits(self, plan: CollapsePlan | None, items: Sequence[Any], digests: bytes) -> bool:
+        """Whether ``items`` (with ``digests``) collapse by ``plan`` through these positions:
+        the same plan, and the first :attr:`length` items unchanged by content."""
+        return (
+            plan is self.plan
+            and len(items) >= self.length
+            and digests[: 16 * self.length] == self.source
+        )
+
+    def apply(self, items: list[Any], digests: bytes) -> Collapsed:
+        """``items`` collapsed: the kept positions read from ``items`` (its own objects)
+        when asked for, then what follows :attr:`length` as it is."""
+        n, order = self.length, self._order
+
+        def read(start: int) -> list[Any]:
+            if start >= len(order):
+                return items[n + start - len(order) :]
+            out = _gather(items, order[start:] if start else order)
+            out += items[n:]
+            return out
+
+        plan = self.plan
+        return Collapsed(
+            None,
+            self.digests + digests[16 * n :],
+            plan.removed,
+            plan.anchor_of,
+            read=read,
+            length=len(order) + len(items) - n,
+        )
+
+
 def collapse_groups(
     items: Sequence[Any], groups: Mapping[str, Sequence[int]], digests: bytes = b""
 ) -> Collapsed:
@@ -209,12 +307,14 @@ class Run:
         "candidates",
         "collapse_plan",
         "first",
+        "gather",
         "groups",
         "index",
         "index_digests",
         "keys",
         "n_prev",
         "prefix",
+        "reach",
         "run_input",
         "seen",
         "span",
@@ -245,8 +345,14 @@ class Run:
         """The positions of every key that occurs more than once."""
         self.collapse_plan: CollapsePlan | None = None
         """:func:`collapse_plan` of :attr:`groups` (``None``: to be made again)."""
+        self.gather: Gather | None = None
+        """Where :attr:`collapse_plan` reads a list from (made again for another plan or
+        when an item it covers changed)."""
         self.prefix: Any = None
         """The run's cache-stable prefix (a ``_planner.RunPrefix``; ``None``: none yet)."""
+        self.reach: int | None = None
+        """The oldest position of the packed list the previous call's pack kept or stopped
+        at (``None``: unknown); where the next call's windowed read starts from."""
 
     @property
     def nbytes(self) -> int:
@@ -256,6 +362,7 @@ class Run:
             + len(self.index_digests)
             + 8 * len(self.keys)
             + 100 * len(self.first)
+            + (40 * self.gather.length if self.gather is not None else 0)
             + (self.prefix.nbytes if self.prefix is not None else 0)
         )
 
@@ -278,10 +385,16 @@ class Run:
 
     def collapse(self, items: list[Any], digests: bytes) -> Collapsed:
         """``items`` as the SDK's de-duplication leaves them (:attr:`groups` is theirs),
-        through the plan kept since the groups last changed."""
+        through the plan kept since the groups last changed: its positions are read again
+        only for another plan or when an item they cover changed by content (``digests``:
+        those of ``items``), else what was appended is added (``O(appended)`` but for one
+        C-level gather of the list)."""
         if self.collapse_plan is None:
             self.collapse_plan = collapse_plan(items, self.groups)
-        return apply_collapse(items, self.collapse_plan, digests)
+        gather = self.gather
+        if gather is None or not gather.fits(self.collapse_plan, items, digests):
+            gather = self.gather = Gather(len(items), self.collapse_plan, digests)
+        return gather.apply(items, digests)
 
     def _update_keys(self, items: list[Any], same: int) -> None:
         keep = min(same, len(self.keys))

@@ -63,7 +63,10 @@ items); when a sampled item changed, or the list got shorter, it reads the whole
 reuses an earlier classification or cost only for items whose content is unchanged (why a
 sample suffices for the lists the SDK builds: :class:`._planner.InputLedger`). A call that
 cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
-will send: its de-duplication of reused ids is applied first.
+will send: its de-duplication of reused ids is applied first. When that changes the list, a
+later call reads the collapsed copy only from a margin before where its previous call's pack
+reached (``history_offset``: the core packs from there exactly as from the whole list, or
+names the first earlier item it needs, and then the whole list is read).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..context import ContextPlan, TokenBudgetedContextBuilder, latest_user_text
-from ..errors import TokenBudgetExceededError
+from ..errors import InvalidItemError, TokenBudgetExceededError
 from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
 from ..prefix import CachePolicy
@@ -112,6 +115,10 @@ afresh."""
 
 _FIT_ATTEMPTS = 4
 """Cuts tried for an oversized newest step (each retries with the room the last one missed)."""
+
+WINDOW_MARGIN = 64
+"""Items before the previous call's reach where a call's read of a collapsed list starts
+(what a call may keep beyond its previous call's reach without reading the whole list)."""
 
 
 # --------------------------------------------------------------------------- the filter
@@ -309,7 +316,7 @@ class ModelInputFilter:
         run_input = run.run_input
         if run.groups:
             collapsed = run.collapse(items, digests)
-            packed, packed_digests = collapsed.items, collapsed.digests
+            packed_digests = collapsed.digests
             step_start = collapsed.start(layout_start)
             moved = {collapsed.position(p) for p in pinned}
             pinned = sorted(p for p in moved if p < step_start)
@@ -320,27 +327,27 @@ class ModelInputFilter:
         reused = len(run.index)
         if reused < indexed:
             reason = f"item {reused} changed since the previous call: the index was cut back to it"
-        step = list(packed[step_start:])
+        offset = self._window(run, collapsed, pinned, step_start)
+        if collapsed is not None:
+            packed = collapsed.tail(offset)  # the collapsed list from the window on
+        step = list(packed[step_start - offset :])
         truncated: list[TruncatedOutput] = []
         stable = None
         if self._stable_prefix(run, collapsed):
             stable = self._cached(packed, step_start, pinned, extras, run, extends)
+        packed_len = len(collapsed) if collapsed is not None else len(items)
+        layout_len = packed_len
         if stable is not None:
             result, context = stable.result, None
-            step_start, layout_packed = stable.step_start, stable.items
+            step_start, layout_len = stable.step_start, len(stable.items)
             pinned = [p for p in stable.pinned if p < step_start]
         else:
-            layout_packed = packed
-            try:
-                result, context = self._pack(packed, step_start, step, pinned, extras.total, run)
-            except TokenBudgetExceededError as exc:
-                if self.oversized_output != "truncate":
-                    raise self._explained(exc, packed, step_start, extras.total) from None
-                result, context, truncated = self._fit_step(
-                    exc, packed, step_start, pinned, extras, run
-                )
+            result, context, truncated = self._pack_call(
+                items, (packed, offset, collapsed), step_start, step, pinned, extras, run
+            )
             if self.cache is not None:
                 run.prefix = None  # a call packed without the prefix: the next one moves
+        run.reach = self._reach(result, pinned, step_start) if stable is None else None
         run.calls += 1
         run.n_prev = len(items)
         run.step_start = layout_start
@@ -350,7 +357,7 @@ class ModelInputFilter:
         ) + result.items
         if stable is not None and stable.items is not packed:
             run_input = self._run_input_at(stable, context_at)
-        layout = CallLayout((step_start, len(layout_packed)), run_input, context_at, len(truncated))
+        layout = CallLayout((step_start, layout_len), run_input, context_at, len(truncated))
         if context is not None:
             # The builder's plan of this call, with where its parts are (same sections).
             framed = dataclasses.replace(context, layout=layout, request=extras)
@@ -367,13 +374,13 @@ class ModelInputFilter:
             output_reserve=self.output_reserve,
             input_items=len(items),
             pinned=pinned,
-            step=(step_start, len(layout_packed)),
+            step=(step_start, layout_len),
             reused=reused,
             reuse=reason,
             pack=result,
             truncated=truncated,
             context=context,
-            deduplicated=len(items) - len(packed),
+            deduplicated=len(items) - packed_len,
             not_counted=extras.not_counted,
             context_position=context_at,
             run_input=run_input,
@@ -576,21 +583,25 @@ class ModelInputFilter:
         masking: Masking | None,
         fixed: int,
         step: list[Any] | None = None,
+        offset: int = 0,
     ) -> PackResult:
         """``items`` packed through ``index`` into ``budget``: ``step`` (default
         ``items[start:]``, the newest step) mandatory, ``pinned`` too, the rest newest
-        first."""
+        first. ``offset``: ``items`` holds the list from that position on (``start`` and
+        ``pinned`` are positions of the whole list)."""
         b = self.builder
         options = b.pack_options.replace(
             max_tokens=budget,
             output_reserve=self.output_reserve,
             context_tokens=fixed,
             pinned=pinned,
-            history_len=start,
+            history_len=start - offset,
+            history_offset=offset,
             opaque_scale=b.opaque_scale(),
             masking=masking,
         )
-        return index.pack(items, items[start:] if step is None else step, options=options)
+        step = items[start - offset :] if step is None else step
+        return index.pack(items, step, options=options)
 
     def _fits_at(
         self,
@@ -608,6 +619,65 @@ class ModelInputFilter:
         except TokenBudgetExceededError:
             return None
 
+    def _window(
+        self, run: Run, collapsed: Collapsed | None, pinned: list[int], step_start: int
+    ) -> int:
+        """Where a call's read of a collapsed list starts (``history_offset``): a margin
+        before where the previous call's pack reached, and never after a pinned item or the
+        end of the index. The core packs from there exactly as from the whole list or
+        raises :class:`~protoprompt.errors.InvalidItemError` for the first earlier item it
+        needs (then the whole list is read: :meth:`_plan`). ``0`` (the whole list) without
+        a collapsed list (the SDK's own list needs no copy), under the greedy policy, or
+        when the previous pack's reach is unknown."""
+        if collapsed is None or run.reach is None or self.builder.policy != "contiguous":
+            return 0
+        start = min(run.reach - WINDOW_MARGIN, step_start, len(run.index), *pinned)
+        return max(start, 0)
+
+    def _pack_call(
+        self,
+        items: list[Any],
+        read: tuple[list[Any], int, Collapsed | None],
+        step_start: int,
+        step: list[Any],
+        pinned: list[int],
+        extras: RequestExtras,
+        run: Run,
+    ) -> tuple[PackResult, ContextPlan | None, list[TruncatedOutput]]:
+        """:meth:`_pack` of the call's list (``read``: the list packed, the position it
+        starts at and the collapsed list it is read from, if any; the whole collapsed list
+        when the pack needs an item before that), with the newest step cut to fit
+        (``oversized_output="truncate"``) or the overflow explained when the mandatory part
+        does not fit (both over the whole list). ``items``: the SDK's list."""
+        fixed = extras.total
+        packed, offset, collapsed = read
+        try:
+            try:
+                result, context = self._pack(
+                    packed, step_start, step, pinned, fixed, run, offset, items
+                )
+            except InvalidItemError:
+                if not offset or collapsed is None:
+                    raise
+                # The pack needs an item before the window: the whole list.
+                result, context = self._pack(
+                    collapsed.items, step_start, step, pinned, fixed, run, 0, items
+                )
+        except TokenBudgetExceededError as exc:
+            whole = items if collapsed is None else collapsed.items
+            if self.oversized_output != "truncate":
+                raise self._explained(exc, whole, step_start, fixed) from None
+            return self._fit_step(exc, whole, step_start, pinned, extras, run)
+        return result, context, []
+
+    @staticmethod
+    def _reach(result: PackResult, pinned: list[int], step_start: int) -> int:
+        """The oldest history position ``result`` kept or stopped its fill at."""
+        reach = min([step_start, *pinned, *result.kept_history, *result.dependency])
+        if result.stop is not None and result.stop.positions:
+            reach = min(reach, *result.stop.positions)
+        return reach
+
     def _pack(
         self,
         items: list[Any],
@@ -616,14 +686,22 @@ class ModelInputFilter:
         pinned: list[int],
         fixed: int,
         run: Run,
+        offset: int = 0,
+        sdk_items: list[Any] | None = None,
     ) -> tuple[PackResult, ContextPlan | None]:
+        """Pack ``step`` after the history ``items`` holds from position ``offset`` on (up
+        to ``step_start``); ``sdk_items``: the SDK's list (whose messages the collapsed
+        ``items`` keep as they are) for the query of the standalone filter's recall."""
         b = self.builder
         if self.session is not None:
             result = self._pack_at(
-                run.index, items, step_start, pinned, b.max_tokens, b.masking, fixed, step
-            )
+                run.index, items, step_start, pinned, b.max_tokens, b.masking, fixed, step,
+                offset,
+            )  # fmt: skip
             return result, None
-        query = latest_user_text(step, items)  # the step holds no user message
+        # The step holds no user message; de-duplication never removes a message, so the
+        # SDK's list has the collapsed list's messages in the same order.
+        query = latest_user_text(step, items if sdk_items is None else sdk_items)
         key = (query, b.scope)
         if run.candidates is None or run.candidates[0] != key:
             run.candidates = (key, b._candidates(query, b.scope))
@@ -639,7 +717,8 @@ class ModelInputFilter:
                 output_reserve=self.output_reserve,
                 pinned=pinned,
                 context_tokens=fixed,
-                history_len=step_start,
+                history_len=step_start - offset,
+                history_offset=offset,
             ),
         )
         return plan.pack, plan
