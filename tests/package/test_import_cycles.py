@@ -55,7 +55,7 @@ def test_the_page_renders_views_and_never_imports_a_plan() -> None:
     for plan in (
         "protoprompt._pack_result",
         "protoprompt._context_plan",
-        "protoprompt.integrations._call_plan",
+        "protoprompt.integrations._calls._call_plan",
     ):
         targets = {e.target for e in modules[plan].edges}
         assert "protoprompt._plan_view" in targets and "protoprompt.plan_html" not in targets
