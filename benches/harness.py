@@ -569,7 +569,7 @@ def run_session_child(
 
 def _restore_peak(session: Any) -> int | None:
     """Peak memory growth of loading the session's index snapshot on a fresh state."""
-    from protoprompt.integrations._snapshots import IndexState
+    from protoprompt.integrations._stores._snapshots import IndexState
 
     state = session._index_state
     if state.snapshot_at is None or not state.saved_len:
@@ -626,8 +626,8 @@ def _time_reads(session: Any) -> list[tuple[float, float]]:
     # spends there comparing them with the index, which is protoprompt's own; the SDK's
     # read is timed too for sessions that use it).
     # Returns the list each read appends (outer, inner) to.
-    from protoprompt.integrations import _sync
-    from protoprompt.integrations._snapshots import IndexState
+    from protoprompt.integrations._stores import _sync
+    from protoprompt.integrations._stores._snapshots import IndexState
 
     inner_read = session.inner_session.get_items
     read_rows = _sync.read_rows

@@ -325,7 +325,7 @@ def test_session_cold_and_restart(benchmark, cases, results, size, budget):
     for k in ("session_cold_items", "session_cold_history_tokens"):
         assert runs["cold"][k] == runs["restart"][k], k  # the same request
     assert stored > 0 or budget < 1000
-    from protoprompt.integrations._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS
+    from protoprompt.integrations._stores._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS
 
     # The restarted process started from the index snapshot the first one saved.
     assert runs["cold"]["session_restored_items"] == 0

@@ -37,7 +37,7 @@ python_env() {
       "$VENV/bin/python" -m pip install --quiet --upgrade pip
       case "$SDK_VERSION" in 0.22.*) mcp="mcp>=1.19,<2" ;; *) mcp="mcp>=2,<3" ;; esac
       # and the [postgres] extra's driver (memory/_postgres.py), SQLAlchemy and redis (the
-      # session's stores of SQLAlchemySession and RedisSession, integrations/_*_store.py)
+      # session's stores of SQLAlchemySession and RedisSession, integrations/_stores/_*_store.py)
       # and the [embed] extra (protoprompt/embed.py: numpy, safetensors, tokenizers)
       "$VENV/bin/python" -m pip install --quiet "openai-agents==$SDK_VERSION" "$mcp" \
         "psycopg[binary]>=3.2,<4" "psycopg-pool>=3.2,<4" "SQLAlchemy[asyncio]>=2.0" "redis>=7" \

@@ -197,13 +197,13 @@ COUNT_STORE_READERS: Registry[int, weakref.ref[Any]] = Registry()
 REMOTE_COUNT_STORES: Tracked[Any] = Tracked()
 """Every ``RemoteCountStore`` (SQLAlchemy, Redis): queued counts written at exit."""
 ROW_READERS: Tracked[Any] = Tracked()
-"""Every SQLite ``RowReader`` of the session's history store (``integrations._sync``)."""
+"""Every SQLite ``RowReader`` of the session's history store (``integrations._stores._sync``)."""
 INDEX_STATES: Tracked[Any] = Tracked()
 """Every session ``IndexState``: a snapshot write in flight finishes at exit
-(``integrations._snapshots``)."""
+(``integrations._stores._snapshots``)."""
 PREFIX_STATES: Tracked[Any] = Tracked()
 """Every stored session's prefix record (the per-call filter's and the session callback's):
-a write in flight finishes at exit (``integrations._prefix_state``, ``_turn_state``)."""
+a write in flight finishes at exit (``integrations._stores._prefix_state``, ``_turn_state``)."""
 SHARED_INDEXES: Registry[Any, Any] = Registry()
 """The index pool: one ``IndexState`` per stored session, most recently used last
 (``integrations.pool``)."""
@@ -211,15 +211,15 @@ FILE_COUNT_STORES: WeakRegistry[tuple[str, str], Any] = WeakRegistry()
 """One ``SQLiteCountStore`` per database file (``integrations.pool``)."""
 SQL_SERVERS: Registry[str, Any] = Registry()
 """Per SQLAlchemy engine URL: its database's id, count secret and count store
-(``integrations._sqlalchemy_store``)."""
+(``integrations._stores._sqlalchemy_store``)."""
 REDIS_SERVERS: Registry[tuple[str, ...], Any] = Registry()
-"""Per Redis server and key prefix: the same (``integrations._redis_store``)."""
+"""Per Redis server and key prefix: the same (``integrations._stores._redis_store``)."""
 SQLITE_BACKED: Registry[type[Any], type[Any]] = Registry()
-"""Session classes made ``SQLiteSession`` subclasses (``integrations._posing``)."""
+"""Session classes made ``SQLiteSession`` subclasses (``integrations._sdk._posing``)."""
 SERVED_BUILDERS: Registry[Any, list[tuple[weakref.ref[Any], Any]]] = Registry()
 """Per stored session (its pool key), the builders with recall or a summary that served it
 and the scopes they were given, most recently served last; under ``None`` every such
-builder (``integrations._evicted``: what any session object's clear or pop forgets)."""
+builder (``integrations._turns._evicted``: what any session object's clear or pop forgets)."""
 SQLITE_MEMORY_STORES: Tracked[Any] = Tracked()
 """Every SQLite engine of a ``MemoryStore``: new locks and connections in a forked child
 (``memory._sqlite``)."""
@@ -232,7 +232,7 @@ thread, in a forked child; queued jobs finish at exit (bounded)."""
 RECALL_LEDGERS: Tracked[Any] = Tracked()
 """Every ``recall.Evictions``: new locks for its ledgers in a forked child."""
 IO_LOOPS: Tracked[Any] = Tracked()
-"""The I/O loop of the session's stores (``integrations._io``)."""
+"""The I/O loop of the session's stores (``integrations._stores._io``)."""
 
 
 # ------------------------------------------------------------------ fork and exit

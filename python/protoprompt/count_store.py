@@ -414,7 +414,7 @@ _T = TypeVar("_T")
 
 class CountIO(Protocol):
     """Where a :class:`RemoteCountStore` runs its I/O: an event loop of its own (see
-    ``protoprompt.integrations._io``) that threads can wait on."""
+    ``protoprompt.integrations._stores._io``) that threads can wait on."""
 
     def run(self, make: Callable[[], Awaitable[_T]], timeout: float) -> _T: ...
 

@@ -18,7 +18,7 @@ the previous summary stays. Each turn's context message carries the summary as l
   summary: in its SQLite database file (table ``protoprompt_summaries``, shared by every
   process serving the session; a damaged or foreign row is ignored), else in memory. A
   session over ``SQLAlchemySession`` (PostgreSQL) or ``RedisSession`` keeps it in the same
-  engine, by the same rules (``protoprompt.integrations._summary_stores``).
+  engine, by the same rules (``protoprompt.integrations._stores._summary_stores``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pydantic import BaseModel  # noqa: E402
 import protoprompt as pp  # noqa: E402
 from protoprompt.cli import main  # noqa: E402
 from protoprompt.integrations import ModelCallPlan, ProtoPromptSession  # noqa: E402
-from protoprompt.integrations._request import output_format  # noqa: E402
+from protoprompt.integrations._calls._request import output_format  # noqa: E402
 from protoprompt.integrations.model_filter import tool_definitions  # noqa: E402
 
 INSTRUCTIONS = "You answer questions about the contract, briefly."

@@ -28,7 +28,8 @@ from protoprompt import (  # noqa: E402
     analyze,
 )
 from protoprompt import recall as recall_module  # noqa: E402
-from protoprompt.integrations import ProtoPromptSession, _evicted  # noqa: E402
+from protoprompt.integrations import ProtoPromptSession  # noqa: E402
+from protoprompt.integrations._turns import _evicted  # noqa: E402
 from protoprompt.memory import HistoryRecord  # noqa: E402
 from protoprompt._recall_ledger import position_key  # noqa: E402
 from protoprompt.recall import eviction_step, item_digest  # noqa: E402

@@ -389,7 +389,7 @@ async def test_a_clear_during_a_summary_update_is_not_undone(
 async def _engine_store(session_engine: Any, sid: str, keyed: str = "position") -> Any:
     """The summary store of ``sid`` beside its history on the test's engine (one worker's:
     a new inner session, engine or client)."""
-    from protoprompt.integrations._summary_stores import summary_store_for
+    from protoprompt.integrations._stores._summary_stores import summary_store_for
 
     inner = session_engine.plain(sid)
     await inner.add_items([{"role": "user", "content": "hello"}])  # the tables exist

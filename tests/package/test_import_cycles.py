@@ -55,11 +55,47 @@ def test_the_page_renders_views_and_never_imports_a_plan() -> None:
     for plan in (
         "protoprompt._pack_result",
         "protoprompt._context_plan",
-        "protoprompt.integrations._call_plan",
+        "protoprompt.integrations._calls._call_plan",
     ):
         targets = {e.target for e in modules[plan].edges}
         assert "protoprompt._plan_view" in targets and "protoprompt.plan_html" not in targets
     assert "protoprompt.plan_html" in {e.target for e in modules["protoprompt"].edges}
+
+
+INTEGRATION_ROOMS = ("_turns", "_stores", "_calls", "_sdk")
+"""The private rooms of ``protoprompt.integrations``, each importing only the rooms after it."""
+
+
+def _integration_room(name: str) -> str | None:
+    parts = name.split(".")[2:]
+    return parts[0] if len(parts) > 1 and parts[0] in INTEGRATION_ROOMS else None
+
+
+def test_the_integration_rooms_import_only_the_rooms_after_them() -> None:
+    # Imports under TYPE_CHECKING count too: a room that names another room's types is
+    # built on it. The public modules at the top of the package may import any room.
+    checker = _checker()
+    modules = checker.load(PACKAGE, typing_too=True)
+    prefix = "protoprompt.integrations."
+    # every private module at the top of the package is a room
+    top = {name for name in modules if name.startswith(prefix) and name.count(".") == 2}
+    assert {name for name in top if name.split(".")[2].startswith("_")} == {
+        prefix + room for room in INTEGRATION_ROOMS
+    }
+    imported: set[str] = set()
+    for mod in modules.values():
+        if not mod.name.startswith(prefix):
+            continue
+        here = _integration_room(mod.name)
+        for edge in mod.edges:
+            there = _integration_room(edge.target)
+            if there is None or there == here:
+                continue
+            imported.add(there)
+            if here is not None:
+                order = INTEGRATION_ROOMS.index
+                assert order(there) > order(here), f"{mod.name} imports {edge.target}"
+    assert imported == set(INTEGRATION_ROOMS)
 
 
 def test_an_import_inside_a_function_closes_a_cycle(tmp_path: Path) -> None:

@@ -465,7 +465,7 @@ def test_a_session_limit_and_no_user_text(tmp_path) -> None:
 
 
 def test_a_failed_window_read_and_a_failing_count_store(tmp_path, monkeypatch) -> None:
-    from protoprompt.integrations import _sync
+    from protoprompt.integrations._stores import _sync
 
     db = str(tmp_path / "x.db")
     seed(db, _chat(80))
@@ -609,7 +609,7 @@ def test_damaged_counts_and_a_failed_snapshot_write_are_reported(
     tmp_path, new_process, monkeypatch
 ) -> None:
     from protoprompt.count_store import _TABLE
-    from protoprompt.integrations import _snapshots
+    from protoprompt.integrations._stores import _snapshots
 
     db = str(tmp_path / "x.db")
     seed(db, generate(1500, "agentic", 8))

@@ -27,7 +27,8 @@ from agents.testing import assistant_message, function_call  # noqa: E402
 import protoprompt as pp  # noqa: E402
 from protoprompt import MemoryScope  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
-from protoprompt.integrations import _context, _sync  # noqa: E402
+from protoprompt.integrations._turns import _context  # noqa: E402
+from protoprompt.integrations._stores import _sync  # noqa: E402
 
 SCOPE = MemoryScope("acme", user="alice")
 

@@ -129,7 +129,7 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
     assert fast.session._debug_state().index_items == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
-    from protoprompt.integrations import _snapshots
+    from protoprompt.integrations._stores import _snapshots
 
     calls: list[str] = []
     for cls, name in ((HistoryIndex, "truncate"), (_snapshots.IndexState, "reset")):

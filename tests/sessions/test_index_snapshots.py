@@ -24,7 +24,7 @@ agents = pytest.importorskip("agents")
 
 from agents.memory import SQLiteSession  # noqa: E402
 
-from protoprompt.integrations import _snapshots  # noqa: E402
+from protoprompt.integrations._stores import _snapshots  # noqa: E402
 from test_incremental_session import fast_and_plain, sides  # noqa: E402
 
 TABLE = "protoprompt_index_snapshots"

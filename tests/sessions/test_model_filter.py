@@ -42,7 +42,7 @@ from protoprompt.integrations import (  # noqa: E402
     ProtoPromptSession,
     model_input_filter,
 )
-from protoprompt.integrations._steps import newest_step_start, water_level  # noqa: E402
+from protoprompt.integrations._calls._steps import newest_step_start, water_level  # noqa: E402
 from protoprompt.integrations.model_filter import (  # noqa: E402
     TOOLS_OVERHEAD,
     tool_definitions,
@@ -435,7 +435,7 @@ async def test_filter_request_equals_a_fresh_pack_of_what_the_sdk_sent(
     ``pp.pack`` of the SDK's input with the same mandatory positions. Every plan is kept
     alive meanwhile, and none of them makes the run's index copy its item graph when the
     next call appends (results do not pin the index's graph)."""
-    import protoprompt.integrations._runs as runs
+    import protoprompt.integrations._calls._runs as runs
 
     indexes: list[pp.HistoryIndex] = []
 
@@ -1436,8 +1436,8 @@ def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: 
     from agents.run_internal.items import deduplicate_input_items_preferring_latest
 
     from protoprompt import _core
-    from protoprompt.integrations._runs import collapse, dedupe_keys
-    from protoprompt.integrations._sdk import DEDUPE_ANCHOR_TYPES
+    from protoprompt.integrations._calls._runs import collapse, dedupe_keys
+    from protoprompt.integrations._sdk._sdk import DEDUPE_ANCHOR_TYPES
 
     items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]  # "n": content differs
     keys = dedupe_keys(items)

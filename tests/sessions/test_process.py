@@ -19,7 +19,9 @@ from protoprompt import _process
 
 pytest.importorskip("agents")
 
-from protoprompt.integrations import _evicted, _snapshots, _sync, pool  # noqa: E402
+from protoprompt.integrations._turns import _evicted  # noqa: E402
+from protoprompt.integrations._stores import _snapshots, _sync  # noqa: E402
+from protoprompt.integrations import pool  # noqa: E402
 
 TABLE = "agent_messages"
 SESSION = "s"

@@ -37,7 +37,7 @@ from openai.types.responses.response_reasoning_item import Summary  # noqa: E402
 import protoprompt as pp  # noqa: E402
 from protoprompt import InvalidNewInputError, TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
-from protoprompt.integrations._shims import FORWARDED_HOOKS  # noqa: E402
+from protoprompt.integrations._sdk._shims import FORWARDED_HOOKS  # noqa: E402
 
 NATIVE_SUFFIX_COMPACTION = hasattr(SQLiteSession, "_get_compaction_snapshot")  # 0.24+
 ATOMIC_ENCRYPTED_POP = hasattr(SQLiteSession, "_pop_item_with_validation")  # 0.24+

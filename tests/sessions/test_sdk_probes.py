@@ -1,4 +1,4 @@
-"""The SDK-version probes (``integrations._probes``) match every supported SDK line: the
+"""The SDK-version probes (``integrations._sdk._probes``) match every supported SDK line: the
 installed one at run time (CI runs this in the venv of each line it tests), and the source
 trees of the other lines when they are at hand (``PROTOPROMPT_SDK_SOURCES``: directories
 holding ``agents/``, separated by ``os.pathsep``; this machine's unpacked releases by
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("agents")
 
-from protoprompt.integrations import _probes  # noqa: E402
+from protoprompt.integrations._sdk import _probes  # noqa: E402
 
 SUPPORTED = ("0.22.3", "0.23.1", "0.24.0")
 _DEFAULT_SOURCES = os.pathsep.join(f"/work/sdk/openai_agents-{v}/src" for v in SUPPORTED)

@@ -490,7 +490,7 @@ async def test_without_protoprompt_s_own_tables_the_rows_still_go_fast(
     counts, and the turn report says why; windows and the index still work."""
     if session_engine.kind not in ("postgres-asyncpg", "redis"):
         pytest.skip("the SQLite tables are the SQLite fast path's")
-    from protoprompt.integrations import _redis_store, _sqlalchemy_store
+    from protoprompt.integrations._stores import _redis_store, _sqlalchemy_store
 
     module = _redis_store if session_engine.kind == "redis" else _sqlalchemy_store
 
@@ -739,7 +739,7 @@ def test_compare_and_set_keeps_a_newer_record(tmp_path: Path) -> None:
     """Two workers' records of one session: a write on an older version never replaces
     the newer one (the stored prefix between workers)."""
     from protoprompt._storage import sqlite_record
-    from protoprompt.integrations._prefix_state import KIND
+    from protoprompt.integrations._stores._prefix_state import KIND
 
     db = str(tmp_path / "s.db")
     one, two = (sqlite_record(db, KIND, "messages", "s") for _ in range(2))
@@ -795,7 +795,7 @@ async def _callback_turn(
     """Run ``r`` through the session callback alone (``cache=CachePolicy(head=head)``), then
     wait for its prefix to be stored (two workers serve a session's turns one after the
     other)."""
-    from protoprompt.integrations import _turn_state
+    from protoprompt.integrations._stores import _turn_state
 
     builder = TokenBudgetedContextBuilder(None, max_tokens=TURN_BUDGET, output_reserve=300)
     cache = pp.CachePolicy(head=head)
@@ -1051,7 +1051,7 @@ def test_the_stored_digest_reads_only_what_was_appended(monkeypatch: Any) -> Non
     """The callback prefix's content digest is the same from a cold memo (another process)
     and from the memo of the previous write, which digests only the items appended since
     (the fast path, asserted taken); an item edited in place changes it."""
-    from protoprompt.integrations import _turn_state
+    from protoprompt.integrations._stores import _turn_state
 
     items = [{"role": "user", "content": f"q{i}", "n": [i, {"b": 1, "a": 2}]} for i in range(50)]
     warm = _turn_state.DigestMemo()

@@ -236,7 +236,7 @@ def test_a_move_packs_lower_when_the_session_grew_fast_since_the_last_one() -> N
     fast since the previous move that the headroom would not hold ``HEADROOM_TURNS`` more
     turns like those; then the mark is lowered in proportion, down to ``low_water -
     MARK_DROP`` (0.1; never below half of ``low_water``)."""
-    from protoprompt.integrations import _planner
+    from protoprompt.integrations._calls import _planner
 
     budget = 10_000
     planner = _planner.TurnPlanner(pp.CachePolicy(low_water=0.7))
@@ -456,7 +456,7 @@ async def test_the_callbacks_copies_are_digested_only_when_the_filter_packs_afre
     """The callback hands the filter its masked copies' digests unread: a run whose calls
     all extend a request the filter already holds never digests them (the fast path,
     asserted taken); a run whose filter sets or moves its prefix does, and records them."""
-    from protoprompt.integrations import _planner
+    from protoprompt.integrations._calls import _planner
 
     made: list[_planner.CopyDigests] = []
     original = _planner.TurnPrefix.copy_digests
@@ -490,7 +490,7 @@ def _adopt_case() -> tuple[list[Any], Any, dict[str, Any], dict[str, Any]]:
     """A stored history and the request a filter sent last: its context message, the
     history from position 2 on with position 4 left out and position 6's output masked, a
     recall message, then the run's input and steps."""
-    from protoprompt.integrations import _planner
+    from protoprompt.integrations._calls import _planner
 
     history: list[Any] = [{"role": "user", "content": f"q{n}"} for n in range(3)]
     history += [
@@ -518,8 +518,8 @@ def test_adopt_finds_the_models_last_request_in_the_stored_history() -> None:
     by content (a copy by the digest of the item it stands for), in order, the ones left
     out skipped; the callback's own messages are not history; the prefix ends after the
     last one found, so what follows (the answer) is appended."""
-    from protoprompt.integrations import _planner
-    from protoprompt.integrations._context import context_key
+    from protoprompt.integrations._calls import _planner
+    from protoprompt.integrations._turns._context import context_key
 
     def own(item: Any) -> bool:
         return context_key(item) is not None
@@ -540,8 +540,8 @@ def test_adopt_finds_the_models_last_request_in_the_stored_history() -> None:
 def test_adopt_refuses_a_request_the_history_does_not_hold() -> None:
     """A stored item changed since it was sent (its copy's original, or an item sent
     whole), an item the history never held, or an empty history: no prefix to continue."""
-    from protoprompt.integrations import _planner
-    from protoprompt.integrations._context import context_key
+    from protoprompt.integrations._calls import _planner
+    from protoprompt.integrations._turns._context import context_key
 
     def own(item: Any) -> bool:
         return context_key(item) is not None
@@ -574,7 +574,7 @@ def test_adopt_refuses_a_request_the_history_does_not_hold() -> None:
 def test_the_stored_request_keeps_its_copies_and_refuses_damaged_ones() -> None:
     """The filter's stored request (``_prefix_state``) keeps which items are copies and the
     digest of the item each stands for; a damaged copies field makes the record ignored."""
-    from protoprompt.integrations import _prefix_state
+    from protoprompt.integrations._stores import _prefix_state
 
     _, request, _, _ = _adopt_case()
     bound = ["db", "messages", "s"]
@@ -652,7 +652,7 @@ def _common(prev: list[Any], cur: list[Any]) -> int:
 def test_head_end_keeps_whole_units_within_the_limit() -> None:
     """A head is whole atomic units from its start, as many as cost at most the limit: a
     call is never kept without its output."""
-    from protoprompt.integrations import _planner
+    from protoprompt.integrations._calls import _planner
 
     items = [
         {"role": "user", "content": "question " + "word " * 40},

@@ -27,7 +27,7 @@ from agents.memory import SQLiteSession  # noqa: E402
 from protoprompt import MemoryScope, MemoryStore, TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt import _core  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
-from protoprompt.integrations import _sync  # noqa: E402
+from protoprompt.integrations._stores import _sync  # noqa: E402
 
 # --------------------------------------------------------------------------------- the table
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._seams import compacts_to_a_snapshot
 from ..packing import HistoryIndex
-from ._context import RUN_INPUT
+from ._turns._context import RUN_INPUT
 
 if TYPE_CHECKING:
     from ..context import TokenBudgetedContextBuilder

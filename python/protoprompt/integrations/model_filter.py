@@ -45,23 +45,23 @@ persisted by the SDK.
 What the request costs besides its items: the agent's instructions, the definitions of its
 tools of every kind (function, hosted, MCP, handoffs) and its structured-output schema
 (Responses ``text.format``), rendered on every call by the SDK's own converters (see
-:mod:`protoprompt.integrations._request`). A stored ``prompt`` template is expanded by the
+:mod:`protoprompt.integrations._calls._request`). A stored ``prompt`` template is expanded by the
 server and cannot be counted here: the plan says so (:attr:`ModelCallPlan.not_counted`).
 
 With ``cache=pp.CachePolicy()`` (a session's filter), each call's request is the previous
 call's plus what was appended while that fits, and a move to the policy's low-water mark when
 it does not, so the provider's prompt cache repeats the prefix (see
-:mod:`protoprompt.integrations._planner` and ``docs/prompt-cache.md``); the plan says how
+:mod:`protoprompt.integrations._calls._planner` and ``docs/prompt-cache.md``); the plan says how
 (``ModelCallPlan.prefix``, ``prefix_reason``, ``shared_tokens``).
 
 Speed, and what is never trusted: within a run (the SDK's agent span identifies it; see
-:mod:`protoprompt.integrations._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
+:mod:`protoprompt.integrations._calls._runs`) the filter keeps a :class:`~protoprompt.HistoryIndex`
 of the input it has packed, so a call classifies and counts only what is new. A call reads
 what the SDK appended since the run's previous call and a rotating sample of the rest (a
 keyed content digest, far cheaper than counting; ``ModelCallPlan.checked`` says how many
 items); when a sampled item changed, or the list got shorter, it reads the whole input and
 reuses an earlier classification or cost only for items whose content is unchanged (why a
-sample suffices for the lists the SDK builds: :class:`._planner.InputLedger`). A call that
+sample suffices for the lists the SDK builds: :class:`._calls._planner.InputLedger`). A call that
 cannot be attributed to a run is packed from scratch. The list packed is the list the SDK
 will send: its de-duplication of reused ids is applied first. When that changes the list, a
 later call reads the collapsed copy only from a margin before where its previous call's pack
@@ -83,14 +83,15 @@ from ..errors import InvalidItemError, TokenBudgetExceededError
 from ..packing import HistoryIndex, Masking, PackResult
 from ..plan import CallLayout
 from ..prefix import CachePolicy
-from . import _planner, _prefix_state
-from ._call_plan import ModelCallPlan, TruncatedOutput
-from ._context import context_key
-from ._oversized import cut_outputs, explained, step_costs, tool_outputs
-from ._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
-from ._runs import Collapsed, Run, run_span
-from ._sdk import CallModelData, ModelInputData
-from ._steps import last_user_message, newest_step_start, water_level
+from ._calls import _planner
+from ._calls._call_plan import ModelCallPlan, TruncatedOutput
+from ._calls._oversized import cut_outputs, explained, step_costs, tool_outputs
+from ._calls._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
+from ._calls._runs import Collapsed, Run, run_span
+from ._calls._steps import last_user_message, newest_step_start, water_level
+from ._sdk._sdk import CallModelData, ModelInputData
+from ._stores import _prefix_state
+from ._turns._context import context_key
 
 if TYPE_CHECKING:
     from .session import ProtoPromptSession
@@ -192,7 +193,7 @@ class ModelInputFilter:
         self._own_last: _planner.RunPrefix | None = None
         self.cache = cache
         """The run's cache-stable prefix (``None``: every call packed newest first); used
-        by a session's filter (see :mod:`protoprompt.integrations._planner`)."""
+        by a session's filter (see :mod:`protoprompt.integrations._calls._planner`)."""
 
     @property
     def _last(self) -> _planner.RunPrefix | None:
@@ -217,7 +218,7 @@ class ModelInputFilter:
     def _claim(self, span: Any, agent: Any, token: Any) -> Run:
         """The state of the run whose next call this is, or a new one.
 
-        A run is the SDK's agent span of the call (see :mod:`._runs`), the same agent and,
+        A run is the SDK's agent span of the call (see :mod:`._calls._runs`), the same agent and,
         with a session, the same callback record. A call without a span in scope gets a state
         of its own, never kept: it is packed from scratch."""
         if span is not None:
@@ -425,7 +426,7 @@ class ModelInputFilter:
     ) -> _planner.Stable | None:
         """:meth:`_through_prefix`, with the session's previous request read from beside
         its history at a run's first call and the new one stored after each call (another
-        process or worker continues it: see :mod:`._prefix_state`)."""
+        process or worker continues it: see :mod:`._stores._prefix_state`)."""
         stored = _prefix_state.of(self.session)
         if stored is not None and not run.calls:
             self._last = stored.load() or self._last
@@ -443,7 +444,7 @@ class ModelInputFilter:
         run: Run,
         extends: bool,
     ) -> _planner.Stable | None:
-        """The call through the run's prefix (see :mod:`._planner`): the previous request
+        """The call through the run's prefix (see :mod:`._calls._planner`): the previous request
         plus what was appended when it all fits, else a move to the low-water mark;
         ``None`` when neither applies (the mandatory part needs more than the low-water
         mark: packed newest first at the whole budget)."""
@@ -532,7 +533,7 @@ class ModelInputFilter:
         """A move that keeps the previous request's head (``CachePolicy.head``): its
         items from its start, whole units as sent, up to ``limit`` tokens, pinned ahead of
         the SDK's items after the last one the head stands for, which are packed newest
-        first to ``low`` (the middle is dropped: :func:`._planner.head_candidate`).
+        first to ``low`` (the middle is dropped: :func:`._calls._planner.head_candidate`).
         ``None``: no head to keep; the tokens by which it and the mandatory part miss
         ``low`` when they do."""
         b = self.builder

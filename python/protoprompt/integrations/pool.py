@@ -16,7 +16,7 @@ from .. import _process
 from .._meta import meta_value
 from .._process import sqlite_gate
 from ..count_store import SQLiteCountStore
-from ._snapshots import IndexState, SnapshotStore
+from ._stores._snapshots import IndexState, SnapshotStore
 
 DEFAULT_SHARED_INDEX_BYTES = 256 * 2**20
 """Default of ``ProtoPromptSession(shared_index_bytes=...)``."""

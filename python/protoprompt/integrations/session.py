@@ -26,36 +26,24 @@ from typing import TYPE_CHECKING, Any
 from .._seams import session_closed
 from ..calibration import Calibration
 from ..count_store import RemoteCountStore, SQLiteCountStore
-from . import _sync, pool
-from ._context import LAST_READ, ContextBook, RunLedger, SessionRead, is_encrypted_envelope
-from ._debug import DebugState
-from ._evicted import SessionMemory, served
-from ._hooks import InnerHooks
-from ._options import check_inner_session, non_negative_int, off_reasons, positive_int
-from ._posing import sqlite_backed
-from ._probes import SQLITE_VALIDATED_POP, called_by_compaction_rewrite
-from ._reads import read_history
-from ._run_hooks import RunHooks, SessionInputCallback
-from ._sdk import (
-    Session,
-    SessionSettings,
-    SQLiteSession,
-)
-from ._shims import (
-    call,
-    coerce_settings,
-)
-from ._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
-from ._store import HistoryStore, StoreReadError, Unsupported, open_store
-from ._turn import TurnSetup
-from ._unbudgeted import unbudgeted_run, warn_unbudgeted
-from ._window import (
-    Refused,
-    Turn,
-    read_window,
-    runner_turn,
-    window_keep,
-)
+from . import pool
+from ._sdk._posing import sqlite_backed
+from ._sdk._probes import SQLITE_VALIDATED_POP, called_by_compaction_rewrite
+from ._sdk._sdk import Session, SessionSettings, SQLiteSession
+from ._sdk._shims import call, coerce_settings
+from ._sdk._unbudgeted import unbudgeted_run, warn_unbudgeted
+from ._stores import _sync
+from ._stores._snapshots import DEFAULT_SNAPSHOT_MIN_ITEMS, IndexState
+from ._stores._store import HistoryStore, StoreReadError, Unsupported, open_store
+from ._turns._context import LAST_READ, ContextBook, RunLedger, SessionRead, is_encrypted_envelope
+from ._turns._debug import DebugState
+from ._turns._evicted import SessionMemory, served
+from ._turns._hooks import InnerHooks
+from ._turns._options import check_inner_session, non_negative_int, off_reasons, positive_int
+from ._turns._reads import read_history
+from ._turns._run_hooks import RunHooks, SessionInputCallback
+from ._turns._turn import TurnSetup
+from ._turns._window import Refused, Turn, read_window, runner_turn, window_keep
 
 if TYPE_CHECKING:
     from typing_extensions import Self
