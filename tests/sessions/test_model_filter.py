@@ -1472,7 +1472,7 @@ def test_a_runs_collapse_of_a_growing_list_is_the_sdks(draws: list[Any], grow: l
     copy each call) exactly as :func:`collapse` does, also when only the part from a
     position on is read, though the positions are kept between calls while nothing they
     cover changed."""
-    from protoprompt.integrations._runs import Run, collapse, dedupe_keys
+    from protoprompt.integrations._calls._runs import Run, collapse, dedupe_keys
 
     items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]
     run = Run(None, None, None)
