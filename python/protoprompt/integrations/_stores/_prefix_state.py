@@ -260,6 +260,14 @@ class StoredState(Generic[T]):
         self.pending = None
 
 
+def wait_all(*states: StoredState[Any] | None) -> None:
+    """A store's ``close``: wait (up to 5 s each) for its states' writes, the latest
+    request stored first."""
+    for state in states:
+        if state is not None:
+            state.wait(timeout=5.0)
+
+
 class PrefixState(StoredState[RunPrefix]):
     """The per-call filter's request, stored (see the module's docstring)."""
 

@@ -64,7 +64,7 @@ from ...count_store import CountStore
 from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState
+from ._prefix_state import PrefixState, wait_all
 from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore
@@ -291,9 +291,7 @@ class RedisStore:
             _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
 
     def close(self) -> None:
-        for state in (self.prefixes, self.turns):
-            if state is not None:
-                state.wait(timeout=5.0)  # the latest request is stored first
+        wait_all(self.prefixes, self.turns)
 
 
 # ------------------------------------------------------------------ protoprompt's keys

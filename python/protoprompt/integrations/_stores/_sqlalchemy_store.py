@@ -59,7 +59,7 @@ from ...summaries import KIND as SUMMARIES
 from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState
+from ._prefix_state import PrefixState, wait_all
 from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
 from ._snapshots import Snapshots, SnapshotStore, SQLiteSnapshots
@@ -328,9 +328,7 @@ class SQLAlchemyStore:
         return None
 
     def close(self) -> None:
-        for state in (self.prefixes, self.turns):
-            if state is not None:
-                state.wait(timeout=5.0)  # the latest request is stored first
+        wait_all(self.prefixes, self.turns)
 
 
 # ------------------------------------------------------------------ PostgreSQL tables

@@ -35,7 +35,7 @@ from ...count_store import CountStore
 from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState
+from ._prefix_state import PrefixState, wait_all
 from ._snapshots import SnapshotStore, SQLiteSnapshots
 from ._store_types import StoreReadError as StoreReadError
 from ._store_types import Unsupported as Unsupported
@@ -161,9 +161,7 @@ class SQLiteStore:
         return None
 
     def close(self) -> None:
-        for state in (self.prefixes, self.turns):
-            if state is not None:
-                state.wait(timeout=5.0)  # the latest request is stored first
+        wait_all(self.prefixes, self.turns)
         self.reader.close()
 
 
