@@ -179,7 +179,7 @@ step_dist() {
 # SQLiteSession, SQLAlchemySession and RedisSession they build replaced by ProtoPromptSession
 # over one (tests/sdk_conformance/protoprompt_conformance.py), without and with our input
 # callback: as upstream runs them (SQLite in memory, fakeredis), then the SQLAlchemy and Redis
-# tests once more against the services' PostgreSQL (asyncpg) and redis-server, where the tests
+# tests once more against the services' PostgreSQL (psycopg, the one driver protoprompt uses) and redis-server, where the tests
 # allow a real server. Skipped tests are listed with their reason at the end of each run. All
 # modes together take 3-5 min for 0.24.0 and 2-3 min for 0.22.3 on the 2-core machine.
 sdk_conformance() {
@@ -212,7 +212,7 @@ sdk_conformance() {
       "${tests[@]}")
     echo "-- callback $([ $callback = 1 ] && echo on || echo off), on PostgreSQL and redis-server"
     (cd "$src" && PROTOPROMPT_CONFORMANCE_CALLBACK=$callback \
-      PROTOPROMPT_CONFORMANCE_POSTGRES="${PROTOPROMPT_TEST_POSTGRES_URL/postgresql:/postgresql+asyncpg:}" \
+      PROTOPROMPT_CONFORMANCE_POSTGRES="${PROTOPROMPT_TEST_POSTGRES_URL/postgresql:/postgresql+psycopg:}" \
       PROTOPROMPT_CONFORMANCE_REDIS="${PROTOPROMPT_TEST_REDIS_URL%/*}/${CONFORMANCE_REDIS_DB:-15}" \
       PYTHONPATH="$ROOT/tests/sdk_conformance" \
       "$venv/bin/python" -m pytest -q -rx -p no:cacheprovider -p protoprompt_conformance \

@@ -378,7 +378,8 @@ def redis_url() -> str:
 SESSION_ENGINES = ["sqlite", "sqlalchemy-sqlite", "postgres-asyncpg", "postgres-psycopg", "redis"]
 """Where a ProtoPromptSession's history can live with the whole fast path: a SQLite file
 (``SQLiteSession``), ``SQLAlchemySession`` on a SQLite file (aiosqlite) and on PostgreSQL
-(asyncpg and psycopg), and ``RedisSession``."""
+(psycopg, the one driver protoprompt itself uses, and asyncpg, which a user may give the
+SDK's engine), and ``RedisSession``."""
 
 
 class SessionEngine:

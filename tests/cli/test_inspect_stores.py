@@ -19,7 +19,7 @@ import protoprompt as pp  # noqa: E402
 from protoprompt import TokenBudgetedContextBuilder  # noqa: E402
 from protoprompt.cli import main  # noqa: E402
 
-STORES = ["sqlalchemy-sqlite", "postgres-asyncpg", "redis"]
+STORES = ["sqlalchemy-sqlite", "postgres-psycopg", "redis"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -43,10 +43,9 @@ async def stored(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         pytest.importorskip("redis")
         url = target = request.getfixturevalue("redis_url")
     else:
-        pytest.importorskip("asyncpg")
         pytest.importorskip("psycopg")
         target = request.getfixturevalue("postgres_url")
-        url = target.replace("postgresql://", "postgresql+asyncpg://", 1)
+        url = target.replace("postgresql://", "postgresql+psycopg://", 1)
     engine = SessionEngine(kind, tmp_path, url)
     extra = ["--key-prefix", engine.prefix] if kind == "redis" else []
     sid = engine.sid()
@@ -125,14 +124,14 @@ def test_inspect_of_an_unreachable_server_is_a_clean_error(
 async def test_inspect_lists_rows_the_sdk_skips_on_postgres(
     postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("asyncpg")
+    pytest.importorskip("psycopg")
     from conftest import SessionEngine
     from sqlalchemy import text
 
     engine = SessionEngine(
-        "postgres-asyncpg",
+        "postgres-psycopg",
         tmp_path,
-        postgres_url.replace("postgresql://", "postgresql+asyncpg://", 1),
+        postgres_url.replace("postgresql://", "postgresql+psycopg://", 1),
     )
     sid = engine.sid()
     inner = engine.plain(sid)

@@ -12,7 +12,8 @@ and write the private attributes the SDK's tests inspect or patch (``_session_fa
 ``_redis``...) through to the inner session, and their ``close`` is the inner's.
 
 ``PROTOPROMPT_CONFORMANCE_POSTGRES=<url>`` runs the SQLAlchemy session tests against that
-PostgreSQL database (``postgresql+asyncpg://``) instead of an in-memory SQLite one: the
+PostgreSQL database (``postgresql+psycopg://``, the driver protoprompt itself uses; an
+``+asyncpg`` URL works too) instead of an in-memory SQLite one: the
 module's ``DB_URL`` is replaced and every test starts from empty SDK tables (tests that
 name a SQLite file keep it). ``PROTOPROMPT_CONFORMANCE_REDIS=<url>`` runs the Redis session
 tests against that server instead of fakeredis (tests that need fakeredis then skip, as
@@ -225,11 +226,17 @@ POSTGRES_SKIPS: dict[str, str] = {
         "SQLite only: inserts rows without their session row, which PostgreSQL's foreign key "
         "refuses (also without protoprompt)"
     ),
-    f"{SQLALCHEMY_TESTS}::test_pop_item_same_timestamp_returns_latest": (
-        "SQLite only: binds a timestamp as text, which asyncpg refuses for a TIMESTAMP "
-        "column (also without protoprompt)"
-    ),
 }
+if "+asyncpg" in POSTGRES:
+    # psycopg binds the test's text timestamp; asyncpg refuses it.
+    POSTGRES_SKIPS.update(
+        {
+            f"{SQLALCHEMY_TESTS}::test_pop_item_same_timestamp_returns_latest": (
+                "binds a timestamp as text, which asyncpg refuses for a TIMESTAMP "
+                "column (also without protoprompt)"
+            ),
+        }
+    )
 
 
 def _use_servers(module: Any, path: str) -> None:

@@ -1,7 +1,7 @@
 """Chaos: several processes write one session's history while others run turns through
 ``ProtoPromptSession`` and its callback, and any of them is killed with SIGKILL at any moment
 (and started again) -- on each engine the history can live in: a SQLite file
-(``SQLiteSession``), PostgreSQL (``SQLAlchemySession`` through asyncpg) and Redis
+(``SQLiteSession``), PostgreSQL (``SQLAlchemySession`` through psycopg) and Redis
 (``RedisSession``), the last two on the test servers of scripts/services.sh. Afterwards the
 store is intact (SQLite's integrity check; every PostgreSQL row has its session row; the
 Redis key is a list), no stored item was lost or duplicated, and every turn sent exactly what
@@ -453,9 +453,9 @@ def chaos_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
     if engine == "sqlite":
         return {"engine": engine, "db": str(tmp_path / "chaos.db"), "session": session}
     if engine == "postgres":
-        pytest.importorskip("asyncpg")
+        pytest.importorskip("psycopg")
         url = request.getfixturevalue("postgres_url")
-        url = url.replace("postgresql://", "postgresql+asyncpg://", 1)
+        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
         return {"engine": engine, "url": url, "session": session}
     pytest.importorskip("redis")
     url = request.getfixturevalue("redis_url")

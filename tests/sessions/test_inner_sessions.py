@@ -1,5 +1,5 @@
 """ProtoPromptSession over the SDK's other sessions: AdvancedSQLiteSession, SQLAlchemySession
-(SQLite through aiosqlite, PostgreSQL through asyncpg), EncryptedSession, and RedisSession
+(SQLite through aiosqlite, PostgreSQL through psycopg), EncryptedSession, and RedisSession
 (PostgreSQL and redis-server: the test servers of scripts/services.sh).
 
 Over SQLAlchemySession and RedisSession the session takes the fast path (its store reads
@@ -57,12 +57,12 @@ async def make_inner(kind: str, sid: str, tmp_path: Path, url: str | None) -> An
             sid, url=f"sqlite+aiosqlite:///{tmp_path}/sa.db", create_tables=True
         )
     if kind == "postgres":
-        pytest.importorskip("asyncpg")
+        pytest.importorskip("psycopg")
         from agents.extensions.memory import SQLAlchemySession
 
         assert url is not None
         return SQLAlchemySession.from_url(
-            sid, url=url.replace("postgresql://", "postgresql+asyncpg://", 1), create_tables=True
+            sid, url=url.replace("postgresql://", "postgresql+psycopg://", 1), create_tables=True
         )
     if kind == "encrypted":
         pytest.importorskip("cryptography")

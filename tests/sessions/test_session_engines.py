@@ -1,5 +1,6 @@
 """ProtoPromptSession's fast path on every engine its history can live in: a SQLite file,
-``SQLAlchemySession`` on SQLite (aiosqlite) and PostgreSQL (asyncpg, psycopg), and
+``SQLAlchemySession`` on SQLite (aiosqlite) and PostgreSQL (psycopg, the one driver
+protoprompt uses, and asyncpg, a driver a user may give the SDK), and
 ``RedisSession`` -- token windows, the incremental index, snapshots and token counts kept
 beside the history, shared by workers, with the same trust rules.
 
@@ -180,13 +181,15 @@ async def test_a_new_worker_reads_the_stored_counts(session_engine: Any, new_pro
     history, and its token counts come from the count store."""
     sid = session_engine.sid()
     options = {"windowed_reads": False, "snapshot_min_items": 10**9}
+    # Texts of this test only: the engine's count table is shared by the run's tests.
+    base = 1000 * (1 + int(session_engine.tag, 16) % 10**6)
     first = Worker(session_engine, sid, budget=3000, **options)
     for i in range(10):
-        report = await first.turn(i)
+        report = await first.turn(base + i)
     assert (report.count_store_writes or 0) > 0, report.count_store_line()
     first.session.close()  # writes the queued counts
     new_process()
-    report = await Worker(session_engine, sid, budget=3000, **options).turn(10)
+    report = await Worker(session_engine, sid, budget=3000, **options).turn(base + 10)
     assert report.index == "rebuilt" and report.snapshot == "none_stored", report.lines()
     assert (report.count_store_hits or 0) >= 8, report.count_store_line()
 
@@ -488,7 +491,7 @@ async def test_without_protoprompt_s_own_tables_the_rows_still_go_fast(
 ) -> None:
     """A database user that may not create tables (or a Redis ACL): no snapshots or
     counts, and the turn report says why; windows and the index still work."""
-    if session_engine.kind not in ("postgres-asyncpg", "redis"):
+    if session_engine.kind not in ("postgres-psycopg", "redis"):
         pytest.skip("the SQLite tables are the SQLite fast path's")
     from protoprompt.integrations._stores import _redis_store, _sqlalchemy_store
 
