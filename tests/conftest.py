@@ -216,7 +216,8 @@ def new_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     import weakref
     from collections import OrderedDict
 
-    from protoprompt import _core, _count_memo, _process
+    from protoprompt import _core, _process
+    from protoprompt._context import _count_memo
 
     def restart() -> None:
         monkeypatch.setattr(_process.SHARED_INDEXES, "items", OrderedDict())

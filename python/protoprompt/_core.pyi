@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, TypedDict, final
 
 from typing_extensions import NotRequired
 
-from protoprompt._pack_types import Masking
+from protoprompt._packing._types import Masking
 
 __all__ = [
     "CALIBRATION_MAX_SAMPLES",

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .plan import SECTION_LABELS, RequestSections, history_at, input_at
 
 if TYPE_CHECKING:
-    from ._context_plan import ContextPlan
-    from ._pack_result import PackResult
+    from ._context._plan import ContextPlan
+    from ._packing._result import PackResult
 
 __all__ = [
     "MAX_UNITS",

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import _core
-from ._pack_types import Item, ItemCost
+from ._packing._types import Item, ItemCost
 
 
 def as_list(items: Iterable[Item], name: str) -> list[Any]:

@@ -42,10 +42,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _count_memo
-from ._context_blocks import RECALL_SHARE, Assembler, Assembly, Candidate
-from ._context_blocks import TRUNCATION_MARK as TRUNCATION_MARK
-from ._context_options import (
+from ._context import _count_memo
+from ._context._blocks import RECALL_SHARE, Assembler, Assembly, Candidate
+from ._context._blocks import TRUNCATION_MARK as TRUNCATION_MARK
+from ._context._options import (
     LAYERS,
     check_calibration,
     check_choices,
@@ -56,10 +56,10 @@ from ._context_options import (
     check_store,
     resolve_encoding,
 )
-from ._context_plan import ContextBlock, ContextPlan, recall_position
-from ._context_query import latest_user_text
-from ._context_recall import Recall, Sent, without_repeats
-from ._pack_types import check_masking
+from ._context._plan import ContextBlock, ContextPlan, recall_position
+from ._context._query import latest_user_text
+from ._packing._types import check_masking
+from ._recall._turn import Recall, Sent, without_repeats
 from .calibration import Calibration, CalibrationState
 from .memory import MemoryScope
 from .packing import (

@@ -1,7 +1,7 @@
 """Token counting and budget packing: the typed Python face of the Rust core.
 
-The values live in private modules by job (``_pack_types``, ``_pack_result``, ``_tokens``,
-``_pack_run``, ``_history_index``); this module is their public face and runs
+The values live in private modules by job (``_packing/``: ``_types``, ``_result``, ``_run``,
+``_history_index``; and ``_tokens``); this module is their public face and runs
 :func:`pack` and :func:`analyze`.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from . import _core
-from ._history_index import HistoryIndex
-from ._pack_result import PackResult
-from ._pack_run import (
+from ._packing._history_index import HistoryIndex
+from ._packing._result import PackResult
+from ._packing._run import (
     OPAQUE_SCALE_MAX,
     OPAQUE_SCALE_MIN,
     PackOptions,
@@ -21,8 +21,8 @@ from ._pack_run import (
     options_of,
     run_pack,
 )
-from ._pack_types import MIN_EXCERPT_TOKENS as MIN_EXCERPT_TOKENS
-from ._pack_types import (
+from ._packing._types import MIN_EXCERPT_TOKENS as MIN_EXCERPT_TOKENS
+from ._packing._types import (
     Decisions,
     FillStop,
     GraphReport,

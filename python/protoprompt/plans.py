@@ -19,7 +19,7 @@ plan, :class:`protoprompt.integrations.ModelCallPlan`, is in :mod:`protoprompt.i
 
 from __future__ import annotations
 
-from ._context_plan import ContextBlock, ContextPlan
+from ._context._plan import ContextBlock, ContextPlan
 from .calibration import CalibrationState
 from .packing import (
     Decisions,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _core
-from ._pack_run import max_tokens_of
-from ._pack_types import MAX_TOKENS, MIN_EXCERPT_TOKENS
+from ._packing._run import max_tokens_of
+from ._packing._types import MAX_TOKENS, MIN_EXCERPT_TOKENS
 
 Item = Mapping[str, Any]
 

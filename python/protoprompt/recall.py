@@ -46,9 +46,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _process
-from ._context_query import message_text
-from ._recall_index import BATCH, IndexJob
-from ._recall_ledger import (
+from ._context._query import message_text
+from ._recall._index import BATCH, IndexJob
+from ._recall._ledger import (
     EvictionStep,
     Ledger,
     TurnMemory,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ._context_blocks import data
+from ._context._blocks import data
 from ._storage import Kind, Record, sqlite_record
 from ._storage.records import Field
 from .packing import count_tokens_batch

@@ -1,4 +1,4 @@
-"""The process's memo of token counts (``protoprompt._count_memo``): a count is reused only
+"""The process's memo of token counts (``protoprompt._context._count_memo``): a count is reused only
 for the same text, counted the same way (kind, model, encoding), whichever of its two
 tables holds it (short texts by the text itself, every text by its digest)."""
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from protoprompt import _count_memo
+from protoprompt._context import _count_memo
 
 
 @pytest.fixture(autouse=True)

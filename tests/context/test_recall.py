@@ -31,7 +31,7 @@ from protoprompt import recall as recall_module  # noqa: E402
 from protoprompt.integrations import ProtoPromptSession  # noqa: E402
 from protoprompt.integrations._turns import _evicted  # noqa: E402
 from protoprompt.memory import HistoryRecord  # noqa: E402
-from protoprompt._recall_ledger import position_key  # noqa: E402
+from protoprompt._recall._ledger import position_key  # noqa: E402
 from protoprompt.recall import eviction_step, item_digest  # noqa: E402
 
 import evicted_turns as evicted  # noqa: E402
@@ -159,17 +159,17 @@ def test_passages_of_the_newest_turns_are_left_out_before_the_first_pack(
     them first: their passages are left out before the pack, so the turn packs once, and
     they are reported as repeats; a question that repeats an earlier one word for word
     leaves that turn's passages out too (the new input is always sent)."""
-    from protoprompt import _context_recall
+    from protoprompt._recall import _turn as recall_turn
 
     history = _history(12)
     builder = _indexed_builder(history, 700)
     packs = _builds(builder, monkeypatch)
-    before = dict(_context_recall.repeat_stats)
+    before = dict(recall_turn.repeat_stats)
     question = {"role": "user", "content": "question 11 about the weather"}  # repeated
     plan = builder.build(history, [question], session_id="s1", turn=13)
     assert packs == [1]
-    assert _context_recall.repeat_stats["guessed"] == before["guessed"] + 1
-    assert _context_recall.repeat_stats["guess_failed"] == before["guess_failed"]
+    assert recall_turn.repeat_stats["guessed"] == before["guessed"] + 1
+    assert recall_turn.repeat_stats["guess_failed"] == before["guess_failed"]
     left_out = {b.source for b in plan.blocks if b.reason == "its turn is in the request"}
     newest = {f"history:{p}#0" for p in range(len(history) - 8, len(history))}
     assert left_out & newest and "history:22#0" in left_out, left_out
@@ -178,7 +178,7 @@ def test_passages_of_the_newest_turns_are_left_out_before_the_first_pack(
         plan.pack.kept_history
     )
     # With the guess switched off, the repeats are found after packing: more packs.
-    monkeypatch.setattr(_context_recall, "NEWEST_GUESS", 0)
+    monkeypatch.setattr(recall_turn, "NEWEST_GUESS", 0)
     again = builder.build(history, [question], session_id="s1", turn=13)
     assert packs[-1] > 1
     kept = [b for b in again.blocks if b.layer == "history" and b.kept]
@@ -191,18 +191,18 @@ def test_a_newest_turn_not_in_the_request_is_recalled_after_all(
     """When a newest history item does not reach the request (here the newest answer is
     too long for the budget), its passages were left out wrongly: the turn packs again
     from the whole pool, and the passage is recalled."""
-    from protoprompt import _context_recall
+    from protoprompt._recall import _turn as recall_turn
 
     history = _history(6)
     history[-1] = {"role": "assistant", "content": "answer 5: the weather " + "storm " * 900}
     builder = _indexed_builder(history, 900)
     packs = _builds(builder, monkeypatch)
-    before = dict(_context_recall.repeat_stats)
+    before = dict(recall_turn.repeat_stats)
     plan = builder.build(
         history, [{"role": "user", "content": "what was answer 5 about?"}], session_id="s1"
     )
     assert len(history) - 1 not in plan.pack.kept_history
-    assert _context_recall.repeat_stats["guess_failed"] == before["guess_failed"] + 1
+    assert recall_turn.repeat_stats["guess_failed"] == before["guess_failed"] + 1
     assert packs[0] >= 2
     assert any(b.source == f"history:{len(history) - 1}#0" and b.kept for b in plan.blocks), (
         plan.explain()
@@ -354,7 +354,7 @@ def test_a_later_turn_counts_only_what_changed_of_the_passages_it_recalls(
     "N turns ago" headers changed) counts only the headers' openings, not the passages
     again; a passage whose text changed is counted again. The plan is the one a builder
     without kept counts makes."""
-    from protoprompt import _count_memo
+    from protoprompt._context import _count_memo
     from protoprompt import context as context_module
 
     store = MemoryStore()
@@ -415,7 +415,7 @@ def test_a_later_turn_counts_only_what_changed_of_the_passages_it_recalls(
     ],
 )
 def test_the_date_of_a_history_item(item: dict[str, Any], date: str | None) -> None:
-    from protoprompt._recall_index import date_of
+    from protoprompt._recall._index import date_of
 
     assert date_of(item) == date
 
@@ -1116,7 +1116,8 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
     section adds) and the message is counted once, when they are settled (the fast path,
     asserted by the counts); the plan is the one made by counting each passage in the
     message."""
-    from protoprompt import _context_blocks, _count_memo
+    from protoprompt._context import _blocks as context_blocks
+    from protoprompt._context import _count_memo
     from protoprompt import context as context_module
 
     store = MemoryStore()
@@ -1137,17 +1138,17 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(context_module, "item_tokens", counting)
     _count_memo.clear()
-    taken = _context_blocks.stats["first_by_size"]
+    taken = context_blocks.stats["first_by_size"]
     plan = builder.build([], query, session_id="s1", turn=5)
     kept = [b for b in plan.blocks if b.layer == "history" and b.kept]
     dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
     assert len(kept) > 3 and dropped  # the room was filled
-    assert _context_blocks.stats["first_by_size"] == taken + 1  # the fast path was taken
+    assert context_blocks.stats["first_by_size"] == taken + 1  # the fast path was taken
     assert len(messages) == 1  # the message was counted once
     assert plan.context_message is not None and plan.context_message["content"] == messages[0]
     assert plan.context_tokens == sum(b.tokens or 0 for b in plan.blocks if b.kept)
     # Without sizes to go by (every passage counted in the message): the same plan.
-    monkeypatch.setattr(_context_blocks, "SIZE_SLACK", 10**6)
+    monkeypatch.setattr(context_blocks, "SIZE_SLACK", 10**6)
     _count_memo.clear()
     messages.clear()
     counted = builder.build([], query, session_id="s1", turn=5)
@@ -1163,7 +1164,7 @@ def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
     once for the process, by its content: the next turn's new objects of the same items
     are found (the fast path, asserted by the hits), an item whose content changed is
     digested again; the plan is the same."""
-    from protoprompt import _recall_ledger
+    from protoprompt._recall import _ledger as recall_ledger
 
     store = MemoryStore(chunk_words=40, chunk_overlap=0)
     history = _history(12)
@@ -1180,7 +1181,7 @@ def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
     new_input = [{"role": "user", "content": "what did you answer to question 11 on the weather?"}]
     plan = builder.build(history, new_input, session_id="s1", turn=13)
     assert any(b.reason == "its turn is in the request" for b in plan.blocks)
-    stats = _recall_ledger.digest_stats
+    stats = recall_ledger.digest_stats
     hits, misses = stats["hits"], stats["misses"]
     fresh = json.loads(json.dumps(history))  # new objects, the same content
     again = builder.build(fresh, new_input, session_id="s1", turn=13)
@@ -1234,8 +1235,8 @@ def test_a_turn_asks_the_store_for_no_more_passages_than_can_fit(
     ``recall_tokens``: a small budget asks the store for that many passages' worth, not for
     ``recall_tokens``' worth, and names the rows the request sends so their passages do
     not count."""
-    from protoprompt import _context_recall
-    from protoprompt._context_blocks import RECALL_SHARE
+    from protoprompt._recall import _turn as recall_turn
+    from protoprompt._context._blocks import RECALL_SHARE
 
     history = _history(12)
     builder = _indexed_builder(history, 1_000)
@@ -1249,12 +1250,12 @@ def test_a_turn_asks_the_store_for_no_more_passages_than_can_fit(
     monkeypatch.setattr(builder.store, "search_history", spy)
     question = {"role": "user", "content": "what about the weather?"}
     builder.build(history, [question], session_id="s1", turn=13)
-    per_hit = _context_recall.TOKENS_PER_HIT
-    assert asked[-1]["limit"] == max(int(1_000 * RECALL_SHARE) // per_hit, _context_recall.MIN_HITS)
+    per_hit = recall_turn.TOKENS_PER_HIT
+    assert asked[-1]["limit"] == max(int(1_000 * RECALL_SHARE) // per_hit, recall_turn.MIN_HITS)
     assert builder.recall_tokens // per_hit > asked[-1]["limit"]
-    sent = _context_recall.Sent.of(history, [question])
+    sent = recall_turn.Sent.of(history, [question])
     assert asked[-1].get("uncounted") == sent.either and len(sent.newest) == 8
     wide = _indexed_builder(history, 100_000)
     monkeypatch.setattr(wide.store, "search_history", spy)
     wide.build(history, [question], session_id="s1", turn=13)
-    assert asked[-1]["limit"] == min(wide.recall_tokens // per_hit, _context_recall.MAX_HITS)
+    assert asked[-1]["limit"] == min(wide.recall_tokens // per_hit, recall_turn.MAX_HITS)

@@ -48,13 +48,13 @@ def test_the_page_renders_views_and_never_imports_a_plan() -> None:
     modules = checker.load(PACKAGE)
     page = {e.target for e in modules["protoprompt.plan_html"].edges}
     view = {e.target for e in modules["protoprompt._plan_view"].edges}
-    for plan in ("protoprompt.context", "protoprompt._context_plan", "protoprompt.packing"):
+    for plan in ("protoprompt.context", "protoprompt._context._plan", "protoprompt.packing"):
         assert plan not in page | view
-    assert "protoprompt._pack_result" not in page | view
+    assert "protoprompt._packing._result" not in page | view
     assert "protoprompt._plan_view" in page
     for plan in (
-        "protoprompt._pack_result",
-        "protoprompt._context_plan",
+        "protoprompt._packing._result",
+        "protoprompt._context._plan",
         "protoprompt.integrations._calls._call_plan",
     ):
         targets = {e.target for e in modules[plan].edges}
@@ -96,6 +96,40 @@ def test_the_integration_rooms_import_only_the_rooms_after_them() -> None:
                 order = INTEGRATION_ROOMS.index
                 assert order(there) > order(here), f"{mod.name} imports {edge.target}"
     assert imported == set(INTEGRATION_ROOMS)
+
+
+PACKAGE_ROOMS = ("_recall", "_context", "_packing", "_storage")
+"""The private rooms at the top of ``protoprompt``, each importing only the rooms after it:
+what a turn recalls, the builder's context message, packing a history, storage."""
+
+TOP_PRIVATE = {"_core", "_demo", "_meta", "_plan_view", "_process", "_reasons", "_seams", "_tokens"}
+"""The private modules that stay at the top of ``protoprompt``: the core, process-wide state,
+the seams of third-party classes, and the small shared vocabularies (tokens, reasons, views)."""
+
+
+def test_the_package_rooms_import_only_the_rooms_after_them() -> None:
+    checker = _checker()
+    modules = checker.load(PACKAGE, typing_too=True)
+
+    def room(name: str) -> str | None:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 2 and parts[1] in PACKAGE_ROOMS else None
+
+    top = {name.split(".")[1] for name in modules if name.count(".") >= 1}
+    private = {name for name in top if name.startswith("_") and not name.startswith("__")}
+    assert private == set(PACKAGE_ROOMS) | (TOP_PRIVATE - {"_core"}), private
+    imported: set[str] = set()
+    for mod in modules.values():
+        here = room(mod.name)
+        for edge in mod.edges:
+            there = room(edge.target)
+            if there is None or there == here:
+                continue
+            imported.add(there)
+            if here is not None:
+                order = PACKAGE_ROOMS.index
+                assert order(there) > order(here), f"{mod.name} imports {edge.target}"
+    assert imported == set(PACKAGE_ROOMS)
 
 
 def test_an_import_inside_a_function_closes_a_cycle(tmp_path: Path) -> None:

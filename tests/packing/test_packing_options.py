@@ -8,7 +8,7 @@ import pytest
 
 import protoprompt as pp
 from protoprompt import _core
-from protoprompt._pack_run import PackOptions as _PackOptions
+from protoprompt._packing._run import PackOptions as _PackOptions
 
 HISTORY = [
     {"role": "user", "content": "first question"},

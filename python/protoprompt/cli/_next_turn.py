@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from .._context_query import message_text
+from .._context._query import message_text
 from ..packing import HistoryIndex, PackOptions
 from ..turn_report import READ_REASONS, window_widened
 

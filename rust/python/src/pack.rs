@@ -200,7 +200,7 @@ impl PyPackOptions {
             return Ok(());
         }
         let class = py
-            .import(intern!(py, "protoprompt._pack_types"))?
+            .import(intern!(py, "protoprompt.packing"))?
             .getattr(intern!(py, "Masking"))?;
         if !value.is_instance(&class)? {
             return Err(PyTypeError::new_err(format!(

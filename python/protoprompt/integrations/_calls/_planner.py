@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import _core
-from ..._pack_types import UnitDecision
+from ..._packing._types import UnitDecision
 from ..._tokens import item_tokens
 from ...packing import HistoryIndex, Masking, analyze
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._process import SERVED_BUILDERS, sqlite_gate
-from ..._recall_ledger import position_key
+from ..._recall._ledger import position_key
 from ...recall import Evictions, Ledger, TurnRows, item_digest
 from ...summaries import MemorySummaryStore, SummaryStore
 from .._sdk._sdk import SQLiteSession

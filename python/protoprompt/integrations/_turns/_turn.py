@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..._context_plan import recall_position
+from ..._context._plan import recall_position
 from ..._tokens import item_tokens
 from ...errors import InvalidItemError, ProtoPromptError, TokenBudgetExceededError
 from ...turn_report import (

@@ -9,7 +9,7 @@ import logging
 from array import array
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..._context_query import message_text
+from ..._context._query import message_text
 from ...turn_report import window_widened
 from .._sdk._probes import PREPARE_CODE, runner_locals
 from .._sdk._sdk import ItemHelpers

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _core
-from .errors import ProtoPromptError
-from .memory import MemoryScope
-from .packing import canonical_text
+from .. import _core
+from ..errors import ProtoPromptError
+from ..memory import MemoryScope
+from ..packing import canonical_text
 
 if TYPE_CHECKING:
-    from .summaries import SummaryStore
+    from ..summaries import SummaryStore
 
 
 def item_digest(item: Any) -> str | None:

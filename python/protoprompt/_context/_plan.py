@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._plan_view import PlanView, context_view, page
-from .calibration import CalibrationState
-from .errors import renamed
-from .memory import MemoryScope
-from .packing import PackResult
-from .plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
-from .turn_report import TurnReport
+from .._plan_view import PlanView, context_view, page
+from ..calibration import CalibrationState
+from ..errors import renamed
+from ..memory import MemoryScope
+from ..packing import PackResult
+from ..plan import CallLayout, RequestCost, RequestSections, input_at, request_sections
+from ..turn_report import TurnReport
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._context_blocks import Candidate, render_block, when
-from ._context_plan import ContextBlock, ContextPlan
-from ._recall_ledger import item_digests
-from .memory import MemoryHit, MemoryScope
-from .memory._ranking import cosine, rrf_weight
-from .memory.store import MemoryStore, layers_present
+from .._context._blocks import Candidate, render_block, when
+from .._context._plan import ContextBlock, ContextPlan
+from ..memory import MemoryHit, MemoryScope
+from ..memory._ranking import cosine, rrf_weight
+from ..memory.store import MemoryStore, layers_present
+from ._ledger import item_digests
 
 Embedder = Callable[[list[str]], list[list[float]]]
 

@@ -7,10 +7,10 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from . import _core
-from .calibration import Calibration
-from .memory import MemoryScope
-from .packing import Masking, encoding_for_model
+from .. import _core
+from ..calibration import Calibration
+from ..memory import MemoryScope
+from ..packing import Masking, encoding_for_model
 
 LAYERS: tuple[str, ...] = ("system", "profile", "summary", "facts", "rag", "history")
 """The context layers, in their default priority order."""

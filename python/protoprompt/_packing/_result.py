@@ -6,11 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._pack_types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
-from ._plan_view import PlanView, pack_view, page
-from ._tokens import ESTIMATED_ENCODINGS
-from .errors import renamed
-from .plan import (
+from .._plan_view import PlanView, pack_view, page
+from .._tokens import ESTIMATED_ENCODINGS
+from ..errors import renamed
+from ..plan import (
     NO_HISTORY,
     RequestSections,
     Section,
@@ -19,6 +18,7 @@ from .plan import (
     masked_note,
     unit_reason,
 )
+from ._types import KEPT, Decisions, FillStop, IndexUse, PackTotals, UnitDecision
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ._recall_ledger import POSITION_SHIFT, Ledger, item_digest, position_key
-from .memory import HistoryRecord, MemoryScope
-from .transcript import render_item, tool_names
+from ..memory import HistoryRecord, MemoryScope
+from ..transcript import render_item, tool_names
+from ._ledger import POSITION_SHIFT, Ledger, item_digest, position_key
 
 BATCH = 256
 """Rows indexed per store call."""

@@ -7,18 +7,18 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from . import _core
-from ._pack_result import PackResult
-from ._pack_types import (
+from .. import _core
+from .._tokens import as_list
+from ..count_store import CountStore
+from ..errors import ConflictingArgumentsError
+from ._result import PackResult
+from ._types import (
     MAX_TOKENS,
     Decisions,
     FillStop,
     IndexUse,
     Item,
 )
-from ._tokens import as_list
-from .count_store import CountStore
-from .errors import ConflictingArgumentsError
 
 
 def checked_store(count_store: CountStore | None) -> CountStore | None:

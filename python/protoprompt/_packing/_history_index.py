@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import _core
-from ._pack_result import PackResult
-from ._pack_run import PackOptions, checked_store, max_tokens_of, options_of, run_pack
-from ._pack_types import MAX_TOKENS, HistoryWindow, Item, Masking, Policy
-from ._tokens import as_list
-from .count_store import CountStore
+from .. import _core
+from .._tokens import as_list
+from ..count_store import CountStore
+from ._result import PackResult
+from ._run import PackOptions, checked_store, max_tokens_of, options_of, run_pack
+from ._types import MAX_TOKENS, HistoryWindow, Item, Masking, Policy
 
 
 class HistoryIndex:

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._context_plan import ContextBlock
-from .errors import TokenBudgetExceededError
-from .memory import MemoryHit
-from .memory._ranking import WORD
+from ..errors import TokenBudgetExceededError
+from ..memory import MemoryHit
+from ..memory._ranking import WORD
+from ._plan import ContextBlock
 
 TRUNCATION_MARK = " …"
 """Appended to a block that was cut at a word boundary, so the model can tell."""

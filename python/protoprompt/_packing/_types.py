@@ -6,8 +6,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from . import _core
-from .errors import renamed
+from .. import _core
+from ..errors import renamed
 
 Policy = Literal["contiguous", "greedy"]
 Item = Mapping[str, Any]
