@@ -48,6 +48,12 @@ FORMAT = "protoprompt prefix state 3"
 """2: the request key carries its content digest; 3: the copies' original digests."""
 MAX_BYTES = 4 << 20
 """The largest stored form (compressed): a larger request is not stored."""
+WRITE_DELAY = 0.02
+"""Seconds a write waits before it encodes and stores the latest state: the call that saved
+it returns and its request goes out first (encoding a request is Python work that holds
+the interpreter lock about as long as serialising the request; a writer that ran at once
+took it from the call). Saves within the delay are written once (the latest wins); a wait
+for the write (``close``, exit, a test) ends the delay at once."""
 
 
 def _binding(record: Record, database_id: str) -> list[str]:
@@ -152,8 +158,9 @@ def _copies(value: Any, n: int) -> dict[int, bytes] | None:
 
 class StoredState(Generic[T]):
     """One stored session's record of a state, and the version this process last read or
-    wrote. Writes run in a background thread (the latest state wins); nothing raises.
-    Subclasses say how a state is stored (:meth:`_encode`, :meth:`_decode`) and copied."""
+    wrote. Writes run in a background thread after :data:`WRITE_DELAY` (the latest state
+    wins); nothing raises. Subclasses say how a state is stored (:meth:`_encode`,
+    :meth:`_decode`) and copied."""
 
     def __init__(self, record: Record, database_id: str) -> None:
         self.record = record
@@ -162,6 +169,10 @@ class StoredState(Generic[T]):
         self.lock = threading.Lock()
         self.pending: T | None = None
         self.writer: threading.Thread | None = None
+        self.hurry = threading.Event()
+        """Set to end the current writer's delay (a wait for its write)."""
+        self.delayed = 0
+        """Writers whose delay ran out, not ended by a wait (read by tests)."""
         _process.PREFIX_STATES.add(self)
 
     def _encode(self, value: T) -> bytes | None:
@@ -205,31 +216,57 @@ class StoredState(Generic[T]):
         copy = self._copy(value)
         with self.lock:
             self.pending = copy
-            if self.writer is not None and self.writer.is_alive():
-                return
-            self.writer = threading.Thread(
-                target=self._write, name="protoprompt-prefix", daemon=True
+            if self.writer is not None:
+                return  # the writer writes it (it leaves only when nothing is pending)
+            self.hurry = threading.Event()
+            writer = threading.Thread(
+                target=self._write, args=(self.hurry,), name="protoprompt-prefix", daemon=True
             )
-            self.writer.start()
+            try:
+                writer.start()
+            except RuntimeError:  # no thread to be had: the next save tries again
+                _log.debug("protoprompt: no writer for the stored %s", self.record.kind.suffix)
+                return
+            self.writer = writer
 
-    def _write(self) -> None:
+    def _write(self, hurry: threading.Event) -> None:
+        try:
+            self._drain(hurry)
+        finally:
+            with self.lock:
+                if self.writer is threading.current_thread():
+                    self.writer = None
+
+    def _drain(self, hurry: threading.Event) -> None:
+        if not hurry.wait(WRITE_DELAY):
+            self.delayed += 1
         while True:
             with self.lock:
                 value, self.pending = self.pending, None
                 expected = self.version
-            if value is None:
-                return
-            data = self._encode(value)
-            if data is None:
-                continue
-            version = secrets.randbits(62)
-            values = {"version": version, "data": data}
-            done = self.record.swap(expected, values)
-            if done is False and expected is None:
-                done = self.record.swap(self._stored_damaged(), values)
-            if done is True:
-                with self.lock:
-                    self.version = version
+                if value is None:
+                    self.writer = None
+                    return
+            try:
+                self._store(value, expected)
+            except Exception:  # noqa: BLE001 - a write is best effort: this state is lost
+                _log.debug(
+                    "protoprompt: the stored %s was not written", self.record.kind.suffix,
+                    exc_info=True,
+                )  # fmt: skip
+
+    def _store(self, value: T, expected: int | None) -> None:
+        data = self._encode(value)
+        if data is None:
+            return
+        version = secrets.randbits(62)
+        values = {"version": version, "data": data}
+        done = self.record.swap(expected, values)
+        if done is False and expected is None:
+            done = self.record.swap(self._stored_damaged(), values)
+        if done is True:
+            with self.lock:
+                self.version = version
 
     def _stored_damaged(self) -> int | None:
         """The version of a stored record this process never read when it cannot be used
@@ -250,13 +287,16 @@ class StoredState(Generic[T]):
             self.version = None
 
     def wait(self, timeout: float | None = None) -> None:
-        writer = self.writer
+        with self.lock:
+            writer, hurry = self.writer, self.hurry
         if writer is not None and writer is not threading.current_thread():
+            hurry.set()
             writer.join(timeout)
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
         self.writer = None
+        self.hurry = threading.Event()
         self.pending = None
 
 
