@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ... import _core
 from ..._pack_types import UnitDecision
@@ -39,9 +39,14 @@ if TYPE_CHECKING:
     from ...prefix import CachePolicy
     from ._request import RequestExtras
 
+T = TypeVar("T")
+
 __all__ = [
     "CopyDigests",
+    "HeadAttempt",
     "HeadCandidate",
+    "HeadMoved",
+    "HeadPacked",
     "InputLedger",
     "Observed",
     "RunPrefix",
@@ -54,7 +59,9 @@ __all__ = [
     "candidate",
     "head_candidate",
     "head_end",
+    "head_move",
     "kept_whole",
+    "leading_tokens",
     "move",
     "move_reason",
     "request_key",
@@ -411,6 +418,90 @@ def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str 
         if far <= k:
             end = start + k + 1
     return end
+
+
+def leading_tokens(decisions: Iterable[UnitDecision], head: int, fixed: int) -> int:
+    """Tokens a request repeats from its start when its first ``head`` items (positions of
+    the list packed) are the previous request's: ``fixed`` (what precedes the items: the
+    instructions, tools and output schema, or the context message) plus the sent tokens of
+    every kept unit wholly before ``head``."""
+    return fixed + sum(
+        d.sent_tokens or 0 for d in decisions if d.kept and d.positions and max(d.positions) < head
+    )
+
+
+@dataclass(frozen=True)
+class HeadPacked(Generic[T]):
+    """One packed candidate of a move that keeps a head (what an adapter's attempt returns
+    to :func:`head_move` when its pack kept the head as sent)."""
+
+    value: T
+    """The adapter's own result (its plan, candidate, ...)."""
+    pack: PackResult
+    """The pack of the candidate (positions of the candidate)."""
+    head: int
+    """The candidate's items before this position are its leading pinned items and the
+    head, sent as the previous request sent them."""
+    fixed: int | None
+    """Tokens sent before the candidate's items that the previous request sent too (its
+    instructions, tools and output schema, or its context message); ``None`` when they
+    changed: the move then repeats nothing."""
+
+
+@dataclass(frozen=True)
+class HeadMoved(Generic[T]):
+    """A move that kept a head (:func:`head_move`)."""
+
+    value: T
+    """:attr:`HeadPacked.value` of the attempt that fit."""
+    mark: int
+    """The tokens it packed to (the mark it fit, or just above the last one)."""
+    shared: int
+    """Tokens it repeats from the start of the previous request (:func:`leading_tokens`)."""
+
+
+HeadAttempt = Callable[[int, int], "HeadPacked[T] | int | None"]
+"""How an adapter packs a move that keeps a head of at most ``limit`` tokens to ``mark``
+tokens (its two arguments): the pack when it kept the head as sent; the tokens by which the
+head and the mandatory part miss the mark (``0``: missed for another reason, e.g. the head
+did not stay as sent); ``None``: no head to keep (nothing sent, or the head's items are no
+longer where the candidate needs them)."""
+
+
+def head_move(
+    budget: int, share: float, marks: Sequence[int], attempt: HeadAttempt[T]
+) -> HeadMoved[T] | None:
+    """The move that keeps the head of the previous request (``CachePolicy.head_share``),
+    for the session callback and the per-call filter alike: ``attempt`` (the adapter's
+    packing, see :data:`HeadAttempt`) is tried with a head of ``share`` times ``budget``
+    at each of ``marks`` (tokens) in turn; when the last mark is missed by ``over``
+    tokens it is tried once more at ``mark + over`` (up to the whole budget: the head stays
+    whole, so the next move repeats it again); when that misses too, the head is shortened
+    by what the last attempt missed (at least an eighth of it: a shorter head is still the
+    start of the previous one, so it repeats) while it holds :data:`HEAD_MIN` tokens.
+    ``None``: no head to keep, or none fits."""
+    limit = int(budget * share)
+    while limit >= HEAD_MIN:
+        tried = list(marks)
+        raised = False
+        over = 0
+        while tried:
+            mark = tried.pop(0)
+            got = attempt(limit, mark)
+            if got is None:
+                return None
+            if isinstance(got, HeadPacked):
+                shared = 0
+                if got.fixed is not None:
+                    shared = leading_tokens(got.pack.decisions, got.head, got.fixed)
+                return HeadMoved(got.value, mark, shared)
+            over = got
+            if not tried and not raised and over > 0 and mark + over <= budget:
+                # The head and the mandatory part miss the mark: packed to just above it.
+                tried.append(mark + over)
+                raised = True
+        limit -= max(over, limit // 8)
+    return None
 
 
 def find_in_order(
