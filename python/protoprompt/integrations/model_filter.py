@@ -89,7 +89,7 @@ from ._calls._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._calls._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._calls._runs import Collapsed, Run, run_span
 from ._calls._steps import last_user_message, newest_step_start, water_level
-from ._sdk._sdk import CallModelData, ModelInputData
+from ._sdk._names import CallModelData, ModelInputData
 from ._stores import _prefix_state
 from ._turns._context import context_key
 

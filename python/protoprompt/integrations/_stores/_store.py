@@ -179,7 +179,7 @@ def _class_named(inner: Any, module: str, name: str) -> type[Any] | None:
 
 def open_store(inner: Any, session_id: str) -> HistoryStore | Unsupported:
     """The history store of ``inner`` (the session's inner session), or why it has none."""
-    from .._sdk._sdk import SQLiteSession
+    from .._sdk._names import SQLiteSession
 
     if isinstance(inner, SQLiteSession):
         if type(inner).get_items is not SQLiteSession.get_items:
