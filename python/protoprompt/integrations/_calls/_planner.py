@@ -50,6 +50,7 @@ __all__ = [
     "InputLedger",
     "Observed",
     "RunPrefix",
+    "SentCosts",
     "Stable",
     "TurnPlanner",
     "TurnPrefix",
@@ -176,6 +177,60 @@ class InputLedger:
         return Observed(digests, same, len(items), False)
 
 
+class _PackCosts:
+    """The tokens a pack's request spent on each of its items, read from its decisions on
+    first use, then kept."""
+
+    __slots__ = ("_costs", "_pack")
+
+    def __init__(self, pack: PackResult) -> None:
+        self._pack: PackResult | None = pack
+        self._costs: list[int | None] = []
+
+    def get(self) -> list[int | None]:
+        pack = self._pack
+        if pack is not None:
+            where = {p: i for i, p in enumerate(pack.kept_history)}
+            costs: list[int | None] = [None] * len(pack.items)
+            for d in pack.decisions:
+                sent = [where[p] for p in d.positions if p in where] if d.kept else []
+                if sent:
+                    for i in sent:
+                        costs[i] = 0
+                    costs[max(sent)] = d.sent_tokens or 0
+            self._costs, self._pack = costs, None
+        return self._costs
+
+
+class SentCosts:
+    """The tokens a request spent on each of its items, as the pack that made it counted
+    them (what :func:`head_end` reads instead of counting the items again): a unit's sent
+    tokens on its last item sent, 0 on its other items (so a sum up to the end of any unit
+    is the units' cost); ``None`` for an item the pack has no decision for (the newest
+    step, sent as new input). Read from the pack's decisions on first use only (a move that
+    keeps a head)."""
+
+    __slots__ = ("_at", "_table")
+
+    def __init__(self, pack: PackResult) -> None:
+        self._table = _PackCosts(pack)
+        self._at: list[int] | None = None
+        """Item ``i`` of the request is item ``_at[i]`` of the pack's (``None``: the same)."""
+
+    def __getitem__(self, i: int) -> int | None:
+        costs = self._table.get()
+        at = self._at
+        j = i if at is None else (at[i] if 0 <= i < len(at) else -1)
+        return costs[j] if 0 <= j < len(costs) else None
+
+    def take(self, at: Sequence[int]) -> SentCosts:
+        """The costs of the request made of this one's items ``at``, in that order."""
+        view = SentCosts.__new__(SentCosts)
+        view._table = self._table
+        view._at = list(at) if self._at is None else [self._at[i] for i in at]
+        return view
+
+
 @dataclass
 class RunPrefix:
     """The request a run sent last, as the next call's prefix."""
@@ -200,6 +255,9 @@ class RunPrefix:
     """The candidates' index: each candidate extends the previous one."""
     seen: InputLedger = field(default_factory=InputLedger)
     """The candidates read so far (each extends the previous one: ``O(appended)``)."""
+    costs: SentCosts | None = None
+    """The tokens the request spent on each of :attr:`items` (``None``: not known, as for
+    a request read back from the store: :func:`head_end` counts them)."""
 
     def sync(self, items: list[Any]) -> Observed:
         """Cut the index back to the first item of ``items`` whose content it has not seen."""
@@ -240,7 +298,7 @@ def resume(last: RunPrefix | None, items: list[Any], context: bool) -> RunPrefix
         pins = [0] if context else []
         return RunPrefix(
             list(last.items), j + 1, last.request_tokens, last.key, last.cut, pins,
-            dict(last.copies),
+            dict(last.copies), costs=last.costs,
         )  # fmt: skip
     return None
 
@@ -326,6 +384,7 @@ def stay(
     )
     prefix.pins = placed
     prefix.items = list(result.items)
+    prefix.costs = SentCosts(result)
     prefix.source_len = source_len
     prefix.request_tokens = result.request_tokens
     prefix.key = key
@@ -383,7 +442,7 @@ def move(
     pins = [where[p] for p in pinned if p in where]
     prefix = RunPrefix(
         list(result.items), len(source), result.request_tokens, key, cut, pins,
-        sent_copies(result, source, known or {}),
+        sent_copies(result, source, known or {}), costs=SentCosts(result),
     )  # fmt: skip
     if previous is None:
         reason = f"call {call}: the run's prefix set at {result.request_tokens:,} tokens"
@@ -394,10 +453,19 @@ def move(
     return prefix, 0, "moved", reason, key != previous.key
 
 
-def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str | None) -> int:
+def head_end(
+    items: list[Any],
+    start: int,
+    stop: int,
+    limit: int,
+    encoding: str | None,
+    costs: SentCosts | None = None,
+) -> int:
     """The end of a move's head in ``items`` (a request's history as sent): the largest
     ``e`` in ``[start, stop]`` such that ``items[start:e]`` holds whole atomic units of
-    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head)."""
+    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head). An
+    item's cost is what the request spent on it where ``costs`` records it (the pack that
+    made the request counted it), else it is counted."""
     if limit <= 0 or stop <= start:
         return start
     report = analyze(items[start:], [])
@@ -411,7 +479,8 @@ def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str 
     far = -1
     cost = 0
     for k in range(stop - start):
-        cost += item_tokens(items[start + k], encoding=encoding).total
+        sent = None if costs is None else costs[start + k]
+        cost += item_tokens(items[start + k], encoding=encoding).total if sent is None else sent
         if cost > limit:
             break
         far = max(far, reach.get(k, k))
@@ -577,7 +646,7 @@ def head_candidate(
         d, _ = _core.digests([prefix.items[0], packed[0]], None)
         if d[:16] != d[16:32]:
             return None
-    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding)
+    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding, prefix.costs)
     head = prefix.items[ilo:end]
     if not head:
         return None
@@ -665,6 +734,9 @@ class TurnPrefix:
     """Set by :func:`adopt`: how many of :attr:`sent` the model's request sent first, one
     after the other (before a recall message the turn leaves out); ``None``: all of them,
     as :attr:`request_tokens` counts (the callback's own request)."""
+    costs: SentCosts | None = None
+    """The tokens the request spent on each of :attr:`sent` (``None``: not known, as for a
+    prefix read back from the store: :func:`head_end` counts them)."""
 
     @property
     def cut(self) -> int:
@@ -769,9 +841,15 @@ def sent_whole(result: PackResult, cand: list[Any]) -> bool:
 
 
 def after_stay(
-    last: TurnPrefix, cand: list[Any], history: list[Any], offset: int, tokens: int
+    last: TurnPrefix,
+    cand: list[Any],
+    history: list[Any],
+    offset: int,
+    tokens: int,
+    pack: PackResult | None = None,
 ) -> TurnPrefix:
-    """The prefix after a turn that sent ``cand`` whole: every appended item joins it."""
+    """The prefix after a turn that sent ``cand`` whole: every appended item joins it
+    (``pack``: the candidate's pack, in its positions, whose costs the prefix keeps)."""
     total = offset + len(history)
     appended = history[last.end - offset :]
     added, _ = _core.digests(appended, None)
@@ -780,6 +858,7 @@ def after_stay(
     last.originals = last.originals + added[: 16 * len(appended)]
     last.end = total
     last.request_tokens = tokens
+    last.costs = None if pack is None else SentCosts(pack)
     return last
 
 
@@ -810,6 +889,7 @@ def after_pack(
         request_tokens=result.request_tokens,
         context=context,
         whole=whole,
+        costs=SentCosts(result),
     )
 
 
@@ -896,6 +976,7 @@ def adopt(
         masked=[items[i] for i in at if i in request.copies],
         request_tokens=request.request_tokens,
         context=context,
+        costs=None if request.costs is None else request.costs.take(at),
     )
 
 
@@ -1045,9 +1126,11 @@ def in_history(
         code = d.decision
         moved = [positions[p] for p in d.positions]
         whole = d.tokens
+        sent_tokens = d.masked_tokens  # a unit the pack masked itself: masked tokens were sent
         if code in resent and any(p in masked_at for p in d.positions):
             code = "masked"
             whole = last.whole.get(moved[0])
+            sent_tokens = d.tokens  # the copies resent as they are: what the pack counted was sent
             if whole is not None and d.tokens is not None:
                 saved += whole - d.tokens
         decisions.append(
@@ -1060,7 +1143,7 @@ def in_history(
                     code,
                     whole,
                     list(d.problems),
-                    d.tokens if code == "masked" else d.masked_tokens,
+                    sent_tokens,
                 ),
             )
         )

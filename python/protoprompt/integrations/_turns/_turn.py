@@ -539,7 +539,7 @@ def _stay(
     if last.leading is not None and shared:
         shared = _leading_tokens(packed, last.leading)
     before = len(last.sent)
-    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
+    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens, packed.pack)
     last.context = context
     last.leading = None  # the next turn extends this turn's request, all of it
     report = _call_report(call, plan, index, (held, held), failures)
@@ -661,7 +661,7 @@ def _head_move(
     def attempt(
         limit: int, mark: int
     ) -> _planner.HeadPacked[tuple[ContextPlan, _planner.TurnPrefix]] | int | None:
-        end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding)
+        end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding, base.costs)
         if end == 0:
             return None
         head = base.sent[:end]
@@ -691,6 +691,7 @@ def _head_move(
             request_tokens=0,
             context=None,
             whole=dict(base.whole),
+            costs=base.costs,
         )
         fixed = None
         if _context_text(plan) == base.context:
