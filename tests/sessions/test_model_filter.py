@@ -1437,7 +1437,7 @@ def test_packing_sees_the_list_the_sdk_deduplicates_to(draws: list[Any], start: 
 
     from protoprompt import _core
     from protoprompt.integrations._calls._runs import collapse, dedupe_keys
-    from protoprompt.integrations._sdk._sdk import DEDUPE_ANCHOR_TYPES
+    from protoprompt.integrations._sdk._names import DEDUPE_ANCHOR_TYPES
 
     items = [{**_DEDUP_SHAPES[s](k), "n": n} for s, k, n in draws]  # "n": content differs
     keys = dedupe_keys(items)

@@ -12,7 +12,7 @@ from .._context._blocks import Candidate, render_block, when
 from .._context._plan import ContextBlock, ContextPlan
 from ..memory import MemoryHit, MemoryScope
 from ..memory._ranking import cosine, rrf_weight
-from ..memory.store import MemoryStore, layers_present
+from ..memory.store import layers_present
 from ._ledger import item_digests
 
 Embedder = Callable[[list[str]], list[list[float]]]
@@ -181,9 +181,10 @@ class Recall:
             include_parents=self.include_parents,
             neighbours=True,
         )
-        # A store of another kind (or one whose search is its own) is asked as before.
-        ours = getattr(type(store), "search_history", None) is MemoryStore.search_history
-        hits = search(uncounted=sent) if sent and ours else search()
+        # ``uncounted`` only to a store whose class declares it takes it (a capability; a
+        # wrapper that hands its other attributes to a MemoryStore does not inherit it).
+        takes = getattr(type(store), "search_history_uncounted", False) is True
+        hits = search(uncounted=sent) if sent and takes else search()
         if self.recall_limit is not None:
             hits = hits[: self.recall_limit]
         found = []

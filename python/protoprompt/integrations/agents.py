@@ -27,7 +27,7 @@ This module is the public face of the integration; the code lives in
 from __future__ import annotations
 
 # Imports the SDK first: without it, the ImportError names the extra to install.
-from ._sdk import _sdk  # noqa: F401
+from ._sdk import _names  # noqa: F401
 from .session import Item as Item
 from .session import ProtoPromptSession, SessionInputCallback
 

@@ -50,7 +50,7 @@ from .._tokens import ESTIMATED_ENCODINGS
 from ..calibration import Calibration
 from ..errors import BudgetUnderestimateWarning
 from ..packing import item_tokens
-from ._sdk._sdk import RunHooksBase
+from ._sdk._names import RunHooksBase
 
 if TYPE_CHECKING:
     from ..context import TokenBudgetedContextBuilder

@@ -89,7 +89,7 @@ from ._calls._oversized import cut_outputs, explained, step_costs, tool_outputs
 from ._calls._request import TOOLS_OVERHEAD, RequestCosts, RequestExtras, tool_definitions
 from ._calls._runs import Collapsed, Run, run_span
 from ._calls._steps import last_user_message, newest_step_start, water_level
-from ._sdk._sdk import CallModelData, ModelInputData
+from ._sdk._names import CallModelData, ModelInputData
 from ._stores import _prefix_state
 from ._turns._context import context_key
 
@@ -490,25 +490,11 @@ class ModelInputFilter:
             omit_reasoning=policy.omit_reasoning,
         )
         if prefix is not None and policy.head_share > 0:
-            limit = int(b.max_tokens * policy.head_share)
-            mark = low
-            while limit >= _planner.HEAD_MIN:
-                headed = self._head_move(
-                    prefix, packed, step_start, pinned, mark, masking, extras, run, key, known,
-                    limit,
-                )  # fmt: skip
-                if isinstance(headed, _planner.Stable):
-                    return headed
-                if headed is None:
-                    break
-                if mark == low and low + headed <= b.max_tokens:
-                    # The head and the mandatory part miss the mark: packed to just above it
-                    # (the head stays whole, so the next move repeats it again).
-                    mark = low + headed
-                    continue
-                # Else a shorter head (still the start of the previous one, so it repeats).
-                mark = low
-                limit -= max(headed, limit // 8)
+            headed = self._head_move(
+                prefix, packed, step_start, pinned, low, masking, extras, run, key, known
+            )
+            if headed is not None:
+                return headed
         result = self._fits_at(run.index, packed, step_start, pinned, low, masking, extras.total)
         if result is None:
             return None
@@ -528,51 +514,57 @@ class ModelInputFilter:
         run: Run,
         key: tuple[Any, ...],
         known: Mapping[bytes, bytes] | None,
-        limit: int,
-    ) -> _planner.Stable | int | None:
+    ) -> _planner.Stable | None:
         """A move that keeps the previous request's head (``CachePolicy.head``): its
-        items from its start, whole units as sent, up to ``limit`` tokens, pinned ahead of
-        the SDK's items after the last one the head stands for, which are packed newest
-        first to ``low`` (the middle is dropped: :func:`._calls._planner.head_candidate`).
-        ``None``: no head to keep; the tokens by which it and the mandatory part miss
-        ``low`` when they do."""
+        items from its start, whole units as sent, pinned ahead of the SDK's items after the
+        last one the head stands for, which are packed newest first to ``low`` (the middle
+        is dropped: :func:`._calls._planner.head_candidate`); the attempts over heads and
+        marks are :func:`._calls._planner.head_move`'s. ``None``: no head to keep, or none
+        fits."""
+        assert self.cache is not None
         b = self.builder
         lo = 1 if self._is_context(packed) else 0
-        got = _planner.head_candidate(
-            prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {}, context_key,
-            self._is_context(prefix.items),
-        )  # fmt: skip
-        if got is None:
-            return None
-        cand, n = got.items, got.head
-        pins = sorted({*got.pinned, *range(lo, n)})
-        try:
-            result = self._pack_at(
-                HistoryIndex(), cand, got.start, pins, low, masking, extras.total
-            )
-        except TokenBudgetExceededError as exc:
-            return max(exc.used - exc.max_tokens, 1)
-        if not all(a is c for a, c in zip(result.items[:n], cand[:n], strict=False)):
-            return None
-        call = run.calls + 1
-        new = _planner.move(prefix, result, got.pinned, cand, key, call, known)[0]
-        _planner.after_head_move(new, prefix, result, got, len(packed))
+        had_context = self._is_context(prefix.items)
         changed = key != prefix.key
-        shared = 0
-        if not changed:
-            shared = extras.total + sum(
-                d.sent_tokens or 0
-                for d in result.decisions
-                if d.kept and d.positions and max(d.positions) < n
-            )
+
+        def attempt(
+            limit: int, mark: int
+        ) -> _planner.HeadPacked[tuple[PackResult, _planner.HeadCandidate]] | int | None:
+            got = _planner.head_candidate(
+                prefix, packed, pinned, step_start, lo, limit, b.encoding, known or {},
+                context_key, had_context,
+            )  # fmt: skip
+            if got is None:
+                return None
+            cand, n = got.items, got.head
+            pins = sorted({*got.pinned, *range(lo, n)})
+            try:
+                result = self._pack_at(
+                    HistoryIndex(), cand, got.start, pins, mark, masking, extras.total
+                )
+            except TokenBudgetExceededError as exc:
+                return max(exc.used - exc.max_tokens, 1)
+            if not all(a is c for a, c in zip(result.items[:n], cand[:n], strict=False)):
+                return 0
+            return _planner.HeadPacked((result, got), result, n, None if changed else extras.total)
+
+        moved = _planner.head_move(b.max_tokens, self.cache.head_share, [low], attempt)
+        if moved is None:
+            return None
+        result, got = moved.value
+        call = run.calls + 1
+        new = _planner.move(prefix, result, got.pinned, got.items, key, call, known)[0]
+        _planner.after_head_move(new, prefix, result, got, len(packed))
         reason = _planner.move_reason(
             call, prefix.cut, new.cut, prefix.request_tokens, result.request_tokens,
             len(result.masked),
         )  # fmt: skip
-        reason += f"; kept the head ({n - lo:,} items as sent, {shared:,} tokens repeated)"
+        reason += (
+            f"; kept the head ({got.head - lo:,} items as sent, {moved.shared:,} tokens repeated)"
+        )
         run.prefix = self._last = new
-        stable = (shared, "moved", reason, changed)
-        return _planner.Stable(result, cand, got.pinned, got.start, *stable)
+        stable = (moved.shared, "moved", reason, changed)
+        return _planner.Stable(result, got.items, got.pinned, got.start, *stable)
 
     def _pack_at(
         self,

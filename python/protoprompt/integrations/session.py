@@ -27,9 +27,9 @@ from .._seams import session_closed
 from ..calibration import Calibration
 from ..count_store import RemoteCountStore, SQLiteCountStore
 from . import pool
+from ._sdk._names import Session, SessionSettings, SQLiteSession
 from ._sdk._posing import sqlite_backed
 from ._sdk._probes import SQLITE_VALIDATED_POP, called_by_compaction_rewrite
-from ._sdk._sdk import Session, SessionSettings, SQLiteSession
 from ._sdk._shims import call, coerce_settings
 from ._sdk._unbudgeted import unbudgeted_run, warn_unbudgeted
 from ._stores import _sync

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._backend import (
     Backend,
@@ -120,6 +120,13 @@ class MemoryStore:
             ``default_transaction_read_only``) and writes raise ``PermissionError``; a
             database without memory tables reads as empty.
     """
+
+    search_history_uncounted: ClassVar[bool] = True
+    """A capability the context builder's recall reads: this store's :meth:`search_history`
+    takes ``uncounted=`` (the digests of the rows a request sends, returned but not counted
+    in ``limit``). A store whose class does not declare it (or declares it ``False``: a
+    subclass whose own ``search_history`` does not take the keyword) is searched without
+    it."""
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from ...plan import RequestCost
-from .._sdk._sdk import Agent, RunContextWrapper
+from .._sdk._names import Agent, RunContextWrapper
 from ._request import RequestCosts
 
 __all__ = ["agent_request", "model_name"]

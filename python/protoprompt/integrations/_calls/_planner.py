@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ... import _core
 from ..._packing._types import UnitDecision
@@ -39,12 +39,18 @@ if TYPE_CHECKING:
     from ...prefix import CachePolicy
     from ._request import RequestExtras
 
+T = TypeVar("T")
+
 __all__ = [
     "CopyDigests",
+    "HeadAttempt",
     "HeadCandidate",
+    "HeadMoved",
+    "HeadPacked",
     "InputLedger",
     "Observed",
     "RunPrefix",
+    "SentCosts",
     "Stable",
     "TurnPlanner",
     "TurnPrefix",
@@ -54,7 +60,9 @@ __all__ = [
     "candidate",
     "head_candidate",
     "head_end",
+    "head_move",
     "kept_whole",
+    "leading_tokens",
     "move",
     "move_reason",
     "request_key",
@@ -169,6 +177,60 @@ class InputLedger:
         return Observed(digests, same, len(items), False)
 
 
+class _PackCosts:
+    """The tokens a pack's request spent on each of its items, read from its decisions on
+    first use, then kept."""
+
+    __slots__ = ("_costs", "_pack")
+
+    def __init__(self, pack: PackResult) -> None:
+        self._pack: PackResult | None = pack
+        self._costs: list[int | None] = []
+
+    def get(self) -> list[int | None]:
+        pack = self._pack
+        if pack is not None:
+            where = {p: i for i, p in enumerate(pack.kept_history)}
+            costs: list[int | None] = [None] * len(pack.items)
+            for d in pack.decisions:
+                sent = [where[p] for p in d.positions if p in where] if d.kept else []
+                if sent:
+                    for i in sent:
+                        costs[i] = 0
+                    costs[max(sent)] = d.sent_tokens or 0
+            self._costs, self._pack = costs, None
+        return self._costs
+
+
+class SentCosts:
+    """The tokens a request spent on each of its items, as the pack that made it counted
+    them (what :func:`head_end` reads instead of counting the items again): a unit's sent
+    tokens on its last item sent, 0 on its other items (so a sum up to the end of any unit
+    is the units' cost); ``None`` for an item the pack has no decision for (the newest
+    step, sent as new input). Read from the pack's decisions on first use only (a move that
+    keeps a head)."""
+
+    __slots__ = ("_at", "_table")
+
+    def __init__(self, pack: PackResult) -> None:
+        self._table = _PackCosts(pack)
+        self._at: list[int] | None = None
+        """Item ``i`` of the request is item ``_at[i]`` of the pack's (``None``: the same)."""
+
+    def __getitem__(self, i: int) -> int | None:
+        costs = self._table.get()
+        at = self._at
+        j = i if at is None else (at[i] if 0 <= i < len(at) else -1)
+        return costs[j] if 0 <= j < len(costs) else None
+
+    def take(self, at: Sequence[int]) -> SentCosts:
+        """The costs of the request made of this one's items ``at``, in that order."""
+        view = SentCosts.__new__(SentCosts)
+        view._table = self._table
+        view._at = list(at) if self._at is None else [self._at[i] for i in at]
+        return view
+
+
 @dataclass
 class RunPrefix:
     """The request a run sent last, as the next call's prefix."""
@@ -193,6 +255,9 @@ class RunPrefix:
     """The candidates' index: each candidate extends the previous one."""
     seen: InputLedger = field(default_factory=InputLedger)
     """The candidates read so far (each extends the previous one: ``O(appended)``)."""
+    costs: SentCosts | None = None
+    """The tokens the request spent on each of :attr:`items` (``None``: not known, as for
+    a request read back from the store: :func:`head_end` counts them)."""
 
     def sync(self, items: list[Any]) -> Observed:
         """Cut the index back to the first item of ``items`` whose content it has not seen."""
@@ -233,7 +298,7 @@ def resume(last: RunPrefix | None, items: list[Any], context: bool) -> RunPrefix
         pins = [0] if context else []
         return RunPrefix(
             list(last.items), j + 1, last.request_tokens, last.key, last.cut, pins,
-            dict(last.copies),
+            dict(last.copies), costs=last.costs,
         )  # fmt: skip
     return None
 
@@ -319,6 +384,7 @@ def stay(
     )
     prefix.pins = placed
     prefix.items = list(result.items)
+    prefix.costs = SentCosts(result)
     prefix.source_len = source_len
     prefix.request_tokens = result.request_tokens
     prefix.key = key
@@ -376,7 +442,7 @@ def move(
     pins = [where[p] for p in pinned if p in where]
     prefix = RunPrefix(
         list(result.items), len(source), result.request_tokens, key, cut, pins,
-        sent_copies(result, source, known or {}),
+        sent_copies(result, source, known or {}), costs=SentCosts(result),
     )  # fmt: skip
     if previous is None:
         reason = f"call {call}: the run's prefix set at {result.request_tokens:,} tokens"
@@ -387,10 +453,19 @@ def move(
     return prefix, 0, "moved", reason, key != previous.key
 
 
-def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str | None) -> int:
+def head_end(
+    items: list[Any],
+    start: int,
+    stop: int,
+    limit: int,
+    encoding: str | None,
+    costs: SentCosts | None = None,
+) -> int:
     """The end of a move's head in ``items`` (a request's history as sent): the largest
     ``e`` in ``[start, stop]`` such that ``items[start:e]`` holds whole atomic units of
-    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head)."""
+    ``items[start:]`` only and costs at most ``limit`` tokens (``start``: no head). An
+    item's cost is what the request spent on it where ``costs`` records it (the pack that
+    made the request counted it), else it is counted."""
     if limit <= 0 or stop <= start:
         return start
     report = analyze(items[start:], [])
@@ -404,13 +479,98 @@ def head_end(items: list[Any], start: int, stop: int, limit: int, encoding: str 
     far = -1
     cost = 0
     for k in range(stop - start):
-        cost += item_tokens(items[start + k], encoding=encoding).total
+        sent = None if costs is None else costs[start + k]
+        cost += item_tokens(items[start + k], encoding=encoding).total if sent is None else sent
         if cost > limit:
             break
         far = max(far, reach.get(k, k))
         if far <= k:
             end = start + k + 1
     return end
+
+
+def leading_tokens(decisions: Iterable[UnitDecision], head: int, fixed: int) -> int:
+    """Tokens a request repeats from its start when its first ``head`` items (positions of
+    the list packed) are the previous request's: ``fixed`` (what precedes the items: the
+    instructions, tools and output schema, or the context message) plus the sent tokens of
+    every kept unit wholly before ``head``."""
+    return fixed + sum(
+        d.sent_tokens or 0 for d in decisions if d.kept and d.positions and max(d.positions) < head
+    )
+
+
+@dataclass(frozen=True)
+class HeadPacked(Generic[T]):
+    """One packed candidate of a move that keeps a head (what an adapter's attempt returns
+    to :func:`head_move` when its pack kept the head as sent)."""
+
+    value: T
+    """The adapter's own result (its plan, candidate, ...)."""
+    pack: PackResult
+    """The pack of the candidate (positions of the candidate)."""
+    head: int
+    """The candidate's items before this position are its leading pinned items and the
+    head, sent as the previous request sent them."""
+    fixed: int | None
+    """Tokens sent before the candidate's items that the previous request sent too (its
+    instructions, tools and output schema, or its context message); ``None`` when they
+    changed: the move then repeats nothing."""
+
+
+@dataclass(frozen=True)
+class HeadMoved(Generic[T]):
+    """A move that kept a head (:func:`head_move`)."""
+
+    value: T
+    """:attr:`HeadPacked.value` of the attempt that fit."""
+    mark: int
+    """The tokens it packed to (the mark it fit, or just above the last one)."""
+    shared: int
+    """Tokens it repeats from the start of the previous request (:func:`leading_tokens`)."""
+
+
+HeadAttempt = Callable[[int, int], "HeadPacked[T] | int | None"]
+"""How an adapter packs a move that keeps a head of at most ``limit`` tokens to ``mark``
+tokens (its two arguments): the pack when it kept the head as sent; the tokens by which the
+head and the mandatory part miss the mark (``0``: missed for another reason, e.g. the head
+did not stay as sent); ``None``: no head to keep (nothing sent, or the head's items are no
+longer where the candidate needs them)."""
+
+
+def head_move(
+    budget: int, share: float, marks: Sequence[int], attempt: HeadAttempt[T]
+) -> HeadMoved[T] | None:
+    """The move that keeps the head of the previous request (``CachePolicy.head_share``),
+    for the session callback and the per-call filter alike: ``attempt`` (the adapter's
+    packing, see :data:`HeadAttempt`) is tried with a head of ``share`` times ``budget``
+    at each of ``marks`` (tokens) in turn; when the last mark is missed by ``over``
+    tokens it is tried once more at ``mark + over`` (up to the whole budget: the head stays
+    whole, so the next move repeats it again); when that misses too, the head is shortened
+    by what the last attempt missed (at least an eighth of it: a shorter head is still the
+    start of the previous one, so it repeats) while it holds :data:`HEAD_MIN` tokens.
+    ``None``: no head to keep, or none fits."""
+    limit = int(budget * share)
+    while limit >= HEAD_MIN:
+        tried = list(marks)
+        raised = False
+        over = 0
+        while tried:
+            mark = tried.pop(0)
+            got = attempt(limit, mark)
+            if got is None:
+                return None
+            if isinstance(got, HeadPacked):
+                shared = 0
+                if got.fixed is not None:
+                    shared = leading_tokens(got.pack.decisions, got.head, got.fixed)
+                return HeadMoved(got.value, mark, shared)
+            over = got
+            if not tried and not raised and over > 0 and mark + over <= budget:
+                # The head and the mandatory part miss the mark: packed to just above it.
+                tried.append(mark + over)
+                raised = True
+        limit -= max(over, limit // 8)
+    return None
 
 
 def find_in_order(
@@ -486,7 +646,7 @@ def head_candidate(
         d, _ = _core.digests([prefix.items[0], packed[0]], None)
         if d[:16] != d[16:32]:
             return None
-    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding)
+    end = head_end(prefix.items, ilo, len(prefix.items), limit, encoding, prefix.costs)
     head = prefix.items[ilo:end]
     if not head:
         return None
@@ -574,6 +734,9 @@ class TurnPrefix:
     """Set by :func:`adopt`: how many of :attr:`sent` the model's request sent first, one
     after the other (before a recall message the turn leaves out); ``None``: all of them,
     as :attr:`request_tokens` counts (the callback's own request)."""
+    costs: SentCosts | None = None
+    """The tokens the request spent on each of :attr:`sent` (``None``: not known, as for a
+    prefix read back from the store: :func:`head_end` counts them)."""
 
     @property
     def cut(self) -> int:
@@ -678,9 +841,15 @@ def sent_whole(result: PackResult, cand: list[Any]) -> bool:
 
 
 def after_stay(
-    last: TurnPrefix, cand: list[Any], history: list[Any], offset: int, tokens: int
+    last: TurnPrefix,
+    cand: list[Any],
+    history: list[Any],
+    offset: int,
+    tokens: int,
+    pack: PackResult | None = None,
 ) -> TurnPrefix:
-    """The prefix after a turn that sent ``cand`` whole: every appended item joins it."""
+    """The prefix after a turn that sent ``cand`` whole: every appended item joins it
+    (``pack``: the candidate's pack, in its positions, whose costs the prefix keeps)."""
     total = offset + len(history)
     appended = history[last.end - offset :]
     added, _ = _core.digests(appended, None)
@@ -689,6 +858,7 @@ def after_stay(
     last.originals = last.originals + added[: 16 * len(appended)]
     last.end = total
     last.request_tokens = tokens
+    last.costs = None if pack is None else SentCosts(pack)
     return last
 
 
@@ -719,6 +889,7 @@ def after_pack(
         request_tokens=result.request_tokens,
         context=context,
         whole=whole,
+        costs=SentCosts(result),
     )
 
 
@@ -805,6 +976,7 @@ def adopt(
         masked=[items[i] for i in at if i in request.copies],
         request_tokens=request.request_tokens,
         context=context,
+        costs=None if request.costs is None else request.costs.take(at),
     )
 
 
@@ -954,9 +1126,11 @@ def in_history(
         code = d.decision
         moved = [positions[p] for p in d.positions]
         whole = d.tokens
+        sent_tokens = d.masked_tokens  # a unit the pack masked itself: masked tokens were sent
         if code in resent and any(p in masked_at for p in d.positions):
             code = "masked"
             whole = last.whole.get(moved[0])
+            sent_tokens = d.tokens  # the copies resent as they are: what the pack counted was sent
             if whole is not None and d.tokens is not None:
                 saved += whole - d.tokens
         decisions.append(
@@ -969,7 +1143,7 @@ def in_history(
                     code,
                     whole,
                     list(d.problems),
-                    d.tokens if code == "masked" else d.masked_tokens,
+                    sent_tokens,
                 ),
             )
         )

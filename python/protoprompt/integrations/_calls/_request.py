@@ -25,7 +25,7 @@ from typing import Any
 from ... import _core
 from ...packing import item_tokens
 from ...plan import TOOLS_OVERHEAD, RequestCost
-from .._sdk._sdk import (
+from .._sdk._names import (
     RESPONSES_CONVERTER,
     Agent,
     FunctionTool,

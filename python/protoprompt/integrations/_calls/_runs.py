@@ -43,7 +43,7 @@ from typing import Any
 
 from ..._seams import span_previous_token
 from ...packing import HistoryIndex
-from .._sdk._sdk import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_span
+from .._sdk._names import DEDUPE_ANCHOR_TYPES, DEDUPE_KEY, AgentSpanData, get_current_span
 from ._planner import InputLedger, Observed
 
 __all__ = [

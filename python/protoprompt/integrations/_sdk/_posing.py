@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ... import _process
 from ..._seams import POP_ITEM_WITH_VALIDATION, pop_item_with_validation
-from ._sdk import SQLiteSession
+from ._names import SQLiteSession
 
 if TYPE_CHECKING:
     from ..session import ProtoPromptSession

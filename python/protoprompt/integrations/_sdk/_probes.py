@@ -29,7 +29,7 @@ from typing import Any
 
 from ..._seams import COMPACTION_REWRITES as REWRITE_METHODS
 from ..._seams import DEDUPE_KEY, POP_ITEM_WITH_VALIDATION, SESSION_GET_ITEMS
-from ._sdk import SQLiteSession
+from ._names import SQLiteSession
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._seams import COMPACTION_HOOKS, READ_COMPACTION_ITEMS
-from ._sdk import SessionSettings, coerce_session_settings
+from ._names import SessionSettings, coerce_session_settings
 
 
 def accepts_wrapper(method: Any) -> bool:

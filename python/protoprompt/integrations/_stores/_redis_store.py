@@ -50,7 +50,6 @@ import hashlib
 import json
 import logging
 import secrets
-import threading
 import uuid
 from array import array
 from collections.abc import Callable, Sequence
@@ -61,15 +60,15 @@ from ..._seams import redis_client, redis_keys, redis_readable
 from ..._storage import redis_record
 from ..._storage.counts import RedisCounts
 from ...count_store import CountStore
-from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState, wait_all
+from ._prefix_state import PrefixState
 from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
-from ._snapshots import Snapshots, SnapshotStore
+from ._snapshots import Snapshots
 from ._snapshots import text_of as _text
-from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
+from ._store_base import StoreBase, server_errors, unreadable
+from ._store_types import StoreReadError, Unsupported, WindowRows
 from ._turn_state import KIND as TURN
 from ._turn_state import TurnState
 
@@ -84,16 +83,14 @@ SKIP = (json.JSONDecodeError, UnicodeDecodeError)
 def _errors() -> tuple[type[BaseException], ...]:
     from redis.exceptions import RedisError
 
-    return (RedisError, OSError, asyncio.TimeoutError, TimeoutError, UnicodeDecodeError)
+    return server_errors(RedisError, UnicodeDecodeError)
 
 
 def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Unsupported:
     """The store of a ``RedisSession``, or why it has none."""
-    override = unsupported_override(inner, base)
-    if override is not None:
-        return override
-    if not redis_readable(inner):
-        return Unsupported("inner_session", "this RedisSession is not one protoprompt knows")
+    why = unreadable(inner, base, redis_readable(inner))
+    if why is not None:
+        return why
     try:
         from redis.asyncio.cluster import RedisCluster
     except ImportError:  # pragma: no cover - redis without cluster support
@@ -106,66 +103,55 @@ def open_store(inner: Any, base: type[Any], session_id: str) -> RedisStore | Uns
     return RedisStore(inner, session_id)
 
 
-class RedisStore:
+class RedisStore(StoreBase):
     """See the module note."""
 
     kind = "redis"
     monotone = False
 
     def __init__(self, inner: Any, session_id: str) -> None:
+        super().__init__("not opened yet")
         self._inner = inner
         self._session_id = session_id
         self._client = redis_client(inner)
         self._hash, self._list, self._prefix = redis_keys(inner)
         self._tag_key = f"{self._hash}:protoprompt:generation"
-        self.key: pool.Key | None = None
-        self.snapshots: SnapshotStore | None = None
-        self.prefixes: PrefixState | None = None
-        self.turns: TurnState | None = None
-        self.no_store = "not opened yet"
         self._count_store: CountStore | None = None
         # Until the database's secret is known: this process's own (keys then do not match
         # another process's, and nothing is shared).
         self._digest_key = secrets.token_bytes(16)
-        self._opened = False
-        self._open_lock = threading.Lock()
 
     # -------------------------------------------------------------- protoprompt's keys
 
     async def open(self) -> None:
-        if not self._opened:
-            await asyncio.to_thread(self._open)
+        await self.open_once()
 
     def _open(self) -> None:
-        with self._open_lock:
-            if self._opened:
-                return
-            self._opened = True
-            try:
-                server = _server(self._client, self._prefix)
-                server.ready()
-            except Exception as exc:  # noqa: BLE001 - without our keys the list still works
-                _log.debug("protoprompt: no protoprompt keys under %r: %s", self._prefix, exc)
-                self.no_store = f"protoprompt's keys could not be used: {exc}"
-                return
-            assert server.database_id is not None and server.secret is not None
-            self._digest_key = hashlib.blake2b(
-                b"protoprompt item key", key=server.secret, digest_size=16
-            ).digest()
-            self.key = (server.database_id, server.location, self._list, self._session_id)
-            self.snapshots = Snapshots(
-                redis_record(server, SNAPSHOTS, self._list, self._session_id),
-                server.database_id,
-                tagged=True,
-            )
-            self.prefixes = PrefixState(
-                redis_record(server, PREFIX, self._list, self._session_id), server.database_id
-            )
-            self.turns = TurnState(
-                redis_record(server, TURN, self._list, self._session_id), server.database_id
-            )
-            self._count_store = server.count_store
-            self.no_store = "its database could not be opened for counts"
+        try:
+            server = _server(self._client, self._prefix)
+            server.ready()
+        except Exception as exc:  # noqa: BLE001 - without our keys the list still works
+            _log.debug("protoprompt: no protoprompt keys under %r: %s", self._prefix, exc)
+            self.no_store = f"protoprompt's keys could not be used: {exc}"
+            return
+        assert server.database_id is not None and server.secret is not None
+        self._digest_key = hashlib.blake2b(
+            b"protoprompt item key", key=server.secret, digest_size=16
+        ).digest()
+        self.key = (server.database_id, server.location, self._list, self._session_id)
+        self.snapshots = Snapshots(
+            redis_record(server, SNAPSHOTS, self._list, self._session_id),
+            server.database_id,
+            tagged=True,
+        )
+        self.prefixes = PrefixState(
+            redis_record(server, PREFIX, self._list, self._session_id), server.database_id
+        )
+        self.turns = TurnState(
+            redis_record(server, TURN, self._list, self._session_id), server.database_id
+        )
+        self._count_store = server.count_store
+        self.no_store = "its database could not be opened for counts"
 
     def count_store(self, max_open_readers: int) -> CountStore | None:
         return self._count_store
@@ -289,9 +275,6 @@ class RedisStore:
             await self._new_tag(replace=True)
         except _errors() as exc:  # the tag set before the pop already protects the index
             _log.debug("protoprompt: %r not re-tagged after a rewrite: %s", self._session_id, exc)
-
-    def close(self) -> None:
-        wait_all(self.prefixes, self.turns)
 
 
 # ------------------------------------------------------------------ protoprompt's keys

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,11 +58,12 @@ from ...summaries import KIND as SUMMARIES
 from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState, wait_all
+from ._prefix_state import PrefixState
 from ._servers import Server, shared
 from ._snapshots import KIND as SNAPSHOTS
-from ._snapshots import Snapshots, SnapshotStore, SQLiteSnapshots
-from ._store_types import StoreReadError, Unsupported, WindowRows, unsupported_override
+from ._snapshots import Snapshots, SQLiteSnapshots
+from ._store_base import StoreBase, server_errors, unreadable
+from ._store_types import StoreReadError, Unsupported, WindowRows
 from ._turn_state import KIND as TURN
 from ._turn_state import TurnState
 
@@ -89,16 +89,14 @@ _SCHEMA = (
 def _errors() -> tuple[type[BaseException], ...]:
     from sqlalchemy.exc import SQLAlchemyError
 
-    return (SQLAlchemyError, OSError, asyncio.TimeoutError, TimeoutError, ConnectionError)
+    return server_errors(SQLAlchemyError, ConnectionError)
 
 
 def open_store(inner: Any, base: type[Any], session_id: str) -> SQLAlchemyStore | Unsupported:
     """The store of an ``SQLAlchemySession``, or why it has none."""
-    override = unsupported_override(inner, base)
-    if override is not None:
-        return override
-    if not sqlalchemy_readable(inner):
-        return Unsupported("inner_session", "this SQLAlchemySession is not one protoprompt knows")
+    why = unreadable(inner, base, sqlalchemy_readable(inner))
+    if why is not None:
+        return why
     dialect = inner.engine.dialect.name
     if dialect not in ("postgresql", "sqlite"):
         return Unsupported(
@@ -115,28 +113,23 @@ def _is_memory(engine: Any) -> bool:
     return database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
 
 
-class SQLAlchemyStore:
+class SQLAlchemyStore(StoreBase):
     """See the module note."""
 
     kind = "sqlalchemy"
     monotone = False
 
     def __init__(self, inner: Any, session_id: str) -> None:
+        engine = inner.engine
+        memory = _is_memory(engine)
+        super().__init__("memory database" if memory else "not opened yet")
         self._inner = inner
         self._session_id = session_id
         self._table = sqlalchemy_table(inner)
         self.table_name = str(self._table.name)
-        engine = inner.engine
         self.dialect = str(engine.dialect.name)
-        self.memory = _is_memory(engine)
-        self.key: pool.Key | None = None
-        self.snapshots: SnapshotStore | None = None
-        self.prefixes: PrefixState | None = None
-        self.turns: TurnState | None = None
-        self.no_store = "memory database" if self.memory else "not opened yet"
+        self.memory = memory
         self._count_store: CountStore | None = None
-        self._opened = False
-        self._open_lock = threading.Lock()
 
     # -------------------------------------------------------------- protoprompt's state
 
@@ -147,58 +140,54 @@ class SQLAlchemyStore:
             await sqlalchemy_ensure_tables(self._inner)  # the table's identity is in the key
         except _errors() as exc:
             _log.debug("protoprompt: tables of %r not ensured: %s", self._session_id, exc)
-        await asyncio.to_thread(self._open)
+        await self.open_once()
 
     def _open(self) -> None:
-        with self._open_lock:
-            if self._opened:
+        engine = self._inner.engine
+        if self.dialect == "sqlite":
+            path = os.fspath(engine.url.database)
+            db_id = pool.database_id(path)
+            if db_id is None:
+                self.no_store = "the database has no id of its own (read-only?)"
                 return
-            self._opened = True
-            engine = self._inner.engine
-            if self.dialect == "sqlite":
-                path = os.fspath(engine.url.database)
-                db_id = pool.database_id(path)
-                if db_id is None:
-                    self.no_store = "the database has no id of its own (read-only?)"
-                    return
-                self.key = (db_id, "sqlalchemy:" + os.path.realpath(path), self.table_name,
-                            self._session_id)  # fmt: skip
-                self.snapshots = SQLiteSnapshots(path, db_id, self.table_name, self._session_id)
-                self.prefixes = PrefixState(
-                    sqlite_record(path, PREFIX, self.table_name, self._session_id), db_id
-                )
-                self.turns = TurnState(
-                    sqlite_record(path, TURN, self.table_name, self._session_id), db_id
-                )
-                self.no_store = "its database could not be opened for counts"
-                return
-            try:
-                server = _server(engine)
-                server.ready()
-            except Exception as exc:  # noqa: BLE001 - without our tables the rows still work
-                _log.debug("protoprompt: no protoprompt tables in %s: %s", engine.url, exc)
-                self.no_store = f"protoprompt's tables could not be used: {exc}"
-                return
-            assert server.database_id is not None
-            # A table dropped and created again starts its ids over: its rows are bound to
-            # the table's own identity as well (its oid).
-            try:
-                table = f"{self.table_name}#{server.table_oid(self.table_name)}"
-            except Exception as exc:  # noqa: BLE001 - no identity: nothing shared or stored
-                self.no_store = f"the table's identity could not be read: {exc}"
-                return
-            self.key = (server.database_id, server.location, table, self._session_id)
-            self.snapshots = Snapshots(
-                sql_record(server, SNAPSHOTS, table, self._session_id), server.database_id
-            )
+            self.key = (db_id, "sqlalchemy:" + os.path.realpath(path), self.table_name,
+                        self._session_id)  # fmt: skip
+            self.snapshots = SQLiteSnapshots(path, db_id, self.table_name, self._session_id)
             self.prefixes = PrefixState(
-                sql_record(server, PREFIX, table, self._session_id), server.database_id
+                sqlite_record(path, PREFIX, self.table_name, self._session_id), db_id
             )
             self.turns = TurnState(
-                sql_record(server, TURN, table, self._session_id), server.database_id
+                sqlite_record(path, TURN, self.table_name, self._session_id), db_id
             )
-            self._count_store = server.count_store
             self.no_store = "its database could not be opened for counts"
+            return
+        try:
+            server = _server(engine)
+            server.ready()
+        except Exception as exc:  # noqa: BLE001 - without our tables the rows still work
+            _log.debug("protoprompt: no protoprompt tables in %s: %s", engine.url, exc)
+            self.no_store = f"protoprompt's tables could not be used: {exc}"
+            return
+        assert server.database_id is not None
+        # A table dropped and created again starts its ids over: its rows are bound to
+        # the table's own identity as well (its oid).
+        try:
+            table = f"{self.table_name}#{server.table_oid(self.table_name)}"
+        except Exception as exc:  # noqa: BLE001 - no identity: nothing shared or stored
+            self.no_store = f"the table's identity could not be read: {exc}"
+            return
+        self.key = (server.database_id, server.location, table, self._session_id)
+        self.snapshots = Snapshots(
+            sql_record(server, SNAPSHOTS, table, self._session_id), server.database_id
+        )
+        self.prefixes = PrefixState(
+            sql_record(server, PREFIX, table, self._session_id), server.database_id
+        )
+        self.turns = TurnState(
+            sql_record(server, TURN, table, self._session_id), server.database_id
+        )
+        self._count_store = server.count_store
+        self.no_store = "its database could not be opened for counts"
 
     def count_store(self, max_open_readers: int) -> CountStore | None:
         if self.key is None:
@@ -320,15 +309,6 @@ class SQLAlchemyStore:
             )
         head_items, head = _sync.decoded([(r[0], r[1]) for r in rows[:at]], SKIP)
         return head_items, tail_items, tail, head.ids_from(0)
-
-    async def before_rewrite(self) -> None:
-        return None
-
-    async def after_rewrite(self) -> None:
-        return None
-
-    def close(self) -> None:
-        wait_all(self.prefixes, self.turns)
 
 
 # ------------------------------------------------------------------ PostgreSQL tables

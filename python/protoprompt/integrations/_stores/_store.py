@@ -35,8 +35,9 @@ from ...count_store import CountStore
 from .. import pool
 from . import _sync
 from ._prefix_state import KIND as PREFIX
-from ._prefix_state import PrefixState, wait_all
+from ._prefix_state import PrefixState
 from ._snapshots import SnapshotStore, SQLiteSnapshots
+from ._store_base import StoreBase
 from ._store_types import StoreReadError as StoreReadError
 from ._store_types import Unsupported as Unsupported
 from ._store_types import WindowRows as WindowRows
@@ -111,19 +112,15 @@ class HistoryStore(Protocol):
 # ------------------------------------------------------------------ SQLiteSession
 
 
-class SQLiteStore:
+class SQLiteStore(StoreBase):
     """An ``SQLiteSession`` in a database file (see ``_sync.RowReader``)."""
 
     kind = "sqlite"
     monotone = True
 
     def __init__(self, db_path: str, table: str, session_id: str) -> None:
+        super().__init__("the database has no id of its own (read-only?)")
         self.reader = _sync.RowReader(db_path, table, session_id)
-        self.key: pool.Key | None = None
-        self.snapshots: SnapshotStore | None = None
-        self.prefixes: PrefixState | None = None
-        self.turns: TurnState | None = None
-        self.no_store = "the database has no id of its own (read-only?)"
         # That comparison makes sharing the index between objects safe, keyed by the
         # database's own identity and its file (see pool.Key).
         db_id = pool.database_id(db_path)
@@ -133,9 +130,6 @@ class SQLiteStore:
             self.prefixes = PrefixState(sqlite_record(db_path, PREFIX, table, session_id), db_id)
             self.turns = TurnState(sqlite_record(db_path, TURN, table, session_id), db_id)
             self.no_store = "its database could not be opened for counts"
-
-    async def open(self) -> None:
-        return None
 
     async def read(self, look: Callable[[_sync.Rows], T]) -> tuple[list[Any], T]:
         try:
@@ -154,14 +148,8 @@ class SQLiteStore:
     def count_store(self, max_open_readers: int) -> CountStore | None:
         return None if self.key is None else pool.count_store(self.key, max_open_readers)
 
-    async def before_rewrite(self) -> None:
-        return None
-
-    async def after_rewrite(self) -> None:
-        return None
-
     def close(self) -> None:
-        wait_all(self.prefixes, self.turns)
+        super().close()
         self.reader.close()
 
 
@@ -179,7 +167,7 @@ def _class_named(inner: Any, module: str, name: str) -> type[Any] | None:
 
 def open_store(inner: Any, session_id: str) -> HistoryStore | Unsupported:
     """The history store of ``inner`` (the session's inner session), or why it has none."""
-    from .._sdk._sdk import SQLiteSession
+    from .._sdk._names import SQLiteSession
 
     if isinstance(inner, SQLiteSession):
         if type(inner).get_items is not SQLiteSession.get_items:

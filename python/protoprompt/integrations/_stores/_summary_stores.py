@@ -48,7 +48,7 @@ def summary_store_for(inner: Any, session_id: str, *, keyed: str) -> SummaryStor
     """The store of the summary of ``inner``'s session beside its history (``None``: none,
     the summary is kept by the process). ``keyed``: what the summary's ``upto`` counts
     (``"row"`` ids or ``"position"``)."""
-    from .._sdk._sdk import SQLiteSession
+    from .._sdk._names import SQLiteSession
     from ._store import _class_named
 
     if isinstance(inner, SQLiteSession):

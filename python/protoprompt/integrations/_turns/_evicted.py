@@ -26,7 +26,7 @@ from ..._process import SERVED_BUILDERS, sqlite_gate
 from ..._recall._ledger import position_key
 from ...recall import Evictions, Ledger, TurnRows, item_digest
 from ...summaries import MemorySummaryStore, SummaryStore
-from .._sdk._sdk import SQLiteSession
+from .._sdk._names import SQLiteSession
 from .._stores._summary_stores import summary_store_for
 
 if TYPE_CHECKING:

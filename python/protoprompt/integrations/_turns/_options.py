@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._sdk._sdk import OpenAIConversationsSession, Session
+from .._sdk._names import OpenAIConversationsSession, Session
 from .._stores._store import Unsupported
 
 

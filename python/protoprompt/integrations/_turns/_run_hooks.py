@@ -15,9 +15,9 @@ from .._calls import _planner
 from .._calls._agent import agent_request, model_name
 from .._calls._oversized import turn_budget_error
 from .._calls._request import RequestCosts
-from .._sdk import _sdk
+from .._sdk import _names
+from .._sdk._names import RunConfig
 from .._sdk._probes import called_by_runner
-from .._sdk._sdk import RunConfig
 from .._stores import _prefix_state
 from ._context import LAST_READ
 from ._turn import TurnCall, plan_turn
@@ -26,7 +26,7 @@ from ._window import TURN_ATTR, Turn
 if TYPE_CHECKING:
     from ...context import ContextPlan, TokenBudgetedContextBuilder
     from ...memory import MemoryScope
-    from .._sdk._sdk import Agent
+    from .._sdk._names import Agent
     from ..audit import BudgetAudit
     from ..model_filter import ModelCallPlan, ModelInputFilter, OversizedOutput
     from ..session import ProtoPromptSession
@@ -68,7 +68,7 @@ def _default_builder(
     if max_tokens is None:
         raise TypeError("run_config() needs a builder, or max_tokens (the budget) to make one")
     if model is None and agent is not None:
-        if not isinstance(agent, _sdk.Agent):
+        if not isinstance(agent, _names.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         model = model_name(agent)
         if model is None and encoding is None:
@@ -196,7 +196,7 @@ class RunHooks:
             raise TypeError(f"cache must be a CachePolicy or None, got {type(cache).__name__}")
         planner = None if cache is None else self._turn_planner(cache, builder)
         memory = self._session_memory(builder, scope)
-        if agent is not None and not isinstance(agent, _sdk.Agent):
+        if agent is not None and not isinstance(agent, _names.Agent):
             raise TypeError(f"agent must be an agents.Agent or None, got {type(agent).__name__}")
         encoding = getattr(builder, "encoding", None)
         if isinstance(encoding, str):

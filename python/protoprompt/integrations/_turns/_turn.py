@@ -539,7 +539,7 @@ def _stay(
     if last.leading is not None and shared:
         shared = _leading_tokens(packed, last.leading)
     before = len(last.sent)
-    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens)
+    _planner.after_stay(last, cand, history, offset, plan.pack.request_tokens, packed.pack)
     last.context = context
     last.leading = None  # the next turn extends this turn's request, all of it
     report = _call_report(call, plan, index, (held, held), failures)
@@ -580,11 +580,8 @@ def _masked_whole(
 def _leading_tokens(plan: ContextPlan, leading: int) -> int:
     """Tokens of ``plan``'s context message (as the pack counted it) and of the units among
     its first ``leading`` history items (a stay's pack, in the positions of its candidate)."""
-    tokens = plan.context_tokens if plan.context_message is not None else 0
-    for d in plan.pack.decisions:
-        if d.kept and d.positions and d.positions[-1] < leading:
-            tokens += d.sent_tokens or 0
-    return tokens
+    fixed = plan.context_tokens if plan.context_message is not None else 0
+    return _planner.leading_tokens(plan.pack.decisions, leading, fixed)
 
 
 def _move(
@@ -638,34 +635,53 @@ def _head_move(
 ) -> tuple[ContextPlan, Callable[[], None] | None, float, _planner.TurnPrefix, int] | None:
     """A move that keeps the head of ``base`` (the previous request, or the model's last
     one): its history from the cut, whole units as sent, up to ``CachePolicy.head`` of the
-    budget (halved while it and the mandatory part do not fit the mark), pinned ahead of
-    the stored items after its last one, which are packed newest first to the mark with
-    the older tool outputs masked (the middle is dropped). The plan reads as a pack of the
-    stored history; with it what starts the work on what it evicted, the mark and the head
-    as a prefix (for :func:`.._calls._planner.in_history`), and the tokens of the context message
-    and the head it repeats (0 when the context message changed). ``None``: no head to
-    keep."""
+    budget, pinned ahead of the stored items after its last one, which are packed newest
+    first to the mark with the older tool outputs masked (the middle is dropped); the
+    attempts over heads and marks are :func:`.._calls._planner.head_move`'s. The plan reads
+    as a pack of the stored history; with it what starts the work on what it evicted, the
+    mark and the head as a prefix (for :func:`.._calls._planner.in_history`), and the
+    tokens of the context message and the head it repeats (0 when the context message
+    changed). ``None``: no head to keep."""
     builder, history = call.builder, call.history
     budget = int(builder.max_tokens)
     total = offset + len(history)
     if not base.kept or base.kept[0] < offset or base.end > total:
         return None
-    marks = [planner.mark(budget)]
-    if marks[0] < planner.policy.low_water:
-        marks.append(float(planner.policy.low_water))
-    setup = call.setup
+    low = float(planner.policy.low_water)
+    fractions = [planner.mark(budget)]
+    if fractions[0] < low:
+        fractions.append(low)
+    marks = {max(int(budget * f), 1): f for f in fractions}
     if call.memory is not None:
-        with setup.state.lock:
+        with call.setup.state.lock:
             call = call.remembered(offset)
-    limit = int(budget * planner.policy.head_share)
     masked_ids = {id(x) for x in base.masked}
-    while limit >= _planner.HEAD_MIN:
-        end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding)
+    kwargs = call.kwargs
+
+    def attempt(
+        limit: int, mark: int
+    ) -> _planner.HeadPacked[tuple[ContextPlan, _planner.TurnPrefix]] | int | None:
+        end = _planner.head_end(base.sent, 0, len(base.sent), limit, builder.encoding, base.costs)
         if end == 0:
             return None
         head = base.sent[:end]
         after = base.kept[end - 1] + 1
         cand = [*head, *history[after - offset :]]
+        moved = {
+            **kwargs,
+            "context_tokens": int(kwargs.get("context_tokens", 0)) + max(budget - mark, 0),
+            "masking": planner.masking(),
+            "pinned": range(end),
+        }
+        try:
+            plan = builder.build(cand, call.new_input, **moved)
+        except InvalidItemError:
+            return 0
+        except TokenBudgetExceededError as exc:
+            return max(exc.used - exc.max_tokens, 1)
+        if not all(a is b for a, b in zip(plan.pack.items[:end], head, strict=False)):
+            return 0
+        plan = _recall_after_head(plan, end, builder)
         prefix = _planner.TurnPrefix(
             sent=head,
             kept=base.kept[:end],
@@ -675,44 +691,24 @@ def _head_move(
             request_tokens=0,
             context=None,
             whole=dict(base.whole),
+            costs=base.costs,
         )
-        tried = list(marks)
-        low = float(planner.policy.low_water)
-        while tried:
-            mark = tried.pop(0)
-            reserve = max(budget - max(int(budget * mark), 1), 0)
-            moved = {
-                **call.kwargs,
-                "context_tokens": int(call.kwargs.get("context_tokens", 0)) + reserve,
-                "masking": planner.masking(),
-                "pinned": range(end),
-            }
-            try:
-                plan = builder.build(cand, call.new_input, **moved)
-            except InvalidItemError:
-                continue
-            except TokenBudgetExceededError as exc:
-                over = exc.used - exc.max_tokens
-                if not tried and mark <= low and budget * low + over <= budget:
-                    # The head and the mandatory part miss the mark: packed to just above
-                    # it (the head stays whole, so the next move repeats it again).
-                    tried.append(low + max(over, 1) / budget)
-                continue
-            if not all(a is b for a, b in zip(plan.pack.items[:end], head, strict=False)):
-                continue
-            plan = _recall_after_head(plan, end, builder)
-            shared = 0
-            if _context_text(plan) == base.context:
-                shared = _leading_tokens(plan, end)
-            pack = _planner.in_history(plan.pack, prefix, history, offset, ("kept", "mandatory"))
-            plan = _replaced(builder, plan, dataclasses.replace(plan, pack=pack))
-            plan = _without_mark(plan, reserve, builder)
-            evicted = None
-            if call.memory is not None:
-                evicted = observed(call.memory, plan, history, offset, None)
-            return plan, evicted, min(mark, low), prefix, shared
-        limit //= 2
-    return None
+        fixed = None
+        if _context_text(plan) == base.context:
+            fixed = plan.context_tokens if plan.context_message is not None else 0
+        return _planner.HeadPacked((plan, prefix), plan.pack, end, fixed)
+
+    got = _planner.head_move(budget, planner.policy.head_share, list(marks), attempt)
+    if got is None:
+        return None
+    plan, prefix = got.value
+    pack = _planner.in_history(plan.pack, prefix, history, offset, ("kept", "mandatory"))
+    plan = _replaced(builder, plan, dataclasses.replace(plan, pack=pack))
+    plan = _without_mark(plan, max(budget - got.mark, 0), builder)
+    evicted = None
+    if call.memory is not None:
+        evicted = observed(call.memory, plan, history, offset, None)
+    return plan, evicted, min(marks.get(got.mark, low), low), prefix, got.shared
 
 
 def build_stable_turn(

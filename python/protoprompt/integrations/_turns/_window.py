@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..._context._query import message_text
 from ...turn_report import window_widened
+from .._sdk._names import ItemHelpers
 from .._sdk._probes import PREPARE_CODE, runner_locals
-from .._sdk._sdk import ItemHelpers
 from .._stores import _sync
 
 if TYPE_CHECKING:
