@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
@@ -1880,6 +1880,7 @@ async def test_the_next_run_of_the_session_extends_the_previous_runs_last_reques
     st.floats(0.3, 1.0),
     st.integers(0, 3),
 )
+@example([[], [], [20, 20, 20, 20, 115], [900, 900]], 3_000, 1.0, 0)  # a move keeps the head
 def test_consecutive_requests_share_their_prefix(
     runs: list[list[int]], budget: int, low_water: float, keep_recent: int
 ) -> None:
@@ -1924,6 +1925,13 @@ async def _prefix_runs(runs: list[list[int]], budget: int, cache: pp.CachePolicy
             assert _prefix_len(prev, call.input) == len(prev), f"call {n + 1}"
             assert plans[n].shared_tokens == request_tokens(calls[n - 1])
             event("stayed")
+        elif plans[n].prefix == "moved" and "kept the head" in plans[n].prefix_reason:
+            # A move that keeps the head (CachePolicy's default) repeats the start of the
+            # previous request, and says how many tokens that is.
+            prev = calls[n - 1].input
+            assert _prefix_len(prev, call.input) > 0, f"call {n + 1}"
+            assert 0 < plans[n].shared_tokens < request_tokens(call), f"call {n + 1}"
+            event("moved, keeping the head")
         elif plans[n].prefix == "moved":
             assert plans[n].shared_tokens == 0
             event("moved")
