@@ -3,6 +3,7 @@ accepted, cut or dropped within the room a turn leaves (the assembly)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -88,6 +89,30 @@ def render_block(cand: Candidate, text: str) -> str:
     if cand.layer == "history":
         return f"<turn {cand.header}>\n{data(text)}\n</turn>"
     return data(text)
+
+
+UNSPLIT_ENCODINGS = frozenset({"gemma3"})
+"""Encodings whose count of a recalled passage's opening is not split
+(:func:`open_pieces`): SentencePiece has no pre-tokenizer, so no point of a text is known
+to split its count without looking at the vocabulary."""
+
+_AGO = re.compile(r'<turn when="earlier in this session, [0-9]+(?= turns? ago")')
+
+
+def open_pieces(opening: str, split: bool = True) -> list[str]:
+    """A recalled passage's opening (``<turn when="... 12 turns ago" date=... what=...>``
+    and the line break) as the pieces its count is the sum of: with ``split``, before the
+    space after its number of turns -- the prefix up to that number (one of a few, the
+    same for every passage of that age) and the rest (the same for that passage on every
+    turn, but for "turn" / "turns"), so both are found in the count memo although the
+    number changes on every turn. The count of a text splits exactly there (a digit, then
+    a space and a letter: the space starts the next word's pre-token, and no pre-token
+    pattern looks across it) for every encoding with a pre-tokenizer (the native
+    module's ``is_exact_split``, checked against counting the whole for each encoding)."""
+    found = _AGO.match(opening) if split else None
+    if found is None:
+        return [opening]
+    return [opening[: found.end()], opening[found.end() :]]
 
 
 def data(text: str) -> str:
@@ -269,14 +294,26 @@ class Assembler:
         turn to turn) plus the rest (its text and the closing tag: the same every turn), so
         both counts are found in the count memo turn after turn; the sum is the block's
         count wherever the opening ends a pre-token (o200k_base: unless the text starts
-        with a line break or ``/``), and :meth:`settle` counts the message whole anyway."""
-        opens = [f"<turn {c.header}>\n" if c.layer == "history" else "" for c in cands]
-        rests = [
-            f"{data(c.text)}\n</turn>" if c.layer == "history" else render_block(c, c.text)
-            for c in cands
-        ]
-        counts = self.count_batch([*opens, *rests])
-        return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
+        with a line break or ``/``), and :meth:`settle` counts the message whole anyway.
+        The opening itself is counted in the two pieces :func:`open_pieces` makes (their
+        sum is its count), both found in the memo turn after turn although "N turns ago"
+        changes on every turn."""
+        split = self.encoding not in UNSPLIT_ENCODINGS
+        pieces: list[str] = []
+        ends: list[int] = []  # where each candidate's pieces end in ``pieces``
+        for c in cands:
+            if c.layer == "history":
+                pieces.extend(open_pieces(f"<turn {c.header}>\n", split))
+                pieces.append(f"{data(c.text)}\n</turn>")
+            else:
+                pieces.append(render_block(c, c.text))
+            ends.append(len(pieces))
+        counts = self.count_batch(pieces)
+        sizes, start = [], 0
+        for end in ends:
+            sizes.append(sum(counts[start:end]))
+            start = end
+        return sizes
 
     def frame_size(self, system_prompt: str, fill: _Fill, cand: Candidate) -> int:
         """Tokens at most that the section of ``cand``'s layer adds around its blocks: its

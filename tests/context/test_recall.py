@@ -1158,6 +1158,57 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
     ]
 
 
+def test_a_passage_opening_is_counted_in_pieces_found_turn_after_turn() -> None:
+    """A recalled passage's opening ("N turns ago", a new text on every turn) is counted as
+    the prefix up to its number and the rest: their sum is the opening's count under every
+    encoding with a pre-tokenizer, and the next turn (every "ago" one more) finds both
+    pieces of the passages it recalled before in the count memo: nothing is counted (the
+    fast path, asserted by the memo's misses); the plan is the one counted whole."""
+    from protoprompt import _context_blocks, _count_memo, available_encodings, count_tokens_batch
+    from protoprompt._context_blocks import open_pieces
+
+    headers = [
+        'when="earlier in this session, 1 turn ago" date="2023-04-11 18:06" what="user message"',
+        'when="earlier in this session, 12 turns ago" what="tool call lookup_project"',
+        'when="earlier in this session, 305 turns ago" date="2023-04-05" what="a"',
+        'when="earlier in this session, 7 turns ago"',
+        'when="earlier in this session" what="assistant message"',
+        'when="earlier, in session s2 4 turns ago" what="user message"',
+    ]
+    for encoding in available_encodings():
+        split = encoding not in _context_blocks.UNSPLIT_ENCODINGS
+        for header in headers:
+            opening = f"<turn {header}>\n"
+            pieces = open_pieces(opening, split)
+            assert "".join(pieces) == opening
+            assert len(pieces) == (2 if split and "session, " in header else 1), (header, pieces)
+            whole, *parts = count_tokens_batch([opening, *pieces], encoding=encoding)
+            assert whole == sum(parts), (encoding, header)
+
+    store = MemoryStore()
+    rows = [  # each opening of its own: its date
+        HistoryRecord(
+            r,
+            f"user: the zephyr {r} build log says {FILL[: 200 + 30 * r]}",
+            {"turn": r, "date": f"2023-04-{r:02d}", "label": "user message"},
+        )
+        for r in range(1, 21)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=2500, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    _count_memo.clear()
+    for turn in (47, *range(40, 46)):  # every age turn 46 finds: 26 to 45 turns
+        builder.build([], query, session_id="s1", turn=turn)
+    before = _count_memo.stats["misses"]
+    plan = builder.build([], query, session_id="s1", turn=46)
+    # Only the message (its headers are new) was counted, not one block.
+    assert _count_memo.stats["misses"] == before + 1
+    assert 'turns ago"' in str(plan.context_message)
+    dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
+    assert dropped and all(b.tokens for b in dropped)
+
+
 def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
     """The check that no recalled passage is a row of the request digests each kept item
     once for the process, by its content: the next turn's new objects of the same items
