@@ -115,6 +115,12 @@ def open_pieces(opening: str, split: bool = True) -> list[str]:
     return [opening[: found.end()], opening[found.end() :]]
 
 
+def passage_rest(text: str) -> str:
+    """A recalled passage's block after its opening: its text and the closing tag (the same
+    on every turn; counted on its own, see :meth:`Assembler.block_sizes`)."""
+    return f"{data(text)}\n</turn>"
+
+
 def data(text: str) -> str:
     """Text from a tool, a user, a model or a memory writer as data inside the context
     message's tags: ``&`` and ``<`` escaped as in XML, so no text can close a frame, open
@@ -304,7 +310,7 @@ class Assembler:
         for c in cands:
             if c.layer == "history":
                 pieces.extend(open_pieces(f"<turn {c.header}>\n", split))
-                pieces.append(f"{data(c.text)}\n</turn>")
+                pieces.append(passage_rest(c.text))
             else:
                 pieces.append(render_block(c, c.text))
             ends.append(len(pieces))

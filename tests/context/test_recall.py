@@ -535,6 +535,47 @@ def test_a_fact_from_the_middle_of_an_evicted_tool_output_is_recalled(
 
 
 @pytest.mark.usefixtures("planted")
+def test_the_index_job_counts_the_blocks_of_the_passages_it_indexes(
+    tmp_path: Path, new_db: Callable[[], str]
+) -> None:
+    """The background job that indexes evicted rows counts their passages' blocks too (as
+    the builder's turns count them: the turn that first recalls one finds its count in
+    the count memo, off the request's path); the plan is the one counted on the turn."""
+    from protoprompt import _count_memo
+    from protoprompt._context_blocks import passage_rest
+
+    db = str(tmp_path / "s.db")
+    store = MemoryStore(new_db(), chunk_words=60, chunk_overlap=10)
+    chat = Chat(db, store)
+    builder = chat.builder
+
+    async def run() -> Any:
+        for i in range(9):
+            await chat.turn(i)
+        assert await builder.wait_for_background(30)
+
+    _count_memo.clear()
+    asyncio.run(run())
+    passages = {
+        h.text
+        for query in ("vault code zephyr", "result details", "question look")
+        for h in store.search_history(query, scope=SCOPE, limit=50)
+    }
+    assert len(passages) >= 3
+
+    def never(texts: list[str]) -> list[int]:
+        raise AssertionError(f"counted on the turn: {texts!r}")
+
+    rests = [passage_rest(p) for p in sorted(passages)]
+    counted = _count_memo.counts("text", rests, builder.model, builder.encoding, never)
+    assert counted == builder._count_batch(rests)
+    plan = asyncio.run(chat.turn(9, QUESTION))
+    assert _recalls_fact(plan)
+    chat.session.close()
+    store.close()
+
+
+@pytest.mark.usefixtures("planted")
 def test_windowed_reads_and_a_restart_neither_lose_nor_duplicate_records(
     tmp_path: Path, new_process: Callable[[], None], caplog: pytest.LogCaptureFixture
 ) -> None:

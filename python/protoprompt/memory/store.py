@@ -457,6 +457,10 @@ class MemoryStore:
             warm_passages(texts)  # off the request's path when a turn's evictions index
         return sum(len(e.passages) for e in entries)
 
+    def _passages(self, text: str) -> list[str]:
+        """The passages :meth:`index_history` stores for a row of ``text``."""
+        return [text[a:b] for a, b in chunk_spans(text, self._chunk_words, self._chunk_overlap)]
+
     def history_rows(
         self,
         session_id: str,
