@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 from ._context_plan import ContextBlock
@@ -113,6 +114,38 @@ def open_pieces(opening: str, split: bool = True) -> list[str]:
     if found is None:
         return [opening]
     return [opening[: found.end()], opening[found.end() :]]
+
+
+LINE_SPLIT_ENCODINGS = frozenset({"o200k_base", "o200k_harmony", "cl100k_base", "llama3", "qwen2"})
+"""Encodings whose count of a text splits exactly after a line break followed by ``<`` or
+an ASCII letter or digit (the native module's ``is_exact_split``: the piece holding the
+line break ends there, and the next pre-token looks at nothing before it), so a context
+message is counted as the sum of its lines (:func:`message_pieces`)."""
+
+_LINE_START = re.compile(r"\n(?=[<0-9A-Za-z])")
+
+
+def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
+    """A context message's text as the pieces its count is the sum of, under an encoding of
+    :data:`LINE_SPLIT_ENCODINGS`: its ends (what comes before its first line starting with
+    ``<`` and from its last one on, joined: its frame, the same from turn to turn, to be
+    counted as a message of its own) and the lines between (each from a line start where
+    the count splits exactly to the next; a recalled passage's opening in the two pieces
+    of :func:`open_pieces`), so a turn counts only the lines no turn counted before.
+    ``None``: not such a text (another encoding, or fewer than two lines starting with
+    ``<``), to be counted whole."""
+    if encoding not in LINE_SPLIT_ENCODINGS:
+        return None
+    starts = [m.end() for m in _LINE_START.finditer(text)]
+    tags = [i for i in starts if text[i] == "<"]
+    if len(tags) < 2:
+        return None
+    first, last = tags[0], tags[-1]
+    inner = [i for i in starts if first <= i <= last]
+    pieces: list[str] = []
+    for a, b in pairwise(inner):
+        pieces.extend(open_pieces(text[a:b]) if text.startswith("<turn ", a) else [text[a:b]])
+    return text[:first] + text[last:], pieces
 
 
 def passage_rest(text: str) -> str:

@@ -1177,6 +1177,8 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
         return real(item, **kwargs)
 
     monkeypatch.setattr(context_module, "item_tokens", counting)
+    # The message counted whole (as item_tokens sees it), not as the sum of its lines.
+    monkeypatch.setattr(context_module, "message_pieces", lambda text, encoding: None)
     _count_memo.clear()
     taken = _context_blocks.stats["first_by_size"]
     plan = builder.build([], query, session_id="s1", turn=5)
@@ -1248,6 +1250,53 @@ def test_a_passage_opening_is_counted_in_pieces_found_turn_after_turn() -> None:
     assert 'turns ago"' in str(plan.context_message)
     dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
     assert dropped and all(b.tokens for b in dropped)
+
+
+def test_a_context_message_is_counted_as_the_sum_of_its_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under an encoding whose count splits after a line break followed by ``<`` or a
+    letter or digit, the context message is counted as its frame (a message of its own)
+    plus its lines, each kept in the count memo: never whole (the fast path, asserted by
+    the counter and the calls), so a later turn, whose headers all changed, counts only
+    its new pieces; the sum is the message's count."""
+    from protoprompt import context as context_module
+    from protoprompt._context_blocks import LINE_SPLIT_ENCODINGS
+
+    store = MemoryStore()
+    rows = [
+        HistoryRecord(
+            r,
+            f"user: the zephyr {r} build log says\n{FILL[: 100 + 30 * r]}\n  <b>x</b>\n"
+            f"{HOSTILE if r % 3 == 0 else 'ok'}\n\n42 done",
+            {"turn": r, "date": f"2023-04-{r:02d}", "label": "user message"},
+        )
+        for r in range(1, 21)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    real = context_module.item_tokens
+    whole: list[str] = []
+
+    def counting(item: Any, **kwargs: Any) -> Any:
+        whole.append(str(item.get("content", "")))
+        return real(item, **kwargs)
+
+    monkeypatch.setattr(context_module, "item_tokens", counting)
+    for encoding in sorted(LINE_SPLIT_ENCODINGS):
+        builder = TokenBudgetedContextBuilder(
+            store, max_tokens=2500, scope=SCOPE, recall_evicted=True, encoding=encoding
+        )
+        for turn in (30, 31):
+            before = context_module.message_stats["by_lines"]
+            plan = builder.build(
+                [], query, session_id="s1", turn=turn, system_prompt="Be brief.\n<r>\nno\n</r>"
+            )
+            assert plan.context_message is not None
+            text = plan.context_message["content"]
+            assert "<recalled_turns>" in text and text not in whole
+            assert context_module.message_stats["by_lines"] > before
+            assert plan.context_tokens == real(plan.context_message, encoding=encoding).total
 
 
 def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:
