@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
@@ -164,11 +165,8 @@ def data(text: str) -> str:
 def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
     """Where a recalled passage came from, as the attributes of its ``<turn>`` tag."""
     meta = hit.metadata
-    label = meta.get("label")
-    what = f' what="{attr(label)}"' if isinstance(label, str) and label else ""
-    date = meta.get("date")
-    if isinstance(date, str) and date:
-        what = f' date="{attr(date)}"' + what
+    label, date = meta.get("label"), meta.get("date")
+    what = _what(label if isinstance(label, str) else "", date if isinstance(date, str) else "")
     if meta.get("session_id") != session_id:
         return f'when="earlier, in session {attr(str(meta.get("session_id")))}"{what}'
     then = meta.get("turn")
@@ -176,6 +174,14 @@ def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
         return f'when="earlier in this session"{what}'
     ago = turn - then
     return f'when="earlier in this session, {ago} turn{"s" if ago != 1 else ""} ago"{what}'
+
+
+@lru_cache(maxsize=4096)
+def _what(label: str, date: str) -> str:
+    """The ``date`` and ``what`` attributes of a recalled passage's tag (kept by their
+    values: the passages recent turns recalled come back turn after turn)."""
+    what = f' what="{attr(label)}"' if label else ""
+    return f' date="{attr(date)}"' + what if date else what
 
 
 def attr(text: str) -> str:

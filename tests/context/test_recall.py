@@ -1252,6 +1252,27 @@ def test_a_passage_opening_is_counted_in_pieces_found_turn_after_turn() -> None:
     assert dropped and all(b.tokens for b in dropped)
 
 
+def test_the_attributes_of_a_passage_tag_are_kept_by_their_values() -> None:
+    """The ``date`` and ``what`` attributes of a recalled passage's tag are escaped once per
+    value (kept: the next turn recalls the same passages), and are what escaping gives."""
+    from protoprompt._context_blocks import _what, when
+    from protoprompt.memory import MemoryHit, MemoryScope
+
+    def hit(label: Any, date: Any) -> MemoryHit:
+        meta = {"label": label, "date": date, "session_id": "s1", "turn": 2}
+        return MemoryHit("history", "x", 1.0, None, 0, None, MemoryScope("t"), meta)
+
+    _what.cache_clear()
+    for turn in (5, 6):
+        assert when(hit('tool "a" <b>', "2023-04-01"), "s1", turn) == (
+            f'when="earlier in this session, {turn - 2} turns ago" date="2023-04-01"'
+            ' what="tool &quot;a&quot; &lt;b&gt;"'
+        )
+    assert _what.cache_info().hits == 1
+    assert when(hit(None, 7), "s1", 3) == 'when="earlier in this session, 1 turn ago"'
+    assert when(hit("", ""), "s2", 3) == 'when="earlier, in session s1"'
+
+
 def test_a_context_message_is_counted_as_the_sum_of_its_lines(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
