@@ -585,24 +585,25 @@ class SQLiteBackend(SQLMemory):
     ) -> list[tuple[int, int, Row]]:
         if not row_keys or not self._has_history():
             return []
-        where = " AND ".join(f"h.{c} = ?" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
-        # One statement, the anchors bound once: each anchor's nearest row key below and
-        # above (an index seek each), then those rows' passages.
+        # One statement, the anchors bound once: for each anchor, the passage next to it
+        # below (the last of the row before) and above (the first of the row after), each
+        # one seek in the scope's index, then that passage by its id: only the passages
+        # the caller keeps (not every passage of those rows).
         near = (
-            "SELECT a.column1 AS anchor, {side} AS side, (SELECT {agg}(row_key)"
-            f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {{op}}"
-            " a.column1) AS rk FROM anchors AS a"
+            "SELECT a.column1 AS anchor, {side} AS side, (SELECT id FROM pp_mem_history"
+            f" WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {{op}} a.column1"
+            " ORDER BY row_key {order}, passage {order} LIMIT 1) AS passage_id"
+            " FROM anchors AS a"
         )
         values = ", ".join("(?)" for _ in row_keys)
         rows = self._read(
             f"WITH anchors AS (VALUES {values}), near AS ("
-            + near.format(side=0, agg="max", op="<")
+            + near.format(side=0, op="<", order="DESC")
             + " UNION ALL "
-            + near.format(side=1, agg="min", op=">")
+            + near.format(side=1, op=">", order="ASC")
             + f") SELECT {HISTORY}, near.anchor, near.side FROM near"
-            f" JOIN pp_mem_history AS h ON h.row_key = near.rk"
-            f" WHERE {where} AND h.session_id = ?",
-            [*row_keys, *scope, session_id, *scope, session_id, *scope, session_id],
+            " JOIN pp_mem_history AS h ON h.id = near.passage_id",
+            [*row_keys, *scope, session_id, *scope, session_id],
         )
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 
