@@ -361,6 +361,54 @@ def test_the_neighbours_of_a_hit_are_the_passages_next_to_it(
     assert [(h.metadata["row"], h.chunk_index) for h in hits] == [(3, 0), (1, last_before), (6, 0)]
 
 
+def test_few_matches_are_read_unordered_and_ranked_the_same(
+    store: MemoryStore, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the passages holding each term prove a search matches at most its pool of
+    passages, SQLite reads them without its relevance or order (the fast path, asserted
+    by the counter): the hits are the same, in the same order, with the same scores, as
+    ranked from the engine's ordered matches; a search that may match more is read
+    ordered."""
+    from protoprompt.memory import _sqlite
+    from protoprompt.memory import store as store_module
+
+    rows = [
+        HistoryRecord(r, f"user: turn {r} says zephyr {filler(6 + r % 9, r)} quokka{r % 5}")
+        for r in range(300)
+    ]
+    rows += [
+        HistoryRecord(1000 + r, f"tool: access code for project P{r} is {r}") for r in range(30)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    queries = [
+        ("What was the access code for project P7?", 4),
+        ("quokka3 alpha1", 8),
+        ("zephyr", 8),  # in every passage of the turns: more than a pool
+        ("Which turn says gamma4 and theta5?", 30),
+        ("nothing matches this", 8),
+    ]
+
+    def search() -> list[list[tuple[object, ...]]]:
+        return [
+            [
+                (h.text, h.score, h.chunk_index, sorted(h.metadata.items()))
+                for h in store.search_history(
+                    query, scope=SCOPE, session_id="s1", limit=limit, neighbours=True
+                )
+            ]
+            for query, limit in queries
+        ]
+
+    before = _sqlite.stats["unordered_matches"]
+    fast = search()
+    used = _sqlite.stats["unordered_matches"] - before
+    if engine == "sqlite":
+        assert 3 <= used < len(queries)
+    monkeypatch.setattr(store_module, "_match_bound", lambda *args: None)
+    assert search() == fast
+    assert all(fast[:2]) and fast[-1] == []
+
+
 def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
     store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
