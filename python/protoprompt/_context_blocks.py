@@ -121,32 +121,38 @@ LINE_SPLIT_ENCODINGS = frozenset({"o200k_base", "o200k_harmony", "cl100k_base", 
 """Encodings whose count of a text splits exactly after a line break followed by ``<`` or
 an ASCII letter or digit (the native module's ``is_exact_split``: the piece holding the
 line break ends there, and the next pre-token looks at nothing before it), so a context
-message is counted as the sum of its lines (:func:`message_pieces`)."""
+message is counted as the sum of its pieces (:func:`message_pieces`)."""
 
-_LINE_START = re.compile(r"\n(?=[<0-9A-Za-z])")
+_TAG_START = re.compile(r"\n(?=<)")
 
 
 def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
     """A context message's text as the pieces its count is the sum of, under an encoding of
     :data:`LINE_SPLIT_ENCODINGS`: its ends (what comes before its first line starting with
     ``<`` and from its last one on, joined: its frame, the same from turn to turn, to be
-    counted as a message of its own) and the lines between (each from a line start where
-    the count splits exactly to the next; a recalled passage's opening in the two pieces
-    of :func:`open_pieces`), so a turn counts only the lines no turn counted before.
-    ``None``: not such a text (another encoding, or fewer than two lines starting with
-    ``<``), to be counted whole."""
+    counted as a message of its own) and what lies between, split where a line starts
+    with ``<`` (a block's text has none: it is escaped) and after a recalled passage's
+    opening line when its text starts with a letter or digit (the opening in the two
+    pieces of :func:`open_pieces`), so a turn counts only the pieces no turn counted
+    before. ``None``: not such a text (another encoding, or fewer than two lines starting
+    with ``<``), to be counted whole."""
     if encoding not in LINE_SPLIT_ENCODINGS:
         return None
-    starts = [m.end() for m in _LINE_START.finditer(text)]
-    tags = [i for i in starts if text[i] == "<"]
+    tags = [m.end() for m in _TAG_START.finditer(text)]
     if len(tags) < 2:
         return None
-    first, last = tags[0], tags[-1]
-    inner = [i for i in starts if first <= i <= last]
     pieces: list[str] = []
-    for a, b in pairwise(inner):
-        pieces.extend(open_pieces(text[a:b]) if text.startswith("<turn ", a) else [text[a:b]])
-    return text[:first] + text[last:], pieces
+    for a, b in pairwise(tags):
+        if not text.startswith("<turn ", a):
+            pieces.append(text[a:b])
+            continue
+        line = text.find("\n", a, b) + 1  # after the opening's line break
+        if 0 < line < b and text[line].isascii() and text[line].isalnum():
+            pieces.extend(open_pieces(text[a:line]))
+            pieces.append(text[line:b])
+        else:
+            pieces.extend(open_pieces(text[a:b]))
+    return text[: tags[0]] + text[tags[-1] :], pieces
 
 
 def passage_rest(text: str) -> str:

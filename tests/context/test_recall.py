@@ -1288,7 +1288,8 @@ def test_a_context_message_is_counted_as_the_sum_of_its_lines(
     rows = [
         HistoryRecord(
             r,
-            f"user: the zephyr {r} build log says\n{FILL[: 100 + 30 * r]}\n  <b>x</b>\n"
+            f"{'user:' if r % 4 else '(tool)'} the zephyr {r} build log says\n"
+            f"{FILL[: 100 + 30 * r]}\n  <b>x</b>\n"
             f"{HOSTILE if r % 3 == 0 else 'ok'}\n\n42 done",
             {"turn": r, "date": f"2023-04-{r:02d}", "label": "user message"},
         )
