@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._context import _count_memo
-from ._context._blocks import RECALL_SHARE, Assembler, Assembly, Candidate
+from ._context._blocks import RECALL_SHARE, Assembler, Assembly, Candidate, message_pieces
 from ._context._blocks import TRUNCATION_MARK as TRUNCATION_MARK
 from ._context._options import (
     LAYERS,
@@ -76,6 +76,10 @@ from .plan import RequestCost
 if TYPE_CHECKING:
     from .recall import Evictions
     from .summaries import Summarizer
+
+message_stats = {"by_lines": 0}
+"""Context messages counted as the sum of their lines (:func:`._context._blocks.message_pieces`)
+since the process started: what the tests read to see the fast path taken."""
 
 __all__ = [
     "DEFAULT_MASKING",
@@ -333,8 +337,22 @@ class TokenBudgetedContextBuilder:
 
         if type(self).context_message is not TokenBudgetedContextBuilder.context_message:
             return costs([text])[0]  # a message of another shape: not the memo's
+        kind = f"message:{self.context_role}"
         # Counted at each step of a turn's assembly, and again by the next turn: kept.
-        (cost,) = _count_memo.counts(f"message:{self.context_role}", [text], model, encoding, costs)
+        found = _count_memo.find(kind, text, model, encoding)
+        if found is not None:
+            return found
+        split = message_pieces(text, encoding)
+        if split is None:
+            (cost,) = _count_memo.counts(kind, [text], model, encoding, costs)
+            return cost
+        # Its frame as a message of its own, and its lines: each kept, so a turn counts only
+        # the lines that are new (the sum is the message's count: see message_pieces).
+        ends, pieces = split
+        (frame,) = _count_memo.counts(kind, [ends], model, encoding, costs)
+        cost = frame + sum(self._count_batch(pieces))
+        _count_memo.keep(kind, text, model, encoding, cost)
+        message_stats["by_lines"] += 1
         return cost
 
     def _candidates(

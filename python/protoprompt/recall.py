@@ -46,6 +46,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _process
+from ._context._blocks import passage_rest
 from ._context._query import message_text
 from ._recall._index import BATCH, IndexJob
 from ._recall._ledger import (
@@ -337,6 +338,7 @@ class Evictions:
                     job_ids,
                     rows.fetch,
                     users,
+                    self._warm,
                 )
             )
         summary_job = None
@@ -359,6 +361,14 @@ class Evictions:
                 self._start(summary_job, ledger)
 
         return schedule
+
+    def _warm(self, passages: list[str]) -> None:
+        """Count the blocks of passages just indexed (in the index job), as the builder's
+        turns count them when they recall them (kept in the count memo: the turn that first
+        recalls one finds its count)."""
+        builder = self._builder()
+        if builder is not None:
+            builder._count_batch([passage_rest(p) for p in passages])
 
     @staticmethod
     def _indexed(job: IndexJob) -> Callable[[], None]:

@@ -87,3 +87,18 @@ def test_short_texts_are_kept_by_the_text_within_bounds(monkeypatch: pytest.Monk
     assert digests == texts[:2]
     _count_memo.clear()
     assert _count_memo.counts("text", texts[-1:], None, None, Counter(9)) == [len(texts[-1]) + 9]
+
+
+def test_a_count_kept_by_its_caller_is_found_by_the_text() -> None:
+    """``keep`` (a count the caller worked out, e.g. as the sum of its lines' counts) is
+    found by ``find`` and by ``counts`` for the same text counted the same way only."""
+    short, long = "<a>\nb\n</a>", "word " * _count_memo.MAX_TEXT_CHARS
+    for text in (short, long):
+        assert _count_memo.find("message:system", text, None, "o200k_base") is None
+        _count_memo.keep("message:system", text, None, "o200k_base", 7)
+        assert _count_memo.find("message:system", "".join(list(text)), None, "o200k_base") == 7
+        assert _count_memo.find("message:user", text, None, "o200k_base") is None
+        assert _count_memo.find("message:system", text, None, "cl100k_base") is None
+        never = Counter()
+        assert _count_memo.counts("message:system", [text], None, "o200k_base", never) == [7]
+        assert never.seen == []

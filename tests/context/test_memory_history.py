@@ -335,6 +335,80 @@ def test_neighbouring_turns_follow_their_hit_once(store: MemoryStore) -> None:
     assert sorted(rows_found) == [11, 12, 14] and len(set(rows_found)) == len(rows_found)
 
 
+def test_the_neighbours_of_a_hit_are_the_passages_next_to_it(
+    store: MemoryStore, engine: str
+) -> None:
+    """The neighbours of a hit in a row of many passages are the last passage of the row
+    before and the first of the row after; SQLite reads only those two (PostgreSQL every
+    passage of both rows, the store keeps the same two)."""
+    rows = [
+        HistoryRecord(1, f"tool: {filler(140, 1)}"),
+        HistoryRecord(3, "user: where is the zephyr build log?"),
+        HistoryRecord(6, f"tool: {filler(140, 2)}"),
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    backend = store._backend  # noqa: SLF001 - what the engine reads
+    found = backend.history_adjacent(("acme", "alice", "", ""), "s1", [3])
+    last_before = max(r[7] for _, side, r in found if side == 0)
+    assert {(side, r[6]) for _, side, r in found} == {(0, 1), (1, 6)}
+    if engine == "sqlite":
+        assert sorted((side, r[6], r[7]) for _, side, r in found) == [
+            (0, 1, last_before),
+            (1, 6, 0),
+        ]
+        assert last_before > 0  # the row before has several passages: its last one
+    hits = store.search_history("zephyr build log", scope=SCOPE, session_id="s1", neighbours=True)
+    assert [(h.metadata["row"], h.chunk_index) for h in hits] == [(3, 0), (1, last_before), (6, 0)]
+
+
+def test_few_matches_are_read_unordered_and_ranked_the_same(
+    store: MemoryStore, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the passages holding each term prove a search matches at most its pool of
+    passages, SQLite reads them without its relevance or order (the fast path, asserted
+    by the counter): the hits are the same, in the same order, with the same scores, as
+    ranked from the engine's ordered matches; a search that may match more is read
+    ordered."""
+    from protoprompt.memory import _sqlite
+    from protoprompt.memory import store as store_module
+
+    rows = [
+        HistoryRecord(r, f"user: turn {r} says zephyr {filler(6 + r % 9, r)} quokka{r % 5}")
+        for r in range(300)
+    ]
+    rows += [
+        HistoryRecord(1000 + r, f"tool: access code for project P{r} is {r}") for r in range(30)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    queries = [
+        ("What was the access code for project P7?", 4),
+        ("quokka3 alpha1", 8),
+        ("zephyr", 8),  # in every passage of the turns: more than a pool
+        ("Which turn says gamma4 and theta5?", 30),
+        ("nothing matches this", 8),
+    ]
+
+    def search() -> list[list[tuple[object, ...]]]:
+        return [
+            [
+                (h.text, h.score, h.chunk_index, sorted(h.metadata.items()))
+                for h in store.search_history(
+                    query, scope=SCOPE, session_id="s1", limit=limit, neighbours=True
+                )
+            ]
+            for query, limit in queries
+        ]
+
+    before = _sqlite.stats["unordered_matches"]
+    fast = search()
+    used = _sqlite.stats["unordered_matches"] - before
+    if engine == "sqlite":
+        assert 3 <= used < len(queries)
+    monkeypatch.setattr(store_module, "_match_bound", lambda *args: None)
+    assert search() == fast
+    assert all(fast[:2]) and fast[-1] == []
+
+
 def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
     store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -535,6 +535,47 @@ def test_a_fact_from_the_middle_of_an_evicted_tool_output_is_recalled(
 
 
 @pytest.mark.usefixtures("planted")
+def test_the_index_job_counts_the_blocks_of_the_passages_it_indexes(
+    tmp_path: Path, new_db: Callable[[], str]
+) -> None:
+    """The background job that indexes evicted rows counts their passages' blocks too (as
+    the builder's turns count them: the turn that first recalls one finds its count in
+    the count memo, off the request's path); the plan is the one counted on the turn."""
+    from protoprompt import _count_memo
+    from protoprompt._context._blocks import passage_rest
+
+    db = str(tmp_path / "s.db")
+    store = MemoryStore(new_db(), chunk_words=60, chunk_overlap=10)
+    chat = Chat(db, store)
+    builder = chat.builder
+
+    async def run() -> Any:
+        for i in range(9):
+            await chat.turn(i)
+        assert await builder.wait_for_background(30)
+
+    _count_memo.clear()
+    asyncio.run(run())
+    passages = {
+        h.text
+        for query in ("vault code zephyr", "result details", "question look")
+        for h in store.search_history(query, scope=SCOPE, limit=50)
+    }
+    assert len(passages) >= 3
+
+    def never(texts: list[str]) -> list[int]:
+        raise AssertionError(f"counted on the turn: {texts!r}")
+
+    rests = [passage_rest(p) for p in sorted(passages)]
+    counted = _count_memo.counts("text", rests, builder.model, builder.encoding, never)
+    assert counted == builder._count_batch(rests)
+    plan = asyncio.run(chat.turn(9, QUESTION))
+    assert _recalls_fact(plan)
+    chat.session.close()
+    store.close()
+
+
+@pytest.mark.usefixtures("planted")
 def test_windowed_reads_and_a_restart_neither_lose_nor_duplicate_records(
     tmp_path: Path, new_process: Callable[[], None], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1137,6 +1178,8 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
         return real(item, **kwargs)
 
     monkeypatch.setattr(context_module, "item_tokens", counting)
+    # The message counted whole (as item_tokens sees it), not as the sum of its lines.
+    monkeypatch.setattr(context_module, "message_pieces", lambda text, encoding: None)
     _count_memo.clear()
     taken = context_blocks.stats["first_by_size"]
     plan = builder.build([], query, session_id="s1", turn=5)
@@ -1157,6 +1200,128 @@ def test_a_turn_counts_its_context_message_once(monkeypatch: pytest.MonkeyPatch)
     assert [(b.source, b.status, b.tokens) for b in counted.blocks if b.kept] == [
         (b.source, b.status, b.tokens) for b in kept
     ]
+
+
+def test_a_passage_opening_is_counted_in_pieces_found_turn_after_turn() -> None:
+    """A recalled passage's opening ("N turns ago", a new text on every turn) is counted as
+    the prefix up to its number and the rest: their sum is the opening's count under every
+    encoding with a pre-tokenizer, and the next turn (every "ago" one more) finds both
+    pieces of the passages it recalled before in the count memo: nothing is counted (the
+    fast path, asserted by the memo's misses); the plan is the one counted whole."""
+    from protoprompt import available_encodings, count_tokens_batch
+    from protoprompt._context import _blocks as context_blocks
+    from protoprompt._context import _count_memo
+    from protoprompt._context._blocks import open_pieces
+
+    headers = [
+        'when="earlier in this session, 1 turn ago" date="2023-04-11 18:06" what="user message"',
+        'when="earlier in this session, 12 turns ago" what="tool call lookup_project"',
+        'when="earlier in this session, 305 turns ago" date="2023-04-05" what="a"',
+        'when="earlier in this session, 7 turns ago"',
+        'when="earlier in this session" what="assistant message"',
+        'when="earlier, in session s2 4 turns ago" what="user message"',
+    ]
+    for encoding in available_encodings():
+        split = encoding not in context_blocks.UNSPLIT_ENCODINGS
+        for header in headers:
+            opening = f"<turn {header}>\n"
+            pieces = open_pieces(opening, split)
+            assert "".join(pieces) == opening
+            assert len(pieces) == (2 if split and "session, " in header else 1), (header, pieces)
+            whole, *parts = count_tokens_batch([opening, *pieces], encoding=encoding)
+            assert whole == sum(parts), (encoding, header)
+
+    store = MemoryStore()
+    rows = [  # each opening of its own: its date
+        HistoryRecord(
+            r,
+            f"user: the zephyr {r} build log says {FILL[: 200 + 30 * r]}",
+            {"turn": r, "date": f"2023-04-{r:02d}", "label": "user message"},
+        )
+        for r in range(1, 21)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    builder = TokenBudgetedContextBuilder(store, max_tokens=2500, scope=SCOPE, recall_evicted=True)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    _count_memo.clear()
+    for turn in (47, *range(40, 46)):  # every age turn 46 finds: 26 to 45 turns
+        builder.build([], query, session_id="s1", turn=turn)
+    before = _count_memo.stats["misses"]
+    plan = builder.build([], query, session_id="s1", turn=46)
+    # Only the message (its headers are new) was counted, not one block.
+    assert _count_memo.stats["misses"] == before + 1
+    assert 'turns ago"' in str(plan.context_message)
+    dropped = [b for b in plan.blocks if b.layer == "history" and not b.kept]
+    assert dropped and all(b.tokens for b in dropped)
+
+
+def test_the_attributes_of_a_passage_tag_are_kept_by_their_values() -> None:
+    """The ``date`` and ``what`` attributes of a recalled passage's tag are escaped once per
+    value (kept: the next turn recalls the same passages), and are what escaping gives."""
+    from protoprompt._context._blocks import _what, when
+    from protoprompt.memory import MemoryHit, MemoryScope
+
+    def hit(label: Any, date: Any) -> MemoryHit:
+        meta = {"label": label, "date": date, "session_id": "s1", "turn": 2}
+        return MemoryHit("history", "x", 1.0, None, 0, None, MemoryScope("t"), meta)
+
+    _what.cache_clear()
+    for turn in (5, 6):
+        assert when(hit('tool "a" <b>', "2023-04-01"), "s1", turn) == (
+            f'when="earlier in this session, {turn - 2} turns ago" date="2023-04-01"'
+            ' what="tool &quot;a&quot; &lt;b&gt;"'
+        )
+    assert _what.cache_info().hits == 1
+    assert when(hit(None, 7), "s1", 3) == 'when="earlier in this session, 1 turn ago"'
+    assert when(hit("", ""), "s2", 3) == 'when="earlier, in session s1"'
+
+
+def test_a_context_message_is_counted_as_the_sum_of_its_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under an encoding whose count splits after a line break followed by ``<`` or a
+    letter or digit, the context message is counted as its frame (a message of its own)
+    plus its lines, each kept in the count memo: never whole (the fast path, asserted by
+    the counter and the calls), so a later turn, whose headers all changed, counts only
+    its new pieces; the sum is the message's count."""
+    from protoprompt import context as context_module
+    from protoprompt._context._blocks import LINE_SPLIT_ENCODINGS
+
+    store = MemoryStore()
+    rows = [
+        HistoryRecord(
+            r,
+            f"{'user:' if r % 4 else '(tool)'} the zephyr {r} build log says\n"
+            f"{FILL[: 100 + 30 * r]}\n  <b>x</b>\n"
+            f"{HOSTILE if r % 3 == 0 else 'ok'}\n\n42 done",
+            {"turn": r, "date": f"2023-04-{r:02d}", "label": "user message"},
+        )
+        for r in range(1, 21)
+    ]
+    store.index_history("s1", rows, scope=SCOPE)
+    query = [{"role": "user", "content": "What did the zephyr build log say?"}]
+    real = context_module.item_tokens
+    whole: list[str] = []
+
+    def counting(item: Any, **kwargs: Any) -> Any:
+        whole.append(str(item.get("content", "")))
+        return real(item, **kwargs)
+
+    monkeypatch.setattr(context_module, "item_tokens", counting)
+    for encoding in sorted(LINE_SPLIT_ENCODINGS):
+        builder = TokenBudgetedContextBuilder(
+            store, max_tokens=2500, scope=SCOPE, recall_evicted=True, encoding=encoding
+        )
+        for turn in (30, 31):
+            before = context_module.message_stats["by_lines"]
+            plan = builder.build(
+                [], query, session_id="s1", turn=turn, system_prompt="Be brief.\n<r>\nno\n</r>"
+            )
+            assert plan.context_message is not None
+            text = plan.context_message["content"]
+            assert "<recalled_turns>" in text and text not in whole
+            assert context_module.message_stats["by_lines"] > before
+            assert plan.context_tokens == real(plan.context_message, encoding=encoding).total
 
 
 def test_the_repeat_check_finds_the_digests_of_items_it_saw() -> None:

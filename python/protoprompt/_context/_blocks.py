@@ -3,8 +3,11 @@ accepted, cut or dropped within the room a turn leaves (the assembly)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from itertools import pairwise
 from typing import Any
 
 from ..errors import TokenBudgetExceededError
@@ -90,6 +93,74 @@ def render_block(cand: Candidate, text: str) -> str:
     return data(text)
 
 
+UNSPLIT_ENCODINGS = frozenset({"gemma3"})
+"""Encodings whose count of a recalled passage's opening is not split
+(:func:`open_pieces`): SentencePiece has no pre-tokenizer, so no point of a text is known
+to split its count without looking at the vocabulary."""
+
+_AGO = re.compile(r'<turn when="earlier in this session, [0-9]+(?= turns? ago")')
+
+
+def open_pieces(opening: str, split: bool = True) -> list[str]:
+    """A recalled passage's opening (``<turn when="... 12 turns ago" date=... what=...>``
+    and the line break) as the pieces its count is the sum of: with ``split``, before the
+    space after its number of turns -- the prefix up to that number (one of a few, the
+    same for every passage of that age) and the rest (the same for that passage on every
+    turn, but for "turn" / "turns"), so both are found in the count memo although the
+    number changes on every turn. The count of a text splits exactly there (a digit, then
+    a space and a letter: the space starts the next word's pre-token, and no pre-token
+    pattern looks across it) for every encoding with a pre-tokenizer (the native
+    module's ``is_exact_split``, checked against counting the whole for each encoding)."""
+    found = _AGO.match(opening) if split else None
+    if found is None:
+        return [opening]
+    return [opening[: found.end()], opening[found.end() :]]
+
+
+LINE_SPLIT_ENCODINGS = frozenset({"o200k_base", "o200k_harmony", "cl100k_base", "llama3", "qwen2"})
+"""Encodings whose count of a text splits exactly after a line break followed by ``<`` or
+an ASCII letter or digit (the native module's ``is_exact_split``: the piece holding the
+line break ends there, and the next pre-token looks at nothing before it), so a context
+message is counted as the sum of its pieces (:func:`message_pieces`)."""
+
+_TAG_START = re.compile(r"\n(?=<)")
+
+
+def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
+    """A context message's text as the pieces its count is the sum of, under an encoding of
+    :data:`LINE_SPLIT_ENCODINGS`: its ends (what comes before its first line starting with
+    ``<`` and from its last one on, joined: its frame, the same from turn to turn, to be
+    counted as a message of its own) and what lies between, split where a line starts
+    with ``<`` (a block's text has none: it is escaped) and after a recalled passage's
+    opening line when its text starts with a letter or digit (the opening in the two
+    pieces of :func:`open_pieces`), so a turn counts only the pieces no turn counted
+    before. ``None``: not such a text (another encoding, or fewer than two lines starting
+    with ``<``), to be counted whole."""
+    if encoding not in LINE_SPLIT_ENCODINGS:
+        return None
+    tags = [m.end() for m in _TAG_START.finditer(text)]
+    if len(tags) < 2:
+        return None
+    pieces: list[str] = []
+    for a, b in pairwise(tags):
+        if not text.startswith("<turn ", a):
+            pieces.append(text[a:b])
+            continue
+        line = text.find("\n", a, b) + 1  # after the opening's line break
+        if 0 < line < b and text[line].isascii() and text[line].isalnum():
+            pieces.extend(open_pieces(text[a:line]))
+            pieces.append(text[line:b])
+        else:
+            pieces.extend(open_pieces(text[a:b]))
+    return text[: tags[0]] + text[tags[-1] :], pieces
+
+
+def passage_rest(text: str) -> str:
+    """A recalled passage's block after its opening: its text and the closing tag (the same
+    on every turn; counted on its own, see :meth:`Assembler.block_sizes`)."""
+    return f"{data(text)}\n</turn>"
+
+
 def data(text: str) -> str:
     """Text from a tool, a user, a model or a memory writer as data inside the context
     message's tags: ``&`` and ``<`` escaped as in XML, so no text can close a frame, open
@@ -100,11 +171,8 @@ def data(text: str) -> str:
 def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
     """Where a recalled passage came from, as the attributes of its ``<turn>`` tag."""
     meta = hit.metadata
-    label = meta.get("label")
-    what = f' what="{attr(label)}"' if isinstance(label, str) and label else ""
-    date = meta.get("date")
-    if isinstance(date, str) and date:
-        what = f' date="{attr(date)}"' + what
+    label, date = meta.get("label"), meta.get("date")
+    what = _what(label if isinstance(label, str) else "", date if isinstance(date, str) else "")
     if meta.get("session_id") != session_id:
         return f'when="earlier, in session {attr(str(meta.get("session_id")))}"{what}'
     then = meta.get("turn")
@@ -112,6 +180,14 @@ def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
         return f'when="earlier in this session"{what}'
     ago = turn - then
     return f'when="earlier in this session, {ago} turn{"s" if ago != 1 else ""} ago"{what}'
+
+
+@lru_cache(maxsize=4096)
+def _what(label: str, date: str) -> str:
+    """The ``date`` and ``what`` attributes of a recalled passage's tag (kept by their
+    values: the passages recent turns recalled come back turn after turn)."""
+    what = f' what="{attr(label)}"' if label else ""
+    return f' date="{attr(date)}"' + what if date else what
 
 
 def attr(text: str) -> str:
@@ -269,14 +345,26 @@ class Assembler:
         turn to turn) plus the rest (its text and the closing tag: the same every turn), so
         both counts are found in the count memo turn after turn; the sum is the block's
         count wherever the opening ends a pre-token (o200k_base: unless the text starts
-        with a line break or ``/``), and :meth:`settle` counts the message whole anyway."""
-        opens = [f"<turn {c.header}>\n" if c.layer == "history" else "" for c in cands]
-        rests = [
-            f"{data(c.text)}\n</turn>" if c.layer == "history" else render_block(c, c.text)
-            for c in cands
-        ]
-        counts = self.count_batch([*opens, *rests])
-        return [a + b for a, b in zip(counts[: len(cands)], counts[len(cands) :], strict=True)]
+        with a line break or ``/``), and :meth:`settle` counts the message whole anyway.
+        The opening itself is counted in the two pieces :func:`open_pieces` makes (their
+        sum is its count), both found in the memo turn after turn although "N turns ago"
+        changes on every turn."""
+        split = self.encoding not in UNSPLIT_ENCODINGS
+        pieces: list[str] = []
+        ends: list[int] = []  # where each candidate's pieces end in ``pieces``
+        for c in cands:
+            if c.layer == "history":
+                pieces.extend(open_pieces(f"<turn {c.header}>\n", split))
+                pieces.append(passage_rest(c.text))
+            else:
+                pieces.append(render_block(c, c.text))
+            ends.append(len(pieces))
+        counts = self.count_batch(pieces)
+        sizes, start = [], 0
+        for end in ends:
+            sizes.append(sum(counts[start:end]))
+            start = end
+        return sizes
 
     def frame_size(self, system_prompt: str, fill: _Fill, cand: Candidate) -> int:
         """Tokens at most that the section of ``cand``'s layer adds around its blocks: its

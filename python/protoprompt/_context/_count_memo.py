@@ -83,6 +83,29 @@ def counts(
     return [int(n) for n in found if n is not None]
 
 
+def find(kind: str, text: str, model: str | None, encoding: str | None) -> int | None:
+    """The kept count of ``text`` (counted as ``kind``), if any."""
+    found = _by_text.get((kind, model, encoding, text)) if len(text) <= MAX_TEXT_CHARS else None
+    if found is None:
+        found = _counts.get((kind, model, encoding, _digest(text)))
+    if found is not None:
+        stats["hits"] += 1
+    return found
+
+
+def keep(kind: str, text: str, model: str | None, encoding: str | None, count: int) -> None:
+    """Keep ``count`` as the count of ``text`` (counted as ``kind``, by the caller: a sum of
+    kept counts of its parts that is its count)."""
+    stats["misses"] += 1
+    if len(_counts) + 1 > MAX_ENTRIES:
+        _shrink(_counts, len(_counts) + 1 - MAX_ENTRIES)
+    _counts[(kind, model, encoding, _digest(text))] = count
+    if len(text) <= MAX_TEXT_CHARS:
+        if len(_by_text) + 1 > MAX_TEXTS:
+            _shrink(_by_text, len(_by_text) + 1 - MAX_TEXTS)
+        _by_text[(kind, model, encoding, text)] = count
+
+
 def _shrink(kept: dict[K, int], at_least: int) -> None:
     """Drop the older half of ``kept`` (or its ``at_least`` oldest, if more)."""
     old = list(kept)[: max(len(kept) // 2 + 1, at_least)]

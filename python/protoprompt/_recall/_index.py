@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import logging
 from array import array
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -15,6 +16,10 @@ from ._ledger import POSITION_SHIFT, Ledger, item_digest, position_key
 
 BATCH = 256
 """Rows indexed per store call."""
+WARM_ROWS = 1024
+"""Rows of one job whose passages' blocks are counted ahead (at most; the first ones)."""
+
+_log = logging.getLogger("protoprompt")
 
 
 DATE_FIELDS = ("created_at", "timestamp", "date")
@@ -69,6 +74,7 @@ class IndexJob:
         ids: tuple[dict[int, int], array[int]] | None,
         fetch: Callable[[list[int]], dict[int, Any]] | None,
         users: Sequence[int] | None,
+        warm: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.store = store
         self.ledger = ledger
@@ -81,6 +87,8 @@ class IndexJob:
         self.ids = ids
         self.fetch = fetch
         self.users = users
+        self.warm = warm
+        """Told the passages indexed (see :meth:`warm_up`)."""
 
     def positions(self) -> list[int]:
         start, end, kept = self.span
@@ -107,6 +115,19 @@ class IndexJob:
         records = self._records(todo, names)
         for i in range(0, len(records), BATCH):
             store.index_history(self.session_id, records[i : i + BATCH], scope=self.scope)
+        self.warm_up(records)
+
+    def warm_up(self, records: Sequence[HistoryRecord]) -> None:
+        """Hand the passages just indexed to :attr:`warm` (the builder counts their blocks
+        now, off the request's path, as a turn that recalls them would: a turn then finds
+        the counts in the count memo). A failure there only loses the head start."""
+        passages = getattr(self.store, "_passages", None)
+        if self.warm is None or passages is None or not records:
+            return
+        try:
+            self.warm([p for r in records[:WARM_ROWS] for p in passages(r.text)])
+        except Exception as exc:  # noqa: BLE001 - the turn counts them instead
+            _log.debug("protoprompt: recalled passages not counted ahead: %s", exc)
 
     def _by_row_id(
         self, positions: list[int]

@@ -247,9 +247,11 @@ class Backend(Protocol):
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
     ) -> list[tuple[int, int, Row]]:
         """The passages of the rows next to each of ``row_keys`` of ``session_id`` in
-        exactly ``scope``, as ``(row key, side, passage row)``: side 0 for every passage of
-        the nearest indexed row before it, 1 for the nearest one after it (none when there
-        is no such row)."""
+        exactly ``scope``, as ``(row key, side, passage row)``: side 0 for passages of the
+        nearest indexed row before it, 1 for the nearest one after it (none when there is
+        no such row). At least the passage the caller keeps of each -- the last of the row
+        before, the first of the row after -- and possibly the row's others (SQLite returns
+        only that one, PostgreSQL every passage of the row)."""
 
     def history_embedded(
         self, scopes: Sequence[ScopeParams], session_id: str | None

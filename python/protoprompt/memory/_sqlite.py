@@ -222,11 +222,12 @@ def fts5_match(pieces: Sequence[str]) -> str | None:
     return " OR ".join('"' + piece.replace('"', '""') + '"' for piece in pieces)
 
 
-stats = {"counts_by_index": 0, "writer_reads": 0}
+stats = {"counts_by_index": 0, "writer_reads": 0, "unordered_matches": 0}
 """Since the process started: ``counts_by_index``, history count statements whose passages
 were all the table's (their terms counted by the full-text index alone);
-``writer_reads``, reads a file database served on its writer connection (no write held it).
-What the tests read to see the fast paths taken."""
+``writer_reads``, reads a file database served on its writer connection (no write held it);
+``unordered_matches``, history searches read without the engine's relevance or order
+(:meth:`SQLiteBackend.history_matches`). What the tests read to see the fast paths taken."""
 
 
 def _count_columns(
@@ -539,6 +540,33 @@ class SQLiteBackend(SQLMemory):
         )
         return [(tuple(row[:-1]), -float(row[-1])) for row in rows]
 
+    def history_matches(
+        self,
+        pieces: Sequence[str],
+        scopes: Sequence[ScopeParams],
+        session_id: str | None,
+        limit: int,
+    ) -> list[tuple[Row, float]] | None:
+        """Every passage :meth:`history_search` would match, in no order and without the
+        engine's relevance (score 0.0), when there are at most ``limit``; else ``None``.
+        For a caller that ranks every match itself and knows they are few: no relevance is
+        worked out and nothing is sorted (about half the statement's time)."""
+        match = fts5_match(pieces)
+        if match is None or not self._has_history():
+            return []
+        where, params = self._history_scopes(scopes, session_id)
+        # CROSS JOIN: the full-text matches first, each passage then by its id.
+        rows = self._read(
+            f"SELECT {HISTORY} FROM pp_mem_history_fts CROSS JOIN pp_mem_history AS h"
+            f" ON h.id = pp_mem_history_fts.rowid WHERE pp_mem_history_fts MATCH ? AND {where}"
+            " LIMIT ?",
+            (match, *params, limit + 1),
+        )
+        if len(rows) > limit:
+            return None
+        stats["unordered_matches"] += 1
+        return [(tuple(row), 0.0) for row in rows]
+
     def history_counts(
         self,
         terms: Sequence[tuple[str, str]],
@@ -585,24 +613,25 @@ class SQLiteBackend(SQLMemory):
     ) -> list[tuple[int, int, Row]]:
         if not row_keys or not self._has_history():
             return []
-        where = " AND ".join(f"h.{c} = ?" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
-        # One statement, the anchors bound once: each anchor's nearest row key below and
-        # above (an index seek each), then those rows' passages.
+        # One statement, the anchors bound once: for each anchor, the passage next to it
+        # below (the last of the row before) and above (the first of the row after), each
+        # one seek in the scope's index, then that passage by its id: only the passages
+        # the caller keeps (not every passage of those rows).
         near = (
-            "SELECT a.column1 AS anchor, {side} AS side, (SELECT {agg}(row_key)"
-            f" FROM pp_mem_history WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {{op}}"
-            " a.column1) AS rk FROM anchors AS a"
+            "SELECT a.column1 AS anchor, {side} AS side, (SELECT id FROM pp_mem_history"
+            f" WHERE {_SCOPE_EQ} AND session_id = ? AND row_key {{op}} a.column1"
+            " ORDER BY row_key {order}, passage {order} LIMIT 1) AS passage_id"
+            " FROM anchors AS a"
         )
         values = ", ".join("(?)" for _ in row_keys)
         rows = self._read(
             f"WITH anchors AS (VALUES {values}), near AS ("
-            + near.format(side=0, agg="max", op="<")
+            + near.format(side=0, op="<", order="DESC")
             + " UNION ALL "
-            + near.format(side=1, agg="min", op=">")
+            + near.format(side=1, op=">", order="ASC")
             + f") SELECT {HISTORY}, near.anchor, near.side FROM near"
-            f" JOIN pp_mem_history AS h ON h.row_key = near.rk"
-            f" WHERE {where} AND h.session_id = ?",
-            [*row_keys, *scope, session_id, *scope, session_id, *scope, session_id],
+            " JOIN pp_mem_history AS h ON h.id = near.passage_id",
+            [*row_keys, *scope, session_id, *scope, session_id],
         )
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
 

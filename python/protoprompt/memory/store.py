@@ -464,6 +464,10 @@ class MemoryStore:
             warm_passages(texts)  # off the request's path when a turn's evictions index
         return sum(len(e.passages) for e in entries)
 
+    def _passages(self, text: str) -> list[str]:
+        """The passages :meth:`index_history` stores for a row of ``text``."""
+        return [text[a:b] for a, b in chunk_spans(text, self._chunk_words, self._chunk_overlap)]
+
     def history_rows(
         self,
         session_id: str,
@@ -640,7 +644,7 @@ class MemoryStore:
             scopes,
             session_id,
         )
-        found = self._history_text(pieces, words, common, scopes, session_id, pool)
+        found = self._history_text(pieces, words, common, scopes, session_id, pool, counts)
         if not found:
             return []
         scores = rank_passages(list(terms), [row[11] for row, _ in found], total, counts)
@@ -656,18 +660,50 @@ class MemoryStore:
         scopes: list[ScopeParams],
         session_id: str | None,
         pool: int,
+        counts: Mapping[str, int],
     ) -> list[tuple[Row, float]]:
         """The engine's matches in the history layer. Query pieces whose terms (``words``:
         each piece's stemmed words) are all ``common`` (occur in more than half of the
         passages) are left out while the others match something: they weigh (almost)
         nothing, and matching them ranks every passage (a turn's recall would cost a scan
-        of the whole evicted history)."""
+        of the whole evicted history).
+
+        When the passages holding each term (``counts``) prove that at most ``pool``
+        passages match, they are read in no order and without the engine's relevance,
+        where the engine can (:func:`_match_bound`): the caller ranks every one of them
+        anyway, and ties go by id, so its ranking is the same."""
+        matches = getattr(self._backend, "history_matches", None)
+
+        def search(chosen: list[str]) -> list[tuple[Row, float]]:
+            bound = _match_bound(chosen, words, counts)
+            if matches is not None and bound is not None and bound <= pool:
+                found: list[tuple[Row, float]] | None = matches(chosen, scopes, session_id, pool)
+                if found is not None:
+                    return found
+            return self._backend.history_search(chosen, scopes, session_id, pool)
+
         rare = [p for p in pieces if not all(w in common for w in words[p])]
         if rare and len(rare) < len(pieces):
-            found = self._backend.history_search(rare, scopes, session_id, pool)
+            found = search(rare)
             if found:
                 return found
-        return self._backend.history_search(pieces, scopes, session_id, pool)
+        return search(pieces)
+
+
+def _match_bound(
+    pieces: Sequence[str], words: Mapping[str, Sequence[str]], counts: Mapping[str, int]
+) -> int | None:
+    """At most how many passages a search for ``pieces`` matches, from the passages
+    holding each term (``counts``): a piece matches only passages holding each of its
+    terms (``words``: its stemmed words), so at most the count of its rarest counted one;
+    ``None`` when a piece has no counted term."""
+    total = 0
+    for piece in pieces:
+        known = [counts[w] for w in words[piece] if w in counts]
+        if not known:
+            return None
+        total += min(known)
+    return total
 
 
 @lru_cache(maxsize=8192)
