@@ -541,7 +541,7 @@ def test_the_index_job_counts_the_blocks_of_the_passages_it_indexes(
     """The background job that indexes evicted rows counts their passages' blocks too (as
     the builder's turns count them: the turn that first recalls one finds its count in
     the count memo, off the request's path); the plan is the one counted on the turn."""
-    from protoprompt import _count_memo
+    from protoprompt._context import _count_memo
     from protoprompt._context._blocks import passage_rest
 
     db = str(tmp_path / "s.db")
