@@ -199,3 +199,54 @@ fn counting_calls_leave_the_costs_a_window_needs() {
     let window = fresh.window_call(&[], budget, &o, items.len());
     assert_eq!((window.start, window.fits), (start, false));
 }
+
+#[test]
+fn a_request_is_edited_by_position_masked_copies_and_ids_merged() {
+    use protoprompt_core::masked_field::MaskedField;
+    use protoprompt_core::pack::PackResult;
+    use protoprompt_core::pipeline::Packed;
+    use std::sync::Arc;
+
+    let field = |n: usize| {
+        Arc::new(MaskedField {
+            field: "output",
+            value: Arc::new(json!("masked")),
+            original_len: n,
+            cost: Some(3),
+            converted: Default::default(),
+        })
+    };
+    let packed = Packed {
+        result: PackResult {
+            kept_history: vec![2, 3, 5, 8, 9],
+            ..PackResult::default()
+        },
+        copies: vec![(8, field(80)), (3, field(30))],
+        omitted: vec![4],
+        // 5 and 9: only without their id; 8: masked and without its id; 7 is not kept.
+        stripped: vec![5, 7, 8, 9],
+    };
+    let edits = packed.request_edits();
+    let shown: Vec<_> = edits
+        .iter()
+        .map(|e| {
+            let len = e.masked.as_ref().map(|m| m.original_len);
+            (e.index, e.position, len, e.strip_id)
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (1, 3, Some(30), false),
+            (2, 5, None, true),
+            (3, 8, Some(80), true),
+            (4, 9, None, true),
+        ]
+    );
+    let nothing = Packed {
+        copies: Vec::new(),
+        stripped: Vec::new(),
+        ..packed
+    };
+    assert!(nothing.request_edits().is_empty());
+}

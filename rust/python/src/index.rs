@@ -11,13 +11,11 @@ use protoprompt_core::costs::StoreTally;
 use protoprompt_core::facade::{item_failure, CallEnd, CallFailure, PackCall};
 use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::MaskedField;
-use protoprompt_core::pipeline::Packed;
+use protoprompt_core::pipeline::{Packed, RequestEdit};
 use protoprompt_core::span::{indexed_span, pack_span};
 use protoprompt_core::tokens::Loading;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use std::sync::Arc;
 
 /// What `window` returns: start, fits, tie code, why (a sentence), reach.
 type WindowTuple = (usize, bool, Option<&'static str>, Option<String>, usize);
@@ -371,15 +369,11 @@ impl PyHistoryIndex {
             earlier_thinking_free,
             decisions,
         } = call;
+        let request = items.request(py, &packed.result.kept_history)?;
+        let masked = apply_edits(py, &request, &packed.request_edits(), n_history)?;
         let Packed {
-            result,
-            copies,
-            omitted,
-            stripped,
+            result, omitted, ..
         } = packed;
-        let request = items.request(py, &result.kept_history)?;
-        let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
-        strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
         let table = DecisionTable(decisions);
         let out = result_dict(py, &result, o.core.basis, o.core.pack.policy, table)?;
         out.set_item("index", (u.held, u.appended, u.regrouped_from, u.why))?;
@@ -393,55 +387,38 @@ impl PyHistoryIndex {
     }
 }
 
-/// Replace each of `stripped` (history positions, kept) in `request` by a shallow copy
-/// without its `id`; they join `masked` (positions sent as copies, kept sorted).
-fn strip_ids<'py>(
+/// Apply a pack's edits ([`Packed::request_edits`]) to `request` (the kept history, then the
+/// new input): each edited item is replaced by a new dict, its masked copy
+/// ([`crate::mask::masked_copy`]) and/or a shallow copy without its `id` (an item without
+/// one is left as it is). Returns the positions sent as copies (sorted).
+fn apply_edits<'py>(
     py: Python<'py>,
     request: &Bound<'py, PyList>,
-    kept: &[usize],
-    stripped: &[usize],
-    masked: &mut Vec<usize>,
-) -> PyResult<()> {
-    let id = pyo3::intern!(py, "id");
-    for &p in stripped {
-        let Ok(i) = kept.binary_search(&p) else {
-            continue; // never: the members of a masked unit are kept
-        };
-        let item = request.get_item(i)?;
-        let Ok(dict) = item.cast::<PyDict>() else {
-            continue;
-        };
-        if !dict.contains(id)? {
-            continue;
-        }
-        let copy = dict.copy()?;
-        copy.del_item(id)?;
-        request.set_item(i, copy)?;
-        if let Err(at) = masked.binary_search(&p) {
-            masked.insert(at, p);
-        }
-    }
-    Ok(())
-}
-
-/// Put the masked copies in the request in place of their items (`request` holds the kept
-/// history, `kept`, then the new input); returns the positions masked.
-fn substitute<'py>(
-    py: Python<'py>,
-    request: &Bound<'py, PyList>,
-    kept: &[usize],
-    copies: &[(usize, Arc<MaskedField>)],
+    edits: &[RequestEdit],
     n_history: usize,
 ) -> PyResult<Vec<usize>> {
-    let mut masked = Vec::with_capacity(copies.len());
-    for (p, value) in copies {
-        let Ok(i) = kept.binary_search(p) else {
-            continue; // never: a masked unit's members are kept
+    let id = pyo3::intern!(py, "id");
+    let mut masked = Vec::with_capacity(edits.len());
+    for e in edits {
+        let original = request.get_item(e.index)?;
+        let mut copy = match &e.masked {
+            Some(f) => Some(crate::mask::masked_copy(
+                py, &original, f, n_history, e.position,
+            )?),
+            None => None,
         };
-        let original = request.get_item(i)?;
-        let copy = crate::mask::masked_copy(py, &original, value, n_history, *p)?;
-        request.set_item(i, copy)?;
-        masked.push(*p);
+        let item = copy.as_ref().unwrap_or(&original);
+        if let Some(dict) = item.cast::<PyDict>().ok().filter(|_| e.strip_id) {
+            if dict.contains(id)? {
+                let stripped = dict.copy()?;
+                stripped.del_item(id)?;
+                copy = Some(stripped.into_any());
+            }
+        }
+        if let Some(copy) = copy {
+            request.set_item(e.index, copy)?;
+            masked.push(e.position);
+        }
     }
     Ok(masked)
 }
