@@ -41,6 +41,29 @@ pub enum CallFailure {
     Item(CostFailure),
 }
 
+impl CallFailure {
+    /// The failure as an embedding reports it, its positions labelled for `n_history`: a
+    /// tokenizer failure's message names the item; an item that could not be read or
+    /// costed is the packer's error for it ([`item_failure`]).
+    pub fn labelled(self, n_history: usize) -> CallError {
+        match self {
+            CallFailure::Tokenizer { position, error } => {
+                CallError::Tokenizer(format!("{}: {error}", position_label(n_history, position)))
+            }
+            CallFailure::Pack(e) => CallError::Pack(e),
+            CallFailure::Item(f) => CallError::Pack(item_failure(n_history, f)),
+        }
+    }
+}
+
+/// A [`CallFailure`] as an embedding reports it ([`CallFailure::labelled`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// The tokenizer failed: the message names the item.
+    Tokenizer(String),
+    Pack(PackError),
+}
+
 /// A cost failure as the packer's error for the item, labelled for `n_history`.
 pub fn item_failure(n_history: usize, f: CostFailure) -> PackError {
     PackError::Item {

@@ -250,3 +250,40 @@ fn a_request_is_edited_by_position_masked_copies_and_ids_merged() {
     };
     assert!(nothing.request_edits().is_empty());
 }
+
+#[test]
+fn failures_are_labelled_as_the_embedding_reports_them() {
+    use protoprompt_core::facade::CallError;
+    use protoprompt_core::pack::PackError;
+    use protoprompt_core::reads::{CallReads, BEFORE_OFFSET, GONE};
+
+    let tokenizer = CallFailure::Tokenizer {
+        position: 4,
+        error: TokenError::Tokenizer("boom".into()),
+    };
+    match tokenizer.labelled(3) {
+        CallError::Tokenizer(m) => assert!(m.starts_with("new_input[1]: "), "{m}"),
+        other => panic!("expected a tokenizer error, got {other:?}"),
+    }
+    let item = CallFailure::Item(CostFailure {
+        position: 1,
+        field: "content".into(),
+        message: "bad".into(),
+    });
+    match item.labelled(3) {
+        CallError::Pack(PackError::Item {
+            label, position, ..
+        }) => assert_eq!((label.as_str(), position), ("history[1]", 1)),
+        other => panic!("expected an item error, got {other:?}"),
+    }
+    let context = CallFailure::Pack(PackError::Context("hook".into()));
+    assert_eq!(
+        context.labelled(3),
+        CallError::Pack(PackError::Context("hook".into()))
+    );
+
+    // A list from position 2 on: position 1 is before it, position 3 was in it.
+    let reads: CallReads<()> = CallReads::new(2, 5, 5);
+    assert_eq!(reads.unreadable(1), BEFORE_OFFSET);
+    assert_eq!(reads.unreadable(3), GONE);
+}

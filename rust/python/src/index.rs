@@ -2,13 +2,13 @@
 //! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
-use crate::convert::{bound, classify_items, item_seq, label};
+use crate::convert::{bound, classify_items, item_seq};
 use crate::costs::{store_outcome, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error};
 use crate::pack::{result_dict, run_pack, PyPackOptions};
 use protoprompt_core::costs::StoreTally;
-use protoprompt_core::facade::{item_failure, CallEnd, CallFailure, PackCall};
+use protoprompt_core::facade::{CallEnd, CallError, PackCall};
 use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pipeline::{Packed, RequestEdit};
@@ -318,15 +318,13 @@ fn settle<T>(
     if let Some(e) = store.as_ref().and_then(|(s, _)| s.error.as_ref()) {
         return Err(e.clone_ref(py));
     }
-    let e = match (outcome, hook_error) {
+    let e = match (outcome.map_err(|f| f.labelled(n_history)), hook_error) {
         (Ok(value), _) => return Ok((value, items, store)),
-        (Err(CallFailure::Tokenizer { position, error }), _) => {
-            let message = format!("{}: {error}", label(n_history, position));
-            return Err(raise::<classes::TokenizerError>(py, (message,)));
+        (Err(CallError::Tokenizer(m)), _) => {
+            return Err(raise::<classes::TokenizerError>(py, (m,)))
         }
         (Err(_), Some(hook_error)) => hook_error,
-        (Err(CallFailure::Pack(e)), None) => pack_error(py, e),
-        (Err(CallFailure::Item(f)), None) => pack_error(py, item_failure(n_history, f)),
+        (Err(CallError::Pack(e)), None) => pack_error(py, e),
     };
     if let Some(cause) = items.cause.take() {
         e.set_cause(py, Some(cause));
