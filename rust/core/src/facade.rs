@@ -346,6 +346,32 @@ pub struct ReportRow {
     pub masked_tokens: Option<u64>,
 }
 
+/// A [`ReportRow`] in its fields' order, as an embedding hands it out:
+/// `(unit, positions, kinds, code, tokens, problems, masked_tokens)`.
+pub type RowTuple = (
+    usize,
+    Vec<usize>,
+    Vec<&'static str>,
+    &'static str,
+    Option<u64>,
+    Vec<(&'static str, &'static str, String)>,
+    Option<u64>,
+);
+
+impl ReportRow {
+    pub fn into_tuple(self) -> RowTuple {
+        (
+            self.unit,
+            self.positions,
+            self.kinds,
+            self.code,
+            self.tokens,
+            self.problems,
+            self.masked_tokens,
+        )
+    }
+}
+
 impl DecisionReport {
     /// The report of a pack whose fill recorded `touched`, reading its rows from `source`
     /// ([`IndexedHistory::decision_rows`]).

@@ -147,6 +147,11 @@ fn a_pack_reports_how_it_used_the_index_and_what_thinking_was_free() {
     let first = report.row(0).unwrap();
     assert_eq!((first.positions.as_slice(), first.code), (&[0][..], "kept"));
     assert_eq!(first.kinds, vec!["user_message"]);
+    let (unit, positions, kinds, code, ..) = first.clone().into_tuple();
+    assert_eq!(
+        (unit, positions, kinds, code),
+        (0, vec![0], vec!["user_message"], "kept")
+    );
     assert!(report.row(report.len()).is_none());
     // The free thinking is never counted; everything else is, and stays in the index.
     assert_eq!(index.costs().counted(), items.len() - 6);
@@ -286,4 +291,31 @@ fn failures_are_labelled_as_the_embedding_reports_them() {
     let reads: CallReads<()> = CallReads::new(2, 5, 5);
     assert_eq!(reads.unreadable(1), BEFORE_OFFSET);
     assert_eq!(reads.unreadable(3), GONE);
+}
+
+#[test]
+fn a_graph_reports_its_units_with_labels_kinds_and_problems() {
+    let items = history(1);
+    let new_input =
+        vec![json!({"type": "function_call_output", "call_id": "nowhere", "output": "x"})];
+    let mut all = metas(&items);
+    all.extend(metas(&new_input));
+    let graph = protoprompt_core::build_graph(&all[..items.len()], &all[items.len()..]);
+    let reports = graph.unit_reports(&all);
+    assert_eq!(reports.len(), graph.units.len());
+    let first = &reports[0];
+    assert_eq!(first.members, vec!["history[0]"]);
+    assert_eq!(
+        (first.positions.clone(), first.kinds.clone()),
+        (vec![0], vec!["user_message"])
+    );
+    assert!(first.valid && !first.contains_new && first.problems.is_empty());
+    let last = reports.last().unwrap();
+    assert_eq!(last.members, vec!["new_input[0]"]);
+    assert!(last.contains_new && !last.valid);
+    assert_eq!(last.problems[0].2, "new_input[0]");
+    // Every position is a member of exactly one unit.
+    let mut members: Vec<usize> = reports.iter().flat_map(|r| r.positions.clone()).collect();
+    members.sort_unstable();
+    assert_eq!(members, (0..all.len()).collect::<Vec<_>>());
 }
