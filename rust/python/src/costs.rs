@@ -37,7 +37,15 @@ pub(crate) struct PyCountStore {
 }
 
 impl PyCountStore {
-    pub(crate) fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
+    /// The store a call was handed (`None` or Python's `None`: none).
+    pub(crate) fn given(store: Option<Bound<'_, PyAny>>) -> PyResult<Option<PyCountStore>> {
+        store
+            .filter(|s| !s.is_none())
+            .map(|s| Self::from_py(&s))
+            .transpose()
+    }
+
+    fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
         let secret = store.getattr(intern!(store.py(), "secret"))?;
         let secret: [u8; 16] = secret
             .extract::<Vec<u8>>()

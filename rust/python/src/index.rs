@@ -173,10 +173,7 @@ impl PyHistoryIndex {
         let (listed, n_history) =
             pack_span(indexed, history.len(), o.history_len, offset, &o.pinned)
                 .map_err(|e| span_error(py, e))?;
-        let store = count_store
-            .filter(|s| !s.is_none())
-            .map(|s| PyCountStore::from_py(&s))
-            .transpose()?;
+        let store = PyCountStore::given(count_store)?;
         // The items this call reads for the first time, taken in one step: nothing else
         // runs while the slice is made, so whatever another thread or an item's own code
         // does to `history` from now on cannot shift what is classified, counted or sent.
@@ -281,10 +278,7 @@ impl PyHistoryIndex {
         let o = &options.get().core;
         let n = self.inner.len();
         indexed_span(n, history.len(), o.history_offset).map_err(|e| span_error(py, e))?;
-        let store = count_store
-            .filter(|s| !s.is_none())
-            .map(|s| PyCountStore::from_py(&s))
-            .transpose()?;
+        let store = PyCountStore::given(count_store)?;
         let items = PyItems::new(history, o.history_offset, &PyList::empty(py), n, Vec::new());
         let inner = &mut self.inner;
         let end = py.detach(|| inner.count_window_call(items, store, o, budget));
