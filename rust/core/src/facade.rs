@@ -10,9 +10,8 @@
 //! under its own lock (the Python binding: with the GIL, while the façade runs without it).
 //! Nothing else calls out.
 //!
-//! The options of a call are one checked value, [`CallOptions`]: an embedding checks the
-//! types of its own values and sets them here; the rules (defaults, the cost basis of a
-//! model, the thinking rule) are this module's.
+//! The options of a call are one checked value, [`CallOptions`] (module [`crate::options`]:
+//! the rules of each field, the defaults, the cost basis of a model, the thinking rule).
 
 use std::sync::{Arc, Mutex};
 
@@ -24,115 +23,11 @@ use crate::graph::position_label;
 use crate::incremental::{Cut, Window};
 use crate::indexed::{cost_over, lock, HistoryMark, IndexedHistory, KindNames};
 use crate::items::ItemMeta;
-use crate::mask::Masking;
-use crate::pack::{ContextHook, PackError, PackOptions, UnitDecision};
+use crate::pack::{ContextHook, PackError, UnitDecision};
 use crate::pipeline::{counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed};
-use crate::tokens::{
-    strips_earlier_thinking, CostBasis, Encoding, Loading, OpaqueScale, TokenError,
-};
+use crate::tokens::{CostBasis, Loading, TokenError};
 
-/// The options of a pack (and of the index calls that take them), checked when each is set.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallOptions {
-    /// Budget, reservations and policy.
-    pub pack: PackOptions,
-    /// The encoding and the calibration of opaque payloads (from `model`, `encoding` and
-    /// `opaque_scale`, see [`CallOptions::rebase`]).
-    pub basis: CostBasis,
-    pub model: Option<String>,
-    pub encoding: Option<String>,
-    pub opaque_scale: f64,
-    /// History positions kept whatever the budget.
-    pub pinned: Vec<usize>,
-    /// How many items of the caller's list are history (`None`: all of it).
-    pub history_len: Option<usize>,
-    /// The caller's list holds the history from this position on.
-    pub history_offset: usize,
-    pub masking: Option<Masking>,
-    /// The model strips earlier turns' thinking (older Claude generations): the thinking
-    /// before the last user message costs 0 in this call.
-    pub strips_thinking: bool,
-    /// A unit sent masked leaves out its reasoning when it stands before the last user
-    /// message (see [`crate::pipeline::earlier_reasoning`]).
-    pub omit_reasoning: bool,
-}
-
-impl Default for CallOptions {
-    fn default() -> Self {
-        CallOptions {
-            pack: PackOptions::default(),
-            basis: CostBasis {
-                encoding: Encoding::O200kBase,
-                opaque_scale: OpaqueScale::ONE,
-            },
-            model: None,
-            encoding: None,
-            opaque_scale: 1.0,
-            pinned: Vec::new(),
-            history_len: None,
-            history_offset: 0,
-            masking: None,
-            strips_thinking: false,
-            omit_reasoning: false,
-        }
-    }
-}
-
-/// Why [`CallOptions::rebase`] refused the options.
-#[derive(Debug, Clone, PartialEq)]
-pub enum OptionsError {
-    /// The model or encoding is not known.
-    Token(TokenError),
-    /// The calibration is out of range (for the encoding).
-    Value(String),
-}
-
-impl CallOptions {
-    /// Work out the cost basis of `model`, `encoding` and `opaque_scale` again (after any of
-    /// them changed), and whether the model strips earlier thinking.
-    pub fn rebase(&mut self) -> Result<(), OptionsError> {
-        let encoding = Encoding::resolve(self.model.as_deref(), self.encoding.as_deref())
-            .map_err(OptionsError::Token)?;
-        let scale = OpaqueScale::checked(self.opaque_scale).map_err(OptionsError::Value)?;
-        self.basis = CostBasis::checked(encoding, scale).map_err(OptionsError::Value)?;
-        self.strips_thinking = self.model.as_deref().is_some_and(strips_earlier_thinking);
-        Ok(())
-    }
-
-    /// Set the masking (`None`: off) and whether masked units leave out earlier reasoning.
-    pub fn set_masking(&mut self, masking: Option<Masking>, omit_reasoning: bool) {
-        self.masking = masking;
-        self.omit_reasoning = masking.is_some() && omit_reasoning;
-    }
-
-    /// The thinking rule a pack with these options applies.
-    pub fn thinking_rule(&self) -> &'static str {
-        if self.strips_thinking {
-            "earlier-turns-free"
-        } else {
-            "whole"
-        }
-    }
-
-    /// The options as the embedding's `PackOptions(...)` shows them.
-    pub fn describe(&self) -> String {
-        let model = self
-            .model
-            .as_deref()
-            .map_or("None".to_string(), |m| format!("'{m}'"));
-        format!(
-            "PackOptions(max_tokens={}, output_reserve={}, context_tokens={}, model={model}, \
-             encoding='{}', policy='{}', opaque_scale={:?}, masking={})",
-            self.pack.budget,
-            self.pack.output_reserve,
-            self.pack.context_tokens,
-            self.basis.encoding.name(),
-            self.pack.policy.name(),
-            self.opaque_scale,
-            if self.masking.is_some() { "on" } else { "None" },
-        )
-    }
-}
+pub use crate::options::{CallOptions, FieldError, FieldValue, Int, OptionsError};
 
 /// Why a façade call ended without a value, after the count store's own failure (which the
 /// embedding's store keeps: it comes first). A tokenizer failure comes before the others.
@@ -144,6 +39,29 @@ pub enum CallFailure {
     Pack(PackError),
     /// An item could not be read or costed (the embedding's item source may keep why).
     Item(CostFailure),
+}
+
+impl CallFailure {
+    /// The failure as an embedding reports it, its positions labelled for `n_history`: a
+    /// tokenizer failure's message names the item; an item that could not be read or
+    /// costed is the packer's error for it ([`item_failure`]).
+    pub fn labelled(self, n_history: usize) -> CallError {
+        match self {
+            CallFailure::Tokenizer { position, error } => {
+                CallError::Tokenizer(format!("{}: {error}", position_label(n_history, position)))
+            }
+            CallFailure::Pack(e) => CallError::Pack(e),
+            CallFailure::Item(f) => CallError::Pack(item_failure(n_history, f)),
+        }
+    }
+}
+
+/// A [`CallFailure`] as an embedding reports it ([`CallFailure::labelled`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// The tokenizer failed: the message names the item.
+    Tokenizer(String),
+    Pack(PackError),
 }
 
 /// A cost failure as the packer's error for the item, labelled for `n_history`.
@@ -426,6 +344,32 @@ pub struct ReportRow {
     pub tokens: Option<u64>,
     pub problems: Vec<(&'static str, &'static str, String)>,
     pub masked_tokens: Option<u64>,
+}
+
+/// A [`ReportRow`] in its fields' order, as an embedding hands it out:
+/// `(unit, positions, kinds, code, tokens, problems, masked_tokens)`.
+pub type RowTuple = (
+    usize,
+    Vec<usize>,
+    Vec<&'static str>,
+    &'static str,
+    Option<u64>,
+    Vec<(&'static str, &'static str, String)>,
+    Option<u64>,
+);
+
+impl ReportRow {
+    pub fn into_tuple(self) -> RowTuple {
+        (
+            self.unit,
+            self.positions,
+            self.kinds,
+            self.code,
+            self.tokens,
+            self.problems,
+            self.masked_tokens,
+        )
+    }
 }
 
 impl DecisionReport {

@@ -305,6 +305,40 @@ impl Graph {
     pub fn position_label(&self, pos: usize) -> String {
         position_label(self.n_history, pos)
     }
+
+    /// Each unit as an embedding reports it (`analyze`), its members' kinds from `metas`
+    /// (one per position).
+    pub fn unit_reports(&self, metas: &[ItemMeta]) -> Vec<UnitReport> {
+        let label = |p: usize| self.position_label(p);
+        let report = |unit: &Unit| UnitReport {
+            members: unit.members.iter().map(|&p| label(p)).collect(),
+            positions: unit.members.clone(),
+            kinds: unit.members.iter().map(|&p| metas[p].kind_name()).collect(),
+            valid: unit.is_valid(),
+            input_only: unit.is_input_only(),
+            contains_new: unit.contains_new,
+            problems: unit
+                .problems
+                .iter()
+                .map(|p| (p.reason.code(), p.reason.message(), label(p.position)))
+                .collect(),
+        };
+        self.units.iter().map(report).collect()
+    }
+}
+
+/// One unit of a [`Graph`] as an embedding reports it ([`Graph::unit_reports`]): its
+/// members' labels, positions and kinds, whether it is valid, of input items only, or holds
+/// new input, and its problems as `(code, message, label)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitReport {
+    pub members: Vec<String>,
+    pub positions: Vec<usize>,
+    pub kinds: Vec<&'static str>,
+    pub valid: bool,
+    pub input_only: bool,
+    pub contains_new: bool,
+    pub problems: Vec<(&'static str, &'static str, String)>,
 }
 
 /// How messages name a global position of H ++ N with `n_history` history items:

@@ -14,6 +14,7 @@ pub mod items;
 pub mod mask;
 pub mod mask_cache;
 pub mod masked_field;
+pub mod options;
 pub mod pack;
 pub mod pipeline;
 pub mod prefix;

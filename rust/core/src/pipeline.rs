@@ -162,6 +162,57 @@ pub struct Packed {
     pub stripped: Vec<usize>,
 }
 
+/// One change to the request a pack sends (its kept history, then the new input): the item
+/// at `index` of the request (history `position`) goes as its masked copy (`masked`),
+/// without its `id` (`strip_id`: when it has one), or both.
+#[derive(Debug, Clone)]
+pub struct RequestEdit {
+    pub index: usize,
+    pub position: usize,
+    pub masked: Option<Arc<MaskedField>>,
+    pub strip_id: bool,
+}
+
+impl Packed {
+    /// The changes to the request, by position: a kept item with a masked copy, a kept item
+    /// to send without its `id`, or both. The positions of the edits an embedding applies
+    /// (sorted) are the result's masked positions.
+    pub fn request_edits(&self) -> Vec<RequestEdit> {
+        let kept = &self.result.kept_history;
+        let mut edits: Vec<RequestEdit> = self
+            .copies
+            .iter()
+            .filter_map(|(p, field)| {
+                let index = kept.binary_search(p).ok()?; // never missing: a masked unit is kept
+                Some(RequestEdit {
+                    index,
+                    position: *p,
+                    masked: Some(Arc::clone(field)),
+                    strip_id: false,
+                })
+            })
+            .collect();
+        edits.sort_by_key(|e| e.position);
+        for &p in &self.stripped {
+            match edits.binary_search_by_key(&p, |e| e.position) {
+                Ok(at) => edits[at].strip_id = true,
+                Err(at) => {
+                    if let Ok(index) = kept.binary_search(&p) {
+                        let edit = RequestEdit {
+                            index,
+                            position: p,
+                            masked: None,
+                            strip_id: true,
+                        };
+                        edits.insert(at, edit);
+                    }
+                }
+            }
+        }
+        edits
+    }
+}
+
 /// Why [`pack_indexed`] ended without a pack: the packer's error, or an item the masked
 /// copies could not be made of.
 #[derive(Debug)]

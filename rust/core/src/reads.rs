@@ -10,6 +10,16 @@
 
 use rustc_hash::FxHashMap;
 
+/// Why an item an index had seen cannot be read back from the caller's history list.
+pub const GONE: &str = "is no longer in the history list: the items an index has seen must \
+                        stay as they are, also while a call runs (another thread or an item's \
+                        own code changed the list)";
+
+/// Why a pack of a history suffix (`history_offset`) cannot read an earlier item.
+pub const BEFORE_OFFSET: &str = "is before history_offset, not in the history list: a pack of \
+                                 the newest items only may not need it (read the history from \
+                                 HistoryIndex.window_start on)";
+
 /// Where [`CallReads::locate`] finds a position.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReadFrom<'a, T> {
@@ -52,6 +62,15 @@ impl<T> CallReads<T> {
     }
 
     /// Where position `p` is read from.
+    /// Why position `p` could not be read from the caller's list: it is before the list
+    /// ([`BEFORE_OFFSET`]) or the list no longer holds it ([`GONE`]).
+    pub fn unreadable(&self, p: usize) -> &'static str {
+        match self.locate(p) {
+            ReadFrom::BeforeList => BEFORE_OFFSET,
+            _ => GONE,
+        }
+    }
+
     pub fn locate(&self, p: usize) -> ReadFrom<'_, T> {
         if p >= self.n_history {
             ReadFrom::NewInput(p - self.n_history)

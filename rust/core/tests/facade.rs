@@ -147,6 +147,11 @@ fn a_pack_reports_how_it_used_the_index_and_what_thinking_was_free() {
     let first = report.row(0).unwrap();
     assert_eq!((first.positions.as_slice(), first.code), (&[0][..], "kept"));
     assert_eq!(first.kinds, vec!["user_message"]);
+    let (unit, positions, kinds, code, ..) = first.clone().into_tuple();
+    assert_eq!(
+        (unit, positions, kinds, code),
+        (0, vec![0], vec!["user_message"], "kept")
+    );
     assert!(report.row(report.len()).is_none());
     // The free thinking is never counted; everything else is, and stays in the index.
     assert_eq!(index.costs().counted(), items.len() - 6);
@@ -198,4 +203,119 @@ fn counting_calls_leave_the_costs_a_window_needs() {
     );
     let window = fresh.window_call(&[], budget, &o, items.len());
     assert_eq!((window.start, window.fits), (start, false));
+}
+
+#[test]
+fn a_request_is_edited_by_position_masked_copies_and_ids_merged() {
+    use protoprompt_core::masked_field::MaskedField;
+    use protoprompt_core::pack::PackResult;
+    use protoprompt_core::pipeline::Packed;
+    use std::sync::Arc;
+
+    let field = |n: usize| {
+        Arc::new(MaskedField {
+            field: "output",
+            value: Arc::new(json!("masked")),
+            original_len: n,
+            cost: Some(3),
+            converted: Default::default(),
+        })
+    };
+    let packed = Packed {
+        result: PackResult {
+            kept_history: vec![2, 3, 5, 8, 9],
+            ..PackResult::default()
+        },
+        copies: vec![(8, field(80)), (3, field(30))],
+        omitted: vec![4],
+        // 5 and 9: only without their id; 8: masked and without its id; 7 is not kept.
+        stripped: vec![5, 7, 8, 9],
+    };
+    let edits = packed.request_edits();
+    let shown: Vec<_> = edits
+        .iter()
+        .map(|e| {
+            let len = e.masked.as_ref().map(|m| m.original_len);
+            (e.index, e.position, len, e.strip_id)
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            (1, 3, Some(30), false),
+            (2, 5, None, true),
+            (3, 8, Some(80), true),
+            (4, 9, None, true),
+        ]
+    );
+    let nothing = Packed {
+        copies: Vec::new(),
+        stripped: Vec::new(),
+        ..packed
+    };
+    assert!(nothing.request_edits().is_empty());
+}
+
+#[test]
+fn failures_are_labelled_as_the_embedding_reports_them() {
+    use protoprompt_core::facade::CallError;
+    use protoprompt_core::pack::PackError;
+    use protoprompt_core::reads::{CallReads, BEFORE_OFFSET, GONE};
+
+    let tokenizer = CallFailure::Tokenizer {
+        position: 4,
+        error: TokenError::Tokenizer("boom".into()),
+    };
+    match tokenizer.labelled(3) {
+        CallError::Tokenizer(m) => assert!(m.starts_with("new_input[1]: "), "{m}"),
+        other => panic!("expected a tokenizer error, got {other:?}"),
+    }
+    let item = CallFailure::Item(CostFailure {
+        position: 1,
+        field: "content".into(),
+        message: "bad".into(),
+    });
+    match item.labelled(3) {
+        CallError::Pack(PackError::Item {
+            label, position, ..
+        }) => assert_eq!((label.as_str(), position), ("history[1]", 1)),
+        other => panic!("expected an item error, got {other:?}"),
+    }
+    let context = CallFailure::Pack(PackError::Context("hook".into()));
+    assert_eq!(
+        context.labelled(3),
+        CallError::Pack(PackError::Context("hook".into()))
+    );
+
+    // A list from position 2 on: position 1 is before it, position 3 was in it.
+    let reads: CallReads<()> = CallReads::new(2, 5, 5);
+    assert_eq!(reads.unreadable(1), BEFORE_OFFSET);
+    assert_eq!(reads.unreadable(3), GONE);
+}
+
+#[test]
+fn a_graph_reports_its_units_with_labels_kinds_and_problems() {
+    let items = history(1);
+    let new_input =
+        vec![json!({"type": "function_call_output", "call_id": "nowhere", "output": "x"})];
+    let mut all = metas(&items);
+    all.extend(metas(&new_input));
+    let graph = protoprompt_core::build_graph(&all[..items.len()], &all[items.len()..]);
+    let reports = graph.unit_reports(&all);
+    assert_eq!(reports.len(), graph.units.len());
+    let first = &reports[0];
+    assert_eq!(first.members, vec!["history[0]"]);
+    assert_eq!(
+        (first.positions.clone(), first.kinds.clone()),
+        (vec![0], vec!["user_message"])
+    );
+    assert!(first.valid && !first.contains_new && first.problems.is_empty());
+    let last = reports.last().unwrap();
+    assert_eq!(last.members, vec!["new_input[0]"]);
+    assert!(last.contains_new && !last.valid);
+    assert_eq!(last.problems[0].2, "new_input[0]");
+    // Every position is a member of exactly one unit.
+    let mut members: Vec<usize> = reports.iter().flat_map(|r| r.positions.clone()).collect();
+    members.sort_unstable();
+    assert_eq!(members, (0..all.len()).collect::<Vec<_>>());
 }

@@ -321,22 +321,17 @@ pub(crate) fn label(n_history: usize, p: usize) -> String {
 
 /// The items of a list-like argument (a str or a mapping is refused).
 pub(crate) fn item_seq(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Py<PyAny>>> {
-    let seq = |obj: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<Py<PyAny>>> {
-        if obj.cast::<PyString>().is_ok() || obj.cast::<PyDict>().is_ok() {
-            return Err(PyTypeError::new_err(format!(
-                "{name} must be a list of items, got {}",
-                type_name(obj)
-            )));
-        }
-        let iter = obj.try_iter().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{name} must be a list of items, got {}",
-                type_name(obj)
-            ))
-        })?;
-        iter.map(|r| r.map(|b| b.unbind())).collect()
+    let refused = || {
+        PyTypeError::new_err(format!(
+            "{name} must be a list of items, got {}",
+            type_name(obj)
+        ))
     };
-    seq(obj, name)
+    if obj.cast::<PyString>().is_ok() || obj.cast::<PyDict>().is_ok() {
+        return Err(refused());
+    }
+    let iter = obj.try_iter().map_err(|_| refused())?;
+    iter.map(|r| r.map(|b| b.unbind())).collect()
 }
 
 /// Classify the items of `items`, labelled from global position `offset`.
@@ -371,10 +366,9 @@ pub(crate) fn classify_all(
     history: &Bound<'_, PyAny>,
     new_input: &Bound<'_, PyAny>,
 ) -> PyResult<(Vec<Py<PyAny>>, Vec<ItemMeta>, usize)> {
-    let seq = item_seq;
-    let mut items = seq(history, "history")?;
+    let mut items = item_seq(history, "history")?;
     let n_history = items.len();
-    items.extend(seq(new_input, "new_input")?);
+    items.extend(item_seq(new_input, "new_input")?);
     let metas = classify_items(py, bound(py, &items), 0, n_history)?;
     Ok((items, metas, n_history))
 }

@@ -37,7 +37,15 @@ pub(crate) struct PyCountStore {
 }
 
 impl PyCountStore {
-    pub(crate) fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
+    /// The store a call was handed (`None` or Python's `None`: none).
+    pub(crate) fn given(store: Option<Bound<'_, PyAny>>) -> PyResult<Option<PyCountStore>> {
+        store
+            .filter(|s| !s.is_none())
+            .map(|s| Self::from_py(&s))
+            .transpose()
+    }
+
+    fn from_py(store: &Bound<'_, PyAny>) -> PyResult<PyCountStore> {
         let secret = store.getattr(intern!(store.py(), "secret"))?;
         let secret: [u8; 16] = secret
             .extract::<Vec<u8>>()
@@ -128,17 +136,6 @@ pub(crate) fn store_outcome(
     Ok(())
 }
 
-/// Why an item an index had seen cannot be read back from the caller's history list.
-pub(crate) const GONE: &str = "is no longer in the history list: the items an index has seen must \
-                    stay as they are, also while a call runs (another thread or an item's \
-                    own code changed the list)";
-
-/// Why a pack of a history suffix (`history_offset`) cannot read an earlier item.
-pub(crate) const BEFORE_OFFSET: &str =
-    "is before history_offset, not in the history list: a pack of \
-                             the newest items only may not need it (read the history from \
-                             HistoryIndex.window_start on)";
-
 impl PyItems {
     /// The items of a call whose `history` list holds positions `offset..`, which took
     /// `fresh` (positions `fresh_from..n_history`) when it began.
@@ -172,21 +169,13 @@ impl PyItems {
             ReadFrom::NewInput(i) => return Ok(self.new_input[i].bind(py).clone()),
             ReadFrom::Fresh(i) => return self.fresh.bind(py).get_item(i),
             ReadFrom::Kept(obj) => return Ok(obj.bind(py).clone()),
-            ReadFrom::BeforeList => return Err(PyIndexError::new_err(BEFORE_OFFSET)),
+            ReadFrom::BeforeList => return Err(PyIndexError::new_err(self.reads.unreadable(p))),
             ReadFrom::List(i) => self.history.bind(py).get_item(i)?,
         };
         if keep {
             self.reads.keep(p, obj.clone().unbind());
         }
         Ok(obj)
-    }
-
-    /// Why position `p` could not be read.
-    fn unreadable(&self, p: usize) -> &'static str {
-        match self.reads.locate(p) {
-            ReadFrom::BeforeList => BEFORE_OFFSET,
-            _ => GONE,
-        }
     }
 
     /// The kept history objects followed by every new-input object: what the caller sends.
@@ -200,7 +189,7 @@ impl PyItems {
             // Read once, here: nothing to keep it for.
             out.push(self.item(py, p, false).map_err(|e| {
                 let label = label(self.reads.n_history(), p);
-                FieldError::caused("(item)", self.unreadable(p), e).raise(py, &label)
+                FieldError::caused("(item)", self.reads.unreadable(p), e).raise(py, &label)
             })?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
@@ -216,7 +205,7 @@ impl ItemSource for PyItems {
                 let item = match self.item(py, p, true) {
                     Ok(item) => item,
                     Err(e) => {
-                        let message = self.unreadable(p).to_string();
+                        let message = self.reads.unreadable(p).to_string();
                         self.cause = Some(e);
                         return Err(CostFailure {
                             position: p,

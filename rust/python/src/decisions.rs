@@ -1,7 +1,8 @@
 //! The `DecisionTable` pyclass: the per-unit decisions of one pack, read lazily (the rows
 //! and their rules are the core's [`DecisionReport`]).
 
-use protoprompt_core::facade::DecisionReport;
+use protoprompt_core::facade::{DecisionReport, ReportRow, RowTuple};
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 
@@ -13,16 +14,6 @@ use rustc_hash::FxHashMap;
 #[pyclass(frozen, module = "protoprompt._core")]
 pub(crate) struct DecisionTable(pub(crate) DecisionReport);
 
-pub(crate) type DecisionRow = (
-    usize,
-    Vec<usize>,
-    Vec<&'static str>,
-    &'static str,
-    Option<u64>,
-    Vec<(&'static str, &'static str, String)>,
-    Option<u64>,
-);
-
 #[pymethods]
 impl DecisionTable {
     pub(crate) fn __len__(&self) -> usize {
@@ -30,20 +21,9 @@ impl DecisionTable {
     }
 
     /// `(unit, positions, kinds, code, tokens, problems, masked_tokens)` of one row.
-    pub(crate) fn row(&self, i: usize) -> PyResult<DecisionRow> {
-        let r = self.0.row(i).ok_or_else(|| {
-            pyo3::exceptions::PyIndexError::new_err("decision index out of range")
-        })?;
-        let (unit, positions, kinds, problems) = (r.unit, r.positions, r.kinds, r.problems);
-        Ok((
-            unit,
-            positions,
-            kinds,
-            r.code,
-            r.tokens,
-            problems,
-            r.masked_tokens,
-        ))
+    pub(crate) fn row(&self, i: usize) -> PyResult<RowTuple> {
+        let row = self.0.row(i).map(ReportRow::into_tuple);
+        row.ok_or_else(|| PyIndexError::new_err("decision index out of range"))
     }
 
     /// Number of history items per decision code.

@@ -2,22 +2,20 @@
 //! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
-use crate::convert::{bound, classify_items, item_seq, label};
+use crate::convert::{bound, classify_items, item_seq};
 use crate::costs::{store_outcome, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error};
 use crate::pack::{result_dict, run_pack, PyPackOptions};
 use protoprompt_core::costs::StoreTally;
-use protoprompt_core::facade::{item_failure, CallEnd, CallFailure, PackCall};
+use protoprompt_core::facade::{CallEnd, CallError, PackCall};
 use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
-use protoprompt_core::mask::MaskedField;
-use protoprompt_core::pipeline::Packed;
+use protoprompt_core::pipeline::{Packed, RequestEdit};
 use protoprompt_core::span::{indexed_span, pack_span};
 use protoprompt_core::tokens::Loading;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use std::sync::Arc;
 
 /// What `window` returns: start, fits, tie code, why (a sentence), reach.
 type WindowTuple = (usize, bool, Option<&'static str>, Option<String>, usize);
@@ -175,10 +173,7 @@ impl PyHistoryIndex {
         let (listed, n_history) =
             pack_span(indexed, history.len(), o.history_len, offset, &o.pinned)
                 .map_err(|e| span_error(py, e))?;
-        let store = count_store
-            .filter(|s| !s.is_none())
-            .map(|s| PyCountStore::from_py(&s))
-            .transpose()?;
+        let store = PyCountStore::given(count_store)?;
         // The items this call reads for the first time, taken in one step: nothing else
         // runs while the slice is made, so whatever another thread or an item's own code
         // does to `history` from now on cannot shift what is classified, counted or sent.
@@ -283,10 +278,7 @@ impl PyHistoryIndex {
         let o = &options.get().core;
         let n = self.inner.len();
         indexed_span(n, history.len(), o.history_offset).map_err(|e| span_error(py, e))?;
-        let store = count_store
-            .filter(|s| !s.is_none())
-            .map(|s| PyCountStore::from_py(&s))
-            .transpose()?;
+        let store = PyCountStore::given(count_store)?;
         let items = PyItems::new(history, o.history_offset, &PyList::empty(py), n, Vec::new());
         let inner = &mut self.inner;
         let end = py.detach(|| inner.count_window_call(items, store, o, budget));
@@ -320,15 +312,13 @@ fn settle<T>(
     if let Some(e) = store.as_ref().and_then(|(s, _)| s.error.as_ref()) {
         return Err(e.clone_ref(py));
     }
-    let e = match (outcome, hook_error) {
+    let e = match (outcome.map_err(|f| f.labelled(n_history)), hook_error) {
         (Ok(value), _) => return Ok((value, items, store)),
-        (Err(CallFailure::Tokenizer { position, error }), _) => {
-            let message = format!("{}: {error}", label(n_history, position));
-            return Err(raise::<classes::TokenizerError>(py, (message,)));
+        (Err(CallError::Tokenizer(m)), _) => {
+            return Err(raise::<classes::TokenizerError>(py, (m,)))
         }
         (Err(_), Some(hook_error)) => hook_error,
-        (Err(CallFailure::Pack(e)), None) => pack_error(py, e),
-        (Err(CallFailure::Item(f)), None) => pack_error(py, item_failure(n_history, f)),
+        (Err(CallError::Pack(e)), None) => pack_error(py, e),
     };
     if let Some(cause) = items.cause.take() {
         e.set_cause(py, Some(cause));
@@ -371,15 +361,11 @@ impl PyHistoryIndex {
             earlier_thinking_free,
             decisions,
         } = call;
+        let request = items.request(py, &packed.result.kept_history)?;
+        let masked = apply_edits(py, &request, &packed.request_edits(), n_history)?;
         let Packed {
-            result,
-            copies,
-            omitted,
-            stripped,
+            result, omitted, ..
         } = packed;
-        let request = items.request(py, &result.kept_history)?;
-        let mut masked = substitute(py, &request, &result.kept_history, &copies, n_history)?;
-        strip_ids(py, &request, &result.kept_history, &stripped, &mut masked)?;
         let table = DecisionTable(decisions);
         let out = result_dict(py, &result, o.core.basis, o.core.pack.policy, table)?;
         out.set_item("index", (u.held, u.appended, u.regrouped_from, u.why))?;
@@ -393,55 +379,38 @@ impl PyHistoryIndex {
     }
 }
 
-/// Replace each of `stripped` (history positions, kept) in `request` by a shallow copy
-/// without its `id`; they join `masked` (positions sent as copies, kept sorted).
-fn strip_ids<'py>(
+/// Apply a pack's edits ([`Packed::request_edits`]) to `request` (the kept history, then the
+/// new input): each edited item is replaced by a new dict, its masked copy
+/// ([`crate::mask::masked_copy`]) and/or a shallow copy without its `id` (an item without
+/// one is left as it is). Returns the positions sent as copies (sorted).
+fn apply_edits<'py>(
     py: Python<'py>,
     request: &Bound<'py, PyList>,
-    kept: &[usize],
-    stripped: &[usize],
-    masked: &mut Vec<usize>,
-) -> PyResult<()> {
-    let id = pyo3::intern!(py, "id");
-    for &p in stripped {
-        let Ok(i) = kept.binary_search(&p) else {
-            continue; // never: the members of a masked unit are kept
-        };
-        let item = request.get_item(i)?;
-        let Ok(dict) = item.cast::<PyDict>() else {
-            continue;
-        };
-        if !dict.contains(id)? {
-            continue;
-        }
-        let copy = dict.copy()?;
-        copy.del_item(id)?;
-        request.set_item(i, copy)?;
-        if let Err(at) = masked.binary_search(&p) {
-            masked.insert(at, p);
-        }
-    }
-    Ok(())
-}
-
-/// Put the masked copies in the request in place of their items (`request` holds the kept
-/// history, `kept`, then the new input); returns the positions masked.
-fn substitute<'py>(
-    py: Python<'py>,
-    request: &Bound<'py, PyList>,
-    kept: &[usize],
-    copies: &[(usize, Arc<MaskedField>)],
+    edits: &[RequestEdit],
     n_history: usize,
 ) -> PyResult<Vec<usize>> {
-    let mut masked = Vec::with_capacity(copies.len());
-    for (p, value) in copies {
-        let Ok(i) = kept.binary_search(p) else {
-            continue; // never: a masked unit's members are kept
+    let id = pyo3::intern!(py, "id");
+    let mut masked = Vec::with_capacity(edits.len());
+    for e in edits {
+        let original = request.get_item(e.index)?;
+        let mut copy = match &e.masked {
+            Some(f) => Some(crate::mask::masked_copy(
+                py, &original, f, n_history, e.position,
+            )?),
+            None => None,
         };
-        let original = request.get_item(i)?;
-        let copy = crate::mask::masked_copy(py, &original, value, n_history, *p)?;
-        request.set_item(i, copy)?;
-        masked.push(*p);
+        let item = copy.as_ref().unwrap_or(&original);
+        if let Some(dict) = item.cast::<PyDict>().ok().filter(|_| e.strip_id) {
+            if dict.contains(id)? {
+                let stripped = dict.copy()?;
+                stripped.del_item(id)?;
+                copy = Some(stripped.into_any());
+            }
+        }
+        if let Some(copy) = copy {
+            request.set_item(e.index, copy)?;
+            masked.push(e.position);
+        }
     }
     Ok(masked)
 }

@@ -31,7 +31,7 @@ mod prefix;
 mod truncate;
 
 use crate::alloc::configure_allocator;
-use crate::convert::{classify_all, encoding_of, item_value, label, opaque_scale, to_value};
+use crate::convert::{classify_all, encoding_of, item_value, opaque_scale, to_value};
 use crate::decisions::DecisionTable;
 use crate::errors::token_error;
 use crate::index::PyHistoryIndex;
@@ -214,34 +214,21 @@ fn graph_dict<'py>(
     graph: &Graph,
     metas: &[ItemMeta],
 ) -> PyResult<Bound<'py, PyDict>> {
-    let n = graph.n_history;
     let units = PyList::empty(py);
-    for unit in &graph.units {
+    for unit in graph.unit_reports(metas) {
         let d = PyDict::new(py);
-        let members: Vec<String> = unit.members.iter().map(|&p| label(n, p)).collect();
-        d.set_item("members", members)?;
-        d.set_item("positions", unit.members.clone())?;
-        d.set_item(
-            "kinds",
-            unit.members
-                .iter()
-                .map(|&p| metas[p].kind_name())
-                .collect::<Vec<_>>(),
-        )?;
-        d.set_item("valid", unit.is_valid())?;
-        d.set_item("input_only", unit.is_input_only())?;
+        d.set_item("members", unit.members)?;
+        d.set_item("positions", unit.positions)?;
+        d.set_item("kinds", unit.kinds)?;
+        d.set_item("valid", unit.valid)?;
+        d.set_item("input_only", unit.input_only)?;
         d.set_item("contains_new", unit.contains_new)?;
-        let problems: Vec<(&str, &str, String)> = unit
-            .problems
-            .iter()
-            .map(|p| (p.reason.code(), p.reason.message(), label(n, p.position)))
-            .collect();
-        d.set_item("problems", problems)?;
+        d.set_item("problems", unit.problems)?;
         units.append(d)?;
     }
     let out = PyDict::new(py);
     out.set_item("units", units)?;
-    out.set_item("n_history", n)?;
+    out.set_item("n_history", graph.n_history)?;
     out.set_item("mandatory_history", graph.mandatory_history())?;
     Ok(out)
 }

@@ -4,17 +4,17 @@
 use crate::convert::type_name;
 use crate::decisions::DecisionTable;
 use crate::errors::token_error;
-use protoprompt_core::facade::{CallOptions, OptionsError};
+use protoprompt_core::facade::{CallOptions, FieldError, FieldValue, Int, OptionsError};
 use protoprompt_core::pack::{ContextHook, PackError, PackResult, Policy};
-use protoprompt_core::tokens::{CostBasis, OpaqueScale};
+use protoprompt_core::tokens::CostBasis;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
 /// The options of a pack as one frozen value (`protoprompt.PackOptions`) over the core's
-/// [`CallOptions`]: each field is type-checked here when it is set (on construction or
-/// `replace`), its rules are the core's; the binding borrows it on every call.
+/// [`CallOptions`]: each field is checked when it is set (on construction or `replace`), by
+/// the core's rules ([`CallOptions::set_field`]); the binding borrows it on every call.
 #[pyclass(frozen, name = "PackOptions", module = "protoprompt._core")]
 pub(crate) struct PyPackOptions {
     pub(crate) core: CallOptions,
@@ -24,113 +24,65 @@ pub(crate) struct PyPackOptions {
     masking_obj: Option<Py<PyAny>>,
 }
 
-const FIELDS: [&str; 12] = [
-    "max_tokens",
-    "output_reserve",
-    "context_tokens",
-    "model",
-    "encoding",
-    "policy",
-    "context",
-    "pinned",
-    "history_len",
-    "history_offset",
-    "opaque_scale",
-    "masking",
-];
+/// A Python value handed for one field, as the core's rules read it ([`FieldValue`]).
+struct Given<'py>(Bound<'py, PyAny>);
 
-/// A token count: an int (not a bool) in `0..=u64::MAX`, with the messages of the keywords.
-fn size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be an int, got {}",
-            type_name(value)
-        )));
+impl<'py> FieldValue for Given<'py> {
+    type Error = PyErr;
+    type Elements = Box<dyn Iterator<Item = PyResult<Given<'py>>> + 'py>;
+
+    fn is_none(&self) -> bool {
+        self.0.is_none()
     }
-    value.extract::<u64>().map_err(|_| {
-        let shown = value.str().map(|s| s.to_string()).unwrap_or_default();
-        if value.lt(0i64).unwrap_or(false) {
-            PyValueError::new_err(format!("{name} must be >= 0, got {shown}"))
-        } else {
-            PyValueError::new_err(format!(
-                "{name} must be at most 2**64 - 1 tokens, got {shown}"
-            ))
+
+    fn int(&self) -> Option<Int> {
+        let v = &self.0;
+        if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+            return None;
         }
-    })
-}
-
-fn repr(value: &Bound<'_, PyAny>) -> String {
-    value.repr().map(|r| r.to_string()).unwrap_or_default()
-}
-
-fn optional_str(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-    if value.is_none() {
-        return Ok(None);
+        Some(match v.extract::<u64>() {
+            Ok(n) => Int::Fits(n),
+            Err(_) if v.lt(0i64).unwrap_or(false) => Int::Negative,
+            Err(_) => Int::TooBig,
+        })
     }
-    value.extract::<String>().map(Some).map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{name} must be a str or None, got {}",
-            type_name(value)
-        ))
-    })
-}
 
-/// A non-negative int (`what` names the accepted values in the message).
-fn position(name: &str, what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let ok = !value.is_instance_of::<PyBool>() && value.is_instance_of::<PyInt>();
-    ok.then(|| value.extract::<usize>().ok())
-        .flatten()
-        .ok_or_else(|| PyValueError::new_err(format!("{name} must be {what}, got {}", repr(value))))
-}
-
-fn pinned_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    let refused = || {
-        PyTypeError::new_err(format!(
-            "pinned must be an iterable of history positions, got {}",
-            type_name(value)
-        ))
-    };
-    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
-        return Err(refused());
+    fn number(&self) -> Option<f64> {
+        let v = &self.0;
+        let number = !v.is_instance_of::<PyBool>()
+            && (v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>());
+        number.then(|| v.extract::<f64>().ok()).flatten()
     }
-    let iter = value.try_iter().map_err(|_| refused())?;
-    let mut pins = Vec::new();
-    for (i, p) in iter.enumerate() {
-        let p = p?;
-        if p.is_instance_of::<PyBool>() || !p.is_instance_of::<PyInt>() {
-            return Err(PyTypeError::new_err(format!(
-                "pinned[{i}] must be an int, got {}",
-                type_name(&p)
-            )));
+
+    fn text(&self) -> Option<String> {
+        self.0.extract().ok()
+    }
+
+    fn truthy(&self) -> PyResult<bool> {
+        self.0.is_truthy()
+    }
+
+    fn elements(&self) -> PyResult<Option<Self::Elements>> {
+        let v = &self.0;
+        if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+            return Ok(None);
         }
-        pins.push(p.extract::<usize>().map_err(|_| {
-            PyValueError::new_err(format!(
-                "pinned[{i}] is {}, not a history position",
-                repr(&p)
-            ))
-        })?);
+        Ok(v.try_iter()
+            .ok()
+            .map(|i| Box::new(i.map(|r| r.map(Given))) as Self::Elements))
     }
-    Ok(pins)
-}
 
-fn scale_of(value: &Bound<'_, PyAny>) -> PyResult<f64> {
-    let number = !value.is_instance_of::<PyBool>()
-        && (value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>());
-    let factor = number.then(|| value.extract::<f64>().ok()).flatten();
-    let Some(factor) = factor else {
-        return Err(PyTypeError::new_err(format!(
-            "opaque_scale must be a number, got {}",
-            type_name(value)
-        )));
-    };
-    let (min, max) = (OpaqueScale::MIN.factor(), OpaqueScale::MAX.factor());
-    if !(min..=max).contains(&factor) {
-        return Err(PyValueError::new_err(format!(
-            "opaque_scale must be between {min:?} and {max:?}, got {}",
-            repr(value)
-        )));
+    fn type_name(&self) -> String {
+        type_name(&self.0)
     }
-    Ok(factor)
+
+    fn repr(&self) -> String {
+        self.0.repr().map(|r| r.to_string()).unwrap_or_default()
+    }
+
+    fn shown(&self) -> String {
+        self.0.str().map(|s| s.to_string()).unwrap_or_default()
+    }
 }
 
 impl PyPackOptions {
@@ -142,51 +94,21 @@ impl PyPackOptions {
         }
     }
 
-    /// Check and set one field (`Ok(true)`: the cost basis must be worked out again).
+    /// Check and set one field (`Ok(true)`: the cost basis must be worked out again): the
+    /// Python objects (`context`, `masking`) here, the others by the core's rules.
     fn set(&mut self, name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
         match name {
-            "max_tokens" => self.core.pack.budget = size(name, value)?,
-            "output_reserve" => self.core.pack.output_reserve = size(name, value)?,
-            "context_tokens" => self.core.pack.context_tokens = size(name, value)?,
-            "model" => {
-                self.core.model = optional_str(name, value)?;
-                return Ok(true);
-            }
-            "encoding" => {
-                self.core.encoding = optional_str(name, value)?;
-                return Ok(true);
-            }
-            "opaque_scale" => {
-                self.core.opaque_scale = scale_of(value)?;
-                return Ok(true);
-            }
-            "policy" => {
-                let policy: String = value.extract().map_err(|_| {
-                    PyValueError::new_err(format!("unknown policy {}", repr(value)))
-                })?;
-                self.core.pack.policy = Policy::parse(&policy).map_err(PyValueError::new_err)?;
-            }
             "context" => self.context = (!value.is_none()).then(|| value.clone().unbind()),
-            "pinned" => self.core.pinned = pinned_of(value)?,
-            "history_len" => {
-                self.core.history_len = if value.is_none() {
-                    None
-                } else {
-                    Some(position(name, "a non-negative int or None", value)?)
-                }
-            }
-            "history_offset" => {
-                self.core.history_offset = if value.is_truthy()? {
-                    position(name, "a non-negative int", value)?
-                } else {
-                    0
-                }
-            }
             "masking" => self.set_masking(value)?,
             _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "PackOptions got an unexpected keyword argument '{name}'"
-                )))
+                return self
+                    .core
+                    .set_field(name, &Given(value.clone()))
+                    .map_err(|e| match e {
+                        FieldError::Type(m) => PyTypeError::new_err(m),
+                        FieldError::Value(m) => PyValueError::new_err(m),
+                        FieldError::Raised(e) => e,
+                    })
             }
         }
         Ok(false)
@@ -279,7 +201,7 @@ impl PyPackOptions {
     #[classattr]
     #[allow(non_snake_case)]
     fn FIELDS() -> Vec<&'static str> {
-        FIELDS.to_vec()
+        CallOptions::FIELDS.to_vec()
     }
 
     #[getter]

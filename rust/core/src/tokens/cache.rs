@@ -51,7 +51,7 @@ impl Encoding {
         }
         let mut tags = 0usize;
         let mut starts = Vec::new();
-        for i in memchr_newlines(bytes) {
+        for i in newline_positions(bytes) {
             let at = i + 1;
             if super::is_exact_split(self, bytes, at) {
                 tags += usize::from(bytes[at] == b'<');
@@ -83,8 +83,8 @@ impl Encoding {
     }
 }
 
-/// Positions of the `\n` bytes of `bytes`.
-fn memchr_newlines(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
+/// Positions of the `\n` bytes of `bytes` (a plain byte scan).
+fn newline_positions(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
     bytes
         .iter()
         .enumerate()
