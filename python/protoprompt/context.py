@@ -575,7 +575,9 @@ class TokenBudgetedContextBuilder:
         offset: int,
         sent: Sent,
     ) -> ContextPlan:
-        return without_repeats(pool, build_with, history, offset, sent, self._count_batch)
+        return without_repeats(
+            pool, build_with, history, offset, sent, self._assembler().block_sizes
+        )
 
     def _call_options(
         self,

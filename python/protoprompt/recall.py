@@ -46,7 +46,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _process
-from ._context._blocks import passage_rest
+from ._context._blocks import UNSPLIT_ENCODINGS, age_piece
 from ._context._query import message_text
 from ._recall._index import BATCH, IndexJob
 from ._recall._ledger import (
@@ -90,6 +90,9 @@ INDEX_DELAY = 0.05
 its model call, which takes longer: the job then runs while the process waits for the model,
 not beside the turn's own work (threads of one interpreter take turns at running Python)."""
 MAX_QUEUED_JOBS = 64
+AGES_AHEAD = 16
+"""How many turns past the session's current one the index job counts the openings'
+first pieces ahead for (:meth:`Evictions._warm`)."""
 """Index jobs waiting at most; a turn whose job does not fit leaves its rows to a later one."""
 SUMMARY_BATCH_FACTOR = 8
 """One summary update folds in at most this many times ``summarize_every`` tokens (the rest
@@ -230,6 +233,8 @@ class Evictions:
         self._ledgers_lock = threading.Lock()
         self._worker = _Worker()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ages: dict[tuple[str | None, str | None], int] = {}
+        """By (model, encoding): the ages whose opening pieces :meth:`_warm` counted, 1 to this."""
         _process.RECALL_LEDGERS.add(self)
 
     def after_fork_in_child(self) -> None:
@@ -362,13 +367,20 @@ class Evictions:
 
         return schedule
 
-    def _warm(self, passages: list[str]) -> None:
-        """Count the blocks of passages just indexed (in the index job), as the builder's
-        turns count them when they recall them (kept in the count memo: the turn that first
-        recalls one finds its count)."""
+    def _warm(self, pieces: list[str], turn: int | None) -> None:
+        """Count ``pieces`` of passages just indexed (in the index job), as the builder's
+        turns count them when they recall them, and the first pieces of the openings of
+        the ages up to ``turn`` not counted before (kept in the count memo: the turn that
+        first recalls a passage finds its counts)."""
         builder = self._builder()
-        if builder is not None:
-            builder._count_batch([passage_rest(p) for p in passages])
+        if builder is None:
+            return
+        if turn is not None and builder.encoding not in UNSPLIT_ENCODINGS:
+            key, upto = (builder.model, builder.encoding), turn + AGES_AHEAD
+            done = self._ages.get(key, 0)
+            pieces = pieces + [age_piece(ago) for ago in range(done + 1, upto + 1)]
+            self._ages[key] = max(done, upto)
+        builder._count_batch(pieces)
 
     @staticmethod
     def _indexed(job: IndexJob) -> Callable[[], None]:

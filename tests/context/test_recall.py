@@ -535,14 +535,18 @@ def test_a_fact_from_the_middle_of_an_evicted_tool_output_is_recalled(
 
 
 @pytest.mark.usefixtures("planted")
-def test_the_index_job_counts_the_blocks_of_the_passages_it_indexes(
-    tmp_path: Path, new_db: Callable[[], str]
+def test_the_index_job_counts_the_pieces_of_the_passages_it_indexes(
+    tmp_path: Path, new_db: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The background job that indexes evicted rows counts their passages' blocks too (as
-    the builder's turns count them: the turn that first recalls one finds its count in
-    the count memo, off the request's path); the plan is the one counted on the turn."""
+    """The background job that indexes evicted rows counts their passages' pieces too (as
+    the builder's turns count them: their blocks, their lines in the context message, their
+    openings but for the age, and the ages' pieces), so the turn that first recalls them
+    counts none of them (off the request's path); the plan is the one counted on the turn."""
+    import threading
+
+    from protoprompt import context as context_mod
     from protoprompt._context import _count_memo
-    from protoprompt._context._blocks import passage_rest
+    from protoprompt._context._blocks import data, passage_rest
 
     db = str(tmp_path / "s.db")
     store = MemoryStore(new_db(), chunk_words=60, chunk_overlap=10)
@@ -569,10 +573,78 @@ def test_the_index_job_counts_the_blocks_of_the_passages_it_indexes(
     rests = [passage_rest(p) for p in sorted(passages)]
     counted = _count_memo.counts("text", rests, builder.model, builder.encoding, never)
     assert counted == builder._count_batch(rests)
+    on_the_turn: list[str] = []
+    real = context_mod.count_tokens_batch
+
+    def spy(texts: Any, **kwargs: Any) -> list[int]:
+        if threading.current_thread().name != "protoprompt-evictions":  # not the next job's
+            on_the_turn.extend(texts)
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(context_mod, "count_tokens_batch", spy)
     plan = asyncio.run(chat.turn(9, QUESTION))
     assert _recalls_fact(plan)
+    recalled = [b for b in plan.blocks if b.layer == "history" and b.kept]
+    assert len(recalled) >= 2
+    for text in on_the_turn:
+        assert "turn" not in text or "<turn " not in text and " turns ago" not in text, text
+        assert not any(data(b.text) in text for b in recalled), text
     chat.session.close()
     store.close()
+
+
+def test_the_pieces_counted_ahead_are_those_a_turn_counts() -> None:
+    """What the index job counts ahead for a passage (:func:`passage_pieces`, and the
+    age's piece) is what a turn that recalls it counts: every piece of its block
+    (:meth:`Assembler.block_sizes`) and of the context message (:func:`message_pieces`)
+    that holds its text or its opening, for texts that start with a letter or another
+    character, with a date or without, at ages 1 and more."""
+    from protoprompt._context._blocks import (
+        Candidate,
+        age_piece,
+        data,
+        message_pieces,
+        open_pieces,
+        passage_pieces,
+        passage_rest,
+        when,
+    )
+    from protoprompt.memory import MemoryHit
+
+    builder = TokenBudgetedContextBuilder(None, max_tokens=4_000, encoding="o200k_base")
+    assembler = builder._assembler()
+    cases = [
+        ("user: where do I volunteer?", "user message", "2024-05-03 10:00", 7),
+        ("assistant: at the Mission food bank", "assistant message", "", 12),
+        ("(a note) & <b>", "tool output", "2024-05-03", 3),
+    ]
+    cands, warm = [], set()
+    for text, label, date, ago in cases:
+        meta = {"session_id": "s1", "turn": 20 - ago, "label": label}
+        if date:
+            meta["date"] = date
+        hit = MemoryHit("history", text, 1.0, None, 0, None, SCOPE, meta)
+        cand = Candidate("history", f"history:{ago}#0", text, 1.0, True, header=when(hit, "s1", 20))
+        cands.append(cand)
+        warm |= {*passage_pieces(text, label, date), age_piece(ago)}
+    block_pieces = []
+    for cand in cands:
+        block_pieces += [*open_pieces(f"<turn {cand.header}>\n"), passage_rest(cand.text)]
+    assert set(block_pieces) <= warm
+    assert sum(assembler.block_sizes(cands)) == sum(builder._count_batch(block_pieces))
+    rendered = assembler.render("You help.", [(c, c.text) for c in cands])
+    split = message_pieces(rendered, "o200k_base")
+    assert split is not None
+    texts = [data(text) for text, *_ in cases]
+    of_passages = [
+        p
+        for p in split[1]
+        if p.startswith("<turn ") or " turns ago" in p or any(t in p for t in texts)
+    ]
+    assert len(of_passages) == 3 * len(cases) - 1  # the last text joins its opening's piece
+    missing = set(of_passages) - warm
+    # A text that starts with neither a letter nor a digit is counted with its opening.
+    assert missing and all(texts[2] in p for p in missing)
 
 
 @pytest.mark.usefixtures("planted")

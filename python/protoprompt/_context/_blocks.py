@@ -155,6 +155,26 @@ def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
     return text[: tags[0]] + text[tags[-1] :], pieces
 
 
+def passage_pieces(text: str, label: str, date: str) -> list[str]:
+    """The pieces a turn counts for a recalled passage of its own session, whatever the
+    passage's age: its opening after the number of turns (:func:`open_pieces`, for an age
+    other than 1), its text with the closing tag (:meth:`Assembler.block_sizes`) and, when
+    its text starts with an ASCII letter or digit, its text's line in the context message
+    (:func:`message_pieces`). Counted when the passage is indexed, so the turn that first
+    recalls it finds them in the count memo (the age's piece: :func:`age_piece`)."""
+    body = data(text)
+    pieces = [f' turns ago"{_what(label, date)}>\n', f"{body}\n</turn>"]
+    if body[:1].isascii() and body[:1].isalnum():
+        pieces.append(f"{body}\n")
+    return pieces
+
+
+def age_piece(ago: int) -> str:
+    """The first piece of a recalled passage's opening ``ago`` turns later
+    (:func:`open_pieces`): the same for every passage of that age."""
+    return f'<turn when="earlier in this session, {ago}'
+
+
 def passage_rest(text: str) -> str:
     """A recalled passage's block after its opening: its text and the closing tag (the same
     on every turn; counted on its own, see :meth:`Assembler.block_sizes`)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from .._context._blocks import passage_pieces
 from ..memory import HistoryRecord, MemoryScope
 from ..transcript import render_item, tool_names
 from ._ledger import POSITION_SHIFT, Ledger, item_digest, position_key
@@ -17,7 +18,7 @@ from ._ledger import POSITION_SHIFT, Ledger, item_digest, position_key
 BATCH = 256
 """Rows indexed per store call."""
 WARM_ROWS = 1024
-"""Rows of one job whose passages' blocks are counted ahead (at most; the first ones)."""
+"""Rows of one job whose passages' pieces are counted ahead (at most; the first ones)."""
 
 _log = logging.getLogger("protoprompt")
 
@@ -74,7 +75,7 @@ class IndexJob:
         ids: tuple[dict[int, int], array[int]] | None,
         fetch: Callable[[list[int]], dict[int, Any]] | None,
         users: Sequence[int] | None,
-        warm: Callable[[list[str]], None] | None = None,
+        warm: Callable[[list[str], int | None], None] | None = None,
     ) -> None:
         self.store = store
         self.ledger = ledger
@@ -118,14 +119,23 @@ class IndexJob:
         self.warm_up(records)
 
     def warm_up(self, records: Sequence[HistoryRecord]) -> None:
-        """Hand the passages just indexed to :attr:`warm` (the builder counts their blocks
-        now, off the request's path, as a turn that recalls them would: a turn then finds
-        the counts in the count memo). A failure there only loses the head start."""
+        """Hand the pieces of the passages just indexed (:func:`passage_pieces`) and the
+        session's turn number to :attr:`warm`: the builder counts them now, off the
+        request's path, as a turn that recalls them would, and the pieces of the ages a
+        passage can have by then; the turn then finds the counts in the count memo. A
+        failure there only loses the head start."""
         passages = getattr(self.store, "_passages", None)
         if self.warm is None or passages is None or not records:
             return
         try:
-            self.warm([p for r in records[:WARM_ROWS] for p in passages(r.text)])
+            texts: list[str] = []
+            for r in records[:WARM_ROWS]:
+                label, date = r.metadata.get("label"), r.metadata.get("date")
+                label = label if isinstance(label, str) else ""
+                date = date if isinstance(date, str) else ""
+                for p in passages(r.text):
+                    texts.extend(passage_pieces(p, label, date))
+            self.warm(texts, None if self.users is None else len(self.users) + 1)
         except Exception as exc:  # noqa: BLE001 - the turn counts them instead
             _log.debug("protoprompt: recalled passages not counted ahead: %s", exc)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._context._blocks import Candidate, render_block, when
+from .._context._blocks import Candidate, when
 from .._context._plan import ContextBlock, ContextPlan
 from ..memory import MemoryHit, MemoryScope
 from ..memory._ranking import cosine, rrf_weight
@@ -260,7 +260,7 @@ def without_repeats(
     history: list[Any],
     offset: int,
     sent_rows: Sent,
-    count_batch: Callable[[list[str]], list[int]],
+    block_sizes: Callable[[list[Candidate]], list[int]],
 ) -> ContextPlan:
     """The plan built from ``pool`` without the recalled passages whose row is in the
     request (kept history or new input: compared by the digest of the item's canonical
@@ -272,7 +272,9 @@ def without_repeats(
     are those of the newest :data:`NEWEST_GUESS` history items (the newest turns are the
     last a pack drops); it is checked that each of the latter is in that plan's request,
     and when one is not, the plan is built again from the pool without the former only and
-    checked as before."""
+    checked as before. The passages left out are reported with the sizes of their blocks
+    (``block_sizes``: :meth:`Assembler.block_sizes`, as the passages the assembly passes
+    over are, so their counts are found in the count memo)."""
     new_digests: set[str | None] = set(sent_rows.sure)
     newest = sent_rows.newest
     left_out: dict[str, tuple[Candidate, str]] = {
@@ -329,7 +331,7 @@ def without_repeats(
         plan = build_with(pool)
     if not left_out:
         return plan
-    counts = count_batch([render_block(c, c.text) for c, _ in left_out.values()])
+    counts = block_sizes([c for c, _ in left_out.values()])
     extra = [
         ContextBlock(c.layer, c.source, "dropped", why, tokens, c.text, c.score)
         for (c, why), tokens in zip(left_out.values(), counts, strict=True)
