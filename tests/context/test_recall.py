@@ -1496,3 +1496,24 @@ def test_a_turn_asks_the_store_for_no_more_passages_than_can_fit(
     monkeypatch.setattr(wide.store, "search_history", spy)
     wide.build(history, [question], session_id="s1", turn=13)
     assert asked[-1]["limit"] == min(wide.recall_tokens // per_hit, recall_turn.MAX_HITS)
+
+
+def test_short_blocks_are_rendered_once_by_their_values() -> None:
+    """A turn renders its context message at each step of its assembly: a short block is
+    rendered once and found by its values after (the same text for the same layer, source,
+    header and text), a long one is rendered each time; both as the frame says."""
+    from protoprompt._context import _blocks
+
+    _blocks._rendered.cache_clear()
+    cand = _blocks.Candidate("history", "history:3#0", "a <b> & c", 1.0, True, header='when="x"')
+    first = _blocks.render_block(cand, cand.text)
+    assert first == '<turn when="x">\na &lt;b> &amp; c\n</turn>'
+    assert _blocks.render_block(cand, cand.text) == first
+    assert _blocks._rendered.cache_info().hits == 1
+    other = _blocks.Candidate("history", "history:3#0", "a <b> & c", 1.0, True, header='when="y"')
+    assert _blocks.render_block(other, other.text) == '<turn when="y">\na &lt;b> &amp; c\n</turn>'
+    long = "w" * (_blocks.MAX_KEPT_BLOCK + 1)
+    assert _blocks.render_block(cand, long) == f'<turn when="x">\n{long}\n</turn>'
+    assert _blocks.render_block(cand, long) == f'<turn when="x">\n{long}\n</turn>'
+    assert _blocks._rendered.cache_info().hits == 1
+    assert _blocks._rendered.cache_info().currsize == 2

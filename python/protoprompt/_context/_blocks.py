@@ -83,14 +83,28 @@ class Candidate:
 
 def render_block(cand: Candidate, text: str) -> str:
     """A block as the context message carries it: its text escaped (:func:`data`) inside
-    the layer's frame, whose attributes are escaped too (:func:`attr`)."""
-    if cand.layer == "facts":
+    the layer's frame, whose attributes are escaped too (:func:`attr`). Short blocks are
+    kept by their values (a turn renders its message at each step of its assembly)."""
+    if len(text) <= MAX_KEPT_BLOCK:
+        return _rendered(cand.layer, cand.source, cand.header, text)
+    return _render(cand.layer, cand.source, cand.header, text)
+
+
+MAX_KEPT_BLOCK = 2048
+"""Characters of a block's text at most for its rendering to be kept (:func:`render_block`)."""
+
+
+def _render(layer: str, source: str, header: str, text: str) -> str:
+    if layer == "facts":
         return f"- {data(text)}"
-    if cand.layer == "rag":
-        return f'<chunk source="{attr(cand.source)}">\n{data(text)}\n</chunk>'
-    if cand.layer == "history":
-        return f"<turn {cand.header}>\n{data(text)}\n</turn>"
+    if layer == "rag":
+        return f'<chunk source="{attr(source)}">\n{data(text)}\n</chunk>'
+    if layer == "history":
+        return f"<turn {header}>\n{data(text)}\n</turn>"
     return data(text)
+
+
+_rendered = lru_cache(maxsize=4096)(_render)
 
 
 UNSPLIT_ENCODINGS = frozenset({"gemma3"})
