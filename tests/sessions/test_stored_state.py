@@ -123,3 +123,34 @@ def test_a_write_that_fails_is_logged_and_the_next_one_goes_through() -> None:
     state.save("kept")
     state.wait(5.0)
     assert [w["data"] for w in record.written] == [b"kept"]
+
+
+def test_a_writer_takes_the_next_save_while_it_lingers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: a writer waits up to ``LINGER`` for the next save after its write, so the
+    saves of a run's calls start no thread each; each save still waits out its delay, and
+    the writer leaves when none came."""
+    monkeypatch.setattr(_prefix_state, "WRITE_DELAY", 0.01)
+    monkeypatch.setattr(_prefix_state, "LINGER", 30.0)
+    record = FakeRecord()
+    state = TextState(record)
+    for k in range(3):
+        state.save(f"v{k}")
+        _written(record, k + 1)
+    assert [w["data"] for w in record.written] == [b"v0", b"v1", b"v2"]
+    assert state.started == 1, "one writer took every save"
+    assert state.delayed == 3, "each save waited out its delay"
+    writer = state.writer
+    assert writer is not None and writer.is_alive()
+    state.wait(5.0)  # ends the wait for the next save
+    assert state.writer is None and not writer.is_alive()
+    monkeypatch.setattr(_prefix_state, "LINGER", 0.01)
+    state.save("v3")
+    _written(record, 4)
+    deadline = time.monotonic() + 10.0
+    while state.writer is not None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert state.writer is None, "a writer that found no save leaves"
+    state.save("v4")
+    state.wait(5.0)
+    assert [w["data"] for w in record.written][-2:] == [b"v3", b"v4"]
+    assert state.started == 3

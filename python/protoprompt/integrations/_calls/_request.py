@@ -40,6 +40,7 @@ __all__ = [
     "RequestCosts",
     "RequestExtras",
     "output_format",
+    "stable_digest",
     "tool_definitions",
 ]
 
@@ -170,6 +171,9 @@ class RequestCosts:
         self._capacity = capacity
         self.counted = 0
         """How many renderings were counted (not found in the cache)."""
+        self._stable: OrderedDict[bytes, bytes] = OrderedDict()
+        self.digested = 0
+        """How many requests' stable digests were computed (not found by their content)."""
 
     def _cost(self, definitions: list[dict[str, Any]], encoding: str, overhead: int) -> int:
         if not definitions:
@@ -202,17 +206,35 @@ class RequestCosts:
         text = output_format(agent)
         schema_tokens = self._cost([text], encoding, 0) if text is not None else 0
         note = _prompt_note(agent)
-        # Stable across processes (the stored prefix compares it after a restart).
-        digest = hashlib.blake2b(
-            json.dumps(
-                [instructions or "", definitions, text], sort_keys=True, default=str
-            ).encode(),
-            digest_size=16,
-        ).digest()
         return RequestExtras(
             instructions=instructions_tokens,
             tools=tools_tokens,
             output_schema=schema_tokens,
             not_counted=(note,) if note else (),
-            digest=digest,
+            digest=self._digest([instructions or "", definitions, text]),
         )
+
+    def _digest(self, request: list[Any]) -> bytes:
+        """The digest of what the call sends besides its items, stable across processes
+        (the stored prefix compares it after a restart): computed once per content, found
+        again by the process's content digest of the same values (key order included, so
+        equal digests render to equal JSON)."""
+        key, _ = _core.digests([request])
+        found = self._stable.get(key)
+        if found is not None:
+            self._stable.move_to_end(key)
+            return found
+        self.digested += 1
+        digest = stable_digest(request)
+        self._stable[key] = digest
+        while len(self._stable) > self._capacity:
+            self._stable.popitem(last=False)
+        return digest
+
+
+def stable_digest(request: list[Any]) -> bytes:
+    """The digest :meth:`RequestCosts.extras` reports for ``[instructions, tool definitions,
+    output format]`` (of their JSON form: the same in every process)."""
+    return hashlib.blake2b(
+        json.dumps(request, sort_keys=True, default=str).encode(), digest_size=16
+    ).digest()

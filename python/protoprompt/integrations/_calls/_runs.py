@@ -256,7 +256,7 @@ class Gather:
         return (
             plan is self.plan
             and len(items) >= self.length
-            and digests[: 16 * self.length] == self.source
+            and digests.startswith(self.source)  # compared in place (no copy of the list's)
         )
 
     def apply(self, items: list[Any], digests: bytes) -> Collapsed:
@@ -425,9 +425,13 @@ class Run:
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
-    """How many leading 16-byte digests ``a`` and ``b`` share (a few slice compares)."""
+    """How many leading 16-byte digests ``a`` and ``b`` share (a few slice compares; the
+    common case, one a prefix of the other, compares in place without copying either)."""
     n = min(len(a), len(b)) // 16
-    if a[: n * 16] == b[: n * 16]:
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    if len(short) == n * 16 and long.startswith(short):
+        return n
+    if len(short) != n * 16 and a[: n * 16] == b[: n * 16]:
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi], in digests
     while hi - lo > 1:

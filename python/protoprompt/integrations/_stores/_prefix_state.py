@@ -27,12 +27,22 @@ import threading
 import zlib
 from typing import Any, Generic, TypeVar
 
-from ... import _process
+from ... import _core, _process
 from ..._storage import Kind, Record
 from ..._storage.records import Field
 from .._calls._planner import RunPrefix
 
-__all__ = ["FORMAT", "KIND", "MAX_BYTES", "PrefixState", "StoredState", "decode", "encode", "of"]
+__all__ = [
+    "FORMAT",
+    "KIND",
+    "MAX_BYTES",
+    "Encoded",
+    "PrefixState",
+    "StoredState",
+    "decode",
+    "encode",
+    "of",
+]
 
 T = TypeVar("T")
 
@@ -54,32 +64,86 @@ it returns and its request goes out first (encoding a request is Python work tha
 the interpreter lock about as long as serialising the request; a writer that ran at once
 took it from the call). Saves within the delay are written once (the latest wins); a wait
 for the write (``close``, exit, a test) ends the delay at once."""
+LINGER = 1.0
+"""Seconds a writer waits for the next save after its last write before it leaves: the
+calls of a run save one after another, and a thread started for each save kept the call
+that saved it waiting until the new thread ran (milliseconds on a busy machine)."""
 
 
 def _binding(record: Record, database_id: str) -> list[str]:
     return [database_id, *record.where]
 
 
-def encode(prefix: RunPrefix, bound: list[str]) -> bytes | None:
-    """The stored form of ``prefix`` (``None``: not JSON, or larger than :data:`MAX_BYTES`)."""
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+class Encoded:
+    """Where a state's writer left the stored form it compressed last, so that the next one
+    (the same request plus what a call appended, most of the time) costs what was appended:
+    the compressor's state after the request's items, their compressed form and their
+    content digests (``_core.digests``: equal digests are equal content in the same key
+    order, so the same JSON). A request whose items start with those items, by content,
+    continues that compression with the JSON of its other items only; any other starts
+    afresh. Used by one writer thread at a time."""
+
+    __slots__ = ("_compressed", "_compressor", "_digests", "_head", "continued", "dumped")
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._digests = b""
+        self._compressor: Any = None
+        self._compressed = b""
+        self.dumped = 0
+        """Items whose JSON form was made, over every encode."""
+        self.continued = 0
+        """Items of the latest encode whose compressed form was continued, not redone."""
+
+    def encode(self, head: bytes, items: list[Any], rest: bytes) -> bytes:
+        """``head + "[" + items' JSON + "]," + rest``, compressed (level 1)."""
+        digests, _ = _core.digests(items)
+        done = self._digests
+        if self._compressor is not None and head == self._head and digests.startswith(done):
+            k = len(done) // 16
+            compressor, out = self._compressor.copy(), self._compressed
+        else:
+            k, compressor, out = 0, zlib.compressobj(1), b""
+            out += compressor.compress(head + b"[")
+        self.continued = k
+        added = b",".join(_JSON.encode(item).encode() for item in items[k:])
+        self.dumped += len(items) - k
+        out += compressor.compress(b"," + added if k and added else added)
+        self._head, self._digests = head, bytes(digests)
+        self._compressor, self._compressed = compressor.copy(), out
+        end: bytes = compressor.compress(b"]," + rest) + compressor.flush()
+        return b"".join([out, end])
+
+
+def encode(prefix: RunPrefix, bound: list[str], kept: Encoded | None = None) -> bytes | None:
+    """The stored form of ``prefix`` (``None``: not JSON, or larger than :data:`MAX_BYTES`);
+    ``kept``: where the same writer's previous encode left off (see :class:`Encoded`)."""
+    record = {
+        "format": FORMAT,
+        "bound": bound,
+        "items": prefix.items,
+        "source_len": prefix.source_len,
+        "request_tokens": prefix.request_tokens,
+        "key": [*prefix.key[:3], list(prefix.key[3]), bytes(prefix.key[4]).hex()],
+        "cut": prefix.cut,
+        "pins": prefix.pins,
+        "copies": {str(i): d.hex() for i, d in prefix.copies.items()},
+    }
     try:
-        raw = json.dumps(
-            {
-                "format": FORMAT,
-                "bound": bound,
-                "items": prefix.items,
-                "source_len": prefix.source_len,
-                "request_tokens": prefix.request_tokens,
-                "key": [*prefix.key[:3], list(prefix.key[3]), bytes(prefix.key[4]).hex()],
-                "cut": prefix.cut,
-                "pins": prefix.pins,
-                "copies": {str(i): d.hex() for i, d in prefix.copies.items()},
-            },
-            separators=(",", ":"),
-        ).encode()
+        if kept is None:
+            data = zlib.compress(_JSON.encode(record).encode(), 1)
+        else:
+            # The same bytes as the whole record's JSON: its fields before the items, the
+            # items, its fields after them.
+            del record["items"]
+            whole = _JSON.encode(record).encode()
+            cut = whole.index(b',"source_len":')
+            data = kept.encode(whole[:cut] + b',"items":', prefix.items, whole[cut + 1 :])
     except (TypeError, ValueError):
         return None  # an item that is not JSON: nothing stored
-    data = zlib.compress(raw, 1)
     return data if len(data) <= MAX_BYTES else None
 
 
@@ -173,6 +237,10 @@ class StoredState(Generic[T]):
         """Set to end the current writer's delay (a wait for its write)."""
         self.delayed = 0
         """Writers whose delay ran out, not ended by a wait (read by tests)."""
+        self.wake = threading.Event()
+        """Set by a save for a writer that waits for one (:data:`LINGER`)."""
+        self.started = 0
+        """Writer threads started (read by tests)."""
         _process.PREFIX_STATES.add(self)
 
     def _encode(self, value: T) -> bytes | None:
@@ -217,6 +285,7 @@ class StoredState(Generic[T]):
         with self.lock:
             self.pending = copy
             if self.writer is not None:
+                self.wake.set()
                 return  # the writer writes it (it leaves only when nothing is pending)
             self.hurry = threading.Event()
             writer = threading.Thread(
@@ -228,6 +297,7 @@ class StoredState(Generic[T]):
                 _log.debug("protoprompt: no writer for the stored %s", self.record.kind.suffix)
                 return
             self.writer = writer
+            self.started += 1
 
     def _write(self, hurry: threading.Event) -> None:
         try:
@@ -244,9 +314,20 @@ class StoredState(Generic[T]):
             with self.lock:
                 value, self.pending = self.pending, None
                 expected = self.version
-                if value is None:
+                if value is None and hurry.is_set():
                     self.writer = None
                     return
+                if value is None:
+                    self.wake.clear()
+            if value is None:
+                # Wait for the next save (a wait for the writer ends this too), then for
+                # its delay; leave when none came.
+                self.wake.wait(LINGER)
+                if self._leave_unless_pending():
+                    return
+                if not hurry.wait(WRITE_DELAY):
+                    self.delayed += 1
+                continue
             try:
                 self._store(value, expected)
             except Exception:  # noqa: BLE001 - a write is best effort: this state is lost
@@ -254,6 +335,14 @@ class StoredState(Generic[T]):
                     "protoprompt: the stored %s was not written", self.record.kind.suffix,
                     exc_info=True,
                 )  # fmt: skip
+
+    def _leave_unless_pending(self) -> bool:
+        """Whether the writer leaves (nothing to write): then it is no longer the writer."""
+        with self.lock:
+            if self.pending is None:
+                self.writer = None
+                return True
+            return False
 
     def _store(self, value: T, expected: int | None) -> None:
         data = self._encode(value)
@@ -291,12 +380,14 @@ class StoredState(Generic[T]):
             writer, hurry = self.writer, self.hurry
         if writer is not None and writer is not threading.current_thread():
             hurry.set()
+            self.wake.set()
             writer.join(timeout)
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
         self.writer = None
         self.hurry = threading.Event()
+        self.wake = threading.Event()
         self.pending = None
 
 
@@ -311,8 +402,13 @@ def wait_all(*states: StoredState[Any] | None) -> None:
 class PrefixState(StoredState[RunPrefix]):
     """The per-call filter's request, stored (see the module's docstring)."""
 
+    def __init__(self, record: Record, database_id: str) -> None:
+        super().__init__(record, database_id)
+        self.encoded = Encoded()
+        """What the writer's previous encode left (read by tests)."""
+
     def _encode(self, value: RunPrefix) -> bytes | None:
-        return encode(value, self.bound)
+        return encode(value, self.bound, self.encoded)
 
     def _decode(self, data: object) -> RunPrefix | None:
         return decode(data, self.bound)
