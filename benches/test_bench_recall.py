@@ -10,7 +10,7 @@ in every run (clean-clone CI on 2 shared cores: 1.24x at 10% and 1.26x at 25% in
 1.14x-1.35x at 10% against 1.28x-1.42x before the recall changes of stop 44; on the
 table's longer conversation 1.36x at 10% and 1.18x-1.30x at 25%), so a ratio between the
 target and ``REGRESSION_RATIO`` is an expected failure that names the ratio, and above it a
-failure. The evidence-reaches-the-request targets are asserted by ``tests/context/test_recall.py``.
+failure. The evidence-reaches-the-request targets are asserted by ``tests/recall/test_recall.py``.
 
 What recall adds to a turn, in CPU time (wall times on 2 shared cores at a load of 5-10
 varied by a third), release build, both trees taking turns, three runs each: the process's

@@ -5,7 +5,7 @@
 #
 #   scripts/services.sh start            # install what is missing (apt-get), start both
 #   eval "$(scripts/services.sh env)"    # export the URLs into this shell
-#   target/dev/bin/python -m pytest tests/context/test_memory.py
+#   target/dev/bin/python -m pytest tests/recall/test_memory.py
 #   scripts/services.sh stop             # stop both, delete their data
 #
 #   scripts/services.sh status           # what runs, where

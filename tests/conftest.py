@@ -232,9 +232,10 @@ class SessionSide:
     """One ``ProtoPromptSession("chat", db)`` with a memory store, a budgeted callback and a
     scripted model per turn (``script(i)``: the model outputs of turn ``i``, its tool is
     :func:`lookup`). Every plan the callback built is recorded in ``plans`` (its items as
-    JSON, then a line of its token totals and decision count), and with windowed reads
+    JSON, then a line of its token totals and decision count), its turn report
+    (``plan.turn``) in ``reports``, and with windowed reads
     each turn's read in ``windows``: the stored items its token window left out, or
-    ``None`` for a full read (from the session's debug state)."""
+    ``None`` for a full read (from the turn's report, ``plan.turn``)."""
 
     def __init__(
         self,
@@ -255,6 +256,13 @@ class SessionSide:
         self.session = ProtoPromptSession("chat", db, **session_options)
         self.plans: list[list[str]] = []
         self.windows: list[int | None] = []
+        # Token windows are in effect: asked for (the default), on a database file, indexed.
+        self._windowed = (
+            session_options.get("windowed_reads", True) is True
+            and session_options.get("incremental") is not False
+            and db != ":memory:"
+        )
+        self.reports: list[Any] = []
         builder = TokenBudgetedContextBuilder(
             self.store, max_tokens=max_tokens, scope=SCOPE, output_reserve=100, policy=policy
         )
@@ -263,15 +271,19 @@ class SessionSide:
         self.callback = self.session.input_callback(
             builder,
             system_prompt="Be brief.",
-            on_plan=lambda plan: self.plans.append(
-                [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
-                + [
-                    f"tokens {plan.pack.used} {plan.pack.history_tokens} "
-                    f"{plan.pack.remaining} {len(plan.pack.decisions)}"
-                ]
-            ),
+            on_plan=self._record,
         )
         self._closed = False
+
+    def _record(self, plan: Any) -> None:
+        self.plans.append(
+            [json.dumps(i, sort_keys=True, default=str) for i in plan.items]
+            + [
+                f"tokens {plan.pack.used} {plan.pack.history_tokens} "
+                f"{plan.pack.remaining} {len(plan.pack.decisions)}"
+            ]
+        )
+        self.reports.append(plan.turn)
 
     def agent(self, i: int) -> Any:
         from agents import Agent
@@ -287,12 +299,12 @@ class SessionSide:
     async def turn(self, i: int, mode: str = "run") -> None:
         """Turn ``i`` through ``Runner.run`` (``mode="run"``), ``run_streamed`` or
         ``run_sync``."""
-        before = self.session._debug_state()
+        before = len(self.reports)
         await self._run(i, mode)
-        after = self.session._debug_state()
-        if after.windowed_reads:
-            windowed = after.window_reads > before.window_reads
-            self.windows.append(after.last_window_offset if windowed else None)
+        if self._windowed:
+            windows = [r for r in self.reports[before:] if r is not None and r.windowed]
+            last = windows[-1] if windows else None
+            self.windows.append(None if last is None else last.history_items - last.read_items)
 
     async def _run(self, i: int, mode: str) -> None:
         from agents import Runner

@@ -15,7 +15,7 @@ unlock what the parent holds). So:
 - at exit, tracked objects with queued work finish it (bounded waits).
 
 This module registers the only ``os.register_at_fork`` and ``atexit`` hooks of the package
-(checked by ``tests/sessions/test_process.py``); each registry below says who fills it.
+(checked by ``tests/storage/test_process.py``); each registry below says who fills it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The Agents SDK, SQLAlchemy's and Redis's sessions of the SDK, its tracing and Fa
 ``RedisSession``, the table and ``AsyncSession`` of a ``SQLAlchemySession``, the validated
 pop of a ``SQLiteSession``... Each is read here, by an accessor named for what it gives,
 and listed in :data:`SEAMS` with the library line that has it, so that
-``tests/sessions/test_seams.py`` checks on each supported SDK line (CI runs 0.22.3, 0.23.1 and
+``tests/package/test_seams.py`` checks on each supported SDK line (CI runs 0.22.3, 0.23.1 and
 0.24.0) that every seam still resolves. Nothing here imports a third-party library: the
 callers pass the objects.
 """

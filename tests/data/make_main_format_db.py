@@ -5,7 +5,7 @@ no masked section).
 It holds one stored session (``"main-format"``) of a tool-heavy agentic history (long
 function outputs, so the builder's default masking and token windows matter), the count store
 the session filled and the index snapshot it wrote after one windowed turn (with the whole
-costs its window walk counted). ``tests/sessions/test_masked_snapshots.py`` opens it with the current
+costs its window walk counted). ``tests/storage/test_masked_snapshots.py`` opens it with the current
 code: the snapshot still loads, and a restart from it sends what a full read sends.
 
 Run with a build of that commit (``python tests/data/make_main_format_db.py``); the file is

@@ -237,9 +237,7 @@ def test_an_old_rule_database_is_never_trusted_for_opaque_payloads(old_db: str) 
         )
         callback = session.input_callback(builder)
         items = await session.get_items()
-        state = session._debug_state()
         # The old snapshot was loaded: its items and graph are reused, its costs are not.
-        assert state.restore_tried and state.snapshot_items == len(items) == 39
         index = session._index_state.index
         assert index.snapshot_costs_dropped == (
             "counted under cost rule 1 (opaque payloads as text): counted again"
@@ -248,7 +246,9 @@ def test_an_old_rule_database_is_never_trusted_for_opaque_payloads(old_db: str) 
         new = [{"role": "user", "content": "And the fourth?"}]
         await callback(items, new)
         plan = builder.last_plan
-        assert plan is not None
+        assert plan is not None and plan.turn is not None
+        assert len(items) == 39
+        assert (plan.turn.snapshot, plan.turn.snapshot_detail) == ("loaded", "39 items")
         session.close()
         return plan, items
 

@@ -6,7 +6,7 @@ stores the same terms, computed here (:func:`stem` on :func:`._ranking.words`), 
 engines match and count the same terms whatever the server's text search configuration.
 :func:`stem` follows FTS5's Porter stemmer step by step, on the word's UTF-8 bytes (bytes
 that are not ASCII vowels count as consonants; words shorter than 3 or longer than 64 bytes
-are kept as they are); ``tests/context/test_memory_history.py`` checks it against SQLite's.
+are kept as they are); ``tests/recall/test_memory_history.py`` checks it against SQLite's.
 """
 
 from __future__ import annotations

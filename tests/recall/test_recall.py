@@ -673,9 +673,8 @@ def test_windowed_reads_and_a_restart_neither_lose_nor_duplicate_records(
         return real_read(db, table, sid, ids)
 
     async def first_process() -> None:
-        for i in range(12):
-            await chat.turn(i)
-        assert chat.session._debug_state().window_reads > 0  # windows before the repair
+        plans = [await chat.turn(i) for i in range(12)]
+        assert any(p.turn.read == "window" for p in plans)  # windows before the repair
         fail["on"] = False
         for i in range(12, 14):
             plan = await chat.turn(i)

@@ -85,9 +85,10 @@ async def _turn_after_restart(
     t = Turns(db, session_id, words=120, **OPTIONS)
     t.n = 100
     history = await t.read()
-    if restored is not None:
-        assert (t.session._debug_state().index_items > 0) is restored
     await t.send(history)
+    if restored is not None:
+        report = t.builder.last_plan.turn
+        assert (report.snapshot == "loaded") is restored, report.snapshot_line()
     await t.turn()
     return t
 

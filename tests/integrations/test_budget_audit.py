@@ -572,11 +572,10 @@ async def test_a_token_window_is_packed_under_the_calibration_it_was_found_under
                 [[reasoning_item(t, 8000), assistant_message(f"answer {t}", item_id=f"m{t}")]]
             ),
         )
-        before = session._debug_state().window_reads
         await Runner.run(agent, f"question {t}", session=session, run_config=config)
-        windowed.append(session._debug_state().window_reads > before)
         plan = builder.last_plan
-        assert plan is not None
+        assert plan is not None and plan.turn is not None
+        windowed.append(plan.turn.windowed)
         history = await session.get_items()
         # Every turn's request is a fresh pack of the stored history under the turn's factor.
         fresh = pp.pack(

@@ -3,7 +3,7 @@
 (PostgreSQL and redis-server: the test servers of scripts/services.sh).
 
 Over SQLAlchemySession and RedisSession the session takes the fast path (its store reads
-the rows with their keys, see tests/sessions/test_session_engines.py); over the others the plain
+the rows with their keys, see tests/storage/test_session_engines.py); over the others the plain
 path (``incremental`` is off: their rows cannot be read the way they read them). Either
 way every request is a fresh pack of what the inner session returns — also after another
 writer changed it, or a branch switch.
