@@ -214,8 +214,7 @@ impl ItemSource for PyItems {
                         });
                     }
                 };
-                let mut path = String::new();
-                match to_value(&item, &mut path, 0) {
+                match to_value(&item) {
                     Ok(v) => values.push(v),
                     Err(e) => {
                         self.cause = e.cause;

@@ -202,8 +202,7 @@ fn learned_scale(samples: Vec<f64>, whole: bool) -> f64 {
 /// The canonical text of an item (what its text cost is counted on).
 #[pyfunction]
 fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
-    let mut path = String::new();
-    let value = to_value(item, &mut path, 0).map_err(|e| e.raise(py, "item"))?;
+    let value = to_value(item).map_err(|e| e.raise(py, "item"))?;
     tokens::canonical(&value, Encoding::O200kBase)
         .map(|c| c.text)
         .map_err(|e| token_error(py, e))
