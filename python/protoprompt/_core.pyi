@@ -279,4 +279,4 @@ class HistoryIndex:
         budget: int,
         options: PackOptions,
         count_store: Any = None,
-    ) -> dict[str, Any]: ...
+    ) -> tuple[int, list[tuple[bytes, int]] | None]: ...  # start, new_counts (with a store)

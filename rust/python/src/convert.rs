@@ -276,6 +276,19 @@ pub(crate) fn classify_items<'py>(
     Ok(metas)
 }
 
+/// Classify `items` in chunks, as the index appends them (`IndexedHistory::append_classified`):
+/// each call classifies the next `count`, labelled from global position `first`.
+pub(crate) fn chunks<'py, I: Iterator<Item = Bound<'py, PyAny>>>(
+    py: Python<'py>,
+    mut items: I,
+    n_history: usize,
+) -> impl FnMut(usize, usize) -> PyResult<Vec<ItemMeta>> + use<'py, I> {
+    move |first, count| {
+        let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(count).collect();
+        classify_items(py, chunk.into_iter(), first, n_history)
+    }
+}
+
 /// The bound items of a list of owned references.
 pub(crate) fn bound<'a, 'py>(
     py: Python<'py>,
