@@ -168,14 +168,13 @@ pub(crate) fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError>
 
 impl<'py> JsonSource for PyValue<'py> {
     type Fault = PyErr;
-    type Entries =
-        std::iter::Map<pyo3::types::iter::BoundDictIterator<'py>, fn(Pair<'py>) -> (Self, Self)>;
-    type Items =
-        std::iter::Map<Bound<'py, PyIterator>, fn(PyResult<Bound<'py, PyAny>>) -> PyResult<Self>>;
+    type Entries = Entries<'py>;
+    type Items = Items<'py>;
 
+    #[inline]
     fn shape(&self, at: &dyn Fn() -> String) -> Result<Shape<'_, Self>, FieldError> {
         let v = &self.0;
-        let entries = |d: &Bound<'py, PyDict>| Shape::Map(d.iter().map(pair as fn(_) -> _));
+        let entries = |d: &Bound<'py, PyDict>| Shape::Map(Entries(d.iter()));
         Ok(if v.is_none() {
             Shape::Null
         } else if let Some(text) = self.text() {
@@ -196,7 +195,7 @@ impl<'py> JsonSource for PyValue<'py> {
             entries(d)
         } else if v.cast::<PyList>().is_ok() || v.cast::<PyTuple>().is_ok() {
             let items = v.try_iter().map_err(|e| Self::failed(at(), e))?;
-            Shape::List(items.map(element as fn(_) -> _))
+            Shape::List(Items(items))
         } else {
             as_dict(v, &at())?.as_ref().map_or(Shape::Other, entries)
         })
@@ -208,14 +207,28 @@ impl<'py> JsonSource for PyValue<'py> {
     }
 }
 
-type Pair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
+/// A dict's entries as [`PyValue`]s.
+pub(crate) struct Entries<'py>(pyo3::types::iter::BoundDictIterator<'py>);
 
-fn pair<'py>((k, v): Pair<'py>) -> (PyValue<'py>, PyValue<'py>) {
-    (PyValue(k), PyValue(v))
+impl<'py> Iterator for Entries<'py> {
+    type Item = (PyValue<'py>, PyValue<'py>);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|(k, v)| (PyValue(k), PyValue(v)))
+    }
 }
 
-fn element(item: PyResult<Bound<'_, PyAny>>) -> PyResult<PyValue<'_>> {
-    item.map(PyValue)
+/// A list's or tuple's elements as [`PyValue`]s.
+pub(crate) struct Items<'py>(Bound<'py, PyIterator>);
+
+impl<'py> Iterator for Items<'py> {
+    type Item = PyResult<PyValue<'py>>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|r| r.map(PyValue))
+    }
 }
 
 /// The encoding a call asked for (see [`Encoding::resolve`]).
