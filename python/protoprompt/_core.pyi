@@ -57,19 +57,8 @@ OPAQUE_SCALE_MIN: float
 
 _Problem: TypeAlias = tuple[str, str, str]
 
-class _UnitDict(TypedDict):
-    members: list[str]
-    positions: list[int]
-    kinds: list[str]
-    valid: bool
-    input_only: bool
-    contains_new: bool
-    problems: list[_Problem]
-
-class _GraphDict(TypedDict):
-    units: list[_UnitDict]
-    n_history: int
-    mandatory_history: list[int]
+# members, positions, kinds, valid, input_only, contains_new, problems
+_UnitTuple: TypeAlias = tuple[list[str], list[int], list[str], bool, bool, bool, list[_Problem]]
 
 @final
 class DecisionTable:
@@ -176,7 +165,7 @@ def learned_scale(samples: list[float], *, whole: bool = False) -> float: ...
 def canonical_text(item: Mapping[str, Any]) -> str: ...
 def analyze(
     history: Iterable[Mapping[str, Any]], new_input: Iterable[Mapping[str, Any]]
-) -> _GraphDict: ...
+) -> tuple[list[_UnitTuple], int, list[int]]: ...  # units, n_history, mandatory_history
 
 @final
 class PackOptions:
@@ -290,4 +279,4 @@ class HistoryIndex:
         budget: int,
         options: PackOptions,
         count_store: Any = None,
-    ) -> dict[str, Any]: ...
+    ) -> tuple[int, list[tuple[bytes, int]] | None]: ...  # start, new_counts (with a store)

@@ -86,20 +86,22 @@ __all__ = [
 
 def analyze(history: Iterable[Item], new_input: Iterable[Item]) -> GraphReport:
     """Split ``history ++ new_input`` into atomic units and report their validity."""
-    raw = _core.analyze(as_list(history, "history"), as_list(new_input, "new_input"))
+    raw, n_history, mandatory_history = _core.analyze(
+        as_list(history, "history"), as_list(new_input, "new_input")
+    )
     units = [
         Unit(
-            members=u["members"],
-            positions=u["positions"],
-            kinds=u["kinds"],
-            valid=u["valid"],
-            input_only=u["input_only"],
-            contains_new=u["contains_new"],
-            problems=problems_of(u["problems"]),
+            members=members,
+            positions=positions,
+            kinds=kinds,
+            valid=valid,
+            input_only=input_only,
+            contains_new=contains_new,
+            problems=problems_of(problems),
         )
-        for u in raw["units"]
+        for members, positions, kinds, valid, input_only, contains_new, problems in raw
     ]
-    return GraphReport(units, raw["n_history"], raw["mandatory_history"])
+    return GraphReport(units, n_history, mandatory_history)
 
 
 def pack(

@@ -358,10 +358,12 @@ ProtoPromptSession` keeps its index in step with the session store for you.
         if options.history_offset != history_offset:
             options = options.replace(history_offset=history_offset)
         store = self.count_store
-        raw = self._index.count_window(as_list(history, "history"), limit, options, store)
-        if store is not None and raw.get("new_counts"):
-            store.put_many(raw["new_counts"])
-        return int(raw["start"])
+        start, new_counts = self._index.count_window(
+            as_list(history, "history"), limit, options, store
+        )
+        if store is not None and new_counts:
+            store.put_many(new_counts)
+        return start
 
 
 def _cost_options(

@@ -325,6 +325,14 @@ impl Graph {
         };
         self.units.iter().map(report).collect()
     }
+
+    /// The graph as an embedding returns it (`analyze`): each unit's report as a tuple
+    /// ([`UnitReport::into_tuple`]), `n_history` and [`Graph::mandatory_history`].
+    pub fn report_parts(&self, metas: &[ItemMeta]) -> (Vec<UnitTuple>, usize, Vec<usize>) {
+        let units = self.unit_reports(metas).into_iter();
+        let units = units.map(UnitReport::into_tuple).collect();
+        (units, self.n_history, self.mandatory_history())
+    }
 }
 
 /// One unit of a [`Graph`] as an embedding reports it ([`Graph::unit_reports`]): its
@@ -339,6 +347,41 @@ pub struct UnitReport {
     pub input_only: bool,
     pub contains_new: bool,
     pub problems: Vec<(&'static str, &'static str, String)>,
+}
+
+/// A [`UnitReport`] in its fields' order, as an embedding hands it out: `(members,
+/// positions, kinds, valid, input_only, contains_new, problems)`.
+pub type UnitTuple = (
+    Vec<String>,
+    Vec<usize>,
+    Vec<&'static str>,
+    bool,
+    bool,
+    bool,
+    Vec<(&'static str, &'static str, String)>,
+);
+
+impl UnitReport {
+    pub fn into_tuple(self) -> UnitTuple {
+        let UnitReport {
+            members,
+            positions,
+            kinds,
+            valid,
+            input_only,
+            contains_new,
+            problems,
+        } = self;
+        (
+            members,
+            positions,
+            kinds,
+            valid,
+            input_only,
+            contains_new,
+            problems,
+        )
+    }
 }
 
 /// How messages name a global position of H ++ N with `n_history` history items:

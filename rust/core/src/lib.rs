@@ -11,6 +11,7 @@ pub mod graph;
 pub mod incremental;
 pub mod indexed;
 pub mod items;
+pub mod json;
 pub mod mask;
 pub mod mask_cache;
 pub mod masked_field;

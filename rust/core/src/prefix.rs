@@ -132,14 +132,16 @@ pub struct PrefixState {
     pub kept: Digest,
 }
 
+/// A [`PrefixState`] as an embedding holds it: `(cut, end, masked, pinned, before_cut,
+/// kept)`.
+pub type StateParts = (usize, usize, Vec<usize>, Vec<usize>, Vec<u8>, Vec<u8>);
+
 impl PrefixState {
     /// A state handed back by an embedding: its digests must be [`Digest`]-sized.
     pub fn from_parts(
-        (cut, end, masked, pinned): (usize, usize, Vec<usize>, Vec<usize>),
-        before_cut: &[u8],
-        kept: &[u8],
+        (cut, end, masked, pinned, before_cut, kept): StateParts,
     ) -> Result<PrefixState, String> {
-        let digest = |bytes: &[u8]| -> Result<Digest, String> {
+        let digest = |bytes: Vec<u8>| -> Result<Digest, String> {
             bytes
                 .try_into()
                 .map_err(|_| "previous: a state digest must be 16 bytes".to_string())
@@ -152,6 +154,19 @@ impl PrefixState {
             before_cut: digest(before_cut)?,
             kept: digest(kept)?,
         })
+    }
+
+    /// The state as an embedding holds it ([`PrefixState::from_parts`] reads it back).
+    pub fn into_parts(self) -> StateParts {
+        let (before_cut, kept) = (self.before_cut.to_vec(), self.kept.to_vec());
+        (
+            self.cut,
+            self.end,
+            self.masked,
+            self.pinned,
+            before_cut,
+            kept,
+        )
     }
 }
 
@@ -656,6 +671,93 @@ impl PrefixPlan {
             Some(&p) if p < n => format!("history[{p}]"),
             _ => "the new input".to_string(),
         })
+    }
+}
+
+/// A [`PrefixPlan`] as an embedding returns it: `(kept_history, copies, request_tokens,
+/// shared_tokens, reason_code, reason, cut_position, state)`, the copies converted by `C`.
+pub type PlanParts<C> = (
+    Vec<usize>,
+    Vec<(usize, C)>,
+    u64,
+    u64,
+    &'static str,
+    String,
+    Option<usize>,
+    StateParts,
+);
+
+impl PrefixPlan {
+    /// The plan as an embedding returns it, each masked copy converted by `convert`.
+    pub fn into_parts<C, E>(
+        self,
+        convert: impl Fn(&serde_json::Value) -> Result<C, E>,
+    ) -> Result<PlanParts<C>, E> {
+        let (reason, cut_position) = (self.describe(), self.cut_position());
+        let copies = self.copies.iter().map(|(p, v)| Ok((*p, convert(v)?)));
+        let d = self.decision;
+        Ok((
+            self.kept_history,
+            copies.collect::<Result<_, E>>()?,
+            d.request_tokens,
+            d.shared_tokens,
+            d.reason.code(),
+            reason,
+            cut_position,
+            d.state.into_parts(),
+        ))
+    }
+}
+
+/// The options of one [`plan_prefix_values`] call as an embedding passes them, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixCall {
+    pub opts: PackOptions,
+    pub excerpt_tokens: u64,
+    pub policy: CachePolicy,
+}
+
+impl PrefixCall {
+    /// The call's options: `low_water` ([`CachePolicy::checked`]) and `excerpt_tokens`
+    /// ([`crate::mask::Masking::checked`]) are checked, in that order.
+    pub fn checked(
+        (budget, output_reserve, context_tokens): (u64, u64, u64),
+        low_water: f64,
+        keep_recent: usize,
+        excerpt_tokens: u64,
+    ) -> Result<PrefixCall, String> {
+        let policy = CachePolicy::checked(low_water, keep_recent)?;
+        crate::mask::Masking::checked(excerpt_tokens, None)?;
+        let opts = PackOptions {
+            budget,
+            output_reserve,
+            context_tokens,
+            ..PackOptions::default()
+        };
+        Ok(PrefixCall {
+            opts,
+            excerpt_tokens,
+            policy,
+        })
+    }
+
+    /// [`plan_prefix_values`] with these options.
+    pub fn plan(
+        &self,
+        (history, new_input): (&[serde_json::Value], &[serde_json::Value]),
+        encoding: crate::tokens::Encoding,
+        previous: Option<&PrefixState>,
+    ) -> Result<PrefixPlan, PackError> {
+        let (opts, excerpt) = (&self.opts, self.excerpt_tokens);
+        plan_prefix_values(
+            history,
+            new_input,
+            encoding,
+            opts,
+            excerpt,
+            self.policy,
+            previous,
+        )
     }
 }
 

@@ -318,4 +318,20 @@ fn a_graph_reports_its_units_with_labels_kinds_and_problems() {
     let mut members: Vec<usize> = reports.iter().flat_map(|r| r.positions.clone()).collect();
     members.sort_unstable();
     assert_eq!(members, (0..all.len()).collect::<Vec<_>>());
+    // As an embedding returns it: the same reports as tuples, then the history's length
+    // and the history positions the new input needs.
+    let (units, n_history, mandatory) = graph.report_parts(&all);
+    let tuples: Vec<_> = reports.iter().map(|r| r.clone().into_tuple()).collect();
+    assert_eq!(units, tuples);
+    assert_eq!(
+        (n_history, mandatory),
+        (items.len(), graph.mandatory_history())
+    );
+    let (members, positions, kinds, valid, input_only, contains_new, problems) = &units[0];
+    assert_eq!(
+        (members, positions, kinds),
+        (&first.members, &first.positions, &first.kinds)
+    );
+    assert_eq!((*valid, *input_only, *contains_new), (true, false, false));
+    assert!(problems.is_empty());
 }

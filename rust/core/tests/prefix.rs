@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use protoprompt_core::pack::{PackError, PackOptions};
 use protoprompt_core::prefix::{
-    decide, plan_prefix_values, CachePolicy, PrefixDecision, PrefixError, PrefixReason,
+    decide, plan_prefix_values, CachePolicy, PrefixCall, PrefixDecision, PrefixError, PrefixReason,
     PrefixState, PrefixUnit,
 };
 use protoprompt_core::tokens::Encoding;
@@ -380,6 +380,48 @@ fn json_errors_name_the_item() {
     let err =
         plan_prefix_values(&[], &bad, Encoding::O200kBase, &opts, 32, policy, None).unwrap_err();
     assert!(matches!(err, PackError::Item { .. }), "{err:?}");
+}
+
+#[test]
+fn an_embedding_call_checks_its_options_and_returns_parts() {
+    let err = PrefixCall::checked((1_000, 0, 0), 0.0, 3, 32).unwrap_err();
+    assert!(err.starts_with("low_water must be a fraction"), "{err}");
+    let err = PrefixCall::checked((1_000, 0, 0), 1.5, 3, 1).unwrap_err();
+    assert!(err.starts_with("low_water"), "{err}"); // low_water first
+    let err = PrefixCall::checked((1_000, 0, 0), 0.7, 3, 1).unwrap_err();
+    assert!(
+        err.starts_with("masking.excerpt_tokens must be at least"),
+        "{err}"
+    );
+    let call = PrefixCall::checked((3_000, 100, 0), 0.7, 2, 32).unwrap();
+    let (opts, policy) = (&call.opts, call.policy);
+    assert_eq!(
+        (opts.budget, opts.output_reserve, opts.context_tokens),
+        (3_000, 100, 0)
+    );
+    let (history, new) = (session(10), vec![msg("user", "next")]);
+    let want = plan_prefix_values(&history, &new, Encoding::O200kBase, opts, 32, policy, None);
+    let plan = call
+        .plan((&history, &new), Encoding::O200kBase, None)
+        .unwrap();
+    assert_eq!(plan, want.unwrap());
+    let (reason, cut) = (plan.describe(), plan.cut_position());
+    let d = plan.decision.clone();
+    let parts = plan.clone().into_parts(|v| Ok::<_, ()>(v.clone())).unwrap();
+    assert_eq!(parts.0, plan.kept_history);
+    assert_eq!(parts.1, plan.copies);
+    assert_eq!(
+        (parts.2, parts.3, parts.4),
+        (d.request_tokens, d.shared_tokens, d.reason.code())
+    );
+    assert_eq!((parts.5, parts.6), (reason, cut));
+    // The state goes out and comes back as it was; a digest of another size is refused.
+    assert_eq!(PrefixState::from_parts(parts.7.clone()), Ok(d.state));
+    let mut short = parts.7;
+    short.5.pop();
+    let err = PrefixState::from_parts(short).unwrap_err();
+    assert_eq!(err, "previous: a state digest must be 16 bytes");
+    assert_eq!(plan.into_parts(|_| Err::<(), _>("no")), Err("no"));
 }
 
 /// One generated call: steps appended (whole, masked costs), then whether a user turn opens.

@@ -5,11 +5,14 @@ use crate::errors::{item_error, token_error};
 use protoprompt_core::items::{
     GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };
-use protoprompt_core::tokens::{self, Encoding, OpaqueScale, MAX_DEPTH};
+use protoprompt_core::json::{json_item, json_value, JsonSource, Shape};
+use protoprompt_core::tokens::{Encoding, OpaqueScale};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
-use serde_json::{Map, Number, Value};
+use pyo3::types::{
+    PyBool, PyDict, PyFloat, PyInt, PyIterator, PyList, PyMapping, PyString, PyTuple,
+};
+use serde_json::Value;
 
 /// A readable name of a Python value's type for error messages.
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -163,130 +166,69 @@ pub(crate) fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError>
     fields.read()
 }
 
-/// Convert a JSON-like Python value to serde_json, naming the field path on failure.
-///
-/// Only Python code of the item itself can run meanwhile (a list subclass's `__iter__`, a
-/// mapping's `items()`); if it changes a dict being read, PyO3's iterator panics: the
-/// panic is caught (silently) and reported as an error naming the item.
-pub(crate) fn to_value(
-    obj: &Bound<'_, PyAny>,
-    path: &mut String,
-    depth: usize,
-) -> Result<Value, FieldError> {
-    let saved = path.len();
-    let caught = tokens::quietly(std::panic::AssertUnwindSafe(|| value_of(obj, path, depth)));
-    caught.unwrap_or_else(|_| {
-        path.truncate(saved);
-        Err(FieldError::new(
-            "(item)",
-            "changed while it was being read (by its own code or another thread)",
-        ))
-    })
+impl<'py> JsonSource for PyValue<'py> {
+    type Fault = PyErr;
+    type Entries = Entries<'py>;
+    type Items = Items<'py>;
+
+    #[inline]
+    fn shape(&self, at: &dyn Fn() -> String) -> Result<Shape<'_, Self>, FieldError> {
+        let v = &self.0;
+        let entries = |d: &Bound<'py, PyDict>| Shape::Map(Entries(d.iter()));
+        Ok(if v.is_none() {
+            Shape::Null
+        } else if let Some(text) = self.text() {
+            Shape::Text(text)
+        } else if let Ok(b) = v.cast::<PyBool>() {
+            Shape::Bool(b.is_true())
+        } else if v.cast::<PyInt>().is_ok() {
+            if let Ok(i) = v.extract::<i64>() {
+                Shape::Int(i)
+            } else if let Ok(u) = v.extract::<u64>() {
+                Shape::UInt(u)
+            } else {
+                Shape::BigInt(v.str().map_err(|e| Self::failed(at(), e))?.to_string())
+            }
+        } else if let Ok(f) = v.cast::<PyFloat>() {
+            Shape::Float(f.value())
+        } else if let Ok(d) = v.cast::<PyDict>() {
+            entries(d)
+        } else if v.cast::<PyList>().is_ok() || v.cast::<PyTuple>().is_ok() {
+            let items = v.try_iter().map_err(|e| Self::failed(at(), e))?;
+            Shape::List(Items(items))
+        } else {
+            as_dict(v, &at())?.as_ref().map_or(Shape::Other, entries)
+        })
+    }
+
+    fn failed(field: String, e: PyErr) -> FieldError {
+        let message = e.to_string();
+        FieldError::caused(field, message, e)
+    }
 }
 
-pub(crate) fn value_of(
-    obj: &Bound<'_, PyAny>,
-    path: &mut String,
-    depth: usize,
-) -> Result<Value, FieldError> {
-    let here = |path: &String| {
-        if path.is_empty() {
-            "(item)".to_string()
-        } else {
-            path.clone()
-        }
-    };
-    if depth > MAX_DEPTH {
-        return Err(FieldError::new(
-            here(path),
-            format!("nesting deeper than {MAX_DEPTH} levels"),
-        ));
+/// A dict's entries as [`PyValue`]s.
+pub(crate) struct Entries<'py>(pyo3::types::iter::BoundDictIterator<'py>);
+
+impl<'py> Iterator for Entries<'py> {
+    type Item = (PyValue<'py>, PyValue<'py>);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|(k, v)| (PyValue(k), PyValue(v)))
     }
-    if obj.is_none() {
-        return Ok(Value::Null);
+}
+
+/// A list's or tuple's elements as [`PyValue`]s.
+pub(crate) struct Items<'py>(Bound<'py, PyIterator>);
+
+impl<'py> Iterator for Items<'py> {
+    type Item = PyResult<PyValue<'py>>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|r| r.map(PyValue))
     }
-    if let Ok(s) = obj.cast::<PyString>() {
-        return s
-            .to_str()
-            .map(|s| Value::String(s.to_string()))
-            .map_err(|_| FieldError::new(here(path), "is not valid UTF-8 text (lone surrogate?)"));
-    }
-    if let Ok(b) = obj.cast::<PyBool>() {
-        return Ok(Value::Bool(b.is_true()));
-    }
-    if obj.cast::<PyInt>().is_ok() {
-        if let Ok(i) = obj.extract::<i64>() {
-            return Ok(Value::Number(i.into()));
-        }
-        if let Ok(u) = obj.extract::<u64>() {
-            return Ok(Value::Number(u.into()));
-        }
-        // Arbitrary-size integer: keep its exact decimal text (it is counted as text).
-        return obj
-            .str()
-            .map(|s| Value::String(s.to_string()))
-            .map_err(|e| {
-                let message = e.to_string();
-                FieldError::caused(here(path), message, e)
-            });
-    }
-    if let Ok(f) = obj.cast::<PyFloat>() {
-        let v = f.value();
-        return Number::from_f64(v).map(Value::Number).ok_or_else(|| {
-            FieldError::new(
-                here(path),
-                format!("{v} is not a JSON number (NaN or infinity)"),
-            )
-        });
-    }
-    if let Ok(d) = obj.cast::<PyDict>() {
-        let mut map = Map::new();
-        for (k, v) in d.iter() {
-            let key = match k.cast::<PyString>() {
-                Ok(s) => s
-                    .to_str()
-                    .map_err(|_| FieldError::new(here(path), "has a key that is not valid UTF-8"))?
-                    .to_string(),
-                Err(_) => {
-                    return Err(FieldError::new(
-                        here(path),
-                        format!("has a non-string key of type {}", type_name(&k)),
-                    ))
-                }
-            };
-            let saved = path.len();
-            if !path.is_empty() {
-                path.push('.');
-            }
-            path.push_str(&key);
-            let value = value_of(&v, path, depth + 1)?;
-            path.truncate(saved);
-            map.insert(key, value);
-        }
-        return Ok(Value::Object(map));
-    }
-    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
-        let failed = |path: &String, e: PyErr| {
-            let message = e.to_string();
-            FieldError::caused(here(path), message, e)
-        };
-        let mut out = Vec::new();
-        for (i, v) in obj.try_iter().map_err(|e| failed(path, e))?.enumerate() {
-            let v = v.map_err(|e| failed(path, e))?;
-            let saved = path.len();
-            path.push_str(&format!("[{i}]"));
-            out.push(value_of(&v, path, depth + 1)?);
-            path.truncate(saved);
-        }
-        return Ok(Value::Array(out));
-    }
-    if let Some(d) = as_dict(obj, &here(path))? {
-        return value_of(d.as_any(), path, depth);
-    }
-    Err(FieldError::new(
-        here(path),
-        format!("{} is not a JSON value", type_name(obj)),
-    ))
 }
 
 /// The encoding a call asked for (see [`Encoding::resolve`]).
@@ -298,16 +240,14 @@ pub(crate) fn encoding_of(
     Encoding::resolve(model, encoding).map_err(|e| token_error(py, e))
 }
 
-/// One item as a JSON value: it must be a mapping (dict); errors name it `label`.
+/// One item as a JSON value ([`json_item`]): errors name it `label`.
 pub(crate) fn item_value(py: Python<'_>, item: &Bound<'_, PyAny>, label: &str) -> PyResult<Value> {
-    if as_dict(item, "(item)")
-        .map_err(|e| e.raise(py, label))?
-        .is_none()
-    {
-        let message = format!("an item must be a mapping (dict), got {}", type_name(item));
-        return Err(item_error(py, label, "(item)", &message));
-    }
-    to_value(item, &mut String::new(), 0).map_err(|e| e.raise(py, label))
+    json_item(&PyValue(item.clone())).map_err(|e| e.raise(py, label))
+}
+
+/// A Python value as a JSON value ([`json_value`]).
+pub(crate) fn to_value(obj: &Bound<'_, PyAny>) -> Result<Value, FieldError> {
+    json_value(&PyValue(obj.clone()))
 }
 
 /// The calibration of opaque payloads a caller asked for ([`OpaqueScale::checked`]).
@@ -347,6 +287,19 @@ pub(crate) fn classify_items<'py>(
         metas.push(ItemMeta::new(raw));
     }
     Ok(metas)
+}
+
+/// Classify `items` in chunks, as the index appends them (`IndexedHistory::append_classified`):
+/// each call classifies the next `count`, labelled from global position `first`.
+pub(crate) fn chunks<'py, I: Iterator<Item = Bound<'py, PyAny>>>(
+    py: Python<'py>,
+    mut items: I,
+    n_history: usize,
+) -> impl FnMut(usize, usize) -> PyResult<Vec<ItemMeta>> + use<'py, I> {
+    move |first, count| {
+        let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(count).collect();
+        classify_items(py, chunk.into_iter(), first, n_history)
+    }
 }
 
 /// The bound items of a list of owned references.

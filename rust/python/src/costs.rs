@@ -8,7 +8,7 @@ use protoprompt_core::reads::{CallReads, ReadFrom};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList};
 use serde_json::Value;
 
 /// The items of one call, read by position from the caller's lists under the GIL (where
@@ -50,7 +50,7 @@ impl PyCountStore {
         let secret: [u8; 16] = secret
             .extract::<Vec<u8>>()
             .ok()
-            .filter(|_| secret.is_instance_of::<pyo3::types::PyBytes>())
+            .filter(|_| secret.is_instance_of::<PyBytes>())
             .and_then(|v| v.try_into().ok())
             .ok_or_else(|| PyTypeError::new_err("count_store.secret must be 16 bytes"))?;
         if !store
@@ -71,7 +71,7 @@ impl PyCountStore {
     /// The stored counts of `keys` (`None` where the store has none), under the GIL.
     pub(crate) fn ask(&self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
         Python::attach(|py| {
-            let list = PyList::new(py, keys.iter().map(|k| pyo3::types::PyBytes::new(py, k)))?;
+            let list = PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))?;
             let answer = self
                 .store
                 .bind(py)
@@ -117,8 +117,15 @@ impl CountStore for PyCountStore {
     }
 }
 
-/// What a call did with its count store, as the result's `new_counts` and `store_hits`;
-/// the store's own exception if it failed.
+/// A call's new counts as `(key, tokens)` pairs to write to its count store.
+pub(crate) type NewCounts<'py> = Vec<(Bound<'py, PyBytes>, u64)>;
+
+pub(crate) fn new_counts<'py>(py: Python<'py>, tally: &StoreTally) -> NewCounts<'py> {
+    let pairs = tally.new_counts.iter();
+    pairs.map(|(k, n)| (PyBytes::new(py, k), *n)).collect()
+}
+
+/// What a call did with its count store, as the result's `new_counts` and `store_hits`.
 pub(crate) fn store_outcome(
     py: Python<'_>,
     out: &Bound<'_, PyDict>,
@@ -127,13 +134,8 @@ pub(crate) fn store_outcome(
     let Some((_, tally)) = link else {
         return Ok(());
     };
-    let pairs = tally
-        .new_counts
-        .iter()
-        .map(|(k, n)| (pyo3::types::PyBytes::new(py, k), *n));
-    out.set_item("new_counts", PyList::new(py, pairs)?)?;
-    out.set_item("store_hits", tally.hits)?;
-    Ok(())
+    out.set_item("new_counts", new_counts(py, &tally))?;
+    out.set_item("store_hits", tally.hits)
 }
 
 impl PyItems {
@@ -178,6 +180,18 @@ impl PyItems {
         Ok(obj)
     }
 
+    /// The object at `p` as [`PyItems::item`] reads it, an error naming it if it cannot be
+    /// read (its exception the cause).
+    fn readable<'py>(
+        &mut self,
+        py: Python<'py>,
+        p: usize,
+        keep: bool,
+    ) -> Result<Bound<'py, PyAny>, FieldError> {
+        self.item(py, p, keep)
+            .map_err(|e| FieldError::caused("(item)", self.reads.unreadable(p), e))
+    }
+
     /// The kept history objects followed by every new-input object: what the caller sends.
     pub(crate) fn request<'py>(
         &mut self,
@@ -187,10 +201,8 @@ impl PyItems {
         let mut out = Vec::with_capacity(kept.len() + self.new_input.len());
         for &p in kept {
             // Read once, here: nothing to keep it for.
-            out.push(self.item(py, p, false).map_err(|e| {
-                let label = label(self.reads.n_history(), p);
-                FieldError::caused("(item)", self.reads.unreadable(p), e).raise(py, &label)
-            })?);
+            let item = self.readable(py, p, false);
+            out.push(item.map_err(|e| e.raise(py, &label(self.reads.n_history(), p)))?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
         PyList::new(py, out)
@@ -200,34 +212,18 @@ impl PyItems {
 impl ItemSource for PyItems {
     fn values(&mut self, positions: &[usize]) -> Result<Vec<Value>, CostFailure> {
         Python::attach(|py| {
-            let mut values = Vec::with_capacity(positions.len());
-            for &p in positions {
-                let item = match self.item(py, p, true) {
-                    Ok(item) => item,
-                    Err(e) => {
-                        let message = self.reads.unreadable(p).to_string();
-                        self.cause = Some(e);
-                        return Err(CostFailure {
-                            position: p,
-                            field: "(item)".to_string(),
-                            message,
-                        });
+            let mut value = |p: usize| {
+                let read = self.readable(py, p, true).and_then(|item| to_value(&item));
+                read.map_err(|e| {
+                    self.cause = e.cause;
+                    CostFailure {
+                        position: p,
+                        field: e.field,
+                        message: e.message,
                     }
-                };
-                let mut path = String::new();
-                match to_value(&item, &mut path, 0) {
-                    Ok(v) => values.push(v),
-                    Err(e) => {
-                        self.cause = e.cause;
-                        return Err(CostFailure {
-                            position: p,
-                            field: e.field,
-                            message: e.message,
-                        });
-                    }
-                }
-            }
-            Ok(values)
+                })
+            };
+            positions.iter().map(|&p| value(p)).collect()
         })
     }
 }

@@ -2,8 +2,8 @@
 //! [`IndexedHistory`] (graph, kinds, token costs, live decision tables), extended between
 //! calls. This module only reads the Python arguments, releases the GIL and maps errors.
 
-use crate::convert::{bound, classify_items, item_seq};
-use crate::costs::{store_outcome, PyCountStore, PyItems};
+use crate::convert::{bound, chunks, classify_items, item_seq};
+use crate::costs::{new_counts, store_outcome, NewCounts, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error};
 use crate::pack::{result_dict, run_pack, PyPackOptions};
@@ -37,15 +37,12 @@ impl PyHistoryIndex {
     pub(crate) fn classify_into<'py>(
         &mut self,
         py: Python<'py>,
-        mut items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+        items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
         n_history: usize,
     ) -> PyResult<()> {
         let total = items.len();
-        let classify = |first: usize, count: usize| {
-            let chunk: Vec<Bound<'py, PyAny>> = items.by_ref().take(count).collect();
-            classify_items(py, chunk.into_iter(), first, n_history)
-        };
         let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
+        let classify = chunks(py, items, n_history);
         self.inner.append_classified(total, classify, &blocking)
     }
 }
@@ -262,8 +259,8 @@ impl PyHistoryIndex {
     /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
     /// window from exact costs rather than lower bounds. `history` holds the indexed history
     /// from `history_offset` on (positions before it keep their lower bound); returns the
-    /// window start for this history, and with `count_store`, `new_counts` and `store_hits`
-    /// as `pack` does.
+    /// window start for this history and, with `count_store`, the `new_counts` to write to
+    /// it as `pack` does (else `None`).
     /// With `masking`, the masked costs of the units walked are counted too (for a
     /// `window_start` with the same masking).
     #[pyo3(signature = (history, budget, options, count_store=None))]
@@ -274,7 +271,7 @@ impl PyHistoryIndex {
         budget: u64,
         options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<(usize, Option<NewCounts<'py>>)> {
         let o = &options.get().core;
         let n = self.inner.len();
         indexed_span(n, history.len(), o.history_offset).map_err(|e| span_error(py, e))?;
@@ -283,10 +280,7 @@ impl PyHistoryIndex {
         let inner = &mut self.inner;
         let end = py.detach(|| inner.count_window_call(items, store, o, budget));
         let (start, _, link) = settle(py, end, None)?;
-        let out = PyDict::new(py);
-        out.set_item("start", start)?;
-        store_outcome(py, &out, link)?;
-        Ok(out)
+        Ok((start, link.map(|(_, tally)| new_counts(py, &tally))))
     }
 }
 
@@ -342,12 +336,8 @@ impl PyHistoryIndex {
     ) -> PyResult<Bound<'py, PyDict>> {
         let o = options.get();
         let (indexed, n_history) = (self.inner.len(), self.inner.len() + fresh.len());
-        let mut fresh_items = fresh.iter();
-        let classify = |first: usize, count: usize| {
-            let chunk: Vec<Bound<'py, PyAny>> = fresh_items.by_ref().take(count).collect();
-            classify_items(py, chunk.into_iter(), first, n_history)
-        };
         let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
+        let classify = chunks(py, fresh.iter(), n_history);
         let appended = self.inner.append_fresh(fresh.len(), classify, &blocking)?;
         let items = PyItems::new(history, o.core.history_offset, fresh, indexed, new_items);
         let inner = &mut self.inner;

@@ -7,12 +7,10 @@
 //! the cargo feature `test-hooks` only.
 
 use protoprompt_core::calibration;
-use protoprompt_core::graph::{build_graph, Graph};
-use protoprompt_core::items::ItemMeta;
+use protoprompt_core::graph::{build_graph, UnitTuple};
 use protoprompt_core::tokens::{self, Encoding};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 
 mod alloc;
 mod convert;
@@ -202,47 +200,23 @@ fn learned_scale(samples: Vec<f64>, whole: bool) -> f64 {
 /// The canonical text of an item (what its text cost is counted on).
 #[pyfunction]
 fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
-    let mut path = String::new();
-    let value = to_value(item, &mut path, 0).map_err(|e| e.raise(py, "item"))?;
+    let value = to_value(item).map_err(|e| e.raise(py, "item"))?;
     tokens::canonical(&value, Encoding::O200kBase)
         .map(|c| c.text)
         .map_err(|e| token_error(py, e))
 }
 
-fn graph_dict<'py>(
-    py: Python<'py>,
-    graph: &Graph,
-    metas: &[ItemMeta],
-) -> PyResult<Bound<'py, PyDict>> {
-    let units = PyList::empty(py);
-    for unit in graph.unit_reports(metas) {
-        let d = PyDict::new(py);
-        d.set_item("members", unit.members)?;
-        d.set_item("positions", unit.positions)?;
-        d.set_item("kinds", unit.kinds)?;
-        d.set_item("valid", unit.valid)?;
-        d.set_item("input_only", unit.input_only)?;
-        d.set_item("contains_new", unit.contains_new)?;
-        d.set_item("problems", unit.problems)?;
-        units.append(d)?;
-    }
-    let out = PyDict::new(py);
-    out.set_item("units", units)?;
-    out.set_item("n_history", graph.n_history)?;
-    out.set_item("mandatory_history", graph.mandatory_history())?;
-    Ok(out)
-}
-
-/// Split `history ++ new_input` into atomic units (no counting).
+/// Split `history ++ new_input` into atomic units (no counting): `(units, n_history,
+/// mandatory_history)`, each unit as `Graph::report_parts` hands it out.
 #[pyfunction]
 fn analyze<'py>(
     py: Python<'py>,
     history: &Bound<'py, PyAny>,
     new_input: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyDict>> {
+) -> PyResult<(Vec<UnitTuple>, usize, Vec<usize>)> {
     let (_items, metas, n_history) = classify_all(py, history, new_input)?;
     let graph = py.detach(|| build_graph(&metas[..n_history], &metas[n_history..]));
-    graph_dict(py, &graph, &metas)
+    Ok(graph.report_parts(&metas))
 }
 
 #[pymodule]

@@ -1,31 +1,14 @@
 //! The cache-stable prefix decision from Python (`protoprompt._core.plan_prefix`): items and
-//! the previous state converted in, [`protoprompt_core::prefix::plan_prefix_values`] run
-//! without the GIL, the plan converted out. The decision is the core's.
+//! the previous state converted in, [`PrefixCall::plan`] run without the GIL, the plan
+//! converted out. The checks and the decision are the core's.
 
-use protoprompt_core::pack::PackOptions;
-use protoprompt_core::prefix::{plan_prefix_values, CachePolicy, PrefixState};
+use protoprompt_core::prefix::{PlanParts, PrefixCall, PrefixState, StateParts};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde_json::Value;
 
 use crate::convert::{encoding_of, item_seq, item_value, label, to_py};
 use crate::errors::pack_error;
-
-/// The state as Python sees it: `(cut, end, masked, pinned, before_cut, kept)`.
-type StateTuple = (usize, usize, Vec<usize>, Vec<usize>, Vec<u8>, Vec<u8>);
-
-/// The plan: `(kept_history, copies, request_tokens, shared_tokens, reason_code, reason,
-/// cut_position, state)`.
-type PlanTuple<'py> = (
-    Vec<usize>,
-    Vec<(usize, Bound<'py, PyAny>)>,
-    u64,
-    u64,
-    &'static str,
-    String,
-    Option<usize>,
-    StateTuple,
-);
 
 fn values(
     py: Python<'_>,
@@ -55,67 +38,20 @@ pub(crate) fn plan_prefix<'py>(
     low_water: f64,
     keep_recent: usize,
     excerpt_tokens: u64,
-    previous: Option<StateTuple>,
+    previous: Option<StateParts>,
     model: Option<&str>,
     encoding: Option<&str>,
-) -> PyResult<PlanTuple<'py>> {
+) -> PyResult<PlanParts<Bound<'py, PyAny>>> {
     let enc = encoding_of(py, model, encoding)?;
-    let policy = CachePolicy::checked(low_water, keep_recent).map_err(PyValueError::new_err)?;
-    protoprompt_core::mask::Masking::checked(excerpt_tokens, None)
+    let reserve = (budget, output_reserve, context_tokens);
+    let call = PrefixCall::checked(reserve, low_water, keep_recent, excerpt_tokens)
         .map_err(PyValueError::new_err)?;
     let n_history = item_seq(history, "history")?.len();
     let history = values(py, history, "history", 0, n_history)?;
     let new_input = values(py, new_input, "new_input", n_history, n_history)?;
-    let previous = previous
-        .map(|(cut, end, masked, pinned, before_cut, kept)| {
-            PrefixState::from_parts((cut, end, masked, pinned), &before_cut, &kept)
-        })
-        .transpose()
-        .map_err(PyValueError::new_err)?;
-    let opts = PackOptions {
-        budget,
-        output_reserve,
-        context_tokens,
-        ..PackOptions::default()
-    };
-    let plan = py
-        .detach(|| {
-            plan_prefix_values(
-                &history,
-                &new_input,
-                enc,
-                &opts,
-                excerpt_tokens,
-                policy,
-                previous.as_ref(),
-            )
-        })
-        .map_err(|e| pack_error(py, e))?;
-    let copies = plan
-        .copies
-        .iter()
-        .map(|(p, v)| Ok((*p, to_py(py, v)?)))
-        .collect::<PyResult<Vec<_>>>()?;
-    let reason = plan.describe();
-    let cut_position = plan.cut_position();
-    let d = plan.decision;
-    let s = d.state;
-    let state = (
-        s.cut,
-        s.end,
-        s.masked,
-        s.pinned,
-        s.before_cut.to_vec(),
-        s.kept.to_vec(),
-    );
-    Ok((
-        plan.kept_history,
-        copies,
-        d.request_tokens,
-        d.shared_tokens,
-        d.reason.code(),
-        reason,
-        cut_position,
-        state,
-    ))
+    let previous = previous.map(PrefixState::from_parts).transpose();
+    let previous = previous.map_err(PyValueError::new_err)?;
+    let plan = py.detach(|| call.plan((&history, &new_input), enc, previous.as_ref()));
+    let plan = plan.map_err(|e| pack_error(py, e))?;
+    plan.into_parts(|v| to_py(py, v))
 }
