@@ -140,6 +140,16 @@ message is counted as the sum of its pieces (:func:`message_pieces`)."""
 _TAG_START = re.compile(r"\n(?=<)")
 
 
+def line_apart(text: str, at: int = 0) -> bool:
+    """Whether a recalled passage's text (escaped, starting at ``at`` of ``text``) is a
+    piece of the context message of its own (:func:`message_pieces`): when it starts with
+    an ASCII letter or digit, the count splits after its opening's line break
+    (:data:`LINE_SPLIT_ENCODINGS`); otherwise it is counted with its opening. The one rule
+    :func:`message_pieces` splits by and :func:`passage_pieces` counts ahead by."""
+    first = text[at : at + 1]
+    return first.isascii() and first.isalnum()
+
+
 def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
     """A context message's text as the pieces its count is the sum of, under an encoding of
     :data:`LINE_SPLIT_ENCODINGS`: its ends (what comes before its first line starting with
@@ -161,7 +171,7 @@ def message_pieces(text: str, encoding: str) -> tuple[str, list[str]] | None:
             pieces.append(text[a:b])
             continue
         line = text.find("\n", a, b) + 1  # after the opening's line break
-        if 0 < line < b and text[line].isascii() and text[line].isalnum():
+        if 0 < line < b and line_apart(text, line):
             pieces.extend(open_pieces(text[a:line]))
             pieces.append(text[line:b])
         else:
@@ -173,12 +183,13 @@ def passage_pieces(text: str, label: str, date: str) -> list[str]:
     """The pieces a turn counts for a recalled passage of its own session, whatever the
     passage's age: its opening after the number of turns (:func:`open_pieces`, for an age
     other than 1), its text with the closing tag (:meth:`Assembler.block_sizes`) and, when
-    its text starts with an ASCII letter or digit, its text's line in the context message
-    (:func:`message_pieces`). Counted when the passage is indexed, so the turn that first
-    recalls it finds them in the count memo (the age's piece: :func:`age_piece`)."""
+    its text starts with an ASCII letter or digit (:func:`line_apart`), its text's line in
+    the context message (:func:`message_pieces`). Counted when the passage is indexed, so
+    the turn that first recalls it finds them in the count memo (the age's piece:
+    :func:`age_piece`)."""
     body = data(text)
     pieces = [f' turns ago"{_what(label, date)}>\n', f"{body}\n</turn>"]
-    if body[:1].isascii() and body[:1].isalnum():
+    if line_apart(body):
         pieces.append(f"{body}\n")
     return pieces
 
