@@ -1516,3 +1516,53 @@ def test_short_blocks_are_rendered_once_by_their_values() -> None:
     assert _blocks.render_block(cand, long) == f'<turn when="x">\n{long}\n</turn>'
     assert _blocks._rendered.cache_info().hits == 1
     assert _blocks._rendered.cache_info().currsize == 2
+
+
+@pytest.mark.parametrize("other_sessions", [False, True])
+def test_recall_from_a_memory_stores_rows_finds_what_its_hits_give(
+    monkeypatch: pytest.MonkeyPatch, other_sessions: bool
+) -> None:
+    """A MemoryStore's recalled passages are made from the rows its hits are made of
+    (``_history_found``, the fast path: counted), and they are the candidates its hits
+    give (``search_history`` replaced on the object: the hits' path) -- sources, texts,
+    scores, headers (ages, dates, labels, another session's), digests and rows, the
+    neighbours included, for flat metadata and for nested."""
+    from protoprompt._recall import _turn as recall_turn
+    from protoprompt._recall._turn import Recall
+
+    store = MemoryStore(chunk_words=40, chunk_overlap=0)
+    for sid in ("s1", "s0"):
+        records = [
+            HistoryRecord(
+                p,
+                f"{item['role']}: {item['content']} in {sid}",
+                {"turn": p // 2 + 1, "label": f"{item['role']} message", "date": "2024-05-03"}
+                if p % 3
+                else {"turn": p // 2 + 1, "nested": {"label": "x"}},
+                item_digest(item),
+            )
+            for p, item in enumerate(_history(12))
+        ]
+        store.index_history(sid, records, scope=SCOPE)
+    recall = Recall(
+        store, ("system", "history"), False, 0, 0, True, None, 2_000, other_sessions, None
+    )
+    sent = {item_digest(_history(12)[-1])}
+
+    def recalled() -> list[Any]:
+        return recall.recalled("what about the weather in question 7?", SCOPE, "s1", 30, sent)
+
+    before = recall_turn.stats["rows_read"]
+    fast = recalled()
+    assert recall_turn.stats["rows_read"] == before + 1
+    monkeypatch.setattr(
+        store, "search_history", lambda *a, **k: MemoryStore.search_history(store, *a, **k)
+    )
+    slow = recalled()
+    assert recall_turn.stats["rows_read"] == before + 1
+    assert len(fast) > 8 and fast == slow
+    assert [c.row for c in fast] == [c.row for c in slow]
+    headers = {c.header for c in fast}
+    assert any("date=" in h and "turns ago" in h for h in headers)
+    assert any("what=" not in h for h in headers)
+    assert other_sessions == any("in session s0" in h for h in headers)

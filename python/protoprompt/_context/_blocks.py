@@ -215,11 +215,16 @@ def data(text: str) -> str:
 
 def when(hit: MemoryHit, session_id: str, turn: int | None) -> str:
     """Where a recalled passage came from, as the attributes of its ``<turn>`` tag."""
-    meta = hit.metadata
+    return header_of(hit.metadata, hit.metadata.get("session_id"), session_id, turn)
+
+
+def header_of(meta: Any, sid: object, session_id: str, turn: int | None) -> str:
+    """:func:`when` for a passage of session ``sid`` whose row's metadata is ``meta`` (a
+    mapping: its ``label``, ``date`` and ``turn`` are read)."""
     label, date = meta.get("label"), meta.get("date")
     what = _what(label if isinstance(label, str) else "", date if isinstance(date, str) else "")
-    if meta.get("session_id") != session_id:
-        return f'when="earlier, in session {attr(str(meta.get("session_id")))}"{what}'
+    if sid != session_id:
+        return f'when="earlier, in session {attr(str(sid))}"{what}'
     then = meta.get("turn")
     if turn is None or isinstance(then, bool) or not isinstance(then, int) or then >= turn:
         return f'when="earlier in this session"{what}'

@@ -4,14 +4,16 @@ an embedder, and the recalled passages left out because their turn is in the req
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._context._blocks import Candidate, when
+from .._context._blocks import Candidate, header_of, when
 from .._context._plan import ContextBlock, ContextPlan
-from ..memory import MemoryHit, MemoryScope
+from ..memory import MemoryHit, MemoryScope, MemoryStore
 from ..memory._ranking import cosine, rrf_weight
+from ..memory._records import flat_meta
 from ..memory.store import layers_present
 from ._ledger import item_digests
 
@@ -28,6 +30,40 @@ VOLATILE_LAYERS = frozenset({"rag", "history"})
 
 EXCLUSION_ROUNDS = 4
 """Builds at most of one turn that leave out recalled passages found in the request."""
+
+stats = {"rows_read": 0}
+"""Turns whose recalled passages were made from a :class:`MemoryStore`'s rows (not from its
+hits: :meth:`Recall.recalled`) since the process started: what the tests read to see the
+fast path taken."""
+
+
+def _found_rows(store: Any) -> Callable[..., list[tuple[Any, float, int]]] | None:
+    """The store's ``_history_found`` when ``store`` is a :class:`MemoryStore` whose
+    ``search_history`` is its own (not overridden by a subclass, nor replaced on the
+    object), else ``None``."""
+    search = getattr(store, "search_history", None)
+    if getattr(search, "__func__", None) is not MemoryStore.search_history:
+        return None
+    found: Callable[..., list[tuple[Any, float, int]]] = store._history_found
+    return found
+
+
+def _candidate_of_row(row: Any, score: float, session_id: str, turn: int | None) -> Candidate:
+    """The candidate :meth:`Recall.recalled` makes of the hit of a history ``row`` (the
+    columns :func:`history_hit_of_row` reads)."""
+    sid, key, passage, digest, text = row[5], int(row[6]), int(row[7]), row[10], row[11]
+    meta = flat_meta(row[12])
+    where = f"{key}" if sid == session_id else f"{sid}/{key}"
+    return Candidate(
+        "history",
+        f"history:{where}#{passage}",
+        text,
+        float(score),
+        True,
+        header=header_of(meta if meta is not None else json.loads(row[12]), sid, session_id, turn),
+        digest=digest,
+        row=(sid, key),
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +217,15 @@ class Recall:
             include_parents=self.include_parents,
             neighbours=True,
         )
+        found_rows = _found_rows(store)
+        if found_rows is not None:
+            # A MemoryStore's own search: the rows its hits are made of, the candidates made
+            # from them (the same as from its hits, without making them).
+            stats["rows_read"] += 1
+            rows = found_rows(query, **search.keywords, uncounted=sent)
+            if self.recall_limit is not None:
+                rows = rows[: self.recall_limit]
+            return [_candidate_of_row(row, score, session_id, turn) for row, score, _ in rows]
         # ``uncounted`` only to a store whose class declares it takes it (a capability; a
         # wrapper that hands its other attributes to a MemoryStore does not inherit it).
         takes = getattr(type(store), "search_history_uncounted", False) is True

@@ -203,7 +203,7 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 @lru_cache(maxsize=4096)
-def _flat_meta(metadata: str) -> dict[str, Any] | None:
+def flat_meta(metadata: str) -> dict[str, Any] | None:
     """A history row's stored metadata, parsed, when it is an object of plain values (kept
     by its JSON text: the passages recent turns recalled come back turn after turn; a
     shallow copy of it is then a new object), else ``None``."""
@@ -215,7 +215,7 @@ def _flat_meta(metadata: str) -> dict[str, Any] | None:
 
 def _history_meta(metadata: str) -> Any:
     """A new object of a history row's stored metadata."""
-    flat = _flat_meta(metadata)
+    flat = flat_meta(metadata)
     return dict(flat) if flat is not None else json.loads(metadata)
 
 

@@ -537,6 +537,38 @@ class MemoryStore:
         its session (the end of the row before, the start of the row after, when indexed:
         the question an answer follows, the answer a question got), each once, marked with
         ``metadata["neighbour_of"]`` (the hit's :attr:`~MemoryHit.source`)."""
+        found = self._history_found(
+            query,
+            scope=scope,
+            session_id=session_id,
+            limit=limit,
+            include_parents=include_parents,
+            neighbours=neighbours,
+            uncounted=uncounted,
+        )
+        hits: list[MemoryHit] = []
+        for row, score, anchor in found:
+            hit = history_hit_of_row(row, score)
+            if anchor >= 0:
+                hit.metadata["neighbour_of"] = hits[anchor].source
+            hits.append(hit)
+        return hits
+
+    def _history_found(
+        self,
+        query: str,
+        *,
+        scope: MemoryScope,
+        session_id: str | None = None,
+        limit: int = 8,
+        include_parents: bool = False,
+        neighbours: bool = False,
+        uncounted: Collection[str] = (),
+    ) -> list[tuple[Row, float, int]]:
+        """What :meth:`search_history` returns, as the rows its hits are made of: (row, score,
+        anchor), ``anchor`` being -1 for a hit and, for a neighbouring passage, the index of
+        the hit it is next to. For a caller that reads a few of the hits' fields (the
+        context builder's recall, on every turn) without making the hits."""
         scope = check_scope(scope)
         check_str("query", query, stored=False)
         check_limit(limit)
@@ -568,7 +600,7 @@ class MemoryStore:
                         rows_by_id.setdefault(row[0], row)
                 vec_ranked.sort(key=lambda item: (-item[1], item[0]))
                 del vec_ranked[pool:]
-        hits: list[MemoryHit] = []
+        hits: list[tuple[Row, float, int]] = []
         seen: set[str] = set()
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
         counted = 0
@@ -577,41 +609,43 @@ class MemoryStore:
             key = _text_key(row[11])  # the passage's text
             if key not in seen:
                 seen.add(key)
-                hits.append(history_hit_of_row(row, score))
+                hits.append((row, float(score), -1))
                 if row[10] not in uncounted:  # the row's digest
                     counted += 1
                     if counted >= limit:
                         break
         return self._with_neighbours(hits, seen) if neighbours else hits
 
-    def _with_neighbours(self, hits: list[MemoryHit], seen: set[str]) -> list[MemoryHit]:
-        """``hits``, each followed by the passages next to it in its session (once each):
-        the last passage of the row before, the first of the row after."""
+    def _with_neighbours(
+        self, hits: list[tuple[Row, float, int]], seen: set[str]
+    ) -> list[tuple[Row, float, int]]:
+        """``hits`` (rows: see :meth:`_history_found`), each followed by the passages next
+        to it in its session (once each): the last passage of the row before, the first
+        of the row after, with half its score."""
         groups: dict[tuple[ScopeParams, str], list[int]] = {}
-        for hit in hits:
-            sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
-            if isinstance(sid, str) and isinstance(row, int):
-                groups.setdefault((scope_params(hit.scope), sid), []).append(row)
+        places = []  # each hit's scope's parameters, session and row
+        for row, _, _ in hits:
+            params = (row[1], row[2] or "", row[3] or "", row[4] or "")
+            sid, key = row[5], int(row[6])
+            places.append((params, sid, key))
+            groups.setdefault((params, sid), []).append(key)
         near: dict[tuple[ScopeParams, str, int, int], Row] = {}
-        for (params, sid), rows in groups.items():
-            for anchor, side, found in self._backend.history_adjacent(params, sid, rows):
-                key = (params, sid, anchor, side)
-                best = near.get(key)
+        for (params, sid), keys in groups.items():
+            for anchor, side, found in self._backend.history_adjacent(params, sid, keys):
+                at = (params, sid, anchor, side)
+                best = near.get(at)
                 passage = int(found[7])
                 if best is None or (
                     passage > int(best[7]) if side == 0 else passage < int(best[7])
                 ):
-                    near[key] = found
-        taken = {(h.metadata.get("session_id"), h.metadata.get("row"), h.chunk_index) for h in hits}
-        out: list[MemoryHit] = []
-        for hit in hits:
+                    near[at] = found
+        taken = {(row[5], int(row[6]), int(row[7])) for row, _, _ in hits}
+        out: list[tuple[Row, float, int]] = []
+        for (params, sid, key), hit in zip(places, hits, strict=True):
+            anchor = len(out)
             out.append(hit)
-            sid, row = hit.metadata.get("session_id"), hit.metadata.get("row")
-            if not isinstance(row, int):
-                continue
-            params = scope_params(hit.scope)
             for side in (0, 1):
-                adjacent = near.get((params, str(sid), row, side))
+                adjacent = near.get((params, sid, key, side))
                 if adjacent is None:
                     continue
                 # Its place and text first: a hit is made only of a passage taken.
@@ -623,9 +657,7 @@ class MemoryStore:
                     continue
                 taken.add(where)
                 seen.add(text_key)
-                neighbour = history_hit_of_row(adjacent, hit.score / 2)
-                neighbour.metadata["neighbour_of"] = hit.source
-                out.append(neighbour)
+                out.append((adjacent, hit[1] / 2, anchor))
         return out
 
     def _history_ranked(
