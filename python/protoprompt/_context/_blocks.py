@@ -507,16 +507,24 @@ class Assembler:
         )
 
     def _later(
-        self, system_prompt: str, fill: _Fill, cand: Candidate, size: int, limit: int
+        self,
+        system_prompt: str,
+        fill: _Fill,
+        cand: Candidate,
+        size: int,
+        limit: int,
+        room: int,
+        note: str,
     ) -> None:
         """A later recalled passage that does not surely fit on its own size: passed over
         while its block alone is larger than the room left (the pending passages reckoned
         at their sizes less :data:`SIZE_SLACK`: never passed over when the message would
         count less than its parts), else counted in the message with the pending passages
-        -- one count: when it fits, they are settled with it."""
-        room, note = self._room(fill, cand, limit)
+        -- one count: when it fits, they are settled with it. ``room`` and ``note``: what
+        :meth:`_room` gives for it now."""
         if fill.pending:
-            sizes = sum(n for _, _, n in fill.pending)
+            # Their sizes, from the estimate kept as they were added (see _Fill.estimate).
+            sizes = fill.estimate - PENDING_SLACK * len(fill.pending)
             if size > room - fill.cost - sizes + SIZE_SLACK:
                 reason = f"does not fit whole: needs {size}, {room - fill.cost - sizes} left{note}"
                 fill.slots.append(_dropped(cand, reason, size))
@@ -579,7 +587,7 @@ class Assembler:
                 self._pend(fill, cand, size, frame)
                 return
         if later and size is not None:
-            self._later(system_prompt, fill, cand, size, limit)
+            self._later(system_prompt, fill, cand, size, limit, room, note)
             return
         text_room = self._text_room(cand)
         if text_room is not None:
