@@ -5,6 +5,15 @@
 //! rules about items, positions and budgets are the core's. Item contents are read lazily:
 //! only items whose cost the packer needs are converted. Test hooks (`hooks`) are built with
 //! the cargo feature `test-hooks` only.
+//!
+//! A pack (`HistoryIndex.pack`) runs in the core without the GIL and takes it back for
+//! three calls only: item reads (`costs::PyItems`, the core's `ItemSource`: the items whose
+//! cost it needs, read and converted a batch at a time), the count store
+//! (`costs::PyCountStore::get_many`, a batch of long texts' keys at a time) and the context
+//! callable (`pack::run_pack`, once the mandatory part is counted, if there is one). With the
+//! GIL held around it: the new items are classified (the fresh history in chunks,
+//! `IndexedHistory::append_fresh` appending the previous chunk without the GIL), and the
+//! request list is built with its masked and id-stripped copies (`index::apply_edits`).
 
 use protoprompt_core::calibration;
 use protoprompt_core::graph::{build_graph, UnitTuple};
