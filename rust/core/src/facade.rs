@@ -175,6 +175,12 @@ impl IndexedHistory {
     /// view, the thinking rule, the masked or unmasked pack ([`pack_indexed`]) and the
     /// decision rows, behind one call. `preload` (the encoding's build) is waited for
     /// before anything is counted. The only calls out are `items`, `store` and `context`.
+    ///
+    /// With a `store`, long texts' counts are looked up in it before they are tokenised (the
+    /// embedding returns the store's tally: `(key, tokens)` pairs to write, and hits). With
+    /// `options.history_offset`, `items` holds the history from that position on (a windowed
+    /// read, see [`IndexedHistory::window_call`]): the positions before it must be indexed,
+    /// and the pack must not need their items (the item error names the first one it would).
     #[allow(clippy::too_many_arguments)]
     pub fn pack_call<F: ItemSource, S: CountStore>(
         &mut self,
@@ -250,8 +256,15 @@ impl IndexedHistory {
     }
 
     /// Where a read of the history may start for a pack with `options` and `budget`, the
-    /// indexed history followed by `tail` (positions from `n_history` on being new input),
-    /// as the embedding reports it ([`IndexedHistory::window_masked`]).
+    /// indexed history followed by `tail` (items appended since it was indexed, then the new
+    /// input; positions from `n_history` on are new input), as the embedding reports it: a
+    /// read of the history from `start` on packs to the same request
+    /// ([`crate::incremental::GraphIndex::window`]).
+    /// A cost not counted yet, or counted under another encoding or calibration, counts as an
+    /// item's overhead, which only moves the start earlier; with masking, a tool output counts
+    /// at most its masked cost ([`IndexedHistory::window_masked`]). The report says whether
+    /// the budget reaches the oldest unit (`fits`), the relation that moved the start back
+    /// last (`tie`, `why`), and how far back the budget alone reaches (`reach`).
     pub fn window_call(
         &self,
         tail: &[ItemMeta],
@@ -269,9 +282,11 @@ impl IndexedHistory {
         }
     }
 
-    /// Count the costs a later window start with `budget` walks over (the history from
-    /// `options.history_offset` on, read through `items`; with masking, the masked costs
-    /// too): the window start ([`counted_window`]).
+    /// Count the costs a later window start with `budget` walks over, so that it finds the
+    /// window from exact costs rather than lower bounds (the history from
+    /// `options.history_offset` on, read through `items`, positions before it keeping their
+    /// lower bound; with masking, the masked costs of the units walked too, for a window with
+    /// the same masking): the window start ([`counted_window`]).
     pub fn count_window_call<F: ItemSource, S: CountStore>(
         &mut self,
         items: F,
@@ -292,7 +307,9 @@ impl IndexedHistory {
 
     /// Whether the indexed history followed by `appended` items (read through `items`, the
     /// indexed ones' costs kept) costs more than `limit` under `basis` ([`cost_over`]):
-    /// `(sum so far, exceeded)`. Positions are labelled as history throughout.
+    /// `(sum so far, exceeded)`, summed newest first: costs the index knows are reused, the
+    /// others counted (and kept for the indexed positions); the walk stops once past `limit`.
+    /// Positions are labelled as history throughout.
     pub fn cost_over_call<F: ItemSource, S: CountStore>(
         &mut self,
         items: F,

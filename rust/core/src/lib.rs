@@ -7,6 +7,8 @@ pub mod costs;
 pub mod decisions;
 pub mod digest;
 pub mod facade;
+#[cfg(unix)]
+pub mod fork_guard;
 pub mod graph;
 pub mod incremental;
 pub mod indexed;

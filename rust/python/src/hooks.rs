@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 /// Whether the allocator commits memory lazily (see `alloc::configure_allocator`).
 #[pyfunction]
-fn _lazy_commit_allocator() -> bool {
+pub(crate) fn _lazy_commit_allocator() -> bool {
     crate::alloc::configure_allocator()
 }
 
@@ -15,21 +15,21 @@ fn _lazy_commit_allocator() -> bool {
 /// begin; `_build_is_held()` says when it is there.
 #[cfg(unix)]
 #[pyfunction]
-fn _hold_next_build_until_fork() {
-    crate::fork_guard::hold_next_build_until_fork();
+pub(crate) fn _hold_next_build_until_fork() {
+    protoprompt_core::fork_guard::hold_next_build_until_fork();
 }
 
 /// Whether a build is waiting for a fork (see `_hold_next_build_until_fork`).
 #[cfg(unix)]
 #[pyfunction]
-fn _build_is_held() -> bool {
-    crate::fork_guard::build_is_held()
+pub(crate) fn _build_is_held() -> bool {
+    protoprompt_core::fork_guard::build_is_held()
 }
 
 /// The next `n` token counts on this thread fail as a tokenizer failure does
 /// (`protoprompt_core::tokens::fail_next_counts`).
 #[pyfunction]
-fn _fail_next_counts(n: usize) {
+pub(crate) fn _fail_next_counts(n: usize) {
     tokens::fail_next_counts(n);
 }
 
@@ -37,19 +37,7 @@ fn _fail_next_counts(n: usize) {
 /// (a process's first count of a text, or first masking of a tool output, without a new
 /// process).
 #[pyfunction]
-fn _clear_count_cache() {
+pub(crate) fn _clear_count_cache() {
     tokens::COUNT_CACHE.clear();
     protoprompt_core::mask_cache::MASKED_FIELD_CACHE.clear();
-}
-
-pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_lazy_commit_allocator, m)?)?;
-    m.add_function(wrap_pyfunction!(_clear_count_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(_fail_next_counts, m)?)?;
-    #[cfg(unix)]
-    {
-        m.add_function(wrap_pyfunction!(_hold_next_build_until_fork, m)?)?;
-        m.add_function(wrap_pyfunction!(_build_is_held, m)?)?;
-    }
-    Ok(())
 }

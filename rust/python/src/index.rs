@@ -146,16 +146,7 @@ impl PyHistoryIndex {
     }
 
     /// Like `pack`, for a `history` whose first `len(self)` items are the ones indexed
-    /// (unchanged); the rest is classified and appended first. `options` is the one options
-    /// value of the call (`protoprompt.PackOptions`, [`PyPackOptions`], borrowed).
-    ///
-    /// With `count_store` (see `PyCountStore`), long texts' counts are looked up in it before
-    /// they are tokenised; the result then has `new_counts` (`(key, tokens)` pairs to write
-    /// to it) and `store_hits`.
-    ///
-    /// `history_offset`: the list holds the history from that position on (a windowed read,
-    /// see `window_start`); the positions before it must be indexed, and the pack must not
-    /// need their items (an `InvalidItemError` names the first one it would need).
+    /// (`IndexedHistory::pack_call`, which says what `options` and `count_store` do).
     #[pyo3(signature = (history, new_input, options, count_store=None))]
     pub(crate) fn pack<'py>(
         &mut self,
@@ -196,17 +187,8 @@ impl PyHistoryIndex {
     }
 
     /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
-    /// indexed history followed by `new_items` (items appended since it was indexed, then the
-    /// new input): a read of the history from there on packs to the same request
-    /// (`GraphIndex::window`). A cost not counted yet, or counted under another encoding
-    /// or calibration (`opaque_scale`), counts as an item's overhead, which only moves the
-    /// start earlier. With `masking` (a `protoprompt.Masking`), for a masked pack: a tool
-    /// output counts at most its masked cost (`IndexedHistory::window_masked`). Returns
-    /// `(start, fits, tie, why, reach)`: whether the budget reaches the oldest unit, the
-    /// relation that moved the start back last (its code and a sentence), and how far back
-    /// the budget alone reaches (`GraphIndex::window`; positions in `why` from `len(self) +
-    /// len(new_items) - new_input` on are labelled as new input, `new_input` counting from
-    /// the end of `new_items`).
+    /// indexed history followed by `new_items`, the last `new_input` of them new input
+    /// (`IndexedHistory::window_call`): `(start, fits, tie, why, reach)`.
     #[pyo3(signature = (new_items, budget, options, new_input=0))]
     pub(crate) fn window(
         &self,
@@ -233,9 +215,7 @@ impl PyHistoryIndex {
     }
 
     /// Whether the indexed history (`history`, exactly its items) followed by `appended`
-    /// costs more than `limit` tokens, summed newest first (`indexed::cost_over`): costs
-    /// the index knows are reused, the others counted (and kept for the indexed positions);
-    /// the walk stops once past `limit`. Returns `(sum so far, exceeded)`.
+    /// costs more than `limit` tokens (`IndexedHistory::cost_over_call`).
     #[pyo3(signature = (history, appended, limit, options))]
     pub(crate) fn cost_over<'py>(
         &mut self,
@@ -256,13 +236,9 @@ impl PyHistoryIndex {
         settle(py, end, None).map(|(sum, _, _)| sum)
     }
 
-    /// Count the costs a later `window_start` with `budget` walks over, so that it finds the
-    /// window from exact costs rather than lower bounds. `history` holds the indexed history
-    /// from `history_offset` on (positions before it keep their lower bound); returns the
-    /// window start for this history and, with `count_store`, the `new_counts` to write to
-    /// it as `pack` does (else `None`).
-    /// With `masking`, the masked costs of the units walked are counted too (for a
-    /// `window_start` with the same masking).
+    /// Count the costs a later `window` with `budget` walks over
+    /// (`IndexedHistory::count_window_call`): the window start and, with `count_store`, the
+    /// `new_counts` to write to it (else `None`).
     #[pyo3(signature = (history, budget, options, count_store=None))]
     pub(crate) fn count_window<'py>(
         &mut self,

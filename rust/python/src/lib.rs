@@ -5,6 +5,15 @@
 //! rules about items, positions and budgets are the core's. Item contents are read lazily:
 //! only items whose cost the packer needs are converted. Test hooks (`hooks`) are built with
 //! the cargo feature `test-hooks` only.
+//!
+//! A pack (`HistoryIndex.pack`) runs in the core without the GIL and takes it back for
+//! three calls only: item reads (`costs::PyItems`, the core's `ItemSource`: the items whose
+//! cost it needs, read and converted a batch at a time), the count store
+//! (`costs::PyCountStore::get_many`, a batch of long texts' keys at a time) and the context
+//! callable (`pack::run_pack`, once the mandatory part is counted, if there is one). With the
+//! GIL held around it: the new items are classified (the fresh history in chunks,
+//! `IndexedHistory::append_fresh` appending the previous chunk without the GIL), and the
+//! request list is built with its masked and id-stripped copies (`index::apply_edits`).
 
 use protoprompt_core::calibration;
 use protoprompt_core::graph::{build_graph, UnitTuple};
@@ -18,8 +27,6 @@ mod costs;
 mod decisions;
 mod digest;
 mod errors;
-#[cfg(unix)]
-mod fork_guard;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 mod index;
@@ -111,7 +118,7 @@ fn available_encodings() -> Vec<&'static str> {
 
 /// Build an encoding's tokenizer now (once per process), so that the first count or pack
 /// does not pay for it. With `wait=False` the build runs on a background thread (a `fork`
-/// meanwhile waits for it to finish, see `fork_guard`). Returns the encoding name.
+/// meanwhile waits for it to finish, see `protoprompt_core::fork_guard`). Returns the encoding name.
 #[pyfunction]
 #[pyo3(signature = (*, model=None, encoding=None, wait=true))]
 fn preload(
@@ -220,44 +227,38 @@ fn analyze<'py>(
 }
 
 #[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    configure_allocator();
-    #[cfg(unix)]
-    fork_guard::install();
-    // The exception classes `errors` imports: there from the start, or no module at all.
-    m.py().import("protoprompt.errors")?;
+mod _core {
+    #[cfg(all(unix, feature = "test-hooks"))]
+    #[pymodule_export]
+    use super::hooks::{_build_is_held, _hold_next_build_until_fork};
     #[cfg(feature = "test-hooks")]
-    hooks::add(m)?;
-    m.add_function(wrap_pyfunction!(preload, m)?)?;
-    m.add_function(wrap_pyfunction!(is_preloaded, m)?)?;
-    m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(count_tokens_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(split_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(encoding_for_model, m)?)?;
-    m.add_function(wrap_pyfunction!(available_encodings, m)?)?;
-    m.add_function(wrap_pyfunction!(item_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(canonical_text, m)?)?;
-    m.add_function(wrap_pyfunction!(scale_opaque, m)?)?;
-    m.add_function(wrap_pyfunction!(calibration_sample, m)?)?;
-    m.add_function(wrap_pyfunction!(learned_scale, m)?)?;
-    m.add_function(wrap_pyfunction!(analyze, m)?)?;
-    m.add_function(wrap_pyfunction!(digest::digests, m)?)?;
-    m.add_function(wrap_pyfunction!(prefix::plan_prefix, m)?)?;
-    m.add_function(wrap_pyfunction!(truncate::cut_text, m)?)?;
-    m.add_function(wrap_pyfunction!(truncate::fit_output, m)?)?;
-    m.add_class::<PyHistoryIndex>()?;
-    m.add_class::<DecisionTable>()?;
-    m.add_class::<pack::PyPackOptions>()?;
-    m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
-    m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
-    m.add("COST_RULE", tokens::COST_RULE)?;
-    m.add("OPAQUE_SCALE_MIN", tokens::OpaqueScale::MIN.factor())?;
-    m.add("OPAQUE_SCALE_MAX", tokens::OpaqueScale::MAX.factor())?;
-    m.add(
-        "ESTIMATE_SCALE_MIN",
-        tokens::CostBasis::MIN_ESTIMATE_SCALE.factor(),
-    )?;
-    m.add("ESTIMATE_SAMPLE_CAP", calibration::ESTIMATE_SAMPLE_CAP)?;
-    m.add("CALIBRATION_MAX_SAMPLES", calibration::MAX_SAMPLES)?;
-    Ok(())
+    #[pymodule_export]
+    use super::hooks::{_clear_count_cache, _fail_next_counts, _lazy_commit_allocator};
+    #[pymodule_export]
+    use super::{
+        analyze, available_encodings, calibration_sample, canonical_text, count_tokens,
+        count_tokens_batch, digest::digests, encoding_for_model, is_preloaded, item_tokens,
+        learned_scale, pack::PyPackOptions, prefix::plan_prefix, preload, scale_opaque,
+        split_tokens, truncate::cut_text, truncate::fit_output, DecisionTable, PyHistoryIndex,
+    };
+    use super::{calibration, configure_allocator, tokens, Encoding};
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        configure_allocator();
+        #[cfg(unix)]
+        protoprompt_core::fork_guard::install();
+        // The exception classes `errors` imports: there from the start, or no module at all.
+        m.py().import("protoprompt.errors")?;
+        m.add("DEFAULT_ENCODING", Encoding::O200kBase.name())?;
+        m.add("ITEM_OVERHEAD", tokens::ITEM_OVERHEAD)?;
+        m.add("COST_RULE", tokens::COST_RULE)?;
+        m.add("OPAQUE_SCALE_MIN", tokens::OpaqueScale::MIN.factor())?;
+        m.add("OPAQUE_SCALE_MAX", tokens::OpaqueScale::MAX.factor())?;
+        let estimate_min = tokens::CostBasis::MIN_ESTIMATE_SCALE.factor();
+        m.add("ESTIMATE_SCALE_MIN", estimate_min)?;
+        m.add("ESTIMATE_SAMPLE_CAP", calibration::ESTIMATE_SAMPLE_CAP)?;
+        m.add("CALIBRATION_MAX_SAMPLES", calibration::MAX_SAMPLES)
+    }
 }

@@ -5,22 +5,26 @@ use crate::convert::{as_dict, label, to_py};
 use crate::errors::item_error;
 use protoprompt_core::mask::{MaskedField, Masking};
 use pyo3::exceptions::PyValueError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use serde_json::Value;
 
-/// The core's [`Masking`] read from a `protoprompt.Masking` (or `None`).
-pub(crate) fn masking_from_py(value: &Bound<'_, PyAny>) -> PyResult<Option<Masking>> {
-    if value.is_none() {
-        return Ok(None);
+/// The fields of a `protoprompt.Masking` (its constructor checked them).
+#[derive(FromPyObject)]
+pub(crate) struct MaskingFields {
+    #[pyo3(attribute)]
+    excerpt_tokens: u64,
+    #[pyo3(attribute)]
+    after_turns: Option<u64>,
+    #[pyo3(attribute, from_py_with = Bound::<'_, PyAny>::is_truthy)]
+    pub(crate) omit_reasoning: bool,
+}
+
+impl MaskingFields {
+    /// The core's [`Masking`] of these fields ([`Masking::checked`]).
+    pub(crate) fn masking(&self) -> PyResult<Masking> {
+        Masking::checked(self.excerpt_tokens, self.after_turns).map_err(PyValueError::new_err)
     }
-    let py = value.py();
-    let excerpt_tokens: u64 = value.getattr(intern!(py, "excerpt_tokens"))?.extract()?;
-    let after_turns: Option<u64> = value.getattr(intern!(py, "after_turns"))?.extract()?;
-    Masking::checked(excerpt_tokens, after_turns)
-        .map(Some)
-        .map_err(PyValueError::new_err)
 }
 
 /// The masked copy of `original`: a new dict with the original's fields in their order,

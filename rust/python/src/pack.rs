@@ -130,9 +130,8 @@ impl PyPackOptions {
                 type_name(value)
             )));
         }
-        let omit = value.getattr(intern!(py, "omit_reasoning"))?.is_truthy()?;
-        self.core
-            .set_masking(crate::mask::masking_from_py(value)?, omit);
+        let fields: crate::mask::MaskingFields = value.extract()?;
+        (self.core).set_masking(Some(fields.masking()?), fields.omit_reasoning);
         self.masking_obj = Some(value.clone().unbind());
         Ok(())
     }

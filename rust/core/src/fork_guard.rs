@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, Once};
 
 static BUILDS: Mutex<()> = Mutex::new(());
 
-/// Test hook (`_core._hold_next_build_until_fork`): the next build, once it holds
+/// Test hook (the binding's `_core._hold_next_build_until_fork`): the next build, once it holds
 /// `BUILDS`, waits for a fork's prepare handler to start, so a test forks during a build
 /// for certain instead of hoping a sleep lands inside one.
 static HOLD_NEXT: AtomicBool = AtomicBool::new(false);
@@ -37,14 +37,12 @@ fn around_build(build: &dyn Fn()) {
 }
 
 /// Arm the test hook for the next build.
-#[cfg(feature = "test-hooks")]
 pub fn hold_next_build_until_fork() {
     FORK_BEGAN.store(false, Ordering::SeqCst);
     HOLD_NEXT.store(true, Ordering::SeqCst);
 }
 
 /// Whether a build is held by the test hook (it holds `BUILDS` and waits for a fork).
-#[cfg(feature = "test-hooks")]
 pub fn build_is_held() -> bool {
     HOLDING.load(Ordering::SeqCst)
 }
@@ -59,14 +57,46 @@ extern "C" fn release() {
     HELD.with(|h| drop(h.borrow_mut().take()));
 }
 
+/// Hold `BUILDS` around every tokenizer build ([`crate::tokens::set_build_guard`]) and
+/// before every `fork` (once per process; the Python binding calls it on import).
 pub fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        protoprompt_core::tokens::set_build_guard(around_build);
+        crate::tokens::set_build_guard(around_build);
         // SAFETY: registers three handlers that only lock/unlock `BUILDS` on the
         // forking thread; they never call into Python.
         unsafe {
             libc::pthread_atfork(Some(prepare), Some(release), Some(release));
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held build goes on once a fork's prepare handler begins, and the fork then holds
+    /// the lock until its parent handler releases it.
+    #[test]
+    fn a_held_build_waits_for_the_fork_to_begin() {
+        install();
+        install(); // once per process
+        hold_next_build_until_fork();
+        let built = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = built.clone();
+        let build =
+            std::thread::spawn(move || around_build(&|| flag.store(true, Ordering::SeqCst)));
+        while !build_is_held() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        prepare(); // waits for the held build to finish
+        assert!(
+            BUILDS.try_lock().is_err(),
+            "the forking thread holds the lock"
+        );
+        release();
+        build.join().unwrap();
+        assert!(built.load(Ordering::SeqCst));
+        assert!(!build_is_held());
+    }
 }
