@@ -251,16 +251,17 @@ class ModelInputFilter:
         token = self._ledger.current() if self._ledger is not None else None
         run = self._claim(run_span(), data.agent, token)  # a failed call puts no state back
 
+        # The session callback's plan of this run (set before the run's first call).
+        turn = token.turn if token is not None else None
+
         def work() -> ModelCallPlan:
-            return self._plan(items, run, extras)
+            return self._plan(items, run, extras, turn)
 
         if len(items) - len(run.index) > 4096:  # a long first read: off the event loop
             plan = await asyncio.to_thread(work)
         else:
             plan = work()
         self._release(run)
-        if token is not None and token.turn is not None:
-            plan = dataclasses.replace(plan, turn_plan=token.turn)
         self.last_plan = plan
         if self.on_call is not None:
             self.on_call(plan)
@@ -300,7 +301,13 @@ class ModelInputFilter:
     def _is_context(self, items: list[Any]) -> bool:
         return bool(items) and self._ledger is not None and self._ledger.is_context(items[0])
 
-    def _plan(self, items: list[Any], run: Run, extras: RequestExtras) -> ModelCallPlan:
+    def _plan(
+        self,
+        items: list[Any],
+        run: Run,
+        extras: RequestExtras,
+        turn_plan: ContextPlan | None = None,
+    ) -> ModelCallPlan:
         observed, extends = run.observe(items)
         digests = observed.digests
         pinned, step_start = self._layout(items, run, extends)
@@ -390,6 +397,7 @@ class ModelInputFilter:
             shared_tokens=stable.shared_tokens if stable is not None else 0,
             request_changed=stable.request_changed if stable is not None else False,
             checked=observed.checked,
+            turn_plan=turn_plan,
         )
 
     def _run_input_at(
