@@ -41,65 +41,60 @@ use crate::decisions::DecisionTable;
 use crate::errors::token_error;
 use crate::index::PyHistoryIndex;
 
-/// Count the tokens of `text` with an encoding (by name or model; default o200k_base).
-#[pyfunction]
-#[pyo3(signature = (text, *, model=None, encoding=None))]
-fn count_tokens(
-    py: Python<'_>,
-    text: &str,
-    model: Option<&str>,
-    encoding: Option<&str>,
-) -> PyResult<u64> {
-    let enc = encoding_of(py, model, encoding)?;
-    if text.len() < 4096 {
-        if !enc.is_loaded() {
-            py.detach(|| enc.load()); // the first build takes ~0.1 s: not under the GIL
+/// A pyfunction run with the encoding `$enc` its keyword-only `model` and `encoding` name
+/// ([`encoding_of`]; default o200k_base), with keyword-only `$opt` after them.
+macro_rules! encoding_fn {
+    ($(#[$doc:meta])* fn $name:ident($py:ident $(, $arg:ident: $ty:ty)*
+        $(; $opt:ident: $oty:ty = $default:tt)?) -> $ret:ty, |$enc:ident| $body:expr) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = ($($arg,)* *, model=None, encoding=None $(, $opt=$default)?))]
+        fn $name(
+            $py: Python<'_>,
+            $($arg: $ty,)*
+            model: Option<&str>,
+            encoding: Option<&str>,
+            $($opt: $oty)?
+        ) -> PyResult<$ret> {
+            let $enc = encoding_of($py, model, encoding)?;
+            $body
         }
-        return enc.count(text).map_err(|e| token_error(py, e));
+    };
+}
+
+encoding_fn! {
+    /// Count the tokens of `text` with an encoding (by name or model; default o200k_base).
+    fn count_tokens(py, text: &str) -> u64, |enc| {
+        if text.len() < 4096 {
+            if !enc.is_loaded() {
+                py.detach(|| enc.load()); // the first build takes ~0.1 s: not under the GIL
+            }
+            return enc.count(text).map_err(|e| token_error(py, e));
+        }
+        let owned = text.to_string();
+        py.detach(move || enc.count(&owned)).map_err(|e| token_error(py, e))
     }
-    let owned = text.to_string();
-    py.detach(move || enc.count(&owned))
+}
+
+encoding_fn! {
+    /// Count many texts at once (one GIL release).
+    fn count_tokens_batch(py, texts: Vec<String>) -> Vec<u64>, |enc| {
+        let counts: Result<_, _> = py.detach(move || texts.iter().map(|t| enc.count(t)).collect());
+        counts.map_err(|e| token_error(py, e))
+    }
+}
+
+encoding_fn! {
+    /// The text of the first `head` and the last `tail` tokens of `text`, its token count,
+    /// and whether anything was cut between them (see `protoprompt_core::truncate`).
+    fn split_tokens(py, text: &str, head: u64, tail: u64) -> (String, String, u64, bool), |enc| {
+        let owned = text.to_string();
+        py.detach(move || {
+            protoprompt_core::truncate::split_tokens(enc, &owned, head, tail)
+                .map(|s| (s.head.to_string(), s.tail.to_string(), s.total, s.cut))
+        })
         .map_err(|e| token_error(py, e))
-}
-
-/// Count many texts at once (one GIL release).
-#[pyfunction]
-#[pyo3(signature = (texts, *, model=None, encoding=None))]
-fn count_tokens_batch(
-    py: Python<'_>,
-    texts: Vec<String>,
-    model: Option<&str>,
-    encoding: Option<&str>,
-) -> PyResult<Vec<u64>> {
-    let enc = encoding_of(py, model, encoding)?;
-    py.detach(move || {
-        texts
-            .iter()
-            .map(|t| enc.count(t))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .map_err(|e| token_error(py, e))
-}
-
-/// The text of the first `head` and the last `tail` tokens of `text`, its token count, and
-/// whether anything was cut between them (see `protoprompt_core::truncate`).
-#[pyfunction]
-#[pyo3(signature = (text, head, tail, *, model=None, encoding=None))]
-fn split_tokens(
-    py: Python<'_>,
-    text: &str,
-    head: u64,
-    tail: u64,
-    model: Option<&str>,
-    encoding: Option<&str>,
-) -> PyResult<(String, String, u64, bool)> {
-    let enc = encoding_of(py, model, encoding)?;
-    let owned = text.to_string();
-    py.detach(move || {
-        protoprompt_core::truncate::split_tokens(enc, &owned, head, tail)
-            .map(|s| (s.head.to_string(), s.tail.to_string(), s.total, s.cut))
-    })
-    .map_err(|e| token_error(py, e))
+    }
 }
 
 /// The encoding name used for `model`.
@@ -116,56 +111,36 @@ fn available_encodings() -> Vec<&'static str> {
     Encoding::ALL.iter().map(|e| e.name()).collect()
 }
 
-/// Build an encoding's tokenizer now (once per process), so that the first count or pack
-/// does not pay for it. With `wait=False` the build runs on a background thread (a `fork`
-/// meanwhile waits for it to finish, see `protoprompt_core::fork_guard`). Returns the encoding name.
-#[pyfunction]
-#[pyo3(signature = (*, model=None, encoding=None, wait=true))]
-fn preload(
-    py: Python<'_>,
-    model: Option<&str>,
-    encoding: Option<&str>,
-    wait: bool,
-) -> PyResult<&'static str> {
-    let enc = encoding_of(py, model, encoding)?;
-    if wait {
-        py.detach(|| enc.load());
-    } else {
-        enc.preload_detached().map_err(PyValueError::new_err)?;
+encoding_fn! {
+    /// Build an encoding's tokenizer now (once per process), so that the first count or pack
+    /// does not pay for it. With `wait=False` the build runs on a background thread (a `fork`
+    /// meanwhile waits for it to finish, see `protoprompt_core::fork_guard`). Returns the
+    /// encoding name.
+    fn preload(py; wait: bool = true) -> &'static str, |enc| {
+        if wait {
+            py.detach(|| enc.load());
+        } else {
+            enc.preload_detached().map_err(PyValueError::new_err)?;
+        }
+        Ok(enc.name())
     }
-    Ok(enc.name())
 }
 
-/// Whether an encoding's tokenizer has been built in this process.
-#[pyfunction]
-#[pyo3(signature = (*, model=None, encoding=None))]
-fn is_preloaded(py: Python<'_>, model: Option<&str>, encoding: Option<&str>) -> PyResult<bool> {
-    let enc = encoding_of(py, model, encoding)?;
-    Ok(enc.is_loaded())
+encoding_fn! {
+    /// Whether an encoding's tokenizer has been built in this process.
+    fn is_preloaded(py) -> bool, |enc| Ok(enc.is_loaded())
 }
 
-/// Token cost of one item under the documented cost model: text, media, overhead, opaque
-/// (unscaled) and the field of an opaque payload counted as text because it is not base64.
-#[pyfunction]
-#[pyo3(signature = (item, *, model=None, encoding=None))]
-fn item_tokens(
-    py: Python<'_>,
-    item: &Bound<'_, PyAny>,
-    model: Option<&str>,
-    encoding: Option<&str>,
-) -> PyResult<(u64, u64, u64, u64, Option<&'static str>)> {
-    let enc = encoding_of(py, model, encoding)?;
-    let value = item_value(py, item, "item")?;
-    let cost = py
-        .detach(move || tokens::item_cost(&value, enc))
-        .map_err(|e| token_error(py, e))?;
-    Ok((
-        cost.text,
-        cost.media,
-        cost.overhead,
-        cost.opaque,
-        cost.fallback,
-    ))
+encoding_fn! {
+    /// Token cost of one item under the documented cost model: text, media, overhead, opaque
+    /// (unscaled) and the field of an opaque payload counted as text because it is not base64.
+    fn item_tokens(py, item: &Bound<'_, PyAny>)
+        -> (u64, u64, u64, u64, Option<&'static str>), |enc| {
+        let value = item_value(py, item, "item")?;
+        let cost = py.detach(move || tokens::item_cost(&value, enc));
+        let c = cost.map_err(|e| token_error(py, e))?;
+        Ok((c.text, c.media, c.overhead, c.opaque, c.fallback))
+    }
 }
 
 /// `tokens` of opaque payloads under the calibration `factor` (rounded up, as packing does).

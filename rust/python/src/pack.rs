@@ -162,8 +162,33 @@ impl PyPackOptions {
     }
 }
 
-#[pymethods]
-impl PyPackOptions {
+/// The `#[pymethods]` of [`PyPackOptions`]: a read-only getter per `name: type = value`
+/// (`$o` being `&self`), then the methods written out.
+macro_rules! options_methods {
+    (|$o:ident| { $($(#[$doc:meta])* $name:ident: $ty:ty = $value:expr,)* } $($method:tt)*) => {
+        #[pymethods]
+        impl PyPackOptions {
+            $($(#[$doc])* #[getter] fn $name(&self) -> $ty { let $o = self; $value })*
+            $($method)*
+        }
+    };
+}
+
+options_methods! {
+    |o| {
+        max_tokens: u64 = o.core.pack.budget,
+        output_reserve: u64 = o.core.pack.output_reserve,
+        context_tokens: u64 = o.core.pack.context_tokens,
+        model: Option<&str> = o.core.model.as_deref(),
+        encoding: Option<&str> = o.core.encoding.as_deref(),
+        opaque_scale: f64 = o.core.opaque_scale,
+        history_len: Option<usize> = o.core.history_len,
+        history_offset: usize = o.core.history_offset,
+        /// The encoding the costs are counted with (resolved from `model` / `encoding`).
+        resolved_encoding: &'static str = o.core.basis.encoding.name(),
+        policy: &'static str = o.core.pack.policy.name(),
+    }
+
     #[new]
     #[pyo3(signature = (max_tokens, **fields))]
     fn new(
@@ -203,47 +228,6 @@ impl PyPackOptions {
         CallOptions::FIELDS.to_vec()
     }
 
-    #[getter]
-    fn max_tokens(&self) -> u64 {
-        self.core.pack.budget
-    }
-    #[getter]
-    fn output_reserve(&self) -> u64 {
-        self.core.pack.output_reserve
-    }
-    #[getter]
-    fn context_tokens(&self) -> u64 {
-        self.core.pack.context_tokens
-    }
-    #[getter]
-    fn model(&self) -> Option<&str> {
-        self.core.model.as_deref()
-    }
-    #[getter]
-    fn encoding(&self) -> Option<&str> {
-        self.core.encoding.as_deref()
-    }
-    #[getter]
-    fn opaque_scale(&self) -> f64 {
-        self.core.opaque_scale
-    }
-    #[getter]
-    fn history_len(&self) -> Option<usize> {
-        self.core.history_len
-    }
-    #[getter]
-    fn history_offset(&self) -> usize {
-        self.core.history_offset
-    }
-    /// The encoding the costs are counted with (resolved from `model` / `encoding`).
-    #[getter]
-    fn resolved_encoding(&self) -> &'static str {
-        self.core.basis.encoding.name()
-    }
-    #[getter]
-    fn policy(&self) -> &'static str {
-        self.core.pack.policy.name()
-    }
     #[getter]
     fn pinned<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.core.pinned)
