@@ -1520,17 +1520,23 @@ def test_short_blocks_are_rendered_once_by_their_values() -> None:
 
 @pytest.mark.parametrize("other_sessions", [False, True])
 def test_recall_from_a_memory_stores_rows_finds_what_its_hits_give(
-    monkeypatch: pytest.MonkeyPatch, other_sessions: bool
+    monkeypatch: pytest.MonkeyPatch, other_sessions: bool, new_db: Callable[[], str]
 ) -> None:
     """A MemoryStore's recalled passages are made from the rows its hits are made of
     (``_history_found``, the fast path: counted), and they are the candidates its hits
     give (``search_history`` replaced on the object: the hits' path) -- sources, texts,
     scores, headers (ages, dates, labels, another session's), digests and rows, the
-    neighbours included, for flat metadata and for nested."""
+    neighbours included, for flat metadata and for nested; on every engine."""
+    with MemoryStore(new_db(), chunk_words=40, chunk_overlap=0) as store:
+        _rows_and_hits_agree(store, monkeypatch, other_sessions)
+
+
+def _rows_and_hits_agree(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch, other_sessions: bool
+) -> None:
     from protoprompt._recall import _turn as recall_turn
     from protoprompt._recall._turn import Recall
 
-    store = MemoryStore(chunk_words=40, chunk_overlap=0)
     for sid in ("s1", "s0"):
         records = [
             HistoryRecord(

@@ -625,7 +625,7 @@ class MemoryStore:
         groups: dict[tuple[ScopeParams, str], list[int]] = {}
         places = []  # each hit's scope's parameters, session and row
         for row, _, _ in hits:
-            params = (row[1], row[2] or "", row[3] or "", row[4] or "")
+            params: ScopeParams = (row[1], row[2], row[3], row[4])  # as scope_params wrote
             sid, key = row[5], int(row[6])
             places.append((params, sid, key))
             groups.setdefault((params, sid), []).append(key)
