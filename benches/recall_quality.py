@@ -46,6 +46,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -497,6 +498,9 @@ def measure(
                     statistics.median(whole[f"{mode} cpu"]) * 1000 if mode in whole else None
                 ),
             }
+            if mode == "lexical" and whole:
+                row["sdk_turn_ratio"] = paired_ratio([whole])
+                row["sdk_turn_cpu_ratio"] = paired_ratio([whole], cpu=True)
             for kind in KINDS:
                 of = [v for q, v in found.items() if q.kind == kind]
                 row[kind] = (sum(of), len(of))
@@ -517,12 +521,27 @@ def recall_ms(rows: list[dict[str, Any]], share: float) -> float:
     return float(by["lexical"]["turn_ms"] - by["drop-only"]["turn_ms"])
 
 
+def paired_ratio(runs: Sequence[Mapping[str, list[float]]], cpu: bool = False) -> float:
+    """A whole SDK turn with recall over the same question's turn without it, the median
+    over every question of every run of :func:`_whole_turns` (``cpu``: of the process's
+    CPU time during the turns). The two turns of a question run back to back, so a wave of
+    the machine's load mostly slows both; the medians of each mode taken apart are further
+    apart from run to run on a shared machine."""
+    suffix = " cpu" if cpu else ""
+    ratios = [
+        on / off
+        for times in runs
+        for on, off in zip(times[f"lexical{suffix}"], times[f"drop-only{suffix}"], strict=True)
+        if off > 0
+    ]
+    return statistics.median(ratios)
+
+
 def sdk_ratio(rows: list[dict[str, Any]], share: float, *, cpu: bool = False) -> float:
-    """The median whole SDK turn with recall over without it, at ``share`` (``cpu``: of the
-    process's CPU time during the turns)."""
+    """The whole SDK turn with recall over without it, at ``share``: :func:`paired_ratio`
+    (``cpu``: of the process's CPU time during the turns)."""
     by = {r["mode"]: r for r in rows if r["share"] == share}
-    key = "sdk_turn_cpu_ms" if cpu else "sdk_turn_ms"
-    return float(by["lexical"][key] / by["drop-only"][key])
+    return float(by["lexical"]["sdk_turn_cpu_ratio" if cpu else "sdk_turn_ratio"])
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:

@@ -990,6 +990,24 @@ def test_evidence_of_generated_conversations_reaches_the_request() -> None:
         assert lexical["reply"][0] == lexical["reply"][1]  # the answer, by its question
 
 
+def test_the_turn_ratio_pairs_each_questions_two_turns() -> None:
+    """The recall benchmark's turn ratio is the median of each question's turn with recall
+    over its turn without (over every run), not the ratio of the modes' medians: a load
+    wave that slows both turns of a question leaves its ratio alone."""
+    import recall_quality
+
+    calm = {"drop-only": [10.0, 10.0, 10.0], "lexical": [11.0, 11.0, 12.0]}
+    busy = {"drop-only": [30.0, 0.0, 30.0], "lexical": [33.0, 5.0, 36.0]}
+    for times in (calm, busy):
+        times.update({f"{m} cpu": [t / 2 for t in times[m]] for m in ("drop-only", "lexical")})
+    assert recall_quality.paired_ratio([calm]) == pytest.approx(1.1)
+    # The turn with no time measured is left out: 1.1, 1.1, 1.2, 1.1 and 1.2 give 1.1.
+    assert recall_quality.paired_ratio([calm, busy]) == pytest.approx(1.1)
+    assert recall_quality.paired_ratio([calm, busy], cpu=True) == pytest.approx(1.1)
+    calm["lexical cpu"] = [6.0, 6.0, 6.0]
+    assert recall_quality.paired_ratio([calm], cpu=True) == pytest.approx(1.2)
+
+
 def test_a_recalled_tool_output_cannot_close_its_frame_or_forge_a_turn() -> None:
     """An old tool output holding ``</turn></recalled_turns>``, free-standing instructions
     and a forged ``<turn what="user message">`` header stays inside its own ``<turn>``."""
