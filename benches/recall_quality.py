@@ -521,20 +521,24 @@ def recall_ms(rows: list[dict[str, Any]], share: float) -> float:
     return float(by["lexical"]["turn_ms"] - by["drop-only"]["turn_ms"])
 
 
-def paired_ratio(runs: Sequence[Mapping[str, list[float]]], cpu: bool = False) -> float:
-    """A whole SDK turn with recall over the same question's turn without it, the median
-    over every question of every run of :func:`_whole_turns` (``cpu``: of the process's
-    CPU time during the turns). The two turns of a question run back to back, so a wave of
-    the machine's load mostly slows both; the medians of each mode taken apart are further
-    apart from run to run on a shared machine."""
+def paired_ratios(runs: Sequence[Mapping[str, list[float]]], cpu: bool = False) -> list[float]:
+    """Each question's whole SDK turn with recall over its turn without it, for every run
+    of :func:`_whole_turns` (``cpu``: of the process's CPU time during the turns); a pair
+    whose turn without recall measured no time is left out."""
     suffix = " cpu" if cpu else ""
-    ratios = [
+    return [
         on / off
         for times in runs
         for on, off in zip(times[f"lexical{suffix}"], times[f"drop-only{suffix}"], strict=True)
         if off > 0
     ]
-    return statistics.median(ratios)
+
+
+def paired_ratio(runs: Sequence[Mapping[str, list[float]]], cpu: bool = False) -> float:
+    """The median of :func:`paired_ratios`. The two turns of a question run back to back, so
+    a wave of the machine's load mostly slows both; the medians of each mode taken apart
+    are further apart from run to run on a shared machine."""
+    return statistics.median(paired_ratios(runs, cpu))
 
 
 def sdk_ratio(rows: list[dict[str, Any]], share: float, *, cpu: bool = False) -> float:

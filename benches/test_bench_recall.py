@@ -9,7 +9,9 @@ turns of a pair, where the medians of each mode taken apart drift apart. Five ru
 file on one machine beside a clean-clone CI (load 4-6): per question 1.09x-1.16x at 10%
 and 1.09x-1.20x at 25%, against 1.06x-1.17x and 1.06x-1.28x for the ratio of the modes'
 medians (the estimator before); the process's CPU per question 1.15x-1.18x and
-1.17x-1.18x. Issue 35's target is at most ``TARGET_TURN_RATIO`` (1.2x), so a ratio between
+1.17x-1.18x. The tail is steady from run to run: 9 in 10 questions' CPU ratios are under
+1.27x-1.30x, the first question after the set-up (a cold search) at 1.3x-1.6x and a few
+others at about 1.25x in every run. Issue 35's target is at most ``TARGET_TURN_RATIO`` (1.2x), so a ratio between
 the target and ``REGRESSION_RATIO`` is an expected failure that names the ratio, and above it a
 failure. The evidence-reaches-the-request targets are asserted by ``tests/recall/test_recall.py``.
 
@@ -85,19 +87,23 @@ def test_a_turn_with_recall_against_the_turn_without(benchmark, results, share) 
     on = min(statistics.median(r["lexical"]) for r in runs)
     ratio = rq.paired_ratio(runs)
     cpu_ratio = rq.paired_ratio(runs, cpu=True)
+    # 9 in 10 questions' CPU ratios are below it (wall times of single turns on a shared
+    # machine take the load's spikes).
+    tail = statistics.quantiles(rq.paired_ratios(runs, cpu=True), n=10)[-1]
     benchmark.extra_info.update(
         budget=budget,
         off_ms=off * 1e3,
         on_ms=on * 1e3,
         ratio=ratio,
         cpu_ratio=cpu_ratio,
+        cpu_ratio_p90=tail,
         ratio_of_medians=on / off,
     )
     results[("recall", (share,))] = {"off": off, "on": on, "ratio": ratio}
     print(
         f"\nrecall {share:.0%} (budget {budget:,}): whole SDK turn {off * 1e3:.1f} ms without,"
         f" {on * 1e3:.1f} ms with lexical recall; per question {ratio:.2f}x (CPU"
-        f" {cpu_ratio:.2f}x; the medians' ratio {on / off:.2f}x)"
+        f" {cpu_ratio:.2f}x, 9 in 10 under {tail:.2f}x; the medians' ratio {on / off:.2f}x)"
     )
     assert ratio <= REGRESSION_RATIO, (
         f"a turn with recall took {ratio:.2f}x the turn without (before issue 35's speed-ups"

@@ -1001,6 +1001,7 @@ def test_the_turn_ratio_pairs_each_questions_two_turns() -> None:
     for times in (calm, busy):
         times.update({f"{m} cpu": [t / 2 for t in times[m]] for m in ("drop-only", "lexical")})
     assert recall_quality.paired_ratio([calm]) == pytest.approx(1.1)
+    assert recall_quality.paired_ratios([calm, busy]) == pytest.approx([1.1, 1.1, 1.2, 1.1, 1.2])
     # The turn with no time measured is left out: 1.1, 1.1, 1.2, 1.1 and 1.2 give 1.1.
     assert recall_quality.paired_ratio([calm, busy]) == pytest.approx(1.1)
     assert recall_quality.paired_ratio([calm, busy], cpu=True) == pytest.approx(1.1)
