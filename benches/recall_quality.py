@@ -683,7 +683,8 @@ SDK turns (`Runner.run` over a `ProtoPromptSession` in a SQLite file, a model th
 at once, the two modes taking turns; the background indexing of the rows a turn evicts
 runs beside the rest of that turn, and is waited for before the next), in wall time and
 in the process's CPU time during the turn (what the turn's work costs whatever else the
-machine runs). The callback's question turns repeat one history (its recalled passages'
+machine runs); the ratio under the table is the median of each question's turn with recall
+over its turn without, the two run back to back (`paired_ratio`). The callback's question turns repeat one history (its recalled passages'
 token counts are found in memory after the first questions); the SDK turns add a question
 and an answer each, so every turn's "N turns ago" headers and context message are new.
 Before the ranking of issue 35 (commit f9ab324: unstemmed bm25, question words matched,
