@@ -2,7 +2,9 @@
 //! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
 
 use crate::convert::{label, to_value, FieldError};
+use crate::errors::field_error;
 use protoprompt_core::costs::{CountStore, ItemSource, StoreError, StoreTally};
+use protoprompt_core::items::Fault;
 use protoprompt_core::pack::CostFailure;
 use protoprompt_core::reads::{CallReads, ReadFrom};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -189,7 +191,7 @@ impl PyItems {
         keep: bool,
     ) -> Result<Bound<'py, PyAny>, FieldError> {
         self.item(py, p, keep)
-            .map_err(|e| FieldError::caused("(item)", self.reads.unreadable(p), e))
+            .map_err(|e| Fault::caused("(item)", self.reads.unreadable(p), e))
     }
 
     /// The kept history objects followed by every new-input object: what the caller sends.
@@ -202,7 +204,8 @@ impl PyItems {
         for &p in kept {
             // Read once, here: nothing to keep it for.
             let item = self.readable(py, p, false);
-            out.push(item.map_err(|e| e.raise(py, &label(self.reads.n_history(), p)))?);
+            let at = || label(self.reads.n_history(), p);
+            out.push(item.map_err(|e| field_error(py, &at(), e))?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
         PyList::new(py, out)

@@ -2,7 +2,7 @@
 //! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
 
 use crate::convert::{as_dict, label, to_py};
-use crate::errors::item_error;
+use crate::errors::{field_error, item_error};
 use protoprompt_core::mask::{MaskedField, Masking};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -41,7 +41,7 @@ pub(crate) fn masked_copy<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let at = label(n_history, position);
     let dict = as_dict(original, "(item)")
-        .map_err(|e| e.raise(py, &at))?
+        .map_err(|e| field_error(py, &at, e))?
         .ok_or_else(|| item_error(py, &at, "(item)", "is no longer a mapping"))?;
     let copy = dict.copy()?;
     let same = copy
