@@ -162,13 +162,11 @@ fn calibration_sample(
     reported: u64,
     whole: bool,
 ) -> PyResult<(Option<f64>, Option<f64>)> {
-    let obs = calibration::Observation {
-        estimate,
-        opaque,
-        scale: opaque_scale(factor)?,
-        reported,
-    };
-    Ok(calibration::sample(obs, whole))
+    let obs = calibration::Observation::checked(estimate, opaque, factor, reported);
+    Ok(calibration::sample(
+        obs.map_err(PyValueError::new_err)?,
+        whole,
+    ))
 }
 
 /// The calibration learned from `samples` (oldest first), as a factor of the rule (with

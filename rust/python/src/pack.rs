@@ -6,7 +6,7 @@ use crate::errors::token_error;
 use protoprompt_core::facade::{
     CallOptions, FieldError, FieldValue, Int, OptionsError, ReportValue,
 };
-use protoprompt_core::pack::{ContextHook, PackError};
+use protoprompt_core::pack::{context_tokens, ContextHook, PackError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -254,14 +254,9 @@ pub(crate) fn run_pack<'py, T: Send>(
             };
             Python::attach(|py| {
                 let returned = callable.bind(py).call1((remaining,))?;
-                match returned.extract::<i64>() {
-                    Ok(n) if n >= 0 => Ok(n as u64),
-                    _ => Err(PyValueError::new_err(format!(
-                        "the context callable must return a non-negative int (tokens used), \
-                         got {}",
-                        returned.repr().map(|r| r.to_string()).unwrap_or_default()
-                    ))),
-                }
+                let shown = || returned.repr().map(|r| r.to_string()).unwrap_or_default();
+                let tokens = context_tokens(returned.extract().ok(), shown);
+                tokens.map_err(PyValueError::new_err)
             })
             .map_err(|e| {
                 let message = e.to_string();
