@@ -64,7 +64,7 @@ impl fmt::Display for ItemError {
 
 impl std::error::Error for ItemError {}
 
-/// Why a front end's value cannot be read ([`crate::json::JsonSource`]'s usual `Error`): the
+/// Why a front end's value cannot be read (a JSON source's usual `Error`): the
 /// field (a path inside the item), what is wrong with it, and the front end's own failure
 /// behind it if there was one (a Python exception: the error's cause).
 #[derive(Debug, Clone, PartialEq, Eq)]
