@@ -68,6 +68,19 @@ pub struct Observation {
     pub reported: u64,
 }
 
+impl Observation {
+    /// An observation of a call estimated with the calibration `factor`
+    /// ([`OpaqueScale::checked`]: a factor out of its bounds is refused).
+    pub fn checked(estimate: u64, opaque: u64, factor: f64, reported: u64) -> Result<Self, String> {
+        Ok(Observation {
+            estimate,
+            opaque,
+            scale: OpaqueScale::checked(factor)?,
+            reported,
+        })
+    }
+}
+
 /// The factor of the rule's opaque tokens the provider counted at most in this call (see
 /// the module notes), or `None` when the call carried too few opaque tokens to tell.
 pub fn implied_factor(obs: Observation) -> Option<f64> {
@@ -177,6 +190,20 @@ mod tests {
             scale: OpaqueScale::from_sixty_fourths(scale).unwrap(),
             reported,
         }
+    }
+
+    #[test]
+    fn an_observation_takes_a_checked_factor() {
+        assert_eq!(
+            Observation::checked(5000, 4000, 0.5, 3000),
+            Ok(obs(5000, 4000, 32, 3000))
+        );
+        let refused = Observation::checked(5000, 4000, 9.0, 3000).unwrap_err();
+        assert!(
+            refused.starts_with("opaque_scale must be between"),
+            "{refused}"
+        );
+        assert!(Observation::checked(1, 1, f64::NAN, 1).is_err());
     }
 
     #[test]

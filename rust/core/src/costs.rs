@@ -107,6 +107,42 @@ pub trait CountStore {
     fn get_many(&mut self, keys: &[[u8; 16]]) -> Result<Vec<Option<u64>>, StoreError>;
 }
 
+/// One element of a count store's answer as the embedding reads it ([`stored_counts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// No count (`None`).
+    Absent,
+    /// An integer in `0..=u64::MAX` (a bool is not one).
+    Count(u64),
+    /// Anything else.
+    NotACount,
+}
+
+/// A count store's answer to `asked` keys (`None`: it is not a list) as
+/// [`CountStore::get_many`] returns it: the counts, or the message refusing it when it is not
+/// a list of `asked` elements each absent or a count (`shown()`: the answer as its source
+/// writes it).
+pub fn stored_counts(
+    asked: usize,
+    answer: Option<impl ExactSizeIterator<Item = Stored>>,
+    shown: impl FnOnce() -> String,
+) -> Result<Vec<Option<u64>>, String> {
+    let counts = answer.filter(|a| a.len() == asked).and_then(|answer| {
+        let count = |s| match s {
+            Stored::Absent => Some(None),
+            Stored::Count(n) => Some(Some(n)),
+            Stored::NotACount => None,
+        };
+        answer.map(count).collect()
+    });
+    counts.ok_or_else(|| {
+        format!(
+            "count_store.get_many must return a list of {asked} ints >= 0 or None, got {}",
+            shown()
+        )
+    })
+}
+
 /// Supplies items as JSON values by global position (history ++ new input).
 pub trait ItemSource {
     /// The items at `positions`, in order (one call per batch the packer asks for).

@@ -24,7 +24,10 @@ use crate::incremental::{Cut, Window};
 use crate::indexed::{cost_over, lock, HistoryMark, IndexedHistory, KindNames};
 use crate::items::ItemMeta;
 use crate::pack::{ContextHook, PackError, UnitDecision};
-use crate::pipeline::{counted_window, earlier_thinking_free, pack_indexed, PackFailure, Packed};
+use crate::pipeline::{
+    counted_window, earlier_thinking_free, pack_indexed, run_blocking, Blocking, PackFailure,
+    Packed,
+};
 use crate::tokens::{CostBasis, Loading, TokenError};
 
 pub use crate::options::{CallOptions, FieldError, FieldValue, Int, OptionsError};
@@ -84,6 +87,61 @@ pub struct CallEnd<T, F, S> {
     pub n_history: usize,
 }
 
+/// How a failed call ends as an embedding raises it ([`CallEnd::finish`]), `E` being the
+/// embedding's own failures (Python exceptions): the count store's own failure comes first,
+/// then a tokenizer failure (its message names the item), then the call's error (for a
+/// failed context hook, the hook's own failure, `Raised`) chained to the failure behind the
+/// item that could not be read (`cause`).
+#[derive(Debug)]
+pub enum Ending<E> {
+    Store(E),
+    Tokenizer(String),
+    Raised { error: E, cause: Option<E> },
+    Pack { error: PackError, cause: Option<E> },
+}
+
+/// A call's value with what it hands back: the item source, and the count store with what
+/// the call did with it.
+pub type Finished<T, F, S> = (T, F, Option<(S, StoreTally)>);
+
+impl<T, F, S> CallEnd<T, F, S> {
+    /// The call's value with what it hands back, or how it ends ([`Ending`]): `store_failure`
+    /// takes the count store's own failure out of it, `item_cause` the failure behind the
+    /// item that could not be read out of the item source, and `hook` is the failure of the
+    /// context hook, if it failed.
+    pub fn finish<E>(
+        self,
+        store_failure: impl FnOnce(&mut S) -> Option<E>,
+        item_cause: impl FnOnce(&mut F) -> Option<E>,
+        hook: Option<E>,
+    ) -> Result<Finished<T, F, S>, Ending<E>> {
+        let CallEnd {
+            outcome,
+            mut items,
+            mut store,
+            n_history,
+        } = self;
+        if let Some(e) = store.as_mut().and_then(|(s, _)| store_failure(s)) {
+            return Err(Ending::Store(e));
+        }
+        let failure = match outcome {
+            Ok(value) => return Ok((value, items, store)),
+            Err(f) => f.labelled(n_history),
+        };
+        Err(match (failure, hook) {
+            (CallError::Tokenizer(m), _) => Ending::Tokenizer(m),
+            (_, Some(error)) => Ending::Raised {
+                error,
+                cause: item_cause(&mut items),
+            },
+            (CallError::Pack(error), None) => Ending::Pack {
+                error,
+                cause: item_cause(&mut items),
+            },
+        })
+    }
+}
+
 /// Finish `engine`: `outcome`, unless it failed and the tokenizer failed (the engine's
 /// failure, else `masked`), which is then the failure.
 fn settle<T, F: ItemSource, S: CountStore>(
@@ -130,6 +188,58 @@ pub struct PackCall {
     pub decisions: DecisionReport,
 }
 
+/// One plain value of a pack's report ([`PackCall::report`]), as an embedding converts it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportValue<'a> {
+    Positions(&'a [usize]),
+    Count(u64),
+    Name(&'static str),
+    Factor(f64),
+    /// How the pack used the index: `(held, appended, regrouped_from, why)`.
+    Index(&'a IndexUse),
+    /// Where the fill first missed: `(unit, tokens left, cause code)`.
+    Stop(Option<(usize, u64, &'static str)>),
+}
+
+impl PackCall {
+    /// The plain values of the pack's result by name, in its order: the kept and dependency
+    /// positions, the token totals (`used` and `remaining` worked out), the cost basis and
+    /// policy of `options`, the masking saved, where the fill stopped, how the index was
+    /// used, the thinking rule and what it made free, and the reasoning left out of masked
+    /// units. The decisions ([`PackCall::decisions`]) and the request (the kept history's
+    /// items, then the new input, edited by [`Packed::request_edits`]) are the embedding's
+    /// to add.
+    pub fn report(&self, options: &CallOptions) -> Vec<(&'static str, ReportValue<'_>)> {
+        use ReportValue::{Count, Factor, Index, Name, Positions, Stop};
+        let r = &self.packed.result;
+        let stop = r.stop.map(|s| (s.unit, s.left, s.cause.code()));
+        vec![
+            ("kept_history", Positions(&r.kept_history)),
+            ("dependency", Positions(&r.dependency)),
+            ("new_input_tokens", Count(r.new_input_tokens)),
+            ("dependency_tokens", Count(r.dependency_tokens)),
+            ("history_tokens", Count(r.history_tokens)),
+            ("context_tokens", Count(r.context_tokens)),
+            ("output_reserve", Count(r.output_reserve)),
+            ("budget", Count(r.budget)),
+            ("used", Count(r.used())),
+            ("remaining", Count(r.remaining())),
+            ("encoding", Name(options.basis.encoding.name())),
+            ("opaque_scale", Factor(options.basis.opaque_scale.factor())),
+            ("policy", Name(options.pack.policy.name())),
+            ("masking_saved", Count(r.masking_saved)),
+            ("stop", Stop(stop)),
+            ("index", Index(&self.index_use)),
+            ("thinking_rule", Name(options.thinking_rule())),
+            (
+                "earlier_thinking_free",
+                Count(self.earlier_thinking_free as u64),
+            ),
+            ("omitted_reasoning", Positions(&self.packed.omitted)),
+        ]
+    }
+}
+
 /// Where the items of a pack stand: the index held `held` items when the call began, the
 /// call appended `appended` (its history is now indexed whole), which regrouped units from
 /// `regrouped` on.
@@ -152,13 +262,30 @@ impl IndexedHistory {
         mark
     }
 
+    /// Run `call` as one call with `options` ([`IndexedHistory::begin_call`]): when it fails,
+    /// the index is put back as it was before it ([`IndexedHistory::undo`], run through
+    /// `blocking`).
+    pub fn within_call<R, E>(
+        &mut self,
+        options: &CallOptions,
+        blocking: Blocking<'_>,
+        call: impl FnOnce(&mut Self) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let mark = self.begin_call(options);
+        let outcome = call(self);
+        if outcome.is_err() {
+            run_blocking(blocking, || self.undo(mark));
+        }
+        outcome
+    }
+
     /// Append `total` fresh history items classified by `classify` (see
     /// [`IndexedHistory::append_classified`]): where the call's items stand then.
     pub fn append_fresh<E>(
         &mut self,
         total: usize,
         classify: impl FnMut(usize, usize) -> Result<Vec<ItemMeta>, E>,
-        blocking: crate::pipeline::Blocking<'_>,
+        blocking: Blocking<'_>,
     ) -> Result<Appended, E> {
         let held = self.len();
         self.take_regrouped();

@@ -64,6 +64,49 @@ impl fmt::Display for ItemError {
 
 impl std::error::Error for ItemError {}
 
+/// Why a front end's value cannot be read (a JSON source's usual `Error`): the
+/// field (a path inside the item), what is wrong with it, and the front end's own failure
+/// behind it if there was one (a Python exception: the error's cause).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault<C> {
+    pub field: String,
+    pub message: String,
+    pub cause: Option<C>,
+}
+
+impl<C> Fault<C> {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Fault {
+            field: field.into(),
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// The front end's failure `cause` at `field`, with `message`.
+    pub fn caused(field: impl Into<String>, message: impl Into<String>, cause: C) -> Self {
+        Fault {
+            cause: Some(cause),
+            ..Fault::new(field, message)
+        }
+    }
+
+    /// The front end's failure `cause` at `field`, its own text the message.
+    pub fn raised(field: impl Into<String>, cause: C) -> Self
+    where
+        C: fmt::Display,
+    {
+        let message = cause.to_string();
+        Fault::caused(field, message, cause)
+    }
+}
+
+impl<C> From<ItemError> for Fault<C> {
+    fn from(e: ItemError) -> Self {
+        Fault::new(e.field, e.message)
+    }
+}
+
 fn json_type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

@@ -53,6 +53,33 @@ impl MaskedField {
         copy
     }
 
+    /// Whether an item's own value of the field, of length `len` (`None`: absent or without
+    /// a length), is still the one this field was made from; if not, the item changed
+    /// behind the index that remembered it (`Err`: what is wrong with the field).
+    pub fn check_len(&self, len: Option<usize>) -> Result<(), &'static str> {
+        if len == Some(self.original_len) {
+            return Ok(());
+        }
+        Err(
+            "changed since its masked copy was made (the items an index has seen must stay \
+             as they are)",
+        )
+    }
+
+    /// A text value as the caller converts it (`make`, run for the first copy only: a text
+    /// is immutable, so one conversion serves every later copy); `None` for a value that is
+    /// not a text, or when a conversion of another type was kept.
+    pub fn converted_text<T: std::any::Any + Send + Sync>(
+        &self,
+        make: impl FnOnce(&str) -> T,
+    ) -> Option<&T> {
+        let Value::String(text) = &*self.value else {
+            return None;
+        };
+        let kept = self.converted.get_or_init(|| Arc::new(make(text)));
+        kept.downcast_ref::<T>()
+    }
+
     /// A copy of its own: the value shared, nothing converted yet.
     pub fn detached(&self) -> MaskedField {
         MaskedField {

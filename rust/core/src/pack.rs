@@ -451,6 +451,21 @@ impl Packer<'_> {
 /// the context (system prompt, recalled memory) takes. It runs before any history is chosen.
 pub type ContextHook<'a> = &'a mut dyn FnMut(u64) -> Result<u64, PackError>;
 
+/// The tokens an embedding's context callable says the context takes, from what it returned:
+/// a non-negative integer (`returned`: the value as an integer, if it is one that fits 64
+/// bits; `shown()`: the value as its source writes it, for the message refusing it).
+pub fn context_tokens(
+    returned: Option<i64>,
+    shown: impl FnOnce() -> String,
+) -> Result<u64, String> {
+    returned.and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
+        format!(
+            "the context callable must return a non-negative int (tokens used), got {}",
+            shown()
+        )
+    })
+}
+
 /// Pack the history of `graph` into `opts.budget`.
 ///
 /// `metas` are the classified items, history then new_input (the same sequence the graph was

@@ -608,3 +608,31 @@ fn rule_2_costs_are_reused_except_a_calibrated_estimates() {
     );
     assert!(payload(tokens::COST_RULE, 16, "claude_estimate").is_err());
 }
+
+#[test]
+fn a_count_store_s_answer_is_a_list_of_counts_or_refused() {
+    use protoprompt_core::costs::{stored_counts, Stored};
+    let shown = || "<answer>".to_string();
+    let answer = [Stored::Count(3), Stored::Absent, Stored::Count(u64::MAX)];
+    assert_eq!(
+        stored_counts(3, Some(answer.into_iter()), shown),
+        Ok(vec![Some(3), None, Some(u64::MAX)])
+    );
+    assert_eq!(stored_counts(0, Some([].into_iter()), shown), Ok(vec![]));
+    let refused = "count_store.get_many must return a list of 2 ints >= 0 or None, got <answer>";
+    let not_a_count = [Stored::Count(1), Stored::NotACount];
+    assert_eq!(
+        stored_counts(2, Some(not_a_count.into_iter()), shown),
+        Err(refused.to_string())
+    );
+    let short = [Stored::Count(1)];
+    assert_eq!(
+        stored_counts(2, Some(short.into_iter()), shown),
+        Err(refused.to_string())
+    );
+    let not_a_list: Option<std::array::IntoIter<Stored, 0>> = None;
+    assert_eq!(
+        stored_counts(2, not_a_list, shown),
+        Err(refused.to_string())
+    );
+}

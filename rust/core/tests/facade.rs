@@ -4,8 +4,11 @@
 //! call ends with, and the counting calls leave the index with the costs a window start
 //! needs.
 
+use protoprompt_core::costs::StoreTally;
 use protoprompt_core::costs::{ItemSource, NoStore};
-use protoprompt_core::facade::{CallFailure, CallOptions, OptionsError};
+use protoprompt_core::facade::{
+    CallEnd, CallFailure, CallOptions, Ending, OptionsError, ReportValue,
+};
 use protoprompt_core::indexed::IndexedHistory;
 use protoprompt_core::items::ItemMeta;
 use protoprompt_core::pack::CostFailure;
@@ -153,6 +156,39 @@ fn a_pack_reports_how_it_used_the_index_and_what_thinking_was_free() {
         (0, vec![0], vec!["user_message"], "kept")
     );
     assert!(report.row(report.len()).is_none());
+    // The plain values of the result, by name and in its order.
+    let values = call.report(&o);
+    let names: Vec<&str> = values.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        &names[..3],
+        ["kept_history", "dependency", "new_input_tokens"]
+    );
+    assert_eq!(names.last(), Some(&"omitted_reasoning"));
+    let value = |name: &str| values.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let result = &call.packed.result;
+    assert_eq!(
+        value("kept_history"),
+        ReportValue::Positions(&result.kept_history)
+    );
+    assert_eq!(value("used"), ReportValue::Count(result.used()));
+    assert_eq!(
+        value("remaining"),
+        ReportValue::Count(1_000_000 - result.used())
+    );
+    assert_eq!(
+        value("encoding"),
+        ReportValue::Name(o.basis.encoding.name())
+    );
+    assert_eq!(value("opaque_scale"), ReportValue::Factor(1.0));
+    assert_eq!(value("policy"), ReportValue::Name("contiguous"));
+    assert_eq!(
+        value("thinking_rule"),
+        ReportValue::Name("earlier-turns-free")
+    );
+    assert_eq!(value("earlier_thinking_free"), ReportValue::Count(6));
+    assert_eq!(value("index"), ReportValue::Index(&call.index_use));
+    assert_eq!(value("stop"), ReportValue::Stop(None));
+    assert_eq!(value("omitted_reasoning"), ReportValue::Positions(&[]));
     // The free thinking is never counted; everything else is, and stays in the index.
     assert_eq!(index.costs().counted(), items.len() - 6);
 }
@@ -334,4 +370,89 @@ fn a_graph_reports_its_units_with_labels_kinds_and_problems() {
     );
     assert_eq!((*valid, *input_only, *contains_new), (true, false, false));
     assert!(problems.is_empty());
+}
+
+/// A call's end with `outcome`, an item source whose cause is "item" and a store whose own
+/// failure is `store`.
+fn ended(
+    outcome: Result<u8, CallFailure>,
+    store: Option<&'static str>,
+) -> CallEnd<u8, Option<&'static str>, Option<&'static str>> {
+    CallEnd {
+        outcome,
+        items: Some("item"),
+        store: Some((store, StoreTally::default())),
+        n_history: 3,
+    }
+}
+
+#[test]
+fn a_call_ends_with_the_store_then_the_tokenizer_then_its_error_and_the_item_cause() {
+    use protoprompt_core::pack::PackError;
+    let take = |s: &mut Option<&'static str>| s.take();
+    let finish = |end: CallEnd<u8, _, _>, hook| end.finish(take, take, hook);
+    let (value, items, store) = finish(ended(Ok(7), None), None).unwrap();
+    assert_eq!((value, items), (7, Some("item")));
+    assert_eq!(store, Some((None, StoreTally::default())));
+    // The store's own failure comes first, even before a value.
+    assert!(matches!(
+        finish(ended(Ok(7), Some("store")), Some("hook")),
+        Err(Ending::Store("store"))
+    ));
+    // Then a tokenizer failure (labelled), which has no cause.
+    let tokenizer = CallFailure::Tokenizer {
+        position: 3,
+        error: TokenError::Tokenizer("boom".into()),
+    };
+    match finish(ended(Err(tokenizer), None), Some("hook")) {
+        Err(Ending::Tokenizer(m)) => assert!(m.starts_with("new_input[0]: "), "{m}"),
+        other => panic!("expected a tokenizer ending, got {other:?}"),
+    }
+    // A failed hook's own failure stands for the call's error, chained to the item's.
+    let context = || CallFailure::Pack(PackError::Context("hook".into()));
+    assert!(matches!(
+        finish(ended(Err(context()), None), Some("hook")),
+        Err(Ending::Raised {
+            error: "hook",
+            cause: Some("item")
+        })
+    ));
+    let item = CallFailure::Item(CostFailure {
+        position: 1,
+        field: "content".into(),
+        message: "bad".into(),
+    });
+    match finish(ended(Err(item), None), None) {
+        Err(Ending::Pack {
+            error: PackError::Item { label, .. },
+            cause: Some("item"),
+        }) => assert_eq!(label, "history[1]"),
+        other => panic!("expected the item's error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_failed_call_puts_the_index_back() {
+    let items = history(2);
+    let mut index = indexed(&items[..5]);
+    let o = options(1_000_000, None);
+    let undone = std::sync::atomic::AtomicUsize::new(0);
+    let blocking = |f: &mut (dyn FnMut() + Send)| {
+        undone.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f()
+    };
+    let append = |index: &mut IndexedHistory| {
+        let rest = metas(&items[5..]);
+        let classify = |_, _| -> Result<_, ()> { Ok(rest.clone()) };
+        index.append_fresh(5, classify, &|f| f()).map(|_| ())
+    };
+    let failed = index.within_call(&o, &blocking, |index| {
+        append(index).unwrap();
+        Err::<(), _>("failed")
+    });
+    assert_eq!((failed, index.len()), (Err("failed"), 5));
+    assert_eq!(undone.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let kept = index.within_call(&o, &blocking, |index| append(index).map_err(|()| "x"));
+    assert_eq!((kept, index.len()), (Ok(()), 10));
+    assert_eq!(undone.load(std::sync::atomic::Ordering::Relaxed), 1);
 }

@@ -1,7 +1,7 @@
 //! A front end's values read as JSON (`protoprompt_core::json`): values, the field paths and
 //! messages of errors, the depth limit, a front end's own failures and panics.
 
-use protoprompt_core::items::{ItemError, ItemValue, NotText};
+use protoprompt_core::items::{Fault, ItemValue, NotText};
 use protoprompt_core::json::{json_item, json_value, JsonSource, Shape};
 use serde_json::json;
 
@@ -23,14 +23,7 @@ enum Toy {
 }
 
 /// An error: field, message, and the front end's fault behind it.
-#[derive(Debug, PartialEq)]
-struct Failed(String, String, Option<&'static str>);
-
-impl From<ItemError> for Failed {
-    fn from(e: ItemError) -> Failed {
-        Failed(e.field, e.message, None)
-    }
-}
+type Failed = Fault<&'static str>;
 
 impl ItemValue for Toy {
     type Error = Failed;
@@ -89,7 +82,7 @@ impl JsonSource for Toy {
     }
 
     fn failed(field: String, fault: &'static str) -> Failed {
-        Failed(field, fault.to_string(), Some(fault))
+        Fault::raised(field, fault)
     }
 }
 
@@ -102,7 +95,7 @@ fn list(items: Vec<Toy>) -> Toy {
 }
 
 fn failed(field: &str, message: &str) -> Failed {
-    Failed(field.to_string(), message.to_string(), None)
+    Fault::new(field, message)
 }
 
 #[test]
@@ -163,11 +156,7 @@ fn a_front_end_fault_is_the_error_of_its_list() {
         "a",
         Toy::List(vec![Ok(Toy::Int(1)), Err("iteration raised")]),
     )]);
-    let want = Failed(
-        "a".to_string(),
-        "iteration raised".to_string(),
-        Some("iteration raised"),
-    );
+    let want = Fault::caused("a", "iteration raised", "iteration raised");
     assert_eq!(json_value(&item), Err(want));
 }
 

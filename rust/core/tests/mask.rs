@@ -637,3 +637,36 @@ fn a_unit_whose_masked_lower_bound_cannot_fit_is_not_masked_at_all() {
     assert_eq!(counted.decision, Decision::Masked);
     assert!(counted.masked_tokens.is_some());
 }
+
+#[test]
+fn a_masked_field_checks_its_item_and_converts_its_text_once() {
+    use protoprompt_core::masked_field::MaskedField;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let field = |value: Value| MaskedField {
+        field: "output",
+        value: std::sync::Arc::new(value),
+        original_len: 5,
+        cost: None,
+        converted: std::sync::OnceLock::new(),
+    };
+    let text = field(json!("short"));
+    assert_eq!(text.check_len(Some(5)), Ok(()));
+    for changed in [Some(4), None] {
+        let message = text.check_len(changed).unwrap_err();
+        assert!(message.starts_with("changed since its masked copy was made"));
+        assert!(message.ends_with("must stay as they are)"), "{message}");
+    }
+    let made = AtomicUsize::new(0);
+    let make = |t: &str| {
+        made.fetch_add(1, Ordering::Relaxed);
+        t.to_uppercase()
+    };
+    assert_eq!(text.converted_text(make), Some(&"SHORT".to_string()));
+    assert_eq!(text.converted_text(make), Some(&"SHORT".to_string()));
+    assert_eq!(made.load(Ordering::Relaxed), 1, "converted once");
+    // A conversion of another type was kept: none of this one.
+    assert_eq!(text.converted_text(|t| t.len()), None);
+    let list = field(json!([{"type": "input_text", "text": "x"}]));
+    assert_eq!(list.converted_text(make), None);
+    assert_eq!(made.load(Ordering::Relaxed), 1);
+}

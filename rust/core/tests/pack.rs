@@ -639,3 +639,17 @@ fn policies_parse_by_name_and_say_which_names_there_are() {
         "policy must be \"contiguous\" or \"greedy\", got \"best\""
     );
 }
+
+#[test]
+fn a_context_callable_returns_the_tokens_it_took() {
+    use protoprompt_core::pack::context_tokens;
+    let shown = || "'ten'".to_string();
+    assert_eq!(context_tokens(Some(0), shown), Ok(0));
+    assert_eq!(context_tokens(Some(i64::MAX), shown), Ok(i64::MAX as u64));
+    let refused = "the context callable must return a non-negative int (tokens used), got 'ten'";
+    assert_eq!(context_tokens(None, shown), Err(refused.to_string()));
+    assert_eq!(
+        context_tokens(Some(-1), || "-1".to_string()),
+        Err(refused.replace("'ten'", "-1"))
+    );
+}

@@ -1,9 +1,9 @@
 //! Python <-> Rust: items to the core's graph fields (`RawItem`) and to JSON values, item
 //! lists, encodings and labels; JSON values back to Python objects.
 
-use crate::errors::{item_error, token_error};
+use crate::errors::{field_error, token_error};
 use protoprompt_core::items::{
-    GraphField, ItemError, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
+    Fault, GraphField, ItemFields, ItemMeta, ItemValue, NotText, RawItem,
 };
 use protoprompt_core::json::{json_item, json_value, JsonSource, Shape};
 use protoprompt_core::tokens::{Encoding, OpaqueScale};
@@ -37,7 +37,7 @@ pub(crate) fn as_dict<'py>(
     };
     let failed = |e: PyErr| {
         let message = format!("reading the {} failed: {e}", type_name(obj));
-        FieldError::caused(field, message, e)
+        Fault::caused(field, message, e)
     };
     let dict = PyDict::new(obj.py());
     let items = mapping.items().map_err(failed)?;
@@ -48,49 +48,9 @@ pub(crate) fn as_dict<'py>(
     Ok(Some(dict))
 }
 
-/// Why an item cannot be read: the field (a path inside the item), what is wrong with it,
-/// and the Python exception behind it if one was raised (it becomes the `__cause__`).
-pub(crate) struct FieldError {
-    pub(crate) field: String,
-    pub(crate) message: String,
-    pub(crate) cause: Option<PyErr>,
-}
-
-impl FieldError {
-    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-        FieldError {
-            field: field.into(),
-            message: message.into(),
-            cause: None,
-        }
-    }
-
-    pub(crate) fn caused(
-        field: impl Into<String>,
-        message: impl Into<String>,
-        cause: PyErr,
-    ) -> FieldError {
-        FieldError {
-            cause: Some(cause),
-            ..FieldError::new(field, message)
-        }
-    }
-
-    /// The `InvalidItemError` for the item at `label`, chained to the cause.
-    pub(crate) fn raise(self, py: Python<'_>, label: &str) -> PyErr {
-        let err = item_error(py, label, &self.field, &self.message);
-        if let Some(cause) = self.cause {
-            err.set_cause(py, Some(cause));
-        }
-        err
-    }
-}
-
-impl From<ItemError> for FieldError {
-    fn from(e: ItemError) -> FieldError {
-        FieldError::new(e.field, e.message)
-    }
-}
+/// Why an item cannot be read ([`Fault`]): the Python exception behind it, if one was
+/// raised, becomes the `__cause__` of the error ([`crate::errors::field_error`]).
+pub(crate) type FieldError = Fault<PyErr>;
 
 /// A Python value inside an item, as the core's one item reader ([`ItemFields::read`]) sees it.
 pub(crate) struct PyValue<'py>(Bound<'py, PyAny>);
@@ -117,10 +77,7 @@ impl<'py> ItemValue for PyValue<'py> {
     }
 
     fn entry(map: &Self::Map, key: &str, field: &str) -> Result<Option<Self>, FieldError> {
-        let value = map.get_item(key).map_err(|e| {
-            let message = e.to_string();
-            FieldError::caused(field, message, e)
-        })?;
+        let value = map.get_item(key).map_err(|e| Fault::raised(field, e))?;
         Ok(value.map(PyValue))
     }
 }
@@ -132,7 +89,7 @@ impl<'py> ItemValue for PyValue<'py> {
 pub(crate) fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError> {
     let py = obj.py();
     let dict = as_dict(obj, "(item)")?.ok_or_else(|| {
-        FieldError::new(
+        Fault::new(
             "(item)",
             format!("an item must be a mapping (dict), got {}", type_name(obj)),
         )
@@ -151,7 +108,7 @@ pub(crate) fn extract_raw(obj: &Bound<'_, PyAny>) -> Result<RawItem, FieldError>
         let Ok(name) = key.cast::<PyString>() else {
             // Never sent (the SDK's items are JSON objects); say so now rather than when
             // the item is costed, or never if it is dropped without being counted.
-            return Err(FieldError::new(
+            return Err(Fault::new(
                 "(item)",
                 format!("has a non-string key of type {}", type_name(&key)),
             ));
@@ -187,14 +144,14 @@ impl<'py> JsonSource for PyValue<'py> {
             } else if let Ok(u) = v.extract::<u64>() {
                 Shape::UInt(u)
             } else {
-                Shape::BigInt(v.str().map_err(|e| Self::failed(at(), e))?.to_string())
+                Shape::BigInt(v.str().map_err(|e| Fault::raised(at(), e))?.to_string())
             }
         } else if let Ok(f) = v.cast::<PyFloat>() {
             Shape::Float(f.value())
         } else if let Ok(d) = v.cast::<PyDict>() {
             entries(d)
         } else if v.cast::<PyList>().is_ok() || v.cast::<PyTuple>().is_ok() {
-            let items = v.try_iter().map_err(|e| Self::failed(at(), e))?;
+            let items = v.try_iter().map_err(|e| Fault::raised(at(), e))?;
             Shape::List(Items(items))
         } else {
             as_dict(v, &at())?.as_ref().map_or(Shape::Other, entries)
@@ -202,8 +159,7 @@ impl<'py> JsonSource for PyValue<'py> {
     }
 
     fn failed(field: String, e: PyErr) -> FieldError {
-        let message = e.to_string();
-        FieldError::caused(field, message, e)
+        Fault::raised(field, e)
     }
 }
 
@@ -242,7 +198,7 @@ pub(crate) fn encoding_of(
 
 /// One item as a JSON value ([`json_item`]): errors name it `label`.
 pub(crate) fn item_value(py: Python<'_>, item: &Bound<'_, PyAny>, label: &str) -> PyResult<Value> {
-    json_item(&PyValue(item.clone())).map_err(|e| e.raise(py, label))
+    json_item(&PyValue(item.clone())).map_err(|e| field_error(py, label, e))
 }
 
 /// A Python value as a JSON value ([`json_value`]).
@@ -283,7 +239,8 @@ pub(crate) fn classify_items<'py>(
 ) -> PyResult<Vec<ItemMeta>> {
     let mut metas = Vec::with_capacity(items.len());
     for (i, item) in items.enumerate() {
-        let raw = extract_raw(&item).map_err(|e| e.raise(py, &label(n_history, offset + i)))?;
+        let raw =
+            extract_raw(&item).map_err(|e| field_error(py, &label(n_history, offset + i), e))?;
         metas.push(ItemMeta::new(raw));
     }
     Ok(metas)

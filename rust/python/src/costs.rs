@@ -2,7 +2,11 @@
 //! item lists as an [`ItemSource`] and the user's count store as a [`CountStore`].
 
 use crate::convert::{label, to_value, FieldError};
-use protoprompt_core::costs::{CountStore, ItemSource, StoreError, StoreTally};
+use crate::errors::field_error;
+use protoprompt_core::costs::{
+    stored_counts, CountStore, ItemSource, StoreError, StoreTally, Stored,
+};
+use protoprompt_core::items::Fault;
 use protoprompt_core::pack::CostFailure;
 use protoprompt_core::reads::{CallReads, ReadFrom};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -68,38 +72,28 @@ impl PyCountStore {
         })
     }
 
-    /// The stored counts of `keys` (`None` where the store has none), under the GIL.
+    /// The stored counts of `keys` (`None` where the store has none), under the GIL; an
+    /// answer the core refuses ([`stored_counts`]) is a `ValueError`.
     pub(crate) fn ask(&self, keys: &[[u8; 16]]) -> PyResult<Vec<Option<u64>>> {
         Python::attach(|py| {
             let list = PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))?;
-            let answer = self
-                .store
-                .bind(py)
-                .call_method1(intern!(py, "get_many"), (list,))?;
-            let refuse = || {
-                PyValueError::new_err(format!(
-                    "count_store.get_many must return a list of {} ints >= 0 or None, got {}",
-                    keys.len(),
-                    answer.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            };
-            let answer = answer.cast::<PyList>().map_err(|_| refuse())?;
-            if answer.len() != keys.len() {
-                return Err(refuse());
-            }
-            answer
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else if v.is_instance_of::<PyBool>() {
-                        Err(refuse())
-                    } else {
-                        v.extract::<u64>().map(Some).map_err(|_| refuse())
-                    }
-                })
-                .collect()
+            let store = self.store.bind(py);
+            let answer = store.call_method1(intern!(py, "get_many"), (list,))?;
+            let elements = answer.cast::<PyList>().ok().map(|l| l.iter().map(stored));
+            let shown = || answer.repr().map(|r| r.to_string()).unwrap_or_default();
+            stored_counts(keys.len(), elements, shown).map_err(PyValueError::new_err)
         })
+    }
+}
+
+/// One element of a count store's answer as the core reads it.
+fn stored(v: Bound<'_, PyAny>) -> Stored {
+    if v.is_none() {
+        Stored::Absent
+    } else if v.is_instance_of::<PyBool>() {
+        Stored::NotACount
+    } else {
+        v.extract().map_or(Stored::NotACount, Stored::Count)
     }
 }
 
@@ -189,7 +183,7 @@ impl PyItems {
         keep: bool,
     ) -> Result<Bound<'py, PyAny>, FieldError> {
         self.item(py, p, keep)
-            .map_err(|e| FieldError::caused("(item)", self.reads.unreadable(p), e))
+            .map_err(|e| Fault::caused("(item)", self.reads.unreadable(p), e))
     }
 
     /// The kept history objects followed by every new-input object: what the caller sends.
@@ -202,7 +196,8 @@ impl PyItems {
         for &p in kept {
             // Read once, here: nothing to keep it for.
             let item = self.readable(py, p, false);
-            out.push(item.map_err(|e| e.raise(py, &label(self.reads.n_history(), p)))?);
+            let at = || label(self.reads.n_history(), p);
+            out.push(item.map_err(|e| field_error(py, &at(), e))?);
         }
         out.extend(self.new_input.iter().map(|o| o.bind(py).clone()));
         PyList::new(py, out)

@@ -1,5 +1,6 @@
 //! Error mapping: core errors to the exception classes of `protoprompt.errors`.
 
+use crate::convert::FieldError;
 use protoprompt_core::pack::PackError;
 use protoprompt_core::span::SpanError;
 use protoprompt_core::tokens::TokenError;
@@ -34,6 +35,15 @@ pub(crate) fn item_error(py: Python<'_>, label: &str, field: &str, message: &str
             field.to_string(),
         ),
     )
+}
+
+/// The `InvalidItemError` for the item at `label`, chained to the Python exception behind it.
+pub(crate) fn field_error(py: Python<'_>, label: &str, e: FieldError) -> PyErr {
+    let err = item_error(py, label, &e.field, &e.message);
+    if let Some(cause) = e.cause {
+        err.set_cause(py, Some(cause));
+    }
+    err
 }
 
 pub(crate) fn token_error(py: Python<'_>, e: TokenError) -> PyErr {

@@ -6,14 +6,11 @@ use crate::convert::{bound, chunks, classify_items, item_seq};
 use crate::costs::{new_counts, store_outcome, NewCounts, PyCountStore, PyItems};
 use crate::decisions::DecisionTable;
 use crate::errors::{classes, pack_error, raise, span_error};
-use crate::pack::{result_dict, run_pack, PyPackOptions};
-use protoprompt_core::costs::StoreTally;
-use protoprompt_core::facade::{CallEnd, CallError, PackCall};
+use crate::pack::{report_value, run_pack, PyPackOptions};
+use protoprompt_core::facade::{CallEnd, Ending, Finished};
 use protoprompt_core::indexed::IndexedHistory;
-use protoprompt_core::items::ItemMeta;
-use protoprompt_core::pipeline::{Packed, RequestEdit};
+use protoprompt_core::pipeline::RequestEdit;
 use protoprompt_core::span::{indexed_span, pack_span};
-use protoprompt_core::tokens::Loading;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -156,34 +153,49 @@ impl PyHistoryIndex {
         options: &Bound<'py, PyPackOptions>,
         count_store: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let o = &options.get().core;
-        let (indexed, offset) = (self.inner.len(), o.history_offset);
-        let (listed, n_history) =
-            pack_span(indexed, history.len(), o.history_len, offset, &o.pinned)
-                .map_err(|e| span_error(py, e))?;
+        let o = options.get();
+        let (indexed, offset) = (self.inner.len(), o.core.history_offset);
+        let (listed, n_history) = pack_span(
+            indexed,
+            history.len(),
+            o.core.history_len,
+            offset,
+            &o.core.pinned,
+        )
+        .map_err(|e| span_error(py, e))?;
         let store = PyCountStore::given(count_store)?;
         // The items this call reads for the first time, taken in one step: nothing else
         // runs while the slice is made, so whatever another thread or an item's own code
         // does to `history` from now on cannot shift what is classified, counted or sent.
         let fresh = history.get_slice(indexed - offset, listed);
         let new_items = item_seq(new_input, "new_input")?;
-        let preload = o.basis.encoding.load_in_background();
+        let preload = o.core.basis.encoding.load_in_background();
         // new_input first: a bad new item must leave the index unchanged.
         let new_metas = classify_items(py, bound(py, &new_items), n_history, n_history)?;
-        let mark = self.inner.begin_call(o);
-        let outcome = self.pack_read(
-            py,
-            (history, &fresh),
-            new_items,
-            &new_metas,
-            options,
-            (store, preload),
-        );
-        if outcome.is_err() {
-            let inner = &mut self.inner;
-            py.detach(|| inner.undo(mark));
-        }
-        outcome
+        let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
+        // The fresh items classified and appended, one core call (without the GIL; it calls
+        // back for items, stored counts and the context), the result converted.
+        self.inner.within_call(&o.core, &blocking, |inner| {
+            let n_history = indexed + fresh.len();
+            let classify = chunks(py, fresh.iter(), n_history);
+            let appended = inner.append_fresh(fresh.len(), classify, &blocking)?;
+            let items = PyItems::new(history, offset, &fresh, indexed, new_items);
+            let (end, hook_error) = run_pack(py, o.context(py), |hook| {
+                inner.pack_call(items, store, &o.core, &new_metas, appended, preload, hook)
+            });
+            let (call, mut items, link) = settle(py, end, hook_error)?;
+            let request = items.request(py, &call.packed.result.kept_history)?;
+            let masked = apply_edits(py, &request, &call.packed.request_edits(), n_history)?;
+            let out = PyDict::new(py);
+            for (name, value) in call.report(&o.core) {
+                out.set_item(name, report_value(py, value)?)?;
+            }
+            out.set_item("decisions", Bound::new(py, DecisionTable(call.decisions))?)?;
+            out.set_item("items", request)?;
+            out.set_item("masked", masked)?;
+            store_outcome(py, &out, link)?;
+            Ok(out)
+        })
     }
 
     /// The first history position a contiguous `pack` with `budget` can cost or keep, for the
@@ -260,89 +272,27 @@ impl PyHistoryIndex {
     }
 }
 
-/// What a call did with its count store (see `store_outcome`).
-type StoreLink = Option<(PyCountStore, StoreTally)>;
-
-/// The end of a core call ([`CallEnd`]): its value with the items it read and what it did
-/// with its count store, or the exception it ends with. The count store's own exception
-/// comes first, then a tokenizer failure, then the call's error (for a failed context hook,
-/// the hook's exception, `hook_error`) chained to the exception behind the item that could
-/// not be read.
+/// The end of a core call ([`CallEnd::finish`]): its value with the items it read and what
+/// it did with its count store, or the exception it ends with ([`Ending`]; `hook_error`: a
+/// failed context hook's exception).
 fn settle<T>(
     py: Python<'_>,
     end: CallEnd<T, PyItems, PyCountStore>,
     hook_error: Option<PyErr>,
-) -> PyResult<(T, PyItems, StoreLink)> {
-    let CallEnd {
-        outcome,
-        mut items,
-        store,
-        n_history,
-    } = end;
-    if let Some(e) = store.as_ref().and_then(|(s, _)| s.error.as_ref()) {
-        return Err(e.clone_ref(py));
-    }
-    let e = match (outcome.map_err(|f| f.labelled(n_history)), hook_error) {
-        (Ok(value), _) => return Ok((value, items, store)),
-        (Err(CallError::Tokenizer(m)), _) => {
-            return Err(raise::<classes::TokenizerError>(py, (m,)))
+) -> PyResult<Finished<T, PyItems, PyCountStore>> {
+    let ending = end.finish(|s| s.error.take(), |i| i.cause.take(), hook_error);
+    ending.map_err(|ending| {
+        let (error, cause) = match ending {
+            Ending::Store(e) => return e,
+            Ending::Tokenizer(m) => return raise::<classes::TokenizerError>(py, (m,)),
+            Ending::Raised { error, cause } => (error, cause),
+            Ending::Pack { error, cause } => (pack_error(py, error), cause),
+        };
+        if let Some(cause) = cause {
+            error.set_cause(py, Some(cause));
         }
-        (Err(_), Some(hook_error)) => hook_error,
-        (Err(CallError::Pack(e)), None) => pack_error(py, e),
-    };
-    if let Some(cause) = items.cause.take() {
-        e.set_cause(py, Some(cause));
-    }
-    Err(e)
-}
-
-impl PyHistoryIndex {
-    /// The part of `pack` after the arguments are checked and the items taken (see there):
-    /// the fresh items classified and appended, one core call ([`IndexedHistory::pack_call`],
-    /// without the GIL; it calls back for items, stored counts and the context), the result
-    /// converted.
-    fn pack_read<'py>(
-        &mut self,
-        py: Python<'py>,
-        (history, fresh): (&Bound<'py, PyList>, &Bound<'py, PyList>),
-        new_items: Vec<Py<PyAny>>,
-        new_metas: &[ItemMeta],
-        options: &Bound<'py, PyPackOptions>,
-        (store, preload): (Option<PyCountStore>, Loading),
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let o = options.get();
-        let (indexed, n_history) = (self.inner.len(), self.inner.len() + fresh.len());
-        let blocking = |f: &mut (dyn FnMut() + Send)| py.detach(f);
-        let classify = chunks(py, fresh.iter(), n_history);
-        let appended = self.inner.append_fresh(fresh.len(), classify, &blocking)?;
-        let items = PyItems::new(history, o.core.history_offset, fresh, indexed, new_items);
-        let inner = &mut self.inner;
-        let (end, hook_error) = run_pack(py, o.context(py), |hook| {
-            inner.pack_call(items, store, &o.core, new_metas, appended, preload, hook)
-        });
-        let (call, mut items, link) = settle(py, end, hook_error)?;
-        let PackCall {
-            packed,
-            index_use: u,
-            earlier_thinking_free,
-            decisions,
-        } = call;
-        let request = items.request(py, &packed.result.kept_history)?;
-        let masked = apply_edits(py, &request, &packed.request_edits(), n_history)?;
-        let Packed {
-            result, omitted, ..
-        } = packed;
-        let table = DecisionTable(decisions);
-        let out = result_dict(py, &result, o.core.basis, o.core.pack.policy, table)?;
-        out.set_item("index", (u.held, u.appended, u.regrouped_from, u.why))?;
-        out.set_item("thinking_rule", o.core.thinking_rule())?;
-        out.set_item("earlier_thinking_free", earlier_thinking_free)?;
-        out.set_item("items", request)?;
-        out.set_item("masked", masked)?;
-        out.set_item("omitted_reasoning", omitted)?;
-        store_outcome(py, &out, link)?;
-        Ok(out)
-    }
+        error
+    })
 }
 
 /// Apply a pack's edits ([`Packed::request_edits`]) to `request` (the kept history, then the

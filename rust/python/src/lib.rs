@@ -38,7 +38,7 @@ mod truncate;
 use crate::alloc::configure_allocator;
 use crate::convert::{classify_all, encoding_of, item_value, opaque_scale, to_value};
 use crate::decisions::DecisionTable;
-use crate::errors::token_error;
+use crate::errors::{field_error, token_error};
 use crate::index::PyHistoryIndex;
 
 /// A pyfunction run with the encoding `$enc` its keyword-only `model` and `encoding` name
@@ -162,13 +162,11 @@ fn calibration_sample(
     reported: u64,
     whole: bool,
 ) -> PyResult<(Option<f64>, Option<f64>)> {
-    let obs = calibration::Observation {
-        estimate,
-        opaque,
-        scale: opaque_scale(factor)?,
-        reported,
-    };
-    Ok(calibration::sample(obs, whole))
+    let obs = calibration::Observation::checked(estimate, opaque, factor, reported);
+    Ok(calibration::sample(
+        obs.map_err(PyValueError::new_err)?,
+        whole,
+    ))
 }
 
 /// The calibration learned from `samples` (oldest first), as a factor of the rule (with
@@ -182,7 +180,7 @@ fn learned_scale(samples: Vec<f64>, whole: bool) -> f64 {
 /// The canonical text of an item (what its text cost is counted on).
 #[pyfunction]
 fn canonical_text(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<String> {
-    let value = to_value(item).map_err(|e| e.raise(py, "item"))?;
+    let value = to_value(item).map_err(|e| field_error(py, "item", e))?;
     tokens::canonical(&value, Encoding::O200kBase)
         .map(|c| c.text)
         .map_err(|e| token_error(py, e))

@@ -2,12 +2,11 @@
 //! copies ([`protoprompt_core::mask`]) as new Python objects in the request.
 
 use crate::convert::{as_dict, label, to_py};
-use crate::errors::item_error;
+use crate::errors::{field_error, item_error};
 use protoprompt_core::mask::{MaskedField, Masking};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
-use serde_json::Value;
 
 /// The fields of a `protoprompt.Masking` (its constructor checked them).
 #[derive(FromPyObject)]
@@ -41,22 +40,12 @@ pub(crate) fn masked_copy<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let at = label(n_history, position);
     let dict = as_dict(original, "(item)")
-        .map_err(|e| e.raise(py, &at))?
+        .map_err(|e| field_error(py, &at, e))?
         .ok_or_else(|| item_error(py, &at, "(item)", "is no longer a mapping"))?;
     let copy = dict.copy()?;
-    let same = copy
-        .get_item(masked.field)?
-        .and_then(|v| v.len().ok())
-        .is_some_and(|n| n == masked.original_len);
-    if !same {
-        return Err(item_error(
-            py,
-            &at,
-            masked.field,
-            "changed since its masked copy was made (the items an index has seen must stay \
-             as they are)",
-        ));
-    }
+    let len = copy.get_item(masked.field)?.and_then(|v| v.len().ok());
+    let unchanged = masked.check_len(len);
+    unchanged.map_err(|message| item_error(py, &at, masked.field, message))?;
     copy.set_item(masked.field, masked_value(py, masked)?)?;
     Ok(copy.into_any())
 }
@@ -64,14 +53,8 @@ pub(crate) fn masked_copy<'py>(
 /// The masked value as a new Python object, except a text: a Python string is immutable,
 /// so the one made for the first copy of this masked field serves every later copy.
 fn masked_value<'py>(py: Python<'py>, masked: &MaskedField) -> PyResult<Bound<'py, PyAny>> {
-    let Value::String(text) = &*masked.value else {
-        return to_py(py, &masked.value);
-    };
-    let kept = masked.converted.get_or_init(|| {
-        let s: Py<PyAny> = PyString::new(py, text).into_any().unbind();
-        std::sync::Arc::new(s)
-    });
-    match kept.downcast_ref::<Py<PyAny>>() {
+    let text = |text: &str| PyString::new(py, text).into_any().unbind();
+    match masked.converted_text(text) {
         Some(s) => Ok(s.bind(py).clone()),
         None => to_py(py, &masked.value),
     }

@@ -2,11 +2,11 @@
 //! with the context hook, and the result dict.
 
 use crate::convert::type_name;
-use crate::decisions::DecisionTable;
 use crate::errors::token_error;
-use protoprompt_core::facade::{CallOptions, FieldError, FieldValue, Int, OptionsError};
-use protoprompt_core::pack::{ContextHook, PackError, PackResult, Policy};
-use protoprompt_core::tokens::CostBasis;
+use protoprompt_core::facade::{
+    CallOptions, FieldError, FieldValue, Int, OptionsError, ReportValue,
+};
+use protoprompt_core::pack::{context_tokens, ContextHook, PackError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -254,14 +254,9 @@ pub(crate) fn run_pack<'py, T: Send>(
             };
             Python::attach(|py| {
                 let returned = callable.bind(py).call1((remaining,))?;
-                match returned.extract::<i64>() {
-                    Ok(n) if n >= 0 => Ok(n as u64),
-                    _ => Err(PyValueError::new_err(format!(
-                        "the context callable must return a non-negative int (tokens used), \
-                         got {}",
-                        returned.repr().map(|r| r.to_string()).unwrap_or_default()
-                    ))),
-                }
+                let shown = || returned.repr().map(|r| r.to_string()).unwrap_or_default();
+                let tokens = context_tokens(returned.extract().ok(), shown);
+                tokens.map_err(PyValueError::new_err)
             })
             .map_err(|e| {
                 let message = e.to_string();
@@ -274,30 +269,20 @@ pub(crate) fn run_pack<'py, T: Send>(
     (result, hook_error)
 }
 
-pub(crate) fn result_dict<'py>(
+/// One plain value of a pack's result
+/// ([`protoprompt_core::facade::PackCall::report`]) as a Python object.
+pub(crate) fn report_value<'py>(
     py: Python<'py>,
-    result: &PackResult,
-    basis: CostBasis,
-    policy: Policy,
-    decisions: DecisionTable,
-) -> PyResult<Bound<'py, PyDict>> {
-    let out = PyDict::new(py);
-    out.set_item("kept_history", &result.kept_history)?;
-    out.set_item("dependency", &result.dependency)?;
-    out.set_item("new_input_tokens", result.new_input_tokens)?;
-    out.set_item("dependency_tokens", result.dependency_tokens)?;
-    out.set_item("history_tokens", result.history_tokens)?;
-    out.set_item("context_tokens", result.context_tokens)?;
-    out.set_item("output_reserve", result.output_reserve)?;
-    out.set_item("budget", result.budget)?;
-    out.set_item("used", result.used())?;
-    out.set_item("remaining", result.remaining())?;
-    out.set_item("encoding", basis.encoding.name())?;
-    out.set_item("opaque_scale", basis.opaque_scale.factor())?;
-    out.set_item("policy", policy.name())?;
-    out.set_item("decisions", Bound::new(py, decisions)?)?;
-    out.set_item("masking_saved", result.masking_saved)?;
-    let stop = result.stop.map(|s| (s.unit, s.left, s.cause.code()));
-    out.set_item("stop", stop)?;
-    Ok(out)
+    value: ReportValue,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        ReportValue::Positions(p) => p.into_pyobject(py)?,
+        ReportValue::Count(n) => n.into_pyobject(py)?.into_any(),
+        ReportValue::Name(name) => PyString::new(py, name).into_any(),
+        ReportValue::Factor(f) => PyFloat::new(py, f).into_any(),
+        ReportValue::Index(u) => (u.held, u.appended, u.regrouped_from, u.why.as_deref())
+            .into_pyobject(py)?
+            .into_any(),
+        ReportValue::Stop(stop) => stop.into_pyobject(py)?,
+    })
 }
