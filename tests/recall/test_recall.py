@@ -1474,13 +1474,14 @@ def test_index_jobs_wait_for_the_model_call_unless_someone_waits_for_them() -> N
     assert ran[0] - queued >= recall_mod.INDEX_DELAY * 0.9, "the job waits for the model call"
     assert worker.delayed == 1
     assert worker.wait_idle(10)
-    # Someone waits: the job runs at once.
+    # Someone waits: the job runs at once. The counter says it did not wait out the delay
+    # (a thread on a loaded machine may be run again only some time after it was woken, so
+    # the clocks cannot say "at once").
     started.clear()
-    queued = time.monotonic()
     assert worker.submit(job)
     assert worker.wait_idle(10)
-    assert ran[1] - queued < recall_mod.INDEX_DELAY
-    assert worker.delayed == 1
+    assert len(ran) == 2
+    assert worker.delayed == 1, "the job waited for the delay though someone waited for it"
 
 
 def test_a_turn_asks_the_store_for_no_more_passages_than_can_fit(
