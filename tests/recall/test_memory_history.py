@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -789,6 +790,51 @@ def test_hits_of_rows_the_caller_sends_do_not_count_in_the_limit(store: MemorySt
     assert sum(str(h.metadata["digest"]) not in sent for h in hits) == 3
     with pytest.raises(TypeError, match="uncounted"):
         store.search_history(query, scope=SCOPE, uncounted="abc")
+
+
+def test_a_search_given_tokens_counts_hits_until_their_texts_hold_them(
+    new_db: NewDb,
+) -> None:
+    """``tokens``: counting stops once the counted hits' texts hold about that many tokens
+    (``CHARS_PER_TOKEN`` characters each), after at least ``TOKENS_MIN_HITS``, or at
+    ``limit``; a text longer than the whole room and the hits of ``uncounted`` rows are not
+    counted there. On every engine."""
+    from protoprompt.memory import store as store_mod
+
+    with MemoryStore(new_db(), chunk_words=5_000, chunk_overlap=0) as store:
+        pad = " ".join(f"word{i}" for i in range(60))  # about 450 characters a passage
+        records = [
+            HistoryRecord(p, f"user: the invoice {p:02d} was paid in cash {pad}", {"turn": p})
+            for p in range(30)
+        ]
+        long = "user: " + "the invoice was paid in cash. " * 500
+        records.append(HistoryRecord(99, long, {"turn": 99}))
+        store.index_history("s1", records, scope=SCOPE)
+        query = "which invoice was paid in cash?"
+
+        def search(**kwargs: object) -> list[Any]:
+            return store.search_history(query, scope=SCOPE, session_id="s1", **kwargs)
+
+        plain = search(limit=30)
+        assert len(plain) == 30 and plain[0].metadata["row"] == 99  # the long one first
+        size = len(plain[1].text)
+        assert {len(h.text) for h in plain[1:]} == {size}
+        per_token = store_mod.CHARS_PER_TOKEN
+        # The long passage is not counted in the room: five short ones fill 5 * size.
+        hits = search(limit=30, tokens=5 * size // per_token)
+        assert [h.source for h in hits] == [h.source for h in plain[:6]]
+        # At least TOKENS_MIN_HITS counted, however small the room; at most ``limit``.
+        one = size // per_token + 1
+        assert len(search(limit=30, tokens=one)) == store_mod.TOKENS_MIN_HITS
+        assert len(search(limit=3, tokens=one)) == 3
+        assert len(search(limit=30, tokens=10**9)) == 30
+        # The hits of rows the caller sends come back and count in neither.
+        sent = {str(h.metadata["digest"]) for h in plain[1:3]}
+        hits = search(limit=30, tokens=5 * size // per_token, uncounted=sent)
+        assert [h.source for h in hits] == [h.source for h in plain[:8]]
+        for bad, exc in ((0, ValueError), (True, TypeError), ("9", TypeError)):
+            with pytest.raises(exc, match="tokens"):
+                search(limit=3, tokens=bad)
 
 
 def test_sqlite_reads_use_the_writer_connection_when_no_write_holds_it(tmp_path: Path) -> None:

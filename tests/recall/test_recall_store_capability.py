@@ -119,3 +119,23 @@ def test_a_false_capability_is_not_one() -> None:
     store = _store(Declined, history)
     _turn(store, history)
     assert store.asked and all("uncounted" not in a for a in store.asked)
+
+
+def test_a_store_declaring_tokens_is_given_the_room_and_one_without_is_not() -> None:
+    """``search_history_tokens``: the recall passes the room its passages can fill
+    (``tokens=``) only to a store whose class declares it; MemoryStore does."""
+
+    class Filling(_Capable):
+        search_history_tokens = True
+
+    assert MemoryStore.search_history_tokens is True
+    history = _history(12)
+    for kind, given in ((_Capable, False), (Filling, True)):
+        store = _store(kind, history)
+        _turn(store, history)
+        assert store.asked, "the turn recalled nothing"
+        assert ("tokens" in store.asked[-1]) is given
+    builder = TokenBudgetedContextBuilder(
+        store, max_tokens=1_000, scope=SCOPE, recall_evicted=True, masking=None
+    )
+    assert store.asked[-1]["tokens"] == builder._recall_room()

@@ -21,9 +21,10 @@ Embedder = Callable[[list[str]], list[list[float]]]
 
 TOKENS_PER_HIT = 60
 MIN_HITS, MAX_HITS = 4, 32
-"""Passages a turn asks the store for (before their neighbours), by ``recall_tokens``:
-one per :data:`TOKENS_PER_HIT` tokens, within these bounds; the context message then
-takes them best first while they fit."""
+"""Passages a turn asks the store for at most (before their neighbours), by
+``recall_tokens``: one per :data:`TOKENS_PER_HIT` tokens, within these bounds; fewer when
+their texts already hold ``recall_tokens`` (the store's ``tokens=``). The context message
+then takes them best first while they fit."""
 
 VOLATILE_LAYERS = frozenset({"rag", "history"})
 """Layers found for each question: with a split context they go into the recall message."""
@@ -217,18 +218,23 @@ class Recall:
             include_parents=self.include_parents,
             neighbours=True,
         )
+        # Hits until their passages could fill the room (long passages: fewer hits); the
+        # neighbours and the hits after a passage that does not fit are the margin.
+        tokens = self.recall_tokens if self.recall_limit is None else None
         found_rows = _found_rows(store)
         if found_rows is not None:
             # A MemoryStore's own search: the rows its hits are made of, the candidates made
             # from them (the same as from its hits, without making them).
             stats["rows_read"] += 1
-            rows = found_rows(query, **search.keywords, uncounted=sent)
+            rows = found_rows(query, **search.keywords, uncounted=sent, tokens=tokens)
             if self.recall_limit is not None:
                 rows = rows[: self.recall_limit]
             return [_candidate_of_row(row, score, session_id, turn) for row, score, _ in rows]
         # ``uncounted`` only to a store whose class declares it takes it (a capability; a
         # wrapper that hands its other attributes to a MemoryStore does not inherit it).
         takes = getattr(type(store), "search_history_uncounted", False) is True
+        if tokens is not None and getattr(type(store), "search_history_tokens", False) is True:
+            search = functools.partial(search, tokens=tokens)
         hits = search(uncounted=sent) if sent and takes else search()
         if self.recall_limit is not None:
             hits = hits[: self.recall_limit]

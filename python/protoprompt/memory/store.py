@@ -81,6 +81,13 @@ __all__ = [
 
 _MIN_POOL = 32  # candidates fetched per signal before fusion
 _HISTORY_POOL = 128  # history passages the engine finds, ranked again here
+CHARS_PER_TOKEN = 4
+"""Characters a token of a passage is taken to hold when :meth:`MemoryStore.search_history`
+is given ``tokens`` (English text with o200k/cl100k: about 4; text with fewer characters a
+token, such as CJK or code, is underestimated, so more hits are counted, never fewer)."""
+TOKENS_MIN_HITS = 4
+"""Hits counted at least before ``tokens=`` stops the count (or ``limit`` of them, when
+fewer): a long passage that holds the room may not fit the room a turn has left."""
 
 
 class MemoryStore:
@@ -127,6 +134,11 @@ class MemoryStore:
     in ``limit``). A store whose class does not declare it (or declares it ``False``: a
     subclass whose own ``search_history`` does not take the keyword) is searched without
     it."""
+
+    search_history_tokens: ClassVar[bool] = True
+    """Another capability the recall reads: this store's :meth:`search_history` takes
+    ``tokens=`` (stop counting hits once their texts hold about that many tokens). A store
+    whose class does not declare it is asked for ``limit`` hits only."""
 
     def __init__(
         self,
@@ -519,12 +531,18 @@ class MemoryStore:
         include_parents: bool = False,
         neighbours: bool = False,
         uncounted: Collection[str] = (),
+        tokens: int | None = None,
     ) -> list[MemoryHit]:
         """Rank the passages of the ``history`` layer of ``scope`` against ``query``: of
         session ``session_id`` only, or of every session of the scope (``None``); hits have
         ``kind == "history"``, best first, at most ``limit``, never two of the same text.
         Hits whose row digest (``metadata["digest"]``) is in ``uncounted`` are returned but
         not counted in ``limit`` (rows the caller leaves out: those its request sends).
+        With ``tokens``, counting also stops once the counted hits' texts hold about that
+        many tokens (:data:`CHARS_PER_TOKEN` characters a token, an estimate), once
+        :data:`TOKENS_MIN_HITS` are counted (a text longer than all of them is not
+        counted there): a caller that fills a room of ``tokens`` asks for what can fit,
+        not for ``limit`` hits' worth when the passages are long.
 
         The ranking is the same on every engine: the query's words without stop words
         ("what", "did", "you", "tell"...) and Porter-stemmed ("research" finds
@@ -545,6 +563,7 @@ class MemoryStore:
             include_parents=include_parents,
             neighbours=neighbours,
             uncounted=uncounted,
+            tokens=tokens,
         )
         hits: list[MemoryHit] = []
         for row, score, anchor in found:
@@ -564,6 +583,7 @@ class MemoryStore:
         include_parents: bool = False,
         neighbours: bool = False,
         uncounted: Collection[str] = (),
+        tokens: int | None = None,
     ) -> list[tuple[Row, float, int]]:
         """What :meth:`search_history` returns, as the rows its hits are made of: (row, score,
         anchor), ``anchor`` being -1 for a hit and, for a neighbouring passage, the index of
@@ -579,6 +599,8 @@ class MemoryStore:
         if isinstance(uncounted, str) or not all(isinstance(d, str) for d in uncounted):
             raise TypeError("uncounted must be a collection of digests (str)")
         uncounted = frozenset(uncounted)
+        if tokens is not None:
+            check_positive_int("tokens", tokens)
         scopes = [scope_params(s) for s in visible_scopes(scope, include_parents)]
         pieces = content_pieces(query_pieces(query))
         if not pieces:
@@ -604,6 +626,11 @@ class MemoryStore:
         seen: set[str] = set()
         ranked = interleave(text_ranked, vec_ranked) if vec_ranked else text_ranked
         counted = 0
+        # Characters of the counted hits' texts: enough once they hold ``tokens``. A text
+        # longer than all of it is not counted there (it may not fit: those after it then
+        # fill the room).
+        whole = MAX_INT if tokens is None else tokens * CHARS_PER_TOKEN
+        room = whole
         for rid, score in ranked:
             row = rows_by_id[rid]
             key = _text_key(row[11])  # the passage's text
@@ -612,7 +639,9 @@ class MemoryStore:
                 hits.append((row, float(score), -1))
                 if row[10] not in uncounted:  # the row's digest
                     counted += 1
-                    if counted >= limit:
+                    if len(row[11]) <= whole:
+                        room -= len(row[11])
+                    if counted >= limit or (room <= 0 and counted >= TOKENS_MIN_HITS):
                         break
         return self._with_neighbours(hits, seen) if neighbours else hits
 
