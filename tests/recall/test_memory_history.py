@@ -440,6 +440,46 @@ def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
         assert len(reads) <= 4, reads
 
 
+def test_questions_of_a_few_sizes_share_the_sqlite_statements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statements whose text grows with the question's words or with its hits (the
+    term counts, the neighbours) are padded to a power of two: questions of 5 to 8 words
+    and 5 to 8 hits run the same texts, so the connection's cached statements serve them
+    (compiling one took longer than running it). The counts and hits are those of the
+    unpadded statements (the ranking tests), and padding adds no statement."""
+    from protoprompt.memory import _sqlite
+
+    assert [len(_sqlite._padded(list(range(n)))) for n in (0, 1, 2, 3, 5, 8, 9)] == [
+        1, 1, 2, 4, 8, 8, 16,
+    ]
+    assert _sqlite._padded(["a", "b", "c"]) == ["a", "b", "c", None]
+    with MemoryStore(str(tmp_path / "m.db"), chunk_words=50, chunk_overlap=0) as store:
+        words = ["zephyr", "quokka", "marzipan", "walrus", "lantern", "harbor", "cobalt", "fennel"]
+        rows = [
+            HistoryRecord(r, f"user: turn {r} mentions {words[r % 8]} and {words[(r + 3) % 8]}")
+            for r in range(40)
+        ]
+        store.index_history("s1", rows, scope=SCOPE)
+        backend = store._backend  # noqa: SLF001 - reading its statements
+        texts: list[set[str]] = []
+        real = backend._read  # noqa: SLF001
+
+        def recording(sql: str, *args: object, **kwargs: object) -> object:
+            texts[-1].add(sql)
+            return real(sql, *args, **kwargs)
+
+        monkeypatch.setattr(backend, "_read", recording)
+        for n in (5, 6, 8):
+            texts.append(set())
+            hits = store.search_history(
+                " ".join(words[:n]), scope=SCOPE, session_id="s1", limit=n, neighbours=True
+            )
+            assert len([h for h in hits if "neighbour_of" not in h.metadata]) == n
+            assert len(texts[-1]) <= 4
+        assert texts[0] == texts[1] == texts[2]
+
+
 def test_indexing_works_out_the_term_counts_its_searches_rank_by(store: MemoryStore) -> None:
     """The passages' term counts are worked out when they are indexed (in the background
     for evicted turns), so a turn's search ranks them without tokenising and stemming them."""
