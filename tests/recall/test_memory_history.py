@@ -451,7 +451,13 @@ def test_questions_of_a_few_sizes_share_the_sqlite_statements(
     from protoprompt.memory import _sqlite
 
     assert [len(_sqlite._padded(list(range(n)))) for n in (0, 1, 2, 3, 5, 8, 9)] == [
-        1, 1, 2, 4, 8, 8, 16,
+        1,
+        1,
+        2,
+        4,
+        8,
+        8,
+        16,
     ]
     assert _sqlite._padded(["a", "b", "c"]) == ["a", "b", "c", None]
     with MemoryStore(str(tmp_path / "m.db"), chunk_words=50, chunk_overlap=0) as store:
