@@ -145,6 +145,12 @@ def _write_turn_result(tr, k, v) -> None:
             f"SDK turn with recall_evicted ({k[1][0]:.0%} budget): {v['on'] * 1e3:.1f} ms, "
             f"without {v['off'] * 1e3:.1f} ms, ratio {v['ratio']:.2f}x (target <= 1.2x)"
         )
+    if k[0] == "history search":
+        large, small = k[1]
+        tr.write_line(
+            f"history search (recall's), {large:,} passages {v['large'] * 1e3:.2f} ms, "
+            f"{small:,} passages {v['small'] * 1e3:.2f} ms: {v['ratio']:.2f}x (at most 2.5x)"
+        )
     if k[0] == "turn":
         size, mix = k[1]
         tr.write_line(

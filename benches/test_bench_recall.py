@@ -123,3 +123,91 @@ def test_a_turn_with_recall_against_the_turn_without(benchmark, results, share) 
             f"issue 35's target is not met yet: a turn with recall took {ratio:.2f}x the turn"
             f" without (target <= {rq.TARGET_TURN_RATIO}x)"
         )
+
+
+SMALL, LARGE = 2_000, 40_000
+"""Passages of the two history layers of the scaling bench (one scope and session each)."""
+SCALING_RATIO = 2.5
+"""Fails above this: a search of the larger layer took that many times the smaller's though
+it matches the same passages (while the passages searched were counted one by one, about
+6x at these sizes)."""
+
+
+def _history_store(path: str, passages: int) -> object:
+    """A store whose history layer holds ``passages`` of filler words, among them the same
+    12 passages about a walrus invoice (all the bench's questions match)."""
+    import random
+
+    from protoprompt import MemoryStore
+    from protoprompt.memory import HistoryRecord
+
+    rng = random.Random(35)
+    vocab = [f"w{i}" for i in range(5_000)]
+    store = MemoryStore(path)
+    rows = []
+    for r in range(passages):
+        words = " ".join(rng.choice(vocab) for _ in range(40))
+        if r % (passages // 12) == 0:
+            words = f"the walrus invoice {r} was paid at the harbor; {words}"
+        rows.append(HistoryRecord(r, f"user: {words}", {"turn": r}))
+    for start in range(0, len(rows), 2_000):
+        store.index_history("s", rows[start : start + 2_000], scope=SCALE_SCOPE)
+    return store
+
+
+def _scale_scope() -> object:
+    from protoprompt import MemoryScope
+
+    return MemoryScope("bench", user="scale")
+
+
+SCALE_SCOPE = _scale_scope()
+SCALE_QUERIES = (
+    "when was the walrus invoice paid?",
+    "what did we pay at the harbor?",
+    "which invoice mentioned a walrus?",
+)
+
+
+def test_a_history_search_costs_what_it_matches_not_what_the_layer_holds(
+    benchmark, results, tmp_path
+) -> None:
+    """The history search of a turn (``MemoryStore.search_history`` with neighbours, as
+    recall asks) on a layer of 40k passages against one of 2k, both holding the same 12
+    that match: how many passages are searched is read from the counts the database keeps,
+    so the larger layer costs about what the smaller does."""
+    import time
+
+    stores = {n: _history_store(str(tmp_path / f"h{n}.db"), n) for n in (SMALL, LARGE)}
+
+    def search(store: object) -> float:
+        t0 = time.perf_counter()
+        for q in SCALE_QUERIES:
+            hits = store.search_history(  # type: ignore[attr-defined]
+                q, scope=SCALE_SCOPE, session_id="s", limit=16, neighbours=True, tokens=1_500
+            )
+            assert any("walrus" in h.text for h in hits)
+        return time.perf_counter() - t0
+
+    times: dict[int, list[float]] = {SMALL: [], LARGE: []}
+
+    def run() -> None:
+        for n in (SMALL, LARGE) if len(times[SMALL]) % 2 else (LARGE, SMALL):
+            times[n].append(search(stores[n]))
+
+    for n in (SMALL, LARGE):
+        search(stores[n])  # compiled statements, warm pages
+    benchmark.pedantic(run, rounds=15, iterations=1)
+    small, large = (statistics.median(times[n]) / len(SCALE_QUERIES) for n in (SMALL, LARGE))
+    ratio = large / small
+    results[("history search", (LARGE, SMALL))] = {"small": small, "large": large, "ratio": ratio}
+    print(
+        f"history search, {LARGE:,} passages {large * 1e3:.2f} ms, {SMALL:,} passages"
+        f" {small * 1e3:.2f} ms: {ratio:.2f}x"
+    )
+    for store in stores.values():
+        store.close()  # type: ignore[attr-defined]
+    assert ratio <= SCALING_RATIO, (
+        f"a search of {LARGE:,} passages took {ratio:.2f}x one of {SMALL:,} that matches the"
+        f" same passages (at most {SCALING_RATIO}x)"
+    )

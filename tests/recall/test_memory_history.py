@@ -644,6 +644,123 @@ def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
     assert "porter" in sql
 
 
+def _kept_counts(path: str) -> dict[tuple[str, ...], int]:
+    conn = sqlite3.connect(path)
+    try:
+        kept = conn.execute("SELECT * FROM pp_mem_history_counts").fetchall()
+        counted = conn.execute(
+            "SELECT s_tenant, s_user, s_thread, s_kind, session_id, count(*)"
+            " FROM pp_mem_history GROUP BY 1, 2, 3, 4, 5"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert sorted(kept) == sorted(counted)
+    return {tuple(row[:5]): int(row[5]) for row in kept}
+
+
+def test_sqlite_keeps_the_history_passages_of_each_session_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's search reads how many passages it searches from counts the database's
+    triggers keep per scope and session (a ``count(*)`` of the passages took time in
+    proportion to them: 6 ms a turn at 100k passages), right through indexing again,
+    forgetting a session, rows or a scope; the statement that ranks reads them."""
+    path = str(tmp_path / "m.db")
+    with MemoryStore(path, chunk_words=50, chunk_overlap=0) as store:
+        for sid, scope, n in (("s1", SCOPE, 30), ("s2", SCOPE, 12), ("s1", OTHER, 7)):
+            rows = [HistoryRecord(r, f"user: the otter swam {r} {filler(80, r)}") for r in range(n)]
+            store.index_history(sid, rows, scope=scope)
+        first = _kept_counts(path)
+        assert sum(first.values()) > 49 and len(first) == 3
+        store.index_history("s1", [HistoryRecord(3, "user: the otter, briefly")], scope=SCOPE)
+        store.forget_history("s2", scope=SCOPE, from_row=6)
+        store.forget_history("s1", scope=OTHER)
+        after = _kept_counts(path)
+        assert len(after) == 2 and after != first
+        backend = store._backend  # noqa: SLF001 - reading its statements
+        reads: list[str] = []
+        real = backend._read  # noqa: SLF001
+
+        def recording(sql: str, *args: object, **kwargs: object) -> object:
+            reads.append(sql)
+            return real(sql, *args, **kwargs)
+
+        monkeypatch.setattr(backend, "_read", recording)
+        hits = store.search_history("where did the otter swim?", scope=SCOPE, session_id="s1")
+        assert hits
+        (statistics,) = [r for r in reads if "pp_mem_history_vocab" in r]
+        assert "FROM pp_mem_history_counts" in statistics
+        assert "count(*) FROM pp_mem_history AS h WHERE ((" not in statistics  # the totals
+        store.forget(scope=SCOPE)
+        assert _kept_counts(path) == {}
+
+
+def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(tmp_path: Path) -> None:
+    """A database without the counts (an older store's) or with other ones (changed by
+    hand) has them made again from its passages when a store opens it, by one of the
+    workers opening it at once; counts that cannot be right when read (more passages
+    searched than the table holds) are not used: the passages are counted, and the
+    ranking is the same. A read-only store of a database without them counts."""
+    path = str(tmp_path / "old.db")
+    query = "which otter swam?"
+    with MemoryStore(path, chunk_words=50, chunk_overlap=0) as store:
+        for sid in ("s1", "s2"):
+            rows = [HistoryRecord(r, f"user: otter {r} swam {filler(20, r)}") for r in range(40)]
+            store.index_history(sid, rows, scope=SCOPE)
+        expected = [h.source for h in store.search_history(query, scope=SCOPE, session_id="s1")]
+    right = _kept_counts(path)
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TRIGGER pp_mem_history_count_ai; DROP TRIGGER pp_mem_history_count_ad;"
+        "DROP TRIGGER pp_mem_history_count_au; DROP TABLE pp_mem_history_counts;"
+    )
+    conn.close()
+    with MemoryStore(path, read_only=True) as ro:
+        assert ro._backend._counted is False  # noqa: SLF001
+        assert [h.source for h in ro.search_history(query, scope=SCOPE, session_id="s1")] == (
+            expected
+        )
+    opened: list[MemoryStore] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_store() -> None:
+        try:
+            start.wait()
+            opened.append(MemoryStore(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(opened) == 4
+    assert _kept_counts(path) == right
+    for s in opened:
+        s.close()
+    conn = sqlite3.connect(path)  # more passages in s1 than in the table
+    conn.execute("UPDATE pp_mem_history_counts SET n = 1000 WHERE session_id = 's1'")
+    conn.execute("UPDATE pp_mem_history_counts SET n = -960 WHERE session_id = 's2'")
+    conn.commit()
+    conn.close()
+    with MemoryStore(path) as store:
+        backend = store._backend  # noqa: SLF001 - reading its statements
+        reads: list[str] = []
+        real = backend._read  # noqa: SLF001
+
+        def recording(sql: str, *args: object, **kwargs: object) -> object:
+            reads.append(sql)
+            return real(sql, *args, **kwargs)
+
+        backend._read = recording  # noqa: SLF001
+        found = store.search_history(query, scope=SCOPE, session_id="s1")
+        assert [h.source for h in found] == expected
+        statistics = [r for r in reads if "pp_mem_history_vocab" in r]
+        assert ["pp_mem_history_counts" in r for r in statistics] == [True, False]
+
+
 def test_a_search_never_waits_for_a_write_that_waits_for_the_database(
     engine: str, new_db: NewDb, tmp_path: Path
 ) -> None:
