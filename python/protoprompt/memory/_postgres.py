@@ -345,16 +345,18 @@ class PostgresBackend(SQLMemory):
     ) -> list[tuple[int, int, Row]]:
         if not row_keys:
             return []
-        eq = " AND ".join(f"h.{c} = %s" for c in ("s_tenant", "s_user", "s_thread", "s_kind"))
         arms, params = [], []
         for key in row_keys:
-            for side, (op, agg) in enumerate((("<", "max"), (">", "min"))):
+            for side, (op, order) in enumerate((("<", "DESC"), (">", "ASC"))):
+                # The passage next to the anchor: one step along the scope's index (an
+                # ORDER BY ... LIMIT 1, not a max() the planner may work out by reading
+                # every row before the anchor when its statistics are stale).
                 arms.append(
                     f"SELECT {HISTORY}, %s::bigint AS anchor, {side} AS side"
-                    f" FROM pp_mem_history AS h WHERE {eq} AND h.session_id = %s"
-                    f" AND h.row_key = (SELECT {agg}(row_key) FROM pp_mem_history"
-                    f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s)"
+                    " FROM pp_mem_history AS h WHERE h.id = (SELECT id FROM pp_mem_history"
+                    f" WHERE {SCOPE_EQ} AND session_id = %s AND row_key {op} %s::bigint"
+                    f" ORDER BY row_key {order}, passage {order} LIMIT 1)"
                 )
-                params += [key, *scope, session_id, *scope, session_id, key]
+                params += [key, *scope, session_id, key]
         rows = self._read(" UNION ALL ".join(arms), params, history=True)
         return [(int(row[-2]), int(row[-1]), tuple(row[:-2])) for row in rows]
