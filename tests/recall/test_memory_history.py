@@ -417,15 +417,7 @@ def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
         for r in range(0, 80, 2)
     ]
     store.index_history("s1", rows, scope=SCOPE)
-    backend = store._backend  # noqa: SLF001 - counting its round trips
-    reads: list[str] = []
-    real = backend._read  # noqa: SLF001
-
-    def counting(sql: str, *args: object, **kwargs: object) -> object:
-        reads.append(sql)
-        return real(sql, *args, **kwargs)
-
-    monkeypatch.setattr(backend, "_read", counting)
+    reads = _reads(store, monkeypatch)  # its round trips
     for query, limit in (("zephyr", 4), ("zephyr quokka marzipan alpha0 theta1 kappa2", 24)):
         reads.clear()
         hits = store.search_history(
@@ -434,6 +426,20 @@ def test_a_search_with_neighbours_is_four_statements_whatever_its_size(
         assert len([h for h in hits if "neighbour_of" not in h.metadata]) >= min(limit, 8)
         assert any("neighbour_of" in h.metadata for h in hits)
         assert len(reads) <= 4, reads
+
+
+def _reads(store: MemoryStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements ``store``'s engine reads from now on, in order (spied on)."""
+    backend = store._backend  # noqa: SLF001 - reading its statements
+    reads: list[str] = []
+    real = backend._read  # noqa: SLF001
+
+    def recording(sql: str, *args: object, **kwargs: object) -> object:
+        reads.append(sql)
+        return real(sql, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "_read", recording)
+    return reads
 
 
 def test_questions_of_a_few_sizes_share_the_sqlite_statements(
@@ -463,20 +469,14 @@ def test_questions_of_a_few_sizes_share_the_sqlite_statements(
             for r in range(40)
         ]
         store.index_history("s1", rows, scope=SCOPE)
-        backend = store._backend  # noqa: SLF001 - reading its statements
+        reads = _reads(store, monkeypatch)
         texts: list[set[str]] = []
-        real = backend._read  # noqa: SLF001
-
-        def recording(sql: str, *args: object, **kwargs: object) -> object:
-            texts[-1].add(sql)
-            return real(sql, *args, **kwargs)
-
-        monkeypatch.setattr(backend, "_read", recording)
         for n in (5, 6, 8):
-            texts.append(set())
+            reads.clear()
             hits = store.search_history(
                 " ".join(words[:n]), scope=SCOPE, session_id="s1", limit=n, neighbours=True
             )
+            texts.append(set(reads))
             assert len([h for h in hits if "neighbour_of" not in h.metadata]) == n
             assert len(texts[-1]) <= 4
         assert texts[0] == texts[1] == texts[2]
@@ -597,6 +597,28 @@ def test_sqlite_and_postgres_rank_the_history_alike(postgres_schema: NewDb) -> N
     assert found["sqlite"] == found["postgresql"]
 
 
+def _opened_at_once(path: str, workers: int) -> list[MemoryStore]:
+    """``workers`` stores of ``path``, opened by as many threads at the same moment."""
+    opened: list[MemoryStore] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(workers)
+
+    def open_store() -> None:
+        try:
+            start.wait()
+            opened.append(MemoryStore(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(opened) == workers, errors
+    return opened
+
+
 def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
     tmp_path: Path,
 ) -> None:
@@ -612,23 +634,7 @@ def test_workers_opening_an_old_sqlite_history_index_at_once_make_it_again_once(
         "INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild');"
     )
     conn.close()
-    opened: list[MemoryStore] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def open_store() -> None:
-        try:
-            start.wait()
-            opened.append(MemoryStore(path))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_store) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(opened) == 4
+    opened = _opened_at_once(path, 4)
     for s in opened:
         assert len(s.search_history("research", scope=SCOPE, limit=100)) == 50
         s.close()
@@ -673,15 +679,7 @@ def test_sqlite_keeps_the_history_passages_of_each_session_counted(
         store.forget_history("s1", scope=OTHER)
         after = _kept_counts(path)
         assert len(after) == 2 and after != first
-        backend = store._backend  # noqa: SLF001 - reading its statements
-        reads: list[str] = []
-        real = backend._read  # noqa: SLF001
-
-        def recording(sql: str, *args: object, **kwargs: object) -> object:
-            reads.append(sql)
-            return real(sql, *args, **kwargs)
-
-        monkeypatch.setattr(backend, "_read", recording)
+        reads = _reads(store, monkeypatch)
         hits = store.search_history("where did the otter swim?", scope=SCOPE, session_id="s1")
         assert hits
         (statistics,) = [r for r in reads if "pp_mem_history_vocab" in r]
@@ -691,7 +689,9 @@ def test_sqlite_keeps_the_history_passages_of_each_session_counted(
         assert _kept_counts(path) == {}
 
 
-def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(tmp_path: Path) -> None:
+def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A database without the counts (an older store's) or with other ones (changed by
     hand) has them made again from its passages when a store opens it, by one of the
     workers opening it at once; counts that cannot be right when read (more passages
@@ -716,23 +716,7 @@ def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(tmp_path
         assert [h.source for h in ro.search_history(query, scope=SCOPE, session_id="s1")] == (
             expected
         )
-    opened: list[MemoryStore] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def open_store() -> None:
-        try:
-            start.wait()
-            opened.append(MemoryStore(path))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_store) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(opened) == 4
+    opened = _opened_at_once(path, 4)
     assert _kept_counts(path) == right
     for s in opened:
         s.close()
@@ -742,15 +726,7 @@ def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(tmp_path
     conn.commit()
     conn.close()
     with MemoryStore(path) as store:
-        backend = store._backend  # noqa: SLF001 - reading its statements
-        reads: list[str] = []
-        real = backend._read  # noqa: SLF001
-
-        def recording(sql: str, *args: object, **kwargs: object) -> object:
-            reads.append(sql)
-            return real(sql, *args, **kwargs)
-
-        backend._read = recording  # noqa: SLF001
+        reads = _reads(store, monkeypatch)
         found = store.search_history(query, scope=SCOPE, session_id="s1")
         assert [h.source for h in found] == expected
         statistics = [r for r in reads if "pp_mem_history_vocab" in r]

@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -141,19 +141,56 @@ _HISTORY_FTS_NAMES = (
 )
 
 
+def _schema_sql(
+    conn: sqlite3.Connection, names: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], str]:
+    """The statement that made each of ``names`` (kind, name) the database has."""
+    marks = ", ".join("?" for _ in names)
+    return {
+        (str(kind), str(name)): sql
+        for kind, name, sql in conn.execute(
+            f"SELECT type, name, sql FROM sqlite_master WHERE name IN ({marks})",
+            [name for _, name in names],
+        )
+    }
+
+
+def _remake(
+    conn: sqlite3.Connection,
+    current: Callable[[], bool],
+    drop: Sequence[str],
+    make: Callable[[], None],
+) -> None:
+    """In one write transaction (``BEGIN IMMEDIATE``: other workers see the old schema or
+    the new one; the first to get the write lock does it), unless ``current()`` holds once
+    it has the lock: drop whatever the database has under each of the names ``drop``, in
+    that order (a foreign object of another kind too), then ``make()``."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not current():
+            marks = ", ".join("?" for _ in drop)
+            found = dict(
+                conn.execute(
+                    f"SELECT name, type FROM sqlite_master WHERE name IN ({marks})", list(drop)
+                ).fetchall()
+            )
+            for name in drop:
+                kind = found.get(name)
+                if kind in ("table", "trigger", "view", "index"):
+                    conn.execute(f"DROP {str(kind).upper()} IF EXISTS {name}")
+            make()
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def _history_fts_current(conn: sqlite3.Connection) -> bool:
     """Whether the history layer's full-text table, its vocabulary and triggers are exactly
     this version's (anything else -- missing, older, damaged or foreign -- is made again)."""
     wanted = {("table", "pp_mem_history_fts"): HISTORY_FTS}
     wanted.update(zip(_HISTORY_FTS_NAMES[:4], _HISTORY_FTS_PARTS, strict=True))
-    found = {
-        (str(kind), str(name)): sql
-        for kind, name, sql in conn.execute(
-            "SELECT type, name, sql FROM sqlite_master WHERE name IN (?, ?, ?, ?, ?)",
-            [name for _, name in _HISTORY_FTS_NAMES],
-        )
-    }
-    return found == wanted
+    return _schema_sql(conn, _HISTORY_FTS_NAMES) == wanted
 
 
 HISTORY_FTS_CRISISMERGE = 2
@@ -187,26 +224,22 @@ def migrate_history_fts(conn: sqlite3.Connection) -> None:
     if _history_fts_current(conn):
         tune_history_fts(conn)
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if not _history_fts_current(conn):
-            names = [name for _, name in _HISTORY_FTS_NAMES]
-            found = conn.execute(
-                "SELECT type, name FROM sqlite_master WHERE name IN (?, ?, ?, ?, ?)", names
-            ).fetchall()
-            order = {name: i for i, name in enumerate(names)}
-            for kind, name in sorted(found, key=lambda row: order[row[1]]):
-                if kind in ("table", "trigger", "view", "index"):
-                    conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
-            conn.execute(HISTORY_FTS)
-            for statement in _HISTORY_FTS_PARTS:
-                conn.execute(statement)
-            conn.execute("INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild')")
+
+    def make() -> None:
+        conn.execute(HISTORY_FTS)
+        for statement in _HISTORY_FTS_PARTS:
+            conn.execute(statement)
+        conn.execute("INSERT INTO pp_mem_history_fts (pp_mem_history_fts) VALUES ('rebuild')")
         tune_history_fts(conn)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+
+    def current() -> bool:
+        # Merging early is set whether this worker made the table or another did.
+        made = _history_fts_current(conn)
+        if made:
+            tune_history_fts(conn)
+        return made
+
+    _remake(conn, current, [name for _, name in _HISTORY_FTS_NAMES], make)
 
 
 _HISTORY_KEY = ("s_tenant", "s_user", "s_thread", "s_kind", "session_id")
@@ -254,44 +287,29 @@ _HISTORY_COUNTS_NAMES = (
 def history_counts_current(conn: sqlite3.Connection) -> bool:
     """Whether the history layer's passage counts and their triggers are exactly this
     version's (anything else -- missing, older, damaged or foreign -- is made again)."""
-    found = {
-        (str(kind), str(name)): sql
-        for kind, name, sql in conn.execute(
-            "SELECT type, name, sql FROM sqlite_master WHERE name IN (?, ?, ?, ?)",
-            [name for _, name in _HISTORY_COUNTS_NAMES],
-        )
-    }
-    return found == dict(zip(_HISTORY_COUNTS_NAMES, _HISTORY_COUNTS_PARTS, strict=True))
+    wanted = dict(zip(_HISTORY_COUNTS_NAMES, _HISTORY_COUNTS_PARTS, strict=True))
+    return _schema_sql(conn, _HISTORY_COUNTS_NAMES) == wanted
 
 
 def migrate_history_counts(conn: sqlite3.Connection) -> None:
     """Make the history layer's passage counts (:data:`_HISTORY_COUNTS_PARTS`) this
-    version's when they are not, counted from ``pp_mem_history`` (one transaction: no
-    passage is written between the count and its triggers; the first worker to get the
-    write lock does it)."""
+    version's when they are not, counted from ``pp_mem_history`` (in the transaction that
+    makes the triggers: no passage is written between the count and them)."""
     if history_counts_current(conn):
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if not history_counts_current(conn):
-            names = [name for _, name in _HISTORY_COUNTS_NAMES]
-            found = conn.execute(
-                "SELECT type, name FROM sqlite_master WHERE name IN (?, ?, ?, ?)", names
-            ).fetchall()
-            for kind, name in sorted(found, key=lambda row: row[0] != "trigger"):
-                if kind in ("table", "trigger", "view", "index"):
-                    conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
-            for statement in _HISTORY_COUNTS_PARTS:
-                conn.execute(statement)
-            key = ", ".join(_HISTORY_KEY)
-            conn.execute(
-                f"INSERT INTO pp_mem_history_counts SELECT {key}, count(*)"
-                f" FROM pp_mem_history GROUP BY {key}"
-            )
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+
+    def make() -> None:
+        for statement in _HISTORY_COUNTS_PARTS:
+            conn.execute(statement)
+        key = ", ".join(_HISTORY_KEY)
+        conn.execute(
+            f"INSERT INTO pp_mem_history_counts SELECT {key}, count(*)"
+            f" FROM pp_mem_history GROUP BY {key}"
+        )
+
+    # The triggers before their table.
+    names = [name for _, name in _HISTORY_COUNTS_NAMES]
+    _remake(conn, lambda: history_counts_current(conn), names[::-1], make)
 
 
 _SCOPE_EQ = scope_eq(SQLITE.mark)
