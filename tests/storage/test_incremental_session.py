@@ -125,8 +125,9 @@ async def test_requests_equal_a_session_without_index_through_pops_clears_and_ot
         await turn(i)
     before = len(await fast.session.get_items())
     await turn(5)
-    # The turn went through the index, which held the whole stored history at that time.
-    assert fast.session._debug_state().index_items == before > 0
+    # The turn went through the index, which took the whole stored history of that time.
+    report = fast.reports[-1]
+    assert report.index == "incremental" and report.history_items == before > 0
     # Pops keep the index: it drops the popped items instead of reading everything again.
     from protoprompt import HistoryIndex
     from protoprompt.integrations._stores import _snapshots
@@ -173,8 +174,9 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
     db = str(tmp_path / "s.db")
     side = make_side(db, incremental=None)
     await side.turn(1)  # question, function_call call_1, its output, answer
-    await side.turn(3)  # the index now holds turn 1's four items
-    assert side.session._debug_state().index_items == 4
+    await side.turn(3)  # the index now holds turn 1's four items (the first it took)
+    report = side.reports[-1]
+    assert (report.index, report.index_reason, report.history_items) == ("rebuilt", "new", 4)
     other = SQLiteSession("chat", db)
     for _ in range(6):  # turn 3, then turn 1's answer and tool output
         await other.pop_item()
@@ -192,14 +194,16 @@ async def test_stale_index_is_detected_when_another_writer_rewrites_indexed_rows
 
 async def test_memory_database_and_limits_use_the_right_path(tmp_path, make_side) -> None:
     side = make_side(":memory:", incremental=None)
-    assert side.session._debug_state().incremental and not await reads_rows_itself(side.session)
+    assert not await reads_rows_itself(side.session)
     await side.turn(0)
     await side.turn(2)
-    assert side.session._debug_state().index_items == 2  # the history: turn 0 (question, answer)
+    # The index took the history, the first it held: turn 0 (question, answer).
+    report = side.reports[-1]
+    assert (report.index, report.index_reason, report.history_items) == ("rebuilt", "new", 2)
     side.session.session_settings = {"limit": 2}
-    before = side.session._debug_state().index_items
-    await side.turn(4)  # a window of the history: packed without the index
-    assert side.session._debug_state().index_items == before
+    await side.turn(4)  # a window of the history: packed without the index, left as it is
+    report = side.reports[-1]
+    assert report.read == "limit" and report.index == "unused" and report.index_held == 2
     side.close()
 
 
@@ -208,7 +212,8 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
     session = ProtoPromptSession("chat", inner_session=inner, incremental=True)
     with MemoryStore() as store:
         builder = TokenBudgetedContextBuilder(store, max_tokens=2000, scope=SCOPE)
-        callback = session.input_callback(builder)
+        reports: list[Any] = []
+        callback = session.input_callback(builder, on_plan=lambda p: reports.append(p.turn))
         for i in range(4):
             model = ScriptedModel([[assistant_message(f"a{i}", item_id=f"m{i}")]])
             await Runner.run(
@@ -219,7 +224,9 @@ async def test_inner_session_limit_is_a_window_packed_without_the_index(tmp_path
             )
             sent = [i for i in model.calls[-1].input if i.get("role") != "system"]
             assert len(sent) <= 4  # the window of 3 plus the question
-        assert session._debug_state().index_items == 0
+        # Every turn packed without the index, which never took an item.
+        assert len(reports) == 4
+        assert all(r.index == "unused" and r.index_held == 0 for r in reports)
     inner.close()
 
 
@@ -240,14 +247,16 @@ async def test_session_objects_created_per_request_share_the_index(
         if shared is None:
             shared = state.index_id
         assert state.index_id == shared and state.shared
-        warm = state.index_items
         if i in (3, 5):
             await side.session.pop_item()
             await plain.session.pop_item()
         await side.turn(i)
         await plain.turn(i)
         if i == 2:
-            assert warm > 0  # this request started from the index the earlier ones built
+            # This request started from the index the earlier ones built (in memory).
+            report = side.reports[-1]
+            assert report.index == "incremental" and report.index_held > 0
+            assert report.snapshot == "in_memory"
         plans += side.plans
         side.close()
     assert plans == plain.plans
@@ -287,8 +296,8 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
     first = make_side(fast_db, incremental=None)
     await first.turn(1)
     await first.turn(3)
-    old_state = first.session._debug_state()
-    assert old_state.index_items == 4
+    report = first.reports[-1]
+    assert (report.index, report.history_items) == ("rebuilt", 4)  # the index took 4 items
     first.close()
     os.remove(fast_db)
     plain = make_side(plain_db, incremental=False)
@@ -301,10 +310,12 @@ async def test_a_database_created_again_at_the_same_path_does_not_reuse_the_inde
         await writer.add_items(rows)
         writer.close()
     again = make_side(fast_db, incremental=None)
-    assert again.session._debug_state().index_id != old_state.index_id
     for i in (5, 7):  # different items at the same positions and row ids
         await again.turn(i)
         await plain.turn(i)
+    # The first turn started from a new, empty index: not the old file's (4 items).
+    report = again.reports[0]
+    assert (report.index, report.index_reason, report.index_held) == ("rebuilt", "new", 0)
     assert again.plans == plain.plans
     again.close()
     plain.close()
