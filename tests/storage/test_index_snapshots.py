@@ -214,13 +214,14 @@ async def test_a_restarted_session_starts_from_its_snapshot_and_sends_the_same_r
         lambda self, keys: (asked.extend(keys), real_get_many(self, keys))[1],
     )
     restarted = make_side(fast_db, incremental=None, snapshot_min_items=4)
-    history = await restarted.session.get_items()
-    state = restarted.session._debug_state()
-    assert state.index_items == items and state.snapshot_items == items  # loaded, nothing read
     await restarted.turn(6)
     await plain.turn(6)
     assert restarted.plans == plain.plans[-1:]
-    assert len(history) == stored
+    # The turn's read loaded the snapshot into the index and returned the whole history.
+    [report] = restarted.reports
+    assert (report.snapshot, report.snapshot_detail) == ("loaded", f"{items:,} items")
+    assert report.index == "incremental" and report.index_held == items
+    assert report.read_items == report.history_items == stored
     # Nothing reset, only the rows stored after the snapshot were classified, and the kept
     # history's costs came with the snapshot (no count was looked up or tokenised again).
     assert "reset" not in calls and "truncate" not in calls
