@@ -139,10 +139,11 @@ def fresh_request(history: list[Any], text: str, builder: TokenBudgetedContextBu
 @pytest.mark.parametrize("inner", KINDS, indirect=True)
 async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) -> None:
     session = ProtoPromptSession(inner.session_id, inner_session=inner)
-    # The fast path where protoprompt reads the rows, the plain one elsewhere.
-    assert session._debug_state().incremental is (inner._protoprompt_kind in STORES)
     builder = TokenBudgetedContextBuilder(None, max_tokens=BUDGET)
-    callback = session.input_callback(builder, system_prompt=SYSTEM)
+    reports: list[Any] = []
+    callback = session.input_callback(
+        builder, system_prompt=SYSTEM, on_plan=lambda plan: reports.append(plan.turn)
+    )
     model = ScriptedModel(script())
     agent = Agent(name="a", model=model, tools=[lookup])
     for n, text in enumerate(["first question", "second question", "third question"]):
@@ -153,6 +154,12 @@ async def test_every_request_is_a_fresh_pack_of_the_inner_history(inner: Any) ->
             history = await inner.get_items()
         await turn(agent, session, callback, text)
         assert model.calls[calls_before].input == fresh_request(history, text, builder)
+    # The fast path where protoprompt reads the rows (an index), the plain one elsewhere.
+    assert len(reports) == 3
+    if inner._protoprompt_kind in STORES:
+        assert all(r.index != "unused" for r in reports) and reports[-1].index == "incremental"
+    else:
+        assert all((r.index, r.index_reason) == ("unused", "no_index") for r in reports)
     stored = await inner.get_items()
     # Only what the SDK persists is stored: never the context message.
     assert not any(i.get("role") == "system" for i in stored)
@@ -249,8 +256,9 @@ async def test_encrypted_session_outside_keeps_the_index(tmp_path: Path, monkeyp
         assert model.calls[-1].input == [
             dict(i) for i in pp.pack(history, [{"content": text, "role": "user"}], 100_000).items
         ]
-        if n == 2:
-            assert store._debug_state().index_items == 4  # the incremental path was taken
+        if n == 2:  # the incremental path was taken: the index holds the 4 items
+            report = builder.last_plan.turn
+            assert report.index == "incremental" and report.history_items == 4
     assert [i["role"] for i in model.calls[-1].input] == ["user"]
     assert all(i.get("__enc__") == 1 for i in await store.get_items())
     store.close()
