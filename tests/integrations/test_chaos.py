@@ -278,7 +278,6 @@ async def _turner(store: Store, log: Any, rng: random.Random) -> None:
         if runner:  # the whole turn as the runner runs it, with a token window
             with _turn_lock(shared=False):
                 history = copy.deepcopy(await reference.get_items())
-                restored = session._debug_state().index_items if n == 0 else 0
                 model = ScriptedModel([[answer]])
                 await Runner.run(
                     Agent(name="a", model=model),
@@ -289,12 +288,15 @@ async def _turner(store: Store, log: Any, rng: random.Random) -> None:
             sent = [dict(i) for i in model.calls[0].input]
         else:
             history = copy.deepcopy(await session.get_items())
-            # Items this process's first turn found indexed: loaded from the snapshot.
-            restored = session._debug_state().index_items if n == 0 else 0
             sent = await callback(copy.deepcopy(history), copy.deepcopy(new_input))
-        n += 1
         got = sent_by.last_plan
-        windowed = got is not None and got.turn is not None and got.turn.read == "window"
+        report = got.turn if got is not None else None
+        windowed = report is not None and report.read == "window"
+        # Items this process's first turn found indexed: loaded from the snapshot.
+        restored = 0
+        if n == 0 and report is not None and report.snapshot == "loaded":
+            restored = report.index_held
+        n += 1
         _core._clear_count_cache()  # the fresh pack counts everything itself
         expected = fresh.build(
             copy.deepcopy(history), copy.deepcopy(new_input), system_prompt="Be brief."
