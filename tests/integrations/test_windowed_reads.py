@@ -215,12 +215,18 @@ def test_a_read_driven_by_the_event_loop_alone_is_a_full_read(tmp_path) -> None:
     session.close()
 
 
-def test_windowed_reads_needs_a_bool_and_a_database_file(tmp_path) -> None:
+async def test_windowed_reads_needs_a_bool_and_a_database_file(tmp_path, make_side) -> None:
     with pytest.raises(TypeError, match="windowed_reads must be a bool"):
         ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=1)  # type: ignore[arg-type]
-    assert not ProtoPromptSession("chat", windowed_reads=True)._debug_state().windowed_reads
-    on_file = ProtoPromptSession("chat", str(tmp_path / "x.db"), windowed_reads=True)
-    assert on_file._debug_state().windowed_reads
+    in_memory = make_side(":memory:", windowed=True)
+    on_file = make_side(str(tmp_path / "x.db"), windowed=True)
+    for i in range(10):
+        await in_memory.turn(i)
+        await on_file.turn(i)
+    # The same turns: token windows on a database file, never on a memory database.
+    assert on_file.reports[-1].read == "window", on_file.reports[-1].lines()
+    assert [r.read_reason for r in in_memory.reports] == ["memory_database"] * 10
+    in_memory.close()
     on_file.close()
 
 
