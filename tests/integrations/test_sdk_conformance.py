@@ -64,6 +64,15 @@ async def run(agent: Agent, text: Any, session: Any, callback: Any = None, **con
     return await Runner.run(agent, text, session=session, run_config=cfg)
 
 
+async def report_of_turn(session: ProtoPromptSession, text: str) -> Any:
+    """The report (``plan.turn``) of a runner turn of ``session`` through its callback."""
+    builder = TokenBudgetedContextBuilder(None, max_tokens=1_000_000)
+    model = ScriptedModel([[assistant_message(f"{text}: ok")]])
+    await run(Agent(name="a", model=model), text, session, session.input_callback(builder))
+    assert builder.last_plan is not None
+    return builder.last_plan.turn
+
+
 # ------------------------------------------------------------------ item rules (1, 2)
 
 
@@ -344,12 +353,16 @@ async def test_snapshot_hook_is_the_inner_sessions() -> None:
         assert snapshot is None  # 0.22.3: no snapshot, the SDK replaces the whole history
         return
     await session.add_items([{"role": "user", "content": str(i)} for i in range(3)])
+    await report_of_turn(session, "3")  # the index takes the three items
     snapshot = await session._get_compaction_snapshot(5)
-    assert snapshot.complete and [i["content"] for i in snapshot.items] == ["0", "1", "2"]
-    epoch = session._debug_state().epoch
-    assert await snapshot.replace_suffix(1, [{"role": "user", "content": "s"}])
-    assert session._debug_state().epoch != epoch  # the index is reset, not trusted
-    assert [i["content"] for i in await session.get_items()] == ["0", "s"]
+    assert snapshot.complete and [i["role"] for i in snapshot.items] == ["user"] * 4 + ["assistant"]
+    # As long as the history the index took (3 items): only its reset tells the next turn.
+    replacement = [{"role": "user", "content": "s"}, {"role": "user", "content": "t"}]
+    assert await snapshot.replace_suffix(1, replacement)
+    assert [i["content"] for i in await session.get_items()] == ["0", "s", "t"]
+    # The index was reset, not trusted: the next turn rebuilds it from the history.
+    report = await report_of_turn(session, "u")
+    assert (report.index, report.index_reason) == ("rebuilt", "pop_or_clear"), report.lines()
     # An inner session without the hook: none, so the SDK requires complete coverage.
     wrapped = ProtoPromptSession("s", inner_session=IdStrippingSession("s"))
     assert await wrapped._get_compaction_snapshot(5) is None
@@ -369,10 +382,12 @@ async def test_atomic_replace_is_the_inner_types() -> None:
     inner = AtomicStore("s")
     session = ProtoPromptSession("s", inner_session=inner, incremental=True)
     await session.add_items([{"role": "user", "content": "old"}])
-    epoch = session._debug_state().epoch
-    assert await type(session)._atomic_replace_items(session, [{"role": "user", "content": "n"}])
-    assert inner.replaced == [{"role": "user", "content": "n"}]
-    assert session._debug_state().epoch != epoch
+    await report_of_turn(session, "q")  # the index takes the one item
+    new = [{"role": "user", "content": "n"}]
+    assert await type(session)._atomic_replace_items(session, new)
+    assert inner.replaced == new
+    report = await report_of_turn(session, "r")  # the index was reset, not trusted
+    assert (report.index, report.index_reason) == ("rebuilt", "pop_or_clear"), report.lines()
     plain = ProtoPromptSession("s", inner_session=IdStrippingSession("s"))
     assert await type(plain)._atomic_replace_items(plain, []) is False  # SDK: clear + add
 
