@@ -995,3 +995,86 @@ def test_sqlite_reads_use_the_writer_connection_when_no_write_holds_it(tmp_path:
             conn.execute("BEGIN")
         hits = store.search_history("walrus", scope=SCOPE, session_id="s")
         assert [h.metadata["row"] for h in hits] == [0]
+
+
+# Scopes and sessions whose values read alike: prefixes of each other, the separator of the
+# SQLite owner token (``x``), quotes, FTS5 syntax, and text whose token a stemmer would cut
+# ("...ed", "...s", a final "e" after "3e").
+_OWNERS = [
+    (MemoryScope("acme", user="alice"), "s"),
+    (MemoryScope("acme", user="alice"), "s1"),
+    (MemoryScope("acme", user="alice"), 'x"s OR *'),
+    (MemoryScope("acme", user="alicex"), "s"),
+    (MemoryScope("acmex", user="alice"), "s"),
+    (MemoryScope("acme", user="ali", thread="ce"), "s"),
+    (MemoryScope("acme>", user="used"), "séance ✓"),
+    (MemoryScope("acme3e", user="uses"), "séance"),
+    (MemoryScope("acme"), "s"),
+]
+
+
+def test_a_search_finds_the_passages_of_its_session_or_scope_only(store: MemoryStore) -> None:
+    """However alike their values, each session (and scope) finds its own passages only,
+    and the counts its ranking reads are its own (on SQLite the full-text index matches
+    each owner's token: :data:`protoprompt.memory._sqlite.HISTORY_FTS`)."""
+    from protoprompt.memory import _sqlite
+
+    for k, (scope, session) in enumerate(_OWNERS):
+        rows = [HistoryRecord(r, f"user: the walrus ledger {k} line {r}") for r in range(k + 1)]
+        store.index_history(session, rows, scope=scope)
+    before = _sqlite.stats["owner_matches"]
+    for k, (scope, session) in enumerate(_OWNERS):
+        hits = store.search_history("walrus ledger", scope=scope, session_id=session, limit=50)
+        assert sorted(h.metadata["row"] for h in hits) == list(range(k + 1)), (scope, session)
+        assert {h.text.split()[4] for h in hits} == {str(k)}
+        backend: Any = store._backend
+        total, counts = backend.history_counts(
+            [("walru", "walrus")], [tuple(scope_params_of(scope))], session
+        )
+        assert (total, counts) == (k + 1, {"walru": k + 1})
+        in_scope = [j for j, (s, _) in enumerate(_OWNERS) if s == scope]
+        hits = store.search_history("walrus ledger", scope=scope, limit=50)
+        assert {int(h.text.split()[4]) for h in hits} == set(in_scope), scope
+    if store._backend.dialect.name == "sqlite":
+        assert _sqlite.stats["owner_matches"] > before
+
+
+def scope_params_of(scope: MemoryScope) -> tuple[str, ...]:
+    from protoprompt.memory._checks import scope_params
+
+    return scope_params(scope)
+
+
+def test_a_sqlite_passage_moved_by_hand_is_found_under_its_new_session(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    with MemoryStore(path) as store:
+        store.index_history("s1", [HistoryRecord(1, "user: the walrus ledger")], scope=SCOPE)
+        store.index_history("s3", [HistoryRecord(1, "user: a harbor")], scope=SCOPE)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE pp_mem_history SET session_id = 's2' WHERE session_id = 's1'")
+    conn.close()
+    with MemoryStore(path) as store:
+        assert store.search_history("walrus", scope=SCOPE, session_id="s1") == []
+        hits = store.search_history("walrus", scope=SCOPE, session_id="s2")
+        assert [h.metadata["session_id"] for h in hits] == ["s2"]
+
+
+def test_a_sqlite_search_guessed_on_stale_counts_finds_its_session_only(tmp_path: Path) -> None:
+    """A search whose counts found its session's passages to be all the table's matches
+    the text alone; when another session is written before it matches (the guess went
+    stale), it still returns its own session's passages only."""
+    path = str(tmp_path / "m.db")
+    with MemoryStore(path) as store, MemoryStore(path) as other:
+        store.index_history("s", [HistoryRecord(1, "user: the walrus ledger")], scope=SCOPE)
+        assert len(store.search_history("walrus", scope=SCOPE, session_id="s")) == 1
+        backend: Any = store._backend
+        assert backend._whole[1] is True  # one session: its passages were all the table's
+        rows = [HistoryRecord(r, f"user: walrus {r}") for r in range(5)]
+        other.index_history("t", rows, scope=SCOPE)
+        found = backend.history_matches(["walrus"], [scope_params_of(SCOPE)], "s", 100)
+        assert [row[5] for row, _ in found] == ["s"]
+        found = backend.history_search(["walrus"], [scope_params_of(SCOPE)], "s", 100)
+        assert [row[5] for row, _ in found] == ["s"]
+        assert len(store.search_history("walrus", scope=SCOPE, session_id="s")) == 1
+        assert backend._whole[1] is False
