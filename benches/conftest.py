@@ -151,6 +151,13 @@ def _write_turn_result(tr, k, v) -> None:
             f"history search (recall's), {large:,} passages {v['large'] * 1e3:.2f} ms, "
             f"{small:,} passages {v['small'] * 1e3:.2f} ms: {v['ratio']:.2f}x (at most 2.5x)"
         )
+    if k[0] == "session search":
+        large, small = k[1]
+        tr.write_line(
+            f"session search (recall's), one session among {large // small} ({large:,}"
+            f" passages) {v['large'] * 1e3:.2f} ms, alone ({small:,}) {v['small'] * 1e3:.2f} ms:"
+            f" {v['ratio']:.2f}x (at most 2.5x)"
+        )
     if k[0] == "turn":
         size, mix = k[1]
         tr.write_line(

@@ -60,6 +60,7 @@ harness.ensure_paths()
 
 import asyncio  # noqa: E402
 import statistics  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -133,25 +134,29 @@ it matches the same passages (while the passages searched were counted one by on
 6x at these sizes)."""
 
 
-def _history_store(path: str, passages: int) -> object:
-    """A store whose history layer holds ``passages`` of filler words, among them the same
-    12 passages about a walrus invoice (all the bench's questions match)."""
+def _history_store(path: str, passages: int, sessions: int = 1) -> object:
+    """A store whose history layer holds ``passages`` of filler words in ``sessions``
+    sessions (``s``, then ``s1``, ``s2``, ...), each of them with 12 passages about a walrus
+    invoice (all the bench's questions match them); session ``s``'s are the same in every
+    store of as many passages a session."""
     import random
 
     from protoprompt import MemoryStore
     from protoprompt.memory import HistoryRecord
 
-    rng = random.Random(35)
-    vocab = [f"w{i}" for i in range(5_000)]
     store = MemoryStore(path)
-    rows = []
-    for r in range(passages):
-        words = " ".join(rng.choice(vocab) for _ in range(40))
-        if r % (passages // 12) == 0:
-            words = f"the walrus invoice {r} was paid at the harbor; {words}"
-        rows.append(HistoryRecord(r, f"user: {words}", {"turn": r}))
-    for start in range(0, len(rows), 2_000):
-        store.index_history("s", rows[start : start + 2_000], scope=SCALE_SCOPE)
+    each = passages // sessions
+    for k in range(sessions):
+        rng = random.Random(35 + k)
+        vocab = [f"w{i}" for i in range(5_000)]
+        rows = []
+        for r in range(each):
+            words = " ".join(rng.choice(vocab) for _ in range(40))
+            if r % (each // 12) == 0:
+                words = f"the walrus invoice {r} was paid at the harbor; {words}"
+            rows.append(HistoryRecord(r, f"user: {words}", {"turn": r}))
+        for start in range(0, len(rows), 2_000):
+            store.index_history(f"s{k or ''}", rows[start : start + 2_000], scope=SCALE_SCOPE)
     return store
 
 
@@ -169,45 +174,76 @@ SCALE_QUERIES = (
 )
 
 
-def test_a_history_search_costs_what_it_matches_not_what_the_layer_holds(
-    benchmark, results, tmp_path
-) -> None:
-    """The history search of a turn (``MemoryStore.search_history`` with neighbours, as
-    recall asks) on a layer of 40k passages against one of 2k, both holding the same 12
-    that match: how many passages are searched is read from the counts the database keeps,
-    so the larger layer costs about what the smaller does."""
+def _scaling(benchmark: Any, results: dict[Any, Any], stores: dict[int, Any], name: str) -> float:
+    """The median time of a history search of session ``s`` (``MemoryStore.search_history``
+    with neighbours, as recall asks) in each of ``stores`` (by passages), the two taking
+    turns; recorded under ``name``; the larger's against the smaller's."""
     import time
 
-    stores = {n: _history_store(str(tmp_path / f"h{n}.db"), n) for n in (SMALL, LARGE)}
-
-    def search(store: object) -> float:
+    def search(store: Any) -> float:
         t0 = time.perf_counter()
         for q in SCALE_QUERIES:
-            hits = store.search_history(  # type: ignore[attr-defined]
+            hits = store.search_history(
                 q, scope=SCALE_SCOPE, session_id="s", limit=16, neighbours=True, tokens=1_500
             )
             assert any("walrus" in h.text for h in hits)
+            assert all(h.metadata["session_id"] == "s" for h in hits)
         return time.perf_counter() - t0
 
-    times: dict[int, list[float]] = {SMALL: [], LARGE: []}
+    small_n, large_n = sorted(stores)
+    times: dict[int, list[float]] = {small_n: [], large_n: []}
 
     def run() -> None:
-        for n in (SMALL, LARGE) if len(times[SMALL]) % 2 else (LARGE, SMALL):
+        for n in (small_n, large_n) if len(times[small_n]) % 2 else (large_n, small_n):
             times[n].append(search(stores[n]))
 
-    for n in (SMALL, LARGE):
+    for n in (small_n, large_n):
         search(stores[n])  # compiled statements, warm pages
     benchmark.pedantic(run, rounds=15, iterations=1)
-    small, large = (statistics.median(times[n]) / len(SCALE_QUERIES) for n in (SMALL, LARGE))
+    small, large = (statistics.median(times[n]) / len(SCALE_QUERIES) for n in (small_n, large_n))
     ratio = large / small
-    results[("history search", (LARGE, SMALL))] = {"small": small, "large": large, "ratio": ratio}
+    results[(name, (large_n, small_n))] = {"small": small, "large": large, "ratio": ratio}
     print(
-        f"history search, {LARGE:,} passages {large * 1e3:.2f} ms, {SMALL:,} passages"
+        f"{name}, {large_n:,} passages {large * 1e3:.2f} ms, {small_n:,} passages"
         f" {small * 1e3:.2f} ms: {ratio:.2f}x"
     )
     for store in stores.values():
-        store.close()  # type: ignore[attr-defined]
+        store.close()
+    return ratio
+
+
+def test_a_history_search_costs_what_it_matches_not_what_the_layer_holds(
+    benchmark, results, tmp_path
+) -> None:
+    """A layer of 40k passages against one of 2k, both holding the same 12 that match: how
+    many passages are searched is read from the counts the database keeps, so the larger
+    layer costs about what the smaller does."""
+    stores = {n: _history_store(str(tmp_path / f"h{n}.db"), n) for n in (SMALL, LARGE)}
+    ratio = _scaling(benchmark, results, stores, "history search")
     assert ratio <= SCALING_RATIO, (
         f"a search of {LARGE:,} passages took {ratio:.2f}x one of {SMALL:,} that matches the"
         f" same passages (at most {SCALING_RATIO}x)"
+    )
+
+
+def test_a_session_search_costs_what_its_session_holds_not_what_the_store_holds(
+    benchmark, results, tmp_path
+) -> None:
+    """One session of 2k passages, alone in its database or among 19 others like it (40k
+    passages, 240 matching the questions): the full-text index finds the session's passages
+    by their owner token (``memory._sqlite.HISTORY_FTS``), so the session costs about what
+    it does alone (without the token: 5-7x, every matching passage of the database looked
+    up for its session)."""
+    from protoprompt.memory import _sqlite
+
+    before = _sqlite.stats["owner_matches"]
+    stores = {
+        SMALL: _history_store(str(tmp_path / "alone.db"), SMALL),
+        LARGE: _history_store(str(tmp_path / "shared.db"), LARGE, sessions=LARGE // SMALL),
+    }
+    ratio = _scaling(benchmark, results, stores, "session search")
+    assert _sqlite.stats["owner_matches"] > before  # the searches matched the owner tokens
+    assert ratio <= SCALING_RATIO, (
+        f"a search of one session among {LARGE // SMALL} ({LARGE:,} passages) took {ratio:.2f}x"
+        f" the same session alone ({SMALL:,}) (at most {SCALING_RATIO}x)"
     )
