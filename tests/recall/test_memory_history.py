@@ -682,7 +682,7 @@ def test_sqlite_keeps_the_history_passages_of_each_session_counted(
         reads = _reads(store, monkeypatch)
         hits = store.search_history("where did the otter swim?", scope=SCOPE, session_id="s1")
         assert hits
-        (statistics,) = [r for r in reads if "pp_mem_history_vocab" in r]
+        (statistics,) = [r for r in reads if "AS searched" in r]
         assert "FROM pp_mem_history_counts" in statistics
         assert "count(*) FROM pp_mem_history AS h WHERE ((" not in statistics  # the totals
         store.forget(scope=SCOPE)
@@ -729,7 +729,7 @@ def test_sqlite_history_counts_are_made_once_and_not_trusted_when_wrong(
         reads = _reads(store, monkeypatch)
         found = store.search_history(query, scope=SCOPE, session_id="s1")
         assert [h.source for h in found] == expected
-        statistics = [r for r in reads if "pp_mem_history_vocab" in r]
+        statistics = [r for r in reads if "AS searched" in r]
         assert ["pp_mem_history_counts" in r for r in statistics] == [True, False]
 
 
@@ -1078,3 +1078,33 @@ def test_a_sqlite_search_guessed_on_stale_counts_finds_its_session_only(tmp_path
         assert [row[5] for row, _ in found] == ["s"]
         assert len(store.search_history("walrus", scope=SCOPE, session_id="s")) == 1
         assert backend._whole[1] is False
+
+
+def test_sqlite_common_words_are_those_of_the_session_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A word held by more than half of the searched session's passages is common (left
+    out of the match while the question has rarer ones), however rare it is in the rest of
+    the database, and a stop word always is; the counts come from the session's passages
+    alone, never from the full-text vocabulary (which reads every passage of the database
+    holding the word)."""
+    with MemoryStore(str(tmp_path / "m.db")) as store:
+        rows = [
+            HistoryRecord(r, f"user: the kettle {r}" + (" and a walrus" if r % 2 else ""))
+            for r in range(8)
+        ]
+        rows.append(HistoryRecord(20, "user: nothing else"))
+        store.index_history("s1", rows, scope=SCOPE)  # kettle in 8 of 9, walrus in 4
+        others = [HistoryRecord(r, f"user: a harbor {r}") for r in range(50)]
+        store.index_history("s2", others, scope=SCOPE)
+        backend: Any = store._backend
+        terms = [("kettl", "kettle"), ("walru", "walrus")]
+        scopes = [scope_params_of(SCOPE)]
+        words = ["kettl", "the", "walru"]
+        common, total, counts = backend.history_statistics(words, terms, scopes, "s1")
+        assert (total, counts) == (9, {"kettl": 8, "walru": 4})
+        assert common == {"kettl", "the"}  # 8 of 9 (8 of 59 in the database): common
+        reads = _reads(store, monkeypatch)
+        hits = store.search_history("the kettle and the walrus", scope=SCOPE, session_id="s1")
+        assert hits and all("walrus" in h.text for h in hits)  # the rare word's passages
+        assert reads and not any("pp_mem_history_vocab" in r for r in reads)

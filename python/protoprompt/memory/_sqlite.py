@@ -857,33 +857,17 @@ class SQLiteBackend(SQLMemory):
         scopes: Sequence[ScopeParams],
         session_id: str | None,
     ) -> tuple[set[str], int, dict[str, int]]:
-        if not words or not self._has_history():
-            return set(), *self.history_counts(terms, scopes, session_id)
-        words = _padded(words)  # a NULL term is in no IN list
-        marks = ", ".join("?" for _ in words)
-        for counted in (True, False) if self._counted else (False,):
-            parts = _count_columns(terms, scopes, session_id, counted, self._owned)
-            matches, columns, args, source, source_args = parts
-            # One statement: the words in more than half of the passages (the vocabulary's
-            # terms are runs of letters and digits: joined by spaces), then the counts.
-            columns.insert(
-                0,
-                "(SELECT group_concat(term, ' ') FROM pp_mem_history_vocab"
-                f" WHERE term IN ({marks}) AND 2 * doc > n.whole)",
-            )
-            try:
-                rows = self._read(
-                    f"SELECT {', '.join(columns)} {source}", [*words, *args, *source_args]
-                )
-            except sqlite3.OperationalError:  # a database without the vocabulary table
-                return set(), *self.history_counts(terms, scopes, session_id)
-            if not rows:
-                return set(), 0, {}
-            if _totals_hold(rows[0][1], rows[0][2]):
-                break
-        self._note_whole(scopes, session_id, rows[0][1], rows[0][2])
-        common, *found = rows[0]
-        return (set(str(common).split()) if common else set(), *_counts_of(matches, found))
+        """:meth:`history_counts` (one statement), and the common words of ``words`` from
+        them: a term held by more than half of the passages searched, and every word that
+        is not a term (a stop word: it weighs nothing in the ranking). Not from the
+        full-text vocabulary, whose count of a word reads every passage of the database
+        holding it (a word of every passage, 100 sessions of 1,000 passages: 2.7 ms a
+        question); the searched passages' counts read only those of the session searched
+        (:data:`HISTORY_FTS`'s owner tokens)."""
+        total, counts = self.history_counts(terms, scopes, session_id)
+        counted = {term for term, _ in terms}
+        common = {w for w in words if w not in counted or 2 * counts.get(w, 0) > total}
+        return common, total, counts
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
