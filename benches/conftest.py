@@ -141,8 +141,9 @@ def _write_turn_result(tr, k, v) -> None:
             f"scaling {v['sequential'] / v['threaded']:.2f}x"
         )
     if k[0] == "recall":
+        shared = f", {k[1][1]} other sessions in the store" if k[1][1] else ""
         tr.write_line(
-            f"SDK turn with recall_evicted ({k[1][0]:.0%} budget): {v['on'] * 1e3:.1f} ms, "
+            f"SDK turn with recall_evicted ({k[1][0]:.0%} budget{shared}): {v['on'] * 1e3:.1f} ms, "
             f"without {v['off'] * 1e3:.1f} ms, ratio {v['ratio']:.2f}x (target <= 1.2x)"
         )
     if k[0] == "history search":

@@ -398,11 +398,13 @@ WARM_UP = "Thanks, that helps."
 """The untimed turn of each mode of :func:`_whole_turns` before the questions."""
 
 
-async def _whole_turns(conv: Conversation, budget: int) -> dict[str, list[float]]:
+async def _whole_turns(conv: Conversation, budget: int, others: int = 0) -> dict[str, list[float]]:
     """Whole SDK turns (``Runner.run`` over a ``ProtoPromptSession`` in a SQLite file, a
     model that answers at once), one per question and mode, the modes taking turns (so a
     busy machine slows both alike), after a first turn that evicts and indexes and an
-    untimed one of each mode (:data:`WARM_UP`): the time
+    untimed one of each mode (:data:`WARM_UP`); with ``others``, the recall mode's store
+    holds as many other sessions of the same scope first (conversations of other seeds, each
+    indexed by its own first turn, as other users' sessions in one database are): the time
     of each, by mode, and the process's CPU time during each (``"<mode> cpu"``: what the
     turn's work costs, whatever else the machine runs; background indexing included while
     it overlaps the turn)."""
@@ -439,6 +441,14 @@ async def _whole_turns(conv: Conversation, budget: int) -> dict[str, list[float]
                 masking=None,
                 recall_evicted=recall,
             )
+            for k in range(others if recall else 0):
+                other = ProtoPromptSession(f"other-{k}", str(Path(tmp) / f"{mode}.db"))
+                await other.add_items(conversation(seed=36 + k, sessions=14, exchanges=8).items)
+                config = RunConfig(
+                    session_input_callback=other.input_callback(builder), tracing_disabled=True
+                )
+                await Runner.run(agent, "Good morning!", session=other, run_config=config)
+                other.close()
             session = ProtoPromptSession("conversation", str(Path(tmp) / f"{mode}.db"))
             await session.add_items(conv.items)
             config = RunConfig(
