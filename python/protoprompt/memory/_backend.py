@@ -240,8 +240,11 @@ class Backend(Protocol):
         scopes: Sequence[ScopeParams],
         session_id: str | None,
     ) -> tuple[set[str], int, dict[str, int]]:
-        """:meth:`history_common_words` of ``words`` and :meth:`history_counts` of
-        ``terms``, in one read where the engine can."""
+        """Those of ``words`` common enough to leave out of a match, and
+        :meth:`history_counts` of ``terms``, in one read where the engine can. PostgreSQL
+        takes the common words from :meth:`history_common_words` (the column's
+        statistics); SQLite from the counts themselves: the terms held by more than half
+        of the passages searched, and the words that are not terms (stop words)."""
 
     def history_adjacent(
         self, scope: ScopeParams, session_id: str, row_keys: Sequence[int]
